@@ -1,0 +1,93 @@
+"""``fleetctl``: the entry point. Registers the commands and translates errors into exit codes."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import click
+
+from fleetctl import __version__, paths
+from fleetctl.cli.output import Ctx
+from fleetctl.errors import ExitCode, FleetError
+
+#: Each name is a module ``fleetctl.cli.<name>`` exposing ``commands``: a list of click commands.
+COMMAND_MODULES = ("lab", "provision", "status", "stage", "soak", "rollout")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "-i", "--inventory", metavar="PATH", envvar="FLEETCTL_INVENTORY",
+    help="Inventory file (default: $FLEETCTL_INVENTORY, else the lab's).",
+)
+@click.version_option(__version__, prog_name="fleetctl")
+@click.pass_context
+def cli(ctx: click.Context, inventory: str | None) -> None:
+    """Roll vLLM forward and back across a fleet of DGX Sparks, with soak gates."""
+    obj = ctx.ensure_object(Ctx)
+    obj.inventory = inventory
+
+
+def _register() -> None:
+    for name in COMMAND_MODULES:
+        modname = f"fleetctl.cli.{name}"
+        try:
+            mod = importlib.import_module(modname)
+        except ModuleNotFoundError as e:
+            if e.name == modname:
+                continue  # not built yet
+            raise
+        for command in mod.commands:
+            cli.add_command(command)
+
+
+_register()
+
+
+def _save_traceback() -> Path:
+    try:
+        d = paths.cache_dir() / "crash"
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        d = Path(tempfile.gettempdir())
+    p = d / f"fleetctl-{time.strftime('%Y%m%d-%H%M%S')}.txt"
+    p.write_text(traceback.format_exc())
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; return (and exit with) a documented :class:`ExitCode`."""
+    err = Ctx().err
+    try:
+        cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
+    except FleetError as e:
+        err.print(f"[bold red]error:[/] {e.message()}", highlight=False)
+        code = int(e.exit_code)
+    except click.exceptions.Exit as e:
+        code = int(e.exit_code)
+    except click.exceptions.Abort:
+        err.print("aborted")
+        code = int(ExitCode.INCONCLUSIVE)
+    except click.ClickException as e:
+        e.show()
+        code = int(ExitCode.USAGE)
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        code = 130
+    except Exception as e:  # the one place that catches everything
+        where = _save_traceback()
+        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e} (traceback saved to {where})", highlight=False)
+        code = int(ExitCode.INTERNAL)
+    else:
+        code = int(ExitCode.OK)
+    if argv is None:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()

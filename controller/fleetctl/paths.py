@@ -1,0 +1,75 @@
+"""Where fleetctl keeps things: the repository's playbooks and roles, caches, state, the lab.
+
+Every location can be moved with an environment variable so that tests, CI
+and several labs on one machine never collide.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+
+def project_root() -> Path:
+    """The directory holding ``playbooks/``, ``roles/`` and ``inventory/``.
+
+    ``$FLEETCTL_HOME`` overrides it; by default it is the checkout fleetctl was
+    installed from (an editable install, as the README's commands make).
+    """
+    env = os.environ.get("FLEETCTL_HOME")
+    if env:
+        return Path(env).resolve()
+    return Path(__file__).resolve().parents[2]
+
+
+def playbooks_dir() -> Path:
+    """The playbooks, one per verb."""
+    return project_root() / "playbooks"
+
+
+def roles_dir() -> Path:
+    """The Ansible roles the playbooks apply."""
+    return project_root() / "roles"
+
+
+def cache_dir() -> Path:
+    """Reusable downloads and builds (rootfs tarballs, wheels); safe to delete."""
+    env = os.environ.get("FLEETCTL_CACHE_DIR")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fleetctl"
+    base.mkdir(parents=True, exist_ok=True)
+    return base
+
+
+def lab_dir() -> Path:
+    """The simulated fleet's directory: its engine, registry, keys and inventory.
+
+    ``$FLEETCTL_LAB_DIR`` overrides it, so that several labs can live on one machine.
+    """
+    env = os.environ.get("FLEETCTL_LAB_DIR")
+    if env:
+        return Path(env).resolve()
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "fleetctl" / "lab"
+
+
+def lab_inventory() -> Path:
+    """The inventory file that ``fleetctl lab up`` writes."""
+    return lab_dir() / "inventory" / "hosts.yml"
+
+
+def state_dir(inventory: Path) -> Path:
+    """The state directory of one fleet (ledger, run artifacts, baselines).
+
+    ``$FLEETCTL_STATE_DIR`` overrides it; by default it is keyed by the
+    inventory's resolved path so that two fleets never share a ledger.
+    """
+    env = os.environ.get("FLEETCTL_STATE_DIR")
+    if env:
+        path = Path(env)
+    else:
+        resolved = str(inventory.resolve())
+        key = hashlib.sha256(resolved.encode()).hexdigest()[:12]
+        base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+        path = base / "fleetctl" / "fleets" / f"{inventory.resolve().parent.name}-{key}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path

@@ -1,0 +1,235 @@
+"""Direct SSH to hosts (paramiko), with host keys verified, in parallel with bounded waits.
+
+Used where a playbook would be too slow or too coarse: status probes, the
+rollout's per-host steps, soak's look at a container. Host keys are checked
+against the host's ``fleetctl_known_hosts`` (or ``~/.ssh/known_hosts``); an
+unknown or changed key is refused, never added.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Generic, TypeVar
+
+import paramiko
+
+from fleetctl.errors import FleetError, HostUnreachable
+from fleetctl.inventory import Host
+
+T = TypeVar("T")
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one command on one host returned."""
+
+    host: str
+    command: str
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0."""
+        return self.rc == 0
+
+    def check(self, what: str, fix: str | None = None) -> CommandResult:
+        """Return self, or raise a FleetError naming the host, ``what`` failed and its stderr."""
+        if self.rc != 0:
+            detail = (self.stderr.strip() or self.stdout.strip()).splitlines()
+            tail = detail[-1] if detail else f"exit code {self.rc}"
+            raise FleetError(f"{what} failed: {tail}", host=self.host, fix=fix, exit_code=None)
+        return self
+
+
+@dataclass(frozen=True)
+class Outcome(Generic[T]):
+    """One host's result in a fan-out: a value, or the error that stopped it."""
+
+    host: str
+    value: T | None = None
+    error: FleetError | None = None
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when the host produced a value."""
+        return self.error is None
+
+
+class _Pool:
+    """One live SSH connection per host, reused across calls (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._clients: dict[tuple[str, int, str], paramiko.SSHClient] = {}
+        self._lock = threading.Lock()
+        self._host_locks: dict[tuple[str, int, str], threading.Lock] = {}
+
+    def client(self, host: Host, timeout: float) -> paramiko.SSHClient:
+        key = (host.address, host.port, host.user)
+        with self._lock:
+            hl = self._host_locks.setdefault(key, threading.Lock())
+        with hl:
+            c = self._clients.get(key)
+            if c is not None:
+                t = c.get_transport()
+                if t is not None and t.is_active():
+                    return c
+                c.close()
+            c = _connect(host, timeout)
+            self._clients[key] = c
+            return c
+
+    def drop(self, host: Host) -> None:
+        key = (host.address, host.port, host.user)
+        with self._lock:
+            c = self._clients.pop(key, None)
+        if c is not None:
+            c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for c in clients:
+            c.close()
+
+
+_POOL = _Pool()
+
+
+def _connect(host: Host, timeout: float) -> paramiko.SSHClient:
+    c = paramiko.SSHClient()
+    known = Path(host.known_hosts).expanduser() if host.known_hosts else Path("~/.ssh/known_hosts").expanduser()
+    if not known.exists():
+        raise FleetError(
+            f"known_hosts file {known} does not exist, so the host key cannot be verified",
+            host=host.name,
+            fix="set fleetctl_known_hosts for the host (the lab writes one) or ssh-keyscan it after checking the fingerprint",
+        )
+    c.load_host_keys(str(known))
+    c.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        c.connect(
+            host.address,
+            port=host.port,
+            username=host.user,
+            key_filename=host.key_file,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            allow_agent=host.key_file is None,
+            look_for_keys=host.key_file is None,
+        )
+    except paramiko.BadHostKeyException:
+        raise FleetError(
+            f"host key of {host.address} does not match {known}",
+            host=host.name,
+            fix="if the host was reinstalled, verify its new fingerprint and update known_hosts",
+        ) from None
+    except paramiko.SSHException as e:
+        if "not found in known_hosts" in str(e):
+            raise FleetError(
+                f"host key of {host.address} is not in {known}",
+                host=host.name,
+                fix="add the host's verified key to that known_hosts file",
+            ) from None
+        raise HostUnreachable(f"SSH to {host.address}:{host.port} failed: {e}", host=host.name,
+                              fix="check that sshd runs and the key is authorised") from None
+    except (TimeoutError, OSError, EOFError) as e:
+        raise HostUnreachable(
+            f"cannot reach {host.address}:{host.port} over SSH ({e or type(e).__name__})",
+            host=host.name,
+            fix="check that the host is up and on the network, or leave it out with --limit '!NAME'",
+        ) from None
+    return c
+
+
+def run(host: Host, command: str | list[str], timeout: float = 60.0,
+        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, stdin: str | None = None) -> CommandResult:
+    """Run ``command`` on ``host`` (a list is shell-quoted), waiting at most ``timeout`` seconds."""
+    cmd = command if isinstance(command, str) else shlex.join(command)
+    t0 = time.monotonic()
+    client = _POOL.client(host, connect_timeout)
+    try:
+        chan_in, chan_out, chan_err = client.exec_command(cmd, timeout=timeout)
+        if stdin is not None:
+            chan_in.write(stdin)
+            chan_in.channel.shutdown_write()
+        out = chan_out.read().decode(errors="replace")
+        err = chan_err.read().decode(errors="replace")
+        rc = chan_out.channel.recv_exit_status()
+    except TimeoutError:
+        _POOL.drop(host)
+        raise HostUnreachable(
+            f"`{_short(cmd)}` did not finish within {timeout:.0f}s", host=host.name,
+            fix="check the host's load and network; raise the timeout if the step is legitimately slow",
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError) as e:
+        _POOL.drop(host)
+        raise HostUnreachable(f"SSH session to {host.address} broke: {e}", host=host.name,
+                              fix="check that the host is up and on the network") from None
+    return CommandResult(host.name, cmd, rc, out, err, time.monotonic() - t0)
+
+
+def put_text(host: Host, path: str, text: str, mode: int = 0o644, timeout: float = 30.0) -> None:
+    """Write ``text`` to ``path`` on ``host`` atomically (temp file + rename)."""
+    tmp = f"{path}.fleetctl-tmp"
+    run(host, f"umask 077; cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}",
+        timeout=timeout, stdin=text).check(f"writing {path}")
+
+
+def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | None = None,
+            max_workers: int = 32) -> dict[str, Outcome[T]]:
+    """Call ``fn(host)`` for every host in parallel; failures are data, not exceptions.
+
+    A host still running after ``timeout`` seconds is reported as unreachable
+    and never delays the others' results.
+    """
+    hosts = list(hosts)
+    out: dict[str, Outcome[T]] = {}
+    if not hosts:
+        return out
+    pool = ThreadPoolExecutor(max_workers=min(max_workers, len(hosts)), thread_name_prefix="fleetctl-ssh")
+    starts: dict[str, float] = {}
+
+    def call(h: Host) -> T:
+        starts[h.name] = time.monotonic()
+        return fn(h)
+
+    futures = {pool.submit(call, h): h for h in hosts}
+    _done, pending = wait(futures, timeout=timeout)
+    for f, h in futures.items():
+        took = time.monotonic() - starts.get(h.name, time.monotonic())
+        if f in pending:
+            out[h.name] = Outcome(h.name, error=HostUnreachable(
+                f"no answer within {timeout:.0f}s", host=h.name,
+                fix="check the host; it is reported as unreachable and left as it is"), seconds=took)
+            continue
+        exc = f.exception()
+        if exc is None:
+            out[h.name] = Outcome(h.name, value=f.result(), seconds=took)
+        elif isinstance(exc, FleetError):
+            out[h.name] = Outcome(h.name, error=exc, seconds=took)
+        else:
+            out[h.name] = Outcome(h.name, error=FleetError(f"{type(exc).__name__}: {exc}", host=h.name), seconds=took)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return {h.name: out[h.name] for h in hosts}
+
+
+def close_all() -> None:
+    """Close every pooled connection (end of a command, or between tests)."""
+    _POOL.close()
+
+
+def _short(cmd: str, n: int = 60) -> str:
+    return cmd if len(cmd) <= n else cmd[: n - 1] + "…"

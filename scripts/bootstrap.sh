@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs everything fleetctl, its lab and its tests need on a Debian 12 machine (as root),
+# into .venv beside this checkout. Idempotent: a second run only checks.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(docker.io docker-registry debootstrap openssh-client rsync iproute2 curl ca-certificates dpkg-dev)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# The distro's registry service would grab :5000 on every address; the lab runs its own.
+systemctl disable --now docker-registry >/dev/null 2>&1 || true
+pkill -f '^/usr/bin/docker-registry serve /etc/docker/registry/config.yml' 2>/dev/null || true
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.fleetctl-installed
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  touch "$stamp"
+fi
+echo "bootstrap: ready ($(.venv/bin/fleetctl --version))"
