@@ -1,0 +1,440 @@
+"""The rollout ledger: every rollout and rollback, per wave and per host, in SQLite.
+
+One file per fleet (``state_dir(inventory)/ledger.sqlite3``), a versioned
+schema (a newer one is refused, never guessed at), every change in a
+transaction (WAL, ``synchronous=FULL``: a ``kill -9`` loses nothing that was
+committed), one writer per fleet enforced by a lock row that names the
+holder's pid, host and process start time, so that a lock left by a killed
+controller is recognised as stale and taken over by ``--resume``.
+
+Nothing secret is written here: container settings are recorded with
+environment values removed (names only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import secrets
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import ExitCode, FleetError, LockedError
+
+SCHEMA_VERSION = 1
+LEDGER_NAME = "ledger.sqlite3"
+
+#: Rollout statuses. ``running`` with a stale lock means the controller died.
+RUNNING, PAUSED, COMPLETED, FAILED, ABORTED = "running", "paused", "completed", "failed", "aborted"
+ACTIVE = (RUNNING, PAUSED)
+#: Host statuses.
+PENDING, IN_PROGRESS, DONE, SKIPPED, ROLLED_BACK, HOST_FAILED = (
+    "pending", "in-progress", "done", "skipped", "rolled-back", "failed")
+
+_SCHEMA = """
+CREATE TABLE rollouts (
+  id TEXT PRIMARY KEY,
+  kind TEXT NOT NULL,                 -- rollout | rollback
+  status TEXT NOT NULL,
+  recipe TEXT, requested TEXT, tag TEXT, digest TEXT, image TEXT,
+  parent TEXT,                        -- the rollout a rollback undoes
+  options TEXT NOT NULL DEFAULT '{}', -- JSON: waves, max_unavailable, soak, ...
+  started_by TEXT NOT NULL, command TEXT NOT NULL,
+  started_at REAL NOT NULL, finished_at REAL, error TEXT
+);
+CREATE TABLE waves (
+  rollout_id TEXT NOT NULL REFERENCES rollouts(id), idx INTEGER NOT NULL,
+  hosts TEXT NOT NULL, status TEXT NOT NULL, started_at REAL, finished_at REAL,
+  PRIMARY KEY (rollout_id, idx)
+);
+CREATE TABLE hosts (
+  rollout_id TEXT NOT NULL REFERENCES rollouts(id), host TEXT NOT NULL,
+  wave INTEGER NOT NULL, step INTEGER NOT NULL,
+  phase TEXT NOT NULL, status TEXT NOT NULL,
+  before_tag TEXT, before_digest TEXT, before TEXT,   -- before: JSON container settings, env values removed
+  after_tag TEXT, after_digest TEXT,
+  target_tag TEXT, target_digest TEXT,
+  verdict TEXT, artifacts TEXT, error TEXT,
+  started_at REAL, updated_at REAL NOT NULL, finished_at REAL,
+  PRIMARY KEY (rollout_id, host)
+);
+CREATE TABLE phases (
+  id INTEGER PRIMARY KEY AUTOINCREMENT,
+  rollout_id TEXT NOT NULL, host TEXT, phase TEXT NOT NULL, at REAL NOT NULL, detail TEXT
+);
+CREATE INDEX phases_by_host ON phases (rollout_id, host);
+CREATE TABLE lock (
+  fleet TEXT PRIMARY KEY, rollout_id TEXT NOT NULL, pid INTEGER NOT NULL, hostname TEXT NOT NULL,
+  proc_start TEXT NOT NULL, acquired_at REAL NOT NULL
+);
+"""
+
+
+@dataclass(frozen=True)
+class PhaseRecord:
+    """One phase a host (or the rollout, host None) entered, and when."""
+
+    host: str | None
+    phase: str
+    at: float
+    detail: str | None
+
+
+@dataclass(frozen=True)
+class HostRecord:
+    """One host's course through a rollout: where it was, where it went, the gate's verdict."""
+
+    host: str
+    wave: int
+    step: int
+    phase: str
+    status: str
+    before_tag: str | None
+    before_digest: str | None
+    before: dict[str, Any] | None
+    target_tag: str | None
+    target_digest: str | None
+    after_tag: str | None
+    after_digest: str | None
+    verdict: dict[str, Any] | None
+    artifacts: str | None
+    error: str | None
+    started_at: float | None
+    updated_at: float
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class WaveRecord:
+    """One wave: its hosts and how it went."""
+
+    idx: int
+    hosts: tuple[str, ...]
+    status: str
+    started_at: float | None
+    finished_at: float | None
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A rollout or rollback as the ledger knows it."""
+
+    id: str
+    kind: str
+    status: str
+    recipe: str | None
+    requested: str | None
+    tag: str | None
+    digest: str | None
+    image: str | None
+    parent: str | None
+    options: dict[str, Any]
+    started_by: str
+    command: str
+    started_at: float
+    finished_at: float | None
+    error: str | None
+    waves: tuple[WaveRecord, ...]
+    hosts: tuple[HostRecord, ...]
+    phases: tuple[PhaseRecord, ...]
+
+    def host(self, name: str) -> HostRecord | None:
+        """The record of one host, if it took part."""
+        return next((h for h in self.hosts if h.host == name), None)
+
+
+@dataclass(frozen=True)
+class LockHolder:
+    """Who holds a fleet's lock."""
+
+    rollout_id: str
+    pid: int
+    hostname: str
+    proc_start: str
+    acquired_at: float
+
+    @property
+    def alive(self) -> bool:
+        """True unless the holder is provably gone (same machine, and its pid is dead or reused)."""
+        if self.hostname != socket.gethostname():
+            return True  # another controller machine: we cannot tell, so we must assume it lives
+        return _proc_start(self.pid) == self.proc_start
+
+
+def _proc_start(pid: int) -> str:
+    """The process's start time in clock ticks since boot ("" if no such process): pid + this = identity."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    # Field 22, counted after the ")" that closes the command name (which may hold spaces).
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def started_by() -> str:
+    """``user@host`` of this controller (``$SUDO_USER`` first: the human behind sudo)."""
+    user = os.environ.get("SUDO_USER") or getpass.getuser()
+    return f"{user}@{socket.gethostname()}"
+
+
+def new_id(kind: str = "rollout") -> str:
+    """A sortable, readable id: ``ro-20260701-120000-3f9a`` (``rb-`` for a rollback)."""
+    prefix = "rb" if kind == "rollback" else "ro"
+    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def _loads(text: str | None) -> Any:
+    return json.loads(text) if text else None
+
+
+class Ledger:
+    """The fleet's ledger. Thread-safe: workers write through it, one transaction at a time."""
+
+    def __init__(self, path: Path, fleet: str = "fleet") -> None:
+        self.path = path
+        self.fleet = fleet
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._mu = threading.RLock()
+        self._db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.execute("PRAGMA busy_timeout=10000")
+        self._migrate()
+
+    def close(self) -> None:
+        """Close the database."""
+        with self._mu:
+            self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        with self._mu:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _migrate(self) -> None:
+        with self._tx() as db:
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise FleetError(
+                    f"ledger {self.path} has schema version {version}, newer than this fleetctl's {SCHEMA_VERSION}",
+                    fix="upgrade fleetctl (a newer one wrote this ledger); do not edit or delete the ledger",
+                    exit_code=ExitCode.INCONCLUSIVE,
+                )
+            if version == 0:
+                has_tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
+                if has_tables:
+                    raise FleetError(f"{self.path} is not a fleetctl ledger (unversioned tables)",
+                                     fix="move the file away or set FLEETCTL_STATE_DIR")
+                # Statement by statement inside this transaction (executescript would commit early),
+                # so that two controllers creating the ledger at once cannot both do it.
+                for stmt in _SCHEMA.split(";"):
+                    if stmt.strip():
+                        db.execute(stmt)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    # -- the lock ------------------------------------------------------------------------
+
+    def holder(self) -> LockHolder | None:
+        """Who holds this fleet's lock, if anybody (alive or not)."""
+        with self._mu:
+            row = self._db.execute("SELECT * FROM lock WHERE fleet=?", (self.fleet,)).fetchone()
+        if row is None:
+            return None
+        return LockHolder(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"], row["acquired_at"])
+
+    def acquire(self, rollout_id: str) -> LockHolder | None:
+        """Take the fleet's lock for ``rollout_id``; return the stale holder taken over, if any.
+
+        A live holder (this machine: same pid and start time; another machine:
+        always presumed alive) makes this raise :class:`LockedError` naming it.
+        """
+        me = LockHolder(rollout_id, os.getpid(), socket.gethostname(), _proc_start(os.getpid()), time.time())
+        with self._tx() as db:
+            row = db.execute("SELECT * FROM lock WHERE fleet=?", (self.fleet,)).fetchone()
+            stale: LockHolder | None = None
+            if row is not None:
+                h = LockHolder(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"], row["acquired_at"])
+                if h.pid == me.pid and h.hostname == me.hostname and h.proc_start == me.proc_start:
+                    stale = None  # re-entrant: this process already holds it
+                elif h.alive:
+                    raise LockedError(
+                        f"rollout {h.rollout_id} is in progress on this fleet (controller pid {h.pid} on {h.hostname}, "
+                        f"since {time.strftime('%H:%M:%S', time.localtime(h.acquired_at))})",
+                        fix="wait for it, or follow it with `fleetctl history`; if that controller is dead on another "
+                            "machine, run `fleetctl rollout abort --force` there",
+                    )
+                else:
+                    stale = h
+            db.execute("INSERT OR REPLACE INTO lock VALUES (?,?,?,?,?,?)",
+                       (self.fleet, me.rollout_id, me.pid, me.hostname, me.proc_start, me.acquired_at))
+        return stale
+
+    def release(self, rollout_id: str | None = None) -> None:
+        """Drop the lock if ``rollout_id`` (or, with None, anybody) holds it."""
+        with self._tx() as db:
+            if rollout_id is None:
+                db.execute("DELETE FROM lock WHERE fleet=?", (self.fleet,))
+            else:
+                db.execute("DELETE FROM lock WHERE fleet=? AND rollout_id=?", (self.fleet, rollout_id))
+
+    # -- writing -------------------------------------------------------------------------
+
+    def create(self, rollout_id: str, *, kind: str, recipe: str | None, requested: str | None, tag: str | None,
+               digest: str | None, image: str | None, options: Mapping[str, Any], command: str,
+               waves: Sequence[Sequence[str]], hosts: Sequence[Mapping[str, Any]], parent: str | None = None,
+               status: str = RUNNING) -> None:
+        """Record a new rollout with its waves and hosts (each host a mapping of hosts-table columns)."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO rollouts (id, kind, status, recipe, requested, tag, digest, image, parent, options,"
+                " started_by, command, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (rollout_id, kind, status, recipe, requested, tag, digest, image, parent,
+                 json.dumps(dict(options)), started_by(), command, now))
+            for i, w in enumerate(waves):
+                db.execute("INSERT INTO waves VALUES (?,?,?,?,?,?)", (rollout_id, i, json.dumps(list(w)), PENDING, None, None))
+            for h in hosts:
+                cols = {"rollout_id": rollout_id, "phase": "planned", "status": PENDING, "updated_at": now, **h}
+                if isinstance(cols.get("before"), dict):
+                    cols["before"] = json.dumps(cols["before"])
+                db.execute(f"INSERT INTO hosts ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
+                           tuple(cols.values()))
+            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+                       (rollout_id, None, "created", now, None))
+
+    def set_status(self, rollout_id: str, status: str, error: str | None = None) -> None:
+        """Set the rollout's status (a terminal one also stamps ``finished_at``)."""
+        now = time.time()
+        finished = now if status not in ACTIVE else None
+        with self._tx() as db:
+            db.execute("UPDATE rollouts SET status=?, error=?, finished_at=? WHERE id=?",
+                       (status, error, finished, rollout_id))
+            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+                       (rollout_id, None, status, now, error))
+
+    def set_wave(self, rollout_id: str, idx: int, status: str) -> None:
+        """Mark a wave running (stamps its start) or finished (stamps its end)."""
+        now = time.time()
+        with self._tx() as db:
+            if status == RUNNING:
+                db.execute("UPDATE waves SET status=?, started_at=coalesce(started_at, ?) WHERE rollout_id=? AND idx=?",
+                           (status, now, rollout_id, idx))
+            else:
+                db.execute("UPDATE waves SET status=?, finished_at=? WHERE rollout_id=? AND idx=?",
+                           (status, now, rollout_id, idx))
+
+    _HOST_FIELDS = frozenset({"status", "after_tag", "after_digest", "verdict", "artifacts", "error",
+                              "before", "before_tag", "before_digest"})
+
+    def host_phase(self, rollout_id: str, host: str, phase: str, detail: str | None = None,
+                   **fields: Any) -> None:
+        """Record that ``host`` entered ``phase`` (and update its other columns) in one transaction."""
+        unknown = set(fields) - self._HOST_FIELDS
+        if unknown:
+            raise ValueError(f"unknown host fields {unknown}")
+        now = time.time()
+        cols = dict(fields)
+        for k in ("verdict", "before"):
+            if k in cols and cols[k] is not None and not isinstance(cols[k], str):
+                cols[k] = json.dumps(cols[k])
+        status = cols.get("status")
+        sets = ["phase=?", "updated_at=?", "started_at=coalesce(started_at, ?)"]
+        args: list[Any] = [phase, now, now]
+        if status in (DONE, SKIPPED, ROLLED_BACK, HOST_FAILED):
+            sets.append("finished_at=?")
+            args.append(now)
+        for k, v in cols.items():
+            sets.append(f"{k}=?")
+            args.append(v)
+        with self._tx() as db:
+            cur = db.execute(f"UPDATE hosts SET {', '.join(sets)} WHERE rollout_id=? AND host=?",
+                             (*args, rollout_id, host))
+            if cur.rowcount != 1:
+                raise ValueError(f"no host {host} in rollout {rollout_id}")
+            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+                       (rollout_id, host, phase, now, detail))
+
+    def note(self, rollout_id: str, phase: str, detail: str | None = None) -> None:
+        """A fleet-wide event in the rollout's timeline (pause, resume, abort...)."""
+        with self._tx() as db:
+            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+                       (rollout_id, None, phase, time.time(), detail))
+
+    # -- reading -------------------------------------------------------------------------
+
+    def get(self, rollout_id: str) -> RolloutRecord:
+        """The full record of one rollout, or a FleetError naming the id."""
+        with self._mu:
+            row = self._db.execute("SELECT * FROM rollouts WHERE id=?", (rollout_id,)).fetchone()
+            if row is None:
+                raise FleetError(f"no rollout {rollout_id!r} in {self.path}", fix="see `fleetctl history`")
+            waves = self._db.execute("SELECT * FROM waves WHERE rollout_id=? ORDER BY idx", (rollout_id,)).fetchall()
+            hosts = self._db.execute("SELECT * FROM hosts WHERE rollout_id=? ORDER BY wave<0, wave, step, rowid",
+                                     (rollout_id,)).fetchall()
+            phases = self._db.execute("SELECT * FROM phases WHERE rollout_id=? ORDER BY id", (rollout_id,)).fetchall()
+        return RolloutRecord(
+            id=row["id"], kind=row["kind"], status=row["status"], recipe=row["recipe"], requested=row["requested"],
+            tag=row["tag"], digest=row["digest"], image=row["image"], parent=row["parent"],
+            options=json.loads(row["options"]), started_by=row["started_by"], command=row["command"],
+            started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
+            waves=tuple(WaveRecord(w["idx"], tuple(json.loads(w["hosts"])), w["status"], w["started_at"],
+                                   w["finished_at"]) for w in waves),
+            hosts=tuple(HostRecord(
+                host=h["host"], wave=h["wave"], step=h["step"], phase=h["phase"], status=h["status"],
+                before_tag=h["before_tag"], before_digest=h["before_digest"], before=_loads(h["before"]),
+                target_tag=h["target_tag"], target_digest=h["target_digest"],
+                after_tag=h["after_tag"], after_digest=h["after_digest"], verdict=_loads(h["verdict"]),
+                artifacts=h["artifacts"], error=h["error"], started_at=h["started_at"], updated_at=h["updated_at"],
+                finished_at=h["finished_at"]) for h in hosts),
+            phases=tuple(PhaseRecord(p["host"], p["phase"], p["at"], p["detail"]) for p in phases),
+        )
+
+    def ids(self, kind: str | None = None, statuses: Sequence[str] | None = None, limit: int = 50) -> list[str]:
+        """Rollout ids, newest first, optionally of one kind and in some statuses."""
+        q = "SELECT id FROM rollouts WHERE 1=1"
+        args: list[Any] = []
+        if kind:
+            q += " AND kind=?"
+            args.append(kind)
+        if statuses:
+            q += f" AND status IN ({','.join('?' * len(statuses))})"
+            args.extend(statuses)
+        q += " ORDER BY started_at DESC, rowid DESC LIMIT ?"
+        args.append(limit)
+        with self._mu:
+            return [r[0] for r in self._db.execute(q, args).fetchall()]
+
+    def latest(self, kind: str | None = None, statuses: Sequence[str] | None = None) -> RolloutRecord | None:
+        """The newest rollout matching, or None."""
+        ids = self.ids(kind, statuses, limit=1)
+        return self.get(ids[0]) if ids else None
+
+    def history(self, limit: int = 50) -> list[RolloutRecord]:
+        """Every rollout and rollback, newest first."""
+        return [self.get(i) for i in self.ids(limit=limit)]
+
+
+def open_ledger(state_dir: Path, fleet: str = "fleet") -> Ledger:
+    """The ledger of the fleet whose state lives in ``state_dir``."""
+    return Ledger(state_dir / LEDGER_NAME, fleet)
