@@ -1,0 +1,472 @@
+"""Serving recipes (model profiles): image, weights, served names, vLLM flags, soak settings.
+
+Recipes are data in the inventory (``fleetctl_recipes`` in ``group_vars/all/recipes.yml``)
+so that operators edit YAML, not code. They are validated when loaded: every
+problem (schema or one of the DOMAIN.md rules that each cost somebody an
+outage) is collected and reported at once, one line per problem naming the
+recipe, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from typing import Any
+
+from fleetctl.errors import RecipeError
+from fleetctl.inventory import Host, Inventory
+
+#: Above this, GB10's unified memory thrashes (DOMAIN.md).
+MAX_GPU_MEMORY_UTILIZATION = 0.88
+#: Checkpoint formats a weight set can declare, and the ``--quantization`` each needs.
+FORMAT_QUANTIZATION: Mapping[str, str | None] = {
+    "compressed-tensors": "compressed-tensors",
+    "modelopt": "modelopt",
+    "bf16": None,
+}
+ROLES = ("body", "drafter")
+#: Where weights live on a host: a recipe may only stage below it.
+WEIGHTS_ROOT = "/opt/"
+SOURCES = ("hub", "mirror")
+
+_RECIPE_KEYS = {
+    "description", "image", "served_model_names", "port", "weights", "vllm_args", "env",
+    "secret_env", "docker_args", "soak", "min_free_gb", "source",
+}
+_REQUIRED_RECIPE_KEYS = ("image", "served_model_names", "weights", "vllm_args")
+_WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb"}
+_REQUIRED_WEIGHT_KEYS = ("role", "repo", "revision", "path", "mount", "format")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SECRET_HINT = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|_KEY$", re.IGNORECASE)
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+#: Flags fleetctl sets itself from other recipe fields; repeating them in vllm_args would conflict.
+_OWN_FLAGS = ("--served-model-name",)
+
+
+@dataclass(frozen=True)
+class WeightSet:
+    """One directory of weights a recipe needs: the body checkpoint or the drafter."""
+
+    role: str
+    #: Hub repository, ``owner/name``.
+    repo: str
+    #: Pinned revision (commit sha, tag or branch) fetched from the hub or the mirror.
+    revision: str
+    #: Directory on the host, under /opt.
+    path: str
+    #: Where the directory is bind-mounted (read-only) inside the container.
+    mount: str
+    #: Checkpoint format: compressed-tensors, modelopt or bf16.
+    format: str
+    #: Oldest acceptable revision date (drafters fetched before a fix crash; DOMAIN.md).
+    min_date: date | None = None
+    #: Expected size in GB (preflight before the exact size is known from a manifest).
+    size_gb: float = 0.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A model profile: what to run, with which weights and flags, and how to soak it."""
+
+    name: str
+    #: Image repository without a tag (the rollout picks the tag).
+    image: str
+    served_model_names: tuple[str, ...]
+    port: int
+    weights: tuple[WeightSet, ...]
+    #: vLLM flags after ``serve MODEL``, verbatim from the recipe.
+    vllm_args: tuple[str, ...]
+    #: Non-secret container environment.
+    env: Mapping[str, str] = field(default_factory=dict)
+    #: Names of secret variables whose values come from the controller's environment, never stored.
+    secret_env: tuple[str, ...] = ()
+    #: Extra ``docker run`` arguments (``--shm-size=16g`` ...).
+    docker_args: tuple[str, ...] = ()
+    #: Raw soak settings, parsed by ``fleetctl.soak.config``.
+    soak: Mapping[str, Any] = field(default_factory=dict)
+    #: Free disk the host needs for image + weights + headroom (GB).
+    min_free_gb: float = 0.0
+    #: Where weights come from: "hub", "mirror", or None (the mirror if the inventory has one).
+    source: str | None = None
+    description: str = ""
+
+    @property
+    def body(self) -> WeightSet:
+        """The body (target model) weight set."""
+        return next(w for w in self.weights if w.role == "body")
+
+    @property
+    def drafter(self) -> WeightSet | None:
+        """The drafter weight set, if the recipe uses one."""
+        return next((w for w in self.weights if w.role == "drafter"), None)
+
+    def flag(self, name: str) -> str | None:
+        """The value of vLLM flag ``name`` (``--x v`` or ``--x=v``), or None when absent."""
+        return flag_value(self.vllm_args, name)
+
+    def speculative_config(self) -> dict[str, Any] | None:
+        """The parsed ``--speculative-config`` JSON, or None."""
+        raw = self.flag("--speculative-config")
+        if raw is None:
+            return None
+        parsed = json.loads(raw)
+        return parsed if isinstance(parsed, dict) else None
+
+    def serve_argv(self) -> list[str]:
+        """Everything after the image in ``docker run ... --entrypoint vllm IMAGE``."""
+        argv = ["serve", self.body.mount, "--served-model-name", *self.served_model_names, *self.vllm_args]
+        if not has_flag(self.vllm_args, "--port"):
+            argv += ["--port", str(self.port)]
+        return argv
+
+    def mounts(self) -> list[tuple[str, str]]:
+        """``(host path, container path)`` pairs to bind-mount read-only."""
+        return [(w.path, w.mount) for w in self.weights]
+
+
+@dataclass(frozen=True)
+class RecipeProblem:
+    """One thing wrong with one recipe: where, what, and how to fix it."""
+
+    recipe: str
+    field: str
+    problem: str
+    fix: str
+
+    def line(self) -> str:
+        """``recipe 'x', field 'y': problem (fix: ...)``."""
+        return f"recipe {self.recipe!r}, {self.field}: {self.problem} (fix: {self.fix})"
+
+
+class RecipeValidationError(RecipeError):
+    """One or more recipes are invalid; ``problems`` lists every one."""
+
+    def __init__(self, problems: Sequence[RecipeProblem], where: str) -> None:
+        self.problems = tuple(problems)
+        lines = "\n".join(f"  - {p.line()}" for p in self.problems)
+        n = len(self.problems)
+        super().__init__(f"{n} problem{'s' if n != 1 else ''} in the recipes of {where}:\n{lines}")
+
+
+def flag_value(args: Sequence[str], name: str) -> str | None:
+    """The value given to ``name`` in an argv (last one wins, as in argparse)."""
+    value: str | None = None
+    for i, a in enumerate(args):
+        if a == name:
+            value = args[i + 1] if i + 1 < len(args) else ""
+        elif a.startswith(name + "="):
+            value = a[len(name) + 1 :]
+    return value
+
+
+def has_flag(args: Sequence[str], name: str) -> bool:
+    """True when ``name`` appears in an argv, with or without ``=value``."""
+    return any(a == name or a.startswith(name + "=") for a in args)
+
+
+def load_recipes(inventory: Inventory) -> dict[str, Recipe]:
+    """Every recipe of the inventory (``fleetctl_recipes``), validated; raises on any problem."""
+    raw = inventory.vars.get("fleetctl_recipes")
+    if raw is None:
+        raise RecipeError(
+            f"the inventory {inventory.path} defines no fleetctl_recipes",
+            fix="add group_vars/all/recipes.yml (see inventory/lab/group_vars/all/recipes.yml)",
+        )
+    return parse_recipes(raw, where=str(inventory.path))
+
+
+def parse_recipes(raw: Any, where: str = "the inventory") -> dict[str, Recipe]:
+    """Build and validate recipes from the raw ``fleetctl_recipes`` mapping."""
+    if not isinstance(raw, Mapping) or not raw:
+        raise RecipeValidationError(
+            [RecipeProblem("*", "fleetctl_recipes", "must be a non-empty mapping of name: recipe",
+                           "write fleetctl_recipes: {NAME: {image: ..., weights: [...], ...}}")], where)
+    problems: list[RecipeProblem] = []
+    recipes: dict[str, Recipe] = {}
+    for name, body in raw.items():
+        recipe = _build(str(name), body, problems)
+        if recipe is not None:
+            problems.extend(check_rules(recipe))
+            recipes[recipe.name] = recipe
+    if problems:
+        raise RecipeValidationError(problems, where)
+    return recipes
+
+
+def default_recipe_name(inventory: Inventory, host: Host | None = None) -> str:
+    """The recipe a host serves by default (``fleetctl_recipe``), or the fleet's."""
+    name = (host.vars if host is not None else inventory.vars).get("fleetctl_recipe")
+    if not name:
+        raise RecipeError(
+            f"no default recipe: fleetctl_recipe is not set in {inventory.path}",
+            host=host.name if host else None,
+            fix="set fleetctl_recipe in group_vars/all or pass --recipe NAME",
+        )
+    return str(name)
+
+
+def get_recipe(recipes: Mapping[str, Recipe], name: str) -> Recipe:
+    """The recipe called ``name``, or a RecipeError listing the known ones."""
+    try:
+        return recipes[name]
+    except KeyError:
+        raise RecipeError(
+            f"no recipe {name!r}", fix=f"use one of: {', '.join(sorted(recipes)) or '(none)'}"
+        ) from None
+
+
+def recipe_for(inventory: Inventory, name: str | None = None, host: Host | None = None) -> Recipe:
+    """Load the inventory's recipes and return ``name`` (default: the host's or fleet's)."""
+    recipes = load_recipes(inventory)
+    return get_recipe(recipes, name or default_recipe_name(inventory, host))
+
+
+# ---- building (schema) -------------------------------------------------------------------------
+
+
+def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None:
+    """A Recipe from raw data, or None when its shape is too broken to check its rules."""
+    n0 = len(problems)
+
+    def bad(fld: str, problem: str, fix: str) -> None:
+        problems.append(RecipeProblem(name, fld, problem, fix))
+
+    if not isinstance(body, Mapping):
+        bad("(recipe)", f"must be a mapping, not {type(body).__name__}", "give the recipe image:, weights:, vllm_args:, ...")
+        return None
+    for key in sorted(set(body) - _RECIPE_KEYS):
+        bad(str(key), "unknown field", f"remove it, or use one of: {', '.join(sorted(_RECIPE_KEYS))}")
+    for key in _REQUIRED_RECIPE_KEYS:
+        if key not in body:
+            bad(key, "is missing", f"add {key}: to the recipe")
+
+    image = body.get("image", "")
+    if not isinstance(image, str) or not image:
+        if "image" in body:
+            bad("image", "must be a non-empty string", "e.g. image: ghcr.io/aeon-7/aeon-vllm-ultimate")
+    elif "@" in image or ":" in image.rsplit("/", 1)[-1]:
+        bad("image", f"{image!r} carries a tag or digest", "give the repository only; the rollout chooses the tag")
+
+    names = body.get("served_model_names", [])
+    if not _is_str_list(names) or ("served_model_names" in body and not names):
+        if "served_model_names" in body:
+            bad("served_model_names", "must be a non-empty list of strings", "e.g. served_model_names: [qwen36-fast]")
+        names = []
+    elif len(set(names)) != len(names):
+        bad("served_model_names", "repeats a name", "list each alias once")
+
+    port = body.get("port", 8000)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        bad("port", f"{port!r} is not a TCP port", "use a number from 1 to 65535 (vLLM's default is 8000)")
+        port = 8000
+
+    args = body.get("vllm_args", [])
+    if not isinstance(args, list) or not all(isinstance(a, str | int | float) and not isinstance(a, bool) for a in args):
+        if "vllm_args" in body:
+            bad("vllm_args", "must be a list of strings (one flag or value per item)", "quote numbers: - \"0.70\"")
+        args = []
+    args = [str(a) for a in args]
+    if args and args[0] == "serve":
+        bad("vllm_args", "starts with 'serve'", "leave out 'serve MODEL': fleetctl adds them from the body's mount")
+    for own in _OWN_FLAGS:
+        if has_flag(args, own):
+            bad("vllm_args", f"sets {own}", "list the names in served_model_names instead")
+
+    env_raw = body.get("env") or {}
+    env: dict[str, str] = {}
+    if not isinstance(env_raw, Mapping):
+        bad("env", "must be a mapping of NAME: value", "e.g. env: {VLLM_USE_FLASHINFER_SAMPLER: \"1\"}")
+    else:
+        for k, v in env_raw.items():
+            if not isinstance(k, str) or not _ENV_NAME.match(k):
+                bad("env", f"{k!r} is not an environment variable name", "use letters, digits and _")
+            elif isinstance(v, Mapping | list) or v is None:
+                bad(f"env.{k}", "must be a scalar value", "quote it as a string")
+            elif _SECRET_HINT.search(k):
+                bad(f"env.{k}", "looks like a secret stored in the inventory",
+                    f"remove it from env and list {k} in secret_env; its value then comes from the controller's environment")
+            else:
+                env[k] = str(v).lower() if isinstance(v, bool) else str(v)
+
+    secret_env = body.get("secret_env") or []
+    if not _is_str_list(secret_env) or not all(_ENV_NAME.match(s) for s in secret_env):
+        bad("secret_env", "must be a list of environment variable names", "e.g. secret_env: [HF_TOKEN]")
+        secret_env = []
+
+    docker_args = body.get("docker_args") or []
+    if not _is_str_list(docker_args):
+        bad("docker_args", "must be a list of strings", "e.g. docker_args: [--shm-size=16g]")
+        docker_args = []
+
+    soak = body.get("soak") or {}
+    if not isinstance(soak, Mapping):
+        bad("soak", "must be a mapping", "see fleetctl.soak.config for its keys")
+        soak = {}
+
+    min_free = body.get("min_free_gb", 0)
+    if isinstance(min_free, bool) or not isinstance(min_free, int | float) or min_free < 0:
+        bad("min_free_gb", f"{min_free!r} is not a size in GB", "e.g. min_free_gb: 35")
+        min_free = 0
+
+    source = body.get("source")
+    if source is not None and source not in SOURCES:
+        bad("source", f"{source!r} is not a weights source", f"use one of: {', '.join(SOURCES)} (or leave it out)")
+        source = None
+
+    desc = body.get("description", "")
+    weights = _build_weights(body.get("weights"), "weights" in body, bad)
+
+    if len(problems) > n0 and not weights:
+        return None
+    if weights and sum(w.role == "body" for w in weights) != 1:
+        bad("weights", f"has {sum(w.role == 'body' for w in weights)} body sets", "give exactly one weight set with role: body")
+        return None
+    if not weights:
+        return None
+    return Recipe(
+        name=name, image=str(image), served_model_names=tuple(names), port=int(port), weights=tuple(weights),
+        vllm_args=tuple(args), env=env, secret_env=tuple(secret_env), docker_args=tuple(docker_args),
+        soak=dict(soak), min_free_gb=float(min_free), source=source, description=str(desc),
+    )
+
+
+def _build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None]) -> list[WeightSet]:
+    if not isinstance(raw, list) or not raw:
+        if present:
+            bad("weights", "must be a non-empty list of weight sets", "give at least the body: - {role: body, repo: ..., ...}")
+        return []
+    out: list[WeightSet] = []
+    for i, w in enumerate(raw):
+        where = f"weights[{i}]"
+        if not isinstance(w, Mapping):
+            bad(where, "must be a mapping", "give role, repo, revision, path, mount and format")
+            continue
+        n_bad = 0
+
+        def wbad(fld: str, problem: str, fix: str, where: str = where) -> None:
+            nonlocal n_bad
+            n_bad += 1
+            bad(f"{where}.{fld}", problem, fix)
+
+        for key in sorted(set(w) - _WEIGHT_KEYS):
+            wbad(str(key), "unknown field", f"use one of: {', '.join(sorted(_WEIGHT_KEYS))}")
+        for key in _REQUIRED_WEIGHT_KEYS:
+            if not isinstance(w.get(key), str) or not w.get(key):
+                wbad(key, "is missing or not a string", f"add {key}: to the weight set")
+        role, repo, path, mount, fmt = (str(w.get(k, "")) for k in ("role", "repo", "path", "mount", "format"))
+        if role and role not in ROLES:
+            wbad("role", f"{role!r} is not a weight role", f"use one of: {', '.join(ROLES)}")
+        if repo and not _REPO.match(repo):
+            wbad("repo", f"{repo!r} is not a hub repository", "write owner/name, e.g. z-lab/Qwen3.6-35B-A3B-DFlash")
+        if path and (not path.startswith(WEIGHTS_ROOT) or ".." in path.split("/") or path.rstrip("/") + "/" == WEIGHTS_ROOT):
+            wbad("path", f"{path!r} is not a directory under {WEIGHTS_ROOT}", "use e.g. /opt/qwen36/qwen36-nvfp4")
+        if mount and (not mount.startswith("/") or mount == "/"):
+            wbad("mount", f"{mount!r} is not an absolute container path", "use e.g. /model or /drafter")
+        if fmt and fmt not in FORMAT_QUANTIZATION:
+            wbad("format", f"{fmt!r} is not a known checkpoint format", f"use one of: {', '.join(FORMAT_QUANTIZATION)}")
+        min_date: date | None = None
+        md = w.get("min_date")
+        if isinstance(md, date):
+            min_date = md
+        elif md is not None:
+            try:
+                min_date = date.fromisoformat(str(md))
+            except ValueError:
+                wbad("min_date", f"{md!r} is not a date", "write YYYY-MM-DD, e.g. 2026-04-19")
+        size = w.get("size_gb", 0)
+        if isinstance(size, bool) or not isinstance(size, int | float) or size < 0:
+            wbad("size_gb", f"{size!r} is not a size in GB", "e.g. size_gb: 22")
+            size = 0
+        if n_bad:
+            continue
+        out.append(WeightSet(role=role, repo=repo, revision=str(w["revision"]), path=path.rstrip("/"),
+                             mount=mount.rstrip("/"), format=fmt, min_date=min_date, size_gb=float(size)))
+    paths = [w.path for w in out]
+    mounts = [w.mount for w in out]
+    if len(set(paths)) != len(paths):
+        bad("weights", "two weight sets share a host path", "give each set its own directory under /opt")
+    if len(set(mounts)) != len(mounts):
+        bad("weights", "two weight sets share a container mount", "mount the body at /model and the drafter at /drafter")
+    if sum(w.role == "drafter" for w in out) > 1:
+        bad("weights", "has more than one drafter", "keep one weight set with role: drafter")
+    return out
+
+
+def _is_str_list(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
+
+
+# ---- rules (DOMAIN.md) ----------------------------------------------------------------------------
+
+
+def check_rules(r: Recipe) -> list[RecipeProblem]:
+    """The DOMAIN.md rules a well-formed recipe must still obey, each a problem with its fix."""
+    out: list[RecipeProblem] = []
+
+    def bad(fld: str, problem: str, fix: str) -> None:
+        out.append(RecipeProblem(r.name, fld, problem, fix))
+
+    gmu = r.flag("--gpu-memory-utilization")
+    if gmu is not None:
+        try:
+            value = float(gmu)
+        except ValueError:
+            bad("vllm_args --gpu-memory-utilization", f"{gmu!r} is not a number", "give a fraction, e.g. 0.70")
+        else:
+            if not 0 < value <= MAX_GPU_MEMORY_UTILIZATION:
+                bad("vllm_args --gpu-memory-utilization",
+                    f"{gmu} is above {MAX_GPU_MEMORY_UTILIZATION}: GB10's unified memory thrashes",
+                    f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the seeds use 0.60-0.80)")
+
+    port_flag = r.flag("--port")
+    if port_flag is not None and port_flag != str(r.port):
+        bad("vllm_args --port", f"--port {port_flag} disagrees with port: {r.port}", "set one of them to match the other")
+
+    spec: dict[str, Any] | None = None
+    raw_spec = r.flag("--speculative-config")
+    if raw_spec is not None:
+        try:
+            parsed = json.loads(raw_spec)
+        except json.JSONDecodeError as e:
+            bad("vllm_args --speculative-config", f"is not valid JSON ({e.msg} at column {e.colno})",
+                "quote the JSON in single quotes in YAML: '{\"method\":\"dflash\",...}'")
+        else:
+            if isinstance(parsed, dict):
+                spec = parsed
+            else:
+                bad("vllm_args --speculative-config", "must be a JSON object", "write {\"method\": ..., ...}")
+
+    kv = r.flag("--kv-cache-dtype")
+    drafter = r.drafter
+    if spec is not None and str(spec.get("method", "")).lower() == "dflash":
+        for needed in ("--max-num-seqs", "--max-num-batched-tokens"):
+            if r.flag(needed) is None:
+                bad(f"vllm_args {needed}", "is missing: with DFlash the scheduler computes a negative token budget "
+                    "and the server never boots (max_num_scheduled_tokens is set to -512)",
+                    f"set {needed} (the seeds use --max-num-seqs 64 --max-num-batched-tokens 32768)")
+        if kv is not None and kv.lower().startswith("nvfp4"):
+            bad("vllm_args --kv-cache-dtype", "nvfp4 KV cannot pair with the non-causal DFlash drafter "
+                "(vLLM: No valid attention backend found)", "use --kv-cache-dtype fp8_e4m3 or auto, or a causal speculator")
+        if drafter is None:
+            bad("weights", "the speculative config uses DFlash but no weight set has role: drafter",
+                "add the drafter: - {role: drafter, repo: z-lab/..., mount: /drafter, ...}")
+        elif spec.get("model") != drafter.mount:
+            bad("vllm_args --speculative-config", f"its model {spec.get('model')!r} is not the drafter's mount {drafter.mount!r}",
+                f"set \"model\":\"{drafter.mount}\" in the speculative config")
+    elif drafter is not None and (spec is None or "model" not in spec):
+        bad("weights", "a drafter is staged but no speculative config uses it",
+            "add --speculative-config with \"model\" set to the drafter's mount, or drop the drafter")
+
+    quant = r.flag("--quantization")
+    fmt = r.body.format
+    expected = FORMAT_QUANTIZATION.get(fmt)
+    if quant is not None and expected is None:
+        bad("vllm_args --quantization", f"--quantization {quant} on a {fmt} checkpoint fails at load",
+            "remove --quantization for an unquantized (bf16) body")
+    elif quant is not None and quant != expected:
+        bad("vllm_args --quantization", f"--quantization {quant} does not match the body's {fmt} checkpoint: it fails at load",
+            f"use --quantization {expected} (or correct weights[body].format)")
+    return out
