@@ -36,8 +36,8 @@ LEDGER_NAME = "ledger.sqlite3"
 RUNNING, PAUSED, COMPLETED, FAILED, ABORTED = "running", "paused", "completed", "failed", "aborted"
 ACTIVE = (RUNNING, PAUSED)
 #: Host statuses.
-PENDING, IN_PROGRESS, DONE, SKIPPED, ROLLED_BACK, HOST_FAILED = (
-    "pending", "in-progress", "done", "skipped", "rolled-back", "failed")
+PENDING, IN_PROGRESS, DONE, SKIPPED, ROLLED_BACK, HOST_FAILED, HOST_PAUSED = (
+    "pending", "in-progress", "done", "skipped", "rolled-back", "failed", "paused")
 
 _SCHEMA = """
 CREATE TABLE rollouts (
