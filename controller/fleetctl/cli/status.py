@@ -1,0 +1,102 @@
+"""``fleetctl status``: one line per host, probed in parallel over SSH."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from fleetctl import inventory as inv
+from fleetctl import ssh
+from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.errors import ExitCode
+from fleetctl.status import DEFAULT_TIMEOUT, HostStatus, probe_fleet
+
+
+def _uptime(seconds: float | None) -> str:
+    if seconds is None:
+        return "?"
+    s = int(seconds)
+    d, s = divmod(s, 86400)
+    h, s = divmod(s, 3600)
+    m = s // 60
+    return f"{d}d{h:02d}h" if d else f"{h}h{m:02d}m" if h else f"{m}m"
+
+
+def _health(st: HostStatus) -> str:
+    if st.health == 200:
+        return "[green]200[/]"
+    if st.health is not None:
+        return f"[red]{st.health}[/]"
+    return "[dim]-[/]" if st.container is None else "[red]refused[/]"
+
+
+def render_status(statuses: Mapping[str, HostStatus]) -> Any:
+    """Draw the fleet table."""
+
+    def render(out: Console) -> None:
+        t = Table(title="fleet status")
+        for col in ("host", "reachable", "GPU", "driver", "toolkit", "docker", "serving", "digest",
+                    "health", "uptime"):
+            t.add_column(col, overflow="fold")
+        for name, st in statuses.items():
+            if not st.reachable:
+                t.add_row(name, f"[red]no[/] ({st.seconds:.1f}s)", f"[red]{escape(st.error or '')}[/]",
+                          *([""] * 7))
+                continue
+            c = st.container
+            if c is None:
+                serving = "[dim]none[/]"
+                digest = ""
+            else:
+                state = "" if c.running else f" [red]({escape(c.state or 'stopped')})[/]"
+                serving = escape(f"{c.recipe or c.name}:{c.tag or c.image}") + state
+                digest = escape((c.digest or "?").replace("sha256:", "")[:12])
+            gpu_ok = st.gpu == "NVIDIA GB10"
+            gpu = escape(st.gpu or st.problems.get("gpu", "?"))
+            t.add_row(
+                name, f"[green]yes[/] ({st.seconds:.1f}s)", gpu if gpu_ok else f"[yellow]{gpu}[/]",
+                escape(st.driver or "?"), escape(st.toolkit or "-"), escape(st.docker or "?"),
+                serving, digest, _health(st), _uptime(st.uptime_s),
+            )
+        out.print(t)
+        warn = [n for n, st in statuses.items() if st.reachable and st.next_kernel_has_nvidia is False]
+        for n in warn:
+            st = statuses[n]
+            out.print(f"[yellow]warning[/] {n}: the next kernel {st.next_kernel} has no nvidia module "
+                      f"(running {st.kernel})")
+        down = [n for n, st in statuses.items() if not st.reachable]
+        if down:
+            out.print(f"[red]{len(down)} of {len(statuses)} host(s) unreachable:[/] {', '.join(down)}")
+
+    return render
+
+
+@click.command("status")
+@click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
+@click.option("--timeout", type=click.FloatRange(1, 300), default=DEFAULT_TIMEOUT, show_default=True,
+              help="Seconds a host gets to answer before it is shown as unreachable.")
+@json_option
+@pass_ctx
+def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:
+    """Show each host: reachable, GPU, driver, toolkit, Docker, serving image and digest, /health, uptime.
+
+    Exits 1 when some host is unreachable.
+    """
+    inventory = inv.load(ctx.inventory)
+    hosts = inventory.select(limit)
+    try:
+        with ctx.progress("status", ("phase", "message")) as progress:
+            statuses = probe_fleet(inventory, hosts, timeout=timeout, progress=progress)
+    finally:
+        ssh.close_all()
+    ctx.emit(statuses, render_status(statuses))
+    if any(not st.reachable for st in statuses.values()):
+        raise click.exceptions.Exit(int(ExitCode.FAILED))
+
+
+commands: list[click.Command] = [status_cmd]

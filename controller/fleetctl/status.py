@@ -1,0 +1,192 @@
+"""What every host is doing now: reachable, GPU, driver, toolkit, Docker, serving container, /health.
+
+:func:`probe_fleet` opens one SSH session per host, in parallel, and runs ONE
+composite probe there (``roles/preflight/files/spark_facts.py --serving``, the
+same script the preflight role runs, fed on stdin to ``python3 -``), so a
+host costs one round trip whatever it reports. A host that does not answer
+within the timeout is reported unreachable and never delays the others.
+The rollout reuses :func:`probe_fleet` to read what each host serves.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Any
+
+from fleetctl import paths, ssh
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host, Inventory
+from fleetctl.progress import NULL, Event, Progress
+
+#: Seconds a host gets to answer the whole probe (connection included).
+DEFAULT_TIMEOUT = 10.0
+#: The port vLLM serves on when the host's recipe does not say.
+DEFAULT_PORT = 8000
+
+
+@dataclass(frozen=True)
+class ContainerStatus:
+    """The serving container of a host (label ``fleetctl.recipe``, else named after the recipe)."""
+
+    name: str
+    image: str
+    tag: str | None
+    #: The image's registry digest (``sha256:...``): the rollout's label, else the local RepoDigest.
+    digest: str | None
+    running: bool
+    state: str | None
+    restarts: int = 0
+    started_at: str | None = None
+    #: The rollout's labels: fleetctl.recipe, fleetctl.tag, fleetctl.digest, fleetctl.rollout.
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def recipe(self) -> str | None:
+        """The recipe the container serves (its ``fleetctl.recipe`` label)."""
+        return self.labels.get("fleetctl.recipe")
+
+    @property
+    def rollout(self) -> str | None:
+        """The rollout that started it (its ``fleetctl.rollout`` label)."""
+        return self.labels.get("fleetctl.rollout")
+
+
+@dataclass(frozen=True)
+class HostStatus:
+    """One host's state as probed; when ``reachable`` is False only ``error`` and ``seconds`` say anything."""
+
+    name: str
+    address: str
+    reachable: bool
+    seconds: float
+    error: str | None = None
+    gpu: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    compute_cap: str | None = None
+    toolkit: str | None = None
+    docker: str | None = None
+    docker_running: bool | None = None
+    kernel: str | None = None
+    next_kernel: str | None = None
+    next_kernel_has_nvidia: bool | None = None
+    disk_free_gb: float | None = None
+    uptime_s: float | None = None
+    dgx_release: str | None = None
+    container: ContainerStatus | None = None
+    #: HTTP status of ``GET /health`` on the serving port, None when nothing answered.
+    health: int | None = None
+    health_error: str | None = None
+    port: int = DEFAULT_PORT
+    #: Facts the probe could not read: name -> reason.
+    problems: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        """True when the serving port's ``/health`` answered 200."""
+        return self.health == 200
+
+
+@cache
+def probe_script() -> str:
+    """The probe's source (shared with the preflight role, which runs the same file)."""
+    path = paths.roles_dir() / "preflight" / "files" / "spark_facts.py"
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise FleetError(f"the host probe {path} cannot be read: {e.strerror}",
+                         fix="reinstall fleetctl or set FLEETCTL_HOME to the checkout") from None
+
+
+def serving_target(host: Host) -> tuple[str | None, int]:
+    """The container name and port the host's recipe serves on (recipe name, port; 8000 by default)."""
+    recipe = host.vars.get("fleetctl_recipe")
+    recipes = host.vars.get("fleetctl_recipes")
+    port = DEFAULT_PORT
+    if isinstance(recipe, str) and isinstance(recipes, Mapping):
+        body = recipes.get(recipe)
+        if isinstance(body, Mapping):
+            try:
+                port = int(body.get("port", DEFAULT_PORT))
+            except (TypeError, ValueError):
+                port = DEFAULT_PORT
+    return (recipe if isinstance(recipe, str) else None), port
+
+
+def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatus:
+    """A :class:`HostStatus` from the probe's JSON (a malformed answer is a FleetError)."""
+    try:
+        raw: dict[str, Any] = json.loads(stdout)
+    except ValueError:
+        raise FleetError(f"the status probe printed no JSON: {stdout.strip()[:200]!r}", host=host.name,
+                         fix="check that python3 runs on the host") from None
+    gpu = raw.get("gpu") or {}
+    kernel = raw.get("kernel") or {}
+    docker = raw.get("docker") or {}
+    disk = raw.get("disk") or {}
+    dgx = raw.get("dgx_release") or {}
+    serving = raw.get("serving") or {}
+    health = serving.get("health") or {}
+    c = serving.get("container")
+    container = None
+    if isinstance(c, dict):
+        container = ContainerStatus(
+            name=str(c.get("name", "")), image=str(c.get("image", "")), tag=c.get("tag"), digest=c.get("digest"),
+            running=bool(c.get("running")), state=c.get("status"), restarts=int(c.get("restarts") or 0),
+            started_at=c.get("started_at"), labels={str(k): str(v) for k, v in (c.get("labels") or {}).items()},
+        )
+    return HostStatus(
+        name=host.name, address=host.address, reachable=True, seconds=round(seconds, 3),
+        gpu=gpu.get("name"), driver=gpu.get("driver"), cuda=gpu.get("cuda"), compute_cap=gpu.get("compute_cap"),
+        toolkit=raw.get("toolkit_version"), docker=docker.get("version"), docker_running=docker.get("running"),
+        kernel=kernel.get("running"), next_kernel=kernel.get("next"),
+        next_kernel_has_nvidia=kernel.get("next_has_nvidia"), disk_free_gb=disk.get("free_gb"),
+        uptime_s=raw.get("uptime_s"), dgx_release=dgx.get("DGX_PRETTY_NAME") or dgx.get("DGX_NAME"),
+        container=container, health=health.get("status"), health_error=health.get("error"), port=port,
+        problems={str(k): str(v) for k, v in (raw.get("errors") or {}).items()},
+    )
+
+
+def probe_host(host: Host, timeout: float = DEFAULT_TIMEOUT) -> HostStatus:
+    """Probe one host over SSH (raises :class:`~fleetctl.errors.HostUnreachable` when it does not answer)."""
+    name, port = serving_target(host)
+    argv = ["python3", "-", "--serving", "--port", str(port)]
+    if name:
+        argv += ["--container", name]
+    r = ssh.run(host, argv, timeout=timeout, connect_timeout=min(timeout, ssh.DEFAULT_CONNECT_TIMEOUT),
+                stdin=probe_script())
+    r.check("the status probe", fix="check that python3 runs on the host")
+    return parse_probe(host, r.stdout, r.seconds, port)
+
+
+def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeout: float = DEFAULT_TIMEOUT,
+                progress: Progress = NULL) -> dict[str, HostStatus]:
+    """Probe ``hosts`` (default: all) in parallel; host name -> :class:`HostStatus`, in inventory order.
+
+    Never raises for a host: one that cannot be reached within ``timeout``
+    seconds is ``reachable=False`` with the reason in ``error``.
+    """
+    chosen = list(hosts) if hosts is not None else inventory.select(None)
+    probe_script()  # fail once, early, if the probe itself is missing
+
+    def one(h: Host) -> HostStatus:
+        progress(Event("probing", host=h.name))
+        st = probe_host(h, timeout)
+        progress(Event("reachable", host=h.name))
+        return st
+
+    outcomes = ssh.fan_out(chosen, one, timeout=timeout + 1.0)
+    out: dict[str, HostStatus] = {}
+    for h in chosen:
+        o = outcomes[h.name]
+        if o.value is not None:
+            out[h.name] = o.value
+        else:
+            cause = o.error.cause if o.error is not None else "no answer"
+            progress(Event("unreachable", cause, host=h.name))
+            out[h.name] = HostStatus(name=h.name, address=h.address, reachable=False, seconds=round(o.seconds, 3),
+                                     error=cause)
+    return out

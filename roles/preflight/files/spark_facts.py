@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Facts of one DGX Spark, as one JSON object on stdout (Python 3 standard library only).
+
+Run on the host, from stdin (``python3 - [options] < spark_facts.py``): the
+preflight role runs it through ``ansible.builtin.command`` and ``fleetctl status``
+through one SSH session, so that both read the host the same way and each pays
+one round trip. It never changes anything on the host.
+
+Gathers: the GPU (name, driver, CUDA version, compute capability, from
+``nvidia-smi``), ``/etc/dgx-release``, the running kernel and the kernel the
+host boots next (the newest ``/boot/vmlinuz-*``) with whether an nvidia module
+exists for it, the Docker and nvidia-container-toolkit versions, free disk
+under a path (``/opt``) and uptime. With ``--serving``: the serving container
+(label ``fleetctl.recipe``, else ``--container NAME``) with its image, digest
+and fleetctl labels, and ``/health`` of ``--port`` on the host itself.
+A fact that cannot be read is ``null`` with the reason under ``errors``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+ERRORS: dict[str, str] = {}
+TIMEOUT = 10.0
+
+
+def run(argv: list[str], timeout: float = TIMEOUT) -> tuple[int, str, str]:
+    """Run a command; (rc, stdout, stderr), rc 127 when it is not installed."""
+    if shutil.which(argv[0]) is None:
+        return 127, "", f"{argv[0]}: command not found"
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]} did not answer within {timeout:.0f}s"
+    except OSError as e:
+        return 126, "", f"{argv[0]}: {e}"
+    return p.returncode, p.stdout, p.stderr
+
+
+def first_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[0] if lines else ""
+
+
+def version_key(v: str) -> list[tuple[int, str]]:
+    """Sort key for kernel versions: numbers compare as numbers (6.8.0-1015 > 6.8.0-101)."""
+    return [(int(p), "") if p.isdigit() else (-1, p) for p in re.split(r"(\d+)", v) if p]
+
+
+def gpu() -> dict[str, object] | None:
+    rc, out, err = run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"])
+    if rc != 0:
+        ERRORS["gpu"] = first_line(out) or first_line(err) or f"nvidia-smi exited {rc}"
+        return None
+    rows = [[c.strip() for c in ln.split(",")] for ln in out.strip().splitlines() if ln.strip()]
+    if not rows or len(rows[0]) < 3:
+        ERRORS["gpu"] = f"unexpected nvidia-smi output: {first_line(out)!r}"
+        return None
+    name, driver, cap = rows[0][:3]
+    cuda = None
+    rc, out, _ = run(["nvidia-smi", "--version"])
+    m = re.search(r"CUDA Version\s*:\s*(\S+)", out) if rc == 0 else None
+    if m is None:  # older drivers: only the table's header names the CUDA version
+        rc, out, _ = run(["nvidia-smi"])
+        m = re.search(r"CUDA Version:\s*(\S+)", out) if rc == 0 else None
+    if m is not None:
+        cuda = m.group(1)
+    return {"name": name, "driver": driver, "cuda": cuda, "compute_cap": cap, "count": len(rows)}
+
+
+def dgx_release() -> dict[str, str] | None:
+    try:
+        with open("/etc/dgx-release", encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError as e:
+        ERRORS["dgx_release"] = f"/etc/dgx-release: {e.strerror}"
+        return None
+    out = {}
+    for ln in text.splitlines():
+        if "=" in ln and not ln.lstrip().startswith("#"):
+            k, v = ln.split("=", 1)
+            out[k.strip()] = v.strip().strip('"')
+    return out
+
+
+def has_nvidia_module(kver: str) -> tuple[bool, str | None]:
+    """Whether kernel ``kver`` has an nvidia module: a file under /lib/modules or a dpkg package."""
+    base = os.path.join("/lib/modules", kver)
+    for root, _dirs, files in os.walk(base):
+        for f in files:
+            if f.startswith("nvidia") and ".ko" in f:
+                return True, os.path.join(root, f)
+    # Ubuntu ships the module in linux-modules-nvidia-<branch>[-open]-<kver>; it may not be unpacked yet.
+    rc, out, _ = run(["dpkg-query", "-W", "-f=${Package} ${Status}\\n", "linux-modules-nvidia-*"])
+    if rc == 0:
+        for ln in out.splitlines():
+            parts = ln.split(" ", 1)
+            if parts[0].endswith("-" + kver) and "install ok installed" in ln:
+                return True, parts[0]
+    return False, None
+
+
+def kernel() -> dict[str, object]:
+    running = os.uname().release
+    try:
+        images = [f[len("vmlinuz-"):] for f in os.listdir("/boot") if f.startswith("vmlinuz-")]
+    except OSError:
+        images = []
+    nxt = max(images, key=version_key) if images else running
+    nxt_ok, nxt_where = has_nvidia_module(nxt)
+    run_ok, _ = has_nvidia_module(running) if running != nxt else (nxt_ok, nxt_where)
+    return {"running": running, "next": nxt, "installed": sorted(images, key=version_key),
+            "next_has_nvidia": nxt_ok, "next_nvidia_module": nxt_where, "running_has_nvidia": run_ok}
+
+
+def docker() -> dict[str, object] | None:
+    rc, out, err = run(["docker", "version", "--format", "{{.Server.Version}}"])
+    if rc == 0 and out.strip():
+        return {"version": out.strip(), "running": True}
+    crc, cout, _ = run(["docker", "--version"])
+    m = re.search(r"version\s+([0-9][^\s,]*)", cout) if crc == 0 else None
+    if m is None:
+        ERRORS["docker"] = first_line(err) or first_line(cout) or "docker is not installed"
+        return None
+    ERRORS["docker"] = f"the Docker daemon does not answer: {first_line(err)}"
+    return {"version": m.group(1), "running": False}
+
+
+def toolkit() -> str | None:
+    rc, out, _ = run(["dpkg-query", "-W", "-f=${Version}", "nvidia-container-toolkit"])
+    if rc == 0 and out.strip():
+        return out.strip()
+    rc, out, _ = run(["nvidia-ctk", "--version"])
+    m = re.search(r"version\s+(\S+)", out) if rc == 0 else None
+    return m.group(1) if m else None
+
+
+def disk(path: str) -> dict[str, object] | None:
+    p = path
+    while p and not os.path.exists(p):  # a not yet created /opt/x is on its parent's filesystem
+        p = os.path.dirname(p.rstrip("/")) or "/"
+    try:
+        st = os.statvfs(p)
+    except OSError as e:
+        ERRORS["disk"] = f"{path}: {e.strerror}"
+        return None
+    return {"path": path, "free_gb": round(st.f_bavail * st.f_frsize / 1e9, 2),
+            "total_gb": round(st.f_blocks * st.f_frsize / 1e9, 2)}
+
+
+def uptime() -> float | None:
+    try:
+        with open("/proc/uptime") as f:
+            return float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def serving(container: str | None, port: int) -> dict[str, object]:
+    out: dict[str, object] = {"container": None, "health": None}
+    rc, ids, err = run(["docker", "ps", "-a", "--filter", "label=fleetctl.recipe", "--format", "{{.ID}}"])
+    ids_l = ids.split()
+    if rc == 0 and not ids_l and container:
+        rc, ids, err = run(["docker", "ps", "-a", "--filter", f"name=^/?{container}$", "--format", "{{.ID}}"])
+        ids_l = ids.split()
+    if rc != 0:
+        ERRORS["container"] = first_line(err) or f"docker ps exited {rc}"
+    elif ids_l:
+        rc, text, err = run(["docker", "inspect", *ids_l])
+        try:
+            items = json.loads(text) if rc == 0 else []
+        except ValueError:
+            items = []
+        # The running one wins; among several, the newest.
+        items.sort(key=lambda c: (bool(c.get("State", {}).get("Running")), c.get("Created", "")), reverse=True)
+        if items:
+            c = items[0]
+            labels = c.get("Config", {}).get("Labels") or {}
+            image_id = c.get("Image", "")
+            digests: list[str] = []
+            rc, dtext, _ = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image_id])
+            if rc == 0:
+                try:
+                    digests = json.loads(dtext) or []
+                except ValueError:
+                    digests = []
+            ref = c.get("Config", {}).get("Image", "")
+            state = c.get("State", {})
+            out["container"] = {
+                "name": c.get("Name", "").lstrip("/"), "image": ref,
+                "tag": ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else None,
+                "image_id": image_id,
+                "digest": labels.get("fleetctl.digest") or (digests[0].split("@", 1)[1] if digests else None),
+                "repo_digests": digests, "running": bool(state.get("Running")), "status": state.get("Status"),
+                "started_at": state.get("StartedAt"), "restarts": c.get("RestartCount", 0),
+                "labels": {k: v for k, v in labels.items() if k.startswith("fleetctl.")},
+                "others": len(items) - 1,
+            }
+    t0 = time.monotonic()
+    url = f"http://127.0.0.1:{port}/health"
+    try:
+        with urllib.request.urlopen(url, timeout=3) as r:
+            code: int | None = r.status
+        err_s = None
+    except urllib.error.HTTPError as e:
+        code, err_s = e.code, None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        code, err_s = None, str(reason)
+    out["health"] = {"url": f":{port}/health", "status": code, "error": err_s,
+                     "seconds": round(time.monotonic() - t0, 3)}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    path, want_serving, container, port = "/opt", False, None, 8000
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--path":
+            path, i = argv[i + 1], i + 1
+        elif a == "--serving":
+            want_serving = True
+        elif a == "--container":
+            container, i = argv[i + 1] or None, i + 1
+        elif a == "--port":
+            port, i = int(argv[i + 1]), i + 1
+        else:
+            sys.stderr.write(f"spark_facts: unknown option {a}\n")
+            return 2
+        i += 1
+    facts: dict[str, object] = {
+        "gpu": gpu(), "dgx_release": dgx_release(), "kernel": kernel(), "docker": docker(),
+        "toolkit_version": toolkit(), "disk": disk(path), "uptime_s": uptime(),
+    }
+    if want_serving:
+        facts["serving"] = serving(container, port)
+    facts["errors"] = ERRORS
+    json.dump(facts, sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
