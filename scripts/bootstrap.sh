@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(docker.io docker-registry debootstrap openssh-client rsync iproute2 curl ca-certificates dpkg-dev)
+APT_PACKAGES=(docker.io docker-registry debootstrap openssh-client rsync iproute2 curl ca-certificates dpkg-dev gnupg)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

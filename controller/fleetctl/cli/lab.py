@@ -1,0 +1,144 @@
+"""``fleetctl lab``: bring the simulated Spark fleet up or down, show it, set node faults, add image tags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fleetctl import lab
+from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.errors import ExitCode, FleetError
+
+
+@click.group("lab")
+def lab_group() -> None:
+    """A simulated fleet of DGX Sparks on this machine ($FLEETCTL_LAB_DIR, $FLEETCTL_LAB_SUBNET)."""
+
+
+def _render_status(st: lab.LabStatus) -> Any:
+    def render(out: Console) -> None:
+        word = "[green]up[/]" if st.up else "[red]down[/]" if not st.nodes else "[yellow]degraded[/]"
+        out.print(f"lab {st.directory}  {word}  subnet {st.subnet}")
+        if not st.nodes and not any(st.services.values()):
+            out.print("nothing running: `fleetctl lab up` builds it")
+            return
+        t = Table()
+        for col in ("node", "address", "state", "gpu", "driver", "faults", "containers"):
+            t.add_column(col)
+        for n in st.nodes:
+            colour = {"running": "green", "paused": "yellow", "disconnected": "yellow"}.get(n.state, "red")
+            faults = ", ".join(f"{k}={v}" for k, v in n.faults.items()) or "-"
+            containers = ", ".join(f"{c.name} ({c.image.rsplit('/', 1)[-1]})" for c in n.containers) or "-"
+            t.add_row(n.name, n.address, f"[{colour}]{n.state}[/]", n.gpu, n.driver, faults, containers)
+        out.print(t)
+        svc = "  ".join(f"{k}: {'[green]ok[/]' if v else '[red]down[/]'}" for k, v in st.services.items())
+        out.print(svc)
+        out.print(f"registry    {st.registry}")
+        out.print(f"apt         {st.apt_url}  (key {st.apt_key_url})")
+        out.print(f"weights     {st.weights_url}")
+        out.print(f"inventory   {st.inventory}")
+        out.print(f"ssh         -i {st.ssh_key} -o UserKnownHostsFile={st.known_hosts} root@<address>")
+        out.print(f"docker      DOCKER_HOST={st.docker_host}")
+    return render
+
+
+@lab_group.command("up")
+@click.option("--nodes", "-n", default=4, show_default=True, type=click.IntRange(1, 40), help="Number of Sparks.")
+@json_option
+@pass_ctx
+def up_cmd(ctx: Ctx, nodes: int) -> None:
+    """Build and start the lab (idempotent; a second run reuses everything it can)."""
+    with ctx.progress("lab up", ("phase", "message")) as progress:
+        st = lab.up(nodes=nodes, progress=progress)
+    ctx.emit(st, _render_status(st))
+
+
+@lab_group.command("down")
+@json_option
+@pass_ctx
+def down_cmd(ctx: Ctx) -> None:
+    """Remove everything the lab created (the shared cache of rootfs builds is kept)."""
+    with ctx.progress("lab down") as progress:
+        left = lab.down(progress=progress)
+    result = {"removed": not left, "leftovers": left}
+
+    def render(out: Console) -> None:
+        if left:
+            out.print("[red]left behind:[/]\n  " + "\n  ".join(left))
+        else:
+            out.print("lab removed")
+
+    ctx.emit(result, render)
+    if left:
+        raise click.exceptions.Exit(int(ExitCode.FAILED))
+
+
+@lab_group.command("status")
+@json_option
+@pass_ctx
+def status_cmd(ctx: Ctx) -> None:
+    """Show the lab's nodes (address, state, faults, running containers) and services."""
+    st = lab.status()
+    ctx.emit(st, _render_status(st))
+    if st.nodes and not st.up:
+        raise click.exceptions.Exit(int(ExitCode.FAILED))
+
+
+@lab_group.command("node")
+@click.argument("name")
+@click.option("--gpu", metavar="MODEL", help='GPU model nvidia-smi reports, e.g. "NVIDIA H100 80GB HBM3".')
+@click.option("--driver", metavar="VERSION", help="Driver version, e.g. 535.183.01.")
+@click.option("--disk-gb", type=click.IntRange(1, 64), help="Size of /opt in GB (a tmpfs, remounted).")
+@click.option("--pause/--resume", "paused", default=None, help="Freeze the node (it stops answering) or thaw it.")
+@click.option("--disconnect/--connect", "disconnected", default=None, help="Take the node off the network or back.")
+@click.option("--next-kernel-without-nvidia/--no-next-kernel-without-nvidia", "next_kernel", default=None,
+              help="Install a newer kernel with no NVIDIA module built for it.")
+@click.option("--reset", is_flag=True, help="Make the node healthy first (then apply the other options).")
+@json_option
+@pass_ctx
+def node_cmd(ctx: Ctx, name: str, gpu: str | None, driver: str | None, disk_gb: int | None, paused: bool | None,
+             disconnected: bool | None, next_kernel: bool | None, reset: bool) -> None:
+    """Set faults on one node: wrong GPU, old driver, small disk, paused, disconnected, bad next kernel."""
+    node = lab.set_node(name, gpu=gpu, driver=driver, disk_gb=disk_gb, paused=paused, disconnected=disconnected,
+                        next_kernel_without_nvidia=next_kernel, reset=reset)
+
+    def render(out: Console) -> None:
+        faults = ", ".join(f"{k}={v}" for k, v in node.faults.items()) or "healthy"
+        out.print(f"{node.name} ({node.address}): {node.state}; {faults}")
+
+    ctx.emit(node, render)
+
+
+def _settings(values: tuple[str, ...]) -> dict[str, str]:
+    out = {}
+    for v in values:
+        key, sep, val = v.partition("=")
+        if not sep or not key:
+            raise FleetError(f"--set {v!r} is not KEY=VALUE", fix="e.g. --set EMU_CRASH_AT_CONCURRENCY=32")
+        out[key] = val
+    return out
+
+
+@lab_group.command("image")
+@click.option("--tag", required=True, help="Tag to push (in --repository).")
+@click.option("--repository", default=lab.images.VLLM_REPOSITORY, show_default=True)
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", help="Environment baked into the image (EMU_* knobs).")
+@click.option("--from-dir", type=click.Path(exists=True, file_okay=False), help="Build from this directory instead of the emulator.")
+@click.option("--cmd", help="Entrypoint command line (with --from-dir, or to replace `vllm`), split like a shell.")
+@json_option
+@pass_ctx
+def image_cmd(ctx: Ctx, tag: str, repository: str, settings: tuple[str, ...], from_dir: str | None,
+              cmd: str | None) -> None:
+    """Add an image tag to the lab registry: the emulator with knobs, or any directory and command."""
+    import shlex
+
+    with ctx.progress("lab image") as progress:
+        ref = lab.add_image(tag, _settings(settings), repository=repository, from_dir=from_dir,
+                            cmd=shlex.split(cmd) if cmd else None, progress=progress)
+    ctx.emit({"ref": ref}, lambda out: out.print(ref))
+
+
+commands: list[click.Command] = [lab_group]

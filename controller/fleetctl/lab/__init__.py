@@ -1,0 +1,423 @@
+"""``fleetctl lab``: a simulated fleet of DGX Sparks on one machine.
+
+Everything a lab creates lives under one directory (``$FLEETCTL_LAB_DIR``) and
+one Docker engine of its own; its network is ``$FLEETCTL_LAB_SUBNET``, so that
+several labs coexist. The core of fleetctl never imports this package: it sees
+the lab only through the inventory the lab writes.
+
+Public API: :func:`up`, :func:`down`, :func:`status`, :func:`set_node`,
+:func:`add_image`, :func:`node_exec`, and the :class:`LabStatus` /
+:class:`LabNode` results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import FleetError
+from fleetctl.lab import aptrepo, images, inventory, nodes, procs
+from fleetctl.lab.engine import Engine
+from fleetctl.lab.layout import MAX_NODES, Layout, current
+from fleetctl.lab.nodes import Faults, InnerContainer
+from fleetctl.lab.rootfs import file_lock
+from fleetctl.lab.services import Registry, WebServer
+from fleetctl.progress import NULL, Event, Progress
+
+__all__ = [
+    "Faults", "InnerContainer", "LabNode", "LabStatus", "add_image", "down", "node_exec", "set_node", "status", "up",
+]
+
+_STATE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LabNode:
+    """One simulated Spark: how to reach it, what state it is in, what runs on it."""
+
+    name: str
+    address: str
+    ssh_user: str
+    key_path: Path
+    known_hosts: Path
+    #: running | paused | disconnected | stopped | missing
+    state: str
+    gpu: str
+    driver: str
+    faults: Mapping[str, Any] = field(default_factory=dict)
+    containers: tuple[InnerContainer, ...] = ()
+
+
+@dataclass(frozen=True)
+class LabStatus:
+    """The whole lab: its directory, engine, services and nodes."""
+
+    directory: Path
+    subnet: str
+    gateway: str
+    #: True when the engine, the registry, the HTTP server and every node run.
+    up: bool
+    docker_host: str
+    registry: str
+    http_url: str
+    apt_url: str
+    apt_key_url: str
+    weights_url: str
+    inventory: Path
+    ssh_key: Path
+    known_hosts: Path
+    services: Mapping[str, bool] = field(default_factory=dict)
+    nodes: tuple[LabNode, ...] = ()
+    images: tuple[str, ...] = ()
+
+    def node(self, name: str) -> LabNode:
+        """The node called ``name``."""
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise FleetError(f"no lab node {name!r}", fix=f"use one of: {', '.join(n.name for n in self.nodes) or '(none: run `fleetctl lab up`)'}")
+
+
+# --- the lab's own state file ------------------------------------------------------------------
+
+def _read_state(lay: Layout) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads(lay.state_file.read_text())
+    except FileNotFoundError:
+        return {"version": _STATE_VERSION, "nodes": [], "faults": {}, "images": []}
+    except ValueError as e:
+        raise FleetError(f"{lay.state_file} is not valid JSON: {e}", fix="`fleetctl lab down` and up again") from None
+    if int(data.get("version", 0)) > _STATE_VERSION:
+        raise FleetError(f"{lay.state_file} was written by a newer fleetctl (version {data.get('version')})",
+                         fix="use that fleetctl, or `fleetctl lab down` with it first")
+    return data
+
+
+def _write_state(lay: Layout, data: dict[str, Any]) -> None:
+    data["version"] = _STATE_VERSION
+    tmp = lay.state_file.with_name(lay.state_file.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    tmp.replace(lay.state_file)
+
+
+@contextmanager
+def _locked(lay: Layout, progress: Progress = NULL) -> Iterator[None]:
+    # Beside the lab dir, not in it: `down` removes the directory while holding the lock.
+    lock = lay.root.parent / f".{lay.root.name}.lock"
+    with file_lock(lock, f"lab {lay.root}", progress):
+        yield
+
+
+# --- up -------------------------------------------------------------------------------------------
+
+def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
+    """Bring the lab up with ``nodes`` Sparks (idempotent: what exists and runs is kept)."""
+    if not 1 <= nodes <= MAX_NODES:
+        raise FleetError(f"--nodes {nodes} is out of range", fix=f"pass 1 to {MAX_NODES}")
+    lay = current()
+    lay.check()
+    t0 = time.monotonic()
+    with _locked(lay, progress):
+        for d in (lay.root, lay.run_dir, lay.log_dir, lay.build_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        state = _read_state(lay)
+        if state.get("subnet") and state["subnet"] != str(lay.subnet):
+            raise FleetError(
+                f"lab {lay.root} was made on subnet {state['subnet']}, not {lay.subnet}",
+                fix=f"set FLEETCTL_LAB_SUBNET={state['subnet']} or `fleetctl lab down` first",
+            )
+        state["subnet"] = str(lay.subnet)
+        _write_state(lay, state)
+        engine = Engine(lay)
+        engine.start(progress)
+        engine.ensure_network()
+        _ssh_key(lay)
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            # The registry and HTTP server are independent of the node image build.
+            reg = pool.submit(Registry(lay).start, progress)
+            www = pool.submit(_www, lay, progress)
+            image = images.node_image(lay, engine, progress)
+            reg.result()
+            www.result()
+        _nodes(lay, engine, state, nodes, image, progress)
+        pushed = _push_images(lay, engine, progress)
+        state["images"] = sorted(set(state.get("images", [])) | set(pushed))
+        _write_state(lay, state)
+        inventory.write(lay, state["nodes"])
+        progress(Event("ready", f"lab up with {nodes} node(s) in {time.monotonic() - t0:.0f}s"))
+    return status()
+
+
+def _ssh_key(lay: Layout) -> None:
+    lay.ssh_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(lay.ssh_dir, 0o700)
+    if not lay.ssh_key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"fleetctl-lab@{lay.root}",
+                        "-f", str(lay.ssh_key)], check=True)
+
+
+def _www(lay: Layout, progress: Progress) -> None:
+    apt = lay.www / "apt"
+    if not (apt / "InRelease").exists():
+        aptrepo.build(apt, progress)
+    weights = lay.www / "weights"
+    weights.mkdir(parents=True, exist_ok=True)
+    _populate_weights(lay, weights, progress)
+    WebServer(lay).start(progress)
+
+
+def _populate_weights(lay: Layout, weights: Path, progress: Progress) -> None:
+    try:
+        from fleetctl.lab import models  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return
+    populate = getattr(models, "populate_mirror", None)
+    if populate is None or (weights / ".populated").exists():
+        return
+    progress(Event("building", "weights mirror (tiny model directories)"))
+    populate(weights, _repo_recipes())
+    (weights / ".populated").write_text("")
+
+
+def _repo_recipes() -> Any:
+    """The recipes of the repository's lab inventory (what the weights mirror must hold), or None."""
+    try:
+        from fleetctl import inventory as inv_mod
+        from fleetctl import recipes  # type: ignore[attr-defined,unused-ignore]
+
+        inv = inv_mod.load(inventory.repo_lab_inventory())
+        return recipes.load_recipes(inv)
+    except Exception:  # the recipes module may not exist yet; models then falls back to its own list
+        return None
+
+
+def _nodes(lay: Layout, engine: Engine, state: dict[str, Any], count: int, image: str, progress: Progress) -> None:
+    wanted = [lay.node_name(i) for i in range(1, count + 1)]
+    faults: dict[str, Any] = state.setdefault("faults", {})
+    for name in list(state.get("nodes", [])):
+        if name not in wanted:
+            progress(Event("removing", "surplus node", host=name))
+            engine.docker("rm", "-f", "-v", name, check=False, timeout=120)
+            engine.docker("volume", "rm", "-f", f"{name}-docker", check=False)
+            faults.pop(name, None)
+    started = []
+    for i, name in enumerate(wanted, start=1):
+        st = nodes.container_state(engine, name)
+        if st is None:
+            progress(Event("starting", f"container {lay.node_address(i)}", host=name))
+            nodes.create(lay, engine, i, image)
+            faults.pop(name, None)
+            started.append(i)
+        elif st["State"]["Paused"]:
+            continue  # a fault the user set: keep it
+        elif not st["State"]["Running"]:
+            progress(Event("starting", "existing container", host=name))
+            engine.docker("start", name, what=f"starting node {name}")
+            started.append(i)
+    state["nodes"] = wanted
+    with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
+        list(pool.map(lambda i: nodes.wait_ready(lay, engine, i, progress=progress), started))
+    for i in started:
+        progress(Event("ready", lay.node_address(i), host=lay.node_name(i)))
+    _known_hosts(lay, engine, wanted, state)
+
+
+def _known_hosts(lay: Layout, engine: Engine, names: list[str], state: dict[str, Any]) -> None:
+    lines = []
+    cached: dict[str, list[str]] = state.setdefault("host_keys", {})
+    for name in names:
+        st = nodes.container_state(engine, name)
+        if st is not None and st["State"]["Running"] and not st["State"]["Paused"]:
+            cached[name] = nodes.host_keys(engine, name)
+        addr = lay.node_address(lay.node_index(name))
+        lines += [f"{addr},{name} {key}" for key in cached.get(name, [])]
+    for name in list(cached):
+        if name not in names:
+            cached.pop(name)
+    tmp = lay.known_hosts.with_name("known_hosts.tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(lay.known_hosts)
+
+
+def _push_images(lay: Layout, engine: Engine, progress: Progress) -> list[str]:
+    pushed = []
+    cuda = f"{lay.registry}/{images.CUDA_IMAGE}"
+    images.cuda_image(lay, engine, cuda, progress)
+    images.push(engine, cuda, progress)
+    pushed.append(cuda)
+    try:
+        for tag, settings in images.default_tags().items():
+            ref = images.build_tag(lay, engine, f"{lay.registry}/{tag}", settings, progress)
+            images.push(engine, ref, progress)
+            pushed.append(ref)
+    except FleetError as e:
+        # Without the emulator the nodes still work (provisioning needs no vLLM image).
+        progress(Event("skipped", f"vLLM images: {e.cause}"))
+    return pushed
+
+
+# --- down -----------------------------------------------------------------------------------------
+
+def down(progress: Progress = NULL) -> list[str]:
+    """Remove everything the lab created (processes, containers, network, mounts, its directory).
+
+    Returns what was left behind that could not be removed (empty on success);
+    the shared cache (rootfs tarballs, apt key) is kept.
+    """
+    lay = current()
+    leftovers: list[str] = []
+    with _locked(lay, progress):
+        engine = Engine(lay)
+        if engine.pid() is not None:
+            progress(Event("stopping", "nodes and the lab's dockerd"))
+            engine.stop()
+        progress(Event("stopping", "registry and HTTP server"))
+        Registry(lay).stop()
+        WebServer(lay).stop()
+        _unmount_under(lay.root)
+        if Path(f"/sys/class/net/{lay.bridge}").exists():
+            subprocess.run(["ip", "link", "delete", lay.bridge], check=False, capture_output=True)
+        if lay.root.exists():
+            progress(Event("removing", str(lay.root)))
+            subprocess.run(["rm", "-rf", "--one-file-system", str(lay.root)], check=False)
+        leftovers = leftover(lay)
+    return leftovers
+
+
+def _unmount_under(root: Path) -> None:
+    prefix = str(root.resolve()) + "/"
+    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
+    for m in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], check=False, capture_output=True)
+
+
+def leftover(lay: Layout | None = None) -> list[str]:
+    """What of the lab still exists: processes, mounts, its interface, its directory (empty when clean)."""
+    lay = lay or current()
+    out = [f"process {pid}: {cmd}" for pid, cmd in procs.processes_under(str(lay.root) + "/")]
+    prefix = str(lay.root) + "/"
+    out += [f"mount {line.split()[1]}" for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(prefix)]
+    if Path(f"/sys/class/net/{lay.bridge}").exists():
+        out.append(f"network interface {lay.bridge}")
+    if lay.root.exists():
+        out.append(f"directory {lay.root}")
+    return out
+
+
+# --- status ---------------------------------------------------------------------------------------
+
+def status() -> LabStatus:
+    """What the lab looks like now (a lab that is down has no nodes and ``up`` False)."""
+    lay = current()
+    state = _read_state(lay) if lay.root.exists() else {"nodes": [], "faults": {}, "images": []}
+    engine = Engine(lay)
+    engine_up = engine.pid() is not None and engine.answering()
+    services = {
+        "engine": engine_up,
+        "registry": Registry(lay).running(),
+        "http": WebServer(lay).running(),
+    }
+    names: list[str] = list(state.get("nodes", []))
+
+    def one(name: str) -> LabNode:
+        f = Faults.from_json(state.get("faults", {}).get(name, {}))
+        st = nodes.container_state(engine, name) if engine_up else None
+        containers: tuple[InnerContainer, ...] = ()
+        if st is None:
+            s = "missing"
+        elif st["State"]["Paused"]:
+            s = "paused"
+        elif not st["State"]["Running"]:
+            s = "stopped"
+        elif f.disconnected:
+            s = "disconnected"
+        else:
+            s = "running"
+        if st is not None and st["State"]["Running"] and not st["State"]["Paused"]:
+            containers = nodes.inner_containers(engine, name)
+        return LabNode(
+            name=name, address=lay.node_address(lay.node_index(name)), ssh_user="root",
+            key_path=lay.ssh_key, known_hosts=lay.known_hosts, state=s, gpu=f.gpu, driver=f.driver,
+            faults=f.active(), containers=containers,
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
+        node_list = tuple(pool.map(one, names))
+    return LabStatus(
+        directory=lay.root, subnet=str(lay.subnet), gateway=lay.gateway,
+        up=all(services.values()) and bool(node_list) and all(n.state != "missing" for n in node_list),
+        docker_host=lay.docker_host, registry=lay.registry, http_url=lay.http_base,
+        apt_url=f"{lay.http_base}/apt", apt_key_url=f"{lay.http_base}/apt/gpgkey",
+        weights_url=f"{lay.http_base}/weights", inventory=lay.inventory, ssh_key=lay.ssh_key,
+        known_hosts=lay.known_hosts, services=services, nodes=node_list,
+        images=tuple(state.get("images", [])),
+    )
+
+
+# --- faults, images, back door ----------------------------------------------------------------------
+
+def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, disk_gb: int | None = None,
+             paused: bool | None = None, disconnected: bool | None = None,
+             next_kernel_without_nvidia: bool | None = None, reset: bool = False,
+             progress: Progress = NULL) -> LabNode:
+    """Set faults on node ``name`` (None leaves a setting as it is; ``reset`` makes it healthy first)."""
+    lay = current()
+    with _locked(lay, progress):
+        state = _read_state(lay)
+        if name not in state.get("nodes", []):
+            raise FleetError(f"no lab node {name!r}",
+                             fix=f"use one of: {', '.join(state.get('nodes', [])) or '(none: run `fleetctl lab up`)'}")
+        engine = Engine(lay)
+        if engine.pid() is None:
+            raise FleetError("the lab is down", fix="run `fleetctl lab up`")
+        old = Faults.from_json(state.get("faults", {}).get(name, {}))
+        new = Faults() if reset else old
+        changes: dict[str, Any] = {k: v for k, v in {
+            "gpu": gpu, "driver": driver, "disk_gb": disk_gb, "paused": paused, "disconnected": disconnected,
+            "next_kernel_without_nvidia": next_kernel_without_nvidia}.items() if v is not None}
+        new = replace(new, **changes)
+        progress(Event("fault", ", ".join(f"{k}={v}" for k, v in new.active().items()) or "healthy", host=name))
+        nodes.apply_faults(lay, engine, name, old, new)
+        state.setdefault("faults", {})[name] = new.active()
+        _write_state(lay, state)
+    return status().node(name)
+
+
+def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: str = images.VLLM_REPOSITORY,
+              from_dir: str | os.PathLike[str] | None = None, cmd: list[str] | None = None,
+              progress: Progress = NULL) -> str:
+    """Build an image (the emulator with ``settings``, or ``from_dir`` running ``cmd``), push it; return its ref."""
+    lay = current()
+    engine = Engine(lay)
+    if engine.pid() is None:
+        raise FleetError("the lab is down", fix="run `fleetctl lab up`")
+    ref = f"{lay.registry}/{repository}:{tag}"
+    images.build_tag(lay, engine, ref, dict(settings or {}), progress,
+                     from_dir=Path(from_dir) if from_dir is not None else None, cmd=cmd)
+    images.push(engine, ref, progress)
+    with _locked(lay, progress):
+        state = _read_state(lay)
+        state["images"] = sorted(set(state.get("images", [])) | {ref})
+        _write_state(lay, state)
+    return ref
+
+
+def node_exec(name: str, argv: list[str], input: bytes | None = None,
+              timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` as root inside node ``name`` without SSH (a back door for tests only)."""
+    lay = current()
+    return nodes.exec_(Engine(lay), name, argv, input=input, timeout=timeout, check=False)
+
+
+def docker_env() -> dict[str, str]:
+    """Environment in which the ``docker`` CLI talks to the lab's engine."""
+    return Engine(current()).env()

@@ -1,0 +1,61 @@
+"""The ``lab`` session fixture: a simulated fleet, brought up once per test session, and node faults.
+
+Honours ``$FLEETCTL_LAB_DIR`` / ``$FLEETCTL_LAB_SUBNET`` (one private lab per
+developer). A lab that was already up is reused and left as it was found; a lab
+this session brought up is taken down at the end unless ``FLEETCTL_KEEP_LAB=1``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import pytest
+
+from fleetctl import lab as fleetlab
+from fleetctl import ssh
+
+LAB_NODES = 4
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[fleetlab.LabStatus]:
+    """The lab with at least 4 nodes, up (brought up if needed, once per session)."""
+    before = fleetlab.status()
+    started = False
+    if not before.up or len(before.nodes) < LAB_NODES:
+        fleetlab.up(nodes=max(LAB_NODES, len(before.nodes)))
+        started = not before.up
+    yield fleetlab.status()
+    ssh.close_all()
+    if started and os.environ.get("FLEETCTL_KEEP_LAB") != "1":
+        left = fleetlab.down()
+        assert not left, f"lab down left things behind: {left}"
+
+
+@pytest.fixture
+def lab_fault(lab: fleetlab.LabStatus) -> Iterator[Callable[..., AbstractContextManager[fleetlab.LabNode]]]:
+    """``with lab_fault("spark-02", gpu="NVIDIA H100 80GB HBM3") as node: ...``: the fault is always undone."""
+    touched: dict[str, dict[str, Any]] = {}
+
+    @contextmanager
+    def fault(name: str, **settings: Any) -> Iterator[fleetlab.LabNode]:
+        previous = dict(fleetlab.status().node(name).faults)
+        touched.setdefault(name, previous)
+        try:
+            yield fleetlab.set_node(name, **settings)
+        finally:
+            _restore(name, previous)
+
+    yield fault
+    for name, previous in touched.items():  # also when a test failed inside the block
+        if dict(fleetlab.status().node(name).faults) != previous:
+            _restore(name, previous)
+
+
+def _restore(name: str, previous: dict[str, Any]) -> None:
+    fleetlab.set_node(name, reset=True, **previous)
+    # Pooled SSH connections to a node that was paused or cut off are dead.
+    ssh.close_all()
