@@ -1,0 +1,44 @@
+"""Soak gates: judge a vLLM server with its own load (used by ``fleetctl soak`` and the rollout).
+
+The API (docs/design.md, "Soak")::
+
+    from fleetctl.soak import SoakTarget, load_config, run_soak, wait_ready, smoke_check
+    verdict = run_soak(SoakTarget("spark-01", "http://10.0.0.11:8000", container), config,
+                       baseline, progress, artifacts_dir=...)
+    verdict.outcome  # Outcome.PASS | FAIL | INCONCLUSIVE | ERROR
+
+``wait_ready`` waits for /health on its own (the rollout waits, then gates);
+``smoke_check`` is readiness + identity + smoke without load (after a rollback);
+``fleetctl.soak.baselines`` keeps the last passing verdict per host and tag.
+"""
+
+from __future__ import annotations
+
+from fleetctl.soak.config import SoakConfig, SoakConfigError, from_recipe, load_config
+from fleetctl.soak.engine import run_soak, smoke_check, wait_ready
+from fleetctl.soak.verdict import (
+    CheckResult,
+    ContainerAccess,
+    ContainerState,
+    Outcome,
+    Readiness,
+    SoakTarget,
+    Verdict,
+)
+
+__all__ = [
+    "CheckResult",
+    "ContainerAccess",
+    "ContainerState",
+    "Outcome",
+    "Readiness",
+    "SoakConfig",
+    "SoakConfigError",
+    "SoakTarget",
+    "Verdict",
+    "from_recipe",
+    "load_config",
+    "run_soak",
+    "smoke_check",
+    "wait_ready",
+]

@@ -1,0 +1,508 @@
+"""The gate's checks: evidence from one soak in, one CheckResult per check out.
+
+Each check turns its evidence into measurements (one per level, window, class
+or prompt), each pass / fail / inconclusive / error with the measured value and
+its bound, then applies the check's limits as Argo Rollouts' analysis does:
+more failures than ``failure_limit`` fails it, more consecutive errors than
+``consecutive_error_limit`` errors it, more inconclusive measurements than
+``inconclusive_limit`` makes it inconclusive. No measurements at all is
+inconclusive: missing data never passes. ``observe_only`` checks are reported
+but do not count toward the verdict.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from fleetctl.soak.config import CheckSpec, SoakConfig
+from fleetctl.soak.verdict import (
+    CheckResult,
+    ContainerState,
+    LevelSummary,
+    Measurement,
+    Outcome,
+    Readiness,
+    Sample,
+    Verdict,
+    Window,
+)
+
+P, F, INC, ERR, SKIP = Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.ERROR, Outcome.SKIPPED
+
+
+@dataclass(frozen=True)
+class Identity:
+    """What the server says it is."""
+
+    reachable: bool
+    models: tuple[str, ...] = ()
+    version: str = ""
+    max_model_len: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class SmokeResult:
+    """One smoke prompt: the request as measured and what the answer had to contain."""
+
+    name: str
+    expect: str
+    sample: Sample
+    max_tokens: int
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything one soak observed; the engine builds it, the checks judge it."""
+
+    readiness: Readiness
+    identity: Identity | None = None
+    smoke: tuple[SmokeResult, ...] = ()
+    levels: tuple[LevelSummary, ...] = ()
+    windows: tuple[Window, ...] = ()
+    #: Phases that were meant to run and did not (crash, readiness failure, smoke-only).
+    load_ran: bool = False
+    #: Non-empty when the server crashed during the soak: what happened, with the log's cause.
+    crash: str = ""
+    container_before: ContainerState | None = None
+    container_after: ContainerState | None = None
+    #: Why container state could not be read (empty when it was, or when there is no access).
+    container_error: str = ""
+    has_container: bool = False
+    #: Whether the server exports spec-decode counters (None: no scrape succeeded).
+    spec_seen: bool | None = None
+    scrape_errors: tuple[str, ...] = ()
+
+
+def pct(x: float | None) -> str:
+    """0.523 -> '52.3%' ('n/a' for None)."""
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def ms(x: float | None) -> str:
+    """Seconds as a readable duration."""
+    if x is None:
+        return "n/a"
+    return f"{x * 1000:.0f} ms" if x < 10 else f"{x:.1f} s"
+
+
+def decide(spec: CheckSpec, ms_: Sequence[Measurement], ok_message: str = "",
+           no_data: str = "no data to judge") -> CheckResult:
+    """Apply ``spec``'s limits to the measurements (Argo Rollouts' analysis semantics)."""
+    name = spec.name
+    if not ms_:
+        return CheckResult(name, INC, f"inconclusive: {no_data}", spec.observe_only)
+    fails = [m for m in ms_ if m.outcome is F]
+    incs = [m for m in ms_ if m.outcome is INC]
+    errs = [m for m in ms_ if m.outcome is ERR]
+    run = worst = 0
+    for m in ms_:
+        run = run + 1 if m.outcome is ERR else 0
+        worst = max(worst, run)
+    if len(fails) > spec.failure_limit:
+        outcome, shown = F, fails
+    elif worst > spec.consecutive_error_limit:
+        outcome, shown = ERR, errs
+    elif len(incs) > spec.inconclusive_limit:
+        outcome, shown = INC, incs
+    elif all(m.outcome is SKIP for m in ms_):
+        outcome, shown = SKIP, list(ms_)
+    else:
+        outcome, shown = P, []
+    if outcome is P:
+        message = ok_message or f"{sum(m.outcome is P for m in ms_)} measurement(s) within bounds"
+        tolerated = len(fails) + len(incs) + len(errs)
+        if tolerated:
+            message += f" ({tolerated} tolerated by the check's limits)"
+    else:
+        message = "; ".join(m.message for m in shown[:3])
+        if len(shown) > 3:
+            message += f"; and {len(shown) - 3} more"
+    return CheckResult(name, outcome, message, spec.observe_only, tuple(ms_))
+
+
+def skipped(spec: CheckSpec, why: str) -> CheckResult:
+    """A check that does not apply to this soak."""
+    return CheckResult(spec.name, SKIP, why, spec.observe_only)
+
+
+# --- garbage ------------------------------------------------------------------------------------
+
+_RUN = re.compile(r"(\S)\1{7,}")
+
+
+def garbage(text: str) -> str:
+    """Why ``text`` looks like garbage output (``!!!!``...), or '' when it does not.
+
+    A long run of one repeated non-space character, or one character making up
+    most of the reply, is what a model with mis-loaded weights emits.
+    """
+    stripped = "".join(text.split())
+    if not stripped:
+        return ""
+    m = _RUN.search(stripped)
+    if m and not m.group(1).isalnum() and len(m.group(0)) >= 8 and m.group(1) not in "-=_*#.`~":
+        return f"a run of {len(m.group(0))} {m.group(1)!r}"
+    if len(stripped) >= 16:
+        top = max(set(stripped), key=stripped.count)
+        share = stripped.count(top) / len(stripped)
+        if share >= 0.8:
+            return f"{share:.0%} of the reply is {top!r}"
+    return ""
+
+
+def _snippet(text: str, n: int = 60) -> str:
+    one = " ".join(text.split())
+    return repr(one if len(one) <= n else one[: n - 1] + "…")
+
+
+# --- the checks ---------------------------------------------------------------------------------
+
+
+def check_readiness(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """/health answered 200 before the readiness deadline (boot failures name the log's cause)."""
+    r = ev.readiness
+    m = Measurement("health", r.outcome, r.message, round(r.seconds, 1), None)
+    return decide(spec, [m], ok_message=r.message)
+
+
+def check_identity(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """/v1/models lists every served name of the recipe."""
+    ident = ev.identity
+    if ident is None:
+        return skipped(spec, "not run: the server never became ready")
+    if not ident.reachable:
+        return decide(spec, [Measurement("models", ERR, f"/v1/models could not be read: {ident.detail}")])
+    want = config.served_model_names
+    listed = ", ".join(ident.models) or "(none)"
+    if not want:
+        return decide(spec, [Measurement("models", P if ident.models else F,
+                                         f"serves {listed}" if ident.models else "/v1/models lists no model")],
+                      ok_message=f"serves {listed} (no recipe names to compare); version {ident.version or 'n/a'}")
+    missing = [n for n in want if n not in ident.models]
+    if missing:
+        return decide(spec, [Measurement("models", F, f"/v1/models lacks {', '.join(missing)} (lists {listed})",
+                                         listed, ", ".join(want))])
+    return decide(spec, [Measurement("models", P, "ok", listed, ", ".join(want))],
+                  ok_message=f"serves {', '.join(want)}; version {ident.version or 'n/a'}")
+
+
+def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """Fixed prompts at temperature 0 answer correctly; garbage fails; a length cut is not a crash."""
+    if not ev.smoke:
+        return skipped(spec, "not run: the server never became ready")
+    out: list[Measurement] = []
+    for sr in ev.smoke:
+        s = sr.sample
+        text = s.text or ""
+        if not s.ok:
+            out.append(Measurement(sr.name, F, f"{sr.name}: request failed: {s.error}", s.error_kind, sr.expect))
+        elif why := garbage(text):
+            out.append(Measurement(sr.name, F, f"{sr.name}: garbage output ({why}): {_snippet(text)}",
+                                   _snippet(text), sr.expect))
+        elif sr.expect in text:
+            out.append(Measurement(sr.name, P, f"{sr.name}: answer contains {sr.expect}", _snippet(text), sr.expect))
+        elif not text.strip() and s.finish_reason == "length":
+            # DOMAIN: with thinking on, max_tokens < ~1500 gives content null + length: not a crash.
+            out.append(Measurement(sr.name, INC, f"{sr.name}: no content (finish_reason length at "
+                                   f"max_tokens {sr.max_tokens}): the model ran out of tokens, not a crash",
+                                   "null", sr.expect))
+        else:
+            out.append(Measurement(sr.name, F, f"{sr.name}: answer lacks {sr.expect!r}: {_snippet(text)}",
+                                   _snippet(text), sr.expect))
+    return decide(spec, out, ok_message=f"{len(out)} smoke prompt(s) answered correctly")
+
+
+def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """No failed request at any level (HTTP errors, refusals, error events in 200 streams)."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    bound = float(spec.params.get("max_error_rate", 0.0))
+    out: list[Measurement] = []
+    for lv in ev.levels:
+        if lv.requests == 0:
+            out.append(Measurement(lv.label, INC, f"{lv.label}: no request completed"
+                                   + (f" ({lv.stopped})" if lv.stopped else ""), None, bound))
+            continue
+        rate = lv.errors / lv.requests
+        if rate > bound:
+            msg = f"{lv.label}: {lv.errors}/{lv.requests} requests failed ({lv.first_error})"
+            if ev.crash and lv.stopped:
+                msg += f"; {ev.crash}"
+            out.append(Measurement(lv.label, F, msg, round(rate, 4), bound))
+        else:
+            out.append(Measurement(lv.label, P, f"{lv.label}: {lv.errors}/{lv.requests} failed", round(rate, 4), bound))
+    total = sum(lv.requests for lv in ev.levels)
+    return decide(spec, out, ok_message=f"0 errors in {total} requests across {len(ev.levels)} levels",
+                  no_data="no load level ran")
+
+
+def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """/metrics counts no request finished with reason ``error`` during the soak."""
+    ws = [w for w in ev.windows if w.phase in ("classes", "sweep", "sustained")]
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    out: list[Measurement] = []
+    for w in ws:
+        if not w.success_by_reason:
+            out.append(Measurement(w.label, INC, f"{w.label}: no vllm:request_success_total series"))
+            continue
+        errors = w.success_by_reason.get("error", 0.0)
+        out.append(Measurement(w.label, F if errors > 0 else P,
+                               f"{w.label}: server finished {errors:.0f} request(s) with reason error", errors, 0))
+    done = sum(sum(w.success_by_reason.values()) for w in ws)
+    return decide(spec, out, ok_message=f"{done:.0f} requests finished, none with reason error",
+                  no_data="no /metrics window (scrapes failed)")
+
+
+def check_latency(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """TTFT p95 and TPOT p50 under the profile's bounds at each concurrency level."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    out: list[Measurement] = []
+    for lv in (lv for lv in ev.levels if lv.phase == "sweep"):
+        for key, value, what in (("ttft_p95_ms", lv.ttft_p95, "TTFT p95"), ("tpot_p50_ms", lv.tpot_p50, "TPOT p50")):
+            bound_ms = spec.level_bound(key, lv.concurrency)
+            if bound_ms is None:
+                continue
+            bound = bound_ms / 1000.0
+            if value is None:
+                out.append(Measurement(f"{lv.label} {what}", INC, f"{lv.label}: no {what} (no successful request)",
+                                       None, bound_ms))
+            elif value > bound:
+                out.append(Measurement(f"{lv.label} {what}", F, f"{lv.label}: {what} {ms(value)} > bound {ms(bound)}",
+                                       round(value * 1000, 1), bound_ms))
+            else:
+                out.append(Measurement(f"{lv.label} {what}", P, f"{lv.label}: {what} {ms(value)} <= {ms(bound)}",
+                                       round(value * 1000, 1), bound_ms))
+    return decide(spec, out, ok_message=f"TTFT p95 and TPOT p50 within bounds at {len(out) // 2} levels",
+                  no_data="no sweep level completed")
+
+
+def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None) -> CheckResult:
+    """Aggregate tok/s per level above the floor and within tolerance of the host's baseline."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    tol = float(spec.params.get("tolerance", 0.15))
+    out: list[Measurement] = []
+    for lv in (lv for lv in ev.levels if lv.phase == "sweep"):
+        floor = spec.level_bound("floor_tok_s", lv.concurrency)
+        base = baseline.level("sweep", lv.label) if baseline else None
+        if lv.tok_s is None:
+            out.append(Measurement(lv.label, INC, f"{lv.label}: no throughput (no successful request)"))
+            continue
+        if floor is not None and lv.tok_s < floor:
+            out.append(Measurement(lv.label, F, f"{lv.label}: {lv.tok_s:.1f} tok/s < floor {floor:.0f} tok/s",
+                                   round(lv.tok_s, 1), floor))
+            continue
+        if base is not None and base.tok_s:
+            need = base.tok_s * (1 - tol)
+            change = lv.tok_s / base.tok_s - 1
+            ok = lv.tok_s >= need
+            out.append(Measurement(
+                lv.label, P if ok else F,
+                f"{lv.label}: {lv.tok_s:.1f} tok/s vs baseline {base.tok_s:.1f} ({change:+.0%}, "
+                f"{'within' if ok else 'beyond'} -{tol:.0%})", round(lv.tok_s, 1), round(need, 1)))
+        else:
+            out.append(Measurement(lv.label, P, f"{lv.label}: {lv.tok_s:.1f} tok/s >= floor {floor or 0:.0f}",
+                                   round(lv.tok_s, 1), floor))
+    if baseline is None:
+        ok_msg = "above the floors at every level (no baseline recorded for this host and tag)"
+    else:
+        ok_msg = f"within {tol:.0%} of baseline {baseline.run_id} at every level"
+    return decide(spec, out, ok_message=ok_msg, no_data="no sweep level completed")
+
+
+def _spec_applies(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult | None:
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    if config.speculative is False:
+        return skipped(spec, "the recipe has no speculative decoding")
+    if ev.spec_seen is False and config.speculative is None:
+        return skipped(spec, "the server exports no vllm:spec_decode_* counters (no speculative config)")
+    if ev.spec_seen is False:
+        return decide(spec, [Measurement("spec", INC, "the recipe uses speculative decoding but /metrics has "
+                                                      "no vllm:spec_decode_* counters")])
+    return None
+
+
+def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """Draft acceptance rate per prompt class above its floor (per-class /metrics windows)."""
+    if (r := _spec_applies(spec, ev, config)) is not None:
+        return r
+    floors = spec.params.get("floor", {})
+    out: list[Measurement] = []
+    for w in (w for w in ev.windows if w.phase == "classes"):
+        floor = floors.get(w.label)
+        if floor is None:
+            continue
+        acc = position0(w)
+        if acc is None:
+            out.append(Measurement(w.label, INC, f"{w.label}: no draft tokens in its window", None, floor))
+        elif acc < floor:
+            out.append(Measurement(w.label, F, f"{w.label}: position-0 acceptance {pct(acc)} < floor {pct(floor)}",
+                                   round(acc, 4), floor))
+        else:
+            out.append(Measurement(w.label, P, f"{w.label}: position-0 acceptance {pct(acc)}",
+                                   round(acc, 4), floor))
+    rates = ", ".join(f"{m.label} {pct(m.measured if isinstance(m.measured, float) else None)}" for m in out)
+    return decide(spec, out, ok_message=f"above the floors: {rates}", no_data="no per-class window")
+
+
+def position0(w: Window) -> float | None:
+    """Position-0 acceptance of a window (the seeds' published figure), else the overall rate."""
+    if w.per_position:
+        return w.per_position[0]
+    return w.acceptance_rate
+
+
+def acceptance_trend(windows: Sequence[Window]) -> tuple[float, float] | None:
+    """Mean acceptance of the first and the last third of ``windows`` (None if < 2 usable)."""
+    rates = [w.acceptance_rate for w in windows if w.acceptance_rate is not None]
+    if len(rates) < 2:
+        return None
+    k = max(1, len(rates) // 3)
+    return statistics.fmean(rates[:k]), statistics.fmean(rates[-k:])
+
+
+def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """Acceptance does not decay across the sustained phase's windows (trend, not lifetime totals)."""
+    if (r := _spec_applies(spec, ev, config)) is not None:
+        return r
+    ws = [w for w in ev.windows if w.phase == "sustained"]
+    usable = [w for w in ws if w.acceptance_rate is not None]
+    need = int(spec.params.get("min_windows", 3))
+    max_drop = float(spec.params.get("max_drop", 0.5))
+    series = " ".join(pct(w.acceptance_rate) for w in usable)
+    if len(usable) < need:
+        return decide(spec, [Measurement("trend", INC, f"only {len(usable)} sustained window(s) with drafts, "
+                                         f"need {need} (lengthen the sustained phase)", len(usable), need)])
+    trend = acceptance_trend(usable)
+    assert trend is not None
+    first, last = trend
+    if first <= 0.01:
+        return decide(spec, [Measurement("trend", INC, f"acceptance starts at {pct(first)}: too low to judge "
+                                         f"a trend ({series})", round(first, 4), None)])
+    drop = 1 - last / first
+    outcome = F if drop > max_drop else P
+    msg = (f"acceptance fell {drop:.0%} from {pct(first)} to {pct(last)} across the sustained windows "
+           f"({series}); bound {max_drop:.0%}")
+    return decide(spec, [Measurement("trend", outcome, msg, round(drop, 4), max_drop)],
+                  ok_message=f"no decay: {pct(first)} -> {pct(last)} over {len(usable)} windows")
+
+
+def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """Long-context acceptance holds: above a floor and a share of short-context acceptance."""
+    if "long_context" not in config.classes:
+        return skipped(spec, "long_context class not in this soak's classes")
+    if (r := _spec_applies(spec, ev, config)) is not None:
+        return r
+    cls_ws = {w.label: w for w in ev.windows if w.phase == "classes"}
+    lw = cls_ws.get("long_context")
+    floor = float(spec.params.get("floor", 0.15))
+    ratio = float(spec.params.get("min_ratio", 0.5))
+    acc = position0(lw) if lw is not None else None
+    if acc is None:
+        return decide(spec, [Measurement("long_context", INC, "no long-context window with draft tokens")])
+    short = [a for k, w in cls_ws.items() if k != "long_context" and (a := position0(w)) is not None]
+    ref = statistics.fmean(short) if short else None
+    out = [Measurement("floor", F if acc < floor else P,
+                       f"long-context position-0 acceptance {pct(acc)} vs floor {pct(floor)}",
+                       round(acc, 4), floor)]
+    if ref:
+        held = acc / ref
+        out.append(Measurement("hold", F if held < ratio else P,
+                               f"long-context position-0 acceptance {pct(acc)} is {held:.0%} of short-context "
+                               f"{pct(ref)} (bound {ratio:.0%})" + (": it collapses on long histories"
+                                                                    if held < ratio else ""),
+                               round(held, 4), ratio))
+    return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")
+
+
+def check_preemptions(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """No preemption storm: preemptions per minute in every window under the bound."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    bound = float(spec.params.get("max_per_minute", 10.0))
+    out: list[Measurement] = []
+    for w in (w for w in ev.windows if w.phase in ("sweep", "sustained")):
+        if w.preemptions is None:
+            out.append(Measurement(w.label, INC, f"{w.label}: no vllm:num_preemptions_total series"))
+            continue
+        per_min = w.preemptions / max(w.end - w.start, 1e-9) * 60
+        # A handful of preemptions in a short window is not a storm: judge the rate only past 10.
+        bad = per_min > bound and w.preemptions > 10
+        out.append(Measurement(w.label, F if bad else P,
+                               f"{w.label}: {w.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
+                               round(per_min, 1), bound))
+    total = sum(w.preemptions or 0 for w in ev.windows if w.phase in ("sweep", "sustained"))
+    return decide(spec, out, ok_message=f"{total:.0f} preemptions, no storm", no_data="no /metrics window")
+
+
+def check_container(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """The server did not crash or restart during the soak."""
+    if not ev.readiness.ready:
+        return skipped(spec, "not run: the server never became ready")
+    out: list[Measurement] = []
+    if ev.crash:
+        out.append(Measurement("crash", F, ev.crash))
+    resets = [w.label for w in ev.windows if w.counter_reset]
+    if resets:
+        out.append(Measurement("counters", F, f"/metrics counters went backwards in {', '.join(resets)}: "
+                                              "the server restarted during the soak"))
+    if ev.has_container:
+        a, b = ev.container_before, ev.container_after
+        if a is None or b is None:
+            out.append(Measurement("state", ERR, f"container state unreadable: {ev.container_error}"))
+        elif not b.exists or not b.running:
+            out.append(Measurement("state", F, f"container {b.status or 'gone'} after the soak"
+                                   + (f" (exit code {b.exit_code})" if b.exit_code else "")))
+        elif b.restart_count != a.restart_count or b.started_at != a.started_at:
+            out.append(Measurement("state", F, f"container restarted during the soak (restarts "
+                                   f"{a.restart_count} -> {b.restart_count}, started {b.started_at})",
+                                   b.restart_count, a.restart_count))
+        else:
+            out.append(Measurement("state", P, "same container throughout", b.restart_count, a.restart_count))
+    elif not out:
+        return skipped(spec, "no container access (endpoint soak); /health stayed up")
+    return decide(spec, out, ok_message="no crash, no restart")
+
+
+def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None) -> tuple[CheckResult, ...]:
+    """Every enabled check, in report order (disabled ones are reported as skipped)."""
+    fns: dict[str, Callable[[CheckSpec], CheckResult]] = {
+        "readiness": lambda s: check_readiness(s, ev),
+        "identity": lambda s: check_identity(s, ev, config),
+        "smoke": lambda s: check_smoke(s, ev),
+        "errors": lambda s: check_errors(s, ev, config),
+        "server_errors": lambda s: check_server_errors(s, ev),
+        "latency": lambda s: check_latency(s, ev),
+        "throughput": lambda s: check_throughput(s, ev, baseline),
+        "acceptance": lambda s: check_acceptance(s, ev, config),
+        "acceptance_decay": lambda s: check_acceptance_decay(s, ev, config),
+        "long_context": lambda s: check_long_context(s, ev, config),
+        "preemptions": lambda s: check_preemptions(s, ev),
+        "container": lambda s: check_container(s, ev),
+    }
+    out: list[CheckResult] = []
+    for name, fn in fns.items():
+        spec = config.check(name)
+        if not spec.enabled:
+            out.append(skipped(spec, "disabled in the recipe's soak settings"))
+        elif config.smoke_only and name not in ("readiness", "identity", "smoke", "container"):
+            out.append(skipped(spec, "smoke-only soak (no load)"))
+        else:
+            out.append(fn(spec))
+    return tuple(out)
+
+
+def overall(checks: Sequence[CheckResult]) -> Outcome:
+    """The verdict: any fail -> fail; else any error -> error; else any inconclusive; else pass."""
+    counted = [c.outcome for c in checks if not c.observe_only]
+    for o in (F, ERR, INC):
+        if o in counted:
+            return o
+    return P

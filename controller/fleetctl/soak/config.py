@@ -1,0 +1,440 @@
+"""The soak gate's configuration: read from a recipe's ``soak:`` mapping, defaults from the seeds.
+
+Defaults come from the published DGX Spark figures (DOMAIN.md, "What healthy
+means"); the ``lab`` profile scales them for the simulated fleet (an emulator
+on two shared cores, soaks of seconds). A recipe overrides any key::
+
+    soak:
+      profile: spark            # or lab
+      sustained: {duration: 10m, concurrency: 16, window: 60s}
+      checks:
+        throughput: {tolerance: 0.15}
+        latency: {observe_only: true}
+        acceptance: {floor: {prose: 0.03}}
+
+Every check takes ``enabled``, ``observe_only``, ``failure_limit``,
+``inconclusive_limit`` and ``consecutive_error_limit`` (as in Argo Rollouts'
+analysis), plus its own bounds. Unknown keys are errors, so a typo never
+silently weakens a gate.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl.errors import FleetError
+
+#: Prompt classes in the order the per-class phase runs them (long_context last: it is slow).
+CLASSES = ("coding", "math", "reasoning", "prose", "natural_language", "extraction", "long_context")
+
+#: Checks in the order they appear in reports.
+CHECKS = (
+    "readiness", "identity", "smoke", "errors", "server_errors", "latency", "throughput",
+    "acceptance", "acceptance_decay", "long_context", "preemptions", "container",
+)
+
+PROFILES = ("spark", "lab")
+
+_COMMON = ("enabled", "observe_only", "failure_limit", "inconclusive_limit", "consecutive_error_limit")
+
+#: Each check's own parameters and their kinds (validated by :func:`_check_param`).
+_PARAMS: dict[str, dict[str, str]] = {
+    "readiness": {},
+    "identity": {},
+    "smoke": {},
+    "errors": {"max_error_rate": "fraction"},
+    "server_errors": {},
+    "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
+    "throughput": {"tolerance": "fraction", "floor_tok_s": "levels"},
+    "acceptance": {"floor": "classes"},
+    "acceptance_decay": {"max_drop": "fraction", "min_windows": "count"},
+    "long_context": {"floor": "fraction", "min_ratio": "fraction"},
+    "preemptions": {"max_per_minute": "number"},
+    "container": {},
+}
+
+# The seeds' figures for the Qwen3.6-35B-A3B on one Spark, with headroom (DOMAIN.md):
+# single stream 75-124 tok/s (min 41), TTFT 88-145 ms; c=4 191 ms / 48 tok/s per request;
+# c=16 ~500 ms / 19 tok/s; c=64 p95 11.2 s / 7 tok/s, ~313 tok/s aggregate on the older
+# image and 430-800 on 0.23/0.24; DFlash acceptance 32-78% (position 0) short context,
+# 41-58% at 16-32K; prose/creative classes far lower (~11-27%).
+_SPARK: dict[str, Any] = {
+    "readiness_timeout": 600.0,
+    "readiness_poll": 2.0,
+    "request_timeout": 180.0,
+    "max_tokens": 256,
+    "temperature": 0.0,
+    "concurrency": [1, 4, 16, 32, 64],
+    "requests_per_level": 2,
+    "min_requests_per_level": 4,
+    "level_timeout": 300.0,
+    "classes": list(CLASSES),
+    "class_requests": 2,
+    "long_context_tokens": 16000,
+    "smoke_max_tokens": 2048,
+    "sustained": {"duration": 600.0, "concurrency": 16, "window": 60.0, "max_requests": 20000},
+    "checks": {
+        "readiness": {},
+        "identity": {},
+        "smoke": {},
+        "errors": {"max_error_rate": 0.0},
+        "server_errors": {},
+        "latency": {
+            "ttft_p95_ms": {1: 500, 4: 1000, 16: 2000, 32: 6000, 64: 15000},
+            "tpot_p50_ms": {1: 30, 4: 60, 16: 100, 32: 200, 64: 300},
+        },
+        "throughput": {"tolerance": 0.15, "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250}},
+        # Position-0 acceptance, about half the lowest published figure per class.
+        "acceptance": {"floor": {"coding": 0.16, "math": 0.24, "reasoning": 0.22, "prose": 0.05,
+                                 "natural_language": 0.1, "extraction": 0.14, "long_context": 0.2}},
+        "acceptance_decay": {"max_drop": 0.5, "min_windows": 3},
+        "long_context": {"floor": 0.2, "min_ratio": 0.5},
+        "preemptions": {"max_per_minute": 10.0},
+        "container": {},
+    },
+}
+
+
+def _lab_profile() -> dict[str, Any]:
+    # The lab's emulator runs on two cores shared by the controller and every test, at
+    # a fraction of a Spark's speed: same phases and checks, seconds instead of minutes,
+    # latency bounds ~20x looser and throughput floors that only catch a stall.
+    lab = copy.deepcopy(_SPARK)
+    lab.update({
+        "readiness_timeout": 120.0,
+        "readiness_poll": 0.5,
+        "request_timeout": 60.0,
+        "max_tokens": 48,
+        "requests_per_level": 1,
+        "min_requests_per_level": 2,
+        "level_timeout": 60.0,
+        "class_requests": 2,
+        "long_context_tokens": 3000,
+        "smoke_max_tokens": 2048,
+        "sustained": {"duration": 15.0, "concurrency": 8, "window": 3.0, "max_requests": 2000},
+    })
+    checks = lab["checks"]
+    checks["latency"] = {
+        "ttft_p95_ms": {1: 5000, 4: 8000, 16: 15000, 32: 25000, 64: 40000},
+        "tpot_p50_ms": {1: 500, 4: 800, 16: 1500, 32: 2500, 64: 4000},
+    }
+    checks["throughput"] = {"tolerance": 0.15, "floor_tok_s": {1: 2, 64: 5}}
+    checks["preemptions"] = {"max_per_minute": 60.0}
+    # Few short requests per class: floors that only catch a collapse, not a class's mix.
+    checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05)}
+    checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
+    return lab
+
+
+_DEFAULTS: dict[str, dict[str, Any]] = {"spark": _SPARK, "lab": _lab_profile()}
+
+_TOP_KEYS = (
+    "profile", "model", "speculative", "readiness_timeout", "readiness_poll", "request_timeout",
+    "max_tokens", "temperature", "concurrency", "requests_per_level", "min_requests_per_level",
+    "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
+    "sustained", "checks",
+)
+_SUSTAINED_KEYS = ("duration", "concurrency", "window", "max_requests")
+
+
+class SoakConfigError(FleetError):
+    """A recipe's ``soak:`` mapping (or a soak option) is invalid."""
+
+
+@dataclass(frozen=True)
+class CheckSpec:
+    """One check's switches, limits and bounds."""
+
+    name: str
+    enabled: bool = True
+    #: Measured and reported, never counted toward the verdict.
+    observe_only: bool = False
+    #: Failed measurements tolerated before the check fails.
+    failure_limit: int = 0
+    #: Inconclusive measurements tolerated before the check is inconclusive.
+    inconclusive_limit: int = 0
+    #: Consecutive measurement errors tolerated before the check errors.
+    consecutive_error_limit: int = 0
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    def level_bound(self, key: str, concurrency: int) -> float | None:
+        """A per-concurrency bound: the entry for the smallest level >= ``concurrency``.
+
+        Levels above the largest key use the largest key's bound.
+        """
+        table: Mapping[int, float] | None = self.params.get(key)
+        if not table:
+            return None
+        keys = sorted(table)
+        for k in keys:
+            if k >= concurrency:
+                return float(table[k])
+        return float(table[keys[-1]])
+
+
+@dataclass(frozen=True)
+class SoakConfig:
+    """Everything a soak needs to know besides the target; build it with :func:`load_config`."""
+
+    profile: str
+    #: The recipe's served model names: identity checks them, requests use the first.
+    served_model_names: tuple[str, ...]
+    #: The model name requests use (default: the first served name, else what /v1/models lists).
+    model: str | None
+    #: True/False when known from the recipe; None = decide from /metrics.
+    speculative: bool | None
+    readiness_timeout: float
+    readiness_poll: float
+    request_timeout: float
+    max_tokens: int
+    temperature: float
+    concurrency: tuple[int, ...]
+    #: Requests per sweep level = max(requests_per_level * c, min_requests_per_level).
+    requests_per_level: int
+    min_requests_per_level: int
+    level_timeout: float
+    classes: tuple[str, ...]
+    class_requests: int
+    long_context_tokens: int
+    smoke_max_tokens: int
+    sustained_duration: float
+    sustained_concurrency: int
+    window: float
+    sustained_max_requests: int
+    checks: Mapping[str, CheckSpec]
+    #: Readiness, identity and smoke only (no load): a rollback's quick check.
+    smoke_only: bool = False
+    recipe: str = ""
+
+    def check(self, name: str) -> CheckSpec:
+        """The spec of check ``name``."""
+        return self.checks[name]
+
+    def level_requests(self, concurrency: int) -> int:
+        """How many requests one sweep level sends."""
+        return max(self.requests_per_level * concurrency, self.min_requests_per_level)
+
+    def with_duration(self, seconds: float) -> SoakConfig:
+        """This config with the sustained phase lasting ``seconds`` (windows shrink to fit >= 3)."""
+        if seconds < 0:
+            raise SoakConfigError(f"soak duration {seconds}s is negative", fix="give a duration like 90s or 10m")
+        window = min(self.window, max(seconds / 3.0, 1.0)) if seconds > 0 else self.window
+        return dataclasses.replace(self, sustained_duration=float(seconds), window=window)
+
+
+def parse_duration(value: Any, what: str = "duration") -> float:
+    """``90``, ``"90s"``, ``"10m"``, ``"1h"``, ``"1m30s"`` -> seconds."""
+    if isinstance(value, bool):
+        raise SoakConfigError(f"{what} {value!r} is not a duration", fix="write e.g. 90s, 10m or 1h")
+    if isinstance(value, int | float):
+        if value < 0:
+            raise SoakConfigError(f"{what} {value!r} is negative", fix="write e.g. 90s, 10m or 1h")
+        return float(value)
+    text = str(value).strip().lower()
+    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?", text)
+    if not text or m is None or not any(m.groups()):
+        raise SoakConfigError(f"{what} {value!r} is not a duration", fix="write e.g. 90s, 10m or 1h")
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+def load_config(
+    raw: Mapping[str, Any] | None = None,
+    *,
+    profile: str | None = None,
+    served_model_names: Sequence[str] = (),
+    speculative: bool | None = None,
+    recipe: str = "",
+) -> SoakConfig:
+    """Validate a ``soak:`` mapping over the profile's defaults; errors name the key and the fix.
+
+    ``profile`` (if given) wins over the mapping's own ``profile``; ``speculative``
+    from the recipe's flags wins over auto-detection unless the mapping sets it.
+    """
+    where = f"recipe {recipe}: soak" if recipe else "soak"
+    raw = dict(raw or {})
+    if not isinstance(raw, Mapping):
+        raise SoakConfigError(f"{where} must be a mapping, not {type(raw).__name__}",
+                              fix="write soak: as key: value pairs (see README.md, Soak gates)")
+    _unknown(raw, _TOP_KEYS, where)
+    prof = profile or raw.get("profile") or "spark"
+    if prof not in _DEFAULTS:
+        raise SoakConfigError(f"{where}.profile {prof!r} is not a profile",
+                              fix=f"use one of: {', '.join(PROFILES)}")
+    d = copy.deepcopy(_DEFAULTS[prof])
+
+    def num(key: str, kind: str = "number", src: Mapping[str, Any] | None = None,
+            default: Any = None, label: str | None = None) -> Any:
+        src = raw if src is None else src
+        value = src.get(key, default if default is not None else d.get(key))
+        return _scalar(value, kind, f"{where}.{label or key}")
+
+    sustained_raw = raw.get("sustained", {})
+    if not isinstance(sustained_raw, Mapping):
+        raise SoakConfigError(f"{where}.sustained must be a mapping",
+                              fix="e.g. sustained: {duration: 10m, concurrency: 16, window: 60s}")
+    _unknown(sustained_raw, _SUSTAINED_KEYS, f"{where}.sustained")
+    sd = d["sustained"]
+
+    concurrency = raw.get("concurrency", d["concurrency"])
+    if (not isinstance(concurrency, Sequence) or isinstance(concurrency, str) or not concurrency
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in concurrency)):
+        raise SoakConfigError(f"{where}.concurrency {concurrency!r} is not a list of positive integers",
+                              fix="e.g. concurrency: [1, 4, 16, 32, 64]")
+    if list(concurrency) != sorted(set(concurrency)):
+        raise SoakConfigError(f"{where}.concurrency {list(concurrency)} must rise strictly",
+                              fix="list each level once, smallest first, e.g. [1, 4, 16, 32, 64]")
+
+    classes = raw.get("classes", d["classes"])
+    if (not isinstance(classes, Sequence) or isinstance(classes, str)
+            or any(c not in CLASSES for c in classes)):
+        raise SoakConfigError(f"{where}.classes {classes!r} names an unknown prompt class",
+                              fix=f"choose from: {', '.join(CLASSES)}")
+
+    spec_raw = raw.get("speculative", speculative)
+    if spec_raw is not None and not isinstance(spec_raw, bool):
+        raise SoakConfigError(f"{where}.speculative {spec_raw!r} is not true/false",
+                              fix="leave it out to follow the recipe's --speculative-config")
+    model = raw.get("model")
+    if model is not None and not isinstance(model, str):
+        raise SoakConfigError(f"{where}.model must be a served model name", fix="e.g. model: qwen36-fast")
+
+    return SoakConfig(
+        profile=prof,
+        served_model_names=tuple(served_model_names),
+        model=model,
+        speculative=spec_raw,
+        readiness_timeout=num("readiness_timeout", "duration"),
+        readiness_poll=num("readiness_poll", "duration"),
+        request_timeout=num("request_timeout", "duration"),
+        max_tokens=num("max_tokens", "count"),
+        temperature=num("temperature"),
+        concurrency=tuple(concurrency),
+        requests_per_level=num("requests_per_level", "count"),
+        min_requests_per_level=num("min_requests_per_level", "count"),
+        level_timeout=num("level_timeout", "duration"),
+        classes=tuple(classes),
+        class_requests=num("class_requests", "count"),
+        long_context_tokens=num("long_context_tokens", "count"),
+        smoke_max_tokens=num("smoke_max_tokens", "count"),
+        sustained_duration=num("duration", "duration", sustained_raw, sd["duration"], "sustained.duration"),
+        sustained_concurrency=num("concurrency", "count", sustained_raw, sd["concurrency"],
+                                  "sustained.concurrency"),
+        window=num("window", "duration", sustained_raw, sd["window"], "sustained.window"),
+        sustained_max_requests=num("max_requests", "count", sustained_raw, sd["max_requests"],
+                                   "sustained.max_requests"),
+        checks=_load_checks(raw.get("checks", {}), d["checks"], f"{where}.checks"),
+        recipe=recipe,
+    )
+
+
+def from_recipe(recipe: Any, *, profile: str | None = None) -> SoakConfig:
+    """The gate of a ``fleetctl.recipes.Recipe`` (its ``soak`` mapping, names and flags)."""
+    args = [str(a) for a in getattr(recipe, "vllm_args", ())]
+    spec = any(a == "--speculative-config" or a.startswith("--speculative-config=") for a in args)
+    return load_config(
+        getattr(recipe, "soak", None) or {},
+        profile=profile,
+        served_model_names=tuple(getattr(recipe, "served_model_names", ())),
+        speculative=spec,
+        recipe=str(getattr(recipe, "name", "")),
+    )
+
+
+def _unknown(raw: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    bad = [str(k) for k in raw if k not in known]
+    if bad:
+        raise SoakConfigError(f"{where} has unknown key(s) {', '.join(bad)}",
+                              fix=f"valid keys are: {', '.join(known)}")
+
+
+def _scalar(value: Any, kind: str, where: str) -> Any:
+    if kind == "duration":
+        return parse_duration(value, where)
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise SoakConfigError(f"{where} {value!r} is not true/false", fix="write true or false")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise SoakConfigError(f"{where} {value!r} is not a number", fix="write a plain number")
+    if kind == "count":
+        if not isinstance(value, int) or value < 0:
+            raise SoakConfigError(f"{where} {value!r} is not a whole number >= 0", fix="e.g. 3")
+        return value
+    if kind == "fraction":
+        if not 0 <= value <= 1:
+            raise SoakConfigError(f"{where} {value!r} is not a fraction between 0 and 1",
+                                  fix="write 0.15 for 15%")
+        return float(value)
+    if value < 0:
+        raise SoakConfigError(f"{where} {value!r} is negative", fix="write a number >= 0")
+    return float(value)
+
+
+def _load_checks(raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str) -> dict[str, CheckSpec]:
+    if not isinstance(raw, Mapping):
+        raise SoakConfigError(f"{where} must be a mapping of check name -> settings",
+                              fix="e.g. checks: {latency: {observe_only: true}}")
+    _unknown(raw, CHECKS, where)
+    out: dict[str, CheckSpec] = {}
+    for name in CHECKS:
+        given = raw.get(name) or {}
+        if given is False:
+            given = {"enabled": False}
+        if not isinstance(given, Mapping):
+            raise SoakConfigError(f"{where}.{name} must be a mapping",
+                                  fix=f"e.g. {name}: {{observe_only: true}}")
+        here = f"{where}.{name}"
+        _unknown(given, (*_COMMON, *_PARAMS[name]), here)
+        params = dict(defaults.get(name, {}))
+        for key, kind in _PARAMS[name].items():
+            if key in given:
+                value = _check_param(given[key], kind, f"{here}.{key}")
+                if kind == "classes":  # a partial floor table overrides only the classes it names
+                    value = {**params.get(key, {}), **value}
+                params[key] = value
+        out[name] = CheckSpec(
+            name=name,
+            enabled=_scalar(given.get("enabled", True), "bool", f"{here}.enabled"),
+            observe_only=_scalar(given.get("observe_only", False), "bool", f"{here}.observe_only"),
+            failure_limit=_scalar(given.get("failure_limit", 0), "count", f"{here}.failure_limit"),
+            inconclusive_limit=_scalar(given.get("inconclusive_limit", 0), "count", f"{here}.inconclusive_limit"),
+            consecutive_error_limit=_scalar(given.get("consecutive_error_limit", 0), "count",
+                                            f"{here}.consecutive_error_limit"),
+            params=params,
+        )
+    return out
+
+
+def _check_param(value: Any, kind: str, where: str) -> Any:
+    if kind == "levels":
+        if not isinstance(value, Mapping) or not value:
+            raise SoakConfigError(f"{where} must map concurrency levels to bounds",
+                                  fix="e.g. {1: 500, 16: 2000, 64: 15000}")
+        table: dict[int, float] = {}
+        for k, v in value.items():
+            try:
+                level = int(k)
+            except (TypeError, ValueError):
+                raise SoakConfigError(f"{where} key {k!r} is not a concurrency level",
+                                      fix="use whole numbers like 1, 16, 64 as keys") from None
+            if level < 1:
+                raise SoakConfigError(f"{where} key {k!r} is not a concurrency level >= 1", fix="use 1, 4, 16 ...")
+            table[level] = _scalar(v, "number", f"{where}.{k}")
+        return table
+    if kind == "classes":
+        if not isinstance(value, Mapping):
+            raise SoakConfigError(f"{where} must map prompt classes to floors", fix="e.g. {coding: 0.15}")
+        floors: dict[str, float] = {}
+        for k, v in value.items():
+            if k not in CLASSES:
+                raise SoakConfigError(f"{where} names unknown prompt class {k!r}",
+                                      fix=f"choose from: {', '.join(CLASSES)}")
+            floors[str(k)] = _scalar(v, "fraction", f"{where}.{k}")
+        return floors
+    return _scalar(value, kind, where)

@@ -1,0 +1,593 @@
+"""The soak: wait for readiness, check identity and smoke, load the server, judge it.
+
+``run_soak(target, config, baseline, progress) -> Verdict`` is what ``fleetctl
+soak`` and the rollout's gate call. Phases, each bounded in requests and time:
+
+1. readiness: ``/health`` 200 within ``readiness_timeout`` (separate from the
+   soak's own duration: model loads take minutes). Refused means loading; the
+   container exiting means a boot failure, whose cause is read from its log.
+2. identity: ``/v1/models`` and ``/version``.
+3. smoke: fixed prompts with known answers at temperature 0, thinking off and
+   max_tokens >= 2048. A failed smoke ends the soak (load on a server that
+   answers garbage proves nothing).
+4. classes: each prompt class alone at c=1, between two /metrics scrapes, so
+   acceptance is known per class (long context last).
+5. sweep: concurrency levels (1, 4, 16, 32, 64), mixed short classes, a
+   window per level. A refusal after ready is a crash: the soak stops there.
+6. sustained: a fixed concurrency for ``sustained_duration``, scraping every
+   ``window`` seconds (the decay check reads the windows' trend).
+
+Raw samples, every /metrics scrape and the verdict are written to the
+artifacts directory when one is given.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import FleetError
+from fleetctl.progress import NULL, Event, Progress
+from fleetctl.soak import checks, metrics, prompts
+from fleetctl.soak.checks import Evidence, Identity, SmokeResult
+from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.config import SoakConfig
+from fleetctl.soak.verdict import (
+    ContainerState,
+    LevelSummary,
+    Outcome,
+    Readiness,
+    Sample,
+    SoakTarget,
+    Verdict,
+    Window,
+    to_dict,
+)
+
+#: Log lines shown while waiting, and searched for a boot failure's cause.
+LOG_TAIL = 40
+#: Distributions kept in the verdict for the report (the raw samples are in the artifacts).
+MAX_DIST_SAMPLES = 2000
+
+
+def new_run_id(name: str) -> str:
+    """``soak-<name>-<UTC time>-<random>``: sortable, unique, safe as a directory name."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40]
+    return f"soak-{safe}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+def boot_failure_cause(log: str) -> str:
+    """The line of a container log that says why the server died ('' when none stands out).
+
+    The last error-looking line wins: vLLM prints a traceback whose final line
+    names the exception (``ValueError: max_num_scheduled_tokens is set to -512``).
+    """
+    keys = ("Error", "ERROR", "Exception", "error:", "FATAL", "Fatal", "No valid", "Killed",
+            "out of memory", "OOM")
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if ln.startswith("Traceback") or ln.startswith("File \""):
+            continue
+        if any(k in ln for k in keys):
+            return ln[:400]
+    return ""
+
+
+def _last_lines(log: str, n: int = 3) -> str:
+    lines = [ln.rstrip() for ln in log.splitlines() if ln.strip()]
+    return " | ".join(lines[-n:])[:300]
+
+
+def _pctl(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    s = sorted(values)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample], seconds: float,
+              stopped: str = "") -> LevelSummary:
+    """Client-side figures of one level from its samples."""
+    ok = [s for s in samples if s.ok]
+    errs = [s for s in samples if not s.ok]
+    ttft = [s.ttft for s in ok if s.ttft is not None]
+    tpot = [s.tpot for s in ok if s.tpot is not None]
+    e2e = [s.e2e for s in ok if s.e2e is not None]
+    out_tokens = sum(s.output_tokens or 0 for s in ok)
+    return LevelSummary(
+        phase=phase, label=label, concurrency=concurrency, requests=len(samples), errors=len(errs),
+        seconds=round(seconds, 3), tok_s=out_tokens / seconds if ok and seconds > 0 else None,
+        ttft_p50=_pctl(ttft, 0.5), ttft_p95=_pctl(ttft, 0.95), ttft_p99=_pctl(ttft, 0.99),
+        tpot_p50=_pctl(tpot, 0.5), tpot_p95=_pctl(tpot, 0.95), e2e_p50=_pctl(e2e, 0.5),
+        output_tokens=out_tokens, first_error=errs[0].error if errs else "", stopped=stopped,
+    )
+
+
+class _Artifacts:
+    """Writes samples, scrapes and the verdict under one directory as the soak goes."""
+
+    def __init__(self, root: Path | None) -> None:
+        self.root = root
+        self.n = 0
+        if root is not None:
+            (root / "scrapes").mkdir(parents=True, exist_ok=True)
+            self._samples = (root / "samples.jsonl").open("a")
+
+    def sample(self, s: Sample) -> None:
+        if self.root is not None:
+            self._samples.write(json.dumps(to_dict(s)) + "\n")
+
+    def scrape(self, label: str, t: float, text: str) -> None:
+        if self.root is None:
+            return
+        self.n += 1
+        safe = "".join(c if c.isalnum() or c in "-_=" else "_" for c in label)
+        (self.root / "scrapes" / f"{self.n:04d}-{safe}-t{t:.1f}.prom").write_text(text)
+
+    def write_json(self, name: str, data: Any) -> None:
+        if self.root is None:
+            return
+        tmp = self.root / (name + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        tmp.replace(self.root / name)
+
+    def close(self) -> None:
+        if self.root is not None:
+            self._samples.close()
+
+
+@dataclass
+class _State:
+    """What one soak has gathered so far (mutable while it runs)."""
+
+    target: SoakTarget
+    config: SoakConfig
+    progress: Progress
+    art: _Artifacts
+    t0: float
+    model: str = ""
+    samples: list[Sample] = field(default_factory=list)
+    levels: list[LevelSummary] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
+    scrape_errors: list[str] = field(default_factory=list)
+    spec_seen: bool | None = None
+    crash: str = ""
+    last_acceptance: float | None = None
+    chars_per_token: float = 4.0
+
+    def emit(self, phase: str, message: str, **data: Any) -> None:
+        self.progress(Event(phase, message, host=self.target.name, data=data))
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+
+async def _container_call(target: SoakTarget, fn: Callable[[SoakTarget], Any]) -> Any:
+    # Container access is blocking (SSH): keep it off the event loop that is timing streams.
+    return await asyncio.to_thread(fn, target)
+
+
+async def _state(target: SoakTarget) -> ContainerState:
+    assert target.container is not None
+    st: ContainerState = await _container_call(target, lambda t: t.container.state())  # type: ignore[union-attr]
+    return st
+
+
+async def _logs(target: SoakTarget, tail: int = LOG_TAIL) -> str:
+    if target.container is None:
+        return ""
+    try:
+        text: str = await _container_call(target, lambda t: t.container.logs(tail))  # type: ignore[union-attr]
+        return text
+    except FleetError as e:
+        return f"(container log unreadable: {e.cause})"
+
+
+async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: float,
+                      progress: Progress = NULL) -> Readiness:
+    """Poll /health until 200, the container dies, or ``timeout`` passes (see :func:`wait_ready`)."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    last_log_at = -1e9
+    tail = ""
+    last_state = ""
+    while True:
+        probe = await client.get("/health", timeout=min(10.0, max(poll * 4, 2.0)))
+        waited = time.monotonic() - t0
+        if probe.ok:
+            return Readiness(Outcome.PASS, f"/health 200 after {waited:.0f}s", waited)
+        last_state = probe.detail or f"HTTP {probe.status}" if probe.state != "ok" else ""
+        if target.container is not None:
+            try:
+                st = await _state(target)
+            except FleetError as e:
+                return Readiness(Outcome.ERROR, f"cannot inspect the container: {e.cause}", waited)
+            if not st.exists:
+                return Readiness(Outcome.ERROR, f"nothing to soak: no container serves {target.base_url} "
+                                                f"({last_state})", waited)
+            if not st.running:
+                log = await _logs(target)
+                cause = boot_failure_cause(log)
+                code = f" with code {st.exit_code}" if st.exit_code is not None else ""
+                msg = f"boot failure: the container exited{code} before /health answered"
+                msg += f": {cause}" if cause else f"; last log lines: {_last_lines(log)}"
+                return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=log)
+            if time.monotonic() - last_log_at > 10:
+                tail = _last_lines(await _logs(target, 5), 1)
+                last_log_at = time.monotonic()
+        progress(Event("readiness", f"waiting for {target.base_url}/health ({last_state}), "
+                                    f"{waited:.0f}/{timeout:.0f}s" + (f"; log: {tail}" if tail else ""),
+                       host=target.name, data={"waited": round(waited), "state": probe.state}))
+        if time.monotonic() + poll > deadline:
+            break
+        await asyncio.sleep(poll)
+    waited = time.monotonic() - t0
+    if target.container is not None:
+        log = await _logs(target)
+        cause = boot_failure_cause(log)
+        msg = (f"not healthy after {waited:.0f}s (readiness deadline {timeout:.0f}s; /health: {last_state}); "
+               f"the container runs but never became ready")
+        msg += f": {cause}" if cause else f"; last log lines: {_last_lines(log)}"
+        return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=log)
+    return Readiness(Outcome.ERROR, f"endpoint down: {target.base_url}/health gave no 200 in {waited:.0f}s "
+                                    f"({last_state})", waited)
+
+
+def wait_ready(target: SoakTarget, timeout: float = 600.0, poll: float = 2.0,
+               progress: Progress = NULL) -> Readiness:
+    """Wait until ``target`` answers /health 200; the outcome says why it did not.
+
+    ``pass``: ready. ``fail``: the container exited or never became healthy
+    (the cause from its log in ``cause``). ``error``: nothing answers and there
+    is no container to tell a slow boot from a dead endpoint.
+    """
+
+    async def go() -> Readiness:
+        async with Client(target.base_url, connections=4) as c:
+            return await await_ready(c, target, timeout, poll, progress)
+
+    return asyncio.run(go())
+
+
+async def _identity(client: Client, target: SoakTarget) -> Identity:
+    p, models = await client.get_json("/v1/models")
+    if models is None:
+        return Identity(False, detail=p.detail or f"HTTP {p.status}")
+    data = models.get("data", []) if isinstance(models, dict) else []
+    names = tuple(str(m.get("id")) for m in data if isinstance(m, dict))
+    mml: list[int] = [m["max_model_len"] for m in data
+                      if isinstance(m, dict) and isinstance(m.get("max_model_len"), int)]
+    _pv, version = await client.get_json("/version")
+    ver = str(version.get("version", "")) if isinstance(version, dict) else ""
+    return Identity(True, names, ver, min(mml) if mml else None)
+
+
+async def _scrape(client: Client, st: _State, label: str) -> metrics.Scrape | None:
+    p = await client.get("/metrics", timeout=15.0)
+    t = st.now()
+    if not p.ok:
+        st.scrape_errors.append(f"{label}: /metrics {p.state} {p.detail or p.status}")
+        return None
+    st.art.scrape(label, t, p.body)
+    try:
+        s = metrics.parse(p.body, t)
+    except metrics.MetricsError as e:
+        st.scrape_errors.append(f"{label}: {e}")
+        return None
+    seen = s.has_spec_decode
+    st.spec_seen = seen if st.spec_seen is None else (st.spec_seen or seen)
+    return s
+
+
+async def _windowed(client: Client, st: _State, label: str, phase: str,
+                    body: Callable[[], Awaitable[None]]) -> None:
+    """Run ``body`` between two scrapes and record the window."""
+    before = await _scrape(client, st, f"{label}-before")
+    await body()
+    after = await _scrape(client, st, f"{label}-after")
+    if before is not None and after is not None:
+        w = metrics.window(before, after, label, phase)
+        st.windows.append(w)
+        if w.acceptance_rate is not None:
+            st.last_acceptance = w.acceptance_rate
+
+
+async def _run_requests(client: Client, st: _State, *, phase: str, label: str, concurrency: int,
+                        requests: int, seconds: float, classes: Sequence[str],
+                        long_chars: int = 0) -> None:
+    """``requests`` streamed requests on ``concurrency`` workers, stopping at ``seconds`` or a crash."""
+    cfg = st.config
+    t_start = time.monotonic()
+    deadline = t_start + seconds
+    level: list[Sample] = []
+    counter = iter(range(requests))
+    stopped = ""
+    last_emit = 0.0
+
+    def note() -> None:
+        nonlocal last_emit
+        now = time.monotonic()
+        if now - last_emit < 0.5 and len(level) < requests:
+            return
+        last_emit = now
+        done = [s for s in level if s.ok]
+        el = max(now - t_start, 1e-6)
+        tok_s = sum(s.output_tokens or 0 for s in done) / el
+        errors = len(level) - len(done)
+        st.emit(phase, f"{label} c={concurrency} {len(level)}/{requests} req {tok_s:.0f} tok/s "
+                       f"errors {errors}", concurrency=concurrency, tok_s=round(tok_s),
+                errors=errors, acceptance=checks.pct(st.last_acceptance), level=label)
+
+    async def worker(wid: int) -> None:
+        nonlocal stopped
+        for i in counter:
+            if stopped:
+                return
+            if time.monotonic() >= deadline:
+                stopped = stopped or f"time bound {seconds:.0f}s reached"
+                return
+            cls = classes[(i + wid) % len(classes)]
+            req = ChatRequest(st.model, prompts.prompt_for(cls, i, long_chars), cfg.max_tokens,
+                              cfg.temperature, ignore_eos=True)
+            left = max(deadline - time.monotonic(), 1.0)
+            s = await client.chat(req, phase=phase, cls=cls, concurrency=concurrency, t0=st.t0,
+                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout))
+            level.append(s)
+            st.samples.append(s)
+            st.art.sample(s)
+            note()
+            if s.error_kind == "connect" and not stopped:
+                stopped = "server refused connections"
+                st.crash = st.crash or await _diagnose_crash(client, st, concurrency, label)
+
+    await asyncio.gather(*(worker(w) for w in range(concurrency)))
+    elapsed = time.monotonic() - t_start
+    if not stopped and any(not s.ok for s in level):
+        # Errors without a refusal: look once whether the server is still there.
+        probe = await client.get("/health", timeout=5.0)
+        if not probe.ok:
+            stopped = f"/health {probe.state} after errors"
+            st.crash = st.crash or await _diagnose_crash(client, st, concurrency, label)
+    st.levels.append(summarize(phase, label, concurrency, level, elapsed, stopped))
+
+
+async def _diagnose_crash(client: Client, st: _State, concurrency: int, label: str) -> str:
+    """Name a crash: what /health and the container say, with the log's cause."""
+    probe = await client.get("/health", timeout=5.0)
+    what = f"server crashed during {label} (c={concurrency}): /health {probe.state}"
+    if probe.ok:
+        return ""
+    if st.target.container is not None:
+        try:
+            cs = await _state(st.target)
+            if not cs.running:
+                what += f", container {cs.status or 'gone'}" + (f" (exit code {cs.exit_code})"
+                                                               if cs.exit_code is not None else "")
+        except FleetError as e:
+            what += f" (container state unreadable: {e.cause})"
+        cause = boot_failure_cause(await _logs(st.target))
+        if cause:
+            what += f"; log: {cause}"
+    return what
+
+
+async def _sustained(client: Client, st: _State) -> None:
+    cfg = st.config
+    if cfg.sustained_duration <= 0:
+        return
+    scrapes: list[metrics.Scrape] = []
+    first = await _scrape(client, st, "sustained-start")
+    if first is not None:
+        scrapes.append(first)
+    done = asyncio.Event()
+
+    async def scraper() -> None:
+        n = 0
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout=cfg.window)
+            if done.is_set():
+                return
+            n += 1
+            s = await _scrape(client, st, f"sustained-{n}")
+            if s is None:
+                continue
+            if scrapes:
+                w = metrics.window(scrapes[-1], s, f"sustained #{len(st.windows) + 1}", "sustained")
+                st.windows.append(w)
+                if w.acceptance_rate is not None:
+                    st.last_acceptance = w.acceptance_rate
+            scrapes.append(s)
+
+    task = asyncio.create_task(scraper())
+    try:
+        await _run_requests(client, st, phase="sustained", label="sustained",
+                            concurrency=cfg.sustained_concurrency, requests=cfg.sustained_max_requests,
+                            seconds=cfg.sustained_duration, classes=prompts.SHORT_CLASSES)
+    finally:
+        done.set()
+        await task
+    # Renumber so labels are consecutive whatever ran in between.
+    rest = [w for w in st.windows if w.phase != "sustained"]
+    sus = [replace(w, label=f"sustained #{i + 1}") for i, w in enumerate(w for w in st.windows if w.phase == "sustained")]
+    st.windows[:] = rest + sus
+
+
+def _estimate_chars_per_token(samples: Sequence[Sample], prompt_of: Callable[[Sample], str]) -> float:
+    # Two prompts of different lengths cancel the chat template's fixed token overhead.
+    pts = sorted({(len(prompt_of(s)), s.prompt_tokens) for s in samples if s.ok and s.prompt_tokens})
+    if len(pts) >= 2:
+        (c1, t1), (c2, t2) = pts[0], pts[-1]
+        if t2 > t1 and c2 > c1:
+            return min(max((c2 - c1) / (t2 - t1), 1.0), 8.0)
+    return 4.0
+
+
+async def _soak(client: Client, st: _State, baseline: Verdict | None) -> Evidence:
+    cfg, target = st.config, st.target
+    st.emit("readiness", f"waiting for {target.base_url}/health")
+    ready = await await_ready(client, target, cfg.readiness_timeout, cfg.readiness_poll, st.progress)
+    if not ready.ready:
+        return Evidence(readiness=ready, has_container=target.container is not None)
+
+    before: ContainerState | None = None
+    container_error = ""
+    if target.container is not None:
+        try:
+            before = await _state(target)
+        except FleetError as e:
+            container_error = e.cause
+
+    st.emit("identity", "reading /v1/models and /version")
+    ident = await _identity(client, target)
+    st.model = cfg.model or (cfg.served_model_names[0] if cfg.served_model_names else "") or \
+        (ident.models[0] if ident.models else "")
+
+    st.emit("smoke", "smoke prompts at temperature 0")
+    smoke: list[SmokeResult] = []
+    for sp in prompts.SMOKE:
+        req = ChatRequest(st.model, sp.prompt, cfg.smoke_max_tokens, 0.0, thinking=False)
+        s = await client.chat(req, phase="smoke", cls=sp.name, concurrency=1, t0=st.t0, keep_text=True)
+        st.samples.append(s)
+        st.art.sample(s)
+        smoke.append(SmokeResult(sp.name, sp.expect, s, cfg.smoke_max_tokens))
+    smoke_check = checks.check_smoke(cfg.check("smoke"), Evidence(readiness=ready, smoke=tuple(smoke)))
+    stop_after_smoke = smoke_check.outcome is Outcome.FAIL and not cfg.check("smoke").observe_only
+
+    load = not cfg.smoke_only and not stop_after_smoke and ident.reachable
+    if load:
+        await _load(client, st, ident)
+
+    after: ContainerState | None = None
+    if target.container is not None and not container_error:
+        try:
+            after = await _state(target)
+        except FleetError as e:
+            container_error = e.cause
+    if not st.crash:
+        probe = await client.get("/health", timeout=5.0)
+        if probe.state in ("refused", "unreachable"):
+            st.crash = await _diagnose_crash(client, st, 0, "the end of the soak")
+    return Evidence(
+        readiness=ready, identity=ident, smoke=tuple(smoke), levels=tuple(st.levels),
+        windows=tuple(st.windows), load_ran=load, crash=st.crash, container_before=before,
+        container_after=after, container_error=container_error, has_container=target.container is not None,
+        spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors),
+    )
+
+
+async def _load(client: Client, st: _State, ident: Identity) -> None:
+    cfg = st.config
+    # 4. one class at a time at c=1: per-class acceptance needs a window of its own.
+    short = [c for c in cfg.classes if c != "long_context"]
+    for cls in short:
+        await _windowed(client, st, cls, "classes", lambda cls=cls: _run_requests(  # type: ignore[misc]
+            client, st, phase="classes", label=cls, concurrency=1, requests=cfg.class_requests,
+            seconds=cfg.level_timeout, classes=(cls,)))
+        if st.crash:
+            return
+    if "long_context" in cfg.classes:
+        cpt = _estimate_chars_per_token(
+            [s for s in st.samples if s.phase == "classes"],
+            lambda s: prompts.prompt_for(s.cls, 0))
+        tokens = cfg.long_context_tokens
+        if ident.max_model_len:
+            tokens = min(tokens, int((ident.max_model_len - cfg.max_tokens) * 0.8))
+        chars = max(int(tokens * cpt), 200)
+        await _windowed(client, st, "long_context", "classes", lambda: _run_requests(
+            client, st, phase="classes", label="long_context", concurrency=1, requests=cfg.class_requests,
+            seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
+        if st.crash:
+            return
+    # 5. the concurrency sweep.
+    for c in cfg.concurrency:
+        await _windowed(client, st, f"c={c}", "sweep", lambda c=c: _run_requests(  # type: ignore[misc]
+            client, st, phase="sweep", label=f"c={c}", concurrency=c, requests=cfg.level_requests(c),
+            seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES))
+        if st.crash:
+            return
+    # 6. the sustained phase.
+    await _sustained(client, st)
+
+
+def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,
+             progress: Progress = NULL, *, artifacts_dir: Path | None = None,
+             run_id: str | None = None) -> Verdict:
+    """Soak ``target`` and return the verdict (never raises for a bad server: that is the verdict).
+
+    ``baseline``: the last passing verdict of the previously serving tag on the
+    same host (throughput is compared with it). ``artifacts_dir``: where samples,
+    scrapes and verdict.json go (created). With ``config.smoke_only`` only
+    readiness, identity and smoke run: a rollback's quick check.
+    """
+    run_id = run_id or new_run_id(target.name)
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    art = _Artifacts(artifacts_dir)
+    art.write_json("config.json", to_dict(config))
+    st = _State(target, config, progress, art, t0)
+
+    async def go() -> Evidence:
+        conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8
+        async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout) as c:
+            return await _soak(c, st, baseline)
+
+    try:
+        ev = asyncio.run(go())
+    finally:
+        art.close()
+    results = checks.evaluate(ev, config, baseline)
+    outcome = checks.overall(results)
+    deciding = [c for c in results if c.outcome is outcome and not c.observe_only]
+    summary = outcome.value if outcome is Outcome.PASS else f"{outcome.value}: " + "; ".join(
+        f"{c.name}: {c.message}" for c in deciding[:2])
+    if outcome is Outcome.PASS:
+        sweep = [lv for lv in ev.levels if lv.phase == "sweep" and lv.tok_s]
+        peak = max(sweep, key=lambda lv: lv.tok_s or 0.0) if sweep else None
+        summary = "pass: " + ", ".join(x for x in (
+            f"{sum(lv.requests for lv in ev.levels)} requests, 0 errors" if ev.load_ran else "smoke only",
+            f"peak {peak.tok_s:.0f} tok/s at {peak.label}" if peak and peak.tok_s else "",
+            f"acceptance {checks.pct(_acceptance(ev.windows))}" if _acceptance(ev.windows) is not None else "",
+        ) if x)
+    ok = [s for s in st.samples if s.ok and s.phase in ("sweep", "sustained", "classes")]
+    verdict = Verdict(
+        run_id=run_id, target=target.name, base_url=target.base_url, outcome=outcome, summary=summary,
+        started=started.isoformat(timespec="seconds"),
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=round(time.monotonic() - t0, 2), tag=target.tag, profile=config.profile,
+        artifacts_dir=str(artifacts_dir) if artifacts_dir else None,
+        version=ev.identity.version if ev.identity else "",
+        served_models=ev.identity.models if ev.identity else (),
+        checks=results, levels=ev.levels, windows=ev.windows,
+        baseline_run_id=baseline.run_id if baseline else "",
+        ttft_samples=tuple(round(s.ttft, 5) for s in ok if s.ttft is not None)[:MAX_DIST_SAMPLES],
+        tpot_samples=tuple(round(s.tpot, 6) for s in ok if s.tpot is not None)[:MAX_DIST_SAMPLES],
+    )
+    art.write_json("verdict.json", to_dict(verdict))
+    progress(Event("done", verdict.summary, host=target.name, data={"outcome": outcome.value}))
+    return verdict
+
+
+def _acceptance(windows: Sequence[Window]) -> float | None:
+    acc = [w.accepted_tokens for w in windows if w.accepted_tokens is not None]
+    dt = [w.draft_tokens for w in windows if w.draft_tokens]
+    return sum(acc) / sum(dt) if acc and dt and sum(dt) else None
+
+
+def smoke_check(target: SoakTarget, config: SoakConfig, progress: Progress = NULL, **kw: Any) -> Verdict:
+    """Readiness, identity and smoke only, no load: the quick check after a rollback."""
+    return run_soak(target, replace(config, smoke_only=True), None, progress, **kw)
+

@@ -1,0 +1,183 @@
+"""vLLM's /metrics: scrapes parsed with prometheus_client, and what happened between two of them.
+
+Every series carries ``model_name`` and ``engine`` labels; a scrape sums over
+them (one figure per server, whatever its data-parallel layout). Counters are
+only ever used as deltas over a window: lifetime totals hide an acceptance
+decay behind hours of good history (DOMAIN.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from fleetctl.soak.verdict import Window
+
+PREFIX = "vllm:"
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+SUCCESS = "vllm:request_success_total"
+PROMPT_TOKENS = "vllm:prompt_tokens_total"
+GENERATION_TOKENS = "vllm:generation_tokens_total"
+PREEMPTIONS = "vllm:num_preemptions_total"
+KV_USAGE = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+
+#: Series a vLLM 0.2x server always exports (the conformance test compares them).
+CORE_SERIES = (
+    SUCCESS, PROMPT_TOKENS, GENERATION_TOKENS, PREEMPTIONS, KV_USAGE, RUNNING, WAITING,
+    "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+    "vllm:request_time_per_output_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
+    "vllm:request_queue_time_seconds_count", "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+)
+#: Series only a server with a speculative config exports.
+SPEC_SERIES = (DRAFTS, DRAFT_TOKENS, ACCEPTED, ACCEPTED_PER_POS)
+
+_AGGREGATED = ("model_name", "engine")
+
+
+class MetricsError(ValueError):
+    """The /metrics text is not Prometheus exposition format."""
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One /metrics read: sample name -> {remaining labels -> value}, at ``t`` (soak-relative s)."""
+
+    t: float
+    series: Mapping[str, Mapping[tuple[tuple[str, str], ...], float]] = field(default_factory=dict)
+
+    def value(self, name: str, **labels: str) -> float | None:
+        """The summed value of ``name`` over series matching ``labels`` (None when absent)."""
+        by_labels = self.series.get(name)
+        if not by_labels:
+            return None
+        want = set(labels.items())
+        hits = [v for k, v in by_labels.items() if want <= set(k)]
+        return sum(hits) if hits else None
+
+    def by_label(self, name: str, label: str) -> dict[str, float]:
+        """``name`` summed per value of ``label`` (e.g. finished_reason -> count)."""
+        out: dict[str, float] = {}
+        for k, v in self.series.get(name, {}).items():
+            d = dict(k)
+            if label in d:
+                out[d[label]] = out.get(d[label], 0.0) + v
+        return out
+
+    def names(self) -> set[str]:
+        """Every sample name present (with _total/_count/_bucket suffixes)."""
+        return set(self.series)
+
+    @property
+    def has_spec_decode(self) -> bool:
+        """True when the server exports speculative-decoding counters."""
+        return DRAFTS in self.series and DRAFT_TOKENS in self.series
+
+
+def parse(text: str, t: float = 0.0) -> Scrape:
+    """Parse Prometheus text into a :class:`Scrape`, summing over model_name and engine."""
+    series: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if not s.name.startswith(PREFIX):
+                    continue
+                key = tuple(sorted((k, v) for k, v in s.labels.items() if k not in _AGGREGATED))
+                bucket = series.setdefault(s.name, {})
+                bucket[key] = bucket.get(key, 0.0) + float(s.value)
+    except (ValueError, TypeError, IndexError) as e:
+        raise MetricsError(f"/metrics is not Prometheus text: {e}") from None
+    return Scrape(t=t, series=series)
+
+
+def _delta(a: Scrape, b: Scrape, name: str, **labels: str) -> tuple[float | None, bool]:
+    va, vb = a.value(name, **labels), b.value(name, **labels)
+    if vb is None:
+        return None, False
+    if va is None:
+        va = 0.0  # the series appears with its first event (labelled counters do)
+    if vb < va:
+        return vb, True  # reset: the server restarted; what it counted since is all we know
+    return vb - va, False
+
+
+def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape] = ()) -> Window:
+    """What happened between scrapes ``a`` and ``b`` (``during``: scrapes in between, for gauges)."""
+    seconds = max(b.t - a.t, 1e-9)
+    reset = False
+
+    def d(name: str, **labels: str) -> float | None:
+        nonlocal reset
+        v, r = _delta(a, b, name, **labels)
+        reset = reset or r
+        return v
+
+    gen = d(GENERATION_TOKENS)
+    drafts = d(DRAFTS)
+    draft_tokens = d(DRAFT_TOKENS)
+    accepted = d(ACCEPTED)
+    rate = accepted / draft_tokens if accepted is not None and draft_tokens else None
+    mal = 1.0 + accepted / drafts if accepted is not None and drafts else None
+    per_pos: list[float] = []
+    if drafts:
+        positions = sorted({int(p) for p in b.by_label(ACCEPTED_PER_POS, "position")})
+        for p in positions:
+            v = d(ACCEPTED_PER_POS, position=str(p))
+            per_pos.append((v or 0.0) / drafts)
+    reasons: dict[str, float] = {}
+    for reason in sorted(set(b.by_label(SUCCESS, "finished_reason")) | set(a.by_label(SUCCESS, "finished_reason"))):
+        v = d(SUCCESS, finished_reason=reason)
+        if v is not None:
+            reasons[reason] = v
+    kv = [v for s in (a, *during, b) if (v := s.value(KV_USAGE)) is not None]
+    return Window(
+        label=label, phase=phase, start=a.t, end=b.t,
+        generation_tok_s=gen / seconds if gen is not None else None,
+        prompt_tokens=d(PROMPT_TOKENS), generation_tokens=gen,
+        drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
+        acceptance_rate=rate, mean_acceptance_length=mal, per_position=tuple(per_pos),
+        success_by_reason=reasons, preemptions=d(PREEMPTIONS),
+        kv_cache_usage_max=max(kv) if kv else None, counter_reset=reset,
+    )
+
+
+def merge_windows(windows: Iterable[Window], label: str, phase: str) -> Window | None:
+    """Several consecutive windows as one (sums of deltas); None when there are none."""
+    ws = list(windows)
+    if not ws:
+        return None
+
+    def total(attr: str) -> float | None:
+        vals = [getattr(w, attr) for w in ws if getattr(w, attr) is not None]
+        return sum(vals) if vals else None
+
+    drafts, draft_tokens, accepted = total("drafts"), total("draft_tokens"), total("accepted_tokens")
+    gen = total("generation_tokens")
+    seconds = sum(w.end - w.start for w in ws) or 1e-9
+    reasons: dict[str, float] = {}
+    for w in ws:
+        for k, v in w.success_by_reason.items():
+            reasons[k] = reasons.get(k, 0.0) + v
+    npos = max((len(w.per_position) for w in ws), default=0)
+    per_pos: tuple[float, ...] = ()
+    if drafts:
+        per_pos = tuple(sum((w.per_position[i] * (w.drafts or 0.0)) for w in ws if i < len(w.per_position))
+                        / drafts for i in range(npos))
+    kv = [w.kv_cache_usage_max for w in ws if w.kv_cache_usage_max is not None]
+    return Window(
+        label=label, phase=phase, start=ws[0].start, end=ws[-1].end,
+        generation_tok_s=gen / seconds if gen is not None else None,
+        prompt_tokens=total("prompt_tokens"), generation_tokens=gen, drafts=drafts,
+        draft_tokens=draft_tokens, accepted_tokens=accepted,
+        acceptance_rate=accepted / draft_tokens if accepted is not None and draft_tokens else None,
+        mean_acceptance_length=1.0 + accepted / drafts if accepted is not None and drafts else None,
+        per_position=per_pos, success_by_reason=reasons, preemptions=total("preemptions"),
+        kv_cache_usage_max=max(kv) if kv else None, counter_reset=any(w.counter_reset for w in ws),
+    )

@@ -1,0 +1,313 @@
+"""What a soak produces: per-request samples, metric windows, checks and the verdict.
+
+Everything here is a frozen dataclass that round-trips through JSON
+(:func:`to_dict` / :func:`from_dict`), because a passing verdict is stored as the
+next soak's baseline and the rollout records verdicts in its ledger.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
+
+#: Version of the verdict's JSON shape; a newer one is refused when loading a baseline.
+SCHEMA_VERSION = 1
+
+
+class Outcome(enum.StrEnum):
+    """How one measurement, one check or a whole soak came out.
+
+    ``error`` means the soak could not judge (the endpoint is down, a scrape
+    failed): not the server's fault as far as we know. ``inconclusive`` means
+    data was missing or too thin to decide; it is never a pass.
+    ``skipped`` is a check that is disabled or does not apply (no container
+    access, no speculative decoding): it does not count toward the verdict.
+    """
+
+    PASS = "pass"
+    FAIL = "fail"
+    INCONCLUSIVE = "inconclusive"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    """The serving container as Docker sees it."""
+
+    exists: bool
+    running: bool = False
+    status: str = ""
+    exit_code: int | None = None
+    restart_count: int = 0
+    started_at: str = ""
+    image: str = ""
+
+
+class ContainerAccess(Protocol):
+    """Optional access to the container behind an endpoint (e.g. over SSH).
+
+    Lets the soak tell a boot failure from a slow load, name a crash's cause
+    from the log and notice restarts. Both methods may raise FleetError.
+    """
+
+    def logs(self, tail: int = 50) -> str:
+        """The container's last ``tail`` log lines (stdout and stderr)."""
+        ...
+
+    def state(self) -> ContainerState:
+        """The container's current state."""
+        ...
+
+
+@dataclass(frozen=True)
+class SoakTarget:
+    """One server to soak: a display name (the host), its base URL, optional container access."""
+
+    name: str
+    base_url: str
+    container: ContainerAccess | None = field(default=None, compare=False)
+    #: The image tag being judged (recorded in the verdict and used to key baselines).
+    tag: str = ""
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One streamed request as the client saw it (times in seconds)."""
+
+    phase: str
+    cls: str
+    concurrency: int
+    #: Start time relative to the soak's start.
+    start: float
+    ok: bool
+    status: int = 0
+    ttft: float | None = None
+    e2e: float | None = None
+    #: Time per output token after the first, from the usage chunk's completion_tokens.
+    tpot: float | None = None
+    prompt_tokens: int | None = None
+    output_tokens: int | None = None
+    events: int = 0
+    finish_reason: str | None = None
+    #: connect | http | stream_error | timeout | disconnect | protocol (empty when ok).
+    error_kind: str = ""
+    error: str = ""
+    #: The generated text, kept only for smoke prompts (load text is not needed and is large).
+    text: str | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """What /metrics says happened between two scrapes; never lifetime totals."""
+
+    label: str
+    phase: str
+    start: float
+    end: float
+    #: d(generation tokens) / seconds.
+    generation_tok_s: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    drafts: float | None = None
+    draft_tokens: float | None = None
+    accepted_tokens: float | None = None
+    #: d(accepted) / d(draft tokens).
+    acceptance_rate: float | None = None
+    #: 1 + d(accepted) / d(drafts).
+    mean_acceptance_length: float | None = None
+    #: d(accepted at position i) / d(drafts), position 0 first.
+    per_position: tuple[float, ...] = ()
+    success_by_reason: Mapping[str, float] = field(default_factory=dict)
+    preemptions: float | None = None
+    #: Highest KV-cache usage (0-1) seen in the window's scrapes.
+    kv_cache_usage_max: float | None = None
+    #: True when a counter went backwards: the server restarted inside the window.
+    counter_reset: bool = False
+
+
+@dataclass(frozen=True)
+class LevelSummary:
+    """Client-side figures of one load level (a concurrency step, a class, the sustained phase)."""
+
+    phase: str
+    label: str
+    concurrency: int
+    requests: int
+    errors: int
+    seconds: float
+    #: Aggregate output tokens per second over the level's wall time.
+    tok_s: float | None = None
+    ttft_p50: float | None = None
+    ttft_p95: float | None = None
+    ttft_p99: float | None = None
+    tpot_p50: float | None = None
+    tpot_p95: float | None = None
+    e2e_p50: float | None = None
+    output_tokens: int = 0
+    #: First error message (what an operator reads first), empty when none.
+    first_error: str = ""
+    #: True when the level stopped early (crash, time bound).
+    stopped: str = ""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured value against its bound (one level, one window, one prompt)."""
+
+    label: str
+    outcome: Outcome
+    message: str
+    measured: float | str | None = None
+    bound: float | str | None = None
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One check: its outcome after limits, and the measurements it was decided from."""
+
+    name: str
+    outcome: Outcome
+    message: str
+    observe_only: bool = False
+    measurements: tuple[Measurement, ...] = ()
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The result of one soak: the outcome the rollout gates on, and everything behind it."""
+
+    run_id: str
+    target: str
+    base_url: str
+    outcome: Outcome
+    summary: str
+    started: str
+    finished: str
+    seconds: float
+    tag: str = ""
+    profile: str = ""
+    #: Directory holding samples.jsonl, scrapes/, verdict.json (None when not saved).
+    artifacts_dir: str | None = None
+    version: str = ""
+    served_models: tuple[str, ...] = ()
+    checks: tuple[CheckResult, ...] = ()
+    levels: tuple[LevelSummary, ...] = ()
+    windows: tuple[Window, ...] = ()
+    #: The baseline this soak was compared with (run id), empty when none.
+    baseline_run_id: str = ""
+    #: Latency samples for the report's distributions (seconds), per phase.
+    ttft_samples: tuple[float, ...] = ()
+    tpot_samples: tuple[float, ...] = ()
+    schema: int = SCHEMA_VERSION
+
+    @property
+    def passed(self) -> bool:
+        """True when the gate passes."""
+        return self.outcome is Outcome.PASS
+
+    def check(self, name: str) -> CheckResult:
+        """The check called ``name`` (KeyError when it did not run)."""
+        for c in self.checks:
+            if c.name == name:
+                return c
+        raise KeyError(name)
+
+    def level(self, phase: str, label: str) -> LevelSummary | None:
+        """The client-side summary of one level, if it ran."""
+        for lv in self.levels:
+            if lv.phase == phase and lv.label == label:
+                return lv
+        return None
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree to plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
+                if f.compare or f.name != "container"}
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    if isinstance(obj, Mapping):
+        return {str(k): to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+T = TypeVar("T")
+
+
+def from_dict(cls: type[T], data: Any) -> T:
+    """Rebuild a dataclass tree written by :func:`to_dict` (unknown keys are ignored)."""
+    return typing.cast(T, _build(cls, data))
+
+
+def _build(tp: Any, data: Any) -> Any:
+    origin = get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if data is None:
+            return None
+        for a in args:
+            try:
+                return _build(a, data)
+            except (TypeError, ValueError, KeyError):
+                continue
+        raise ValueError(f"{data!r} does not fit {tp}")
+    if origin is tuple:
+        (inner, *_rest) = get_args(tp)
+        return tuple(_build(inner, v) for v in data)
+    if origin in (Mapping, dict) or origin is typing.get_origin(Mapping[str, Any]):
+        _k, v_tp = get_args(tp)
+        return {str(k): _build(v_tp, v) for k, v in data.items()}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        if not isinstance(data, Mapping):
+            raise TypeError(f"{tp.__name__} needs a mapping")
+        hints = get_type_hints(tp)
+        kwargs = {f.name: _build(hints[f.name], data[f.name]) for f in dataclasses.fields(tp)
+                  if f.name in data and f.init and f.name != "container"}
+        return tp(**kwargs)
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return tp(data)
+    if tp is float:
+        if isinstance(data, bool) or not isinstance(data, int | float):
+            raise TypeError("not a number")
+        return float(data)
+    if tp is int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            raise TypeError("not an int")
+        return data
+    if tp is str:
+        if not isinstance(data, str):
+            raise TypeError("not a string")
+        return data
+    if tp is bool:
+        return bool(data)
+    if tp is Any:
+        return data
+    return data
+
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """How waiting for /health 200 ended (``wait_ready``; the soak's first check)."""
+
+    outcome: Outcome
+    message: str
+    seconds: float
+    #: The boot failure's cause from the container log (e.g. the negative token budget line).
+    cause: str = ""
+    #: The container's last log lines when it did not become ready.
+    log_tail: str = ""
+
+    @property
+    def ready(self) -> bool:
+        """True when /health answered 200 before the deadline."""
+        return self.outcome is Outcome.PASS
