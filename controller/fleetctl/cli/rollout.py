@@ -1,0 +1,222 @@
+"""``fleetctl rollout``, ``rollout abort``, ``rollback`` and ``history``: parsing and rendering only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fleetctl import inventory, paths
+from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.errors import ExitCode, FleetError
+from fleetctl.rollout import ledger as L
+from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.plan import Plan
+from fleetctl.soak.config import parse_duration
+
+COLUMNS = ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message")
+
+
+def _short(digest: str | None) -> str:
+    return digest.split(":", 1)[-1][:12] if digest else "-"
+
+
+def _when(ts: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
+
+
+def render_plan(p: Plan, con: Console) -> None:
+    """The dry-run plan: hosts per wave, the pinned tag and digest, what each host runs now."""
+    con.print(f"[bold]plan[/]: recipe {p.recipe}, {p.image}:{p.tag} ({p.digest})")
+    con.print(f"  requested {p.requested!r}; pulled as {p.pull_ref}")
+    con.print(f"  {len(p.waves)} wave(s), at most {p.max_unavailable} host(s) out of service at once, "
+              f"failure budget {p.failure_budget}")
+    t = Table("host", "wave", "step", "serves now", "digest now", "action")
+    for h in p.hosts:
+        t.add_row(h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
+                  h.current_tag or "(nothing)", _short(h.current_digest), h.action)
+    con.print(t)
+
+
+def render_result(r: RolloutResult, con: Console) -> None:
+    """Per-host outcome table and the one-line conclusion."""
+    if r.status == "planned" and r.plan is not None:
+        render_plan(r.plan, con)
+        return
+    t = Table("host", "wave", "status", "phase", "before", "after", "verdict / error",
+              title=f"{r.kind} {r.id}: {r.status}")
+    for h in r.hosts:
+        detail = h.error or h.verdict or ""
+        t.add_row(h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.phase, h.before_tag or "-",
+                  h.after_tag or "-", detail)
+    con.print(t)
+    colour = {"completed": "green", "paused": "yellow"}.get(r.status, "red")
+    con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
+              + (f": {r.error}" if r.error else ""), highlight=False)
+    for h in r.hosts:
+        for c in h.failed_checks:
+            con.print(f"  {h.host}: {c}", highlight=False)
+    if r.status == L.PAUSED:
+        con.print("  continue with `fleetctl rollout --resume`, undo with `fleetctl rollout abort`")
+    elif r.status == L.FAILED and r.kind == "rollout":
+        con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
+
+
+def _engine(ctx: Ctx, prog: Any) -> Engine:
+    return Engine(inventory.load(ctx.inventory), prog)
+
+
+def _finish(ctx: Ctx, r: RolloutResult) -> None:
+    ctx.emit(r, lambda con: render_result(r, con))
+    if r.exit_code != ExitCode.OK:
+        raise click.exceptions.Exit(int(r.exit_code))
+
+
+@click.group("rollout", invoke_without_command=True)
+@click.option("--tag", "-t", help="Version or full tag to roll out (v0.24.0 -> 2026-07-01-v0.24.0).")
+@click.option("--recipe", "-r", help="Recipe to serve (default: fleetctl_recipe).")
+@click.option("--limit", "-l", help="Ansible-style host pattern.")
+@click.option("--waves", help="Wave sizes like Ansible's serial: 1,25%,100% (default: canary, then all).")
+@click.option("--max-unavailable", help="Hosts out of service at once, count or % (default 1).")
+@click.option("--failure-budget", help="Hosts that may fail (and be rolled back) after the canary (default 0).")
+@click.option("--soak", "soak", help="Sustained soak length per host (90s, 10m); default: the recipe's.")
+@click.option("--on-inconclusive", type=click.Choice(["pause", "fail"]), default="pause", show_default=True,
+              help="What an inconclusive gate does.")
+@click.option("--ready-timeout", type=float, help="Seconds a server may take to become ready.")
+@click.option("--webhook", help="URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
+@click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
+@click.option("--resume", is_flag=True, help="Continue the paused or interrupted rollout from each host's real state.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@pass_ctx
+@click.pass_context
+def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, limit: str | None,
+            waves: str | None, max_unavailable: str | None, failure_budget: str | None, soak: str | None,
+            on_inconclusive: str, ready_timeout: float | None, webhook: str | None, dry_run: bool, resume: bool,
+            yes: bool) -> None:
+    """Roll a tag across the fleet: canary, then waves, each host gated by a soak."""
+    if cctx.invoked_subcommand is not None:
+        return
+    if not tag and not resume:
+        raise click.UsageError("give --tag TAG (or --resume)")
+    opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
+                   failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
+                   on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
+    with ctx.progress("rollout", COLUMNS) as prog:
+        eng = _engine(ctx, prog)
+        try:
+            if resume:
+                r = eng.resume(opts)
+            elif dry_run:
+                r = eng.rollout(opts)
+            else:
+                if not yes:
+                    p, *_ = eng.plan(opts)
+                    render_plan(p, ctx.err)
+                    if not ctx.err.is_terminal:
+                        raise FleetError("refusing to roll out without confirmation", fix="pass --yes")
+                    click.confirm("roll out?", abort=True, err=True)
+                r = eng.rollout(opts)
+        finally:
+            eng.close()
+    _finish(ctx, r)
+
+
+@rollout.command("abort")
+@click.option("--force", is_flag=True, help="Also drop a lock held by a controller on another machine.")
+@click.option("--webhook", help="URL receiving JSON events.")
+@json_option
+@pass_ctx
+def abort(ctx: Ctx, force: bool, webhook: str | None) -> None:
+    """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
+    with ctx.progress("abort", COLUMNS) as prog:
+        eng = _engine(ctx, prog)
+        try:
+            r = eng.abort(webhook=webhook, force=force)
+        finally:
+            eng.close()
+    _finish(ctx, r)
+
+
+@click.command("rollback")
+@click.option("--to", "to", help="Tag to go to (default: what each host served before the last rollout).")
+@click.option("--limit", "-l", help="Ansible-style host pattern.")
+@click.option("--recipe", "-r", help="Recipe (default: the last rollout's).")
+@click.option("--max-unavailable", help="Hosts restarted at once, count or % (default 1).")
+@click.option("--webhook", help="URL receiving JSON events.")
+@json_option
+@pass_ctx
+def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, max_unavailable: str | None,
+             webhook: str | None) -> None:
+    """Return hosts to their previous version (readiness + smoke, no full soak)."""
+    with ctx.progress("rollback", COLUMNS) as prog:
+        eng = _engine(ctx, prog)
+        try:
+            r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
+                             webhook=webhook)
+        finally:
+            eng.close()
+    _finish(ctx, r)
+
+
+def _history_json(rec: L.RolloutRecord) -> dict[str, Any]:
+    return {
+        "id": rec.id, "kind": rec.kind, "status": rec.status, "recipe": rec.recipe, "requested": rec.requested,
+        "tag": rec.tag, "digest": rec.digest, "image": rec.image, "parent": rec.parent,
+        "started_by": rec.started_by, "command": rec.command,
+        "started_at": _iso(rec.started_at), "finished_at": _iso(rec.finished_at), "error": rec.error,
+        "options": rec.options,
+        "waves": [{"wave": w.idx + 1, "hosts": list(w.hosts), "status": w.status} for w in rec.waves],
+        "hosts": [{"host": h.host, "wave": h.wave + 1 if h.wave >= 0 else None, "status": h.status,
+                   "phase": h.phase, "before": {"tag": h.before_tag, "digest": h.before_digest},
+                   "after": {"tag": h.after_tag, "digest": h.after_digest}, "error": h.error,
+                   "verdict": h.verdict, "artifacts": h.artifacts,
+                   "started_at": _iso(h.started_at), "finished_at": _iso(h.finished_at)} for h in rec.hosts],
+    }
+
+
+def _iso(ts: float | None) -> str | None:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else None
+
+
+@click.command("history")
+@click.argument("rollout_id", required=False)
+@click.option("--limit", "-n", "count", type=int, default=20, show_default=True, help="How many to list.")
+@json_option
+@pass_ctx
+def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
+    """Every rollout and rollback with its per-host outcome (like `kubectl rollout history`)."""
+    inv = inventory.load(ctx.inventory)
+    with L.open_ledger(paths.state_dir(inv.path)) as led:
+        recs = [led.get(rollout_id)] if rollout_id else led.history(count)
+    data = [_history_json(r) for r in recs]
+
+    def render(con: Console) -> None:
+        if rollout_id:
+            r = recs[0]
+            con.print(f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})")
+            con.print(f"  by {r.started_by}: {r.command}\n  {_when(r.started_at)} .. {_when(r.finished_at)}"
+                      + (f"\n  error: {r.error}" if r.error else ""), highlight=False)
+            t = Table("host", "wave", "status", "before", "after", "verdict / error", "phases")
+            for h in r.hosts:
+                phases = " > ".join(p.phase for p in r.phases if p.host == h.host)
+                t.add_row(h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.before_tag or "-",
+                          h.after_tag or "-", h.error or (h.verdict or {}).get("summary", ""), phases)
+            con.print(t)
+            return
+        t = Table("id", "kind", "status", "tag", "started", "by", "hosts")
+        for r in recs:
+            counts: dict[str, int] = {}
+            for h in r.hosts:
+                counts[h.status] = counts.get(h.status, 0) + 1
+            t.add_row(r.id, r.kind, r.status, r.tag or r.requested or "-", _when(r.started_at), r.started_by,
+                      ", ".join(f"{n} {s}" for s, n in counts.items()))
+        con.print(t)
+
+    ctx.emit(data, render)
+
+
+commands: list[click.Command] = [rollout, rollback, history]

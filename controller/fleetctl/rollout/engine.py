@@ -1,0 +1,652 @@
+"""The rollout state machine: plan, preflight, prefetch, then per host stop -> start -> ready -> gate.
+
+Each host goes ``planned -> stopping -> starting -> loading -> soak -> done``;
+a failed gate goes ``-> rolling-back -> rolled-back`` (the previous container,
+kept as ``<name>.prev``, is started again and checked with readiness + smoke).
+Every phase is committed to the ledger before it is acted on, and every step
+starts from the host's real state (``docker inspect`` over SSH), so that a
+controller killed at any point leaves a ledger that ``--resume`` continues
+from, or ``rollback`` undoes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import shlex
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetctl import paths, registry, ssh
+from fleetctl.errors import ExitCode, FleetError
+from fleetctl.inventory import Host, Inventory
+from fleetctl.progress import NULL, Event, Progress
+from fleetctl.recipes import Recipe, recipe_for
+from fleetctl.rollout import gate
+from fleetctl.rollout import host as remote
+from fleetctl.rollout import ledger as L
+from fleetctl.rollout import plan as P
+from fleetctl.rollout.webhook import Webhook
+
+#: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
+GB10 = "NVIDIA GB10"
+#: Free disk (GB) a host needs for an image it does not have yet (images are 9-22 GB).
+DEFAULT_IMAGE_FREE_GB = 25.0
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the operator asked for (the CLI's flags)."""
+
+    tag: str | None = None
+    recipe: str | None = None
+    limit: str | None = None
+    waves: str | None = None
+    max_unavailable: str | None = None
+    failure_budget: str | None = None
+    #: Soak length override in seconds (None: the recipe's).
+    soak: float | None = None
+    #: ``pause`` or ``fail`` on an inconclusive gate.
+    on_inconclusive: str = "pause"
+    #: Seconds a server may take to become ready (None: the soak config's).
+    ready_timeout: float | None = None
+    webhook: str | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """How one host came out of a rollout or rollback."""
+
+    host: str
+    wave: int
+    status: str
+    phase: str
+    before_tag: str | None
+    before_digest: str | None
+    after_tag: str | None
+    after_digest: str | None
+    #: The gate's verdict in one line, and the checks that did not pass (name: message).
+    verdict: str | None = None
+    failed_checks: tuple[str, ...] = ()
+    artifacts: str | None = None
+    error: str | None = None
+    #: Seconds spent in each phase (stop, start, ready, soak, rollback, ...).
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """The result of ``rollout``, ``rollout --resume``, ``rollout abort`` or ``rollback``."""
+
+    id: str | None
+    kind: str
+    status: str
+    recipe: str
+    tag: str | None
+    digest: str | None
+    image: str | None
+    hosts: tuple[HostOutcome, ...]
+    plan: P.Plan | None = None
+    error: str | None = None
+    #: Seconds of the whole run and of its prefetch.
+    seconds: float = 0.0
+    prefetch_seconds: float = 0.0
+    wave_seconds: tuple[float, ...] = ()
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """OK when completed (or a dry run); FAILED when a gate stopped it; INCONCLUSIVE when paused."""
+        if self.status in (L.COMPLETED, "planned"):
+            return ExitCode.OK
+        if self.status == L.PAUSED:
+            return ExitCode.INCONCLUSIVE
+        return ExitCode.FAILED
+
+
+class _Stop(Exception):
+    """Raised inside the wave loop to end the rollout with a status."""
+
+    def __init__(self, status: str, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+def _command_line() -> str:
+    """The command that started this run, with option values that may be secret hidden."""
+    argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]]
+    out: list[str] = []
+    hide = False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a == "--webhook":
+            out.append(a)
+            hide = True
+        elif a.startswith("--webhook="):
+            out.append("--webhook=***")
+        else:
+            out.append(a)
+    return shlex.join(out)
+
+
+class Engine:
+    """Runs rollouts and rollbacks for one inventory, recording everything in its ledger."""
+
+    def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
+                 secrets: Mapping[str, str] | None = None, state_dir: Path | None = None) -> None:
+        self.inv = inventory
+        self.progress = progress
+        self.state_dir = state_dir or paths.state_dir(inventory.path)
+        self.ledger = L.open_ledger(self.state_dir)
+        self.secrets = dict(os.environ if secrets is None else secrets)
+        self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
+                                        (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
+        profile = inventory.vars.get("fleetctl_soak_profile")
+        self.soak_profile = str(profile) if profile else None
+
+    def close(self) -> None:
+        """Close the ledger and SSH connections."""
+        self.ledger.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _emit(self, phase: str, message: str = "", host: str | None = None, **data: Any) -> None:
+        self.progress(Event(phase, message, host, data))
+
+    def _webhook(self, rid: str, url: str | None) -> Webhook:
+        u = url or os.environ.get("FLEETCTL_WEBHOOK_URL") or self.inv.vars.get("fleetctl_webhook_url")
+        return Webhook(str(u) if u else None, rid, str(self.inv.path), self.progress)
+
+    def recipe(self, name: str | None = None) -> Recipe:
+        """The recipe ``name`` (default: the inventory's ``fleetctl_recipe``)."""
+        return recipe_for(self.inv, name)
+
+    def _check_idle(self, allow: str | None = None) -> None:
+        """Refuse when another rollout is running (live lock) or left active (paused, or killed)."""
+        for rec_id in self.ledger.ids(statuses=L.ACTIVE, limit=5):
+            if rec_id == allow:
+                continue
+            rec = self.ledger.get(rec_id)
+            verb = "is paused" if rec.status == L.PAUSED else "was interrupted (its controller died)"
+            raise FleetError(
+                f"{rec.kind} {rec.id} to {rec.tag} {verb}",
+                fix="`fleetctl rollout --resume` to continue it, or `fleetctl rollout abort` / `fleetctl rollback` to undo it",
+            )
+
+    # -- planning --------------------------------------------------------------------------
+
+    def _preflight(self, hosts: Sequence[Host], recipe: Recipe, ref: str) -> dict[str, remote.Facts]:
+        """Facts about every host; refuse the whole rollout (every host and cause) if one is unfit."""
+        self._emit("preflight", f"checking {len(hosts)} host(s)")
+        outcomes = ssh.fan_out(hosts, lambda h: remote.facts(h, recipe, ref), timeout=120)
+        problems: list[str] = []
+        out: dict[str, remote.Facts] = {}
+        for h in hosts:
+            o = outcomes[h.name]
+            if o.error is not None or o.value is None:
+                problems.append(f"{h.name}: {o.error.cause if o.error else 'no answer'}")
+                continue
+            f = o.value
+            out[h.name] = f
+            need = float(h.vars.get("fleetctl_image_free_gb", DEFAULT_IMAGE_FREE_GB))
+            if f.gpu != GB10:
+                problems.append(f"{h.name}: GPU is {f.gpu!r}, not {GB10}: the images are built for sm_121a only")
+            if not f.nvidia_runtime:
+                problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit missing)"
+                                " - run `fleetctl provision`")
+            if f.missing_weights:
+                problems.append(f"{h.name}: weights not staged for recipe {recipe.name}: {', '.join(f.missing_weights)}"
+                                " - run `fleetctl stage`")
+            if not f.has_image and f.free_gb < need:
+                problems.append(f"{h.name}: {f.free_gb:.1f} GB free for the image, needs {need:.0f} GB")
+            self._emit("preflight", "ok" if not problems else "checked", h.name)
+        if problems:
+            raise FleetError("preflight refused the rollout before any change:\n  " + "\n  ".join(problems),
+                             fix="fix each host above, or leave it out with --limit '!NAME'")
+        return out
+
+    def plan(self, opts: Options) -> tuple[P.Plan, Recipe, dict[str, remote.Facts], list[Host]]:
+        """Resolve the tag, preflight the hosts and cut the waves. Touches nothing."""
+        if not opts.tag:
+            raise FleetError("no tag given", fix="pass --tag, e.g. --tag v0.24.0")
+        recipe = self.recipe(opts.recipe)
+        hosts = self.inv.select(opts.limit)
+        self._emit("resolve", f"{recipe.image}:{opts.tag}")
+        img = registry.resolve(recipe.image, opts.tag, self.mirrors)
+        ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
+        self._emit("resolve", f"{opts.tag} -> {img.tag} ({img.digest[:19]})")
+        facts = self._preflight(hosts, recipe, ref)
+        current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
+                   for n, f in facts.items()}
+        p = P.build(recipe=recipe.name, image=img.image, requested=opts.tag, tag=img.tag, digest=img.digest,
+                    pull_ref=ref, hosts=[h.name for h in hosts], current=current, waves=opts.waves,
+                    max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget)
+        return p, recipe, facts, hosts
+
+    # -- rollout ---------------------------------------------------------------------------
+
+    def rollout(self, opts: Options) -> RolloutResult:
+        """Plan, then (unless dry-run) prefetch and go wave by wave through the gates."""
+        rid = L.new_id("rollout")
+        if opts.dry_run:
+            p, recipe, _facts, _hosts = self.plan(opts)
+            return RolloutResult(None, "rollout", "planned", recipe.name, p.tag, p.digest, p.image,
+                                 tuple(HostOutcome(h.host, h.wave, h.action, "planned", h.current_tag,
+                                                   h.current_digest, None, None) for h in p.hosts), plan=p)
+        self.ledger.acquire(rid)
+        try:
+            self._check_idle()
+            p, recipe, facts, hosts = self.plan(opts)
+            options = {"waves": opts.waves or P.DEFAULT_WAVES, "max_unavailable": p.max_unavailable,
+                       "failure_budget": p.failure_budget, "soak": opts.soak,
+                       "on_inconclusive": opts.on_inconclusive, "ready_timeout": opts.ready_timeout,
+                       "pull_ref": p.pull_ref}
+            rows = []
+            for hp in p.hosts:
+                f = facts[hp.host]
+                before = f.serving if f.serving and f.serving.running else None
+                rows.append({"host": hp.host, "wave": hp.wave, "step": hp.step,
+                             "status": L.SKIPPED if hp.action == "skip" else L.PENDING,
+                             "before_tag": before.tag if before else None,
+                             "before_digest": before.digest if before else None,
+                             "before": before.settings if before else None,
+                             "target_tag": p.tag, "target_digest": p.digest})
+            self.ledger.create(rid, kind="rollout", recipe=recipe.name, requested=p.requested, tag=p.tag,
+                               digest=p.digest, image=p.image, options=options, command=_command_line(),
+                               waves=p.waves, hosts=rows)
+            return self._run(rid, recipe, opts, p, {h.name: h for h in hosts}, resume=False)
+        finally:
+            self.ledger.release(rid)
+
+    def resume(self, opts: Options) -> RolloutResult:
+        """Continue the paused or interrupted rollout, from each host's real state."""
+        rec = self.ledger.latest(kind="rollout", statuses=L.ACTIVE)
+        if rec is None:
+            raise FleetError("there is no paused or interrupted rollout to resume",
+                             fix="see `fleetctl history`; start a new one with `fleetctl rollout --tag T`")
+        stale = self.ledger.acquire(rec.id)
+        try:
+            if stale is not None:
+                self._emit("resume", f"took over the lock of dead controller pid {stale.pid} ({stale.rollout_id})")
+            self.ledger.note(rec.id, "resumed", _command_line())
+            recipe = self.recipe(rec.recipe)
+            o = rec.options
+            soak = opts.soak if opts.soak is not None else o.get("soak")
+            ropts = dataclasses.replace(opts, tag=rec.tag, recipe=rec.recipe, soak=soak,
+                                        on_inconclusive=opts.on_inconclusive or o.get("on_inconclusive", "pause"),
+                                        ready_timeout=opts.ready_timeout or o.get("ready_timeout"))
+            hosts = {h.host: self.inv.host(h.host) for h in rec.hosts}
+            p = P.Plan(recipe.name, rec.image or recipe.image, rec.requested or "", rec.tag or "", rec.digest or "",
+                       str(o["pull_ref"]), tuple(w.hosts for w in rec.waves), int(o["max_unavailable"]),
+                       int(o["failure_budget"]),
+                       tuple(P.HostPlan(h.host, h.wave, h.step, h.before_tag, h.before_digest,
+                                        "skip" if h.status == L.SKIPPED else "deploy") for h in rec.hosts))
+            self.ledger.set_status(rec.id, L.RUNNING)
+            return self._run(rec.id, recipe, ropts, p, hosts, resume=True)
+        finally:
+            self.ledger.release(rec.id)
+
+    def _run(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, hosts: Mapping[str, Host],
+             resume: bool) -> RolloutResult:
+        t0 = time.monotonic()
+        hook = self._webhook(rid, opts.webhook)
+        hook.send("start" if not resume else "wave", tag=p.tag, digest=p.digest, recipe=recipe.name,
+                  hosts=[h.host for h in p.hosts], waves=[list(w) for w in p.waves], resumed=resume)
+        for hp in p.hosts:
+            self._emit("planned" if hp.action == "deploy" else "skip", "", hp.host, wave=hp.wave + 1 if hp.wave >= 0 else "-",
+                       tag=hp.current_tag or "-")
+        todo = [hosts[h.host] for h in p.hosts if h.action == "deploy"]
+        t_pre = time.monotonic()
+        try:
+            self._prefetch(rid, todo, p.pull_ref)
+        except _Stop as e:
+            self.ledger.set_status(rid, e.status, e.error)
+            hook.send("failure", error=e.error)
+            return self._result(rid, p=p, seconds=time.monotonic() - t0)
+        prefetch_s = time.monotonic() - t_pre
+        failures = 0
+        wave_secs: list[float] = []
+        status, error = L.COMPLETED, None
+        try:
+            for w, members in enumerate(p.waves):
+                tw = time.monotonic()
+                rec = self.ledger.get(rid)
+                pending = [h for h in members
+                           if (r := rec.host(h)) is not None and not self._host_finished(rid, r, p, hosts[h])]
+                if not pending:
+                    continue
+                self.ledger.set_wave(rid, w, L.RUNNING)
+                hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
+                for step in P.split_steps(pending, p.max_unavailable):
+                    outs = ssh.fan_out([hosts[h] for h in step],
+                                       functools.partial(self._host_step, rid, recipe, opts, p, wave=w), timeout=None)
+                    for name, o in outs.items():
+                        if o.error is not None:
+                            # An exception that escaped the step (e.g. the host vanished mid-way).
+                            self.ledger.host_phase(rid, name, "error", detail=o.error.message(),
+                                                   status=L.HOST_FAILED, error=o.error.message())
+                    rec = self.ledger.get(rid)
+                    paused = [h for h in step if (r := rec.host(h)) is not None and r.status == L.HOST_PAUSED]
+                    bad = [h for h in step if (r := rec.host(h)) is not None and r.status in (L.ROLLED_BACK, L.HOST_FAILED)]
+                    failures += len(bad)
+                    if bad:
+                        why = "; ".join(f"{h}: {rec.host(h).error}" for h in bad if rec.host(h) is not None)  # type: ignore[union-attr]
+                        hook.send("failure", hosts=bad, error=why)
+                        if any(rec.host(h).status == L.ROLLED_BACK for h in bad):  # type: ignore[union-attr]
+                            hook.send("rollback", hosts=[h for h in bad if rec.host(h).status == L.ROLLED_BACK])  # type: ignore[union-attr]
+                        if w == 0 or failures > p.failure_budget:
+                            self.ledger.set_wave(rid, w, L.FAILED)
+                            raise _Stop(L.FAILED, why)
+                    if paused:
+                        self.ledger.set_wave(rid, w, L.PAUSED)
+                        why = "; ".join(f"{h}: {rec.host(h).error}" for h in paused)  # type: ignore[union-attr]
+                        hook.send("pause", hosts=paused, error=why)
+                        raise _Stop(L.PAUSED, f"inconclusive gate: {why}")
+                self.ledger.set_wave(rid, w, L.DONE)
+                wave_secs.append(time.monotonic() - tw)
+        except _Stop as e:
+            status, error = e.status, e.error
+        self.ledger.set_status(rid, status, error)
+        if status == L.COMPLETED:
+            hook.send("completion", tag=p.tag, digest=p.digest)
+        self._emit(status, error or f"{p.tag} on {len(todo)} host(s)")
+        return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs))
+
+    def _host_finished(self, rid: str, r: L.HostRecord, p: P.Plan, h: Host) -> bool:
+        """True when the ledger says done AND the host really serves the target (checked over SSH)."""
+        if r.status == L.SKIPPED:
+            return True
+        if r.status != L.DONE:
+            return False
+        cur = remote.inspect(h, remote.container_name(h))
+        if cur is not None and cur.running and cur.digest == p.digest:
+            return True
+        self.ledger.host_phase(rid, h.name, "drifted", detail="the ledger said done but the host does not serve "
+                               "the target: redoing it", status=L.PENDING)
+        return False
+
+    def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str) -> None:
+        """Pull the image on every target in parallel before anything is stopped."""
+        if not hosts:
+            return
+        self.ledger.note(rid, "prefetch", ref)
+        for h in hosts:
+            self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
+        outs = ssh.fan_out(hosts, lambda h: remote.pull(h, ref), timeout=None)
+        bad = {n: o.error for n, o in outs.items() if o.error is not None}
+        for n, o in outs.items():
+            if o.error is None:
+                self._emit("pulled", f"{o.value:.1f}s", n)
+        if bad:
+            why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
+            raise _Stop(L.FAILED, f"prefetch failed before any host was changed: {why}")
+
+    # -- one host ----------------------------------------------------------------------------
+
+    def _phase(self, rid: str, h: Host, phase: str, detail: str | None = None, data: Mapping[str, Any] | None = None,
+               **fields: Any) -> None:
+        """Commit the phase to the ledger, then show it."""
+        self.ledger.host_phase(rid, h.name, phase, detail, **fields)
+        self._emit(phase, detail or "", h.name, **dict(data or {}))
+
+    def _host_step(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, h: Host, wave: int) -> None:
+        """Deploy the target on one host and gate it; a failed gate restores the previous container."""
+        name = remote.container_name(h)
+        show = {"wave": wave + 1, "tag": p.tag}
+        t: dict[str, float] = {}
+        rec = self.ledger.get(rid).host(h.name)
+        before_tag = rec.before_tag if rec is not None else None
+        cur = remote.inspect(h, name)
+        if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
+            self._phase(rid, h, "stopping", cur.tag if cur else None, show, status=L.IN_PROGRESS)
+            t0 = time.monotonic()
+            before = remote.retire(h, name, rid, p.digest)
+            if rec is not None and rec.before_digest is None and before is not None and before.digest != p.digest:
+                # A container that was stopped at plan time: it is still the version to go back to.
+                before_tag = before.tag
+                self.ledger.host_phase(rid, h.name, "stopping", "recorded the stopped container as the previous version",
+                                       before_tag=before.tag, before_digest=before.digest, before=before.settings)
+            t["stop"] = time.monotonic() - t0
+            self._phase(rid, h, "starting", None, show)
+            t0 = time.monotonic()
+            remote.start(h, recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid, secrets=self.secrets)
+            t["start"] = time.monotonic() - t0
+        else:
+            self._phase(rid, h, "loading", "already running this rollout's container: gating it", show,
+                        status=L.IN_PROGRESS)
+        cfg = gate.config(recipe, opts.soak, self.soak_profile)
+        target = gate.target(h, recipe, p.tag)
+        self._phase(rid, h, "loading", "waiting for /health", {**show, "health": "loading"})
+        t0 = time.monotonic()
+        ready = gate.wait(target, cfg, opts.ready_timeout, self._forward(h, show, "loading"))
+        t["ready"] = time.monotonic() - t0
+        if not ready.ready:
+            self._fail_host(rid, recipe, h, f"readiness {ready.outcome.value}: {ready.message}", None, show, t)
+            return
+        self._phase(rid, h, "soak", f"{cfg.sustained_duration:.0f}s sustained", {**show, "health": "ready"})
+        t0 = time.monotonic()
+        verdict = gate.soak(target, cfg, self.state_dir, before_tag, self._artifacts(rid, h),
+                            self._forward(h, show, "soak"))
+        t["soak"] = time.monotonic() - t0
+        summary = gate.summarise(verdict, t)
+        figures = gate.figures(verdict)
+        if verdict.outcome.value == "pass":
+            self._phase(rid, h, "done", verdict.summary, {**show, "health": "ok", **figures}, status=L.DONE,
+                        after_tag=p.tag, after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
+        elif verdict.outcome.value == "inconclusive" and opts.on_inconclusive == "pause":
+            self._phase(rid, h, "paused", verdict.summary, {**show, "health": "?", **figures}, status=L.HOST_PAUSED,
+                        verdict=summary, artifacts=verdict.artifacts_dir,
+                        error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
+        else:
+            self._fail_host(rid, recipe, h, f"soak {verdict.outcome.value}: {gate.failed_checks_text(verdict)}",
+                            verdict, {**show, **figures}, t)
+
+    def _artifacts(self, rid: str, h: Host) -> Path:
+        return self.state_dir / "runs" / rid / h.name
+
+    def _forward(self, h: Host, show: Mapping[str, Any], phase: str) -> Progress:
+        """Soak/readiness events as rows of the live table (phase kept, figures picked out)."""
+        def forward(event: Event) -> None:
+            data = {**show, "health": phase, **gate.table_figures(event.data)}
+            self.progress(Event(phase, event.message or event.phase, h.name, data))
+        return forward
+
+    def _fail_host(self, rid: str, recipe: Recipe, h: Host, why: str, verdict: Any,
+                   show: Mapping[str, Any], t: dict[str, float]) -> None:
+        """Restore the previous container on ``h``, verify it (readiness + smoke), record why."""
+        name = remote.container_name(h)
+        summary = gate.summarise(verdict, t) if verdict is not None else {
+            "outcome": "fail", "summary": why, "failed_checks": [why], "timings": dict(t)}
+        self._phase(rid, h, "rolling-back", why, {**show, "health": "failed"}, error=why, verdict=summary,
+                    artifacts=verdict.artifacts_dir if verdict is not None else None)
+        self._save_logs(rid, h, name)
+        t0 = time.monotonic()
+        try:
+            prev = remote.restore(h, name)
+            if prev is None:
+                ssh.run(h, ["docker", "rm", "-f", name], timeout=60)
+                self._phase(rid, h, "failed", f"{why}; there was no previous version to return to",
+                            {**show, "health": "down"}, status=L.HOST_FAILED, error=why)
+                return
+            back = {**show, "tag": prev.tag or "?"}
+            self._phase(rid, h, "rolling-back", f"restored {prev.tag}; waiting for /health", {**back, "health": "loading"})
+            cfg = gate.config(recipe, None, self.soak_profile)
+            target = gate.target(h, recipe, prev.tag or "")
+            ready = gate.wait(target, cfg, None, self._forward(h, back, "rolling-back"))
+            if not ready.ready:
+                raise FleetError(f"the restored {prev.tag} did not become ready: {ready.message}", host=h.name)
+            smoke = gate.smoke(target, cfg, self._artifacts(rid, h) / "rollback")
+            t["rollback"] = time.monotonic() - t0
+            t["rollback_ready"] = ready.seconds
+            summary["timings"] = dict(t)
+            if smoke.outcome.value != "pass":
+                raise FleetError(f"the restored {prev.tag} failed its smoke test: {gate.failed_checks_text(smoke)}",
+                                 host=h.name)
+        except FleetError as e:
+            self._phase(rid, h, "failed", f"{why}; rollback failed: {e.cause}", {**show, "health": "down"},
+                        status=L.HOST_FAILED, error=f"{why}; rollback failed: {e.cause}", verdict=summary)
+            return
+        self._phase(rid, h, "rolled-back", f"serving {prev.tag} again", {**back, "health": "ok"},
+                    status=L.ROLLED_BACK, after_tag=prev.tag, after_digest=prev.digest, error=why, verdict=summary)
+
+    def _save_logs(self, rid: str, h: Host, name: str) -> None:
+        """Keep the failed container's log in the run's artifacts (the container itself is removed)."""
+        try:
+            r = ssh.run(h, f"docker logs --tail 300 {shlex.quote(name)} 2>&1", timeout=30)
+        except FleetError:
+            return
+        d = self._artifacts(rid, h)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "failed-container.log").write_text(r.stdout)
+
+    # -- rollback and abort --------------------------------------------------------------------
+
+    def rollback(self, to: str | None = None, limit: str | None = None, max_unavailable: str | None = None,
+                 recipe_name: str | None = None, webhook: str | None = None,
+                 only_active: bool = False) -> RolloutResult:
+        """Every selected host back to the tag it served before the last rollout (or to ``to``).
+
+        Fast path: the kept ``.prev`` container is started again when it holds
+        the wanted digest; otherwise the image is pulled and the recipe started
+        from it. Gate: readiness and smoke, no full soak. Usable while a rollout
+        is paused or after its controller died: that rollout is then aborted.
+        """
+        rid = L.new_id("rollback")
+        self.ledger.acquire(rid)
+        try:
+            active = self.ledger.latest(kind="rollout", statuses=L.ACTIVE)
+            if only_active and active is None:
+                raise FleetError("there is no paused or interrupted rollout to abort",
+                                 fix="use `fleetctl rollback` to return to the previous version")
+            parent = active or self.ledger.latest(kind="rollout")
+            recipe = self.recipe(recipe_name or (parent.recipe if parent else None))
+            selected = [h.name for h in self.inv.select(limit)]
+            targets: dict[str, tuple[str | None, str, str]] = {}
+            if to:
+                img = registry.resolve(recipe.image, to, self.mirrors)
+                ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
+                targets = {n: (img.tag, img.digest, ref) for n in selected}
+            else:
+                if parent is None:
+                    raise FleetError("no rollout in the ledger to roll back",
+                                     fix="pass --to TAG to deploy a given version")
+                for hr in parent.hosts:
+                    if hr.host in selected and hr.before_digest and hr.status != L.SKIPPED:
+                        targets[hr.host] = (hr.before_tag, hr.before_digest,
+                                            registry.pull_ref(recipe.image, hr.before_digest, self.mirrors))
+                if not targets:
+                    raise FleetError(f"no host of rollout {parent.id} has a previous version to return to",
+                                     fix="pass --to TAG")
+            names = [n for n in selected if n in targets]
+            mu = P.parse_size(max_unavailable or "1", "--max-unavailable").of(len(names))
+            rows = [{"host": n, "wave": 0, "step": i // mu, "target_tag": targets[n][0], "target_digest": targets[n][1]}
+                    for i, n in enumerate(names)]
+            self.ledger.create(rid, kind="rollback", recipe=recipe.name, requested=to, tag=to and targets[names[0]][0],
+                               digest=to and targets[names[0]][1], image=recipe.image,
+                               options={"max_unavailable": mu, "to": to}, command=_command_line(), waves=[names],
+                               hosts=rows, parent=parent.id if parent else None)
+            if active is not None:
+                self.ledger.set_status(active.id, L.ABORTED, f"undone by {rid}")
+            hook = self._webhook(rid, webhook)
+            hook.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
+            t0 = time.monotonic()
+            for step in P.split_steps(names, mu):
+                outs = ssh.fan_out([self.inv.host(n) for n in step],
+                                   lambda h: self._rollback_host(rid, recipe, h, *targets[h.name]), timeout=None)
+                for n, o in outs.items():
+                    if o.error is not None:
+                        self.ledger.host_phase(rid, n, "failed", o.error.message(), status=L.HOST_FAILED,
+                                               error=o.error.message())
+            rec = self.ledger.get(rid)
+            bad = [h for h in rec.hosts if h.status != L.DONE]
+            status = L.FAILED if bad else L.COMPLETED
+            error = "; ".join(f"{h.host}: {h.error}" for h in bad) or None
+            self.ledger.set_status(rid, status, error)
+            hook.send("completion" if not bad else "failure", error=error)
+            return self._result(rid, seconds=time.monotonic() - t0)
+        finally:
+            self.ledger.release(rid)
+
+    def _rollback_host(self, rid: str, recipe: Recipe, h: Host, tag: str | None, digest: str, ref: str) -> None:
+        name = remote.container_name(h)
+        show = {"wave": 1, "tag": tag or "?"}
+        t: dict[str, float] = {}
+        t0 = time.monotonic()
+        cur = remote.inspect(h, name)
+        prev = remote.inspect(h, name + remote.PREV_SUFFIX)
+        if cur is not None:
+            self.ledger.host_phase(rid, h.name, "inspected", status=L.IN_PROGRESS, before_tag=cur.tag,
+                                   before_digest=cur.digest, before=cur.settings)
+        if cur is not None and cur.running and cur.digest == digest:
+            self._phase(rid, h, "loading", f"already serving {tag}: checking it", {**show, "health": "loading"},
+                        status=L.IN_PROGRESS)
+        elif prev is not None and prev.digest == digest:
+            self._phase(rid, h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})", show,
+                        status=L.IN_PROGRESS)
+            remote.restore(h, name)
+        else:
+            self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=L.IN_PROGRESS)
+            t["pull"] = remote.pull(h, ref)
+            self._phase(rid, h, "stopping", None, show)
+            remote.retire(h, name, rid, digest)
+            self._phase(rid, h, "starting", None, show)
+            remote.start(h, recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid, secrets=self.secrets)
+        cfg = gate.config(recipe, None, self.soak_profile)
+        target = gate.target(h, recipe, tag or "")
+        ready = gate.wait(target, cfg, None, self._forward(h, show, "loading"))
+        t["ready"] = time.monotonic() - t0
+        if not ready.ready:
+            why = f"readiness {ready.outcome.value}: {ready.message}"
+            self._phase(rid, h, "failed", why, {**show, "health": "down"}, status=L.HOST_FAILED, error=why)
+            return
+        self._phase(rid, h, "smoke", None, {**show, "health": "ready"})
+        v = gate.smoke(target, cfg, self._artifacts(rid, h))
+        t["total"] = time.monotonic() - t0
+        if v.outcome.value != "pass":
+            why = f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}"
+            self._phase(rid, h, "failed", why, {**show, "health": "failed"}, status=L.HOST_FAILED, error=why,
+                        verdict=gate.summarise(v, t))
+            return
+        self._phase(rid, h, "done", f"serving {tag}", {**show, "health": "ok"}, status=L.DONE, after_tag=tag,
+                    after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
+
+    def abort(self, webhook: str | None = None, force: bool = False) -> RolloutResult:
+        """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
+        if force:
+            self.ledger.release(None)
+        return self.rollback(webhook=webhook, only_active=True)
+
+    # -- results -------------------------------------------------------------------------------
+
+    def _result(self, rid: str, p: P.Plan | None = None, seconds: float = 0.0, prefetch: float = 0.0,
+                waves: tuple[float, ...] = ()) -> RolloutResult:
+        rec = self.ledger.get(rid)
+        return RolloutResult(
+            rec.id, rec.kind, rec.status, rec.recipe or "", rec.tag, rec.digest, rec.image,
+            tuple(host_outcome(h) for h in rec.hosts), plan=p, error=rec.error, seconds=seconds,
+            prefetch_seconds=prefetch, wave_seconds=waves)
+
+
+def host_outcome(h: L.HostRecord) -> HostOutcome:
+    """A ledger host record as a result row."""
+    v = h.verdict or {}
+    return HostOutcome(
+        host=h.host, wave=h.wave, status=h.status, phase=h.phase, before_tag=h.before_tag,
+        before_digest=h.before_digest, after_tag=h.after_tag, after_digest=h.after_digest,
+        verdict=v.get("summary"), failed_checks=tuple(v.get("failed_checks") or ()), artifacts=h.artifacts,
+        error=h.error, timings=dict(v.get("timings") or {}))
+
+
+def open_engine(inventory: Inventory, progress: Progress = NULL) -> Engine:
+    """An engine for ``inventory`` with its ledger opened."""
+    return Engine(inventory, progress)
+
+

@@ -1,0 +1,118 @@
+"""The rollout's gate: the soak engine configured by the recipe, baselines, and how verdicts are shown.
+
+The one place the rollout talks to ``fleetctl.soak``: readiness, a full
+soak after a deploy (compared with the host's baseline on the tag it served
+before, and kept as the new tag's baseline when it passes), a smoke-only
+check after a rollback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from fleetctl.inventory import Host
+from fleetctl.progress import Progress
+from fleetctl.recipes import Recipe
+from fleetctl.rollout.host import container_name
+from fleetctl.soak import (
+    Readiness,
+    SoakConfig,
+    SoakTarget,
+    Verdict,
+    baselines,
+    from_recipe,
+    run_soak,
+    smoke_check,
+    wait_ready,
+)
+from fleetctl.soak.container import DockerOverSSH
+from fleetctl.soak.verdict import Outcome
+
+
+def config(recipe: Recipe, soak_seconds: float | None, profile: str | None = None) -> SoakConfig:
+    """The recipe's soak config, with ``--soak`` overriding the sustained phase's length.
+
+    ``profile`` is the inventory's ``fleetctl_soak_profile`` (the lab sets ``lab``).
+    """
+    cfg = from_recipe(recipe, profile=profile)
+    return cfg.with_duration(soak_seconds) if soak_seconds is not None else cfg
+
+
+def target(host: Host, recipe: Recipe, tag: str) -> SoakTarget:
+    """The soak target of ``host``'s serving container (its logs and state read over SSH)."""
+    return SoakTarget(host.name, f"http://{host.address}:{recipe.port}",
+                      DockerOverSSH(host, container_name(host)), tag)
+
+
+def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progress) -> Readiness:
+    """Wait for /health 200 (live progress with the log tail); the outcome says why not."""
+    return wait_ready(t, timeout or cfg.readiness_timeout, cfg.readiness_poll, progress)
+
+
+def soak(t: SoakTarget, cfg: SoakConfig, state_dir: Path, baseline_tag: str | None, artifacts: Path,
+         progress: Progress) -> Verdict:
+    """The full gate, compared with the host's baseline on the tag it served before."""
+    base = baselines.load(state_dir, t.name, baseline_tag) if baseline_tag else None
+    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts)
+    baselines.save(state_dir, t.name, t.tag, v)
+    return v
+
+
+def smoke(t: SoakTarget, cfg: SoakConfig, artifacts: Path) -> Verdict:
+    """Readiness, identity and smoke only: the check after a rollback."""
+    return smoke_check(t, cfg, artifacts_dir=artifacts)
+
+
+def failed_checks(v: Verdict) -> list[str]:
+    """``name: message`` of every check that did not pass (skipped ones are not failures)."""
+    return [f"{c.name}: {c.message}" for c in v.checks
+            if c.outcome not in (Outcome.PASS, Outcome.SKIPPED) and not c.observe_only]
+
+
+def failed_checks_text(v: Verdict) -> str:
+    """The failed checks in one line, or the verdict's summary when none is named."""
+    return "; ".join(failed_checks(v)) or v.summary
+
+
+def figures(v: Verdict) -> dict[str, str]:
+    """tok/s of the sustained phase and the mean acceptance of its windows, for the live table."""
+    out: dict[str, str] = {}
+    tok = [lv.tok_s for lv in v.levels if lv.phase == "sustained" and lv.tok_s is not None]
+    if not tok:
+        tok = [lv.tok_s for lv in v.levels if lv.tok_s is not None]
+    if tok:
+        out["tok/s"] = f"{max(tok):.0f}"
+    acc = [w.acceptance_rate for w in v.windows if w.acceptance_rate is not None]
+    if acc:
+        out["acceptance"] = f"{sum(acc) / len(acc):.0%}"
+    return out
+
+
+def table_figures(data: Mapping[str, Any]) -> dict[str, str]:
+    """Pick tok/s and acceptance out of a soak progress event's data, whatever their keys."""
+    out: dict[str, str] = {}
+    for k, v in data.items():
+        key = k.lower()
+        if v is None:
+            continue
+        if "tok" in key and isinstance(v, int | float):
+            out["tok/s"] = f"{v:.0f}"
+        elif "accept" in key and isinstance(v, int | float):
+            out["acceptance"] = f"{v:.0%}" if v <= 1 else f"{v:.0f}%"
+    return out
+
+
+def summarise(v: Verdict | None, timings: Mapping[str, float]) -> dict[str, Any]:
+    """What the ledger keeps of a verdict: outcome, summary, failed checks with values, run id, timings."""
+    if v is None:
+        return {"timings": dict(timings)}
+    checks = []
+    for c in v.checks:
+        meas = [{"label": m.label, "outcome": m.outcome.value, "measured": m.measured, "bound": m.bound}
+                for m in c.measurements if m.outcome not in (Outcome.PASS, Outcome.SKIPPED)][:5]
+        checks.append({"name": c.name, "outcome": c.outcome.value, "message": c.message, "failing": meas})
+    return {"outcome": v.outcome.value, "summary": v.summary, "run_id": v.run_id, "tag": v.tag,
+            "failed_checks": failed_checks(v), "checks": checks, "figures": figures(v),
+            "timings": dict(timings), "artifacts": v.artifacts_dir}

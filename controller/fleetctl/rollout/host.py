@@ -1,0 +1,223 @@
+"""What the rollout does on one host, over SSH: look, pull, stop, start, restore, read logs.
+
+Every step is idempotent and starts by looking at the host's real state, so
+that a step interrupted by a dead controller can simply be run again. The
+previous serving container is never deleted by a deploy: it is stopped and
+renamed ``<name>.prev`` so that a rollback is a rename and a start, with the
+exact settings (and secrets) it ran with, without a pull.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fleetctl import ssh
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe
+
+#: The serving container's name on every host (``fleetctl_container_name`` overrides it).
+DEFAULT_CONTAINER = "vllm"
+PREV_SUFFIX = ".prev"
+LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE = (
+    "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image")
+_PULL_TIMEOUT = 1800.0
+
+
+def container_name(host: Host) -> str:
+    """The name of the serving container on ``host``."""
+    return str(host.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """A serving container as ``docker inspect`` shows it (env values removed)."""
+
+    name: str
+    running: bool
+    status: str
+    image: str
+    digest: str | None
+    tag: str | None
+    recipe: str | None
+    rollout: str | None
+    #: Redacted settings: image, entrypoint, cmd, env NAMES, binds, network/ipc mode, labels.
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> Serving:
+    cfg = c.get("Config") or {}
+    hc = c.get("HostConfig") or {}
+    labels = dict(cfg.get("Labels") or {})
+    image_ref = str(cfg.get("Image") or "")
+    digest = labels.get(LABEL_DIGEST)
+    if not digest:
+        if "@" in image_ref:
+            digest = image_ref.split("@", 1)[1]
+        elif repo_digests:
+            digest = repo_digests[0].split("@", 1)[1]
+    tag = labels.get(LABEL_TAG)
+    if not tag:
+        last = image_ref.split("@", 1)[0].rsplit("/", 1)[-1]
+        tag = last.split(":", 1)[1] if ":" in last else None
+    state = c.get("State") or {}
+    settings = {
+        "image": image_ref,
+        "entrypoint": cfg.get("Entrypoint"),
+        "cmd": cfg.get("Cmd"),
+        "env_names": sorted(str(e).split("=", 1)[0] for e in cfg.get("Env") or []),
+        "binds": hc.get("Binds"),
+        "network_mode": hc.get("NetworkMode"),
+        "ipc_mode": hc.get("IpcMode"),
+        "gpus": bool(hc.get("DeviceRequests")),
+        "labels": labels,
+    }
+    return Serving(
+        name=str(c.get("Name", "")).lstrip("/"), running=bool(state.get("Running")),
+        status=str(state.get("Status", "")), image=image_ref, digest=digest, tag=tag,
+        recipe=labels.get(LABEL_RECIPE), rollout=labels.get(LABEL_ROLLOUT), settings=settings,
+    )
+
+
+#: One round trip: inspect a container and its image's repo digests; prints JSON or nothing.
+_INSPECT = """c=$(docker inspect --type container {name} 2>/dev/null) || exit 0
+img=$(printf '%s' "$c" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Image"])')
+d=$(docker image inspect --format '{{{{json .RepoDigests}}}}' "$img" 2>/dev/null || echo '[]')
+printf '{{"c": %s, "d": %s}}' "$c" "$d"
+"""
+
+
+def inspect(host: Host, name: str, timeout: float = 30.0) -> Serving | None:
+    """The container ``name`` on ``host`` (running or not), or None when there is none."""
+    r = ssh.run(host, _INSPECT.format(name=shlex.quote(name)), timeout=timeout)
+    r.check(f"docker inspect {name}")
+    if not r.stdout.strip():
+        return None
+    data = json.loads(r.stdout)
+    return _serving_from_inspect(data["c"][0], data["d"] or [])
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What preflight learns about a host in one round trip."""
+
+    host: str
+    gpu: str
+    nvidia_runtime: bool
+    free_gb: float
+    missing_weights: tuple[str, ...]
+    serving: Serving | None
+    previous: Serving | None
+    has_image: bool
+
+
+_FACTS = r"""
+import json, os, shutil, subprocess, sys
+a = json.loads(sys.argv[1])
+def run(*cmd):
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+        return p.returncode, p.stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return 127, str(e)
+rc, gpu = run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
+gpu = gpu.splitlines()[0] if rc == 0 and gpu else ("(nvidia-smi failed: %s)" % (gpu.splitlines() or ["not found"])[-1])
+rc, rt = run("docker", "info", "--format", "{{json .Runtimes}}")
+rc2, root = run("docker", "info", "--format", "{{.DockerRootDir}}")
+try:
+    free = shutil.disk_usage(root if rc2 == 0 and root else "/").free / 1e9
+except OSError:
+    free = -1.0
+missing = []
+for w in a["weights"]:
+    if not os.path.isfile(os.path.join(w, "config.json")) and not os.path.isfile(os.path.join(w, "model.safetensors.index.json")):
+        missing.append(w)
+rc3, _ = run("docker", "image", "inspect", a["ref"])
+print(json.dumps({"gpu": gpu, "nvidia": rc == 0 and '"nvidia"' in rt, "free": free, "missing": missing, "has_image": rc3 == 0}))
+"""
+
+
+def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
+    """GPU name, toolkit runtime, free disk, weights present, current and previous container."""
+    arg = json.dumps({"weights": [w.path for w in recipe.weights], "ref": ref})
+    r = ssh.run(host, ["python3", "-c", _FACTS, arg], timeout=timeout).check("preflight probe")
+    try:
+        d = json.loads(r.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise FleetError(f"preflight probe printed no result: {r.stdout[-200:]!r}", host=host.name,
+                         fix="check that python3 runs on the host") from None
+    name = container_name(host)
+    return Facts(host.name, str(d["gpu"]), bool(d["nvidia"]), float(d["free"]), tuple(d["missing"]),
+                 inspect(host, name), inspect(host, name + PREV_SUFFIX), bool(d["has_image"]))
+
+
+def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT) -> float:
+    """``docker pull ref`` (a no-op when present); returns the seconds it took."""
+    r = ssh.run(host, ["docker", "pull", "-q", ref], timeout=timeout)
+    r.check(f"docker pull {ref}", fix="check the registry mirror and the host's disk")
+    return r.seconds
+
+
+def retire(host: Host, name: str, rollout_id: str, target_digest: str) -> Serving | None:
+    """Make way for the new container; return what was serving before (None if nothing).
+
+    The serving container is stopped and kept as ``<name>.prev`` (an older
+    ``.prev`` is removed first). A container left by this same rollout (a
+    controller killed mid-step) is removed instead, since the ``.prev``
+    already holds the version to go back to.
+    """
+    cur = inspect(host, name)
+    if cur is None:
+        return inspect(host, name + PREV_SUFFIX)
+    if cur.rollout == rollout_id and cur.digest == target_digest:
+        ssh.run(host, ["docker", "rm", "-f", name], timeout=60).check(f"removing the half-started {name}")
+        return inspect(host, name + PREV_SUFFIX)
+    prev = shlex.quote(name + PREV_SUFFIX)
+    q = shlex.quote(name)
+    ssh.run(host, f"docker rm -f {prev} >/dev/null 2>&1; docker stop -t 30 {q} >/dev/null && docker rename {q} {prev}",
+            timeout=90).check(f"stopping {name}")
+    return cur
+
+
+def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
+             name: str) -> list[str]:
+    """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never valued)."""
+    argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
+            "--label", f"{LABEL_RECIPE}={recipe.name}", "--label", f"{LABEL_TAG}={tag}",
+            "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout_id}",
+            "--label", f"{LABEL_IMAGE}={recipe.image}", *recipe.docker_args]
+    for src, dst in recipe.mounts():
+        argv += ["-v", f"{src}:{dst}:ro"]
+    for k, v in recipe.env.items():
+        argv += ["-e", f"{k}={v}"]
+    for k in recipe.secret_env:
+        argv += ["-e", k]  # docker reads the value from its own environment: set from stdin below
+    return [*argv, "--entrypoint", "vllm", ref, *recipe.serve_argv()]
+
+
+def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
+          secrets: Mapping[str, str]) -> None:
+    """Start the recipe's container from ``ref``; secret values travel on stdin, never in argv."""
+    name = container_name(host)
+    argv = run_argv(host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, name=name)
+    present = [k for k in recipe.secret_env if k in secrets]
+    script = "".join(f"{k}={shlex.quote(secrets[k])}\nexport {k}\n" for k in present)
+    # `eval "$(cat)"` reads the assignments from stdin, so values never show in `ps` or logs.
+    cmd = f'eval "$(cat)"; exec {shlex.join(argv)}'
+    r = ssh.run(host, cmd, timeout=120, stdin=script)
+    r.check(f"docker run {name}", fix="see the error above; the previous container is kept as " + name + PREV_SUFFIX)
+
+
+def restore(host: Host, name: str) -> Serving | None:
+    """Put the ``.prev`` container back as the serving one; None when there is no ``.prev``."""
+    prev = inspect(host, name + PREV_SUFFIX)
+    if prev is None:
+        return None
+    q, p = shlex.quote(name), shlex.quote(name + PREV_SUFFIX)
+    ssh.run(host, f"docker rm -f {q} >/dev/null 2>&1; docker rename {p} {q} && docker start {q} >/dev/null",
+            timeout=90).check(f"restoring {name} from {name}{PREV_SUFFIX}")
+    return prev
