@@ -1,0 +1,54 @@
+"""A stand-in for a vLLM OpenAI-compatible server, for the lab's image tags and for loopback tests.
+
+Standard library only and self-contained (relative imports, no ``fleetctl`` imports), so
+the package directory can be copied into an image that has nothing but ``python3``.
+
+Run it as ``vllm serve MODEL_DIR --served-model-name A B --host H --port P
+[--speculative-config JSON] [--max-num-seqs N] [--max-num-batched-tokens N]
+[--kv-cache-dtype X] [--quantization Q] [--reasoning-parser P] ...`` (the ``vllm`` file
+beside this one is the image's ``vllm`` command) or ``python3 -m fleetctl.lab.emulator
+serve MODEL_DIR ...``. Unknown vLLM flags are accepted. It behaves as DOMAIN.md says a real
+vLLM does: boot refusals with vLLM's messages (missing model dir/config.json, DFlash
+without --max-num-seqs/--max-num-batched-tokens, DFlash with nvfp4 KV, quantization
+mismatch, unreadable safetensors headers), port closed until ready, then
+``Application startup complete.``; /health, /version, /v1/models, /v1/chat/completions
+and /v1/completions (streaming and not), /metrics with vLLM's metric names.
+
+Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.scenarios``):
+
+==============================  =====================================================
+``EMU_LOAD_SECONDS``            seconds from start to ready (port closed until then); 1
+``EMU_CRASH_AT_CONCURRENCY``    K: when K requests run at once the engine dies (in-flight
+                                streams get an error event inside their 200 stream,
+                                /health 503, then the process exits 1); 0 = never
+``EMU_CRASH_EXIT_SECONDS``      how long /health answers 503 before the exit; 2
+``EMU_ACCEPT_DECAY_PER_MIN``    draft acceptance falls linearly by this fraction per
+                                emulated minute, to 0 (decode slows, no error); 0
+``EMU_GARBAGE``                 1: every completion is ``!!!!...`` (/health stays 200)
+``EMU_BOOT_FAIL``               a message: the engine fails to start with it (exit 1)
+``EMU_SPEED``                   emulated time runs this many times faster (TTFT, decode,
+                                decay; not the load time); 1
+``EMU_THROUGHPUT_SCALE``        multiplies decode throughput (0.7 = 30 % slower); 1
+``EMU_ERROR_RATE``              fraction of requests that fail mid-generation; 0
+``EMU_LONGCTX_COLLAPSE``        1: acceptance collapses past 2K tokens of context
+``EMU_HANG``                    ``boot``: never becomes ready; ``requests``: requests are
+                                accepted and never produce a token; empty = off
+``EMU_VERSION``                 what /version reports; 0.24.0
+``EMU_SEED``                    seed of the acceptance sampler; 0
+==============================  =====================================================
+
+The performance model and where its defaults come from: :mod:`.perf`. A request may name
+its prompt class with the extra body field ``emu_prompt_class`` (coding, math, reasoning,
+prose, natural, extraction); otherwise it is classified by keywords.
+"""
+
+from __future__ import annotations
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the emulator's ``vllm`` command line (see :func:`.main.main`)."""
+    from .main import main as _main
+
+    return _main(argv)

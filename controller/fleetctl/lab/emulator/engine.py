@@ -1,0 +1,337 @@
+"""The emulated engine: admission, prefill, speculative decode steps, crashes, metrics.
+
+One :class:`Engine` per server, driven by asyncio. A request is an async iterator of
+:class:`Step` s (the tokens one engine step emits); the HTTP layer turns steps into
+SSE events or one JSON body. Times come from :mod:`.perf` divided by ``EMU_SPEED``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import random
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from . import perf
+from .knobs import Knobs
+from .metrics import Metrics
+from .text import Piece, generate
+
+#: Default --max-num-seqs of vLLM's OpenAI server.
+DEFAULT_MAX_NUM_SEQS = 256
+#: KV cache capacity in tokens (the seeds' 35B-A3B profile: ~265-300K tokens at 8K ctx).
+KV_CAPACITY_TOKENS = 300_000
+#: A DFlash drafter fetched before this date crashes past ~16K tokens of context.
+STALE_DRAFTER_BEFORE = "2026-04-19"
+STALE_DRAFTER_CRASH_TOKENS = 16_000
+#: Steps shorter than this (after EMU_SPEED) are merged into one event, to bound CPU.
+MIN_EVENT_SECONDS = 0.004
+
+ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
+
+
+class EngineDeadError(Exception):
+    """The engine process died; every in-flight and later request fails."""
+
+
+class RequestFailedError(Exception):
+    """One request failed inside the engine (EMU_ERROR_RATE); the engine lives on."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one engine step emitted for a request."""
+
+    pieces: tuple[Piece, ...]
+    finish_reason: str | None = None
+
+
+@dataclass
+class Request:
+    """One generation request as the engine sees it."""
+
+    request_id: str
+    prompt: str
+    prompt_tokens: int
+    max_tokens: int
+    temperature: float
+    thinking: bool
+    prompt_class: perf.PromptClass
+    prefix_keys: tuple[str, ...] = ()
+    prefix_tokens: tuple[int, ...] = ()
+    has_image: bool = False
+    arrival: float = field(default_factory=time.monotonic)
+
+
+class Engine:
+    """The emulated vLLM engine core (one per server process)."""
+
+    def __init__(
+        self,
+        knobs: Knobs,
+        metrics: Metrics,
+        *,
+        max_num_seqs: int | None,
+        num_spec_tokens: int,
+        vision_loaded: bool = True,
+        drafter_date: str | None = None,
+        on_death: Callable[[str], None] | None = None,
+        log: Callable[[str], None] = print,
+    ) -> None:
+        """``on_death`` is called once with the crash message when the engine dies."""
+        self.knobs = knobs
+        self.metrics = metrics
+        self.max_num_seqs = max_num_seqs or DEFAULT_MAX_NUM_SEQS
+        self.num_spec_tokens = num_spec_tokens
+        self.vision_loaded = vision_loaded
+        self.drafter_date = drafter_date
+        self.on_death = on_death
+        self.log = log
+        self.ready_at = time.monotonic()
+        self.running = 0
+        self.waiting = 0
+        self.kv_tokens = 0
+        self.dead = False
+        self.death_message = ""
+        self._slots: asyncio.Semaphore | None = None
+        self._rng = random.Random(knobs.seed)
+        self._prefix_cache: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def slots(self) -> asyncio.Semaphore:
+        """The --max-num-seqs admission semaphore (created inside the running loop)."""
+        if self._slots is None:
+            self._slots = asyncio.Semaphore(self.max_num_seqs)
+        return self._slots
+
+    def mark_ready(self) -> None:
+        """The engine finished loading: decay and uptime count from here."""
+        self.ready_at = time.monotonic()
+
+    def emulated_minutes(self) -> float:
+        """Minutes of emulated time since ready (real time x EMU_SPEED)."""
+        return (time.monotonic() - self.ready_at) * self.knobs.speed / 60.0
+
+    def die(self, message: str) -> None:
+        """Kill the engine: log like vLLM, fail every stream, then let the server exit."""
+        if self.dead:
+            return
+        self.dead = True
+        self.death_message = message
+        self.log("ERROR [core.py:710] EngineCore encountered a fatal error.")
+        for line in message.splitlines():
+            self.log(f"ERROR [core.py:710] {line}")
+        self.log("ERROR [async_llm.py:480] AsyncLLM output_handler failed.")
+        self.log(
+            "ERROR [async_llm.py:480] vllm.v1.engine.exceptions.EngineDeadError: "
+            + ENGINE_DEAD_MESSAGE
+        )
+        if self.on_death is not None:
+            self.on_death(message)
+
+    def _gauges(self) -> None:
+        self.metrics.set_gauge("vllm:num_requests_running", float(self.running))
+        self.metrics.set_gauge("vllm:num_requests_waiting", float(self.waiting))
+        self.metrics.set_gauge(
+            "vllm:kv_cache_usage_perc", min(1.0, self.kv_tokens / KV_CAPACITY_TOKENS)
+        )
+
+    def _prefix_hits(self, request: Request) -> int:
+        """Tokens of the longest earlier-seen message prefix (vLLM's automatic prefix caching)."""
+        hit = 0
+        for key, tokens in zip(request.prefix_keys, request.prefix_tokens, strict=True):
+            if key in self._prefix_cache:
+                self._prefix_cache.move_to_end(key)
+                hit = tokens
+            else:
+                self._prefix_cache[key] = None
+        while len(self._prefix_cache) > 4096:
+            self._prefix_cache.popitem(last=False)
+        return min(hit, request.prompt_tokens)
+
+    async def _sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds) / self.knobs.speed)
+
+    async def run(self, request: Request) -> AsyncIterator[Step]:
+        """Run one request: wait for a slot, prefill, then decode step by step."""
+        if self.dead:
+            raise EngineDeadError(ENGINE_DEAD_MESSAGE)
+        self.waiting += 1
+        self._gauges()
+        try:
+            await self.slots.acquire()
+        finally:
+            self.waiting -= 1
+        started = time.monotonic()
+        self.metrics.observe("vllm:request_queue_time_seconds", started - request.arrival)
+        self.running += 1
+        kv_held = request.prompt_tokens
+        self.kv_tokens += kv_held
+        self._gauges()
+        finish: str | None = None
+        generated = 0
+        try:
+            if self.knobs.crash_at_concurrency and self.running >= self.knobs.crash_at_concurrency:
+                self.die(
+                    "RuntimeError: block_table must have shape (num_reqs, max_num_blocks_per_req): "
+                    f"got a padded batch of {self.running} requests "
+                    "(DFlash drafter, FlashAttention varlen)"
+                )
+            if self.dead:
+                raise EngineDeadError(ENGINE_DEAD_MESSAGE)
+            hits = self._prefix_hits(request) if request.prefix_keys else 0
+            self.metrics.inc("vllm:prefix_cache_queries", request.prompt_tokens)
+            self.metrics.inc("vllm:prefix_cache_hits", hits)
+            self.metrics.inc("vllm:prompt_tokens", request.prompt_tokens)
+            profile = perf.PROFILES[request.prompt_class]
+            ttft = perf.ttft_seconds(
+                profile, prompt_tokens=request.prompt_tokens - hits, running=self.running
+            )
+            if self.knobs.hang and self.knobs.hang != "boot":
+                # A wedged engine: the request is accepted and never produces a token.
+                while not self.dead:
+                    await asyncio.sleep(0.2)
+                raise EngineDeadError(ENGINE_DEAD_MESSAGE)
+            await self._sleep(ttft)
+            first_token_at = time.monotonic()
+            self.metrics.observe(
+                "vllm:time_to_first_token_seconds", first_token_at - request.arrival
+            )
+            self.metrics.observe("vllm:request_prefill_time_seconds", first_token_at - started)
+            fail_after = -1
+            if self.knobs.error_rate and self._rng.random() < self.knobs.error_rate:
+                fail_after = self._rng.randrange(1, 8)
+            garbage = self.knobs.garbage or (request.has_image and not self.vision_loaded)
+            pieces = generate(
+                request.prompt,
+                thinking=request.thinking,
+                temperature=request.temperature,
+                garbage=garbage,
+                salt=request.request_id,
+            )
+            last_emit = first_token_at
+            pending: list[Piece] = []
+            steps = 0
+            exhausted = False
+            while True:
+                if self.dead:
+                    raise EngineDeadError(ENGINE_DEAD_MESSAGE)
+                context = request.prompt_tokens + generated
+                if (
+                    self.drafter_date is not None
+                    and self.drafter_date < STALE_DRAFTER_BEFORE
+                    and context > STALE_DRAFTER_CRASH_TOKENS
+                ):
+                    self.die(
+                        "RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                        "CUDA kernel errors might be asynchronously reported at some other API call, "
+                        "so the stacktrace below might be incorrect. (cudaErrorIllegalAddress)"
+                    )
+                    raise EngineDeadError(ENGINE_DEAD_MESSAGE)
+                # The first step is the prefill's own token; later steps decode with drafts.
+                n_tokens = 1
+                if steps > 0 and self.num_spec_tokens > 0:
+                    accept = perf.effective_acceptance(
+                        profile,
+                        temperature=request.temperature,
+                        context_tokens=context,
+                        decay_factor=perf.decay_factor(
+                            self.knobs.accept_decay_per_min, self.emulated_minutes()
+                        ),
+                        longctx_collapse=self.knobs.longctx_collapse,
+                    )
+                    accepted = 0
+                    prob = accept
+                    while accepted < self.num_spec_tokens and self._rng.random() < prob:
+                        accepted += 1
+                        prob = perf.CONDITIONAL_ACCEPT
+                    self.metrics.draft(self.num_spec_tokens, accepted)
+                    n_tokens = 1 + accepted
+                    plan = perf.plan_steps(
+                        profile,
+                        concurrency=self.running,
+                        context_tokens=context,
+                        accept_pos0=accept,
+                        num_spec_tokens=self.num_spec_tokens,
+                        throughput_scale=self.knobs.throughput_scale,
+                    )
+                    await self._sleep(1.0 / plan.steps_per_s)
+                elif steps > 0:
+                    plan = perf.plan_steps(
+                        profile,
+                        concurrency=self.running,
+                        context_tokens=context,
+                        accept_pos0=0.0,
+                        num_spec_tokens=0,
+                        throughput_scale=self.knobs.throughput_scale,
+                    )
+                    await self._sleep(1.0 / plan.steps_per_s)
+                steps += 1
+                n_tokens = min(n_tokens, request.max_tokens - generated)
+                for _ in range(n_tokens):
+                    piece = next(pieces, None)
+                    if piece is None:
+                        exhausted = True
+                        break
+                    pending.append(piece)
+                    generated += 1
+                self.kv_tokens += n_tokens
+                self.metrics.inc("vllm:generation_tokens", n_tokens)
+                if exhausted:
+                    finish = "stop"
+                elif generated >= request.max_tokens:
+                    finish = "length"
+                if fail_after >= 0 and steps >= fail_after:
+                    self.metrics.finished("error")
+                    raise RequestFailedError(
+                        "Internal server error while generating (EMU_ERROR_RATE)"
+                    )
+                now = time.monotonic()
+                if finish is not None or now - last_emit >= MIN_EVENT_SECONDS or len(pending) > 64:
+                    if now > last_emit and generated > 1:
+                        self.metrics.observe("vllm:inter_token_latency_seconds", now - last_emit)
+                    last_emit = now
+                    yield Step(tuple(pending), finish)
+                    pending = []
+                if finish is not None:
+                    break
+            done = time.monotonic()
+            self.metrics.finished(finish)
+            self.metrics.observe("vllm:e2e_request_latency_seconds", done - request.arrival)
+            self.metrics.observe("vllm:request_decode_time_seconds", done - first_token_at)
+            if generated > 1:
+                self.metrics.observe(
+                    "vllm:request_time_per_output_token_seconds",
+                    (done - first_token_at) / (generated - 1),
+                )
+            self.metrics.observe("vllm:request_prompt_tokens", request.prompt_tokens)
+            self.metrics.observe("vllm:request_generation_tokens", generated)
+        except (asyncio.CancelledError, GeneratorExit):
+            # The client went away: vLLM aborts the request.
+            self.metrics.finished("abort")
+            raise
+        finally:
+            self.running -= 1
+            self.kv_tokens -= kv_held + generated
+            self.slots.release()
+            self._gauges()
+
+
+def prefix_keys(
+    messages: list[str], token_counts: list[int]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Cache keys of each cumulative message prefix (all but the last) and their token counts."""
+    keys: list[str] = []
+    tokens: list[int] = []
+    digest = hashlib.sha256()
+    total = 0
+    for text, count in zip(messages[:-1], token_counts[:-1], strict=True):
+        digest.update(text.encode())
+        digest.update(b"\0")
+        total += count
+        keys.append(digest.hexdigest())
+        tokens.append(total)
+    return tuple(keys), tuple(tokens)

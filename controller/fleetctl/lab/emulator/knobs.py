@@ -1,0 +1,67 @@
+"""The EMU_* behaviour knobs, read once from the environment (see the package docstring)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+
+DEFAULT_VERSION = "0.24.0"
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Every behaviour knob of the emulator, with its default (a healthy v0.24.0 server)."""
+
+    load_seconds: float = 1.0
+    crash_at_concurrency: int = 0
+    crash_exit_seconds: float = 2.0
+    accept_decay_per_min: float = 0.0
+    garbage: bool = False
+    boot_fail: str = ""
+    speed: float = 1.0
+    throughput_scale: float = 1.0
+    error_rate: float = 0.0
+    longctx_collapse: bool = False
+    hang: str = ""
+    version: str = DEFAULT_VERSION
+    seed: int = 0
+
+
+#: Knob field -> environment variable.
+ENV_NAMES: dict[str, str] = {f.name: "EMU_" + f.name.upper() for f in fields(Knobs)}
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _parse(kind: object, raw: str, name: str) -> object:
+    if kind is bool or kind == "bool":
+        return raw.strip().lower() in _TRUE
+    if kind is int or kind == "int":
+        return int(raw)
+    if kind is float or kind == "float":
+        return float(raw)
+    return raw
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Knobs:
+    """Knobs from ``env`` (default: the process environment); unset names keep their defaults.
+
+    Raises ValueError naming the variable when a value does not parse.
+    """
+    source = os.environ if env is None else env
+    values: dict[str, object] = {}
+    for f in fields(Knobs):
+        raw = source.get(ENV_NAMES[f.name])
+        if raw is None or raw == "":
+            continue
+        try:
+            values[f.name] = _parse(f.type, raw, f.name)
+        except ValueError as exc:
+            raise ValueError(f"{ENV_NAMES[f.name]}={raw!r} is not a valid {f.type}") from exc
+    knobs = Knobs(**values)  # type: ignore[arg-type]
+    if knobs.speed <= 0 or knobs.throughput_scale <= 0:
+        raise ValueError("EMU_SPEED and EMU_THROUGHPUT_SCALE must be > 0")
+    if not 0.0 <= knobs.error_rate <= 1.0:
+        raise ValueError("EMU_ERROR_RATE must be between 0 and 1")
+    return knobs

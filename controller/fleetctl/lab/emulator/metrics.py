@@ -1,0 +1,219 @@
+"""vLLM's Prometheus metrics, with the real names, labels, help texts and histogram buckets.
+
+The text format is what ``prometheus_client`` (which vLLM uses) writes: ``# HELP`` and
+``# TYPE`` per family, counters as ``<name>_total`` plus ``<name>_created``, histograms
+as cumulative ``_bucket{le=...}`` + ``_count`` + ``_sum`` (+ ``_created``). Every
+series carries ``model_name`` (the first served name) and ``engine`` (``"0"``).
+Spec-decode families exist only when the server has a speculative config, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
+    60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+
+HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
+    "vllm:time_to_first_token_seconds": (
+        "Histogram of time to first token in seconds.",
+        TTFT_BUCKETS,
+    ),
+    "vllm:inter_token_latency_seconds": (
+        "Histogram of inter-token latency in seconds.",
+        ITL_BUCKETS,
+    ),
+    "vllm:request_time_per_output_token_seconds": (
+        "Histogram of time_per_output_token_seconds per request.",
+        ITL_BUCKETS,
+    ),
+    "vllm:e2e_request_latency_seconds": (
+        "Histogram of e2e request latency in seconds.",
+        LATENCY_BUCKETS,
+    ),
+    "vllm:request_queue_time_seconds": (
+        "Histogram of time spent in WAITING phase for request.",
+        LATENCY_BUCKETS,
+    ),
+    "vllm:request_prefill_time_seconds": (
+        "Histogram of time spent in PREFILL phase for request.",
+        LATENCY_BUCKETS,
+    ),
+    "vllm:request_decode_time_seconds": (
+        "Histogram of time spent in DECODE phase for request.",
+        LATENCY_BUCKETS,
+    ),
+    "vllm:request_prompt_tokens": ("Number of prefill tokens processed.", TOKEN_BUCKETS),
+    "vllm:request_generation_tokens": ("Number of generation tokens processed.", TOKEN_BUCKETS),
+}
+
+COUNTERS: dict[str, str] = {
+    "vllm:num_preemptions": "Cumulative number of preemption from the engine.",
+    "vllm:prompt_tokens": "Number of prefill tokens processed.",
+    "vllm:generation_tokens": "Number of generation tokens processed.",
+    "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
+    "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+}
+SPEC_COUNTERS: dict[str, str] = {
+    "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
+    "vllm:spec_decode_num_draft_tokens": "Number of draft tokens.",
+    "vllm:spec_decode_num_accepted_tokens": "Number of accepted tokens.",
+}
+GAUGES: dict[str, str] = {
+    "vllm:num_requests_running": "Number of requests in model execution batches.",
+    "vllm:num_requests_waiting": "Number of requests waiting to be processed.",
+    "vllm:kv_cache_usage_perc": "KV-cache usage. 1 means 100 percent usage.",
+}
+
+
+def _fmt(value: float) -> str:
+    """A sample value as prometheus_client writes it (Go float formatting)."""
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if math.isnan(value):
+        return "NaN"
+    return repr(float(value))
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+@dataclass
+class _Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        idx = bisect.bisect_left(self.buckets, value)
+        if idx < len(self.counts):
+            self.counts[idx] += 1
+        self.total += value
+        self.n += 1
+
+
+class Metrics:
+    """The engine's counters, gauges and histograms; thread-safe; rendered by :meth:`render`."""
+
+    def __init__(
+        self, model_name: str, *, num_spec_tokens: int | None, now: float | None = None
+    ) -> None:
+        """``num_spec_tokens`` None means no speculative config (no spec_decode families)."""
+        self.model_name = model_name
+        self.num_spec_tokens = num_spec_tokens
+        self.created = time.time() if now is None else now
+        self._lock = threading.Lock()
+        self.counters: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+        self.success: dict[str, float] = dict.fromkeys(FINISHED_REASONS, 0.0)
+        self.spec: dict[str, float] = dict.fromkeys(SPEC_COUNTERS, 0.0)
+        self.per_pos: list[float] = [0.0] * (num_spec_tokens or 0)
+        self.gauges: dict[str, float] = dict.fromkeys(GAUGES, 0.0)
+        self.histograms = {name: _Histogram(b) for name, (_, b) in HISTOGRAMS.items()}
+
+    # --- updates ------------------------------------------------------------------
+    def inc(self, name: str, amount: float = 1.0) -> None:
+        """Add to a counter of COUNTERS."""
+        with self._lock:
+            self.counters[name] += amount
+
+    def finished(self, reason: str) -> None:
+        """Count one finished request by its finish reason."""
+        with self._lock:
+            self.success[reason] = self.success.get(reason, 0.0) + 1.0
+
+    def set_gauge(self, name: str, value: float) -> None:
+        """Set a gauge of GAUGES."""
+        with self._lock:
+            self.gauges[name] = value
+
+    def observe(self, name: str, value: float) -> None:
+        """Observe a value in a histogram of HISTOGRAMS."""
+        with self._lock:
+            self.histograms[name].observe(value)
+
+    def draft(self, proposed: int, accepted: int) -> None:
+        """Record one speculative draft of ``proposed`` tokens of which the first ``accepted`` held."""
+        if self.num_spec_tokens is None:
+            return
+        with self._lock:
+            self.spec["vllm:spec_decode_num_drafts"] += 1
+            self.spec["vllm:spec_decode_num_draft_tokens"] += proposed
+            self.spec["vllm:spec_decode_num_accepted_tokens"] += accepted
+            for pos in range(min(accepted, len(self.per_pos))):
+                self.per_pos[pos] += 1
+
+    # --- exposition ---------------------------------------------------------------
+    def render(self) -> str:
+        """The Prometheus text exposition (format 0.0.4) of every family."""
+        base = f'model_name="{_escape(self.model_name)}",engine="0"'
+        created = _fmt(self.created)
+        out: list[str] = []
+        with self._lock:
+            for name, help_text in GAUGES.items():
+                out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+                out.append(f"{name}{{{base}}} {_fmt(self.gauges[name])}")
+            out += [
+                "# HELP vllm:request_success_total Count of successfully processed requests.",
+                "# TYPE vllm:request_success_total counter",
+            ]
+            for reason, value in self.success.items():
+                out.append(
+                    f'vllm:request_success_total{{{base},finished_reason="{reason}"}} {_fmt(value)}'
+                )
+            for reason in self.success:
+                out.append(
+                    f'vllm:request_success_created{{{base},finished_reason="{reason}"}} {created}'
+                )
+            families = dict(COUNTERS)
+            values = dict(self.counters)
+            if self.num_spec_tokens is not None:
+                families.update(SPEC_COUNTERS)
+                values.update(self.spec)
+            for name, help_text in families.items():
+                out += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"]
+                out.append(f"{name}_total{{{base}}} {_fmt(values[name])}")
+                out.append(f"{name}_created{{{base}}} {created}")
+            if self.num_spec_tokens is not None:
+                name = "vllm:spec_decode_num_accepted_tokens_per_pos"
+                out += [
+                    f"# HELP {name}_total Accepted tokens per draft position.",
+                    f"# TYPE {name}_total counter",
+                ]
+                for pos, value in enumerate(self.per_pos):
+                    out.append(f'{name}_total{{{base},position="{pos}"}} {_fmt(value)}')
+                for pos in range(len(self.per_pos)):
+                    out.append(f'{name}_created{{{base},position="{pos}"}} {created}')
+            for name, (help_text, buckets) in HISTOGRAMS.items():
+                hist = self.histograms[name]
+                out += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
+                running = 0
+                for bound, count in zip(buckets, hist.counts, strict=True):
+                    running += count
+                    out.append(f'{name}_bucket{{{base},le="{_fmt(bound)}"}} {_fmt(running)}')
+                out.append(f'{name}_bucket{{{base},le="+Inf"}} {_fmt(hist.n)}')
+                out.append(f"{name}_count{{{base}}} {_fmt(hist.n)}")
+                out.append(f"{name}_sum{{{base}}} {_fmt(hist.total)}")
+                out.append(f"{name}_created{{{base}}} {created}")
+        return "\n".join(out) + "\n"
