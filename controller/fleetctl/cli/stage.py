@@ -1,0 +1,89 @@
+"""``fleetctl stage`` (weights into /opt) and ``fleetctl recipes`` (list and validate the recipes)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fleetctl import inventory as inv
+from fleetctl import recipes as rec
+from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.errors import ExitCode
+from fleetctl.stage import StageResult, human_bytes, stage
+
+_STATE_COLOUR = {"staged": "green", "current": "green", "refused": "red", "not staged": "yellow"}
+
+
+def _render_stage(r: StageResult) -> Any:
+    def render(out: Console) -> None:
+        out.print(f"recipe {r.recipe}  source {r.source}  run {r.run_id}  {r.elapsed:.1f}s")
+        t = Table()
+        for col in ("host", "status", "sets", "copied", "message"):
+            t.add_column(col)
+        for h in r.hosts.values():
+            colour = "green" if h.ok else "red"
+            sets = ", ".join(f"{s.role} [{_STATE_COLOUR.get(s.state, 'white')}]{s.state}[/]" for s in h.sets) or "-"
+            who = f"{h.name} (seed)" if h.seed else h.name
+            t.add_row(who, f"[{colour}]{h.status}[/]", sets, human_bytes(h.bytes_copied) if h.bytes_copied else "-",
+                      h.message or "")
+        out.print(t)
+        for h in r.hosts.values():
+            for s in h.sets:
+                if s.problems:
+                    out.print(f"[red]{h.name} {s.role}[/] {s.repo}@{s.revision} refused:")
+                    for p in s.problems:
+                        out.print(f"  - {p}", highlight=False)
+                    bad = [f for f in s.files if f.status != "ok"]
+                    if bad:
+                        out.print("    files: " + ", ".join(f"{f.path} ({f.size} B)" for f in bad), highlight=False)
+        if r.seed and r.fetch_seconds > 0:
+            out.print(f"fetched {human_bytes(r.fetched_bytes)} once on {r.seed} in {r.fetch_seconds:.1f}s "
+                      f"({r.fetched_bytes / 1e6 / r.fetch_seconds:.1f} MB/s); the other hosts copied from it")
+        out.print(f"artifacts {r.artifacts_dir}")
+    return render
+
+
+@click.command("stage")
+@click.option("--recipe", "-r", metavar="NAME", help="Recipe to stage (default: the inventory's fleetctl_recipe).")
+@click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
+@click.option("--headroom-gb", type=click.FloatRange(0), help="Free disk to keep beyond the weights (default 5).")
+@click.option("--checksums", is_flag=True, help="Re-hash every received file against the manifest.")
+@json_option
+@pass_ctx
+def stage_cmd(ctx: Ctx, recipe: str | None, limit: str | None, headroom_gb: float | None, checksums: bool) -> None:
+    """Stage a recipe's model weights into /opt: fetched once, verified, swapped in atomically."""
+    inventory = inv.load(ctx.inventory)
+    with ctx.progress("stage", ("phase", "message")) as progress:
+        result = stage(inventory, recipe, limit=limit, headroom_gb=headroom_gb, checksums=checksums,
+                       progress=progress)
+    ctx.emit(result, _render_stage(result))
+    if not result.ok:
+        raise click.exceptions.Exit(int(ExitCode.FAILED))
+
+
+@click.command("recipes")
+@json_option
+@pass_ctx
+def recipes_cmd(ctx: Ctx) -> None:
+    """List the inventory's recipes (validating them: every problem is listed, exit 2)."""
+    inventory = inv.load(ctx.inventory)
+    recipes = rec.load_recipes(inventory)
+    default = inventory.vars.get("fleetctl_recipe")
+
+    def render(out: Console) -> None:
+        t = Table()
+        for col in ("recipe", "image", "served names", "weights", "flags"):
+            t.add_column(col)
+        for r in recipes.values():
+            name = f"{r.name} (default)" if r.name == default else r.name
+            weights = "\n".join(f"{w.role}: {w.repo}@{w.revision} -> {w.path}" for w in r.weights)
+            t.add_row(name, r.image, " ".join(r.served_model_names), weights, str(len(r.vllm_args)))
+        out.print(t)
+
+    ctx.emit({"default": default, "recipes": recipes}, render)
+
+
+commands: list[click.Command] = [stage_cmd, recipes_cmd]

@@ -1,0 +1,304 @@
+"""Stage a recipe's model weights into /opt on the fleet: verified, atomic, fetched once.
+
+The work is ``playbooks/stage.yml`` (role ``weights``), so that it also runs with
+plain ``ansible-playbook``; this module chooses the recipe and source, passes
+the hub token as a secret, shows per-host progress in bytes (by measuring the
+staging directories over SSH while the playbook runs: Ansible reports a task
+only when it ends) and folds the role's reports into a :class:`StageResult`.
+
+How the bytes move: one seed host (the first that needs the weights) fetches
+each set once from the mirror or the hub; the other hosts pull it from the seed
+with rsync over the LAN, authenticated by a key made for this run only and
+accepted by the seed only from their addresses. The controller carries no
+weights, so a laptop on Wi-Fi can stage 22 GB to a rack of Sparks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetctl import ansible, ssh
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host, Inventory
+from fleetctl.progress import NULL, Event, Progress
+from fleetctl.recipes import Recipe, recipe_for
+
+#: The marker a verified, staged set carries (written just before the atomic swap).
+MARKER = ".fleetctl-staged.json"
+PLAYBOOK = "stage"
+#: Seconds between two measurements of the staging directories (progress in bytes).
+POLL_SECONDS = 2.0
+GB = 1000**3
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """One file of a verified set: its path in the set, size and whether it passed."""
+
+    path: str
+    size: int
+    status: str
+    tensors: int | None = None
+
+
+@dataclass(frozen=True)
+class SetOutcome:
+    """What happened to one weight set on one host."""
+
+    role: str
+    repo: str
+    revision: str
+    path: str
+    #: current (already staged, nothing copied), staged, refused (verification failed) or not staged.
+    state: str
+    bytes: int = 0
+    reason: str = ""
+    problems: tuple[str, ...] = ()
+    files: tuple[FileReport, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostStage:
+    """One host's staging: its sets, what was copied, and why it failed if it did."""
+
+    name: str
+    #: ok, failed or unreachable.
+    status: str
+    changed: bool
+    sets: tuple[SetOutcome, ...]
+    #: Bytes the host received (fetched as the seed, or copied from the seed).
+    bytes_copied: int = 0
+    seconds: float = 0.0
+    seed: bool = False
+    free_bytes: int | None = None
+    message: str = ""
+
+    @property
+    def ok(self) -> bool:
+        """True when every set is in place and verified."""
+        return self.status == "ok"
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """The outcome of ``fleetctl stage``: one :class:`HostStage` per selected host."""
+
+    run_id: str
+    recipe: str
+    source: str
+    hosts: Mapping[str, HostStage]
+    elapsed: float
+    artifacts_dir: Path
+    seed: str | None = None
+    #: Bytes fetched from the source once, by the seed (the rest went over the LAN).
+    fetched_bytes: int = 0
+    fetch_seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """True when every host has the recipe's weights in place."""
+        return all(h.ok for h in self.hosts.values())
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        """The hosts whose weights are not (all) in place."""
+        return [h.name for h in self.hosts.values() if not h.ok]
+
+    @property
+    def copied_bytes(self) -> int:
+        """Bytes moved in total (fetch + LAN copies)."""
+        return sum(h.bytes_copied for h in self.hosts.values())
+
+
+def source_for(recipe: Recipe, inventory: Inventory) -> str:
+    """``mirror`` or ``hub``: the recipe's own choice, else the mirror when the inventory has one."""
+    if recipe.source:
+        return recipe.source
+    return "mirror" if inventory.vars.get("fleetctl_weights_mirror") else "hub"
+
+
+def expected_bytes(recipe: Recipe, inventory: Inventory, source: str) -> dict[str, int]:
+    """Bytes of each set (role -> bytes): from the mirror's manifests, else the recipe's size_gb.
+
+    Only used for the progress display's totals; a mirror that does not answer
+    here just leaves the totals as estimates (the role checks for real).
+    """
+    out = {w.role: int(w.size_gb * GB) for w in recipe.weights}
+    mirror = str(inventory.vars.get("fleetctl_weights_mirror") or "")
+    if source != "mirror" or not mirror:
+        return out
+    for w in recipe.weights:
+        url = f"{mirror.rstrip('/')}/{w.repo}/{w.revision}/manifest.json"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                files = json.loads(r.read()).get("files", [])
+            out[w.role] = sum(int(f.get("size", 0)) for f in files)
+        except (urllib.error.URLError, OSError, ValueError, AttributeError):
+            continue
+    return out
+
+
+class _ByteMeter:
+    """Measures each host's staging directories over SSH while the playbook runs."""
+
+    def __init__(self, hosts: list[Host], recipe: Recipe, run_id: str, totals: Mapping[str, int],
+                 progress: Progress) -> None:
+        self.hosts = hosts
+        self.paths = [f"{w.path}.staging-{run_id}" for w in recipe.weights]
+        self.total = sum(totals.values())
+        self.progress = progress
+        self.stop = threading.Event()
+        self.seen: dict[str, int] = {}
+        self.thread = threading.Thread(target=self._loop, name="fleetctl-stage-meter", daemon=True)
+
+    def _measure(self, host: Host) -> int:
+        cmd = "du -sb " + " ".join(shlex.quote(p) for p in self.paths) + " 2>/dev/null | awk '{s+=$1} END {print s+0}'"
+        r = ssh.run(host, cmd, timeout=10)
+        return int(r.stdout.strip() or 0) if r.ok else 0
+
+    def _loop(self) -> None:
+        while not self.stop.wait(POLL_SECONDS):
+            outcomes = ssh.fan_out(self.hosts, self._measure, timeout=15)
+            for name, o in outcomes.items():
+                if not o.ok or o.value is None or o.value == self.seen.get(name, 0):
+                    continue
+                self.seen[name] = o.value
+                self.progress(Event("transfer", f"{human_bytes(o.value)} of {human_bytes(self.total)}", host=name,
+                                    data={"bytes": o.value, "total": self.total}))
+
+    def __enter__(self) -> _ByteMeter:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=POLL_SECONDS + 20)
+
+
+def stage(
+    inventory: Inventory,
+    recipe_name: str | None = None,
+    *,
+    limit: str | None = None,
+    headroom_gb: float | None = None,
+    checksums: bool = False,
+    progress: Progress = NULL,
+    run_id: str | None = None,
+    extravars: Mapping[str, Any] | None = None,
+    timeout: int | None = None,
+) -> StageResult:
+    """Stage ``recipe_name`` (default: the inventory's ``fleetctl_recipe``) on the hosts matching ``limit``.
+
+    A host failing is data in the result; raises only when the run cannot
+    start (unknown recipe, bad inventory, no host matched).
+    """
+    recipe = recipe_for(inventory, recipe_name)
+    hosts = inventory.select(limit)
+    source = source_for(recipe, inventory)
+    run_id = run_id or ansible.new_run_id("stage")
+    token = os.environ.get("HF_TOKEN", "")
+    if source == "hub":
+        progress(Event("source", f"hub ({'token from $HF_TOKEN' if token else 'anonymous'})"))
+    else:
+        progress(Event("source", f"mirror {inventory.vars.get('fleetctl_weights_mirror')}"))
+    totals = expected_bytes(recipe, inventory, source)
+    evars: dict[str, Any] = {"weights_recipe": recipe.name, "weights_run": run_id, "weights_checksums": checksums}
+    if headroom_gb is not None:
+        evars["weights_headroom_gb"] = headroom_gb
+    evars.update(extravars or {})
+    secrets = {"weights_hf_token": token} if token else {}
+    with _ByteMeter(hosts, recipe, run_id, totals, progress):
+        result = ansible.run_playbook(
+            PLAYBOOK, inventory, limit=limit, extravars=evars, secrets=secrets, progress=progress,
+            run_id=run_id, timeout=timeout,
+        )
+    return fold(result, recipe, source, hosts)
+
+
+def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: list[Host]) -> StageResult:
+    """Turn the playbook's per-host reports into a StageResult."""
+    out: dict[str, HostStage] = {}
+    seed: str | None = None
+    fetched = 0
+    fetch_secs = 0.0
+    for h in hosts:
+        hr = result.hosts.get(h.name)
+        if hr is None:
+            out[h.name] = HostStage(h.name, "failed", False, (), message="the playbook never reached this host")
+            continue
+        rep = hr.reports
+        pre = rep.get("preflight") or {}
+        pre_sets = {s.get("role"): s for s in pre.get("sets", []) if isinstance(s, dict)}
+        swapped = {s.get("role"): s for s in rep.get("swap", []) if isinstance(s, dict)}
+        fetch = [f for f in rep.get("fetch", []) if isinstance(f, dict)]
+        is_seed = bool(fetch)
+        if is_seed:
+            seed = h.name
+            fetched = sum(int(f.get("bytes", 0)) for f in fetch)
+            fetch_secs = sum(float(f.get("seconds", 0.0)) for f in fetch)
+        sets: list[SetOutcome] = []
+        copied = 0
+        for w in recipe.weights:
+            p = pre_sets.get(w.role, {})
+            v = rep.get(f"verify_{w.role}") or {}
+            problems = tuple(f"{x.get('path')}: {x.get('problem')} (fix: {x.get('fix')})"
+                             for x in v.get("problems", []) if isinstance(x, dict))
+            files = tuple(FileReport(str(f.get("path")), int(f.get("size", 0)), str(f.get("status")), f.get("tensors"))
+                          for f in v.get("files", []) if isinstance(f, dict))
+            if w.role in swapped:
+                state, nbytes = "staged", int(swapped[w.role].get("bytes", 0))
+                copied += nbytes
+            elif p.get("state") == "current":
+                state, nbytes = "current", int(p.get("bytes", 0))
+            elif problems:
+                state, nbytes = "refused", int(v.get("bytes", 0))
+            else:
+                state, nbytes = "not staged", int(p.get("bytes", 0))
+            sets.append(SetOutcome(w.role, w.repo, w.revision, w.path, state, nbytes, str(p.get("reason", "")),
+                                   problems, files))
+        if is_seed and copied == 0:
+            copied = fetched  # the seed fetched sets only other hosts needed
+        status = hr.status
+        if status == "ok" and any(s.state not in ("staged", "current") for s in sets):
+            status = "failed"
+        message = hr.message
+        if status == "failed" and not message:
+            message = "the playbook stopped before this host's weights were in place (see the run's artifacts)"
+        out[h.name] = HostStage(
+            h.name, status, any(s.state == "staged" for s in sets), tuple(sets), bytes_copied=copied,
+            seed=is_seed, free_bytes=pre.get("free_bytes"), message=message,
+        )
+    return StageResult(run_id=result.run_id, recipe=recipe.name, source=source, hosts=out, elapsed=result.elapsed,
+                       artifacts_dir=result.artifacts_dir, seed=seed, fetched_bytes=fetched, fetch_seconds=fetch_secs)
+
+
+def human_bytes(n: float) -> str:
+    """Bytes in B/kB/MB/GB (decimal, as disks and the seeds count)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def require_ok(result: StageResult) -> StageResult:
+    """Return the result, or raise a FleetError naming the first failed host (for callers that need all)."""
+    for h in result.hosts.values():
+        if not h.ok:
+            raise FleetError(f"weights of {result.recipe} not staged: {h.message}", host=h.name,
+                             fix=f"fix the cause, then `fleetctl stage --recipe {result.recipe} --limit {h.name}`")
+    return result
+
+
+__all__ = ["MARKER", "FileReport", "HostStage", "SetOutcome", "StageResult", "fold", "human_bytes", "require_ok",
+           "source_for", "stage"]
+

@@ -1,0 +1,331 @@
+#!/usr/bin/python3
+"""Ansible module: the host side of staging model weights into /opt, atomically.
+
+Python's standard library only. One module with three steps, each safe to
+re-run, so that a staging killed at any point leaves the previous weights in
+place and the next run completes:
+
+``preflight``
+    Decides, per weight set, whether the staged directory is already current
+    (its ``.fleetctl-staged.json`` marker names the same repository, revision
+    and manifest, and every file it lists is there with its size); removes
+    staging directories left by killed runs; checks free disk for every set
+    that must be staged plus headroom, before any byte moves.
+``fetch``
+    Downloads into ``<path>.staging-<run>`` beside the target: from a mirror
+    (``<mirror>/<repo>/<revision>/manifest.json`` lists the files; each is
+    sha256-checked while it streams) or from the hub (``hf download``, the
+    token passed in the environment, never on a command line or in a result).
+``swap``
+    Writes the marker into the verified staging directory and exchanges it
+    with the target in one ``renameat2(RENAME_EXCHANGE)``: there is no instant
+    without a directory at the path, and a container that bind-mounted the old
+    directory keeps its files. The old set is then removed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+
+DOCUMENTATION = r"""
+module: weights_stage
+short_description: Preflight, fetch and atomically swap model weight sets under /opt
+options:
+  step: {description: preflight, fetch or swap., type: str, required: true, choices: [preflight, fetch, swap]}
+  sets: {description: "Weight sets: [{role, repo, revision, path, size_gb}].", type: list, elements: dict, required: true}
+  run: {description: Run id naming the staging directories., type: str, required: true}
+  source: {description: mirror or hub., type: str, default: mirror}
+  mirror: {description: Base URL of the weights mirror., type: str}
+  hub_endpoint: {description: The hub's base URL., type: str, default: https://huggingface.co}
+  token: {description: Hub token (no_log)., type: str}
+  headroom_gb: {description: Free space to keep beyond the new weights., type: float, default: 5}
+  only: {description: Roles to act on (default all)., type: list, elements: str}
+"""
+
+MARKER = ".fleetctl-staged.json"
+SOURCE = ".fleetctl-source.json"
+MANIFEST = ".fleetctl-manifest.json"
+GB = 1000**3
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+#: Seconds a mirror/hub request may take before the step fails (bounded waits).
+HTTP_TIMEOUT = 60
+
+
+class StageError(Exception):
+    """A step cannot go on; the message names the cause and the fix."""
+
+
+def staging_dir(path, run):
+    """Where a run stages a set: beside the target, on the same filesystem (so rename works)."""
+    return f"{path}.staging-{run}"
+
+
+def read_json(path):
+    """A JSON file's content, or None when it is missing or unreadable."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _http_json(url, token=None):
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+            raw = r.read()
+    except urllib.error.HTTPError as e:
+        raise StageError(f"{_safe(url)} answered HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise StageError(f"cannot reach {_safe(url)} ({getattr(e, 'reason', e)})") from None
+    try:
+        return json.loads(raw), raw
+    except ValueError:
+        raise StageError(f"{_safe(url)} did not return JSON") from None
+
+
+def _safe(url):
+    """A URL without any credentials in it, for messages."""
+    p = urllib.parse.urlsplit(url)
+    return urllib.parse.urlunsplit((p.scheme, p.hostname + (f":{p.port}" if p.port else "") if p.hostname else "", p.path, "", ""))
+
+
+def source_info(s, source, mirror, hub_endpoint, token):
+    """What the source says about a set: bytes, manifest (mirror), commit and revision date."""
+    if source == "mirror":
+        if not mirror:
+            raise StageError("source is mirror but no fleetctl_weights_mirror is set")
+        url = f"{mirror.rstrip('/')}/{s['repo']}/{s['revision']}/manifest.json"
+        manifest, raw = _http_json(url)
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, list):
+            raise StageError(f"{url} has no files list")
+        return {
+            "bytes": sum(int(f.get("size", 0)) for f in files),
+            "manifest": manifest, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+            "commit": manifest.get("commit") or s["revision"], "revision_date": manifest.get("revision_date"),
+            "url": url.rsplit("/", 1)[0],
+        }
+    url = f"{hub_endpoint.rstrip('/')}/api/models/{s['repo']}/revision/{urllib.parse.quote(s['revision'], safe='')}"
+    info, _ = _http_json(url, token)
+    return {
+        "bytes": int(float(s.get("size_gb") or 0) * GB), "manifest": None, "manifest_sha256": None,
+        "commit": info.get("sha") or s["revision"], "revision_date": (info.get("lastModified") or "")[:10] or None,
+    }
+
+
+def is_current(s, info):
+    """True when the staged directory already holds exactly this revision, complete."""
+    marker = read_json(os.path.join(s["path"], MARKER))
+    if not isinstance(marker, dict):
+        return False, "not staged yet" if not os.path.exists(s["path"]) else "no fleetctl marker"
+    for k in ("repo", "revision", "commit", "manifest_sha256"):
+        if marker.get(k) != (s.get(k) if k in ("repo", "revision") else info.get(k)):
+            return False, f"staged {k} {marker.get(k)!r} differs"
+    for f in marker.get("files", []):
+        fp = os.path.join(s["path"], f["path"])
+        if not os.path.isfile(fp) or os.path.getsize(fp) != f["size"]:
+            return False, f"{f['path']} is missing or changed since it was staged"
+    return True, "already staged and verified"
+
+
+def free_bytes(path):
+    """Free bytes for an unprivileged writer on the filesystem that holds (or will hold) path."""
+    p = path
+    while not os.path.exists(p):
+        p = os.path.dirname(p) or "/"
+    st = os.statvfs(p)
+    return st.f_bavail * st.f_frsize
+
+
+def preflight(sets, run, source, mirror, hub_endpoint, token, headroom_gb):
+    """Decide what to stage, clean up after killed runs, and check the disk before any byte moves."""
+    removed = []
+    out = []
+    for s in sets:
+        for stale in glob.glob(glob.escape(s["path"]) + ".staging-*") + glob.glob(glob.escape(s["path"]) + ".old-*"):
+            if stale != staging_dir(s["path"], run) and os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale)
+                removed.append(stale)
+        info = source_info(s, source, mirror, hub_endpoint, token)
+        current, reason = is_current(s, info)
+        out.append({"role": s["role"], "repo": s["repo"], "revision": s["revision"], "path": s["path"],
+                    "state": "current" if current else "stage", "reason": reason, "bytes": info["bytes"],
+                    "commit": info["commit"], "revision_date": info["revision_date"],
+                    "manifest_sha256": info["manifest_sha256"]})
+    need = sum(x["bytes"] for x in out if x["state"] == "stage")
+    headroom = int(float(headroom_gb) * GB)
+    free = free_bytes(sets[0]["path"]) if sets else 0
+    report = {"sets": out, "need_bytes": need, "free_bytes": free, "headroom_bytes": headroom, "removed": removed}
+    if need and free < need + headroom:
+        raise_msg = (f"not enough disk for the weights: {need / GB:.2f} GB to stage + {headroom / GB:.2f} GB headroom, "
+                     f"only {free / GB:.2f} GB free at {os.path.dirname(sets[0]['path'])}")
+        return report, raise_msg
+    return report, None
+
+
+def _download(url, dest, size, sha256):
+    """Stream one file to dest, hashing as it goes; a mismatch deletes it and fails."""
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    part = dest + ".part"
+    h = hashlib.sha256()
+    got = 0
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r, open(part, "wb") as f:
+            for chunk in iter(lambda: r.read(1 << 20), b""):
+                f.write(chunk)
+                h.update(chunk)
+                got += len(chunk)
+    except (urllib.error.URLError, OSError) as e:
+        raise StageError(f"download of {_safe(url)} failed ({getattr(e, 'reason', e)})") from None
+    if got != size or (sha256 and h.hexdigest() != sha256):
+        os.unlink(part)
+        raise StageError(f"{_safe(url)}: got {got} bytes with sha256 {h.hexdigest()[:12]}…, the manifest says "
+                         f"{size} bytes, {str(sha256)[:12]}…")
+    os.replace(part, dest)
+    return got
+
+
+def fetch(s, run, source, mirror, hub_endpoint, token):
+    """Download one set into its staging directory; return bytes and seconds."""
+    info = source_info(s, source, mirror, hub_endpoint, token)
+    dest = staging_dir(s["path"], run)
+    os.makedirs(dest, exist_ok=True)
+    t0 = time.monotonic()
+    got = 0
+    if source == "mirror":
+        root = os.path.realpath(dest)
+        for f in info["manifest"]["files"]:
+            rel = str(f["path"])
+            target = os.path.realpath(os.path.join(dest, rel))
+            if os.path.commonpath([root, target]) != root:
+                raise StageError(f"the manifest names {rel!r}, a path outside the directory")
+            got += _download(f"{info['url']}/{urllib.parse.quote(rel)}", target, int(f["size"]), f.get("sha256"))
+        with open(os.path.join(dest, MANIFEST), "w") as fh:
+            json.dump(info["manifest"], fh)
+    else:
+        hf = shutil.which("hf") or shutil.which("huggingface-cli")
+        if hf is None:
+            raise StageError("the hf command (huggingface_hub) is not installed on the host: "
+                             "fix: pip install -U 'huggingface_hub[cli]' or set weights_source: mirror")
+        env = dict(os.environ, HF_HUB_ENABLE_HF_TRANSFER=os.environ.get("HF_HUB_ENABLE_HF_TRANSFER", "0"),
+                   HF_ENDPOINT=hub_endpoint)
+        if token:
+            env["HF_TOKEN"] = token
+        argv = [hf, "download", s["repo"], "--revision", info["commit"], "--local-dir", dest]
+        p = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
+        if p.returncode != 0:
+            tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
+            if token:
+                tail = tail.replace(token, "<token>")
+            raise StageError(f"hf download {s['repo']} failed: {tail}")
+        shutil.rmtree(os.path.join(dest, ".cache"), ignore_errors=True)  # hf's download metadata
+        got = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(dest) for f in fs)
+    with open(os.path.join(dest, SOURCE), "w") as fh:
+        json.dump({"repo": s["repo"], "revision": s["revision"], "commit": info["commit"], "source": source,
+                   "revision_date": info["revision_date"], "manifest_sha256": info["manifest_sha256"]}, fh)
+    secs = time.monotonic() - t0
+    return {"role": s["role"], "bytes": got, "seconds": round(secs, 3),
+            "mb_per_s": round(got / 1e6 / secs, 2) if secs > 0 else None}
+
+
+def _exchange(a, b):
+    """Atomically swap two paths (Linux renameat2); False when the filesystem cannot."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    rc = fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    return rc == 0
+
+
+def swap(s, run):
+    """Put a verified staging directory in place of the target; remove the old set."""
+    dest = staging_dir(s["path"], run)
+    if not os.path.isdir(dest):
+        raise StageError(f"{dest} does not exist: nothing was staged for {s['role']} in this run")
+    src = read_json(os.path.join(dest, SOURCE)) or {}
+    files = []
+    for d, _, fs in os.walk(dest):
+        for f in fs:
+            rel = os.path.relpath(os.path.join(d, f), dest)
+            if rel not in (MARKER, SOURCE, MANIFEST) and not os.path.islink(os.path.join(d, f)):
+                files.append({"path": rel, "size": os.path.getsize(os.path.join(d, f))})
+    marker = {"repo": s["repo"], "revision": s["revision"], "commit": src.get("commit"),
+              "manifest_sha256": src.get("manifest_sha256"), "revision_date": src.get("revision_date"),
+              "run": run, "staged_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "files": sorted(files, key=lambda x: x["path"]), "bytes": sum(f["size"] for f in files)}
+    tmp = os.path.join(dest, MARKER + ".tmp")
+    with open(tmp, "w") as fh:
+        json.dump(marker, fh)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, os.path.join(dest, MARKER))
+    if os.path.lexists(s["path"]):
+        if not _exchange(dest, s["path"]):
+            # Fallback for filesystems without RENAME_EXCHANGE: two renames, old kept until the new is in.
+            old = f"{s['path']}.old-{run}"
+            os.rename(s["path"], old)
+            os.rename(dest, s["path"])
+            dest = old
+        shutil.rmtree(dest)  # now the previous set
+    else:
+        os.makedirs(os.path.dirname(s["path"]), exist_ok=True)
+        os.rename(dest, s["path"])
+    return {"role": s["role"], "path": s["path"], "bytes": marker["bytes"], "files": len(files)}
+
+
+def main():
+    from ansible.module_utils.basic import AnsibleModule
+
+    module = AnsibleModule(
+        argument_spec={
+            "step": {"type": "str", "required": True, "choices": ["preflight", "fetch", "swap"]},
+            "sets": {"type": "list", "elements": "dict", "required": True},
+            "run": {"type": "str", "required": True},
+            "source": {"type": "str", "default": "mirror", "choices": ["mirror", "hub"]},
+            "mirror": {"type": "str"},
+            "hub_endpoint": {"type": "str", "default": "https://huggingface.co"},
+            "token": {"type": "str", "no_log": True},
+            "headroom_gb": {"type": "float", "default": 5.0},
+            "only": {"type": "list", "elements": "str"},
+        },
+        supports_check_mode=False,
+    )
+    p = module.params
+    sets = [s for s in p["sets"] if p["only"] is None or s["role"] in p["only"]]
+    try:
+        if p["step"] == "preflight":
+            report, problem = preflight(sets, p["run"], p["source"], p["mirror"], p["hub_endpoint"], p["token"],
+                                        p["headroom_gb"])
+            res = {"changed": bool(report["removed"]), "fleetctl_report": {"preflight": report},
+                   "stage_roles": [x["role"] for x in report["sets"] if x["state"] == "stage"]}
+            if problem:
+                module.fail_json(msg=problem + " (fix: free space under /opt, or stage to a larger disk)", **res)
+            module.exit_json(**res)
+        elif p["step"] == "fetch":
+            got = [fetch(s, p["run"], p["source"], p["mirror"], p["hub_endpoint"], p["token"]) for s in sets]
+            module.exit_json(changed=bool(got), fleetctl_report={"fetch": got})
+        else:
+            done = [swap(s, p["run"]) for s in sets]
+            module.exit_json(changed=bool(done), fleetctl_report={"swap": done})
+    except StageError as e:
+        module.fail_json(msg=str(e))
+    except OSError as e:
+        module.fail_json(msg=f"{p['step']} failed: {e}")
+
+
+if __name__ == "__main__":
+    main()
