@@ -136,6 +136,8 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
             )
         state["subnet"] = str(lay.subnet)
         _write_state(lay, state)
+        # Written first: the weights mirror is filled from the recipes it links in.
+        inventory.write(lay, [lay.node_name(i) for i in range(1, nodes + 1)])
         engine = Engine(lay)
         engine.start(progress)
         engine.ensure_network()
@@ -177,26 +179,14 @@ def _www(lay: Layout, progress: Progress) -> None:
 def _populate_weights(lay: Layout, weights: Path, progress: Progress) -> None:
     try:
         from fleetctl.lab import models  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
+    except ImportError:  # the model writer is not in this checkout yet
         return
-    populate = getattr(models, "populate_mirror", None)
-    if populate is None or (weights / ".populated").exists():
-        return
-    progress(Event("building", "weights mirror (tiny model directories)"))
-    populate(weights, _repo_recipes())
-    (weights / ".populated").write_text("")
+    from fleetctl import inventory as inventory_mod
 
-
-def _repo_recipes() -> Any:
-    """The recipes of the repository's lab inventory (what the weights mirror must hold), or None."""
-    try:
-        from fleetctl import inventory as inv_mod
-        from fleetctl import recipes  # type: ignore[attr-defined,unused-ignore]
-
-        inv = inv_mod.load(inventory.repo_lab_inventory())
-        return recipes.load_recipes(inv)
-    except Exception:  # the recipes module may not exist yet; models then falls back to its own list
-        return None
+    recipes = inventory_mod.load(lay.inventory).vars.get("fleetctl_recipes") or {}
+    progress(Event("building", f"weights mirror for {len(recipes)} recipe(s)"))
+    # Idempotent: revisions already written (with their manifest) are kept.
+    models.populate_mirror(weights, recipes)
 
 
 def _nodes(lay: Layout, engine: Engine, state: dict[str, Any], count: int, image: str, progress: Progress) -> None:
@@ -254,13 +244,14 @@ def _push_images(lay: Layout, engine: Engine, progress: Progress) -> list[str]:
     images.push(engine, cuda, progress)
     pushed.append(cuda)
     try:
-        for tag, settings in images.default_tags().items():
-            ref = images.build_tag(lay, engine, f"{lay.registry}/{tag}", settings, progress)
+        for spec in images.default_tags():
+            ref = images.build_tag(lay, engine, f"{lay.registry}/{spec.ref}", spec.env, progress,
+                                   cmd=list(spec.entrypoint))
             images.push(engine, ref, progress)
             pushed.append(ref)
-    except FleetError as e:
+    except (FleetError, ImportError) as e:
         # Without the emulator the nodes still work (provisioning needs no vLLM image).
-        progress(Event("skipped", f"vLLM images: {e.cause}"))
+        progress(Event("skipped", f"vLLM images: {e.cause if isinstance(e, FleetError) else e}"))
     return pushed
 
 

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import shutil
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from fleetctl.errors import FleetError
 from fleetctl.lab import gpus, rootfs
@@ -125,25 +126,22 @@ def vllm_base(layout: Layout, engine: Engine, progress: Progress = NULL) -> str:
     """The shared base of every vLLM stand-in tag: python3 + the emulator as ``vllm``."""
     base = _python_base(engine, progress)
     emu = _emulator_dir()
-    if not (emu / "vllm").exists():
+    if not (emu / "vllm").exists() or importlib.util.find_spec("fleetctl.lab.scenarios") is None:
         raise FleetError(
             f"the vLLM emulator is not in this checkout ({emu}/vllm is missing)",
             fix="update the checkout (the emulator lives in fleetctl/lab/emulator)",
         )
-    ref = f"fleetctl-lab/vllm-base:{_hash_tree([emu], base)}"
+    ref = f"fleetctl-lab/vllm-base:{_hash_tree([emu, emu.parent / 'scenarios.py'], base)}"
     if engine.image_exists(ref):
         return ref
     ctx = layout.build_dir / "vllm-base"
     if ctx.exists():
         shutil.rmtree(ctx)
-    # The emulator's own `vllm` launcher imports the package beside it by its
-    # directory name: only the emulator goes in, not the rest of fleetctl.
-    dest = ctx / "files" / "opt" / "fleetctl-lab" / "emulator"
-    shutil.copytree(emu, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (dest / "vllm").chmod(0o755)
-    bindir = ctx / "files" / "usr" / "local" / "bin"
-    bindir.mkdir(parents=True)
-    (bindir / "vllm").symlink_to("/opt/fleetctl-lab/emulator/vllm")
+    # Only the emulator goes in (not the rest of fleetctl), the way the emulator's
+    # own installer lays it out, with its `vllm` command on PATH.
+    from fleetctl.lab import scenarios
+
+    scenarios.install_emulator(ctx / "files")
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\n"
         "COPY files/ /\n"
@@ -206,19 +204,17 @@ def push(engine: Engine, ref: str, progress: Progress = NULL) -> None:
     engine.docker("push", "-q", ref, timeout=600, what=f"pushing {ref}")
 
 
-def default_tags() -> dict[str, dict[str, str]]:
-    """Tag (``repository:tag``) -> EMU_* settings, from the emulator's scenarios table when present."""
-    try:
-        mod: Any = importlib.import_module("fleetctl.lab.scenarios")
-    except ModuleNotFoundError:
-        mod = None
-    table = getattr(mod, "LAB_TAGS", None) if mod is not None else None
-    if isinstance(table, Mapping):
-        return {str(k): {str(a): str(b) for a, b in v.items()} for k, v in table.items()}
-    return {
-        f"{VLLM_REPOSITORY}:2026-06-11-pr41703": {"EMU_VERSION": "0.23.0rc1", "EMU_CRASH_AT_CONCURRENCY": "32"},
-        f"{VLLM_REPOSITORY}:2026-06-18-v0.23.0-dflashfix": {"EMU_VERSION": "0.23.0"},
-        f"{VLLM_REPOSITORY}:2026-07-01-v0.24.0": {"EMU_VERSION": "0.24.0"},
-        f"{VLLM_REPOSITORY}:latest": {"EMU_VERSION": "0.24.0"},
-        "vllm/vllm-openai:cu130-nightly": {"EMU_VERSION": "0.24.1.dev0"},
-    }
+@dataclass(frozen=True)
+class TagSpec:
+    """One image tag ``lab up`` pushes: ``repository:tag``, its EMU_* settings, its entrypoint."""
+
+    ref: str
+    env: Mapping[str, str]
+    entrypoint: tuple[str, ...] = ("vllm",)
+
+
+def default_tags() -> list[TagSpec]:
+    """The tags of the emulator's release-history table (``fleetctl.lab.scenarios.history_tags``)."""
+    from fleetctl.lab import scenarios
+
+    return [TagSpec(ref=t.ref, env=dict(t.env), entrypoint=tuple(t.entrypoint)) for t in scenarios.history_tags()]
