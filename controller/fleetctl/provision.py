@@ -8,7 +8,7 @@ holds every host, the failed ones with the preflight's own message.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,16 +29,18 @@ def provision(
     strict: bool = False,
     progress: Progress = NULL,
     extravars: Mapping[str, Any] | None = None,
+    tags: Collection[str] | None = None,
     timeout: int | None = None,
 ) -> PlaybookResult:
     """Provision the hosts matching ``limit``; ``strict`` makes a next kernel without an nvidia module an error.
 
     ``check``/``diff`` are Ansible's ``--check``/``--diff``: with ``check``
-    nothing on the hosts changes and ``changed`` counts what would.
+    nothing on the hosts changes and ``changed`` counts what would. ``tags``
+    picks roles by name (``("preflight",)`` only checks the hosts).
     """
     return run_playbook(
         PLAYBOOK, inventory, limit=limit, check=check, diff=diff, progress=progress,
-        extravars={**(extravars or {}), "preflight_strict": strict}, timeout=timeout,
+        extravars={**(extravars or {}), "preflight_strict": strict}, tags=tags, timeout=timeout,
     )
 
 

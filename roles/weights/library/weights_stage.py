@@ -45,7 +45,7 @@ options:
   step: {description: preflight, fetch or swap., type: str, required: true, choices: [preflight, fetch, swap]}
   sets: {description: "Weight sets: [{role, repo, revision, path, size_gb}].", type: list, elements: dict, required: true}
   run: {description: Run id naming the staging directories., type: str, required: true}
-  source: {description: mirror or hub., type: str, default: mirror}
+  source: {description: mirror, hub or local (a controller directory the role rsyncs)., type: str, default: mirror}
   mirror: {description: Base URL of the weights mirror., type: str}
   hub_endpoint: {description: The hub's base URL., type: str, default: https://huggingface.co}
   token: {description: Hub token (no_log)., type: str}
@@ -118,6 +118,11 @@ def source_info(s, source, mirror, hub_endpoint, token):
             "commit": manifest.get("commit") or s["revision"], "revision_date": manifest.get("revision_date"),
             "url": url.rsplit("/", 1)[0],
         }
+    if source == "local":
+        # A directory on the controller, copied by the role with rsync (symlinks kept as they are, so
+        # that verification sees what an operator's download really holds); sizes are the recipe's.
+        return {"bytes": int(float(s.get("size_gb") or 0) * GB), "manifest": None, "manifest_sha256": None,
+                "commit": s["revision"], "revision_date": None}
     url = f"{hub_endpoint.rstrip('/')}/api/models/{s['repo']}/revision/{urllib.parse.quote(s['revision'], safe='')}"
     info, _ = _http_json(url, token)
     return {
@@ -205,7 +210,16 @@ def fetch(s, run, source, mirror, hub_endpoint, token):
     os.makedirs(dest, exist_ok=True)
     t0 = time.monotonic()
     got = 0
-    if source == "mirror":
+    if source == "local":
+        # The role has rsynced <local dir>/<repo>/<revision>/ here; its manifest.json (if any) says the date.
+        listed = os.path.join(dest, "manifest.json")
+        if os.path.isfile(listed):
+            manifest = read_json(listed) or {}
+            os.replace(listed, os.path.join(dest, MANIFEST))
+            info["revision_date"] = manifest.get("revision_date") if isinstance(manifest, dict) else None
+        # lstat: a symlink may dangle here; verification says why that is refused.
+        got = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(dest) for f in fs)
+    elif source == "mirror":
         root = os.path.realpath(dest)
         for f in info["manifest"]["files"]:
             rel = str(f["path"])
@@ -295,7 +309,7 @@ def main():
             "step": {"type": "str", "required": True, "choices": ["preflight", "fetch", "swap"]},
             "sets": {"type": "list", "elements": "dict", "required": True},
             "run": {"type": "str", "required": True},
-            "source": {"type": "str", "default": "mirror", "choices": ["mirror", "hub"]},
+            "source": {"type": "str", "default": "mirror", "choices": ["mirror", "hub", "local"]},
             "mirror": {"type": "str"},
             "hub_endpoint": {"type": "str", "default": "https://huggingface.co"},
             "token": {"type": "str", "no_log": True},

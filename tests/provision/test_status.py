@@ -1,0 +1,100 @@
+"""``fleetctl status`` on the lab: every node as it is, a serving container, a paused node."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+
+import pytest
+
+from fleetctl import inventory as inv
+from fleetctl import lab as fleetlab
+from fleetctl import ssh
+from fleetctl.ansible import PlaybookResult
+from fleetctl.status import probe_fleet
+
+pytestmark = pytest.mark.lab
+
+# A stand-in serving container: answers /health with 200 on :8000 of the host's network.
+HEALTH_SERVER = (
+    "import http.server\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200 if self.path == '/health' else 404); self.end_headers()\n"
+    "    def log_message(self, *a): pass\n"
+    "http.server.HTTPServer(('0.0.0.0', 8000), H).serve_forever()\n"
+)
+
+
+@pytest.fixture
+def serving_stand_in(provisioned: PlaybookResult, lab: fleetlab.LabStatus) -> Iterator[tuple[str, str]]:
+    """A labelled container on the last node serving /health; removed afterwards. Yields (host, image ref)."""
+    inventory = inv.load(lab.inventory)
+    host = inventory.host(list(provisioned.hosts)[-1])
+    image = str(inventory.vars["container_toolkit_verify_image"])
+    name = "fleetctl-status-test"
+    ssh.run(host, ["docker", "rm", "-f", name], timeout=60)
+    ssh.run(host, [
+        "docker", "run", "-d", "--name", name, "--network", "host",
+        "--label", "fleetctl.recipe=status-test", "--label", "fleetctl.tag=test-tag",
+        "--label", "fleetctl.digest=sha256:" + "ab" * 32, "--label", "fleetctl.rollout=r-test",
+        image, "python3", "-c", HEALTH_SERVER,
+    ], timeout=120).check("starting the stand-in serving container")
+    ssh.run(host, "for i in $(seq 50); do curl -fsS -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.2; done; exit 1",
+            timeout=30).check("waiting for the stand-in's /health")
+    try:
+        yield host.name, image
+    finally:
+        ssh.run(host, ["docker", "rm", "-f", name], timeout=60)
+
+
+def test_status_shows_every_node_as_it_is(provisioned: PlaybookResult, lab: fleetlab.LabStatus,
+                                          serving_stand_in: tuple[str, str]) -> None:
+    inventory = inv.load(lab.inventory)
+    statuses = probe_fleet(inventory, [inventory.host(n) for n in provisioned.hosts])
+    assert list(statuses) == list(provisioned.hosts)
+    serving_host, image = serving_stand_in
+    for name, st in statuses.items():
+        assert st.reachable, st.error
+        assert (st.gpu, st.driver, st.cuda, st.compute_cap) == ("NVIDIA GB10", "580.95.05", "13.0", "12.1")
+        assert st.toolkit == "1.18.0-1"
+        assert st.docker is not None and int(st.docker.split(".")[0]) >= 25 and st.docker_running
+        assert st.uptime_s is not None and st.uptime_s > 0
+        assert st.dgx_release == "NVIDIA DGX Spark"
+        if name == serving_host:
+            c = st.container
+            assert c is not None and c.running and c.name == "fleetctl-status-test"
+            assert c.image == image and c.tag == image.rsplit(":", 1)[1]
+            assert c.recipe == "status-test" and c.rollout == "r-test" and c.labels["fleetctl.tag"] == "test-tag"
+            assert c.digest == "sha256:" + "ab" * 32
+            assert st.health == 200 and st.healthy
+        else:
+            assert st.container is None and st.health is None and st.health_error
+
+
+def test_a_paused_node_is_unreachable_and_does_not_hold_up_the_others(
+        provisioned: PlaybookResult, lab: fleetlab.LabStatus,
+        lab_fault: Callable[..., AbstractContextManager[fleetlab.LabNode]]) -> None:
+    inventory = inv.load(lab.inventory)
+    hosts = [inventory.host(n) for n in provisioned.hosts]
+    paused = hosts[1].name
+    ssh.close_all()
+    with lab_fault(paused, paused=True):
+        statuses = probe_fleet(inventory, hosts, timeout=3.0)
+    assert not statuses[paused].reachable and statuses[paused].error
+    assert all(st.reachable for n, st in statuses.items() if n != paused)
+
+
+def test_status_cli_prints_json(provisioned: PlaybookResult, lab: fleetlab.LabStatus) -> None:
+    env = {**os.environ, "FLEETCTL_INVENTORY": str(lab.inventory)}
+    names = list(provisioned.hosts)
+    p = subprocess.run([sys.executable, "-m", "fleetctl.cli.main", "status", "--json", "--limit", ",".join(names)],
+                       capture_output=True, text=True, env=env, timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert list(data) == names
+    assert all(v["reachable"] and v["gpu"] == "NVIDIA GB10" for v in data.values())

@@ -1,0 +1,116 @@
+"""The status probe script run for real on this machine (with the lab's stand-in nvidia-smi), and its parsing."""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from fleetctl import paths
+from fleetctl.inventory import Host
+from fleetctl.status import parse_probe, probe_script, serving_target
+
+STAND_IN = paths.project_root() / "controller" / "fleetctl" / "lab" / "assets" / "node" / "nvidia-smi"
+
+
+def _probe(tmp_path: Path, gpu: dict[str, object] | None, *args: str) -> str:
+    """Run the probe as a host would (``python3 -`` fed on stdin), with the stand-in nvidia-smi when ``gpu``."""
+    env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_LAB_GPU_JSON"}
+    if gpu is not None:
+        bindir = tmp_path / "bin"
+        bindir.mkdir()
+        (bindir / "nvidia-smi").write_text(f"#!{sys.executable}\n" + STAND_IN.read_text().split("\n", 1)[1])
+        (bindir / "nvidia-smi").chmod(0o755)
+        # The stand-in's -q template sits beside the real script.
+        (bindir / "nvidia-smi-q.template").write_text((STAND_IN.parent / "nvidia-smi-q.template").read_text())
+        (tmp_path / "gpu.json").write_text(json.dumps(gpu))
+        env["FLEETCTL_LAB_GPU_JSON"] = str(tmp_path / "gpu.json")
+        env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
+    p = subprocess.run([sys.executable, "-", *args], input=probe_script(), capture_output=True, text=True,
+                       env=env, timeout=60, check=True)
+    return p.stdout
+
+
+def test_probe_reads_a_gb10_through_nvidia_smi(tmp_path: Path) -> None:
+    out = _probe(tmp_path, {}, "--path", str(tmp_path / "not" / "yet"))
+    st = parse_probe(Host("h1", "10.0.0.1"), out, 0.5, 8000)
+    assert st.reachable and (st.gpu, st.driver, st.cuda, st.compute_cap) == ("NVIDIA GB10", "580.95.05", "13.0", "12.1")
+    assert "gpu" not in st.problems
+    assert st.disk_free_gb is not None and st.disk_free_gb > 0  # measured on the nearest existing parent
+    assert st.kernel == os.uname().release
+    assert st.container is None and st.health is None  # without --serving nothing about serving
+
+
+def test_probe_reports_a_wrong_gpu_and_old_driver_as_they_are(tmp_path: Path) -> None:
+    out = _probe(tmp_path, {"name": "NVIDIA H100 80GB HBM3", "driver": "570.172.08", "compute_cap": "9.0",
+                            "memory_total_mib": 81559})
+    st = parse_probe(Host("h1", "10.0.0.1"), out, 0.5, 8000)
+    assert (st.gpu, st.driver, st.compute_cap) == ("NVIDIA H100 80GB HBM3", "570.172.08", "9.0")
+
+
+def test_probe_without_nvidia_smi_names_the_problem(tmp_path: Path) -> None:
+    if any((Path(d) / "nvidia-smi").exists() for d in os.environ.get("PATH", "").split(os.pathsep)):
+        pytest.skip("this machine has a real nvidia-smi")
+    out = _probe(tmp_path, None, "--serving", "--port", "1")
+    st = parse_probe(Host("h1", "10.0.0.1"), out, 0.5, 1)
+    assert st.gpu is None and "nvidia-smi" in st.problems["gpu"]
+    # Nothing listens on port 1: /health is refused, not an exception.
+    assert st.health is None and st.health_error
+
+
+def test_parse_probe_rejects_garbage() -> None:
+    from fleetctl.errors import FleetError
+
+    with pytest.raises(FleetError, match="no JSON"):
+        parse_probe(Host("h1", "10.0.0.1"), "Traceback (most recent call last):", 0.1, 8000)
+
+
+def test_serving_target_follows_the_host_recipe() -> None:
+    recipes = {"qwen": {"port": 8001}, "gemma": {}}
+    assert serving_target(Host("h", "a", vars={"fleetctl_recipe": "qwen", "fleetctl_recipes": recipes})) == ("qwen", 8001)
+    assert serving_target(Host("h", "a", vars={"fleetctl_recipe": "gemma", "fleetctl_recipes": recipes})) == ("gemma", 8000)
+    assert serving_target(Host("h", "a")) == (None, 8000)
+
+
+def _load(path: Path, name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _crc24(data: bytes) -> int:
+    crc = 0xB704CE
+    for b in data:
+        crc ^= b << 16
+        for _ in range(8):
+            crc <<= 1
+            if crc & 0x1000000:
+                crc ^= 0x1864CFB
+    return crc & 0xFFFFFF
+
+
+def test_dearmor_gives_back_the_binary_key() -> None:
+    mod = _load(paths.roles_dir() / "container_toolkit" / "library" / "apt_keyring.py", "apt_keyring")
+    binary = bytes(range(256)) * 3
+    b64 = base64.b64encode(binary).decode()
+    crc = base64.b64encode(_crc24(binary).to_bytes(3, "big")).decode()
+    body = "\n".join(b64[i:i + 64] for i in range(0, len(b64), 64))
+    armored = (f"-----BEGIN PGP PUBLIC KEY BLOCK-----\nComment: test\n\n{body}\n={crc}\n"
+               "-----END PGP PUBLIC KEY BLOCK-----\n")
+    assert mod.dearmor(armored) == binary
+    assert mod.dearmor(armored.replace("Comment: test\n", "")) == binary
+    with pytest.raises(ValueError):
+        mod.dearmor("not a key")
+    # An already binary key (first packet byte has the high bit set) is kept as it is.
+    assert mod.to_keyring(b"\x99\x01\x0d" + binary) == b"\x99\x01\x0d" + binary
+    with pytest.raises(ValueError):
+        mod.to_keyring(b"<html>404</html>")
