@@ -719,19 +719,39 @@ def _specs(items: Iterable[Any] | Mapping[str, Any]) -> list[MirrorSpec]:
     return out
 
 
+def repo_recipes() -> Mapping[str, Any]:
+    """The raw ``fleetctl_recipes`` of the checkout's lab inventory (inventory/lab/group_vars/all)."""
+    import yaml
+
+    from fleetctl import paths
+
+    path = paths.project_root() / "inventory/lab/group_vars/all/recipes.yml"
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise FleetError(
+            f"cannot read the lab recipes {path}: {exc}", fix="restore the file from git"
+        ) from None
+    recipes = raw.get("fleetctl_recipes") if isinstance(raw, Mapping) else None
+    if not isinstance(recipes, Mapping):
+        raise FleetError(f"{path} has no fleetctl_recipes mapping", fix="restore the file from git")
+    return recipes
+
+
 def populate_mirror(
-    root: Path | str, recipes_or_specs: Iterable[Any] | Mapping[str, Any]
+    root: Path | str, recipes_or_specs: Iterable[Any] | Mapping[str, Any] | None = None
 ) -> list[MirrorEntry]:
     """Write every recipe's body and drafter (or each MirrorSpec) as ``<root>/<repo>/<revision>/`` + manifest.json.
 
     Accepts ``fleetctl_recipes`` (a mapping name -> recipe dict), Recipe objects (with
-    ``.weights``), or MirrorSpec items. A revision already present with a manifest is kept as is
-    (so a second ``lab up`` is fast); duplicates are written once.
+    ``.weights``), or MirrorSpec items; None means the checkout's lab recipes. A revision
+    already present with a manifest is kept as is (a second ``lab up`` is fast); duplicates
+    are written once.
     """
     base = Path(root)
     written: list[MirrorEntry] = []
     seen: set[tuple[str, str]] = set()
-    for spec in _specs(recipes_or_specs):
+    for spec in _specs(repo_recipes() if recipes_or_specs is None else recipes_or_specs):
         if (spec.repo, spec.revision) in seen:
             continue
         seen.add((spec.repo, spec.revision))

@@ -290,7 +290,12 @@ class Engine:
                         "Internal server error while generating (EMU_ERROR_RATE)"
                     )
                 now = time.monotonic()
-                if finish is not None or now - last_emit >= MIN_EVENT_SECONDS or len(pending) > 64:
+                if (
+                    steps == 1
+                    or finish is not None
+                    or now - last_emit >= MIN_EVENT_SECONDS
+                    or len(pending) > 64
+                ):
                     if now > last_emit and generated > 1:
                         self.metrics.observe("vllm:inter_token_latency_seconds", now - last_emit)
                     last_emit = now
