@@ -370,6 +370,8 @@ def acceptance_trend(windows: Sequence[Window]) -> tuple[float, float] | None:
 
 def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
     """Acceptance does not decay across the sustained phase's windows (trend, not lifetime totals)."""
+    if config.sustained_duration <= 0:
+        return skipped(spec, "no sustained phase in this soak")
     if (r := _spec_applies(spec, ev, config)) is not None:
         return r
     ws = [w for w in ev.windows if w.phase == "sustained"]

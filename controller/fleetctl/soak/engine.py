@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -67,18 +68,32 @@ def new_run_id(name: str) -> str:
 def boot_failure_cause(log: str) -> str:
     """The line of a container log that says why the server died ('' when none stands out).
 
-    The last error-looking line wins: vLLM prints a traceback whose final line
-    names the exception (``ValueError: max_num_scheduled_tokens is set to -512``).
+    vLLM prints the root cause (``ValueError: max_num_scheduled_tokens is set to
+    -512``, ``RuntimeError: block_table must have shape ...``) followed by generic
+    lines (``EngineDeadError: ... See stack trace (above)``, ``Engine core died``):
+    the last error line that is not one of the generic ones wins.
     """
     keys = ("Error", "ERROR", "Exception", "error:", "FATAL", "Fatal", "No valid", "Killed",
             "out of memory", "OOM")
-    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
-    for ln in reversed(lines):
-        if ln.startswith("Traceback") or ln.startswith("File \""):
-            continue
-        if any(k in ln for k in keys):
+    lines = [_strip_log_prefix(ln) for ln in log.splitlines() if ln.strip()]
+    candidates = [ln for ln in lines if any(k in ln for k in keys)
+                  and not ln.startswith(("Traceback", 'File "'))]
+    for ln in reversed(candidates):
+        if not any(g in ln for g in _GENERIC):
             return ln[:400]
-    return ""
+    return candidates[-1][:400] if candidates else ""
+
+
+#: Lines vLLM prints after the real cause; they name no cause themselves.
+_GENERIC = ("EngineDeadError", "encountered a fatal error", "encountered an issue", "output_handler failed",
+            "Engine core died", "shutting down", "Shutting down", "Engine core initialization failed",
+            "See root cause above", "See stack trace")
+_LOG_PREFIX = re.compile(r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:]+ "
+                         r"\[[^\]]+\] ")
+
+
+def _strip_log_prefix(line: str) -> str:
+    return _LOG_PREFIX.sub("", line.strip())
 
 
 def _last_lines(log: str, n: int = 3) -> str:
@@ -228,8 +243,9 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
             if time.monotonic() - last_log_at > 10:
                 tail = _last_lines(await _logs(target, 5), 1)
                 last_log_at = time.monotonic()
+        # Whole 10 s steps in the message: line displays print a line per change, not per poll.
         progress(Event("readiness", f"waiting for {target.base_url}/health ({last_state}), "
-                                    f"{waited:.0f}/{timeout:.0f}s" + (f"; log: {tail}" if tail else ""),
+                                    f"{int(waited // 10 * 10)}s of {timeout:.0f}s" + (f"; log: {tail}" if tail else ""),
                        host=target.name, data={"waited": round(waited), "state": probe.state}))
         if time.monotonic() + poll > deadline:
             break

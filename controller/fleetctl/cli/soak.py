@@ -1,0 +1,212 @@
+"""``fleetctl soak``: judge the serving containers of some hosts (or any endpoint) with real load.
+
+Exit codes: 0 every soak passed; 1 some soak failed; 2 inconclusive, an
+endpoint that is down, or the soak could not run (bad options, no hosts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from fleetctl import paths, ssh
+from fleetctl.cli.output import Ctx, pass_ctx
+from fleetctl.errors import ExitCode, FleetError
+from fleetctl.progress import Event, Progress
+from fleetctl.soak import baselines, report
+from fleetctl.soak.checks import pct
+from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config, parse_duration
+from fleetctl.soak.container import DockerOverSSH
+from fleetctl.soak.engine import new_run_id, run_soak
+from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
+
+#: The serving container's name unless the host sets ``fleetctl_container_name`` (as the rollout does).
+DEFAULT_CONTAINER = "vllm"
+_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "magenta", "skipped": "dim"}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    target: SoakTarget
+    config: SoakConfig
+    baseline: Verdict | None
+    state_dir: Path
+    run_id: str
+
+
+def _exit_code(outcome: Outcome) -> ExitCode:
+    return {Outcome.PASS: ExitCode.OK, Outcome.FAIL: ExitCode.FAILED}.get(outcome, ExitCode.INCONCLUSIVE)
+
+
+def _tag_of(container: ContainerAccess | None) -> str:
+    if container is None:
+        return ""
+    try:
+        image = container.state().image
+    except FleetError:
+        return ""
+    tail = image.rsplit("/", 1)[-1]
+    return tail.split(":", 1)[1] if ":" in tail else ""
+
+
+def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: str | None,
+               duration: float | None, smoke_only: bool, ready_timeout: float | None,
+               baseline_tag: str | None) -> list[_Job]:
+    from fleetctl import inventory as inv_mod
+    from fleetctl.recipes import load_recipes
+
+    inv = inv_mod.load(ctx.inventory)
+    hosts = inv.select(limit)
+    if not hosts:
+        raise FleetError(f"no hosts selected in {inv.path}", fix="check --limit and the inventory")
+    recipes = load_recipes(inv)
+    state = paths.state_dir(inv.path)
+    jobs: list[_Job] = []
+    for h in hosts:
+        name = recipe_name or h.vars.get("fleetctl_recipe")
+        if not name:
+            raise FleetError("no recipe to soak with", host=h.name,
+                             fix="set fleetctl_recipe for the host or pass --recipe NAME")
+        if name not in recipes:
+            raise FleetError(f"unknown recipe {name!r}", host=h.name, fix=f"use one of: {', '.join(recipes)}")
+        recipe = recipes[name]
+        prof = profile or h.vars.get("fleetctl_soak_profile")
+        cfg = _adjust(from_recipe(recipe, profile=prof), duration, smoke_only, ready_timeout)
+        container = DockerOverSSH(h, str(h.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER))
+        tag = _tag_of(container)
+        target = SoakTarget(h.name, f"http://{h.address}:{recipe.port}", container, tag)
+        base = baselines.load(state, h.name, baseline_tag or tag) if not smoke_only else None
+        jobs.append(_Job(target, cfg, base, state, new_run_id(h.name)))
+    return jobs
+
+
+def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, duration: float | None,
+                   smoke_only: bool, ready_timeout: float | None, models: tuple[str, ...]) -> list[_Job]:
+    from fleetctl import inventory as inv_mod
+
+    state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
+    jobs = []
+    for url in endpoints:
+        if not url.startswith(("http://", "https://")):
+            raise FleetError(f"--endpoint {url!r} is not an http(s) URL", fix="e.g. --endpoint http://10.0.0.11:8000")
+        cfg = _adjust(load_config({}, profile=profile, served_model_names=models), duration, smoke_only, ready_timeout)
+        name = url.split("://", 1)[1].rstrip("/")
+        target = SoakTarget(name, url.rstrip("/"))
+        jobs.append(_Job(target, cfg, None, state, new_run_id(name)))
+    return jobs
+
+
+def _adjust(cfg: SoakConfig, duration: float | None, smoke_only: bool, ready_timeout: float | None) -> SoakConfig:
+    if duration is not None:
+        cfg = cfg.with_duration(duration)
+    if ready_timeout is not None:
+        cfg = dataclasses.replace(cfg, readiness_timeout=ready_timeout)
+    return dataclasses.replace(cfg, smoke_only=smoke_only)
+
+
+def _run(job: _Job, progress: Progress) -> Verdict:
+    artifacts = job.state_dir / "runs" / job.run_id
+    try:
+        return run_soak(job.target, job.config, job.baseline, progress, artifacts_dir=artifacts, run_id=job.run_id)
+    except FleetError as e:  # e.g. the artifacts dir cannot be written: the soak could not run
+        progress(Event("error", e.message(), host=job.target.name))
+        raise
+
+
+def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
+    def render(out: Console) -> None:
+        t = Table(title="soak")
+        for col in ("host", "outcome", "tag", "peak tok/s", "requests", "errors", "acceptance", "why"):
+            t.add_column(col)
+        for v in verdicts:
+            sweep = [lv for lv in v.levels if lv.tok_s]
+            peak = max(sweep, key=lambda lv: lv.tok_s or 0.0) if sweep else None
+            acc = [w.accepted_tokens or 0.0 for w in v.windows]
+            dt = [w.draft_tokens or 0.0 for w in v.windows]
+            why = "; ".join(f"{c.name}: {c.message}" for c in v.checks
+                            if c.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE)
+                            and not c.observe_only)
+            t.add_row(v.target, f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]", v.tag or "-",
+                      f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
+                      str(sum(lv.requests for lv in v.levels)), str(sum(lv.errors for lv in v.levels)),
+                      pct(sum(acc) / sum(dt)) if sum(dt) else "-", why or v.summary)
+        out.print(t)
+        for v in verdicts:
+            if v.artifacts_dir:
+                out.print(f"[dim]{v.target}: artifacts in {v.artifacts_dir}[/]")
+
+    return render
+
+
+@click.command("soak")
+@click.option("--limit", "-l", metavar="HOSTS", help="Hosts to soak (Ansible pattern); default: every host.")
+@click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
+              help="Soak this OpenAI-compatible endpoint instead of inventory hosts (repeatable).")
+@click.option("--duration", "-d", metavar="D", help="Length of the sustained phase (90s, 10m, 1h).")
+@click.option("--recipe", metavar="NAME", help="Recipe whose gate to apply (default: each host's fleetctl_recipe).")
+@click.option("--profile", type=click.Choice(PROFILES), help="Gate profile (default: the recipe's, else spark).")
+@click.option("--model", "models", multiple=True, metavar="NAME",
+              help="With --endpoint: served model names to expect (the first is used for requests).")
+@click.option("--smoke-only", is_flag=True, help="Readiness, identity and smoke only (no load).")
+@click.option("--ready-timeout", metavar="D", help="How long to wait for /health 200 (default: the profile's).")
+@click.option("--baseline-tag", metavar="TAG", help="Compare with this tag's baseline (default: the serving tag).")
+@click.option("--no-save-baseline", is_flag=True, help="Do not keep a passing soak as the host's new baseline.")
+@click.option("--json", "json_file", metavar="F", help="Write the verdicts as JSON to F ('-' for stdout).")
+@click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
+@click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report with charts to F.")
+@pass_ctx
+def soak(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str | None, recipe: str | None,
+         profile: str | None, models: tuple[str, ...], smoke_only: bool, ready_timeout: str | None,
+         baseline_tag: str | None, no_save_baseline: bool, json_file: str | None, junit_file: str | None,
+         html_file: str | None) -> None:
+    """Soak serving hosts (or endpoints) in parallel and gate on the verdict.
+
+    Exit 0 when every soak passed, 1 when one failed, 2 when one was
+    inconclusive or could not run (an endpoint that is down is an error, not
+    a failure).
+    """
+    if endpoints and limit:
+        raise click.UsageError("--limit and --endpoint are exclusive")
+    dur = parse_duration(duration, "--duration") if duration is not None else None
+    ready = parse_duration(ready_timeout, "--ready-timeout") if ready_timeout is not None else None
+    if endpoints:
+        jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models)
+    else:
+        jobs = _host_jobs(ctx, limit, recipe, profile, dur, smoke_only, ready, baseline_tag)
+
+    verdicts: list[Verdict] = []
+    try:
+        with ctx.progress("soak", ("phase", "concurrency", "tok_s", "acceptance", "errors", "message")) as progress, \
+                ThreadPoolExecutor(max_workers=min(len(jobs), 32), thread_name_prefix="soak") as pool:
+            futures = [pool.submit(_run, j, progress) for j in jobs]
+            verdicts = [f.result() for f in futures]
+    finally:
+        ssh.close_all()
+
+    for job, v in zip(jobs, verdicts, strict=True):
+        if not no_save_baseline and job.target.container is not None and not smoke_only:
+            baselines.save(job.state_dir, job.target.name, job.target.tag, v)
+    base_map = {j.target.name: j.baseline for j in jobs if j.baseline is not None}
+    if json_file:
+        if json_file == "-":
+            click.echo(report.to_json(verdicts))
+        else:
+            report.write_json(Path(json_file), verdicts)
+    if junit_file:
+        report.write_junit(Path(junit_file), verdicts)
+    if html_file:
+        report.write_html(Path(html_file), verdicts, base_map)
+    if json_file != "-":
+        _summary(verdicts)(ctx.out)
+    code = _exit_code(report.worst(verdicts))
+    if code != ExitCode.OK:
+        raise click.exceptions.Exit(int(code))
+
+
+commands: list[click.Command] = [soak]
