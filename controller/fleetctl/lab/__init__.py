@@ -12,6 +12,8 @@ Public API: :func:`up`, :func:`down`, :func:`status`, :func:`set_node`,
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
 import subprocess
@@ -23,6 +25,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fleetctl import paths
 from fleetctl.errors import FleetError
 from fleetctl.lab import aptrepo, images, inventory, nodes, procs
 from fleetctl.lab.engine import Engine
@@ -110,8 +113,9 @@ def _write_state(lay: Layout, data: dict[str, Any]) -> None:
 
 @contextmanager
 def _locked(lay: Layout, progress: Progress = NULL) -> Iterator[None]:
-    # Beside the lab dir, not in it: `down` removes the directory while holding the lock.
-    lock = lay.root.parent / f".{lay.root.name}.lock"
+    # In the shared cache, not in the lab dir: `down` removes the directory while holding the lock.
+    key = hashlib.sha256(str(lay.root).encode()).hexdigest()[:16]
+    lock = paths.cache_dir() / "locks" / f"lab-{key}.lock"
     with file_lock(lock, f"lab {lay.root}", progress):
         yield
 
@@ -274,8 +278,13 @@ def down(progress: Progress = NULL) -> list[str]:
         Registry(lay).stop()
         WebServer(lay).stop()
         _unmount_under(lay.root)
+        _unmount_under(lay.exec_root)
         if Path(f"/sys/class/net/{lay.bridge}").exists():
             subprocess.run(["ip", "link", "delete", lay.bridge], check=False, capture_output=True)
+        if lay.exec_root.exists() and not lay.exec_root.is_relative_to(lay.root):
+            subprocess.run(["rm", "-rf", "--one-file-system", str(lay.exec_root)], check=False)
+            with contextlib.suppress(OSError):  # shared by other deep-path labs: only if empty
+                lay.exec_root.parent.rmdir()
         if lay.root.exists():
             progress(Event("removing", str(lay.root)))
             subprocess.run(["rm", "-rf", "--one-file-system", str(lay.root)], check=False)
@@ -293,14 +302,17 @@ def _unmount_under(root: Path) -> None:
 def leftover(lay: Layout | None = None) -> list[str]:
     """What of the lab still exists: processes, mounts, its interface, its directory (empty when clean)."""
     lay = lay or current()
-    out = [f"process {pid}: {cmd}" for pid, cmd in procs.processes_under(str(lay.root) + "/")]
-    prefix = str(lay.root) + "/"
-    out += [f"mount {line.split()[1]}" for line in Path("/proc/mounts").read_text().splitlines()
-            if line.split()[1].startswith(prefix)]
+    out: list[str] = []
+    for d in {lay.root, lay.exec_root}:
+        prefix = str(d) + "/"
+        out += [f"process {pid}: {cmd}" for pid, cmd in procs.processes_under(prefix)]
+        out += [f"mount {line.split()[1]}" for line in Path("/proc/mounts").read_text().splitlines()
+                if line.split()[1].startswith(prefix)]
     if Path(f"/sys/class/net/{lay.bridge}").exists():
         out.append(f"network interface {lay.bridge}")
-    if lay.root.exists():
-        out.append(f"directory {lay.root}")
+    for d in {lay.root, lay.exec_root}:
+        if d.exists():
+            out.append(f"directory {d}")
     return out
 
 

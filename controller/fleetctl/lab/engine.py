@@ -67,7 +67,10 @@ class Engine:
         """True when the engine answers on its socket."""
         if not self.layout.docker_sock.exists():
             return False
-        return self.docker("version", "--format", "{{.Server.Version}}", check=False, timeout=10).returncode == 0
+        try:
+            return self.docker("version", "--format", "{{.Server.Version}}", check=False, timeout=20).returncode == 0
+        except FleetError:  # timed out: a busy machine, not a verdict
+            return False
 
     def start(self, progress: Progress = NULL) -> None:
         """Start the dockerd if it is not running, and wait until it answers."""
@@ -79,14 +82,14 @@ class Engine:
         self.layout.check()
         if self.pid() is None:
             (self.dir / "data").mkdir(parents=True, exist_ok=True)
-            (self.dir / "exec").mkdir(parents=True, exist_ok=True)
+            self.layout.exec_root.mkdir(parents=True, exist_ok=True)
             self.layout.docker_sock.unlink(missing_ok=True)
             progress(Event("engine", f"starting the lab's dockerd on {self.layout.docker_sock}"))
             pid = procs.spawn(self._argv(), self.pidfile, self.log)
         else:
             pid = self.pid() or 0
         procs.wait_until(
-            self.answering, timeout=60, what=f"the lab's dockerd ({self.layout.docker_sock})",
+            self.answering, timeout=180, what=f"the lab's dockerd ({self.layout.docker_sock})",
             fix=f"see {self.log}", alive=lambda: procs.alive(pid),
         )
 
@@ -95,7 +98,7 @@ class Engine:
         return [
             "dockerd",
             "--data-root", str(d / "data"),
-            "--exec-root", str(d / "exec"),
+            "--exec-root", str(self.layout.exec_root),
             "--pidfile", str(d / "dockerd.pid"),
             "-H", self.layout.docker_host,
             # The lab makes its own network; no docker0, no NAT, no firewall rules

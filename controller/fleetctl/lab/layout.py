@@ -6,6 +6,7 @@ long as their directories and subnets differ.
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 from dataclasses import dataclass
@@ -89,6 +90,20 @@ class Layout:
     def docker_host(self) -> str:
         """``DOCKER_HOST`` value for the lab's engine."""
         return f"unix://{self.docker_sock}"
+
+    @property
+    def exec_root(self) -> Path:
+        """dockerd's exec root: in the lab dir, unless containerd's sockets below it would be too long.
+
+        containerd puts ``containerd/containerd.sock.ttrpc`` under it; a deep lab
+        directory (a pytest tmp dir) overflows sun_path, so such a lab keeps its
+        exec root under /run instead (removed by ``down`` all the same).
+        """
+        inside = self.engine_dir / "exec"
+        if len(str(inside / "containerd" / "containerd.sock.ttrpc")) <= _MAX_SOCKET_PATH:
+            return inside
+        key = hashlib.sha256(str(self.root).encode()).hexdigest()[:12]
+        return Path("/run/fleetctl-lab") / key
 
     @property
     def run_dir(self) -> Path:
