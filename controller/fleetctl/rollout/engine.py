@@ -149,8 +149,6 @@ class Engine:
         self.secrets = dict(os.environ if secrets is None else secrets)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
-        profile = inventory.vars.get("fleetctl_soak_profile")
-        self.soak_profile = str(profile) if profile else None
 
     def close(self) -> None:
         """Close the ledger and SSH connections."""
@@ -422,7 +420,7 @@ class Engine:
         else:
             self._phase(rid, h, "loading", "already running this rollout's container: gating it", show,
                         status=L.IN_PROGRESS)
-        cfg = gate.config(recipe, opts.soak, self.soak_profile)
+        cfg = gate.config(recipe, opts.soak, h)
         target = gate.target(h, recipe, p.tag)
         self._phase(rid, h, "loading", "waiting for /health", {**show, "health": "loading"})
         t0 = time.monotonic()
@@ -478,7 +476,7 @@ class Engine:
                 return
             back = {**show, "tag": prev.tag or "?"}
             self._phase(rid, h, "rolling-back", f"restored {prev.tag}; waiting for /health", {**back, "health": "loading"})
-            cfg = gate.config(recipe, None, self.soak_profile)
+            cfg = gate.config(recipe, None, h)
             target = gate.target(h, recipe, prev.tag or "")
             ready = gate.wait(target, cfg, None, self._forward(h, back, "rolling-back"))
             if not ready.ready:
@@ -599,7 +597,7 @@ class Engine:
             remote.retire(h, name, rid, digest)
             self._phase(rid, h, "starting", None, show)
             remote.start(h, recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid, secrets=self.secrets)
-        cfg = gate.config(recipe, None, self.soak_profile)
+        cfg = gate.config(recipe, None, h)
         target = gate.target(h, recipe, tag or "")
         ready = gate.wait(target, cfg, None, self._forward(h, show, "loading"))
         t["ready"] = time.monotonic() - t0

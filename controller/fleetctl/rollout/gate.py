@@ -31,12 +31,13 @@ from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.verdict import Outcome
 
 
-def config(recipe: Recipe, soak_seconds: float | None, profile: str | None = None) -> SoakConfig:
+def config(recipe: Recipe, soak_seconds: float | None, host: Host) -> SoakConfig:
     """The recipe's soak config, with ``--soak`` overriding the sustained phase's length.
 
-    ``profile`` is the inventory's ``fleetctl_soak_profile`` (the lab sets ``lab``).
+    The profile is the host's ``fleetctl_soak_profile`` (as for ``fleetctl soak``), else the recipe's.
     """
-    cfg = from_recipe(recipe, profile=profile)
+    profile = host.vars.get("fleetctl_soak_profile")
+    cfg = from_recipe(recipe, profile=str(profile) if profile else None)
     return cfg.with_duration(soak_seconds) if soak_seconds is not None else cfg
 
 

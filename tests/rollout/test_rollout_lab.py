@@ -1,0 +1,276 @@
+"""Rollouts and rollbacks on the lab's 4 nodes, each checked against the nodes' real state over SSH.
+
+"Real state" is read with ``fleetctl.ssh`` + ``docker inspect`` on every node,
+independently of the ledger and of fleetctl's labels: the image ID the
+``vllm`` container runs must be the image ID of ``<mirror>/<repo>@<digest>``
+on that node, and the container must be running.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import inventory, paths, registry, ssh
+from fleetctl import lab as fleetlab
+from fleetctl.errors import FleetError
+from fleetctl.progress import Event
+from fleetctl.rollout import ledger as L
+from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from tests.plugins.serving import LAB_SOAK, engine, serve
+
+pytestmark = pytest.mark.lab
+
+NEW = "v0.24.0"
+OLD = "v0.23.0"
+CRASH = "2026-06-11-pr41703"
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+
+
+def resolve(tag: str) -> registry.ResolvedImage:
+    inv = inventory.load(None)
+    eng = Engine(inv)
+    try:
+        return registry.resolve(eng.recipe().image, tag, eng.mirrors)
+    finally:
+        eng.close()
+
+
+def real_state() -> dict[str, dict[str, Any]]:
+    """Per node: is ``vllm`` running, its image ID, its container ID and start time (docker inspect over SSH)."""
+    inv = inventory.load(None)
+    out: dict[str, dict[str, Any]] = {}
+    for h in inv.hosts.values():
+        r = ssh.run(h, "docker inspect vllm --format '{{json .}}'", timeout=30)
+        if r.rc != 0:
+            out[h.name] = {"running": False, "image_id": None, "id": None, "started": None}
+            continue
+        c = json.loads(r.stdout)
+        out[h.name] = {"running": c["State"]["Running"], "image_id": c["Image"], "id": c["Id"],
+                       "started": c["State"]["StartedAt"], "labels": c["Config"]["Labels"] or {}}
+    return out
+
+
+def image_ids(tag: str) -> dict[str, str | None]:
+    """Per node: the local image ID of the resolved digest of ``tag`` (None if the node lacks it)."""
+    img = resolve(tag)
+    inv = inventory.load(None)
+    ref = registry.pull_ref(img.image, img.digest, inv.vars.get("fleetctl_registry_mirrors"))
+    out: dict[str, str | None] = {}
+    for h in inv.hosts.values():
+        r = ssh.run(h, ["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=30)
+        out[h.name] = r.stdout.strip() if r.ok else None
+    return out
+
+
+def serving_tag(tag: str) -> dict[str, bool]:
+    """Per node: does its running vllm container run exactly the bytes of ``tag``?"""
+    ids = image_ids(tag)
+    state = real_state()
+    return {n: bool(s["running"] and ids[n] and s["image_id"] == ids[n]) for n, s in state.items()}
+
+
+def ledger() -> L.Ledger:
+    return L.open_ledger(paths.state_dir(inventory.load(None).path))
+
+
+def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FLEETCTL, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+
+
+def run_rollout(tag: str, progress: Callable[[Event], None] | None = None, **kw: Any) -> RolloutResult:
+    eng = engine(progress) if progress else engine()
+    try:
+        return eng.rollout(Options(tag=tag, soak=LAB_SOAK, **kw))
+    finally:
+        eng.close()
+        ssh.close_all()
+
+
+@pytest.fixture
+def at_new(serving: RolloutResult) -> Iterator[None]:
+    """The fleet serving v0.24.0 first (the scenario tests roll away from it)."""
+    del serving
+    serve(NEW)
+    assert all(serving_tag(NEW).values())
+    yield
+
+
+# -- planning refusals: nothing changes ---------------------------------------------------------
+
+
+def test_unknown_tag_is_refused_before_any_change(serving: RolloutResult) -> None:
+    serve(OLD)
+    before = real_state()
+    n = len(ledger().ids())
+    r = cli("rollout", "--tag", "v9.9.9", "--yes")
+    assert r.returncode == 2, r.stderr
+    assert "no tag 'v9.9.9'" in r.stderr and "2026-07-01-v0.24.0" in r.stderr
+    assert real_state() == before and len(ledger().ids()) == n
+
+
+def test_wrong_gpu_node_is_refused_before_any_change(
+        serving: RolloutResult, lab_fault: Callable[..., AbstractContextManager[Any]]) -> None:
+    serve(OLD)
+    before = real_state()
+    with lab_fault("spark-03", gpu="NVIDIA H100 80GB HBM3"), pytest.raises(FleetError) as e:
+        run_rollout(NEW)
+    msg = e.value.message()
+    assert "spark-03" in msg and "H100" in msg and "before any change" in msg
+    assert "spark-01" not in msg
+    assert real_state() == before
+
+
+def test_dry_run_prints_the_plan_as_json(serving: RolloutResult) -> None:
+    serve(OLD)
+    r = cli("rollout", "--tag", NEW, "--dry-run", "--waves", "1,50%", "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    plan = data["plan"]
+    assert plan["tag"] == "2026-07-01-v0.24.0" and plan["digest"] == resolve(NEW).digest
+    assert [len(w) for w in plan["waves"]] == [1, 2, 1]
+    assert all(h["current_tag"] == "2026-06-18-v0.23.0-dflashfix" for h in plan["hosts"])
+
+
+# -- the main path ---------------------------------------------------------------------------------
+
+
+def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResult) -> None:
+    serve(OLD)
+    events: list[Event] = []
+    r = run_rollout(NEW, events.append, max_unavailable="3")
+    assert r.status == "completed", r.error
+    assert all(serving_tag(NEW).values()), real_state()
+    assert [h.status for h in r.hosts] == ["done"] * 4
+    assert all(h.before_tag == "2026-06-18-v0.23.0-dflashfix" and h.after_digest == resolve(NEW).digest
+               for h in r.hosts)
+    # the live table filled in: every host went through the phases, with wave and tag columns
+    for h in r.hosts:
+        phases = [e.phase for e in events if e.host == h.host]
+        assert phases.index("stopping") < phases.index("loading") < phases.index("soak") < phases.index("done")
+    assert any(e.data.get("wave") == 2 and e.data.get("tag") == "2026-07-01-v0.24.0" for e in events)
+    labels = real_state()["spark-01"]["labels"]
+    assert labels["fleetctl.rollout"] == r.id and labels["fleetctl.digest"] == resolve(NEW).digest
+
+    rb = cli("rollback", "--max-unavailable", "100%", "--json")
+    assert rb.returncode == 0, rb.stderr
+    assert json.loads(rb.stdout)["status"] == "completed"
+    assert all(serving_tag(OLD).values()), real_state()
+
+    hist = cli("history", "--json")
+    assert hist.returncode == 0
+    entries = json.loads(hist.stdout)
+    assert [e["kind"] for e in entries[:2]] == ["rollback", "rollout"]
+    assert entries[0]["parent"] == r.id and entries[1]["id"] == r.id
+    assert {h["host"]: h["status"] for h in entries[1]["hosts"]} == {f"spark-0{i}": "done" for i in range(1, 5)}
+
+
+# -- gates catch the bad tags on the canary ------------------------------------------------------
+
+
+def _gate_fails_on_canary(tag: str) -> RolloutResult:
+    before = real_state()
+    r = run_rollout(tag)
+    assert r.status == "failed" and r.exit_code == 1
+    canary, *others = r.hosts
+    assert canary.host == "spark-01" and canary.status == "rolled-back", canary
+    assert canary.after_tag == "2026-07-01-v0.24.0"
+    assert all(h.status == "pending" for h in others)
+    after = real_state()
+    assert all(serving_tag(NEW).values()), after
+    for n in ("spark-02", "spark-03", "spark-04"):  # never touched: same container, never restarted
+        assert (after[n]["id"], after[n]["started"]) == (before[n]["id"], before[n]["started"])
+    return r
+
+
+def test_crash_at_32_tag_fails_on_canary(at_new: None) -> None:
+    r = _gate_fails_on_canary(CRASH)
+    assert r.error and "spark-01" in r.error
+    assert any("32" in c or "crash" in c.lower() for c in r.hosts[0].failed_checks), r.hosts[0]
+
+
+def test_boot_failure_tag_fails_on_canary_with_its_cause(at_new: None) -> None:
+    fleetlab.add_image("2026-07-02-bootfail", {
+        "EMU_BOOT_FAIL": "ValueError: max_num_scheduled_tokens is set to -512", "EMU_LOAD_SECONDS": "1"})
+    r = _gate_fails_on_canary("2026-07-02-bootfail")
+    assert "max_num_scheduled_tokens is set to -512" in (r.hosts[0].error or ""), r.hosts[0]
+
+
+def test_acceptance_decay_tag_fails_on_canary(at_new: None) -> None:
+    fleetlab.add_image("2026-07-02-decay", {"EMU_ACCEPT_DECAY_PER_MIN": "0.9", "EMU_SPEED": "10",
+                                            "EMU_LOAD_SECONDS": "1"})
+    r = _gate_fails_on_canary("2026-07-02-decay")
+    assert "accept" in (r.hosts[0].error or "").lower(), r.hosts[0]
+
+
+# -- crash safety and concurrency ------------------------------------------------------------------
+
+
+def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
+    serve(OLD)
+    led = ledger()
+    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        rec = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert p.poll() is None, "the rollout ended before it could be killed"
+            rec = led.latest(kind="rollout", statuses=(L.RUNNING,))
+            if rec is not None and any(h.wave == 1 and h.phase in ("starting", "loading", "soak") for h in rec.hosts):
+                break
+            time.sleep(0.2)
+        assert rec is not None
+        # a second rollout while the first runs is refused, naming the first
+        second = cli("rollout", "--tag", NEW, "--yes")
+        assert second.returncode == 4 and rec.id in second.stderr, second.stderr
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    killed = led.get(rec.id)
+    assert killed.status == L.RUNNING and any(h.status == L.IN_PROGRESS for h in killed.hosts)
+    # a new rollout refuses to start over an interrupted one
+    fresh = cli("rollout", "--tag", NEW, "--yes")
+    assert fresh.returncode == 2 and "interrupted" in fresh.stderr and rec.id in fresh.stderr
+    resumed = cli("rollout", "--resume", "--yes", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout)["status"] == "completed"
+    assert all(serving_tag(NEW).values()), real_state()
+    final = led.get(rec.id)
+    assert final.status == L.COMPLETED and {h.status for h in final.hosts} == {L.DONE}
+    assert {w.status for w in final.waves} == {L.DONE}
+    assert any(ph.phase == "resumed" for ph in final.phases) and led.holder() is None
+    led.close()
+
+
+def test_node_that_stops_answering_stops_the_rollout(
+        serving: RolloutResult, lab_fault: Callable[..., AbstractContextManager[Any]]) -> None:
+    serve(OLD)
+    with lab_fault("spark-04"):
+        paused = {"done": False}
+
+        def on_event(e: Event) -> None:
+            if e.phase == "done" and e.host == "spark-01" and not paused["done"]:
+                paused["done"] = True
+                fleetlab.set_node("spark-04", paused=True)
+
+        r = run_rollout(NEW, on_event, max_unavailable="100%", ready_timeout=60)
+        assert paused["done"]
+    assert r.status == "failed", r
+    s4 = next(h for h in r.hosts if h.host == "spark-04")
+    assert s4.status == "failed" and s4.error and "spark-04" in (r.error or "")
+    ssh.close_all()
+    state = serving_tag(OLD)
+    assert state["spark-04"], real_state()  # never changed: still the old version, serving
