@@ -189,6 +189,8 @@ def stage(
     recipe_name: str | None = None,
     *,
     limit: str | None = None,
+    source: str | None = None,
+    local_dir: str | Path | None = None,
     headroom_gb: float | None = None,
     checksums: bool = False,
     progress: Progress = NULL,
@@ -198,20 +200,30 @@ def stage(
 ) -> StageResult:
     """Stage ``recipe_name`` (default: the inventory's ``fleetctl_recipe``) on the hosts matching ``limit``.
 
-    A host failing is data in the result; raises only when the run cannot
-    start (unknown recipe, bad inventory, no host matched).
+    ``source`` overrides where the bytes come from: ``mirror``, ``hub``, or
+    ``local`` (``local_dir`` on the controller, laid out like the mirror:
+    ``<dir>/<repo>/<revision>/``). A host failing is data in the result; raises
+    only when the run cannot start (unknown recipe, bad inventory, no host matched).
     """
     recipe = recipe_for(inventory, recipe_name)
     hosts = inventory.select(limit)
-    source = source_for(recipe, inventory)
+    source = source or source_for(recipe, inventory)
+    if source == "local" and not (local_dir and Path(local_dir).is_dir()):
+        raise FleetError(f"source local needs a directory on the controller, got {local_dir!r}",
+                         fix="pass --local-dir DIR holding <repo>/<revision>/ for each weight set")
     run_id = run_id or ansible.new_run_id("stage")
     token = os.environ.get("HF_TOKEN", "")
     if source == "hub":
         progress(Event("source", f"hub ({'token from $HF_TOKEN' if token else 'anonymous'})"))
+    elif source == "local":
+        progress(Event("source", f"controller directory {local_dir}"))
     else:
         progress(Event("source", f"mirror {inventory.vars.get('fleetctl_weights_mirror')}"))
     totals = expected_bytes(recipe, inventory, source)
-    evars: dict[str, Any] = {"weights_recipe": recipe.name, "weights_run": run_id, "weights_checksums": checksums}
+    evars: dict[str, Any] = {"weights_recipe": recipe.name, "weights_run": run_id, "weights_checksums": checksums,
+                             "weights_source": source, "weights_source_forced": True}
+    if local_dir is not None:
+        evars["weights_local_dir"] = str(Path(local_dir).resolve())
     if headroom_gb is not None:
         evars["weights_headroom_gb"] = headroom_gb
     evars.update(extravars or {})

@@ -49,16 +49,21 @@ def _render_stage(r: StageResult) -> Any:
 @click.command("stage")
 @click.option("--recipe", "-r", metavar="NAME", help="Recipe to stage (default: the inventory's fleetctl_recipe).")
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
+@click.option("--source", type=click.Choice(["mirror", "hub", "local"]),
+              help="Where the bytes come from (default: the recipe's, else the mirror if the inventory has one).")
+@click.option("--local-dir", type=click.Path(file_okay=False, exists=True),
+              help="With --source local: a directory holding <repo>/<revision>/ per weight set.")
 @click.option("--headroom-gb", type=click.FloatRange(0), help="Free disk to keep beyond the weights (default 5).")
 @click.option("--checksums", is_flag=True, help="Re-hash every received file against the manifest.")
 @json_option
 @pass_ctx
-def stage_cmd(ctx: Ctx, recipe: str | None, limit: str | None, headroom_gb: float | None, checksums: bool) -> None:
+def stage_cmd(ctx: Ctx, recipe: str | None, limit: str | None, source: str | None, local_dir: str | None,
+              headroom_gb: float | None, checksums: bool) -> None:
     """Stage a recipe's model weights into /opt: fetched once, verified, swapped in atomically."""
     inventory = inv.load(ctx.inventory)
     with ctx.progress("stage", ("phase", "message")) as progress:
-        result = stage(inventory, recipe, limit=limit, headroom_gb=headroom_gb, checksums=checksums,
-                       progress=progress)
+        result = stage(inventory, recipe, limit=limit, source=source, local_dir=local_dir,
+                       headroom_gb=headroom_gb, checksums=checksums, progress=progress)
     ctx.emit(result, _render_stage(result))
     if not result.ok:
         raise click.exceptions.Exit(int(ExitCode.FAILED))

@@ -1,0 +1,220 @@
+"""``fleetctl stage`` on the lab: from the mirror to several nodes, reruns, refusals, full disks, kills.
+
+Broken weight sets live on the lab's mirror under test-only repositories
+(``fleetctl-test/...``), written with fleetctl.lab.models; the tests stage them
+through a copy of the lab's inventory whose recipes name those repositories.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from fleetctl import inventory, ssh
+from fleetctl import lab as fleetlab
+from fleetctl.inventory import Inventory
+from fleetctl.lab import models
+from fleetctl.progress import Event
+from fleetctl.recipes import load_recipes
+from fleetctl.stage import MARKER, StageResult, stage
+
+pytestmark = pytest.mark.lab
+
+BODY_KIND = "qwen36-35b-a3b-nvfp4"
+DRAFTER_KIND = "qwen36-35b-a3b-dflash"
+BODY_PATH = "/opt/fleetctl-test/body"
+DRAFTER_PATH = "/opt/fleetctl-test/drafter"
+BROKEN = {
+    "lfs-pointer": ("body", "Git LFS pointer"),
+    "escaping-symlink": ("body", "symlink leaving the directory"),
+    "missing-shard": ("body", "named in model.safetensors.index.json but missing"),
+    "corrupt-header": ("body", "no valid safetensors header"),
+    "misnested-vision": ("body", "mis-nested as model.language_model.visual"),
+    "v1-keys": ("body", "v1 key layout"),
+    "stale-drafter": ("drafter", "older than 2026-04-19"),
+}
+
+
+def _recipe(body_rev: str, drafter_rev: str = "good") -> dict[str, Any]:
+    return {
+        "image": "ghcr.io/aeon-7/aeon-vllm-ultimate",
+        "served_model_names": ["fleetctl-test"],
+        "weights": [
+            {"role": "body", "repo": "fleetctl-test/body", "revision": body_rev, "path": BODY_PATH,
+             "mount": "/model", "format": "compressed-tensors"},
+            {"role": "drafter", "repo": "fleetctl-test/drafter", "revision": drafter_rev, "path": DRAFTER_PATH,
+             "mount": "/drafter", "format": "bf16", "min_date": "2026-04-19"},
+        ],
+        "vllm_args": ["--quantization", "compressed-tensors", "--max-num-seqs", "8", "--max-num-batched-tokens",
+                      "8192", "--speculative-config", '{"method":"dflash","model":"/drafter","num_speculative_tokens":4}'],
+    }
+
+
+@pytest.fixture(scope="module")
+def test_inventory(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inventory]:
+    """A copy of the lab's inventory whose recipes stage test-only sets, and those sets on the mirror."""
+    mirror = Path(lab.directory) / "www" / "weights"
+    specs = [models.MirrorSpec("fleetctl-test/body", "good", BODY_KIND),
+             models.MirrorSpec("fleetctl-test/body", "good2", BODY_KIND, date="2026-07-01"),
+             models.MirrorSpec("fleetctl-test/drafter", "good", DRAFTER_KIND)]
+    for variant, (role, _) in BROKEN.items():
+        specs.append(models.MirrorSpec(f"fleetctl-test/{role}", variant, BODY_KIND if role == "body" else DRAFTER_KIND,
+                                       variant=variant))
+    models.populate_mirror(mirror, specs)
+    d = tmp_path_factory.mktemp("stage-inventory")
+    shutil.copytree(Path(lab.inventory).parent, d, dirs_exist_ok=True)
+    recipes = {"t-good": _recipe("good"), "t-good2": _recipe("good2")}
+    for variant, (role, _) in BROKEN.items():
+        recipes[f"t-{variant}"] = _recipe(variant) if role == "body" else _recipe("good", variant)
+    (d / "group_vars" / "all" / "recipes.yml").write_text(
+        yaml.safe_dump({"fleetctl_recipe": "t-good", "fleetctl_recipes": recipes}))
+    inv = inventory.load(d / "hosts.yml")
+    load_recipes(inv)  # the test recipes are valid recipes
+    yield inv
+    for node in fleetlab.status().nodes:
+        if node.state == "running":
+            fleetlab.node_exec(node.name, ["rm", "-rf", "/opt/fleetctl-test"])
+    ssh.close_all()
+
+
+def checksums(inv: Inventory, host: str, path: str) -> dict[str, str]:
+    """sha256 of every file under path on a host, over SSH (the marker included)."""
+    r = ssh.run(inv.host(host), f"cd {path} && find . -type f -print0 | sort -z | xargs -0 sha256sum", timeout=30)
+    assert r.ok, r.stderr
+    return {line.split()[1]: line.split()[0] for line in r.stdout.splitlines()}
+
+
+def marker(inv: Inventory, host: str, path: str) -> dict[str, Any]:
+    r = ssh.run(inv.host(host), ["cat", f"{path}/{MARKER}"], timeout=10)
+    assert r.ok, f"{host}: no marker in {path}: {r.stderr}"
+    data: dict[str, Any] = json.loads(r.stdout)
+    return data
+
+
+def leftovers(inv: Inventory, host: str) -> list[str]:
+    r = ssh.run(inv.host(host), "ls -d /opt/fleetctl-test/*.staging-* /opt/fleetctl-test/*.old-* 2>/dev/null || true",
+                timeout=10)
+    return r.stdout.split()
+
+
+def test_default_recipe_staged_on_every_node_from_the_mirror(staged: StageResult, lab: fleetlab.LabStatus) -> None:
+    inv = inventory.load(lab.inventory)
+    assert staged.source == "mirror" and staged.ok
+    assert len(staged.hosts) >= 3
+    seeds = [h for h in staged.hosts.values() if h.seed]
+    assert len(seeds) <= 1  # fetched from the mirror once at most (none when an earlier run staged it all)
+    mirror = Path(lab.directory) / "www" / "weights"
+    recipe = load_recipes(inv)[staged.recipe]
+    for name in staged.hosts:
+        for w in recipe.weights:
+            manifest = json.loads((mirror / w.repo / w.revision / "manifest.json").read_text())
+            on_host = checksums(inv, name, w.path)
+            for f in manifest["files"]:
+                assert on_host[f"./{f['path']}"] == f["sha256"], f"{name}: {w.path}/{f['path']}"
+            assert marker(inv, name, w.path)["revision"] == w.revision
+
+
+def test_rerun_copies_nothing(staged: StageResult, lab: fleetlab.LabStatus) -> None:
+    inv = inventory.load(lab.inventory)
+    again = stage(inv, limit=",".join(staged.hosts))
+    assert again.ok
+    assert again.seed is None and again.copied_bytes == 0
+    for h in again.hosts.values():
+        assert not h.changed and all(s.state == "current" for s in h.sets), h
+
+
+def test_each_broken_variant_is_refused_and_the_previous_weights_stay(test_inventory: Inventory,
+                                                                      lab: fleetlab.LabStatus) -> None:
+    host = "spark-01"
+    first = stage(test_inventory, "t-good", limit=host)
+    assert first.ok, first.hosts[host].message
+    before = {p: checksums(test_inventory, host, p) for p in (BODY_PATH, DRAFTER_PATH)}
+    local = Path(lab.directory) / "www" / "weights"
+    for variant, (role, words) in BROKEN.items():
+        # The mirror serves a symlink's target like a file, so only a copy that keeps links (a
+        # controller directory, as an operator's own download would be) can carry an escaping one.
+        kw: dict[str, Any] = {"source": "local", "local_dir": local} if variant == "escaping-symlink" else {}
+        r = stage(test_inventory, f"t-{variant}", limit=host, **kw)
+        h = r.hosts[host]
+        assert not r.ok and h.status == "failed", variant
+        assert words in h.message, f"{variant}: {h.message}"
+        refused = [s for s in h.sets if s.state == "refused"]
+        assert [s.role for s in refused] == [role], (variant, h.sets)
+        # The per-file report names the bad file when the problem is one file's.
+        if variant in ("lfs-pointer", "escaping-symlink", "corrupt-header"):
+            assert [f.path for f in refused[0].files if f.status == "bad"] == ["model-00003-of-00003.safetensors"]
+        after = {p: checksums(test_inventory, host, p) for p in (BODY_PATH, DRAFTER_PATH)}
+        assert after == before, f"{variant} changed the staged weights"
+        assert leftovers(test_inventory, host) == [], variant
+
+
+def test_disk_too_small_is_refused_before_copying(
+    test_inventory: Inventory, lab_fault: Callable[..., AbstractContextManager[fleetlab.LabNode]]
+) -> None:
+    host = "spark-02"
+    with lab_fault(host, disk_gb=1):
+        r = stage(test_inventory, "t-good", limit=host)
+        h = r.hosts[host]
+        assert not r.ok and "not enough disk" in h.message and "headroom" in h.message, h.message
+        assert h.bytes_copied == 0 and all(s.state == "not staged" for s in h.sets)
+        probe = ssh.run(test_inventory.host(host), "ls -A /opt/fleetctl-test 2>/dev/null | wc -l", timeout=10)
+        assert probe.stdout.strip() == "0", "bytes moved before the disk check"
+    ssh.close_all()
+
+
+def _ansible_pids(run_id: str) -> list[int]:
+    """ansible-playbook processes of one run (their ANSIBLE_CONFIG lies in the run's artifacts)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+            env = (d / "environ").read_bytes()
+        except OSError:
+            continue
+        if b"ansible-playbook" in cmd and run_id.encode() in env:
+            out.append(int(d.name))
+    return out
+
+
+def test_staging_killed_halfway_leaves_the_old_weights_and_the_next_run_completes(test_inventory: Inventory) -> None:
+    hosts = "spark-02,spark-03"
+    first = stage(test_inventory, "t-good", limit=hosts)
+    assert first.ok, [h.message for h in first.hosts.values()]
+    before = {h: checksums(test_inventory, h, BODY_PATH) for h in hosts.split(",")}
+    killed = threading.Event()
+    run_id = "stage-killtest-" + os.urandom(3).hex()
+
+    def killer(ev: Event) -> None:
+        # Kill ansible-playbook (its whole process group) as the seed starts downloading the new set.
+        if killed.is_set() or ev.phase != "task" or not ev.message.startswith("Download the weight sets"):
+            return
+        for pid in _ansible_pids(run_id):
+            try:
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            killed.set()
+
+    r = stage(test_inventory, "t-good2", limit=hosts, progress=killer, run_id=run_id)
+    assert killed.is_set(), "the fetch task never started"
+    assert not r.ok
+    for h in hosts.split(","):
+        assert checksums(test_inventory, h, BODY_PATH) == before[h], f"{h}: old weights changed by a killed run"
+        assert marker(test_inventory, h, BODY_PATH)["revision"] == "good"
+    again = stage(test_inventory, "t-good2", limit=hosts)
+    assert again.ok, [h.message for h in again.hosts.values()]
+    for h in hosts.split(","):
+        assert marker(test_inventory, h, BODY_PATH)["revision"] == "good2"
+        assert leftovers(test_inventory, h) == [], f"{h}: a killed run's staging directory was left behind"
