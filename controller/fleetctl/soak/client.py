@@ -103,16 +103,20 @@ class StreamParser:
         data = self.pending + chunk if self.pending else chunk
         lines = data.split(b"\n")
         self.pending = lines.pop()
+        loads = _loads
         for line in lines:
-            if line[:5] != b"data:":
+            if not line.startswith(b"data:"):
                 continue  # blank separators, comments (": ping"), event: lines
-            payload = line[5:].strip()
+            # vLLM writes "data: {...}"; other servers may omit the space or end lines with \r.
+            payload = line[6:] if line.startswith(b"data: ") else line[5:]
+            if payload.endswith(b"\r") or payload.startswith(b" "):
+                payload = payload.strip()
             if payload == b"[DONE]":
                 self.done = True
                 continue
             self.events += 1
             try:
-                obj = _loads(payload)
+                obj = loads(payload)
             except ValueError:
                 self.error = self.error or f"undecodable stream event: {payload[:120]!r}"
                 continue

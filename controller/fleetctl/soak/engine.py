@@ -55,6 +55,8 @@ from fleetctl.soak.verdict import (
 
 #: Log lines shown while waiting, and searched for a boot failure's cause.
 LOG_TAIL = 40
+#: How long a crashed server's container is given to exit before its state is recorded.
+CRASH_EXIT_WAIT = 15.0
 #: Distributions kept in the verdict for the report (the raw samples are in the artifacts).
 MAX_DIST_SAMPLES = 2000
 
@@ -383,14 +385,22 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
 async def _diagnose_crash(client: Client, st: _State, concurrency: int, label: str) -> str:
     """Name a crash: what /health and the container say, with the log's cause."""
     probe = await client.get("/health", timeout=5.0)
-    what = f"server crashed during {label} (c={concurrency}): /health {probe.state}"
     if probe.ok:
         return ""
+    health = f"HTTP {probe.status}" if probe.state == "http" else (probe.detail or probe.state)
+    where = label if label.startswith("c=") or not concurrency else f"{label} (c={concurrency})"
+    what = f"server crashed during {where}: /health {health}"
     if st.target.container is not None:
+        # vLLM answers 503 for a few seconds after its engine dies, then exits: wait for the
+        # exit so the verdict says what the container did, not what it was about to do.
+        deadline = time.monotonic() + CRASH_EXIT_WAIT
         try:
             cs = await _state(st.target)
+            while cs.running and time.monotonic() < deadline:
+                await asyncio.sleep(1.0)
+                cs = await _state(st.target)
             if not cs.running:
-                what += f", container {cs.status or 'gone'}" + (f" (exit code {cs.exit_code})"
+                what += f", container {cs.status or 'gone'}" + (f" with exit code {cs.exit_code}"
                                                                if cs.exit_code is not None else "")
         except FleetError as e:
             what += f" (container state unreadable: {e.cause})"
