@@ -383,9 +383,11 @@ def _load_checks(raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str
     _unknown(raw, CHECKS, where)
     out: dict[str, CheckSpec] = {}
     for name in CHECKS:
-        given = raw.get(name) or {}
+        given = raw.get(name)
         if given is False:
             given = {"enabled": False}
+        elif given is None:
+            given = {}
         if not isinstance(given, Mapping):
             raise SoakConfigError(f"{where}.{name} must be a mapping",
                                   fix=f"e.g. {name}: {{observe_only: true}}")

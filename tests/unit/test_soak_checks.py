@@ -1,0 +1,122 @@
+"""The checks from data: limits (Argo style), missing data, garbage, decay, baselines."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from fleetctl.soak import checks
+from fleetctl.soak.checks import Evidence, decide, garbage
+from fleetctl.soak.config import CheckSpec, load_config
+from fleetctl.soak.verdict import LevelSummary, Measurement, Outcome, Readiness, Verdict, Window
+
+P, F, INC, ERR = Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.ERROR
+READY = Readiness(P, "ok", 1.0)
+
+
+def m(o: Outcome) -> Measurement:
+    return Measurement("x", o, f"measured {o.value}")
+
+
+def test_limits_follow_argo_analysis() -> None:
+    spec = CheckSpec("t")
+    assert decide(spec, [m(P), m(P)]).outcome is P
+    assert decide(spec, [m(P), m(F)]).outcome is F
+    assert decide(dataclasses.replace(spec, failure_limit=1), [m(P), m(F)]).outcome is P
+    assert decide(spec, [m(P), m(INC)]).outcome is INC
+    assert decide(dataclasses.replace(spec, inconclusive_limit=1), [m(INC), m(P)]).outcome is P
+    assert decide(spec, [m(ERR)]).outcome is ERR
+    assert decide(dataclasses.replace(spec, consecutive_error_limit=1), [m(ERR), m(P), m(ERR)]).outcome is P
+    assert decide(dataclasses.replace(spec, consecutive_error_limit=1), [m(ERR), m(ERR)]).outcome is ERR
+    # Missing data is never a pass.
+    assert decide(spec, []).outcome is INC
+
+
+def test_observe_only_checks_do_not_decide_the_verdict() -> None:
+    failing = decide(CheckSpec("lat", observe_only=True), [m(F)])
+    assert failing.outcome is F
+    assert checks.overall([failing, decide(CheckSpec("x"), [m(P)])]) is P
+    assert checks.overall([decide(CheckSpec("a"), [m(INC)]), decide(CheckSpec("b"), [m(ERR)])]) is ERR
+    assert checks.overall([decide(CheckSpec("a"), [m(ERR)]), decide(CheckSpec("b"), [m(F)])]) is F
+
+
+def test_garbage_detection() -> None:
+    assert garbage("!!!!!!!!!!!!!!!!!!!!!!!!") != ""
+    assert "'!'" in garbage("The answer is !!!!!!!!!!!!")
+    assert garbage("?" * 40) != ""
+    assert garbage("17 × 23 = 391.") == ""
+    assert garbage("```python\ndef f():\n    return 1\n```\n----------------\n") == ""
+    assert garbage("") == ""
+
+
+def _level(c: int, tok_s: float | None, errors: int = 0, ttft: float = 0.1, tpot: float = 0.01) -> LevelSummary:
+    return LevelSummary("sweep", f"c={c}", c, requests=8, errors=errors, seconds=2.0, tok_s=tok_s,
+                        ttft_p50=ttft, ttft_p95=ttft, tpot_p50=tpot, first_error="boom" if errors else "")
+
+
+def _verdict(levels: tuple[LevelSummary, ...]) -> Verdict:
+    return Verdict("base-run", "h", "u", P, "pass", "s", "f", 1.0, levels=levels)
+
+
+def test_throughput_against_a_baseline_and_without() -> None:
+    cfg = load_config(profile="lab")
+    ev = Evidence(READY, levels=(_level(1, 70.0), _level(4, 180.0)), load_ran=True)
+    base = _verdict((_level(1, 100.0), _level(4, 200.0)))
+    r = checks.check_throughput(cfg.check("throughput"), ev, base)
+    assert r.outcome is F
+    assert [x.label for x in r.measurements if x.outcome is F] == ["c=1"]
+    assert "70.0 tok/s vs baseline 100.0 (-30%" in r.message
+    assert checks.check_throughput(cfg.check("throughput"), ev, None).outcome is P
+    # A level with no successful request is missing data.
+    ev2 = Evidence(READY, levels=(_level(1, None, errors=8),), load_ran=True)
+    assert checks.check_throughput(cfg.check("throughput"), ev2, None).outcome is INC
+
+
+def test_errors_fail_the_level_they_happen_at() -> None:
+    cfg = load_config(profile="lab")
+    ev = Evidence(READY, levels=(_level(16, 100.0), _level(32, 10.0, errors=8)), load_ran=True, crash="")
+    r = checks.check_errors(cfg.check("errors"), ev, cfg)
+    assert r.outcome is F and r.message.startswith("c=32: 8/8 requests failed (boom)")
+
+
+def _sus(i: int, rate: float | None) -> Window:
+    return Window(f"sustained #{i}", "sustained", i * 5.0, i * 5.0 + 5, acceptance_rate=rate,
+                  per_position=(rate,) if rate is not None else ())
+
+
+def test_decay_is_judged_on_the_trend_of_windows() -> None:
+    cfg = load_config()
+    spec = cfg.check("acceptance_decay")
+    decaying = Evidence(READY, windows=tuple(_sus(i, r) for i, r in enumerate((0.5, 0.45, 0.3, 0.2, 0.1, 0.02))),
+                        load_ran=True, spec_seen=True)
+    r = checks.check_acceptance_decay(spec, decaying, cfg)
+    assert r.outcome is F and "fell" in r.message
+    steady = Evidence(READY, windows=tuple(_sus(i, r) for i, r in enumerate((0.5, 0.48, 0.52, 0.49))),
+                      load_ran=True, spec_seen=True)
+    assert checks.check_acceptance_decay(spec, steady, cfg).outcome is P
+    short = Evidence(READY, windows=(_sus(0, 0.5), _sus(1, 0.5)), load_ran=True, spec_seen=True)
+    assert checks.check_acceptance_decay(spec, short, cfg).outcome is INC
+
+
+def test_spec_checks_when_the_server_has_no_speculative_decoding() -> None:
+    ev = Evidence(READY, load_ran=True, spec_seen=False)
+    recipe_says_spec = load_config(speculative=True)
+    assert checks.check_acceptance(recipe_says_spec.check("acceptance"), ev, recipe_says_spec).outcome is INC
+    unknown = load_config()
+    assert checks.check_acceptance(unknown.check("acceptance"), ev, unknown).outcome is Outcome.SKIPPED
+    plain = load_config(speculative=False)
+    assert checks.check_long_context(plain.check("long_context"), ev, plain).outcome is Outcome.SKIPPED
+
+
+def test_long_context_collapse_fails() -> None:
+    cfg = load_config(profile="lab")
+    ws = (Window("coding", "classes", 0, 1, acceptance_rate=0.4, per_position=(0.5,)),
+          Window("long_context", "classes", 1, 2, acceptance_rate=0.01, per_position=(0.02,)))
+    r = checks.check_long_context(cfg.check("long_context"), Evidence(READY, windows=ws, load_ran=True,
+                                                                       spec_seen=True), cfg)
+    assert r.outcome is F and "collapses" in r.message
+
+
+def test_a_crash_fails_the_container_check_even_without_container_access() -> None:
+    r = checks.check_container(CheckSpec("container"), Evidence(READY, crash="server crashed during c=32"))
+    assert r.outcome is F
+    assert checks.check_container(CheckSpec("container"), Evidence(READY)).outcome is Outcome.SKIPPED

@@ -1,0 +1,79 @@
+"""/metrics parsing and windows: deltas between scrapes, summed over engines, resets noticed."""
+
+from __future__ import annotations
+
+import pytest
+
+from fleetctl.soak import metrics
+
+
+def scrape(t: float, drafts: float, draft_tokens: float, accepted: float, pos: tuple[float, ...],
+           stop: float, gen: float, preempt: float = 0, kv: float = 0.1, engines: int = 1) -> metrics.Scrape:
+    lines = ["# TYPE vllm:spec_decode_num_drafts counter", "# TYPE vllm:spec_decode_num_draft_tokens counter",
+             "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+             "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+             "# TYPE vllm:request_success counter", "# TYPE vllm:generation_tokens counter",
+             "# TYPE vllm:num_preemptions counter", "# TYPE vllm:kv_cache_usage_perc gauge"]
+    for e in range(engines):
+        lab = f'model_name="m",engine="{e}"'
+        lines += [f"vllm:spec_decode_num_drafts_total{{{lab}}} {drafts / engines}",
+                  f"vllm:spec_decode_num_draft_tokens_total{{{lab}}} {draft_tokens / engines}",
+                  f"vllm:spec_decode_num_accepted_tokens_total{{{lab}}} {accepted / engines}",
+                  *(f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v / engines}'
+                    for i, v in enumerate(pos)),
+                  f'vllm:request_success_total{{{lab},finished_reason="stop"}} {stop / engines}',
+                  f'vllm:request_success_total{{{lab},finished_reason="error"}} 0',
+                  f"vllm:generation_tokens_total{{{lab}}} {gen / engines}",
+                  f"vllm:num_preemptions_total{{{lab}}} {preempt / engines}",
+                  f"vllm:kv_cache_usage_perc{{{lab}}} {kv / engines}"]
+    return metrics.parse("\n".join(lines) + "\n", t)
+
+
+def test_window_is_the_delta_not_the_lifetime_total() -> None:
+    # Lifetime acceptance would read 900/1000 = 90%; the window's own is 10/100 = 10%.
+    a = scrape(0, drafts=250, draft_tokens=1000, accepted=900, pos=(240, 230, 220, 210), stop=50, gen=2000)
+    b = scrape(10, drafts=275, draft_tokens=1100, accepted=910, pos=(246, 232, 221, 211), stop=60, gen=2400)
+    w = metrics.window(a, b, "x", "sweep")
+    assert w.acceptance_rate == pytest.approx(0.10)
+    assert w.mean_acceptance_length == pytest.approx(1 + 10 / 25)
+    assert w.per_position == pytest.approx((6 / 25, 2 / 25, 1 / 25, 1 / 25))
+    assert w.success_by_reason == {"error": 0.0, "stop": 10.0}
+    assert w.generation_tok_s == pytest.approx(40.0)
+    assert not w.counter_reset
+
+
+def test_engines_are_summed() -> None:
+    s = scrape(0, drafts=100, draft_tokens=400, accepted=200, pos=(60, 50), stop=8, gen=100, engines=2)
+    assert s.value(metrics.DRAFTS) == pytest.approx(100)
+    assert s.by_label(metrics.SUCCESS, "finished_reason")["stop"] == pytest.approx(8)
+    assert s.has_spec_decode
+
+
+def test_a_counter_going_backwards_is_a_restart() -> None:
+    a = scrape(0, drafts=500, draft_tokens=2000, accepted=1000, pos=(400,), stop=90, gen=9000)
+    b = scrape(5, drafts=10, draft_tokens=40, accepted=20, pos=(8,), stop=2, gen=80)
+    assert metrics.window(a, b, "x", "sustained").counter_reset
+
+
+def test_no_spec_decode_series_gives_no_acceptance() -> None:
+    text = "# TYPE vllm:generation_tokens counter\nvllm:generation_tokens_total{model_name=\"m\",engine=\"0\"} 5\n"
+    a, b = metrics.parse(text, 0), metrics.parse(text.replace(" 5", " 9"), 1)
+    w = metrics.window(a, b, "x", "sweep")
+    assert w.acceptance_rate is None and w.per_position == () and not a.has_spec_decode
+    assert w.generation_tokens == 4
+
+
+def test_merge_windows_sums_deltas() -> None:
+    s = [scrape(i, drafts=100 * i, draft_tokens=400 * i, accepted=100 * i * (i % 2 + 1), pos=(50 * i,), stop=i,
+                gen=10 * i) for i in range(4)]
+    ws = [metrics.window(s[i], s[i + 1], f"w{i}", "sustained") for i in range(3)]
+    m = metrics.merge_windows(ws, "all", "sustained")
+    assert m is not None
+    assert m.drafts == 300 and m.draft_tokens == 1200
+    assert m.accepted_tokens == sum(w.accepted_tokens or 0 for w in ws)
+    assert metrics.merge_windows([], "none", "x") is None
+
+
+def test_garbage_text_is_refused() -> None:
+    with pytest.raises(metrics.MetricsError):
+        metrics.parse('vllm:x{a="1" 3\n')
