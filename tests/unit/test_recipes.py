@@ -192,3 +192,12 @@ def test_inventory_without_recipes_says_where_to_add_them(tmp_path: Path) -> Non
     with pytest.raises(RecipeError) as e:
         recipes.load_recipes(inventory.load(tmp_path / "hosts.yml"))
     assert "recipes.yml" in (e.value.fix or "")
+
+
+def test_the_example_inventory_loads_with_the_seed_recipes() -> None:
+    inv = inventory.load(paths.project_root() / "inventory" / "example" / "hosts.yml")
+    assert set(recipes.load_recipes(inv)) == set(seed_raw()["fleetctl_recipes"])
+    assert inv.groups["canary"] == ("spark-01",)
+    assert recipes.recipe_for(inv, host=inv.host("spark-04")).name == "gemma4-26b-a4b"
+    assert recipes.recipe_for(inv, host=inv.host("spark-01")).name == "qwen36-35b-heretic"
+    assert "fleetctl_weights_mirror" not in inv.vars  # production default: the hub
