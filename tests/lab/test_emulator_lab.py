@@ -33,7 +33,7 @@ READY_TIMEOUT = 120.0
 def _fetch_script(mirror: str, repo: str, revision: str, dest: str) -> str:
     """Shell that copies one revision from the weights mirror, file by file from its manifest."""
     base = f"{mirror}/{repo}/{revision}"
-    listing = "python3 -c 'import json,sys; print(\" \".join(f[\"path\"] for f in json.load(sys.stdin)[\"files\"]))'"
+    listing = 'python3 -c \'import json,sys; print(" ".join(f["path"] for f in json.load(sys.stdin)["files"]))\''
     return (
         f"set -e; rm -rf {dest}; mkdir -p {dest}; "
         f"for f in $(curl -fsS {base}/manifest.json | {listing}); do "
@@ -119,21 +119,36 @@ def test_a_node_serves_every_endpoint_from_a_registry_tag(
         assert http.get("/version").json() == {"version": "0.24.0"}
         names = [m["id"] for m in http.get("/v1/models").json()["data"]]
         assert names == list(recipe.served_model_names)
-        smoke = http.post("/v1/chat/completions", json=_chat("What is 17 × 23?", max_tokens=2048)).json()
+        smoke = http.post(
+            "/v1/chat/completions", json=_chat("What is 17 × 23?", max_tokens=2048)
+        ).json()
         assert "391" in smoke["choices"][0]["message"]["content"]
         stream = http.post(
             "/v1/chat/completions",
-            json=_chat("Write a Python function.", max_tokens=200, stream=True, stream_options={"include_usage": True}),
+            json=_chat(
+                "Write a Python function.",
+                max_tokens=200,
+                stream=True,
+                stream_options={"include_usage": True},
+            ),
         )
         events = [line[6:] for line in stream.text.splitlines() if line.startswith("data: ")]
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["usage"]["completion_tokens"] == 200
         assert len(events) - 3 < 200  # DFlash: several tokens per event
-        comp = http.post("/v1/completions", json={"prompt": "What is 2 + 2?", "max_tokens": 8, "temperature": 0})
+        comp = http.post(
+            "/v1/completions", json={"prompt": "What is 2 + 2?", "max_tokens": 8, "temperature": 0}
+        )
         assert "4" in comp.json()["choices"][0]["text"]
         metrics = http.get("/metrics").text
-    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="qwen36-35b-heretic",engine="0",position="10"}' in metrics
-    assert 'vllm:request_success_total{model_name="qwen36-35b-heretic",engine="0",finished_reason="length"} 1.0' in metrics
+    assert (
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="qwen36-35b-heretic",engine="0",position="10"}'
+        in metrics
+    )
+    assert (
+        'vllm:request_success_total{model_name="qwen36-35b-heretic",engine="0",finished_reason="length"} 1.0'
+        in metrics
+    )
     # docker stop = SIGTERM: a clean exit.
     ssh.run(host, f"docker stop -t 20 {CONTAINER}", timeout=60).check("stopping the emulator")
     state = _state(host)
@@ -142,7 +157,9 @@ def test_a_node_serves_every_endpoint_from_a_registry_tag(
 
 
 async def _streams(base: str, n: int, max_tokens: int) -> list[tuple[int, str]]:
-    async with httpx.AsyncClient(base_url=base, timeout=120, limits=httpx.Limits(max_connections=n + 2)) as http:
+    async with httpx.AsyncClient(
+        base_url=base, timeout=120, limits=httpx.Limits(max_connections=n + 2)
+    ) as http:
 
         async def one(i: int) -> tuple[int, str]:
             body = _chat(f"Explain item {i} step by step.", max_tokens=max_tokens, stream=True)
@@ -160,7 +177,10 @@ def test_the_pr41703_tag_dies_at_32_concurrent_streams(
     base = _start(host, recipe, image, port, {"EMU_SPEED": "5"})
     # 31 at once is fine ...
     fine = asyncio.run(_streams(base, 31, 20))
-    assert all(status == 200 and '"error"' not in text and text.rstrip().endswith("data: [DONE]") for status, text in fine)
+    assert all(
+        status == 200 and '"error"' not in text and text.rstrip().endswith("data: [DONE]")
+        for status, text in fine
+    )
     assert httpx.get(base + "/health", timeout=10).status_code == 200
     # ... 32 at once kills the engine: each stream is a 200 carrying an error event.
     dead = asyncio.run(_streams(base, 32, 4000))

@@ -386,13 +386,15 @@ def test_crash_at_k_concurrent_streams(launcher: Launcher, model_dirs: dict[str,
     assert emu.wait_exit() == 1
     assert _refused(emu.port)
     assert "block_table" in emu.text() and "EngineDeadError" in emu.text()
+    # The root cause must be the last error in the log, not a shutdown traceback.
+    assert "Traceback" not in emu.text()
 
 
 def test_sigterm_exits_cleanly(launcher: Launcher, model_dirs: dict[str, Path]) -> None:
     emu = launcher.start([str(model_dirs["bf16"])])
     emu.proc.send_signal(signal.SIGTERM)
     assert emu.wait_exit() == 0
-    assert "Shutting down" in emu.text()
+    assert "Shutting down" in emu.text() and "Traceback" not in emu.text()
 
 
 @pytest.mark.parametrize(

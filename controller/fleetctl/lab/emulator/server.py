@@ -144,6 +144,10 @@ class Server:
                     break
         except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
+        except asyncio.CancelledError:
+            # Shutdown cancels every connection; ending normally keeps Python 3.11's stream
+            # callback from logging a CancelledError traceback into the log operators read.
+            pass
         finally:
             self._connections.discard(writer)
             if task is not None:
