@@ -46,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=0, help="grow the lab to this many nodes first (0: as it is)")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each no-op provision (median kept)")
     ap.add_argument("--status-repeat", type=int, default=5, help="runs of each status probe (median kept)")
-    ap.add_argument("--out", default="bench/results/provision_status.json", help="JSON output ('-': stdout)")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "provision_status.json"),
+                    help="JSON output ('-': stdout)")
     args = ap.parse_args(argv)
 
     if args.nodes:

@@ -99,7 +99,7 @@ def _crc24(data: bytes) -> int:
 
 
 def test_dearmor_gives_back_the_binary_key() -> None:
-    mod = _load(paths.roles_dir() / "container_toolkit" / "library" / "apt_keyring.py", "apt_keyring")
+    mod = _load(paths.roles_dir() / "container_toolkit" / "library" / "apt_signed_repo.py", "apt_signed_repo")
     binary = bytes(range(256)) * 3
     b64 = base64.b64encode(binary).decode()
     crc = base64.b64encode(_crc24(binary).to_bytes(3, "big")).decode()

@@ -156,6 +156,15 @@ def disk(path: str) -> dict[str, object] | None:
             "total_gb": round(st.f_blocks * st.f_frsize / 1e9, 2)}
 
 
+def service_manager() -> str:
+    """``systemd`` when systemd runs (DGX OS), else ``service`` (SysV scripts, as in the lab).
+
+    The names are Ansible's: the docker role hands this to ``ansible.builtin.service``'s
+    ``use``, which then skips its own detection (one module run fewer).
+    """
+    return "systemd" if os.path.isdir("/run/systemd/system") else "service"
+
+
 def uptime() -> float | None:
     try:
         with open("/proc/uptime") as f:
@@ -240,6 +249,7 @@ def main(argv: list[str]) -> int:
     facts: dict[str, object] = {
         "gpu": gpu(), "dgx_release": dgx_release(), "kernel": kernel(), "docker": docker(),
         "toolkit_version": toolkit(), "disk": disk(path), "uptime_s": uptime(),
+        "service_mgr": service_manager(),
     }
     if want_serving:
         facts["serving"] = serving(container, port)
