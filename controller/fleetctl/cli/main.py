@@ -62,8 +62,10 @@ def _save_traceback() -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and exit with) a documented :class:`ExitCode`."""
     err = Ctx().err
+    returned: object = None
     try:
-        cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
+        # With standalone_mode=False, click returns (not raises) a command's Exit code.
+        returned = cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
     except FleetError as e:
         err.print(f"[bold red]error:[/] {e.message()}", highlight=False)
         code = int(e.exit_code)
@@ -83,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e} (traceback saved to {where})", highlight=False)
         code = int(ExitCode.INTERNAL)
     else:
-        code = int(ExitCode.OK)
+        code = returned if isinstance(returned, int) and not isinstance(returned, bool) else int(ExitCode.OK)
     if argv is None:
         sys.exit(code)
     return code

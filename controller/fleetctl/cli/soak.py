@@ -110,6 +110,16 @@ def _adjust(cfg: SoakConfig, duration: float | None, smoke_only: bool, ready_tim
     return dataclasses.replace(cfg, smoke_only=smoke_only)
 
 
+def _levels(text: str) -> tuple[int, ...]:
+    try:
+        levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    except ValueError:
+        raise click.UsageError(f"--concurrency {text!r} is not a list of whole numbers (e.g. 1,4,16)") from None
+    if not levels or any(c < 1 for c in levels) or list(levels) != sorted(set(levels)):
+        raise click.UsageError(f"--concurrency {text!r} must list rising levels >= 1 (e.g. 1,4,16)")
+    return levels
+
+
 def _run(job: _Job, progress: Progress) -> Verdict:
     artifacts = job.state_dir / "runs" / job.run_id
     try:
@@ -153,6 +163,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--profile", type=click.Choice(PROFILES), help="Gate profile (default: the recipe's, else spark).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="With --endpoint: served model names to expect (the first is used for requests).")
+@click.option("--concurrency", metavar="LIST", help="Sweep levels, e.g. 1,4,16 (default: the recipe's).")
 @click.option("--smoke-only", is_flag=True, help="Readiness, identity and smoke only (no load).")
 @click.option("--ready-timeout", metavar="D", help="How long to wait for /health 200 (default: the profile's).")
 @click.option("--baseline-tag", metavar="TAG", help="Compare with this tag's baseline (default: the serving tag).")
@@ -162,7 +173,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report with charts to F.")
 @pass_ctx
 def soak(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str | None, recipe: str | None,
-         profile: str | None, models: tuple[str, ...], smoke_only: bool, ready_timeout: str | None,
+         profile: str | None, models: tuple[str, ...], concurrency: str | None, smoke_only: bool, ready_timeout: str | None,
          baseline_tag: str | None, no_save_baseline: bool, json_file: str | None, junit_file: str | None,
          html_file: str | None) -> None:
     """Soak serving hosts (or endpoints) in parallel and gate on the verdict.
@@ -179,6 +190,9 @@ def soak(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str 
         jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models)
     else:
         jobs = _host_jobs(ctx, limit, recipe, profile, dur, smoke_only, ready, baseline_tag)
+    if concurrency:
+        levels = _levels(concurrency)
+        jobs = [dataclasses.replace(j, config=dataclasses.replace(j.config, concurrency=levels)) for j in jobs]
 
     verdicts: list[Verdict] = []
     try:
