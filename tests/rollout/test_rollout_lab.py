@@ -90,8 +90,9 @@ def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 def run_rollout(tag: str, progress: Callable[[Event], None] | None = None, **kw: Any) -> RolloutResult:
     eng = engine(progress) if progress else engine()
+    kw.setdefault("soak", LAB_SOAK)
     try:
-        return eng.rollout(Options(tag=tag, soak=LAB_SOAK, **kw))
+        return eng.rollout(Options(tag=tag, **kw))
     finally:
         eng.close()
         ssh.close_all()
@@ -178,9 +179,9 @@ def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResu
 # -- gates catch the bad tags on the canary ------------------------------------------------------
 
 
-def _gate_fails_on_canary(tag: str) -> RolloutResult:
+def _gate_fails_on_canary(tag: str, **kw: Any) -> RolloutResult:
     before = real_state()
-    r = run_rollout(tag)
+    r = run_rollout(tag, **kw)
     assert r.status == "failed" and r.exit_code == 1
     canary, *others = r.hosts
     assert canary.host == "spark-01" and canary.status == "rolled-back", canary
@@ -207,10 +208,13 @@ def test_boot_failure_tag_fails_on_canary_with_its_cause(at_new: None) -> None:
 
 
 def test_acceptance_decay_tag_fails_on_canary(at_new: None) -> None:
-    fleetlab.add_image("2026-07-02-decay", {"EMU_ACCEPT_DECAY_PER_MIN": "0.9", "EMU_SPEED": "10",
-                                            "EMU_LOAD_SECONDS": "1"})
-    r = _gate_fails_on_canary("2026-07-02-decay")
-    assert "accept" in (r.hosts[0].error or "").lower(), r.hosts[0]
+    # Acceptance falls 150%/min from the end of loading: the sustained phase (after ~30 s of sweep
+    # and per-class load) sees it fall from ~25% of its start to 0. If the machine is so loaded that
+    # acceptance is already gone when the sustained phase starts, the decay check is inconclusive;
+    # --on-inconclusive fail makes that a failed gate too, and the cause still names acceptance.
+    fleetlab.add_image("2026-07-02-decay", {"EMU_ACCEPT_DECAY_PER_MIN": "1.5", "EMU_LOAD_SECONDS": "1"})
+    r = _gate_fails_on_canary("2026-07-02-decay", soak=12.0, on_inconclusive="fail")
+    assert "acceptance" in (r.hosts[0].error or ""), r.hosts[0]
 
 
 # -- crash safety and concurrency ------------------------------------------------------------------
@@ -219,7 +223,8 @@ def test_acceptance_decay_tag_fails_on_canary(at_new: None) -> None:
 def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
     serve(OLD)
     led = ledger()
-    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s"],
+    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
+                          "--max-unavailable", "3"],
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
         rec = None

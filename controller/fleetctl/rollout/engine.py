@@ -97,6 +97,8 @@ class RolloutResult:
     #: Seconds of the whole run and of its prefetch.
     seconds: float = 0.0
     prefetch_seconds: float = 0.0
+    #: Seconds each host's prefetch pull took (they run in parallel).
+    pull_seconds: Mapping[str, float] = field(default_factory=dict)
     wave_seconds: tuple[float, ...] = ()
 
     @property
@@ -304,7 +306,7 @@ class Engine:
         todo = [hosts[h.host] for h in p.hosts if h.action == "deploy"]
         t_pre = time.monotonic()
         try:
-            self._prefetch(rid, todo, p.pull_ref)
+            pulls = self._prefetch(rid, todo, p.pull_ref)
         except _Stop as e:
             self.ledger.set_status(rid, e.status, e.error)
             hook.send("failure", error=e.error)
@@ -356,7 +358,8 @@ class Engine:
         if status == L.COMPLETED:
             hook.send("completion", tag=p.tag, digest=p.digest)
         self._emit(status, error or f"{p.tag} on {len(todo)} host(s)")
-        return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs))
+        return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs),
+                            pulls=pulls)
 
     def _host_finished(self, rid: str, r: L.HostRecord, p: P.Plan, h: Host) -> bool:
         """True when the ledger says done AND the host really serves the target (checked over SSH)."""
@@ -371,10 +374,10 @@ class Engine:
                                "the target: redoing it", status=L.PENDING)
         return False
 
-    def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str) -> None:
-        """Pull the image on every target in parallel before anything is stopped."""
+    def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str) -> dict[str, float]:
+        """Pull the image on every target in parallel before anything is stopped; seconds per host."""
         if not hosts:
-            return
+            return {}
         self.ledger.note(rid, "prefetch", ref)
         for h in hosts:
             self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
@@ -386,6 +389,7 @@ class Engine:
         if bad:
             why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
             raise _Stop(L.FAILED, f"prefetch failed before any host was changed: {why}")
+        return {n: float(o.value or 0.0) for n, o in outs.items()}
 
     # -- one host ----------------------------------------------------------------------------
 
@@ -479,6 +483,7 @@ class Engine:
             cfg = gate.config(recipe, None, h)
             target = gate.target(h, recipe, prev.tag or "")
             ready = gate.wait(target, cfg, None, self._forward(h, back, "rolling-back"))
+            t["rollback_healthy"] = time.monotonic() - t0
             if not ready.ready:
                 raise FleetError(f"the restored {prev.tag} did not become ready: {ready.message}", host=h.name)
             smoke = gate.smoke(target, cfg, self._artifacts(rid, h) / "rollback")
@@ -625,12 +630,12 @@ class Engine:
     # -- results -------------------------------------------------------------------------------
 
     def _result(self, rid: str, p: P.Plan | None = None, seconds: float = 0.0, prefetch: float = 0.0,
-                waves: tuple[float, ...] = ()) -> RolloutResult:
+                waves: tuple[float, ...] = (), pulls: Mapping[str, float] | None = None) -> RolloutResult:
         rec = self.ledger.get(rid)
         return RolloutResult(
             rec.id, rec.kind, rec.status, rec.recipe or "", rec.tag, rec.digest, rec.image,
             tuple(host_outcome(h) for h in rec.hosts), plan=p, error=rec.error, seconds=seconds,
-            prefetch_seconds=prefetch, wave_seconds=waves)
+            prefetch_seconds=prefetch, pull_seconds=dict(pulls or {}), wave_seconds=waves)
 
 
 def host_outcome(h: L.HostRecord) -> HostOutcome:

@@ -1,0 +1,145 @@
+"""Benchmark of the rollout on the lab: 1 node vs all nodes, critical path, controller overhead, rollback.
+
+Run (lab up, provisioned and staged; FLEETCTL_LAB_DIR etc. set)::
+
+    .venv/bin/python bench/rollout.py [--soak 5] [--json bench/results/rollout.json]
+
+In one run:
+1. every node back on v0.23.0 (smoke-gated ``rollback --to``, not measured);
+   the v0.24.0 image is removed from every node so that each rollout pulls;
+2. rollout of v0.24.0 to ONE node (``--limit spark-01``) with the given soak;
+3. the same to ALL nodes with waves [1, 100%] and max-unavailable = the wave;
+4. a rollout of a boot-failure tag to one node: rollback time from the failed
+   gate to the previous version healthy, minus that version's load time.
+
+Critical path = the slowest host's prefetch pull + per wave the slowest
+host's (ready + soak). Controller overhead = total - critical path: planning,
+registry, preflight, ledger, SSH round trips, stop/start, webhook. Goals
+(issue 5): overhead <= 5% of the critical path; all nodes <= 2.1x one node;
+rollback overhead <= 10 s. Ratios are computed within the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from fleetctl import inventory, registry, ssh
+from fleetctl import lab as fleetlab
+from fleetctl.lab.emulator.knobs import Knobs
+from fleetctl.rollout.engine import Engine, Options, RolloutResult
+
+NEW, OLD = "v0.24.0", "v0.23.0"
+BOOT_FAIL_TAG = "2026-07-09-bench-bootfail"
+
+
+def _engine() -> Engine:
+    return Engine(inventory.load(None))
+
+
+def _serve_old() -> None:
+    eng = _engine()
+    try:
+        eng.rollback(to=OLD, max_unavailable="100%")
+    finally:
+        eng.close()
+
+
+def _drop_new_image() -> None:
+    """Remove v0.24.0 from every node, so that the next rollout really pulls it."""
+    eng = _engine()
+    try:
+        img = registry.resolve(eng.recipe().image, NEW, eng.mirrors)
+        ref = registry.pull_ref(img.image, img.digest, eng.mirrors)
+        for h in eng.inv.hosts.values():
+            ssh.run(h, f"docker rmi -f {ref} >/dev/null 2>&1; true", timeout=60)
+    finally:
+        eng.close()
+
+
+def _rollout(tag: str, soak: float, **kw: Any) -> RolloutResult:
+    eng = _engine()
+    try:
+        return eng.rollout(Options(tag=tag, soak=soak, **kw))
+    finally:
+        eng.close()
+
+
+def critical_path(r: RolloutResult) -> dict[str, float]:
+    """The slowest pull plus, per wave, the slowest host's ready + soak; and the overhead above it."""
+    pull = max(r.pull_seconds.values(), default=0.0)
+    waves: dict[int, float] = {}
+    for h in r.hosts:
+        if h.wave < 0:
+            continue
+        t = h.timings
+        waves[h.wave] = max(waves.get(h.wave, 0.0), t.get("ready", 0.0) + t.get("soak", 0.0))
+    crit = pull + sum(waves.values())
+    return {"total": r.seconds, "critical_path": crit, "pull": pull, "overhead": r.seconds - crit,
+            "overhead_pct": 100.0 * (r.seconds - crit) / crit if crit else 0.0,
+            **{f"wave{w + 1}_ready_soak": v for w, v in sorted(waves.items())}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark; print a table, write JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--soak", type=float, default=5.0, help="sustained soak seconds per host")
+    ap.add_argument("--json", default="bench/results/rollout.json", help="where to write the figures")
+    a = ap.parse_args(argv)
+    con = Console()
+    nodes = list(inventory.load(None).hosts)
+    con.print(f"lab: {len(nodes)} nodes ({', '.join(nodes)}); soak {a.soak:.0f}s; preparing (not measured)")
+    _serve_old()
+    _drop_new_image()
+    one = _rollout(NEW, a.soak, limit=nodes[0])
+    if one.status != "completed":
+        con.print(f"[red]1-node rollout {one.status}: {one.error}")
+        return 1
+    _serve_old()
+    _drop_new_image()
+    many = _rollout(NEW, a.soak, waves="1,100%", max_unavailable=str(max(1, len(nodes) - 1)))
+    if many.status != "completed":
+        con.print(f"[red]all-node rollout {many.status}: {many.error}")
+        return 1
+    # Rollback: a tag that never boots, on one node serving v0.24.0.
+    fleetlab.add_image(BOOT_FAIL_TAG, {"EMU_BOOT_FAIL": "RuntimeError: bench boot failure"})
+    failed = _rollout(BOOT_FAIL_TAG, a.soak, limit=nodes[0])
+    canary = failed.hosts[0]
+    load = Knobs().load_seconds  # the v0.24.0 tag's EMU_LOAD_SECONDS (the emulator's default)
+    rb_healthy = canary.timings.get("rollback_healthy", float("nan"))
+    r1, rn = critical_path(one), critical_path(many)
+    figures = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": len(nodes), "soak_seconds": a.soak,
+        "one_node": r1, "all_nodes": rn, "all_over_one": rn["total"] / r1["total"],
+        "rollback": {"status": canary.status, "healthy_after_s": rb_healthy, "load_seconds": load,
+                     "overhead_s": rb_healthy - load, "with_smoke_s": canary.timings.get("rollback")},
+        "goals": {"overhead_pct_max": 5.0, "all_over_one_max": 2.1, "rollback_overhead_s_max": 10.0},
+        "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+    }
+    t = Table("run", "total s", "critical path s", "pull s", "overhead s", "overhead %", title="rollout benchmark (lab)")
+    for name, r in (("1 node", r1), (f"{len(nodes)} nodes, waves 1,100%", rn)):
+        t.add_row(name, f"{r['total']:.1f}", f"{r['critical_path']:.1f}", f"{r['pull']:.1f}", f"{r['overhead']:.1f}",
+                  f"{r['overhead_pct']:.1f}")
+    con.print(t)
+    con.print(f"all nodes / one node: {figures['all_over_one']:.2f}x (goal <= 2.1x)")
+    con.print(f"rollback from failed gate to previous healthy: {rb_healthy:.1f}s, minus load {load:.1f}s = "
+              f"{rb_healthy - load:.1f}s overhead (goal <= 10s); with smoke {canary.timings.get('rollback', 0):.1f}s")
+    out = Path(a.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2) + "\n")
+    con.print(f"figures written to {out}")
+    _serve_old()
+    ssh.close_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
