@@ -1,0 +1,64 @@
+"""The docker run argv of a recipe and what is read back from docker inspect, from data."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from fleetctl import inventory
+from fleetctl.recipes import load_recipes
+from fleetctl.rollout import engine
+from fleetctl.rollout import host as remote
+
+REPO = Path(__file__).resolve().parents[2]
+DIGEST = "sha256:" + "d" * 64
+
+
+@pytest.fixture
+def lab_inventory(tmp_path: Path) -> inventory.Inventory:
+    (tmp_path / "group_vars").symlink_to(REPO / "inventory" / "lab" / "group_vars")
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    s1: {ansible_host: 10.0.0.1}\n")
+    return inventory.load(tmp_path / "hosts.yml")
+
+
+def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(lab_inventory: inventory.Inventory) -> None:
+    recipe = next(iter(load_recipes(lab_inventory).values()))
+    recipe = dataclasses.replace(recipe, secret_env=("HF_TOKEN",))
+    h = lab_inventory.host("s1")
+    ref = f"10.0.0.1:5000/aeon-7/x@{DIGEST}"
+    argv = remote.run_argv(h, recipe, ref, tag="2026-07-01-v0.24.0", digest=DIGEST, rollout_id="ro-1", name="vllm")
+    assert argv[:5] == ["docker", "run", "-d", "--name", "vllm"]
+    for flag in (["--gpus", "all"], ["--ipc", "host"], ["--network", "host"]):
+        i = argv.index(flag[0])
+        assert argv[i:i + 2] == flag
+    assert f"fleetctl.digest={DIGEST}" in argv and "fleetctl.rollout=ro-1" in argv
+    assert f"fleetctl.recipe={recipe.name}" in argv and "fleetctl.tag=2026-07-01-v0.24.0" in argv
+    for src, dst in recipe.mounts():
+        assert f"{src}:{dst}:ro" in argv
+    i = argv.index("--entrypoint")
+    assert argv[i:i + 3] == ["--entrypoint", "vllm", ref] and argv[i + 3:] == recipe.serve_argv()
+    # the secret is passed by name: docker takes the value from the environment the command runs in
+    assert argv[argv.index("HF_TOKEN") - 1] == "-e" and not any("HF_TOKEN=" in a for a in argv)
+
+
+def test_inspect_reading_prefers_labels_then_the_image_reference() -> None:
+    ours = {"Name": "/vllm", "State": {"Running": True, "Status": "running"},
+            "Config": {"Image": f"m/x@{DIGEST}", "Env": ["HF_TOKEN=s3cret", "A=1"],
+                       "Labels": {"fleetctl.tag": "t1", "fleetctl.digest": DIGEST, "fleetctl.rollout": "ro-9"}},
+            "HostConfig": {"Binds": ["/opt/a:/m:ro"], "NetworkMode": "host", "DeviceRequests": [{}]}}
+    s = remote._serving_from_inspect(ours, [])
+    assert (s.tag, s.digest, s.rollout, s.running) == ("t1", DIGEST, "ro-9", True)
+    assert s.settings["env_names"] == ["A", "HF_TOKEN"] and "s3cret" not in repr(s)
+    by_hand = {"Name": "/vllm", "State": {"Running": False, "Status": "exited"},
+               "Config": {"Image": "ghcr.io/aeon-7/x:2026-06-18-v0.23.0-dflashfix", "Labels": None}}
+    s2 = remote._serving_from_inspect(by_hand, [f"ghcr.io/aeon-7/x@{DIGEST}"])
+    assert (s2.tag, s2.digest, s2.rollout, s2.running) == ("2026-06-18-v0.23.0-dflashfix", DIGEST, None, False)
+
+
+def test_command_line_hides_the_webhook_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.argv", ["/x/fleetctl", "rollout", "--tag", "v1", "--webhook", "https://h/T0KEN"])
+    assert engine._command_line() == "fleetctl rollout --tag v1 --webhook '***'"
+    monkeypatch.setattr("sys.argv", ["fleetctl", "rollout", "--webhook=https://h/T0KEN"])
+    assert "T0KEN" not in engine._command_line()
