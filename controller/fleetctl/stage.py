@@ -77,6 +77,7 @@ class HostStage:
     sets: tuple[SetOutcome, ...]
     #: Bytes the host received (fetched as the seed, or copied from the seed).
     bytes_copied: int = 0
+    #: Seconds the transfer took (the seed's fetch, or the rsync from the seed).
     seconds: float = 0.0
     seed: bool = False
     free_bytes: int | None = None
@@ -86,6 +87,11 @@ class HostStage:
     def ok(self) -> bool:
         """True when every set is in place and verified."""
         return self.status == "ok"
+
+    @property
+    def mb_per_s(self) -> float | None:
+        """Transfer rate of this host's copy in MB/s, when it copied anything."""
+        return round(self.bytes_copied / 1e6 / self.seconds, 1) if self.seconds > 0 and self.bytes_copied else None
 
 
 @dataclass(frozen=True)
@@ -252,6 +258,7 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
         pre_sets = {s.get("role"): s for s in pre.get("sets", []) if isinstance(s, dict)}
         swapped = {s.get("role"): s for s in rep.get("swap", []) if isinstance(s, dict)}
         fetch = [f for f in rep.get("fetch", []) if isinstance(f, dict)]
+        received = [f for f in rep.get("receive", []) if isinstance(f, dict)]
         is_seed = bool(fetch)
         if is_seed:
             seed = h.name
@@ -277,8 +284,10 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
                 state, nbytes = "not staged", int(p.get("bytes", 0))
             sets.append(SetOutcome(w.role, w.repo, w.revision, w.path, state, nbytes, str(p.get("reason", "")),
                                    problems, files))
-        if is_seed and copied == 0:
-            copied = fetched  # the seed fetched sets only other hosts needed
+        moved = fetch or received
+        if moved:
+            copied = sum(int(f.get("bytes", 0)) for f in moved)  # the bytes that crossed the network
+        seconds = sum(float(f.get("seconds", 0.0)) for f in moved)
         status = hr.status
         if status == "ok" and any(s.state not in ("staged", "current") for s in sets):
             status = "failed"
@@ -287,7 +296,7 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
             message = "the playbook stopped before this host's weights were in place (see the run's artifacts)"
         out[h.name] = HostStage(
             h.name, status, any(s.state == "staged" for s in sets), tuple(sets), bytes_copied=copied,
-            seed=is_seed, free_bytes=pre.get("free_bytes"), message=message,
+            seconds=round(seconds, 3), seed=is_seed, free_bytes=pre.get("free_bytes"), message=message,
         )
     return StageResult(run_id=result.run_id, recipe=recipe.name, source=source, hosts=out, elapsed=result.elapsed,
                        artifacts_dir=result.artifacts_dir, seed=seed, fetched_bytes=fetched, fetch_seconds=fetch_secs)

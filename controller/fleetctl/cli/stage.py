@@ -27,8 +27,10 @@ def _render_stage(r: StageResult) -> Any:
             colour = "green" if h.ok else "red"
             sets = ", ".join(f"{s.role} [{_STATE_COLOUR.get(s.state, 'white')}]{s.state}[/]" for s in h.sets) or "-"
             who = f"{h.name} (seed)" if h.seed else h.name
-            t.add_row(who, f"[{colour}]{h.status}[/]", sets, human_bytes(h.bytes_copied) if h.bytes_copied else "-",
-                      h.message or "")
+            copied = human_bytes(h.bytes_copied) if h.bytes_copied else "-"
+            if h.mb_per_s:
+                copied += f" ({h.mb_per_s} MB/s)"
+            t.add_row(who, f"[{colour}]{h.status}[/]", sets, copied, h.message or "")
         out.print(t)
         for h in r.hosts.values():
             for s in h.sets:

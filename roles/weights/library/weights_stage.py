@@ -42,7 +42,11 @@ DOCUMENTATION = r"""
 module: weights_stage
 short_description: Preflight, fetch and atomically swap model weight sets under /opt
 options:
-  step: {description: preflight, fetch or swap., type: str, required: true, choices: [preflight, fetch, swap]}
+  step: {description: preflight, fetch, receive or swap., type: str, required: true, choices: [preflight, fetch, receive, swap]}
+  seed: {description: "For receive: {address, port, user} of the seed host.", type: dict}
+  key: {description: For receive, this run's private key (no_log)., type: str}
+  known_hosts: {description: For receive, the seed's verified host key lines., type: str}
+  timeout: {description: Seconds each rsync may take., type: int, default: 3600}
   sets: {description: "Weight sets: [{role, repo, revision, path, size_gb}].", type: list, elements: dict, required: true}
   run: {description: Run id naming the staging directories., type: str, required: true}
   source: {description: mirror, hub or local (a controller directory the role rsyncs)., type: str, default: mirror}
@@ -301,12 +305,57 @@ def swap(s, run):
     return {"role": s["role"], "path": s["path"], "bytes": marker["bytes"], "files": len(files)}
 
 
+def receive(sets, run, seed, key, known_hosts, timeout):
+    """Pull each set's staging directory from the seed host with rsync, with this run's key.
+
+    The key lives in a private directory on /run for the duration of this call only
+    (removed in ``finally``, also when rsync fails); the seed's host key is checked
+    against ``known_hosts`` (the controller's verified entries), never learnt.
+    """
+    keydir = f"/run/fleetctl-stage-{run}"
+    os.makedirs(keydir, mode=0o700, exist_ok=True)
+    os.chmod(keydir, 0o700)
+    got = []
+    try:
+        for name, text in (("id_ed25519", key), ("known_hosts", known_hosts)):
+            fd = os.open(os.path.join(keydir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(text.rstrip("\n") + "\n")
+        ssh_cmd = (f"ssh -i {keydir}/id_ed25519 -p {int(seed['port'])} -o UserKnownHostsFile={keydir}/known_hosts "
+                   "-o StrictHostKeyChecking=yes -o BatchMode=yes -o IdentitiesOnly=yes")
+        for s in sets:
+            dest = staging_dir(s["path"], run)
+            os.makedirs(dest, exist_ok=True)
+            t0 = time.monotonic()
+            # -W: whole files (nothing to delta against in a fresh staging directory; saves CPU).
+            argv = ["rsync", "-a", "-W", "--delete", "--partial", "-e", ssh_cmd,
+                    f"{seed['user']}@{seed['address']}:{dest}/", f"{dest}/"]
+            try:
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+            except subprocess.TimeoutExpired:
+                raise StageError(f"rsync of {s['role']} from {seed['address']} took over {timeout}s") from None
+            if p.returncode != 0:
+                tail = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
+                raise StageError(f"rsync of {s['role']} from the seed {seed['address']} failed: {tail}")
+            secs = time.monotonic() - t0
+            nbytes = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(dest) for f in fs)
+            got.append({"role": s["role"], "bytes": nbytes, "seconds": round(secs, 3),
+                        "mb_per_s": round(nbytes / 1e6 / secs, 2) if secs > 0 else None})
+    finally:
+        shutil.rmtree(keydir, ignore_errors=True)
+    return got
+
+
 def main():
     from ansible.module_utils.basic import AnsibleModule
 
     module = AnsibleModule(
         argument_spec={
-            "step": {"type": "str", "required": True, "choices": ["preflight", "fetch", "swap"]},
+            "step": {"type": "str", "required": True, "choices": ["preflight", "fetch", "receive", "swap"]},
+            "seed": {"type": "dict"},
+            "key": {"type": "str", "no_log": True},
+            "known_hosts": {"type": "str"},
+            "timeout": {"type": "int", "default": 3600},
             "sets": {"type": "list", "elements": "dict", "required": True},
             "run": {"type": "str", "required": True},
             "source": {"type": "str", "default": "mirror", "choices": ["mirror", "hub", "local"]},
@@ -332,6 +381,9 @@ def main():
         elif p["step"] == "fetch":
             got = [fetch(s, p["run"], p["source"], p["mirror"], p["hub_endpoint"], p["token"]) for s in sets]
             module.exit_json(changed=bool(got), fleetctl_report={"fetch": got})
+        elif p["step"] == "receive":
+            got = receive(sets, p["run"], p["seed"], p["key"], p["known_hosts"], p["timeout"])
+            module.exit_json(changed=bool(got), fleetctl_report={"receive": got})
         else:
             done = [swap(s, p["run"]) for s in sets]
             module.exit_json(changed=bool(done), fleetctl_report={"swap": done})
