@@ -21,8 +21,10 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 
-#: Seconds a host gets to answer the whole probe (connection included).
-DEFAULT_TIMEOUT = 10.0
+#: Seconds a host gets to answer the whole probe. A dead or frozen host is found sooner: the
+#: SSH connection (TCP and banner) has its own bound, ``fleetctl.ssh.DEFAULT_CONNECT_TIMEOUT``.
+#: Generous because a loaded host (or a loaded lab machine) can take seconds to run the probe.
+DEFAULT_TIMEOUT = 20.0
 #: The port vLLM serves on when the host's recipe does not say.
 DEFAULT_PORT = 8000
 
