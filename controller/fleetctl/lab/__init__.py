@@ -27,7 +27,7 @@ from typing import Any
 
 from fleetctl import paths
 from fleetctl.errors import FleetError
-from fleetctl.lab import aptrepo, images, inventory, nodes, procs
+from fleetctl.lab import aptrepo, images, inventory, nodes, procs, rootfs
 from fleetctl.lab.engine import Engine
 from fleetctl.lab.layout import MAX_NODES, Layout, current
 from fleetctl.lab.nodes import Faults, InnerContainer
@@ -146,14 +146,17 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
         engine.start(progress)
         engine.ensure_network()
         _ssh_key(lay)
-        with ThreadPoolExecutor(max_workers=3) as pool:
-            # The registry and HTTP server are independent of the node image build.
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            # Independent of the node image: the services, and the vLLM base rootfs
+            # (a first build spends much of its time downloading, so overlapping pays).
             reg = pool.submit(Registry(lay).start, progress)
             www = pool.submit(_www, lay, progress)
+            py = pool.submit(rootfs.tarball, rootfs.PYTHON, progress)
             image = images.node_image(lay, engine, progress)
             reg.result()
             www.result()
-        _nodes(lay, engine, state, nodes, image, progress)
+            _nodes(lay, engine, state, nodes, image, progress)
+            py.result()
         pushed = _push_images(lay, engine, progress)
         state["images"] = sorted(set(state.get("images", [])) | set(pushed))
         _write_state(lay, state)
@@ -271,6 +274,12 @@ def down(progress: Progress = NULL) -> list[str]:
     leftovers: list[str] = []
     with _locked(lay, progress):
         engine = Engine(lay)
+        if engine.pid() is None and (lay.engine_dir / "data").is_dir():
+            # The engine died (a crash, a reboot, a kill) and its containers may still run
+            # under their shims: start it again so that it can remove them properly.
+            progress(Event("starting", "the lab's dockerd again, to remove what it left running"))
+            with contextlib.suppress(FleetError):
+                engine.start(progress)
         if engine.pid() is not None:
             progress(Event("stopping", "nodes and the lab's dockerd"))
             engine.stop()

@@ -61,7 +61,10 @@ def signing_home(progress: Progress = NULL) -> Path:
             shutil.rmtree(home)
         home.mkdir(mode=0o700, parents=True)
         progress(Event("building", "apt signing key (ed25519)"))
-        _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+        try:
+            _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+        finally:
+            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
         (home / "ready").write_text("")
     return home
 
@@ -124,6 +127,14 @@ def _control(deb: Path) -> str:
 def build(directory: Path, progress: Progress = NULL) -> AptRepo:
     """Write the packages, indexes and signatures of the repository into ``directory``."""
     home = signing_home(progress)
+    try:
+        return _build(directory, home, progress)
+    finally:
+        # gpg leaves an agent daemon behind; the lab must not leave processes behind.
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+
+
+def _build(directory: Path, home: Path, progress: Progress) -> AptRepo:
     progress(Event("building", f"apt repository with {PACKAGE} {', '.join(VERSIONS)}"))
     directory.mkdir(parents=True, exist_ok=True)
     stanzas = []
