@@ -175,7 +175,8 @@ class _ByteMeter:
         while not self.stop.wait(POLL_SECONDS):
             outcomes = ssh.fan_out(self.hosts, self._measure, timeout=15)
             for name, o in outcomes.items():
-                if not o.ok or o.value is None or o.value == self.seen.get(name, 0):
+                # Zero = nothing staged yet, or the set was already swapped into place (its staging dir is gone).
+                if not o.ok or not o.value or o.value == self.seen.get(name, 0):
                     continue
                 self.seen[name] = o.value
                 self.progress(Event("transfer", f"{human_bytes(o.value)} of {human_bytes(self.total)}", host=name,
