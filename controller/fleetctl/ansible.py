@@ -106,7 +106,8 @@ class TaskFailure:
     unreachable: bool = False
 
     def __str__(self) -> str:
-        return f"{self.task}: {self.message}" if self.task else self.message
+        # Task names are full sentences: "Check the disk." + ": msg" would read ".:".
+        return f"{self.task.rstrip('.')}: {self.message}" if self.task else self.message
 
 
 @dataclass(frozen=True)
