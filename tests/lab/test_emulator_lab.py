@@ -142,11 +142,11 @@ def test_a_node_serves_every_endpoint_from_a_registry_tag(
         assert "4" in comp.json()["choices"][0]["text"]
         metrics = http.get("/metrics").text
     assert (
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="qwen36-35b-heretic",engine="0",position="10"}'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="qwen36-35b-heretic",position="10"}'
         in metrics
     )
     assert (
-        'vllm:request_success_total{model_name="qwen36-35b-heretic",engine="0",finished_reason="length"} 1.0'
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="qwen36-35b-heretic"} 1.0'
         in metrics
     )
     # docker stop = SIGTERM: a clean exit.

@@ -86,3 +86,26 @@ def test_gauges() -> None:
     assert got[("vllm:num_requests_running", _labels())] == 5
     assert got[("vllm:num_requests_waiting", _labels())] == 0
     assert got[("vllm:kv_cache_usage_perc", _labels())] == 0.25
+
+
+def test_text_format_matches_a_real_vllm_exposition() -> None:
+    """Line for line as a real vLLM 0.32 writes them (labels sorted, _created as gauge families)."""
+    m = Metrics("tiny", num_spec_tokens=1, now=1795321684.9770527)
+    m.finished("length")
+    lines = m.render().splitlines()
+    assert (
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny"} 1.0'
+        in lines
+    )
+    assert "# TYPE vllm:request_success_created gauge" in lines
+    assert (
+        'vllm:prompt_tokens_created{engine="0",model_name="tiny"} 1.7953216849770527e+09' in lines
+    )
+    assert (
+        'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="tiny"} 0.0'
+        in lines
+    )
+    assert (
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 0.0'
+        in lines
+    )

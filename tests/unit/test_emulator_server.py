@@ -285,10 +285,14 @@ def test_port_refused_until_ready_then_every_endpoint(
         # Errors as vLLM gives them.
         missing = http.post("/v1/chat/completions", json={**_chat("hi"), "model": "nope"})
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "NotFoundError"
+        assert (
+            "Valid aliases: qwen36-35b-heretic, qwen36-fast, qwen36-deep."
+            in missing.json()["error"]["message"]
+        )
         too_long = http.post("/v1/chat/completions", json=_chat("hi", max_tokens=10_000_000))
         assert (
             too_long.status_code == 400
-            and "maximum context length" in too_long.json()["error"]["message"]
+            and "cannot be greater than max_model_len=262144" in too_long.json()["error"]["message"]
         )
         assert http.post("/v1/chat/completions", content=b"{not json").status_code == 400
 

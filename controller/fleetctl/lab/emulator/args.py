@@ -30,6 +30,7 @@ BOOLEAN_FLAGS = frozenset(
         "disable-log-requests",
         "enable-log-requests",
         "disable-log-stats",
+        "disable-uvicorn-access-log",
         "disable-custom-all-reduce",
         "disable-frontend-multiprocessing",
         "enable-expert-parallel",

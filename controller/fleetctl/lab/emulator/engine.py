@@ -307,6 +307,7 @@ class Engine:
             self.metrics.finished(finish)
             self.metrics.observe("vllm:e2e_request_latency_seconds", done - request.arrival)
             self.metrics.observe("vllm:request_decode_time_seconds", done - first_token_at)
+            self.metrics.observe("vllm:request_inference_time_seconds", done - started)
             if generated > 1:
                 self.metrics.observe(
                     "vllm:request_time_per_output_token_seconds",

@@ -78,10 +78,10 @@ def check_engine(args: ServeArgs) -> None:
         return
     if args.max_num_seqs is None or args.max_num_batched_tokens is None:
         raise BootError(
+            # vLLM's own text (vllm/config/vllm.py, _set_max_num_scheduled_tokens).
             "ValueError: max_num_scheduled_tokens is set to -512 based on the speculative decoding "
-            "settings, which does not allow any tokens to be scheduled. Set both --max-num-seqs and "
-            "--max-num-batched-tokens so that max_num_batched_tokens covers "
-            "num_speculative_tokens x max_num_seqs."
+            "settings, which does not allow any tokens to be scheduled. Increase max_num_batched_tokens "
+            "to accommodate the additional draft token slots, or decrease num_speculative_tokens."
         )
     if args.kv_cache_dtype.lower() == "nvfp4":
         raise BootError(
@@ -191,7 +191,9 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         reasoning_parser=args.reasoning_parser,
     )
     log(f"INFO [api_server.py:1647] Starting vLLM API server 0 on http://{args.host}:{args.port}")
-    return await serve(Server(info, engine, knobs, log), args.host, args.port, stop=stop, died=died)
+    server = Server(info, engine, knobs, log)
+    server.access_log = "disable-uvicorn-access-log" not in args.extra
+    return await serve(server, args.host, args.port, stop=stop, died=died)
 
 
 def main(argv: list[str] | None = None) -> int:

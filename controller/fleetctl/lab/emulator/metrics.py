@@ -1,9 +1,10 @@
 """vLLM's Prometheus metrics, with the real names, labels, help texts and histogram buckets.
 
-The text format is what ``prometheus_client`` (which vLLM uses) writes: ``# HELP`` and
-``# TYPE`` per family, counters as ``<name>_total`` plus ``<name>_created``, histograms
-as cumulative ``_bucket{le=...}`` + ``_count`` + ``_sum`` (+ ``_created``). Every
-series carries ``model_name`` (the first served name) and ``engine`` (``"0"``).
+The text format is what ``prometheus_client`` writes in a real vLLM 0.32 (checked against
+one on this machine): ``# HELP``/``# TYPE`` per family, label names sorted, counters as
+``<name>_total`` with a separate ``<name>_created`` gauge family, histograms as cumulative
+``_bucket{le=...}`` + ``_count`` + ``_sum`` then a ``_created`` gauge family. Every series
+carries ``model_name`` (the first served name) and ``engine`` (``"0"``).
 Spec-decode families exist only when the server has a speculative config, as in vLLM.
 """
 
@@ -52,6 +53,10 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
         "Histogram of time spent in WAITING phase for request.",
         LATENCY_BUCKETS,
     ),
+    "vllm:request_inference_time_seconds": (
+        "Histogram of time spent in RUNNING phase for request.",
+        LATENCY_BUCKETS,
+    ),
     "vllm:request_prefill_time_seconds": (
         "Histogram of time spent in PREFILL phase for request.",
         LATENCY_BUCKETS,
@@ -89,7 +94,13 @@ def _fmt(value: float) -> str:
         return "+Inf" if value > 0 else "-Inf"
     if math.isnan(value):
         return "NaN"
-    return repr(float(value))
+    text = repr(float(value))
+    dot = text.find(".")
+    # Go (and so prometheus_client) switches to an exponent sooner than Python's repr.
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1 :]}".rstrip("0.")
+        return f"{mantissa}e+0{dot - 1}"
+    return text
 
 
 def _escape(value: str) -> str:
@@ -165,55 +176,59 @@ class Metrics:
                 self.per_pos[pos] += 1
 
     # --- exposition ---------------------------------------------------------------
+    def _labels(self, **extra: str) -> str:
+        # prometheus_client (as vLLM 0.32 ships it) writes label names sorted.
+        labels = {"model_name": self.model_name, "engine": "0", **extra}
+        return ",".join(f'{k}="{_escape(v)}"' for k, v in sorted(labels.items()))
+
+    def _counter(
+        self, out: list[str], name: str, help_text: str, rows: list[tuple[dict[str, str], float]]
+    ) -> None:
+        """A counter family ``<name>_total`` and its ``<name>_created`` gauge family, as vLLM writes them."""
+        out += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"]
+        out += [f"{name}_total{{{self._labels(**labels)}}} {_fmt(value)}" for labels, value in rows]
+        out += [f"# HELP {name}_created {help_text}", f"# TYPE {name}_created gauge"]
+        out += [
+            f"{name}_created{{{self._labels(**labels)}}} {_fmt(self.created)}" for labels, _ in rows
+        ]
+
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4) of every family."""
-        base = f'model_name="{_escape(self.model_name)}",engine="0"'
-        created = _fmt(self.created)
         out: list[str] = []
         with self._lock:
             for name, help_text in GAUGES.items():
                 out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
-                out.append(f"{name}{{{base}}} {_fmt(self.gauges[name])}")
-            out += [
-                "# HELP vllm:request_success_total Count of successfully processed requests.",
-                "# TYPE vllm:request_success_total counter",
-            ]
-            for reason, value in self.success.items():
-                out.append(
-                    f'vllm:request_success_total{{{base},finished_reason="{reason}"}} {_fmt(value)}'
-                )
-            for reason in self.success:
-                out.append(
-                    f'vllm:request_success_created{{{base},finished_reason="{reason}"}} {created}'
-                )
+                out.append(f"{name}{{{self._labels()}}} {_fmt(self.gauges[name])}")
+            self._counter(
+                out,
+                "vllm:request_success",
+                "Count of successfully processed requests.",
+                [({"finished_reason": r}, v) for r, v in self.success.items()],
+            )
             families = dict(COUNTERS)
             values = dict(self.counters)
             if self.num_spec_tokens is not None:
                 families.update(SPEC_COUNTERS)
                 values.update(self.spec)
             for name, help_text in families.items():
-                out += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"]
-                out.append(f"{name}_total{{{base}}} {_fmt(values[name])}")
-                out.append(f"{name}_created{{{base}}} {created}")
+                self._counter(out, name, help_text, [({}, values[name])])
             if self.num_spec_tokens is not None:
-                name = "vllm:spec_decode_num_accepted_tokens_per_pos"
-                out += [
-                    f"# HELP {name}_total Accepted tokens per draft position.",
-                    f"# TYPE {name}_total counter",
-                ]
-                for pos, value in enumerate(self.per_pos):
-                    out.append(f'{name}_total{{{base},position="{pos}"}} {_fmt(value)}')
-                for pos in range(len(self.per_pos)):
-                    out.append(f'{name}_created{{{base},position="{pos}"}} {created}')
+                self._counter(
+                    out,
+                    "vllm:spec_decode_num_accepted_tokens_per_pos",
+                    "Accepted tokens per draft position.",
+                    [({"position": str(pos)}, v) for pos, v in enumerate(self.per_pos)],
+                )
             for name, (help_text, buckets) in HISTOGRAMS.items():
                 hist = self.histograms[name]
                 out += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
                 running = 0
                 for bound, count in zip(buckets, hist.counts, strict=True):
                     running += count
-                    out.append(f'{name}_bucket{{{base},le="{_fmt(bound)}"}} {_fmt(running)}')
-                out.append(f'{name}_bucket{{{base},le="+Inf"}} {_fmt(hist.n)}')
-                out.append(f"{name}_count{{{base}}} {_fmt(hist.n)}")
-                out.append(f"{name}_sum{{{base}}} {_fmt(hist.total)}")
-                out.append(f"{name}_created{{{base}}} {created}")
+                    out.append(f"{name}_bucket{{{self._labels(le=_fmt(bound))}}} {_fmt(running)}")
+                out.append(f"{name}_bucket{{{self._labels(le='+Inf')}}} {_fmt(hist.n)}")
+                out.append(f"{name}_count{{{self._labels()}}} {_fmt(hist.n)}")
+                out.append(f"{name}_sum{{{self._labels()}}} {_fmt(hist.total)}")
+                out += [f"# HELP {name}_created {help_text}", f"# TYPE {name}_created gauge"]
+                out.append(f"{name}_created{{{self._labels()}}} {_fmt(self.created)}")
         return "\n".join(out) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import email.utils
 import json
 import os
@@ -42,6 +43,9 @@ REASONS = {
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
+#: The request being answered on this connection (each connection is its own task).
+_CURRENT: contextvars.ContextVar[tuple[str, str, str]] = contextvars.ContextVar("current_request")
+
 #: Tokens a chat template adds per message and for the assistant turn (Qwen's <|im_start|> framing).
 TEMPLATE_TOKENS_PER_MESSAGE = 5
 TEMPLATE_TOKENS_GENERATION = 3
@@ -106,6 +110,8 @@ class Server:
         self._connections: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._counter = 0
+        #: False with --disable-uvicorn-access-log.
+        self.access_log = True
 
     # --- HTTP plumbing ----------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -139,6 +145,7 @@ class Server:
                     version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
                 )
                 path = target.split("?", 1)[0]
+                _CURRENT.set((self._peer(writer), method, target))
                 keep_alive = await self.dispatch(method, path, body, writer, keep_alive)
                 if not keep_alive:
                     break
@@ -166,9 +173,20 @@ class Server:
             parts.append(await reader.readexactly(size))
             await reader.readline()
 
+    @staticmethod
+    def _peer(writer: asyncio.StreamWriter) -> str:
+        peer = writer.get_extra_info("peername")
+        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "-"
+
     def _head(
         self, status: int, content_type: str, extra: list[tuple[str, str]], keep_alive: bool
     ) -> bytes:
+        if self.access_log:
+            peer, method, target = _CURRENT.get(("-", "-", "-"))
+            # uvicorn's access log line, as a real vLLM writes one per response.
+            self.log(
+                f'INFO:     {peer} - "{method} {target} HTTP/1.1" {status} {REASONS.get(status, "")}'
+            )
         lines = [
             f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
             f"date: {email.utils.formatdate(usegmt=True)}",
@@ -199,7 +217,9 @@ class Server:
         self, writer: asyncio.StreamWriter, status: int, obj: Any, keep_alive: bool = True
     ) -> None:
         """Send a JSON response."""
-        await self.send(writer, status, json.dumps(obj).encode(), keep_alive=keep_alive)
+        await self.send(
+            writer, status, json.dumps(obj, separators=(",", ":")).encode(), keep_alive=keep_alive
+        )
 
     # --- routing ------------------------------------------------------------------
     async def dispatch(
@@ -294,19 +314,25 @@ class Server:
         try:
             body = json.loads(raw or b"{}")
         except json.JSONDecodeError as exc:
-            raise BadRequestError(f"JSON decode error: {exc}") from None
+            raise BadRequestError(
+                f"JSON decode error: {exc}", kind="Bad Request", param="body"
+            ) from None
         if not isinstance(body, dict):
             raise BadRequestError("Input should be a valid dictionary")
         model = body.get("model") or self.info.served_names[0]
         if model not in self.info.served_names:
             raise BadRequestError(
-                f"The model `{model}` does not exist.", 404, "NotFoundError", "model"
+                f"The model `{model}` does not exist. "
+                f"Valid aliases: {', '.join(self.info.served_names)}.",
+                404,
+                "NotFoundError",
+                "model",
             )
         has_image = False
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
-                raise BadRequestError("Field required: messages", param="messages")
+                raise BadRequestError("Field required", kind="Bad Request", param="body.messages")
             texts: list[str] = []
             for msg in messages:
                 content = msg.get("content") if isinstance(msg, dict) else None
@@ -340,36 +366,14 @@ class Server:
             if isinstance(raw_prompt, list):
                 raw_prompt = " ".join(map(str, raw_prompt))
             if not isinstance(raw_prompt, str):
-                raise BadRequestError("Field required: prompt", param="prompt")
+                raise BadRequestError("Field required", kind="Bad Request", param="body.prompt")
             prompt = raw_prompt
             prompt_tokens = max(1, count_tokens(prompt))
             keys, key_tokens = (), ()
             thinking = False
-        if prompt_tokens >= self.info.max_model_len:
-            raise BadRequestError(
-                f"This model's maximum context length is {self.info.max_model_len} tokens. However, your "
-                f"request has {prompt_tokens} input tokens. Please reduce the length of the input messages.",
-                param="messages" if chat else "prompt",
-            )
-        max_tokens_raw = body.get("max_completion_tokens") or body.get("max_tokens")
-        if max_tokens_raw is None:
-            max_tokens = self.info.max_model_len - prompt_tokens
-        else:
-            try:
-                max_tokens = int(max_tokens_raw)
-            except (TypeError, ValueError):
-                raise BadRequestError("max_tokens must be an integer", param="max_tokens") from None
-            if max_tokens < 1:
-                raise BadRequestError(
-                    "max_tokens must be at least 1, got {max_tokens}.", param="max_tokens"
-                )
-            if prompt_tokens + max_tokens > self.info.max_model_len:
-                raise BadRequestError(
-                    f"This model's maximum context length is {self.info.max_model_len} tokens. However, you "
-                    f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
-                    param="max_tokens",
-                )
+        max_tokens = self._budget(
+            prompt_tokens, body.get("max_completion_tokens") or body.get("max_tokens")
+        )
         try:
             temperature = float(
                 body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0
@@ -378,7 +382,7 @@ class Server:
             raise BadRequestError("temperature must be a number", param="temperature") from None
         hint = body.get("emu_prompt_class")
         self._counter += 1
-        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
         request = Request(
             request_id=request_id,
             prompt=prompt,
@@ -398,6 +402,37 @@ class Server:
             stream=bool(body.get("stream", False)),
             include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
         )
+
+    def _budget(self, prompt_tokens: int, raw: object) -> int:
+        """The output budget, refused or cut as vLLM 0.32 does (messages checked against one)."""
+        limit = self.info.max_model_len
+        if prompt_tokens >= limit:
+            raise BadRequestError(
+                f"This model's maximum context length is {limit} tokens. However, your prompt contains "
+                f"at least {prompt_tokens} input tokens, which exceeds this limit even without any output "
+                f"tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={prompt_tokens})",
+                param="input_tokens",
+            )
+        if raw is None:
+            return limit - prompt_tokens
+        try:
+            max_tokens = int(str(raw))
+        except ValueError:
+            raise BadRequestError("max_tokens must be an integer", param="max_tokens") from None
+        if max_tokens < 1:
+            raise BadRequestError(
+                f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
+                param="max_tokens",
+            )
+        if max_tokens > limit:
+            raise BadRequestError(
+                f"max_tokens={max_tokens} cannot be greater than max_model_len={limit}. Please request "
+                f"fewer output tokens. (parameter=max_tokens, value={max_tokens})",
+                param="max_tokens",
+            )
+        # What does not fit after the prompt is cut, not refused: the request ends with "length".
+        return min(max_tokens, limit - prompt_tokens)
 
     def _split(self, step: Step) -> tuple[str, str]:
         """(reasoning, content) text of one step, as the reasoning parser would split it."""
@@ -493,7 +528,6 @@ class Server:
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
-                "tool_calls": [],
             }
             if self.info.reasoning_parser:
                 message["reasoning"] = reasoning or None
@@ -563,10 +597,12 @@ class Server:
                     "model": model,
                     "choices": choices,
                     **extra,
-                }
+                },
+                separators=(",", ":"),
             )
 
         completion_tokens = 0
+        failed = False
         first = True
         think_state: dict[str, bool] = {}
         try:
@@ -607,9 +643,15 @@ class Server:
                     first = False
                     await event(chunk([choice]))
             except (EngineDeadError, RequestFailedError) as exc:
-                # An error after the stream started: an error event inside the 200 stream.
+                # An error after the stream started: an error event inside the 200 stream, then
+                # [DONE] without a usage chunk; vLLM writes this one event with json.dumps' spaces.
+                self.log(
+                    f"ERROR [serving.py:929] Error in {'chat ' if chat else ''}completion stream generator."
+                )
+                self.log(f"ERROR [serving.py:929] {type(exc).__name__}: {exc}")
                 await event(json.dumps(error_body(str(exc), "InternalServerError", 500)))
-            if parsed.include_usage:
+                failed = True
+            if parsed.include_usage and not failed:
                 usage = {
                     "prompt_tokens": parsed.request.prompt_tokens,
                     "total_tokens": parsed.request.prompt_tokens + completion_tokens,
@@ -675,6 +717,8 @@ async def serve(
         server.log("ERROR [api_server.py:1610] Engine core died; shutting down the API server.")
         code = 1
     server.log("INFO:     Shutting down")
+    server.log("INFO:     Waiting for application shutdown.")
+    server.log("INFO:     Application shutdown complete.")
     listener.close()
     await server.close_all()
     with contextlib.suppress(Exception):
