@@ -26,11 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fleetctl import ansible, ssh
+from fleetctl import ansible, paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, recipe_for
+from fleetctl.rollout.ledger import open_ledger
 
 #: The marker a verified, staged set carries (written just before the atomic swap).
 MARKER = ".fleetctl-staged.json"
@@ -235,11 +236,18 @@ def stage(
         evars["weights_headroom_gb"] = headroom_gb
     evars.update(extravars or {})
     secrets = {"weights_hf_token": token} if token else {}
-    with _ByteMeter(hosts, recipe, run_id, totals, progress):
-        result = ansible.run_playbook(
-            PLAYBOOK, inventory, limit=limit, extravars=evars, secrets=secrets, progress=progress,
-            run_id=run_id, timeout=timeout,
-        )
+    # The fleet's lock (the rollout's): a second stage would delete this run's staging directories as
+    # a killed run's leftovers, and a rollout must not find weights half-swapped (exit 4 when held).
+    with open_ledger(paths.state_dir(inventory.path)) as ledger:
+        ledger.acquire(run_id)
+        try:
+            with _ByteMeter(hosts, recipe, run_id, totals, progress):
+                result = ansible.run_playbook(
+                    PLAYBOOK, inventory, limit=limit, extravars=evars, secrets=secrets, progress=progress,
+                    run_id=run_id, timeout=timeout,
+                )
+        finally:
+            ledger.release(run_id)
     return fold(result, recipe, source, hosts)
 
 

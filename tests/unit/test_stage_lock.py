@@ -1,0 +1,50 @@
+"""fleetctl stage takes the fleet's lock: a second operation on the fleet is refused before any host is touched."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fleetctl import inventory, paths
+from fleetctl.errors import ExitCode, LockedError
+from fleetctl.rollout.ledger import open_ledger
+from fleetctl.stage import stage
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from fleetctl.rollout.ledger import open_ledger
+led = open_ledger(Path(sys.argv[1]))
+led.acquire("rollout-held-by-test")
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_stage_is_refused_while_another_process_holds_the_fleet_lock(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(state))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    seed = paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
+    (tmp_path / "group_vars" / "all" / "recipes.yml").write_text(seed.read_text())
+    # An address nobody answers on: the lock must refuse before any connection is tried.
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    spark-01: {ansible_host: 192.0.2.1}\n")
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockedError) as e:
+            stage(inventory.load(tmp_path / "hosts.yml"))
+        assert e.value.exit_code == ExitCode.LOCKED
+        assert "rollout-held-by-test" in e.value.message()
+    finally:
+        holder.kill()
+        holder.wait()
+    # Once the holder is gone, its lock is stale: stage takes it over (and only then meets the dead address).
+    with open_ledger(state) as led:
+        held = led.holder()
+        assert held is not None and not held.alive
