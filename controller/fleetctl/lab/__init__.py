@@ -27,7 +27,7 @@ from typing import Any
 
 from fleetctl import paths
 from fleetctl.errors import FleetError
-from fleetctl.lab import aptrepo, images, inventory, nodes, procs, rootfs
+from fleetctl.lab import aptrepo, images, inventory, nodes, procs
 from fleetctl.lab.engine import Engine
 from fleetctl.lab.layout import MAX_NODES, Layout, current
 from fleetctl.lab.nodes import Faults, InnerContainer
@@ -151,13 +151,15 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
             # (a first build spends much of its time downloading, so overlapping pays).
             reg = pool.submit(Registry(lay).start, progress)
             www = pool.submit(_www, lay, progress)
-            py = pool.submit(rootfs.tarball, rootfs.PYTHON, progress)
+            py = pool.submit(images.python_base, engine, progress)
             image = images.node_image(lay, engine, progress)
             reg.result()
-            www.result()
-            _nodes(lay, engine, state, nodes, image, progress)
             py.result()
-        pushed = _push_images(lay, engine, progress)
+            # The vLLM images are built and pushed while the nodes boot.
+            push = pool.submit(_push_images, lay, engine, progress)
+            _nodes(lay, engine, state, nodes, image, progress)
+            www.result()
+            pushed = push.result()
         state["images"] = sorted(set(state.get("images", [])) | set(pushed))
         _write_state(lay, state)
         inventory.write(lay, state["nodes"])

@@ -114,7 +114,8 @@ def node_image(layout: Layout, engine: Engine, progress: Progress = NULL) -> str
     return _build(engine, ctx, ref, progress, "the node image")
 
 
-def _python_base(engine: Engine, progress: Progress) -> str:
+def python_base(engine: Engine, progress: Progress = NULL) -> str:
+    """The python-only base image in the lab engine (imported from the cached rootfs if needed)."""
     return _import_rootfs(engine, rootfs.PYTHON, progress)
 
 
@@ -124,7 +125,7 @@ def _emulator_dir() -> Path:
 
 def vllm_base(layout: Layout, engine: Engine, progress: Progress = NULL) -> str:
     """The shared base of every vLLM stand-in tag: python3 + the emulator as ``vllm``."""
-    base = _python_base(engine, progress)
+    base = python_base(engine, progress)
     emu = _emulator_dir()
     if not (emu / "vllm").exists() or importlib.util.find_spec("fleetctl.lab.scenarios") is None:
         raise FleetError(
@@ -168,7 +169,7 @@ def build_tag(layout: Layout, engine: Engine, ref: str, settings: Mapping[str, s
             raise FleetError(f"--from-dir {from_dir} is not a directory", fix="pass a directory to copy into the image")
         shutil.copytree(from_dir, ctx / "app", ignore=shutil.ignore_patterns("__pycache__"))
         entry = json.dumps(cmd) if cmd else '["/bin/sh"]'
-        text = f"FROM {_python_base(engine, progress)}\nCOPY app/ /app/\nWORKDIR /app\n"
+        text = f"FROM {python_base(engine, progress)}\nCOPY app/ /app/\nWORKDIR /app\n"
         text += f"ENTRYPOINT {entry}\n" + _dockerfile_env(settings)
     else:
         text = f"FROM {vllm_base(layout, engine, progress)}\n"
@@ -183,7 +184,7 @@ def build_tag(layout: Layout, engine: Engine, ref: str, settings: Mapping[str, s
 
 def cuda_image(layout: Layout, engine: Engine, ref: str, progress: Progress = NULL) -> str:
     """A small stand-in of NVIDIA's CUDA base image: nvidia-smi appears only with --gpus (the hook injects it)."""
-    base = _python_base(engine, progress)
+    base = python_base(engine, progress)
     ctx = layout.build_dir / "cuda"
     if ctx.exists():
         shutil.rmtree(ctx)
