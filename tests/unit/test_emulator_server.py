@@ -580,3 +580,62 @@ def test_long_context_collapse_and_decay(launcher: Launcher, model_dirs: dict[st
     while _acceptance(decaying.url, "Write a Python function.", n=1) > 0.0:
         assert time.monotonic() < deadline, "acceptance never decayed"
     assert httpx.get(decaying.url + "/health").status_code == 200
+
+
+def test_max_num_seqs_queues_and_ignore_eos_gives_exact_lengths(
+    launcher: Launcher, model_dirs: dict[str, Path]
+) -> None:
+    emu = launcher.start(
+        [str(model_dirs["bf16"]), "--served-model-name", "qwen3.5-35b", "--max-num-seqs", "2"],
+        env={"EMU_SPEED": "1"},
+    )
+    body = {
+        "messages": [{"role": "user", "content": "Good morning"}],
+        "max_tokens": 3000,
+        "stream": True,
+        "ignore_eos": True,
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+
+    async def run() -> tuple[
+        list[dict[str, object]], dict[tuple[str, tuple[tuple[str, str], ...]], float]
+    ]:
+        async with httpx.AsyncClient(base_url=emu.url, timeout=60) as http:
+
+            async def one() -> dict[str, object]:
+                async with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+                    events = _events("".join([c async for c in resp.aiter_text()]))
+                    return dict(json.loads(events[-2]))
+
+            tasks = [asyncio.ensure_future(one()) for _ in range(4)]
+            deadline = time.monotonic() + 20
+            while True:
+                seen = _metrics(emu.url)
+                if (
+                    seen[("vllm:num_requests_running", ())] == 2
+                    and seen[("vllm:num_requests_waiting", ())] == 2
+                ):
+                    break
+                assert time.monotonic() < deadline, (
+                    "4 requests never showed as 2 running + 2 waiting"
+                )
+                await asyncio.sleep(0.05)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            # With ignore_eos the answer runs to max_tokens exactly.
+            short = dict(body, stream=False, max_tokens=700)
+            done = (await http.post("/v1/chat/completions", json=short)).json()
+            return [done], seen
+
+    (done,), seen = asyncio.run(run())
+    assert seen[("vllm:num_requests_running", ())] == 2
+    usage = done["usage"]
+    assert isinstance(usage, dict) and usage["completion_tokens"] == 700
+    # The four cancelled streams are counted as aborted once the server notices the hang-ups.
+    abort = ("vllm:request_success_total", (("finished_reason", "abort"),))
+    deadline = time.monotonic() + 20
+    while _metrics(emu.url)[abort] < 4:
+        assert time.monotonic() < deadline, "cancelled streams were never counted as aborted"
+        time.sleep(0.1)
+    assert _metrics(emu.url)[("vllm:request_queue_time_seconds_count", ())] == 5

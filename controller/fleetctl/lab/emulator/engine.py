@@ -63,6 +63,7 @@ class Request:
     prefix_keys: tuple[str, ...] = ()
     prefix_tokens: tuple[int, ...] = ()
     has_image: bool = False
+    ignore_eos: bool = False
     arrival: float = field(default_factory=time.monotonic)
 
 
@@ -211,6 +212,7 @@ class Engine:
                 temperature=request.temperature,
                 garbage=garbage,
                 salt=request.request_id,
+                ignore_eos=request.ignore_eos,
             )
             last_emit = first_token_at
             pending: list[Piece] = []

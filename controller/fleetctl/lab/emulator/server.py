@@ -394,6 +394,7 @@ class Server:
             prefix_keys=keys,
             prefix_tokens=key_tokens,
             has_image=has_image,
+            ignore_eos=bool(body.get("ignore_eos", False)),
         )
         options = body.get("stream_options") or {}
         return ParsedChat(

@@ -103,8 +103,13 @@ def generate(
     temperature: float,
     garbage: bool,
     salt: str = "",
+    ignore_eos: bool = False,
 ) -> Iterator[Piece]:
-    """The full token stream of one completion (reasoning first when thinking is on)."""
+    """The full token stream of one completion (reasoning first when thinking is on).
+
+    With ``ignore_eos`` (what ``vllm bench serve`` sends for fixed-length outputs) the answer
+    never ends: filler follows it until max_tokens, as a real model keeps sampling past EOS.
+    """
     if garbage:
         # The real failure mode: a model whose weights are wrong emits one token forever.
         while True:
@@ -114,3 +119,7 @@ def generate(
             yield Piece("reasoning", tok)
     for tok in answer_tokens(prompt, temperature=temperature, salt=salt):
         yield Piece("content", tok)
+    n = 0
+    while ignore_eos:
+        yield Piece("content", " " + _FILLER_WORDS[n % len(_FILLER_WORDS)])
+        n += 1
