@@ -55,6 +55,9 @@ from fleetctl.soak.verdict import (
 
 #: Log lines shown while waiting, and searched for a boot failure's cause.
 LOG_TAIL = 40
+#: Log lines searched for a crash's cause: every in-flight stream logs two generic lines
+#: after the root cause, so at c=64 it sits well over 100 lines up.
+CRASH_LOG_TAIL = 400
 #: How long a crashed server's container is given to exit before its state is recorded.
 CRASH_EXIT_WAIT = 15.0
 #: Distributions kept in the verdict for the report (the raw samples are in the artifacts).
@@ -88,6 +91,7 @@ def boot_failure_cause(log: str) -> str:
 
 #: Lines vLLM prints after the real cause; they name no cause themselves.
 _GENERIC = ("EngineDeadError", "encountered a fatal error", "encountered an issue", "output_handler failed",
+            "Error in chat completion stream generator", "Error in completion stream generator",
             "Engine core died", "shutting down", "Shutting down", "Engine core initialization failed",
             "See root cause above", "See stack trace")
 _LOG_PREFIX = re.compile(r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:]+ "
@@ -96,6 +100,10 @@ _LOG_PREFIX = re.compile(r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEB
 
 def _strip_log_prefix(line: str) -> str:
     return _LOG_PREFIX.sub("", line.strip())
+
+
+def _tail(log: str, n: int = LOG_TAIL) -> str:
+    return "\n".join(log.splitlines()[-n:])
 
 
 def _last_lines(log: str, n: int = 3) -> str:
@@ -236,12 +244,12 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
                 return Readiness(Outcome.ERROR, f"nothing to soak: no container serves {target.base_url} "
                                                 f"({last_state})", waited)
             if not st.running:
-                log = await _logs(target)
+                log = await _logs(target, CRASH_LOG_TAIL)
                 cause = boot_failure_cause(log)
                 code = f" with code {st.exit_code}" if st.exit_code is not None else ""
                 msg = f"boot failure: the container exited{code} before /health answered"
                 msg += f": {cause}" if cause else f"; last log lines: {_last_lines(log)}"
-                return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=log)
+                return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=_tail(log))
             if time.monotonic() - last_log_at > 10:
                 tail = _last_lines(await _logs(target, 5), 1)
                 last_log_at = time.monotonic()
@@ -254,12 +262,12 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
         await asyncio.sleep(poll)
     waited = time.monotonic() - t0
     if target.container is not None:
-        log = await _logs(target)
+        log = await _logs(target, CRASH_LOG_TAIL)
         cause = boot_failure_cause(log)
         msg = (f"not healthy after {waited:.0f}s (readiness deadline {timeout:.0f}s; /health: {last_state}); "
                f"the container runs but never became ready")
         msg += f": {cause}" if cause else f"; last log lines: {_last_lines(log)}"
-        return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=log)
+        return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=_tail(log))
     return Readiness(Outcome.ERROR, f"endpoint down: {target.base_url}/health gave no 200 in {waited:.0f}s "
                                     f"({last_state})", waited)
 
@@ -404,7 +412,7 @@ async def _diagnose_crash(client: Client, st: _State, concurrency: int, label: s
                                                                if cs.exit_code is not None else "")
         except FleetError as e:
             what += f" (container state unreadable: {e.cause})"
-        cause = boot_failure_cause(await _logs(st.target))
+        cause = boot_failure_cause(await _logs(st.target, CRASH_LOG_TAIL))
         if cause:
             what += f"; log: {cause}"
     return what

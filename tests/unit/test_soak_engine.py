@@ -1,0 +1,44 @@
+"""Pure helpers of the engine: root causes from vLLM logs, level summaries, run ids."""
+
+from __future__ import annotations
+
+from fleetctl.soak.engine import boot_failure_cause, new_run_id, summarize
+from fleetctl.soak.verdict import Sample
+
+CRASH_LOG = """\
+(APIServer pid=1) INFO 11-22 04:37:40 [api_server.py:1647] Starting vLLM API server 0 on http://0.0.0.0:8000
+(APIServer pid=1) ERROR 11-22 04:37:49 [core.py:710] EngineCore encountered a fatal error.
+(APIServer pid=1) ERROR 11-22 04:37:49 [core.py:710] RuntimeError: block_table must have shape (num_reqs, max_num_blocks_per_req)
+(APIServer pid=1) ERROR 11-22 04:37:49 [serving.py:929] Error in chat completion stream generator.
+(APIServer pid=1) ERROR 11-22 04:37:49 [serving.py:929] EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
+(APIServer pid=1) ERROR 11-22 04:37:51 [api_server.py:1610] Engine core died; shutting down the API server.
+INFO:     Shutting down
+"""
+
+BOOT_LOG = """\
+Traceback (most recent call last):
+  File "/usr/lib/python3/vllm/config.py", line 12, in __post_init__
+ValueError: max_num_scheduled_tokens is set to -512 based on the speculative decoding settings
+(EngineCore pid=7) ERROR Engine core initialization failed. See root cause above.
+"""
+
+
+def test_the_root_cause_wins_over_generic_lines() -> None:
+    assert boot_failure_cause(CRASH_LOG).startswith("RuntimeError: block_table must have shape")
+    assert boot_failure_cause(BOOT_LOG).startswith("ValueError: max_num_scheduled_tokens is set to -512")
+    assert boot_failure_cause("INFO all good\nINFO: Application startup complete.") == ""
+
+
+def test_summarize_counts_errors_and_percentiles() -> None:
+    ok = [Sample("sweep", "coding", 4, 0.0, True, 200, ttft=0.1 * i, e2e=1.0, tpot=0.01, output_tokens=100)
+          for i in range(1, 5)]
+    bad = Sample("sweep", "coding", 4, 0.0, False, 200, error_kind="stream_error", error="boom")
+    lv = summarize("sweep", "c=4", 4, [*ok, bad], seconds=2.0)
+    assert (lv.requests, lv.errors, lv.output_tokens, lv.first_error) == (5, 1, 400, "boom")
+    assert lv.tok_s == 200.0 and lv.ttft_p50 is not None and abs(lv.ttft_p50 - 0.25) < 1e-9
+    assert summarize("sweep", "c=1", 1, [bad], 1.0).tok_s is None
+
+
+def test_run_ids_are_safe_and_unique() -> None:
+    a, b = new_run_id("spark-01 / x"), new_run_id("spark-01 / x")
+    assert a != b and "/" not in a and " " not in a and a.startswith("soak-spark-01")
