@@ -183,3 +183,19 @@ def test_image_tags_share_layers_and_any_directory_can_be_an_image(lab: fleetlab
     assert r.stdout.strip() == "hello from the lab", r.stderr
     bad = CliRunner().invoke(lab_group, ["image", "--tag", "x", "--set", "NOEQUALS"])
     assert bad.exit_code != 0
+
+
+def test_node_command_sets_and_resets_faults(lab: fleetlab.LabStatus) -> None:
+    try:
+        out = CliRunner().invoke(lab_group, ["node", "spark-03", "--driver", "535.183.01", "--disk-gb", "8", "--json"])
+        assert out.exit_code == 0, out.output
+        node = json.loads(out.stdout)
+        assert node["faults"] == {"driver": "535.183.01", "disk_gb": 8} and node["driver"] == "535.183.01"
+        r = ssh.run(_host(lab, "spark-03"), "nvidia-smi --query-gpu=driver_version --format=csv,noheader; "
+                                             "df -B1G --output=size /opt | tail -1", timeout=20)
+        assert r.stdout.split() == ["535.183.01", "8"]
+        bad = CliRunner().invoke(lab_group, ["node", "spark-03", "--disk-gb", "0"])
+        assert bad.exit_code != 0
+    finally:
+        out = CliRunner().invoke(lab_group, ["node", "spark-03", "--reset", "--json"])
+    assert out.exit_code == 0 and json.loads(out.stdout)["faults"] == {}

@@ -26,13 +26,18 @@ def _render_status(st: lab.LabStatus) -> Any:
             out.print("nothing running: `fleetctl lab up` builds it")
             return
         t = Table()
-        for col in ("node", "address", "state", "gpu", "driver", "faults", "containers"):
+        t.add_column("node", no_wrap=True)
+        t.add_column("address", no_wrap=True)
+        for col in ("state", "gpu", "driver", "faults", "containers"):
             t.add_column(col)
         for n in st.nodes:
             colour = {"running": "green", "paused": "yellow", "disconnected": "yellow"}.get(n.state, "red")
-            faults = ", ".join(f"{k}={v}" for k, v in n.faults.items()) or "-"
+            # gpu and driver have their own columns; highlight them when they are faults.
+            faults = ", ".join(f"{k}={v}" for k, v in n.faults.items() if k not in ("gpu", "driver")) or "-"
+            gpu = f"[yellow]{n.gpu}[/]" if "gpu" in n.faults else n.gpu
+            driver = f"[yellow]{n.driver}[/]" if "driver" in n.faults else n.driver
             containers = ", ".join(f"{c.name} ({c.image.rsplit('/', 1)[-1]})" for c in n.containers) or "-"
-            t.add_row(n.name, n.address, f"[{colour}]{n.state}[/]", n.gpu, n.driver, faults, containers)
+            t.add_row(n.name, n.address, f"[{colour}]{n.state}[/]", gpu, driver, faults, containers)
         out.print(t)
         svc = "  ".join(f"{k}: {'[green]ok[/]' if v else '[red]down[/]'}" for k, v in st.services.items())
         out.print(svc)

@@ -215,12 +215,16 @@ def _nodes(lay: Layout, engine: Engine, state: dict[str, Any], count: int, image
             nodes.create(lay, engine, i, image)
             faults.pop(name, None)
             started.append(i)
-        elif st["State"]["Paused"]:
-            continue  # a fault the user set: keep it
-        elif not st["State"]["Running"]:
+            continue
+        if st["Config"]["Image"] != image:
+            # Recreating it would throw away what was provisioned on it: say so, keep it.
+            progress(Event("outdated", f"runs {st['Config']['Image']}, not {image}: "
+                                       "`fleetctl lab down` then `up` to rebuild", host=name))
+        if not st["State"]["Running"]:
             progress(Event("starting", "existing container", host=name))
             engine.docker("start", name, what=f"starting node {name}")
             started.append(i)
+        # A paused node is a fault the user set: it is kept as it is.
     state["nodes"] = wanted
     with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
         list(pool.map(lambda i: nodes.wait_ready(lay, engine, i, progress=progress), started))

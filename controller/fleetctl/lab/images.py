@@ -60,6 +60,15 @@ def _import_rootfs(engine: Engine, spec: rootfs.RootfsSpec, progress: Progress) 
     return ref
 
 
+def _context(layout: Layout, name: str) -> Path:
+    """An empty build context directory (what a previous build left is removed)."""
+    ctx = layout.build_dir / name
+    if ctx.exists():
+        shutil.rmtree(ctx)
+    ctx.mkdir(parents=True)
+    return ctx
+
+
 def _build(engine: Engine, context: Path, ref: str, progress: Progress, what: str) -> str:
     progress(Event("building", f"{what} ({ref})"))
     engine.docker("build", "--network", "none", "-q", "-t", ref, str(context), timeout=600,
@@ -74,9 +83,7 @@ def node_image(layout: Layout, engine: Engine, progress: Progress = NULL) -> str
     ref = f"fleetctl-lab/node:{_hash_tree([node_assets], base + json.dumps(gpus.DEFAULT))}"
     if engine.image_exists(ref):
         return ref
-    ctx = layout.build_dir / "node"
-    if ctx.exists():
-        shutil.rmtree(ctx)
+    ctx = _context(layout, "node")
     files = ctx / "files"
     lib = files / "usr" / "lib" / "fleetctl-lab"
     lib.mkdir(parents=True)
@@ -135,9 +142,7 @@ def vllm_base(layout: Layout, engine: Engine, progress: Progress = NULL) -> str:
     ref = f"fleetctl-lab/vllm-base:{_hash_tree([emu, emu.parent / 'scenarios.py'], base)}"
     if engine.image_exists(ref):
         return ref
-    ctx = layout.build_dir / "vllm-base"
-    if ctx.exists():
-        shutil.rmtree(ctx)
+    ctx = _context(layout, "vllm-base")
     # Only the emulator goes in (not the rest of fleetctl), the way the emulator's
     # own installer lays it out, with its `vllm` command on PATH.
     from fleetctl.lab import scenarios
@@ -160,10 +165,7 @@ def _dockerfile_env(settings: Mapping[str, str]) -> str:
 def build_tag(layout: Layout, engine: Engine, ref: str, settings: Mapping[str, str],
               progress: Progress = NULL, from_dir: Path | None = None, cmd: list[str] | None = None) -> str:
     """Build ``ref`` (a full registry reference) from the emulator base plus ``settings``, or from a directory."""
-    ctx = layout.build_dir / "tags" / hashlib.sha256(ref.encode()).hexdigest()[:12]
-    if ctx.exists():
-        shutil.rmtree(ctx)
-    ctx.mkdir(parents=True)
+    ctx = _context(layout, "tags/" + hashlib.sha256(ref.encode()).hexdigest()[:12])
     if from_dir is not None:
         if not from_dir.is_dir():
             raise FleetError(f"--from-dir {from_dir} is not a directory", fix="pass a directory to copy into the image")
@@ -185,10 +187,7 @@ def build_tag(layout: Layout, engine: Engine, ref: str, settings: Mapping[str, s
 def cuda_image(layout: Layout, engine: Engine, ref: str, progress: Progress = NULL) -> str:
     """A small stand-in of NVIDIA's CUDA base image: nvidia-smi appears only with --gpus (the hook injects it)."""
     base = python_base(engine, progress)
-    ctx = layout.build_dir / "cuda"
-    if ctx.exists():
-        shutil.rmtree(ctx)
-    ctx.mkdir(parents=True)
+    ctx = _context(layout, "cuda")
     (ctx / "Dockerfile").write_text(
         f"FROM {base}\n"
         "ENV NVARCH=x86_64 CUDA_VERSION=13.0.0 NVIDIA_REQUIRE_CUDA=cuda>=13.0 "
