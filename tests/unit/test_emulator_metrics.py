@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from fleetctl.lab.emulator.metrics import FINISHED_REASONS, HISTOGRAMS, Metrics
+from fleetctl.lab.emulator.metrics import FINISHED_REASONS, HISTOGRAMS, Metrics, buckets_1_2_5
 
 
 def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -109,3 +109,18 @@ def test_text_format_matches_a_real_vllm_exposition() -> None:
         'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 0.0'
         in lines
     )
+
+
+def test_request_token_buckets_follow_max_model_len() -> None:
+    assert buckets_1_2_5(2048) == (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+    m = Metrics("tiny", num_spec_tokens=None, max_model_len=2048)
+    m.observe("vllm:request_params_max_tokens", 300)
+    m.observe("vllm:iteration_tokens_total", 3)
+    got = _samples(m.render())
+    assert ("vllm:request_params_max_tokens_bucket", _labels_tiny(le="2000.0")) in got
+    assert ("vllm:request_params_max_tokens_bucket", _labels_tiny(le="5000.0")) not in got
+    assert got[("vllm:iteration_tokens_total_bucket", _labels_tiny(le="8.0"))] == 1
+
+
+def _labels_tiny(**extra: str) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted({"model_name": "tiny", "engine": "0", **extra}.items()))

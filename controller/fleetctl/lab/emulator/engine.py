@@ -186,6 +186,10 @@ class Engine:
             hits = self._prefix_hits(request) if request.prefix_keys else 0
             self.metrics.inc("vllm:prefix_cache_queries", request.prompt_tokens)
             self.metrics.inc("vllm:prefix_cache_hits", hits)
+            self.metrics.inc("vllm:prompt_tokens_cached", hits)
+            self.metrics.observe("vllm:request_params_max_tokens", request.max_tokens)
+            self.metrics.observe("vllm:request_max_num_generation_tokens", request.max_tokens)
+            self.metrics.observe("vllm:request_params_n", 1)
             self.metrics.inc("vllm:prompt_tokens", request.prompt_tokens)
             profile = perf.PROFILES[request.prompt_class]
             ttft = perf.ttft_seconds(
@@ -282,6 +286,7 @@ class Engine:
                     generated += 1
                 self.kv_tokens += n_tokens
                 self.metrics.inc("vllm:generation_tokens", n_tokens)
+                self.metrics.observe("vllm:iteration_tokens_total", n_tokens)
                 if exhausted:
                     finish = "stop"
                 elif generated >= request.max_tokens:

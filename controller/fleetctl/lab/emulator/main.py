@@ -169,6 +169,7 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     metrics = Metrics(
         args.served_model_names[0],
         num_spec_tokens=args.num_spec_tokens if args.speculative_config else None,
+        max_model_len=max_model_len,
     )
     died = asyncio.Event()
     engine = Engine(

@@ -30,7 +30,24 @@ LATENCY_BUCKETS = (
     0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
-TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000, 100000)
+#: Placeholder for "1-2-5 buckets up to max_model_len" (vLLM's build_1_2_5_buckets), set per server.
+TOKEN_BUCKETS: tuple[float, ...] = ()
+ITERATION_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def buckets_1_2_5(limit: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to ``limit`` (vLLM's request-token buckets)."""
+    out: list[float] = []
+    exponent = 0
+    while True:
+        for mantissa in (1, 2, 5):
+            value = mantissa * 10**exponent
+            if value > limit:
+                return tuple(out)
+            out.append(value)
+        exponent += 1
+
 
 HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     "vllm:time_to_first_token_seconds": (
@@ -67,6 +84,19 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
     ),
     "vllm:request_prompt_tokens": ("Number of prefill tokens processed.", TOKEN_BUCKETS),
     "vllm:request_generation_tokens": ("Number of generation tokens processed.", TOKEN_BUCKETS),
+    "vllm:iteration_tokens_total": (
+        "Histogram of number of tokens per engine_step.",
+        ITERATION_BUCKETS,
+    ),
+    "vllm:request_max_num_generation_tokens": (
+        "Histogram of maximum number of requested generation tokens.",
+        TOKEN_BUCKETS,
+    ),
+    "vllm:request_params_n": ("Histogram of the n request parameter.", N_BUCKETS),
+    "vllm:request_params_max_tokens": (
+        "Histogram of the max_tokens request parameter.",
+        TOKEN_BUCKETS,
+    ),
 }
 
 COUNTERS: dict[str, str] = {
@@ -75,6 +105,7 @@ COUNTERS: dict[str, str] = {
     "vllm:generation_tokens": "Number of generation tokens processed.",
     "vllm:prefix_cache_queries": "Prefix cache queries, in terms of number of queried tokens.",
     "vllm:prefix_cache_hits": "Prefix cache hits, in terms of number of cached tokens.",
+    "vllm:prompt_tokens_cached": "Number of cached prompt tokens (local + external).",
 }
 SPEC_COUNTERS: dict[str, str] = {
     "vllm:spec_decode_num_drafts": "Number of spec decoding drafts.",
@@ -129,7 +160,12 @@ class Metrics:
     """The engine's counters, gauges and histograms; thread-safe; rendered by :meth:`render`."""
 
     def __init__(
-        self, model_name: str, *, num_spec_tokens: int | None, now: float | None = None
+        self,
+        model_name: str,
+        *,
+        num_spec_tokens: int | None,
+        max_model_len: int = 32768,
+        now: float | None = None,
     ) -> None:
         """``num_spec_tokens`` None means no speculative config (no spec_decode families)."""
         self.model_name = model_name
@@ -141,7 +177,9 @@ class Metrics:
         self.spec: dict[str, float] = dict.fromkeys(SPEC_COUNTERS, 0.0)
         self.per_pos: list[float] = [0.0] * (num_spec_tokens or 0)
         self.gauges: dict[str, float] = dict.fromkeys(GAUGES, 0.0)
-        self.histograms = {name: _Histogram(b) for name, (_, b) in HISTOGRAMS.items()}
+        token_buckets = buckets_1_2_5(max_model_len)
+        self.buckets = {name: (b or token_buckets) for name, (_, b) in HISTOGRAMS.items()}
+        self.histograms = {name: _Histogram(b) for name, b in self.buckets.items()}
 
     # --- updates ------------------------------------------------------------------
     def inc(self, name: str, amount: float = 1.0) -> None:
@@ -219,8 +257,8 @@ class Metrics:
                     "Accepted tokens per draft position.",
                     [({"position": str(pos)}, v) for pos, v in enumerate(self.per_pos)],
                 )
-            for name, (help_text, buckets) in HISTOGRAMS.items():
-                hist = self.histograms[name]
+            for name, (help_text, _) in HISTOGRAMS.items():
+                hist, buckets = self.histograms[name], self.buckets[name]
                 out += [f"# HELP {name} {help_text}", f"# TYPE {name} histogram"]
                 running = 0
                 for bound, count in zip(buckets, hist.counts, strict=True):

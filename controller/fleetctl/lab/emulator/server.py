@@ -110,6 +110,10 @@ class Server:
         self._connections: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._counter = 0
+        #: ``vllm-<version>-<8 hex>`` as vLLM 0.32 stamps complete responses and usage chunks.
+        self.fingerprint = (
+            f"vllm-{knobs.version}-{uuid.uuid5(uuid.NAMESPACE_URL, info.root).hex[:8]}"
+        )
         #: False with --disable-uvicorn-access-log.
         self.access_log = True
 
@@ -530,14 +534,15 @@ class Server:
                 "audio": None,
                 "function_call": None,
             }
-            if self.info.reasoning_parser:
-                message["reasoning"] = reasoning or None
+            # Always present (null without a reasoning parser), as in vLLM 0.32.
+            message["reasoning"] = reasoning or None
             choice: dict[str, Any] = {
                 "index": 0,
                 "message": message,
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": None,
+                "token_ids": None,
             }
             obj = "chat.completion"
         else:
@@ -547,6 +552,7 @@ class Server:
                 "logprobs": None,
                 "finish_reason": finish,
                 "stop_reason": None,
+                "token_ids": None,
                 "prompt_logprobs": None,
             }
             obj = "text_completion"
@@ -556,6 +562,8 @@ class Server:
             "created": created,
             "model": parsed.model,
             "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": self.fingerprint,
             "usage": usage,
             "prompt_logprobs": None,
             "kv_transfer_params": None,
@@ -622,7 +630,9 @@ class Server:
                                             "logprobs": None,
                                             "finish_reason": None,
                                         }
-                                    ]
+                                    ],
+                                    prompt_token_ids=None,
+                                    prompt_text=None,
                                 )
                             )
                         delta = self._delta(r, c, think_state)
@@ -631,6 +641,7 @@ class Server:
                             "delta": delta,
                             "logprobs": None,
                             "finish_reason": step.finish_reason,
+                            "token_ids": None,
                         }
                     else:
                         choice = {
@@ -638,6 +649,7 @@ class Server:
                             "text": c,
                             "logprobs": None,
                             "finish_reason": step.finish_reason,
+                            "token_ids": None,
                         }
                     if step.finish_reason is not None:
                         choice["stop_reason"] = None
@@ -658,7 +670,7 @@ class Server:
                     "total_tokens": parsed.request.prompt_tokens + completion_tokens,
                     "completion_tokens": completion_tokens,
                 }
-                await event(chunk([], usage=usage))
+                await event(chunk([], usage=usage, system_fingerprint=self.fingerprint))
             await event("[DONE]")
             writer.write(b"0\r\n\r\n")
             await writer.drain()
