@@ -119,7 +119,7 @@ def test_boot_failure_fails_readiness_with_the_logs_cause(emulator: Callable[...
 
 def test_slower_server_fails_against_its_baseline_but_passes_without(
         emulator: Callable[..., Served], tmp_path: Path) -> None:
-    cfg = fast_config(concurrency=[1, 4], classes=["coding"], sustained={"duration": 0})
+    cfg = fast_config(concurrency=[1, 4, 16], classes=["coding"], sustained={"duration": 0})
     healthy = emulator()
     base = run_soak(healthy.target, cfg, None)
     assert base.outcome is Outcome.PASS, base.summary

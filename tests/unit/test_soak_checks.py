@@ -58,7 +58,7 @@ def _verdict(levels: tuple[LevelSummary, ...]) -> Verdict:
 
 
 def test_throughput_against_a_baseline_and_without() -> None:
-    cfg = load_config(profile="lab")
+    cfg = load_config()
     ev = Evidence(READY, levels=(_level(1, 70.0), _level(4, 180.0)), load_ran=True)
     base = _verdict((_level(1, 100.0), _level(4, 200.0)))
     r = checks.check_throughput(cfg.check("throughput"), ev, base)
@@ -66,6 +66,11 @@ def test_throughput_against_a_baseline_and_without() -> None:
     assert [x.label for x in r.measurements if x.outcome is F] == ["c=1"]
     assert "70.0 tok/s vs baseline 100.0 (-30%" in r.message
     assert checks.check_throughput(cfg.check("throughput"), ev, None).outcome is P
+    # The lab profile forgives one noisy level (failure_limit 1), not two.
+    lab = load_config(profile="lab").check("throughput")
+    assert lab.failure_limit == 1 and checks.check_throughput(lab, ev, base).outcome is P
+    ev_all = Evidence(READY, levels=(_level(1, 70.0), _level(4, 130.0)), load_ran=True)
+    assert checks.check_throughput(lab, ev_all, base).outcome is F
     # A level with no successful request is missing data.
     ev2 = Evidence(READY, levels=(_level(1, None, errors=8),), load_ran=True)
     assert checks.check_throughput(cfg.check("throughput"), ev2, None).outcome is INC

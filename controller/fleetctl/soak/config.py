@@ -123,7 +123,9 @@ def _lab_profile() -> dict[str, Any]:
         "ttft_p95_ms": {1: 5000, 4: 8000, 16: 15000, 32: 25000, 64: 40000},
         "tpot_p50_ms": {1: 500, 4: 800, 16: 1500, 32: 2500, 64: 4000},
     }
-    checks["throughput"] = {"tolerance": 0.15, "floor_tok_s": {1: 2, 64: 5}}
+    # Two short requests at c=1 on a shared 2-core box swing by ~30% run to run: a looser
+    # tolerance and one noisy level forgiven; a 30% slower image still fails the other levels.
+    checks["throughput"] = {"tolerance": 0.2, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}}
     checks["preemptions"] = {"max_per_minute": 60.0}
     # Few short requests per class: floors that only catch a collapse, not a class's mix.
     checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05)}
@@ -393,21 +395,26 @@ def _load_checks(raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str
                                   fix=f"e.g. {name}: {{observe_only: true}}")
         here = f"{where}.{name}"
         _unknown(given, (*_COMMON, *_PARAMS[name]), here)
-        params = dict(defaults.get(name, {}))
+        base = defaults.get(name, {})
+        params = {k: v for k, v in base.items() if k not in _COMMON}
         for key, kind in _PARAMS[name].items():
             if key in given:
                 value = _check_param(given[key], kind, f"{here}.{key}")
                 if kind == "classes":  # a partial floor table overrides only the classes it names
                     value = {**params.get(key, {}), **value}
                 params[key] = value
+
+        def common(key: str, kind: str, default: Any, here: str = here, given: Any = given,
+                   base: Mapping[str, Any] = base) -> Any:
+            return _scalar(given.get(key, base.get(key, default)), kind, f"{here}.{key}")
+
         out[name] = CheckSpec(
             name=name,
-            enabled=_scalar(given.get("enabled", True), "bool", f"{here}.enabled"),
-            observe_only=_scalar(given.get("observe_only", False), "bool", f"{here}.observe_only"),
-            failure_limit=_scalar(given.get("failure_limit", 0), "count", f"{here}.failure_limit"),
-            inconclusive_limit=_scalar(given.get("inconclusive_limit", 0), "count", f"{here}.inconclusive_limit"),
-            consecutive_error_limit=_scalar(given.get("consecutive_error_limit", 0), "count",
-                                            f"{here}.consecutive_error_limit"),
+            enabled=common("enabled", "bool", True),
+            observe_only=common("observe_only", "bool", False),
+            failure_limit=common("failure_limit", "count", 0),
+            inconclusive_limit=common("inconclusive_limit", "count", 0),
+            consecutive_error_limit=common("consecutive_error_limit", "count", 0),
             params=params,
         )
     return out
