@@ -65,8 +65,15 @@ def test_inventory(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFac
     """A copy of the lab's inventory whose recipes stage test-only sets, and those sets on the mirror."""
     mirror = Path(lab.directory) / "www" / "weights"
     specs = [models.MirrorSpec("fleetctl-test/body", "good", BODY_KIND),
-             models.MirrorSpec("fleetctl-test/body", "good2", BODY_KIND, date="2026-07-01"),
              models.MirrorSpec("fleetctl-test/drafter", "good", DRAFTER_KIND)]
+    # The revision the kill test interrupts weighs 32 MB, so that the kill lands while bytes still move.
+    good2 = mirror / "fleetctl-test" / "body" / "good2"
+    if not (good2 / "manifest.json").exists():
+        tmp = tmp_path_factory.mktemp("good2") / "m"
+        models.write_model(tmp, BODY_KIND, size_bytes=32_000_000, date="2026-07-01")
+        manifest = models.manifest_for(tmp, repo="fleetctl-test/body", revision="good2", revision_date="2026-07-01")
+        (tmp / "manifest.json").write_text(json.dumps(manifest))
+        shutil.copytree(tmp, good2)
     for variant, (role, _) in BROKEN.items():
         specs.append(models.MirrorSpec(f"fleetctl-test/{role}", variant, BODY_KIND if role == "body" else DRAFTER_KIND,
                                        variant=variant))
