@@ -80,3 +80,15 @@ def test_inventory_is_readable_by_fleetctl_and_links_repo_vars(tmp_path: Path,
     inventory.write(lay, ["spark-01"])
     assert not link.exists() and not link.is_symlink()
     assert list(fleet_inventory.load(path).hosts) == ["spark-01"]
+
+
+def test_a_lab_keeps_the_subnet_it_was_made_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetctl import lab
+
+    monkeypatch.setenv("FLEETCTL_LAB_DIR", str(tmp_path))
+    monkeypatch.setenv("FLEETCTL_LAB_SUBNET", "10.78.3.0/24")
+    (tmp_path / "lab.json").write_text('{"version": 1, "subnet": "10.78.250.0/24", "nodes": []}')
+    st = lab.status()
+    assert st.subnet == "10.78.250.0/24" and st.gateway == "10.78.250.1" and not st.up
+    with pytest.raises(FleetError, match=r"was made on subnet 10\.78\.250\.0/24"):
+        lab.up(nodes=1)

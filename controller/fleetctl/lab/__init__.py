@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import subprocess
@@ -109,6 +110,22 @@ def _write_state(lay: Layout, data: dict[str, Any]) -> None:
     tmp = lay.state_file.with_name(lay.state_file.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     tmp.replace(lay.state_file)
+
+
+def _existing() -> Layout:
+    """The selected lab, on the subnet it was made on (whatever $FLEETCTL_LAB_SUBNET says now).
+
+    ``down`` and ``status`` must act on the interface and addresses the lab really
+    has; only ``up`` insists that the two agree.
+    """
+    lay = current()
+    try:
+        recorded = json.loads(lay.state_file.read_text()).get("subnet")
+    except (OSError, ValueError):
+        return lay
+    if recorded and recorded != str(lay.subnet):
+        return replace(lay, subnet=ipaddress.IPv4Network(recorded))
+    return lay
 
 
 @contextmanager
@@ -276,7 +293,7 @@ def down(progress: Progress = NULL) -> list[str]:
     Returns what was left behind that could not be removed (empty on success);
     the shared cache (rootfs tarballs, apt key) is kept.
     """
-    lay = current()
+    lay = _existing()
     leftovers: list[str] = []
     with _locked(lay, progress):
         engine = Engine(lay)
@@ -316,7 +333,7 @@ def _unmount_under(root: Path) -> None:
 
 def leftover(lay: Layout | None = None) -> list[str]:
     """What of the lab still exists: processes, mounts, its interface, its directory (empty when clean)."""
-    lay = lay or current()
+    lay = lay or _existing()
     out: list[str] = []
     for d in {lay.root, lay.exec_root}:
         prefix = str(d) + "/"
@@ -335,7 +352,7 @@ def leftover(lay: Layout | None = None) -> list[str]:
 
 def status() -> LabStatus:
     """What the lab looks like now (a lab that is down has no nodes and ``up`` False)."""
-    lay = current()
+    lay = _existing()
     state = _read_state(lay) if lay.root.exists() else {"nodes": [], "faults": {}, "images": []}
     engine = Engine(lay)
     engine_up = engine.pid() is not None and engine.answering()
@@ -388,7 +405,7 @@ def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, di
              next_kernel_without_nvidia: bool | None = None, reset: bool = False,
              progress: Progress = NULL) -> LabNode:
     """Set faults on node ``name`` (None leaves a setting as it is; ``reset`` makes it healthy first)."""
-    lay = current()
+    lay = _existing()
     with _locked(lay, progress):
         state = _read_state(lay)
         if name not in state.get("nodes", []):
@@ -414,7 +431,7 @@ def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: s
               from_dir: str | os.PathLike[str] | None = None, cmd: list[str] | None = None,
               progress: Progress = NULL) -> str:
     """Build an image (the emulator with ``settings``, or ``from_dir`` running ``cmd``), push it; return its ref."""
-    lay = current()
+    lay = _existing()
     engine = Engine(lay)
     if engine.pid() is None:
         raise FleetError("the lab is down", fix="run `fleetctl lab up`")
@@ -432,10 +449,10 @@ def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: s
 def node_exec(name: str, argv: list[str], input: bytes | None = None,
               timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as root inside node ``name`` without SSH (a back door for tests only)."""
-    lay = current()
+    lay = _existing()
     return nodes.exec_(Engine(lay), name, argv, input=input, timeout=timeout, check=False)
 
 
 def docker_env() -> dict[str, str]:
     """Environment in which the ``docker`` CLI talks to the lab's engine."""
-    return Engine(current()).env()
+    return Engine(_existing()).env()
