@@ -28,6 +28,10 @@ def lab() -> Iterator[fleetlab.LabStatus]:
     if not before.up or len(before.nodes) < LAB_NODES:
         fleetlab.up(nodes=max(LAB_NODES, len(before.nodes)))
         started = not before.up
+    # A session killed inside a fault block leaves the fault behind: start healthy.
+    for node in fleetlab.status().nodes:
+        if node.faults:
+            fleetlab.set_node(node.name, reset=True)
     yield fleetlab.status()
     ssh.close_all()
     if started and os.environ.get("FLEETCTL_KEEP_LAB") != "1":
