@@ -103,6 +103,15 @@ def write_junit(path: Path, verdicts: Sequence[Verdict]) -> None:
 
 Point = tuple[float, float]
 
+# Presentation attributes rather than CSS classes: the charts look the same inside the page,
+# saved on their own, or in a viewer that ignores the page's stylesheet.
+_FONT = 'font-family="sans-serif" font-size="11" fill="#1f2328"'
+_T = 'font-family="sans-serif" font-size="13" font-weight="600" fill="#1f2328"'
+_AX = 'stroke="#57606a"'
+_GRID = 'stroke="#eaeef2"'
+_XL = _FONT + ' text-anchor="middle"'
+_YL = _FONT + ' text-anchor="end"'
+
 
 def _nice_max(v: float) -> float:
     if v <= 0:
@@ -141,20 +150,20 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[Point], bool]], 
 
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
            f'role="img" aria-label="{html.escape(title)}">',
-           f'<text x="{L}" y="18" class="t">{html.escape(title)}</text>',
-           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" class="ax"/>',
-           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" class="ax"/>']
+           f'<text x="{L}" y="18" {_T}>{html.escape(title)}</text>',
+           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" {_AX}/>',
+           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" {_AX}/>']
     for i in range(5):
         y = ymax * i / 4
         label = pct(y) if y_fmt == "pct" else _fmt(y)
-        out.append(f'<line x1="{L}" y1="{sy(y):.1f}" x2="{W - R}" y2="{sy(y):.1f}" class="grid"/>'
-                   f'<text x="{L - 6}" y="{sy(y) + 4:.1f}" class="yl">{label}</text>')
+        out.append(f'<line x1="{L}" y1="{sy(y):.1f}" x2="{W - R}" y2="{sy(y):.1f}" {_GRID}/>'
+                   f'<text x="{L - 6}" y="{sy(y) + 4:.1f}" {_YL}>{label}</text>')
     ticks = x_ticks or [(xmin + (xmax - xmin) * i / 4, _fmt(xmin + (xmax - xmin) * i / 4)) for i in range(5)]
     for x, lab in ticks:
-        out.append(f'<text x="{sx(x):.1f}" y="{H - B + 16}" class="xl">{html.escape(lab)}</text>')
-    out.append(f'<text x="{(L + W - R) / 2:.0f}" y="{H - 6}" class="xl">{html.escape(x_label)}</text>')
-    out.append(f'<text x="14" y="{(T + H - B) / 2:.0f}" class="yl" transform="rotate(-90 14 '
-               f'{(T + H - B) / 2:.0f})" text-anchor="middle">{html.escape(y_label)}</text>')
+        out.append(f'<text x="{sx(x):.1f}" y="{H - B + 16}" {_XL}>{html.escape(lab)}</text>')
+    out.append(f'<text x="{(L + W - R) / 2:.0f}" y="{H - 6}" {_XL}>{html.escape(x_label)}</text>')
+    out.append(f'<text x="14" y="{(T + H - B) / 2:.0f}" {_FONT} text-anchor="middle" transform="rotate(-90 14 '
+               f'{(T + H - B) / 2:.0f})">{html.escape(y_label)}</text>')
     for i, (name, s, dashed) in enumerate(x for x in series if x[1]):
         color = _SERIES[i % len(_SERIES)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
@@ -163,7 +172,7 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[Point], bool]], 
         out.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in s)
         ly = T + 14 + i * 18
         out.append(f'<line x1="{W - R + 10}" y1="{ly - 4}" x2="{W - R + 30}" y2="{ly - 4}" stroke="{color}" '
-                   f'stroke-width="2"{dash}/><text x="{W - R + 34}" y="{ly}" class="lg">{html.escape(name)}</text>')
+                   f'stroke-width="2"{dash}/><text x="{W - R + 34}" y="{ly}" {_FONT}>{html.escape(name)}</text>')
     out.append("</svg>")
     return "".join(out)
 
@@ -246,7 +255,7 @@ def _charts(v: Verdict, base: Verdict | None) -> str:
                 out.append((idx[lv.concurrency], val * scale))  # type: ignore[attr-defined]
         return out
 
-    bname = f"baseline {base.run_id[-22:]}" if base else ""
+    bname = "baseline" if base else ""
     charts = [
         line_chart("Aggregate throughput vs concurrency",
                    [("this soak", pts(sweep, "tok_s"), False), (bname, pts(bsweep, "tok_s"), True)],
@@ -264,9 +273,11 @@ def _charts(v: Verdict, base: Verdict | None) -> str:
                               (bname, [(x, y) for x, y in bacc if y is not None], True)],
                              "seconds since start", "acceptance rate", y_fmt="pct"))
     charts.append(histogram("TTFT distribution", [("this soak", v.ttft_samples),
-                                                  (bname, base.ttft_samples if base else ())], "TTFT (ms)"))
+                                                  (bname, base.ttft_samples if base else ())],
+                            "TTFT (ms; the last bin holds p99 and above)"))
     charts.append(histogram("TPOT distribution", [("this soak", v.tpot_samples),
-                                                  (bname, base.tpot_samples if base else ())], "TPOT (ms)"))
+                                                  (bname, base.tpot_samples if base else ())],
+                            "TPOT (ms; the last bin holds p99 and above)"))
     return '<div class="charts">' + "".join(charts) + "</div>"
 
 
