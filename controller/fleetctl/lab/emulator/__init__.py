@@ -39,7 +39,11 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 
 The performance model and where its defaults come from: :mod:`.perf`. A request may name
 its prompt class with the extra body field ``emu_prompt_class`` (coding, math, reasoning,
-prose, natural, extraction); otherwise it is classified by keywords.
+prose, natural, extraction); otherwise it is classified by keywords. ``ignore_eos: true``
+makes the answer run to ``max_tokens`` (fixed-length benchmark outputs). Known prompts
+(``What is 17 × 23?`` ...) get their answer at any temperature; other prompts get
+deterministic filler. Qwen3.x models think first (1,300-1,600 tokens) unless the request
+sends ``chat_template_kwargs: {"enable_thinking": false}``.
 """
 
 from __future__ import annotations

@@ -34,7 +34,7 @@ ENV_NAMES: dict[str, str] = {f.name: "EMU_" + f.name.upper() for f in fields(Kno
 _TRUE = {"1", "true", "yes", "on"}
 
 
-def _parse(kind: object, raw: str, name: str) -> object:
+def _parse(kind: object, raw: str) -> object:
     if kind is bool or kind == "bool":
         return raw.strip().lower() in _TRUE
     if kind is int or kind == "int":
@@ -56,7 +56,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Knobs:
         if raw is None or raw == "":
             continue
         try:
-            values[f.name] = _parse(f.type, raw, f.name)
+            values[f.name] = _parse(f.type, raw)
         except ValueError as exc:
             raise ValueError(f"{ENV_NAMES[f.name]}={raw!r} is not a valid {f.type}") from exc
     knobs = Knobs(**values)  # type: ignore[arg-type]

@@ -109,7 +109,6 @@ class Server:
         self.created = int(time.time())
         self._connections: set[asyncio.StreamWriter] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._counter = 0
         #: ``vllm-<version>-<8 hex>`` as vLLM 0.32 stamps complete responses and usage chunks.
         self.fingerprint = (
             f"vllm-{knobs.version}-{uuid.uuid5(uuid.NAMESPACE_URL, info.root).hex[:8]}"
@@ -385,7 +384,6 @@ class Server:
         except (TypeError, ValueError):
             raise BadRequestError("temperature must be a number", param="temperature") from None
         hint = body.get("emu_prompt_class")
-        self._counter += 1
         request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:16]}"
         request = Request(
             request_id=request_id,
