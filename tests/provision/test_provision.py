@@ -166,3 +166,28 @@ def test_next_kernel_without_nvidia_module_warns_and_fails_under_strict(
     assert facts.next_kernel in warning and facts.kernel in warning and "no nvidia module" in warning
     assert not strict.ok
     assert "no nvidia module" in strict.hosts[host].message and facts.next_kernel in strict.hosts[host].message
+
+
+def test_a_removed_toolkit_is_reported_by_check_mode_and_reinstalled(provisioned: PlaybookResult,
+                                                                    lab: fleetlab.LabStatus) -> None:
+    host = list(provisioned.hosts)[-1]
+    # Undo provisioning on the node: package removed (not purged), source, keyring and runtime gone.
+    _sh(lab, host, "dpkg -r nvidia-container-toolkit >/dev/null && rm -f /etc/apt/sources.list.d/nvidia-container-toolkit.list "
+                   "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg", timeout=120)
+    data = _daemon_json(lab, host)
+    data.pop("runtimes", None)
+    ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n")
+
+    checked = provision(_inventory(lab), limit=host, check=True)
+    h = checked.hosts[host]
+    assert checked.ok and h.changed >= 2
+    assert "1.18.0-1" not in _sh(lab, host, "dpkg-query -W -f='${db:Status-Status}' nvidia-container-toolkit || true")
+    assert "nvidia" not in _daemon_json(lab, host).get("runtimes", {})
+
+    fixed = provision(_inventory(lab), limit=host)
+    assert fixed.ok and fixed.hosts[host].changed >= 3, fixed.hosts[host].message
+    assert host_facts(fixed.hosts[host]).toolkit == "1.18.0-1"
+    assert fixed.hosts[host].reports["container_toolkit"]["previous_version"] == ""
+    assert "nvidia" in _daemon_json(lab, host)["runtimes"]
+    again = provision(_inventory(lab), limit=host)
+    assert again.ok and again.hosts[host].changed == 0

@@ -135,9 +135,11 @@ def docker() -> dict[str, object] | None:
 
 
 def toolkit() -> str | None:
-    rc, out, _ = run(["dpkg-query", "-W", "-f=${Version}", "nvidia-container-toolkit"])
-    if rc == 0 and out.strip():
-        return out.strip()
+    # A removed (not purged) package keeps its version in dpkg's database: check the status too.
+    rc, out, _ = run(["dpkg-query", "-W", "-f=${db:Status-Status} ${Version}", "nvidia-container-toolkit"])
+    status, _, version = out.strip().partition(" ")
+    if rc == 0 and status == "installed" and version:
+        return version
     rc, out, _ = run(["nvidia-ctk", "--version"])
     m = re.search(r"version\s+(\S+)", out) if rc == 0 else None
     return m.group(1) if m else None
