@@ -145,3 +145,22 @@ def test_ttft_grows_with_prompt_and_load() -> None:
     loaded = perf.ttft_seconds(profile, prompt_tokens=10, running=16)
     # TTFT-only sweep: 74 ms at c=1 -> 249 ms at c=16 (x3.4).
     assert 2.5 < loaded / base < 4.5
+
+
+def test_model_families_from_config_model_type() -> None:
+    assert perf.family_of("qwen3_5_moe") == "qwen36-35b-a3b"
+    assert perf.family_of("qwen3_5") == "qwen36-27b"
+    assert perf.family_of("gemma4") == "gemma4-26b-a4b"
+    gemma = perf.FAMILY_PROFILES["gemma4-26b-a4b"]
+    # README fleet table: Gemma-4-26B-A4B extraction 202.4 tok/s at 77.5 % acceptance, the 27B 41.8 coding.
+    assert perf.aggregate_tok_s(gemma[PromptClass.EXTRACTION], 1) == pytest.approx(202.4)
+    assert gemma[PromptClass.EXTRACTION].accept_pos0 == pytest.approx(0.775)
+    assert perf.FAMILY_PROFILES["qwen36-27b"][PromptClass.CODING].decode_tok_s == pytest.approx(
+        41.8
+    )
+    for profiles in perf.FAMILY_PROFILES.values():
+        for cls, profile in profiles.items():
+            ratio = profile.aggregate_c64_tok_s / profile.decode_tok_s
+            assert ratio == pytest.approx(
+                PROFILES[cls].aggregate_c64_tok_s / PROFILES[cls].decode_tok_s
+            )

@@ -81,6 +81,7 @@ class Engine:
         drafter_date: str | None = None,
         on_death: Callable[[str], None] | None = None,
         log: Callable[[str], None] = print,
+        profiles: dict[perf.PromptClass, perf.ClassProfile] | None = None,
     ) -> None:
         """``on_death`` is called once with the crash message when the engine dies."""
         self.knobs = knobs
@@ -90,6 +91,7 @@ class Engine:
         self.vision_loaded = vision_loaded
         self.drafter_date = drafter_date
         self.on_death = on_death
+        self.profiles = profiles or perf.PROFILES
         self.log = log
         self.ready_at = time.monotonic()
         self.running = 0
@@ -191,7 +193,7 @@ class Engine:
             self.metrics.observe("vllm:request_max_num_generation_tokens", request.max_tokens)
             self.metrics.observe("vllm:request_params_n", 1)
             self.metrics.inc("vllm:prompt_tokens", request.prompt_tokens)
-            profile = perf.PROFILES[request.prompt_class]
+            profile = self.profiles[request.prompt_class]
             ttft = perf.ttft_seconds(
                 profile, prompt_tokens=request.prompt_tokens - hits, running=self.running
             )

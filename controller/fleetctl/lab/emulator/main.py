@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import perf
 from .args import ServeArgs, UsageError, parse
 from .engine import Engine
 from .knobs import Knobs, from_env
@@ -182,6 +183,7 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         drafter_date=drafter_weights.revision_date if drafter_weights else None,
         on_death=lambda _msg: died.set(),
         log=log,
+        profiles=perf.FAMILY_PROFILES[perf.family_of(_model_type(config))],
     )
     engine.mark_ready()
     info = ModelInfo(

@@ -9,7 +9,9 @@ on one DGX Spark with the v0.23.0 image:
   the "Single-stream (c=1), by category" table of the aeon-vllm-ultimate README
   (35B-A3B rows: Coding 91.7 tok/s / 88 ms / 32.5 %, Math 123.6 / 113 / 47.7,
   Reasoning 120.6 / 120 / 46.3, Prose 75.2 / 137 / 23.7, Natural language
-  91.8 / 104 / 32.3, Extraction/JSON 79.8 / 103 / 28.1);
+  91.8 / 104 / 32.3, Extraction/JSON 79.8 / 103 / 28.1); the Gemma-4-26B-A4B and
+  Qwen3.6-27B rows of the same README give FAMILY_PROFILES (chosen by config.json's
+  model_type);
 - aggregate tok/s at c=64: the model card's "v0.23.0 build" section (structured
   code/math/reasoning/extraction 610-781 tok/s, creative prose/NL 430-475 tok/s);
   the c=8 row (360/416/388/252/296/399) is what the saturation curve gives within 25 %;
@@ -64,6 +66,57 @@ PROFILES: dict[PromptClass, ClassProfile] = {
     PromptClass.NATURAL: ClassProfile(91.8, 0.104, 0.323, 475.0),
     PromptClass.EXTRACTION: ClassProfile(79.8, 0.103, 0.281, 650.0),
 }
+
+
+def _scaled_family(
+    table: dict[PromptClass, tuple[float, float, float]],
+) -> dict[PromptClass, ClassProfile]:
+    """Profiles of another model from its published c=1 figures; its c=64 aggregate is not
+    published, so it keeps the 35B-A3B's c=64/c=1 ratio per class."""
+    return {
+        cls: ClassProfile(
+            r1, ttft, acc, r1 * PROFILES[cls].aggregate_c64_tok_s / PROFILES[cls].decode_tok_s
+        )
+        for cls, (r1, ttft, acc) in table.items()
+    }
+
+
+#: Per model family (the seeds' three fleet models), single-stream figures of the README's
+#: v0.23.0 fleet tables: Gemma-4-26B-A4B and Qwen3.6-27B (the 35B-A3B is PROFILES).
+FAMILY_PROFILES: dict[str, dict[PromptClass, ClassProfile]] = {
+    "qwen36-35b-a3b": PROFILES,
+    "gemma4-26b-a4b": _scaled_family(
+        {
+            PromptClass.CODING: (155.8, 0.083, 0.589),
+            PromptClass.MATH: (127.8, 0.145, 0.487),
+            PromptClass.REASONING: (118.9, 0.105, 0.439),
+            PromptClass.PROSE: (49.8, 0.105, 0.111),
+            PromptClass.NATURAL: (67.3, 0.097, 0.200),
+            PromptClass.EXTRACTION: (202.4, 0.085, 0.775),
+        }
+    ),
+    "qwen36-27b": _scaled_family(
+        {
+            PromptClass.CODING: (41.8, 0.140, 0.345),
+            PromptClass.MATH: (47.3, 0.244, 0.417),
+            PromptClass.REASONING: (56.1, 0.234, 0.500),
+            PromptClass.PROSE: (34.1, 0.146, 0.273),
+            PromptClass.NATURAL: (38.3, 0.137, 0.313),
+            PromptClass.EXTRACTION: (44.2, 0.246, 0.372),
+        }
+    ),
+}
+
+
+def family_of(model_type: str) -> str:
+    """The profile family of a config.json ``model_type`` (Gemma-4, the dense Qwen3.6-27B, else 35B-A3B)."""
+    lowered = model_type.lower()
+    if lowered.startswith("gemma"):
+        return "gemma4-26b-a4b"
+    if lowered in ("qwen3_5", "qwen3_5_text"):
+        return "qwen36-27b"
+    return "qwen36-35b-a3b"
+
 
 #: Probability that draft position i+1 is accepted given position i was.
 CONDITIONAL_ACCEPT = 0.75
