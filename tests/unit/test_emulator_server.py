@@ -639,3 +639,23 @@ def test_max_num_seqs_queues_and_ignore_eos_gives_exact_lengths(
         assert time.monotonic() < deadline, "cancelled streams were never counted as aborted"
         time.sleep(0.1)
     assert _metrics(emu.url)[("vllm:request_queue_time_seconds_count", ())] == 5
+
+
+def test_hang_knobs(launcher: Launcher, model_dirs: dict[str, Path]) -> None:
+    # boot: the model never finishes loading; the port stays closed until docker stop.
+    boot = launcher.start([str(model_dirs["bf16"])], env={"EMU_HANG": "boot"}, wait=False)
+    deadline = time.monotonic() + READY_TIMEOUT
+    while "Loading model from scratch" not in boot.text():
+        assert boot.proc.poll() is None and time.monotonic() < deadline, boot.text()
+        time.sleep(0.05)
+    assert _refused(boot.port)
+    boot.proc.send_signal(signal.SIGTERM)
+    assert boot.wait_exit() == 0
+    # requests: healthy, but a request never gets its first token.
+    stall = launcher.start([str(model_dirs["bf16"])], env={"EMU_HANG": "requests"})
+    assert httpx.get(stall.url + "/health").status_code == 200
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            stall.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 5}, timeout=1.5
+        )
+    assert _metrics(stall.url)[("vllm:num_requests_running", ())] == 1
