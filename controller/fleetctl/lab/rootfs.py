@@ -112,8 +112,7 @@ def _build(spec: RootfsSpec, target: Path, progress: Progress) -> None:
     progress(Event("building", f"{spec.name} rootfs: debootstrap {SUITE} ({len(spec.packages)} packages)"))
     cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(spec.packages)}", SUITE, str(work), MIRROR]
     log = target.with_name(target.name + ".log")
-    with log.open("w") as out:
-        rc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, check=False).returncode
+    rc = _run_logged(cmd, log, spec.name, progress)
     if rc != 0:
         tail = log.read_text(errors="replace").strip().splitlines()[-3:]
         _rmtree(work)
@@ -128,6 +127,28 @@ def _build(spec: RootfsSpec, target: Path, progress: Progress) -> None:
     tmp.replace(target)
     _rmtree(work)
     progress(Event("built", f"{spec.name} rootfs in {time.monotonic() - t0:.0f}s ({target.stat().st_size >> 20} MiB)"))
+
+
+def _run_logged(cmd: list[str], log: Path, name: str, progress: Progress) -> int:
+    """Run debootstrap into ``log``, turning its ``I: <Verb> ...`` lines into a few progress events."""
+    seen: set[str] = set()
+    last_time = 0.0
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            out.write(line)
+            if not line.startswith("I: "):
+                continue
+            verb = line[3:].split(" ", 1)[0]
+            now = time.monotonic()
+            # The first line of each stage (Retrieving, Extracting, Unpacking, Configuring ...),
+            # then a heartbeat every 15 s: a few dozen events rather than hundreds.
+            if verb not in seen or now - last_time > 15:
+                progress(Event("building", f"{name} rootfs: {line[3:].strip()[:100]}"))
+                seen.add(verb)
+                last_time = now
+        return proc.wait()
 
 
 def _postprocess(root: Path, spec: RootfsSpec) -> None:
