@@ -1,0 +1,154 @@
+"""The weights role's staging module (preflight, fetch, swap) against a real loopback HTTP mirror.
+
+The mirror is a directory written by fleetctl.lab.models.populate_mirror and served
+by http.server on 127.0.0.1; a second handler answers the hub's revision API.
+"""
+
+from __future__ import annotations
+
+import http.server
+import importlib.util
+import json
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from fleetctl import paths
+from fleetctl.lab import models
+
+REPO = "fleetctl-test/body"
+
+
+def _load(name: str) -> ModuleType:
+    path = paths.roles_dir() / "weights" / "library" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"fleetctl_test_{name}", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+ws = _load("weights_stage")
+
+
+class _Quiet(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args: Any) -> None:
+        del args
+
+
+class _Hub(http.server.BaseHTTPRequestHandler):
+    """The hub's revision API: /api/models/<owner>/<name>/revision/<rev> (token required)."""
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization") != "Bearer hf_test_token":
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = json.dumps({"sha": "abc123", "lastModified": "2026-06-20T10:00:00.000Z"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: Any) -> None:
+        del args
+
+
+def _serve(handler: Any) -> Iterator[str]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+@pytest.fixture
+def mirror(tmp_path: Path) -> Iterator[str]:
+    root = tmp_path / "www"
+    models.populate_mirror(root, [models.MirrorSpec(REPO, "r1", "qwen36-35b-a3b-nvfp4"),
+                                  models.MirrorSpec(REPO, "r2", "qwen36-35b-a3b-nvfp4", date="2026-07-01")])
+    yield from _serve(partial(_Quiet, directory=str(root)))
+
+
+def _set(tmp_path: Path, revision: str) -> dict[str, Any]:
+    return {"role": "body", "repo": REPO, "revision": revision, "path": str(tmp_path / "opt" / "body"), "size_gb": 0}
+
+
+def _stage(s: dict[str, Any], run: str, mirror: str) -> dict[str, Any]:
+    report, problem = ws.preflight([s], run, "mirror", mirror, "https://hub.invalid", None, 0)
+    assert problem is None
+    if report["sets"][0]["state"] == "stage":
+        ws.fetch(s, run, "mirror", mirror, "https://hub.invalid", None)
+        ws.swap(s, run)
+    result: dict[str, Any] = report
+    return result
+
+
+def test_fetch_swap_then_current_then_a_new_revision_replaces_it(tmp_path: Path, mirror: str) -> None:
+    s1 = _set(tmp_path, "r1")
+    first = _stage(s1, "run1", mirror)
+    assert first["sets"][0]["state"] == "stage" and first["need_bytes"] > 0
+    target = Path(s1["path"])
+    marker = json.loads((target / ws.MARKER).read_text())
+    assert marker["revision"] == "r1" and marker["manifest_sha256"]
+    assert (target / ws.MANIFEST).exists() and not list(target.parent.glob("body.staging-*"))
+    # Staged and unchanged: nothing to do.
+    again = _stage(s1, "run2", mirror)
+    assert again["sets"][0]["state"] == "current" and again["need_bytes"] == 0
+    # A container holding the old directory keeps it through the swap (rename, not copy over).
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        third = _stage(_set(tmp_path, "r2"), "run3", mirror)
+        assert third["sets"][0]["reason"].startswith("staged revision")
+        assert json.loads((target / ws.MARKER).read_text())["revision"] == "r2"
+        assert os.fstat(fd).st_ino != os.stat(target).st_ino
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["body"]
+
+
+def test_a_file_removed_after_staging_makes_the_set_stale(tmp_path: Path, mirror: str) -> None:
+    s = _set(tmp_path, "r1")
+    _stage(s, "run1", mirror)
+    next(Path(s["path"]).glob("*.safetensors")).unlink()
+    report, _ = ws.preflight([s], "run2", "mirror", mirror, "https://hub.invalid", None, 0)
+    assert report["sets"][0]["state"] == "stage" and "missing or changed" in report["sets"][0]["reason"]
+
+
+def test_preflight_removes_a_killed_runs_staging_and_checks_the_disk_first(tmp_path: Path, mirror: str) -> None:
+    s = _set(tmp_path, "r1")
+    stale = Path(s["path"] + ".staging-killed")
+    stale.mkdir(parents=True)
+    (stale / "half.safetensors").write_bytes(b"x" * 100)
+    report, problem = ws.preflight([s], "run9", "mirror", mirror, "https://hub.invalid", None, 10**9)
+    assert report["removed"] == [str(stale)] and not stale.exists()
+    assert problem is not None and "not enough disk" in problem and "headroom" in problem
+    assert not Path(s["path"]).exists()
+
+
+def test_a_corrupted_download_is_refused_by_its_sha256(tmp_path: Path, mirror: str) -> None:
+    url = f"{mirror}/{REPO}/r1/config.json"
+    with pytest.raises(ws.StageError, match="the manifest says"):
+        ws._download(url, str(tmp_path / "c.json"), 10, "0" * 64)
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "c.json.part").exists()
+
+
+def test_hub_revision_api_gives_the_commit_and_date_and_needs_the_token(tmp_path: Path) -> None:
+    s = {**_set(tmp_path, "main"), "size_gb": 0.5}
+    for hub in _serve(_Hub):
+        info = ws.source_info(s, "hub", None, hub, "hf_test_token")
+        assert info["commit"] == "abc123" and info["revision_date"] == "2026-06-20" and info["bytes"] == 500_000_000
+        with pytest.raises(ws.StageError, match="HTTP 401") as e:
+            ws.source_info(s, "hub", None, hub, None)
+        assert "hf_test_token" not in str(e.value)
