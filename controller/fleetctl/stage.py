@@ -30,7 +30,7 @@ from fleetctl import ansible, paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
-from fleetctl.recipes import Recipe, recipe_for
+from fleetctl.recipes import Recipe, default_recipe_name, recipe_for
 from fleetctl.rollout.ledger import open_ledger
 
 #: The marker a verified, staged set carries (written just before the atomic swap).
@@ -206,15 +206,17 @@ def stage(
     extravars: Mapping[str, Any] | None = None,
     timeout: int | None = None,
 ) -> StageResult:
-    """Stage ``recipe_name`` (default: the inventory's ``fleetctl_recipe``) on the hosts matching ``limit``.
+    """Stage ``recipe_name`` on the hosts matching ``limit`` (default: the ``fleetctl_recipe`` they share).
 
     ``source`` overrides where the bytes come from: ``mirror``, ``hub``, or
     ``local`` (``local_dir`` on the controller, laid out like the mirror:
     ``<dir>/<repo>/<revision>/``). A host failing is data in the result; raises
     only when the run cannot start (unknown recipe, bad inventory, no host matched).
     """
-    recipe = recipe_for(inventory, recipe_name)
     hosts = inventory.select(limit)
+    if recipe_name is None:
+        recipe_name = _common_recipe(inventory, hosts)
+    recipe = recipe_for(inventory, recipe_name)
     source = source or source_for(recipe, inventory)
     if source == "local" and not (local_dir and Path(local_dir).is_dir()):
         raise FleetError(f"source local needs a directory on the controller, got {local_dir!r}",
@@ -249,6 +251,18 @@ def stage(
         finally:
             ledger.release(run_id)
     return fold(result, recipe, source, hosts)
+
+
+def _common_recipe(inventory: Inventory, hosts: list[Host]) -> str:
+    """The one default recipe (``fleetctl_recipe``) the hosts share; an error when they differ."""
+    by: dict[str, list[str]] = {}
+    for h in hosts:
+        by.setdefault(default_recipe_name(inventory, h), []).append(h.name)
+    if len(by) > 1:
+        which = "; ".join(f"{name}: {', '.join(names)}" for name, names in by.items())
+        raise FleetError(f"the selected hosts serve different recipes ({which})",
+                         fix="pass --recipe NAME, or --limit to the hosts of one recipe")
+    return next(iter(by)) if by else default_recipe_name(inventory)
 
 
 def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: list[Host]) -> StageResult:

@@ -1,4 +1,4 @@
-"""fleetctl stage takes the fleet's lock: a second operation on the fleet is refused before any host is touched."""
+"""fleetctl.stage before any host is touched: the fleet lock, and which recipe a run stages."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl import inventory, paths
-from fleetctl.errors import ExitCode, LockedError
+from fleetctl.errors import ExitCode, FleetError, LockedError
 from fleetctl.rollout.ledger import open_ledger
 from fleetctl.stage import stage
 
@@ -48,3 +48,14 @@ def test_stage_is_refused_while_another_process_holds_the_fleet_lock(tmp_path: P
     with open_ledger(state) as led:
         held = led.holder()
         assert held is not None and not held.alive
+
+
+def test_hosts_with_different_default_recipes_need_an_explicit_recipe(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
+    inv = inventory.load(paths.project_root() / "inventory" / "example" / "hosts.yml")
+    with pytest.raises(FleetError) as e:
+        stage(inv)
+    msg = e.value.message()
+    assert "gemma4-26b-a4b: spark-04" in msg and "qwen36-35b-heretic: spark-01, spark-02, spark-03" in msg
+    assert "--recipe" in msg
