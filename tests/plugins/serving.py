@@ -46,13 +46,24 @@ def serve(tag: str = BASE_TAG) -> RolloutResult | None:
 
 @pytest.fixture(scope="session")
 def serving(staged: Any) -> RolloutResult:
-    """Every lab node serving v0.23.0 (the result of the rollout that made it so)."""
+    """Every lab node serving v0.23.0 (the result of the run that made it so).
+
+    On a fleet that serves nothing yet this is a real rollout (the first
+    deploy, all nodes at once, soak-gated). On a lab reused from an earlier
+    session, whatever it serves, it is a smoke-gated ``rollback --to``: a soak
+    there would be compared with baselines measured under other load.
+    """
     del staged
     eng = engine()
     try:
-        r = eng.rollout(Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK))
+        hosts = list(eng.inv.hosts.values())
+        serving_now = [h for h in hosts if (s := remote.inspect(h, remote.container_name(h))) is not None and s.running]
+        if serving_now:
+            r = eng.rollback(to=BASE_TAG, max_unavailable="100%")
+        else:
+            r = eng.rollout(Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK))
     finally:
         eng.close()
         ssh.close_all()
-    assert r.status == "completed", f"the initial rollout to {BASE_TAG} failed: {r.error}"
+    assert r.status == "completed", f"putting {BASE_TAG} on every node failed: {r.error}"
     return r

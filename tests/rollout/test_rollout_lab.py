@@ -98,6 +98,16 @@ def run_rollout(tag: str, progress: Callable[[Event], None] | None = None, **kw:
         ssh.close_all()
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A ledger and baselines of this module's own: soak baselines measured by other tests (or
+    under other CPU load on this shared machine) must not decide these gates' throughput checks."""
+    d = tmp_path_factory.mktemp("rollout-state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FLEETCTL_STATE_DIR", str(d))
+        yield d
+
+
 @pytest.fixture
 def at_new(serving: RolloutResult) -> Iterator[None]:
     """The fleet serving v0.24.0 first (the scenario tests roll away from it)."""
