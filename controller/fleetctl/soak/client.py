@@ -17,6 +17,7 @@ including an ``{"error": ...}`` event inside an HTTP 200 stream.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import time
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import aiohttp
 
 from fleetctl.soak.verdict import Sample
 
-_loads = json.loads
+_decode = json.JSONDecoder().decode
 
 
 @dataclass(frozen=True)
@@ -84,11 +85,15 @@ class StreamParser:
     and any error event. Every ``data:`` event is JSON-decoded.
     """
 
-    __slots__ = ("done", "error", "events", "finish_reason", "first_content_at", "keep_text",
+    __slots__ = ("_utf8", "done", "error", "events", "finish_reason", "first_content_at", "keep_text",
                  "parts", "pending", "usage")
 
     def __init__(self, keep_text: bool = False) -> None:
-        self.pending = b""
+        # Decoding each chunk once to str (incrementally: a chunk may end mid-character) and
+        # parsing str events is ~2x faster than json.loads on bytes, which sniffs the encoding
+        # of every event.
+        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
+        self.pending = ""
         self.events = 0
         self.first_content_at: float | None = None
         self.finish_reason: str | None = None
@@ -100,23 +105,24 @@ class StreamParser:
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Consume ``chunk`` (any split of the stream), received at ``now``."""
-        data = self.pending + chunk if self.pending else chunk
-        lines = data.split(b"\n")
+        text = self._utf8.decode(chunk)
+        data = self.pending + text if self.pending else text
+        lines = data.split("\n")
         self.pending = lines.pop()
-        loads = _loads
+        decode = _decode
         for line in lines:
-            if not line.startswith(b"data:"):
+            if not line.startswith("data:"):
                 continue  # blank separators, comments (": ping"), event: lines
             # vLLM writes "data: {...}"; other servers may omit the space or end lines with \r.
-            payload = line[6:] if line.startswith(b"data: ") else line[5:]
-            if payload.endswith(b"\r") or payload.startswith(b" "):
+            payload = line[6:] if line.startswith("data: ") else line[5:]
+            if payload.endswith("\r") or payload.startswith(" "):
                 payload = payload.strip()
-            if payload == b"[DONE]":
+            if payload == "[DONE]":
                 self.done = True
                 continue
             self.events += 1
             try:
-                obj = loads(payload)
+                obj = decode(payload)
             except ValueError:
                 self.error = self.error or f"undecodable stream event: {payload[:120]!r}"
                 continue
@@ -131,8 +137,8 @@ class StreamParser:
                 choice = choices[0]
                 delta = choice.get("delta")
                 if delta:
-                    text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                    if text:
+                    content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                    if content:
                         if self.first_content_at is None:
                             self.first_content_at = now
                         if self.keep_text and delta.get("content"):
