@@ -316,6 +316,7 @@ def test_port_refused_until_ready_then_every_endpoint(
     assert sum(per_pos) == accepted and per_pos == sorted(per_pos, reverse=True)
     assert after[("vllm:time_to_first_token_seconds_count", ())] >= 6
     assert after[("vllm:num_requests_running", ())] == 0
+    assert after[("vllm:kv_cache_usage_perc", ())] == 0  # every finished request gave its KV back
 
 
 def test_no_speculative_config_no_spec_metrics_one_token_per_event(

@@ -279,6 +279,7 @@ class Engine:
                     await self._sleep(1.0 / plan.steps_per_s)
                 steps += 1
                 n_tokens = min(n_tokens, request.max_tokens - generated)
+                before = generated
                 for _ in range(n_tokens):
                     piece = next(pieces, None)
                     if piece is None:
@@ -286,9 +287,11 @@ class Engine:
                         break
                     pending.append(piece)
                     generated += 1
-                self.kv_tokens += n_tokens
-                self.metrics.inc("vllm:generation_tokens", n_tokens)
-                self.metrics.observe("vllm:iteration_tokens_total", n_tokens)
+                # Count what was emitted: the answer may end before the step's last draft slot.
+                emitted = generated - before
+                self.kv_tokens += emitted
+                self.metrics.inc("vllm:generation_tokens", emitted)
+                self.metrics.observe("vllm:iteration_tokens_total", emitted)
                 if exhausted:
                     finish = "stop"
                 elif generated >= request.max_tokens:
