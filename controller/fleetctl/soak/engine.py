@@ -470,7 +470,7 @@ def _estimate_chars_per_token(samples: Sequence[Sample], prompt_of: Callable[[Sa
     return 4.0
 
 
-async def _soak(client: Client, st: _State, baseline: Verdict | None) -> Evidence:
+async def _soak(client: Client, st: _State) -> Evidence:
     cfg, target = st.config, st.target
     st.emit("readiness", f"waiting for {target.base_url}/health")
     ready = await await_ready(client, target, cfg.readiness_timeout, cfg.readiness_poll, st.progress)
@@ -577,7 +577,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     async def go() -> Evidence:
         conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8
         async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout) as c:
-            return await _soak(c, st, baseline)
+            return await _soak(c, st)
 
     try:
         ev = asyncio.run(go())
