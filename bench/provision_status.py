@@ -2,8 +2,8 @@
 
 Goals (issue 3): no-op re-provision of 8 nodes <= 1.5x one node; status on 8
 nodes <= 1.3x one node. Ratios against the 1-node baseline measured in the same
-run, so the machine's speed cancels out. Needs the lab (``fleetctl lab up``);
-``--nodes N`` grows it first. Prints a table and writes JSON.
+run, so the machine's speed cancels out. Uses the lab (``fleetctl lab up``;
+``--nodes N`` grows it first) or, with ``-i``, a real fleet. Prints a table and writes JSON.
 
     FLEETCTL_LAB_DIR=... FLEETCTL_LAB_SUBNET=... .venv/bin/python bench/provision_status.py --nodes 8
 """
@@ -44,20 +44,25 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit 0 (a benchmark reports, it does not gate)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=0, help="grow the lab to this many nodes first (0: as it is)")
+    ap.add_argument("--inventory", "-i", help="a real fleet's inventory instead of the lab (every host is used)")
     ap.add_argument("--repeat", type=int, default=2, help="runs of each no-op provision (median kept)")
     ap.add_argument("--status-repeat", type=int, default=5, help="runs of each status probe (median kept)")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "provision_status.json"),
                     help="JSON output ('-': stdout)")
     args = ap.parse_args(argv)
 
-    if args.nodes:
-        fleetlab.up(nodes=args.nodes)
-    st = fleetlab.status()
-    names = [n.name for n in st.nodes if n.state == "running" and not n.faults]
-    if not st.up or not names:
-        print("the lab is not up (or has no healthy node): run `fleetctl lab up`", file=sys.stderr)
-        return 2
-    inventory = inv.load(st.inventory)
+    if args.inventory:
+        inventory = inv.load(args.inventory)
+        names = list(inventory.hosts)
+    else:
+        if args.nodes:
+            fleetlab.up(nodes=args.nodes)
+        st = fleetlab.status()
+        names = [n.name for n in st.nodes if n.state == "running" and not n.faults]
+        if not st.up or not names:
+            print("the lab is not up (or has no healthy node): run `fleetctl lab up`", file=sys.stderr)
+            return 2
+        inventory = inv.load(st.inventory)
     one, every = names[0], ",".join(names)
 
     # Bring every node to the provisioned state (not timed), then warm SSH masters for both cases.
