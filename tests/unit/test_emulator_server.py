@@ -660,3 +660,40 @@ def test_hang_knobs(launcher: Launcher, model_dirs: dict[str, Path]) -> None:
             stall.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 5}, timeout=1.5
         )
     assert _metrics(stall.url)[("vllm:num_requests_running", ())] == 1
+
+
+def test_kv_cache_admission_and_preemption(launcher: Launcher, model_dirs: dict[str, Path]) -> None:
+    emu = launcher.start(
+        [str(model_dirs["bf16"])], env={"EMU_SPEED": "5", "EMU_KV_CAPACITY_TOKENS": "2500"}
+    )
+    body = {"prompt": "word " * 1000, "max_tokens": 5000, "stream": True, "ignore_eos": True}
+
+    async def run() -> tuple[bool, float]:
+        async with httpx.AsyncClient(base_url=emu.url, timeout=60) as http:
+
+            async def one() -> None:
+                async with http.stream("POST", "/v1/completions", json=body) as resp:
+                    async for _ in resp.aiter_bytes():
+                        pass
+
+            tasks = [asyncio.ensure_future(one()) for _ in range(4)]
+            queued, preemptions = False, 0.0
+            deadline = time.monotonic() + 30
+            while not (queued and preemptions >= 1):
+                assert time.monotonic() < deadline, f"queued={queued} preemptions={preemptions}"
+                seen = _metrics(emu.url)
+                # Two 1,000-token prompts fit in 2,500 tokens of KV; the other two wait for room.
+                if (
+                    seen[("vllm:num_requests_running", ())] == 2
+                    and seen[("vllm:num_requests_waiting", ())] == 2
+                ):
+                    queued = True
+                preemptions = seen[("vllm:num_preemptions_total", ())]
+                await asyncio.sleep(0.05)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            return queued, preemptions
+
+    queued, preemptions = asyncio.run(run())
+    assert queued and preemptions >= 1

@@ -35,6 +35,9 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
                                 accepted and never produce a token; empty = off
 ``EMU_VERSION``                 what /version reports; 0.24.0
 ``EMU_SEED``                    seed of the acceptance sampler; 0
+``EMU_KV_CAPACITY_TOKENS``      KV cache size: requests wait for room, decoding past it
+                                preempts (vllm:num_preemptions_total); 300000 (the seeds'
+                                265-300K tokens)
 ==============================  =====================================================
 
 The performance model and where its defaults come from: :mod:`.perf`. A request may name

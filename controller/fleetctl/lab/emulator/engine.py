@@ -22,8 +22,6 @@ from .text import Piece, generate
 
 #: Default --max-num-seqs of vLLM's OpenAI server.
 DEFAULT_MAX_NUM_SEQS = 256
-#: KV cache capacity in tokens (the seeds' 35B-A3B profile: ~265-300K tokens at 8K ctx).
-KV_CAPACITY_TOKENS = 300_000
 #: A DFlash drafter fetched before this date crashes past ~16K tokens of context.
 STALE_DRAFTER_BEFORE = "2026-04-19"
 STALE_DRAFTER_CRASH_TOKENS = 16_000
@@ -139,7 +137,7 @@ class Engine:
         self.metrics.set_gauge("vllm:num_requests_running", float(self.running))
         self.metrics.set_gauge("vllm:num_requests_waiting", float(self.waiting))
         self.metrics.set_gauge(
-            "vllm:kv_cache_usage_perc", min(1.0, self.kv_tokens / KV_CAPACITY_TOKENS)
+            "vllm:kv_cache_usage_perc", min(1.0, self.kv_tokens / self.knobs.kv_capacity_tokens)
         )
 
     def _prefix_hits(self, request: Request) -> int:
@@ -165,6 +163,13 @@ class Engine:
         self.waiting += 1
         self._gauges()
         try:
+            # vLLM's scheduler admits a request only when its prompt's KV blocks fit (a request
+            # alone is always admitted, as vLLM does for one that fits max_model_len).
+            while (
+                self.kv_tokens + request.prompt_tokens > self.knobs.kv_capacity_tokens
+                and self.running
+            ):
+                await asyncio.sleep(0.01)
             await self.slots.acquire()
         finally:
             self.waiting -= 1
@@ -224,6 +229,7 @@ class Engine:
             pending: list[Piece] = []
             steps = 0
             exhausted = False
+            preempted = False
             while True:
                 if self.dead:
                     raise EngineDeadError(ENGINE_DEAD_MESSAGE)
@@ -292,6 +298,18 @@ class Engine:
                 self.kv_tokens += emitted
                 self.metrics.inc("vllm:generation_tokens", emitted)
                 self.metrics.observe("vllm:iteration_tokens_total", emitted)
+                if (
+                    not preempted
+                    and self.running > 1
+                    and self.kv_tokens > self.knobs.kv_capacity_tokens
+                ):
+                    # Decoding outgrew the KV cache: vLLM preempts a request and recomputes its
+                    # context later (once per request here).
+                    preempted = True
+                    self.metrics.inc("vllm:num_preemptions")
+                    await self._sleep(
+                        perf.ttft_seconds(profile, prompt_tokens=context, running=self.running)
+                    )
                 if exhausted:
                     finish = "stop"
                 elif generated >= request.max_tokens:

@@ -26,6 +26,7 @@ class Knobs:
     hang: str = ""
     version: str = DEFAULT_VERSION
     seed: int = 0
+    kv_capacity_tokens: int = 300_000
 
 
 #: Knob field -> environment variable.
