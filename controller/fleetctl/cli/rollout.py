@@ -207,13 +207,14 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                           h.after_tag or "-", h.error or (h.verdict or {}).get("summary", ""), phases)
             con.print(t)
             return
-        t = Table("id", "kind", "status", "tag", "started", "by", "hosts")
+        t = Table("kind", "status", "tag", "started", "by", "hosts")
+        t.add_column("id", no_wrap=True)  # last and unwrapped: an operator copies it into --resume/history ID
         for r in recs:
             counts: dict[str, int] = {}
             for h in r.hosts:
                 counts[h.status] = counts.get(h.status, 0) + 1
-            t.add_row(r.id, r.kind, r.status, r.tag or r.requested or "-", _when(r.started_at), r.started_by,
-                      ", ".join(f"{n} {s}" for s, n in counts.items()))
+            t.add_row(r.kind, r.status, r.tag or r.requested or "-", _when(r.started_at), r.started_by,
+                      ", ".join(f"{n} {s}" for s, n in counts.items()), r.id)
         con.print(t)
 
     ctx.emit(data, render)

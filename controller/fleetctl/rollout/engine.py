@@ -236,6 +236,7 @@ class Engine:
     def rollout(self, opts: Options) -> RolloutResult:
         """Plan, then (unless dry-run) prefetch and go wave by wave through the gates."""
         rid = L.new_id("rollout")
+        t_start = time.monotonic()
         if opts.dry_run:
             p, recipe, _facts, _hosts = self.plan(opts)
             return RolloutResult(None, "rollout", "planned", recipe.name, p.tag, p.digest, p.image,
@@ -262,12 +263,13 @@ class Engine:
             self.ledger.create(rid, kind="rollout", recipe=recipe.name, requested=p.requested, tag=p.tag,
                                digest=p.digest, image=p.image, options=options, command=_command_line(),
                                waves=p.waves, hosts=rows)
-            return self._run(rid, recipe, opts, p, {h.name: h for h in hosts}, resume=False)
+            return self._run(rid, recipe, opts, p, {h.name: h for h in hosts}, resume=False, t0=t_start)
         finally:
             self.ledger.release(rid)
 
     def resume(self, opts: Options) -> RolloutResult:
         """Continue the paused or interrupted rollout, from each host's real state."""
+        t_start = time.monotonic()
         rec = self.ledger.latest(kind="rollout", statuses=L.ACTIVE)
         if rec is None:
             raise FleetError("there is no paused or interrupted rollout to resume",
@@ -290,13 +292,13 @@ class Engine:
                        tuple(P.HostPlan(h.host, h.wave, h.step, h.before_tag, h.before_digest,
                                         "skip" if h.status == L.SKIPPED else "deploy") for h in rec.hosts))
             self.ledger.set_status(rec.id, L.RUNNING)
-            return self._run(rec.id, recipe, ropts, p, hosts, resume=True)
+            return self._run(rec.id, recipe, ropts, p, hosts, resume=True, t0=t_start)
         finally:
             self.ledger.release(rec.id)
 
     def _run(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, hosts: Mapping[str, Host],
-             resume: bool) -> RolloutResult:
-        t0 = time.monotonic()
+             resume: bool, t0: float) -> RolloutResult:
+        """The waves of a recorded rollout; ``t0`` is when the command started (planning included)."""
         hook = self._webhook(rid, opts.webhook)
         hook.send("start" if not resume else "wave", tag=p.tag, digest=p.digest, recipe=recipe.name,
                   hosts=[h.host for h in p.hosts], waves=[list(w) for w in p.waves], resumed=resume)
