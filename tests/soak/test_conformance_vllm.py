@@ -127,13 +127,26 @@ def _complete(v: Verdict, k: int) -> set[str]:
 
 
 async def _stream_while(url: str, model: str, kill: Callable[[], None]) -> Sample:
+    """Stream a long completion and call ``kill`` once the server is generating its tokens."""
     async with Client(url) as c:
-        task = asyncio.create_task(c.chat(ChatRequest(model, "Count from one to a thousand.", 1500,
+        start = await _generated(c)
+        task = asyncio.create_task(c.chat(ChatRequest(model, "Count from one to a thousand.", 1900,
                                                       ignore_eos=True), phase="x", cls="x", concurrency=1,
                                           t0=time.monotonic(), timeout=120))
-        await asyncio.sleep(2.0)
+        deadline = time.monotonic() + 60
+        # Kill mid-stream: after this request's first tokens, long before its 1900th.
+        while not task.done() and time.monotonic() < deadline:
+            now = await _generated(c)
+            if start is not None and now is not None and now > start:
+                break
+            await asyncio.sleep(0.02)
         kill()
         return await task
+
+
+async def _generated(c: Client) -> float | None:
+    p = await c.get("/metrics", timeout=5)
+    return metrics.parse(p.body).value(metrics.GENERATION_TOKENS) if p.ok else None
 
 
 def test_soak_engine_agrees_with_a_real_vllm(real_vllm: tuple[str, subprocess.Popen[bytes], Path],
