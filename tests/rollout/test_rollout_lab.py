@@ -289,3 +289,21 @@ def test_node_that_stops_answering_stops_the_rollout(
     ssh.close_all()
     state = serving_tag(OLD)
     assert state["spark-04"], real_state()  # never changed: still the old version, serving
+
+
+def test_inconclusive_gate_pauses_then_abort_undoes(serving: RolloutResult) -> None:
+    # A 1 s sustained phase holds one metric window: the decay check cannot judge a trend from it
+    # (inconclusive), so the rollout pauses (exit 2) with the canary on the new tag.
+    serve(OLD)
+    r = run_rollout(NEW, soak=1.0)
+    assert r.status == "paused" and r.exit_code == 2, r
+    assert r.hosts[0].status == "paused" and "inconclusive" in (r.hosts[0].error or ""), r.hosts[0]
+    assert [h.status for h in r.hosts[1:]] == ["pending"] * 3
+    assert serving_tag(NEW)["spark-01"]
+    fresh = cli("rollout", "--tag", NEW, "--yes")
+    assert fresh.returncode == 2 and "paused" in fresh.stderr and r.id in fresh.stderr
+    ab = cli("rollout", "abort", "--json")
+    assert ab.returncode == 0, ab.stderr
+    assert all(serving_tag(OLD).values()), real_state()
+    with ledger() as led:
+        assert led.get(r.id).status == L.ABORTED
