@@ -54,10 +54,10 @@ def node(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFactory) -> I
     ssh.close_all()
 
 
-def _serve(lab: fleetlab.LabStatus, host: Any, tag: str) -> SoakTarget:
+def _serve(lab: fleetlab.LabStatus, host: Any, tag: str, env: str = "") -> SoakTarget:
     ref = f"{lab.registry}/{AEON_REPOSITORY}:{tag}"
     spec = json.dumps({"method": "dflash", "model": "/models/drafter", "num_speculative_tokens": 4})
-    cmd = (f"docker rm -f {NAME} >/dev/null 2>&1; docker run -d --name {NAME} --network host "
+    cmd = (f"docker rm -f {NAME} >/dev/null 2>&1; docker run -d --name {NAME} --network host {env} "
            f"-v /opt/soak-test:/models:ro {ref} serve /models/body --served-model-name {' '.join(SERVED)} "
            f"--port {PORT} --max-num-seqs 64 --max-num-batched-tokens 8192 --speculative-config '{spec}'")
     ssh.run(host, cmd, timeout=300).check(f"starting {ref}")
@@ -88,3 +88,22 @@ def test_crash_tag_fails_at_c32_with_the_crash_named(lab: fleetlab.LabStatus, no
     assert "block_table" in errors.message
     container = v.check("container")
     assert container.outcome is Outcome.FAIL and "exited with exit code 1" in container.message
+
+
+def test_boot_failure_fails_readiness_with_the_cause_from_docker_logs(lab: fleetlab.LabStatus, node: Any) -> None:
+    # The healthy image with the boot-failure knob set at `docker run` time.
+    env = "-e 'EMU_BOOT_FAIL=ValueError: max_num_scheduled_tokens is set to -512'"
+    target = _serve(lab, node, "2026-06-18-v0.23.0-dflashfix", env)
+    v = run_soak(target, _config(), None)
+    assert v.outcome is Outcome.FAIL
+    r = v.check("readiness")
+    assert r.outcome is Outcome.FAIL and "max_num_scheduled_tokens is set to -512" in r.message
+    assert "exited with code 1" in r.message
+
+
+def test_nothing_serving_on_a_node_is_an_error(lab: fleetlab.LabStatus, node: Any) -> None:
+    ssh.run(node, f"docker rm -f {NAME} >/dev/null 2>&1; true", timeout=60)
+    target = SoakTarget(node.name, f"http://{node.address}:{PORT}", DockerOverSSH(node, NAME), "")
+    v = run_soak(target, _config(), None)
+    assert v.outcome is Outcome.ERROR
+    assert "no container" in v.check("readiness").message
