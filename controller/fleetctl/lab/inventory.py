@@ -34,6 +34,9 @@ def lab_vars(lay: Layout) -> dict[str, Any]:
         "container_toolkit_repo_key_url": f"{lay.http_base}/apt/gpgkey",
         "container_toolkit_verify_image": f"{mirror}/nvidia/cuda:13.0.0-base-ubuntu24.04",
         "docker_insecure_registries": [mirror],
+        # The emulator serves in seconds what a Spark serves in minutes: soak gates on the lab
+        # use the soak engine's lab profile (short phases, the lab's bounds), not the Spark one.
+        "fleetctl_soak_profile": "lab",
     }
 
 
