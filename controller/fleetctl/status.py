@@ -35,6 +35,7 @@ class ContainerStatus:
 
     name: str
     image: str
+    #: The served tag: the rollout's ``fleetctl.tag`` label, else the reference's ``:tag`` (see image_tag).
     tag: str | None
     #: The image's registry digest (``sha256:...``): the rollout's label, else the local RepoDigest.
     digest: str | None
@@ -118,6 +119,28 @@ def serving_target(host: Host) -> tuple[str | None, int]:
     return (recipe if isinstance(recipe, str) else None), port
 
 
+def image_tag(image: str, labels: Mapping[str, str]) -> str | None:
+    """The tag a container serves: its ``fleetctl.tag`` label, else the ``:tag`` of ``repo[:tag][@digest]``.
+
+    fleetctl starts containers by digest (``repo@sha256:...``), so the image
+    reference alone has no tag (and naive ``:`` splitting would take the
+    digest's hex for one); the label records the tag the rollout resolved.
+    """
+    if labels.get("fleetctl.tag"):
+        return labels["fleetctl.tag"]
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return name.rsplit(":", 1)[1] if ":" in name else None
+
+
+def image_digest(image: str, labels: Mapping[str, str], probed: str | None) -> str | None:
+    """The registry digest: the ``fleetctl.digest`` label, else the probed RepoDigest, else the reference's."""
+    if labels.get("fleetctl.digest"):
+        return labels["fleetctl.digest"]
+    if probed:
+        return probed
+    return image.split("@", 1)[1] if "@" in image else None
+
+
 def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatus:
     """A :class:`HostStatus` from the probe's JSON (a malformed answer is a FleetError)."""
     try:
@@ -135,10 +158,13 @@ def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatu
     c = serving.get("container")
     container = None
     if isinstance(c, dict):
+        labels = {str(k): str(v) for k, v in (c.get("labels") or {}).items()}
+        image = str(c.get("image", ""))
         container = ContainerStatus(
-            name=str(c.get("name", "")), image=str(c.get("image", "")), tag=c.get("tag"), digest=c.get("digest"),
+            name=str(c.get("name", "")), image=image, tag=image_tag(image, labels),
+            digest=image_digest(image, labels, c.get("digest")),
             running=bool(c.get("running")), state=c.get("status"), restarts=int(c.get("restarts") or 0),
-            started_at=c.get("started_at"), labels={str(k): str(v) for k, v in (c.get("labels") or {}).items()},
+            started_at=c.get("started_at"), labels=labels,
         )
     return HostStatus(
         name=host.name, address=host.address, reachable=True, seconds=round(seconds, 3),

@@ -72,6 +72,27 @@ def test_parse_probe_rejects_garbage() -> None:
         parse_probe(Host("h1", "10.0.0.1"), "Traceback (most recent call last):", 0.1, 8000)
 
 
+def _container(image: str, labels: dict[str, str], digest: str | None = None) -> str:
+    return json.dumps({"serving": {"container": {"name": "vllm", "image": image, "tag": "from-probe",
+                                                 "digest": digest, "running": True, "labels": labels}}})
+
+
+def test_tag_and_digest_come_from_the_rollouts_labels_not_the_digest_reference() -> None:
+    digest = "sha256:" + "5" * 64
+    by_digest = f"10.78.6.1:5000/aeon-7/aeon-vllm-ultimate@{digest}"
+    labels = {"fleetctl.tag": "2026-07-01-v0.24.0", "fleetctl.digest": digest, "fleetctl.recipe": "r"}
+    c = parse_probe(Host("h1", "10.0.0.1"), _container(by_digest, labels), 0.1, 8000).container
+    assert c is not None and c.tag == "2026-07-01-v0.24.0" and c.digest == digest
+    # started by digest outside fleetctl: no tag to show (never the digest's hex), digest from the reference
+    c = parse_probe(Host("h1", "10.0.0.1"), _container(by_digest, {}), 0.1, 8000).container
+    assert c is not None and c.tag is None and c.digest == digest
+    # a plain repo:tag (a registry port is not a tag); the probed RepoDigest is kept
+    c = parse_probe(Host("h1", "10.0.0.1"), _container("10.78.6.1:5000/aeon-7/x:v1", {}, "sha256:ab"), 0.1, 8000).container
+    assert c is not None and c.tag == "v1" and c.digest == "sha256:ab"
+    c = parse_probe(Host("h1", "10.0.0.1"), _container("10.78.6.1:5000/aeon-7/x", {}), 0.1, 8000).container
+    assert c is not None and c.tag is None
+
+
 def test_serving_target_follows_the_host_recipe() -> None:
     recipes = {"qwen": {"port": 8001}, "gemma": {}}
     assert serving_target(Host("h", "a", vars={"fleetctl_recipe": "qwen", "fleetctl_recipes": recipes})) == ("qwen", 8001)
