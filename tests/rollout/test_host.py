@@ -11,6 +11,7 @@ from fleetctl import inventory
 from fleetctl.recipes import load_recipes
 from fleetctl.rollout import engine
 from fleetctl.rollout import host as remote
+from fleetctl.stage import MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "d" * 64
@@ -62,3 +63,19 @@ def test_command_line_hides_the_webhook_url(monkeypatch: pytest.MonkeyPatch) -> 
     assert engine._command_line() == "fleetctl rollout --tag v1 --webhook '***'"
     monkeypatch.setattr("sys.argv", ["fleetctl", "rollout", "--webhook=https://h/T0KEN"])
     assert "T0KEN" not in engine._command_line()
+
+
+def test_weights_count_as_staged_only_with_the_stage_marker_for_the_recipes_repo_and_revision(
+        lab_inventory: inventory.Inventory) -> None:
+    recipe = next(iter(load_recipes(lab_inventory).values()))
+    assert recipe.weights
+    good = {w.path: {"repo": w.repo, "revision": w.revision, "files": []} for w in recipe.weights}
+    assert remote.unstaged_weights(recipe, good) == ()
+    first = recipe.weights[0]
+    absent = remote.unstaged_weights(recipe, {**good, first.path: None})
+    assert len(absent) == 1 and first.role in absent[0] and first.path in absent[0] and MARKER in absent[0]
+    older = remote.unstaged_weights(recipe, {**good, first.path: {"repo": first.repo, "revision": "0ld"}})
+    assert len(older) == 1 and "@0ld instead" in older[0]
+    broken = remote.unstaged_weights(recipe, {**good, first.path: "unreadable: Expecting value"})
+    assert len(broken) == 1 and "unreadable" in broken[0]
+    assert len(remote.unstaged_weights(recipe, {})) == len(recipe.weights)

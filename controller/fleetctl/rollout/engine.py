@@ -202,9 +202,8 @@ class Engine:
             if not f.nvidia_runtime:
                 problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit missing)"
                                 " - run `fleetctl provision`")
-            if f.missing_weights:
-                problems.append(f"{h.name}: weights not staged for recipe {recipe.name}: {', '.join(f.missing_weights)}"
-                                " - run `fleetctl stage`")
+            for why in f.missing_weights:
+                problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {recipe.name} --limit {h.name}`")
             if not f.has_image and f.free_gb < need:
                 problems.append(f"{h.name}: {f.free_gb:.1f} GB free for the image, needs {need:.0f} GB")
             self._emit("preflight", "ok" if not problems else "checked", h.name)
@@ -437,7 +436,8 @@ class Engine:
             return
         self._phase(rid, h, "soak", f"{cfg.sustained_duration:.0f}s sustained", {**show, "health": "ready"})
         t0 = time.monotonic()
-        verdict = gate.soak(target, cfg, self.state_dir, before_tag, self._artifacts(rid, h),
+        art = self._artifacts(rid, h)
+        verdict = gate.soak(target, cfg, self.state_dir, before_tag, art, f"{rid}/{art.name}",
                             self._forward(h, show, "soak"))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t)
@@ -454,7 +454,9 @@ class Engine:
                             verdict, {**show, **figures}, t)
 
     def _artifacts(self, rid: str, h: Host) -> Path:
-        return self.state_dir / "runs" / rid / h.name
+        """``state_dir/runs/<rollout id>/soak-<host>``: the gate's samples, scrapes and verdict.json,
+        plus a failed container's log and the rollback's smoke check; the ledger records it."""
+        return self.state_dir / "runs" / rid / f"soak-{h.name}"
 
     def _forward(self, h: Host, show: Mapping[str, Any], phase: str) -> Progress:
         """Soak/readiness events as rows of the live table (phase kept, figures picked out)."""

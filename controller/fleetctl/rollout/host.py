@@ -19,6 +19,7 @@ from fleetctl import ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
+from fleetctl.stage import MARKER
 
 #: The serving container's name on every host (``fleetctl_container_name`` overrides it).
 DEFAULT_CONTAINER = "vllm"
@@ -109,6 +110,7 @@ class Facts:
     gpu: str
     nvidia_runtime: bool
     free_gb: float
+    #: Each weight set not staged and verified for the recipe, with why (see unstaged_weights).
     missing_weights: tuple[str, ...]
     serving: Serving | None
     previous: Serving | None
@@ -132,18 +134,44 @@ try:
     free = shutil.disk_usage(root if rc2 == 0 and root else "/").free / 1e9
 except OSError:
     free = -1.0
-missing = []
+markers = {}
 for w in a["weights"]:
-    if not os.path.isfile(os.path.join(w, "config.json")) and not os.path.isfile(os.path.join(w, "model.safetensors.index.json")):
-        missing.append(w)
+    try:
+        with open(os.path.join(w, a["marker"])) as f:
+            markers[w] = json.load(f)
+    except FileNotFoundError:
+        markers[w] = None
+    except (OSError, ValueError) as e:
+        markers[w] = "unreadable: %s" % e
 rc3, _ = run("docker", "image", "inspect", a["ref"])
-print(json.dumps({"gpu": gpu, "nvidia": rc == 0 and '"nvidia"' in rt, "free": free, "missing": missing, "has_image": rc3 == 0}))
+print(json.dumps({"gpu": gpu, "nvidia": rc == 0 and '"nvidia"' in rt, "free": free, "markers": markers, "has_image": rc3 == 0}))
 """
+
+
+def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str, ...]:
+    """Each weight set of ``recipe`` not staged and verified for it, with why.
+
+    ``markers``: weight path -> the stage's verification marker read on the host
+    (None when absent, a string when unreadable). A set counts as staged only when
+    its marker names the recipe's repo and revision: ``config.json`` alone may be
+    a partial or older download that was never verified.
+    """
+    out: list[str] = []
+    for w in recipe.weights:
+        m = markers.get(w.path)
+        where = f"weight set {w.role} ({w.repo}@{w.revision}) at {w.path}"
+        if m is None:
+            out.append(f"{where}: not staged and verified (no {MARKER})")
+        elif not isinstance(m, dict):
+            out.append(f"{where}: {MARKER} {m}")
+        elif m.get("repo") != w.repo or m.get("revision") != w.revision:
+            out.append(f"{where}: staged for {m.get('repo')}@{m.get('revision')} instead")
+    return tuple(out)
 
 
 def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
     """GPU name, toolkit runtime, free disk, weights present, current and previous container."""
-    arg = json.dumps({"weights": [w.path for w in recipe.weights], "ref": ref})
+    arg = json.dumps({"weights": [w.path for w in recipe.weights], "ref": ref, "marker": MARKER})
     r = ssh.run(host, ["python3", "-c", _FACTS, arg], timeout=timeout).check("preflight probe")
     try:
         d = json.loads(r.stdout.strip().splitlines()[-1])
@@ -151,7 +179,8 @@ def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
         raise FleetError(f"preflight probe printed no result: {r.stdout[-200:]!r}", host=host.name,
                          fix="check that python3 runs on the host") from None
     name = container_name(host)
-    return Facts(host.name, str(d["gpu"]), bool(d["nvidia"]), float(d["free"]), tuple(d["missing"]),
+    return Facts(host.name, str(d["gpu"]), bool(d["nvidia"]), float(d["free"]),
+                 unstaged_weights(recipe, d["markers"]),
                  inspect(host, name), inspect(host, name + PREV_SUFFIX), bool(d["has_image"]))
 
 
