@@ -27,6 +27,8 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import Event
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.soak import baselines
+from fleetctl.stage import MARKER
 from tests.plugins.serving import LAB_SOAK, engine, serve
 
 pytestmark = pytest.mark.lab
@@ -130,14 +132,30 @@ def test_unknown_tag_is_refused_before_any_change(serving: RolloutResult) -> Non
     assert real_state() == before and len(ledger().ids()) == n
 
 
-def test_wrong_gpu_node_is_refused_before_any_change(
+def test_wrong_gpu_node_and_unverified_weights_are_refused_before_any_change(
         serving: RolloutResult, lab_fault: Callable[..., AbstractContextManager[Any]]) -> None:
     serve(OLD)
     before = real_state()
-    with lab_fault("spark-03", gpu="NVIDIA H100 80GB HBM3"), pytest.raises(FleetError) as e:
-        run_rollout(NEW)
+    eng = engine()
+    try:
+        recipe = eng.recipe()
+    finally:
+        eng.close()
+    w = recipe.weights[0]
+    # spark-02 keeps its weights (config.json and all) but loses the stage's verification marker:
+    # present-looking weights that were never verified must not be served.
+    node2 = inventory.load(None).host("spark-02")
+    marker = f"{w.path}/{MARKER}"
+    ssh.run(node2, ["mv", marker, marker + ".away"], timeout=30).check("hide the stage marker")
+    try:
+        with lab_fault("spark-03", gpu="NVIDIA H100 80GB HBM3"), pytest.raises(FleetError) as e:
+            run_rollout(NEW)
+    finally:
+        ssh.run(node2, ["mv", marker + ".away", marker], timeout=30).check("restore the stage marker")
     msg = e.value.message()
     assert "spark-03" in msg and "H100" in msg and "before any change" in msg
+    assert f"spark-02: weight set {w.role}" in msg and MARKER in msg
+    assert f"fleetctl stage --recipe {recipe.name} --limit spark-02" in msg
     assert "spark-01" not in msg
     assert real_state() == before
 
@@ -170,6 +188,15 @@ def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResu
         phases = [e.phase for e in events if e.host == h.host]
         assert phases.index("stopping") < phases.index("loading") < phases.index("soak") < phases.index("done")
     assert any(e.data.get("wave") == 2 and e.data.get("tag") == "2026-07-01-v0.24.0" for e in events)
+    # each gate's artifacts are kept where the ledger says, and its pass is the new tag's baseline
+    state = paths.state_dir(inventory.load(None).path)
+    for h in r.hosts:
+        art = state / "runs" / r.id / f"soak-{h.host}"
+        assert h.artifacts == str(art)
+        assert json.loads((art / "verdict.json").read_text())["outcome"] == "pass"
+        assert (art / "samples.jsonl").stat().st_size > 0
+        base = baselines.load(state, h.host, "2026-07-01-v0.24.0")
+        assert base is not None and base.run_id == f"{r.id}/soak-{h.host}"
     labels = real_state()["spark-01"]["labels"]
     assert labels["fleetctl.rollout"] == r.id and labels["fleetctl.digest"] == resolve(NEW).digest
 

@@ -53,16 +53,22 @@ def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progre
 
 
 def soak(t: SoakTarget, cfg: SoakConfig, state_dir: Path, baseline_tag: str | None, artifacts: Path,
-         progress: Progress) -> Verdict:
-    """The full gate, compared with the host's baseline on the tag it served before."""
+         run_id: str, progress: Progress) -> Verdict:
+    """The full gate, compared with the host's baseline on the tag it served before.
+
+    The baseline is the soak engine's own store (``fleetctl.soak.baselines``, the
+    one ``fleetctl soak`` uses too): the last passing soak of ``baseline_tag`` on
+    this host. A pass becomes the baseline of the new tag (a failure is not kept).
+    Samples, scrapes and verdict.json are written under ``artifacts``.
+    """
     base = baselines.load(state_dir, t.name, baseline_tag) if baseline_tag else None
-    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts)
+    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id)
     baselines.save(state_dir, t.name, t.tag, v)
     return v
 
 
 def smoke(t: SoakTarget, cfg: SoakConfig, artifacts: Path) -> Verdict:
-    """Readiness, identity and smoke only: the check after a rollback."""
+    """Readiness, identity and smoke only: the check after a rollback (no baseline read or written)."""
     return smoke_check(t, cfg, artifacts_dir=artifacts)
 
 
