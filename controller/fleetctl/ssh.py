@@ -85,7 +85,7 @@ class _Pool:
                 t = c.get_transport()
                 if t is not None and t.is_active():
                     return c
-                c.close()
+                _close_bounded([c])
             c = _connect(host, timeout)
             self._clients[key] = c
             return c
@@ -95,16 +95,34 @@ class _Pool:
         with self._lock:
             c = self._clients.pop(key, None)
         if c is not None:
-            c.close()
+            _close_bounded([c])
 
     def close(self) -> None:
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
-        for c in clients:
-            c.close()
+        _close_bounded(clients)
 
 
 _POOL = _Pool()
+
+#: How long closing connections may take before they are abandoned.
+CLOSE_TIMEOUT = 5.0
+
+
+def _close_bounded(clients: list[paramiko.SSHClient], timeout: float = CLOSE_TIMEOUT) -> None:
+    """Close connections in daemon threads, waiting at most ``timeout`` seconds for all of them.
+
+    paramiko's ``Transport.close`` can deadlock (seen in ``Channel._unlink``) while
+    another thread still reads a channel of that transport, e.g. a fan-out worker
+    left behind by a timed-out host. A stuck close must never hang the controller:
+    it is abandoned to its daemon thread, which dies with the process.
+    """
+    threads = [threading.Thread(target=c.close, daemon=True, name="fleetctl-ssh-close") for c in clients]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 def _connect(host: Host, timeout: float) -> paramiko.SSHClient:
