@@ -68,7 +68,9 @@ def test_status_shows_every_node_as_it_is(provisioned: PlaybookResult, lab: flee
         if name == serving_host:
             c = st.container
             assert c is not None and c.running and c.name == "fleetctl-status-test"
-            assert c.image == image and c.tag == image.rsplit(":", 1)[1]
+            # The rollout's fleetctl.tag label names the served tag (containers run by digest have none
+            # in their reference); it wins over the reference's own :tag.
+            assert c.image == image and c.tag == "test-tag" != image.rsplit(":", 1)[1]
             assert c.recipe == "status-test" and c.rollout == "r-test" and c.labels["fleetctl.tag"] == "test-tag"
             assert c.digest == "sha256:" + "ab" * 32
             assert st.health == 200 and st.healthy
