@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from tests.role_modules import load_role_file
 
 from fleetctl import paths
 from fleetctl.inventory import Host
@@ -100,14 +99,6 @@ def test_serving_target_follows_the_host_recipe() -> None:
     assert serving_target(Host("h", "a")) == (None, 8000)
 
 
-def _load(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _crc24(data: bytes) -> int:
     crc = 0xB704CE
     for b in data:
@@ -120,7 +111,7 @@ def _crc24(data: bytes) -> int:
 
 
 def test_dearmor_gives_back_the_binary_key() -> None:
-    mod = _load(paths.roles_dir() / "container_toolkit" / "library" / "apt_signed_repo.py", "apt_signed_repo")
+    mod = load_role_file("container_toolkit", "library/apt_signed_repo.py")
     binary = bytes(range(256)) * 3
     b64 = base64.b64encode(binary).decode()
     crc = base64.b64encode(_crc24(binary).to_bytes(3, "big")).decode()

@@ -7,36 +7,23 @@ by http.server on 127.0.0.1; a second handler answers the hub's revision API.
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
 import os
-import sys
 import threading
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from tests.role_modules import load_role_file
 
-from fleetctl import paths
 from fleetctl.lab import models
 
 REPO = "fleetctl-test/body"
 
 
-def _load(name: str) -> ModuleType:
-    path = paths.roles_dir() / "weights" / "library" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"fleetctl_test_{name}", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-ws = _load("weights_stage")
+ws = load_role_file("weights", "library/weights_stage.py")
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):

@@ -6,34 +6,21 @@ library only); its pure function ``verify_dir`` is what these tests call.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
+from tests.role_modules import load_role_file
 
-from fleetctl import paths
 from fleetctl.lab import models
 
 BODY = "qwen36-35b-a3b-nvfp4"
 DRAFTER = "qwen36-35b-a3b-dflash"
 
 
-def _load(name: str) -> ModuleType:
-    path = paths.roles_dir() / "weights" / "library" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"fleetctl_test_{name}", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-wv = _load("weights_verify")
+wv = load_role_file("weights", "library/weights_verify.py")
 
 
 def verify(d: Path, role: str = "body", **kw: Any) -> dict[str, Any]:
