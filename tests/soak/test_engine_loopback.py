@@ -84,9 +84,12 @@ def test_crash_at_32_fails_the_c32_level_and_names_the_crash(emulator: Callable[
 
 
 def test_acceptance_decay_fails_the_decay_check_without_errors(emulator: Callable[..., Served]) -> None:
-    # 2.5/min: acceptance reaches 0 about 24 s after boot, in the middle of the sustained phase.
+    # 2.5/min: acceptance reaches 0 about 24 s after boot. The phases before the sustained one take
+    # 3-20 s depending on the machine's load, so the sustained phase lasts 30 s: its last third is
+    # always past the zero point, its first third before it (a 12 s phase once started so late that
+    # the drop measured 48 %, under the 50 % bound).
     served = emulator(EMU_ACCEPT_DECAY_PER_MIN="2.5")
-    cfg = fast_config(concurrency=[1], classes=["coding"], sustained={"duration": 12, "concurrency": 4, "window": 2})
+    cfg = fast_config(concurrency=[1], classes=["coding"], sustained={"duration": 30, "concurrency": 4, "window": 3})
     v = run_soak(served.target, cfg, None)
     decay = v.check("acceptance_decay")
     assert decay.outcome is Outcome.FAIL, decay.message
