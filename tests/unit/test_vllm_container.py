@@ -1,0 +1,89 @@
+"""The vllm_serve role's container module: it renders what the controller's rollout runs, bit for bit.
+
+The controller (fleetctl.rollout.host.run_argv) and the role take turns on one fleet, so the
+module's ``docker run`` argv must equal the controller's for every seed recipe, and the
+comparison that decides "already right" must ignore only the run id.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+import yaml
+from tests.role_modules import load_role_file
+
+from fleetctl import paths, registry
+from fleetctl.inventory import Host
+from fleetctl.recipes import parse_recipes
+from fleetctl.rollout import host as remote
+
+vc = load_role_file("vllm_serve", "library/vllm_container.py")
+
+SEED_FILE = paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
+DIGEST = "sha256:" + "ab" * 32
+RAW: dict[str, Any] = yaml.safe_load(SEED_FILE.read_text())["fleetctl_recipes"]
+
+
+@pytest.mark.parametrize("name", sorted(RAW))
+def test_the_docker_run_argv_is_the_controllers(name: str) -> None:
+    recipe = parse_recipes(RAW)[name]
+    mirrors = {"ghcr.io": "10.78.0.1:5000"}
+    ref = registry.pull_ref(recipe.image, DIGEST, mirrors)
+    host = Host("spark-01", "10.0.0.1")
+    want = remote.run_argv(host, recipe, ref, tag="v0.24.0", digest=DIGEST, rollout_id="r-1", name="vllm")
+    assert vc.pull_ref(RAW[name]["image"], DIGEST, mirrors) == ref
+    assert vc.render(name, RAW[name], ref, "v0.24.0", DIGEST, "r-1", "vllm") == want
+
+
+@pytest.mark.parametrize(("image", "mirrors"), [
+    ("ghcr.io/aeon-7/aeon-vllm-ultimate", {}),
+    ("ghcr.io/aeon-7/aeon-vllm-ultimate", {"ghcr.io": "http://mirror.lan:5000/"}),
+    ("vllm/vllm-openai", {}),
+    ("ubuntu", {}),
+    ("ubuntu", {"docker.io": "mirror.lan"}),
+    ("localhost:5000/x/y", {}),
+])
+def test_the_pull_reference_is_the_registry_modules(image: str, mirrors: dict[str, str]) -> None:
+    assert vc.pull_ref(image, DIGEST, mirrors) == registry.pull_ref(image, DIGEST, mirrors)
+
+
+def _inspect_of(argv: list[str], running: bool = True) -> dict[str, Any]:
+    """What ``docker inspect`` shows for a container started with ``argv`` (the fields compared)."""
+    i = argv.index("--entrypoint")
+    opts, ref, cmd = argv[4:i], argv[i + 2], argv[i + 3:]
+    pairs = list(itertools.pairwise(opts))
+    labels = dict(v.split("=", 1) for k, v in pairs if k == "--label")
+    env = [v for k, v in pairs if k == "-e" and "=" in v]
+    return {"Name": "/" + argv[4], "State": {"Running": running},
+            "Config": {"Image": ref, "Entrypoint": ["vllm"], "Cmd": cmd, "Env": [*env, "PATH=/usr/bin"],
+                       "Labels": {**labels, "maintainer": "x"}},
+            "HostConfig": {"Binds": [v for k, v in pairs if k == "-v"], "NetworkMode": "host", "IpcMode": "host",
+                           "DeviceRequests": [{"Count": -1}]}}
+
+
+def _diff(argv_run: list[str], raw: dict[str, Any], digest: str = DIGEST, running: bool = True) -> list[str]:
+    ref = vc.pull_ref(raw["image"], digest)
+    want = vc.wanted("qwen36-35b-heretic", raw, ref, "v0.24.0", digest, {}, [])
+    return list(vc.differences(want, vc.observed(_inspect_of(argv_run, running), want["env"], [])))
+
+
+def test_the_same_settings_under_another_run_id_need_no_change() -> None:
+    raw = RAW["qwen36-35b-heretic"]
+    argv = vc.render("qwen36-35b-heretic", raw, vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "old-run", "vllm")
+    assert _diff(argv, raw) == []
+
+
+def test_a_new_digest_a_new_flag_an_env_value_or_a_stopped_container_are_changes() -> None:
+    raw = RAW["qwen36-35b-heretic"]
+    old = "sha256:" + "cd" * 32
+    argv = vc.render("qwen36-35b-heretic", raw, vc.pull_ref(raw["image"], old), "v0.23.0", old, "r", "vllm")
+    assert _diff(argv, raw) == ["image", "label fleetctl.digest", "label fleetctl.tag"]
+    changed = {**raw, "vllm_args": [*raw["vllm_args"], "--enforce-eager"],
+               "env": {**raw["env"], "NVIDIA_FORWARD_COMPAT": "0"}}
+    argv = vc.render("qwen36-35b-heretic", changed, vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "r", "vllm")
+    assert _diff(argv, raw) == ["cmd", "env NVIDIA_FORWARD_COMPAT"]
+    argv = vc.render("qwen36-35b-heretic", raw, vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "r", "vllm")
+    assert _diff(argv, raw, running=False) == ["running"]
+    assert vc.differences({"a": 1}, None) == ["(no container)"]
