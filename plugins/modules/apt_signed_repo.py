@@ -1,0 +1,1 @@
+../../roles/container_toolkit/library/apt_signed_repo.py

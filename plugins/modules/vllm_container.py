@@ -1,0 +1,1 @@
+../../roles/vllm_serve/library/vllm_container.py

@@ -1,0 +1,1 @@
+../../roles/weights/library/weights_stage.py
