@@ -86,6 +86,11 @@ SCENARIOS: dict[str, dict[str, str]] = {
     # Acceptance gone within ~20 s of real time: a short soak sees the whole decay.
     "decay": {"EMU_ACCEPT_DECAY_PER_MIN": "3"},
     "garbage": {"EMU_GARBAGE": "1"},
+    # Silent corruption that passes a smoke check: answers turn to "!!!!" after 30 s of
+    # uptime, after 12k decoded tokens, or only in batches of 32+ while /health stays 200.
+    "garbage-late": {"EMU_GARBAGE_AFTER_SECONDS": "30"},
+    "garbage-tokens": {"EMU_GARBAGE_AFTER_TOKENS": "12000"},
+    "garbage32": {"EMU_GARBAGE_AT_CONCURRENCY": "32"},
     "boot-failure": {
         "EMU_BOOT_FAIL": "RuntimeError: CUDA error: no kernel image is available for execution on the device"
     },

@@ -25,6 +25,14 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 ``EMU_ACCEPT_DECAY_PER_MIN``    draft acceptance falls linearly by this fraction per
                                 emulated minute, to 0 (decode slows, no error); 0
 ``EMU_GARBAGE``                 1: every completion is ``!!!!...`` (/health stays 200)
+``EMU_GARBAGE_AFTER_TOKENS``    N: once the server has generated N tokens in its lifetime,
+                                every later token is ``!`` (the operators' "corrupt after
+                                ~12k decoded tokens"); 0 = never
+``EMU_GARBAGE_AFTER_SECONDS``   S: from S seconds of emulated uptime after ready (real
+                                seconds x EMU_SPEED), every token is ``!`` while /health
+                                stays 200 (the issue's "!!!! after 30 s"); 0 = never
+``EMU_GARBAGE_AT_CONCURRENCY``  K: tokens decoded while K or more requests run are ``!``
+                                (corruption only in big batches); 0 = never
 ``EMU_BOOT_FAIL``               a message: the engine fails to start with it (exit 1)
 ``EMU_SPEED``                   emulated time runs this many times faster (TTFT, decode,
                                 decay; not the load time); 1

@@ -28,6 +28,9 @@ STALE_DRAFTER_CRASH_TOKENS = 16_000
 #: Steps shorter than this (after EMU_SPEED) are merged into one event, to bound CPU.
 MIN_EVENT_SECONDS = 0.004
 
+#: What a corrupted engine emits for every token (EMU_GARBAGE_*).
+GARBAGE_PIECE = Piece("content", "!")
+
 ENGINE_DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
 
 
@@ -100,6 +103,8 @@ class Engine:
         self._slots: asyncio.Semaphore | None = None
         self._rng = random.Random(knobs.seed)
         self._prefix_cache: OrderedDict[str, None] = OrderedDict()
+        #: Tokens generated over the server's lifetime (EMU_GARBAGE_AFTER_TOKENS).
+        self.generated_total = 0
 
     @property
     def slots(self) -> asyncio.Semaphore:
@@ -115,6 +120,15 @@ class Engine:
     def emulated_minutes(self) -> float:
         """Minutes of emulated time since ready (real time x EMU_SPEED)."""
         return (time.monotonic() - self.ready_at) * self.knobs.speed / 60.0
+
+    def _corrupt(self) -> bool:
+        """Whether this step's tokens come out as garbage (the EMU_GARBAGE_* knobs)."""
+        k = self.knobs
+        return bool(
+            (k.garbage_after_tokens and self.generated_total >= k.garbage_after_tokens)
+            or (k.garbage_after_seconds and self.emulated_minutes() * 60.0 >= k.garbage_after_seconds)
+            or (k.garbage_at_concurrency and self.running >= k.garbage_at_concurrency)
+        )
 
     def die(self, message: str) -> None:
         """Kill the engine: log like vLLM, fail every stream, then let the server exit."""
@@ -286,13 +300,15 @@ class Engine:
                 steps += 1
                 n_tokens = min(n_tokens, request.max_tokens - generated)
                 before = generated
+                corrupt = self._corrupt()
                 for _ in range(n_tokens):
                     piece = next(pieces, None)
                     if piece is None:
                         exhausted = True
                         break
-                    pending.append(piece)
+                    pending.append(GARBAGE_PIECE if corrupt else piece)
                     generated += 1
+                self.generated_total += generated - before
                 # Count what was emitted: the answer may end before the step's last draft slot.
                 emitted = generated - before
                 self.kv_tokens += emitted

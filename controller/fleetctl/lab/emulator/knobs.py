@@ -18,6 +18,9 @@ class Knobs:
     crash_exit_seconds: float = 2.0
     accept_decay_per_min: float = 0.0
     garbage: bool = False
+    garbage_after_tokens: int = 0
+    garbage_after_seconds: float = 0.0
+    garbage_at_concurrency: int = 0
     boot_fail: str = ""
     speed: float = 1.0
     throughput_scale: float = 1.0

@@ -24,6 +24,9 @@ KNOWN_ANSWERS: dict[str, str] = {
     "what is 2 + 2?": "2 + 2 = 4.",
 }
 
+#: A prompt "Repeat exactly: TEXT" is answered with TEXT.
+COPY_PREFIX = "repeat exactly:"
+
 _FILLER = (
     "the system reads each request and answers it in order while the scheduler keeps "
     "every stream moving so that no request waits longer than it must and the cache "
@@ -62,6 +65,10 @@ def answer_tokens(prompt: str, *, temperature: float, salt: str = "") -> list[st
     known = KNOWN_ANSWERS.get(normalise(prompt))
     if known is not None:
         return split_tokens(known)
+    stripped = prompt.strip()
+    if stripped.lower().startswith(COPY_PREFIX):
+        # The soak's copy canary: a greedy model repeats the text verbatim.
+        return split_tokens(stripped[len(COPY_PREFIX):].strip())
     seed = _seed(prompt, salt if temperature > 0 else "")
     # Answer length between 150 and 600 tokens, deterministic per prompt.
     length = 150 + seed % 451
