@@ -44,7 +44,7 @@ def test_healthy_server_passes_and_saves_artifacts(emulator: Callable[..., Serve
     v = run_soak(served.target, fast_config(), None, rec, artifacts_dir=tmp_path / "run")
     assert v.outcome is Outcome.PASS, v.summary
     got = outcomes(v)
-    for name in ("readiness", "identity", "smoke", "errors", "server_errors", "latency", "throughput",
+    for name in ("readiness", "identity", "smoke", "correctness", "errors", "server_errors", "latency", "throughput",
                  "acceptance", "acceptance_decay", "long_context", "preemptions", "container"):
         assert got[name] is Outcome.PASS, (name, v.check(name).message)
     assert v.version and set(SERVED) <= set(v.served_models)
@@ -54,7 +54,8 @@ def test_healthy_server_passes_and_saves_artifacts(emulator: Callable[..., Serve
     # Windows are deltas: every sweep window saw exactly its own requests finish.
     for lv in sweep:
         w = next(w for w in v.windows if w.label == lv.label)
-        assert sum(w.success_by_reason.values()) == lv.requests
+        assert sum(w.success_by_reason.values()) == lv.requests + lv.canaries
+        assert lv.canaries >= 1  # a slice of every level is greedy canaries
         assert w.acceptance_rate is not None and 0 < w.acceptance_rate < 1
         assert w.mean_acceptance_length is not None and w.mean_acceptance_length > 1
         assert len(w.per_position) == 4
@@ -62,7 +63,11 @@ def test_healthy_server_passes_and_saves_artifacts(emulator: Callable[..., Serve
     # Artifacts: raw samples, every scrape, the verdict.
     run = tmp_path / "run"
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
-    assert len(samples) == sum(lv.requests for lv in v.levels) + 1  # + the smoke prompt
+    # + the smoke prompt, the canaries' c=1 references and the long decode
+    assert len(samples) == sum(lv.requests + lv.canaries for lv in v.levels) + 1 + 3 + 1
+    long = [s for s in samples if s["phase"] == "long_decode"]
+    assert len(long) == 1 and long[0]["output_tokens"] == 192 and not long[0]["garbage"]
+    assert "canaries right" in v.check("correctness").message
     assert len(list((run / "scrapes").glob("*.prom"))) >= 2 * len(v.levels)
     assert from_dict(Verdict, json.loads((run / "verdict.json").read_text())) == v
     assert "sweep" in rec.phases("emulator") and "sustained" in rec.phases("emulator")

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import json
 
-from fleetctl.soak.client import ChatRequest, StreamParser, chat_body
+import pytest
+
+from fleetctl.soak.client import (
+    MAX_LINE_BYTES,
+    ChatRequest,
+    LineTooLongError,
+    StreamParser,
+    TextCheck,
+    chat_body,
+    validate_answer,
+)
 
 
 def _ev(obj: object) -> bytes:
@@ -68,3 +78,66 @@ def test_chat_body_asks_for_usage_and_can_turn_thinking_off() -> None:
     assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
     assert body["chat_template_kwargs"] == {"enable_thinking": False} and body["ignore_eos"] is True
     assert "chat_template_kwargs" not in json.loads(chat_body(ChatRequest("m", "hi", 16)))
+
+
+# --- garbage in streamed text, answer validation, bounded lines --------------------------------
+
+def _check(deltas: list[str]) -> TextCheck:
+    c = TextCheck()
+    for d in deltas:
+        c.feed(d)
+    return c
+
+
+def test_a_run_of_bangs_is_garbage_with_its_excerpt() -> None:
+    c = _check(["The answer is", " 391", "."] + ["!"] * 20)
+    assert "a run of 16 '!'" in c.reason
+    assert c.excerpt.startswith("The answer is 391.") and c.excerpt.endswith("!" * 16)
+    # Split differently (spec decode: several tokens per event; spaces between them): same finding.
+    assert "'!'" in _check(["ok", "!!!!", " !!!!", "!!!!!!!!", "!!"]).reason
+
+
+def test_healthy_text_is_not_garbage() -> None:
+    text = "the system reads each request and answers it in order while the scheduler keeps every stream moving"
+    assert not _check([" " + w for w in text.split(" ")] * 40).reason
+    # Markdown separators, code indentation, numbers and a stray replacement character are fine.
+    assert not _check(["\n", "-" * 60, "\n", " " * 48, "return", " 10000000000000000", "\ufffd"]).reason
+    assert not _check(["Wow", "!", "!", "!"]).reason
+
+
+def test_repeated_token_and_replacement_characters_are_garbage() -> None:
+    assert "the token ' the' repeated 32 times" in _check(["Start"] + [" the"] * 40).reason
+    assert "U+FFFD" in _check(["ab\ufffd", "c\ufffd", "\ufffd"]).reason
+    assert "a run of" in _check(["x" * 200]).reason
+
+
+def test_the_parser_runs_the_text_check_on_every_delta() -> None:
+    p = StreamParser()
+    for _ in range(20):
+        p.feed(_ev({"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": None}]}), 0.0)
+    assert p.deltas == 20 and "'!'" in p.check.reason
+
+
+def test_finish_reason_and_completion_tokens_are_validated() -> None:
+    req = ChatRequest("m", "p", 32, ignore_eos=True)
+    ok = {"completion_tokens": 32}
+    assert validate_answer(req, "length", ok, 10) == ("", "")
+    assert validate_answer(req, None, ok, 10)[0] == "protocol"
+    assert validate_answer(req, "abort", ok, 10)[0] == "finish"
+    assert validate_answer(req, "length", {"completion_tokens": 31}, 10)[0] == "protocol"
+    assert validate_answer(req, "length", {"completion_tokens": 33}, 10)[0] == "protocol"
+    assert validate_answer(req, "length", {"completion_tokens": "32"}, 10)[0] == "protocol"
+    assert "despite ignore_eos" in validate_answer(req, "stop", {"completion_tokens": 5}, 10)[1]
+    # All-empty text is reported (the client makes it a garbage finding), never dropped unseen.
+    kind, msg = validate_answer(req, "length", ok, 0)
+    assert kind == "empty" and "no text" in msg
+    assert validate_answer(ChatRequest("m", "p", 32), "stop", {"completion_tokens": 7}, 3) == ("", "")
+
+
+def test_an_endless_line_is_refused_once_it_passes_the_cap() -> None:
+    p = StreamParser()
+    chunk = b"x" * (1 << 16)
+    with pytest.raises(LineTooLongError):
+        for _ in range((MAX_LINE_BYTES >> 16) + 2):
+            p.feed(chunk, 0.0)
+    assert len(p.pending) <= MAX_LINE_BYTES + len(chunk)

@@ -77,3 +77,38 @@ def test_merge_windows_sums_deltas() -> None:
 def test_garbage_text_is_refused() -> None:
     with pytest.raises(metrics.MetricsError):
         metrics.parse('vllm:x{a="1" 3\n')
+
+
+def test_non_finite_values_are_missing_data_and_bad_positions_are_skipped() -> None:
+    text = "\n".join([
+        "# TYPE vllm:spec_decode_num_drafts counter",
+        "# TYPE vllm:spec_decode_num_draft_tokens counter",
+        "# TYPE vllm:spec_decode_num_accepted_tokens counter",
+        "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+        'vllm:spec_decode_num_drafts_total{model_name="m",engine="0"} 10',
+        'vllm:spec_decode_num_drafts_total{model_name="m",engine="1"} NaN',
+        'vllm:spec_decode_num_draft_tokens_total{model_name="m",engine="0"} +Inf',
+        'vllm:spec_decode_num_accepted_tokens_total{model_name="m",engine="0"} 5',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",engine="0",position="0"} 4',
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",engine="0",position="first"} 1',
+    ]) + "\n"
+    a, b = metrics.parse(text, 0), metrics.parse(text.replace(" 10\n", " 20\n"), 5)
+    # One engine's NaN poisons the sum: absent, not a number a bound could pass.
+    assert b.value(metrics.DRAFTS) is None and b.value(metrics.DRAFT_TOKENS) is None
+    w = metrics.window(a, b, "w", "sweep")
+    assert w.acceptance_rate is None and w.drafts is None
+    assert b.by_label(metrics.ACCEPTED_PER_POS, "position") == {"0": 4.0, "first": 1.0}
+
+
+def test_a_position_label_that_is_not_a_number_does_not_crash_the_window() -> None:
+    def at(t: float, n: float) -> metrics.Scrape:
+        return metrics.parse("\n".join([
+            "# TYPE vllm:spec_decode_num_drafts counter",
+            "# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter",
+            f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {n}',
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="0"}} {n / 2}',
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="-1"}} {n}',
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="m",position="x"}} {n}',
+        ]) + "\n", t)
+    w = metrics.window(at(0, 10), at(5, 30), "w", "sweep")
+    assert w.per_position == (0.5,)

@@ -55,6 +55,19 @@ class SmokeResult:
 
 
 @dataclass(frozen=True)
+class CanaryResult:
+    """One greedy canary: where it ran, what it had to say, and its prompt's answer at c=1."""
+
+    name: str
+    expect: str
+    #: The level it ran in ("c=16", "sustained") or "reference" for the c=1 reference run.
+    level: str
+    sample: Sample
+    #: The same prompt's text at c=1 (None for the reference itself, or when that failed).
+    reference: str | None = None
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything one soak observed; the engine builds it, the checks judge it."""
 
@@ -75,6 +88,15 @@ class Evidence:
     #: Whether the server exports spec-decode counters (None: no scrape succeeded).
     spec_seen: bool | None = None
     scrape_errors: tuple[str, ...] = ()
+    #: The host (target name), named in correctness findings.
+    host: str = ""
+    canaries: tuple[CanaryResult, ...] = ()
+    #: Load and long-decode samples whose streamed text was flagged as garbage.
+    garbage_samples: tuple[Sample, ...] = ()
+    #: Load streams whose text was checked (flagged or not).
+    streams_checked: int = 0
+    #: The soak's one long decode (None when it did not run).
+    long_decode: Sample | None = None
 
 
 def pct(x: float | None) -> str:
@@ -197,7 +219,8 @@ def check_identity(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckRe
 def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
     """Fixed prompts at temperature 0 answer correctly; garbage fails; a length cut is not a crash."""
     if not ev.smoke:
-        return skipped(spec, "not run: the server never became ready")
+        return skipped(spec, "not run: the identity check failed first" if ev.readiness.ready
+                       else "not run: the server never became ready")
     out: list[Measurement] = []
     for sr in ev.smoke:
         s = sr.sample
@@ -223,6 +246,60 @@ def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
             out.append(Measurement(sr.name, F, f"{sr.name}: answer lacks {sr.expect!r}: {_snippet(text)}",
                                    _snippet(text), sr.expect))
     return decide(spec, out, ok_message=f"{len(out)} smoke prompt(s) answered correctly")
+
+
+def _where(s: Sample) -> str:
+    if s.phase == "sweep":
+        return f"c={s.concurrency}"
+    return s.phase if s.phase in ("sustained", "long_decode") else f"{s.phase} {s.cls}"
+
+
+def _same_answer(a: str, b: str) -> bool:
+    return " ".join(a.split()).lower() == " ".join(b.split()).lower()
+
+
+def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """No garbage in any streamed answer under load; canaries right and equal to their c=1 answer."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    host = f"{ev.host} " if ev.host else ""
+    out: list[Measurement] = []
+    for s in ev.garbage_samples:
+        out.append(Measurement(
+            _where(s), F, f"{host}{_where(s)}: garbage in a {s.cls} answer started at +{s.start:.1f}s "
+            f"({s.garbage}): {_snippet(s.excerpt, 80)}", s.excerpt, "no garbage"))
+    for c in ev.canaries:
+        s, text = c.sample, c.sample.text or ""
+        where = f"{host}canary {c.name} at {c.level}"
+        if not s.ok:
+            out.append(Measurement(c.level, F, f"{where}: request failed: {s.error}", s.error_kind, c.expect))
+        elif s.garbage:
+            out.append(Measurement(c.level, F, f"{where}: garbage ({s.garbage}): {_snippet(s.excerpt, 80)}",
+                                   s.excerpt, c.expect))
+        elif c.expect.lower() not in text.lower():
+            out.append(Measurement(c.level, F, f"{where}: answer lacks {c.expect!r}: {_snippet(text, 80)}",
+                                   _snippet(text), c.expect))
+        elif c.reference is not None and not _same_answer(text, c.reference):
+            # Greedy decoding of the same prompt: a different answer under load is corruption
+            # (or a batch-variant kernel worth knowing about), even when it still holds the fact.
+            out.append(Measurement(c.level, F, f"{where}: answer {_snippet(text, 50)} differs from its c=1 "
+                                   f"answer {_snippet(c.reference, 50)}", _snippet(text), _snippet(c.reference)))
+        else:
+            out.append(Measurement(c.level, P, f"{where}: ok", _snippet(text), c.expect))
+    ld = ev.long_decode
+    if ld is not None and not ld.garbage:
+        if ld.ok:
+            out.append(Measurement("long_decode", P, f"long decode: {ld.output_tokens} tokens clean",
+                                   ld.output_tokens, None))
+        else:
+            out.append(Measurement("long_decode", F, f"{host}long decode failed: {ld.error}", ld.error_kind, None))
+    if ev.streams_checked and not ev.garbage_samples:
+        out.append(Measurement("streams", P, f"{ev.streams_checked} streamed answers clean",
+                               ev.streams_checked, None))
+    right = sum(m.outcome is P for m in out if m.label not in ("streams", "long_decode"))
+    return decide(spec, out, ok_message=f"{ev.streams_checked} streamed answers clean, {right} canaries right"
+                  + (f", long decode of {ld.output_tokens} tokens clean" if ld is not None and ld.ok else ""),
+                  no_data="no streamed answer was checked")
 
 
 def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
@@ -488,6 +565,7 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None) -> tupl
         "readiness": lambda s: check_readiness(s, ev),
         "identity": lambda s: check_identity(s, ev, config),
         "smoke": lambda s: check_smoke(s, ev),
+        "correctness": lambda s: check_correctness(s, ev),
         "errors": lambda s: check_errors(s, ev, config),
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),

@@ -12,6 +12,14 @@ speculative decoding one event carries several tokens, and the first events
 may be empty role deltas), time per output token from the usage chunk's
 ``completion_tokens`` (not the event count), and every way a request can fail,
 including an ``{"error": ...}`` event inside an HTTP 200 stream.
+
+Every stream's text is checked for garbage as it arrives (:class:`TextCheck`: runs of
+one character, one token repeated, U+FFFD replacement characters), at a cost of a few
+string operations per event, and every answer's ``finish_reason`` and
+``completion_tokens`` are validated against what was asked. What the server sends is
+bounded: an SSE line longer than :data:`MAX_LINE_BYTES` ends the request at once (a
+64 MB line would otherwise cost seconds of the one CPU every host's soak shares), error
+and probe bodies are read up to a cap, and every request has an overall deadline.
 """
 
 from __future__ import annotations
@@ -28,6 +36,88 @@ import aiohttp
 from fleetctl.soak.verdict import Sample
 
 _decode = json.JSONDecoder().decode
+
+#: The longest SSE line accepted. vLLM's chunks are ~300 bytes (a spec-decode step of a
+#: few tokens); 1 MiB is generous and still parses in about a millisecond.
+MAX_LINE_BYTES = 1 << 20
+#: The most read of an error or probe body (/metrics of a big server is ~100-300 KB).
+MAX_BODY_BYTES = 8 << 20
+#: Characters of text kept around a garbage finding for the verdict.
+EXCERPT_CHARS = 160
+
+#: Runs of one (non-space) character that are garbage: ``!`` and U+FFFD are what broken
+#: weights and broken detokenizers emit; other punctuation rarely repeats 32 times; letters,
+#: digits and separator lines (``----``, ``====`` in markdown) get more room.
+_RUN_LIMITS = {"!": 16, "\ufffd": 16}
+_PUNCT_RUN = 32
+_OTHER_RUN = 96
+#: The same token (one event's text) repeated this many times in a row is a degenerate loop.
+_TOKEN_REPEATS = 32
+#: Replacement characters in one answer before it is garbage (one can be a split byte).
+_MAX_REPLACEMENTS = 3
+
+
+class TextCheck:
+    """Incremental garbage detector over a stream's text deltas (content and reasoning).
+
+    ``feed(delta)`` costs a comparison, a strip and a substring test per event; the
+    first finding is kept (``reason``, ``excerpt``) and checking stops there.
+    """
+
+    __slots__ = ("excerpt", "last", "parts", "prev", "reason", "replacements", "run", "same")
+
+    def __init__(self) -> None:
+        self.prev = ""
+        self.same = 0
+        self.last = ""
+        self.run = 0
+        self.replacements = 0
+        self.reason = ""
+        self.excerpt = ""
+        self.parts: list[str] = []
+
+    def feed(self, s: str) -> None:
+        """Check the next delta ``s`` (non-empty)."""
+        if self.reason:
+            return
+        parts = self.parts
+        parts.append(s)
+        if len(parts) > 64:
+            del parts[:32]
+        if s == self.prev:
+            self.same += 1
+        else:
+            self.prev = s
+            self.same = 1
+        t = s.rstrip()
+        if t:  # whitespace neither breaks nor extends a run
+            c = t[-1]
+            body = t.rstrip(c)
+            if c == self.last and not body.strip():
+                self.run += len(t) - len(body)
+            else:
+                self.run = len(t) - len(body)
+                self.last = c
+        if self.run >= 16 and self.run >= _run_limit(self.last):
+            self._found(f"a run of {self.run} {self.last!r}")
+        elif self.same >= _TOKEN_REPEATS and t:
+            self._found(f"the token {s!r} repeated {self.same} times in a row")
+        elif "\ufffd" in s:
+            self.replacements += s.count("\ufffd")
+            if self.replacements >= _MAX_REPLACEMENTS:
+                self._found(f"{self.replacements} U+FFFD replacement characters (undecodable output)")
+
+    def _found(self, reason: str) -> None:
+        self.reason = reason
+        self.excerpt = "".join(self.parts)[-EXCERPT_CHARS:]
+
+
+def _run_limit(c: str) -> int:
+    if c in _RUN_LIMITS:
+        return _RUN_LIMITS[c]
+    if c.isalnum() or c in "-=_*#.`~":
+        return _OTHER_RUN
+    return _PUNCT_RUN
 
 
 @dataclass(frozen=True)
@@ -85,8 +175,8 @@ class StreamParser:
     and any error event. Every ``data:`` event is JSON-decoded.
     """
 
-    __slots__ = ("_utf8", "done", "error", "events", "finish_reason", "first_content_at", "keep_text",
-                 "parts", "pending", "usage")
+    __slots__ = ("_utf8", "check", "deltas", "done", "error", "events", "finish_reason", "first_content_at",
+                 "keep_text", "parts", "pending", "usage")
 
     def __init__(self, keep_text: bool = False) -> None:
         # Decoding each chunk once to str (incrementally: a chunk may end mid-character) and
@@ -102,13 +192,21 @@ class StreamParser:
         self.done = False
         self.keep_text = keep_text
         self.parts: list[str] = []
+        self.check = TextCheck()
+        #: Events that carried text (content or reasoning): 0 means the answer was empty.
+        self.deltas = 0
 
     def feed(self, chunk: bytes, now: float) -> None:
-        """Consume ``chunk`` (any split of the stream), received at ``now``."""
+        """Consume ``chunk`` (any split of the stream), received at ``now``.
+
+        Raises :class:`LineTooLongError` when a line grows past :data:`MAX_LINE_BYTES`.
+        """
         text = self._utf8.decode(chunk)
         data = self.pending + text if self.pending else text
         lines = data.split("\n")
         self.pending = lines.pop()
+        if len(self.pending) > MAX_LINE_BYTES:
+            raise LineTooLongError(f"an SSE line grew past {MAX_LINE_BYTES} bytes without ending")
         decode = _decode
         for line in lines:
             if not line.startswith("data:"):
@@ -141,6 +239,8 @@ class StreamParser:
                     if content:
                         if self.first_content_at is None:
                             self.first_content_at = now
+                        self.deltas += 1
+                        self.check.feed(content)
                         if self.keep_text and delta.get("content"):
                             self.parts.append(delta["content"])
                 reason = choice.get("finish_reason")
@@ -154,6 +254,33 @@ class StreamParser:
     def text(self) -> str:
         """The generated content (only when ``keep_text``)."""
         return "".join(self.parts)
+
+
+class LineTooLongError(Exception):
+    """The server sent an SSE line longer than :data:`MAX_LINE_BYTES`."""
+
+
+def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str, Any],
+                    deltas: int) -> tuple[str, str]:
+    """``(kind, message)`` when a complete 200 answer is wrong in shape, else ``("", "")``.
+
+    A server that stops early, counts tokens it did not send or streams nothing but
+    role deltas still answers 200 with ``[DONE]``; latency figures from it would lie.
+    """
+    out = usage.get("completion_tokens")
+    if finish_reason is None:
+        return "protocol", "no finish_reason in the stream"
+    if finish_reason not in ("stop", "length"):
+        return "finish", f"finish_reason {finish_reason!r} (expected stop or length)"
+    if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out <= req.max_tokens:
+        return "protocol", f"completion_tokens {out!r} is not between 0 and max_tokens {req.max_tokens}"
+    if finish_reason == "length" and out != req.max_tokens:
+        return "protocol", f"finish_reason length after {out} of max_tokens {req.max_tokens} tokens"
+    if req.ignore_eos and finish_reason != "length":
+        return "finish", f"stopped ({finish_reason}) after {out} of {req.max_tokens} tokens despite ignore_eos"
+    if deltas == 0:
+        return "empty", f"the answer had no text ({out} completion tokens, finish_reason {finish_reason})"
+    return "", ""
 
 
 def _error_text(err: Any) -> str:
@@ -203,9 +330,12 @@ class Client:
         try:
             async with self.session.get(self.base_url + path,
                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                body = await resp.text(errors="replace")
+                raw = await _read_capped(resp, MAX_BODY_BYTES)
+                if raw is None:
+                    return Probe("http", resp.status, detail=f"{path} answered more than {MAX_BODY_BYTES} bytes",
+                                 seconds=time.monotonic() - t0)
                 state = "ok" if 200 <= resp.status < 300 else "http"
-                return Probe(state, resp.status, body, seconds=time.monotonic() - t0)
+                return Probe(state, resp.status, raw.decode(errors="replace"), seconds=time.monotonic() - t0)
         except aiohttp.ClientConnectorError as e:
             refused = isinstance(e.os_error, ConnectionRefusedError)
             return Probe("refused" if refused else "unreachable", detail=_conn_text(e),
@@ -242,7 +372,7 @@ class Client:
                 ) as resp:
                     status = resp.status
                     if status != 200:
-                        kind, error = "http", f"HTTP {status}: {_http_error(await resp.read())}"
+                        kind, error = "http", f"HTTP {status}: {_http_error(await resp.content.read(4096))}"
                     else:
                         feed = parser.feed
                         clock = time.monotonic
@@ -258,6 +388,8 @@ class Client:
             kind, error = "disconnect", f"connection broke mid-stream: {type(e).__name__}: {e}"
         except aiohttp.ClientError as e:
             kind, error = "protocol", f"{type(e).__name__}: {e}"
+        except LineTooLongError as e:
+            kind, error = "protocol", str(e)
         end = time.monotonic()
         if not kind:
             if parser.error:
@@ -273,13 +405,34 @@ class Client:
         if not kind and not usage:
             # Asked for include_usage: a stream without it cannot be measured (TPOT, tokens).
             kind, error = "protocol", "stream had no usage chunk (stream_options.include_usage ignored)"
+        check = parser.check
+        garbage, excerpt = check.reason, check.excerpt
+        if not kind:
+            kind, error = validate_answer(req, parser.finish_reason, usage, parser.deltas)
+            if kind == "empty":
+                # Not a transport failure (its timings stand): degenerate output, judged with
+                # garbage by the correctness check, so it is counted and shown, never dropped.
+                garbage, kind, error = error, "", ""
         return Sample(
             phase=phase, cls=cls, concurrency=concurrency, start=start - t0, ok=not kind,
             status=status, ttft=ttft, e2e=end - start, tpot=tpot,
             prompt_tokens=usage.get("prompt_tokens"), output_tokens=out_tokens, events=parser.events,
             finish_reason=parser.finish_reason, error_kind=kind, error=error[:500],
             text=parser.text if keep_text else None,
+            garbage=garbage, excerpt=excerpt,
         )
+
+
+async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:
+    """The body, or None as soon as it passes ``cap`` bytes (the rest is never read)."""
+    if resp.content_length is not None and resp.content_length > cap:
+        return None
+    buf = bytearray()
+    async for chunk in resp.content.iter_chunked(1 << 16):
+        buf += chunk
+        if len(buf) > cap:
+            return None
+    return bytes(buf)
 
 
 def _http_error(body: bytes) -> str:

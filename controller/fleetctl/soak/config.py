@@ -34,7 +34,7 @@ CLASSES = ("coding", "math", "reasoning", "prose", "natural_language", "extracti
 
 #: Checks in the order they appear in reports.
 CHECKS = (
-    "readiness", "identity", "smoke", "errors", "server_errors", "latency", "throughput",
+    "readiness", "identity", "smoke", "correctness", "errors", "server_errors", "latency", "throughput",
     "acceptance", "acceptance_decay", "long_context", "preemptions", "container",
 )
 
@@ -47,6 +47,7 @@ _PARAMS: dict[str, dict[str, str]] = {
     "readiness": {},
     "identity": {},
     "smoke": {},
+    "correctness": {"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
     "errors": {"max_error_rate": "fraction"},
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
@@ -82,6 +83,9 @@ _SPARK: dict[str, Any] = {
         "readiness": {},
         "identity": {},
         "smoke": {},
+        # Every 8th load request is a greedy canary; one long decode per soak (thousands of
+        # tokens: corruption that starts deep in a sequence), capped by max_model_len.
+        "correctness": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 4096},
         "errors": {"max_error_rate": 0.0},
         "server_errors": {},
         "latency": {
@@ -127,6 +131,7 @@ def _lab_profile() -> dict[str, Any]:
     # tolerance and one noisy level forgiven; a 30% slower image still fails the other levels.
     checks["throughput"] = {"tolerance": 0.2, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}}
     checks["preemptions"] = {"max_per_minute": 60.0}
+    checks["correctness"] = {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 192}
     # Few short requests per class: floors that only catch a collapse, not a class's mix.
     checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05)}
     checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}

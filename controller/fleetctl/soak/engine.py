@@ -38,7 +38,7 @@ from typing import Any
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.soak import checks, metrics, prompts
-from fleetctl.soak.checks import Evidence, Identity, SmokeResult
+from fleetctl.soak.checks import CanaryResult, Evidence, Identity, SmokeResult
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.verdict import (
@@ -93,7 +93,9 @@ def boot_failure_cause(log: str) -> str:
 _GENERIC = ("EngineDeadError", "encountered a fatal error", "encountered an issue", "output_handler failed",
             "Error in chat completion stream generator", "Error in completion stream generator",
             "Engine core died", "shutting down", "Shutting down", "Engine core initialization failed",
-            "See root cause above", "See stack trace")
+            "See root cause above", "See stack trace",
+            # uvicorn's access log of a request refused after the death ("POST ... 500").
+            "Internal Server Error")
 _LOG_PREFIX = re.compile(r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:]+ "
                          r"\[[^\]]+\] ")
 
@@ -192,6 +194,10 @@ class _State:
     crash: str = ""
     last_acceptance: float | None = None
     chars_per_token: float = 4.0
+    canaries: list[CanaryResult] = field(default_factory=list)
+    #: Canary name -> its text at c=1 (the reference every level's answer is compared with).
+    canary_refs: dict[str, str] = field(default_factory=dict)
+    long_decode: Sample | None = None
 
     def emit(self, phase: str, message: str, **data: Any) -> None:
         self.progress(Event(phase, message, host=self.target.name, data=data))
@@ -331,9 +337,59 @@ async def _windowed(client: Client, st: _State, label: str, phase: str,
             st.last_acceptance = w.acceptance_rate
 
 
+async def _canary(client: Client, st: _State, cp: prompts.SmokePrompt, phase: str, level: str,
+                  concurrency: int) -> Sample:
+    """One greedy canary (thinking off), judged later against its answer and its c=1 answer."""
+    spec = st.config.check("correctness")
+    req = ChatRequest(st.model, cp.prompt, int(spec.params.get("canary_max_tokens", 64)), 0.0, thinking=False)
+    s = await client.chat(req, phase=phase, cls=f"canary-{cp.name}", concurrency=concurrency, t0=st.t0,
+                          keep_text=True)
+    st.samples.append(s)
+    st.art.sample(s)
+    st.canaries.append(CanaryResult(cp.name, cp.expect, level, s, st.canary_refs.get(cp.name)))
+    return s
+
+
+def _canary_every(cfg: SoakConfig) -> int:
+    spec = cfg.check("correctness")
+    return int(spec.params.get("canary_every", 0)) if spec.enabled else 0
+
+
+async def _canary_references(client: Client, st: _State) -> None:
+    """Each canary once at c=1: the answers every load level's canaries must repeat."""
+    if not _canary_every(st.config):
+        return
+    st.emit("canary", "greedy canaries at c=1 (references)")
+    for cp in prompts.CANARIES:
+        s = await _canary(client, st, cp, "canary", "reference", 1)
+        if s.ok and not s.garbage and cp.expect.lower() in (s.text or "").lower():
+            st.canary_refs[cp.name] = s.text or ""
+
+
+async def _long_decode(client: Client, st: _State, ident: Identity) -> None:
+    """One long generation per soak: corruption that starts thousands of tokens into a sequence."""
+    cfg = st.config
+    spec = cfg.check("correctness")
+    tokens = int(spec.params.get("long_decode_tokens", 0)) if spec.enabled else 0
+    if ident.max_model_len:
+        tokens = min(tokens, ident.max_model_len - 512)  # room for the prompt and the template
+    if tokens <= 0:
+        return
+    st.emit("long_decode", f"one decode of {tokens} tokens")
+    req = ChatRequest(st.model, prompts.prompt_for("prose", 0), tokens, cfg.temperature, ignore_eos=True)
+    # A deadline scaled to the length (>= 10 tok/s), never below the per-request one.
+    s = await client.chat(req, phase="long_decode", cls="prose", concurrency=1, t0=st.t0,
+                          timeout=max(cfg.request_timeout, tokens / 10))
+    st.samples.append(s)
+    st.art.sample(s)
+    st.long_decode = s
+    if s.error_kind == "connect":
+        st.crash = st.crash or await _diagnose_crash(client, st, 1, "the long decode")
+
+
 async def _run_requests(client: Client, st: _State, *, phase: str, label: str, concurrency: int,
                         requests: int, seconds: float, classes: Sequence[str],
-                        long_chars: int = 0) -> None:
+                        long_chars: int = 0, canaries: bool = False) -> None:
     """``requests`` streamed requests on ``concurrency`` workers, stopping at ``seconds`` or a crash."""
     cfg = st.config
     t_start = time.monotonic()
@@ -342,6 +398,8 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
     counter = iter(range(requests))
     stopped = ""
     last_emit = 0.0
+    every = _canary_every(cfg) if canaries else 0
+    n_canaries = 0
 
     def note() -> None:
         nonlocal last_emit
@@ -359,13 +417,23 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
                 errors=errors, acceptance=checks.pct(st.last_acceptance), level=label)
 
     async def worker(wid: int) -> None:
-        nonlocal stopped
+        nonlocal stopped, n_canaries
         for i in counter:
             if stopped:
                 return
             if time.monotonic() >= deadline:
                 stopped = stopped or f"time bound {seconds:.0f}s reached"
                 return
+            if every and i % every == 0:
+                # A slice of every level is canaries, on top of its load requests (they are
+                # shorter and greedy: kept out of the level's latency and throughput figures).
+                cp = prompts.CANARIES[(i // every + concurrency) % len(prompts.CANARIES)]
+                n_canaries += 1
+                c = await _canary(client, st, cp, phase, label, concurrency)
+                if c.error_kind == "connect" and not stopped:
+                    stopped = "server refused connections"
+                    st.crash = st.crash or await _diagnose_crash(client, st, concurrency, label)
+                    return
             cls = classes[(i + wid) % len(classes)]
             req = ChatRequest(st.model, prompts.prompt_for(cls, i, long_chars), cfg.max_tokens,
                               cfg.temperature, ignore_eos=True)
@@ -388,7 +456,7 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
         if not probe.ok:
             stopped = f"/health {probe.state} after errors"
             st.crash = st.crash or await _diagnose_crash(client, st, concurrency, label)
-    st.levels.append(summarize(phase, label, concurrency, level, elapsed, stopped))
+    st.levels.append(replace(summarize(phase, label, concurrency, level, elapsed, stopped), canaries=n_canaries))
 
 
 async def _diagnose_crash(client: Client, st: _State, concurrency: int, label: str) -> str:
@@ -451,7 +519,7 @@ async def _sustained(client: Client, st: _State) -> None:
     try:
         await _run_requests(client, st, phase="sustained", label="sustained",
                             concurrency=cfg.sustained_concurrency, requests=cfg.sustained_max_requests,
-                            seconds=cfg.sustained_duration, classes=prompts.SHORT_CLASSES)
+                            seconds=cfg.sustained_duration, classes=prompts.SHORT_CLASSES, canaries=True)
     finally:
         done.set()
         await task
@@ -490,6 +558,12 @@ async def _soak(client: Client, st: _State) -> Evidence:
     ident = await _identity(client, target)
     st.model = cfg.model or (cfg.served_model_names[0] if cfg.served_model_names else "") or \
         (ident.models[0] if ident.models else "")
+    id_spec = cfg.check("identity")
+    if id_spec.enabled and not id_spec.observe_only and checks.check_identity(
+            id_spec, Evidence(readiness=ready, identity=ident), cfg).outcome is Outcome.FAIL:
+        # Known in the first second: a server that lacks the recipe's names fails now.
+        return Evidence(readiness=ready, identity=ident, container_before=before, container_error=container_error,
+                        has_container=target.container is not None, host=target.name)
 
     st.emit("smoke", "smoke prompts at temperature 0")
     smoke: list[SmokeResult] = []
@@ -520,12 +594,21 @@ async def _soak(client: Client, st: _State) -> Evidence:
         readiness=ready, identity=ident, smoke=tuple(smoke), levels=tuple(st.levels),
         windows=tuple(st.windows), load_ran=load, crash=st.crash, container_before=before,
         container_after=after, container_error=container_error, has_container=target.container is not None,
-        spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors),
+        spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=target.name,
+        canaries=tuple(st.canaries), long_decode=st.long_decode,
+        garbage_samples=tuple(s for s in st.samples if s.garbage and s.phase in _CHECKED_PHASES
+                              and not s.cls.startswith("canary-")),
+        streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
     )
+
+
+#: Phases whose streamed text the correctness check judges (smoke has its own check).
+_CHECKED_PHASES = ("canary", "classes", "sweep", "long_decode", "sustained")
 
 
 async def _load(client: Client, st: _State, ident: Identity) -> None:
     cfg = st.config
+    await _canary_references(client, st)
     # 4. one class at a time at c=1: per-class acceptance needs a window of its own.
     short = [c for c in cfg.classes if c != "long_context"]
     for cls in short:
@@ -551,9 +634,12 @@ async def _load(client: Client, st: _State, ident: Identity) -> None:
     for c in cfg.concurrency:
         await _windowed(client, st, f"c={c}", "sweep", lambda c=c: _run_requests(  # type: ignore[misc]
             client, st, phase="sweep", label=f"c={c}", concurrency=c, requests=cfg.level_requests(c),
-            seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES))
+            seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES, canaries=True))
         if st.crash:
             return
+    await _long_decode(client, st, ident)
+    if st.crash:
+        return
     # 6. the sustained phase.
     await _sustained(client, st)
 

@@ -8,6 +8,7 @@ decay behind hours of good history (DOMAIN.md).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -60,14 +61,15 @@ class Scrape:
             return None
         want = set(labels.items())
         hits = [v for k, v in by_labels.items() if want <= set(k)]
-        return sum(hits) if hits else None
+        total = sum(hits) if hits else None
+        return total if total is None or math.isfinite(total) else None
 
     def by_label(self, name: str, label: str) -> dict[str, float]:
         """``name`` summed per value of ``label`` (e.g. finished_reason -> count)."""
         out: dict[str, float] = {}
         for k, v in self.series.get(name, {}).items():
             d = dict(k)
-            if label in d:
+            if label in d and math.isfinite(v):
                 out[d[label]] = out.get(d[label], 0.0) + v
         return out
 
@@ -89,9 +91,15 @@ def parse(text: str, t: float = 0.0) -> Scrape:
             for s in family.samples:
                 if not s.name.startswith(PREFIX):
                     continue
+                value = float(s.value)
                 key = tuple(sorted((k, v) for k, v in s.labels.items() if k not in _AGGREGATED))
                 bucket = series.setdefault(s.name, {})
-                bucket[key] = bucket.get(key, 0.0) + float(s.value)
+                if not math.isfinite(value) or not math.isfinite(bucket.get(key, 0.0)):
+                    # NaN/Inf is missing data: the whole series reads as absent (inconclusive),
+                    # never as a number a bound could pass (NaN < x and NaN > x are both False).
+                    bucket[key] = math.nan
+                    continue
+                bucket[key] = bucket.get(key, 0.0) + value
     except (ValueError, TypeError, IndexError) as e:
         raise MetricsError(f"/metrics is not Prometheus text: {e}") from None
     return Scrape(t=t, series=series)
@@ -127,7 +135,9 @@ def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape
     mal = 1.0 + accepted / drafts if accepted is not None and drafts else None
     per_pos: list[float] = []
     if drafts:
-        positions = sorted({int(p) for p in b.by_label(ACCEPTED_PER_POS, "position")})
+        # A label that is not a small integer is another server's idea of a position: skip it.
+        positions = sorted({int(p) for p in b.by_label(ACCEPTED_PER_POS, "position")
+                            if p.isascii() and p.isdigit() and len(p) < 4})
         for p in positions:
             v = d(ACCEPTED_PER_POS, position=str(p))
             per_pos.append((v or 0.0) / drafts)

@@ -60,6 +60,16 @@ class SmokePrompt:
 SMOKE: tuple[SmokePrompt, ...] = (SmokePrompt("multiply", "What is 17 × 23?", "391"),)
 
 
+#: Greedy canaries mixed into every load level: known answers (arithmetic, a fact, a copy
+#: task), each also compared with the same prompt's answer at c=1. A server that corrupts
+#: only under load, after hours, or in big batches answers these wrong while /health is 200.
+CANARIES: tuple[SmokePrompt, ...] = (
+    SmokePrompt("arithmetic", "What is 17 × 23?", "391"),
+    SmokePrompt("fact", "What is the capital of France?", "Paris"),
+    SmokePrompt("copy", "Repeat exactly: amber falcon 7302 quiet river", "amber falcon 7302 quiet river"),
+)
+
+
 def long_context_document(chars: int) -> str:
     """A deterministic log-like document of about ``chars`` characters.
 

@@ -95,11 +95,15 @@ class Sample:
     output_tokens: int | None = None
     events: int = 0
     finish_reason: str | None = None
-    #: connect | http | stream_error | timeout | disconnect | protocol (empty when ok).
+    #: connect | http | stream_error | timeout | disconnect | protocol | finish (empty when ok).
     error_kind: str = ""
     error: str = ""
-    #: The generated text, kept only for smoke prompts (load text is not needed and is large).
+    #: The generated text, kept only for smoke prompts and canaries (load text is large).
     text: str | None = None
+    #: Why the streamed text is garbage (a run of '!', a repeated token, no text at all), empty when clean.
+    garbage: str = ""
+    #: The text around the garbage finding (its last characters), for the verdict and report.
+    excerpt: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,8 @@ class LevelSummary:
     first_error: str = ""
     #: True when the level stopped early (crash, time bound).
     stopped: str = ""
+    #: Greedy canaries run in this level on top of its ``requests`` (not in its figures).
+    canaries: int = 0
 
 
 @dataclass(frozen=True)
