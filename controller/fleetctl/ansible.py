@@ -32,6 +32,9 @@ Ansible settings, chosen for speed and safety; each run writes them to its own
   key fails the host as unreachable; fleetctl never adds a key. ansible-runner
   turns Ansible's own check off unless ``ANSIBLE_HOST_KEY_CHECKING`` is set, so
   it is set explicitly.
+- **no agent forwarding** (``ForwardAgent=no``): these options come before an
+  inventory's ``ansible_ssh_common_args`` and ``~/.ssh/config``, and ssh keeps
+  the first value, so no root on a fleet host can use the operator's agent.
 - **bounded waits**: ``ConnectTimeout`` (:data:`CONNECT_TIMEOUT`) and
   ``ServerAliveInterval`` so a dead host turns unreachable instead of hanging
   the run; an optional per-task timeout and overall timeout.
@@ -233,6 +236,8 @@ def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: i
         "-o ServerAliveInterval=5",
         "-o ServerAliveCountMax=3",
         "-o PasswordAuthentication=no",
+        # A forwarded agent would let any root on a fleet host use the operator's keys.
+        "-o ForwardAgent=no",
     ])
     lines = [
         "# Written by fleetctl for one run; see fleetctl/ansible.py for why each setting.",

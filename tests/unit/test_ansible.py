@@ -118,6 +118,8 @@ def test_ansible_cfg_is_safe_and_sized_for_the_fleet(local: tuple[inv.Inventory,
     cfg = ansible_cfg(inventory, ["alpha", "beta"], task_timeout=30)
     assert "forks = 2" in cfg and "host_key_checking = True" in cfg and "task_timeout = 30" in cfg
     assert "StrictHostKeyChecking=yes" in cfg and "UserKnownHostsFile=" in cfg
+    # a forwarded agent would hand the operator's keys to root on every fleet host
+    assert "-o ForwardAgent=no" in cfg
     assert "ControlPersist=" in cfg and "pipelining = True" in cfg
     control = cfg.split("control_path_dir = ", 1)[1].splitlines()[0]
     # A Unix socket path must stay under 108 bytes: directory + "/" + 40-hex %C hash.

@@ -48,7 +48,7 @@ def hosts(lay: Layout, names: list[str]) -> dict[str, Any]:
                 "ansible_user": "root",
                 "ansible_ssh_private_key_file": str(lay.ssh_key),
                 "fleetctl_known_hosts": str(lay.known_hosts),
-                "ansible_ssh_common_args": f"-o UserKnownHostsFile={lay.known_hosts} -o StrictHostKeyChecking=yes",
+                "ansible_ssh_common_args": f"-o UserKnownHostsFile={lay.known_hosts} -o StrictHostKeyChecking=yes -o ForwardAgent=no",
                 "ansible_python_interpreter": "/usr/bin/python3",
             },
             "children": {
