@@ -23,6 +23,9 @@ class ExitCode(IntEnum):
     USAGE = 3
     #: Another operation holds the fleet's lock.
     LOCKED = 4
+    #: A rollout went through every wave, but some hosts failed within its
+    #: --failure-budget (they were rolled back or are reported down).
+    COMPLETED_WITH_FAILURES = 5
     #: A bug in fleetctl: the traceback is saved and its path printed.
     INTERNAL = 70
 

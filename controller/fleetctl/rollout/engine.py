@@ -16,8 +16,11 @@ import functools
 import os
 import shlex
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,12 +106,23 @@ class RolloutResult:
 
     @property
     def exit_code(self) -> ExitCode:
-        """OK when completed (or a dry run); FAILED when a gate stopped it; INCONCLUSIVE when paused."""
+        """OK when completed (or a dry run); COMPLETED_WITH_FAILURES when failures within the budget;
+        FAILED when a gate stopped it; INCONCLUSIVE when paused."""
         if self.status in (L.COMPLETED, "planned"):
             return ExitCode.OK
+        if self.status == L.COMPLETED_WITH_FAILURES:
+            return ExitCode.COMPLETED_WITH_FAILURES
         if self.status == L.PAUSED:
             return ExitCode.INCONCLUSIVE
         return ExitCode.FAILED
+
+
+#: What a failure after a host's stop is recovered from (the previous container restored first).
+#: A controller that is killed outright (SIGKILL; in the tests a BaseException of its own) is not:
+#: it leaves the ledger for ``--resume``, ``abort`` or ``rollback``.
+_RECOVERABLE = (Exception, KeyboardInterrupt)
+#: Concurrent host steps at most (each is one SSH session plus a soak client).
+MAX_WORKERS = 32
 
 
 class _Stop(Exception):
@@ -143,8 +157,17 @@ class Engine:
     """Runs rollouts and rollbacks for one inventory, recording everything in its ledger."""
 
     def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
-                 secrets: Mapping[str, str] | None = None, state_dir: Path | None = None) -> None:
+                 secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
+                 ops: Callable[[Host], remote.HostOps] | None = None, gates: gate.Gates | None = None,
+                 resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None) -> None:
+        """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the registry
+        (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet."""
         self.inv = inventory
+        self.ops = ops or remote.SshHostOps
+        self.gates: gate.Gates = gates or gate.SoakGates()
+        self._resolve = resolve or registry.resolve
+        #: Set on Ctrl-C: every worker restores its host at its next phase boundary, then stops.
+        self._cancel = threading.Event()
         self.progress = progress
         self.state_dir = state_dir or paths.state_dir(inventory.path)
         self.ledger = L.open_ledger(self.state_dir)
@@ -186,7 +209,7 @@ class Engine:
     def _preflight(self, hosts: Sequence[Host], recipe: Recipe, ref: str) -> dict[str, remote.Facts]:
         """Facts about every host; refuse the whole rollout (every host and cause) if one is unfit."""
         self._emit("preflight", f"checking {len(hosts)} host(s)")
-        outcomes = ssh.fan_out(hosts, lambda h: remote.facts(h, recipe, ref), timeout=120)
+        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(recipe, ref), timeout=120)
         problems: list[str] = []
         out: dict[str, remote.Facts] = {}
         for h in hosts:
@@ -219,7 +242,7 @@ class Engine:
         recipe = self.recipe(opts.recipe)
         hosts = self.inv.select(opts.limit)
         self._emit("resolve", f"{recipe.image}:{opts.tag}")
-        img = registry.resolve(recipe.image, opts.tag, self.mirrors)
+        img = self._resolve(recipe.image, opts.tag, self.mirrors)
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
         self._emit("resolve", f"{opts.tag} -> {img.tag} ({img.digest[:19]})")
         facts = self._preflight(hosts, recipe, ref)
@@ -269,7 +292,7 @@ class Engine:
     def resume(self, opts: Options) -> RolloutResult:
         """Continue the paused or interrupted rollout, from each host's real state."""
         t_start = time.monotonic()
-        rec = self.ledger.latest(kind="rollout", statuses=L.ACTIVE)
+        rec = self.ledger.latest(statuses=L.ACTIVE)
         if rec is None:
             raise FleetError("there is no paused or interrupted rollout to resume",
                              fix="see `fleetctl history`; start a new one with `fleetctl rollout --tag T`")
@@ -279,6 +302,9 @@ class Engine:
                 self._emit("resume", f"took over the lock of dead controller pid {stale.pid} ({stale.rollout_id})")
             self.ledger.note(rec.id, "resumed", _command_line())
             recipe = self.recipe(rec.recipe)
+            if rec.kind == "rollback":
+                self.ledger.set_status(rec.id, L.RUNNING)
+                return self._rollback_run(rec.id, recipe, self._webhook(rec.id, opts.webhook))
             o = rec.options
             soak = opts.soak if opts.soak is not None else o.get("soak")
             ropts = dataclasses.replace(opts, tag=rec.tag, recipe=rec.recipe, soak=soak,
@@ -294,6 +320,52 @@ class Engine:
             return self._run(rec.id, recipe, ropts, p, hosts, resume=True, t0=t_start)
         finally:
             self.ledger.release(rec.id)
+
+    def _parallel(self, hosts: Sequence[Host], fn: Callable[[Host], None]) -> dict[str, FleetError | None]:
+        """Run ``fn`` on every host at once (bounded); what each raised, as data.
+
+        Nothing returns before every worker has stopped, so that the lock is
+        never released while a thread still changes a host. Ctrl-C in the
+        main thread asks every worker to restore its host and stop (they check
+        at each phase); a KeyboardInterrupt (or a kill) in a worker is raised
+        here once the others are done.
+        """
+        out: dict[str, FleetError | None] = {}
+        raised: list[BaseException] = []
+        if not hosts:
+            return out
+
+        def call(h: Host) -> None:
+            try:
+                fn(h)
+                out[h.name] = None
+            except FleetError as e:
+                out[h.name] = e
+            except Exception as e:
+                out[h.name] = FleetError(f"{type(e).__name__}: {e}", host=h.name)
+            except BaseException as e:
+                out[h.name] = FleetError(f"interrupted ({type(e).__name__})", host=h.name)
+                raised.append(e)
+                self._cancel.set()
+
+        pool = ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(hosts)), thread_name_prefix="fleetctl-step")
+        futures = [pool.submit(call, h) for h in hosts]
+        interrupted = False
+        while True:
+            try:
+                wait_futures(futures)
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+                self._cancel.set()
+                self._emit("interrupt", "Ctrl-C: restoring the hosts being changed, then stopping")
+        pool.shutdown(wait=True)
+        kills = [e for e in raised if not isinstance(e, KeyboardInterrupt)]
+        if kills:
+            raise kills[0]
+        if interrupted or raised:
+            raise KeyboardInterrupt
+        return {h.name: out.get(h.name) for h in hosts}
 
     def _run(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, hosts: Mapping[str, Host],
              resume: bool, t0: float) -> RolloutResult:
@@ -313,7 +385,6 @@ class Engine:
             hook.send("failure", error=e.error)
             return self._result(rid, p=p, seconds=time.monotonic() - t0)
         prefetch_s = time.monotonic() - t_pre
-        failures = 0
         wave_secs: list[float] = []
         status, error = L.COMPLETED, None
         try:
@@ -327,17 +398,23 @@ class Engine:
                 self.ledger.set_wave(rid, w, L.RUNNING)
                 hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
                 for step in P.split_steps(pending, p.max_unavailable):
-                    outs = ssh.fan_out([hosts[h] for h in step],
-                                       functools.partial(self._host_step, rid, recipe, opts, p, wave=w), timeout=None)
-                    for name, o in outs.items():
-                        if o.error is not None:
-                            # An exception that escaped the step (e.g. the host vanished mid-way).
-                            self.ledger.host_phase(rid, name, "error", detail=o.error.message(),
-                                                   status=L.HOST_FAILED, error=o.error.message())
+                    try:
+                        outs = self._parallel([hosts[h] for h in step],
+                                              functools.partial(self._host_step, rid, recipe, opts, p, wave=w))
+                    except KeyboardInterrupt:
+                        self.ledger.set_status(rid, L.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
+                        hook.send("pause", error="interrupted by Ctrl-C")
+                        raise
+                    for name, err in outs.items():
+                        if err is not None:
+                            # An exception that escaped the step (its restore failed too): the host is down.
+                            self.ledger.host_phase(rid, name, "error", detail=err.message(),
+                                                   status=L.HOST_FAILED, error=err.message())
                     rec = self.ledger.get(rid)
                     paused = [h for h in step if (r := rec.host(h)) is not None and r.status == L.HOST_PAUSED]
                     bad = [h for h in step if (r := rec.host(h)) is not None and r.status in (L.ROLLED_BACK, L.HOST_FAILED)]
-                    failures += len(bad)
+                    # Counted from the ledger, so that the budget is carried across resumes.
+                    failures = sum(1 for r in rec.hosts if r.status in (L.ROLLED_BACK, L.HOST_FAILED))
                     if bad:
                         why = "; ".join(f"{h}: {rec.host(h).error}" for h in bad if rec.host(h) is not None)  # type: ignore[union-attr]
                         hook.send("failure", hosts=bad, error=why)
@@ -353,22 +430,29 @@ class Engine:
                         raise _Stop(L.PAUSED, f"inconclusive gate: {why}")
                 self.ledger.set_wave(rid, w, L.DONE)
                 wave_secs.append(time.monotonic() - tw)
+            failed = [r for r in self.ledger.get(rid).hosts if r.status in (L.ROLLED_BACK, L.HOST_FAILED)]
+            if failed:
+                status = L.COMPLETED_WITH_FAILURES
+                error = "; ".join(f"{r.host}: {r.error}" for r in failed)
         except _Stop as e:
             status, error = e.status, e.error
         self.ledger.set_status(rid, status, error)
         if status == L.COMPLETED:
             hook.send("completion", tag=p.tag, digest=p.digest)
+        elif status == L.COMPLETED_WITH_FAILURES:
+            hook.send("failure", error=error)
         self._emit(status, error or f"{p.tag} on {len(todo)} host(s)")
         return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs),
                             pulls=pulls)
 
     def _host_finished(self, rid: str, r: L.HostRecord, p: P.Plan, h: Host) -> bool:
-        """True when the ledger says done AND the host really serves the target (checked over SSH)."""
-        if r.status == L.SKIPPED:
+        """True when the host needs no step: skipped, already judged (rolled back or reported down:
+        a resume never re-gates a version its gate failed), or done AND really serving the target."""
+        if r.status in (L.SKIPPED, L.ROLLED_BACK, L.HOST_FAILED):
             return True
         if r.status != L.DONE:
             return False
-        cur = remote.inspect(h, remote.container_name(h))
+        cur = self.ops(h).inspect(remote.container_name(h))
         if cur is not None and cur.running and cur.digest == p.digest:
             return True
         self.ledger.host_phase(rid, h.name, "drifted", detail="the ledger said done but the host does not serve "
@@ -382,7 +466,7 @@ class Engine:
         self.ledger.note(rid, "prefetch", ref)
         for h in hosts:
             self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
-        outs = ssh.fan_out(hosts, lambda h: remote.pull(h, ref), timeout=None)
+        outs = ssh.fan_out(hosts, lambda h: self.ops(h).pull(ref), timeout=None)
         bad = {n: o.error for n, o in outs.items() if o.error is not None}
         for n, o in outs.items():
             if o.error is None:
@@ -400,45 +484,73 @@ class Engine:
         self.ledger.host_phase(rid, h.name, phase, detail, **fields)
         self._emit(phase, detail or "", h.name, **dict(data or {}))
 
+    def _check_cancel(self) -> None:
+        """Raise KeyboardInterrupt in a worker once Ctrl-C was pressed (its host is then restored)."""
+        if self._cancel.is_set():
+            raise KeyboardInterrupt
+
     def _host_step(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, h: Host, wave: int) -> None:
-        """Deploy the target on one host and gate it; a failed gate restores the previous container."""
+        """Deploy the target on one host and gate it; any failure after the stop restores the previous container."""
         name = remote.container_name(h)
+        ops = self.ops(h)
         show = {"wave": wave + 1, "tag": p.tag}
         t: dict[str, float] = {}
         rec = self.ledger.get(rid).host(h.name)
         before_tag = rec.before_tag if rec is not None else None
-        cur = remote.inspect(h, name)
+        if rec is not None and rec.phase == "rolling-back":
+            # Killed while undoing a failed gate: finish that, never re-gate the failed version.
+            self._fail_host(rid, recipe, h, rec.error or "the gate failed before the controller died", None, show, t)
+            return
+        self._check_cancel()
+        cur = ops.inspect(name)
         if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
             self._phase(rid, h, "stopping", cur.tag if cur else None, show, status=L.IN_PROGRESS)
             t0 = time.monotonic()
-            before = remote.retire(h, name, rid, p.digest)
+            before = ops.retire(name, rid, p.digest)
             if rec is not None and rec.before_digest is None and before is not None and before.digest != p.digest:
                 # A container that was stopped at plan time: it is still the version to go back to.
                 before_tag = before.tag
                 self.ledger.host_phase(rid, h.name, "stopping", "recorded the stopped container as the previous version",
                                        before_tag=before.tag, before_digest=before.digest, before=before.settings)
             t["stop"] = time.monotonic() - t0
-            self._phase(rid, h, "starting", None, show)
-            t0 = time.monotonic()
-            remote.start(h, recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid, secrets=self.secrets)
-            t["start"] = time.monotonic() - t0
         else:
             self._phase(rid, h, "loading", "already running this rollout's container: gating it", show,
                         status=L.IN_PROGRESS)
+        try:
+            self._deploy_and_gate(rid, recipe, opts, p, h, ops, cur, show, t, before_tag)
+        except _RECOVERABLE as e:
+            why = e.message() if isinstance(e, FleetError) else (
+                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
+            # Ctrl-C is no verdict on the version: the host is restored and left pending for --resume.
+            self._fail_host(rid, recipe, h, why, None, show, t, judged=not isinstance(e, KeyboardInterrupt))
+            if isinstance(e, KeyboardInterrupt):
+                raise
+
+    def _deploy_and_gate(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, h: Host, ops: remote.HostOps,
+                         cur: remote.Serving | None, show: Mapping[str, Any], t: dict[str, float],
+                         before_tag: str | None) -> None:
+        """Start the target (unless already this rollout's), wait for it, soak it; record the verdict."""
+        if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
+            self._check_cancel()
+            self._phase(rid, h, "starting", None, show)
+            t0 = time.monotonic()
+            ops.start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid, secrets=self.secrets)
+            t["start"] = time.monotonic() - t0
+        self._check_cancel()
         cfg = gate.config(recipe, opts.soak, h)
-        target = gate.target(h, recipe, p.tag)
         self._phase(rid, h, "loading", "waiting for /health", {**show, "health": "loading"})
         t0 = time.monotonic()
-        ready = gate.wait(target, cfg, opts.ready_timeout, self._forward(h, show, "loading"))
+        ready = self.gates.wait(h, recipe, p.tag, cfg, opts.ready_timeout, self._forward(h, show, "loading"))
         t["ready"] = time.monotonic() - t0
         if not ready.ready:
             self._fail_host(rid, recipe, h, f"readiness {ready.outcome.value}: {ready.message}", None, show, t)
             return
+        self._check_cancel()
         self._phase(rid, h, "soak", f"{cfg.sustained_duration:.0f}s sustained", {**show, "health": "ready"})
         t0 = time.monotonic()
         art = self._artifacts(rid, h)
-        verdict = gate.soak(target, cfg, self.state_dir, before_tag, art, f"{rid}/{art.name}",
-                            self._forward(h, show, "soak"))
+        verdict = self.gates.soak(h, recipe, p.tag, cfg, self.state_dir, before_tag, art, f"{rid}/{art.name}",
+                                  self._forward(h, show, "soak"))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t)
         figures = gate.figures(verdict)
@@ -458,87 +570,106 @@ class Engine:
         plus a failed container's log and the rollback's smoke check; the ledger records it."""
         return self.state_dir / "runs" / rid / f"soak-{h.name}"
 
-    def _forward(self, h: Host, show: Mapping[str, Any], phase: str) -> Progress:
-        """Soak/readiness events as rows of the live table (phase kept, figures picked out)."""
+    def _forward(self, h: Host, show: Mapping[str, Any], phase: str, cancellable: bool = True) -> Progress:
+        """Soak/readiness events as rows of the live table (phase kept, figures picked out).
+
+        A cancellable one raises KeyboardInterrupt after Ctrl-C, so that a long soak stops at its next event."""
         def forward(event: Event) -> None:
+            if cancellable:
+                self._check_cancel()
             data = {**show, "health": phase, **gate.table_figures(event.data)}
             self.progress(Event(phase, event.message or event.phase, h.name, data))
         return forward
 
     def _fail_host(self, rid: str, recipe: Recipe, h: Host, why: str, verdict: Any,
-                   show: Mapping[str, Any], t: dict[str, float]) -> None:
-        """Restore the previous container on ``h``, verify it (readiness + smoke), record why."""
+                   show: Mapping[str, Any], t: dict[str, float], judged: bool = True) -> None:
+        """Kill the failed container, restore the previous one on ``h``, verify it (readiness + smoke), record why.
+
+        A host that cannot be restored is recorded as failed (down) with the command that fixes it.
+        """
         name = remote.container_name(h)
+        ops = self.ops(h)
         summary = gate.summarise(verdict, t) if verdict is not None else {
             "outcome": "fail", "summary": why, "failed_checks": [why], "timings": dict(t)}
         self._phase(rid, h, "rolling-back", why, {**show, "health": "failed"}, error=why, verdict=summary,
                     artifacts=verdict.artifacts_dir if verdict is not None else None)
-        self._save_logs(rid, h, name)
+        self._save_logs(rid, h, ops, name)
+        rec = self.ledger.get(rid).host(h.name)
+        fix = (f"`fleetctl rollback --to {rec.before_tag} --limit {h.name}`" if rec is not None and rec.before_tag
+               else f"`fleetctl rollout --tag TAG --limit {h.name}` with a version that works")
         t0 = time.monotonic()
+        back = dict(show)
         try:
-            prev = remote.restore(h, name)
+            prev = ops.restore(name)
             if prev is None:
-                ssh.run(h, ["docker", "rm", "-f", name], timeout=60)
+                ops.kill(name)
                 self._phase(rid, h, "failed", f"{why}; there was no previous version to return to",
-                            {**show, "health": "down"}, status=L.HOST_FAILED, error=why)
+                            {**show, "health": "down"}, status=L.HOST_FAILED,
+                            error=f"{why}; nothing serves (no previous version); fix: {fix}")
                 return
             back = {**show, "tag": prev.tag or "?"}
             self._phase(rid, h, "rolling-back", f"restored {prev.tag}; waiting for /health", {**back, "health": "loading"})
             cfg = gate.config(recipe, None, h)
-            target = gate.target(h, recipe, prev.tag or "")
-            ready = gate.wait(target, cfg, None, self._forward(h, back, "rolling-back"))
+            ready = self.gates.wait(h, recipe, prev.tag or "", cfg, None,
+                                    self._forward(h, back, "rolling-back", cancellable=False))
             t["rollback_healthy"] = time.monotonic() - t0
             if not ready.ready:
                 raise FleetError(f"the restored {prev.tag} did not become ready: {ready.message}", host=h.name)
-            smoke = gate.smoke(target, cfg, self._artifacts(rid, h) / "rollback")
+            smoke = self.gates.smoke(h, recipe, prev.tag or "", cfg, self._artifacts(rid, h) / "rollback")
             t["rollback"] = time.monotonic() - t0
             t["rollback_ready"] = ready.seconds
             summary["timings"] = dict(t)
             if smoke.outcome.value != "pass":
                 raise FleetError(f"the restored {prev.tag} failed its smoke test: {gate.failed_checks_text(smoke)}",
                                  host=h.name)
-        except FleetError as e:
-            self._phase(rid, h, "failed", f"{why}; rollback failed: {e.cause}", {**show, "health": "down"},
-                        status=L.HOST_FAILED, error=f"{why}; rollback failed: {e.cause}", verdict=summary)
+        except Exception as e:
+            cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            self._phase(rid, h, "failed", f"{why}; rollback failed: {cause}", {**show, "health": "down"},
+                        status=L.HOST_FAILED, error=f"{why}; rollback failed: {cause}; fix: {fix}", verdict=summary)
+            return
+        if not judged:
+            self._phase(rid, h, "restored", f"{why}; serving {prev.tag} again", {**back, "health": "ok"},
+                        status=L.PENDING, error=None, verdict=None)
             return
         self._phase(rid, h, "rolled-back", f"serving {prev.tag} again", {**back, "health": "ok"},
                     status=L.ROLLED_BACK, after_tag=prev.tag, after_digest=prev.digest, error=why, verdict=summary)
 
-    def _save_logs(self, rid: str, h: Host, name: str) -> None:
+    def _save_logs(self, rid: str, h: Host, ops: remote.HostOps, name: str) -> None:
         """Keep the failed container's log in the run's artifacts (the container itself is removed)."""
         try:
-            r = ssh.run(h, f"docker logs --tail 300 {shlex.quote(name)} 2>&1", timeout=30)
+            text = ops.logs(name, 300)
         except FleetError:
             return
         d = self._artifacts(rid, h)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "failed-container.log").write_text(r.stdout)
+        (d / "failed-container.log").write_text(text)
 
     # -- rollback and abort --------------------------------------------------------------------
 
     def rollback(self, to: str | None = None, limit: str | None = None, max_unavailable: str | None = None,
                  recipe_name: str | None = None, webhook: str | None = None,
                  only_active: bool = False) -> RolloutResult:
-        """Every selected host back to the tag it served before the last rollout (or to ``to``).
+        """Every selected host back to the version it served before the last rollout or rollback (or to ``to``).
 
-        Fast path: the kept ``.prev`` container is started again when it holds
-        the wanted digest; otherwise the image is pulled and the recipe started
-        from it. Gate: readiness and smoke, no full soak. Usable while a rollout
-        is paused or after its controller died: that rollout is then aborted.
+        Fast path: the kept ``.prev`` container is swapped in when it holds the
+        wanted digest; otherwise the image is pulled and the recipe started
+        from it. Gate: readiness and smoke, no full soak; a host whose target
+        fails is put back on what it served. Usable while a rollout or rollback
+        is paused or after its controller died: that one is then aborted.
         """
         rid = L.new_id("rollback")
         self.ledger.acquire(rid)
         try:
-            active = self.ledger.latest(kind="rollout", statuses=L.ACTIVE)
+            active = self.ledger.latest(statuses=L.ACTIVE)
             if only_active and active is None:
-                raise FleetError("there is no paused or interrupted rollout to abort",
+                raise FleetError("there is no paused or interrupted rollout or rollback to abort",
                                  fix="use `fleetctl rollback` to return to the previous version")
-            parent = active or self.ledger.latest(kind="rollout")
+            parent = active or self.ledger.latest()
             recipe = self.recipe(recipe_name or (parent.recipe if parent else None))
             selected = [h.name for h in self.inv.select(limit)]
             targets: dict[str, tuple[str | None, str, str]] = {}
             if to:
-                img = registry.resolve(recipe.image, to, self.mirrors)
+                img = self._resolve(recipe.image, to, self.mirrors)
                 ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
                 targets = {n: (img.tag, img.digest, ref) for n in selected}
             else:
@@ -550,7 +681,7 @@ class Engine:
                         targets[hr.host] = (hr.before_tag, hr.before_digest,
                                             registry.pull_ref(recipe.image, hr.before_digest, self.mirrors))
                 if not targets:
-                    raise FleetError(f"no host of rollout {parent.id} has a previous version to return to",
+                    raise FleetError(f"no host of {parent.kind} {parent.id} has a previous version to return to",
                                      fix="pass --to TAG")
             names = [n for n in selected if n in targets]
             mu = P.parse_size(max_unavailable or "1", "--max-unavailable").of(len(names))
@@ -564,66 +695,123 @@ class Engine:
                 self.ledger.set_status(active.id, L.ABORTED, f"undone by {rid}")
             hook = self._webhook(rid, webhook)
             hook.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
-            t0 = time.monotonic()
-            for step in P.split_steps(names, mu):
-                outs = ssh.fan_out([self.inv.host(n) for n in step],
-                                   lambda h: self._rollback_host(rid, recipe, h, *targets[h.name]), timeout=None)
-                for n, o in outs.items():
-                    if o.error is not None:
-                        self.ledger.host_phase(rid, n, "failed", o.error.message(), status=L.HOST_FAILED,
-                                               error=o.error.message())
-            rec = self.ledger.get(rid)
-            bad = [h for h in rec.hosts if h.status != L.DONE]
-            status = L.FAILED if bad else L.COMPLETED
-            error = "; ".join(f"{h.host}: {h.error}" for h in bad) or None
-            self.ledger.set_status(rid, status, error)
-            hook.send("completion" if not bad else "failure", error=error)
-            return self._result(rid, seconds=time.monotonic() - t0)
+            return self._rollback_run(rid, recipe, hook)
         finally:
             self.ledger.release(rid)
 
+    def _rollback_run(self, rid: str, recipe: Recipe, hook: Webhook) -> RolloutResult:
+        """The steps of a recorded rollback (new or resumed): hosts not yet done, ``max_unavailable`` at once."""
+        t0 = time.monotonic()
+        rec = self.ledger.get(rid)
+        mu = int(rec.options.get("max_unavailable") or 1)
+        todo = [h for h in rec.hosts if h.status not in (L.DONE, L.ROLLED_BACK, L.HOST_FAILED, L.SKIPPED)]
+        targets = {h.host: (h.target_tag, h.target_digest or "",
+                            registry.pull_ref(recipe.image, h.target_digest or "", self.mirrors)) for h in todo}
+        for step in P.split_steps([h.host for h in todo], mu):
+            try:
+                outs = self._parallel([self.inv.host(n) for n in step],
+                                      lambda h: self._rollback_host(rid, recipe, h, *targets[h.name]))
+            except KeyboardInterrupt:
+                self.ledger.set_status(rid, L.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
+                raise
+            for n, err in outs.items():
+                if err is not None:
+                    self.ledger.host_phase(rid, n, "failed", err.message(), status=L.HOST_FAILED,
+                                           error=err.message())
+        rec = self.ledger.get(rid)
+        bad = [h for h in rec.hosts if h.status not in (L.DONE, L.SKIPPED)]
+        status = L.FAILED if bad else L.COMPLETED
+        error = "; ".join(f"{h.host}: {h.error}" for h in bad) or None
+        self.ledger.set_status(rid, status, error)
+        hook.send("completion" if not bad else "failure", error=error)
+        return self._result(rid, seconds=time.monotonic() - t0)
+
     def _rollback_host(self, rid: str, recipe: Recipe, h: Host, tag: str | None, digest: str, ref: str) -> None:
+        """One host to ``digest``, checked by readiness and smoke; a target that fails is itself undone."""
         name = remote.container_name(h)
+        ops = self.ops(h)
         show = {"wave": 1, "tag": tag or "?"}
         t: dict[str, float] = {}
         t0 = time.monotonic()
-        cur = remote.inspect(h, name)
-        prev = remote.inspect(h, name + remote.PREV_SUFFIX)
-        if cur is not None:
+        rec = self.ledger.get(rid).host(h.name)
+        cur = ops.inspect(name)
+        prev = ops.inspect(name + remote.PREV_SUFFIX)
+        if rec is not None and rec.phase == "undoing":
+            # Killed while putting back what served before: finish that.
+            self._undo_rollback(rid, recipe, h, ops, rec.error or "the target failed", show)
+            return
+        if cur is not None and rec is not None and rec.before_digest is None and cur.digest != digest:
             self.ledger.host_phase(rid, h.name, "inspected", status=L.IN_PROGRESS, before_tag=cur.tag,
                                    before_digest=cur.digest, before=cur.settings)
-        if cur is not None and cur.running and cur.digest == digest:
-            self._phase(rid, h, "loading", f"already serving {tag}: checking it", {**show, "health": "loading"},
-                        status=L.IN_PROGRESS)
-        elif prev is not None and prev.digest == digest:
-            self._phase(rid, h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})", show,
-                        status=L.IN_PROGRESS)
-            remote.restore(h, name)
-        else:
-            self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=L.IN_PROGRESS)
-            t["pull"] = remote.pull(h, ref)
-            self._phase(rid, h, "stopping", None, show)
-            remote.retire(h, name, rid, digest)
-            self._phase(rid, h, "starting", None, show)
-            remote.start(h, recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid, secrets=self.secrets)
-        cfg = gate.config(recipe, None, h)
-        target = gate.target(h, recipe, tag or "")
-        ready = gate.wait(target, cfg, None, self._forward(h, show, "loading"))
-        t["ready"] = time.monotonic() - t0
-        if not ready.ready:
-            why = f"readiness {ready.outcome.value}: {ready.message}"
-            self._phase(rid, h, "failed", why, {**show, "health": "down"}, status=L.HOST_FAILED, error=why)
-            return
-        self._phase(rid, h, "smoke", None, {**show, "health": "ready"})
-        v = gate.smoke(target, cfg, self._artifacts(rid, h))
-        t["total"] = time.monotonic() - t0
-        if v.outcome.value != "pass":
-            why = f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}"
-            self._phase(rid, h, "failed", why, {**show, "health": "failed"}, status=L.HOST_FAILED, error=why,
-                        verdict=gate.summarise(v, t))
+        try:
+            self._check_cancel()
+            if cur is not None and cur.running and cur.digest == digest:
+                self._phase(rid, h, "loading", f"serving {tag}: checking it", {**show, "health": "loading"},
+                            status=L.IN_PROGRESS)
+            elif prev is not None and prev.digest == digest:
+                self._phase(rid, h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})", show,
+                            status=L.IN_PROGRESS)
+                ops.swap(name)
+            else:
+                self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=L.IN_PROGRESS)
+                t["pull"] = ops.pull(ref)
+                self._phase(rid, h, "stopping", None, show)
+                # The version being left is abandoned: killed, not drained (it is kept as .prev).
+                ops.retire(name, rid, digest, grace=0)
+                self._phase(rid, h, "starting", None, show)
+                ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid, secrets=self.secrets)
+            cfg = gate.config(recipe, None, h)
+            ready = self.gates.wait(h, recipe, tag or "", cfg, None, self._forward(h, show, "loading"))
+            t["ready"] = time.monotonic() - t0
+            if not ready.ready:
+                raise FleetError(f"readiness {ready.outcome.value}: {ready.message}", host=h.name)
+            self._check_cancel()
+            self._phase(rid, h, "smoke", None, {**show, "health": "ready"})
+            v = self.gates.smoke(h, recipe, tag or "", cfg, self._artifacts(rid, h))
+            t["total"] = time.monotonic() - t0
+            if v.outcome.value != "pass":
+                raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=h.name)
+        except _RECOVERABLE as e:
+            why = e.cause if isinstance(e, FleetError) else (
+                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
+            self._undo_rollback(rid, recipe, h, ops, f"{tag} failed: {why}", show)
+            if isinstance(e, KeyboardInterrupt):
+                raise
             return
         self._phase(rid, h, "done", f"serving {tag}", {**show, "health": "ok"}, status=L.DONE, after_tag=tag,
                     after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
+
+    def _undo_rollback(self, rid: str, recipe: Recipe, h: Host, ops: remote.HostOps, why: str,
+                       show: Mapping[str, Any]) -> None:
+        """Put back what ``h`` served before this rollback (kept as ``.prev``) after its target failed."""
+        name = remote.container_name(h)
+        self._phase(rid, h, "undoing", why, {**show, "health": "failed"}, error=why)
+        rec = self.ledger.get(rid).host(h.name)
+        before = rec.before_digest if rec is not None else None
+        fix = (f"`fleetctl rollback --to {rec.before_tag} --limit {h.name}`" if rec is not None and rec.before_tag
+               else f"`fleetctl rollout --tag TAG --limit {h.name}` with a version that works")
+        try:
+            cur = ops.inspect(name)
+            if before is None:
+                raise FleetError("nothing served before this rollback", host=h.name)
+            if not (cur is not None and cur.running and cur.digest == before):
+                prev = ops.inspect(name + remote.PREV_SUFFIX)
+                if prev is None or prev.digest != before:
+                    raise FleetError("the previous container is gone", host=h.name)
+                ops.restore(name)
+            cfg = gate.config(recipe, None, h)
+            ready = self.gates.wait(h, recipe, rec.before_tag or "" if rec else "", cfg, None,
+                                    self._forward(h, show, "undoing", cancellable=False))
+            if not ready.ready:
+                raise FleetError(f"the restored version did not become ready: {ready.message}", host=h.name)
+        except Exception as e:
+            cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            self._phase(rid, h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},
+                        status=L.HOST_FAILED, error=f"{why}; undo failed: {cause}; fix: {fix}")
+            return
+        tag_b = rec.before_tag if rec is not None else None
+        self._phase(rid, h, "rolled-back", f"{why}; serving {tag_b} again", {**show, "health": "ok", "tag": tag_b},
+                    status=L.ROLLED_BACK, after_tag=tag_b, after_digest=before, error=why)
 
     def abort(self, webhook: str | None = None, force: bool = False) -> RolloutResult:
         """Undo the paused or interrupted rollout: every host it touched back to its previous version."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
@@ -70,6 +70,43 @@ def soak(t: SoakTarget, cfg: SoakConfig, state_dir: Path, baseline_tag: str | No
 def smoke(t: SoakTarget, cfg: SoakConfig, artifacts: Path) -> Verdict:
     """Readiness, identity and smoke only: the check after a rollback (no baseline read or written)."""
     return smoke_check(t, cfg, artifacts_dir=artifacts)
+
+
+class Gates(Protocol):
+    """How the engine judges a host's serving container: readiness, the full soak, the smoke check.
+
+    :class:`SoakGates` is the real one (HTTP to the server, logs over SSH);
+    the unit tests' simulated fleet answers from its simulated containers.
+    """
+
+    def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,
+             progress: Progress) -> Readiness:
+        """Wait for /health 200 on ``host``'s serving container."""
+        ...
+
+    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, state_dir: Path,
+             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
+        """The full gate (see :func:`soak`)."""
+        ...
+
+    def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
+        """Readiness, identity and smoke (see :func:`smoke`)."""
+        ...
+
+
+class SoakGates:
+    """:class:`Gates` through the soak engine, against the real server."""
+
+    def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,
+             progress: Progress) -> Readiness:
+        return wait(target(host, recipe, tag), cfg, timeout, progress)
+
+    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, state_dir: Path,
+             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
+        return soak(target(host, recipe, tag), cfg, state_dir, baseline_tag, artifacts, run_id, progress)
+
+    def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
+        return smoke(target(host, recipe, tag), cfg, artifacts)
 
 
 def failed_checks(v: Verdict) -> list[str]:

@@ -13,7 +13,7 @@ import json
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from fleetctl import ssh
 from fleetctl.errors import FleetError
@@ -191,25 +191,40 @@ def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT) -> float:
     return r.seconds
 
 
-def retire(host: Host, name: str, rollout_id: str, target_digest: str) -> Serving | None:
-    """Make way for the new container; return what was serving before (None if nothing).
+def retire(host: Host, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
+    """Make way for the new container; return the version to go back to (None if nothing).
 
-    The serving container is stopped and kept as ``<name>.prev`` (an older
-    ``.prev`` is removed first). A container left by this same rollout (a
-    controller killed mid-step) is removed instead, since the ``.prev``
-    already holds the version to go back to.
+    A running serving container is stopped and kept as ``<name>.prev`` (an
+    older ``.prev`` is removed first: the running one is the newer known
+    version). A serving container that is NOT running while a ``.prev``
+    exists is removed instead, and the ``.prev`` kept: it is the last version
+    that served (a failed start or a controller killed mid-step left the
+    dead one), so a repeated deploy never deletes the last good container.
+    ``grace``: seconds of ``docker stop`` (0 kills at once: for a version being abandoned).
     """
     cur = inspect(host, name)
+    prev_c = inspect(host, name + PREV_SUFFIX)
     if cur is None:
-        return inspect(host, name + PREV_SUFFIX)
-    if cur.rollout == rollout_id and cur.digest == target_digest:
+        return prev_c
+    if prev_c is not None and (not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)):
         ssh.run(host, ["docker", "rm", "-f", name], timeout=60).check(f"removing the half-started {name}")
-        return inspect(host, name + PREV_SUFFIX)
+        return prev_c
     prev = shlex.quote(name + PREV_SUFFIX)
     q = shlex.quote(name)
-    ssh.run(host, f"docker rm -f {prev} >/dev/null 2>&1; docker stop -t 30 {q} >/dev/null && docker rename {q} {prev}",
+    ssh.run(host, f"docker rm -f {prev} >/dev/null 2>&1; docker stop -t {int(grace)} {q} >/dev/null && docker rename {q} {prev}",
             timeout=90).check(f"stopping {name}")
     return cur
+
+
+def kill(host: Host, name: str) -> None:
+    """``docker rm -f name``: a container judged bad is killed, not drained (no-op when absent)."""
+    ssh.run(host, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(f"removing {name}")
+
+
+def logs(host: Host, name: str, tail: int = 300) -> str:
+    """The last ``tail`` lines of the container's log (stdout and stderr)."""
+    r = ssh.run(host, f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1", timeout=30)
+    return r.stdout
 
 
 def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
@@ -242,7 +257,11 @@ def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollou
 
 
 def restore(host: Host, name: str) -> Serving | None:
-    """Put the ``.prev`` container back as the serving one; None when there is no ``.prev``."""
+    """Put the ``.prev`` container back as the serving one; None when there is no ``.prev``.
+
+    The container in ``name``'s place (judged bad, or half-started) is killed,
+    not drained: it is being replaced because it failed.
+    """
     prev = inspect(host, name + PREV_SUFFIX)
     if prev is None:
         return None
@@ -250,3 +269,109 @@ def restore(host: Host, name: str) -> Serving | None:
     ssh.run(host, f"docker rm -f {q} >/dev/null 2>&1; docker rename {p} {q} && docker start {q} >/dev/null",
             timeout=90).check(f"restoring {name} from {name}{PREV_SUFFIX}")
     return prev
+
+
+def swap(host: Host, name: str) -> Serving | None:
+    """Kill the serving container and exchange it with ``.prev``, which is started; None without a ``.prev``.
+
+    Nothing is removed: the abandoned container becomes ``.prev``, so that the
+    swap is undone by :func:`restore` if the started one fails its check.
+    """
+    prev = inspect(host, name + PREV_SUFFIX)
+    if prev is None:
+        return None
+    q, p, s = shlex.quote(name), shlex.quote(name + PREV_SUFFIX), shlex.quote(name + ".swap")
+    ssh.run(host, f"if docker inspect --type container {q} >/dev/null 2>&1; then docker kill {q} >/dev/null 2>&1;"
+                  f" docker rm -f {s} >/dev/null 2>&1; docker rename {q} {s} && docker rename {p} {q} &&"
+                  f" docker rename {s} {p}; else docker rename {p} {q}; fi && docker start {q} >/dev/null",
+            timeout=90).check(f"swapping {name} and {name}{PREV_SUFFIX}")
+    return prev
+
+
+class HostOps(Protocol):
+    """The remote operations the rollout engine does on one host.
+
+    The engine talks to a host only through this seam: :class:`SshHostOps`
+    does it over SSH with the docker CLI; the unit tests' simulated host does
+    it in process with the same docker semantics (unique names, stop, rename,
+    start, ``rm -f``), so that every failure and every kill point of the state
+    machine can be tested without a lab. Each call either happens entirely on
+    the host or raises (a :class:`FleetError` for a refusal or a lost session).
+    """
+
+    @property
+    def host(self) -> Host:
+        """The host these operations act on."""
+        ...
+
+    def facts(self, recipe: Recipe, ref: str) -> Facts:
+        """Preflight facts: GPU, runtime, disk, staged weights, current and previous container."""
+        ...
+
+    def inspect(self, name: str) -> Serving | None:
+        """The container ``name`` (running or not), or None."""
+        ...
+
+    def pull(self, ref: str) -> float:
+        """Pull ``ref``; seconds taken."""
+        ...
+
+    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
+        """Stop the serving container and keep it as ``.prev`` (see :func:`retire`)."""
+        ...
+
+    def swap(self, name: str) -> Serving | None:
+        """Exchange the serving container with ``.prev`` (see :func:`swap`)."""
+        ...
+
+    def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
+              secrets: Mapping[str, str]) -> None:
+        """Start the recipe's container from ``ref`` under the serving name."""
+        ...
+
+    def restore(self, name: str) -> Serving | None:
+        """Kill what is in ``name``'s place and start ``.prev`` there again (see :func:`restore`)."""
+        ...
+
+    def kill(self, name: str) -> None:
+        """``docker rm -f name``."""
+        ...
+
+    def logs(self, name: str, tail: int = 300) -> str:
+        """The container's last log lines."""
+        ...
+
+
+@dataclass(frozen=True)
+class SshHostOps:
+    """:class:`HostOps` over SSH: the docker CLI on the host."""
+
+    host: Host
+
+    def facts(self, recipe: Recipe, ref: str) -> Facts:
+        return facts(self.host, recipe, ref)
+
+    def inspect(self, name: str) -> Serving | None:
+        return inspect(self.host, name)
+
+    def pull(self, ref: str) -> float:
+        return pull(self.host, ref)
+
+    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
+        return retire(self.host, name, rollout_id, target_digest, grace)
+
+    def swap(self, name: str) -> Serving | None:
+        return swap(self.host, name)
+
+    def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
+              secrets: Mapping[str, str]) -> None:
+        start(self.host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets)
+
+    def restore(self, name: str) -> Serving | None:
+        return restore(self.host, name)
+
+    def kill(self, name: str) -> None:
+        kill(self.host, name)
+
+    def logs(self, name: str, tail: int = 300) -> str:
+        return logs(self.host, name, tail)

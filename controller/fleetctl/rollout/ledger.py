@@ -34,6 +34,8 @@ LEDGER_NAME = "ledger.sqlite3"
 
 #: Rollout statuses. ``running`` with a stale lock means the controller died.
 RUNNING, PAUSED, COMPLETED, FAILED, ABORTED = "running", "paused", "completed", "failed", "aborted"
+#: Every wave went through, with host failures inside the failure budget (rolled back or down).
+COMPLETED_WITH_FAILURES = "completed-with-failures"
 ACTIVE = (RUNNING, PAUSED)
 #: Host statuses.
 PENDING, IN_PROGRESS, DONE, SKIPPED, ROLLED_BACK, HOST_FAILED, HOST_PAUSED = (

@@ -1,0 +1,353 @@
+"""A simulated fleet for the rollout engine's state machine: hosts with Docker's container semantics.
+
+Each host keeps containers by unique name, and implements the engine's
+:class:`~fleetctl.rollout.host.HostOps` with what the docker CLI would do:
+``run`` refuses a name in use and leaves a created-but-not-running container
+when the image cannot start, ``stop``/``kill`` keep the container, ``rename``
+refuses a taken name, ``rm -f`` removes. Images behave as the test says
+(``ok``, ``nostart``: docker run fails; ``exit1``: the entrypoint exits at
+once; ``soakfail``: ready but fails the soak), per digest or per host.
+
+Every host operation that changes something, and every ledger transition,
+is a numbered *point*; ``kill_at=N`` makes the controller die at the Nth one
+(:class:`Killed`, a BaseException of its own, so that nothing in the engine
+mistakes it for a failure it could recover from), and from then on every
+operation and ledger write raises it too, as after a SIGKILL.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import FleetError, HostUnreachable
+from fleetctl.inventory import Host
+from fleetctl.progress import Progress
+from fleetctl.recipes import Recipe
+from fleetctl.registry import ResolvedImage
+from fleetctl.rollout import host as remote
+from fleetctl.rollout.ledger import Ledger
+from fleetctl.soak import Readiness, SoakConfig, Verdict
+from fleetctl.soak.verdict import Outcome
+
+NAME = remote.DEFAULT_CONTAINER
+PREV = NAME + remote.PREV_SUFFIX
+OK, NOSTART, EXIT1, SOAKFAIL = "ok", "nostart", "exit1", "soakfail"
+
+
+class Killed(BaseException):
+    """The controller died here (SIGKILL): nothing after this point runs."""
+
+
+def digest_of(tag: str) -> str:
+    """A stable fake digest per tag."""
+    return "sha256:" + (tag.encode().hex() * 64)[:64]
+
+
+@dataclass
+class Container:
+    name: str
+    digest: str
+    tag: str
+    rollout: str
+    running: bool
+    status: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class SimHost:
+    name: str
+    containers: dict[str, Container] = field(default_factory=dict)
+    images: set[str] = field(default_factory=set)
+    #: Behaviour overrides of digests on this host only.
+    behaviour: dict[str, str] = field(default_factory=dict)
+    #: SSH answers no more (every operation raises HostUnreachable).
+    ssh_down: bool = False
+    #: After an operation of this name succeeds, SSH goes down.
+    ssh_down_after: str | None = None
+
+    def serving(self) -> Container | None:
+        c = self.containers.get(NAME)
+        return c if c is not None and c.running else None
+
+
+class SimFleet:
+    """The hosts, the registry's tags and the kill switch, shared by every engine of a test."""
+
+    def __init__(self, hosts: Mapping[str, str], tags: Mapping[str, str]) -> None:
+        """``hosts``: name -> tag it serves at first; ``tags``: tag -> behaviour of its image."""
+        self.tags = dict(tags)
+        self.behaviour = {digest_of(t): b for t, b in tags.items()}
+        self.hosts: dict[str, SimHost] = {}
+        for n, tag in hosts.items():
+            h = SimHost(n)
+            d = digest_of(tag)
+            h.images.add(d)
+            h.containers[NAME] = Container(NAME, d, tag, "", True, "running")
+            self.hosts[n] = h
+        self.mu = threading.RLock()
+        self.kill_at: int | None = None
+        self.points: list[str] = []
+        self.dead = False
+        #: Raise KeyboardInterrupt (Ctrl-C) in the soak of this host.
+        self.ctrl_c_in_soak: str | None = None
+
+    # -- the kill switch --------------------------------------------------------------------
+
+    def point(self, what: str) -> None:
+        """A side effect or a ledger transition happened; die here if told to."""
+        with self.mu:
+            if self.dead:
+                raise Killed(what)
+            self.points.append(what)
+            if self.kill_at is not None and len(self.points) >= self.kill_at:
+                self.dead = True
+                raise Killed(what)
+
+    def alive(self) -> None:
+        with self.mu:
+            if self.dead:
+                raise Killed("dead")
+
+    def revive(self) -> None:
+        """A new controller: no kill planned, every point counted from zero."""
+        with self.mu:
+            self.dead = False
+            self.kill_at = None
+            self.points = []
+
+    def watch(self, ledger: Ledger) -> None:
+        """Make every committed ledger transition a point."""
+        for m in ("create", "set_status", "set_wave", "host_phase", "note"):
+            orig: Callable[..., Any] = getattr(ledger, m)
+
+            def wrapped(*a: Any, _orig: Callable[..., Any] = orig, _m: str = m, **kw: Any) -> Any:
+                self.alive()
+                out = _orig(*a, **kw)
+                detail = a[2] if _m == "host_phase" and len(a) > 2 else (a[1] if len(a) > 1 else "")
+                self.point(f"ledger.{_m}:{detail}")
+                return out
+            setattr(ledger, m, wrapped)
+
+    # -- what hosts serve -------------------------------------------------------------------
+
+    def behaves(self, h: SimHost, digest: str) -> str:
+        return h.behaviour.get(digest) or self.behaviour.get(digest, OK)
+
+    def serving_digest(self, host: str) -> str | None:
+        c = self.hosts[host].serving()
+        return c.digest if c is not None else None
+
+    def serving_tags(self) -> dict[str, str | None]:
+        return {n: (c.tag if (c := h.serving()) is not None else None) for n, h in self.hosts.items()}
+
+    # -- seams for the engine ---------------------------------------------------------------
+
+    def ops(self, host: Host) -> SimOps:
+        return SimOps(host, self)
+
+    def resolve(self, image: str, tag: str, mirrors: Mapping[str, str]) -> ResolvedImage:
+        if tag not in self.tags:
+            raise FleetError(f"no tag {tag} in {image}", fix="pick a tag that exists")
+        return ResolvedImage(image, tag, tag, digest_of(tag), "application/vnd.oci.image.index.v1+json")
+
+
+@dataclass
+class SimOps:
+    """:class:`HostOps` on a simulated host (each call is one atomic round trip, like one SSH command)."""
+
+    host: Host
+    fleet: SimFleet
+
+    @property
+    def _h(self) -> SimHost:
+        h = self.fleet.hosts[self.host.name]
+        if h.ssh_down:
+            raise HostUnreachable("SSH session broke", host=h.name, fix="check that the host is up")
+        return h
+
+    def _done(self, op: str) -> None:
+        h = self.fleet.hosts[self.host.name]
+        if h.ssh_down_after == op:
+            h.ssh_down = True
+            h.ssh_down_after = None
+        self.fleet.point(f"{self.host.name}:{op}")
+
+    def _serving(self, c: Container | None) -> remote.Serving | None:
+        if c is None:
+            return None
+        return remote.Serving(c.name, c.running, c.status, f"img@{c.digest}", c.digest, c.tag, "r", c.rollout,
+                              {"labels": dict(c.labels)})
+
+    # docker primitives
+    def _rm_f(self, h: SimHost, name: str) -> None:
+        h.containers.pop(name, None)
+
+    def _rename(self, h: SimHost, old: str, new: str) -> None:
+        if old not in h.containers:
+            raise FleetError(f"docker rename: no container {old}", host=h.name)
+        if new in h.containers:
+            raise FleetError(f"docker rename: name {new} in use", host=h.name)
+        c = h.containers.pop(old)
+        c.name = new
+        h.containers[new] = c
+
+    def _start(self, h: SimHost, name: str) -> None:
+        c = h.containers[name]
+        b = self.fleet.behaves(h, c.digest)
+        if b == NOSTART:
+            c.running, c.status = False, "created"
+            raise FleetError("docker start: could not select device driver", host=h.name)
+        c.running, c.status = (False, "exited") if b == EXIT1 else (True, "running")
+
+    def _start_then(self, h: SimHost, name: str, op: str) -> None:
+        """Start ``name``; the operation happened on the host whether the start worked or not."""
+        try:
+            self._start(h, name)
+        finally:
+            self._done(op)
+
+    # HostOps
+    def facts(self, recipe: Recipe, ref: str) -> remote.Facts:
+        with self.fleet.mu:
+            self.fleet.alive()
+            h = self._h
+            d = ref.rsplit("@", 1)[-1]
+            return remote.Facts(h.name, "NVIDIA GB10", True, 100.0, (), self._serving(h.containers.get(NAME)),
+                                self._serving(h.containers.get(PREV)), d in h.images)
+
+    def inspect(self, name: str) -> remote.Serving | None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            return self._serving(self._h.containers.get(name))
+
+    def pull(self, ref: str) -> float:
+        with self.fleet.mu:
+            self.fleet.alive()
+            self._h.images.add(ref.rsplit("@", 1)[-1])
+            self._done("pull")
+            return 0.0
+
+    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> remote.Serving | None:
+        # The same decisions as host.retire's shell script, on the simulated containers.
+        with self.fleet.mu:
+            self.fleet.alive()
+            h = self._h
+            cur = h.containers.get(name)
+            prev = h.containers.get(name + remote.PREV_SUFFIX)
+            if cur is None:
+                return self._serving(prev)
+            if prev is not None and (not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)):
+                self._rm_f(h, name)
+                self._done("retire")
+                return self._serving(prev)
+            before = self._serving(cur)
+            self._rm_f(h, name + remote.PREV_SUFFIX)
+            cur.running, cur.status = False, "exited"
+            self._rename(h, name, name + remote.PREV_SUFFIX)
+            self._done("retire")
+            return before
+
+    def swap(self, name: str) -> remote.Serving | None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            h = self._h
+            prev = h.containers.get(name + remote.PREV_SUFFIX)
+            if prev is None:
+                return None
+            before = self._serving(prev)
+            cur = h.containers.get(name)
+            if cur is not None:
+                cur.running, cur.status = False, "exited"
+                self._rename(h, name, name + ".swap")
+                self._rename(h, name + remote.PREV_SUFFIX, name)
+                self._rename(h, name + ".swap", name + remote.PREV_SUFFIX)
+            else:
+                self._rename(h, name + remote.PREV_SUFFIX, name)
+            self._start_then(h, name, "swap")
+            return before
+
+    def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
+              secrets: Mapping[str, str]) -> None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            h = self._h
+            name = remote.container_name(self.host)
+            if name in h.containers:
+                raise FleetError(f"docker run: the name {name} is already in use", host=h.name)
+            if digest not in h.images:
+                raise FleetError(f"docker run: no image {digest}", host=h.name)
+            h.containers[name] = Container(name, digest, tag, rollout_id, False, "created",
+                                           {remote.LABEL_TAG: tag, remote.LABEL_DIGEST: digest})
+            self._start_then(h, name, "start")
+
+    def restore(self, name: str) -> remote.Serving | None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            h = self._h
+            prev = h.containers.get(name + remote.PREV_SUFFIX)
+            if prev is None:
+                return None
+            before = self._serving(prev)
+            self._rm_f(h, name)
+            self._rename(h, name + remote.PREV_SUFFIX, name)
+            self._start_then(h, name, "restore")
+            return before
+
+    def kill(self, name: str) -> None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            self._rm_f(self._h, name)
+            self._done("kill")
+
+    def logs(self, name: str, tail: int = 300) -> str:
+        with self.fleet.mu:
+            self.fleet.alive()
+            c = self._h.containers.get(name)
+            return f"{name}: {c.status if c else 'no such container'}\n"
+
+
+class SimGates:
+    """Readiness, soak and smoke answered from the simulated container's image behaviour."""
+
+    def __init__(self, fleet: SimFleet) -> None:
+        self.fleet = fleet
+
+    def _state(self, host: Host) -> tuple[Container | None, str]:
+        with self.fleet.mu:
+            self.fleet.alive()
+            h = self.fleet.hosts[host.name]
+            if h.ssh_down:
+                return None, "down"
+            c = h.containers.get(remote.container_name(host))
+            if c is None or not c.running:
+                return c, "down"
+            return c, self.fleet.behaves(h, c.digest)
+
+    def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,
+             progress: Progress) -> Readiness:
+        c, b = self._state(host)
+        if b in (OK, SOAKFAIL):
+            return Readiness(Outcome.PASS, "ready", 0.0)
+        return Readiness(Outcome.FAIL, f"container {c.status if c else 'missing'}", 0.0, cause="exited with code 1")
+
+    def _verdict(self, host: Host, tag: str, ok: bool, artifacts: Path | None) -> Verdict:
+        return Verdict(f"sim/{host.name}", host.name, f"http://{host.address}", Outcome.PASS if ok else Outcome.FAIL,
+                       "pass" if ok else "fail: decode tok/s dropped 60%", "", "", 0.0, tag=tag,
+                       artifacts_dir=str(artifacts) if artifacts else None)
+
+    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, state_dir: Path,
+             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
+        if self.fleet.ctrl_c_in_soak == host.name:
+            self.fleet.ctrl_c_in_soak = None
+            raise KeyboardInterrupt
+        _c, b = self._state(host)
+        return self._verdict(host, tag, b == OK, artifacts)
+
+    def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
+        _c, b = self._state(host)
+        return self._verdict(host, tag, b in (OK, SOAKFAIL), artifacts)

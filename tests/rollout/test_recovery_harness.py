@@ -1,0 +1,253 @@
+"""Fault injection for the rollout engine's state machine, on a simulated fleet (tests/rollout/sim.py).
+
+The controller is killed at every ledger transition and after every remote
+side effect of a run; a new controller then runs ``--resume``, ``abort`` or
+``rollback``, and for every kill point each host must serve a known version
+(what it served before, or a new tag that passed its gate), the ledger must
+hold no active record, and a later rollout must start and complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fleetctl import inventory, paths
+from fleetctl.errors import ExitCode
+from fleetctl.rollout import ledger as L
+from fleetctl.rollout.engine import Engine, Options, RolloutResult
+
+from .sim import EXIT1, NOSTART, OK, SOAKFAIL, Container, Killed, SimFleet, SimGates, digest_of
+
+INV = paths.project_root() / "inventory" / "example"
+HOSTS = ["spark-01", "spark-02", "spark-03"]
+A, B, BAD, EXIT, SOAKBAD, C = "v1", "v2", "v-nostart", "v-exit1", "v-soakfail", "v3"
+TAGS = {A: OK, B: OK, C: OK, BAD: NOSTART, EXIT: EXIT1, SOAKBAD: SOAKFAIL}
+
+
+def _fleet() -> SimFleet:
+    return SimFleet(dict.fromkeys(HOSTS, A), TAGS)
+
+
+def _engine(fleet: SimFleet, state: Path) -> Engine:
+    inv = inventory.load(INV)
+    eng = Engine(inv, state_dir=state, secrets={}, ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+    fleet.watch(eng.ledger)
+    return eng
+
+
+def _opts(tag: str, **kw: str) -> Options:
+    return Options(tag=tag, limit=",".join(HOSTS), waves=kw.get("waves", "1,100%"),
+                   failure_budget=kw.get("failure_budget"), soak=1.0)
+
+
+def _run(fleet: SimFleet, state: Path, what: str, tag: str | None = None, **kw: str) -> RolloutResult:
+    eng = _engine(fleet, state)
+    try:
+        if what == "rollout":
+            return eng.rollout(_opts(tag or B, **kw))
+        if what == "resume":
+            return eng.resume(_opts(tag or B))
+        if what == "abort":
+            return eng.abort()
+        return eng.rollback(to=tag, limit=",".join(HOSTS))
+    finally:
+        eng.close()
+
+
+def _active(state: Path) -> list[str]:
+    with L.open_ledger(state) as led:
+        return led.ids(statuses=L.ACTIVE)
+
+
+def _assert_known(fleet: SimFleet, allowed: set[str], state: Path) -> None:
+    """Every host serves an allowed version, or the ledger reports it down with the command that fixes it."""
+    for n, h in fleet.hosts.items():
+        d = fleet.serving_digest(n)
+        if d in {digest_of(t) for t in allowed}:
+            continue
+        with L.open_ledger(state) as led:
+            recs = [r.host(n) for r in led.history()]
+        reported = [r for r in recs if r is not None and r.status == L.HOST_FAILED and "fix:" in (r.error or "")]
+        assert reported, f"{n} serves {d} ({h.containers}) and is not reported down with a fix"
+
+
+def _clean_points(what: str, **kw: str) -> int:
+    """How many points an uninterrupted run of ``what`` goes through."""
+    fleet = _fleet()
+    with tempfile.TemporaryDirectory() as d:
+        _run(fleet, Path(d), what, **kw)
+    return len(fleet.points)
+
+
+N_GOOD = _clean_points("rollout", tag=B)
+N_FAILING = _clean_points("rollout", tag=SOAKBAD)
+
+
+def _kill_then(fleet: SimFleet, state: Path, k: int, tag: str) -> None:
+    fleet.kill_at = k
+    with pytest.raises(Killed):
+        _run(fleet, state, "rollout", tag=tag)
+    fleet.revive()
+
+
+def _recover(fleet: SimFleet, state: Path, how: str) -> None:
+    if how == "resume" and _active(state):
+        _run(fleet, state, "resume")
+    elif how == "abort" and _active(state):
+        _run(fleet, state, "abort")
+    elif how == "rollback":
+        _run(fleet, state, "rollback")
+
+
+def _not_wedged(fleet: SimFleet, state: Path) -> None:
+    """No active record, and a later rollout starts and takes every host to C."""
+    assert _active(state) == []
+    r = _run(fleet, state, "rollout", tag=C)
+    assert r.status == L.COMPLETED, r.error
+    assert set(fleet.serving_tags().values()) == {C}
+
+
+KILL_POINTS = [(B, k) for k in range(1, N_GOOD + 1)] + [(SOAKBAD, k) for k in range(1, N_FAILING + 1)]
+
+
+@pytest.mark.parametrize("how", ["resume", "abort", "rollback"])
+@pytest.mark.parametrize(("tag", "k"), KILL_POINTS)
+def test_kill_anywhere_in_a_rollout(tmp_path: Path, tag: str, k: int, how: str) -> None:
+    """A good rollout (v2), and one whose canary fails its soak (never left serving: it did not pass)."""
+    fleet = _fleet()
+    _kill_then(fleet, tmp_path, k, tag)
+    _recover(fleet, tmp_path, how)
+    _assert_known(fleet, {A, B} if tag == B else {A}, tmp_path)
+    if how == "resume" and tag == B:
+        assert set(fleet.serving_tags().values()) == {B}
+    _not_wedged(fleet, tmp_path)
+
+
+@pytest.mark.parametrize("k", range(1, 40))
+def test_kill_anywhere_in_a_rollback_to_an_unstartable_image(tmp_path: Path, k: int) -> None:
+    fleet = _fleet()
+    fleet.kill_at = k
+    with contextlib.suppress(Killed):
+        _run(fleet, tmp_path, "rollback", tag=BAD)
+    fleet.revive()
+    if _active(tmp_path):
+        _run(fleet, tmp_path, "resume" if k % 2 else "abort")
+    _assert_known(fleet, {A}, tmp_path)
+    _not_wedged(fleet, tmp_path)
+
+
+@pytest.mark.parametrize(("tag", "why"), [(BAD, "device driver"), (EXIT, "readiness")])
+def test_a_canary_that_cannot_start_or_become_ready_is_undone(tmp_path: Path, tag: str, why: str) -> None:
+    fleet = _fleet()
+    r = _run(fleet, tmp_path, "rollout", tag=tag)
+    assert r.status == L.FAILED and r.exit_code == ExitCode.FAILED
+    assert why in (r.error or "")
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    canary = next(h for h in r.hosts if h.status != L.PENDING)
+    assert canary.status == L.ROLLED_BACK and canary.after_digest == digest_of(A)
+    _not_wedged(fleet, tmp_path)
+
+
+def test_ssh_lost_after_the_stop_reports_the_host_down_with_its_fix(tmp_path: Path) -> None:
+    fleet = _fleet()
+    fleet.hosts["spark-01"].ssh_down_after = "retire"
+    r = _run(fleet, tmp_path, "rollout", tag=B)
+    assert r.status == L.FAILED
+    h1 = next(h for h in r.hosts if h.host == "spark-01")
+    assert h1.status == L.HOST_FAILED
+    assert f"fleetctl rollback --to {A} --limit spark-01" in (h1.error or "")
+    assert fleet.serving_tags()["spark-02"] == A and fleet.serving_tags()["spark-03"] == A
+    # The stopped v1 was kept: once SSH is back, the rollback the message names brings it back.
+    fleet.hosts["spark-01"].ssh_down = False
+    assert fleet.hosts["spark-01"].containers["vllm.prev"].digest == digest_of(A)
+    rb = _run(fleet, tmp_path, "rollback", tag=A)
+    assert rb.status == L.COMPLETED
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+
+
+def test_rollback_to_an_unstartable_image_leaves_every_host_as_it_was(tmp_path: Path) -> None:
+    fleet = _fleet()
+    _run(fleet, tmp_path, "rollout", tag=B)
+    r = _run(fleet, tmp_path, "rollback", tag=BAD)
+    assert r.status == L.FAILED and r.exit_code == ExitCode.FAILED
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
+    assert {h.status for h in r.hosts} == {L.ROLLED_BACK}
+
+
+def test_rollback_of_a_rollback(tmp_path: Path) -> None:
+    fleet = _fleet()
+    _run(fleet, tmp_path, "rollout", tag=B)
+    assert _run(fleet, tmp_path, "rollback").status == L.COMPLETED
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    assert _run(fleet, tmp_path, "rollback").status == L.COMPLETED
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
+
+
+def test_budgeted_failures_complete_with_failures(tmp_path: Path) -> None:
+    fleet = _fleet()
+    fleet.hosts["spark-03"].behaviour[digest_of(B)] = SOAKFAIL
+    r = _run(fleet, tmp_path, "rollout", tag=B, failure_budget="1")
+    assert r.status == L.COMPLETED_WITH_FAILURES
+    assert r.exit_code == ExitCode.COMPLETED_WITH_FAILURES
+    assert fleet.serving_tags() == {"spark-01": B, "spark-02": B, "spark-03": A}
+
+
+def test_failure_budget_is_carried_across_resumes(tmp_path: Path) -> None:
+    fleet = _fleet()
+    fleet.hosts["spark-02"].behaviour[digest_of(B)] = SOAKFAIL
+    fleet.hosts["spark-03"].behaviour[digest_of(B)] = SOAKFAIL
+    # Die right after spark-02 was rolled back (its failure used the whole budget of 1).
+    probe = _fleet()
+    probe.hosts["spark-02"].behaviour[digest_of(B)] = SOAKFAIL
+    probe.hosts["spark-03"].behaviour[digest_of(B)] = SOAKFAIL
+    with tempfile.TemporaryDirectory() as d:
+        _run(probe, Path(d), "rollout", tag=B, waves="1,1,1", failure_budget="1")
+    k = next(i for i, p in enumerate(probe.points, 1) if p == "ledger.host_phase:rolled-back")
+    fleet.kill_at = k
+    with pytest.raises(Killed):
+        _run(fleet, tmp_path, "rollout", tag=B, waves="1,1,1", failure_budget="1")
+    fleet.revive()
+    r = _run(fleet, tmp_path, "resume")
+    assert r.status == L.FAILED, "the second failure is over the budget carried from before the kill"
+    assert fleet.serving_tags() == {"spark-01": B, "spark-02": A, "spark-03": A}
+
+
+def test_ctrl_c_restores_the_current_host_then_stops(tmp_path: Path) -> None:
+    fleet = _fleet()
+    fleet.ctrl_c_in_soak = "spark-01"
+    with pytest.raises(KeyboardInterrupt):
+        _run(fleet, tmp_path, "rollout", tag=B)
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    with L.open_ledger(tmp_path) as led:
+        assert led.holder() is None, "the lock is released only after every worker stopped"
+        rec = led.latest()
+        assert rec is not None and rec.status == L.PAUSED
+    r = _run(fleet, tmp_path, "resume")
+    assert r.status == L.COMPLETED
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
+
+
+def test_the_next_rollout_never_removes_the_last_good_container(tmp_path: Path) -> None:
+    fleet = _fleet()
+    # Left by a failed start: a dead container in the serving name, the good v1 kept as .prev.
+    h = fleet.hosts["spark-01"]
+    good = h.containers.pop("vllm")
+    good.name, good.running, good.status = "vllm.prev", False, "exited"
+    h.containers["vllm.prev"] = good
+    h.containers["vllm"] = Container("vllm", digest_of(BAD), BAD, "ro-old", False, "created")
+    r = _run(fleet, tmp_path, "rollout", tag=SOAKBAD)
+    assert r.status == L.FAILED
+    assert fleet.serving_tags()["spark-01"] == A
+
+
+def iter_points() -> Iterator[str]:
+    """The points of a clean good rollout (for a reader of a failing kill test)."""
+    fleet = _fleet()
+    with tempfile.TemporaryDirectory() as d:
+        _run(fleet, Path(d), "rollout", tag=B)
+    yield from fleet.points
