@@ -54,10 +54,14 @@ def collection_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     return env
 
 
+def _run(env: dict[str, str], playbook: str, limit: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ansible-playbook", "-i", str(paths.lab_inventory()), f"fleetctl.spark.{playbook}",
+                           "--limit", limit, *args], env=env, capture_output=True, text=True, timeout=600)
+
+
 def _play(env: dict[str, str], playbook: str, limit: str, *args: str) -> dict[str, int]:
     """Run a playbook of the collection by FQCN; the recap counts of ``limit`` (fails on rc != 0)."""
-    p = subprocess.run(["ansible-playbook", "-i", str(paths.lab_inventory()), f"fleetctl.spark.{playbook}",
-                        "--limit", limit, *args], env=env, capture_output=True, text=True, timeout=600)
+    p = _run(env, playbook, limit, *args)
     assert p.returncode == 0, f"{playbook} failed (rc {p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-2000:]}"
     m = re.search(rf"^{re.escape(limit)}\s+:\s+(.*)$", p.stdout, re.MULTILINE)
     assert m, p.stdout[-2000:]
@@ -107,3 +111,30 @@ def test_the_built_collection_provisions_deploys_and_rolls_back(staged: object, 
     assert recap["changed"] == 1
     back = serving()
     assert back is not None and back.running and back.digest == old and back.tag == OLD
+
+
+def test_a_refused_deploy_names_the_cause_and_the_fix_and_leaves_the_host_alone(
+        staged: object, lab: fleetlab.LabStatus, collection_env: dict[str, str]) -> None:
+    del staged
+    node = [n.name for n in lab.nodes if n.state == "running" and not n.faults][-1]
+    inv = inventory.load(lab.inventory)
+    host = inv.hosts[node]
+    recipe = recipe_for(inv)
+    mirrors = {str(k): str(v) for k, v in (inv.vars.get("fleetctl_registry_mirrors") or {}).items()}
+    new = registry.resolve(recipe.image, NEW, mirrors).digest
+    before = remote.inspect(host, remote.container_name(host))
+    ssh.close_all()
+
+    # Weights not staged (as far as the role can tell: it looks for another marker file).
+    p = _run(collection_env, "deploy", node, "-e", f"vllm_serve_digest={new}",
+             "-e", "vllm_serve_stage_marker=.not-the-stage-marker.json")
+    assert p.returncode != 0
+    assert "not staged and verified (no .not-the-stage-marker.json)" in p.stdout
+    assert f"fleetctl stage --recipe {recipe.name} --limit {node}" in p.stdout
+    # A tag where the digest belongs.
+    p = _run(collection_env, "deploy", node, "-e", f"vllm_serve_digest={NEW}")
+    assert p.returncode != 0 and "is not sha256:<64 hex digits>" in p.stdout, p.stdout[-2000:]
+    try:
+        assert remote.inspect(host, remote.container_name(host)) == before
+    finally:
+        ssh.close_all()
