@@ -22,7 +22,8 @@ import pytest
 
 from fleetctl import inventory, paths, registry, ssh
 from fleetctl import lab as fleetlab
-from fleetctl.recipes import recipe_for
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe, recipe_for
 from fleetctl.rollout import host as remote
 
 pytestmark = pytest.mark.lab
@@ -68,15 +69,20 @@ def _play(env: dict[str, str], playbook: str, limit: str, *args: str) -> dict[st
     return {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(1))}
 
 
-def test_the_built_collection_provisions_deploys_and_rolls_back(staged: object, lab: fleetlab.LabStatus,
-                                                                collection_env: dict[str, str]) -> None:
-    del staged
+def _target(lab: fleetlab.LabStatus) -> tuple[str, Host, Recipe, dict[str, str], str, str]:
+    """The last healthy node, its host, the recipe, the registry mirrors and the OLD and NEW digests."""
     node = [n.name for n in lab.nodes if n.state == "running" and not n.faults][-1]
     inv = inventory.load(lab.inventory)
-    host = inv.hosts[node]
     recipe = recipe_for(inv)
     mirrors = {str(k): str(v) for k, v in (inv.vars.get("fleetctl_registry_mirrors") or {}).items()}
     old, new = (registry.resolve(recipe.image, t, mirrors).digest for t in (OLD, NEW))
+    return node, inv.hosts[node], recipe, mirrors, old, new
+
+
+def test_the_built_collection_provisions_deploys_and_rolls_back(staged: object, lab: fleetlab.LabStatus,
+                                                                collection_env: dict[str, str]) -> None:
+    del staged
+    node, host, recipe, mirrors, old, new = _target(lab)
 
     def serving() -> remote.Serving | None:
         try:
@@ -116,12 +122,7 @@ def test_the_built_collection_provisions_deploys_and_rolls_back(staged: object, 
 def test_a_refused_deploy_names_the_cause_and_the_fix_and_leaves_the_host_alone(
         staged: object, lab: fleetlab.LabStatus, collection_env: dict[str, str]) -> None:
     del staged
-    node = [n.name for n in lab.nodes if n.state == "running" and not n.faults][-1]
-    inv = inventory.load(lab.inventory)
-    host = inv.hosts[node]
-    recipe = recipe_for(inv)
-    mirrors = {str(k): str(v) for k, v in (inv.vars.get("fleetctl_registry_mirrors") or {}).items()}
-    new = registry.resolve(recipe.image, NEW, mirrors).digest
+    node, host, recipe, _, _, new = _target(lab)
     before = remote.inspect(host, remote.container_name(host))
     ssh.close_all()
 
