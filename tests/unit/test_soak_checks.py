@@ -145,3 +145,23 @@ def test_smoke_answers() -> None:
     late = checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("st= y;{ " * 400 + "391", "length"),)))
     assert late.outcome is F and "only appears after" in late.message
     assert checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("", ok=False),))).outcome is F
+
+
+def test_acceptance_has_an_absolute_floor_outside_the_class_phase() -> None:
+    cfg = load_config()
+    spec = cfg.check("acceptance")
+    classes = (Window("coding", "classes", 0, 1, acceptance_rate=0.4, per_position=(0.5,)),)
+    healthy = Evidence(READY, windows=classes + tuple(_sus(i, 0.4) for i in range(4)), load_ran=True,
+                       spec_seen=True)
+    assert checks.check_acceptance(spec, healthy, cfg).outcome is P
+    # A decay that finished and plateaued near zero: the trend check sees a flat line.
+    plateau = Evidence(READY, windows=classes + tuple(_sus(i, 0.01) for i in range(4)), load_ran=True,
+                       spec_seen=True)
+    r = checks.check_acceptance(spec, plateau, cfg)
+    assert r.outcome is F and "absolute floor" in r.message and "sustained #0" in r.message
+    sweep = Window("c=16", "sweep", 0, 1, acceptance_rate=0.0, per_position=(0.0,))
+    assert checks.check_acceptance(spec, dataclasses.replace(healthy, windows=(*healthy.windows, sweep)),
+                                   cfg).outcome is F
+    # No drafts in a window is missing data, not a collapse.
+    quiet = dataclasses.replace(healthy, windows=(*healthy.windows, _sus(9, None)))
+    assert checks.check_acceptance(spec, quiet, cfg).outcome is P

@@ -435,7 +435,27 @@ def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Check
             out.append(Measurement(w.label, P, f"{w.label}: position-0 acceptance {pct(acc)}",
                                    round(acc, 4), floor))
     rates = ", ".join(f"{m.label} {pct(m.measured if isinstance(m.measured, float) else None)}" for m in out)
+    phase_floor = spec.params.get("phase_floor")
+    if phase_floor is not None:
+        out.extend(_phase_floor(ev.windows, float(phase_floor)))
     return decide(spec, out, ok_message=f"above the floors: {rates}", no_data="no per-class window")
+
+
+def _phase_floor(windows: Sequence[Window], floor: float) -> list[Measurement]:
+    """The absolute floor on every sweep and sustained window that saw drafts.
+
+    The per-class floors only judge the classes phase; a collapse during the sweep,
+    or a decay that plateaus low in the sustained phase, would otherwise pass.
+    Windows without drafts say nothing here (the decay check reports missing data).
+    """
+    out: list[Measurement] = []
+    for w in windows:
+        if w.phase not in ("sweep", "sustained") or (acc := position0(w)) is None:
+            continue
+        if acc < floor:
+            out.append(Measurement(w.label, F, f"{w.label}: position-0 acceptance {pct(acc)} < "
+                                   f"absolute floor {pct(floor)}", round(acc, 4), floor))
+    return out
 
 
 def position0(w: Window) -> float | None:
