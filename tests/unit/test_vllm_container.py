@@ -33,6 +33,14 @@ def test_the_docker_run_argv_is_the_controllers(name: str) -> None:
     ref = registry.pull_ref(recipe.image, DIGEST, mirrors)
     host = Host("spark-01", "10.0.0.1")
     want = remote.run_argv(host, recipe, ref, tag="v0.24.0", digest=DIGEST, rollout_id="r-1", name="vllm")
+    label = f"fleetctl.fingerprint={vc.fingerprint(RAW[name])}"
+    controller_fingerprint = getattr(remote, "fingerprint", None)
+    if controller_fingerprint is not None:
+        assert controller_fingerprint(recipe) == vc.fingerprint(RAW[name])
+    elif label not in want:
+        # A controller from before the fingerprint label: the role puts it right after fleetctl.image.
+        i = want.index(f"fleetctl.image={recipe.image}") + 1
+        want = [*want[:i], "--label", label, *want[i:]]
     assert vc.pull_ref(RAW[name]["image"], DIGEST, mirrors) == ref
     assert vc.render(name, RAW[name], ref, "v0.24.0", DIGEST, "r-1", "vllm") == want
 
@@ -83,7 +91,11 @@ def test_a_new_digest_a_new_flag_an_env_value_or_a_stopped_container_are_changes
     changed = {**raw, "vllm_args": [*raw["vllm_args"], "--enforce-eager"],
                "env": {**raw["env"], "NVIDIA_FORWARD_COMPAT": "0"}}
     argv = vc.render("qwen36-35b-heretic", changed, vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "r", "vllm")
-    assert _diff(argv, raw) == ["cmd", "env NVIDIA_FORWARD_COMPAT"]
+    assert _diff(argv, raw) == ["cmd", "env NVIDIA_FORWARD_COMPAT", "label fleetctl.fingerprint"]
+    # docker_args are not in docker inspect's compared fields: the fingerprint label catches them.
+    argv = vc.render("qwen36-35b-heretic", {**raw, "docker_args": ["--shm-size=8g"]},
+                     vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "r", "vllm")
+    assert _diff(argv, raw) == ["label fleetctl.fingerprint"]
     argv = vc.render("qwen36-35b-heretic", raw, vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "r", "vllm")
     assert _diff(argv, raw, running=False) == ["running"]
     assert vc.differences({"a": 1}, None) == ["(no container)"]

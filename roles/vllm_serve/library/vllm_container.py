@@ -17,6 +17,7 @@ with no value), never its argv; the module's argument is no_log.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 
@@ -57,8 +58,9 @@ argv: {description: The docker run argv (secret names only, never values)., type
 """
 
 PREV_SUFFIX = ".prev"
-LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE = (
-    "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image")
+LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERPRINT = (
+    "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
+    "fleetctl.fingerprint")
 DOCKER_HUB = "docker.io"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 #: Labels that say which run started a container, not how it runs: a change alone restarts nothing.
@@ -92,30 +94,50 @@ def _env_value(v: object) -> str:
     return str(v).lower() if isinstance(v, bool) else str(v)
 
 
-def render(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, rollout: str,
-           name: str, extra_labels: dict | None = None) -> list[str]:
-    """The ``docker run`` argv for the recipe, the same as fleetctl.rollout.host.run_argv."""
-    weights = recipe.get("weights") or []
-    body = next(w for w in weights if w.get("role") == "body")
+def _mounts(recipe: dict) -> list[list[str]]:
+    return [[str(w["path"]).rstrip("/"), str(w["mount"]).rstrip("/")] for w in recipe.get("weights") or []]
+
+
+def _serve(recipe: dict) -> list[str]:
+    body = next(w for w in recipe.get("weights") or [] if w.get("role") == "body")
     vllm_args = [str(a) for a in recipe.get("vllm_args") or []]
-    argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
-            "--label", f"{LABEL_RECIPE}={recipe_name}", "--label", f"{LABEL_TAG}={tag}",
-            "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout}",
-            "--label", "{}={}".format(LABEL_IMAGE, recipe["image"])]
-    for k, v in sorted((extra_labels or {}).items()):
-        argv += ["--label", f"{k}={v}"]
-    argv += [str(a) for a in recipe.get("docker_args") or []]
-    for w in weights:
-        argv += ["-v", "{}:{}:ro".format(str(w["path"]).rstrip("/"), str(w["mount"]).rstrip("/"))]
-    for k, v in (recipe.get("env") or {}).items():
-        argv += ["-e", f"{k}={_env_value(v)}"]
-    for k in recipe.get("secret_env") or []:
-        argv += ["-e", str(k)]
     serve = ["serve", str(body["mount"]).rstrip("/"), "--served-model-name",
              *[str(n) for n in recipe.get("served_model_names") or []], *vllm_args]
     if not _has_flag(vllm_args, "--port"):
         serve += ["--port", str(recipe.get("port", 8000))]
-    return [*argv, "--entrypoint", "vllm", ref, *serve]
+    return serve
+
+
+def fingerprint(recipe: dict) -> str:
+    """The container settings' fingerprint, as fleetctl.rollout.host.fingerprint computes it.
+
+    sha256 of the canonical JSON of docker_args, entrypoint, env, mounts, secret env NAMES and the
+    serve argv: a recipe-only change (flags, env, mounts) changes it whatever the image.
+    """
+    doc = {"docker_args": [str(a) for a in recipe.get("docker_args") or []], "entrypoint": "vllm",
+           "env": {str(k): _env_value(v) for k, v in (recipe.get("env") or {}).items()},
+           "mounts": _mounts(recipe), "secret_env": sorted(str(k) for k in recipe.get("secret_env") or []),
+           "serve": _serve(recipe)}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def render(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, rollout: str,
+           name: str, extra_labels: dict | None = None) -> list[str]:
+    """The ``docker run`` argv for the recipe, the same as fleetctl.rollout.host.run_argv."""
+    argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
+            "--label", f"{LABEL_RECIPE}={recipe_name}", "--label", f"{LABEL_TAG}={tag}",
+            "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout}",
+            "--label", f"{LABEL_IMAGE}={recipe['image']}", "--label", f"{LABEL_FINGERPRINT}={fingerprint(recipe)}"]
+    for k, v in sorted((extra_labels or {}).items()):
+        argv += ["--label", f"{k}={v}"]
+    argv += [str(a) for a in recipe.get("docker_args") or []]
+    for src, dst in _mounts(recipe):
+        argv += ["-v", f"{src}:{dst}:ro"]
+    for k, v in (recipe.get("env") or {}).items():
+        argv += ["-e", f"{k}={_env_value(v)}"]
+    for k in recipe.get("secret_env") or []:
+        argv += ["-e", str(k)]
+    return [*argv, "--entrypoint", "vllm", ref, *_serve(recipe)]
 
 
 def wanted(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, extra_labels: dict | None,
@@ -123,14 +145,14 @@ def wanted(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, extr
     """The settings ``docker inspect`` must show for the container to count as already right."""
     argv = render(recipe_name, recipe, ref, tag, digest, "", "x", extra_labels)
     cmd = argv[argv.index(ref) + 1:]
-    labels = {LABEL_RECIPE: recipe_name, LABEL_TAG: tag, LABEL_DIGEST: digest, LABEL_IMAGE: recipe["image"]}
+    labels = {LABEL_RECIPE: recipe_name, LABEL_TAG: tag, LABEL_DIGEST: digest, LABEL_IMAGE: recipe["image"],
+              LABEL_FINGERPRINT: fingerprint(recipe)}
     labels.update({str(k): str(v) for k, v in (extra_labels or {}).items()})
     env = {str(k): _env_value(v) for k, v in (recipe.get("env") or {}).items()}
     return {
         "image": ref, "entrypoint": ["vllm"], "cmd": cmd,
         "env": env, "secret_env_names": sorted(secret_names),
-        "binds": sorted("{}:{}:ro".format(str(w["path"]).rstrip("/"), str(w["mount"]).rstrip("/"))
-                        for w in recipe.get("weights") or []),
+        "binds": sorted(f"{src}:{dst}:ro" for src, dst in _mounts(recipe)),
         "network_mode": "host", "ipc_mode": "host", "gpus": True, "labels": labels, "running": True,
     }
 
