@@ -28,6 +28,7 @@ import asyncio
 import codecs
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +46,14 @@ MAX_BODY_BYTES = 8 << 20
 #: Characters of text kept around a garbage finding for the verdict.
 EXCERPT_CHARS = 160
 
-#: Runs of one (non-space) character that are garbage: ``!`` and U+FFFD are what broken
+#: Runs of one character that are garbage: ``!`` and U+FFFD are what broken
 #: weights and broken detokenizers emit; other punctuation rarely repeats 32 times; letters,
 #: digits and separator lines (``----``, ``====`` in markdown) get more room.
 _RUN_LIMITS = {"!": 16, "\ufffd": 16}
 _PUNCT_RUN = 32
 _OTHER_RUN = 96
+#: Blank runs (indentation, blank lines) are garbage only when absurdly long.
+_SPACE_RUN = 512
 #: The same token (one event's text) repeated this many times in a row is a degenerate loop.
 _TOKEN_REPEATS = 32
 #: Replacement characters in one answer before it is garbage (one can be a split byte).
@@ -60,7 +63,7 @@ _MAX_REPLACEMENTS = 3
 class TextCheck:
     """Incremental garbage detector over a stream's text deltas (content and reasoning).
 
-    ``feed(delta)`` costs a comparison, a strip and a substring test per event; the
+    ``feed_all(deltas)`` costs a comparison, a strip and a substring test per event; the
     first finding is kept (``reason``, ``excerpt``) and checking stops there.
     """
 
@@ -78,43 +81,54 @@ class TextCheck:
 
     def feed(self, s: str) -> None:
         """Check the next delta ``s`` (non-empty)."""
+        self.feed_all((s,))
+
+    def feed_all(self, deltas: Sequence[str]) -> None:
+        """Check the next deltas in order (one call per received chunk: the state lives in
+        locals for the loop, which halves the per-event cost of attribute access)."""
         if self.reason:
             return
+        # The whole answer is kept (one answer is at most max_tokens deltas) so the excerpt can
+        # show what came before the garbage.
         parts = self.parts
-        parts.append(s)
-        if len(parts) > 64:
-            del parts[:32]
-        if s == self.prev:
-            self.same += 1
-        else:
-            self.prev = s
-            self.same = 1
-        t = s.rstrip()
-        if t:  # whitespace neither breaks nor extends a run
-            c = t[-1]
-            body = t.rstrip(c)
-            if c == self.last and not body.strip():
-                self.run += len(t) - len(body)
+        base = len(parts)
+        parts.extend(deltas)
+        prev, same, last, run = self.prev, self.same, self.last, self.run
+        for i, s in enumerate(deltas):
+            if s != prev:
+                prev = s
+                same = 1
             else:
-                self.run = len(t) - len(body)
-                self.last = c
-        if self.run >= 16 and self.run >= _run_limit(self.last):
-            self._found(f"a run of {self.run} {self.last!r}")
-        elif self.same >= _TOKEN_REPEATS and t:
-            self._found(f"the token {s!r} repeated {self.same} times in a row")
-        elif "\ufffd" in s:
-            self.replacements += s.count("\ufffd")
-            if self.replacements >= _MAX_REPLACEMENTS:
-                self._found(f"{self.replacements} U+FFFD replacement characters (undecodable output)")
-
-    def _found(self, reason: str) -> None:
-        self.reason = reason
-        self.excerpt = "".join(self.parts)[-EXCERPT_CHARS:]
-
+                same += 1
+            c = s[-1]
+            k = len(s) - len(s.rstrip(c))
+            # Blanks between the characters of a run (" !" tokens) do not break it.
+            if c == last and (k == len(s) or s[:len(s) - k].isspace()):
+                run += k
+            else:
+                run = k
+                last = c
+            reason = ""
+            if run >= 16 and run >= _run_limit(last):
+                reason = f"a run of {run} {last!r}"
+            elif same >= _TOKEN_REPEATS and not s.isspace():
+                reason = f"the token {s!r} repeated {same} times in a row"
+            elif "\ufffd" in s:
+                self.replacements += s.count("\ufffd")
+                if self.replacements >= _MAX_REPLACEMENTS:
+                    reason = f"{self.replacements} U+FFFD replacement characters (undecodable output)"
+            if reason:
+                del parts[base + i + 1:]
+                self.reason = reason
+                self.excerpt = "".join(parts)[-EXCERPT_CHARS:]
+                break
+        self.prev, self.same, self.last, self.run = prev, same, last, run
 
 def _run_limit(c: str) -> int:
     if c in _RUN_LIMITS:
         return _RUN_LIMITS[c]
+    if c.isspace():
+        return _SPACE_RUN
     if c.isalnum() or c in "-=_*#.`~":
         return _OTHER_RUN
     return _PUNCT_RUN
@@ -175,7 +189,7 @@ class StreamParser:
     and any error event. Every ``data:`` event is JSON-decoded.
     """
 
-    __slots__ = ("_utf8", "check", "deltas", "done", "error", "events", "finish_reason", "first_content_at",
+    __slots__ = ("_check", "_utf8", "check", "done", "error", "events", "finish_reason", "first_content_at",
                  "keep_text", "parts", "pending", "usage")
 
     def __init__(self, keep_text: bool = False) -> None:
@@ -193,8 +207,7 @@ class StreamParser:
         self.keep_text = keep_text
         self.parts: list[str] = []
         self.check = TextCheck()
-        #: Events that carried text (content or reasoning): 0 means the answer was empty.
-        self.deltas = 0
+        self._check = self.check.feed_all
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Consume ``chunk`` (any split of the stream), received at ``now``.
@@ -208,6 +221,7 @@ class StreamParser:
         if len(self.pending) > MAX_LINE_BYTES:
             raise LineTooLongError(f"an SSE line grew past {MAX_LINE_BYTES} bytes without ending")
         decode = _decode
+        texts: list[str] = []
         for line in lines:
             if not line.startswith("data:"):
                 continue  # blank separators, comments (": ping"), event: lines
@@ -239,8 +253,7 @@ class StreamParser:
                     if content:
                         if self.first_content_at is None:
                             self.first_content_at = now
-                        self.deltas += 1
-                        self.check.feed(content)
+                        texts.append(content)
                         if self.keep_text and delta.get("content"):
                             self.parts.append(delta["content"])
                 reason = choice.get("finish_reason")
@@ -249,6 +262,8 @@ class StreamParser:
             usage = obj.get("usage")
             if usage:
                 self.usage = usage
+        if texts:
+            self._check(texts)
 
     @property
     def text(self) -> str:
@@ -261,7 +276,7 @@ class LineTooLongError(Exception):
 
 
 def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str, Any],
-                    deltas: int) -> tuple[str, str]:
+                    has_text: bool) -> tuple[str, str]:
     """``(kind, message)`` when a complete 200 answer is wrong in shape, else ``("", "")``.
 
     A server that stops early, counts tokens it did not send or streams nothing but
@@ -278,7 +293,7 @@ def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str
         return "protocol", f"finish_reason length after {out} of max_tokens {req.max_tokens} tokens"
     if req.ignore_eos and finish_reason != "length":
         return "finish", f"stopped ({finish_reason}) after {out} of {req.max_tokens} tokens despite ignore_eos"
-    if deltas == 0:
+    if not has_text:
         return "empty", f"the answer had no text ({out} completion tokens, finish_reason {finish_reason})"
     return "", ""
 
@@ -408,7 +423,8 @@ class Client:
         check = parser.check
         garbage, excerpt = check.reason, check.excerpt
         if not kind:
-            kind, error = validate_answer(req, parser.finish_reason, usage, parser.deltas)
+            kind, error = validate_answer(req, parser.finish_reason, usage,
+                                          parser.first_content_at is not None)
             if kind == "empty":
                 # Not a transport failure (its timings stand): degenerate output, judged with
                 # garbage by the correctness check, so it is counted and shown, never dropped.
