@@ -585,8 +585,9 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None) -> tupl
         "readiness": lambda s: check_readiness(s, ev),
         "identity": lambda s: check_identity(s, ev, config),
         "smoke": lambda s: check_smoke(s, ev),
-        "correctness": lambda s: check_correctness(s, ev),
+        # After errors: a crash's summary leads with the crash, not with the canaries it broke.
         "errors": lambda s: check_errors(s, ev, config),
+        "correctness": lambda s: check_correctness(s, ev),
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),
         "throughput": lambda s: check_throughput(s, ev, baseline),

@@ -34,7 +34,7 @@ CLASSES = ("coding", "math", "reasoning", "prose", "natural_language", "extracti
 
 #: Checks in the order they appear in reports.
 CHECKS = (
-    "readiness", "identity", "smoke", "correctness", "errors", "server_errors", "latency", "throughput",
+    "readiness", "identity", "smoke", "errors", "correctness", "server_errors", "latency", "throughput",
     "acceptance", "acceptance_decay", "long_context", "preemptions", "container",
 )
 
