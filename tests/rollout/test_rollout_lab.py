@@ -200,7 +200,7 @@ def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResu
     labels = real_state()["spark-01"]["labels"]
     assert labels["fleetctl.rollout"] == r.id and labels["fleetctl.digest"] == resolve(NEW).digest
 
-    rb = cli("rollback", "--max-unavailable", "100%", "--json")
+    rb = cli("rollback", "--max-unavailable", "100%", "--yes", "--json")
     assert rb.returncode == 0, rb.stderr
     assert json.loads(rb.stdout)["status"] == "completed"
     assert all(serving_tag(OLD).values()), real_state()
@@ -329,7 +329,7 @@ def test_inconclusive_gate_pauses_then_abort_undoes(serving: RolloutResult) -> N
     assert serving_tag(NEW)["spark-01"]
     fresh = cli("rollout", "--tag", NEW, "--yes")
     assert fresh.returncode == 2 and "paused" in fresh.stderr and r.id in fresh.stderr
-    ab = cli("rollout", "abort", "--json")
+    ab = cli("rollout", "abort", "--yes", "--json")
     assert ab.returncode == 0, ab.stderr
     assert all(serving_tag(OLD).values()), real_state()
     with ledger() as led:

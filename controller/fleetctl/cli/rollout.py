@@ -65,8 +65,22 @@ def render_result(r: RolloutResult, con: Console) -> None:
         con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
 
 
-def _engine(ctx: Ctx, prog: Any) -> Engine:
-    return Engine(inventory.load(ctx.inventory), prog)
+def _engine(ctx: Ctx, prog: Any, take_over: bool = False) -> Engine:
+    return Engine(inventory.load(ctx.inventory), prog, take_over=take_over)
+
+
+def _confirm(ctx: Ctx, yes: bool, what: str) -> None:
+    """Ask before changing hosts; without a terminal, refuse unless --yes (a CI job must say so)."""
+    if yes:
+        return
+    if not ctx.err.is_terminal:
+        raise FleetError(f"refusing to {what} without confirmation", fix="pass --yes")
+    click.confirm(f"{what}?", abort=True, err=True)
+
+
+take_over_option = click.option(
+    "--take-over", is_flag=True,
+    help="Take over hosts locked by a controller whose heartbeat is stale (it died or was lost).")
 
 
 def _finish(ctx: Ctx, r: RolloutResult) -> None:
@@ -90,13 +104,14 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
 @click.option("--resume", is_flag=True, help="Continue the paused or interrupted rollout from each host's real state.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@take_over_option
 @json_option
 @pass_ctx
 @click.pass_context
 def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, limit: str | None,
             waves: str | None, max_unavailable: str | None, failure_budget: str | None, soak: str | None,
             on_inconclusive: str, ready_timeout: float | None, webhook: str | None, dry_run: bool, resume: bool,
-            yes: bool) -> None:
+            yes: bool, take_over: bool) -> None:
     """Roll a tag across the fleet: canary, then waves, each host gated by a soak."""
     if cctx.invoked_subcommand is not None:
         return
@@ -106,7 +121,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
                    failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
     with ctx.progress("rollout", COLUMNS) as prog:
-        eng = _engine(ctx, prog)
+        eng = _engine(ctx, prog, take_over)
         try:
             if resume:
                 r = eng.resume(opts)
@@ -116,9 +131,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
                 if not yes:
                     p, *_ = eng.plan(opts)
                     render_plan(p, ctx.err)
-                    if not ctx.err.is_terminal:
-                        raise FleetError("refusing to roll out without confirmation", fix="pass --yes")
-                    click.confirm("roll out?", abort=True, err=True)
+                _confirm(ctx, yes, "roll out")
                 r = eng.rollout(opts)
         finally:
             eng.close()
@@ -126,14 +139,18 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
 
 
 @rollout.command("abort")
-@click.option("--force", is_flag=True, help="Also drop a lock held by a controller on another machine.")
+@click.option("--force", is_flag=True, help="Also drop a lock held by a controller on another machine "
+              "(implies --take-over).")
 @click.option("--webhook", help="URL receiving JSON events.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@take_over_option
 @json_option
 @pass_ctx
-def abort(ctx: Ctx, force: bool, webhook: str | None) -> None:
+def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool) -> None:
     """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
+    _confirm(ctx, yes, "abort the rollout and return its hosts")
     with ctx.progress("abort", COLUMNS) as prog:
-        eng = _engine(ctx, prog)
+        eng = _engine(ctx, prog, take_over)
         try:
             r = eng.abort(webhook=webhook, force=force)
         finally:
@@ -147,13 +164,16 @@ def abort(ctx: Ctx, force: bool, webhook: str | None) -> None:
 @click.option("--recipe", "-r", help="Recipe (default: the last rollout's).")
 @click.option("--max-unavailable", help="Hosts restarted at once, count or % (default 1).")
 @click.option("--webhook", help="URL receiving JSON events.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+@take_over_option
 @json_option
 @pass_ctx
 def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, max_unavailable: str | None,
-             webhook: str | None) -> None:
+             webhook: str | None, yes: bool, take_over: bool) -> None:
     """Return hosts to their previous version (readiness + smoke, no full soak)."""
+    _confirm(ctx, yes, f"roll back to {to}" if to else "roll back")
     with ctx.progress("rollback", COLUMNS) as prog:
-        eng = _engine(ctx, prog)
+        eng = _engine(ctx, prog, take_over)
         try:
             r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
                              webhook=webhook)

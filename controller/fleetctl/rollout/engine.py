@@ -30,7 +30,7 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, recipe_for
-from fleetctl.rollout import gate
+from fleetctl.rollout import gate, hoststate
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout import plan as P
@@ -159,9 +159,11 @@ class Engine:
     def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
                  secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
                  ops: Callable[[Host], remote.HostOps] | None = None, gates: gate.Gates | None = None,
-                 resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None) -> None:
+                 resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None,
+                 take_over: bool = False, host_store: hoststate.Store | None = None) -> None:
         """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the registry
-        (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet."""
+        (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet.
+        ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with ``ops``)."""
         self.inv = inventory
         self.ops = ops or remote.SshHostOps
         self.gates: gate.Gates = gates or gate.SoakGates()
@@ -174,6 +176,11 @@ class Engine:
         self.secrets = dict(os.environ if secrets is None else secrets)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
+        # The lock and intent on the hosts: the local lock only covers this state dir.
+        self.take_over = take_over
+        self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
+                                                          else hoststate.MemoryStore())
+        self.held: hoststate.HostLocks | None = None
 
     def close(self) -> None:
         """Close the ledger and SSH connections."""
@@ -191,6 +198,20 @@ class Engine:
     def recipe(self, name: str | None = None) -> Recipe:
         """The recipe ``name`` (default: the inventory's ``fleetctl_recipe``)."""
         return recipe_for(self.inv, name)
+
+    def _hold(self, rid: str, kind: str, hosts: Sequence[Host]) -> None:
+        """Claim ``hosts`` in their own state files, all or nothing (LockedError names the holder)."""
+        locks = hoststate.HostLocks(self.host_store, hosts, rid, kind, take_over=self.take_over,
+                                    stale_after=float(self.inv.vars.get("fleetctl_lock_stale_after",
+                                                                        hoststate.STALE_AFTER)),
+                                    notify=lambda msg, host: self._emit("lock", msg, host))
+        locks.claim()
+        self.held = locks
+
+    def _unhold(self) -> None:
+        if self.held is not None:
+            self.held.release()
+            self.held = None
 
     def _check_idle(self, allow: str | None = None) -> None:
         """Refuse when another rollout is running (live lock) or left active (paused, or killed)."""
@@ -267,6 +288,7 @@ class Engine:
         self.ledger.acquire(rid)
         try:
             self._check_idle()
+            self._hold(rid, "rollout", self.inv.select(opts.limit))
             p, recipe, facts, hosts = self.plan(opts)
             options = {"waves": opts.waves or P.DEFAULT_WAVES, "max_unavailable": p.max_unavailable,
                        "failure_budget": p.failure_budget, "soak": opts.soak,
@@ -285,8 +307,15 @@ class Engine:
             self.ledger.create(rid, kind="rollout", recipe=recipe.name, requested=p.requested, tag=p.tag,
                                digest=p.digest, image=p.image, options=options, command=_command_line(),
                                waves=p.waves, hosts=rows)
+            if self.held is not None:
+                now = time.time()
+                self.held.seed({hp.host: (hoststate.Version(p.tag, p.digest, rid, now) if hp.action == "deploy"
+                                          else None,
+                                          hoststate.Version(hp.current_tag, hp.current_digest, None, now)
+                                          if hp.current_digest else None) for hp in p.hosts})
             return self._run(rid, recipe, opts, p, {h.name: h for h in hosts}, resume=False, t0=t_start)
         finally:
+            self._unhold()
             self.ledger.release(rid)
 
     def resume(self, opts: Options) -> RolloutResult:
@@ -302,6 +331,7 @@ class Engine:
                 self._emit("resume", f"took over the lock of dead controller pid {stale.pid} ({stale.rollout_id})")
             self.ledger.note(rec.id, "resumed", _command_line())
             recipe = self.recipe(rec.recipe)
+            self._hold(rec.id, rec.kind, [self.inv.host(h.host) for h in rec.hosts])
             if rec.kind == "rollback":
                 self.ledger.set_status(rec.id, L.RUNNING)
                 return self._rollback_run(rec.id, recipe, self._webhook(rec.id, opts.webhook))
@@ -319,6 +349,7 @@ class Engine:
             self.ledger.set_status(rec.id, L.RUNNING)
             return self._run(rec.id, recipe, ropts, p, hosts, resume=True, t0=t_start)
         finally:
+            self._unhold()
             self.ledger.release(rec.id)
 
     def _parallel(self, hosts: Sequence[Host], fn: Callable[[Host], None]) -> dict[str, FleetError | None]:
@@ -557,6 +588,8 @@ class Engine:
         if verdict.outcome.value == "pass":
             self._phase(rid, h, "done", verdict.summary, {**show, "health": "ok", **figures}, status=L.DONE,
                         after_tag=p.tag, after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
+            if self.held is not None:
+                self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
         elif verdict.outcome.value == "inconclusive" and opts.on_inconclusive == "pause":
             self._phase(rid, h, "paused", verdict.summary, {**show, "health": "?", **figures}, status=L.HOST_PAUSED,
                         verdict=summary, artifacts=verdict.artifacts_dir,
@@ -667,21 +700,24 @@ class Engine:
             parent = active or self.ledger.latest()
             recipe = self.recipe(recipe_name or (parent.recipe if parent else None))
             selected = [h.name for h in self.inv.select(limit)]
+            self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
             targets: dict[str, tuple[str | None, str, str]] = {}
             if to:
                 img = self._resolve(recipe.image, to, self.mirrors)
                 ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
                 targets = {n: (img.tag, img.digest, ref) for n in selected}
             else:
-                if parent is None:
-                    raise FleetError("no rollout in the ledger to roll back",
-                                     fix="pass --to TAG to deploy a given version")
-                for hr in parent.hosts:
+                for hr in parent.hosts if parent else ():
                     if hr.host in selected and hr.before_digest and hr.status != L.SKIPPED:
                         targets[hr.host] = (hr.before_tag, hr.before_digest,
                                             registry.pull_ref(recipe.image, hr.before_digest, self.mirrors))
+                # Hosts this ledger never touched (another operator's checkout): their own record.
+                unknown = [n for n in selected if parent is None or parent.host(n) is None]
+                for n, v in self._known_good(unknown).items():
+                    targets[n] = (v.tag, v.digest, registry.pull_ref(recipe.image, v.digest, self.mirrors))
                 if not targets:
-                    raise FleetError(f"no host of {parent.kind} {parent.id} has a previous version to return to",
+                    raise FleetError(f"no host of {parent.kind} {parent.id} has a previous version to return to"
+                                     if parent else "neither this ledger nor the hosts record a version to return to",
                                      fix="pass --to TAG")
             names = [n for n in selected if n in targets]
             mu = P.parse_size(max_unavailable or "1", "--max-unavailable").of(len(names))
@@ -691,12 +727,16 @@ class Engine:
                                digest=to and targets[names[0]][1], image=recipe.image,
                                options={"max_unavailable": mu, "to": to}, command=_command_line(), waves=[names],
                                hosts=rows, parent=parent.id if parent else None)
+            if self.held is not None:
+                now = time.time()
+                self.held.seed({n: (hoststate.Version(targets[n][0], targets[n][1], rid, now), None) for n in names})
             if active is not None:
                 self.ledger.set_status(active.id, L.ABORTED, f"undone by {rid}")
             hook = self._webhook(rid, webhook)
             hook.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
             return self._rollback_run(rid, recipe, hook)
         finally:
+            self._unhold()
             self.ledger.release(rid)
 
     def _rollback_run(self, rid: str, recipe: Recipe, hook: Webhook) -> RolloutResult:
@@ -725,6 +765,13 @@ class Engine:
         self.ledger.set_status(rid, status, error)
         hook.send("completion" if not bad else "failure", error=error)
         return self._result(rid, seconds=time.monotonic() - t0)
+
+    def _known_good(self, names: Sequence[str]) -> dict[str, hoststate.Version]:
+        """The last known-good recorded on each of ``names`` (hosts without one are left out)."""
+        if not names:
+            return {}
+        states = hoststate.read_all(self.host_store, [self.inv.host(n) for n in names])
+        return {n: s.last_known_good for n, s in states.items() if s.last_known_good is not None}
 
     def _rollback_host(self, rid: str, recipe: Recipe, h: Host, tag: str | None, digest: str, ref: str) -> None:
         """One host to ``digest``, checked by readiness and smoke; a target that fails is itself undone."""
@@ -817,6 +864,7 @@ class Engine:
         """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
         if force:
             self.ledger.release(None)
+            self.take_over = True
         return self.rollback(webhook=webhook, only_active=True)
 
     # -- results -------------------------------------------------------------------------------
