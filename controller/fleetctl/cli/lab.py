@@ -6,10 +6,10 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from fleetctl import lab
-from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
 
 
@@ -25,11 +25,7 @@ def _render_status(st: lab.LabStatus) -> Any:
         if not st.nodes and not any(st.services.values()):
             out.print("nothing running: `fleetctl lab up` builds it")
             return
-        t = Table()
-        t.add_column("node", no_wrap=True)
-        t.add_column("address", no_wrap=True)
-        for col in ("state", "gpu", "driver", "faults", "containers"):
-            t.add_column(col)
+        rows = []
         for n in st.nodes:
             colour = {"running": "green", "paused": "yellow", "disconnected": "yellow"}.get(n.state, "red")
             # gpu and driver have their own columns; highlight them when they are faults.
@@ -37,8 +33,9 @@ def _render_status(st: lab.LabStatus) -> Any:
             gpu = f"[yellow]{n.gpu}[/]" if "gpu" in n.faults else n.gpu
             driver = f"[yellow]{n.driver}[/]" if "driver" in n.faults else n.driver
             containers = ", ".join(f"{c.name} ({c.image.rsplit('/', 1)[-1]})" for c in n.containers) or "-"
-            t.add_row(n.name, n.address, f"[{colour}]{n.state}[/]", gpu, driver, faults, containers)
-        out.print(t)
+            rows.append([n.name, n.address, f"[{colour}]{n.state}[/]", gpu, driver, Text(faults), Text(containers)])
+        out.print(fit_table(out.width, ["node", "address", "state", Col("gpu", drop=1), Col("driver", drop=2),
+                                        Col("faults", flex=True, min=8), Col("containers", flex=True)], rows))
         svc = "  ".join(f"{k}: {'[green]ok[/]' if v else '[red]down[/]'}" for k, v in st.services.items())
         out.print(svc)
         out.print(f"registry    {st.registry}")

@@ -8,7 +8,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date, datetime
@@ -19,6 +19,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from fleetctl.progress import Event, Progress
 
@@ -134,13 +135,78 @@ class _LiveTable:
                 self.live.update(self.render())
 
     def render(self) -> Table:
-        t = Table(title=f"{self.title}  [dim]{time.monotonic() - self.t0:.0f}s[/dim]", caption=self.fleet_line)
-        t.add_column("host")
-        for c in self.columns:
-            t.add_column(c)
-        for host, row in self.rows.items():
-            t.add_row(host, *(row.get(c, "") for c in self.columns))
-        return t
+        width = self.live.console.width if self.live is not None else 80
+        cols = [Col("host"), *(_LIVE_COLUMNS.get(c, Col(c)) for c in self.columns)]
+        rows = [[Text(host), *(Text(row.get(c, "")) for c in self.columns)] for host, row in self.rows.items()]
+        return fit_table(width, cols, rows, caption=self.fleet_line,
+                         title=f"{self.title}  [dim]{time.monotonic() - self.t0:.0f}s[/dim]")
+
+
+
+@dataclass(frozen=True)
+class Col:
+    """A column of a table that must fit a CI log's 80 columns.
+
+    ``drop``: 0 = always shown; otherwise columns are dropped, highest first,
+    until the rest fits. ``flex``: free text, cut with an ellipsis to the room
+    left (at least ``min`` cells); every other column keeps its whole values.
+    Cells are never wrapped over several lines.
+    """
+
+    name: str
+    drop: int = 0
+    flex: bool = False
+    min: int = 10
+
+
+#: Cells a column costs besides its content: one space either side and a rule.
+_COL_OVERHEAD = 3
+
+
+def fit_table(width: int, columns: Sequence[Col | str], rows: Iterable[Sequence[Any]],
+              **table_kw: Any) -> Table:
+    """A rich Table of ``rows`` (markup strings or Text) no wider than ``width``: columns dropped, free text cut."""
+    cols = [c if isinstance(c, Col) else Col(c) for c in columns]
+    texts = [[c if isinstance(c, Text) else Text.from_markup(str(c)) for c in row] for row in rows]
+    natural = [max([len(c.name), *(r[i].cell_len for r in texts)]) for i, c in enumerate(cols)]
+
+    def need(keep: list[int], flex: set[int]) -> int:
+        return sum(min(natural[i], cols[i].min) if i in flex else natural[i] for i in keep) \
+            + _COL_OVERHEAD * len(keep) + 1
+
+    keep = list(range(len(cols)))
+    flex = {i for i, c in enumerate(cols) if c.flex}
+    while need(keep, flex) > width:
+        droppable = [i for i in keep if cols[i].drop > 0]
+        if not droppable:
+            break
+        keep.remove(max(droppable, key=lambda i: (cols[i].drop, i)))
+    # Still too wide with every droppable column gone: the widest whole column is cut too.
+    while need(keep, flex) > width and any(i not in flex for i in keep):
+        flex.add(max((i for i in keep if i not in flex), key=lambda i: natural[i]))
+    # The room left is shared by the cut columns, narrowest first (each takes no more than it needs).
+    room = width - sum(natural[i] for i in keep if i not in flex) - _COL_OVERHEAD * len(keep) - 1
+    caps: dict[int, int] = {}
+    cut = sorted((i for i in keep if i in flex), key=lambda i: natural[i])
+    for n, i in enumerate(cut):
+        caps[i] = max(1, min(natural[i], room // (len(cut) - n)))
+        room -= caps[i]
+    t = Table(**table_kw)
+    for i in keep:
+        t.add_column(cols[i].name, no_wrap=True, overflow="ellipsis", max_width=caps.get(i))
+    for r in texts:
+        cells = []
+        for i in keep:
+            cell = r[i].copy()
+            cell.no_wrap, cell.overflow = True, "ellipsis"
+            cells.append(cell)
+        t.add_row(*cells)
+    return t
+
+
+#: How the live tables' columns give way on a narrow terminal (the rest are kept whole).
+_LIVE_COLUMNS = {"message": Col("message", flex=True), "acceptance": Col("acceptance", drop=3),
+                 "tok/s": Col("tok/s", drop=2), "wave": Col("wave", drop=1)}
 
 
 def write_json(path: str | Path, data: Any) -> None:

@@ -7,11 +7,10 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from fleetctl import inventory as inv
 from fleetctl.ansible import PlaybookResult
-from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode
 from fleetctl.provision import host_facts, provision
 
@@ -48,18 +47,18 @@ def render_result(r: PlaybookResult, show_diff: bool) -> Any:
                         style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
                         out.print(f"  [{style}]{escape(line)}[/]", highlight=False)
         title = "provision (check mode: nothing was changed)" if r.check else "provision"
-        t = Table(title=title, caption=f"run {r.run_id}  {r.elapsed:.1f}s  artifacts {r.artifacts_dir}")
-        for col in ("host", "result", "ok", "changed", "failed", "unreachable", "GPU / driver", "message"):
-            t.add_column(col, overflow="fold")
+        rows = []
         for name, h in r.hosts.items():
             colour = {"ok": "green", "failed": "red", "unreachable": "yellow"}[h.status]
             f = host_facts(h)
             gpu = f"{f.gpu or '?'} / {f.driver or '?'}" if f.gpu or f.driver else "-"
             changed = f"[yellow]{h.changed}[/]" if h.changed else "0"
             msg = h.message or ("; ".join(f"warning: {w}" for w in h.warnings))
-            t.add_row(name, f"[{colour}]{h.status}[/]", str(h.ok), changed, str(h.failed), str(h.unreachable),
-                      escape(gpu), escape(msg))
-        out.print(t)
+            rows.append([name, f"[{colour}]{h.status}[/]", str(h.ok), changed, str(h.failed), str(h.unreachable),
+                         escape(gpu), escape(msg)])
+        out.print(fit_table(out.width, ["host", "result", "ok", "changed", "failed", Col("unreachable", drop=1),
+                                        Col("GPU / driver", drop=2), Col("message", flex=True)], rows,
+                            title=title, caption=f"run {r.run_id}  {r.elapsed:.1f}s  artifacts {r.artifacts_dir}"))
         failed = r.failed_hosts
         if failed:
             out.print(f"[red]{len(failed)} of {len(r.hosts)} host(s) failed:[/] {', '.join(failed)}; "

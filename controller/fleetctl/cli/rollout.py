@@ -7,10 +7,10 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from fleetctl import inventory, paths
-from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
@@ -34,11 +34,10 @@ def render_plan(p: Plan, con: Console) -> None:
     con.print(f"  requested {p.requested!r}; pulled as {p.pull_ref}")
     con.print(f"  {len(p.waves)} wave(s), at most {p.max_unavailable} host(s) out of service at once, "
               f"failure budget {p.failure_budget}")
-    t = Table("host", "wave", "step", "serves now", "digest now", "action")
-    for h in p.hosts:
-        t.add_row(h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
-                  h.current_tag or "(nothing)", _short(h.current_digest), h.action)
-    con.print(t)
+    rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
+             h.current_tag or "(nothing)", _short(h.current_digest), h.action] for h in p.hosts]
+    con.print(fit_table(con.width, ["host", "wave", Col("step", drop=1), "serves now", Col("digest now", drop=2),
+                                    "action"], rows))
 
 
 def render_result(r: RolloutResult, con: Console) -> None:
@@ -46,13 +45,13 @@ def render_result(r: RolloutResult, con: Console) -> None:
     if r.status == "planned" and r.plan is not None:
         render_plan(r.plan, con)
         return
-    t = Table("host", "wave", "status", "phase", "before", "after", "verdict / error",
-              title=f"{r.kind} {r.id}: {r.status}")
-    for h in r.hosts:
-        detail = h.error or h.verdict or ""
-        t.add_row(h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.phase, h.before_tag or "-",
-                  h.after_tag or "-", detail)
-    con.print(t)
+    rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.phase, h.before_tag or "-",
+             h.after_tag or "-", Text(h.error or h.verdict or "")] for h in r.hosts]
+    # At 80 columns the phase (the status says as much), the wave and the previous tag give way;
+    # the error is cut, and printed whole below with each failed check.
+    con.print(fit_table(con.width, ["host", Col("wave", drop=2), "status", Col("phase", drop=3),
+                                    Col("before", drop=1), "after", Col("verdict / error", flex=True, min=16)],
+                        rows, title=f"{r.kind} {r.id}: {r.status}"))
     colour = {"completed": "green", "paused": "yellow"}.get(r.status, "red")
     con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
               + (f": {r.error}" if r.error else ""), highlight=False)
@@ -220,22 +219,24 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
             con.print(f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})")
             con.print(f"  by {r.started_by}: {r.command}\n  {_when(r.started_at)} .. {_when(r.finished_at)}"
                       + (f"\n  error: {r.error}" if r.error else ""), highlight=False)
-            t = Table("host", "wave", "status", "before", "after", "verdict / error", "phases")
-            for h in r.hosts:
-                phases = " > ".join(p.phase for p in r.phases if p.host == h.host)
-                t.add_row(h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.before_tag or "-",
-                          h.after_tag or "-", h.error or (h.verdict or {}).get("summary", ""), phases)
-            con.print(t)
+            rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.before_tag or "-",
+                     h.after_tag or "-", Text(h.error or (h.verdict or {}).get("summary", "")),
+                     " > ".join(p.phase for p in r.phases if p.host == h.host)] for h in r.hosts]
+            con.print(fit_table(con.width, ["host", Col("wave", drop=2), "status", Col("before", drop=1), "after",
+                                            Col("verdict / error", flex=True, min=16),
+                                            Col("phases", drop=3, flex=True)], rows))
             return
-        t = Table("kind", "status", "tag", "started", "by", "hosts")
-        t.add_column("id", no_wrap=True)  # last and unwrapped: an operator copies it into --resume/history ID
+        rows = []
         for r in recs:
             counts: dict[str, int] = {}
             for h in r.hosts:
                 counts[h.status] = counts.get(h.status, 0) + 1
-            t.add_row(r.kind, r.status, r.tag or r.requested or "-", _when(r.started_at), r.started_by,
-                      ", ".join(f"{n} {s}" for s, n in counts.items()), r.id)
-        con.print(t)
+            rows.append([r.kind, r.status, r.tag or r.requested or "-", _when(r.started_at), r.started_by,
+                         ", ".join(f"{n} {s}" for s, n in counts.items()), r.id])
+        # The id is whole (an operator copies it into `history ID`) and holds the start time and the kind
+        # (ro-/rb-), so at 80 columns those columns give way first.
+        con.print(fit_table(con.width, [Col("kind", drop=1), "status", "tag", Col("started", drop=2),
+                                         Col("by", drop=3), Col("hosts", flex=True, min=12), "id"], rows))
 
     ctx.emit(data, render)
 

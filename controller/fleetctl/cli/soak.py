@@ -13,10 +13,10 @@ from pathlib import Path
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from fleetctl import paths, ssh
-from fleetctl.cli.output import Ctx, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import baselines, report
@@ -131,9 +131,7 @@ def _run(job: _Job, progress: Progress) -> Verdict:
 
 def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
     def render(out: Console) -> None:
-        t = Table(title="soak")
-        for col in ("host", "outcome", "tag", "peak tok/s", "requests", "errors", "acceptance", "why"):
-            t.add_column(col)
+        rows = []
         for v in verdicts:
             sweep = [lv for lv in v.levels if lv.tok_s]
             peak = max(sweep, key=lambda lv: lv.tok_s or 0.0) if sweep else None
@@ -142,11 +140,13 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
             why = "; ".join(f"{c.name}: {c.message}" for c in v.checks
                             if c.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE)
                             and not c.observe_only)
-            t.add_row(v.target, f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]", v.tag or "-",
-                      f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
-                      str(sum(lv.requests for lv in v.levels)), str(sum(lv.errors for lv in v.levels)),
-                      pct(sum(acc) / sum(dt)) if sum(dt) else "-", why or v.summary)
-        out.print(t)
+            rows.append([v.target, f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]", v.tag or "-",
+                         f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
+                         str(sum(lv.requests for lv in v.levels)), str(sum(lv.errors for lv in v.levels)),
+                         pct(sum(acc) / sum(dt)) if sum(dt) else "-", Text(why or v.summary)])
+        out.print(fit_table(out.width, ["host", "outcome", Col("tag", drop=2), Col("peak tok/s", drop=1),
+                                        Col("requests", drop=4), Col("errors", drop=3), "acceptance",
+                                        Col("why", flex=True)], rows, title="soak"))
         for v in verdicts:
             if v.artifacts_dir:
                 out.print(f"[dim]{v.target}: artifacts in {v.artifacts_dir}[/]")

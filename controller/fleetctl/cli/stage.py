@@ -6,11 +6,11 @@ from typing import Any
 
 import click
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
 from fleetctl import inventory as inv
 from fleetctl import recipes as rec
-from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode
 from fleetctl.stage import StageResult, human_bytes, stage
 
@@ -20,9 +20,7 @@ _STATE_COLOUR = {"staged": "green", "current": "green", "refused": "red", "not s
 def _render_stage(r: StageResult) -> Any:
     def render(out: Console) -> None:
         out.print(f"recipe {r.recipe}  source {r.source}  run {r.run_id}  {r.elapsed:.1f}s")
-        t = Table()
-        for col in ("host", "status", "sets", "copied", "message"):
-            t.add_column(col)
+        rows = []
         for h in r.hosts.values():
             colour = "green" if h.ok else "red"
             sets = ", ".join(f"{s.role} [{_STATE_COLOUR.get(s.state, 'white')}]{s.state}[/]" for s in h.sets) or "-"
@@ -30,8 +28,9 @@ def _render_stage(r: StageResult) -> Any:
             copied = human_bytes(h.bytes_copied) if h.bytes_copied else "-"
             if h.mb_per_s:
                 copied += f" ({h.mb_per_s} MB/s)"
-            t.add_row(who, f"[{colour}]{h.status}[/]", sets, copied, h.message or "")
-        out.print(t)
+            rows.append([who, f"[{colour}]{h.status}[/]", sets, copied, Text(h.message or "")])
+        out.print(fit_table(out.width, ["host", "status", Col("sets", flex=True, min=14), Col("copied", drop=1),
+                                        Col("message", flex=True)], rows))
         for h in r.hosts.values():
             for s in h.sets:
                 if s.problems:
@@ -81,14 +80,16 @@ def recipes_cmd(ctx: Ctx) -> None:
     default = inventory.vars.get("fleetctl_recipe")
 
     def render(out: Console) -> None:
-        t = Table()
-        for col in ("recipe", "image", "served names", "weights", "flags"):
-            t.add_column(col)
+        rows = []
         for r in recipes.values():
             name = f"{r.name} (default)" if r.name == default else r.name
-            weights = "\n".join(f"{w.role}: {w.repo}@{w.revision} -> {w.path}" for w in r.weights)
-            t.add_row(name, r.image, " ".join(r.served_model_names), weights, str(len(r.vllm_args)))
-        out.print(t)
+            weights = "; ".join(f"{w.role}: {w.repo}@{w.revision}" for w in r.weights)
+            rows.append([name, Text(r.image), Text(" ".join(r.served_model_names)), Text(weights),
+                         str(len(r.vllm_args))])
+        # One line per recipe: `--json` has every weight set's path and the full flags.
+        out.print(fit_table(out.width, ["recipe", Col("image", flex=True, min=16, drop=1),
+                                        Col("served names", flex=True, drop=2), Col("weights", flex=True, min=20),
+                                        "flags"], rows))
 
     ctx.emit({"default": default, "recipes": recipes}, render)
 

@@ -8,11 +8,10 @@ from typing import Any
 import click
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from fleetctl import inventory as inv
 from fleetctl import ssh
-from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode
 from fleetctl.status import DEFAULT_TIMEOUT, HostStatus, probe_fleet
 
@@ -39,14 +38,12 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
     """Draw the fleet table."""
 
     def render(out: Console) -> None:
-        t = Table(title="fleet status")
-        for col in ("host", "reachable", "GPU", "driver", "toolkit", "docker", "serving", "digest",
-                    "health", "uptime"):
-            t.add_column(col, overflow="fold")
+        rows = []
         for name, st in statuses.items():
             if not st.reachable:
-                t.add_row(name, f"[red]no[/] ({st.seconds:.1f}s)", f"[red]{escape(st.error or '')}[/]",
-                          *([""] * 7))
+                # The cause goes in "serving": the one free-text column kept at any width.
+                rows.append([name, f"[red]no[/] ({st.seconds:.1f}s)", "", "", "", "",
+                             f"[red]{escape(st.error or '')}[/]", "", "", ""])
                 continue
             c = st.container
             if c is None:
@@ -58,12 +55,16 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                 digest = escape((c.digest or "?").replace("sha256:", "")[:12])
             gpu_ok = st.gpu == "NVIDIA GB10"
             gpu = escape(st.gpu or st.problems.get("gpu", "?"))
-            t.add_row(
+            rows.append([
                 name, f"[green]yes[/] ({st.seconds:.1f}s)", gpu if gpu_ok else f"[yellow]{gpu}[/]",
                 escape(st.driver or "?"), escape(st.toolkit or "-"), escape(st.docker or "?"),
                 serving, digest, _health(st), _uptime(st.uptime_s),
-            )
-        out.print(t)
+            ])
+        # At 80 columns the software versions give way first (`--json` has them all), then GPU and digest.
+        out.print(fit_table(out.width, ["host", "reachable", Col("GPU", drop=3), Col("driver", drop=6),
+                                        Col("toolkit", drop=5), Col("docker", drop=4),
+                                        Col("serving", flex=True, min=16), Col("digest", drop=2), "health",
+                                        Col("uptime", drop=1)], rows, title="fleet status"))
         warn = [n for n, st in statuses.items() if st.reachable and st.next_kernel_has_nvidia is False]
         for n in warn:
             st = statuses[n]
