@@ -233,8 +233,9 @@ class SSHStore:
         return True
 
 
-def update(store: Store, host: Host, change: Callable[[HostState], HostState]) -> HostState:
-    """Read, change and compare-and-swap ``host``'s state, retrying when another controller wrote in between."""
+def update(store: Store, host: Host, change: Callable[[HostState], HostState], retry_broken: bool = True) -> HostState:
+    """Read, change and compare-and-swap ``host``'s state, retrying when another controller wrote in between
+    (and once after an SSH hiccup, unless ``retry_broken`` is False)."""
     broken = 0
     for _ in range(CAS_RETRIES):
         try:
@@ -247,7 +248,7 @@ def update(store: Store, host: Host, change: Callable[[HostState], HostState]) -
             # One SSH hiccup (a channel that did not open in time on a loaded host) is retried: safe,
             # since the retry re-reads, so a swap that did land is seen instead of redone.
             broken += 1
-            if broken > 1:
+            if broken > 1 or not retry_broken:
                 raise
             time.sleep(1.0)
     raise LockedError("its state file kept changing under this controller (another controller is writing it)",
@@ -314,7 +315,7 @@ class HostLocks:
             if s.lock is None or not s.lock.same_process(self.owner):
                 return s  # taken over meanwhile: never write the lock back
             return dataclasses.replace(s, lock=dataclasses.replace(s.lock, heartbeat=now))
-        update(self.store, h, change)
+        update(self.store, h, change, retry_broken=False)
 
     def release(self) -> None:
         """Drop the lock on every host this process holds (a failure to reach one is left to go stale)."""
@@ -324,8 +325,10 @@ class HostLocks:
             self._beat.join(timeout=5)
 
         def one(h: Host) -> None:
+            # No retry: a host that does not answer keeps the lock until it goes stale or is taken over,
+            # and the command's end must not wait twice for it.
             update(self.store, h, lambda s: dataclasses.replace(s, lock=None)
-                   if s.lock is not None and s.lock.same_process(self.owner) else s)
+                   if s.lock is not None and s.lock.same_process(self.owner) else s, retry_broken=False)
         self._fan(list(self.held), one)
         self.held = []
         _LIVE.discard(self.owner.rollout_id)
