@@ -77,8 +77,6 @@ def unchanged(before: dict[str, dict[str, Any]]) -> None:
         assert after[n]["running"] and (after[n]["id"], after[n]["started"]) == (b["id"], b["started"]), (n, after[n])
 
 
-@pytest.mark.xfail(strict=True, reason="needs recovery-engine's fix (issue 9 item 1): a rollback whose target "
-                                       "cannot start is undone on that host and stops the rollback")
 def test_rollback_to_an_image_that_cannot_start_leaves_every_host_as_it_was(
         at_old: dict[str, dict[str, Any]]) -> None:
     fleetlab.add_image(EXIT1, {"EMU_BOOT_FAIL": "RuntimeError: fails on purpose", "EMU_LOAD_SECONDS": "1"})
