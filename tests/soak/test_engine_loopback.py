@@ -144,6 +144,12 @@ def test_slower_server_fails_against_its_baseline_but_passes_without(
     alone = run_soak(slow.target, cfg, None)
     assert alone.check("throughput").outcome is Outcome.PASS, alone.check("throughput").message
     assert alone.outcome is Outcome.PASS, alone.summary
+    assert alone.fingerprint == base.fingerprint == cfg.fingerprint()
+    # The same baseline made by another config (say, other levels) says nothing about this soak.
+    foreign = run_soak(slow.target, cfg, dataclasses.replace(stored, fingerprint="0" * 12))
+    ftp = foreign.check("throughput")
+    assert ftp.outcome is Outcome.PASS and "not compared" in ftp.message, ftp.message
+    assert foreign.baseline_run_id == ""
     # A failing soak never becomes a baseline.
     assert baselines.save(tmp_path, "spark-01", "v2", against) is None
     assert baselines.load(tmp_path, "spark-01", "v2") is None

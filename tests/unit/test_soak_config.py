@@ -95,3 +95,15 @@ def test_from_recipe_reads_names_flags_and_profile() -> None:
     r = _Recipe()
     r.vllm_args = ("--max-num-seqs", "64")
     assert from_recipe(r, profile="spark").speculative is False
+
+
+def test_the_fingerprint_changes_with_what_makes_throughput_comparable() -> None:
+    base = load_config(profile="lab")
+    assert base.fingerprint() == load_config(profile="lab").fingerprint()
+    # The sustained duration and check bounds do not change what a sweep level measures.
+    assert base.with_duration(600).fingerprint() == base.fingerprint()
+    assert load_config({"checks": {"throughput": {"tolerance": 0.3}}}, profile="lab").fingerprint() \
+        == base.fingerprint()
+    for other in (load_config(profile="spark"), load_config({"max_tokens": 64}, profile="lab"),
+                  load_config({"concurrency": [1, 4]}, profile="lab")):
+        assert other.fingerprint() != base.fingerprint()

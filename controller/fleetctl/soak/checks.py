@@ -368,7 +368,8 @@ def check_latency(spec: CheckSpec, ev: Evidence) -> CheckResult:
                   no_data="no sweep level completed")
 
 
-def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None) -> CheckResult:
+def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
+                     baseline_note: str = "") -> CheckResult:
     """Aggregate tok/s per level above the floor and within tolerance of the host's baseline."""
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
@@ -396,7 +397,8 @@ def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None) ->
             out.append(Measurement(lv.label, P, f"{lv.label}: {lv.tok_s:.1f} tok/s >= floor {floor or 0:.0f}",
                                    round(lv.tok_s, 1), floor))
     if baseline is None:
-        ok_msg = "above the floors at every level (no baseline recorded for this host and tag)"
+        ok_msg = ("above the floors at every level ("
+                  + (baseline_note or "no baseline recorded for this host and tag") + ")")
     else:
         ok_msg = f"within {tol:.0%} of baseline {baseline.run_id} at every level"
     return decide(spec, out, ok_message=ok_msg, no_data="no sweep level completed")
@@ -579,8 +581,12 @@ def check_container(spec: CheckSpec, ev: Evidence) -> CheckResult:
     return decide(spec, out, ok_message="no crash, no restart")
 
 
-def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None) -> tuple[CheckResult, ...]:
-    """Every enabled check, in report order (disabled ones are reported as skipped)."""
+def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
+             baseline_note: str = "") -> tuple[CheckResult, ...]:
+    """Every enabled check, in report order (disabled ones are reported as skipped).
+
+    ``baseline_note``: why there is no baseline to compare with, when one was set aside.
+    """
     fns: dict[str, Callable[[CheckSpec], CheckResult]] = {
         "readiness": lambda s: check_readiness(s, ev),
         "identity": lambda s: check_identity(s, ev, config),
@@ -590,7 +596,7 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None) -> tupl
         "correctness": lambda s: check_correctness(s, ev),
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),
-        "throughput": lambda s: check_throughput(s, ev, baseline),
+        "throughput": lambda s: check_throughput(s, ev, baseline, baseline_note),
         "acceptance": lambda s: check_acceptance(s, ev, config),
         "acceptance_decay": lambda s: check_acceptance_decay(s, ev, config),
         "long_context": lambda s: check_long_context(s, ev, config),

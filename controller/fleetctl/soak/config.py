@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import hashlib
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +41,9 @@ CHECKS = (
 )
 
 PROFILES = ("spark", "lab")
+
+#: Bumped whenever prompts or phases change what a level measures: older baselines stop comparing.
+WORKLOAD_VERSION = 2
 
 _COMMON = ("enabled", "observe_only", "failure_limit", "inconclusive_limit", "consecutive_error_limit")
 
@@ -220,6 +225,17 @@ class SoakConfig:
     #: Readiness, identity and smoke only (no load): a rollback's quick check.
     smoke_only: bool = False
     recipe: str = ""
+
+    def fingerprint(self) -> str:
+        """What makes two soaks' throughput comparable: profile, max_tokens, levels, workload.
+
+        A baseline made with another fingerprint is not compared (a lab-profile soak
+        or one at other levels says nothing about this one's tok/s).
+        """
+        key = {"profile": self.profile, "max_tokens": self.max_tokens, "levels": list(self.concurrency),
+               "requests": [self.requests_per_level, self.min_requests_per_level],
+               "classes": list(self.classes), "workload": WORKLOAD_VERSION}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
     def check(self, name: str) -> CheckSpec:
         """The spec of check ``name``."""

@@ -670,7 +670,12 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         ev = asyncio.run(go())
     finally:
         art.close()
-    results = checks.evaluate(ev, config, baseline)
+    baseline_note = ""
+    if baseline is not None and baseline.fingerprint != config.fingerprint():
+        baseline_note = (f"baseline {baseline.run_id} not compared: made by another soak config "
+                         f"(fingerprint {baseline.fingerprint or 'none'}, this soak {config.fingerprint()})")
+        baseline = None
+    results = checks.evaluate(ev, config, baseline, baseline_note=baseline_note)
     outcome = checks.overall(results)
     deciding = [c for c in results if c.outcome is outcome and not c.observe_only]
     summary = outcome.value if outcome is Outcome.PASS else f"{outcome.value}: " + "; ".join(
@@ -694,6 +699,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         served_models=ev.identity.models if ev.identity else (),
         checks=results, levels=ev.levels, windows=ev.windows,
         baseline_run_id=baseline.run_id if baseline else "",
+        fingerprint=config.fingerprint(),
         ttft_samples=tuple(round(s.ttft, 5) for s in ok if s.ttft is not None)[:MAX_DIST_SAMPLES],
         tpot_samples=tuple(round(s.tpot, 6) for s in ok if s.tpot is not None)[:MAX_DIST_SAMPLES],
     )

@@ -207,6 +207,8 @@ class Verdict:
     windows: tuple[Window, ...] = ()
     #: The baseline this soak was compared with (run id), empty when none.
     baseline_run_id: str = ""
+    #: ``SoakConfig.fingerprint()`` of the config that made this verdict (empty: before fingerprints).
+    fingerprint: str = ""
     #: Latency samples for the report's distributions (seconds), per phase.
     ttft_samples: tuple[float, ...] = ()
     tpot_samples: tuple[float, ...] = ()
