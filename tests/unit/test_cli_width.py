@@ -18,10 +18,12 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from fleetctl import inventory, recipes
+from fleetctl.ansible import HostResult, PlaybookResult
 from fleetctl.cli import lab as lab_cli
 from fleetctl.cli import stage as stage_cli
 from fleetctl.cli.main import cli
 from fleetctl.cli.output import Col, _LiveTable, fit_table
+from fleetctl.cli.provision import render_result as render_provision
 from fleetctl.cli.rollout import render_plan, render_result
 from fleetctl.cli.status import render_status
 from fleetctl.lab import LabNode, LabStatus
@@ -155,3 +157,14 @@ def test_fit_table_drops_highest_first_and_cuts_free_text() -> None:
     text = render(lambda con: con.print(t))
     assert "yyyyyyyy" in text and "zzzz" not in text and "…" in text
     assert all(len(ln) <= 40 for ln in text.splitlines())
+
+
+def test_provision_fits() -> None:
+    hosts = {h: HostResult(h, ok=41, changed=3, failed=0, unreachable=0,
+                           warnings=("the next kernel 6.11.0-1016-nvidia has no nvidia module: reboot would lose "
+                                     "the GPU until DKMS builds it",),
+                           reports={"preflight": {"gpu": {"name": "NVIDIA GB10", "driver": "580.95.05"}}})
+             for h in HOSTS}
+    r = PlaybookResult("pv-20260701-120000", "provision.yml", Path("/var/tmp/state/runs/pv-20260701-120000"),
+                       hosts, 84.2, "successful", 0)
+    assert_fits(render(render_provision(r, False)), len(HOSTS))
