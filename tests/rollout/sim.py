@@ -181,7 +181,7 @@ class SimOps:
         if c is None:
             return None
         return remote.Serving(c.name, c.running, c.status, f"img@{c.digest}", c.digest, c.tag, "r", c.rollout,
-                              {"labels": dict(c.labels)})
+                              {"labels": dict(c.labels)}, c.labels.get(remote.LABEL_FINGERPRINT))
 
     # docker primitives
     def _rm_f(self, h: SimHost, name: str) -> None:
@@ -282,7 +282,8 @@ class SimOps:
             if digest not in h.images:
                 raise FleetError(f"docker run: no image {digest}", host=h.name)
             h.containers[name] = Container(name, digest, tag, rollout_id, False, "created",
-                                           {remote.LABEL_TAG: tag, remote.LABEL_DIGEST: digest})
+                                           {remote.LABEL_TAG: tag, remote.LABEL_DIGEST: digest,
+                                            remote.LABEL_FINGERPRINT: remote.fingerprint(recipe)})
             self._start_then(h, name, "start")
 
     def restore(self, name: str) -> remote.Serving | None:

@@ -10,6 +10,7 @@ hold no active record, and a later rollout must start and complete.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from fleetctl import inventory, paths
 from fleetctl.errors import ExitCode
+from fleetctl.rollout import host as remote
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
 
@@ -251,3 +253,62 @@ def iter_points() -> Iterator[str]:
     with tempfile.TemporaryDirectory() as d:
         _run(fleet, Path(d), "rollout", tag=B)
     yield from fleet.points
+
+
+def _skips(r: RolloutResult) -> dict[str, str]:
+    return {h.host: h.verdict or "" for h in r.hosts if h.status == L.SKIPPED}
+
+
+def test_rollback_goes_to_the_last_known_good_not_the_newest_record(tmp_path: Path) -> None:
+    fleet = _fleet()
+    _run(fleet, tmp_path, "rollout", tag=B)
+    assert _run(fleet, tmp_path, "rollback", tag=C).status == L.COMPLETED
+    # v3 came by --to (no full gate): the last known-good is v2, not v1 from the older rollout.
+    assert _run(fleet, tmp_path, "rollback").status == L.COMPLETED
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
+
+
+def test_rollback_after_a_canary_failure_names_every_host_already_there(tmp_path: Path) -> None:
+    fleet = _fleet()
+    assert _run(fleet, tmp_path, "rollout", tag=SOAKBAD).status == L.FAILED
+    r = _run(fleet, tmp_path, "rollback")
+    assert r.status == L.COMPLETED and r.exit_code == ExitCode.OK
+    assert set(_skips(r)) == set(HOSTS)
+    assert all("already there" in why for why in _skips(r).values())
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+
+
+def test_rollback_skips_a_first_deploy_and_hosts_not_in_the_last_rollout(tmp_path: Path) -> None:
+    fleet = SimFleet({"spark-01": A, "spark-02": A, "spark-03": A, "spark-04": A}, TAGS)
+    del fleet.hosts["spark-03"].containers["vllm"]
+    eng = _engine(fleet, tmp_path)
+    try:
+        assert eng.rollout(Options(tag=B, limit="spark-01,spark-02,spark-03", soak=1.0)).status == L.COMPLETED
+        r = eng.rollback()
+    finally:
+        eng.close()
+    assert r.status == L.COMPLETED
+    skips = _skips(r)
+    assert "first deploy" in skips["spark-03"]
+    assert "not in the last rollout" in skips["spark-04"]
+    assert fleet.serving_tags() == {"spark-01": A, "spark-02": A, "spark-03": B, "spark-04": A}
+
+
+def test_a_recipe_only_change_rolls_out_through_the_canary_and_gates(tmp_path: Path) -> None:
+    fleet = _fleet()
+    assert _run(fleet, tmp_path, "rollout", tag=B).status == L.COMPLETED
+    again = _run(fleet, tmp_path, "rollout", tag=B)
+    assert {h.status for h in again.hosts} == {L.SKIPPED}, "same image, same settings: nothing to do"
+    eng = _engine(fleet, tmp_path)
+    changed = dataclasses.replace(eng.recipe(), docker_args=(*eng.recipe().docker_args, "--shm-size=32g"))
+    eng.recipe = lambda name=None: changed  # type: ignore[method-assign]
+    fleet.hosts["spark-01"].behaviour[digest_of(B)] = SOAKFAIL  # the new settings fail the canary's soak
+    try:
+        r = eng.rollout(_opts(B))
+    finally:
+        eng.close()
+    assert r.plan is not None and [h.reason for h in r.plan.hosts] == ["settings"] * 3
+    assert r.status == L.FAILED
+    assert fleet.hosts["spark-01"].containers["vllm"].labels[remote.LABEL_FINGERPRINT] == remote.fingerprint(
+        _engine(fleet, tmp_path).recipe()), "the canary is back on the old settings"
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)

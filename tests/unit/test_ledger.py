@@ -104,3 +104,27 @@ def test_lock_refuses_live_holder_and_takes_over_after_kill_9(tmp_path: Path) ->
     finally:
         p.kill()
         p.wait(10)
+
+
+def test_a_version_1_ledger_is_migrated_and_keeps_its_records(tmp_path: Path) -> None:
+    db = sqlite3.connect(str(tmp_path / L.LEDGER_NAME))
+    for stmt in L._MIGRATIONS[0].split(";"):
+        if stmt.strip():
+            db.execute(stmt)
+    db.execute("PRAGMA user_version=1")
+    db.commit()
+    db.close()
+    with L.open_ledger(tmp_path) as led:
+        make(led)
+    with L.open_ledger(tmp_path) as led:
+        assert led.get("ro-1").hosts[0].before_digest == "sha256:old"
+        assert led.known_good("s1") == []
+        led.add_known_good("s1", tag="old", digest="sha256:old", fingerprint=None, settings={"env": ["HF_TOKEN"]},
+                           source="found", rollout_id=None, only_if_none=True)
+        led.add_known_good("s1", tag="x", digest="sha256:x", fingerprint=None, settings=None, source="found",
+                           rollout_id=None, only_if_none=True)
+        led.add_known_good("s1", tag="new", digest=D, fingerprint="f1", settings=None, source="gate",
+                           rollout_id="ro-1")
+        assert [(k.tag, k.source) for k in led.known_good("s1")] == [("new", "gate"), ("old", "found")]
+    version = sqlite3.connect(str(tmp_path / L.LEDGER_NAME)).execute("PRAGMA user_version").fetchone()[0]
+    assert version == L.SCHEMA_VERSION == 2

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
+from fleetctl import inventory, paths
 from fleetctl.errors import FleetError
+from fleetctl.recipes import recipe_for
 from fleetctl.rollout import plan
+from fleetctl.rollout.host import fingerprint
 
 HOSTS = [f"s{i:02d}" for i in range(1, 11)]
 D_NEW, D_OLD = "sha256:" + "b" * 64, "sha256:" + "a" * 64
@@ -72,3 +77,23 @@ def test_hosts_serving_nothing_are_deployed_and_no_hosts_is_refused() -> None:
     assert all(h.action == "deploy" and h.current_tag is None for h in p.hosts)
     with pytest.raises(FleetError, match="no hosts"):
         build(hosts=[])
+
+
+def test_same_image_with_other_container_settings_is_deployed() -> None:
+    cur = {h: ("t-v2", D_NEW) for h in HOSTS[:4]}
+    fps = {"s01": "fp-new", "s02": "fp-old", "s03": None, "s04": "fp-new"}
+    p = build(current=cur, fingerprint="fp-new", current_fingerprints=fps)
+    assert [(h.host, h.action, h.reason) for h in p.hosts] == [
+        ("s01", "skip", "already there"), ("s02", "deploy", "settings"), ("s03", "deploy", "settings"),
+        ("s04", "skip", "already there")]
+    assert p.waves == (("s02",), ("s03",))
+
+
+def test_fingerprint_is_pure_and_follows_every_rendered_setting() -> None:
+    r = recipe_for(inventory.load(paths.project_root() / "inventory" / "example"), None)
+    assert fingerprint(r) == fingerprint(replace(r))
+    assert len(fingerprint(r)) == 64
+    for change in ({"docker_args": (*r.docker_args, "--shm-size=32g")}, {"env": {**r.env, "X": "1"}},
+                   {"vllm_args": (*r.vllm_args, "--max-num-seqs", "8")}, {"secret_env": (*r.secret_env, "K")}):
+        assert fingerprint(replace(r, **change)) != fingerprint(r), change  # type: ignore[arg-type]
+    assert fingerprint(replace(r, image="other/image")) == fingerprint(r), "the image is the digest's business"

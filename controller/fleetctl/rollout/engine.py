@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import shlex
 import sys
@@ -271,7 +272,10 @@ class Engine:
                    for n, f in facts.items()}
         p = P.build(recipe=recipe.name, image=img.image, requested=opts.tag, tag=img.tag, digest=img.digest,
                     pull_ref=ref, hosts=[h.name for h in hosts], current=current, waves=opts.waves,
-                    max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget)
+                    max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,
+                    fingerprint=remote.fingerprint(recipe),
+                    current_fingerprints={n: f.serving.fingerprint if f.serving and f.serving.running else None
+                                          for n, f in facts.items()})
         return p, recipe, facts, hosts
 
     # -- rollout ---------------------------------------------------------------------------
@@ -304,6 +308,13 @@ class Engine:
                              "before_digest": before.digest if before else None,
                              "before": before.settings if before else None,
                              "target_tag": p.tag, "target_digest": p.digest})
+            for hp in p.hosts:
+                b = facts[hp.host].serving
+                if b is not None and b.running and b.digest:
+                    # What served before fleetctl first touched the host is its first known-good.
+                    self.ledger.add_known_good(hp.host, tag=b.tag, digest=b.digest, fingerprint=b.fingerprint,
+                                               settings=b.settings, source="found", rollout_id=None,
+                                               only_if_none=True)
             self.ledger.create(rid, kind="rollout", recipe=recipe.name, requested=p.requested, tag=p.tag,
                                digest=p.digest, image=p.image, options=options, command=_command_line(),
                                waves=p.waves, hosts=rows)
@@ -423,7 +434,8 @@ class Engine:
                 tw = time.monotonic()
                 rec = self.ledger.get(rid)
                 pending = [h for h in members
-                           if (r := rec.host(h)) is not None and not self._host_finished(rid, r, p, hosts[h])]
+                           if (r := rec.host(h)) is not None
+                           and not self._host_finished(rid, r, p, hosts[h], remote.fingerprint(recipe))]
                 if not pending:
                     continue
                 self.ledger.set_wave(rid, w, L.RUNNING)
@@ -476,7 +488,7 @@ class Engine:
         return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs),
                             pulls=pulls)
 
-    def _host_finished(self, rid: str, r: L.HostRecord, p: P.Plan, h: Host) -> bool:
+    def _host_finished(self, rid: str, r: L.HostRecord, p: P.Plan, h: Host, fp: str) -> bool:
         """True when the host needs no step: skipped, already judged (rolled back or reported down:
         a resume never re-gates a version its gate failed), or done AND really serving the target."""
         if r.status in (L.SKIPPED, L.ROLLED_BACK, L.HOST_FAILED):
@@ -484,7 +496,7 @@ class Engine:
         if r.status != L.DONE:
             return False
         cur = self.ops(h).inspect(remote.container_name(h))
-        if cur is not None and cur.running and cur.digest == p.digest:
+        if cur is not None and cur.running and cur.digest == p.digest and cur.fingerprint in (fp, None):
             return True
         self.ledger.host_phase(rid, h.name, "drifted", detail="the ledger said done but the host does not serve "
                                "the target: redoing it", status=L.PENDING)
@@ -586,6 +598,10 @@ class Engine:
         summary = gate.summarise(verdict, t)
         figures = gate.figures(verdict)
         if verdict.outcome.value == "pass":
+            now = ops.inspect(remote.container_name(h))
+            # Known-good first, then done: a kill between them leaves a host to re-check, never a lost intent.
+            self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
+                                       settings=now.settings if now else None, source="gate", rollout_id=rid)
             self._phase(rid, h, "done", verdict.summary, {**show, "health": "ok", **figures}, status=L.DONE,
                         after_tag=p.tag, after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
             if self.held is not None:
@@ -699,32 +715,79 @@ class Engine:
                                  fix="use `fleetctl rollback` to return to the previous version")
             parent = active or self.ledger.latest()
             recipe = self.recipe(recipe_name or (parent.recipe if parent else None))
-            selected = [h.name for h in self.inv.select(limit)]
-            self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
-            targets: dict[str, tuple[str | None, str, str]] = {}
-            if to:
-                img = self._resolve(recipe.image, to, self.mirrors)
-                ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
-                targets = {n: (img.tag, img.digest, ref) for n in selected}
+            everyone = [h.name for h in self.inv.select(limit)]
+            if limit or parent is None or (to and not only_active):
+                selected = everyone
             else:
-                for hr in parent.hosts if parent else ():
-                    if hr.host in selected and hr.before_digest and hr.status != L.SKIPPED:
-                        targets[hr.host] = (hr.before_tag, hr.before_digest,
-                                            registry.pull_ref(recipe.image, hr.before_digest, self.mirrors))
-                # Hosts this ledger never touched (another operator's checkout): their own record.
-                unknown = [n for n in selected if parent is None or parent.host(n) is None]
-                for n, v in self._known_good(unknown).items():
-                    targets[n] = (v.tag, v.digest, registry.pull_ref(recipe.image, v.digest, self.mirrors))
-                if not targets:
-                    raise FleetError(f"no host of {parent.kind} {parent.id} has a previous version to return to"
-                                     if parent else "neither this ledger nor the hosts record a version to return to",
-                                     fix="pass --to TAG")
+                # Without --limit, the hosts of the last (or the interrupted) rollout or rollback.
+                mine = {h.host for h in parent.hosts}
+                selected = [n for n in everyone if n in mine]
+            skips: dict[str, str] = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
+                                     if n not in selected and parent is not None}
+            self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
+            name = {n: remote.container_name(self.inv.host(n)) for n in selected}
+            looks = ssh.fan_out([self.inv.host(n) for n in selected], lambda h: self.ops(h).inspect(name[h.name]),
+                                timeout=120)
+            unreachable = [o.error.message() for o in looks.values() if o.error is not None]
+            if unreachable:
+                raise FleetError("could not look at every host before the rollback:\n  " + "\n  ".join(unreachable),
+                                 fix="bring the host back, or leave it out with --limit '!NAME'")
+            current = {n: looks[n].value for n in selected}
+            targets: dict[str, tuple[str | None, str, str]] = {}
+            img = self._resolve(recipe.image, to, self.mirrors) if to else None
+            tgt: tuple[str | None, str]
+            for n in selected:
+                cur = current[n]
+                serving = (cur.digest, cur.fingerprint) if cur is not None and cur.running else None
+                if img is not None:
+                    tgt = (img.tag, img.digest)
+                    if serving is not None and serving[0] == img.digest:
+                        skips[n] = f"already there (serving {img.tag})"
+                        continue
+                elif only_active:
+                    hr = parent.host(n) if parent is not None else None
+                    if hr is None or hr.status == L.SKIPPED:
+                        skips[n] = f"not changed by {parent.id if parent else 'it'}"
+                        continue
+                    if not hr.before_digest:
+                        skips[n] = "first deploy: nothing served before it (leave it, or `fleetctl rollout` a version)"
+                        continue
+                    tgt = (hr.before_tag, hr.before_digest)
+                    if serving is not None and serving[0] == hr.before_digest:
+                        skips[n] = f"already there (serving {hr.before_tag})"
+                        continue
+                else:
+                    known = self.ledger.known_good(n)
+                    if not known:
+                        # A host this ledger never knew (another operator's checkout): its own record.
+                        v = self._known_good([n]).get(n)
+                        if v is None:
+                            skips[n] = "first deploy: no known-good version recorded (pass --to TAG)"
+                        elif serving is not None and serving[0] == v.digest:
+                            skips[n] = f"already there (serving its last known-good {v.tag}, recorded on the host)"
+                        else:
+                            targets[n] = (v.tag, v.digest, registry.pull_ref(recipe.image, v.digest, self.mirrors))
+                        continue
+                    # The newest known-good that is not what the host serves now.
+                    other = [k for k in known if serving is None or not _same(k.digest, k.fingerprint, *serving)]
+                    if not other and len(known) == 1 and known[0].source == "gate":
+                        skips[n] = f"first deploy: {known[0].tag} is the only version known good here"
+                        continue
+                    if not other:
+                        skips[n] = f"already there (serving its last known-good {known[0].tag})"
+                        continue
+                    tgt = (other[0].tag, other[0].digest)
+                targets[n] = (tgt[0], tgt[1], registry.pull_ref(recipe.image, tgt[1], self.mirrors))
             names = [n for n in selected if n in targets]
-            mu = P.parse_size(max_unavailable or "1", "--max-unavailable").of(len(names))
-            rows = [{"host": n, "wave": 0, "step": i // mu, "target_tag": targets[n][0], "target_digest": targets[n][1]}
-                    for i, n in enumerate(names)]
-            self.ledger.create(rid, kind="rollback", recipe=recipe.name, requested=to, tag=to and targets[names[0]][0],
-                               digest=to and targets[names[0]][1], image=recipe.image,
+            mu = P.parse_size(max_unavailable or "1", "--max-unavailable").of(max(1, len(names)))
+            rows: list[dict[str, Any]] = [
+                {"host": n, "wave": 0, "step": i // mu, "target_tag": targets[n][0], "target_digest": targets[n][1]}
+                for i, n in enumerate(names)]
+            rows += [{"host": n, "wave": -1, "step": -1, "status": L.SKIPPED, "phase": "skipped",
+                      "verdict": json.dumps({"summary": f"skipped: {why}"})} for n, why in skips.items()]
+            self.ledger.create(rid, kind="rollback", recipe=recipe.name, requested=to,
+                               tag=targets[names[0]][0] if to and names else to,
+                               digest=targets[names[0]][1] if to and names else None, image=recipe.image,
                                options={"max_unavailable": mu, "to": to}, command=_command_line(), waves=[names],
                                hosts=rows, parent=parent.id if parent else None)
             if self.held is not None:
@@ -876,6 +939,11 @@ class Engine:
             rec.id, rec.kind, rec.status, rec.recipe or "", rec.tag, rec.digest, rec.image,
             tuple(host_outcome(h) for h in rec.hosts), plan=p, error=rec.error, seconds=seconds,
             prefetch_seconds=prefetch, pull_seconds=dict(pulls or {}), wave_seconds=waves)
+
+
+def _same(digest: str, fingerprint: str | None, digest2: str | None, fingerprint2: str | None) -> bool:
+    """The same container version: same digest, and same settings when both fingerprints are known."""
+    return digest == digest2 and (not fingerprint or not fingerprint2 or fingerprint == fingerprint2)
 
 
 def host_outcome(h: L.HostRecord) -> HostOutcome:

@@ -9,6 +9,7 @@ exact settings (and secrets) it ran with, without a pull.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from collections.abc import Mapping, Sequence
@@ -24,14 +25,34 @@ from fleetctl.stage import MARKER
 #: The serving container's name on every host (``fleetctl_container_name`` overrides it).
 DEFAULT_CONTAINER = "vllm"
 PREV_SUFFIX = ".prev"
-LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE = (
-    "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image")
+LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERPRINT = (
+    "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
+    "fleetctl.fingerprint")
 _PULL_TIMEOUT = 1800.0
 
 
 def container_name(host: Host) -> str:
     """The name of the serving container on ``host``."""
     return str(host.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER)
+
+
+def fingerprint(recipe: Recipe) -> str:
+    """The fingerprint of the container settings ``recipe`` renders, whatever the image.
+
+    A host needs a rollout step when its container's ``fleetctl.fingerprint``
+    label differs from this (or its image digest from the target's), so that a
+    recipe-only change (flags, drafter revision, env, mounts) rolls out through
+    the same canary and gates. Pure; the ``vllm_serve`` Ansible role computes
+    the same: the sha256 hex digest of ``json.dumps(doc, sort_keys=True,
+    separators=(",", ":"))`` where ``doc`` is ``{"docker_args": [...],
+    "entrypoint": "vllm", "env": {NAME: value}, "mounts": [[src, dst], ...],
+    "secret_env": [NAME, ...], "serve": [serve argv...]}`` (secret values
+    never enter it: only their names).
+    """
+    doc = {"docker_args": list(recipe.docker_args), "entrypoint": "vllm", "env": dict(recipe.env),
+           "mounts": [[src, dst] for src, dst in recipe.mounts()], "secret_env": sorted(recipe.secret_env),
+           "serve": list(recipe.serve_argv())}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -48,6 +69,8 @@ class Serving:
     rollout: str | None
     #: Redacted settings: image, entrypoint, cmd, env NAMES, binds, network/ipc mode, labels.
     settings: dict[str, Any] = field(default_factory=dict)
+    #: The ``fleetctl.fingerprint`` label (None on a container fleetctl did not start, or an older one).
+    fingerprint: str | None = None
 
 
 def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> Serving:
@@ -81,6 +104,7 @@ def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> 
         name=str(c.get("Name", "")).lstrip("/"), running=bool(state.get("Running")),
         status=str(state.get("Status", "")), image=image_ref, digest=digest, tag=tag,
         recipe=labels.get(LABEL_RECIPE), rollout=labels.get(LABEL_ROLLOUT), settings=settings,
+        fingerprint=labels.get(LABEL_FINGERPRINT),
     )
 
 
@@ -233,7 +257,8 @@ def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rol
     argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
             "--label", f"{LABEL_RECIPE}={recipe.name}", "--label", f"{LABEL_TAG}={tag}",
             "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout_id}",
-            "--label", f"{LABEL_IMAGE}={recipe.image}", *recipe.docker_args]
+            "--label", f"{LABEL_IMAGE}={recipe.image}", "--label", f"{LABEL_FINGERPRINT}={fingerprint(recipe)}",
+            *recipe.docker_args]
     for src, dst in recipe.mounts():
         argv += ["-v", f"{src}:{dst}:ro"]
     for k, v in recipe.env.items():

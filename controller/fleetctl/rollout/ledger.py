@@ -7,8 +7,19 @@ committed), one writer per fleet enforced by a lock row that names the
 holder's pid, host and process start time, so that a lock left by a killed
 controller is recognised as stale and taken over by ``--resume``.
 
+Each host's *known-good* versions are kept too (``known_good``): the image
+digest and container-settings fingerprint that last passed a full gate on
+it, or that served before fleetctl first touched it. Rollback, abort and
+resume act on these recorded intents, not on "the newest record".
+
 Nothing secret is written here: container settings are recorded with
 environment values removed (names only).
+
+The public interface (what another backend, e.g. PostgreSQL, implements):
+``acquire``/``release``/``holder`` (the fleet lock), ``create``,
+``set_status``, ``set_wave``, ``host_phase``, ``note`` (writes, each one
+transaction), ``get``/``ids``/``latest``/``history`` (reads),
+``known_good``/``add_known_good`` (per-host intent), ``close``.
 """
 
 from __future__ import annotations
@@ -29,7 +40,8 @@ from typing import Any
 
 from fleetctl.errors import ExitCode, FleetError, LockedError
 
-SCHEMA_VERSION = 1
+#: 1: rollouts, waves, hosts, phases, lock. 2: known_good.
+SCHEMA_VERSION = 2
 LEDGER_NAME = "ledger.sqlite3"
 
 #: Rollout statuses. ``running`` with a stale lock means the controller died.
@@ -78,6 +90,16 @@ CREATE TABLE lock (
   proc_start TEXT NOT NULL, acquired_at REAL NOT NULL
 );
 """
+#: Each schema version's statements after the previous one (index 0: version 1 from nothing).
+_MIGRATIONS = (_SCHEMA, """
+CREATE TABLE known_good (
+  host TEXT NOT NULL, digest TEXT NOT NULL, fingerprint TEXT NOT NULL DEFAULT '',
+  tag TEXT, settings TEXT,             -- settings: JSON container settings, env values removed
+  source TEXT NOT NULL,                -- gate | found (served before fleetctl first touched the host)
+  rollout_id TEXT, at REAL NOT NULL,
+  PRIMARY KEY (host, digest, fingerprint)
+);
+""")
 
 
 @dataclass(frozen=True)
@@ -151,6 +173,22 @@ class RolloutRecord:
     def host(self, name: str) -> HostRecord | None:
         """The record of one host, if it took part."""
         return next((h for h in self.hosts if h.host == name), None)
+
+
+@dataclass(frozen=True)
+class KnownGood:
+    """A version a host is known to serve well: it passed a full gate there, or served before fleetctl came."""
+
+    host: str
+    tag: str | None
+    digest: str
+    #: The container settings' fingerprint (see ``rollout.host.fingerprint``); "" when unknown.
+    fingerprint: str
+    settings: dict[str, Any] | None
+    #: ``gate`` or ``found``.
+    source: str
+    rollout_id: str | None
+    at: float
 
 
 @dataclass(frozen=True)
@@ -248,11 +286,13 @@ class Ledger:
                 if has_tables:
                     raise FleetError(f"{self.path} is not a fleetctl ledger (unversioned tables)",
                                      fix="move the file away or set FLEETCTL_STATE_DIR")
-                # Statement by statement inside this transaction (executescript would commit early),
-                # so that two controllers creating the ledger at once cannot both do it.
-                for stmt in _SCHEMA.split(";"):
+            # Statement by statement inside this transaction (executescript would commit early),
+            # so that two controllers creating or upgrading the ledger at once cannot both do it.
+            for script in _MIGRATIONS[version:]:
+                for stmt in script.split(";"):
                     if stmt.strip():
                         db.execute(stmt)
+            if version < SCHEMA_VERSION:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     # -- the lock ------------------------------------------------------------------------
@@ -382,6 +422,29 @@ class Ledger:
         with self._tx() as db:
             db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
                        (rollout_id, None, phase, time.time(), detail))
+
+    def add_known_good(self, host: str, *, tag: str | None, digest: str, fingerprint: str | None,
+                       settings: Mapping[str, Any] | None, source: str, rollout_id: str | None,
+                       only_if_none: bool = False) -> None:
+        """Record that ``host`` serves ``digest`` with these settings well (the newest entry wins).
+
+        ``only_if_none``: record only when the host has no known-good yet (what
+        served before fleetctl first touched it).
+        """
+        with self._tx() as db:
+            if only_if_none and db.execute("SELECT 1 FROM known_good WHERE host=?", (host,)).fetchone():
+                return
+            db.execute("INSERT OR REPLACE INTO known_good VALUES (?,?,?,?,?,?,?,?)",
+                       (host, digest, fingerprint or "", tag, json.dumps(dict(settings)) if settings else None,
+                        source, rollout_id, time.time()))
+
+    def known_good(self, host: str) -> list[KnownGood]:
+        """The host's known-good versions, newest first."""
+        with self._mu:
+            rows = self._db.execute("SELECT * FROM known_good WHERE host=? ORDER BY at DESC, rowid DESC",
+                                    (host,)).fetchall()
+        return [KnownGood(r["host"], r["tag"], r["digest"], r["fingerprint"], _loads(r["settings"]), r["source"],
+                          r["rollout_id"], r["at"]) for r in rows]
 
     # -- reading -------------------------------------------------------------------------
 

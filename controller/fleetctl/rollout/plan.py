@@ -9,7 +9,7 @@ stops the rollout, whatever the failure budget. Nothing here touches a host.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetctl.errors import FleetError
@@ -85,8 +85,11 @@ class HostPlan:
     step: int
     current_tag: str | None
     current_digest: str | None
-    #: ``deploy``; or ``skip`` when it already serves the target digest.
+    #: ``deploy``; or ``skip`` when it already serves the target digest with the target settings.
     action: str
+    #: Why it is deployed: ``image`` (another digest, or nothing serving) or ``settings`` (same image,
+    #: another container-settings fingerprint: a recipe-only change).
+    reason: str = "image"
 
 
 @dataclass(frozen=True)
@@ -125,15 +128,28 @@ def build(
     waves: str | None = None,
     max_unavailable: str | None = None,
     failure_budget: str | None = None,
+    fingerprint: str | None = None,
+    current_fingerprints: Mapping[str, str | None] | None = None,
 ) -> Plan:
     """The plan for ``hosts`` (inventory order), given what each serves now (tag, digest).
 
-    Hosts already serving ``digest`` are kept in the plan as ``skip`` (so a
+    A host needs a step when what it runs differs from the desired container:
+    in image digest, or (when ``fingerprint`` is given) in the fingerprint of
+    the recipe's rendered container settings (``current_fingerprints``: each
+    host's ``fleetctl.fingerprint`` label, None when it has none). Hosts that
+    already serve the desired container are kept in the plan as ``skip`` (so a
     resumed or repeated rollout is a no-op for them) but take no wave slot.
     """
     if not hosts:
         raise FleetError("no hosts to roll out to", fix="check --limit and the inventory")
-    todo = [h for h in hosts if current.get(h, (None, None))[1] != digest]
+    fps = current_fingerprints or {}
+    reasons: dict[str, str] = {}
+    for h in hosts:
+        if current.get(h, (None, None))[1] != digest:
+            reasons[h] = "image"
+        elif fingerprint is not None and fps.get(h) != fingerprint:
+            reasons[h] = "settings"
+    todo = [h for h in hosts if h in reasons]
     total = len(hosts)
     mu = parse_size(max_unavailable or "1", "--max-unavailable").of(total)
     budget = parse_size(failure_budget or "0", "--failure-budget", allow_zero=True)
@@ -144,11 +160,11 @@ def build(
         for s, step in enumerate(split_steps(members, mu)):
             for h in step:
                 tag_now, dig_now = current.get(h, (None, None))
-                plans.append(HostPlan(h, w, s, tag_now, dig_now, "deploy"))
+                plans.append(HostPlan(h, w, s, tag_now, dig_now, "deploy", reasons[h]))
     for h in hosts:
         if h not in todo:
             tag_now, dig_now = current[h]
-            plans.append(HostPlan(h, -1, -1, tag_now, dig_now, "skip"))
+            plans.append(HostPlan(h, -1, -1, tag_now, dig_now, "skip", "already there"))
     order = list(hosts)
     plans.sort(key=lambda p: order.index(p.host))
     return Plan(recipe, image, requested, tag, digest, pull_ref, tuple(tuple(w) for w in wave_lists), mu,
