@@ -312,3 +312,13 @@ def test_a_recipe_only_change_rolls_out_through_the_canary_and_gates(tmp_path: P
     assert fleet.hosts["spark-01"].containers["vllm"].labels[remote.LABEL_FINGERPRINT] == remote.fingerprint(
         _engine(fleet, tmp_path).recipe()), "the canary is back on the old settings"
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
+
+
+def test_what_served_when_a_rollout_moved_a_host_away_is_known_good(tmp_path: Path) -> None:
+    fleet = _fleet()
+    assert _run(fleet, tmp_path, "rollback", tag=C).status == L.COMPLETED
+    assert _run(fleet, tmp_path, "rollout", tag=B).status == L.COMPLETED
+    assert _run(fleet, tmp_path, "rollback").status == L.COMPLETED
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, C)
+    with L.open_ledger(tmp_path) as led:
+        assert [(k.tag, k.source) for k in led.known_good("spark-01")] == [(B, "gate"), (C, "served"), (A, "found")]

@@ -310,11 +310,13 @@ class Engine:
                              "target_tag": p.tag, "target_digest": p.digest})
             for hp in p.hosts:
                 b = facts[hp.host].serving
-                if b is not None and b.running and b.digest:
-                    # What served before fleetctl first touched the host is its first known-good.
+                if b is not None and b.running and b.digest and hp.action == "deploy":
+                    # What a host serves when a rollout moves it away is known good to go back to
+                    # (before fleetctl first touched it: ``found``).
+                    first = not self.ledger.known_good(hp.host)
                     self.ledger.add_known_good(hp.host, tag=b.tag, digest=b.digest, fingerprint=b.fingerprint,
-                                               settings=b.settings, source="found", rollout_id=None,
-                                               only_if_none=True)
+                                               settings=b.settings, source="found" if first else "served",
+                                               rollout_id=None)
             self.ledger.create(rid, kind="rollout", recipe=recipe.name, requested=p.requested, tag=p.tag,
                                digest=p.digest, image=p.image, options=options, command=_command_line(),
                                waves=p.waves, hosts=rows)
@@ -779,6 +781,11 @@ class Engine:
                     tgt = (other[0].tag, other[0].digest)
                 targets[n] = (tgt[0], tgt[1], registry.pull_ref(recipe.image, tgt[1], self.mirrors))
             names = [n for n in selected if n in targets]
+            for n in names:
+                c = current[n]
+                if c is not None and c.running and c.digest and not self.ledger.known_good(n):
+                    self.ledger.add_known_good(n, tag=c.tag, digest=c.digest, fingerprint=c.fingerprint,
+                                               settings=c.settings, source="found", rollout_id=None)
             mu = P.parse_size(max_unavailable or "1", "--max-unavailable").of(max(1, len(names)))
             rows: list[dict[str, Any]] = [
                 {"host": n, "wave": 0, "step": i // mu, "target_tag": targets[n][0], "target_digest": targets[n][1]}

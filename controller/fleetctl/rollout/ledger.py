@@ -9,7 +9,8 @@ controller is recognised as stale and taken over by ``--resume``.
 
 Each host's *known-good* versions are kept too (``known_good``): the image
 digest and container-settings fingerprint that last passed a full gate on
-it, or that served before fleetctl first touched it. Rollback, abort and
+it, or that served before fleetctl first touched it (or, later, that was
+serving when a rollout moved the host away from it). Rollback, abort and
 resume act on these recorded intents, not on "the newest record".
 
 Nothing secret is written here: container settings are recorded with
@@ -95,7 +96,7 @@ _MIGRATIONS = (_SCHEMA, """
 CREATE TABLE known_good (
   host TEXT NOT NULL, digest TEXT NOT NULL, fingerprint TEXT NOT NULL DEFAULT '',
   tag TEXT, settings TEXT,             -- settings: JSON container settings, env values removed
-  source TEXT NOT NULL,                -- gate | found (served before fleetctl first touched the host)
+  source TEXT NOT NULL,                -- gate | found (before fleetctl first touched the host) | served
   rollout_id TEXT, at REAL NOT NULL,
   PRIMARY KEY (host, digest, fingerprint)
 );
@@ -185,7 +186,8 @@ class KnownGood:
     #: The container settings' fingerprint (see ``rollout.host.fingerprint``); "" when unknown.
     fingerprint: str
     settings: dict[str, Any] | None
-    #: ``gate`` or ``found``.
+    #: ``gate`` (passed a full gate here), ``found`` (served before fleetctl first touched the host)
+    #: or ``served`` (was serving, running, when a rollout moved the host away from it).
     source: str
     rollout_id: str | None
     at: float
@@ -428,13 +430,17 @@ class Ledger:
                        only_if_none: bool = False) -> None:
         """Record that ``host`` serves ``digest`` with these settings well (the newest entry wins).
 
-        ``only_if_none``: record only when the host has no known-good yet (what
-        served before fleetctl first touched it).
+        Recording a version again makes it the newest; a ``gate`` source is
+        never downgraded. ``only_if_none``: record only when the host has no
+        known-good yet.
         """
         with self._tx() as db:
             if only_if_none and db.execute("SELECT 1 FROM known_good WHERE host=?", (host,)).fetchone():
                 return
-            db.execute("INSERT OR REPLACE INTO known_good VALUES (?,?,?,?,?,?,?,?)",
+            db.execute("INSERT INTO known_good VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (host, digest, fingerprint) DO"
+                       " UPDATE SET tag=excluded.tag, settings=coalesce(excluded.settings, settings),"
+                       " source=CASE WHEN source='gate' THEN 'gate' ELSE excluded.source END,"
+                       " rollout_id=coalesce(excluded.rollout_id, rollout_id), at=excluded.at",
                        (host, digest, fingerprint or "", tag, json.dumps(dict(settings)) if settings else None,
                         source, rollout_id, time.time()))
 
