@@ -89,8 +89,6 @@ def test_rollback_to_an_image_that_cannot_start_leaves_every_host_as_it_was(
     assert out["status"] != "completed" and "fails on purpose" in (out["error"] or ""), out
 
 
-@pytest.mark.xfail(strict=True, reason="needs recovery-engine's fix (issue 9 item 3): rollback after a failed "
-                                       "canary acts on each host's last known-good and reports skipped hosts")
 def test_rollback_after_a_failed_canary_keeps_the_canary_on_its_last_known_good(
         at_old: dict[str, dict[str, Any]]) -> None:
     r = run_rollout(CRASH)
