@@ -141,3 +141,9 @@ def test_an_endless_line_is_refused_once_it_passes_the_cap() -> None:
         for _ in range((MAX_LINE_BYTES >> 16) + 2):
             p.feed(chunk, 0.0)
     assert len(p.pending) <= MAX_LINE_BYTES + len(chunk)
+
+
+def test_thinking_goes_to_the_chat_template_only_when_set() -> None:
+    off = json.loads(chat_body(ChatRequest("m", "hi", 8, 0.0, thinking=False)))
+    assert off["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in json.loads(chat_body(ChatRequest("m", "hi", 8, 0.0)))

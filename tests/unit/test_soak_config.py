@@ -107,3 +107,11 @@ def test_the_fingerprint_changes_with_what_makes_throughput_comparable() -> None
     for other in (load_config(profile="spark"), load_config({"max_tokens": 64}, profile="lab"),
                   load_config({"concurrency": [1, 4]}, profile="lab")):
         assert other.fingerprint() != base.fingerprint()
+
+
+def test_load_requests_run_with_thinking_off_unless_the_recipe_says_so() -> None:
+    assert load_config().thinking is False and load_config(profile="lab").thinking is False
+    on = load_config({"thinking": True})
+    assert on.thinking is True and on.fingerprint() != load_config().fingerprint()
+    with pytest.raises(SoakConfigError, match="thinking"):
+        load_config({"thinking": "no"})

@@ -75,6 +75,9 @@ _SPARK: dict[str, Any] = {
     "request_timeout": 180.0,
     "max_tokens": 256,
     "temperature": 0.0,
+    # The seeds' reference figures (throughput and acceptance floors) were measured with
+    # thinking off; Qwen3.6's template turns it on by default.
+    "thinking": False,
     "concurrency": [1, 4, 16, 32, 64],
     "requests_per_level": 2,
     "min_requests_per_level": 4,
@@ -150,7 +153,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {"spark": _SPARK, "lab": _lab_profile()}
 
 _TOP_KEYS = (
     "profile", "model", "speculative", "readiness_timeout", "readiness_poll", "request_timeout",
-    "max_tokens", "temperature", "concurrency", "requests_per_level", "min_requests_per_level",
+    "max_tokens", "temperature", "thinking", "concurrency", "requests_per_level", "min_requests_per_level",
     "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
     "sustained", "checks",
 )
@@ -224,6 +227,8 @@ class SoakConfig:
     checks: Mapping[str, CheckSpec]
     #: Readiness, identity and smoke only (no load): a rollback's quick check.
     smoke_only: bool = False
+    #: The chat template's thinking for load requests (classes, sweep, sustained).
+    thinking: bool = False
     recipe: str = ""
 
     def fingerprint(self) -> str:
@@ -233,6 +238,7 @@ class SoakConfig:
         or one at other levels says nothing about this one's tok/s).
         """
         key = {"profile": self.profile, "max_tokens": self.max_tokens, "levels": list(self.concurrency),
+               "thinking": self.thinking,
                "requests": [self.requests_per_level, self.min_requests_per_level],
                "classes": list(self.classes), "workload": WORKLOAD_VERSION}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -326,6 +332,10 @@ def load_config(
     if spec_raw is not None and not isinstance(spec_raw, bool):
         raise SoakConfigError(f"{where}.speculative {spec_raw!r} is not true/false",
                               fix="leave it out to follow the recipe's --speculative-config")
+    thinking = raw.get("thinking", d.get("thinking", False))
+    if not isinstance(thinking, bool):
+        raise SoakConfigError(f"{where}.thinking {thinking!r} is not true/false",
+                              fix="thinking: false (the reference figures' setting) or true")
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
         raise SoakConfigError(f"{where}.model must be a served model name", fix="e.g. model: qwen36-fast")
@@ -356,6 +366,7 @@ def load_config(
                                    "sustained.max_requests"),
         checks=_load_checks(raw.get("checks", {}), d["checks"], f"{where}.checks"),
         recipe=recipe,
+        thinking=thinking,
     )
 
 

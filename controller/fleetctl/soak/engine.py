@@ -436,7 +436,7 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
                     return
             cls = classes[(i + wid) % len(classes)]
             req = ChatRequest(st.model, prompts.prompt_for(cls, i, long_chars), cfg.max_tokens,
-                              cfg.temperature, ignore_eos=True)
+                              cfg.temperature, thinking=cfg.thinking, ignore_eos=True)
             left = max(deadline - time.monotonic(), 1.0)
             s = await client.chat(req, phase=phase, cls=cls, concurrency=concurrency, t0=st.t0,
                                   timeout=min(cfg.request_timeout, left + cfg.request_timeout))
