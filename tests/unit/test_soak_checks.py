@@ -165,3 +165,20 @@ def test_acceptance_has_an_absolute_floor_outside_the_class_phase() -> None:
     # No drafts in a window is missing data, not a collapse.
     quiet = dataclasses.replace(healthy, windows=(*healthy.windows, _sus(9, None)))
     assert checks.check_acceptance(spec, quiet, cfg).outcome is P
+
+
+def test_sustained_acceptance_is_compared_with_the_classes_and_the_baseline() -> None:
+    cfg = load_config()
+    spec = cfg.check("acceptance")
+    classes = (Window("coding", "classes", 0, 1, acceptance_rate=0.4, per_position=(0.4,)),)
+    held = Evidence(READY, windows=classes + tuple(_sus(i, 0.38) for i in range(4)), load_ran=True,
+                    spec_seen=True)
+    assert checks.check_acceptance(spec, held, cfg).outcome is P
+    # Above every absolute floor, yet a third of what the same run measured per class.
+    low = Evidence(READY, windows=classes + tuple(_sus(i, 0.12) for i in range(4)), load_ran=True,
+                   spec_seen=True)
+    r = checks.check_acceptance(spec, low, cfg)
+    assert r.outcome is F and "of this run's short classes" in r.message
+    base = dataclasses.replace(_verdict(()), windows=tuple(_sus(i, 0.8) for i in range(4)))
+    r = checks.check_acceptance(spec, held, cfg, base)
+    assert r.outcome is F and "baseline" in r.message and "sustained phase" in r.message

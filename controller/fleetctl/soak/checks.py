@@ -417,8 +417,13 @@ def _spec_applies(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckRes
     return None
 
 
-def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
-    """Draft acceptance rate per prompt class above its floor (per-class /metrics windows)."""
+def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig,
+                     baseline: Verdict | None = None) -> CheckResult:
+    """Draft acceptance rate per prompt class above its floor (per-class /metrics windows).
+
+    Also: every sweep/sustained window above ``phase_floor``, and the sustained phase's
+    median within ``min_ratio`` of this run's short classes and of the baseline's sustained phase.
+    """
     if (r := _spec_applies(spec, ev, config)) is not None:
         return r
     floors = spec.params.get("floor", {})
@@ -440,7 +445,40 @@ def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Check
     phase_floor = spec.params.get("phase_floor")
     if phase_floor is not None:
         out.extend(_phase_floor(ev.windows, float(phase_floor)))
+    ratio = spec.params.get("min_ratio")
+    if ratio is not None:
+        out.extend(_sustained_ratio(ev.windows, baseline, float(ratio)))
     return decide(spec, out, ok_message=f"above the floors: {rates}", no_data="no per-class window")
+
+
+def _sustained_median(windows: Sequence[Window]) -> float | None:
+    rates = [a for w in windows if w.phase == "sustained" and (a := position0(w)) is not None]
+    return statistics.median(rates) if rates else None
+
+
+def _sustained_ratio(windows: Sequence[Window], baseline: Verdict | None, ratio: float) -> list[Measurement]:
+    """The sustained phase's median acceptance against this run's classes and the baseline's.
+
+    The median of windows, not their mean: one window straddling a phase edge must not decide.
+    """
+    sus = _sustained_median(windows)
+    if sus is None:
+        return []
+    out: list[Measurement] = []
+    short = [a for w in windows if w.phase == "classes" and w.label != "long_context"
+             and (a := position0(w)) is not None]
+    refs = [("classes", "this run's short classes", statistics.fmean(short) if short else None)]
+    if baseline is not None:
+        refs.append(("baseline", f"baseline {baseline.run_id}'s sustained phase",
+                     _sustained_median(baseline.windows)))
+    for label, what, ref in refs:
+        if not ref:
+            continue
+        held = sus / ref
+        out.append(Measurement(f"sustained vs {label}", F if held < ratio else P,
+                               f"sustained acceptance {pct(sus)} is {held:.0%} of {what} {pct(ref)} "
+                               f"(bound {ratio:.0%})", round(held, 4), ratio))
+    return [m for m in out if m.outcome is F]
 
 
 def _phase_floor(windows: Sequence[Window], floor: float) -> list[Measurement]:
@@ -597,7 +635,7 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),
         "throughput": lambda s: check_throughput(s, ev, baseline, baseline_note),
-        "acceptance": lambda s: check_acceptance(s, ev, config),
+        "acceptance": lambda s: check_acceptance(s, ev, config, baseline),
         "acceptance_decay": lambda s: check_acceptance_decay(s, ev, config),
         "long_context": lambda s: check_long_context(s, ev, config),
         "preemptions": lambda s: check_preemptions(s, ev),

@@ -57,7 +57,7 @@ _PARAMS: dict[str, dict[str, str]] = {
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
     "throughput": {"tolerance": "fraction", "floor_tok_s": "levels"},
-    "acceptance": {"floor": "classes", "phase_floor": "fraction"},
+    "acceptance": {"floor": "classes", "phase_floor": "fraction", "min_ratio": "fraction"},
     "acceptance_decay": {"max_drop": "fraction", "min_windows": "count"},
     "long_context": {"floor": "fraction", "min_ratio": "fraction"},
     "preemptions": {"max_per_minute": "number"},
@@ -106,7 +106,10 @@ _SPARK: dict[str, Any] = {
                                  "natural_language": 0.1, "extraction": 0.14, "long_context": 0.2},
                        # Every sweep and sustained window: a collapse that happens outside the
                        # per-class phase (or a decay that plateaus low) must not pass.
-                       "phase_floor": 0.03},
+                       "phase_floor": 0.03,
+                       # Sustained median against the run's own classes and the baseline's
+                       # sustained phase: a drop to half is a decay, whatever the floors say.
+                       "min_ratio": 0.5},
         "acceptance_decay": {"max_drop": 0.5, "min_windows": 3},
         "long_context": {"floor": 0.2, "min_ratio": 0.5},
         "preemptions": {"max_per_minute": 10.0},
@@ -144,7 +147,7 @@ def _lab_profile() -> dict[str, Any]:
     checks["preemptions"] = {"max_per_minute": 60.0}
     checks["correctness"] = {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 192}
     # Few short requests per class: floors that only catch a collapse, not a class's mix.
-    checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02}
+    checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5}
     checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
     return lab
 
