@@ -147,17 +147,20 @@ def test_smoke_answers() -> None:
     assert checks.check_smoke(spec, Evidence(READY, smoke=(_smoke("", ok=False),))).outcome is F
 
 
+def _acc_run(sustained: float, coding: float = 0.4) -> Evidence:
+    """A coding class window, then four sustained windows at one acceptance rate."""
+    classes = (Window("coding", "classes", 0, 1, acceptance_rate=coding, per_position=(coding,)),)
+    return Evidence(READY, windows=classes + tuple(_sus(i, sustained) for i in range(4)), load_ran=True,
+                    spec_seen=True)
+
+
 def test_acceptance_has_an_absolute_floor_outside_the_class_phase() -> None:
     cfg = load_config()
     spec = cfg.check("acceptance")
-    classes = (Window("coding", "classes", 0, 1, acceptance_rate=0.4, per_position=(0.5,)),)
-    healthy = Evidence(READY, windows=classes + tuple(_sus(i, 0.4) for i in range(4)), load_ran=True,
-                       spec_seen=True)
+    healthy = _acc_run(0.4)
     assert checks.check_acceptance(spec, healthy, cfg).outcome is P
     # A decay that finished and plateaued near zero: the trend check sees a flat line.
-    plateau = Evidence(READY, windows=classes + tuple(_sus(i, 0.01) for i in range(4)), load_ran=True,
-                       spec_seen=True)
-    r = checks.check_acceptance(spec, plateau, cfg)
+    r = checks.check_acceptance(spec, _acc_run(0.01), cfg)
     assert r.outcome is F and "absolute floor" in r.message and "sustained #0" in r.message
     sweep = Window("c=16", "sweep", 0, 1, acceptance_rate=0.0, per_position=(0.0,))
     assert checks.check_acceptance(spec, dataclasses.replace(healthy, windows=(*healthy.windows, sweep)),
@@ -170,14 +173,10 @@ def test_acceptance_has_an_absolute_floor_outside_the_class_phase() -> None:
 def test_sustained_acceptance_is_compared_with_the_classes_and_the_baseline() -> None:
     cfg = load_config()
     spec = cfg.check("acceptance")
-    classes = (Window("coding", "classes", 0, 1, acceptance_rate=0.4, per_position=(0.4,)),)
-    held = Evidence(READY, windows=classes + tuple(_sus(i, 0.38) for i in range(4)), load_ran=True,
-                    spec_seen=True)
+    held = _acc_run(0.38)
     assert checks.check_acceptance(spec, held, cfg).outcome is P
     # Above every absolute floor, yet a third of what the same run measured per class.
-    low = Evidence(READY, windows=classes + tuple(_sus(i, 0.12) for i in range(4)), load_ran=True,
-                   spec_seen=True)
-    r = checks.check_acceptance(spec, low, cfg)
+    r = checks.check_acceptance(spec, _acc_run(0.12), cfg)
     assert r.outcome is F and "of this run's short classes" in r.message
     base = dataclasses.replace(_verdict(()), windows=tuple(_sus(i, 0.8) for i in range(4)))
     r = checks.check_acceptance(spec, held, cfg, base)
