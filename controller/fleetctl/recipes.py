@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
 
+from fleetctl import secretenv
 from fleetctl.errors import RecipeError
 from fleetctl.inventory import Host, Inventory
 
@@ -121,6 +122,24 @@ class Recipe:
         if not has_flag(self.vllm_args, "--port"):
             argv += ["--port", str(self.port)]
         return argv
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Settings that work but weaken the fleet's security, each with its fix (shown, not refused)."""
+        out: list[str] = []
+        if secretenv.HUB_TOKEN_ENV in self.secret_env:
+            out.append(
+                f"recipe {self.name!r} lists {secretenv.HUB_TOKEN_ENV} in secret_env: serving containers do "
+                f"not get it (anyone in the docker group could read it with `docker inspect`, and weights "
+                f"are staged before by `fleetctl stage`, which reads ${secretenv.HUB_TOKEN_ENV} itself); "
+                f"remove it from secret_env")
+        host = self.flag("--host")
+        if secretenv.API_KEY_ENV not in self.secret_env and host in (None, "0.0.0.0", "::", ""):
+            out.append(
+                f"recipe {self.name!r} serves an API without a key on every interface of the host "
+                f"(--network host, --host {host or '0.0.0.0 (vLLM default)'}); list {secretenv.API_KEY_ENV} in "
+                f"secret_env and set it on the controller (docs/security.md)")
+        return tuple(out)
 
     def mounts(self) -> list[tuple[str, str]]:
         """``(host path, container path)`` pairs to bind-mount read-only."""
@@ -420,6 +439,13 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
                 bad("vllm_args --gpu-memory-utilization",
                     f"{gmu} is above {MAX_GPU_MEMORY_UTILIZATION}: GB10's unified memory thrashes",
                     f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the seeds use 0.60-0.80)")
+
+    if has_flag(r.vllm_args, "--api-key"):
+        bad("vllm_args --api-key",
+            "puts the API key on the command line, where `ps`, `docker inspect`, the ledger and "
+            "vLLM's startup log show it",
+            f"remove --api-key and its value, list {secretenv.API_KEY_ENV} in secret_env and set "
+            f"${secretenv.API_KEY_ENV} (or ${secretenv.file_var(secretenv.API_KEY_ENV)}, a 0600 file) on the controller")
 
     port_flag = r.flag("--port")
     if port_flag is not None and port_flag != str(r.port):

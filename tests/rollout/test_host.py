@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl import inventory
+from fleetctl.errors import FleetError
 from fleetctl.recipes import load_recipes
 from fleetctl.rollout import engine
 from fleetctl.rollout import host as remote
@@ -26,7 +27,7 @@ def lab_inventory(tmp_path: Path) -> inventory.Inventory:
 
 def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(lab_inventory: inventory.Inventory) -> None:
     recipe = next(iter(load_recipes(lab_inventory).values()))
-    recipe = dataclasses.replace(recipe, secret_env=("HF_TOKEN",))
+    recipe = dataclasses.replace(recipe, secret_env=("HF_TOKEN", "VLLM_API_KEY"))
     h = lab_inventory.host("s1")
     ref = f"10.0.0.1:5000/aeon-7/x@{DIGEST}"
     argv = remote.run_argv(h, recipe, ref, tag="2026-07-01-v0.24.0", digest=DIGEST, rollout_id="ro-1", name="vllm")
@@ -41,7 +42,9 @@ def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(lab_inven
     i = argv.index("--entrypoint")
     assert argv[i:i + 3] == ["--entrypoint", "vllm", ref] and argv[i + 3:] == recipe.serve_argv()
     # the secret is passed by name: docker takes the value from the environment the command runs in
-    assert argv[argv.index("HF_TOKEN") - 1] == "-e" and not any("HF_TOKEN=" in a for a in argv)
+    assert argv[argv.index("VLLM_API_KEY") - 1] == "-e" and not any("VLLM_API_KEY=" in a for a in argv)
+    # the hub token never enters a serving container: weights are staged before
+    assert not any("HF_TOKEN" in a for a in argv)
 
 
 def test_inspect_reading_prefers_labels_then_the_image_reference() -> None:
@@ -79,3 +82,23 @@ def test_weights_count_as_staged_only_with_the_stage_marker_for_the_recipes_repo
     broken = remote.unstaged_weights(recipe, {**good, first.path: "unreadable: Expecting value"})
     assert len(broken) == 1 and "unreadable" in broken[0]
     assert len(remote.unstaged_weights(recipe, {})) == len(recipe.weights)
+
+
+def test_a_bad_webhook_or_a_missing_api_key_is_refused_before_any_host_is_touched(
+        lab_inventory: inventory.Inventory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETCTL_WEBHOOK_URL", raising=False)
+    eng = engine.Engine(lab_inventory, secrets={}, state_dir=tmp_path / "state")
+    try:
+        # the host s1 (10.0.0.1) is never contacted: both refusals come before planning
+        with pytest.raises(FleetError) as e:
+            eng.rollout(engine.Options(tag="v1", webhook="http://hooks.example.com/T0/s3cretT0KEN"))
+        assert "plain http" in e.value.cause and "s3cret" not in e.value.message()
+        with pytest.raises(FleetError) as e:
+            eng.rollback(to="v1", webhook="https://hooks.example.com/x y")
+        assert "whitespace" in e.value.cause
+        recipe = next(iter(load_recipes(lab_inventory).values()))
+        with pytest.raises(FleetError) as e:
+            eng._check_recipe(dataclasses.replace(recipe, secret_env=("VLLM_API_KEY",)))
+        assert "requires VLLM_API_KEY" in e.value.cause
+    finally:
+        eng.close()

@@ -99,7 +99,7 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @click.option("--on-inconclusive", type=click.Choice(["pause", "fail"]), default="pause", show_default=True,
               help="What an inconclusive gate does.")
 @click.option("--ready-timeout", type=float, help="Seconds a server may take to become ready.")
-@click.option("--webhook", help="URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
+@click.option("--webhook", help="https URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
 @click.option("--resume", is_flag=True, help="Continue the paused or interrupted rollout from each host's real state.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
@@ -140,7 +140,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
 @rollout.command("abort")
 @click.option("--force", is_flag=True, help="Also drop a lock held by a controller on another machine "
               "(implies --take-over).")
-@click.option("--webhook", help="URL receiving JSON events.")
+@click.option("--webhook", help="https URL receiving JSON events.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
 @json_option
@@ -162,7 +162,7 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 @click.option("--limit", "-l", help="Ansible-style host pattern.")
 @click.option("--recipe", "-r", help="Recipe (default: the last rollout's).")
 @click.option("--max-unavailable", help="Hosts restarted at once, count or % (default 1).")
-@click.option("--webhook", help="URL receiving JSON events.")
+@click.option("--webhook", help="https URL receiving JSON events.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
 @json_option

@@ -7,6 +7,7 @@ endpoint that is down, or the soak could not run (bad options, no hosts).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -15,7 +16,7 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from fleetctl import paths, ssh
+from fleetctl import paths, secretenv, ssh
 from fleetctl.cli.output import Col, Ctx, fit_table, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
@@ -80,7 +81,8 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         cfg = _adjust(from_recipe(recipe, profile=prof), duration, smoke_only, ready_timeout)
         container = DockerOverSSH(h, str(h.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER))
         tag = _tag_of(container)
-        target = SoakTarget(h.name, f"http://{h.address}:{recipe.port}", container, tag)
+        target = SoakTarget(h.name, f"http://{h.address}:{recipe.port}", container, tag,
+                            api_key=secretenv.api_key(recipe.secret_env, recipe=recipe.name))
         base = baselines.load(state, h.name, baseline_tag or tag) if not smoke_only else None
         jobs.append(_Job(target, cfg, base, state, new_run_id(h.name)))
     return jobs
@@ -97,7 +99,8 @@ def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, du
             raise FleetError(f"--endpoint {url!r} is not an http(s) URL", fix="e.g. --endpoint http://10.0.0.11:8000")
         cfg = _adjust(load_config({}, profile=profile, served_model_names=models), duration, smoke_only, ready_timeout)
         name = url.split("://", 1)[1].rstrip("/")
-        target = SoakTarget(name, url.rstrip("/"))
+        # Any vLLM behind --endpoint may require a key: $VLLM_API_KEY (or its _FILE) when set.
+        target = SoakTarget(name, url.rstrip("/"), api_key=secretenv.lookup(secretenv.API_KEY_ENV, os.environ))
         jobs.append(_Job(target, cfg, None, state, new_run_id(name)))
     return jobs
 

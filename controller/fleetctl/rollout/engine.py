@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fleetctl import paths, registry, ssh
+from fleetctl import paths, registry, secretenv, ssh
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
@@ -166,15 +166,17 @@ class Engine:
         (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet.
         ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with ``ops``)."""
         self.inv = inventory
+        self.secrets = dict(os.environ if secrets is None else secrets)
+        #: Token services besides the registry's own host that may receive its credentials (https only).
+        self.auth_hosts: tuple[str, ...] = tuple(str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
         self.ops = ops or remote.SshHostOps
-        self.gates: gate.Gates = gates or gate.SoakGates()
+        self.gates: gate.Gates = gates or gate.SoakGates(self.secrets)
         self._resolve = resolve or registry.resolve
         #: Set on Ctrl-C: every worker restores its host at its next phase boundary, then stops.
         self._cancel = threading.Event()
         self.progress = progress
         self.state_dir = state_dir or paths.state_dir(inventory.path)
         self.ledger = L.open_ledger(self.state_dir)
-        self.secrets = dict(os.environ if secrets is None else secrets)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
         # The lock and intent on the hosts: the local lock only covers this state dir.
@@ -193,12 +195,25 @@ class Engine:
         self.progress(Event(phase, message, host, data))
 
     def _webhook(self, rid: str, url: str | None) -> Webhook:
+        """The run's webhook; constructing it validates the URL (call it before touching any host)."""
         u = url or os.environ.get("FLEETCTL_WEBHOOK_URL") or self.inv.vars.get("fleetctl_webhook_url")
-        return Webhook(str(u) if u else None, rid, str(self.inv.path), self.progress)
+        allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
+        return Webhook(str(u) if u else None, rid, str(self.inv.path), self.progress, allow_http=allow_http)
 
     def recipe(self, name: str | None = None) -> Recipe:
         """The recipe ``name`` (default: the inventory's ``fleetctl_recipe``)."""
         return recipe_for(self.inv, name)
+
+    def _container_secrets(self, recipe: Recipe) -> dict[str, str]:
+        """The values of the recipe's container secrets, from the environment or ``NAME_FILE``."""
+        return secretenv.resolve(secretenv.container_secrets(recipe.secret_env), self.secrets)
+
+    def _check_recipe(self, recipe: Recipe) -> None:
+        """Refuse a recipe whose required secrets are missing; show its security warnings."""
+        self._container_secrets(recipe)
+        secretenv.api_key(recipe.secret_env, self.secrets, recipe=recipe.name)
+        for w in recipe.warnings:
+            self._emit("warning", w)
 
     def _hold(self, rid: str, kind: str, hosts: Sequence[Host]) -> None:
         """Claim ``hosts`` in their own state files, all or nothing (LockedError names the holder)."""
@@ -262,6 +277,7 @@ class Engine:
         if not opts.tag:
             raise FleetError("no tag given", fix="pass --tag, e.g. --tag v0.24.0")
         recipe = self.recipe(opts.recipe)
+        self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
         self._emit("resolve", f"{recipe.image}:{opts.tag}")
         img = self._resolve(recipe.image, opts.tag, self.mirrors)
@@ -284,6 +300,7 @@ class Engine:
         """Plan, then (unless dry-run) prefetch and go wave by wave through the gates."""
         rid = L.new_id("rollout")
         t_start = time.monotonic()
+        self._webhook(rid, opts.webhook)
         if opts.dry_run:
             p, recipe, _facts, _hosts = self.plan(opts)
             return RolloutResult(None, "rollout", "planned", recipe.name, p.tag, p.digest, p.image,
@@ -334,6 +351,7 @@ class Engine:
     def resume(self, opts: Options) -> RolloutResult:
         """Continue the paused or interrupted rollout, from each host's real state."""
         t_start = time.monotonic()
+        self._webhook("resume", opts.webhook)
         rec = self.ledger.latest(statuses=L.ACTIVE)
         if rec is None:
             raise FleetError("there is no paused or interrupted rollout to resume",
@@ -345,9 +363,14 @@ class Engine:
             self.ledger.note(rec.id, "resumed", _command_line())
             recipe = self.recipe(rec.recipe)
             self._hold(rec.id, rec.kind, [self.inv.host(h.host) for h in rec.hosts])
+            self._check_recipe(recipe)
             if rec.kind == "rollback":
                 self.ledger.set_status(rec.id, L.RUNNING)
-                return self._rollback_run(rec.id, recipe, self._webhook(rec.id, opts.webhook))
+                hook = self._webhook(rec.id, opts.webhook)
+                try:
+                    return self._rollback_run(rec.id, recipe, hook)
+                finally:
+                    hook.close()
             o = rec.options
             soak = opts.soak if opts.soak is not None else o.get("soak")
             ropts = dataclasses.replace(opts, tag=rec.tag, recipe=rec.recipe, soak=soak,
@@ -415,6 +438,13 @@ class Engine:
              resume: bool, t0: float) -> RolloutResult:
         """The waves of a recorded rollout; ``t0`` is when the command started (planning included)."""
         hook = self._webhook(rid, opts.webhook)
+        try:
+            return self._waves(rid, recipe, opts, p, hosts, resume, t0, hook)
+        finally:
+            hook.close()
+
+    def _waves(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, hosts: Mapping[str, Host],
+               resume: bool, t0: float, hook: Webhook) -> RolloutResult:
         hook.send("start" if not resume else "wave", tag=p.tag, digest=p.digest, recipe=recipe.name,
                   hosts=[h.host for h in p.hosts], waves=[list(w) for w in p.waves], resumed=resume)
         for hp in p.hosts:
@@ -579,7 +609,7 @@ class Engine:
             self._check_cancel()
             self._phase(rid, h, "starting", None, show)
             t0 = time.monotonic()
-            ops.start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid, secrets=self.secrets)
+            ops.start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid, secrets=self._container_secrets(recipe))
             t["start"] = time.monotonic() - t0
         self._check_cancel()
         cfg = gate.config(recipe, opts.soak, h)
@@ -709,6 +739,7 @@ class Engine:
         is paused or after its controller died: that one is then aborted.
         """
         rid = L.new_id("rollback")
+        hook = self._webhook(rid, webhook)
         self.ledger.acquire(rid)
         try:
             active = self.ledger.latest(statuses=L.ACTIVE)
@@ -717,6 +748,7 @@ class Engine:
                                  fix="use `fleetctl rollback` to return to the previous version")
             parent = active or self.ledger.latest()
             recipe = self.recipe(recipe_name or (parent.recipe if parent else None))
+            self._check_recipe(recipe)
             everyone = [h.name for h in self.inv.select(limit)]
             if limit or parent is None or (to and not only_active):
                 selected = everyone
@@ -802,10 +834,10 @@ class Engine:
                 self.held.seed({n: (hoststate.Version(targets[n][0], targets[n][1], rid, now), None) for n in names})
             if active is not None:
                 self.ledger.set_status(active.id, L.ABORTED, f"undone by {rid}")
-            hook = self._webhook(rid, webhook)
             hook.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
             return self._rollback_run(rid, recipe, hook)
         finally:
+            hook.close()
             self._unhold()
             self.ledger.release(rid)
 
@@ -876,7 +908,7 @@ class Engine:
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).
                 ops.retire(name, rid, digest, grace=0)
                 self._phase(rid, h, "starting", None, show)
-                ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid, secrets=self.secrets)
+                ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid, secrets=self._container_secrets(recipe))
             cfg = gate.config(recipe, None, h)
             ready = self.gates.wait(h, recipe, tag or "", cfg, None, self._forward(h, show, "loading"))
             t["ready"] = time.monotonic() - t0

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from fleetctl import secretenv
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
@@ -41,10 +42,13 @@ def config(recipe: Recipe, soak_seconds: float | None, host: Host) -> SoakConfig
     return cfg.with_duration(soak_seconds) if soak_seconds is not None else cfg
 
 
-def target(host: Host, recipe: Recipe, tag: str) -> SoakTarget:
-    """The soak target of ``host``'s serving container (its logs and state read over SSH)."""
+def target(host: Host, recipe: Recipe, tag: str, api_key: str | None = None) -> SoakTarget:
+    """The soak target of ``host``'s serving container (its logs and state read over SSH).
+
+    ``api_key`` is sent as ``Authorization: Bearer`` when the recipe's vLLM requires one.
+    """
     return SoakTarget(host.name, f"http://{host.address}:{recipe.port}",
-                      DockerOverSSH(host, container_name(host)), tag)
+                      DockerOverSSH(host, container_name(host)), tag, api_key=api_key)
 
 
 def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progress) -> Readiness:
@@ -95,18 +99,29 @@ class Gates(Protocol):
 
 
 class SoakGates:
-    """:class:`Gates` through the soak engine, against the real server."""
+    """:class:`Gates` through the soak engine, against the real server.
+
+    ``secrets`` (default: the environment) holds the recipe's ``VLLM_API_KEY`` (or its
+    ``_FILE``), sent as ``Authorization: Bearer`` when the recipe requires a key.
+    """
+
+    def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
+        self.secrets = secrets
+
+    def _target(self, host: Host, recipe: Recipe, tag: str) -> SoakTarget:
+        key = secretenv.api_key(recipe.secret_env, self.secrets, recipe=recipe.name)
+        return target(host, recipe, tag, key)
 
     def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,
              progress: Progress) -> Readiness:
-        return wait(target(host, recipe, tag), cfg, timeout, progress)
+        return wait(self._target(host, recipe, tag), cfg, timeout, progress)
 
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, state_dir: Path,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
-        return soak(target(host, recipe, tag), cfg, state_dir, baseline_tag, artifacts, run_id, progress)
+        return soak(self._target(host, recipe, tag), cfg, state_dir, baseline_tag, artifacts, run_id, progress)
 
     def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
-        return smoke(target(host, recipe, tag), cfg, artifacts)
+        return smoke(self._target(host, recipe, tag), cfg, artifacts)
 
 
 def failed_checks(v: Verdict) -> list[str]:

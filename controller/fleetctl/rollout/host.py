@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleetctl import ssh
+from fleetctl import secretenv, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
@@ -263,7 +263,7 @@ def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rol
         argv += ["-v", f"{src}:{dst}:ro"]
     for k, v in recipe.env.items():
         argv += ["-e", f"{k}={v}"]
-    for k in recipe.secret_env:
+    for k in secretenv.container_secrets(recipe.secret_env):
         argv += ["-e", k]  # docker reads the value from its own environment: set from stdin below
     return [*argv, "--entrypoint", "vllm", ref, *recipe.serve_argv()]
 
@@ -273,7 +273,7 @@ def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollou
     """Start the recipe's container from ``ref``; secret values travel on stdin, never in argv."""
     name = container_name(host)
     argv = run_argv(host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, name=name)
-    present = [k for k in recipe.secret_env if k in secrets]
+    present = [k for k in secretenv.container_secrets(recipe.secret_env) if k in secrets]
     script = "".join(f"{k}={shlex.quote(secrets[k])}\nexport {k}\n" for k in present)
     # `eval "$(cat)"` reads the assignments from stdin, so values never show in `ps` or logs.
     cmd = f'eval "$(cat)"; exec {shlex.join(argv)}'

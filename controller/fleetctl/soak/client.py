@@ -310,8 +310,10 @@ class Client:
     """An aiohttp session against one server's base URL. Use as ``async with Client(url) as c``."""
 
     def __init__(self, base_url: str, *, connections: int = 128, request_timeout: float = 180.0,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0, api_key: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        # vLLM with --api-key/$VLLM_API_KEY answers 401 on /v1/* without it (/health, /metrics stay open).
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.connections = connections
         self.request_timeout = request_timeout
         self.connect_timeout = connect_timeout
@@ -322,7 +324,7 @@ class Client:
         # the client must never be the one queueing requests.
         connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=0, ttl_dns_cache=300)
         self._session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=self._headers,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
         )
         return self

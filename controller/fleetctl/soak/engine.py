@@ -288,7 +288,7 @@ def wait_ready(target: SoakTarget, timeout: float = 600.0, poll: float = 2.0,
     """
 
     async def go() -> Readiness:
-        async with Client(target.base_url, connections=4) as c:
+        async with Client(target.base_url, connections=4, api_key=target.api_key) as c:
             return await await_ready(c, target, timeout, poll, progress)
 
     return asyncio.run(go())
@@ -663,7 +663,8 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
 
     async def go() -> Evidence:
         conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8
-        async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout) as c:
+        async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout,
+                          api_key=target.api_key) as c:
             return await _soak(c, st)
 
     try:

@@ -74,6 +74,8 @@ class SoakTarget:
     container: ContainerAccess | None = field(default=None, compare=False)
     #: The image tag being judged (recorded in the verdict and used to key baselines).
     tag: str = ""
+    #: Sent as ``Authorization: Bearer`` (vLLM's --api-key / $VLLM_API_KEY); never shown or stored.
+    api_key: str | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)

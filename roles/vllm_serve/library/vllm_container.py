@@ -135,9 +135,15 @@ def render(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, roll
         argv += ["-v", f"{src}:{dst}:ro"]
     for k, v in (recipe.get("env") or {}).items():
         argv += ["-e", f"{k}={_env_value(v)}"]
-    for k in recipe.get("secret_env") or []:
-        argv += ["-e", str(k)]
+    for k in container_secret_names(recipe):
+        argv += ["-e", k]
     return [*argv, "--entrypoint", "vllm", ref, *_serve(recipe)]
+
+
+def container_secret_names(recipe: dict) -> list[str]:
+    """The recipe's secret_env without HF_TOKEN: weights are staged before, so a serving container never
+    needs the hub token (and anyone in the docker group could read it with docker inspect)."""
+    return [str(k) for k in recipe.get("secret_env") or [] if str(k) != "HF_TOKEN"]
 
 
 def wanted(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, extra_labels: dict | None,
@@ -302,7 +308,7 @@ def main() -> None:
                              "check` names the problem)".format(p["recipe_name"]))
     tag = p["tag"] or digest[:19]
     ref = pull_ref(recipe["image"], digest, p["registry_mirrors"])
-    secret_names = [str(s) for s in recipe.get("secret_env") or []]
+    secret_names = container_secret_names(recipe)
     argv = render(p["recipe_name"], recipe, ref, tag, digest, p["rollout"], name, p["extra_labels"])
     want = wanted(p["recipe_name"], recipe, ref, tag, digest, p["extra_labels"], secret_names)
     diff_names = differences(want, observed(cur, want["env"], secret_names))

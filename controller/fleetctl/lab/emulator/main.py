@@ -196,6 +196,8 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     log(f"INFO [api_server.py:1647] Starting vLLM API server 0 on http://{args.host}:{args.port}")
     server = Server(info, engine, knobs, log)
     server.access_log = "disable-uvicorn-access-log" not in args.extra
+    key = args.extra.get("api-key")
+    server.api_key = (key if isinstance(key, str) else None) or os.environ.get("VLLM_API_KEY") or None
     return await serve(server, args.host, args.port, stop=stop, died=died)
 
 

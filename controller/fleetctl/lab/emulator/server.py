@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import email.utils
+import hmac
 import json
 import os
 import signal
@@ -115,6 +116,9 @@ class Server:
         )
         #: False with --disable-uvicorn-access-log.
         self.access_log = True
+        #: --api-key / $VLLM_API_KEY: /v1/* then needs ``Authorization: Bearer <key>`` (vLLM's
+        #: AuthenticationMiddleware); /health, /metrics and /version stay open.
+        self.api_key: str | None = None
 
     # --- HTTP plumbing ----------------------------------------------------------
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -149,6 +153,11 @@ class Server:
                 )
                 path = target.split("?", 1)[0]
                 _CURRENT.set((self._peer(writer), method, target))
+                if not self.authorized(path, headers.get("authorization", "")):
+                    await self.send_json(writer, 401, {"error": "Unauthorized"}, keep_alive)
+                    if not keep_alive:
+                        break
+                    continue
                 keep_alive = await self.dispatch(method, path, body, writer, keep_alive)
                 if not keep_alive:
                     break
@@ -164,6 +173,12 @@ class Server:
                 self._tasks.discard(task)
             with contextlib.suppress(Exception):
                 writer.close()
+
+    def authorized(self, path: str, authorization: str) -> bool:
+        """vLLM's rule: with a key, every path under /v1 needs ``Bearer <key>``; others are open."""
+        if not self.api_key or not path.startswith("/v1"):
+            return True
+        return hmac.compare_digest(authorization.encode(), f"Bearer {self.api_key}".encode())
 
     @staticmethod
     async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
