@@ -10,6 +10,7 @@ import traceback
 from pathlib import Path
 
 import click
+from rich.markup import escape
 
 from fleetctl import __version__, paths
 from fleetctl.cli.output import Ctx
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         # With standalone_mode=False, click returns (not raises) a command's Exit code.
         returned = cli.main(args=argv, prog_name="fleetctl", standalone_mode=False)
     except FleetError as e:
-        err.print(f"[bold red]error:[/] {e.message()}", highlight=False)
+        err.print(f"[bold red]error:[/] {escape(e.message())}", highlight=False)
         code = int(e.exit_code)
     except click.exceptions.Exit as e:
         code = int(e.exit_code)
@@ -82,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         code = 130
     except Exception as e:  # the one place that catches everything
         where = _save_traceback()
-        err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e} (traceback saved to {where})", highlight=False)
+        err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e} (traceback saved to {where})')}",
+                  highlight=False)
         code = int(ExitCode.INTERNAL)
     else:
         code = returned if isinstance(returned, int) and not isinstance(returned, bool) else int(ExitCode.OK)

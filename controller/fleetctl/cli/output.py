@@ -138,7 +138,7 @@ class _LiveTable:
         width = self.live.console.width if self.live is not None else 80
         cols = [Col("host"), *(_LIVE_COLUMNS.get(c, Col(c)) for c in self.columns)]
         rows = [[Text(host), *(Text(row.get(c, "")) for c in self.columns)] for host, row in self.rows.items()]
-        return fit_table(width, cols, rows, caption=self.fleet_line,
+        return fit_table(width, cols, rows, caption=Text(self.fleet_line),
                          title=f"{self.title}  [dim]{time.monotonic() - self.t0:.0f}s[/dim]")
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from fleetctl import inventory, paths
@@ -54,10 +55,10 @@ def render_result(r: RolloutResult, con: Console) -> None:
                         rows, title=f"{r.kind} {r.id}: {r.status}"))
     colour = {"completed": "green", "paused": "yellow"}.get(r.status, "red")
     con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
-              + (f": {r.error}" if r.error else ""), highlight=False)
+              + (f": {escape(r.error)}" if r.error else ""), highlight=False)
     for h in r.hosts:
         for c in h.failed_checks:
-            con.print(f"  {h.host}: {c}", highlight=False)
+            con.print(f"  {h.host}: {c}", highlight=False, markup=False)
     if r.status == L.PAUSED:
         con.print("  continue with `fleetctl rollout --resume`, undo with `fleetctl rollout abort`")
     elif r.status == L.FAILED and r.kind == "rollout":
@@ -218,7 +219,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
             r = recs[0]
             con.print(f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})")
             con.print(f"  by {r.started_by}: {r.command}\n  {_when(r.started_at)} .. {_when(r.finished_at)}"
-                      + (f"\n  error: {r.error}" if r.error else ""), highlight=False)
+                      + (f"\n  error: {r.error}" if r.error else ""), highlight=False, markup=False)
             rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.before_tag or "-",
                      h.after_tag or "-", Text(h.error or (h.verdict or {}).get("summary", "")),
                      " > ".join(p.phase for p in r.phases if p.host == h.host)] for h in r.hosts]

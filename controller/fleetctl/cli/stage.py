@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from fleetctl import inventory as inv
@@ -34,9 +35,9 @@ def _render_stage(r: StageResult) -> Any:
         for h in r.hosts.values():
             for s in h.sets:
                 if s.problems:
-                    out.print(f"[red]{h.name} {s.role}[/] {s.repo}@{s.revision} refused:")
+                    out.print(f"[red]{h.name} {s.role}[/] {escape(f'{s.repo}@{s.revision}')} refused:")
                     for p in s.problems:
-                        out.print(f"  - {p}", highlight=False)
+                        out.print(f"  - {p}", highlight=False, markup=False)
                     bad = [f for f in s.files if f.status != "ok"]
                     if bad:
                         out.print("    files: " + ", ".join(f"{f.path} ({f.size} B)" for f in bad), highlight=False)

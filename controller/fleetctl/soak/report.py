@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
@@ -90,8 +91,29 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
         suite.set("time", f"{v.seconds:.1f}")
     for k, n in totals.items():
         root.set(k, str(n))
+    _xml_safe(root)
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+#: Characters XML 1.0 forbids even escaped: C0 controls but tab/newline/CR, surrogates, U+FFFE/U+FFFF.
+_XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def xml_text(s: str) -> str:
+    """``s`` with every character XML 1.0 cannot hold shown as ``\\xNN`` (a boot log's ANSI colours,
+    a NUL from a crashed process): ElementTree writes them as they are and the file is then invalid."""
+    return _XML_INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
+
+
+def _xml_safe(root: ET.Element) -> None:
+    for el in root.iter():
+        if el.text:
+            el.text = xml_text(el.text)
+        if el.tail:
+            el.tail = xml_text(el.tail)
+        for k, v in el.attrib.items():
+            el.set(k, xml_text(v))
 
 
 def write_junit(path: Path, verdicts: Sequence[Verdict]) -> None:
