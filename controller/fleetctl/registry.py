@@ -7,21 +7,32 @@ chosen through ``fleetctl_registry_mirrors``. Standard library only: the
 protocol is a handful of GETs and the controller should not need more.
 
 Credentials come from ``$FLEETCTL_REGISTRY_USER`` / ``$FLEETCTL_REGISTRY_PASSWORD``
-(for ghcr.io: a GitHub user and a token with ``read:packages``); they are sent
-only to the token realm or a Basic challenge and never appear in errors.
+(for ghcr.io: a GitHub user and a token with ``read:packages``) and never appear
+in errors. They are sent only over https, and only to the registry's own host
+(ghcr.io's realm is ghcr.io/token), Docker Hub's token service for Docker Hub,
+or a host the inventory lists in ``fleetctl_registry_auth_hosts``: a registry (or
+a man in the middle of a plain-http mirror) naming another ``realm`` gets an
+anonymous token request, never the password. Bearer tokens are not carried
+across hosts or from https to http on redirects.
+
+Every answer is read with a size cap (:data:`MAX_BODY`) and an overall
+deadline per request (:data:`REQUEST_DEADLINE`), not only the socket's idle
+timeout: a registry that drips bytes cannot hold a rollout.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import json
 import os
 import re
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +53,12 @@ _MAX_PAGES = 100
 _LINK_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: Largest answer read from a registry (a tag page, a manifest, a token): real ones are < 100 KB.
+MAX_BODY = 4 * 1024 * 1024
+#: Seconds one request may take in all, however slowly the bytes come.
+REQUEST_DEADLINE = 60.0
+#: Token services of registries whose realm is not on the registry's own host.
+_KNOWN_AUTH_HOSTS: Mapping[str, frozenset[str]] = {_DOCKER_HUB_API: frozenset({"auth.docker.io"})}
 
 
 @dataclass(frozen=True)
@@ -156,10 +173,15 @@ class Registry:
     """One registry's API, with a bearer token cached per scope for the client's life."""
 
     def __init__(self, registry: str, mirrors: Mapping[str, str] | None = None, timeout: float = 15.0,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, auth_hosts: Collection[str] = (),
+                 deadline: float = REQUEST_DEADLINE) -> None:
         self.registry = registry
         self.endpoint = endpoint(registry, mirrors)
         self.timeout = timeout
+        self.deadline = deadline
+        own = self.endpoint.host.rsplit("@", 1)[-1]
+        self.auth_hosts = frozenset({_hostname(own), *(h.lower() for h in auth_hosts),
+                                     *_KNOWN_AUTH_HOSTS.get(_hostname(own), ())})
         e = os.environ if env is None else env
         self._user = e.get("FLEETCTL_REGISTRY_USER")
         self._password = e.get("FLEETCTL_REGISTRY_PASSWORD")
@@ -241,6 +263,10 @@ class Registry:
             if not (self._user and self._password):
                 raise FleetError(f"{self.endpoint.host} wants a user and password",
                                  fix="set FLEETCTL_REGISTRY_USER and FLEETCTL_REGISTRY_PASSWORD")
+            why = self._why_not_credentials(self.endpoint.base)
+            if why:
+                raise FleetError(f"{self.endpoint.host} wants a user and password, which {why}",
+                                 fix="reach the registry over https (write the mirror as https://host)")
             return "Basic " + base64.b64encode(f"{self._user}:{self._password}".encode()).decode()
         if kind.lower() != "bearer" or "realm" not in params:
             raise FleetError(f"{self.endpoint.host} sent an authentication challenge fleetctl cannot answer: {kind!r}",
@@ -250,11 +276,19 @@ class Registry:
             query["service"] = params["service"]
         url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
         hdrs: dict[str, str] = {}
-        if self._user and self._password:
+        why = self._why_not_credentials(url) if self._user and self._password else None
+        if self._user and self._password and not why:
             hdrs["Authorization"] = "Basic " + base64.b64encode(f"{self._user}:{self._password}".encode()).decode()
         status, _, body = self._raw("GET", url, hdrs)
         if status != 200:
-            raise FleetError(f"token service {urllib.parse.urlsplit(url).netloc} answered HTTP {status} for {query['scope']}",
+            realm = urllib.parse.urlsplit(url)
+            if why:
+                raise FleetError(
+                    f"token service {realm.scheme}://{realm.netloc} answered HTTP {status} to an anonymous request; "
+                    f"the registry credentials were not sent because {why}",
+                    fix=f"if {realm.hostname} is this registry's own token service, add it to "
+                        "fleetctl_registry_auth_hosts in the inventory (it must be https)")
+            raise FleetError(f"token service {realm.netloc} answered HTTP {status} for {query['scope']}",
                              fix="check FLEETCTL_REGISTRY_USER/FLEETCTL_REGISTRY_PASSWORD, or that the image is public")
         data = _json(body, urllib.parse.urlsplit(url).netloc)
         token = data.get("token") or data.get("access_token")
@@ -262,18 +296,50 @@ class Registry:
             raise FleetError("the registry's token service returned no token", fix="check the registry")
         return f"Bearer {token}"
 
+    def _why_not_credentials(self, url: str) -> str | None:
+        """None when the password may go to ``url``; else why not (plain http, another host)."""
+        u = urllib.parse.urlsplit(url)
+        if u.scheme != "https":
+            return f"{u.scheme}://{u.netloc} is not https"
+        if (u.hostname or "").lower() not in self.auth_hosts:
+            return f"{u.hostname} is not the registry's host (nor in fleetctl_registry_auth_hosts)"
+        return None
+
     def _raw(self, method: str, url: str, headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(url, method=method, headers=dict(headers))
         opener = urllib.request.build_opener(_NoRedirectAuth())
+        end = time.monotonic() + self.deadline
         try:
             with opener.open(req, timeout=self.timeout) as resp:
-                return resp.status, _lower(resp.headers.items()), resp.read()
+                return resp.status, _lower(resp.headers.items()), self._read(resp, url, end)
         except urllib.error.HTTPError as e:
-            return e.code, _lower(e.headers.items()), e.read()
-        except (urllib.error.URLError, TimeoutError, OSError) as e:
+            return e.code, _lower(e.headers.items()), self._read(e, url, end)
+        except FleetError:
+            raise
+        except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException, ValueError) as e:
             reason = getattr(e, "reason", e)
             raise FleetError(f"cannot reach registry {self.endpoint.base}: {reason}",
                              fix="check the network, or fleetctl_registry_mirrors in the inventory") from None
+
+    def _read(self, resp: Any, url: str, end: float) -> bytes:
+        """The body, at most MAX_BODY bytes and by the request's overall deadline."""
+        where = f"{self.endpoint.host}: {urllib.parse.urlsplit(url).path}"
+        parts: list[bytes] = []
+        n = 0
+        # read1 returns what has arrived: read(n) would wait for all n bytes of a dripping answer.
+        read = getattr(resp, "read1", resp.read)
+        while True:
+            if time.monotonic() > end:
+                raise FleetError(f"{where} did not finish its answer within {self.deadline:.0f}s",
+                                 fix="check the registry's health (or its mirror's)")
+            chunk = read(min(65536, MAX_BODY + 1 - n))
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            n += len(chunk)
+            if n > MAX_BODY:
+                raise FleetError(f"{where} answered with more than {MAX_BODY // (1024 * 1024)} MiB",
+                                 fix="check the registry URL: tag lists and manifests are small")
 
 
 class _NoRedirectAuth(urllib.request.HTTPRedirectHandler):
@@ -282,9 +348,14 @@ class _NoRedirectAuth(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
                          headers: Any, newurl: str) -> urllib.request.Request | None:
         new = super().redirect_request(req, fp, code, msg, headers, newurl)
-        if new is not None and urllib.parse.urlsplit(newurl).netloc != urllib.parse.urlsplit(req.full_url).netloc:
+        old_u, new_u = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(newurl)
+        if new is not None and (new_u.netloc != old_u.netloc or new_u.scheme != old_u.scheme):
             new.remove_header("Authorization")
         return new
+
+
+def _hostname(netloc: str) -> str:
+    return (urllib.parse.urlsplit(f"//{netloc}").hostname or netloc).lower()
 
 
 def _lower(items: Any) -> dict[str, str]:
@@ -309,6 +380,6 @@ def _next_link(link: str | None, current: str) -> str | None:
 
 
 def resolve(image: str, wanted: str, mirrors: Mapping[str, str] | None = None,
-            timeout: float = 15.0) -> ResolvedImage:
+            timeout: float = 15.0, auth_hosts: Collection[str] = ()) -> ResolvedImage:
     """Resolve ``wanted`` (a version or a full tag) of ``image`` to its tag and digest."""
-    return Registry(ImageName.parse(image).registry, mirrors, timeout).resolve(image, wanted)
+    return Registry(ImageName.parse(image).registry, mirrors, timeout, auth_hosts=auth_hosts).resolve(image, wanted)

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import ssl
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -34,7 +38,14 @@ class _Handler(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") == "Bearer tok-123":
             return True
         self.send_response(401)
-        realm = f"http://127.0.0.1:{self.server.server_port}/token"
+        if self.server.basic:
+            if self.headers.get("Authorization", "").startswith("Basic "):
+                self.server.seen.append(("BASIC", self.path, dict(self.headers)))
+            self.send_header("WWW-Authenticate", 'Basic realm="test-reg"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return False
+        realm = self.server.realm or f"http://127.0.0.1:{self.server.server_port}/token"
         self.send_header("WWW-Authenticate", f'Bearer realm="{realm}",service="test-reg",scope="repository:aeon-7/vllm:pull"')
         self.end_headers()
         return False
@@ -49,6 +60,26 @@ class _Handler(BaseHTTPRequestHandler):
             q = parse_qs(u.query)
             assert q["service"] == ["test-reg"] and q["scope"] == ["repository:aeon-7/vllm:pull"]
             self._send(200, json.dumps({"token": "tok-123"}).encode(), "application/json")
+            return
+        if u.path == "/drip":
+            self.send_response(200)
+            self.send_header("Content-Length", "100000")
+            self.end_headers()
+            for _ in range(200):
+                try:
+                    self.wfile.write(b"[")
+                    self.wfile.flush()
+                except OSError:
+                    return  # the client gave up, as it should
+                time.sleep(0.05)
+            return
+        if u.path.endswith("/tags/list") and self.server.huge:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            chunk = b" " * 65536
+            for _ in range(80):  # 5 MiB of whitespace, then nothing: only a cap stops the read
+                self.wfile.write(chunk)
             return
         if u.path.endswith("/tags/list"):
             if not self._auth_ok():
@@ -101,6 +132,9 @@ class _Handler(BaseHTTPRequestHandler):
 
 class _Server(ThreadingHTTPServer):
     bearer = False
+    basic = False
+    huge = False
+    realm = ""
     digest_header = True
     tags: list[str]
     seen: list[tuple[str, str, dict[str, str]]]
@@ -139,13 +173,85 @@ def test_bearer_challenge_gets_anonymous_token(server: _Server) -> None:
     assert len(token_calls) == 1 and "Authorization" not in token_calls[0]  # anonymous, then cached
 
 
-def test_bearer_token_request_carries_env_credentials(server: _Server) -> None:
+CREDS = {"FLEETCTL_REGISTRY_USER": "ops", "FLEETCTL_REGISTRY_PASSWORD": "s3cret"}
+
+
+def test_credentials_never_go_over_plain_http(server: _Server) -> None:
     server.bearer = True
-    reg = registry.Registry("ghcr.io", mirrors(server), env={"FLEETCTL_REGISTRY_USER": "ops",
-                                                             "FLEETCTL_REGISTRY_PASSWORD": "s3cret"})
-    reg.digest("aeon-7/vllm", "latest")
+    reg = registry.Registry("ghcr.io", mirrors(server), env=CREDS)
+    reg.digest("aeon-7/vllm", "latest")  # the token service issues anonymous tokens: it still works
     token_calls = [h for m, p, h in server.seen if p.startswith("/token")]
-    assert token_calls[0]["Authorization"].startswith("Basic ")
+    assert token_calls and all("Authorization" not in h for h in token_calls)
+
+
+def test_a_basic_challenge_over_plain_http_is_refused_not_answered(server: _Server) -> None:
+    server.bearer = server.basic = True
+    with pytest.raises(FleetError) as e:
+        registry.Registry("ghcr.io", mirrors(server), env=CREDS).tags("aeon-7/vllm")
+    assert "is not https" in e.value.cause and "https://" in (e.value.fix or "")
+    assert not [p for m, p, h in server.seen if m == "BASIC"] and "s3cret" not in e.value.message()
+
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1 and localhost (one server, two host names)."""
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = d / "cert.pem", d / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=lo",
+                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+@pytest.fixture
+def tls_server(server: _Server, tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> _Server:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*tls_cert)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    # The client verifies the certificate like any other: this CA is the only one it trusts here.
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))
+    return server
+
+
+def _token_auth(s: _Server) -> list[str | None]:
+    return [h.get("Authorization") for m, p, h in s.seen if p.startswith("/token")]
+
+
+def test_credentials_go_over_https_to_the_registrys_own_realm_only(tls_server: _Server) -> None:
+    port = tls_server.server_port
+    tls_server.bearer = True
+    mirror = {"ghcr.io": f"https://127.0.0.1:{port}"}
+    tls_server.realm = f"https://127.0.0.1:{port}/token"
+    registry.Registry("ghcr.io", mirror, env=CREDS).digest("aeon-7/vllm", "latest")
+    assert (_token_auth(tls_server)[-1] or "").startswith("Basic ")
+    # Another host named as realm (the same server under a second name): asked anonymously.
+    tls_server.realm = f"https://localhost:{port}/token"
+    registry.Registry("ghcr.io", mirror, env=CREDS).digest("aeon-7/vllm", "latest")
+    assert _token_auth(tls_server)[-1] is None
+    # ... unless the inventory lists it as this registry's token service.
+    registry.Registry("ghcr.io", mirror, env=CREDS, auth_hosts=["localhost"]).digest("aeon-7/vllm", "latest")
+    assert (_token_auth(tls_server)[-1] or "").startswith("Basic ")
+    # An https registry naming a plain-http realm on its own host name: asked anonymously.
+    plain = _Server(("127.0.0.1", 0), _Handler)
+    plain.tags, plain.seen, plain.accepts = [], [], []
+    threading.Thread(target=plain.serve_forever, daemon=True).start()
+    try:
+        tls_server.realm = f"http://127.0.0.1:{plain.server_port}/token"
+        registry.Registry("ghcr.io", mirror, env=CREDS).digest("aeon-7/vllm", "latest")
+        assert _token_auth(plain) == [None]
+    finally:
+        plain.shutdown()
+        plain.server_close()
+
+
+def test_answers_are_capped_in_size_and_in_time(server: _Server) -> None:
+    server.huge = True
+    with pytest.raises(FleetError, match="more than 4 MiB"):
+        registry.Registry("ghcr.io", mirrors(server)).tags("aeon-7/vllm")
+    # 1 byte every 0.05 s for 10 s never trips a 5 s idle timeout: the overall deadline ends it.
+    reg = registry.Registry("ghcr.io", mirrors(server), timeout=5, deadline=1)
+    with pytest.raises(FleetError, match="did not finish its answer within 1s"):
+        reg._raw("GET", f"http://127.0.0.1:{server.server_port}/drip", {})
 
 
 def test_digest_from_body_when_head_lacks_header(server: _Server) -> None:

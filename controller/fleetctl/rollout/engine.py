@@ -171,7 +171,7 @@ class Engine:
         self.auth_hosts: tuple[str, ...] = tuple(str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
         self.ops = ops or remote.SshHostOps
         self.gates: gate.Gates = gates or gate.SoakGates(self.secrets)
-        self._resolve = resolve or registry.resolve
+        self._resolve = resolve or functools.partial(registry.resolve, auth_hosts=self.auth_hosts)
         #: Set on Ctrl-C: every worker restores its host at its next phase boundary, then stops.
         self._cancel = threading.Event()
         self.progress = progress
