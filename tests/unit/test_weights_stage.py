@@ -10,6 +10,8 @@ import http.server
 import json
 import os
 import threading
+import time
+import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -126,9 +128,55 @@ def test_preflight_removes_a_killed_runs_staging_and_checks_the_disk_first(tmp_p
 
 def test_a_corrupted_download_is_refused_by_its_sha256(tmp_path: Path, mirror: str) -> None:
     url = f"{mirror}/{REPO}/r1/config.json"
+    size = len(models_config_bytes(tmp_path, mirror))
     with pytest.raises(ws.StageError, match="the manifest says"):
-        ws._download(url, str(tmp_path / "c.json"), 10, "0" * 64)
+        ws._download(url, str(tmp_path / "c.json"), size, "0" * 64)
     assert not (tmp_path / "c.json").exists() and not (tmp_path / "c.json.part").exists()
+
+
+def models_config_bytes(tmp_path: Path, mirror: str) -> bytes:
+    with urllib.request.urlopen(f"{mirror}/{REPO}/r1/config.json", timeout=10) as r:
+        data: bytes = r.read()
+    return data
+
+
+def test_a_download_stops_at_the_manifests_size(tmp_path: Path, mirror: str) -> None:
+    url = f"{mirror}/{REPO}/r1/config.json"
+    with pytest.raises(ws.StageError, match="sent more than the 10 bytes expected"):
+        ws._download(url, str(tmp_path / "c.json"), 10, None)
+    assert not (tmp_path / "c.json").exists() and not (tmp_path / "c.json.part").exists()
+
+
+class _Endless(http.server.BaseHTTPRequestHandler):
+    """A broken mirror: no Content-Length and bytes forever, or one byte every 50 ms."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        drip = self.path.endswith("/drip")
+        try:
+            for _ in range(2000 if not drip else 400):
+                self.wfile.write(b"x" if drip else b"x" * 65536)
+                self.wfile.flush()
+                if drip:
+                    time.sleep(0.05)
+        except OSError:
+            return  # the client stopped reading, as it should
+
+    def log_message(self, *args: Any) -> None:
+        del args
+
+
+def test_an_endless_or_dripping_mirror_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for base in _serve(_Endless):
+        with pytest.raises(ws.StageError, match="more than the 1000000 bytes"):
+            ws._download(f"{base}/big", str(tmp_path / "big"), 1_000_000, None)
+        assert not (tmp_path / "big.part").exists()
+        # The idle timeout never fires on a trickle: the download's overall deadline does.
+        monkeypatch.setattr(ws, "HTTP_TIMEOUT", 1)
+        with pytest.raises(ws.StageError, match="did not finish within its deadline"):
+            ws._download(f"{base}/drip", str(tmp_path / "drip"), 1_000_000, None)
+        assert not (tmp_path / "drip.part").exists()
 
 
 def test_hub_revision_api_gives_the_commit_and_date_and_needs_the_token(tmp_path: Path) -> None:

@@ -25,10 +25,12 @@ place and the next run completes:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import glob
 import hashlib
+import http.client
 import json
 import os
 import shutil
@@ -65,6 +67,11 @@ _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
 #: Seconds a mirror/hub request may take before the step fails (bounded waits).
 HTTP_TIMEOUT = 60
+#: Largest JSON answer (manifest, hub API) read: a manifest of thousands of files is < 1 MB.
+MAX_JSON = 16 * 1024 * 1024
+#: Slowest transfer a download may fall to on average before it is cut off (bytes per second):
+#: a file of N bytes gets HTTP_TIMEOUT + N / MIN_RATE seconds in all, whatever the idle timeout.
+MIN_RATE = 1024 * 1024
 
 
 class StageError(Exception):
@@ -89,7 +96,7 @@ def _http_json(url, token=None):
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
-            raw = r.read()
+            raw = _read_capped(r, url, MAX_JSON, time.monotonic() + HTTP_TIMEOUT)
     except urllib.error.HTTPError as e:
         raise StageError(f"{_safe(url)} answered HTTP {e.code}") from None
     except (urllib.error.URLError, OSError) as e:
@@ -98,6 +105,26 @@ def _http_json(url, token=None):
         return json.loads(raw), raw
     except ValueError:
         raise StageError(f"{_safe(url)} did not return JSON") from None
+
+
+def _read_capped(r, url, limit, end, sink=None):
+    """Read ``r`` to its end, at most ``limit`` bytes and before ``end`` (monotonic); into ``sink`` if given."""
+    read = getattr(r, "read1", r.read)  # what has arrived: read(n) waits for n bytes of a trickle
+    parts, got = [], 0
+    while True:
+        if time.monotonic() > end:
+            raise StageError(f"{_safe(url)} did not finish within its deadline ({got} bytes so far); "
+                             "check the mirror's health")
+        chunk = read(min(1 << 20, limit + 1 - got))
+        if not chunk:
+            return b"".join(parts)
+        got += len(chunk)
+        if got > limit:
+            raise StageError(f"{_safe(url)} sent more than the {limit} bytes expected")
+        if sink is None:
+            parts.append(chunk)
+        else:
+            sink(chunk)
 
 
 def _safe(url):
@@ -191,13 +218,22 @@ def _download(url, dest, size, sha256):
     part = dest + ".part"
     h = hashlib.sha256()
     got = 0
+
+    def sink(chunk):
+        nonlocal got
+        f.write(chunk)
+        h.update(chunk)
+        got += len(chunk)
+
     try:
+        # Stop at the manifest's size: a mirror sending more (or forever) fills no disk.
         with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r, open(part, "wb") as f:
-            for chunk in iter(lambda: r.read(1 << 20), b""):
-                f.write(chunk)
-                h.update(chunk)
-                got += len(chunk)
-    except (urllib.error.URLError, OSError) as e:
+            _read_capped(r, url, size, time.monotonic() + HTTP_TIMEOUT + size / MIN_RATE, sink)
+    except StageError:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
         raise StageError(f"download of {_safe(url)} failed ({getattr(e, 'reason', e)})") from None
     if got != size or (sha256 and h.hexdigest() != sha256):
         os.unlink(part)
