@@ -774,10 +774,8 @@ class Engine:
                 cur = current[n]
                 serving = (cur.digest, cur.fingerprint) if cur is not None and cur.running else None
                 if img is not None:
+                    # An explicit --to checks a host already there (readiness + smoke) rather than skip it.
                     tgt = (img.tag, img.digest)
-                    if serving is not None and serving[0] == img.digest:
-                        skips[n] = f"already there (serving {img.tag})"
-                        continue
                 elif only_active:
                     hr = parent.host(n) if parent is not None else None
                     if hr is None or hr.status == L.SKIPPED:
