@@ -177,9 +177,11 @@ def run(host: Host, command: str | list[str], timeout: float = 60.0,
     """Run ``command`` on ``host`` (a list is shell-quoted), waiting at most ``timeout`` seconds."""
     cmd = command if isinstance(command, str) else shlex.join(command)
     t0 = time.monotonic()
-    client = _POOL.client(host, connect_timeout)
     try:
-        chan_in, chan_out, chan_err = client.exec_command(cmd, timeout=timeout)
+        chan = _open_session(host, connect_timeout, timeout)
+        chan.settimeout(timeout)
+        chan.exec_command(cmd)
+        chan_in, chan_out, chan_err = chan.makefile_stdin("wb"), chan.makefile("r"), chan.makefile_stderr("r")
         if stdin is not None:
             chan_in.write(stdin)
             chan_in.channel.shutdown_write()
@@ -197,6 +199,31 @@ def run(host: Host, command: str | list[str], timeout: float = 60.0,
         raise HostUnreachable(f"SSH session to {host.address} broke: {e}", host=host.name,
                               fix="check that the host is up and on the network") from None
     return CommandResult(host.name, cmd, rc, out, err, time.monotonic() - t0)
+
+
+#: How long a pooled connection may take to open a channel before it is judged dead.
+CHANNEL_OPEN_TIMEOUT = 10.0
+
+
+def _open_session(host: Host, connect_timeout: float, timeout: float) -> paramiko.Channel:
+    """A session channel on the host's pooled connection, or on a fresh one if that is dead.
+
+    A pooled transport can look active while the peer no longer answers (a node that
+    was loaded or restarted its sshd): opening a channel then times out. Nothing has
+    run on the host yet, so one retry on a new connection is safe.
+    """
+    client = _POOL.client(host, connect_timeout)
+    transport = client.get_transport()
+    try:
+        if transport is None:
+            raise paramiko.SSHException("connection closed")
+        return transport.open_session(timeout=min(timeout, CHANNEL_OPEN_TIMEOUT))
+    except (paramiko.SSHException, OSError, EOFError):
+        _POOL.drop(host)
+    transport = _POOL.client(host, connect_timeout).get_transport()
+    if transport is None:
+        raise paramiko.SSHException("connection closed right after it was opened")
+    return transport.open_session(timeout=timeout)
 
 
 def put_text(host: Host, path: str, text: str, mode: int = 0o644, timeout: float = 30.0) -> None:

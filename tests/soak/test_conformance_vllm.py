@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from fleetctl import paths
@@ -127,27 +128,32 @@ def _complete(v: Verdict, k: int) -> set[str]:
     return {n for n in scrape.names() if n.startswith("vllm:")}
 
 
-async def _stream_while(url: str, model: str, kill: Callable[[], None]) -> Sample:
-    """Stream a long completion and call ``kill`` once the server is generating its tokens."""
+async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -> Sample:
+    """Stream a long completion and call ``kill`` while the server is generating its tokens.
+
+    The kill is triggered by a second stream (a scout read here, batched with the
+    measured one) as soon as its first chunk arrives: polling /metrics for the
+    first generated tokens lost the race on a loaded machine, where the tiny model
+    finished all 1900 tokens before the poll saw any.
+    """
     async with Client(url) as c:
-        start = await _generated(c)
         task = asyncio.create_task(c.chat(ChatRequest(model, "Count from one to a thousand.", 1900,
                                                       ignore_eos=True), phase="x", cls="x", concurrency=1,
                                           t0=time.monotonic(), timeout=120))
-        deadline = time.monotonic() + 60
-        # Kill mid-stream: after this request's first tokens, long before its 1900th.
-        while not task.done() and time.monotonic() < deadline:
-            now = await _generated(c)
-            if start is not None and now is not None and now > start:
-                break
-            await asyncio.sleep(0.02)
-        kill()
+        if kill is None:
+            return await task
+        body = {"model": model, "messages": [{"role": "user", "content": "Count to ten."}],
+                "max_tokens": 1900, "ignore_eos": True, "stream": True}
+        async with aiohttp.ClientSession() as scout, scout.post(
+                url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp:
+            assert resp.status == 200
+            async for line in resp.content:
+                # vLLM sends its first chunk (the role) with the first generated token.
+                if line.startswith(b"data: {"):
+                    break
+            assert not task.done(), f"the measured stream ended before the kill: {task.result()}"
+            kill()
         return await task
-
-
-async def _generated(c: Client) -> float | None:
-    p = await c.get("/metrics", timeout=5)
-    return metrics.parse(p.body).value(metrics.GENERATION_TOKENS) if p.ok else None
 
 
 def test_soak_engine_agrees_with_a_real_vllm(real_vllm: tuple[str, subprocess.Popen[bytes], Path],
@@ -182,5 +188,5 @@ def test_soak_engine_agrees_with_a_real_vllm(real_vllm: tuple[str, subprocess.Po
     assert s.status == 200
     # The emulator's crash sends the same kind of event.
     crash = emulator(EMU_CRASH_AT_CONCURRENCY="1")
-    emu_s = asyncio.run(_stream_while(crash.target.base_url, "qwen36-fast", lambda: None))
+    emu_s = asyncio.run(_stream_while(crash.target.base_url, "qwen36-fast", None))
     assert emu_s.error_kind == "stream_error" and emu_s.status == 200, emu_s
