@@ -20,6 +20,7 @@ from fleetctl import paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
+from fleetctl.rollout import hoststate
 
 #: Seconds a host gets to answer the whole probe. A dead or frozen host is found sooner: the
 #: SSH connection (TCP and banner) has its own bound, ``fleetctl.ssh.DEFAULT_CONNECT_TIMEOUT``.
@@ -86,6 +87,10 @@ class HostStatus:
     port: int = DEFAULT_PORT
     #: Facts the probe could not read: name -> reason.
     problems: Mapping[str, str] = field(default_factory=dict)
+    #: Who holds the host's fleetctl lock (``rollout ro-... by user@machine (pid N), ...``), None when free.
+    lock: str | None = None
+    #: The host's recorded last known-good tag (from its state file), None when none is recorded.
+    last_known_good: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -166,6 +171,17 @@ def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatu
             running=bool(c.get("running")), state=c.get("status"), restarts=int(c.get("restarts") or 0),
             started_at=c.get("started_at"), labels=labels,
         )
+    problems = {str(k): str(v) for k, v in (raw.get("errors") or {}).items()}
+    lock = known_good = None
+    if isinstance(raw.get("fleetctl_state"), str):
+        try:
+            st = hoststate.HostState.from_json(raw["fleetctl_state"], host.name)
+        except FleetError as e:
+            problems["fleetctl_state"] = e.cause
+        else:
+            lock = st.lock.describe() if st.lock else None
+            if st.last_known_good:
+                known_good = st.last_known_good.tag or st.last_known_good.digest
     return HostStatus(
         name=host.name, address=host.address, reachable=True, seconds=round(seconds, 3),
         gpu=gpu.get("name"), driver=gpu.get("driver"), cuda=gpu.get("cuda"), compute_cap=gpu.get("compute_cap"),
@@ -174,14 +190,14 @@ def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatu
         next_kernel_has_nvidia=kernel.get("next_has_nvidia"), disk_free_gb=disk.get("free_gb"),
         uptime_s=raw.get("uptime_s"), dgx_release=dgx.get("DGX_PRETTY_NAME") or dgx.get("DGX_NAME"),
         container=container, health=health.get("status"), health_error=health.get("error"), port=port,
-        problems={str(k): str(v) for k, v in (raw.get("errors") or {}).items()},
+        problems=problems, lock=lock, last_known_good=known_good,
     )
 
 
 def probe_host(host: Host, timeout: float = DEFAULT_TIMEOUT) -> HostStatus:
     """Probe one host over SSH (raises :class:`~fleetctl.errors.HostUnreachable` when it does not answer)."""
     name, port = serving_target(host)
-    argv = ["python3", "-", "--serving", "--port", str(port)]
+    argv = ["python3", "-", "--serving", "--port", str(port), "--state-file", hoststate.state_file(host)]
     if name:
         argv += ["--container", name]
     r = ssh.run(host, argv, timeout=timeout, connect_timeout=min(timeout, ssh.DEFAULT_CONNECT_TIMEOUT),

@@ -168,3 +168,32 @@ def test_provision_fits() -> None:
     r = PlaybookResult("pv-20260701-120000", "provision.yml", Path("/var/tmp/state/runs/pv-20260701-120000"),
                        hosts, 84.2, "successful", 0)
     assert_fits(render(render_provision(r, False)), len(HOSTS))
+
+
+def test_completed_with_failures_names_the_failed_and_the_skipped_hosts() -> None:
+    skipped = HostOutcome("spark-04", -1, "skipped", "skipped", OLD_TAG, DIGEST, None, None,
+                          verdict="skipped: first deploy: nothing served before it (leave it, or "
+                                  "`fleetctl rollout` a version)")
+    hosts = (outcome("spark-01", "done"), outcome("spark-02", "rolled-back", LONG_ERROR),
+             outcome("spark-03", "done"), skipped)
+    r = RolloutResult("ro-20260701-120000-3f9a", "rollout", "completed-with-failures", "qwen36-35b-heretic",
+                      TAG, DIGEST, "img", hosts)
+    text = render(lambda con: render_result(r, con))
+    assert_fits(text, len(hosts))
+    assert "spark-04: skipped: first deploy: nothing served before it" in text  # whole, below the table
+    assert f"`fleetctl rollout --tag {TAG} --limit spark-02`" in text
+    assert "(rolled back, or down as said above): spark-02\n" in text
+
+
+def test_soak_summary_fits() -> None:
+    from fleetctl.cli.soak import _summary
+    from fleetctl.soak.verdict import CheckResult, LevelSummary, Outcome, Verdict
+
+    def verdict(host: str, outcome: Outcome) -> Verdict:
+        checks = (CheckResult("crash", outcome, LONG_ERROR),) if outcome is not Outcome.PASS else ()
+        return Verdict(f"soak-{host}", host, f"http://{host}:8000", outcome, "all checks passed",
+                       "2026-07-01T12:00:00", "2026-07-01T12:05:00", 300.0, tag=TAG, checks=checks,
+                       levels=(LevelSummary("sweep", "c=32", 32, 640, 3, 60.0, tok_s=4123.5),))
+
+    vs = [verdict(h, Outcome.FAIL if h == "spark-02" else Outcome.PASS) for h in HOSTS]
+    assert_fits(render(_summary(vs)), len(HOSTS))

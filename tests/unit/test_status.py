@@ -24,7 +24,7 @@ def _probe(tmp_path: Path, gpu: dict[str, object] | None, *args: str) -> str:
     env = {k: v for k, v in os.environ.items() if k != "FLEETCTL_LAB_GPU_JSON"}
     if gpu is not None:
         bindir = tmp_path / "bin"
-        bindir.mkdir()
+        bindir.mkdir(exist_ok=True)
         (bindir / "nvidia-smi").write_text(f"#!{sys.executable}\n" + STAND_IN.read_text().split("\n", 1)[1])
         (bindir / "nvidia-smi").chmod(0o755)
         # The stand-in's -q template sits beside the real script.
@@ -126,3 +126,21 @@ def test_dearmor_gives_back_the_binary_key() -> None:
     assert mod.to_keyring(b"\x99\x01\x0d" + binary) == b"\x99\x01\x0d" + binary
     with pytest.raises(ValueError):
         mod.to_keyring(b"<html>404</html>")
+
+
+def test_probe_reports_who_holds_the_host_and_its_last_known_good(tmp_path: Path) -> None:
+    from fleetctl.rollout import hoststate as hs
+
+    state = tmp_path / "state.json"
+    holder = hs.Owner("ro-20260701-120000-3f9a", "rollout", "laptop", "alice", 4242, "1", 1.0, 1.0)
+    good = hs.Version("2026-06-18-v0.23.0", "sha256:" + "ab" * 32, "ro-1", 1.0)
+    state.write_text(hs.HostState(lock=holder, last_known_good=good).to_json())
+    st = parse_probe(Host("h1", "10.0.0.1"), _probe(tmp_path, {}, "--state-file", str(state)), 0.5, 8000)
+    assert st.lock is not None and st.lock.startswith("rollout ro-20260701-120000-3f9a by alice@laptop (pid 4242)")
+    assert st.last_known_good == "2026-06-18-v0.23.0"
+    # No file: a host fleetctl never touched. A damaged one: named as a problem, not a crash.
+    st = parse_probe(Host("h1", "10.0.0.1"), _probe(tmp_path, {}, "--state-file", str(tmp_path / "no")), 0.5, 8000)
+    assert (st.lock, st.last_known_good) == (None, None) and "fleetctl_state" not in st.problems
+    state.write_text("{not json")
+    st = parse_probe(Host("h1", "10.0.0.1"), _probe(tmp_path, {}, "--state-file", str(state)), 0.5, 8000)
+    assert st.lock is None and "damaged" in st.problems["fleetctl_state"]

@@ -53,14 +53,25 @@ def render_result(r: RolloutResult, con: Console) -> None:
     con.print(fit_table(con.width, ["host", Col("wave", drop=2), "status", Col("phase", drop=3),
                                     Col("before", drop=1), "after", Col("verdict / error", flex=True, min=16)],
                         rows, title=f"{r.kind} {r.id}: {r.status}"))
-    colour = {"completed": "green", "paused": "yellow"}.get(r.status, "red")
+    colour = {L.COMPLETED: "green", L.PAUSED: "yellow", L.COMPLETED_WITH_FAILURES: "yellow"}.get(r.status, "red")
     con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
               + (f": {escape(r.error)}" if r.error else ""), highlight=False)
     for h in r.hosts:
         for c in h.failed_checks:
             con.print(f"  {h.host}: {c}", highlight=False, markup=False)
+    # Skip reasons are cut in the table at 80 columns; they are why a host was left alone.
+    for h in r.hosts:
+        if h.status == L.SKIPPED and h.verdict:
+            con.print(f"  {h.host}: {h.verdict}", highlight=False, markup=False)
+    failed = [h.host for h in r.hosts if h.status in (L.HOST_FAILED, L.ROLLED_BACK)]
     if r.status == L.PAUSED:
         con.print("  continue with `fleetctl rollout --resume`, undo with `fleetctl rollout abort`")
+    elif r.status == L.COMPLETED_WITH_FAILURES:
+        con.print(f"  every wave went through; {len(failed)} host(s) failed within the failure budget "
+                  f"(rolled back, or down as said above): {', '.join(failed)}", highlight=False, markup=False)
+        if r.tag:
+            con.print(f"  once fixed: `fleetctl rollout --tag {r.tag} --limit {':'.join(failed)}`",
+                      highlight=False, markup=False)
     elif r.status == L.FAILED and r.kind == "rollout":
         con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
 

@@ -70,6 +70,9 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
             st = statuses[n]
             out.print(f"[yellow]warning[/] {n}: the next kernel {st.next_kernel} has no nvidia module "
                       f"(running {st.kernel})")
+        for n, st in statuses.items():
+            if st.lock:
+                out.print(f"[yellow]locked[/] {n}: by {escape(st.lock)}", highlight=False)
         down = [n for n, st in statuses.items() if not st.reachable]
         if down:
             out.print(f"[red]{len(down)} of {len(statuses)} host(s) unreachable:[/] {', '.join(down)}")

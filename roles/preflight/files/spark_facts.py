@@ -231,8 +231,24 @@ def serving(container: str | None, port: int) -> dict[str, object]:
     return out
 
 
+def fleetctl_state(path: str) -> object:
+    """The host's fleetctl state file (lock holder, target, last known-good) as stored, or None."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(65537)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        ERRORS["fleetctl_state"] = f"{path}: {e.strerror}"
+        return None
+    if len(raw) > 65536:
+        ERRORS["fleetctl_state"] = f"{path} is larger than 64 KiB"
+        return None
+    return raw.decode("utf-8", "replace")
+
+
 def main(argv: list[str]) -> int:
-    path, want_serving, container, port = "/opt", False, None, 8000
+    path, want_serving, container, port, state_file = "/opt", False, None, 8000, None
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -244,6 +260,8 @@ def main(argv: list[str]) -> int:
             container, i = argv[i + 1] or None, i + 1
         elif a == "--port":
             port, i = int(argv[i + 1]), i + 1
+        elif a == "--state-file":
+            state_file, i = argv[i + 1], i + 1
         else:
             sys.stderr.write(f"spark_facts: unknown option {a}\n")
             return 2
@@ -255,6 +273,8 @@ def main(argv: list[str]) -> int:
     }
     if want_serving:
         facts["serving"] = serving(container, port)
+    if state_file:
+        facts["fleetctl_state"] = fleetctl_state(state_file)
     facts["errors"] = ERRORS
     json.dump(facts, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
