@@ -36,6 +36,8 @@ from fleetctl.soak.verdict import Outcome
 NAME = remote.DEFAULT_CONTAINER
 PREV = NAME + remote.PREV_SUFFIX
 OK, NOSTART, EXIT1, SOAKFAIL = "ok", "nostart", "exit1", "soakfail"
+#: A container label overriding its image's behaviour (one container's settings are broken).
+BEHAVIOUR_LABEL = "sim.behaviour"
 
 
 class Killed(BaseException):
@@ -198,7 +200,7 @@ class SimOps:
 
     def _start(self, h: SimHost, name: str) -> None:
         c = h.containers[name]
-        b = self.fleet.behaves(h, c.digest)
+        b = c.labels.get(BEHAVIOUR_LABEL) or self.fleet.behaves(h, c.digest)
         if b == NOSTART:
             c.running, c.status = False, "created"
             raise FleetError("docker start: could not select device driver", host=h.name)
@@ -327,7 +329,7 @@ class SimGates:
             c = h.containers.get(remote.container_name(host))
             if c is None or not c.running:
                 return c, "down"
-            return c, self.fleet.behaves(h, c.digest)
+            return c, c.labels.get(BEHAVIOUR_LABEL) or self.fleet.behaves(h, c.digest)
 
     def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,
              progress: Progress) -> Readiness:

@@ -23,7 +23,18 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
 
-from .sim import EXIT1, NOSTART, OK, SOAKFAIL, Container, Killed, SimFleet, SimGates, digest_of
+from .sim import (
+    BEHAVIOUR_LABEL,
+    EXIT1,
+    NOSTART,
+    OK,
+    SOAKFAIL,
+    Container,
+    Killed,
+    SimFleet,
+    SimGates,
+    digest_of,
+)
 
 INV = paths.project_root() / "inventory" / "example"
 HOSTS = ["spark-01", "spark-02", "spark-03"]
@@ -322,3 +333,99 @@ def test_what_served_when_a_rollout_moved_a_host_away_is_known_good(tmp_path: Pa
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, C)
     with L.open_ledger(tmp_path) as led:
         assert [(k.tag, k.source) for k in led.known_good("spark-01")] == [(B, "gate"), (C, "served"), (A, "found")]
+
+
+def _with_recipe_change(fleet: SimFleet, state: Path) -> tuple[Engine, str, str]:
+    """An engine whose recipe adds a docker arg; the old and the new settings' fingerprints."""
+    eng = _engine(fleet, state)
+    old = eng.recipe()
+    changed = dataclasses.replace(old, docker_args=(*old.docker_args, "--shm-size=32g"))
+    eng.recipe = lambda name=None: changed  # type: ignore[method-assign]
+    return eng, remote.fingerprint(old), remote.fingerprint(changed)
+
+
+def _fingerprints(fleet: SimFleet) -> dict[str, str]:
+    return {n: h.containers["vllm"].labels[remote.LABEL_FINGERPRINT] for n, h in fleet.hosts.items()}
+
+
+def _changed_everywhere(fleet: SimFleet, state: Path) -> tuple[str, str]:
+    """B rolled out, then a recipe-only change of B that passed on every host; the old and new fingerprints."""
+    assert _run(fleet, state, "rollout", tag=B).status == L.COMPLETED
+    eng, old_fp, new_fp = _with_recipe_change(fleet, state)
+    try:
+        assert eng.rollout(_opts(B)).status == L.COMPLETED
+    finally:
+        eng.close()
+    assert _fingerprints(fleet) == dict.fromkeys(HOSTS, new_fp)
+    return old_fp, new_fp
+
+
+def _rollback_changed(fleet: SimFleet, state: Path, limit: str = ",".join(HOSTS)) -> RolloutResult:
+    eng, _old, _new = _with_recipe_change(fleet, state)
+    try:
+        return eng.rollback(limit=limit)
+    finally:
+        eng.close()
+
+
+def test_rollback_of_a_recipe_only_change_restores_the_old_settings(tmp_path: Path) -> None:
+    fleet = _fleet()
+    old_fp, _new = _changed_everywhere(fleet, tmp_path)
+    # Same image, other settings: the rollback is not "already there".
+    r = _rollback_changed(fleet, tmp_path)
+    assert r.status == L.COMPLETED, r
+    assert {h.status for h in r.hosts} == {L.DONE}
+    assert _fingerprints(fleet) == dict.fromkeys(HOSTS, old_fp)
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
+
+
+def test_abort_of_an_interrupted_recipe_only_change_restores_the_old_settings(tmp_path: Path) -> None:
+    def change(fleet: SimFleet, state: Path, kill_at: int | None) -> None:
+        assert _run(fleet, state, "rollout", tag=B).status == L.COMPLETED
+        fleet.revive()
+        fleet.kill_at = kill_at
+        eng, _, _ = _with_recipe_change(fleet, state)
+        try:
+            eng.rollout(_opts(B))
+        finally:
+            eng.close()
+
+    probe = _fleet()
+    change(probe, tmp_path / "probe", None)
+    # The controller dies right after the canary passed with the new settings.
+    k = next(i for i, p in enumerate(probe.points, 1) if p == "ledger.host_phase:done")
+    fleet = _fleet()
+    with contextlib.suppress(Killed):
+        change(fleet, tmp_path / "run", k)
+    fleet.revive()
+    eng, old_fp, new_fp = _with_recipe_change(fleet, tmp_path / "run")
+    assert _fingerprints(fleet)["spark-01"] == new_fp
+    try:
+        r = eng.abort()
+    finally:
+        eng.close()
+    assert r.status == L.COMPLETED, r
+    assert _fingerprints(fleet) == dict.fromkeys(HOSTS, old_fp)
+
+
+def test_a_known_good_whose_settings_are_gone_is_refused_and_the_host_left_alone(tmp_path: Path) -> None:
+    fleet = _fleet()
+    _old, new_fp = _changed_everywhere(fleet, tmp_path)
+    for h in fleet.hosts.values():  # somebody cleaned up the kept containers
+        h.containers.pop("vllm" + remote.PREV_SUFFIX, None)
+    r = _rollback_changed(fleet, tmp_path)
+    assert r.status == L.FAILED and r.exit_code != ExitCode.OK
+    assert _fingerprints(fleet) == dict.fromkeys(HOSTS, new_fp), "no host was touched"
+    for h in r.hosts:
+        assert h.error and "other container settings" in h.error and "fleetctl rollout" in h.error, h.error
+
+
+def test_a_rollback_to_old_settings_that_fail_is_undone_to_the_new_ones(tmp_path: Path) -> None:
+    fleet = _fleet()
+    _old, new_fp = _changed_everywhere(fleet, tmp_path)
+    # The kept container with the old settings no longer starts (its mount went away, say).
+    fleet.hosts["spark-01"].containers["vllm" + remote.PREV_SUFFIX].labels[BEHAVIOUR_LABEL] = NOSTART
+    r = _rollback_changed(fleet, tmp_path, limit="spark-01")
+    assert r.status == L.FAILED
+    assert [h.status for h in r.hosts if h.host == "spark-01"] == [L.ROLLED_BACK]
+    assert _fingerprints(fleet)["spark-01"] == new_fp, "back on the settings that served"

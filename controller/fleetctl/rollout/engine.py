@@ -768,6 +768,9 @@ class Engine:
                                  fix="bring the host back, or leave it out with --limit '!NAME'")
             current = {n: looks[n].value for n in selected}
             targets: dict[str, tuple[str | None, str, str]] = {}
+            # The container settings (fingerprint) each target ran with, when known: a recipe-only
+            # change is undone by going back to the old settings, not only to the old image.
+            fps: dict[str, str | None] = {}
             img = self._resolve(recipe.image, to, self.mirrors) if to else None
             tgt: tuple[str | None, str]
             for n in selected:
@@ -776,6 +779,7 @@ class Engine:
                 if img is not None:
                     # An explicit --to checks a host already there (readiness + smoke) rather than skip it.
                     tgt = (img.tag, img.digest)
+                    fps[n] = remote.fingerprint(recipe)
                 elif only_active:
                     hr = parent.host(n) if parent is not None else None
                     if hr is None or hr.status == L.SKIPPED:
@@ -785,7 +789,8 @@ class Engine:
                         skips[n] = "first deploy: nothing served before it (leave it, or `fleetctl rollout` a version)"
                         continue
                     tgt = (hr.before_tag, hr.before_digest)
-                    if serving is not None and serving[0] == hr.before_digest:
+                    fps[n] = ((hr.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+                    if serving is not None and _same(hr.before_digest, fps[n], *serving):
                         skips[n] = f"already there (serving {hr.before_tag})"
                         continue
                 else:
@@ -809,6 +814,7 @@ class Engine:
                         skips[n] = f"already there (serving its last known-good {known[0].tag})"
                         continue
                     tgt = (other[0].tag, other[0].digest)
+                    fps[n] = other[0].fingerprint or None
                 targets[n] = (tgt[0], tgt[1], registry.pull_ref(recipe.image, tgt[1], self.mirrors))
             names = [n for n in selected if n in targets]
             for n in names:
@@ -825,7 +831,9 @@ class Engine:
             self.ledger.create(rid, kind="rollback", recipe=recipe.name, requested=to,
                                tag=targets[names[0]][0] if to and names else to,
                                digest=targets[names[0]][1] if to and names else None, image=recipe.image,
-                               options={"max_unavailable": mu, "to": to}, command=_command_line(), waves=[names],
+                               options={"max_unavailable": mu, "to": to,
+                                        "fingerprints": {n: fps[n] for n in names if fps.get(n)}},
+                               command=_command_line(), waves=[names],
                                hosts=rows, parent=parent.id if parent else None)
             if self.held is not None:
                 now = time.time()
@@ -845,8 +853,10 @@ class Engine:
         rec = self.ledger.get(rid)
         mu = int(rec.options.get("max_unavailable") or 1)
         todo = [h for h in rec.hosts if h.status not in (L.DONE, L.ROLLED_BACK, L.HOST_FAILED, L.SKIPPED)]
+        fps: Mapping[str, str] = rec.options.get("fingerprints") or {}
         targets = {h.host: (h.target_tag, h.target_digest or "",
-                            registry.pull_ref(recipe.image, h.target_digest or "", self.mirrors)) for h in todo}
+                            registry.pull_ref(recipe.image, h.target_digest or "", self.mirrors),
+                            fps.get(h.host)) for h in todo}
         for step in P.split_steps([h.host for h in todo], mu):
             try:
                 outs = self._parallel([self.inv.host(n) for n in step],
@@ -873,8 +883,10 @@ class Engine:
         states = hoststate.read_all(self.host_store, [self.inv.host(n) for n in names])
         return {n: s.last_known_good for n, s in states.items() if s.last_known_good is not None}
 
-    def _rollback_host(self, rid: str, recipe: Recipe, h: Host, tag: str | None, digest: str, ref: str) -> None:
-        """One host to ``digest``, checked by readiness and smoke; a target that fails is itself undone."""
+    def _rollback_host(self, rid: str, recipe: Recipe, h: Host, tag: str | None, digest: str, ref: str,
+                       fingerprint: str | None = None) -> None:
+        """One host to ``digest`` (with the settings ``fingerprint`` when known), checked by readiness and
+        smoke; a target that fails is itself undone."""
         name = remote.container_name(h)
         ops = self.ops(h)
         show = {"wave": 1, "tag": tag or "?"}
@@ -887,15 +899,26 @@ class Engine:
             # Killed while putting back what served before: finish that.
             self._undo_rollback(rid, recipe, h, ops, rec.error or "the target failed", show)
             return
-        if cur is not None and rec is not None and rec.before_digest is None and cur.digest != digest:
+        def wanted(s: remote.Serving | None) -> bool:
+            return s is not None and _same(digest, fingerprint, s.digest, s.fingerprint)
+
+        if not wanted(cur) and not wanted(prev) and fingerprint and fingerprint != remote.fingerprint(recipe):
+            # Only a kept container has the old settings; starting the image with today's recipe would
+            # not be the version that was good. Nothing has been touched: the host keeps serving.
+            raise FleetError(
+                f"its known-good {tag} ran with other container settings (fingerprint {fingerprint[:12]}) than "
+                f"recipe {recipe.name} renders now ({remote.fingerprint(recipe)[:12]}), and that container is gone",
+                host=h.name, fix=f"restore the recipe as it was, then `fleetctl rollout --tag {tag} --limit {h.name}`"
+                                 f"; or `fleetctl rollback --to {tag} --limit {h.name}` for {tag} with today's recipe")
+        if cur is not None and rec is not None and rec.before_digest is None and not wanted(cur):
             self.ledger.host_phase(rid, h.name, "inspected", status=L.IN_PROGRESS, before_tag=cur.tag,
                                    before_digest=cur.digest, before=cur.settings)
         try:
             self._check_cancel()
-            if cur is not None and cur.running and cur.digest == digest:
+            if cur is not None and cur.running and wanted(cur):
                 self._phase(rid, h, "loading", f"serving {tag}: checking it", {**show, "health": "loading"},
                             status=L.IN_PROGRESS)
-            elif prev is not None and prev.digest == digest:
+            elif prev is not None and wanted(prev):
                 self._phase(rid, h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})", show,
                             status=L.IN_PROGRESS)
                 ops.swap(name)
@@ -937,13 +960,15 @@ class Engine:
         before = rec.before_digest if rec is not None else None
         fix = (f"`fleetctl rollback --to {rec.before_tag} --limit {h.name}`" if rec is not None and rec.before_tag
                else f"`fleetctl rollout --tag TAG --limit {h.name}` with a version that works")
+        before_fp = (((rec.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+                     if rec is not None else None)
         try:
             cur = ops.inspect(name)
             if before is None:
                 raise FleetError("nothing served before this rollback", host=h.name)
-            if not (cur is not None and cur.running and cur.digest == before):
+            if not (cur is not None and cur.running and _same(before, before_fp, cur.digest, cur.fingerprint)):
                 prev = ops.inspect(name + remote.PREV_SUFFIX)
-                if prev is None or prev.digest != before:
+                if prev is None or not _same(before, before_fp, prev.digest, prev.fingerprint):
                     raise FleetError("the previous container is gone", host=h.name)
                 ops.restore(name)
             cfg = gate.config(recipe, None, h)
