@@ -6,8 +6,10 @@ and several labs on one machine never collide.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 
@@ -70,6 +72,37 @@ def state_dir(inventory: Path) -> Path:
         resolved = str(inventory.resolve())
         key = hashlib.sha256(resolved.encode()).hexdigest()[:12]
         base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+        private_dir(base / "fleetctl")
         path = base / "fleetctl" / "fleets" / f"{inventory.resolve().parent.name}-{key}"
-    path.mkdir(parents=True, exist_ok=True)
+    return private_dir(path)
+
+
+def private_dir(path: Path) -> Path:
+    """``path`` created if need be and made 0700: the ledger, verdicts and logs in it are the operator's.
+
+    An existing directory is tightened, not refused: it is this user's own state
+    (an older fleetctl made it 0755).
+    """
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def write_private(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically, mode 0600, through a temp file of an unpredictable name.
+
+    The temp file is made by ``mkstemp`` (``O_EXCL``: a symlink planted at its
+    name is never followed) in the same directory, then renamed over ``path``.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import tempfile
 import time
@@ -50,14 +51,16 @@ _register()
 
 
 def _save_traceback() -> Path:
+    # A traceback can quote local values: 0600 in a 0700 directory, or an O_EXCL mkstemp file in /tmp
+    # (never a predictable name there, which a planted symlink could redirect).
     try:
-        d = paths.cache_dir() / "crash"
-        d.mkdir(parents=True, exist_ok=True)
+        d = paths.private_dir(paths.cache_dir() / "crash")
     except OSError:
         d = Path(tempfile.gettempdir())
-    p = d / f"fleetctl-{time.strftime('%Y%m%d-%H%M%S')}.txt"
-    p.write_text(traceback.format_exc())
-    return p
+    fd, name = tempfile.mkstemp(prefix=f"fleetctl-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt", dir=d)
+    with os.fdopen(fd, "w") as f:
+        f.write(traceback.format_exc())
+    return Path(name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,6 +244,10 @@ class Ledger:
         self.path = path
         self.fleet = fleet
         path.parent.mkdir(parents=True, exist_ok=True)
+        # 0600 before SQLite opens it: its -wal and -shm files take the database file's mode.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        if path.stat().st_mode & 0o077:
+            path.chmod(0o600)
         self._mu = threading.RLock()
         self._db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row

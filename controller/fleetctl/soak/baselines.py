@@ -8,9 +8,9 @@ the host's own history, not a fleet-wide figure, because Sparks differ.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
+from fleetctl import paths
 from fleetctl.errors import FleetError
 from fleetctl.soak.verdict import SCHEMA_VERSION, Outcome, Verdict, from_dict, to_dict
 
@@ -51,9 +51,4 @@ def save(state_dir: Path, host: str, tag: str, verdict: Verdict) -> Path | None:
     """Keep ``verdict`` as the baseline if it passed (temp file + rename); returns the path."""
     if verdict.outcome is not Outcome.PASS:
         return None
-    p = path(state_dir, host, tag)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(to_dict(verdict)) + "\n")
-    tmp.replace(p)
-    return p
+    return paths.write_private(path(state_dir, host, tag), json.dumps(to_dict(verdict)) + "\n")

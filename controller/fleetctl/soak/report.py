@@ -16,6 +16,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
+from fleetctl import paths
 from fleetctl.soak.checks import ms, pct
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 
@@ -25,11 +26,7 @@ _SERIES = ("#0969da", "#bc4c00", "#1a7f37", "#8250df", "#cf222e", "#6e7781")
 
 
 def _write(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    paths.write_private(Path(path), text)
 
 
 def to_json(verdicts: Sequence[Verdict]) -> str:
