@@ -44,9 +44,11 @@ Ansible settings, chosen for speed and safety; each run writes them to its own
 - **secrets never in artifacts**: extra variables go to Ansible through a 0600
   file in a private temporary directory, deleted after the run (never on the
   command line, which ansible-runner records); ``suppress_env_files`` keeps
-  ansible-runner from writing ``env/extravars``; the process environment that
-  ansible-runner records in ``command`` is reduced to the ``ANSIBLE_*`` and
-  locale variables; and every value passed in ``secrets`` is redacted from the
+  ansible-runner from writing ``env/extravars``; ansible-playbook runs with a
+  minimal environment (:func:`minimal_env`: PATH, HOME, locale, ``ANSIBLE_*``,
+  the ssh agent's socket, what ansible-runner sets), cut before ansible-runner
+  records it in ``command``, so that a SIGKILL of the controller leaves no secret
+  of its environment there; and every value passed in ``secrets`` is redacted from the
   job events (before they are written) and from ``stdout`` and ``command``
   after the run. Tasks that handle a secret must still say ``no_log: true``, so
   that Ansible itself never prints it.
@@ -92,7 +94,8 @@ CONTROL_PERSIST = "60s"
 REPORT_KEY = "fleetctl_report"
 #: Environment variables that ansible-runner may keep in its ``command`` artifact.
 _ENV_KEPT_PREFIXES = ("ANSIBLE_", "LANG", "LC_")
-_ENV_KEPT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "AWX_ISOLATED_DATA_DIR"})
+_ENV_KEPT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "AWX_ISOLATED_DATA_DIR", "TMPDIR",
+                       "SSH_AUTH_SOCK"})
 _REDACTED = "<redacted by fleetctl>"
 
 
@@ -509,6 +512,16 @@ class EventFolder:
             return {n: self.hosts[n].freeze() for n in names}
 
 
+def minimal_env(env: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
+    """``env`` without what it inherited from ``inherited`` (the controller's environment), except the
+    variables Ansible and ssh need (PATH, HOME, locale, ``ANSIBLE_*``, the ssh agent's socket, TMPDIR).
+
+    What ansible-runner and fleetctl set themselves (a value not inherited) is kept.
+    """
+    return {k: v for k, v in env.items()
+            if inherited.get(k) != v or k in _ENV_KEPT or k.startswith(_ENV_KEPT_PREFIXES)}
+
+
 def _scrub_command_env(path: Path, redactor: _Redactor) -> None:
     """Keep only Ansible's and the locale's variables in ansible-runner's ``command`` record."""
     if not path.is_file():
@@ -597,7 +610,8 @@ def run_playbook(
     Raises :class:`AnsibleError` when the playbook is missing, ``limit`` matches
     nothing, or ansible-playbook stops before running any host.
     """
-    import ansible_runner  # slow import (≈0.3 s): only commands that run playbooks pay it
+    # A slow import (≈0.3 s): only commands that run playbooks pay it.
+    from ansible_runner.interface import init_runner
 
     path = resolve_playbook(playbook)
     binary = ansible_playbook_binary()
@@ -632,7 +646,11 @@ def run_playbook(
     with _private_vars_file(all_vars) as vars_file:
         cmdline += ["-e", f"@{vars_file}"]
         try:
-            r = ansible_runner.run(
+            # init_runner + run is what ansible_runner.run does; in between, the environment ansible-runner
+            # seeded from ours (HF_TOKEN, registry and webhook secrets...) is cut down to what Ansible needs,
+            # before ansible-runner records it in the `command` artifact: a SIGKILL of the controller then
+            # leaves no secret behind (the scrub in `finally` never runs after a SIGKILL).
+            r = init_runner(
                 private_data_dir=str(artifacts_dir),
                 artifact_dir=str(artifacts_dir.parent),
                 ident=artifacts_dir.name,
@@ -649,6 +667,8 @@ def run_playbook(
                 event_handler=folder,
                 timeout=timeout,
             )
+            r.config.env = minimal_env(r.config.env, os.environ)
+            r.run()
             status, rc = str(r.status), int(r.rc if r.rc is not None else -1)
         finally:
             _scrub_command_env(artifacts_dir / "command", redactor)

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -159,3 +164,40 @@ def test_event_folder_counts_from_recorded_events() -> None:
     assert out["h1"].changed == 1 and out["h1"].succeeded
     assert out["h2"].status == "unreachable" and "Connection timed out" in out["h2"].message
     assert rec.events[1].data == {"task": "Install the toolkit", "ok": 1, "changed": 1, "failed": 0}
+
+
+KILLED_RUN = """
+import os, sys
+from pathlib import Path
+from fleetctl import inventory as inv
+from fleetctl.ansible import run_playbook
+tmp = Path(sys.argv[1])
+run_playbook(str(tmp / "slow.yml"), inv.load(tmp / "hosts.yml"), run_id="killed")
+"""
+
+
+def test_a_controller_killed_mid_run_leaves_no_secret_of_its_environment(local: tuple[inv.Inventory, Path]) -> None:
+    """ansible-runner records its environment when it starts: only a minimal one may be there, SIGKILL or not."""
+    _, tmp = local
+    (tmp / "slow.yml").write_text("- hosts: alpha\n  gather_facts: false\n  tasks:\n"
+                                  "    - name: Wait to be killed\n      ansible.builtin.command: sleep 60\n")
+    secrets = {"HF_TOKEN": SECRET, "VLLM_API_KEY": "sk-" + SECRET[::-1], "FLEETCTL_REGISTRY_PASSWORD": "pw-" + SECRET,
+               "FLEETCTL_WEBHOOK_URL": f"https://hooks.example/{SECRET}x"}
+    env = {**os.environ, **secrets, "FLEETCTL_STATE_DIR": str(tmp / "state")}
+    p = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp)], env=env, start_new_session=True)
+    run = tmp / "state" / "runs" / "killed"
+    try:
+        deadline = time.monotonic() + 120
+        # Killed once the task runs: ansible-runner has written `command` and the first events by then.
+        while not any("Wait to be killed" in f.read_text(errors="replace")
+                      for f in run.glob("ansible/slow/job_events/*.json")):
+            assert p.poll() is None and time.monotonic() < deadline, "the playbook never started its task"
+            time.sleep(0.2)
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    command = json.loads((run / "ansible" / "slow" / "command").read_text())
+    assert command["env"]["PATH"] and "HF_TOKEN" not in command["env"]
+    leaked = [(f, k) for f in (tmp / "state").rglob("*") if f.is_file()
+              for k, v in secrets.items() if v in f.read_text(errors="replace")]
+    assert not leaked, leaked
