@@ -40,9 +40,18 @@ _RECIPE_KEYS = {
 _REQUIRED_RECIPE_KEYS = ("image", "served_model_names", "weights", "vllm_args")
 _WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb"}
 _REQUIRED_WEIGHT_KEYS = ("role", "repo", "revision", "path", "mount", "format")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _SECRET_HINT = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|_KEY$", re.IGNORECASE)
-_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+_REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+#: A git revision: a commit sha, a tag or a branch (``refs/pr/1``); it becomes a directory name when
+#: staging from a local copy, so no ``..`` and nothing a shell or rsync would read.
+_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,3}\Z")
+#: Paths on the host and in the container: they go into ``docker -v SRC:DST:ro`` and rsync arguments,
+#: where ':' and ',' would add mount options and shell characters would be read.
+_SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+/-]+\Z")
+#: An OCI repository name with an optional registry host[:port] (docker's reference grammar).
+_IMAGE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?/)?"
+                    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*\Z")
 #: Flags fleetctl sets itself from other recipe fields; repeating them in vllm_args would conflict.
 _OWN_FLAGS = ("--served-model-name",)
 
@@ -268,6 +277,9 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
             bad("image", "must be a non-empty string", "e.g. image: ghcr.io/aeon-7/aeon-vllm-ultimate")
     elif "@" in image or ":" in image.rsplit("/", 1)[-1]:
         bad("image", f"{image!r} carries a tag or digest", "give the repository only; the rollout chooses the tag")
+    elif not _IMAGE.match(image):
+        bad("image", f"{image!r} is not an image repository name", "lowercase letters, digits and . _ - between "
+            "slashes, after an optional registry host[:port], e.g. ghcr.io/aeon-7/aeon-vllm-ultimate")
 
     names = body.get("served_model_names", [])
     if not _is_str_list(names) or ("served_model_names" in body and not names):
@@ -382,8 +394,18 @@ def _build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None]
             wbad("repo", f"{repo!r} is not a hub repository", "write owner/name, e.g. z-lab/Qwen3.6-35B-A3B-DFlash")
         if path and (not path.startswith(WEIGHTS_ROOT) or ".." in path.split("/") or path.rstrip("/") + "/" == WEIGHTS_ROOT):
             wbad("path", f"{path!r} is not a directory under {WEIGHTS_ROOT}", "use e.g. /opt/qwen36/qwen36-nvfp4")
-        if mount and (not mount.startswith("/") or mount == "/"):
+        elif path and not _SAFE_PATH.match(path):
+            wbad("path", f"{path!r} has characters other than letters, digits and . _ + - /",
+                 "name the directory plainly, e.g. /opt/qwen36/qwen36-nvfp4")
+        if mount and (not mount.startswith("/") or mount == "/" or ".." in mount.split("/")):
             wbad("mount", f"{mount!r} is not an absolute container path", "use e.g. /model or /drafter")
+        elif mount and not _SAFE_PATH.match(mount):
+            wbad("mount", f"{mount!r} has characters other than letters, digits and . _ + - / "
+                 "(':' or ',' would add docker mount options)", "use e.g. /model or /drafter")
+        rev = w.get("revision")
+        if isinstance(rev, str) and rev and (not _REVISION.match(rev) or ".." in rev):
+            wbad("revision", f"{rev!r} is not a git revision (a commit sha, tag or branch)",
+                 "pin the commit sha from the model's page on the hub (40 hex digits)")
         if fmt and fmt not in FORMAT_QUANTIZATION:
             wbad("format", f"{fmt!r} is not a known checkpoint format", f"use one of: {', '.join(FORMAT_QUANTIZATION)}")
         min_date: date | None = None

@@ -52,7 +52,29 @@ _PAGE = 200
 _MAX_PAGES = 100
 _LINK_NEXT = re.compile(r'<([^>]+)>\s*;\s*rel="?next"?')
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
-_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}\Z")
+#: The OCI distribution spec's tag grammar.
+_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
+
+
+def check_tag(wanted: str, what: str = "tag") -> str:
+    """``wanted`` if it is a tag by the OCI grammar (a version like v0.24.0 is one); else one clear refusal.
+
+    Tags reach shell lines, container labels and URLs: anything else is refused
+    before it is used anywhere.
+    """
+    if not _TAG.match(wanted):
+        raise FleetError(f"{what} {wanted!r} is not an image tag (letters, digits, '_', '.' and '-', at most 128, "
+                         "not starting with '.' or '-')", fix="pass a version like v0.24.0 or a full tag")
+    return wanted
+
+
+def check_digest(digest: str, where: str = "") -> str:
+    """``digest`` if it is ``sha256:`` and 64 lowercase hex digits; else a refusal naming ``where`` it came from."""
+    if not _DIGEST.match(digest):
+        raise FleetError(f"{where or 'the'} digest {digest[:80]!r} is not sha256:<64 hex digits>",
+                         fix="check the registry (or the ledger record) it came from")
+    return digest
 #: Largest answer read from a registry (a tag page, a manifest, a token): real ones are < 100 KB.
 MAX_BODY = 4 * 1024 * 1024
 #: Seconds one request may take in all, however slowly the bytes come.
@@ -199,7 +221,8 @@ class Registry:
                 raise FleetError(f"repository {repository} does not exist on {self.endpoint.host}",
                                  fix="check the recipe's image and fleetctl_registry_mirrors")
             data = _json(body, url)
-            out.extend(str(t) for t in data.get("tags") or [])
+            # A tag outside the OCI grammar is the registry's error: never a candidate for a rollout.
+            out.extend(str(t) for t in data.get("tags") or [] if isinstance(t, str) and _TAG.match(t))
             url = _next_link(headers.get("link"), url)
         raise FleetError(f"{self.endpoint.host} returned more than {_MAX_PAGES} pages of tags for {repository}",
                          fix="report this registry's pagination behaviour")
@@ -219,6 +242,7 @@ class Registry:
             status, h, body = self._request("GET", url, repository, headers)
             digest = h.get("docker-content-digest") or "sha256:" + hashlib.sha256(body).hexdigest()
             media = h.get("content-type", "").split(";")[0]
+            check_digest(digest, f"{self.endpoint.host}'s {repository}:{tag}")
         if media and media not in MANIFEST_TYPES:
             raise FleetError(f"{repository}:{tag} has manifest type {media!r}, not an image",
                              fix="point the recipe at an image repository")
@@ -227,6 +251,7 @@ class Registry:
     def resolve(self, image: str, wanted: str) -> ResolvedImage:
         """Tag list -> the one tag ``wanted`` names -> its digest."""
         name = ImageName.parse(image)
+        check_tag(wanted)
         tag = resolve_tag(wanted, self.tags(name.repository), name.ref)
         digest, media = self.digest(name.repository, tag)
         return ResolvedImage(name.ref, wanted, tag, digest, media)

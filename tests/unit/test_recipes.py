@@ -201,3 +201,33 @@ def test_the_example_inventory_loads_with_the_seed_recipes() -> None:
     assert recipes.recipe_for(inv, host=inv.host("spark-04")).name == "gemma4-26b-a4b"
     assert recipes.recipe_for(inv, host=inv.host("spark-01")).name == "qwen36-35b-heretic"
     assert "fleetctl_weights_mirror" not in inv.vars  # production default: the hub
+
+
+@pytest.mark.parametrize(("field", "value", "said"), [
+    ("revision", "../../etc", "is not a git revision"),
+    ("revision", "main; curl x|sh", "is not a git revision"),
+    ("revision", "refs/..", "is not a git revision"),
+    ("mount", "/model:rw", "docker mount options"),
+    ("mount", "/model,readonly=false", "docker mount options"),
+    ("mount", "/a/../etc", "is not an absolute container path"),
+    ("path", "/opt/q w/$(id)", "has characters other than"),
+])
+def test_weight_fields_that_would_inject_are_refused(field: str, value: str, said: str) -> None:
+    body = heretic()
+    body["weights"][0][field] = value
+    found = [p for p in problems_of(body) if p.field == f"weights[0].{field}"]
+    assert found and said in found[0].problem, problems_of(body)
+
+
+@pytest.mark.parametrize("image", ["ghcr.io/Aeon-7/X", "ghcr.io/aeon-7/x y", "ghcr.io//x", "registry:5000/a/$(id)"])
+def test_an_image_outside_the_oci_grammar_is_refused(image: str) -> None:
+    body = heretic()
+    body["image"] = image
+    assert any(p.field == "image" for p in problems_of(body))
+
+
+def test_a_commit_sha_and_a_pr_ref_are_revisions() -> None:
+    body = heretic()
+    body["weights"][0]["revision"] = "0123456789abcdef0123456789abcdef01234567"
+    body["weights"][1]["revision"] = "refs/pr/12"
+    assert parse_recipes({"r": body})["r"].body.revision.startswith("0123")

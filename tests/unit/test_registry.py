@@ -316,3 +316,17 @@ def test_endpoints_and_pull_refs() -> None:
     d = "sha256:" + "a" * 64
     assert registry.pull_ref("ghcr.io/aeon-7/x", d, m) == f"10.78.6.1:5000/aeon-7/x@{d}"
     assert registry.pull_ref("ghcr.io/aeon-7/x", d) == f"ghcr.io/aeon-7/x@{d}"
+
+
+@pytest.mark.parametrize("wanted", ["v0.24.0; rm -rf /", "-v1", ".v1", "v1/../x", "a" * 129, "", "v1\n"])
+def test_a_tag_outside_the_oci_grammar_is_refused_before_any_request(server: _Server, wanted: str) -> None:
+    with pytest.raises(FleetError, match="is not an image tag"):
+        registry.resolve("ghcr.io/aeon-7/vllm", wanted, mirrors(server))
+    assert server.seen == []
+
+
+def test_tags_outside_the_grammar_listed_by_a_registry_are_never_candidates(server: _Server) -> None:
+    server.tags = ["2026-07-01-v0.24.0", "$(reboot)-v0.25.0"]
+    with pytest.raises(FleetError, match=r"no tag 'v0\.25\.0'"):
+        registry.resolve("ghcr.io/aeon-7/vllm", "v0.25.0", mirrors(server))
+    assert registry.resolve("ghcr.io/aeon-7/vllm", "v0.24.0", mirrors(server)).tag == "2026-07-01-v0.24.0"

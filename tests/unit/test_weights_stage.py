@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 from tests.role_modules import load_role_file
@@ -187,3 +187,78 @@ def test_hub_revision_api_gives_the_commit_and_date_and_needs_the_token(tmp_path
         with pytest.raises(ws.StageError, match="HTTP 401") as e:
             ws.source_info(s, "hub", None, hub, None)
         assert "hf_test_token" not in str(e.value)
+
+
+class _Redirector(http.server.BaseHTTPRequestHandler):
+    """Answers every GET with a redirect to ``target`` + the same path (set per server)."""
+
+    target = ""
+
+    def do_GET(self) -> None:
+        self.send_response(302)
+        self.send_header("Location", self.target + self.path)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        del args
+
+
+class _Recorder(_Hub):
+    """The hub's API that records the Authorization header each request brought."""
+
+    seen: ClassVar[list[str | None]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append(self.headers.get("Authorization"))
+        body = json.dumps({"sha": "abc123", "lastModified": "2026-06-20T10:00:00.000Z"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def test_the_hub_token_does_not_follow_a_redirect_to_another_host(tmp_path: Path) -> None:
+    s = {**_set(tmp_path, "main"), "size_gb": 0.5}
+    _Recorder.seen = []
+    for elsewhere in _serve(_Recorder):
+        handler = type("R", (_Redirector,), {"target": elsewhere})
+        for hub in _serve(handler):
+            assert ws.source_info(s, "hub", None, hub, "hf_test_token")["commit"] == "abc123"
+    assert _Recorder.seen == [None], "the other host got the request but not the token"
+
+
+def test_the_hub_token_follows_a_redirect_on_the_hub_itself(tmp_path: Path) -> None:
+    s = {**_set(tmp_path, "main"), "size_gb": 0.5}
+
+    class SameHost(_Hub):
+        def do_GET(self) -> None:
+            if self.path.startswith("/old"):
+                self.send_response(301)
+                self.send_header("Location", self.path[len("/old"):])
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            super().do_GET()  # 401 without the token
+
+    for hub in _serve(SameHost):
+        assert ws.source_info(s, "hub", None, hub + "/old", "hf_test_token")["commit"] == "abc123"
+
+
+@pytest.mark.parametrize(("old", "new", "kept"), [
+    ("https://hub.example/a", "https://hub.example/b", True),
+    ("https://hub.example/a", "http://hub.example/b", False),
+    ("https://hub.example/a", "https://hub.example:8443/b", False),
+    ("https://hub.example/a", "https://cdn.example/b", False),
+    ("http://127.0.0.1:80/a", "http://127.0.0.1/b", True),
+])
+def test_which_redirects_keep_the_token(old: str, new: str, kept: bool) -> None:
+    req = urllib.request.Request(old, headers={"Authorization": "Bearer t"})
+    out = ws._KeepTokenHome().redirect_request(req, None, 302, "Found", {}, new)
+    assert out.has_header("Authorization") is kept
+
+
+def test_a_redirect_to_another_scheme_is_refused() -> None:
+    req = urllib.request.Request("https://hub.example/a", headers={"Authorization": "Bearer t"})
+    with pytest.raises(ws.StageError, match="redirected to a ftp URL"):
+        ws._KeepTokenHome().redirect_request(req, None, 302, "Found", {}, "ftp://files.example/x")

@@ -92,10 +92,38 @@ def read_json(path):
         return None
 
 
+class _KeepTokenHome(urllib.request.HTTPRedirectHandler):
+    """Follow redirects, but the hub token goes to the hub only.
+
+    urllib copies every header to the redirect's target: a hub answering 302 to
+    a CDN, another host or plain http would hand the token over. It is dropped
+    on any change of host or port and on https -> http; a redirect to anything
+    but http(s) is refused.
+    """
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        new = super().redirect_request(req, fp, code, msg, headers, newurl)
+        if new is None:
+            return None
+        old, to = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(new.full_url)
+        if to.scheme not in ("http", "https"):
+            raise StageError(f"{_safe(req.full_url)} redirected to a {to.scheme or 'relative'} URL; only http(s) is followed")
+        if _origin(old)[1:] != _origin(to)[1:] or (old.scheme == "https" and to.scheme == "http"):
+            new.remove_header("Authorization")
+        return new
+
+
+def _origin(p):
+    return p.scheme, (p.hostname or "").lower(), p.port or {"http": 80, "https": 443}.get(p.scheme)
+
+
+_OPENER = urllib.request.build_opener(_KeepTokenHome)
+
+
 def _http_json(url, token=None):
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(req, timeout=HTTP_TIMEOUT) as r:
+        with _OPENER.open(req, timeout=HTTP_TIMEOUT) as r:
             raw = _read_capped(r, url, MAX_JSON, time.monotonic() + HTTP_TIMEOUT)
     except urllib.error.HTTPError as e:
         raise StageError(f"{_safe(url)} answered HTTP {e.code}") from None
@@ -227,7 +255,7 @@ def _download(url, dest, size, sha256):
 
     try:
         # Stop at the manifest's size: a mirror sending more (or forever) fills no disk.
-        with urllib.request.urlopen(url, timeout=HTTP_TIMEOUT) as r, open(part, "wb") as f:
+        with _OPENER.open(url, timeout=HTTP_TIMEOUT) as r, open(part, "wb") as f:
             _read_capped(r, url, size, time.monotonic() + HTTP_TIMEOUT + size / MIN_RATE, sink)
     except StageError:
         with contextlib.suppress(OSError):
@@ -364,7 +392,8 @@ def receive(sets, run, seed, key, known_hosts, timeout):
             os.makedirs(dest, exist_ok=True)
             t0 = time.monotonic()
             # -W: whole files (nothing to delta against in a fresh staging directory; saves CPU).
-            argv = ["rsync", "-a", "-W", "--delete", "--partial", "-e", ssh_cmd,
+            # --protect-args: the paths reach the seed verbatim, never through its shell.
+            argv = ["rsync", "-a", "-W", "--delete", "--partial", "--protect-args", "-e", ssh_cmd,
                     f"{seed['user']}@{seed['address']}:{dest}/", f"{dest}/"]
             try:
                 p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
