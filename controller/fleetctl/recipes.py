@@ -35,7 +35,7 @@ SOURCES = ("hub", "mirror")
 
 _RECIPE_KEYS = {
     "description", "image", "served_model_names", "port", "weights", "vllm_args", "env",
-    "secret_env", "docker_args", "soak", "min_free_gb", "source",
+    "secret_env", "docker_args", "soak", "min_free_gb", "source", "trust_remote_code",
 }
 _REQUIRED_RECIPE_KEYS = ("image", "served_model_names", "weights", "vllm_args")
 _WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb"}
@@ -102,6 +102,9 @@ class Recipe:
     #: Where weights come from: "hub", "mirror", or None (the mirror if the inventory has one).
     source: str | None = None
     description: str = ""
+    #: The operator's opt-in to model code from the hub: ``--trust-remote-code`` is refused without it,
+    #: and staging refuses weights carrying code (``*.py``, an ``auto_map`` in config.json).
+    trust_remote_code: bool = False
 
     @property
     def body(self) -> WeightSet:
@@ -348,6 +351,10 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
         source = None
 
     desc = body.get("description", "")
+    trust = body.get("trust_remote_code", False)
+    if not isinstance(trust, bool):
+        bad("trust_remote_code", f"{trust!r} is not true or false", "write trust_remote_code: true (or leave it out)")
+        trust = False
     weights = _build_weights(body.get("weights"), "weights" in body, bad)
 
     if len(problems) > n0 and not weights:
@@ -361,6 +368,7 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
         name=name, image=str(image), served_model_names=tuple(names), port=int(port), weights=tuple(weights),
         vllm_args=tuple(args), env=env, secret_env=tuple(secret_env), docker_args=tuple(docker_args),
         soak=dict(soak), min_free_gb=float(min_free), source=source, description=str(desc),
+        trust_remote_code=trust,
     )
 
 
@@ -450,6 +458,10 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
     def bad(fld: str, problem: str, fix: str) -> None:
         out.append(RecipeProblem(r.name, fld, problem, fix))
 
+    if has_flag(r.vllm_args, "--trust-remote-code") and not r.trust_remote_code:
+        bad("vllm_args --trust-remote-code", "lets the model's repository run its own Python code on every host",
+            "drop the flag (most architectures need none), or review the repository's code at the pinned revision "
+            "and set trust_remote_code: true in the recipe")
     gmu = r.flag("--gpu-memory-utilization")
     if gmu is not None:
         try:

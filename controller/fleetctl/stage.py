@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import threading
 import urllib.error
@@ -221,6 +222,7 @@ def stage(
     if source == "local" and not (local_dir and Path(local_dir).is_dir()):
         raise FleetError(f"source local needs a directory on the controller, got {local_dir!r}",
                          fix="pass --local-dir DIR holding <repo>/<revision>/ for each weight set")
+    _check_pinned(recipe, inventory)
     run_id = run_id or ansible.new_run_id("stage")
     token = os.environ.get("HF_TOKEN", "")
     if source == "hub":
@@ -251,6 +253,27 @@ def stage(
         finally:
             ledger.release(run_id)
     return fold(result, recipe, source, hosts)
+
+
+#: A full git commit id: the only revision the hub cannot move.
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def _check_pinned(recipe: Recipe, inventory: Inventory) -> None:
+    """Refuse a weight set pinned to a branch or tag, unless the inventory allows it (a lab or a test).
+
+    A branch moves: hosts staged on different days would serve different bytes, and
+    what a gate passed is not what the next host gets.
+    """
+    if inventory.vars.get("fleetctl_allow_unpinned_revisions") is True:
+        return
+    for w in recipe.weights:
+        if not _COMMIT.fullmatch(w.revision):
+            raise FleetError(
+                f"recipe {recipe.name} stages its {w.role} {w.repo} at revision {w.revision!r}, a name the hub can "
+                "move: hosts staged at different times would serve different bytes",
+                fix="pin the commit sha (40 hex digits, from the model page's history) in the weight set's "
+                    "revision; a lab or test inventory may set fleetctl_allow_unpinned_revisions: true")
 
 
 def _common_recipe(inventory: Inventory, hosts: list[Host]) -> str:

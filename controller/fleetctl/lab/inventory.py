@@ -37,6 +37,9 @@ def lab_vars(lay: Layout) -> dict[str, Any]:
         # The emulator serves in seconds what a Spark serves in minutes: soak gates on the lab
         # use the soak engine's lab profile (short phases, the lab's bounds), not the Spark one.
         "fleetctl_soak_profile": "lab",
+        # The lab's recipes stage `revision: main` from its own mirror (whose bytes never move);
+        # a production inventory pins commit shas, and `fleetctl stage` refuses anything else.
+        "fleetctl_allow_unpinned_revisions": True,
     }
 
 

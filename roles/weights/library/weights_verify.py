@@ -120,7 +120,8 @@ def _sha256(fp):
     return h.hexdigest()
 
 
-def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=None, checksums=False):
+def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=None, checksums=False,
+               allow_code=False):
     """Check a weights directory; return ``{"ok", "files": [...], "problems": [...], "bytes"}``.
 
     Pure logic (no Ansible): the tests call it on directories written by
@@ -219,6 +220,8 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
                 problems.append(_problem(shard, f"lacks {len(missing)} tensor(s) the index assigns to it "
                                                 f"(first: {missing[0]})", "stage the weights again"))
 
+    if not allow_code:
+        problems += _code_problems(config, files)
     problems += _layout_problems(config, keys, role)
     problems += _date_problems(role, min_date, revision_date, root)
     if manifest:
@@ -229,6 +232,17 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
         "files": [files[k] for k in sorted(files)], "bytes": sum(f["size"] for f in files.values()),
         "tensors": len(keys),
     }
+
+
+def _code_problems(config, files):
+    """Model code in the weights: vLLM runs it with --trust-remote-code, so only a recipe that opted in gets it."""
+    fix = ("stage a revision without code, or review the code and set trust_remote_code: true in the recipe "
+           "(the operator's opt-in)")
+    out = [_problem(rel, "is Python code from the model's repository", fix)
+           for rel in sorted(files) if rel.endswith(".py")]
+    if isinstance(config, dict) and config.get("auto_map"):
+        out.append(_problem("config.json", "has an auto_map (classes loaded from the repository's own code)", fix))
+    return out
 
 
 def _layout_problems(config, keys, role):
@@ -331,6 +345,7 @@ def main():
             "revision_date": {"type": "str"},
             "manifest": {"type": "path"},
             "checksums": {"type": "bool", "default": False},
+            "allow_code": {"type": "bool", "default": False},
         },
         supports_check_mode=True,
     )
@@ -349,7 +364,8 @@ def main():
         if manifest is None and os.path.exists(os.path.join(s["path"], ".fleetctl-manifest.json")):
             manifest = os.path.join(s["path"], ".fleetctl-manifest.json")
         min_date = str(s["min_date"]) if s.get("min_date") else None
-        r = verify_dir(s["path"], s["role"], min_date, p["revision_date"], manifest, p["checksums"])
+        r = verify_dir(s["path"], s["role"], min_date, p["revision_date"], manifest, p["checksums"],
+                       p["allow_code"])
         reports[f"verify_{s['role']}"] = r
         if not r["ok"]:
             lines = [f"{x['path']}: {x['problem']} (fix: {x['fix']})" for x in r["problems"]]
