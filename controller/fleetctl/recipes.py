@@ -38,7 +38,7 @@ _RECIPE_KEYS = {
     "secret_env", "docker_args", "soak", "min_free_gb", "source", "trust_remote_code",
 }
 _REQUIRED_RECIPE_KEYS = ("image", "served_model_names", "weights", "vllm_args")
-_WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb"}
+_WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb", "manifest_sha256"}
 _REQUIRED_WEIGHT_KEYS = ("role", "repo", "revision", "path", "mount", "format")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _SECRET_HINT = re.compile(r"TOKEN|SECRET|PASSWORD|API_KEY|_KEY$", re.IGNORECASE)
@@ -75,6 +75,9 @@ class WeightSet:
     min_date: date | None = None
     #: Expected size in GB (preflight before the exact size is known from a manifest).
     size_gb: float = 0.0
+    #: sha256 of the mirror's manifest.json for this set, pinned out of band: with it a plain-http
+    #: mirror is trusted (every file is checked against the manifest); without it, only https is.
+    manifest_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -410,6 +413,10 @@ def _build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None]
         elif mount and not _SAFE_PATH.match(mount):
             wbad("mount", f"{mount!r} has characters other than letters, digits and . _ + - / "
                  "(':' or ',' would add docker mount options)", "use e.g. /model or /drafter")
+        pin = w.get("manifest_sha256")
+        if pin is not None and not (isinstance(pin, str) and re.fullmatch(r"[0-9a-f]{64}", pin)):
+            wbad("manifest_sha256", f"{pin!r} is not a sha256 (64 lowercase hex digits)",
+                 "copy it from `sha256sum manifest.json` of the mirror's copy you verified")
         rev = w.get("revision")
         if isinstance(rev, str) and rev and (not _REVISION.match(rev) or ".." in rev):
             wbad("revision", f"{rev!r} is not a git revision (a commit sha, tag or branch)",
@@ -432,7 +439,8 @@ def _build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None]
         if n_bad:
             continue
         out.append(WeightSet(role=role, repo=repo, revision=str(w["revision"]), path=path.rstrip("/"),
-                             mount=mount.rstrip("/"), format=fmt, min_date=min_date, size_gb=float(size)))
+                             mount=mount.rstrip("/"), format=fmt, min_date=min_date, size_gb=float(size),
+                             manifest_sha256=pin if isinstance(pin, str) else None))
     paths = [w.path for w in out]
     mounts = [w.mount for w in out]
     if len(set(paths)) != len(paths):

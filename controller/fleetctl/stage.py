@@ -223,6 +223,8 @@ def stage(
         raise FleetError(f"source local needs a directory on the controller, got {local_dir!r}",
                          fix="pass --local-dir DIR holding <repo>/<revision>/ for each weight set")
     _check_pinned(recipe, inventory)
+    if source == "mirror":
+        _check_mirror_channel(recipe, inventory)
     run_id = run_id or ansible.new_run_id("stage")
     token = os.environ.get("HF_TOKEN", "")
     if source == "hub":
@@ -274,6 +276,24 @@ def _check_pinned(recipe: Recipe, inventory: Inventory) -> None:
                 "move: hosts staged at different times would serve different bytes",
                 fix="pin the commit sha (40 hex digits, from the model page's history) in the weight set's "
                     "revision; a lab or test inventory may set fleetctl_allow_unpinned_revisions: true")
+
+
+def _check_mirror_channel(recipe: Recipe, inventory: Inventory) -> None:
+    """A plain-http mirror serves the manifest (every file's sha256) over the same channel as the bytes:
+    anyone on the path can swap both. It is trusted only with the manifest's sha256 pinned in the recipe,
+    or with the inventory's explicit ``fleetctl_weights_mirror_insecure: true`` (the lab's own mirror).
+    """
+    mirror = str(inventory.vars.get("fleetctl_weights_mirror") or "")
+    if not mirror.startswith("http://") or inventory.vars.get("fleetctl_weights_mirror_insecure") is True:
+        return
+    unpinned = [w for w in recipe.weights if not w.manifest_sha256]
+    if unpinned:
+        w = unpinned[0]
+        raise FleetError(
+            f"the weights mirror {mirror} is plain http and recipe {recipe.name}'s {w.role} set pins no "
+            "manifest_sha256: the manifest that checks every file would come over the same unauthenticated channel",
+            fix="serve the mirror over https, or pin each set's manifest_sha256 (sha256sum of its verified "
+                "manifest.json) in the recipe")
 
 
 def _common_recipe(inventory: Inventory, hosts: list[Host]) -> str:

@@ -74,3 +74,17 @@ def test_a_weight_set_on_a_branch_is_refused_before_any_host_is_touched(tmp_path
     msg = e.value.message()
     assert "revision 'main', a name the hub can move" in msg and "commit sha" in msg
     assert not (tmp_path / "state" / "runs").exists(), "no playbook ran"
+
+
+def test_a_plain_http_mirror_needs_pinned_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
+    (tmp_path / "group_vars" / "all").mkdir(parents=True)
+    seed = paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
+    (tmp_path / "group_vars" / "all" / "recipes.yml").write_text(seed.read_text())
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  vars: {fleetctl_allow_unpinned_revisions: true, fleetctl_weights_mirror: 'http://192.0.2.9/w'}\n"
+        "  hosts:\n    spark-01: {ansible_host: 192.0.2.1}\n")
+    with pytest.raises(FleetError) as e:
+        stage(inventory.load(tmp_path / "hosts.yml"), source="mirror")
+    assert "plain http" in e.value.message() and "manifest_sha256" in e.value.message()
+    assert not (tmp_path / "state" / "runs").exists(), "no playbook ran"

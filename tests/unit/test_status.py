@@ -144,3 +144,30 @@ def test_probe_reports_who_holds_the_host_and_its_last_known_good(tmp_path: Path
     state.write_text("{not json")
     st = parse_probe(Host("h1", "10.0.0.1"), _probe(tmp_path, {}, "--state-file", str(state)), 0.5, 8000)
     assert st.lock is None and "damaged" in st.problems["fleetctl_state"]
+
+
+def test_the_apt_key_is_trusted_only_with_its_pinned_fingerprint(tmp_path: Path) -> None:
+    from fleetctl.lab import aptrepo
+
+    mod = load_role_file("container_toolkit", "library/apt_signed_repo.py")
+    home = aptrepo.signing_home()
+    armored = subprocess.run(["gpg", "--batch", "--homedir", str(home), "--armor", "--export"],
+                             capture_output=True, check=True).stdout.decode()
+    pinned = aptrepo.key_fingerprint()
+    assert pinned is not None
+    # Computed from the packets as gpg computes it.
+    assert mod.primary_fingerprints(mod.to_keyring(armored.encode())) == [pinned]
+    spaced = " ".join(pinned[i:i + 4] for i in range(0, 40, 4)).lower()
+    assert mod.check_pinned(mod.to_keyring(armored.encode()), [spaced]) is None
+    assert "not the pinned" in mod.check_pinned(mod.to_keyring(armored.encode()), ["0" * 40])
+    assert "no fingerprint is pinned" in mod.check_pinned(mod.to_keyring(armored.encode()), [])
+    # A file that adds another key beside the pinned one is refused: apt would trust both.
+    other = tmp_path / "gpg"
+    other.mkdir(mode=0o700)
+    gpg = ["gpg", "--batch", "--quiet", "--homedir", str(other)]
+    subprocess.run([*gpg, "--passphrase", "", "--quick-gen-key", "intruder@example", "ed25519", "sign", "never"],
+                   check=True, capture_output=True)
+    extra = subprocess.run([*gpg, "--armor", "--export"], capture_output=True, check=True).stdout.decode()
+    subprocess.run(["gpgconf", "--homedir", str(other), "--kill", "gpg-agent"], capture_output=True, check=False)
+    why = mod.check_pinned(mod.to_keyring((armored + extra).encode()), [pinned])
+    assert why is not None and "holds key(s)" in why and pinned not in why.split("not the pinned")[0]

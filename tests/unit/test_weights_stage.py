@@ -262,3 +262,12 @@ def test_a_redirect_to_another_scheme_is_refused() -> None:
     req = urllib.request.Request("https://hub.example/a", headers={"Authorization": "Bearer t"})
     with pytest.raises(ws.StageError, match="redirected to a ftp URL"):
         ws._KeepTokenHome().redirect_request(req, None, 302, "Found", {}, "ftp://files.example/x")
+
+
+def test_a_manifest_pinned_in_the_recipe_must_match_the_mirrors(tmp_path: Path, mirror: str) -> None:
+    s = _set(tmp_path, "r1")
+    raw = urllib.request.urlopen(f"{mirror}/{REPO}/r1/manifest.json").read()
+    good = ws.hashlib.sha256(raw).hexdigest()
+    assert ws.source_info({**s, "manifest_sha256": good}, "mirror", mirror, "", None)["manifest_sha256"] == good
+    with pytest.raises(ws.StageError, match="not the recipe's manifest_sha256"):
+        ws.source_info({**s, "manifest_sha256": "0" * 64}, "mirror", mirror, "", None)

@@ -69,6 +69,19 @@ def signing_home(progress: Progress = NULL) -> Path:
     return home
 
 
+def key_fingerprint() -> str | None:
+    """The lab signing key's fingerprint (what the lab inventory pins), None before the key exists."""
+    home = paths.cache_dir() / "apt-key"
+    if not (home / "ready").exists():
+        return None
+    try:
+        out = _gpg(home, "--with-colons", "--list-keys").decode()
+    finally:
+        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+    fprs = [ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:")]
+    return fprs[0] if fprs else None
+
+
 def _asset_dir() -> Path:
     return Path(str(resources.files("fleetctl.lab") / "assets" / "toolkit"))
 

@@ -13,6 +13,7 @@ from typing import Any
 import yaml
 
 from fleetctl import paths
+from fleetctl.lab import aptrepo
 from fleetctl.lab.layout import Layout
 
 CANARY_GROUP = "canary"
@@ -27,7 +28,7 @@ def repo_lab_inventory() -> Path:
 def lab_vars(lay: Layout) -> dict[str, Any]:
     """The variables of ``group_vars/all/lab.yml``: where the lab's mirrors and repositories are."""
     mirror = lay.registry
-    return {
+    out: dict[str, Any] = {
         "fleetctl_registry_mirrors": {"ghcr.io": mirror, "docker.io": mirror, "nvcr.io": mirror},
         "fleetctl_weights_mirror": f"{lay.http_base}/weights",
         "container_toolkit_repo_url": f"{lay.http_base}/apt",
@@ -40,7 +41,14 @@ def lab_vars(lay: Layout) -> dict[str, Any]:
         # The lab's recipes stage `revision: main` from its own mirror (whose bytes never move);
         # a production inventory pins commit shas, and `fleetctl stage` refuses anything else.
         "fleetctl_allow_unpinned_revisions": True,
+        # The lab's mirror is plain http on the machine's own bridge: nobody else is on its path.
+        "fleetctl_weights_mirror_insecure": True,
     }
+    fp = aptrepo.key_fingerprint()
+    if fp:
+        # The lab's apt repository signs with its own key: the toolkit role pins that one.
+        out["container_toolkit_repo_key_fingerprints"] = [fp]
+    return out
 
 
 def hosts(lay: Layout, names: list[str]) -> dict[str, Any]:

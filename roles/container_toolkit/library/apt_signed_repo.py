@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import os
 import re
 import tempfile
@@ -41,6 +42,14 @@ options:
   source:
     description: The complete source line, e.g. "deb [signed-by=KEYRING] URL /".
     type: str
+    required: true
+  fingerprints:
+    description: >-
+      OpenPGP v4 fingerprints (40 hex digits, spaces ignored) of the primary keys the downloaded key
+      file may hold. Every primary key in the file must be one of them, or nothing is written: a key
+      fetched over the network is trusted only if it is the one pinned here.
+    type: list
+    elements: str
     required: true
   timeout:
     description: Seconds allowed for the key's download.
@@ -83,6 +92,64 @@ def to_keyring(raw: bytes) -> bytes:
     raise ValueError("neither an ASCII-armored nor a binary OpenPGP public key")
 
 
+def _packets(data: bytes) -> list[tuple[int, bytes]]:
+    """``(tag, body)`` of each OpenPGP packet (RFC 4880 section 4.2: old and new formats)."""
+    out = []
+    i = 0
+    while i < len(data):
+        b0 = data[i]
+        if not b0 & 0x80:
+            raise ValueError(f"byte {i} does not start an OpenPGP packet")
+        if b0 & 0x40:  # new format
+            tag, i = b0 & 0x3F, i + 1
+            l1 = data[i]
+            if l1 < 192:
+                n, i = l1, i + 1
+            elif l1 < 224:
+                n, i = ((l1 - 192) << 8) + data[i + 1] + 192, i + 2
+            elif l1 == 255:
+                n, i = int.from_bytes(data[i + 1:i + 5], "big"), i + 5
+            else:
+                raise ValueError("a partial-length packet in a key file")
+        else:
+            tag, kind, i = (b0 >> 2) & 0x0F, b0 & 0x03, i + 1
+            if kind == 3:
+                raise ValueError("an indeterminate-length packet in a key file")
+            size = (1, 2, 4)[kind]
+            n, i = int.from_bytes(data[i:i + size], "big"), i + size
+        if i + n > len(data):
+            raise ValueError("a packet runs past the end of the key file")
+        out.append((tag, data[i:i + n]))
+        i += n
+    return out
+
+
+def primary_fingerprints(keyring: bytes) -> list[str]:
+    """The v4 fingerprints (uppercase hex) of the primary public keys (tag 6) in a binary keyring."""
+    fps = []
+    for tag, body in _packets(keyring):
+        if tag != 6:
+            continue
+        if not body or body[0] != 4:
+            raise ValueError(f"a version {body[0] if body else '?'} primary key (only v4 keys can be pinned)")
+        fps.append(hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body).hexdigest().upper())  # noqa: S324
+    if not fps:
+        raise ValueError("no primary public key in it")
+    return fps
+
+
+def check_pinned(keyring: bytes, pins: list[str]) -> str | None:
+    """None when every primary key of ``keyring`` is pinned; else why not (for the failure message)."""
+    want = {p.replace(" ", "").upper() for p in pins}
+    if not want:
+        return "no fingerprint is pinned (container_toolkit_repo_key_fingerprints is empty)"
+    got = primary_fingerprints(keyring)
+    extra = [f for f in got if f not in want]
+    if extra:
+        return f"it holds key(s) {', '.join(extra)}, not the pinned {', '.join(sorted(want))}"
+    return None
+
+
 def _read(path: str) -> bytes | None:
     if not os.path.exists(path):
         return None
@@ -110,6 +177,7 @@ def main() -> None:
             "keyring": {"type": "path", "required": True},
             "source_file": {"type": "path", "required": True},
             "source": {"type": "str", "required": True},
+            "fingerprints": {"type": "list", "elements": "str", "required": True},
             "timeout": {"type": "int", "default": 30},
         },
         supports_check_mode=True,
@@ -123,6 +191,14 @@ def main() -> None:
         keyring = to_keyring(resp.read())
     except (UnicodeDecodeError, ValueError, binascii.Error) as e:
         module.fail_json(msg=f"{p['key_url']} is not an OpenPGP public key: {e}")
+    try:
+        why = check_pinned(keyring, p["fingerprints"])
+    except (ValueError, IndexError) as e:
+        why = f"it cannot be read as OpenPGP keys ({e})"
+    if why:
+        module.fail_json(msg=f"the signing key from {p['key_url']} is refused: {why} (fix: check the new key's "
+                             "fingerprint out of band, e.g. on the vendor's site, then update "
+                             "container_toolkit_repo_key_fingerprints)")
     source = (p["source"].strip() + "\n").encode()
     key_changed = _needs(p["keyring"], keyring)
     source_changed = _needs(p["source_file"], source)

@@ -168,12 +168,19 @@ def source_info(s, source, mirror, hub_endpoint, token):
             raise StageError("source is mirror but no fleetctl_weights_mirror is set")
         url = f"{mirror.rstrip('/')}/{s['repo']}/{s['revision']}/manifest.json"
         manifest, raw = _http_json(url)
+        got = hashlib.sha256(raw).hexdigest()
+        pin = s.get("manifest_sha256")
+        if pin and got != pin:
+            # The manifest carries every file's sha256: pinned out of band (the recipe), it is what
+            # makes a plain-http mirror trustworthy. A different one is another set of bytes.
+            raise StageError(f"{_safe(url)} has sha256 {got}, not the recipe's manifest_sha256 {pin}: "
+                             "the mirror serves other bytes than were pinned (tampered, or re-published)")
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if not isinstance(files, list):
             raise StageError(f"{url} has no files list")
         return {
             "bytes": sum(int(f.get("size", 0)) for f in files),
-            "manifest": manifest, "manifest_sha256": hashlib.sha256(raw).hexdigest(),
+            "manifest": manifest, "manifest_sha256": got,
             "commit": manifest.get("commit") or s["revision"], "revision_date": manifest.get("revision_date"),
             "url": url.rsplit("/", 1)[0],
         }
