@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import threading
 import urllib.error
 import urllib.request
@@ -244,8 +245,15 @@ def stage(
     secrets = {"weights_hf_token": token} if token else {}
     # The fleet's lock (the rollout's): a second stage would delete this run's staging directories as
     # a killed run's leftovers, and a rollout must not find weights half-swapped (exit 4 when held).
-    with open_ledger(paths.state_dir(inventory.path)) as ledger:
+    state = paths.state_dir(inventory.path)
+    with open_ledger(state) as ledger:
         ledger.acquire(run_id)
+        # The run's copy key is made in the private state dir, not /tmp, and removed whatever happens;
+        # a killed controller's key is removed by the next stage (it holds the fleet lock now).
+        for stale in state.glob(f"runs/*/{KEY_DIR}"):
+            shutil.rmtree(stale, ignore_errors=True)
+        keys = paths.private_dir(state / "runs" / run_id / KEY_DIR)
+        evars["weights_keydir_parent"] = str(keys)
         try:
             with _ByteMeter(hosts, recipe, run_id, totals, progress):
                 result = ansible.run_playbook(
@@ -253,9 +261,13 @@ def stage(
                     run_id=run_id, timeout=timeout,
                 )
         finally:
+            shutil.rmtree(keys, ignore_errors=True)
             ledger.release(run_id)
     return fold(result, recipe, source, hosts)
 
+
+#: Where a run's seed-to-host copy key is made (under the run's private state directory).
+KEY_DIR = "stage-keys"
 
 #: A full git commit id: the only revision the hub cannot move.
 _COMMIT = re.compile(r"[0-9a-f]{40}")

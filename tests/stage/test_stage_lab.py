@@ -7,6 +7,7 @@ through a copy of the lab's inventory whose recipes name those repositories.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -20,13 +21,13 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetctl import inventory, ssh
+from fleetctl import inventory, paths, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.inventory import Inventory
 from fleetctl.lab import models
 from fleetctl.progress import Event
 from fleetctl.recipes import load_recipes
-from fleetctl.stage import MARKER, StageResult, stage
+from fleetctl.stage import KEY_DIR, MARKER, StageResult, stage
 
 pytestmark = pytest.mark.lab
 
@@ -225,3 +226,49 @@ def test_staging_killed_halfway_leaves_the_old_weights_and_the_next_run_complete
     for h in hosts.split(","):
         assert marker(test_inventory, h, BODY_PATH)["revision"] == "good2"
         assert leftovers(test_inventory, h) == [], f"{h}: a killed run's staging directory was left behind"
+
+
+def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(test_inventory: Inventory) -> None:
+    """The seed-to-host key can run nothing but a read-only rsync under the weights' directory."""
+    hosts = "spark-02,spark-03"
+    assert stage(test_inventory, "t-good2", limit=hosts).ok
+    run_id = "stage-keytest-" + os.urandom(3).hex()
+    state = paths.state_dir(test_inventory.path)
+    key: list[str] = []
+
+    def killer(ev: Event) -> None:
+        # Killed as the receiver starts copying: the seed accepts the run's key now.
+        if key or ev.phase != "task" or not ev.message.startswith("Copy each weight set from the seed"):
+            return
+        key.extend(p.read_text() for p in state.glob(f"runs/{run_id}/{KEY_DIR}/*/id_ed25519"))
+        for pid in _ansible_pids(run_id):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+    r = stage(test_inventory, "t-good", limit=hosts, progress=killer, run_id=run_id)
+    assert key and not r.ok and r.seed is not None
+    seed = test_inventory.host(r.seed)
+    receiver = test_inventory.host(next(h for h in hosts.split(",") if h != r.seed))
+    assert not list(state.glob(f"runs/{run_id}/{KEY_DIR}")), "the controller's copy of the key is gone"
+    line = ssh.run(seed, f"grep ' fleetctl-stage-{run_id}$' ~/.ssh/authorized_keys", timeout=10).stdout
+    assert line.startswith('command="') and f' -ro /opt/fleetctl-test",restrict,from="{receiver.address}" ' in line
+
+    ssh.put_text(receiver, "/root/copykey", key[0], mode=0o600)
+    opts = "-i /root/copykey -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+    to = f"root@{seed.address}"
+    staging = f"body.staging-{run_id}"
+    try:
+        shell = ssh.run(receiver, f"ssh {opts} {to} id", timeout=30)
+        assert shell.rc != 0 and "uid=" not in shell.stdout and "rrsync" in shell.stderr, shell
+        read = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:{staging}/ /root/copykey-read/", timeout=60)
+        assert read.ok, read.stderr
+        write = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' /etc/hostname {to}:{staging}/", timeout=60)
+        assert not write.ok and "read-only" in write.stderr, write
+        escape = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:../../root/.ssh/ /root/copykey-esc/", timeout=60)
+        assert not escape.ok, escape
+    finally:
+        ssh.run(receiver, "rm -rf /root/copykey /root/copykey-read /root/copykey-esc", timeout=10)
+    # The next run removes the killed run's line (and its own when it ends).
+    assert stage(test_inventory, "t-good", limit=hosts).ok
+    left = ssh.run(seed, "grep -c fleetctl-stage- ~/.ssh/authorized_keys || true", timeout=10).stdout.strip()
+    assert left == "0"

@@ -239,12 +239,28 @@ def preflight(sets, run, source, mirror, hub_endpoint, token, headroom_gb):
     need = sum(x["bytes"] for x in out if x["state"] == "stage")
     headroom = int(float(headroom_gb) * GB)
     free = free_bytes(sets[0]["path"]) if sets else 0
-    report = {"sets": out, "need_bytes": need, "free_bytes": free, "headroom_bytes": headroom, "removed": removed}
+    report = {"sets": out, "need_bytes": need, "free_bytes": free, "headroom_bytes": headroom, "removed": removed,
+              "rsync_root": rsync_root(sets), "rrsync": find_rrsync()}
     if need and free < need + headroom:
         raise_msg = (f"not enough disk for the weights: {need / GB:.2f} GB to stage + {headroom / GB:.2f} GB headroom, "
                      f"only {free / GB:.2f} GB free at {os.path.dirname(sets[0]['path'])}")
         return report, raise_msg
     return report, None
+
+
+def rsync_root(sets):
+    """The directory the receivers may read on the seed: the narrowest one holding every set's staging dir."""
+    if not sets:
+        return None
+    return os.path.commonpath([os.path.dirname(s["path"].rstrip("/")) for s in sets])
+
+
+def find_rrsync():
+    """rsync's restricted wrapper (rsync >= 3.2.4 installs /usr/bin/rrsync; older Debian ships it as a doc)."""
+    for c in (shutil.which("rrsync"), "/usr/share/doc/rsync/scripts/rrsync"):
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    return None
 
 
 def _download(url, dest, size, sha256):
@@ -399,9 +415,11 @@ def receive(sets, run, seed, key, known_hosts, timeout):
             os.makedirs(dest, exist_ok=True)
             t0 = time.monotonic()
             # -W: whole files (nothing to delta against in a fresh staging directory; saves CPU).
-            # --protect-args: the paths reach the seed verbatim, never through its shell.
-            argv = ["rsync", "-a", "-W", "--delete", "--partial", "--protect-args", "-e", ssh_cmd,
-                    f"{seed['user']}@{seed['address']}:{dest}/", f"{dest}/"]
+            # The seed forces `rrsync -ro ROOT` for this key: paths are relative to ROOT, and rrsync
+            # refuses --protect-args (it checks the arguments itself; recipe paths are plain, validated).
+            remote = os.path.relpath(dest, seed["root"]) if seed.get("root") else dest
+            argv = ["rsync", "-a", "-W", "--delete", "--partial", "-e", ssh_cmd,
+                    f"{seed['user']}@{seed['address']}:{remote}/", f"{dest}/"]
             try:
                 p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
             except subprocess.TimeoutExpired:
