@@ -83,7 +83,9 @@ def _config(names: tuple[str, ...]) -> SoakConfig:
     return load_config({"concurrency": [1, 4], "classes": ["coding", "extraction", "long_context"],
                         "max_tokens": 24, "long_context_tokens": 600, "readiness_timeout": STARTUP_TIMEOUT,
                         "request_timeout": 120,
-                        "sustained": {"duration": 4, "concurrency": 2, "window": 1.2},
+                        # A shared context well inside max_model_len 2048 (the tiny model's blocks are 16 tokens).
+                        "sustained": {"duration": 4, "concurrency": 2, "window": 1.2, "shared_prefix_tokens": 512,
+                                      "turns": 2},
                         # A random-weight model cannot answer 17 x 23: observe the smoke, load anyway.
                         # Nor its canaries; its text may be empty (tokens that decode to nothing).
                         "checks": {"smoke": {"observe_only": True}, "correctness": {"observe_only": True}}},
@@ -122,6 +124,12 @@ def _complete(v: Verdict, k: int) -> set[str]:
     assert all(w.acceptance_rate is not None and w.mean_acceptance_length is not None for w in spec)
     assert all(len(w.per_position) == k for w in spec)
     assert any(sum(w.success_by_reason.values()) > 0 for w in v.windows)
+    # Prompts sized in tokens by the server's /tokenize meet their targets as its usage counts them,
+    # and the sustained conversations hit its prefix cache.
+    lc = next(m for m in v.check("long_context").measurements if m.label == "long_context prompt")
+    assert lc.outcome is Outcome.PASS and "sized by tokenize" in lc.message, lc.message
+    hits = next(m for m in v.check("acceptance_decay").measurements if m.label == "prefix cache")
+    assert hits.outcome is Outcome.PASS, hits.message
     scrape = _last_scrape(v)
     missing = [n for n in (*metrics.CORE_SERIES, *metrics.SPEC_SERIES) if n not in scrape.names()]
     assert not missing, f"metric names missing: {missing}"
@@ -159,7 +167,8 @@ async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -
 def test_soak_engine_agrees_with_a_real_vllm(real_vllm: tuple[str, subprocess.Popen[bytes], Path],
                                              emulator: Callable[..., Served], tmp_path: Path) -> None:
     url, _proc, log = real_vllm
-    emu = emulator()
+    # The tiny model's cache blocks are 128 tokens (vllm:cache_config_info), not a hybrid's ~2k.
+    emu = emulator(EMU_PREFIX_BLOCK_TOKENS="128")
     real_v = run_soak(SoakTarget("vllm", url), _config(("tiny", "tiny-alias")), None,
                       artifacts_dir=tmp_path / "real")
     emu_v = run_soak(emu.target, _config(("qwen36-35b-heretic", "qwen36-fast")), None,

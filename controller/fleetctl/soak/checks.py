@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.verdict import (
@@ -97,6 +97,8 @@ class Evidence:
     streams_checked: int = 0
     #: The soak's one long decode (None when it did not run).
     long_decode: Sample | None = None
+    #: Prompts sized in tokens: name -> (target tokens, tokens the server counted, "tokenize"|"estimate").
+    prompt_sizes: Mapping[str, tuple[int, int | None, str]] = field(default_factory=dict)
 
 
 def pct(x: float | None) -> str:
@@ -538,8 +540,21 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
     outcome = F if drop > max_drop else P
     msg = (f"acceptance fell {drop:.0%} from {pct(first)} to {pct(last)} across the sustained windows "
            f"({series}); bound {max_drop:.0%}")
-    return decide(spec, [Measurement("trend", outcome, msg, round(drop, 4), max_drop)],
-                  ok_message=f"no decay: {pct(first)} -> {pct(last)} over {len(usable)} windows")
+    out = [Measurement("trend", outcome, msg, round(drop, 4), max_drop)]
+    queries = [w.prefix_cache_queries for w in ws if w.prefix_cache_queries is not None]
+    hits = sum(w.prefix_cache_hits or 0.0 for w in ws)
+    if queries and sum(queries) > 0:
+        # The known decay comes from prefix-cache hits (rejected drafts in the drafter's cached KV):
+        # a window that never hit the cache cannot show it, so a steady trend proves nothing.
+        out.append(Measurement("prefix cache", P if hits > 0 else INC,
+                               f"sustained prefix-cache hits {hits:.0f} of {sum(queries):.0f} prompt tokens "
+                               f"({hits / sum(queries):.0%})" + ("" if hits > 0 else
+                               ": the decay that needs cache hits was never exercised (shared prefixes "
+                               "shorter than the model's cache block?)"),
+                               round(hits / sum(queries), 4), None))
+    out += _size_measurements(ev, "shared_prefix")
+    return decide(spec, out, ok_message=f"no decay: {pct(first)} -> {pct(last)} over {len(usable)} windows"
+                  + (f", {hits:.0f} prefix-cache hit tokens" if queries else ""))
 
 
 def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
@@ -567,7 +582,27 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
                                f"{pct(ref)} (bound {ratio:.0%})" + (": it collapses on long histories"
                                                                     if held < ratio else ""),
                                round(held, 4), ratio))
+    out += _size_measurements(ev, "long_context")
     return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")
+
+
+#: How far a prompt's measured length may miss its target before the check built on it is doubtful.
+SIZE_TOLERANCE = 0.25
+
+
+def _size_measurements(ev: Evidence, name: str) -> list[Measurement]:
+    """The prompt ``name`` as measured by the server's usage against its target (inconclusive when far off)."""
+    if name not in ev.prompt_sizes:
+        return []
+    target, got, how = ev.prompt_sizes[name]
+    if got is None or target <= 0:
+        return [Measurement(f"{name} prompt", INC, f"{name} prompt: no usage figure to check its {target} "
+                            f"target tokens ({how})")]
+    off = abs(got - target) / target
+    return [Measurement(f"{name} prompt", INC if off > SIZE_TOLERANCE else P,
+                        f"{name} prompt {got} tokens measured, target {target} (sized by {how})"
+                        + (": the prompt is not what the check assumes" if off > SIZE_TOLERANCE else ""),
+                        got, target)]
 
 
 def check_preemptions(spec: CheckSpec, ev: Evidence) -> CheckResult:

@@ -162,13 +162,16 @@ class ChatRequest:
     thinking: bool | None = None
     #: Generate exactly max_tokens (vLLM's ignore_eos), so levels are comparable run to run.
     ignore_eos: bool = False
+    #: Earlier messages of a conversation (role, content), sent before ``prompt``: a shared
+    #: system context and earlier turns, so that requests share a prefix the server can cache.
+    history: tuple[tuple[str, str], ...] = ()
 
 
 def chat_body(req: ChatRequest) -> bytes:
     """The JSON body of a streamed chat completion with a usage chunk."""
     body: dict[str, Any] = {
         "model": req.model,
-        "messages": [{"role": "user", "content": req.prompt}],
+        "messages": [*({"role": r, "content": c} for r, c in req.history), {"role": "user", "content": req.prompt}],
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "stream": True,
@@ -371,6 +374,22 @@ class Client:
             return p, json.loads(p.body)
         except ValueError:
             return Probe("http", p.status, p.body, detail="answer is not JSON", seconds=p.seconds), None
+
+    async def tokenize(self, model: str, text: str, timeout: float = 10.0) -> int | None:
+        """Tokens of ``text`` for ``model`` by the server's ``POST /tokenize`` (vLLM); None without it."""
+        try:
+            async with self.session.post(self.base_url + "/tokenize",
+                                         data=json.dumps({"model": model, "prompt": text,
+                                                          "add_special_tokens": False}),
+                                         headers={"Content-Type": "application/json"},
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                raw = await _read_capped(resp, MAX_BODY_BYTES)
+                if resp.status != 200 or raw is None:
+                    return None
+            count = json.loads(raw).get("count")
+        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+            return None
+        return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
     async def chat(self, req: ChatRequest, *, phase: str, cls: str, concurrency: int,
                    t0: float, keep_text: bool = False, timeout: float | None = None) -> Sample:

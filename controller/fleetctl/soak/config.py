@@ -43,7 +43,7 @@ CHECKS = (
 PROFILES = ("spark", "lab")
 
 #: Bumped whenever prompts or phases change what a level measures: older baselines stop comparing.
-WORKLOAD_VERSION = 2
+WORKLOAD_VERSION = 3
 
 _COMMON = ("enabled", "observe_only", "failure_limit", "inconclusive_limit", "consecutive_error_limit")
 
@@ -86,7 +86,11 @@ _SPARK: dict[str, Any] = {
     "class_requests": 2,
     "long_context_tokens": 16000,
     "smoke_max_tokens": 2048,
-    "sustained": {"duration": 600.0, "concurrency": 16, "window": 60.0, "max_requests": 20000},
+    # Multi-turn conversations sharing a context longer than a hybrid model's attention block
+    # (~2k tokens on Qwen3.5/3.6): without whole-block prefix-cache hits the known decay (rejected
+    # drafts written into the drafter's cached KV) is never exercised.
+    "sustained": {"duration": 600.0, "concurrency": 16, "window": 60.0, "max_requests": 20000,
+                  "shared_prefix_tokens": 2560, "turns": 4},
     "checks": {
         "readiness": {},
         "identity": {},
@@ -134,7 +138,8 @@ def _lab_profile() -> dict[str, Any]:
         "class_requests": 2,
         "long_context_tokens": 3000,
         "smoke_max_tokens": 2048,
-        "sustained": {"duration": 15.0, "concurrency": 8, "window": 3.0, "max_requests": 2000},
+        "sustained": {"duration": 15.0, "concurrency": 8, "window": 3.0, "max_requests": 2000,
+                      "shared_prefix_tokens": 2560, "turns": 4},
     })
     checks = lab["checks"]
     checks["latency"] = {
@@ -160,7 +165,7 @@ _TOP_KEYS = (
     "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
     "sustained", "checks",
 )
-_SUSTAINED_KEYS = ("duration", "concurrency", "window", "max_requests")
+_SUSTAINED_KEYS = ("duration", "concurrency", "window", "max_requests", "shared_prefix_tokens", "turns")
 
 
 class SoakConfigError(FleetError):
@@ -228,6 +233,10 @@ class SoakConfig:
     window: float
     sustained_max_requests: int
     checks: Mapping[str, CheckSpec]
+    #: Tokens of the context every sustained conversation shares (0: no shared context).
+    shared_prefix_tokens: int = 0
+    #: Exchanges in a sustained conversation before a worker starts a new one.
+    turns: int = 1
     #: Readiness, identity and smoke only (no load): a rollback's quick check.
     smoke_only: bool = False
     #: The chat template's thinking for load requests (classes, sweep, sustained).
@@ -243,7 +252,8 @@ class SoakConfig:
         key = {"profile": self.profile, "max_tokens": self.max_tokens, "levels": list(self.concurrency),
                "thinking": self.thinking,
                "requests": [self.requests_per_level, self.min_requests_per_level],
-               "classes": list(self.classes), "workload": WORKLOAD_VERSION}
+               "classes": list(self.classes), "workload": WORKLOAD_VERSION,
+               "conversation": [self.shared_prefix_tokens, self.turns]}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
     def check(self, name: str) -> CheckSpec:
@@ -367,6 +377,9 @@ def load_config(
         window=num("window", "duration", sustained_raw, sd["window"], "sustained.window"),
         sustained_max_requests=num("max_requests", "count", sustained_raw, sd["max_requests"],
                                    "sustained.max_requests"),
+        shared_prefix_tokens=num("shared_prefix_tokens", "count", sustained_raw, sd["shared_prefix_tokens"],
+                                 "sustained.shared_prefix_tokens"),
+        turns=max(1, num("turns", "count", sustained_raw, sd["turns"], "sustained.turns")),
         checks=_load_checks(raw.get("checks", {}), d["checks"], f"{where}.checks"),
         recipe=recipe,
         thinking=thinking,

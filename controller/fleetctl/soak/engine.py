@@ -28,6 +28,7 @@ import contextlib
 import json
 import re
 import secrets
+import statistics
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -198,6 +199,8 @@ class _State:
     #: Canary name -> its text at c=1 (the reference every level's answer is compared with).
     canary_refs: dict[str, str] = field(default_factory=dict)
     long_decode: Sample | None = None
+    #: Prompts sized in tokens: name -> (target, measured by the server's usage, how it was sized).
+    prompt_sizes: dict[str, tuple[int, int | None, str]] = field(default_factory=dict)
 
     def emit(self, phase: str, message: str, **data: Any) -> None:
         self.progress(Event(phase, message, host=self.target.name, data=data))
@@ -389,7 +392,7 @@ async def _long_decode(client: Client, st: _State, ident: Identity) -> None:
 
 async def _run_requests(client: Client, st: _State, *, phase: str, label: str, concurrency: int,
                         requests: int, seconds: float, classes: Sequence[str],
-                        long_chars: int = 0, canaries: bool = False) -> None:
+                        long_chars: int = 0, canaries: bool = False, context: str = "") -> None:
     """``requests`` streamed requests on ``concurrency`` workers, stopping at ``seconds`` or a crash."""
     cfg = st.config
     t_start = time.monotonic()
@@ -418,6 +421,10 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
 
     async def worker(wid: int) -> None:
         nonlocal stopped, n_canaries
+        # With a shared context, each worker holds a conversation: the context, then its earlier
+        # turns. Every request shares the context with every other worker's (a cross-request
+        # prefix) and its own earlier turns (a growing one), as multi-turn production traffic does.
+        history: list[tuple[str, str]] = []
         for i in counter:
             if stopped:
                 return
@@ -435,11 +442,18 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
                     st.crash = st.crash or await _diagnose_crash(client, st, concurrency, label)
                     return
             cls = classes[(i + wid) % len(classes)]
+            if context and len(history) >= 2 * cfg.turns:
+                history.clear()
+            convo = (("system", context), *history) if context else ()
             req = ChatRequest(st.model, prompts.prompt_for(cls, i, long_chars), cfg.max_tokens,
-                              cfg.temperature, thinking=cfg.thinking, ignore_eos=True)
+                              cfg.temperature, thinking=cfg.thinking, ignore_eos=True, history=convo)
             left = max(deadline - time.monotonic(), 1.0)
             s = await client.chat(req, phase=phase, cls=cls, concurrency=concurrency, t0=st.t0,
-                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout))
+                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout),
+                                  keep_text=bool(context))
+            if context:
+                history += [("user", req.prompt), ("assistant", s.text or "")]
+                s = replace(s, text=None)
             level.append(s)
             st.samples.append(s)
             st.art.sample(s)
@@ -515,11 +529,19 @@ async def _sustained(client: Client, st: _State) -> None:
                     st.last_acceptance = w.acceptance_rate
             scrapes.append(s)
 
+    context = ""
+    if cfg.shared_prefix_tokens:
+        chars, got, how = await _sized(client, st, cfg.shared_prefix_tokens, _context_text)
+        context = _context_text(chars)
+        if how == "tokenize":
+            st.prompt_sizes["shared_prefix"] = (cfg.shared_prefix_tokens, got, how)
+        st.emit("sustained", f"conversations share a {cfg.shared_prefix_tokens}-token context (sized by {how})")
     task = asyncio.create_task(scraper())
     try:
         await _run_requests(client, st, phase="sustained", label="sustained",
                             concurrency=cfg.sustained_concurrency, requests=cfg.sustained_max_requests,
-                            seconds=cfg.sustained_duration, classes=prompts.SHORT_CLASSES, canaries=True)
+                            seconds=cfg.sustained_duration, classes=prompts.SHORT_CLASSES, canaries=True,
+                            context=context)
     finally:
         done.set()
         await task
@@ -527,6 +549,35 @@ async def _sustained(client: Client, st: _State) -> None:
     rest = [w for w in st.windows if w.phase != "sustained"]
     sus = [replace(w, label=f"sustained #{i + 1}") for i, w in enumerate(w for w in st.windows if w.phase == "sustained")]
     st.windows[:] = rest + sus
+
+
+def _context_text(chars: int) -> str:
+    return "You answer questions for the operations team. Their service log:\n" + \
+        prompts.long_context_document(chars)
+
+
+def _long_text(chars: int) -> str:
+    return prompts.prompt_for("long_context", 0, chars)
+
+
+async def _sized(client: Client, st: _State, tokens: int, build: Callable[[int], str]) -> tuple[int, int, str]:
+    """``build(chars)`` grown or shrunk to ``tokens`` tokens as the server's ``/tokenize`` counts them.
+
+    A character estimate is off by 2x between prose and a digit-heavy log; near
+    max_model_len that is an HTTP 400 that fails a healthy server. Without
+    /tokenize, the ratio measured on the classes phase's prompts is used.
+    """
+    chars = max(int(tokens * st.chars_per_token), 64)
+    got = tokens
+    for _ in range(6):
+        n = await client.tokenize(st.model, build(chars))
+        if n is None:
+            return chars, tokens, "estimate"
+        got = n
+        if abs(got - tokens) <= max(8, tokens // 50):
+            break
+        chars = max(int(chars * tokens / max(got, 1)), 64)
+    return chars, got, "tokenize"
 
 
 def _estimate_chars_per_token(samples: Sequence[Sample], prompt_of: Callable[[Sample], str]) -> float:
@@ -595,7 +646,7 @@ async def _soak(client: Client, st: _State) -> Evidence:
         windows=tuple(st.windows), load_ran=load, crash=st.crash, container_before=before,
         container_after=after, container_error=container_error, has_container=target.container is not None,
         spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=target.name,
-        canaries=tuple(st.canaries), long_decode=st.long_decode,
+        canaries=tuple(st.canaries), long_decode=st.long_decode, prompt_sizes=dict(st.prompt_sizes),
         garbage_samples=tuple(s for s in st.samples if s.garbage and s.phase in _CHECKED_PHASES
                               and not s.cls.startswith("canary-")),
         streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
@@ -618,16 +669,19 @@ async def _load(client: Client, st: _State, ident: Identity) -> None:
         if st.crash:
             return
     if "long_context" in cfg.classes:
-        cpt = _estimate_chars_per_token(
+        st.chars_per_token = _estimate_chars_per_token(
             [s for s in st.samples if s.phase == "classes"],
             lambda s: prompts.prompt_for(s.cls, 0))
         tokens = cfg.long_context_tokens
         if ident.max_model_len:
-            tokens = min(tokens, int((ident.max_model_len - cfg.max_tokens) * 0.8))
-        chars = max(int(tokens * cpt), 200)
+            # Room for the answer and the chat template: the prompt must never overflow the model.
+            tokens = min(tokens, ident.max_model_len - cfg.max_tokens - 64)
+        chars, _, how = await _sized(client, st, tokens, _long_text)
         await _windowed(client, st, "long_context", "classes", lambda: _run_requests(
             client, st, phase="classes", label="long_context", concurrency=1, requests=cfg.class_requests,
             seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
+        measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
+        st.prompt_sizes["long_context"] = (tokens, int(statistics.median(measured)) if measured else None, how)
         if st.crash:
             return
     # 5. the concurrency sweep.

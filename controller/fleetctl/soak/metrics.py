@@ -23,6 +23,8 @@ ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 ACCEPTED_PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
 SUCCESS = "vllm:request_success_total"
 PROMPT_TOKENS = "vllm:prompt_tokens_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
 GENERATION_TOKENS = "vllm:generation_tokens_total"
 PREEMPTIONS = "vllm:num_preemptions_total"
 KV_USAGE = "vllm:kv_cache_usage_perc"
@@ -155,6 +157,7 @@ def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape
         acceptance_rate=rate, mean_acceptance_length=mal, per_position=tuple(per_pos),
         success_by_reason=reasons, preemptions=d(PREEMPTIONS),
         kv_cache_usage_max=max(kv) if kv else None, counter_reset=reset,
+        prefix_cache_queries=d(PREFIX_QUERIES), prefix_cache_hits=d(PREFIX_HITS),
     )
 
 
@@ -190,4 +193,5 @@ def merge_windows(windows: Iterable[Window], label: str, phase: str) -> Window |
         mean_acceptance_length=1.0 + accepted / drafts if accepted is not None and drafts else None,
         per_position=per_pos, success_by_reason=reasons, preemptions=total("preemptions"),
         kv_cache_usage_max=max(kv) if kv else None, counter_reset=any(w.counter_reset for w in ws),
+        prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
     )

@@ -135,6 +135,9 @@ class Window:
     kv_cache_usage_max: float | None = None
     #: True when a counter went backwards: the server restarted inside the window.
     counter_reset: bool = False
+    #: Prompt tokens looked up in / served from the prefix cache (vLLM's prefix_cache_* counters).
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
 
 
 @dataclass(frozen=True)

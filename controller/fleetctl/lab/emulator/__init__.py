@@ -41,6 +41,11 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 ``EMU_LONGCTX_COLLAPSE``        1: acceptance collapses past 2K tokens of context
 ``EMU_HANG``                    ``boot``: never becomes ready; ``requests``: requests are
                                 accepted and never produce a token; empty = off
+``EMU_PREFIX_BLOCK_TOKENS``     prefix-cache hits count whole blocks of this many tokens (a
+                                hybrid Qwen3.5/3.6's ~2k page); 2048
+``EMU_DECAY_PER_CACHE_HIT``     acceptance of requests that hit the prefix cache falls by this
+                                fraction per earlier such request, to 0 (the decay that needs
+                                prefix caching); 0
 ``EMU_VERSION``                 what /version reports; 0.24.0
 ``EMU_SEED``                    seed of the acceptance sampler; 0
 ``EMU_KV_CAPACITY_TOKENS``      KV cache size: requests wait for room, decoding past it

@@ -103,6 +103,8 @@ class Engine:
         self._slots: asyncio.Semaphore | None = None
         self._rng = random.Random(knobs.seed)
         self._prefix_cache: OrderedDict[str, None] = OrderedDict()
+        #: Requests served from the prefix cache so far (EMU_DECAY_PER_CACHE_HIT counts them).
+        self.cache_hit_requests = 0
         #: Tokens generated over the server's lifetime (EMU_GARBAGE_AFTER_TOKENS).
         self.generated_total = 0
 
@@ -165,7 +167,8 @@ class Engine:
                 self._prefix_cache[key] = None
         while len(self._prefix_cache) > 4096:
             self._prefix_cache.popitem(last=False)
-        return min(hit, request.prompt_tokens)
+        block = max(1, self.knobs.prefix_block_tokens)
+        return min(hit // block * block, request.prompt_tokens)
 
     async def _sleep(self, seconds: float) -> None:
         await asyncio.sleep(max(0.0, seconds) / self.knobs.speed)
@@ -205,6 +208,10 @@ class Engine:
             if self.dead:
                 raise EngineDeadError(ENGINE_DEAD_MESSAGE)
             hits = self._prefix_hits(request) if request.prefix_keys else 0
+            cache_decay = 1.0
+            if hits and self.knobs.decay_per_cache_hit:
+                cache_decay = max(0.0, 1.0 - self.knobs.decay_per_cache_hit * self.cache_hit_requests)
+                self.cache_hit_requests += 1
             self.metrics.inc("vllm:prefix_cache_queries", request.prompt_tokens)
             self.metrics.inc("vllm:prefix_cache_hits", hits)
             self.metrics.inc("vllm:prompt_tokens_cached", hits)
@@ -268,7 +275,8 @@ class Engine:
                         context_tokens=context,
                         decay_factor=perf.decay_factor(
                             self.knobs.accept_decay_per_min, self.emulated_minutes()
-                        ),
+                        )
+                        * cache_decay,
                         longctx_collapse=self.knobs.longctx_collapse,
                     )
                     accepted = 0

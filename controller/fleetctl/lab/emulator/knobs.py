@@ -30,6 +30,12 @@ class Knobs:
     version: str = DEFAULT_VERSION
     seed: int = 0
     kv_capacity_tokens: int = 300_000
+    #: vLLM caches whole blocks only; on hybrid Qwen3.5/3.6 the attention block grows to the Mamba
+    #: page (~2k tokens), so a shared prefix shorter than this never hits the cache.
+    prefix_block_tokens: int = 2048
+    #: Acceptance lost (fraction, cumulative) per request served from the prefix cache, for requests
+    #: that hit it: the production bug (rejected drafts written into the drafter's cached KV).
+    decay_per_cache_hit: float = 0.0
 
 
 #: Knob field -> environment variable.

@@ -273,6 +273,7 @@ class Server:
                 "POST",
                 lambda: self.completion(body, writer, keep_alive, chat=False),
             ),
+            "/tokenize": ("POST", lambda: self.tokenize(body, writer, keep_alive)),
         }
         route = routes.get(path.rstrip("/") or "/")
         if route is None:
@@ -284,6 +285,33 @@ class Server:
             return keep_alive
         result = await action()
         return keep_alive if result is None else bool(result)
+
+    async def tokenize(self, raw: bytes, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+        """POST /tokenize as vLLM answers it: ``{"count", "max_model_len", "tokens", "token_strs"}``.
+
+        ``prompt`` is counted as it is; ``messages`` with the chat template's overhead, as a
+        chat completion would count them (``add_generation_prompt`` defaults to true).
+        """
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            await self.send_json(writer, 400, error_body("invalid JSON body", "Bad Request", 400, None),
+                                 keep_alive)
+            return
+        if isinstance(body, dict) and isinstance(body.get("messages"), list):
+            texts = [str(m.get("content") or "") if isinstance(m, dict) else "" for m in body["messages"]]
+            count = sum(count_tokens(x) + TEMPLATE_TOKENS_PER_MESSAGE for x in texts)
+            if body.get("add_generation_prompt", True):
+                count += TEMPLATE_TOKENS_GENERATION
+        elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
+            count = count_tokens(body["prompt"])
+        else:
+            await self.send_json(writer, 400, error_body("give prompt or messages", "Bad Request", 400,
+                                                         "prompt"), keep_alive)
+            return
+        # Token ids are not modelled: a stable stand-in of the right length.
+        await self.send_json(writer, 200, {"count": count, "max_model_len": self.info.max_model_len,
+                                           "tokens": list(range(count)), "token_strs": None}, keep_alive)
 
     async def health(self, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
         """200 with an empty body while the engine lives; 503 once it died."""
