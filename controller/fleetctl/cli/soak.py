@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.text import Text
 
 from fleetctl import paths, secretenv, ssh
-from fleetctl.cli.output import Col, Ctx, fit_table, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import baselines, report
@@ -157,7 +157,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
     return render
 
 
-@click.command("soak")
+@click.group("soak", invoke_without_command=True)
 @click.option("--limit", "-l", metavar="HOSTS", help="Hosts to soak (Ansible pattern); default: every host.")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
               help="Soak this OpenAI-compatible endpoint instead of inventory hosts (repeatable).")
@@ -175,7 +175,8 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
 @click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report with charts to F.")
 @pass_ctx
-def soak(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str | None, recipe: str | None,
+@click.pass_context
+def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str | None, recipe: str | None,
          profile: str | None, models: tuple[str, ...], concurrency: str | None, smoke_only: bool, ready_timeout: str | None,
          baseline_tag: str | None, no_save_baseline: bool, json_file: str | None, junit_file: str | None,
          html_file: str | None) -> None:
@@ -185,6 +186,8 @@ def soak(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str 
     inconclusive or could not run (an endpoint that is down is an error, not
     a failure).
     """
+    if cctx.invoked_subcommand is not None:
+        return
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
     dur = parse_duration(duration, "--duration") if duration is not None else None
@@ -224,6 +227,92 @@ def soak(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str 
     code = _exit_code(report.worst(verdicts))
     if code != ExitCode.OK:
         raise click.exceptions.Exit(int(code))
+
+
+@soak.group("baseline")
+def baseline() -> None:
+    """Show, pin or reset the hosts' baselines (the last passing soaks a soak is compared with)."""
+
+
+def _windows(ctx: Ctx, limit: str | None, tag: str | None) -> tuple[Path, list[str], list[baselines.Window]]:
+    from fleetctl import inventory as inv_mod
+
+    inv = inv_mod.load(ctx.inventory)
+    state = paths.state_dir(inv.path)
+    hosts = [h.name for h in inv.select(limit)]
+    found = [w for h in hosts for w in baselines.windows(state, h) if tag is None or w.tag == tag]
+    return state, hosts, found
+
+
+def _render_windows(ws: list[baselines.Window]) -> Callable[[Console], None]:
+    def render(out: Console) -> None:
+        rows = []
+        for w in ws:
+            b = w.baseline
+            assert b is not None
+            peak = max((lv for lv in b.levels if lv.phase == "sweep" and lv.tok_s), key=lambda lv: lv.tok_s or 0.0,
+                       default=None)
+            spread = b.baseline_spread.get(peak.label) if peak else None
+            rows.append([w.host, w.tag, str(len(w.runs)), "yes" if w.pinned else "no",
+                         f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
+                         f"{spread:.1f}" if spread is not None else "-", w.runs[-1].finished[:19]])
+        out.print(fit_table(out.width, ["host", Col("tag", flex=True, min=12), "runs", "pinned",
+                                        Col("peak tok/s", drop=2), Col("spread", drop=1), Col("newest", drop=3)],
+                            rows, title="soak baselines"))
+        if not ws:
+            out.print("no baseline recorded: a passing `fleetctl soak` (or rollout gate) records one")
+
+    return render
+
+
+def _window_json(w: baselines.Window) -> dict[str, object]:
+    b = w.baseline
+    return {"host": w.host, "tag": w.tag, "pinned": w.pinned, "runs": [r.run_id for r in w.runs],
+            "fingerprint": w.runs[-1].fingerprint if w.runs else None,
+            "levels": {} if b is None else {lv.label: {"tok_s": lv.tok_s, "spread": b.baseline_spread.get(lv.label)}
+                                            for lv in b.levels if lv.phase == "sweep"}}
+
+
+@baseline.command("show")
+@click.option("--limit", "-l", metavar="HOSTS", help="Hosts (Ansible pattern); default: every host.")
+@click.option("--tag", metavar="TAG", help="Only this tag's baselines.")
+@json_option
+@pass_ctx
+def baseline_show(ctx: Ctx, limit: str | None, tag: str | None) -> None:
+    """Each host's baseline per tag: how many passing runs it combines, pinned or not, its figures."""
+    _state, _hosts, ws = _windows(ctx, limit, tag)
+    ctx.emit([_window_json(w) for w in ws], _render_windows(ws))
+
+
+@baseline.command("pin")
+@click.option("--limit", "-l", metavar="HOSTS", required=True, help="Hosts (Ansible pattern).")
+@click.option("--tag", metavar="TAG", required=True, help="The tag whose baseline to pin.")
+@click.option("--unpin", is_flag=True, help="Let passing soaks move the baseline again.")
+@json_option
+@pass_ctx
+def baseline_pin(ctx: Ctx, limit: str, tag: str, unpin: bool) -> None:
+    """Freeze a baseline: later passing soaks no longer move it (a known-good reference)."""
+    state, hosts, _ws = _windows(ctx, limit, tag)
+    done = [baselines.pin(state, h, tag, pinned=not unpin) for h in hosts]
+    ctx.emit([_window_json(w) for w in done], _render_windows(done))
+
+
+@baseline.command("reset")
+@click.option("--limit", "-l", metavar="HOSTS", required=True, help="Hosts (Ansible pattern).")
+@click.option("--tag", metavar="TAG", required=True, help="The tag whose baseline to forget.")
+@json_option
+@pass_ctx
+def baseline_reset(ctx: Ctx, limit: str, tag: str) -> None:
+    """Forget a baseline (after a hardware change, or a lucky run): the next passing soak starts a new one."""
+    state, hosts, _ws = _windows(ctx, limit, tag)
+    gone = {h: baselines.reset(state, h, tag) for h in hosts}
+
+    def render(out: Console) -> None:
+        for h, g in gone.items():
+            out.print(f"{h}: {'baseline of ' + tag + ' removed' if g else 'no baseline of ' + tag}",
+                      highlight=False, markup=False)
+
+    ctx.emit(gone, render)
 
 
 commands: list[click.Command] = [soak]

@@ -56,7 +56,7 @@ _PARAMS: dict[str, dict[str, str]] = {
     "errors": {"max_error_rate": "fraction"},
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
-    "throughput": {"tolerance": "fraction", "floor_tok_s": "levels"},
+    "throughput": {"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
     "acceptance": {"floor": "classes", "phase_floor": "fraction", "min_ratio": "fraction"},
     "acceptance_decay": {"max_drop": "fraction", "min_windows": "count"},
     "long_context": {"floor": "fraction", "min_ratio": "fraction"},

@@ -218,6 +218,10 @@ class Verdict:
     ttft_samples: tuple[float, ...] = ()
     tpot_samples: tuple[float, ...] = ()
     schema: int = SCHEMA_VERSION
+    #: Set on a baseline combined from several passing runs: how many, and the spread (robust
+    #: standard deviation, 1.4826 x MAD) of each sweep level's tok/s, by level label.
+    baseline_runs: int = 1
+    baseline_spread: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:

@@ -1,0 +1,48 @@
+"""``fleetctl soak baseline show|pin|reset`` on a state dir with recorded baselines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from fleetctl import paths
+from fleetctl.cli.main import cli
+from fleetctl.errors import FleetError
+from fleetctl.soak import baselines
+from fleetctl.soak.verdict import LevelSummary, Outcome, Verdict
+
+INV = paths.project_root() / "inventory" / "example" / "hosts.yml"
+TAG = "2026-07-01-v0.24.0-dflashfix-with-a-long-suffix"
+
+
+def _run(tmp_path: Path, *argv: str) -> tuple[int, str]:
+    r = CliRunner().invoke(cli, ["-i", str(INV), "soak", "baseline", *argv],
+                           env={"FLEETCTL_STATE_DIR": str(tmp_path), "COLUMNS": "80"})
+    if isinstance(r.exception, FleetError):  # main() prints these; the bare group raises them
+        return 2, r.exception.message()
+    return r.exit_code, r.output
+
+
+def test_show_pin_and_reset(tmp_path: Path) -> None:
+    for i, tok in enumerate((400.0, 410.0, 395.0)):
+        v = Verdict(f"run-{i}", "spark-01", "http://x", Outcome.PASS, "pass", "t0", f"2026-07-0{i + 1}T12:00:00",
+                    1.0, tag=TAG, fingerprint="fp", levels=(LevelSummary("sweep", "c=32", 32, 64, 0, 9.0, tok_s=tok),))
+        baselines.save(tmp_path, "spark-01", TAG, v)
+    code, out = _run(tmp_path, "show")
+    assert code == 0, out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    assert "spark-01" in out and "400 (c=32)" in out
+    code, out = _run(tmp_path, "show", "--json")
+    shown = json.loads(out)
+    assert shown == [{"host": "spark-01", "tag": TAG, "pinned": False, "runs": ["run-0", "run-1", "run-2"],
+                      "fingerprint": "fp", "levels": {"c=32": {"tok_s": 400.0, "spread": shown[0]["levels"]["c=32"]
+                                                               ["spread"]}}}]
+    code, out = _run(tmp_path, "pin", "--limit", "spark-01", "--tag", TAG, "--json")
+    assert code == 0 and json.loads(out)[0]["pinned"] is True, out
+    code, out = _run(tmp_path, "pin", "--limit", "spark-02", "--tag", TAG)
+    assert code != 0 and "spark-02: no baseline recorded" in out
+    code, out = _run(tmp_path, "reset", "--limit", "spark-01", "--tag", TAG)
+    assert code == 0 and "removed" in out
+    assert baselines.load(tmp_path, "spark-01", TAG) is None
