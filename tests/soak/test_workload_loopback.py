@@ -67,3 +67,15 @@ def test_without_shared_prefixes_the_same_server_is_inconclusive_not_passed(emul
     decay = v.check("acceptance_decay")
     assert decay.outcome is Outcome.INCONCLUSIVE, decay.message
     assert "never exercised" in decay.message
+
+
+def test_foreign_traffic_is_detected_and_makes_its_checks_inconclusive(emulator: Callable[..., Served]) -> None:
+    served = emulator(EMU_SPEED="4", EMU_FOREIGN_RPS="20")
+    v = run_soak(served.target, config(shared_prefix_tokens=0), None)
+    tp = v.check("throughput")
+    assert tp.outcome is Outcome.INCONCLUSIVE and "another client is using it" in tp.message, tp.message
+    assert any(m.label.endswith("foreign") for m in v.check("acceptance_decay").measurements)
+    assert v.outcome is Outcome.INCONCLUSIVE, v.summary
+    clean = run_soak(emulator(EMU_SPEED="4").target, config(), None)
+    assert all(w.foreign_requests is not None and w.foreign_requests <= 3 for w in clean.windows), \
+        [(w.label, w.foreign_requests) for w in clean.windows]

@@ -407,6 +407,7 @@ def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
         else:
             out.append(Measurement(lv.label, P, f"{lv.label}: {lv.tok_s:.1f} tok/s >= floor {floor or 0:.0f}",
                                    round(lv.tok_s, 1), floor))
+    out += foreign_traffic(ev, ("sweep",))
     if baseline is None:
         ok_msg = ("above the floors at every level ("
                   + (baseline_note or "no baseline recorded for this host and tag") + ")")
@@ -459,6 +460,7 @@ def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig,
     ratio = spec.params.get("min_ratio")
     if ratio is not None:
         out.extend(_sustained_ratio(ev.windows, baseline, float(ratio)))
+    out.extend(foreign_traffic(ev, ("classes", "sweep", "sustained")))
     return decide(spec, out, ok_message=f"above the floors: {rates}", no_data="no per-class window")
 
 
@@ -562,6 +564,7 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
                                "shorter than the model's cache block?)"),
                                round(hits / sum(queries), 4), None))
     out += _size_measurements(ev, "shared_prefix")
+    out += foreign_traffic(ev, ("sustained",))
     return decide(spec, out, ok_message=f"no decay: {pct(first)} -> {pct(last)} over {len(usable)} windows"
                   + (f", {hits:.0f} prefix-cache hit tokens" if queries else ""))
 
@@ -594,6 +597,30 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
     out += _size_measurements(ev, "long_context")
     return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")
 
+
+def foreign_traffic(ev: Evidence, phases: Sequence[str]) -> list[Measurement]:
+    """Inconclusive measurements for windows of ``phases`` where another client's requests ran.
+
+    /metrics counts every client's tokens and drafts: with foreign traffic in a window, the
+    throughput and acceptance figures of that window are not this soak's.
+    """
+    out = []
+    for w in ev.windows:
+        if w.phase not in phases or w.foreign_requests is None:
+            continue
+        mine = sum(w.success_by_reason.values()) - w.foreign_requests
+        if w.foreign_requests > max(FOREIGN_MIN, FOREIGN_SHARE * mine):
+            out.append(Measurement(f"{w.label} foreign", INC,
+                                   f"{w.label}: the server finished {w.foreign_requests:.0f} requests besides this "
+                                   f"soak's {mine:.0f}: another client is using it, its figures are not this "
+                                   "server's alone (soak a host out of service)", w.foreign_requests, None))
+    return out
+
+
+#: Foreign requests in a window tolerated before its figures are doubted: boundary effects
+#: (a request finishing as the window is scraped) account for one or two.
+FOREIGN_MIN = 3
+FOREIGN_SHARE = 0.1
 
 #: How far a prompt's measured length may miss its target before the check built on it is doubtful.
 SIZE_TOLERANCE = 0.25

@@ -24,6 +24,7 @@ artifacts directory when one is given.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import json
 import re
@@ -643,7 +644,7 @@ async def _soak(client: Client, st: _State) -> Evidence:
             st.crash = await _diagnose_crash(client, st, 0, "the end of the soak")
     return Evidence(
         readiness=ready, identity=ident, smoke=tuple(smoke), levels=tuple(st.levels),
-        windows=tuple(st.windows), load_ran=load, crash=st.crash, container_before=before,
+        windows=tuple(_with_foreign(st.windows, st.samples)), load_ran=load, crash=st.crash, container_before=before,
         container_after=after, container_error=container_error, has_container=target.container is not None,
         spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=target.name,
         canaries=tuple(st.canaries), long_decode=st.long_decode, prompt_sizes=dict(st.prompt_sizes),
@@ -651,6 +652,24 @@ async def _soak(client: Client, st: _State) -> Evidence:
                               and not s.cls.startswith("canary-")),
         streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
     )
+
+
+def _with_foreign(windows: Sequence[Window], samples: Sequence[Sample]) -> list[Window]:
+    """Each window with the requests the server finished in it beyond those this soak finished.
+
+    The server's request_success counter covers every client; the soak knows its own
+    streams (those that got an answer, which the server counts as finished or aborted).
+    """
+    ends = sorted(s.start + s.e2e for s in samples if s.status == 200 and s.e2e is not None)
+    out = []
+    for w in windows:
+        server = sum(w.success_by_reason.values()) if w.success_by_reason else None
+        if server is None:
+            out.append(w)
+            continue
+        mine = bisect.bisect_right(ends, w.end) - bisect.bisect_right(ends, w.start)
+        out.append(replace(w, foreign_requests=max(0.0, server - mine)))
+    return out
 
 
 #: Phases whose streamed text the correctness check judges (smoke has its own check).

@@ -138,6 +138,8 @@ class Window:
     #: Prompt tokens looked up in / served from the prefix cache (vLLM's prefix_cache_* counters).
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    #: Requests the server finished in the window beyond the soak's own (another client's traffic).
+    foreign_requests: float | None = None
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,8 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 ``EMU_DECAY_PER_CACHE_HIT``     acceptance of requests that hit the prefix cache falls by this
                                 fraction per earlier such request, to 0 (the decay that needs
                                 prefix caching); 0
+``EMU_FOREIGN_RPS``             requests per second of another client on the same server,
+                                seen only in /metrics (a soak must notice them); 0
 ``EMU_VERSION``                 what /version reports; 0.24.0
 ``EMU_SEED``                    seed of the acceptance sampler; 0
 ``EMU_KV_CAPACITY_TOKENS``      KV cache size: requests wait for room, decoding past it

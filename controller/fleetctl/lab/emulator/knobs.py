@@ -36,6 +36,8 @@ class Knobs:
     #: Acceptance lost (fraction, cumulative) per request served from the prefix cache, for requests
     #: that hit it: the production bug (rejected drafts written into the drafter's cached KV).
     decay_per_cache_hit: float = 0.0
+    #: Requests per second another client sends to the same server (they show only in /metrics).
+    foreign_rps: float = 0.0
 
 
 #: Knob field -> environment variable.

@@ -759,10 +759,14 @@ async def serve(
     server.log(f"INFO:     Started server process [{os.getpid()}]")
     server.log("INFO:     Waiting for application startup.")
     server.log("INFO:     Application startup complete.")
+    foreign = (asyncio.ensure_future(_foreign_traffic(server, server.knobs.foreign_rps, stop))
+               if server.knobs.foreign_rps > 0 else None)
     waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(died.wait())]
     await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
     for w in waiters:
         w.cancel()
+    if foreign is not None:
+        foreign.cancel()
     code = 0
     if died.is_set() and not stop.is_set():
         # /health answers 503 for a moment, then the API server follows its engine down.
@@ -779,6 +783,27 @@ async def serve(
         await asyncio.wait_for(listener.wait_closed(), 2.0)
     server.log(f"INFO:     Finished server process [{os.getpid()}]")
     return code
+
+
+async def _foreign_traffic(server: Server, rps: float, stop: asyncio.Event) -> None:
+    """EMU_FOREIGN_RPS: another client's short requests through the same engine (metrics only)."""
+    running: set[asyncio.Task[None]] = set()
+    prompt = "Summarise the status of the nightly batch job in one sentence."
+
+    async def one(i: int) -> None:
+        req = Request(request_id=f"foreign-{i}", prompt=prompt, prompt_tokens=24, max_tokens=16,
+                      temperature=0.7, thinking=False, prompt_class=perf.classify(prompt, None))
+        with contextlib.suppress(Exception):
+            async for _ in server.engine.run(req):
+                pass
+
+    i = 0
+    while not stop.is_set():
+        await asyncio.sleep(1.0 / rps)
+        task = asyncio.ensure_future(one(i))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        i += 1
 
 
 def install_signals(stop: asyncio.Event) -> None:
