@@ -42,3 +42,14 @@ def test_summarize_counts_errors_and_percentiles() -> None:
 def test_run_ids_are_safe_and_unique() -> None:
     a, b = new_run_id("spark-01 / x"), new_run_id("spark-01 / x")
     assert a != b and "/" not in a and " " not in a and a.startswith("soak-spark-01")
+
+
+def test_goodput_counts_the_requests_meeting_every_slo_and_e2el_has_percentiles() -> None:
+    samples = [Sample("sweep", "coding", 4, 0.0, True, 200, ttft=0.1 * (i + 1), e2e=1.0 + i, tpot=0.02,
+                      output_tokens=50) for i in range(10)]
+    samples.append(Sample("sweep", "coding", 4, 0.0, False, 200, error_kind="stream_error", error="boom"))
+    lv = summarize("sweep", "c=4", 4, samples, 10.0, slo={"ttft_ms": 500, "e2el_ms": 4500})
+    # ttft <= 0.5 s: i = 0..4; e2el <= 4.5 s: i = 0..3 -> 4 of 11 requests (the failed one never counts).
+    assert lv.slo_met == 4 / 11 and lv.goodput_rps == 0.4
+    assert lv.e2e_p50 == 5.5 and lv.e2e_p95 is not None and lv.e2e_p99 is not None and lv.e2e_p95 < lv.e2e_p99
+    assert summarize("sweep", "c=4", 4, samples, 10.0).goodput_rps is None  # no SLOs, no goodput

@@ -163,7 +163,7 @@ _TOP_KEYS = (
     "profile", "model", "speculative", "readiness_timeout", "readiness_poll", "request_timeout",
     "max_tokens", "temperature", "thinking", "concurrency", "requests_per_level", "min_requests_per_level",
     "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
-    "sustained", "checks",
+    "sustained", "checks", "slo",
 )
 _SUSTAINED_KEYS = ("duration", "concurrency", "window", "max_requests", "shared_prefix_tokens", "turns")
 
@@ -242,6 +242,9 @@ class SoakConfig:
     #: The chat template's thinking for load requests (classes, sweep, sustained).
     thinking: bool = False
     recipe: str = ""
+    #: Service-level objectives (``ttft_ms``, ``tpot_ms``, ``e2el_ms``): each level reports the share
+    #: of its requests meeting all of them, and that goodput in requests/s (reported, not gated).
+    slo: Mapping[str, float] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         """What makes two soaks' throughput comparable: profile, max_tokens, levels, workload.
@@ -349,6 +352,11 @@ def load_config(
     if not isinstance(thinking, bool):
         raise SoakConfigError(f"{where}.thinking {thinking!r} is not true/false",
                               fix="thinking: false (the reference figures' setting) or true")
+    slo_raw = raw.get("slo") or {}
+    if not isinstance(slo_raw, Mapping) or set(slo_raw) - {"ttft_ms", "tpot_ms", "e2el_ms"}:
+        raise SoakConfigError(f"{where}.slo must map ttft_ms, tpot_ms and/or e2el_ms to milliseconds",
+                              fix="e.g. slo: {ttft_ms: 500, tpot_ms: 60, e2el_ms: 20000}")
+    slo = {str(k): float(_scalar(v, "number", f"{where}.slo.{k}")) for k, v in slo_raw.items()}
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
         raise SoakConfigError(f"{where}.model must be a served model name", fix="e.g. model: qwen36-fast")
@@ -383,6 +391,7 @@ def load_config(
         checks=_load_checks(raw.get("checks", {}), d["checks"], f"{where}.checks"),
         recipe=recipe,
         thinking=thinking,
+        slo=slo,
     )
 
 

@@ -31,7 +31,7 @@ import re
 import secrets
 import statistics
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -127,10 +127,17 @@ def _pctl(values: Sequence[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (pos - lo)
 
 
+def meets(s: Sample, slo: Mapping[str, float]) -> bool:
+    """True when a successful request met every SLO (``ttft_ms``, ``tpot_ms``, ``e2el_ms``) it can be judged on."""
+    got = {"ttft_ms": s.ttft, "tpot_ms": s.tpot, "e2el_ms": s.e2e}
+    return s.ok and all((x := got[k]) is None or x * 1000 <= v for k, v in slo.items())
+
+
 def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample], seconds: float,
-              stopped: str = "") -> LevelSummary:
-    """Client-side figures of one level from its samples."""
+              stopped: str = "", slo: Mapping[str, float] | None = None) -> LevelSummary:
+    """Client-side figures of one level from its samples (goodput against ``slo`` when given)."""
     ok = [s for s in samples if s.ok]
+    good = sum(1 for s in samples if meets(s, slo)) if slo else None
     errs = [s for s in samples if not s.ok]
     ttft = [s.ttft for s in ok if s.ttft is not None]
     tpot = [s.tpot for s in ok if s.tpot is not None]
@@ -141,6 +148,9 @@ def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample
         seconds=round(seconds, 3), tok_s=out_tokens / seconds if ok and seconds > 0 else None,
         ttft_p50=_pctl(ttft, 0.5), ttft_p95=_pctl(ttft, 0.95), ttft_p99=_pctl(ttft, 0.99),
         tpot_p50=_pctl(tpot, 0.5), tpot_p95=_pctl(tpot, 0.95), e2e_p50=_pctl(e2e, 0.5),
+        e2e_p95=_pctl(e2e, 0.95), e2e_p99=_pctl(e2e, 0.99),
+        slo_met=good / len(samples) if good is not None and samples else None,
+        goodput_rps=good / seconds if good is not None and seconds > 0 else None,
         output_tokens=out_tokens, first_error=errs[0].error if errs else "", stopped=stopped,
     )
 
@@ -471,7 +481,8 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
         if not probe.ok:
             stopped = f"/health {probe.state} after errors"
             st.crash = st.crash or await _diagnose_crash(client, st, concurrency, label)
-    st.levels.append(replace(summarize(phase, label, concurrency, level, elapsed, stopped), canaries=n_canaries))
+    st.levels.append(replace(summarize(phase, label, concurrency, level, elapsed, stopped, cfg.slo),
+                             canaries=n_canaries))
 
 
 async def _diagnose_crash(client: Client, st: _State, concurrency: int, label: str) -> str:

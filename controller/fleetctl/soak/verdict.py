@@ -160,6 +160,11 @@ class LevelSummary:
     tpot_p50: float | None = None
     tpot_p95: float | None = None
     e2e_p50: float | None = None
+    e2e_p95: float | None = None
+    e2e_p99: float | None = None
+    #: With SLOs in the soak config: the share of requests meeting every one, and those per second.
+    slo_met: float | None = None
+    goodput_rps: float | None = None
     output_tokens: int = 0
     #: First error message (what an operator reads first), empty when none.
     first_error: str = ""
