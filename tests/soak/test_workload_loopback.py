@@ -79,3 +79,23 @@ def test_foreign_traffic_is_detected_and_makes_its_checks_inconclusive(emulator:
     clean = run_soak(emulator(EMU_SPEED="4").target, config(), None)
     assert all(w.foreign_requests is not None and w.foreign_requests <= 3 for w in clean.windows), \
         [(w.label, w.foreign_requests) for w in clean.windows]
+
+
+def test_trials_warm_up_itl_and_an_open_loop_level(emulator: Callable[..., Served]) -> None:
+    served = emulator(EMU_SPEED="4")
+    raw: dict[str, Any] = {
+        "concurrency": [1, 4], "classes": ["coding"], "max_tokens": 24, "readiness_timeout": 20,
+        "trials": 3, "stagger": 0.02, "request_rates": [6], "requests_per_level": 2, "min_requests_per_level": 6,
+        "sustained": {"duration": 0},
+    }
+    v = run_soak(served.target, load_config(raw, profile="lab", served_model_names=SERVED, speculative=True), None)
+    assert v.outcome is Outcome.PASS, v.summary
+    sweep = {lv.label: lv for lv in v.levels if lv.phase == "sweep"}
+    assert set(sweep) == {"c=1", "c=4"}
+    for lv in sweep.values():
+        assert len(lv.trials) == 3 and lv.tok_s is not None
+        assert abs(lv.tok_s - sorted(lv.trials)[1]) < 0.1  # the median trial (trials are rounded)
+        assert lv.requests == 3 * max(2 * lv.concurrency, 6) and lv.warmup == 3 * lv.concurrency
+        assert lv.itl_p50 is not None and lv.itl_p99 is not None and lv.itl_p50 <= lv.itl_p99
+    rate = next(lv for lv in v.levels if lv.phase == "rate")
+    assert rate.label == "r=6/s" and rate.requests == 12 and rate.errors == 0 and rate.tok_s

@@ -193,7 +193,7 @@ class StreamParser:
     """
 
     __slots__ = ("_check", "_utf8", "check", "done", "error", "events", "finish_reason", "first_content_at",
-                 "keep_text", "parts", "pending", "usage")
+                 "keep_text", "parts", "pending", "stamps", "usage")
 
     def __init__(self, keep_text: bool = False) -> None:
         # Decoding each chunk once to str (incrementally: a chunk may end mid-character) and
@@ -209,6 +209,8 @@ class StreamParser:
         self.done = False
         self.keep_text = keep_text
         self.parts: list[str] = []
+        #: When each read carrying content arrived: the inter-token latencies are their gaps.
+        self.stamps: list[float] = []
         self.check = TextCheck()
         self._check = self.check.feed_all
 
@@ -266,6 +268,7 @@ class StreamParser:
             if usage:
                 self.usage = usage
         if texts:
+            self.stamps.append(now)
             self._check(texts)
 
     @property
@@ -434,6 +437,7 @@ class Client:
                 kind, error = "disconnect", "stream ended before data: [DONE]"
         usage = parser.usage or {}
         out_tokens = usage.get("completion_tokens")
+        gaps = sorted(b - a for a, b in zip(parser.stamps, parser.stamps[1:], strict=False))
         ttft = parser.first_content_at - start if parser.first_content_at is not None else None
         tpot = None
         if parser.first_content_at is not None and isinstance(out_tokens, int) and out_tokens > 1:
@@ -456,6 +460,7 @@ class Client:
             prompt_tokens=usage.get("prompt_tokens"), output_tokens=out_tokens, events=parser.events,
             finish_reason=parser.finish_reason, error_kind=kind, error=error[:500],
             text=parser.text if keep_text else None,
+            itl_p50=gaps[len(gaps) // 2] if gaps else None, itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
             garbage=garbage, excerpt=excerpt,
         )
 

@@ -79,8 +79,16 @@ _SPARK: dict[str, Any] = {
     # thinking off; Qwen3.6's template turns it on by default.
     "thinking": False,
     "concurrency": [1, 4, 16, 32, 64],
-    "requests_per_level": 2,
-    "min_requests_per_level": 4,
+    # Enough requests for stable percentiles (a p95 of 4 requests is their maximum), and three
+    # trials per sweep level whose median tok/s is the level's: one slow trial does not flap a gate.
+    "requests_per_level": 4,
+    "min_requests_per_level": 32,
+    "trials": 3,
+    # Workers start this far apart (seconds) instead of in lockstep; each one's first request
+    # is warm-up (kept in the error and correctness checks, out of the latency percentiles).
+    "stagger": 0.05,
+    # Open-loop levels (requests/s, Poisson arrivals) after the concurrency sweep; none by default.
+    "request_rates": [],
     "level_timeout": 300.0,
     "classes": list(CLASSES),
     "class_requests": 2,
@@ -134,6 +142,8 @@ def _lab_profile() -> dict[str, Any]:
         "max_tokens": 48,
         "requests_per_level": 1,
         "min_requests_per_level": 2,
+        "trials": 1,
+        "stagger": 0.01,
         "level_timeout": 60.0,
         "class_requests": 2,
         "long_context_tokens": 3000,
@@ -162,6 +172,7 @@ _DEFAULTS: dict[str, dict[str, Any]] = {"spark": _SPARK, "lab": _lab_profile()}
 _TOP_KEYS = (
     "profile", "model", "speculative", "readiness_timeout", "readiness_poll", "request_timeout",
     "max_tokens", "temperature", "thinking", "concurrency", "requests_per_level", "min_requests_per_level",
+    "trials", "stagger", "request_rates",
     "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
     "sustained", "checks", "slo",
 )
@@ -245,6 +256,12 @@ class SoakConfig:
     #: Service-level objectives (``ttft_ms``, ``tpot_ms``, ``e2el_ms``): each level reports the share
     #: of its requests meeting all of them, and that goodput in requests/s (reported, not gated).
     slo: Mapping[str, float] = field(default_factory=dict)
+    #: Trials per sweep level (their median tok/s is the level's).
+    trials: int = 1
+    #: Seconds between workers' starts.
+    stagger: float = 0.0
+    #: Open-loop levels: requests per second with Poisson arrivals.
+    request_rates: tuple[float, ...] = ()
 
     def fingerprint(self) -> str:
         """What makes two soaks' throughput comparable: profile, max_tokens, levels, workload.
@@ -256,7 +273,8 @@ class SoakConfig:
                "thinking": self.thinking,
                "requests": [self.requests_per_level, self.min_requests_per_level],
                "classes": list(self.classes), "workload": WORKLOAD_VERSION,
-               "conversation": [self.shared_prefix_tokens, self.turns]}
+               "conversation": [self.shared_prefix_tokens, self.turns], "trials": self.trials,
+               "rates": list(self.request_rates)}
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
     def check(self, name: str) -> CheckSpec:
@@ -352,6 +370,11 @@ def load_config(
     if not isinstance(thinking, bool):
         raise SoakConfigError(f"{where}.thinking {thinking!r} is not true/false",
                               fix="thinking: false (the reference figures' setting) or true")
+    rates = raw.get("request_rates", d.get("request_rates", []))
+    if (not isinstance(rates, Sequence) or isinstance(rates, str)
+            or any(isinstance(r, bool) or not isinstance(r, int | float) or r <= 0 for r in rates)):
+        raise SoakConfigError(f"{where}.request_rates {rates!r} is not a list of positive rates",
+                              fix="requests per second, e.g. request_rates: [2, 8]")
     slo_raw = raw.get("slo") or {}
     if not isinstance(slo_raw, Mapping) or set(slo_raw) - {"ttft_ms", "tpot_ms", "e2el_ms"}:
         raise SoakConfigError(f"{where}.slo must map ttft_ms, tpot_ms and/or e2el_ms to milliseconds",
@@ -392,6 +415,9 @@ def load_config(
         recipe=recipe,
         thinking=thinking,
         slo=slo,
+        trials=max(1, num("trials", "count")),
+        stagger=num("stagger"),
+        request_rates=tuple(float(r) for r in rates),
     )
 
 

@@ -27,6 +27,7 @@ import asyncio
 import bisect
 import contextlib
 import json
+import random
 import re
 import secrets
 import statistics
@@ -134,21 +135,31 @@ def meets(s: Sample, slo: Mapping[str, float]) -> bool:
 
 
 def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample], seconds: float,
-              stopped: str = "", slo: Mapping[str, float] | None = None) -> LevelSummary:
-    """Client-side figures of one level from its samples (goodput against ``slo`` when given)."""
+              stopped: str = "", slo: Mapping[str, float] | None = None,
+              warm: Sequence[Sample] = ()) -> LevelSummary:
+    """Client-side figures of one level from its samples (goodput against ``slo`` when given).
+
+    ``warm`` samples (warm-up requests) count in requests, errors and throughput, not in the
+    latency percentiles: a first request pays for compiled graphs and cold caches.
+    """
     ok = [s for s in samples if s.ok]
     good = sum(1 for s in samples if meets(s, slo)) if slo else None
     errs = [s for s in samples if not s.ok]
-    ttft = [s.ttft for s in ok if s.ttft is not None]
-    tpot = [s.tpot for s in ok if s.tpot is not None]
-    e2e = [s.e2e for s in ok if s.e2e is not None]
+    warm_ids = {id(s) for s in warm}
+    timed = [s for s in ok if id(s) not in warm_ids] or ok
+    ttft = [s.ttft for s in timed if s.ttft is not None]
+    tpot = [s.tpot for s in timed if s.tpot is not None]
+    e2e = [s.e2e for s in timed if s.e2e is not None]
+    itl50 = [s.itl_p50 for s in timed if s.itl_p50 is not None]
+    itl99 = [s.itl_p99 for s in timed if s.itl_p99 is not None]
     out_tokens = sum(s.output_tokens or 0 for s in ok)
     return LevelSummary(
         phase=phase, label=label, concurrency=concurrency, requests=len(samples), errors=len(errs),
         seconds=round(seconds, 3), tok_s=out_tokens / seconds if ok and seconds > 0 else None,
         ttft_p50=_pctl(ttft, 0.5), ttft_p95=_pctl(ttft, 0.95), ttft_p99=_pctl(ttft, 0.99),
         tpot_p50=_pctl(tpot, 0.5), tpot_p95=_pctl(tpot, 0.95), e2e_p50=_pctl(e2e, 0.5),
-        e2e_p95=_pctl(e2e, 0.95), e2e_p99=_pctl(e2e, 0.99),
+        e2e_p95=_pctl(e2e, 0.95), e2e_p99=_pctl(e2e, 0.99), itl_p50=_pctl(itl50, 0.5), itl_p99=_pctl(itl99, 0.99),
+        warmup=len(warm_ids & {id(s) for s in samples}),
         slo_met=good / len(samples) if good is not None and samples else None,
         goodput_rps=good / seconds if good is not None and seconds > 0 else None,
         output_tokens=out_tokens, first_error=errs[0].error if errs else "", stopped=stopped,
@@ -212,6 +223,8 @@ class _State:
     long_decode: Sample | None = None
     #: Prompts sized in tokens: name -> (target, measured by the server's usage, how it was sized).
     prompt_sizes: dict[str, tuple[int, int | None, str]] = field(default_factory=dict)
+    #: Warm-up samples (each worker's first request of a level).
+    warm: list[Sample] = field(default_factory=list)
 
     def emit(self, phase: str, message: str, **data: Any) -> None:
         self.progress(Event(phase, message, host=self.target.name, data=data))
@@ -436,6 +449,9 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
         # turns. Every request shares the context with every other worker's (a cross-request
         # prefix) and its own earlier turns (a growing one), as multi-turn production traffic does.
         history: list[tuple[str, str]] = []
+        first = True
+        if cfg.stagger and wid:
+            await asyncio.sleep(min(wid * cfg.stagger, seconds / 4))
         for i in counter:
             if stopped:
                 return
@@ -467,6 +483,9 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
                 s = replace(s, text=None)
             level.append(s)
             st.samples.append(s)
+            if first:
+                st.warm.append(s)
+                first = False
             st.art.sample(s)
             note()
             if s.error_kind == "connect" and not stopped:
@@ -481,8 +500,65 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
         if not probe.ok:
             stopped = f"/health {probe.state} after errors"
             st.crash = st.crash or await _diagnose_crash(client, st, concurrency, label)
-    st.levels.append(replace(summarize(phase, label, concurrency, level, elapsed, stopped, cfg.slo),
+    st.levels.append(replace(summarize(phase, label, concurrency, level, elapsed, stopped, cfg.slo, st.warm),
                              canaries=n_canaries))
+
+
+def _merge_trials(st: _State, label: str, concurrency: int) -> None:
+    """The trials of one sweep level as one level: every sample in its percentiles, the median tok/s."""
+    runs = [lv for lv in st.levels if lv.phase == "sweep" and lv.label == label]
+    if len(runs) < 2:
+        return
+    rest = [lv for lv in st.levels if not (lv.phase == "sweep" and lv.label == label)]
+    samples = [s for s in st.samples if s.phase == "sweep" and s.concurrency == concurrency
+               and not s.cls.startswith("canary-")]
+    merged = summarize("sweep", label, concurrency, samples, sum(lv.seconds for lv in runs),
+                       "; ".join(lv.stopped for lv in runs if lv.stopped), st.config.slo, st.warm)
+    rates = tuple(lv.tok_s for lv in runs if lv.tok_s is not None)
+    st.levels[:] = [*rest, replace(merged, tok_s=statistics.median(rates) if rates else None,
+                                   trials=tuple(round(r, 1) for r in rates),
+                                   canaries=sum(lv.canaries for lv in runs))]
+
+
+async def _open_loop(client: Client, st: _State, rate: float, *, requests: int, seconds: float) -> None:
+    """Open-loop load: requests arrive at ``rate``/s with Poisson (exponential) gaps, whatever the
+    server's speed (a closed loop slows its own arrivals when the server slows). In-flight
+    requests are bounded (:data:`OPEN_LOOP_MAX_IN_FLIGHT`): past it arrivals wait, and say so."""
+    cfg = st.config
+    label = f"r={rate:g}/s"
+    rng = random.Random(f"{st.target.name}/{rate}")
+    sem = asyncio.Semaphore(OPEN_LOOP_MAX_IN_FLIGHT)
+    level: list[Sample] = []
+    t_start = time.monotonic()
+    deadline = t_start + seconds
+
+    async def one(i: int) -> None:
+        async with sem:
+            cls = prompts.SHORT_CLASSES[i % len(prompts.SHORT_CLASSES)]
+            req = ChatRequest(st.model, prompts.prompt_for(cls, i), cfg.max_tokens, cfg.temperature,
+                              thinking=cfg.thinking, ignore_eos=True)
+            left = max(deadline - time.monotonic(), 1.0)
+            s = await client.chat(req, phase="rate", cls=cls, concurrency=0, t0=st.t0,
+                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout))
+            level.append(s)
+            st.samples.append(s)
+            st.art.sample(s)
+
+    tasks = []
+    stopped = ""
+    for i in range(requests):
+        await asyncio.sleep(rng.expovariate(rate))
+        if time.monotonic() >= deadline:
+            stopped = f"time bound {seconds:.0f}s reached"
+            break
+        tasks.append(asyncio.ensure_future(one(i)))
+    await asyncio.gather(*tasks)
+    st.emit("rate", f"{label}: {len(level)} requests, {sum(1 for s in level if not s.ok)} errors", level=label)
+    st.levels.append(summarize("rate", label, 0, level, time.monotonic() - t_start, stopped, cfg.slo))
+
+
+#: Open-loop requests in flight at once (arrivals beyond wait): bounds sockets and memory.
+OPEN_LOOP_MAX_IN_FLIGHT = 256
 
 
 async def _diagnose_crash(client: Client, st: _State, concurrency: int, label: str) -> str:
@@ -716,9 +792,18 @@ async def _load(client: Client, st: _State, ident: Identity) -> None:
             return
     # 5. the concurrency sweep.
     for c in cfg.concurrency:
-        await _windowed(client, st, f"c={c}", "sweep", lambda c=c: _run_requests(  # type: ignore[misc]
-            client, st, phase="sweep", label=f"c={c}", concurrency=c, requests=cfg.level_requests(c),
-            seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES, canaries=True))
+        for _trial in range(cfg.trials):
+            await _windowed(client, st, f"c={c}", "sweep", lambda c=c: _run_requests(  # type: ignore[misc]
+                client, st, phase="sweep", label=f"c={c}", concurrency=c, requests=cfg.level_requests(c),
+                seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES, canaries=True))
+            if st.crash:
+                break
+        _merge_trials(st, f"c={c}", c)
+        if st.crash:
+            return
+    for rate in cfg.request_rates:
+        await _windowed(client, st, f"r={rate:g}/s", "rate", lambda rate=rate: _open_loop(  # type: ignore[misc]
+            client, st, rate, requests=cfg.level_requests(max(1, round(rate))), seconds=cfg.level_timeout))
         if st.crash:
             return
     await _long_decode(client, st, ident)

@@ -106,6 +106,9 @@ class Sample:
     garbage: str = ""
     #: The text around the garbage finding (its last characters), for the verdict and report.
     excerpt: str = ""
+    #: Inter-token latency of this stream: median and p99 of the gaps between reads carrying content.
+    itl_p50: float | None = None
+    itl_p99: float | None = None
 
 
 @dataclass(frozen=True)
@@ -162,6 +165,13 @@ class LevelSummary:
     e2e_p50: float | None = None
     e2e_p95: float | None = None
     e2e_p99: float | None = None
+    #: Inter-token latency: the median of the requests' medians, and the p99 of their p99s.
+    itl_p50: float | None = None
+    itl_p99: float | None = None
+    #: tok/s of each trial when the level ran several (``tok_s`` is then their median).
+    trials: tuple[float, ...] = ()
+    #: Requests left out of the latency percentiles as warm-up (each worker's first).
+    warmup: int = 0
     #: With SLOs in the soak config: the share of requests meeting every one, and those per second.
     slo_met: float | None = None
     goodput_rps: float | None = None
