@@ -1,16 +1,18 @@
-"""The fleet model: hosts, groups and their variables, read from an Ansible YAML inventory.
+"""The fleet model: hosts, groups and their variables, read by ansible-core from any inventory source.
 
 fleetctl reads the same inventory Ansible does (``hosts.yml`` plus ``group_vars/``
 and ``host_vars/`` beside it), so that the roles stay usable with plain
-``ansible-playbook``. Only the YAML inventory format is read here; errors name
-the file and the entry at fault.
+``ansible-playbook``. ansible-core parses it (every source it accepts: INI,
+YAML, a directory, a dynamic script); fleetctl validates what it needs on top,
+with errors naming the file, the host and the fix.
 """
 
 from __future__ import annotations
 
-import fnmatch
+import contextlib
+import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -52,6 +54,8 @@ class Inventory:
     groups: Mapping[str, tuple[str, ...]]
     #: Variables of the ``all`` group (merged with group_vars/all).
     vars: Mapping[str, Any]
+    #: ansible-core's InventoryManager, which resolves ``--limit`` patterns.
+    _ansible: Any = field(default=None, compare=False, repr=False)
 
     def host(self, name: str) -> Host:
         """The host called ``name``, or an InventoryError naming the known ones."""
@@ -64,46 +68,32 @@ class Inventory:
             ) from None
 
     def select(self, limit: str | None = None) -> list[Host]:
-        """The hosts matching an Ansible-style ``--limit`` pattern, in inventory order.
+        """The hosts matching an Ansible ``--limit`` pattern, in inventory order.
 
-        Patterns are separated by ``,`` or ``:``; each is a host name, a group
-        name or a glob; ``!pattern`` excludes and ``&pattern`` intersects.
-        With no limit, every host. A pattern that matches nothing is an error,
-        because a typo must never silently select fewer hosts.
+        The pattern is resolved by ansible-core itself (``a:b``, ``a,b``,
+        ``!x``, ``&g``, globs, ``~regex``, ``g[0:2]``), so fleetctl selects exactly
+        what ``ansible-playbook --limit`` would. On top of Ansible, a positive
+        pattern that matches nothing is an error, because a typo must never
+        silently select fewer hosts.
         """
         if not limit:
             return list(self.hosts.values())
-        chosen: list[str] = []
-        parts = [p.strip() for p in limit.replace(":", ",").split(",") if p.strip()]
-        include = [p for p in parts if p[0] not in "!&"]
-        for pat in include:
-            matched = self._match(pat)
-            if not matched:
-                raise InventoryError(
-                    f"--limit {pat!r} matches no host or group in {self.path}",
-                    fix=f"hosts: {', '.join(self.hosts)}; groups: {', '.join(self.groups)}",
-                )
-            chosen.extend(h for h in matched if h not in chosen)
-        if not include:
-            chosen = list(self.hosts)
-        for pat in parts:
-            if pat.startswith("&"):
-                keep = set(self._match(pat[1:]))
-                chosen = [h for h in chosen if h in keep]
-            elif pat.startswith("!"):
-                drop = set(self._match(pat[1:]))
-                chosen = [h for h in chosen if h not in drop]
-        order = list(self.hosts)
-        return [self.hosts[h] for h in sorted(chosen, key=order.index)]
+        if self._ansible is None:
+            raise InventoryError(f"{self.path}: this inventory was not loaded by inventory.load()",
+                                 fix="build Inventory objects with fleetctl.inventory.load()")
+        from ansible.inventory.manager import split_host_pattern
 
-    def _match(self, pattern: str) -> list[str]:
-        if pattern in ("all", "*"):
-            return list(self.hosts)
-        if pattern in self.groups:
-            return list(self.groups[pattern])
-        if pattern in self.hosts:
-            return [pattern]
-        return [h for h in self.hosts if fnmatch.fnmatchcase(h, pattern)]
+        with _ansible_warnings():  # "could not match": reported below as an error
+            for pat in split_host_pattern(limit):
+                if pat[:1] in ("!", "&"):
+                    continue
+                if not any(h.name in self.hosts for h in self._ansible.get_hosts(pat)):
+                    raise InventoryError(
+                        f"--limit {pat!r} matches no host or group in {self.path}",
+                        fix=f"hosts: {', '.join(self.hosts)}; groups: {', '.join(self.groups)}",
+                    )
+            chosen = {h.name for h in self._ansible.get_hosts(limit)}
+        return [h for name, h in self.hosts.items() if name in chosen]
 
 
 def default_inventory_path(explicit: str | os.PathLike[str] | None = None) -> Path:
@@ -117,9 +107,16 @@ def default_inventory_path(explicit: str | os.PathLike[str] | None = None) -> Pa
 
 
 def load(path: str | os.PathLike[str] | None = None) -> Inventory:
-    """Read an inventory file (or directory holding ``hosts.yml``) with its group_vars/host_vars."""
+    """Read any inventory source Ansible reads, through ansible-core itself.
+
+    INI, YAML (nested children), a directory of sources or an executable
+    dynamic-inventory script; group_vars/ and host_vars/ beside it are applied
+    with Ansible's own precedence, so fleetctl and ``ansible-playbook`` can never
+    disagree about a host's variables. A directory holding ``hosts.yml`` keeps
+    naming that file, as before, so existing state directories stay put.
+    """
     p = default_inventory_path(path)
-    if p.is_dir():
+    if p.is_dir() and (p / "hosts.yml").is_file():
         p = p / "hosts.yml"
     if not p.exists():
         fix = (
@@ -128,91 +125,121 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
             else "pass --inventory PATH or set FLEETCTL_INVENTORY"
         )
         raise InventoryError(f"inventory {p} does not exist", fix=fix)
-    data = _read_yaml(p)
-    if not isinstance(data, dict) or "all" not in data or not isinstance(data["all"], dict | None):
-        raise InventoryError(f"{p}: the top level must be a mapping with an 'all' group", fix=_FIX_FORMAT)
-
-    host_vars: dict[str, dict[str, Any]] = {}
-    host_groups: dict[str, list[str]] = {}
-    groups: dict[str, list[str]] = {}
-    group_vars: dict[str, dict[str, Any]] = {}
-    group_parents: dict[str, list[str]] = {}
-
-    def walk(name: str, node: Any, parent: str | None) -> None:
-        if node is None:
-            node = {}
-        if not isinstance(node, dict):
-            raise InventoryError(f"{p}: group {name!r} must be a mapping", fix=_FIX_FORMAT)
-        unknown = set(node) - {"hosts", "children", "vars"}
-        if unknown:
-            raise InventoryError(
-                f"{p}: group {name!r} has unknown key(s) {', '.join(sorted(unknown))}", fix=_FIX_FORMAT
-            )
-        groups.setdefault(name, [])
-        if parent:
-            group_parents.setdefault(name, []).append(parent)
-        gv = node.get("vars") or {}
-        if not isinstance(gv, dict):
-            raise InventoryError(f"{p}: vars of group {name!r} must be a mapping", fix=_FIX_FORMAT)
-        group_vars.setdefault(name, {}).update(gv)
-        hosts = node.get("hosts") or {}
-        if not isinstance(hosts, dict):
-            raise InventoryError(f"{p}: hosts of group {name!r} must be a mapping of name: vars", fix=_FIX_FORMAT)
-        for hname, hv in hosts.items():
-            if hv is not None and not isinstance(hv, dict):
-                raise InventoryError(f"{p}: host {hname!r} must map to its variables", host=str(hname), fix=_FIX_FORMAT)
-            host_vars.setdefault(str(hname), {}).update(hv or {})
-            host_groups.setdefault(str(hname), [])
-            if name not in host_groups[str(hname)]:
-                host_groups[str(hname)].append(name)
-            if str(hname) not in groups[name]:
-                groups[name].append(str(hname))
-        children = node.get("children") or {}
-        if not isinstance(children, dict):
-            raise InventoryError(f"{p}: children of group {name!r} must be a mapping", fix=_FIX_FORMAT)
-        for cname, cnode in children.items():
-            walk(str(cname), cnode, name)
-
-    walk("all", data["all"], None)
-
-    # Members of a child group are members of its ancestors too.
-    def ancestors(g: str) -> list[str]:
-        out: list[str] = []
-        for par in group_parents.get(g, []):
-            out += [par, *ancestors(par)]
-        return out
-
-    for g in list(groups):
-        for anc in ancestors(g):
-            for h in groups[g]:
-                if h not in groups[anc]:
-                    groups[anc].append(h)
-                if anc not in host_groups[h]:
-                    host_groups[h].append(anc)
-    groups["all"] = list(host_vars)
-
-    base = p.parent
-    for g in groups:
-        group_vars.setdefault(g, {})
-        group_vars[g] = {**_read_vars_dir(base / "group_vars", g), **group_vars[g]}
-
-    def depth(g: str) -> int:
-        return 0 if g == "all" else 1 + max((depth(x) for x in group_parents.get(g, ["all"])), default=0)
-
+    if p.is_file() and p.suffix in (".yml", ".yaml"):
+        _read_yaml(p)  # a syntax error gets its line and column here, not a generic "failed to parse"
+    manager, variables = _ansible_load(p)
+    all_group = manager.groups["all"]
     hosts_out: dict[str, Host] = {}
-    for hname in host_vars:
-        merged: dict[str, Any] = {}
-        for g in sorted(set(host_groups[hname]) | {"all"}, key=lambda g: (depth(g), g)):
-            merged.update(group_vars.get(g, {}))
-        merged.update(_read_vars_dir(base / "host_vars", hname))
-        merged.update(host_vars[hname])
-        hosts_out[hname] = _make_host(p, hname, merged, tuple(g for g in host_groups[hname] if g != "all"))
-    return Inventory(
-        path=p,
-        hosts=hosts_out,
-        groups={g: tuple(m) for g, m in groups.items()},
-        vars=dict(group_vars.get("all", {})),
-    )
+    for h in manager.get_hosts("all"):
+        merged = _plain(variables.get_vars(host=h, include_hostvars=False, stage="all"))
+        for internal in _internal_vars():
+            merged.pop(internal, None)
+        groups = tuple(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
+        hosts_out[h.name] = _make_host(p, h.name, merged, groups)
+    groups_out = {
+        name: tuple(x.name for x in g.get_hosts()) for name, g in manager.groups.items() if name != "ungrouped"
+    }
+    return Inventory(path=p, hosts=hosts_out, groups=groups_out, vars=_group_vars(manager, all_group), _ansible=manager)
+
+
+def _internal_vars() -> frozenset[str]:
+    from ansible import constants as C
+
+    # the magic variables Ansible adds per host (groups, omit, playbook_dir...) are
+    # dropped exactly as `ansible-inventory --list` drops them
+    return frozenset(C.INTERNAL_STATIC_VARS) | {"groups", "group_names", "inventory_hostname",
+                                                  "inventory_hostname_short", "omit", "inventory_file",
+                                                  "inventory_dir", "playbook_dir", "ansible_playbook_python",
+                                                  "ansible_config_file", "ansible_version", "ansible_facts",
+                                                  "ansible_check_mode", "ansible_diff_mode", "ansible_forks",
+                                                  "ansible_inventory_sources", "ansible_skip_tags",
+                                                  "ansible_run_tags", "ansible_verbosity", "ansible_limit",
+                                                  "ansible_play_hosts", "ansible_play_batch",
+                                                  "ansible_play_hosts_all", "ansible_search_path",
+                                                  "ansible_collection_name", "ansible_role_names",
+                                                  "ansible_play_role_names", "ansible_dependent_role_names",
+                                                  "ansible_play_name", "environment", "vars", "hostvars"}
+
+
+def _ansible_load(p: Path) -> tuple[Any, Any]:
+    """ansible-core's InventoryManager and VariableManager over ``p`` (in-process: see the note)."""
+    from ansible import constants as C
+    from ansible.errors import AnsibleError
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    # an unparsable source must fail loudly; Ansible's default only warns and
+    # leaves an empty inventory, which would silently select no host
+    C.INVENTORY_ANY_UNPARSED_IS_FAILED = True
+    C.INVENTORY_UNPARSED_IS_FAILED = True
+    from ansible.plugins.vars import host_group_vars
+
+    # the group_vars/host_vars plugin caches which files exist per directory for
+    # the life of the process (right for one ansible-playbook run); a long-lived
+    # controller must see a vars file added or removed since the last load
+    host_group_vars.FOUND.clear()
+    loader = DataLoader()
+    with _ansible_warnings() as warnings:
+        try:
+            manager = InventoryManager(loader=loader, sources=[str(p)])
+            variables = VariableManager(loader=loader, inventory=manager)
+        except AnsibleError as e:
+            warnings.append(str(e))
+    if warnings:
+        # every plugin reports why it refused the file; the one for its format says the real cause
+        likely = "'yaml' plugin" if p.suffix in (".yml", ".yaml") else "'ini' plugin"
+        cause = next((w for w in warnings if likely in w), warnings[0])
+        raise InventoryError(
+            f"{p}: ansible-core cannot read this inventory: {' '.join(cause.split())}",
+            fix=f"check it with `ansible-inventory -i {p} --list`; {_FIX_FORMAT}",
+        )
+    return manager, variables
+
+
+@contextlib.contextmanager
+def _ansible_warnings() -> Iterator[list[str]]:
+    """Collect what ansible-core would print as warnings, instead of printing it.
+
+    Ansible skips a malformed group or host with a warning on stderr and goes on;
+    for a fleet that is a silently smaller fleet, so the caller turns them into
+    one error (and the core never prints).
+    """
+    from ansible.utils.display import Display
+
+    display = Display()
+    warnings: list[str] = []
+
+    def collect(msg: str, *_: Any, **kw: Any) -> None:
+        exc = kw.get("exception")
+        warnings.append(f"{msg} {exc}".strip() if exc else msg)
+
+    saved = display.__dict__.get("warning"), display.__dict__.get("error_as_warning")
+    display.warning = collect
+    display.error_as_warning = collect
+    try:
+        yield warnings
+    finally:
+        for name, was in zip(("warning", "error_as_warning"), saved, strict=True):
+            if was is None:
+                display.__dict__.pop(name, None)
+            else:
+                setattr(display, name, was)
+
+
+def _group_vars(manager: Any, group: Any) -> dict[str, Any]:
+    from ansible.utils.vars import combine_vars
+    from ansible.vars.plugins import get_vars_from_inventory_sources
+
+    raw = combine_vars(group.get_vars(),
+                       get_vars_from_inventory_sources(manager._loader, manager._sources, [group], "all"))
+    out: dict[str, Any] = _plain(raw)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """Ansible 2.19's trust-tagged str/int/dict subclasses as plain Python values."""
+    return json.loads(json.dumps(value, default=str))
 
 
 def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, ...]) -> Host:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -199,3 +200,23 @@ def test_node_command_sets_and_resets_faults(lab: fleetlab.LabStatus) -> None:
     finally:
         out = CliRunner().invoke(lab_group, ["node", "spark-03", "--reset", "--json"])
     assert out.exit_code == 0 and json.loads(out.stdout)["faults"] == {}
+
+
+def test_status_through_an_ini_inventory_of_the_lab(lab: fleetlab.LabStatus, tmp_path: Path) -> None:
+    """Any source ansible-core reads is a fleet: the lab written as INI, with the lab's group_vars beside it."""
+    yml = inventory.load(lab.inventory)
+    common = ("ansible_user", "ansible_ssh_private_key_file", "fleetctl_known_hosts", "ansible_ssh_common_args",
+              "ansible_python_interpreter")
+    lines = ["[sparks]", *(f"{h.name} ansible_host={h.address}" for h in yml.hosts.values()),
+             "", "[canary]", *yml.groups["canary"], "", "[all:vars]",
+             *(f"{k}='{yml.vars[k]}'" for k in common)]
+    ini = tmp_path / "hosts.ini"
+    ini.write_text("\n".join(lines) + "\n")
+    (tmp_path / "group_vars").symlink_to(Path(lab.inventory).parent / "group_vars")
+    out = subprocess.run([str(Path(sys.executable).with_name("fleetctl")), "-i", str(ini), "status", "--json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert sorted(data) == sorted(yml.hosts)
+    assert all(h["reachable"] and h["address"] == yml.host(n).address for n, h in data.items())
+    assert inventory.load(ini).host("spark-01").vars == yml.host("spark-01").vars
