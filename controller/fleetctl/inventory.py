@@ -22,7 +22,9 @@ import yaml
 from fleetctl import paths
 from fleetctl.errors import InventoryError
 
-_FIX_FORMAT = "see the YAML inventory format in README.md (all: hosts: / children: / vars:)"
+_FIX_FORMAT = (
+    "see Ansible's inventory formats (YAML: all: hosts: / children: / vars:; INI: [group] host var=value)"
+)
 
 
 @dataclass(frozen=True)
