@@ -229,17 +229,24 @@ class StreamParser:
             raise LineTooLongError(f"an SSE line grew past {MAX_LINE_BYTES} bytes without ending")
         scan = _scan
         texts: list[str] = []
+        events = 0
         for line in lines:
-            if not line.startswith("data:"):
-                continue  # blank separators, comments (": ping"), event: lines
+            # Every other line is a blank separator: the cheapest test first.
+            if not line:
+                continue
             # vLLM writes "data: {...}"; other servers may omit the space or end lines with \r.
-            payload = line[6:] if line.startswith("data: ") else line[5:]
+            if line.startswith("data: "):
+                payload = line[6:]
+            elif line.startswith("data:"):
+                payload = line[5:]
+            else:
+                continue  # comments (": ping"), event: lines
             if payload.endswith("\r") or payload.startswith(" "):
                 payload = payload.strip()
             if payload == "[DONE]":
                 self.done = True
                 continue
-            self.events += 1
+            events += 1
             try:
                 obj, end = scan(payload, 0)
             except (StopIteration, ValueError):
@@ -271,6 +278,7 @@ class StreamParser:
             usage = obj.get("usage")
             if usage:
                 self.usage = usage
+        self.events += events
         if texts:
             self.stamps.append(now)
             self._check(texts)
