@@ -21,6 +21,7 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from fleetctl import paths
 from fleetctl.progress import Event, Progress
 
 
@@ -215,7 +216,4 @@ def write_json(path: str | Path, data: Any) -> None:
     if str(path) == "-":
         sys.stdout.write(text + "\n")
         return
-    p = Path(path)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text + "\n")
-    tmp.replace(p)
+    paths.write_private(Path(path), text + "\n")

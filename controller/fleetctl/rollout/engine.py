@@ -721,9 +721,8 @@ class Engine:
             text = ops.logs(name, 300)
         except FleetError:
             return
-        d = self._artifacts(rid, h)
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "failed-container.log").write_text(text)
+        d = paths.private_dir(self._artifacts(rid, h))
+        paths.write_private(d / "failed-container.log", text)
 
     # -- rollback and abort --------------------------------------------------------------------
 

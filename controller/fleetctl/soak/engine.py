@@ -27,6 +27,7 @@ import asyncio
 import bisect
 import contextlib
 import json
+import os
 import random
 import re
 import secrets
@@ -38,6 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from fleetctl import paths
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.soak import checks, metrics, prompts
@@ -173,8 +175,11 @@ class _Artifacts:
         self.root = root
         self.n = 0
         if root is not None:
-            (root / "scrapes").mkdir(parents=True, exist_ok=True)
-            self._samples = (root / "samples.jsonl").open("a")
+            # scrapes and samples quote the server's answers: private like the rest of the state
+            paths.private_dir(root)
+            paths.private_dir(root / "scrapes")
+            fd = os.open(root / "samples.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            self._samples = os.fdopen(fd, "a")
 
     def sample(self, s: Sample) -> None:
         if self.root is not None:
@@ -185,14 +190,12 @@ class _Artifacts:
             return
         self.n += 1
         safe = "".join(c if c.isalnum() or c in "-_=" else "_" for c in label)
-        (self.root / "scrapes" / f"{self.n:04d}-{safe}-t{t:.1f}.prom").write_text(text)
+        paths.write_private(self.root / "scrapes" / f"{self.n:04d}-{safe}-t{t:.1f}.prom", text)
 
     def write_json(self, name: str, data: Any) -> None:
         if self.root is None:
             return
-        tmp = self.root / (name + ".tmp")
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        tmp.replace(self.root / name)
+        paths.write_private(self.root / name, json.dumps(data, indent=2) + "\n")
 
     def close(self) -> None:
         if self.root is not None:
