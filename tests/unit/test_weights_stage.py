@@ -271,3 +271,18 @@ def test_a_manifest_pinned_in_the_recipe_must_match_the_mirrors(tmp_path: Path, 
     assert ws.source_info({**s, "manifest_sha256": good}, "mirror", mirror, "", None)["manifest_sha256"] == good
     with pytest.raises(ws.StageError, match="not the recipe's manifest_sha256"):
         ws.source_info({**s, "manifest_sha256": "0" * 64}, "mirror", mirror, "", None)
+
+
+def test_receive_removes_a_killed_runs_key_and_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a receive SIGKILLed with its controller left its key behind; the next receive removes it
+    monkeypatch.setattr(ws, "KEY_BASE", str(tmp_path))
+    stale = tmp_path / "fleetctl-stage-old"
+    stale.mkdir()
+    (stale / "id_ed25519").write_text("old key")
+    other = tmp_path / "unrelated"
+    other.mkdir()
+    seed = {"user": "nobody", "address": "127.0.0.1", "port": 9, "root": ""}
+    sets = [{"role": "target", "path": str(tmp_path / "w" / "m")}]
+    with pytest.raises(ws.StageError):  # nothing listens on port 9: the rsync fails
+        ws.receive(sets, "new", seed, "k", "", 20)
+    assert not stale.exists() and not (tmp_path / "fleetctl-stage-new").exists() and other.exists()

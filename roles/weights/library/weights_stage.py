@@ -60,6 +60,8 @@ options:
 """
 
 MARKER = ".fleetctl-staged.json"
+#: Where a receiver keeps the run's copy key while rsync runs (tmpfs: gone at reboot at the latest).
+KEY_BASE = "/run"
 SOURCE = ".fleetctl-source.json"
 MANIFEST = ".fleetctl-manifest.json"
 GB = 1000**3
@@ -399,7 +401,12 @@ def receive(sets, run, seed, key, known_hosts, timeout):
     (removed in ``finally``, also when rsync fails); the seed's host key is checked
     against ``known_hosts`` (the controller's verified entries), never learnt.
     """
-    keydir = f"/run/fleetctl-stage-{run}"
+    keydir = os.path.join(KEY_BASE, f"fleetctl-stage-{run}")
+    # A receive killed with its controller (SIGKILL) never reached its finally: its key is removed
+    # here, by the next run (the seed's line for it is gone already: the next preflight removes it).
+    for stale in glob.glob(os.path.join(KEY_BASE, "fleetctl-stage-*")):
+        if stale != keydir and os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)
     os.makedirs(keydir, mode=0o700, exist_ok=True)
     os.chmod(keydir, 0o700)
     got = []
