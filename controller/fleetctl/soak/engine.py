@@ -454,6 +454,8 @@ async def _run_requests(client: Client, st: _State, *, phase: str, label: str, c
         history: list[tuple[str, str]] = []
         first = True
         if cfg.stagger and wid:
+            # Apart, not in lockstep; the ramp stays short against the level (a Spark request at
+            # c=64 lasts seconds, the whole ramp 3 s) so the level still reaches its concurrency.
             await asyncio.sleep(min(wid * cfg.stagger, seconds / 4))
         for i in counter:
             if stopped:
