@@ -264,3 +264,23 @@ def test_a_prompt_far_from_its_target_is_doubtful_only_when_the_server_sized_it(
     near = checks._size_measurements(dataclasses.replace(ev, prompt_sizes={"long_context": (3000, 3050, "tokenize")}),
                                      "long_context")[0]
     assert near.outcome is Outcome.PASS and near.measured == 3050 and near.bound == 3000
+
+
+def _counted(i: int, drafts: float, tokens: float, accepted: float) -> Window:
+    return Window(f"sustained #{i}", "sustained", float(i), i + 1.0, drafts=drafts, draft_tokens=tokens,
+                  accepted_tokens=accepted, acceptance_rate=accepted / tokens)
+
+
+def test_a_decay_must_be_significant_for_its_draft_counts() -> None:
+    cfg = load_config({"sustained": {"duration": 4, "window": 1}}, profile="lab", speculative=True)
+    spec = cfg.check("acceptance_decay")
+    # What a healthy lab canary measured in 4 s (CI, 08:08): 11.6 % -> 4.8 % over ~80 drafts a window.
+    noisy = (_counted(1, 82, 902, 105), _counted(2, 94, 1034, 137), _counted(3, 133, 1463, 156), _counted(4, 74, 814, 39))
+    ev = Evidence(readiness=READY, load_ran=True, spec_seen=True, windows=noisy)
+    r = checks.check_acceptance_decay(spec, ev, cfg)
+    assert r.outcome is P and "not significant" in r.measurements[0].message, r.message
+    # The same fall over ten times the drafts is a decay.
+    big = tuple(_counted(int(w.start), (w.drafts or 0) * 10, (w.draft_tokens or 0) * 10, (w.accepted_tokens or 0) * 10)
+                for w in noisy)
+    r = checks.check_acceptance_decay(spec, dataclasses.replace(ev, windows=big), cfg)
+    assert r.outcome is F and "fell" in r.message and "z=" in r.message, r.message

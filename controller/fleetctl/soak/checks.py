@@ -12,6 +12,7 @@ but do not count toward the verdict.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -527,6 +528,28 @@ def acceptance_trend(windows: Sequence[Window]) -> tuple[float, float] | None:
     return statistics.fmean(rates[:k]), statistics.fmean(rates[-k:])
 
 
+def _drop_z(windows: Sequence[Window]) -> float | None:
+    """z of the acceptance drop from the first third of ``windows`` to the last (None without counts).
+
+    Proportions are accepted / draft tokens; the sample sizes are the drafts (tokens of one
+    draft are accepted together or not, so counting tokens would overstate the evidence).
+    """
+    k = max(1, len(windows) // 3)
+
+    def pooled(ws: Sequence[Window]) -> tuple[float, float, float] | None:
+        acc = sum(w.accepted_tokens or 0.0 for w in ws)
+        tok = sum(w.draft_tokens or 0.0 for w in ws)
+        n = sum(w.drafts or 0.0 for w in ws)
+        return (acc / tok, n, tok) if tok > 0 and n > 0 else None
+
+    a, b = pooled(windows[:k]), pooled(windows[-k:])
+    if a is None or b is None:
+        return None
+    p = (a[0] * a[2] + b[0] * b[2]) / (a[2] + b[2])
+    se = math.sqrt(max(p * (1 - p), 1e-12) * (1 / a[1] + 1 / b[1]))
+    return (a[0] - b[0]) / se
+
+
 def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
     """Acceptance does not decay across the sustained phase's windows (trend, not lifetime totals)."""
     if config.sustained_duration <= 0:
@@ -548,9 +571,18 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
         return decide(spec, [Measurement("trend", INC, f"acceptance starts at {pct(first)}: too low to judge "
                                          f"a trend ({series})", round(first, 4), None)])
     drop = 1 - last / first
-    outcome = F if drop > max_drop else P
+    # A drop is a decay only when the windows' draft counts make it significant: a short soak at
+    # a sampled temperature has a few dozen drafts per window, and one window's reading can be
+    # half the previous one's by chance (a healthy lab canary measured 11.6 % -> 4.8 % over 80
+    # drafts). Two-proportion z-test of the first third against the last, on draft counts.
+    z = _drop_z(usable)
+    min_z = float(spec.params.get("min_z", 3.0))
+    significant = z is None or z >= min_z
+    outcome = F if drop > max_drop and significant else P
     msg = (f"acceptance fell {drop:.0%} from {pct(first)} to {pct(last)} across the sustained windows "
-           f"({series}); bound {max_drop:.0%}")
+           f"({series}); bound {max_drop:.0%}" + (f", z={z:.1f}" if z is not None else "")
+           + ("" if significant or drop <= max_drop else f": not significant (z < {min_z:g}) over this "
+              "few drafts; a longer sustained phase would tell"))
     out = [Measurement("trend", outcome, msg, round(drop, 4), max_drop)]
     queries = [w.prefix_cache_queries for w in ws if w.prefix_cache_queries is not None]
     hits = sum(w.prefix_cache_hits or 0.0 for w in ws)

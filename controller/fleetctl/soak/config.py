@@ -58,7 +58,7 @@ _PARAMS: dict[str, dict[str, str]] = {
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
     "throughput": {"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
     "acceptance": {"floor": "classes", "phase_floor": "fraction", "min_ratio": "fraction"},
-    "acceptance_decay": {"max_drop": "fraction", "min_windows": "count"},
+    "acceptance_decay": {"max_drop": "fraction", "min_windows": "count", "min_z": "number"},
     "long_context": {"floor": "fraction", "min_ratio": "fraction"},
     "preemptions": {"max_per_minute": "number"},
     "container": {},
