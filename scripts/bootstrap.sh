@@ -4,7 +4,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(docker.io docker-registry debootstrap openssh-client rsync iproute2 curl ca-certificates dpkg-dev gnupg)
+# postgresql: the server the tests start (in a temp dir) to run the ledger's tests on PostgreSQL too.
+APT_PACKAGES=(docker.io docker-registry debootstrap openssh-client rsync iproute2 curl ca-certificates dpkg-dev gnupg
+              postgresql)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -26,7 +28,7 @@ fi
 stamp=.venv/.fleetctl-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev,postgres]'
   touch "$stamp"
 fi
 echo "bootstrap: ready ($(.venv/bin/fleetctl --version))"

@@ -33,7 +33,7 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, default_recipe_name, recipe_for
-from fleetctl.rollout.ledger import open_ledger
+from fleetctl.rollout.ledger import open_for
 
 #: The marker a verified, staged set carries (written just before the atomic swap).
 MARKER = ".fleetctl-staged.json"
@@ -246,7 +246,7 @@ def stage(
     # The fleet's lock (the rollout's): a second stage would delete this run's staging directories as
     # a killed run's leftovers, and a rollout must not find weights half-swapped (exit 4 when held).
     state = paths.state_dir(inventory.path)
-    with open_ledger(state) as ledger:
+    with open_for(inventory, state) as ledger:
         ledger.acquire(run_id)
         # The run's copy key is made in the private state dir, not /tmp, and removed whatever happens;
         # a killed controller's key is removed by the next stage (it holds the fleet lock now).

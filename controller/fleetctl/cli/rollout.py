@@ -221,7 +221,7 @@ def _iso(ts: float | None) -> str | None:
 def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
     """Every rollout and rollback with its per-host outcome (like `kubectl rollout history`)."""
     inv = inventory.load(ctx.inventory)
-    with L.open_ledger(paths.state_dir(inv.path)) as led:
+    with L.open_for(inv, paths.state_dir(inv.path)) as led:
         recs = [led.get(rollout_id)] if rollout_id else led.history(count)
     data = [_history_json(r) for r in recs]
 

@@ -176,7 +176,7 @@ class Engine:
         self._cancel = threading.Event()
         self.progress = progress
         self.state_dir = state_dir or paths.state_dir(inventory.path)
-        self.ledger = L.open_ledger(self.state_dir)
+        self.ledger = L.open_for(inventory, self.state_dir)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
         # The lock and intent on the hosts: the local lock only covers this state dir.

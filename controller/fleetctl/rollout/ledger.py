@@ -1,11 +1,17 @@
-"""The rollout ledger: every rollout and rollback, per wave and per host, in SQLite.
+"""The rollout ledger: every rollout and rollback, per wave and per host, in SQLite or PostgreSQL.
 
-One file per fleet (``state_dir(inventory)/ledger.sqlite3``), a versioned
-schema (a newer one is refused, never guessed at), every change in a
-transaction (WAL, ``synchronous=FULL``: a ``kill -9`` loses nothing that was
-committed), one writer per fleet enforced by a lock row that names the
-holder's pid, host and process start time, so that a lock left by a killed
-controller is recognised as stale and taken over by ``--resume``.
+By default one SQLite file per fleet (``state_dir(inventory)/ledger.sqlite3``);
+with ``fleetctl_ledger_url`` (or ``$FLEETCTL_LEDGER_URL``) a schema per fleet in
+a PostgreSQL database a team shares (``ledgerdb`` holds both backends; the
+logic here is the same for both). A versioned schema (a newer one is refused,
+never guessed at), every change in a transaction (SQLite: WAL,
+``synchronous=FULL``: a ``kill -9`` loses nothing that was committed), one
+writer per fleet enforced by a lock row that names the holder's pid, host and
+process start time. On SQLite that row is the lock, and a lock left by a
+killed controller on this machine is recognised as stale and taken over by
+``--resume``; on PostgreSQL the lock is a session advisory lock that dies
+with the holder's connection (on any machine), and the row only says who
+holds it.
 
 Each host's *known-good* versions are kept too (``known_good``): the image
 digest and container-settings fingerprint that last passed a full gate on
@@ -31,15 +37,18 @@ import json
 import os
 import secrets
 import socket
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ExitCode, FleetError, LockedError
+from fleetctl.rollout.ledgerdb import Backend, PostgresBackend, SqliteBackend, Tx
+
+if TYPE_CHECKING:
+    from fleetctl.inventory import Inventory
 
 #: 1: rollouts, waves, hosts, phases, lock. 2: known_good.
 SCHEMA_VERSION = 2
@@ -202,10 +211,15 @@ class LockHolder:
     hostname: str
     proc_start: str
     acquired_at: float
+    #: Known from the database's own lock (PostgreSQL, any machine); None: judged from the pid below.
+    live: bool | None = None
 
     @property
     def alive(self) -> bool:
-        """True unless the holder is provably gone (same machine, and its pid is dead or reused)."""
+        """True unless the holder is provably gone (its database session ended; or, on SQLite, it ran on
+        this machine and its pid is dead or reused)."""
+        if self.live is not None:
+            return self.live
         if self.hostname != socket.gethostname():
             return True  # another controller machine: we cannot tell, so we must assume it lives
         return _proc_start(self.pid) == self.proc_start
@@ -240,24 +254,23 @@ def _loads(text: str | None) -> Any:
 class Ledger:
     """The fleet's ledger. Thread-safe: workers write through it, one transaction at a time."""
 
-    def __init__(self, path: Path, fleet: str = "fleet") -> None:
-        self.path = path
+    def __init__(self, db: Backend | Path, fleet: str = "fleet") -> None:
+        """``db``: a backend, or the path of a SQLite file."""
+        self._db = db if isinstance(db, Backend) else SqliteBackend(db)
+        #: Where the ledger is, for messages (a path, or a PostgreSQL conninfo without its password).
+        self.where = self._db.where
         self.fleet = fleet
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # 0600 before SQLite opens it: its -wal and -shm files take the database file's mode.
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)
         self._mu = threading.RLock()
-        self._db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
-        self._db.row_factory = sqlite3.Row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=10000")
-        self._migrate()
+        #: The rollout this ledger took the database's own lock for (PostgreSQL), if any.
+        self._lock_rid: str | None = None
+        try:
+            self._migrate()
+        except BaseException:
+            self._db.close()
+            raise
 
     def close(self) -> None:
-        """Close the database."""
+        """Close the database (on PostgreSQL a lock still held goes with the connection)."""
         with self._mu:
             self._db.close()
 
@@ -268,83 +281,120 @@ class Ledger:
         self.close()
 
     @contextlib.contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._mu:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _tx(self, fenced: bool = True) -> Iterator[Tx]:
+        with self._mu, self._db.write(fenced) as tx:
+            yield tx
+
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[Tx]:
+        with self._mu, self._db.read() as tx:
+            yield tx
 
     def _migrate(self) -> None:
         with self._tx() as db:
-            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            version = self._db.version(db)
             if version > SCHEMA_VERSION:
                 raise FleetError(
-                    f"ledger {self.path} has schema version {version}, newer than this fleetctl's {SCHEMA_VERSION}",
+                    f"ledger {self.where} has schema version {version}, newer than this fleetctl's {SCHEMA_VERSION}",
                     fix="upgrade fleetctl (a newer one wrote this ledger); do not edit or delete the ledger",
                     exit_code=ExitCode.INCONCLUSIVE,
                 )
-            if version == 0:
-                has_tables = db.execute("SELECT count(*) FROM sqlite_master WHERE type='table'").fetchone()[0]
-                if has_tables:
-                    raise FleetError(f"{self.path} is not a fleetctl ledger (unversioned tables)",
-                                     fix="move the file away or set FLEETCTL_STATE_DIR")
+            if version == 0 and self._db.foreign(db):
+                raise FleetError(f"{self.where} is not a fleetctl ledger (unversioned tables)",
+                                 fix="move the file away or set FLEETCTL_STATE_DIR (PostgreSQL: drop that "
+                                     "fleet's schema or name the fleet differently with fleetctl_fleet)")
             # Statement by statement inside this transaction (executescript would commit early),
             # so that two controllers creating or upgrading the ledger at once cannot both do it.
             for script in _MIGRATIONS[version:]:
-                for stmt in script.split(";"):
-                    if stmt.strip():
-                        db.execute(stmt)
+                for stmt in self._db.ddl(script):
+                    db.run(stmt)
             if version < SCHEMA_VERSION:
-                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                self._db.set_version(db, SCHEMA_VERSION)
 
     # -- the lock ------------------------------------------------------------------------
 
+    def _holder(self, row: Mapping[str, Any], live: bool | None) -> LockHolder:
+        return LockHolder(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"], row["acquired_at"],
+                          live)
+
     def holder(self) -> LockHolder | None:
         """Who holds this fleet's lock, if anybody (alive or not)."""
-        with self._mu:
-            row = self._db.execute("SELECT * FROM lock WHERE fleet=?", (self.fleet,)).fetchone()
-        if row is None:
-            return None
-        return LockHolder(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"], row["acquired_at"])
+        with self._read() as db:
+            row = db.one("SELECT * FROM lock WHERE fleet=?", (self.fleet,))
+            if row is None:
+                return None
+            live = self._db.lock_live()
+        return self._holder(row, live)
 
     def acquire(self, rollout_id: str) -> LockHolder | None:
         """Take the fleet's lock for ``rollout_id``; return the stale holder taken over, if any.
 
-        A live holder (this machine: same pid and start time; another machine:
-        always presumed alive) makes this raise :class:`LockedError` naming it.
+        A live holder makes this raise :class:`LockedError` naming it. On
+        SQLite: the same pid and start time on this machine, or any holder on
+        another machine (always presumed alive); on PostgreSQL: a holder whose
+        database session still holds the fleet's advisory lock, on any machine.
         """
         me = LockHolder(rollout_id, os.getpid(), socket.gethostname(), _proc_start(os.getpid()), time.time())
-        with self._tx() as db:
-            row = db.execute("SELECT * FROM lock WHERE fleet=?", (self.fleet,)).fetchone()
-            stale: LockHolder | None = None
-            if row is not None:
-                h = LockHolder(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"], row["acquired_at"])
-                if h.pid == me.pid and h.hostname == me.hostname and h.proc_start == me.proc_start:
-                    stale = None  # re-entrant: this process already holds it
-                elif h.alive:
-                    raise LockedError(
-                        f"rollout {h.rollout_id} is in progress on this fleet (controller pid {h.pid} on {h.hostname}, "
-                        f"since {time.strftime('%H:%M:%S', time.localtime(h.acquired_at))})",
-                        fix="wait for it, or follow it with `fleetctl history`; if that controller is dead on another "
-                            "machine, run `fleetctl rollout abort --force` there",
-                    )
-                else:
-                    stale = h
-            db.execute("INSERT OR REPLACE INTO lock VALUES (?,?,?,?,?,?)",
-                       (self.fleet, me.rollout_id, me.pid, me.hostname, me.proc_start, me.acquired_at))
+        with self._mu:
+            had = self._db.holding
+            if not self._db.try_lock():
+                with self._read() as db:
+                    row = db.one("SELECT * FROM lock WHERE fleet=?", (self.fleet,))
+                raise self._locked(self._holder(row, True) if row else None)
+            try:
+                with self._tx() as db:
+                    row = db.one("SELECT * FROM lock WHERE fleet=?", (self.fleet,))
+                    stale: LockHolder | None = None
+                    if row is not None:
+                        # Taking the database's lock just now proves its last holder's session is gone.
+                        h = self._holder(row, None if not self._db.real_lock else had)
+                        if h.pid == me.pid and h.hostname == me.hostname and h.proc_start == me.proc_start:
+                            stale = None  # re-entrant: this process already holds it
+                        elif h.alive:
+                            raise self._locked(h)
+                        else:
+                            stale = h
+                    db.run("INSERT INTO lock (fleet, rollout_id, pid, hostname, proc_start, acquired_at)"
+                           " VALUES (?,?,?,?,?,?) ON CONFLICT (fleet) DO UPDATE SET rollout_id=excluded.rollout_id,"
+                           " pid=excluded.pid, hostname=excluded.hostname, proc_start=excluded.proc_start,"
+                           " acquired_at=excluded.acquired_at",
+                           (self.fleet, me.rollout_id, me.pid, me.hostname, me.proc_start, me.acquired_at))
+            except BaseException:
+                if not had:
+                    self._db.unlock()
+                raise
+            if self._db.real_lock:
+                self._lock_rid = rollout_id
         return stale
+
+    def _locked(self, h: LockHolder | None) -> LockedError:
+        if h is None:
+            return LockedError(
+                f"another controller holds this fleet's lock in {self.where} (it has not recorded who it is yet, "
+                "or its record was removed)",
+                fix="wait for it and retry; `fleetctl history` shows what runs")
+        if self._db.real_lock:
+            fix = ("wait for it, or follow it with `fleetctl history`; the lock is the controller's database "
+                   "session, freed when that controller exits, is killed or loses the database")
+        else:
+            fix = ("wait for it, or follow it with `fleetctl history`; if that controller is dead on another "
+                   "machine, run `fleetctl rollout abort --force` there")
+        return LockedError(
+            f"rollout {h.rollout_id} is in progress on this fleet (controller pid {h.pid} on {h.hostname}, "
+            f"since {time.strftime('%H:%M:%S', time.localtime(h.acquired_at))})", fix=fix)
 
     def release(self, rollout_id: str | None = None) -> None:
         """Drop the lock if ``rollout_id`` (or, with None, anybody) holds it."""
-        with self._tx() as db:
-            if rollout_id is None:
-                db.execute("DELETE FROM lock WHERE fleet=?", (self.fleet,))
-            else:
-                db.execute("DELETE FROM lock WHERE fleet=? AND rollout_id=?", (self.fleet, rollout_id))
+        with self._mu:
+            # Not fenced: a controller that lost its lock must still be able to clear its own record.
+            with self._tx(fenced=False) as db:
+                if rollout_id is None:
+                    db.run("DELETE FROM lock WHERE fleet=?", (self.fleet,))
+                else:
+                    db.run("DELETE FROM lock WHERE fleet=? AND rollout_id=?", (self.fleet, rollout_id))
+            if rollout_id is None or rollout_id == self._lock_rid:
+                self._lock_rid = None
+                self._db.unlock()
 
     # -- writing -------------------------------------------------------------------------
 
@@ -355,20 +405,21 @@ class Ledger:
         """Record a new rollout with its waves and hosts (each host a mapping of hosts-table columns)."""
         now = time.time()
         with self._tx() as db:
-            db.execute(
+            db.run(
                 "INSERT INTO rollouts (id, kind, status, recipe, requested, tag, digest, image, parent, options,"
                 " started_by, command, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (rollout_id, kind, status, recipe, requested, tag, digest, image, parent,
                  json.dumps(dict(options)), started_by(), command, now))
             for i, w in enumerate(waves):
-                db.execute("INSERT INTO waves VALUES (?,?,?,?,?,?)", (rollout_id, i, json.dumps(list(w)), PENDING, None, None))
+                db.run("INSERT INTO waves (rollout_id, idx, hosts, status) VALUES (?,?,?,?)",
+                       (rollout_id, i, json.dumps(list(w)), PENDING))
             for h in hosts:
                 cols = {"rollout_id": rollout_id, "phase": "planned", "status": PENDING, "updated_at": now, **h}
                 if isinstance(cols.get("before"), dict):
                     cols["before"] = json.dumps(cols["before"])
-                db.execute(f"INSERT INTO hosts ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
+                db.run(f"INSERT INTO hosts ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
                            tuple(cols.values()))
-            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+            db.run("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
                        (rollout_id, None, "created", now, None))
 
     def set_status(self, rollout_id: str, status: str, error: str | None = None) -> None:
@@ -376,9 +427,9 @@ class Ledger:
         now = time.time()
         finished = now if status not in ACTIVE else None
         with self._tx() as db:
-            db.execute("UPDATE rollouts SET status=?, error=?, finished_at=? WHERE id=?",
+            db.run("UPDATE rollouts SET status=?, error=?, finished_at=? WHERE id=?",
                        (status, error, finished, rollout_id))
-            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+            db.run("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
                        (rollout_id, None, status, now, error))
 
     def set_wave(self, rollout_id: str, idx: int, status: str) -> None:
@@ -386,10 +437,10 @@ class Ledger:
         now = time.time()
         with self._tx() as db:
             if status == RUNNING:
-                db.execute("UPDATE waves SET status=?, started_at=coalesce(started_at, ?) WHERE rollout_id=? AND idx=?",
+                db.run("UPDATE waves SET status=?, started_at=coalesce(started_at, ?) WHERE rollout_id=? AND idx=?",
                            (status, now, rollout_id, idx))
             else:
-                db.execute("UPDATE waves SET status=?, finished_at=? WHERE rollout_id=? AND idx=?",
+                db.run("UPDATE waves SET status=?, finished_at=? WHERE rollout_id=? AND idx=?",
                            (status, now, rollout_id, idx))
 
     _HOST_FIELDS = frozenset({"status", "after_tag", "after_digest", "verdict", "artifacts", "error",
@@ -416,17 +467,17 @@ class Ledger:
             sets.append(f"{k}=?")
             args.append(v)
         with self._tx() as db:
-            cur = db.execute(f"UPDATE hosts SET {', '.join(sets)} WHERE rollout_id=? AND host=?",
+            changed = db.run(f"UPDATE hosts SET {', '.join(sets)} WHERE rollout_id=? AND host=?",
                              (*args, rollout_id, host))
-            if cur.rowcount != 1:
+            if changed != 1:
                 raise ValueError(f"no host {host} in rollout {rollout_id}")
-            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+            db.run("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
                        (rollout_id, host, phase, now, detail))
 
     def note(self, rollout_id: str, phase: str, detail: str | None = None) -> None:
         """A fleet-wide event in the rollout's timeline (pause, resume, abort...)."""
         with self._tx() as db:
-            db.execute("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
+            db.run("INSERT INTO phases (rollout_id, host, phase, at, detail) VALUES (?,?,?,?,?)",
                        (rollout_id, None, phase, time.time(), detail))
 
     def add_known_good(self, host: str, *, tag: str | None, digest: str, fingerprint: str | None,
@@ -439,20 +490,21 @@ class Ledger:
         known-good yet.
         """
         with self._tx() as db:
-            if only_if_none and db.execute("SELECT 1 FROM known_good WHERE host=?", (host,)).fetchone():
+            if only_if_none and db.one("SELECT 1 AS x FROM known_good WHERE host=?", (host,)):
                 return
-            db.execute("INSERT INTO known_good VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (host, digest, fingerprint) DO"
-                       " UPDATE SET tag=excluded.tag, settings=coalesce(excluded.settings, settings),"
-                       " source=CASE WHEN source='gate' THEN 'gate' ELSE excluded.source END,"
-                       " rollout_id=coalesce(excluded.rollout_id, rollout_id), at=excluded.at",
+            # The old row's columns are qualified: PostgreSQL finds a bare name ambiguous with excluded's.
+            db.run("INSERT INTO known_good (host, digest, fingerprint, tag, settings, source, rollout_id, at)"
+                   " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (host, digest, fingerprint) DO"
+                   " UPDATE SET tag=excluded.tag, settings=coalesce(excluded.settings, known_good.settings),"
+                   " source=CASE WHEN known_good.source='gate' THEN 'gate' ELSE excluded.source END,"
+                   " rollout_id=coalesce(excluded.rollout_id, known_good.rollout_id), at=excluded.at",
                        (host, digest, fingerprint or "", tag, json.dumps(dict(settings)) if settings else None,
                         source, rollout_id, time.time()))
 
     def known_good(self, host: str) -> list[KnownGood]:
         """The host's known-good versions, newest first."""
-        with self._mu:
-            rows = self._db.execute("SELECT * FROM known_good WHERE host=? ORDER BY at DESC, rowid DESC",
-                                    (host,)).fetchall()
+        with self._read() as db:
+            rows = db.all(f"SELECT * FROM known_good WHERE host=? ORDER BY at DESC, {self._db.seq} DESC", (host,))
         return [KnownGood(r["host"], r["tag"], r["digest"], r["fingerprint"], _loads(r["settings"]), r["source"],
                           r["rollout_id"], r["at"]) for r in rows]
 
@@ -460,14 +512,14 @@ class Ledger:
 
     def get(self, rollout_id: str) -> RolloutRecord:
         """The full record of one rollout, or a FleetError naming the id."""
-        with self._mu:
-            row = self._db.execute("SELECT * FROM rollouts WHERE id=?", (rollout_id,)).fetchone()
+        with self._read() as db:
+            row = db.one("SELECT * FROM rollouts WHERE id=?", (rollout_id,))
             if row is None:
-                raise FleetError(f"no rollout {rollout_id!r} in {self.path}", fix="see `fleetctl history`")
-            waves = self._db.execute("SELECT * FROM waves WHERE rollout_id=? ORDER BY idx", (rollout_id,)).fetchall()
-            hosts = self._db.execute("SELECT * FROM hosts WHERE rollout_id=? ORDER BY wave<0, wave, step, rowid",
-                                     (rollout_id,)).fetchall()
-            phases = self._db.execute("SELECT * FROM phases WHERE rollout_id=? ORDER BY id", (rollout_id,)).fetchall()
+                raise FleetError(f"no rollout {rollout_id!r} in {self.where}", fix="see `fleetctl history`")
+            waves = db.all("SELECT * FROM waves WHERE rollout_id=? ORDER BY idx", (rollout_id,))
+            hosts = db.all(f"SELECT * FROM hosts WHERE rollout_id=? ORDER BY wave<0, wave, step, {self._db.seq}",
+                           (rollout_id,))
+            phases = db.all("SELECT * FROM phases WHERE rollout_id=? ORDER BY id", (rollout_id,))
         return RolloutRecord(
             id=row["id"], kind=row["kind"], status=row["status"], recipe=row["recipe"], requested=row["requested"],
             tag=row["tag"], digest=row["digest"], image=row["image"], parent=row["parent"],
@@ -495,10 +547,10 @@ class Ledger:
         if statuses:
             q += f" AND status IN ({','.join('?' * len(statuses))})"
             args.extend(statuses)
-        q += " ORDER BY started_at DESC, rowid DESC LIMIT ?"
+        q += f" ORDER BY started_at DESC, {self._db.seq} DESC LIMIT ?"
         args.append(limit)
-        with self._mu:
-            return [r[0] for r in self._db.execute(q, args).fetchall()]
+        with self._read() as db:
+            return [r["id"] for r in db.all(q, args)]
 
     def latest(self, kind: str | None = None, statuses: Sequence[str] | None = None) -> RolloutRecord | None:
         """The newest rollout matching, or None."""
@@ -510,6 +562,31 @@ class Ledger:
         return [self.get(i) for i in self.ids(limit=limit)]
 
 
-def open_ledger(state_dir: Path, fleet: str = "fleet") -> Ledger:
-    """The ledger of the fleet whose state lives in ``state_dir``."""
+def open_ledger(state_dir: Path, fleet: str = "fleet", url: str | None = None) -> Ledger:
+    """The ledger of the fleet whose state lives in ``state_dir``, or, with ``url``, fleet ``fleet``'s
+    history in that PostgreSQL database."""
+    if url:
+        return Ledger(PostgresBackend(url, fleet), fleet)
     return Ledger(state_dir / LEDGER_NAME, fleet)
+
+
+def ledger_url(inventory: Inventory) -> str | None:
+    """The shared ledger database of ``inventory`` (``$FLEETCTL_LEDGER_URL`` first), or None: SQLite."""
+    url = os.environ.get("FLEETCTL_LEDGER_URL") or inventory.vars.get("fleetctl_ledger_url")
+    return str(url) if url else None
+
+
+def open_for(inventory: Inventory, state_dir: Path) -> Ledger:
+    """The ledger ``inventory`` names: its shared PostgreSQL database, else the SQLite file in ``state_dir``."""
+    url = ledger_url(inventory)
+    if not url:
+        return open_ledger(state_dir)
+    fleet = inventory.vars.get("fleetctl_fleet")
+    if not isinstance(fleet, str) or not fleet.strip():
+        # Checkouts on different machines have different paths: only a name both write can key the
+        # shared history and lock, and guessing one could merge two fleets' histories.
+        raise FleetError(
+            f"the inventory {inventory.path} sets a shared ledger database but no fleetctl_fleet",
+            fix="add `fleetctl_fleet: NAME` to the inventory's all vars (group_vars/all): the name this fleet's "
+                "history and lock have in the shared database, the same in every operator's checkout")
+    return open_ledger(state_dir, fleet.strip(), url)
