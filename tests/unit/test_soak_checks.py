@@ -284,3 +284,18 @@ def test_a_decay_must_be_significant_for_its_draft_counts() -> None:
                 for w in noisy)
     r = checks.check_acceptance_decay(spec, dataclasses.replace(ev, windows=big), cfg)
     assert r.outcome is F and "fell" in r.message and "z=" in r.message, r.message
+
+
+def test_a_short_sustained_phase_still_reports_its_prefix_cache_hits() -> None:
+    # A slow server (the real vLLM on a loaded CPU) may give fewer windows with drafts than the
+    # trend needs; whether the conversations hit the prefix cache is still known and reported.
+    cfg = load_config()
+    spec = cfg.check("acceptance_decay")
+    ws = tuple(dataclasses.replace(_sus(i, r), prefix_cache_queries=1000.0, prefix_cache_hits=h)
+               for i, (r, h) in enumerate(((0.5, 600.0), (None, 0.0))))
+    r = checks.check_acceptance_decay(spec, Evidence(READY, windows=ws, load_ran=True, spec_seen=True), cfg)
+    assert r.outcome is INC and "need" in r.message
+    assert [(x.label, x.outcome) for x in r.measurements][:2] == [("trend", INC), ("prefix cache", P)]
+    cold = tuple(dataclasses.replace(w, prefix_cache_hits=0.0) for w in ws)
+    r = checks.check_acceptance_decay(spec, Evidence(READY, windows=cold, load_ran=True, spec_seen=True), cfg)
+    assert next(x for x in r.measurements if x.label == "prefix cache").outcome is INC

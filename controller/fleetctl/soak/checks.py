@@ -550,40 +550,9 @@ def _drop_z(windows: Sequence[Window]) -> float | None:
     return (a[0] - b[0]) / se
 
 
-def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
-    """Acceptance does not decay across the sustained phase's windows (trend, not lifetime totals)."""
-    if config.sustained_duration <= 0:
-        return skipped(spec, "no sustained phase in this soak")
-    if (r := _spec_applies(spec, ev, config)) is not None:
-        return r
-    ws = [w for w in ev.windows if w.phase == "sustained"]
-    usable = [w for w in ws if w.acceptance_rate is not None]
-    need = int(spec.params.get("min_windows", 3))
-    max_drop = float(spec.params.get("max_drop", 0.5))
-    series = " ".join(pct(w.acceptance_rate) for w in usable)
-    if len(usable) < need:
-        return decide(spec, [Measurement("trend", INC, f"only {len(usable)} sustained window(s) with drafts, "
-                                         f"need {need} (lengthen the sustained phase)", len(usable), need)])
-    trend = acceptance_trend(usable)
-    assert trend is not None
-    first, last = trend
-    if first <= 0.01:
-        return decide(spec, [Measurement("trend", INC, f"acceptance starts at {pct(first)}: too low to judge "
-                                         f"a trend ({series})", round(first, 4), None)])
-    drop = 1 - last / first
-    # A drop is a decay only when the windows' draft counts make it significant: a short soak at
-    # a sampled temperature has a few dozen drafts per window, and one window's reading can be
-    # half the previous one's by chance (a healthy lab canary measured 11.6 % -> 4.8 % over 80
-    # drafts). Two-proportion z-test of the first third against the last, on draft counts.
-    z = _drop_z(usable)
-    min_z = float(spec.params.get("min_z", 3.0))
-    significant = z is None or z >= min_z
-    outcome = F if drop > max_drop and significant else P
-    msg = (f"acceptance fell {drop:.0%} from {pct(first)} to {pct(last)} across the sustained windows "
-           f"({series}); bound {max_drop:.0%}" + (f", z={z:.1f}" if z is not None else "")
-           + ("" if significant or drop <= max_drop else f": not significant (z < {min_z:g}) over this "
-              "few drafts; a longer sustained phase would tell"))
-    out = [Measurement("trend", outcome, msg, round(drop, 4), max_drop)]
+def _decay_context(ws: Sequence[Window], ev: Evidence) -> list[Measurement]:
+    """The sustained phase's prefix-cache hits, shared-prefix sizes and foreign traffic."""
+    out: list[Measurement] = []
     queries = [w.prefix_cache_queries for w in ws if w.prefix_cache_queries is not None]
     hits = sum(w.prefix_cache_hits or 0.0 for w in ws)
     if queries and sum(queries) > 0:
@@ -597,8 +566,50 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
                                round(hits / sum(queries), 4), None))
     out += _size_measurements(ev, "shared_prefix")
     out += foreign_traffic(ev, ("sustained",))
+    return out
+
+
+def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """Acceptance does not decay across the sustained phase's windows (trend, not lifetime totals)."""
+    if config.sustained_duration <= 0:
+        return skipped(spec, "no sustained phase in this soak")
+    if (r := _spec_applies(spec, ev, config)) is not None:
+        return r
+    ws = [w for w in ev.windows if w.phase == "sustained"]
+    usable = [w for w in ws if w.acceptance_rate is not None]
+    need = int(spec.params.get("min_windows", 3))
+    max_drop = float(spec.params.get("max_drop", 0.5))
+    series = " ".join(pct(w.acceptance_rate) for w in usable)
+    # What the workload exercised is reported whatever the trend says: a slow server with too few
+    # windows still shows whether its shared prefixes hit the cache and met their sizes.
+    context = _decay_context(ws, ev)
+    if len(usable) < need:
+        return decide(spec, [Measurement("trend", INC, f"only {len(usable)} sustained window(s) with drafts, "
+                                         f"need {need} (lengthen the sustained phase)", len(usable), need),
+                             *context])
+    trend = acceptance_trend(usable)
+    assert trend is not None
+    first, last = trend
+    if first <= 0.01:
+        return decide(spec, [Measurement("trend", INC, f"acceptance starts at {pct(first)}: too low to judge "
+                                         f"a trend ({series})", round(first, 4), None), *context])
+    drop = 1 - last / first
+    # A drop is a decay only when the windows' draft counts make it significant: a short soak at
+    # a sampled temperature has a few dozen drafts per window, and one window's reading can be
+    # half the previous one's by chance (a healthy lab canary measured 11.6 % -> 4.8 % over 80
+    # drafts). Two-proportion z-test of the first third against the last, on draft counts.
+    z = _drop_z(usable)
+    min_z = float(spec.params.get("min_z", 3.0))
+    significant = z is None or z >= min_z
+    outcome = F if drop > max_drop and significant else P
+    msg = (f"acceptance fell {drop:.0%} from {pct(first)} to {pct(last)} across the sustained windows "
+           f"({series}); bound {max_drop:.0%}" + (f", z={z:.1f}" if z is not None else "")
+           + ("" if significant or drop <= max_drop else f": not significant (z < {min_z:g}) over this "
+              "few drafts; a longer sustained phase would tell"))
+    out = [Measurement("trend", outcome, msg, round(drop, 4), max_drop), *context]
+    hits = next((m.measured for m in context if m.label == "prefix cache"), None)
     return decide(spec, out, ok_message=f"no decay: {pct(first)} -> {pct(last)} over {len(usable)} windows"
-                  + (f", {hits:.0f} prefix-cache hit tokens" if queries else ""))
+                  + (f", {hits:.0%} of prompt tokens from the prefix cache" if isinstance(hits, float) else ""))
 
 
 def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
