@@ -20,9 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 from tests.plugins.postgres import PW_PASSWORD, PW_USER, PgServer
 
 from fleetctl import inventory
+from fleetctl.cli.main import cli
 from fleetctl.errors import ExitCode, FleetError, LockedError
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout import ledgerdb
@@ -401,3 +403,33 @@ def test_the_inventory_or_the_environment_chooses_the_backend(pg_server: PgServe
         assert led.ids() == ["ro-1"]
     with pytest.raises(FleetError, match="no fleetctl_fleet"):
         L.open_for(_inventory(tmp_path), tmp_path)
+
+
+def test_the_ledger_command_shows_backend_and_holder_without_the_password(
+        pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FLEETCTL_LEDGER_URL", raising=False)
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
+    fleet = f"cli-{uuid.uuid4().hex[:8]}"
+    url = pg_server.url(PW_USER, PW_PASSWORD)
+    inv = _inventory(tmp_path, fleetctl_ledger_url=url, fleetctl_fleet=fleet)
+    runner = CliRunner()
+    with L.open_for(inv, tmp_path) as led:
+        make(led)
+        led.acquire("ro-1")
+        for args in (["ledger", "--json"], ["ledger"], ["history", "--json"]):
+            r = runner.invoke(cli, ["-i", str(inv.path), *args])
+            assert r.exit_code == 0, r.output
+            assert PW_PASSWORD not in r.output, args
+        data = json.loads(runner.invoke(cli, ["-i", str(inv.path), "ledger", "--json"]).output)
+        assert data["backend"] == "postgresql" and data["fleet"] == fleet and data["rollouts"] == 1
+        assert data["lock"]["rollout_id"] == "ro-1" and data["lock"]["alive"] is True
+        assert PW_USER in data["where"] and data["schema_version"] == L.SCHEMA_VERSION
+    r = runner.invoke(cli, ["-i", str(inv.path), "ledger"])  # closed: its session, and so its lock, is gone
+    assert "lock: left by a dead controller" in r.output and "ro-1" in r.output, r.output
+    monkeypatch.setenv("PGPASSWORD", "wrong")
+    r = runner.invoke(cli, ["-i", str(inv.path), "ledger", "--json"])
+    monkeypatch.delenv("PGPASSWORD")
+    assert r.exit_code == 0  # the URL's password wins over $PGPASSWORD
+    plain = _inventory(tmp_path)
+    data = json.loads(runner.invoke(cli, ["-i", str(plain.path), "ledger", "--json"]).output)
+    assert data["backend"] == "sqlite" and data["lock"] is None and data["where"].endswith(L.LEDGER_NAME)

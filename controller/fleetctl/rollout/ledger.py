@@ -235,6 +235,19 @@ def _proc_start(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
+@dataclass(frozen=True)
+class LedgerInfo:
+    """Which ledger a fleet uses and who holds its lock (``fleetctl ledger``)."""
+
+    backend: str
+    #: A path, or a PostgreSQL conninfo without its password.
+    where: str
+    fleet: str
+    schema_version: int
+    rollouts: int
+    holder: LockHolder | None
+
+
 def started_by() -> str:
     """``user@host`` of this controller (``$SUDO_USER`` first: the human behind sudo)."""
     user = os.environ.get("SUDO_USER") or getpass.getuser()
@@ -310,6 +323,14 @@ class Ledger:
                     db.run(stmt)
             if version < SCHEMA_VERSION:
                 self._db.set_version(db, SCHEMA_VERSION)
+
+    def info(self) -> LedgerInfo:
+        """Where this ledger is, its schema version, how many rollouts it holds, who holds the lock."""
+        with self._read() as db:
+            version = self._db.version(db)
+            row = db.one("SELECT count(*) AS n FROM rollouts")
+        return LedgerInfo(self._db.kind, self.where, self.fleet, version, int(row["n"]) if row else 0,
+                          self.holder())
 
     # -- the lock ------------------------------------------------------------------------
 
@@ -586,7 +607,8 @@ def open_for(inventory: Inventory, state_dir: Path) -> Ledger:
         # Checkouts on different machines have different paths: only a name both write can key the
         # shared history and lock, and guessing one could merge two fleets' histories.
         raise FleetError(
-            f"the inventory {inventory.path} sets a shared ledger database but no fleetctl_fleet",
+            f"a shared ledger database is set (fleetctl_ledger_url or $FLEETCTL_LEDGER_URL) but the inventory "
+            f"{inventory.path} names no fleetctl_fleet",
             fix="add `fleetctl_fleet: NAME` to the inventory's all vars (group_vars/all): the name this fleet's "
                 "history and lock have in the shared database, the same in every operator's checkout")
     return open_ledger(state_dir, fleet.strip(), url)

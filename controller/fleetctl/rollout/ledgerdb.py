@@ -62,6 +62,8 @@ class Tx(ABC):
 class Backend(ABC):
     """One fleet's ledger database: its dialect, its transactions and its lock."""
 
+    #: ``sqlite`` or ``postgresql``.
+    kind: str
     #: Shown in messages: a file path, or a conninfo without its password.
     where: str
     #: The column that orders a table's rows as they were inserted.
@@ -139,6 +141,7 @@ class _SqliteTx(Tx):
 class SqliteBackend(Backend):
     """One file per fleet; WAL, ``synchronous=FULL`` (a ``kill -9`` loses nothing committed)."""
 
+    kind = "sqlite"
     seq = "rowid"
     real_lock = False
 
@@ -227,6 +230,8 @@ def redact(url: str) -> str:
 
 
 def _scrub(text: str, secret: str | None) -> str:
+    """libpq's text on one line (its hints come on indented lines), without the password."""
+    text = " ".join(text.split())
     return text.replace(secret, "***") if secret else text
 
 
@@ -246,6 +251,7 @@ class _PgTx(Tx):
 class PostgresBackend(Backend):
     """A fleet's schema in a shared database, and the fleet's lock as a session advisory lock."""
 
+    kind = "postgresql"
     seq = "seq"
     real_lock = True
 
@@ -386,8 +392,15 @@ class PostgresBackend(Backend):
 
     def unlock(self) -> None:
         conn, self._lock_conn, self._lock_pid = self._lock_conn, None, 0
-        if conn is not None:
-            # Closing the session frees its advisory locks; a dead connection has freed them already.
+        if conn is None:
+            return
+        try:
+            # Freed before we return: closing alone frees it only once the server has processed the
+            # disconnect, and the next controller (or this one's next acquire) may ask before that.
+            conn.execute("SELECT pg_advisory_unlock(%s)", (self._lock_key,))
+        except self._psycopg.Error:
+            pass  # a dead session has freed it already
+        finally:
             conn.close()
 
     @property
