@@ -12,7 +12,7 @@ import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -67,31 +67,78 @@ class Outcome(Generic[T]):
         return self.error is None
 
 
+#: Idle SSH connections kept open for the next command, at most. Each one holds a socket and a
+#: paramiko transport thread that wakes every 0.1 s even when idle; a fleet of hundreds kept one
+#: per host for the whole command (see docs/notes/issue-12-scale.md for the cost). Connections in
+#: use are never closed, so at most this many plus the commands running at once are open.
+MAX_POOLED = 64
+
+
 class _Pool:
-    """One live SSH connection per host, reused across calls (thread-safe)."""
+    """Live SSH connections reused across calls (thread-safe); the least recently used idle ones
+    are closed beyond :data:`MAX_POOLED`."""
 
     def __init__(self) -> None:
+        # Insertion order is recency: a connection is moved to the end each time it is handed out.
         self._clients: dict[tuple[str, int, str], paramiko.SSHClient] = {}
+        self._users: dict[tuple[str, int, str], int] = {}
         self._lock = threading.Lock()
         self._host_locks: dict[tuple[str, int, str], threading.Lock] = {}
 
+    @staticmethod
+    def _key(host: Host) -> tuple[str, int, str]:
+        return (host.address, host.port, host.user)
+
     def client(self, host: Host, timeout: float) -> paramiko.SSHClient:
-        key = (host.address, host.port, host.user)
+        """The host's connection (opened if needed), counted in use until :meth:`done`."""
+        key = self._key(host)
         with self._lock:
             hl = self._host_locks.setdefault(key, threading.Lock())
-        with hl:
-            c = self._clients.get(key)
-            if c is not None:
-                t = c.get_transport()
-                if t is not None and t.is_active():
-                    return c
-                _close_bounded([c])
-            c = _connect(host, timeout)
-            self._clients[key] = c
-            return c
+            self._users[key] = self._users.get(key, 0) + 1
+        try:
+            with hl:
+                with self._lock:
+                    c = self._clients.pop(key, None)
+                    if c is not None:
+                        self._clients[key] = c
+                if c is not None:
+                    t = c.get_transport()
+                    if t is not None and t.is_active():
+                        return c
+                    with self._lock:
+                        if self._clients.get(key) is c:
+                            del self._clients[key]
+                    _close_bounded([c])
+                c = _connect(host, timeout)
+                with self._lock:
+                    self._clients[key] = c
+                return c
+        except BaseException:
+            self.done(host)
+            raise
+
+    def done(self, host: Host) -> None:
+        """One user of the host's connection finished; close idle connections beyond the bound."""
+        key = self._key(host)
+        with self._lock:
+            n = self._users.get(key, 0) - 1
+            if n > 0:
+                self._users[key] = n
+            else:
+                self._users.pop(key, None)
+            extra = len(self._clients) - MAX_POOLED
+            evict = [k for k in self._clients if k not in self._users][:max(0, extra)]
+            closing = [self._clients.pop(k) for k in evict]
+        if closing:
+            _close_bounded(closing)
+
+    def size(self) -> int:
+        """Connections open in the pool now."""
+        with self._lock:
+            return len(self._clients)
 
     def drop(self, host: Host) -> None:
-        key = (host.address, host.port, host.user)
+        key = self._key(host)
         with self._lock:
             c = self._clients.pop(key, None)
         if c is not None:
@@ -179,6 +226,11 @@ def run(host: Host, command: str | list[str], timeout: float = 60.0,
     t0 = time.monotonic()
     try:
         chan = _open_session(host, connect_timeout, timeout)
+    except (TimeoutError, paramiko.SSHException, OSError, EOFError) as e:
+        _POOL.drop(host)
+        raise HostUnreachable(f"SSH session to {host.address} broke: {e}", host=host.name,
+                              fix="check that the host is up and on the network") from None
+    try:
         chan.settimeout(timeout)
         chan.exec_command(cmd)
         chan_in, chan_out, chan_err = chan.makefile_stdin("wb"), chan.makefile("r"), chan.makefile_stderr("r")
@@ -198,6 +250,9 @@ def run(host: Host, command: str | list[str], timeout: float = 60.0,
         _POOL.drop(host)
         raise HostUnreachable(f"SSH session to {host.address} broke: {e}", host=host.name,
                               fix="check that the host is up and on the network") from None
+    finally:
+        chan.close()
+        _POOL.done(host)
     return CommandResult(host.name, cmd, rc, out, err, time.monotonic() - t0)
 
 
@@ -211,6 +266,8 @@ def _open_session(host: Host, connect_timeout: float, timeout: float) -> paramik
     A pooled transport can look active while the peer no longer answers (a node that
     was loaded or restarted its sshd): opening a channel then times out. Nothing has
     run on the host yet, so one retry on a new connection is safe.
+    Returns with the host's connection counted in use (the caller calls ``_POOL.done``);
+    raises with nothing held.
     """
     client = _POOL.client(host, connect_timeout)
     transport = client.get_transport()
@@ -219,11 +276,16 @@ def _open_session(host: Host, connect_timeout: float, timeout: float) -> paramik
             raise paramiko.SSHException("connection closed")
         return transport.open_session(timeout=min(timeout, CHANNEL_OPEN_TIMEOUT))
     except (paramiko.SSHException, OSError, EOFError):
+        _POOL.done(host)
         _POOL.drop(host)
     transport = _POOL.client(host, connect_timeout).get_transport()
-    if transport is None:
-        raise paramiko.SSHException("connection closed right after it was opened")
-    return transport.open_session(timeout=timeout)
+    try:
+        if transport is None:
+            raise paramiko.SSHException("connection closed right after it was opened")
+        return transport.open_session(timeout=timeout)
+    except BaseException:
+        _POOL.done(host)
+        raise
 
 
 def put_text(host: Host, path: str, text: str, mode: int = 0o644, timeout: float = 30.0) -> None:
@@ -235,16 +297,20 @@ def put_text(host: Host, path: str, text: str, mode: int = 0o644, timeout: float
 
 def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | None = None,
             max_workers: int = 32) -> dict[str, Outcome[T]]:
-    """Call ``fn(host)`` for every host in parallel; failures are data, not exceptions.
+    """Call ``fn(host)`` for every host, ``max_workers`` at once; failures are data, not exceptions.
 
-    A host still running after ``timeout`` seconds is reported as unreachable
-    and never delays the others' results.
+    Each host has ``timeout`` seconds from its own start (a host queued behind busy
+    workers has used none of it, so a fleet larger than the pool is not cut short). A
+    host still running after its ``timeout`` is reported as unreachable and never
+    delays the others' results; hosts that cannot start because every worker is held
+    by such a host are reported as not started.
     """
     hosts = list(hosts)
     out: dict[str, Outcome[T]] = {}
     if not hosts:
         return out
-    pool = ThreadPoolExecutor(max_workers=min(max_workers, len(hosts)), thread_name_prefix="fleetctl-ssh")
+    workers = min(max_workers, len(hosts))
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fleetctl-ssh")
     starts: dict[str, float] = {}
 
     def call(h: Host) -> T:
@@ -252,13 +318,35 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
         return fn(h)
 
     futures = {pool.submit(call, h): h for h in hosts}
-    _done, pending = wait(futures, timeout=timeout)
+    waiting = set(futures)
+    late: set[Future[T]] = set()
+    while waiting:
+        if timeout is None:
+            wait(waiting)
+            break
+        now = time.monotonic()
+        for f in waiting:
+            s = starts.get(futures[f].name)
+            if s is not None and now - s >= timeout and not f.done():
+                late.add(f)
+        waiting -= late
+        if not waiting or sum(1 for f in late if not f.done()) >= workers:
+            break  # every worker is held by a host that did not answer: the rest cannot start
+        deadlines = [s + timeout for f in waiting if (s := starts.get(futures[f].name)) is not None]
+        nap = max(0.01, min(deadlines) - now) if deadlines else timeout
+        done, _ = wait(waiting, timeout=nap, return_when=FIRST_COMPLETED)
+        waiting -= done
     for f, h in futures.items():
         took = time.monotonic() - starts.get(h.name, time.monotonic())
-        if f in pending:
+        if f in late:
             out[h.name] = Outcome(h.name, error=HostUnreachable(
                 f"no answer within {timeout:.0f}s", host=h.name,
                 fix="check the host; it is reported as unreachable and left as it is"), seconds=took)
+            continue
+        if f in waiting:
+            out[h.name] = Outcome(h.name, error=HostUnreachable(
+                f"not started: all {workers} workers were held by hosts that did not answer within {timeout:.0f}s",
+                host=h.name, fix="retry without the hosts reported unreachable (--limit '!NAME')"))
             continue
         exc = f.exception()
         if exc is None:

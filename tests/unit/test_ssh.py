@@ -10,6 +10,7 @@ import paramiko
 import pytest
 
 from fleetctl import ssh
+from fleetctl.errors import HostUnreachable
 from fleetctl.inventory import Host
 
 
@@ -59,6 +60,9 @@ class _Server(paramiko.ServerInterface):
 
     def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
         def answer() -> None:
+            # After the server has acknowledged the exec request (sent once this method returns):
+            # a channel closed before that fails the client's exec_command with "Channel closed".
+            threading.Event().wait(0.1)
             channel.sendall(b"ran: " + command)
             channel.send_exit_status(0)
             channel.close()
@@ -66,40 +70,148 @@ class _Server(paramiko.ServerInterface):
         return True
 
 
+class _SshServer:
+    """A local SSH server (paramiko) on loopback; hosts of several users share it."""
+
+    def __init__(self, tmp_path: pathlib.Path) -> None:
+        host_key = paramiko.RSAKey.generate(2048)
+        client_key = paramiko.RSAKey.generate(2048)
+        client_key.write_private_key_file(str(tmp_path / "id_rsa"))
+        self.tmp = tmp_path
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        (tmp_path / "known_hosts").write_text(
+            f"[127.0.0.1]:{self.port} {host_key.get_name()} {host_key.get_base64()}\n")
+        self.silent = threading.Event()
+        self.transports: list[paramiko.Transport] = []
+
+        def serve() -> None:
+            while True:
+                try:
+                    sock, _ = self.listener.accept()
+                except OSError:
+                    return
+                t = paramiko.Transport(sock)
+                t.add_server_key(host_key)
+                t.start_server(server=_Server(self.silent))
+                self.transports.append(t)
+
+        threading.Thread(target=serve, daemon=True).start()
+
+    def host(self, user: str = "u") -> Host:
+        return Host(f"node-{user}", "127.0.0.1", port=self.port, user=user, key_file=str(self.tmp / "id_rsa"),
+                    known_hosts=str(self.tmp / "known_hosts"))
+
+    def close(self) -> None:
+        ssh.close_all()
+        self.listener.close()
+        for t in self.transports:
+            t.close()
+
+
 def test_a_pooled_connection_that_stops_opening_channels_is_replaced(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    host_key = paramiko.RSAKey.generate(2048)
-    client_key = paramiko.RSAKey.generate(2048)
-    client_key.write_private_key_file(str(tmp_path / "id_rsa"))
-    listener = socket.create_server(("127.0.0.1", 0))
-    port = listener.getsockname()[1]
-    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{port} {host_key.get_name()} {host_key.get_base64()}\n")
-    silent = threading.Event()
-    transports: list[paramiko.Transport] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            t = paramiko.Transport(sock)
-            t.add_server_key(host_key)
-            t.start_server(server=_Server(silent))
-            transports.append(t)
-
-    threading.Thread(target=serve, daemon=True).start()
+    srv = _SshServer(tmp_path)
     monkeypatch.setattr(ssh, "CHANNEL_OPEN_TIMEOUT", 0.5)
-    host = Host("node", "127.0.0.1", port=port, user="u", key_file=str(tmp_path / "id_rsa"),
-                known_hosts=str(tmp_path / "known_hosts"))
+    host = srv.host()
     try:
         assert ssh.run(host, "first", timeout=10).stdout == "ran: first"
-        silent.set()  # the first connection now ignores channel opens, as a wedged peer does
+        srv.silent.set()  # the first connection now ignores channel opens, as a wedged peer does
         r = ssh.run(host, "second", timeout=10)
         assert (r.rc, r.stdout) == (0, "ran: second")
-        assert len(transports) == 2, "the command ran on a new connection"
+        assert len(srv.transports) == 2, "the command ran on a new connection"
     finally:
-        ssh.close_all()
-        listener.close()
-        for t in transports:
-            t.close()
+        srv.close()
+
+
+def test_the_pool_keeps_at_most_max_pooled_idle_connections(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = _SshServer(tmp_path)
+    monkeypatch.setattr(ssh, "MAX_POOLED", 2)
+    hosts = [srv.host(f"u{i}") for i in range(5)]
+    try:
+        for h in hosts:
+            assert ssh.run(h, "x", timeout=10).stdout == "ran: x"
+            assert ssh._POOL.size() <= 2
+        # The evicted connections are closed, not only forgotten: two stay open on the server.
+        assert len(srv.transports) == 5
+        # The server sees a close a moment after the client made it.
+        for _ in range(100):
+            if sum(1 for t in srv.transports if t.is_active()) <= 2:
+                break
+            threading.Event().wait(0.1)
+        assert sum(1 for t in srv.transports if t.is_active()) <= 2
+        # The two most recent are the ones kept: running on them again opens nothing.
+        for h in hosts[-2:]:
+            ssh.run(h, "again", timeout=10)
+        assert len(srv.transports) == 5
+    finally:
+        srv.close()
+
+
+def test_a_connection_in_use_is_never_evicted(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    srv = _SshServer(tmp_path)
+    monkeypatch.setattr(ssh, "MAX_POOLED", 1)
+    busy = srv.host("busy")
+    try:
+        held = ssh._POOL.client(busy, 5.0)  # a command running on it (counted in use until done)
+        for i in range(3):
+            ssh.run(srv.host(f"u{i}"), "x", timeout=10)
+        transport = held.get_transport()
+        assert transport is not None and transport.is_active()
+        ssh._POOL.done(busy)
+        assert ssh._POOL.size() <= 1
+    finally:
+        srv.close()
+
+def _hosts(n: int) -> list[Host]:
+    return [Host(f"h{i}", f"10.0.0.{i}") for i in range(n)]
+
+
+def test_fan_out_gives_each_host_its_timeout_from_its_own_start() -> None:
+    # 12 hosts through one worker take longer in all than the timeout, each one far less:
+    # a deadline counted from the submit would cut the queued ones short.
+    def slow(h: Host) -> str:
+        threading.Event().wait(0.2)
+        return h.name
+
+    outs = ssh.fan_out(_hosts(12), slow, timeout=2.0, max_workers=1)
+    assert [o.value for o in outs.values()] == [f"h{i}" for i in range(12)]
+    assert all(o.ok for o in outs.values())
+
+
+def test_fan_out_reports_hung_hosts_and_those_they_kept_from_starting() -> None:
+    release = threading.Event()
+
+    def fn(h: Host) -> str:
+        if h.name == "h0":
+            release.wait()
+        return h.name
+
+    try:
+        outs = ssh.fan_out(_hosts(3), fn, timeout=0.3, max_workers=1)
+    finally:
+        release.set()
+    assert outs["h0"].error is not None and "no answer within" in outs["h0"].error.cause
+    for n in ("h1", "h2"):
+        err = outs[n].error
+        assert err is not None and err.cause.startswith("not started"), outs[n]
+        assert isinstance(err, HostUnreachable) and err.host == n
+
+
+def test_fan_out_runs_at_most_max_workers_at_once() -> None:
+    mu = threading.Lock()
+    running, peak = 0, 0
+
+    def fn(h: Host) -> None:
+        nonlocal running, peak
+        with mu:
+            running += 1
+            peak = max(peak, running)
+        threading.Event().wait(0.02)
+        with mu:
+            running -= 1
+
+    outs = ssh.fan_out(_hosts(40), fn, timeout=30, max_workers=4)
+    assert all(o.ok for o in outs.values())
+    assert 1 <= peak <= 4
