@@ -323,6 +323,7 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
     while waiting:
         if timeout is None:
             wait(waiting)
+            waiting = set()
             break
         now = time.monotonic()
         for f in waiting:
