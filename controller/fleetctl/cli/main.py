@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import resource
 import sys
 import tempfile
 import time
@@ -63,8 +64,29 @@ def _save_traceback() -> Path:
     return Path(name)
 
 
+#: Open files the controller asks for (its soft limit is raised up to the hard one). Debian's default
+#: soft limit, 1024, is below what a rollout of a large fleet holds at once: up to 32 concurrent soak
+#: gates (rollout.engine.MAX_WORKERS) with the largest sweep level + 8 connections each (72 on the
+#: spark profile: 2304), the SSH pool (ssh.MAX_POOLED, 64) and Ansible's forks' pipes (MAX_FORKS, 64).
+FD_WANTED = 65536
+
+
+def raise_fd_limit(wanted: int = FD_WANTED) -> int:
+    """Raise this process's soft limit of open files to ``wanted`` (at most the hard limit); the new soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass  # the limit stays; a fan-out that needs more fails with EMFILE naming the host
+    return soft
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; return (and exit with) a documented :class:`ExitCode`."""
+    raise_fd_limit()
     err = Ctx().err
     returned: object = None
     try:
