@@ -28,6 +28,7 @@ from fleetctl.cli.rollout import render_plan, render_result
 from fleetctl.cli.status import render_status
 from fleetctl.lab import LabNode, LabStatus
 from fleetctl.lab.nodes import InnerContainer
+from fleetctl.progress import Event
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout import plan as P
 from fleetctl.rollout.engine import HostOutcome, RolloutResult
@@ -151,6 +152,41 @@ def test_live_progress_table_fits() -> None:
     assert_fits(render(lambda con: con.print(live.render())), len(HOSTS))
 
 
+def test_live_progress_of_a_fleet_taller_than_the_terminal_shows_the_busy_hosts() -> None:
+    live = _LiveTable("rollout", ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message"))
+    for i in range(256):
+        phase = "soak" if i % 16 == 5 else "failed" if i == 200 else "done" if i < 100 else "planned"
+        live(Event(phase, LONG_ERROR, f"sim-{i + 1:03d}", {"wave": "3", "tag": TAG, "health": "ready"}))
+    live(Event("wave", "wave 3 of 3"))
+    out = io.StringIO()
+    con = Console(file=out, width=WIDTH, height=24, soft_wrap=True, color_system=None)
+
+    class _Live:
+        console = con
+
+    live.live = _Live()  # type: ignore[assignment]
+    con.print(live.render())
+    text = out.getvalue()
+    lines = text.splitlines()
+    assert len(lines) <= 24 and all(len(ln) <= WIDTH for ln in lines), text
+    # Every host being soaked and the failed one are shown; the quiet ones are counted.
+    shown = {m.group(0) for m in re.finditer(r"sim-\d{3}", text)}
+    assert {f"sim-{i + 1:03d}" for i in range(256) if i % 16 == 5} | {"sim-201"} <= shown
+    assert re.search(r"\d+ more hosts: \d+ (planned|done), \d+ (planned|done)", text), text
+
+
+def test_live_progress_events_do_not_render_the_table() -> None:
+    live = _LiveTable("rollout", ("phase", "message"))
+
+    def boom() -> None:
+        raise AssertionError("rendered on an event")
+
+    live.render = boom  # type: ignore[method-assign,assignment]
+    for i in range(50):
+        live(Event("soak", "c=4", f"h{i}"))
+    assert len(live.rows) == 50
+
+
 def test_fit_table_drops_highest_first_and_cuts_free_text() -> None:
     t = fit_table(40, ["a", Col("b", drop=1), Col("c", drop=2), Col("why", flex=True)],
                   [["x" * 8, "y" * 8, "z" * 8, "w" * 60]])
@@ -197,3 +233,20 @@ def test_soak_summary_fits() -> None:
 
     vs = [verdict(h, Outcome.FAIL if h == "spark-02" else Outcome.PASS) for h in HOSTS]
     assert_fits(render(_summary(vs)), len(HOSTS))
+
+
+def test_the_controller_raises_its_open_files_limit_within_the_hard_one() -> None:
+    import resource
+
+    from fleetctl.cli.main import raise_fd_limit
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+        want = 4096 if hard == resource.RLIM_INFINITY else min(4096, hard)
+        assert raise_fd_limit(4096) == want
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (want, hard)
+        # Never lowered: a limit already above the wish stays.
+        assert raise_fd_limit(128) == want
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -65,10 +65,11 @@ class Ctx:
             yield _LineProgress(self.err)
             return
         display = _LiveTable(title, columns)
-        with Live(display.render(), console=self.err, refresh_per_second=4, transient=False) as live:
+        # The table itself is the renderable: built at each refresh (4 a second), never per event.
+        with Live(display, console=self.err, refresh_per_second=4, transient=False) as live:
             display.live = live
             yield display
-            live.update(display.render())
+            live.refresh()
 
 
 pass_ctx = click.make_pass_decorator(Ctx, ensure=True)
@@ -110,8 +111,18 @@ class _LineProgress:
             )
 
 
+#: Phases of a host with nothing going on: the first rows to give way when the fleet is taller than
+#: the terminal (a host being changed, failed or paused is always shown first).
+_QUIET_PHASES = frozenset({"planned", "skip", "pull", "pulled", "done", "ok", "checked", "restored"})
+
+
 class _LiveTable:
-    """A live table, one row per host, plus the latest fleet-wide line."""
+    """A live table, one row per host, plus the latest fleet-wide line.
+
+    An event only updates the host's row (a fleet of hundreds sends thousands); the table is
+    built when Live refreshes (``__rich__``). On a fleet taller than the terminal, the busy
+    hosts are shown and the quiet ones counted by phase in the caption.
+    """
 
     def __init__(self, title: str, columns: tuple[str, ...]) -> None:
         self.title = title
@@ -132,16 +143,35 @@ class _LiveTable:
                 row["message"] = event.message
                 for k, v in event.data.items():
                     row[k] = str(v)
-            if self.live is not None:
-                self.live.update(self.render())
+
+    def __rich__(self) -> Table:
+        return self.render()
 
     def render(self) -> Table:
-        width = self.live.console.width if self.live is not None else 80
+        console = self.live.console if self.live is not None else None
+        width = console.width if console is not None else 80
+        # Title, borders, header and caption take 7 lines; a terminal may say it has fewer.
+        limit = max(8, (console.height if console is not None else 40) - 7)
+        with self.lock:
+            items = [(host, dict(row)) for host, row in self.rows.items()]
+            fleet_line = self.fleet_line
+        caption = fleet_line
+        if len(items) > limit:
+            busy = [i for i, (_h, row) in enumerate(items) if row.get("phase") not in _QUIET_PHASES]
+            busy_set = set(busy)
+            quiet = [i for i in range(len(items)) if i not in busy_set]
+            shown = set(busy[:limit]) | set(quiet[:max(0, limit - len(busy))])
+            counts: dict[str, int] = {}
+            for i, (_h, row) in enumerate(items):
+                if i not in shown:
+                    counts[row.get("phase", "?")] = counts.get(row.get("phase", "?"), 0) + 1
+            hidden = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+            caption = f"{len(items) - len(shown)} more hosts: {hidden}" + (f" | {fleet_line}" if fleet_line else "")
+            items = [it for i, it in enumerate(items) if i in shown]
         cols = [Col("host"), *(_LIVE_COLUMNS.get(c, Col(c)) for c in self.columns)]
-        rows = [[Text(host), *(Text(row.get(c, "")) for c in self.columns)] for host, row in self.rows.items()]
-        return fit_table(width, cols, rows, caption=Text(self.fleet_line),
+        rows = [[Text(host), *(Text(row.get(c, "")) for c in self.columns)] for host, row in items]
+        return fit_table(width, cols, rows, caption=Text(caption, no_wrap=True, overflow="ellipsis"),
                          title=f"{self.title}  [dim]{time.monotonic() - self.t0:.0f}s[/dim]")
-
 
 
 @dataclass(frozen=True)
