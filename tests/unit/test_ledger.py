@@ -135,6 +135,19 @@ def test_records_phases_and_history(backend: Backend) -> None:
             led.host_phase("ro-1", "s9", "x")
 
 
+def test_one_host_record_is_the_same_as_in_the_whole_record(backend: Backend) -> None:
+    with backend.open() as led:
+        make(led)
+        make(led, "ro-2")
+        led.host_phase("ro-1", "s2", "done", status=L.DONE, verdict={"outcome": "pass"}, after_tag="t")
+        whole = led.get("ro-1")
+        for h in ("s1", "s2", "s3"):
+            assert led.host_record("ro-1", h) == whole.host(h)
+        assert led.host_record("ro-2", "s2") == led.get("ro-2").host("s2") != whole.host("s2")
+        assert led.host_record("ro-1", "s9") is None
+        assert led.host_record("nope", "s1") is None
+
+
 def test_history_is_newest_first_and_filtered(backend: Backend) -> None:
     with backend.open() as led:
         for rid in ("ro-a", "ro-b", "rb-c"):

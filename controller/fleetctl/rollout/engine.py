@@ -570,7 +570,7 @@ class Engine:
         ops = self.ops(h)
         show = {"wave": wave + 1, "tag": p.tag}
         t: dict[str, float] = {}
-        rec = self.ledger.get(rid).host(h.name)
+        rec = self.ledger.host_record(rid, h.name)
         before_tag = rec.before_tag if rec is not None else None
         if rec is not None and rec.phase == "rolling-back":
             # Killed while undoing a failed gate: finish that, never re-gate the failed version.
@@ -675,7 +675,7 @@ class Engine:
         self._phase(rid, h, "rolling-back", why, {**show, "health": "failed"}, error=why, verdict=summary,
                     artifacts=verdict.artifacts_dir if verdict is not None else None)
         self._save_logs(rid, h, ops, name)
-        rec = self.ledger.get(rid).host(h.name)
+        rec = self.ledger.host_record(rid, h.name)
         fix = (f"`fleetctl rollback --to {rec.before_tag} --limit {h.name}`" if rec is not None and rec.before_tag
                else f"`fleetctl rollout --tag TAG --limit {h.name}` with a version that works")
         t0 = time.monotonic()
@@ -891,7 +891,7 @@ class Engine:
         show = {"wave": 1, "tag": tag or "?"}
         t: dict[str, float] = {}
         t0 = time.monotonic()
-        rec = self.ledger.get(rid).host(h.name)
+        rec = self.ledger.host_record(rid, h.name)
         cur = ops.inspect(name)
         prev = ops.inspect(name + remote.PREV_SUFFIX)
         if rec is not None and rec.phase == "undoing":
@@ -955,7 +955,7 @@ class Engine:
         """Put back what ``h`` served before this rollback (kept as ``.prev``) after its target failed."""
         name = remote.container_name(h)
         self._phase(rid, h, "undoing", why, {**show, "health": "failed"}, error=why)
-        rec = self.ledger.get(rid).host(h.name)
+        rec = self.ledger.host_record(rid, h.name)
         before = rec.before_digest if rec is not None else None
         fix = (f"`fleetctl rollback --to {rec.before_tag} --limit {h.name}`" if rec is not None and rec.before_tag
                else f"`fleetctl rollout --tag TAG --limit {h.name}` with a version that works")

@@ -548,15 +548,16 @@ class Ledger:
             started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
             waves=tuple(WaveRecord(w["idx"], tuple(json.loads(w["hosts"])), w["status"], w["started_at"],
                                    w["finished_at"]) for w in waves),
-            hosts=tuple(HostRecord(
-                host=h["host"], wave=h["wave"], step=h["step"], phase=h["phase"], status=h["status"],
-                before_tag=h["before_tag"], before_digest=h["before_digest"], before=_loads(h["before"]),
-                target_tag=h["target_tag"], target_digest=h["target_digest"],
-                after_tag=h["after_tag"], after_digest=h["after_digest"], verdict=_loads(h["verdict"]),
-                artifacts=h["artifacts"], error=h["error"], started_at=h["started_at"], updated_at=h["updated_at"],
-                finished_at=h["finished_at"]) for h in hosts),
+            hosts=tuple(_host_record(h) for h in hosts),
             phases=tuple(PhaseRecord(p["host"], p["phase"], p["at"], p["detail"]) for p in phases),
         )
+
+    def host_record(self, rollout_id: str, host: str) -> HostRecord | None:
+        """One host's record in a rollout, if it took part. A host step reads its own record at each
+        phase: ``get(...).host(...)`` read every host and phase of the rollout, O(hosts) each time."""
+        with self._read() as db:
+            row = db.one("SELECT * FROM hosts WHERE rollout_id=? AND host=?", (rollout_id, host))
+        return _host_record(row) if row is not None else None
 
     def ids(self, kind: str | None = None, statuses: Sequence[str] | None = None, limit: int = 50) -> list[str]:
         """Rollout ids, newest first, optionally of one kind and in some statuses."""
@@ -581,6 +582,16 @@ class Ledger:
     def history(self, limit: int = 50) -> list[RolloutRecord]:
         """Every rollout and rollback, newest first."""
         return [self.get(i) for i in self.ids(limit=limit)]
+
+
+def _host_record(h: Mapping[str, Any]) -> HostRecord:
+    return HostRecord(
+        host=h["host"], wave=h["wave"], step=h["step"], phase=h["phase"], status=h["status"],
+        before_tag=h["before_tag"], before_digest=h["before_digest"], before=_loads(h["before"]),
+        target_tag=h["target_tag"], target_digest=h["target_digest"],
+        after_tag=h["after_tag"], after_digest=h["after_digest"], verdict=_loads(h["verdict"]),
+        artifacts=h["artifacts"], error=h["error"], started_at=h["started_at"], updated_at=h["updated_at"],
+        finished_at=h["finished_at"])
 
 
 def open_ledger(state_dir: Path, fleet: str = "fleet", url: str | None = None) -> Ledger:
