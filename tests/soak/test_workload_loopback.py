@@ -54,9 +54,13 @@ def test_conversations_hit_the_prefix_cache_and_prompts_meet_their_token_targets
 
 def test_a_decay_that_needs_prefix_cache_hits_is_caught(emulator: Callable[..., Served]) -> None:
     served = emulator(EMU_SPEED="4", EMU_DECAY_PER_CACHE_HIT="0.02")
-    v = run_soak(served.target, config(), None)
+    # A context configured shorter than the server's 2048-token block (vllm:cache_config_info) would
+    # never hit the cache; the soak grows it to 1.25 blocks and the decay shows.
+    v = run_soak(served.target, config(shared_prefix_tokens=512), None)
     decay = v.check("acceptance_decay")
     assert decay.outcome is Outcome.FAIL and "fell" in decay.message, decay.message
+    size = next(m for m in decay.measurements if m.label == "shared_prefix prompt")
+    assert size.bound == 2560, size.message
     assert v.check("errors").outcome is Outcome.PASS
     assert v.outcome is Outcome.FAIL
 

@@ -299,3 +299,16 @@ def test_a_short_sustained_phase_still_reports_its_prefix_cache_hits() -> None:
     cold = tuple(dataclasses.replace(w, prefix_cache_hits=0.0) for w in ws)
     r = checks.check_acceptance_decay(spec, Evidence(READY, windows=cold, load_ran=True, spec_seen=True), cfg)
     assert next(x for x in r.measurements if x.label == "prefix cache").outcome is INC
+
+
+def test_a_shared_prefix_within_one_cache_block_makes_the_decay_check_inconclusive() -> None:
+    cfg = load_config()
+    spec = cfg.check("acceptance_decay")
+    ws = tuple(dataclasses.replace(_sus(i, 0.5), prefix_cache_queries=1000.0, prefix_cache_hits=0.0) for i in range(4))
+    ev = Evidence(READY, windows=ws, load_ran=True, spec_seen=True, cache_block_tokens=2048,
+                  prompt_sizes={"shared_prefix": (1536, 1530, "tokenize")})
+    r = checks.check_acceptance_decay(spec, ev, cfg)
+    block = next(x for x in r.measurements if x.label == "cache block")
+    assert r.outcome is INC and block.outcome is INC and "2048" in block.message, r.message
+    longer = dataclasses.replace(ev, prompt_sizes={"shared_prefix": (2560, 2555, "tokenize")})
+    assert all(x.label != "cache block" for x in checks.check_acceptance_decay(spec, longer, cfg).measurements)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fleetctl.soak.engine import boot_failure_cause, new_run_id, summarize
+from fleetctl.soak.engine import boot_failure_cause, new_run_id, shared_prefix_tokens, summarize
 from fleetctl.soak.verdict import Sample
 
 CRASH_LOG = """\
@@ -53,3 +53,15 @@ def test_goodput_counts_the_requests_meeting_every_slo_and_e2el_has_percentiles(
     assert lv.slo_met == 4 / 11 and lv.goodput_rps == 0.4
     assert lv.e2e_p50 == 5.5 and lv.e2e_p95 is not None and lv.e2e_p99 is not None and lv.e2e_p95 < lv.e2e_p99
     assert summarize("sweep", "c=4", 4, samples, 10.0).goodput_rps is None  # no SLOs, no goodput
+
+
+def test_the_shared_context_grows_past_the_servers_cache_block() -> None:
+    # Longer than the block already, or no shared context asked for, or no block known: as configured.
+    assert shared_prefix_tokens(2560, 2048, 262144, 1024, 4) == 2560
+    assert shared_prefix_tokens(0, 2048, 262144, 1024, 4) == 0
+    assert shared_prefix_tokens(512, None, 262144, 1024, 4) == 512
+    # A hybrid's ~2k block: 1.25 blocks, so every turn after the first can hit the cache.
+    assert shared_prefix_tokens(2048, 2096, 262144, 1024, 4) == 2620
+    # As far as the model's context leaves room for every turn; never shorter than configured.
+    assert shared_prefix_tokens(512, 2048, 4096, 256, 4) == 4096 - 5 * 512
+    assert shared_prefix_tokens(512, 2048, 2048, 256, 4) == 512

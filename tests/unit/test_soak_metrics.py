@@ -112,3 +112,26 @@ def test_a_position_label_that_is_not_a_number_does_not_crash_the_window() -> No
         ]) + "\n", t)
     w = metrics.window(at(0, 10), at(5, 30), "w", "sweep")
     assert w.per_position == (0.5,)
+
+
+# What a real vLLM 0.32 (CPU, tiny Llama) wrote, cut to the labels that matter, and a hybrid's shape.
+_REAL_CACHE_INFO = (
+    '# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
+    '# TYPE vllm:cache_config_info gauge\n'
+    'vllm:cache_config_info{_block_size_resolved="True",block_size="128",cache_dtype="auto",'
+    'cache_hit_alignment_tokens="None",effective_attention_block_size="128",enable_prefix_caching="True",'
+    'engine="0",hash_block_size="None",mamba_block_size="None"} 1.0\n')
+
+
+def test_the_cache_block_is_read_from_cache_config_info() -> None:
+    assert metrics.cache_block_tokens(metrics.parse(_REAL_CACHE_INFO)) == 128
+    hybrid = _REAL_CACHE_INFO.replace('mamba_block_size="None"', 'mamba_block_size="2096"')
+    assert metrics.cache_block_tokens(metrics.parse(hybrid)) == 2096
+    assert metrics.cache_block_tokens(metrics.parse("vllm:num_requests_running 0\n")) is None
+
+
+def test_the_emulator_states_its_cache_block_like_vllm() -> None:
+    from fleetctl.lab.emulator.metrics import Metrics
+    text = Metrics("m", num_spec_tokens=None, cache_block_tokens=2048).render()
+    assert metrics.cache_block_tokens(metrics.parse(text)) == 2048
+    assert metrics.cache_block_tokens(metrics.parse(Metrics("m", num_spec_tokens=None).render())) is None

@@ -100,6 +100,8 @@ class Evidence:
     long_decode: Sample | None = None
     #: Prompts sized in tokens: name -> (target tokens, tokens the server counted, "tokenize"|"estimate").
     prompt_sizes: Mapping[str, tuple[int, int | None, str]] = field(default_factory=dict)
+    #: The server's prefix-cache block in tokens (vllm:cache_config_info), when it states one.
+    cache_block_tokens: int | None = None
 
 
 def pct(x: float | None) -> str:
@@ -565,6 +567,12 @@ def _decay_context(ws: Sequence[Window], ev: Evidence) -> list[Measurement]:
                                "shorter than the model's cache block?)"),
                                round(hits / sum(queries), 4), None))
     out += _size_measurements(ev, "shared_prefix")
+    block = ev.cache_block_tokens
+    if block and "shared_prefix" in ev.prompt_sizes and ev.prompt_sizes["shared_prefix"][0] <= block:
+        out.append(Measurement("cache block", INC, f"the shared prefix ({ev.prompt_sizes['shared_prefix'][0]} tokens) "
+                               f"is not longer than the server's prefix-cache block ({block} tokens): no request can "
+                               "hit the cache (the model's max_model_len leaves no room for a longer one)",
+                               ev.prompt_sizes["shared_prefix"][0], block))
     out += foreign_traffic(ev, ("sustained",))
     return out
 

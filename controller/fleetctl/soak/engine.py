@@ -226,6 +226,8 @@ class _State:
     long_decode: Sample | None = None
     #: Prompts sized in tokens: name -> (target, measured by the server's usage, how it was sized).
     prompt_sizes: dict[str, tuple[int, int | None, str]] = field(default_factory=dict)
+    #: The server's prefix-cache block (vllm:cache_config_info at the sustained phase's start).
+    cache_block_tokens: int | None = None
     #: Warm-up samples (each worker's first request of a level).
     warm: list[Sample] = field(default_factory=list)
 
@@ -594,7 +596,26 @@ async def _diagnose_crash(client: Client, st: _State, concurrency: int, label: s
     return what
 
 
-async def _sustained(client: Client, st: _State) -> None:
+def shared_prefix_tokens(configured: int, block: int | None, max_model_len: int | None, max_tokens: int,
+                         turns: int) -> int:
+    """How long the conversations' shared context is: as configured, raised past the cache block.
+
+    Prefix caching reuses whole blocks only, and a hybrid model's block is the Mamba page (~2k
+    tokens on Qwen3.5/3.6): a context shorter than one block never hits the cache, and the decay
+    that needs cache hits is never exercised. So a configured length at or under the server's
+    block grows to 1.25 blocks, as far as the model's context leaves room for every turn. 0 (no
+    shared context) stays 0.
+    """
+    if configured <= 0 or not block or configured > block:
+        return configured
+    want = block + block // 4
+    if max_model_len:
+        room = max_model_len - (turns + 1) * (max_tokens + 256)
+        want = min(want, max(room, configured))
+    return max(want, configured)
+
+
+async def _sustained(client: Client, st: _State, ident: Identity) -> None:
     cfg = st.config
     if cfg.sustained_duration <= 0:
         return
@@ -623,12 +644,18 @@ async def _sustained(client: Client, st: _State) -> None:
             scrapes.append(s)
 
     context = ""
-    if cfg.shared_prefix_tokens:
-        chars, got, how = await _sized(client, st, cfg.shared_prefix_tokens, _context_text)
+    if first is not None:
+        st.cache_block_tokens = metrics.cache_block_tokens(first)
+    tokens = shared_prefix_tokens(cfg.shared_prefix_tokens, st.cache_block_tokens, ident.max_model_len,
+                                  cfg.max_tokens, cfg.turns)
+    if tokens:
+        chars, got, how = await _sized(client, st, tokens, _context_text)
         context = _context_text(chars)
         if how == "tokenize":
-            st.prompt_sizes["shared_prefix"] = (cfg.shared_prefix_tokens, got, how)
-        st.emit("sustained", f"conversations share a {cfg.shared_prefix_tokens}-token context (sized by {how})")
+            st.prompt_sizes["shared_prefix"] = (tokens, got, how)
+        raised = (f", raised from {cfg.shared_prefix_tokens} past the server's {st.cache_block_tokens}-token "
+                  "cache block" if tokens != cfg.shared_prefix_tokens else "")
+        st.emit("sustained", f"conversations share a {tokens}-token context (sized by {how}{raised})")
     task = asyncio.create_task(scraper())
     try:
         await _run_requests(client, st, phase="sustained", label="sustained",
@@ -740,6 +767,7 @@ async def _soak(client: Client, st: _State) -> Evidence:
         container_after=after, container_error=container_error, has_container=target.container is not None,
         spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=target.name,
         canaries=tuple(st.canaries), long_decode=st.long_decode, prompt_sizes=dict(st.prompt_sizes),
+        cache_block_tokens=st.cache_block_tokens,
         garbage_samples=tuple(s for s in st.samples if s.garbage and s.phase in _CHECKED_PHASES
                               and not s.cls.startswith("canary-")),
         streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
@@ -815,7 +843,7 @@ async def _load(client: Client, st: _State, ident: Identity) -> None:
     if st.crash:
         return
     # 6. the sustained phase.
-    await _sustained(client, st)
+    await _sustained(client, st, ident)
 
 
 def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,

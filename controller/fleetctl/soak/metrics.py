@@ -85,6 +85,23 @@ class Scrape:
         return DRAFTS in self.series and DRAFT_TOKENS in self.series
 
 
+CACHE_CONFIG = "vllm:cache_config_info"
+#: The cache_config_info labels that bound which prompt prefix can be reused: prefix caching keeps
+#: and hits whole blocks, and on hybrid models vLLM aligns them to the Mamba state's page (~2k).
+_BLOCK_LABELS = ("block_size", "effective_attention_block_size", "cache_hit_alignment_tokens", "mamba_block_size")
+
+
+def cache_block_tokens(s: Scrape) -> int | None:
+    """The server's prefix-cache granularity in tokens (``vllm:cache_config_info``), or None.
+
+    The largest of the block and alignment sizes it states: a shared prompt prefix shorter than
+    this can never be a prefix-cache hit.
+    """
+    sizes = [int(v) for key in s.series.get(CACHE_CONFIG, {}) for k, v in key
+             if k in _BLOCK_LABELS and v.isdigit() and 0 < int(v) < 1 << 20]
+    return max(sizes) if sizes else None
+
+
 def parse(text: str, t: float = 0.0) -> Scrape:
     """Parse Prometheus text into a :class:`Scrape`, summing over model_name and engine."""
     series: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}

@@ -171,6 +171,7 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         args.served_model_names[0],
         num_spec_tokens=args.num_spec_tokens if args.speculative_config else None,
         max_model_len=max_model_len,
+        cache_block_tokens=knobs.prefix_block_tokens,
     )
     died = asyncio.Event()
     engine = Engine(

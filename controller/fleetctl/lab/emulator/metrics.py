@@ -166,9 +166,15 @@ class Metrics:
         num_spec_tokens: int | None,
         max_model_len: int = 32768,
         now: float | None = None,
+        cache_block_tokens: int | None = None,
     ) -> None:
-        """``num_spec_tokens`` None means no speculative config (no spec_decode families)."""
+        """``num_spec_tokens`` None means no speculative config (no spec_decode families).
+
+        ``cache_block_tokens``: the prefix-cache block, exported as vLLM does in
+        ``vllm:cache_config_info`` (labels ``block_size`` and ``effective_attention_block_size``).
+        """
         self.model_name = model_name
+        self.cache_block_tokens = cache_block_tokens
         self.num_spec_tokens = num_spec_tokens
         self.created = time.time() if now is None else now
         self._lock = threading.Lock()
@@ -233,6 +239,15 @@ class Metrics:
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4) of every family."""
         out: list[str] = []
+        if self.cache_block_tokens:
+            # An info gauge: vLLM writes the CacheConfig's fields as labels, engine only, no model_name.
+            block = str(self.cache_block_tokens)
+            labels = {"block_size": block, "effective_attention_block_size": block,
+                      "enable_prefix_caching": "True", "engine": "0"}
+            out += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+                    "# TYPE vllm:cache_config_info gauge",
+                    "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                    + "} 1.0"]
         with self._lock:
             for name, help_text in GAUGES.items():
                 out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
