@@ -588,6 +588,7 @@ def run_playbook(
     limit: str | None = None,
     extravars: Mapping[str, Any] | None = None,
     secrets: Mapping[str, str] | None = None,
+    redact: Collection[str] = (),
     check: bool = False,
     diff: bool = False,
     progress: Progress = NULL,
@@ -601,7 +602,8 @@ def run_playbook(
     """Run ``playbook`` on the hosts of ``inventory`` matching ``limit``; never raises for a host's failure.
 
     ``extravars`` and ``secrets`` are both passed as extra variables; the values
-    of ``secrets`` are also redacted from every artifact. ``check``/``diff`` are
+    of ``secrets`` (and the strings in ``redact``, for secrets nested in an extra
+    variable) are also redacted from every artifact. ``check``/``diff`` are
     Ansible's ``--check``/``--diff``. ``collect`` lists task-name prefixes whose
     whole results are kept. ``task_timeout`` bounds each task (seconds) and
     ``timeout`` the whole run. ``artifacts_dir`` defaults to
@@ -623,7 +625,7 @@ def run_playbook(
     cfg = artifacts_dir / "ansible.cfg"
     cfg.write_text(ansible_cfg(inventory, selected, task_timeout=task_timeout))
 
-    redactor = _Redactor(list((secrets or {}).values()))
+    redactor = _Redactor([*(secrets or {}).values(), *redact])
     folder = EventFolder(progress, collect=collect, redactor=redactor)
     all_vars = {**(extravars or {}), **(secrets or {})}
     cmdline: list[str] = []
