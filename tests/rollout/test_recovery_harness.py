@@ -429,3 +429,22 @@ def test_a_rollback_to_old_settings_that_fail_is_undone_to_the_new_ones(tmp_path
     assert r.status == L.FAILED
     assert [h.status for h in r.hosts if h.host == "spark-01"] == [L.ROLLED_BACK]
     assert _fingerprints(fleet)["spark-01"] == new_fp, "back on the settings that served"
+
+
+@pytest.mark.parametrize("how", ["resume", "abort"])
+def test_killed_right_after_restoring_a_failed_canary_the_restored_version_is_kept(tmp_path: Path, how: str) -> None:
+    """The restore had happened (the host serves v1 again, no .prev left) when the controller died:
+    finishing the rollback checks v1 where it runs; restoring again would remove it with nothing to start."""
+    fleet = _fleet()
+    probe = _fleet()
+    with tempfile.TemporaryDirectory() as d:
+        _run(probe, Path(d), "rollout", tag=SOAKBAD)
+    _kill_then(fleet, tmp_path, probe.points.index("spark-01:restore") + 1, SOAKBAD)
+    assert fleet.serving_tags()["spark-01"] == A and "vllm.prev" not in fleet.hosts["spark-01"].containers
+    _recover(fleet, tmp_path, how)
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    if how == "resume":
+        with L.open_ledger(tmp_path) as led:
+            canary = led.get(led.ids()[-1]).host("spark-01")
+        assert canary is not None and canary.status == L.ROLLED_BACK, canary
+    _not_wedged(fleet, tmp_path)

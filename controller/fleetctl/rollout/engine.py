@@ -574,7 +574,8 @@ class Engine:
         before_tag = rec.before_tag if rec is not None else None
         if rec is not None and rec.phase == "rolling-back":
             # Killed while undoing a failed gate: finish that, never re-gate the failed version.
-            self._fail_host(rid, recipe, h, rec.error or "the gate failed before the controller died", None, show, t)
+            self._fail_host(rid, recipe, h, rec.error or "the gate failed before the controller died", None, show, t,
+                            resumed=True)
             return
         self._check_cancel()
         cur = ops.inspect(name)
@@ -663,10 +664,13 @@ class Engine:
         return forward
 
     def _fail_host(self, rid: str, recipe: Recipe, h: Host, why: str, verdict: Any,
-                   show: Mapping[str, Any], t: dict[str, float], judged: bool = True) -> None:
+                   show: Mapping[str, Any], t: dict[str, float], judged: bool = True, resumed: bool = False) -> None:
         """Kill the failed container, restore the previous one on ``h``, verify it (readiness + smoke), record why.
 
         A host that cannot be restored is recorded as failed (down) with the command that fixes it.
+        ``resumed``: finishing the rollback of a controller that died in it, whose restore may
+        already have happened: a host that runs its previous version again is checked, not touched
+        (restoring again would remove it, with no ``.prev`` left to start).
         """
         name = remote.container_name(h)
         ops = self.ops(h)
@@ -681,7 +685,14 @@ class Engine:
         t0 = time.monotonic()
         back = dict(show)
         try:
-            prev = ops.restore(name)
+            prev = None
+            if resumed and rec is not None and rec.before_digest:
+                cur = ops.inspect(name)
+                before_fp = ((rec.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+                if cur is not None and cur.running and cur.rollout != rid and _same(
+                        rec.before_digest, before_fp, cur.digest or "", cur.fingerprint):
+                    prev = cur
+            prev = prev or ops.restore(name)
             if prev is None:
                 ops.kill(name)
                 self._phase(rid, h, "failed", f"{why}; there was no previous version to return to",
