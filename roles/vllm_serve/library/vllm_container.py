@@ -28,9 +28,10 @@ module: vllm_container
 short_description: Run a fleetctl recipe's vLLM container by digest, keeping the previous one as NAME.prev
 description:
   - Renders the serving container of a fleetctl recipe exactly as C(fleetctl rollout) does.
-  - C(state=started) makes NAME run the recipe from IMAGE@DIGEST; a different container under NAME is
-    stopped and kept as NAME.prev (an older NAME.prev is removed). Nothing changes when NAME already
-    runs the same settings (the C(fleetctl.rollout) label aside).
+  - C(state=started) makes NAME run the recipe from IMAGE@DIGEST; a different running container under NAME is
+    stopped and kept as NAME.prev (an older NAME.prev is removed). A NAME that is not running while NAME.prev
+    exists is removed instead and NAME.prev kept (it is the last version that served), as the controller's
+    retire does. Nothing changes when NAME already runs the same settings (the C(fleetctl.rollout) label aside).
   - C(state=previous) puts NAME.prev back as NAME and starts it (a rollback); the container it replaces
     is removed, as the controller's restore does.
 options:
@@ -202,6 +203,24 @@ def differences(want: dict, have: dict | None) -> list[str]:
     return out
 
 
+def retire_plan(cur_running: bool | None, cur_rollout: str | None, cur_digest: str | None, prev_exists: bool,
+                rollout: str, digest: str) -> str:
+    """What happens to NAME (and NAME.prev) before the new container runs; the controller's retire decides alike.
+
+    ``none``: no container in the way. ``remove``: NAME is not running, or is this run's own
+    half-started container, while NAME.prev exists: NAME.prev is the last version that served, so
+    NAME is removed and NAME.prev kept (a deploy repeated after a failed start or a killed
+    controller never deletes the last good container). ``keep``: NAME is stopped and kept as
+    NAME.prev, an older NAME.prev removed first (the running one is the newer known version).
+    ``cur_running`` is None when there is no NAME.
+    """
+    if cur_running is None:
+        return "none"
+    if prev_exists and (not cur_running or (cur_rollout == rollout and cur_digest == digest)):
+        return "remove"
+    return "keep"
+
+
 def summary(c: dict | None) -> dict | None:
     """A container's settings for reports and diffs: no env values at all."""
     if not c:
@@ -319,11 +338,18 @@ def main() -> None:
     have_image = docker.has_image(ref)
     if not have_image:
         actions.append("pull " + ref)
-    # A stopped container already rendered right (the host rebooted, or docker stop by hand): start it.
-    only_stopped = cur is not None and diff_names == ["running"]
+    cur_labels = ((cur or {}).get("Config") or {}).get("Labels") or {}
+    plan = retire_plan(None if cur is None else bool((cur.get("State") or {}).get("Running")),
+                       cur_labels.get(LABEL_ROLLOUT), cur_labels.get(LABEL_DIGEST), prev is not None,
+                       p["rollout"], digest)
+    # A stopped container already rendered right with no NAME.prev (the host rebooted, or docker stop
+    # by hand): start it. With a NAME.prev, the retire rule below removes it and runs a fresh one.
+    only_stopped = cur is not None and diff_names == ["running"] and prev is None
     if only_stopped:
         actions.append("start " + name)
-    elif cur is not None:
+    elif plan == "remove":
+        actions += [f"remove {name} (not serving; {prev_name} is the last version that served)", "run " + name]
+    elif plan == "keep":
         actions += (["remove " + prev_name] if prev is not None else []) + [
             f"stop {name} and keep it as {prev_name}", "run " + name]
     else:
@@ -335,7 +361,12 @@ def main() -> None:
         if only_stopped:
             docker.run(["docker", "start", name], "starting " + name, f"read `docker logs {name}`")
         else:
-            if cur is not None:
+            # The same steps, in the same order, as the controller's retire (rollout/host.py), so that a
+            # run cut anywhere leaves a state the controller's resume already handles.
+            if plan == "remove":
+                docker.run(["docker", "rm", "-f", name], "removing the half-started " + name,
+                           "see the docker daemon's log")
+            elif plan == "keep":
                 if prev is not None:
                     docker.run(["docker", "rm", "-f", prev_name], "removing " + prev_name, "see the docker daemon's log")
                 docker.run(["docker", "stop", "-t", str(p["stop_timeout"]), name], "stopping " + name,
@@ -348,7 +379,7 @@ def main() -> None:
         cur_after, prev_after = docker.inspect(name), docker.inspect(prev_name)
     else:
         cur_after = None
-        prev_after = cur if (cur is not None and not only_stopped) else prev
+        prev_after = cur if plan == "keep" and not only_stopped else prev
     after = {"container": summary(cur_after) if cur_after else {"image": ref, "cmd": want["cmd"],
                                                                  "labels": want["labels"], "running": True},
              "previous": summary(prev_after)}
