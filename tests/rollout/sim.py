@@ -18,7 +18,7 @@ operation and ledger write raises it too, as after a SIGKILL.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
+from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
 from fleetctl.rollout.ledger import Ledger
 from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
@@ -354,3 +355,85 @@ class SimGates:
     def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
         _c, b = self._state(host)
         return self._verdict(host, tag, b in (OK, SOAKFAIL), artifacts)
+
+
+class SimDeployer:
+    """The vllm_serve role's deploy run (:class:`fleetctl.rollout.deploy.Deployer`) on the simulated fleet.
+
+    Each host goes through what the role's ``vllm_container`` module does: nothing when the
+    container already runs the digest and settings; otherwise its retire decision (the module's
+    own ``retire_plan``, loaded from the role) and its docker commands one by one (``rm -f``
+    NAME.prev, ``stop``, ``rename``, ``run``), each a kill point of its own, so that the harness
+    kills the controller inside the role's run. A failed host is looked at like the real
+    deployer does (:func:`fleetctl.rollout.deploy.reconcile`). ``fail_at``: host -> the docker
+    step that fails there (``rm-prev``, ``stop``, ``rename``, ``run``). ``runs``: the hosts of
+    each run, in order.
+    """
+
+    def __init__(self, fleet: SimFleet) -> None:
+        from tests.role_modules import load_role_file
+
+        self.fleet = fleet
+        self.module = load_role_file("vllm_serve", "library/vllm_container.py")
+        self.fail_at: dict[str, str] = {}
+        self.runs: list[list[str]] = []
+        self.secrets: list[dict[str, str]] = []
+
+    def deploy(self, requests: Sequence[DeployRequest], secrets: Mapping[str, str],
+               run_dir: Path) -> dict[str, DeployOutcome]:
+        self.fleet.alive()
+        self.runs.append([r.host.name for r in requests])
+        self.secrets.append(dict(secrets))
+        out: dict[str, DeployOutcome] = {}
+        # Ansible runs the hosts in forks at once; one after the other is one of its interleavings.
+        for r in requests:
+            try:
+                out[r.host.name] = DeployOutcome(True, before=self._one(r))
+            except FleetError as e:
+                out[r.host.name] = reconcile(self.fleet.ops(r.host), r, e)
+        return out
+
+    def _step(self, ops: SimOps, r: DeployRequest, step: str) -> None:
+        if self.fail_at.get(r.host.name) == step:
+            raise FleetError(f"docker {step} failed", host=r.host.name, fix="see the docker daemon's log")
+
+    def _one(self, r: DeployRequest) -> remote.Serving | None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            ops = SimOps(r.host, self.fleet)
+            h = ops._h
+            name, prev_name = r.name, r.name + remote.PREV_SUFFIX
+            fp = remote.fingerprint(r.recipe)
+            cur, prev = h.containers.get(name), h.containers.get(prev_name)
+            if cur is not None and cur.digest == r.digest and cur.labels.get(remote.LABEL_FINGERPRINT) == fp:
+                if cur.running:
+                    return ops._serving(prev)
+                if prev is None:  # the module starts a stopped container that is already right
+                    ops._start_then(h, name, "start")
+                    return None
+            plan = self.module.retire_plan(None if cur is None else cur.running, cur.rollout if cur else None,
+                                           cur.digest if cur else None, prev is not None, r.rollout_id, r.digest)
+            if plan == "remove":
+                self._step(ops, r, "rm")
+                ops._rm_f(h, name)
+                ops._done("role-rm")
+            elif plan == "keep":
+                assert cur is not None
+                if prev is not None:
+                    self._step(ops, r, "rm-prev")
+                    ops._rm_f(h, prev_name)
+                    ops._done("role-rm-prev")
+                self._step(ops, r, "stop")
+                cur.running, cur.status = False, "exited"
+                ops._done("role-stop")
+                self._step(ops, r, "rename")
+                ops._rename(h, name, prev_name)
+                ops._done("retire")
+            self._step(ops, r, "run")
+            if r.digest not in h.images:
+                raise FleetError(f"docker run: no image {r.digest}", host=h.name)
+            h.containers[name] = Container(name, r.digest, r.tag, r.rollout_id, False, "created",
+                                           {remote.LABEL_TAG: r.tag, remote.LABEL_DIGEST: r.digest,
+                                            remote.LABEL_FINGERPRINT: fp})
+            ops._start_then(h, name, "start")
+            return ops._serving(h.containers.get(prev_name))

@@ -31,7 +31,7 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, recipe_for
-from fleetctl.rollout import gate, hoststate
+from fleetctl.rollout import deploy, gate, hoststate
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout import plan as P
@@ -161,10 +161,14 @@ class Engine:
                  secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
                  ops: Callable[[Host], remote.HostOps] | None = None, gates: gate.Gates | None = None,
                  resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None,
-                 take_over: bool = False, host_store: hoststate.Store | None = None) -> None:
+                 take_over: bool = False, host_store: hoststate.Store | None = None,
+                 deployer: deploy.Deployer | None = None) -> None:
         """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the registry
         (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet.
-        ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with ``ops``)."""
+        ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with ``ops``).
+        ``deployer`` does a rollout's deploy step (retire + start) for the hosts whose
+        ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default: the vllm_serve
+        role through ansible-runner; none with a simulated fleet unless given): see :mod:`.deploy`."""
         self.inv = inventory
         self.secrets = dict(os.environ if secrets is None else secrets)
         #: Token services besides the registry's own host that may receive its credentials (https only).
@@ -179,6 +183,8 @@ class Engine:
         self.ledger = L.open_for(inventory, self.state_dir)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
+        self.deployer: deploy.Deployer | None = deployer or (
+            deploy.AnsibleDeployer(inventory, self.mirrors) if ops is None else None)
         # The lock and intent on the hosts: the local lock only covers this state dir.
         self.take_over = take_over
         self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
@@ -279,6 +285,8 @@ class Engine:
         recipe = self.recipe(opts.recipe)
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
+        for h in hosts:
+            deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
         self._emit("resolve", f"{recipe.image}:{opts.tag}")
         img = self._resolve(recipe.image, opts.tag, self.mirrors)
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
@@ -377,6 +385,8 @@ class Engine:
                                         on_inconclusive=opts.on_inconclusive or o.get("on_inconclusive", "pause"),
                                         ready_timeout=opts.ready_timeout or o.get("ready_timeout"))
             hosts = {h.host: self.inv.host(h.host) for h in rec.hosts}
+            for hh in hosts.values():
+                deploy.deploy_via(hh)  # refused before the record runs again, not in the middle of a wave
             p = P.Plan(recipe.name, rec.image or recipe.image, rec.requested or "", rec.tag or "", rec.digest or "",
                        str(o["pull_ref"]), tuple(w.hosts for w in rec.waves), int(o["max_unavailable"]),
                        int(o["failure_budget"]),
@@ -473,9 +483,11 @@ class Engine:
                 self.ledger.set_wave(rid, w, L.RUNNING)
                 hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
                 for step in P.split_steps(pending, p.max_unavailable):
+                    batch = self._batch(rid, recipe, [hosts[h] for h in step])
                     try:
                         outs = self._parallel([hosts[h] for h in step],
-                                              functools.partial(self._host_step, rid, recipe, opts, p, wave=w))
+                                              functools.partial(self._host_step, rid, recipe, opts, p, wave=w,
+                                                                batch=batch))
                     except KeyboardInterrupt:
                         self.ledger.set_status(rid, L.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
                         hook.send("pause", error="interrupted by Ctrl-C")
@@ -564,8 +576,31 @@ class Engine:
         if self._cancel.is_set():
             raise KeyboardInterrupt
 
-    def _host_step(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, h: Host, wave: int) -> None:
-        """Deploy the target on one host and gate it; any failure after the stop restores the previous container."""
+    def _batch(self, rid: str, recipe: Recipe, step: Sequence[Host]) -> deploy.StepBatch | None:
+        """The step's deploys through the deployer (one run for its hosts deployed via Ansible), or None."""
+        members = [h.name for h in step if deploy.deploy_via(h) == deploy.VIA_ANSIBLE]
+        if self.deployer is None or not members:
+            return None
+        return deploy.StepBatch(self.deployer, members, self._container_secrets(recipe),
+                                paths.private_dir(self.state_dir / "runs" / rid), self.ops)
+
+    def _host_step(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, h: Host, wave: int,
+                   batch: deploy.StepBatch | None = None) -> None:
+        """Deploy the target on one host and gate it; any failure after the stop restores the previous container.
+
+        With a ``batch``, the retire and the start are the host's part of the step's one deploy run
+        (the vllm_serve role); the worker leaves the batch as soon as it knows it will not deploy,
+        so that the others' run never waits for its soak."""
+        if batch is not None and h.name not in batch.members:
+            batch = None
+        try:
+            self._host_step_on(rid, recipe, opts, p, h, wave, batch)
+        finally:
+            if batch is not None:
+                batch.leave(h.name)
+
+    def _host_step_on(self, rid: str, recipe: Recipe, opts: Options, p: P.Plan, h: Host, wave: int,
+                      batch: deploy.StepBatch | None) -> None:
         name = remote.container_name(h)
         ops = self.ops(h)
         show = {"wave": wave + 1, "tag": p.tag}
@@ -573,6 +608,8 @@ class Engine:
         rec = self.ledger.host_record(rid, h.name)
         before_tag = rec.before_tag if rec is not None else None
         if rec is not None and rec.phase == "rolling-back":
+            if batch is not None:
+                batch.leave(h.name)
             # Killed while undoing a failed gate: finish that, never re-gate the failed version.
             self._fail_host(rid, recipe, h, rec.error or "the gate failed before the controller died", None, show, t,
                             resumed=True)
@@ -580,6 +617,10 @@ class Engine:
         self._check_cancel()
         cur = ops.inspect(name)
         if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
+            if batch is not None:
+                # Retire and start in the step's one run; `start` below then only reports how it went.
+                ops = deploy.BatchedHostOps(ops, batch, deploy.DeployRequest(h, name, recipe, p.pull_ref, p.tag,
+                                                                             p.digest, rid))
             self._phase(rid, h, "stopping", cur.tag if cur else None, show, status=L.IN_PROGRESS)
             t0 = time.monotonic()
             before = ops.retire(name, rid, p.digest)
@@ -588,8 +629,10 @@ class Engine:
                 before_tag = before.tag
                 self.ledger.host_phase(rid, h.name, "stopping", "recorded the stopped container as the previous version",
                                        before_tag=before.tag, before_digest=before.digest, before=before.settings)
-            t["stop"] = time.monotonic() - t0
+            t["stop" if batch is None else "deploy"] = time.monotonic() - t0
         else:
+            if batch is not None:
+                batch.leave(h.name)
             self._phase(rid, h, "loading", "already running this rollout's container: gating it", show,
                         status=L.IN_PROGRESS)
         try:
