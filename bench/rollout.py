@@ -20,6 +20,15 @@ path leaves out). The total is timed from the start of ``rollout()``. Goals
 (issue 5): overhead <= 5% of the critical path; all nodes <= 2.1x one node;
 (issue 9) rollback overhead <= 5 s. Ratios are computed within the run.
 ``--rollback-only`` runs step 4 alone (one node on v0.24.0 first, not measured).
+
+``--deploy-compare [--repeat 3]`` (issue 12) compares the deploy step through the vllm_serve role
+(``fleetctl_deploy_via: ansible``, one ansible-runner run per step) with the controller's own docker
+commands over SSH (``ssh``), in the same run, alternating: each repeat puts every node back on
+v0.23.0 (not measured), rolls v0.24.0 out with waves [1, 100%] and max-unavailable = the wave (so
+wave 2 is one step: one role run for all its nodes), and then rolls a boot-failure tag onto the
+first node, whose rollback (restore over SSH either way) is timed against the previous version's
+load. Per-wave deploy cost = the slowest host's retire + start in the wave. Medians and the
+ansible/ssh ratios; goal: the rollback overhead stays <= 5 s.
 """
 
 from __future__ import annotations
@@ -27,8 +36,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +55,11 @@ NEW, OLD = "v0.24.0", "v0.23.0"
 BOOT_FAIL_TAG = "2026-07-09-bench-bootfail"
 
 
-def _engine() -> Engine:
-    return Engine(inventory.load(None))
+def _engine(via: str = "ansible") -> Engine:
+    eng = Engine(inventory.load(None))
+    if via == "ssh":
+        eng.deployer = None  # as fleetctl_deploy_via: ssh on every host
+    return eng
 
 
 def _serve_old() -> None:
@@ -68,12 +82,17 @@ def _drop_new_image() -> None:
         eng.close()
 
 
-def _rollout(tag: str, soak: float, **kw: Any) -> RolloutResult:
-    eng = _engine()
+def _rollout(tag: str, soak: float, via: str = "ansible", **kw: Any) -> RolloutResult:
+    eng = _engine(via)
     try:
         return eng.rollout(Options(tag=tag, soak=soak, **kw))
     finally:
         eng.close()
+
+
+def _deploy_seconds(t: Mapping[str, float]) -> float:
+    """One host's retire + start: the role's run ("deploy") or the controller's "stop" and "start"."""
+    return t["deploy"] if "deploy" in t else t.get("stop", 0.0) + t.get("start", 0.0)
 
 
 def critical_path(r: RolloutResult) -> dict[str, float]:
@@ -86,8 +105,9 @@ def critical_path(r: RolloutResult) -> dict[str, float]:
             continue
         t = h.timings
         waves[h.wave] = max(waves.get(h.wave, 0.0), t.get("ready", 0.0) + t.get("soak", 0.0))
-        # docker stop + docker run on the host: host-side work, but outside the issue's critical path
-        restart[h.wave] = max(restart.get(h.wave, 0.0), t.get("stop", 0.0) + t.get("start", 0.0))
+        # docker stop + docker run on the host (a role run's "deploy" when it went through Ansible):
+        # host-side work, but outside the issue's critical path
+        restart[h.wave] = max(restart.get(h.wave, 0.0), _deploy_seconds(t))
     crit = pull + sum(waves.values())
     over = r.seconds - crit
     ctl = over - sum(restart.values())
@@ -98,10 +118,10 @@ def critical_path(r: RolloutResult) -> dict[str, float]:
             **{f"wave{w + 1}_ready_soak": v for w, v in sorted(waves.items())}}
 
 
-def _rollback_after_boot_failure(node: str, soak: float) -> dict[str, Any]:
+def _rollback_after_boot_failure(node: str, soak: float, via: str = "ansible") -> dict[str, Any]:
     """A tag that never boots, on ``node``: seconds from the failed gate to the previous version healthy."""
     fleetlab.add_image(BOOT_FAIL_TAG, {"EMU_BOOT_FAIL": "RuntimeError: bench boot failure"})
-    failed = _rollout(BOOT_FAIL_TAG, soak, limit=node)
+    failed = _rollout(BOOT_FAIL_TAG, soak, via, limit=node)
     canary = failed.hosts[0]
     load = Knobs().load_seconds  # the v0.24.0 tag's EMU_LOAD_SECONDS (the emulator's default)
     rb_healthy = canary.timings.get("rollback_healthy", float("nan"))
@@ -136,17 +156,73 @@ def _rollback_only(con: Console, nodes: list[str], a: argparse.Namespace) -> int
     return 0
 
 
+def _deploy_compare(con: Console, nodes: list[str], a: argparse.Namespace) -> int:
+    """The deploy step via the role and via SSH, alternating, ``--repeat`` times; medians and ratios."""
+    runs: dict[str, list[dict[str, Any]]] = {"ansible": [], "ssh": []}
+    for i in range(a.repeat):
+        for via in ("ansible", "ssh") if i % 2 == 0 else ("ssh", "ansible"):
+            _serve_old()
+            r = _rollout(NEW, a.soak, via, waves="1,100%", max_unavailable=str(max(1, len(nodes) - 1)))
+            if r.status != "completed":
+                con.print(f"[red]{via} rollout {r.status}: {r.error}")
+                return 1
+            waves: dict[int, float] = {}
+            for h in r.hosts:
+                if h.wave >= 0:
+                    waves[h.wave] = max(waves.get(h.wave, 0.0), _deploy_seconds(h.timings))
+            rb = _rollback_after_boot_failure(nodes[0], a.soak, via)
+            runs[via].append({"wave_deploy_s": [waves[w] for w in sorted(waves)], "total_s": r.seconds,
+                              "rollback": rb})
+            con.print(f"{i + 1}/{a.repeat} {via}: deploy per wave "
+                      f"{', '.join(f'{v:.1f}s' for v in runs[via][-1]['wave_deploy_s'])}; "
+                      f"rollback overhead {rb['overhead_s']:.1f}s ({rb['status']})")
+
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs) if xs else float("nan")
+
+    summary: dict[str, dict[str, float]] = {}
+    for via, rs in runs.items():
+        nw = min(len(x["wave_deploy_s"]) for x in rs)
+        summary[via] = {**{f"wave{w + 1}_deploy_s": med([x["wave_deploy_s"][w] for x in rs]) for w in range(nw)},
+                        "total_s": med([x["total_s"] for x in rs]),
+                        "rollback_overhead_s": med([x["rollback"]["overhead_s"] for x in rs])}
+    ratios = {k: summary["ansible"][k] / summary["ssh"][k] for k in summary["ssh"] if summary["ssh"][k]}
+    figures = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": len(nodes),
+               "soak_seconds": a.soak, "repeat": a.repeat, "runs": runs, "medians": summary,
+               "ansible_over_ssh": ratios, "goals": {"rollback_overhead_s_max": 5.0},
+               "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+    t = Table("median", "ansible", "ssh", "ratio", title=f"deploy step: vllm_serve role vs SSH ({a.repeat} runs)")
+    for k in summary["ssh"]:
+        t.add_row(k, f"{summary['ansible'][k]:.1f}", f"{summary['ssh'][k]:.1f}",
+                  f"{ratios[k]:.2f}x" if k in ratios else "-")
+    con.print(t)
+    worst = max(summary["ansible"]["rollback_overhead_s"], summary["ssh"]["rollback_overhead_s"])
+    con.print(f"rollback overhead over the previous version's load: {worst:.1f}s at most (goal <= 5s)")
+    out = Path(a.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(figures, indent=2) + "\n")
+    con.print(f"figures written to {out}")
+    _serve_old()
+    ssh.close_all()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print a table, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--soak", type=float, default=5.0, help="sustained soak seconds per host")
     ap.add_argument("--json", default="bench/results/rollout.json", help="where to write the figures")
     ap.add_argument("--rollback-only", action="store_true", help="only the rollback after a failed gate")
+    ap.add_argument("--deploy-compare", action="store_true",
+                    help="the deploy step through the vllm_serve role vs over SSH, and the rollback after each")
+    ap.add_argument("--repeat", type=int, default=3, help="repeats of --deploy-compare (medians)")
     a = ap.parse_args(argv)
     con = Console()
     nodes = list(inventory.load(None).hosts)
     if a.rollback_only:
         return _rollback_only(con, nodes, a)
+    if a.deploy_compare:
+        return _deploy_compare(con, nodes, a)
     con.print(f"lab: {len(nodes)} nodes ({', '.join(nodes)}); soak {a.soak:.0f}s; preparing (not measured)")
     _serve_old()
     _drop_new_image()
