@@ -24,8 +24,18 @@ Ansible settings, chosen for speed and safety; each run writes them to its own
   40-character hash): a Unix socket path is limited to 108 bytes, which paths
   under a state directory in ``$HOME`` overflow easily.
 - **forks sized for the fleet**: one fork per selected host, at most
-  :data:`MAX_FORKS`, so that a fleet of 8 runs each task on all 8 at once
-  instead of in batches of Ansible's default 5.
+  :data:`MAX_FORKS` (or the inventory's ``fleetctl_ansible_forks``), so that a
+  fleet of 8 runs each task on all 8 at once instead of in batches of
+  Ansible's default 5. Each fork is a process (~25 MB of its own beside the
+  copy-on-write parent) that spends controller CPU on every task result; 64 is
+  what one 2-core controller keeps busy, a larger controller raises it.
+- **strategy ``linear``** (Ansible's default, kept on purpose): every task runs
+  on all hosts before the next, in batches of ``forks``. Staging depends on it
+  (the seed host fetches before the others copy from it, see
+  roles/weights/tasks/main.yml), and provisioning's roles restart Docker once
+  per host in order; ``free`` would let a receiver start before its seed. A
+  fleet of 256 runs each task in four batches of 64: a task's wall time is the
+  sum of the four batches' slowest hosts.
 - **host-key checking ON**: ``StrictHostKeyChecking=yes`` with
   ``UserKnownHostsFile`` set to every ``fleetctl_known_hosts`` of the selected
   hosts (``~/.ssh/known_hosts`` for a host without one). An unknown or changed
@@ -84,8 +94,18 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Inventory
 from fleetctl.progress import NULL, Event, Progress
 
-#: Upper bound on Ansible forks: beyond it the controller's CPU, not the hosts, is the limit.
+#: Upper bound on Ansible forks: beyond it the controller's CPU, not the hosts, is the limit
+#: (the inventory's ``fleetctl_ansible_forks`` sets another for a bigger controller).
 MAX_FORKS = 64
+
+
+def forks(inventory: Inventory, hosts: int) -> int:
+    """Forks for a run on ``hosts`` hosts: one per host, at most ``fleetctl_ansible_forks`` or :data:`MAX_FORKS`."""
+    cap = inventory.vars.get("fleetctl_ansible_forks", MAX_FORKS)
+    if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+        raise AnsibleError(f"fleetctl_ansible_forks is {cap!r}, not a whole number of forks",
+                           fix="set fleetctl_ansible_forks to a number >= 1 (default 64) in the inventory's all vars")
+    return max(1, min(hosts, cap))
 #: Seconds to wait for a host's SSH connection before it counts as unreachable.
 CONNECT_TIMEOUT = 10
 #: How long an idle SSH master connection is kept for the next task or run.
@@ -229,7 +249,7 @@ def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: i
             )
         if path not in known:
             known.append(path)
-    forks = max(1, min(len(hosts), MAX_FORKS))
+    n_forks = forks(inventory, len(hosts))
     ssh_args = " ".join([
         "-o ControlMaster=auto",
         f"-o ControlPersist={CONTROL_PERSIST}",
@@ -246,7 +266,7 @@ def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: i
         "# Written by fleetctl for one run; see fleetctl/ansible.py for why each setting.",
         "[defaults]",
         f"roles_path = {paths.roles_dir()}",
-        f"forks = {forks}",
+        f"forks = {n_forks}",
         "host_key_checking = True",
         "interpreter_python = auto_silent",
         "retry_files_enabled = False",
@@ -662,7 +682,7 @@ def run_playbook(
                 limit=",".join(selected) if limit else None,
                 cmdline=shlex.join(cmdline),
                 envvars=envvars,
-                forks=max(1, min(len(selected), MAX_FORKS)),
+                forks=forks(inventory, len(selected)),
                 tags=",".join(tags) if tags else None,
                 quiet=True,
                 suppress_env_files=True,

@@ -295,8 +295,13 @@ def put_text(host: Host, path: str, text: str, mode: int = 0o644, timeout: float
         timeout=timeout, stdin=text).check(f"writing {path}")
 
 
+#: Hosts a fan-out talks to at once by default: each is a thread and an SSH session (a few ms of
+#: controller CPU per command); 32 keeps 2 cores busy without queueing the GIL behind hundreds.
+FAN_OUT_WORKERS = 32
+
+
 def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | None = None,
-            max_workers: int = 32) -> dict[str, Outcome[T]]:
+            max_workers: int = FAN_OUT_WORKERS) -> dict[str, Outcome[T]]:
     """Call ``fn(host)`` for every host, ``max_workers`` at once; failures are data, not exceptions.
 
     Each host has ``timeout`` seconds from its own start (a host queued behind busy

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl import ansible
 from fleetctl import inventory as inv
 from fleetctl.ansible import (
     AnsibleError,
@@ -107,6 +109,16 @@ def test_run_folds_results_per_host_and_keeps_secrets_out(local: tuple[inv.Inven
     assert checked.check and checked.hosts["alpha"].changed == 1
     assert (tmp / "out" / "alpha.txt").read_text() == "value=one\n"
     assert any("+value=two" in d.diff for d in checked.hosts["alpha"].diffs)
+
+
+def test_forks_one_per_host_up_to_the_cap_the_inventory_may_set(local: tuple[inv.Inventory, Path]) -> None:
+    inventory, _ = local
+    assert [ansible.forks(inventory, n) for n in (0, 1, 16, 64, 256)] == [1, 1, 16, 64, 64]
+    bigger = dataclasses.replace(inventory, vars={**inventory.vars, "fleetctl_ansible_forks": 128})
+    assert ansible.forks(bigger, 256) == 128 and ansible.forks(bigger, 16) == 16
+    for bad in (0, "many", True):
+        with pytest.raises(AnsibleError, match="fleetctl_ansible_forks"):
+            ansible.forks(dataclasses.replace(inventory, vars={**inventory.vars, "fleetctl_ansible_forks": bad}), 8)
 
 
 def test_a_playbook_that_cannot_run_raises(local: tuple[inv.Inventory, Path]) -> None:

@@ -31,6 +31,10 @@ from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
 DEFAULT_CONTAINER = "vllm"
 _STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "magenta", "skipped": "dim"}
 
+#: Hosts soaked at once (a thread and an event loop each, with up to the largest level + 8
+#: connections): as many as the rollout's gates run together (rollout.engine.MAX_WORKERS).
+MAX_PARALLEL_SOAKS = 32
+
 
 @dataclasses.dataclass(frozen=True)
 class _Job:
@@ -203,7 +207,7 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
     verdicts: list[Verdict] = []
     try:
         with ctx.progress("soak", ("phase", "concurrency", "tok_s", "acceptance", "errors", "message")) as progress, \
-                ThreadPoolExecutor(max_workers=min(len(jobs), 32), thread_name_prefix="soak") as pool:
+                ThreadPoolExecutor(max_workers=min(len(jobs), MAX_PARALLEL_SOAKS), thread_name_prefix="soak") as pool:
             futures = [pool.submit(_run, j, progress) for j in jobs]
             verdicts = [f.result() for f in futures]
     finally:

@@ -122,7 +122,9 @@ class RolloutResult:
 #: A controller that is killed outright (SIGKILL; in the tests a BaseException of its own) is not:
 #: it leaves the ledger for ``--resume``, ``abort`` or ``rollback``.
 _RECOVERABLE = (Exception, KeyboardInterrupt)
-#: Concurrent host steps at most (each is one SSH session plus a soak client).
+#: Concurrent host steps at most, whatever --max-unavailable allows: each is a thread, an SSH session
+#: and a soak gate (an event loop with up to the largest level + 8 connections, its samples in
+#: memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the controller.
 MAX_WORKERS = 32
 
 
