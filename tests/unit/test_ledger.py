@@ -7,12 +7,14 @@ of its own (a schema of its own in the shared database).
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -446,3 +448,32 @@ def test_the_ledger_command_shows_backend_and_holder_without_the_password(
     plain = _inventory(tmp_path)
     data = json.loads(runner.invoke(cli, ["-i", str(plain.path), "ledger", "--json"]).output)
     assert data["backend"] == "sqlite" and data["lock"] is None and data["where"].endswith(L.LEDGER_NAME)
+
+
+def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backend) -> None:
+    """Eight controllers open a new fleet's ledger and race for its lock at the same moment."""
+    n = 8
+    start = threading.Barrier(n, timeout=60)  # a controller that failed breaks it for all: no hang
+
+    def controller(i: int) -> tuple[L.Ledger, bool]:
+        start.wait()
+        led = pg.open()  # creating and migrating the schema: one of them does it
+        start.wait()
+        try:
+            led.acquire(f"ro-{i}")
+            return led, True
+        except LockedError:
+            return led, False
+
+    with concurrent.futures.ThreadPoolExecutor(n) as pool:
+        results = list(pool.map(controller, range(n)))
+    try:
+        assert sum(won for _, won in results) == 1
+        winner = next(led for led, won in results if won)
+        h = winner.holder()
+        assert h is not None and h.alive and pg.version() == L.SCHEMA_VERSION
+        make(winner)
+        assert [led.ids() for led, _ in results] == [["ro-1"]] * n
+    finally:
+        for led, _ in results:
+            led.close()
