@@ -14,7 +14,7 @@ same disk as the server's data (both under /tmp).
 
 For each fleet size N and backend, ``--repeat`` times on a fresh fleet:
 the bookkeeping of one rollout of N hosts as the engine does it (acquire the
-lock, create, and per host: read the rollout, 6 phase transitions, a
+lock, create, and per host: read its record, 7 phase transitions, a
 known-good upsert; wave and status updates; release), and apart, per
 operation, the median of ``host_phase`` (one host transition), ``get`` (the
 full record of an N-host rollout) and ``acquire``+``release``. Medians over
@@ -57,7 +57,7 @@ def _rollout(led: L.Ledger, n: int, rid: str) -> dict[str, float]:
     led.set_wave(rid, 0, L.RUNNING)
     t1 = time.perf_counter()
     for h in hosts:
-        led.get(rid).host(h)
+        led.host_record(rid, h)
         for ph in PHASES:
             led.host_phase(rid, h, ph, status=L.IN_PROGRESS)
         led.host_phase(rid, h, "done", status=L.DONE, after_tag="t", after_digest=D, verdict={"outcome": "pass"})
