@@ -477,3 +477,20 @@ def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backe
     finally:
         for led, _ in results:
             led.close()
+
+
+def test_a_role_given_only_its_fleets_schema_works_and_one_given_nothing_is_told_what_to_ask(
+        pg: Backend, pg_server: PgServer) -> None:
+    role = f"r_{uuid.uuid4().hex[:8]}"  # no CREATE on the database (PUBLIC has none since PostgreSQL 15)
+    schema = ledgerdb.schema_name(pg.fleet)
+    with pg_server.admin() as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")
+    with pytest.raises(FleetError) as e:
+        L.open_ledger(pg.state_dir, pg.fleet, pg_server.url(role))
+    assert "denies this role" in e.value.message() and schema in e.value.message()
+    with pg_server.admin() as conn:  # what the message tells the admin to do
+        conn.execute(f'CREATE SCHEMA "{schema}" AUTHORIZATION {role}')
+    with L.open_ledger(pg.state_dir, pg.fleet, pg_server.url(role)) as led:
+        make(led)
+        assert led.acquire("ro-1") is None and led.ids() == ["ro-1"]
+        led.release("ro-1")

@@ -301,7 +301,7 @@ class PostgresBackend(Backend):
         return conn
 
     def _connect_error(self, e: Exception) -> FleetError:
-        cause = _scrub(str(e).strip(), self._secret)
+        cause = _scrub(str(e), self._secret)
         if re.search(r"authentication|password|pg_hba\.conf|role .* does not exist", cause):
             return FleetError(
                 f"the ledger database {self.where} refused the login: {cause}",
@@ -320,9 +320,19 @@ class PostgresBackend(Backend):
             yield
         except self._psycopg.OperationalError as e:
             raise FleetError(
-                f"lost the connection to the ledger database {self.where}: {_scrub(str(e).strip(), self._secret)}",
+                f"lost the connection to the ledger database {self.where}: {_scrub(str(e), self._secret)}",
                 fix="check the database server, then continue with `fleetctl rollout --resume`",
             ) from None
+        except self._psycopg.errors.InsufficientPrivilege as e:
+            raise FleetError(
+                f"the ledger database {self.where} denies this role what the ledger needs: "
+                f"{_scrub(str(e), self._secret)}",
+                fix=f"have the database's admin `GRANT CREATE ON DATABASE` to the role, or create schema "
+                    f"{self.schema} with `AUTHORIZATION` that role (it holds fleet {self.fleet}'s tables)",
+            ) from None
+        except self._psycopg.Error as e:
+            raise FleetError(f"the ledger database {self.where} failed: {_scrub(str(e), self._secret)}",
+                             fix="see the database server's log; the ledger's transaction was rolled back") from None
 
     @contextlib.contextmanager
     def write(self, fenced: bool = True) -> Iterator[Tx]:
@@ -352,7 +362,10 @@ class PostgresBackend(Backend):
 
     def version(self, tx: Tx) -> int:
         from psycopg import sql
-        self._conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        # Created only when missing: CREATE SCHEMA IF NOT EXISTS checks the CREATE privilege on the
+        # database first, which a role given only its fleet's schema by an admin does not have.
+        if not tx.one("SELECT 1 AS x FROM pg_namespace WHERE nspname=?", (self.schema,)):
+            self._conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(self.schema)))
         row = tx.one("SELECT to_regclass('schema_version') IS NOT NULL AS versioned")
         if not row or not row["versioned"]:
             return 0
