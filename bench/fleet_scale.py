@@ -314,6 +314,8 @@ def main() -> None:
         rows[n] = med
     lo, hi = min(rows), max(rows)
     growth = {k: rows[hi][k] / rows[lo][k] for k in ("cpu_per_host_ms", "wall_per_host_s")}
+    # What one more host costs, without the start-up (imports, inventory, plan) every run pays once.
+    growth["cpu_marginal_per_host_ms"] = 1000 * (rows[hi]["cpu_s"] - rows[lo]["cpu_s"]) / max(1, hi - lo)
     # RSS is mostly the interpreter and its imports: growth of what each extra host adds.
     growth["rss_added_per_host_kb"] = 1024 * (rows[hi]["peak_rss_mb"] - rows[lo]["peak_rss_mb"]) / max(1, hi - lo)
     t = Table("hosts", "wall s", "s/host", "cpu s", "ms/host", "rss MB", "thr", "fds", "emu s",
@@ -324,8 +326,8 @@ def main() -> None:
                   f"{m['peak_fds']:.0f}", f"{m['emulator_cpu_s']:.1f}")
     con.print(t)
     con.print(f"growth {lo}->{hi} per host: cpu {growth['cpu_per_host_ms']:.2f}x, wall "
-              f"{growth['wall_per_host_s']:.2f}x; each host adds {growth['rss_added_per_host_kb']:.0f} kB RSS",
-              highlight=False)
+              f"{growth['wall_per_host_s']:.2f}x; each host adds {growth['cpu_marginal_per_host_ms']:.0f} ms CPU, "
+              f"{growth['rss_added_per_host_kb']:.0f} kB RSS", highlight=False)
     out = Path(a.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(a), "cpu_count": os.cpu_count(), "runs": runs, "medians": rows,
