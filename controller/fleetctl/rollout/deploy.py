@@ -14,11 +14,15 @@ engine's gates (the role's own readiness wait and preflight are turned off:
 the engine checked every host before the first wave), and the recovery path -
 ``restore``, ``swap``, ``kill``, ``inspect``, ``facts``, ``logs`` - stays on
 :class:`~fleetctl.rollout.host.SshHostOps`: one pooled SSH round trip each.
-Measured on the lab (issue-12 notes, ``bench/rollout.py --deploy-via``):
-a role run costs a few seconds more than the paramiko retire + start per
-step, while a rollback through ``rollback.yml`` took 5.7-6.5 s against 4.1 s
-over paramiko with a 1 s load, past the goal of at most 5 s over the previous
-version's load. A rollback is what ends an incident: it keeps the fast path.
+Measured on the lab, 4 nodes, 2 shared cores at load 4-13
+(``bench/rollout.py --deploy-compare --repeat 3``, medians): retire + start of
+the canary 3.2 s through the role vs 1.3 s over SSH, of a 3-host step (one
+run) 9.8 s vs 2.0 s; a whole rollout with 3 s soaks 92.7 s vs 88.5 s (1.05x).
+A rollback through ``rollback.yml`` took 5.7-6.5 s against 4.1 s over
+paramiko with a 1 s load (docs/notes/issue-12-ansible-role.md), past the goal
+of at most 5 s over the previous version's load; the SSH restore after a
+failed gate stays at 3.3-3.7 s over it with either deploy path. A rollback is
+what ends an incident: it keeps the fast path.
 
 How the engine's recovery guarantees carry over: the module decides what
 happens to ``NAME`` and ``NAME.prev`` exactly as :func:`~fleetctl.rollout.host.retire`
@@ -52,6 +56,8 @@ from fleetctl.rollout import host as remote
 VIA_ANSIBLE, VIA_SSH = "ansible", "ssh"
 #: The role's deploy when the inventory says nothing: the issue wants the role to be what deploys.
 DEFAULT_VIA = VIA_ANSIBLE
+#: Seconds each task of a deploy run may take beyond the old server's drain (stop, rename, run).
+_TASK_TIMEOUT = 240
 
 
 def deploy_via(host: Host) -> str:
@@ -122,7 +128,7 @@ def reconcile(ops: remote.HostOps, req: DeployRequest, error: FleetError) -> Dep
     except FleetError as e:
         return DeployOutcome(False, error=FleetError(
             f"{error.cause}; then the host could not be looked at: {e.cause}", host=req.host.name,
-            fix=f"check the host, then `fleetctl rollout --resume` or `fleetctl rollback --limit {req.host.name}`"))
+            fix=f"once the host answers, `fleetctl rollback --limit {req.host.name}` (back to its last known-good)"))
     if cur is not None and not (cur.rollout == req.rollout_id and cur.digest == req.digest):
         what = "still serves" if cur.running else "holds the stopped"
         return DeployOutcome(False, error=FleetError(
@@ -323,7 +329,9 @@ class AnsibleDeployer:
             res = ansible.run_playbook(
                 self.playbook, self.inv, limit=",".join(r.host.name for r in requests), extravars=extravars,
                 redact=list(secrets.values()),
-                artifacts_dir=run_dir / "ansible" / run_id, run_id=run_id)
+                artifacts_dir=run_dir / "ansible" / run_id, run_id=run_id,
+                # As bounded as the controller's own commands (stop: 90 s, run: 120 s), plus the drain.
+                task_timeout=int(first.grace) + _TASK_TIMEOUT)
         except FleetError as e:
             return {r.host.name: reconcile(self.ops(r.host), r, e) for r in requests}
         out: dict[str, DeployOutcome] = {}
