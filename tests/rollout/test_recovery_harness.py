@@ -19,6 +19,7 @@ import pytest
 
 from fleetctl import inventory, paths
 from fleetctl.errors import ExitCode
+from fleetctl.progress import Recorder
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
@@ -448,3 +449,17 @@ def test_killed_right_after_restoring_a_failed_canary_the_restored_version_is_ke
             canary = led.get(led.ids()[-1]).host("spark-01")
         assert canary is not None and canary.status == L.ROLLED_BACK, canary
     _not_wedged(fleet, tmp_path)
+
+
+def test_each_wave_is_announced_fleet_wide(tmp_path: Path) -> None:
+    fleet = _fleet()
+    eng = _engine(fleet, tmp_path)
+    rec = Recorder()
+    eng.progress = rec
+    try:
+        r = eng.rollout(_opts(B, waves="1,100%"))
+    finally:
+        eng.close()
+    assert r.status == L.COMPLETED
+    waves = [e.message for e in rec.events if e.phase == "wave" and e.host is None]
+    assert waves == ["1 of 2: 1 host(s), 1 at a time", "2 of 2: 2 host(s), 1 at a time"]

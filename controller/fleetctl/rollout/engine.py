@@ -484,6 +484,9 @@ class Engine:
                     continue
                 self.ledger.set_wave(rid, w, L.RUNNING)
                 hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
+                # The fleet-wide line under the live table: which wave runs (a fleet of hundreds scrolls).
+                self._emit("wave", f"{w + 1} of {len(p.waves)}: {len(pending)} host(s), "
+                                   f"{p.max_unavailable} at a time")
                 for step in P.split_steps(pending, p.max_unavailable):
                     batch = self._batch(rid, recipe, [hosts[h] for h in step])
                     try:
