@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
+from rich.console import Console, ConsoleOptions
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -120,7 +120,7 @@ class _LiveTable:
     """A live table, one row per host, plus the latest fleet-wide line.
 
     An event only updates the host's row (a fleet of hundreds sends thousands); the table is
-    built when Live refreshes (``__rich__``). On a fleet taller than the terminal, the busy
+    built when Live refreshes (``__rich_console__``). On a fleet taller than the terminal, the busy
     hosts are shown and the quiet ones counted by phase in the caption.
     """
 
@@ -144,12 +144,13 @@ class _LiveTable:
                 for k, v in event.data.items():
                     row[k] = str(v)
 
-    def __rich__(self) -> Table:
-        return self.render()
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Table]:
+        # Built for the width it is printed at (Live's console, or any other), never wider.
+        yield self.render(options.max_width)
 
-    def render(self) -> Table:
+    def render(self, width: int | None = None) -> Table:
         console = self.live.console if self.live is not None else None
-        width = console.width if console is not None else 80
+        width = width or (console.width if console is not None else 80)
         # Title, borders, header and caption take 7 lines; a terminal may say it has fewer.
         limit = max(8, (console.height if console is not None else 40) - 7)
         with self.lock:
