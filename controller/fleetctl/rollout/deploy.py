@@ -158,6 +158,7 @@ class StepBatch:
         self._cv = threading.Condition()
         #: The hosts of the step that deploy through this batch (the others deploy over SSH).
         self.members = frozenset(members)
+        self._order = list(members)
         self._waiting = set(members)
         self._joined: dict[str, DeployRequest] = {}
         self._outcomes: dict[str, DeployOutcome] | None = None
@@ -172,7 +173,8 @@ class StepBatch:
         return True
 
     def _run(self) -> None:
-        reqs = list(self._joined.values())
+        # In the step's order, not the workers' arrival: the same run for the same step, every time.
+        reqs = [self._joined[n] for n in self._order if n in self._joined]
         outcomes: dict[str, DeployOutcome] = {}
         raised: BaseException | None = None
         try:
