@@ -102,3 +102,40 @@ def test_a_bad_webhook_or_a_missing_api_key_is_refused_before_any_host_is_touche
         assert "requires VLLM_API_KEY" in e.value.cause
     finally:
         eng.close()
+
+
+_FAKE_DOCKER = r'''#!/bin/bash
+# A docker CLI over a directory: a file per container holding its state; `refuse-rm` names one rm cannot remove.
+d=$DOCKER_STATE
+case "$1" in
+  rm) n=${@: -1}; [ -f "$d/$n" ] || exit 0; [ "$(cat "$d/refuse-rm" 2>/dev/null)" = "$n" ] && exit 1; rm "$d/$n";;
+  inspect) [ -f "$d/${@: -1}" ];;
+  stop) [ -f "$d/${@: -1}" ] && sed -i 's/running/exited/' "$d/${@: -1}";;
+  rename) [ -f "$d/$2" ] && [ ! -f "$d/$3" ] && mv "$d/$2" "$d/$3";;
+  *) exit 2;;
+esac
+'''
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_the_retire_shell_never_leaves_the_serving_version_stopped_in_place(tmp_path: Path, refuse: bool) -> None:
+    import os
+    import subprocess
+    bin_dir, state = tmp_path / "bin", tmp_path / "state"
+    bin_dir.mkdir()
+    state.mkdir()
+    (bin_dir / "docker").write_text(_FAKE_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    (state / "vllm").write_text("serving running")
+    (state / "vllm.prev").write_text("older exited")
+    if refuse:
+        (state / "refuse-rm").write_text("vllm.prev")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DOCKER_STATE": str(state)}
+    r = subprocess.run(["bash", "-c", remote.retire_script("vllm", 0)], env=env, capture_output=True, text=True)
+    if refuse:
+        # Nothing changed: the serving version still runs under its name; the error says why.
+        assert r.returncode != 0 and "could not remove the older vllm.prev" in r.stderr
+        assert (state / "vllm").read_text() == "serving running"
+    else:
+        assert r.returncode == 0, r.stderr
+        assert not (state / "vllm").exists() and (state / "vllm.prev").read_text() == "serving exited"

@@ -233,11 +233,22 @@ def retire(host: Host, name: str, rollout_id: str, target_digest: str, grace: in
     if prev_c is not None and (not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)):
         ssh.run(host, ["docker", "rm", "-f", name], timeout=60).check(f"removing the half-started {name}")
         return prev_c
-    prev = shlex.quote(name + PREV_SUFFIX)
-    q = shlex.quote(name)
-    ssh.run(host, f"docker rm -f {prev} >/dev/null 2>&1; docker stop -t {int(grace)} {q} >/dev/null && docker rename {q} {prev}",
-            timeout=90).check(f"stopping {name}")
+    ssh.run(host, retire_script(name, grace), timeout=90).check(f"stopping {name}")
     return cur
+
+
+def retire_script(name: str, grace: int) -> str:
+    """The shell that stops ``name`` and keeps it as ``.prev`` in place of an older ``.prev``.
+
+    The older ``.prev`` must be gone before the stop: were it still there, the rename would fail
+    and leave the running version stopped under the serving name, which the next retire removes
+    as a failed start. So a ``.prev`` docker refuses to remove ends the retire with nothing changed.
+    """
+    prev, q = shlex.quote(name + PREV_SUFFIX), shlex.quote(name)
+    refused = shlex.quote(f"docker could not remove the older {name}{PREV_SUFFIX}; {name} was left serving")
+    return (f"docker rm -f {prev} >/dev/null 2>&1; "
+            f"if docker inspect --type container {prev} >/dev/null 2>&1; then echo {refused} >&2; exit 1; fi; "
+            f"docker stop -t {int(grace)} {q} >/dev/null && docker rename {q} {prev}")
 
 
 def kill(host: Host, name: str) -> None:
