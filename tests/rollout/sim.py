@@ -30,6 +30,7 @@ from fleetctl.recipes import Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
+from fleetctl.rollout.engine import Engine, Options, RolloutResult
 from fleetctl.rollout.ledger import Ledger
 from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
@@ -437,3 +438,17 @@ class SimDeployer:
                                             remote.LABEL_FINGERPRINT: fp})
             ops._start_then(h, name, "start")
             return ops._serving(h.containers.get(prev_name))
+
+
+def run_command(eng: Engine, what: str, opts: Options, limit: str, to: str | None = None) -> RolloutResult:
+    """Run one command of a fault case on ``eng`` and close it: ``rollout``, ``resume``, ``abort``, else ``rollback``."""
+    try:
+        if what == "rollout":
+            return eng.rollout(opts)
+        if what == "resume":
+            return eng.resume(opts)
+        if what == "abort":
+            return eng.abort()
+        return eng.rollback(to=to, limit=limit)
+    finally:
+        eng.close()

@@ -20,7 +20,7 @@ from fleetctl.lab.pgserver import PgServer
 from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
 
-from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, digest_of
+from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, digest_of, run_command
 
 INV = paths.project_root() / "inventory" / "example"
 HOSTS = ["spark-01", "spark-02", "spark-03"]
@@ -37,17 +37,7 @@ def _inventory(pg_server: PgServer) -> inventory.Inventory:
 def _run(fleet: SimFleet, inv: inventory.Inventory, state: Path, what: str, tag: str = B) -> RolloutResult:
     eng = Engine(inv, state_dir=state, secrets={}, ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
     fleet.watch(eng.ledger)
-    try:
-        opts = Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0)
-        if what == "rollout":
-            return eng.rollout(opts)
-        if what == "resume":
-            return eng.resume(opts)
-        if what == "abort":
-            return eng.abort()
-        return eng.rollback(limit=",".join(HOSTS))
-    finally:
-        eng.close()
+    return run_command(eng, what, Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0), ",".join(HOSTS))
 
 
 @pytest.fixture(scope="module")

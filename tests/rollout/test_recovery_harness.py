@@ -35,6 +35,7 @@ from .sim import (
     SimFleet,
     SimGates,
     digest_of,
+    run_command,
 )
 
 INV = paths.project_root() / "inventory" / "example"
@@ -60,17 +61,9 @@ def _opts(tag: str, **kw: str) -> Options:
 
 
 def _run(fleet: SimFleet, state: Path, what: str, tag: str | None = None, **kw: str) -> RolloutResult:
-    eng = _engine(fleet, state)
-    try:
-        if what == "rollout":
-            return eng.rollout(_opts(tag or B, **kw))
-        if what == "resume":
-            return eng.resume(_opts(tag or B))
-        if what == "abort":
-            return eng.abort()
-        return eng.rollback(to=tag, limit=",".join(HOSTS))
-    finally:
-        eng.close()
+    # Only a rollout takes the case's options; a resume reads them from its record.
+    opts = _opts(tag or B, **kw) if what == "rollout" else _opts(tag or B)
+    return run_command(_engine(fleet, state), what, opts, ",".join(HOSTS), to=tag)
 
 
 def _active(state: Path) -> list[str]:

@@ -39,6 +39,7 @@ from .sim import (
     SimFleet,
     SimGates,
     digest_of,
+    run_command,
 )
 
 INV = paths.project_root() / "inventory" / "example"
@@ -59,16 +60,7 @@ def _run(fleet: SimFleet, dep: SimDeployer, state: Path, what: str, tag: str = B
     fleet.watch(eng.ledger)
     opts = Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", max_unavailable="2", failure_budget=budget,
                    soak=1.0)
-    try:
-        if what == "rollout":
-            return eng.rollout(opts)
-        if what == "resume":
-            return eng.resume(opts)
-        if what == "abort":
-            return eng.abort()
-        return eng.rollback(limit=",".join(HOSTS))
-    finally:
-        eng.close()
+    return run_command(eng, what, opts, ",".join(HOSTS))
 
 
 def _active(state: Path) -> list[str]:
