@@ -23,19 +23,18 @@ Both paths poll ``/health`` at the recipe's readiness poll interval; the emulato
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl import inventory, paths, registry, ssh
 from fleetctl.inventory import Host
 from fleetctl.progress import NULL
@@ -164,10 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     figures = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "node": lab.host.name,
                "repeat": a.repeat, "readiness_poll_s": lab.cfg.readiness_poll, "steps": steps,
                "cpu_count": os.cpu_count(), "python": sys.version.split()[0]}
-    out = Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    con.print(f"figures written to {out}")
+    write_figures(con, a.json, figures)
     return 0
 
 

@@ -24,7 +24,6 @@ the repeats; the PostgreSQL / SQLite ratio is within this run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -38,6 +37,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl.lab import pgserver
 from fleetctl.rollout import ledger as L
 
@@ -119,10 +119,7 @@ def main(argv: list[str] | None = None) -> int:
                            ("get_ms", "get, ms"), ("lock_ms", "lock+unlock, ms"), ("rollout_s", "rollout, s")):
             t.add_row(n, label, f"{sq[key]:.2f}", f"{pg[key]:.2f}", f"{pg[key] / sq[key]:.2f}x")
     con.print(t)
-    out = Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    con.print(f"figures written to {out}")
+    write_figures(con, a.json, figures)
     return 0
 
 

@@ -34,18 +34,17 @@ ansible/ssh ratios; goal: the rollback overhead stays <= 5 s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
+from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl import inventory, registry, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.lab.emulator.knobs import Knobs
@@ -148,10 +147,7 @@ def _rollback_only(con: Console, nodes: list[str], a: argparse.Namespace) -> int
     con.print(t)
     con.print(f"median rollback overhead over the previous version's load: {figures['rollback_overhead_median_s']:.1f}s"
               " (goal <= 5s)")
-    out = Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    con.print(f"figures written to {out}")
+    write_figures(con, a.json, figures)
     ssh.close_all()
     return 0
 
@@ -198,10 +194,7 @@ def _deploy_compare(con: Console, nodes: list[str], a: argparse.Namespace) -> in
     con.print(t)
     worst = max(summary["ansible"]["rollback_overhead_s"], summary["ssh"]["rollback_overhead_s"])
     con.print(f"rollback overhead over the previous version's load: {worst:.1f}s at most (goal <= 5s)")
-    out = Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    con.print(f"figures written to {out}")
+    write_figures(con, a.json, figures)
     _serve_old()
     ssh.close_all()
     return 0
@@ -256,10 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     con.print(f"all nodes / one node: {figures['all_over_one']:.2f}x (goal <= 2.1x)")
     con.print(f"rollback from failed gate to previous healthy: {rb_healthy:.1f}s, minus load {load:.1f}s = "
               f"{rb_healthy - load:.1f}s overhead (goal <= 5s); with smoke {rb['with_smoke_s'] or 0:.1f}s")
-    out = Path(a.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(figures, indent=2) + "\n")
-    con.print(f"figures written to {out}")
+    write_figures(con, a.json, figures)
     _serve_old()
     ssh.close_all()
     return 0
