@@ -30,26 +30,50 @@ HEALTH_SERVER = (
 )
 
 
+def _fleetctl_containers(host: inv.Host) -> dict[str, bool]:
+    """The host's fleetctl-labelled containers, read with the docker CLI: name -> running."""
+    out = ssh.run(host, ["docker", "ps", "-a", "--filter", "label=fleetctl.recipe", "--format", "{{.Names}} {{.State}}"],
+                  timeout=60).check("listing the fleetctl containers").stdout
+    return {name: state == "running" for name, state in (line.split() for line in out.splitlines() if line.strip())}
+
+
+def _health_code(host: inv.Host) -> int | None:
+    """What :8000/health answers on the host itself (None when nothing answers)."""
+    out = ssh.run(host, "curl -s -o /dev/null -m 5 -w '%{http_code}' http://127.0.0.1:8000/health || true",
+                  timeout=30).stdout.strip()
+    return int(out) if out.isdigit() and out != "000" else None
+
+
 @pytest.fixture
 def serving_stand_in(provisioned: PlaybookResult, lab: fleetlab.LabStatus) -> Iterator[tuple[str, str]]:
-    """A labelled container on the last node serving /health; removed afterwards. Yields (host, image ref)."""
+    """A labelled container on the last node serving /health; removed afterwards. Yields (host, image ref).
+
+    A lab reused from earlier work (a demo, a rollback, a killed session) may serve on that
+    node already: its running fleetctl containers are stopped for the test (the port is the
+    host's) and started again afterwards, so the node is left as it was found.
+    """
     inventory = inv.load(lab.inventory)
     host = inventory.host(list(provisioned.hosts)[-1])
     image = str(inventory.vars["container_toolkit_verify_image"])
     name = "fleetctl-status-test"
     ssh.run(host, ["docker", "rm", "-f", name], timeout=60)
-    ssh.run(host, [
-        "docker", "run", "-d", "--name", name, "--network", "host",
-        "--label", "fleetctl.recipe=status-test", "--label", "fleetctl.tag=test-tag",
-        "--label", "fleetctl.digest=sha256:" + "ab" * 32, "--label", "fleetctl.rollout=r-test",
-        image, "python3", "-c", HEALTH_SERVER,
-    ], timeout=120).check("starting the stand-in serving container")
-    ssh.run(host, "for i in $(seq 50); do curl -fsS -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.2; done; exit 1",
-            timeout=30).check("waiting for the stand-in's /health")
+    paused = [n for n, running in _fleetctl_containers(host).items() if running]
+    if paused:
+        ssh.run(host, ["docker", "stop", "-t", "10", *paused], timeout=120).check("stopping the node's own serving")
     try:
+        ssh.run(host, [
+            "docker", "run", "-d", "--name", name, "--network", "host",
+            "--label", "fleetctl.recipe=status-test", "--label", "fleetctl.tag=test-tag",
+            "--label", "fleetctl.digest=sha256:" + "ab" * 32, "--label", "fleetctl.rollout=r-test",
+            image, "python3", "-c", HEALTH_SERVER,
+        ], timeout=120).check("starting the stand-in serving container")
+        ssh.run(host, "for i in $(seq 50); do curl -fsS -o /dev/null http://127.0.0.1:8000/health && exit 0; "
+                      "sleep 0.2; done; exit 1", timeout=30).check("waiting for the stand-in's /health")
         yield host.name, image
     finally:
         ssh.run(host, ["docker", "rm", "-f", name], timeout=60)
+        if paused:
+            ssh.run(host, ["docker", "start", *paused], timeout=120).check("starting the node's own serving again")
 
 
 def test_status_shows_every_node_as_it_is(provisioned: PlaybookResult, lab: fleetlab.LabStatus,
@@ -75,7 +99,18 @@ def test_status_shows_every_node_as_it_is(provisioned: PlaybookResult, lab: flee
             assert c.digest == "sha256:" + "ab" * 32
             assert st.health == 200 and st.healthy
         else:
-            assert st.container is None and st.health is None and st.health_error
+            # The other nodes are as the session found them: nothing, or what a rollout left.
+            host = inventory.host(name)
+            found = _fleetctl_containers(host)
+            if not found:
+                assert st.container is None
+            else:
+                c = st.container
+                assert c is not None and c.name in found
+                # The running one is the serving one; only when none runs is a stopped one shown.
+                assert c.running == any(found.values()) == found[c.name]
+            code = _health_code(host)
+            assert st.health == code and (code is not None or st.health_error)
 
 
 def test_a_paused_node_is_unreachable_and_does_not_hold_up_the_others(
