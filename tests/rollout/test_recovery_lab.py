@@ -4,7 +4,9 @@
 * ``rollback`` after a rollout that failed on its canary keeps the canary on its last known-good
   and reports the others as skipped, with why;
 * two controllers with separate state dirs on one fleet: the hosts' own lock refuses the second
-  (exit 4, naming the host and the holder), and a dead one's lock is taken over.
+  (exit 4, naming the host and the holder), and a dead one's lock is taken over;
+* a host whose dockerd restarts (as at a reboot) serves its version again, and the containers
+  fleetctl stopped or killed stay down.
 """
 
 from __future__ import annotations
@@ -143,3 +145,48 @@ def test_two_controllers_with_separate_state_dirs_cannot_race(
     assert "took over the lock of rollback" in c.stderr and f"pid {a.pid}" in c.stderr, c.stderr
     assert all(s.lock is None for s in host_states().values())
     assert all(serving_tag(OLD).values()), real_state()  # C put back whatever A left mid-way
+
+
+def _containers(host: inventory.Host) -> dict[str, tuple[bool, str, str]]:
+    """The host's vllm and vllm.prev: name -> (running, image ID, container ID), read with docker inspect."""
+    r = ssh.run(host, "docker inspect vllm vllm.prev --format "
+                      "'{{.Name}} {{.State.Running}} {{.Image}} {{.Id}}' 2>/dev/null; true", timeout=30)
+    return {n.lstrip("/"): (run == "true", img, cid)
+            for n, run, img, cid in (line.split() for line in r.stdout.splitlines() if line.strip())}
+
+
+def _restart_dockerd(host: inventory.Host) -> None:
+    """What a reboot does to the containers: dockerd stops them all, then starts what its policies say."""
+    ssh.run(host, "service docker restart >/dev/null && for i in $(seq 60); do docker info >/dev/null 2>&1 "
+                  "&& exit 0; sleep 1; done; exit 1", timeout=120).check("restarting dockerd")
+    # The serving port answers again once the server has loaded (the lab's emulator: seconds).
+    ssh.run(host, "for i in $(seq 120); do curl -fsS -o /dev/null http://127.0.0.1:8000/health && exit 0; "
+                  "sleep 1; done; exit 1", timeout=150).check("waiting for /health after the restart")
+
+
+def test_a_host_whose_dockerd_restarts_serves_its_version_again_and_retired_ones_stay_down(
+        at_old: dict[str, dict[str, Any]]) -> None:
+    inv = inventory.load(None)
+    host = inv.host("spark-04")
+    # fleetctl moves the host to v0.24.0: v0.23.0 is stopped and kept as vllm.prev.
+    r = subprocess.run([FLEETCTL, "rollback", "--to", NEW, "--limit", host.name, "--yes", "--json"],
+                       capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    ssh.close_all()
+    assert r.returncode == 0, r.stderr
+    before = _containers(host)
+    assert before["vllm"][0] and not before["vllm.prev"][0], before
+    _restart_dockerd(host)
+    after = _containers(host)
+    assert after["vllm"] == before["vllm"] and after["vllm.prev"] == before["vllm.prev"], (before, after)
+    assert serving_tag(NEW)[host.name]
+    # And back: `fleetctl rollback` swaps them, killing v0.24.0; a killed container stays down too.
+    r = subprocess.run([FLEETCTL, "rollback", "--to", OLD, "--limit", host.name, "--yes", "--json"],
+                       capture_output=True, text=True, timeout=600, env=os.environ.copy())
+    ssh.close_all()
+    assert r.returncode == 0, r.stderr
+    before = _containers(host)
+    assert before["vllm"][0] and before["vllm.prev"] and not before["vllm.prev"][0], before
+    _restart_dockerd(host)
+    assert _containers(host) == before
+    assert serving_tag(OLD)[host.name]
+    unchanged({n: s for n, s in at_old.items() if n != host.name})

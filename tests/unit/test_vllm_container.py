@@ -64,11 +64,14 @@ def _inspect_of(argv: list[str], running: bool = True) -> dict[str, Any]:
     pairs = list(itertools.pairwise(opts))
     labels = dict(v.split("=", 1) for k, v in pairs if k == "--label")
     env = [v for k, v in pairs if k == "-e" and "=" in v]
+    # docker keeps the last --restart given; inspect names the policy without its :max-retries.
+    restart = ([v for k, v in pairs if k == "--restart"] + [o.split("=", 1)[1] for o in opts
+                                                             if o.startswith("--restart=")] or ["no"])[-1]
     return {"Name": "/" + argv[4], "State": {"Running": running},
             "Config": {"Image": ref, "Entrypoint": ["vllm"], "Cmd": cmd, "Env": [*env, "PATH=/usr/bin"],
                        "Labels": {**labels, "maintainer": "x"}},
             "HostConfig": {"Binds": [v for k, v in pairs if k == "-v"], "NetworkMode": "host", "IpcMode": "host",
-                           "DeviceRequests": [{"Count": -1}]}}
+                           "DeviceRequests": [{"Count": -1}], "RestartPolicy": {"Name": restart.split(":")[0]}}}
 
 
 def _diff(argv_run: list[str], raw: dict[str, Any], digest: str = DIGEST, running: bool = True) -> list[str]:
@@ -99,3 +102,30 @@ def test_a_new_digest_a_new_flag_an_env_value_or_a_stopped_container_are_changes
     argv = vc.render("qwen36-35b-heretic", raw, vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "r", "vllm")
     assert _diff(argv, raw, running=False) == ["running"]
     assert vc.differences({"a": 1}, None) == ["(no container)"]
+
+
+def test_the_container_comes_back_after_a_reboot_unless_the_recipe_says_otherwise() -> None:
+    raw = RAW["qwen36-35b-heretic"]
+    ref = vc.pull_ref(raw["image"], DIGEST)
+    argv = vc.render("qwen36-35b-heretic", raw, ref, "v0.24.0", DIGEST, "r-1", "vllm")
+    assert argv[argv.index("--restart") + 1] == "unless-stopped" == remote.RESTART_POLICY
+    assert _diff(argv, raw) == []
+    # A container started before the policy (an older fleetctl, or by hand) is replaced by a deploy.
+    old = [a for i, a in enumerate(argv) if a != "--restart" and argv[i - 1] != "--restart"]
+    assert "restart" in _diff(old, raw)
+    # The recipe's own --restart wins: docker keeps the last one given, and the role compares that.
+    own = {**raw, "docker_args": [*raw.get("docker_args", []), "--restart=on-failure:3"]}
+    argv_own = vc.render("qwen36-35b-heretic", own, ref, "v0.24.0", DIGEST, "r-1", "vllm")
+    assert vc.restart_policy(own) == "on-failure" and _diff(argv_own, own) == []
+    assert vc.fingerprint(own) != vc.fingerprint(raw)
+
+
+def test_a_container_in_its_restart_back_off_is_not_running() -> None:
+    raw = RAW["qwen36-35b-heretic"]
+    argv = vc.render("qwen36-35b-heretic", raw, vc.pull_ref(raw["image"], DIGEST), "v0.24.0", DIGEST, "r-1", "vllm")
+    c = _inspect_of(argv)
+    c["State"] = {"Running": True, "Restarting": True, "Status": "restarting"}
+    assert vc.summary(c)["running"] is False  # type: ignore[index]
+    have = vc.observed(c, {}, [])
+    assert have is not None and have["running"] is False
+    assert vc.retire_plan(False, "r-1", DIGEST, True, "r-2", DIGEST) == "remove"

@@ -29,6 +29,10 @@ LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERP
     "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
     "fleetctl.fingerprint")
 _PULL_TIMEOUT = 1800.0
+#: The serving container's restart policy, as the seeds' own ``docker run``: a Spark that reboots
+#: (or whose dockerd restarts) serves its version again, while a container fleetctl stopped or
+#: killed (``.prev``, a version judged bad) stays down. A recipe's ``docker_args`` may override it.
+RESTART_POLICY = "unless-stopped"
 
 
 def container_name(host: Host) -> str:
@@ -46,12 +50,12 @@ def fingerprint(recipe: Recipe) -> str:
     the same: the sha256 hex digest of ``json.dumps(doc, sort_keys=True,
     separators=(",", ":"))`` where ``doc`` is ``{"docker_args": [...],
     "entrypoint": "vllm", "env": {NAME: value}, "mounts": [[src, dst], ...],
-    "secret_env": [NAME, ...], "serve": [serve argv...]}`` (secret values
-    never enter it: only their names).
+    "restart": RESTART_POLICY, "secret_env": [NAME, ...], "serve": [serve
+    argv...]}`` (secret values never enter it: only their names).
     """
     doc = {"docker_args": list(recipe.docker_args), "entrypoint": "vllm", "env": dict(recipe.env),
-           "mounts": [[src, dst] for src, dst in recipe.mounts()], "secret_env": sorted(recipe.secret_env),
-           "serve": list(recipe.serve_argv())}
+           "mounts": [[src, dst] for src, dst in recipe.mounts()], "restart": RESTART_POLICY,
+           "secret_env": sorted(recipe.secret_env), "serve": list(recipe.serve_argv())}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -98,10 +102,12 @@ def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> 
         "network_mode": hc.get("NetworkMode"),
         "ipc_mode": hc.get("IpcMode"),
         "gpus": bool(hc.get("DeviceRequests")),
+        "restart": (hc.get("RestartPolicy") or {}).get("Name") or "no",
         "labels": labels,
     }
+    # Docker counts a container waiting out its restart back-off as Running: it serves nothing.
     return Serving(
-        name=str(c.get("Name", "")).lstrip("/"), running=bool(state.get("Running")),
+        name=str(c.get("Name", "")).lstrip("/"), running=bool(state.get("Running")) and not state.get("Restarting"),
         status=str(state.get("Status", "")), image=image_ref, digest=digest, tag=tag,
         recipe=labels.get(LABEL_RECIPE), rollout=labels.get(LABEL_ROLLOUT), settings=settings,
         fingerprint=labels.get(LABEL_FINGERPRINT),
@@ -266,7 +272,7 @@ def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rol
              name: str) -> list[str]:
     """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never valued)."""
     argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
-            "--label", f"{LABEL_RECIPE}={recipe.name}", "--label", f"{LABEL_TAG}={tag}",
+            "--restart", RESTART_POLICY, "--label", f"{LABEL_RECIPE}={recipe.name}", "--label", f"{LABEL_TAG}={tag}",
             "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout_id}",
             "--label", f"{LABEL_IMAGE}={recipe.image}", "--label", f"{LABEL_FINGERPRINT}={fingerprint(recipe)}",
             *recipe.docker_args]

@@ -46,8 +46,10 @@ class DockerOverSSH:
         except ValueError:
             raise FleetError(f"docker inspect {self.name} gave unreadable output: {r.stdout[:200]!r}",
                              host=self.host.name) from None
+        # A container in its restart policy's back-off is Running to docker, but serves nothing: it crashed.
+        running = bool(s.get("Running")) and not s.get("Restarting")
         return ContainerState(
-            exists=True, running=bool(s.get("Running")), status=str(s.get("Status", "")),
-            exit_code=s.get("ExitCode") if not s.get("Running") else None,
+            exists=True, running=running, status=str(s.get("Status", "")),
+            exit_code=s.get("ExitCode") if not running else None,
             restart_count=int(restarts or 0), started_at=str(s.get("StartedAt", "")), image=image,
         )

@@ -267,6 +267,7 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
     last_log_at = -1e9
     tail = ""
     last_state = ""
+    restarts: int | None = None  # the container's restart count when first seen
     while True:
         probe = await client.get("/health", timeout=min(10.0, max(poll * 4, 2.0)))
         waited = time.monotonic() - t0
@@ -281,11 +282,15 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
             if not st.exists:
                 return Readiness(Outcome.ERROR, f"nothing to soak: no container serves {target.base_url} "
                                                 f"({last_state})", waited)
-            if not st.running:
+            restarts = st.restart_count if restarts is None else restarts
+            # Under a restart policy a crash at boot shows as a restart, the container up again.
+            if not st.running or st.restart_count > restarts:
                 log = await _logs(target, CRASH_LOG_TAIL)
                 cause = boot_failure_cause(log)
                 code = f" with code {st.exit_code}" if st.exit_code is not None else ""
-                msg = f"boot failure: the container exited{code} before /health answered"
+                again = (f" (docker restarted it {st.restart_count - restarts} time(s))"
+                         if st.restart_count > restarts else "")
+                msg = f"boot failure: the container exited{code}{again} before /health answered"
                 msg += f": {cause}" if cause else f"; last log lines: {_last_lines(log)}"
                 return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=_tail(log))
             if time.monotonic() - last_log_at > 10:

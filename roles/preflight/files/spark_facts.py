@@ -190,8 +190,11 @@ def serving(container: str | None, port: int) -> dict[str, object]:
             items = json.loads(text) if rc == 0 else []
         except ValueError:
             items = []
-        # The running one wins; among several, the newest.
-        items.sort(key=lambda c: (bool(c.get("State", {}).get("Running")), c.get("Created", "")), reverse=True)
+        # The running one wins; among several, the newest. One in its restart back-off is not running.
+        def up(c: dict) -> bool:
+            return bool(c.get("State", {}).get("Running")) and not c.get("State", {}).get("Restarting")
+
+        items.sort(key=lambda c: (up(c), c.get("Created", "")), reverse=True)
         if items:
             c = items[0]
             labels = c.get("Config", {}).get("Labels") or {}
@@ -210,7 +213,7 @@ def serving(container: str | None, port: int) -> dict[str, object]:
                 "tag": ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else None,
                 "image_id": image_id,
                 "digest": labels.get("fleetctl.digest") or (digests[0].split("@", 1)[1] if digests else None),
-                "repo_digests": digests, "running": bool(state.get("Running")), "status": state.get("Status"),
+                "repo_digests": digests, "running": up(c), "status": state.get("Status"),
                 "started_at": state.get("StartedAt"), "restarts": c.get("RestartCount", 0),
                 "labels": {k: v for k, v in labels.items() if k.startswith("fleetctl.")},
                 "others": len(items) - 1,

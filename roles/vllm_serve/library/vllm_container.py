@@ -64,6 +64,9 @@ LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERP
     "fleetctl.fingerprint")
 DOCKER_HUB = "docker.io"
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+#: The restart policy fleetctl gives the container (rollout/host.py RESTART_POLICY): a rebooted host serves
+#: again, a container stopped or killed on purpose stays down. The recipe's docker_args may override it.
+RESTART_POLICY = "unless-stopped"
 #: Labels that say which run started a container, not how it runs: a change alone restarts nothing.
 _UNCOMPARED_LABELS = (LABEL_ROLLOUT,)
 
@@ -109,16 +112,32 @@ def _serve(recipe: dict) -> list[str]:
     return serve
 
 
+def restart_policy(recipe: dict) -> str:
+    """The policy docker applies: the last --restart of the recipe's docker_args, else RESTART_POLICY.
+
+    Returned as docker inspect names it (``on-failure:3`` is ``on-failure``).
+    """
+    policy = RESTART_POLICY
+    args = [str(a) for a in recipe.get("docker_args") or []]
+    for i, a in enumerate(args):
+        if a == "--restart" and i + 1 < len(args):
+            policy = args[i + 1]
+        elif a.startswith("--restart="):
+            policy = a.split("=", 1)[1]
+    return policy.split(":", 1)[0]
+
+
 def fingerprint(recipe: dict) -> str:
     """The container settings' fingerprint, as fleetctl.rollout.host.fingerprint computes it.
 
-    sha256 of the canonical JSON of docker_args, entrypoint, env, mounts, secret env NAMES and the
-    serve argv: a recipe-only change (flags, env, mounts) changes it whatever the image.
+    sha256 of the canonical JSON of docker_args, entrypoint, env, mounts, the default restart policy,
+    secret env NAMES and the serve argv: a recipe-only change (flags, env, mounts) changes it whatever
+    the image.
     """
     doc = {"docker_args": [str(a) for a in recipe.get("docker_args") or []], "entrypoint": "vllm",
            "env": {str(k): _env_value(v) for k, v in (recipe.get("env") or {}).items()},
-           "mounts": _mounts(recipe), "secret_env": sorted(str(k) for k in recipe.get("secret_env") or []),
-           "serve": _serve(recipe)}
+           "mounts": _mounts(recipe), "restart": RESTART_POLICY,
+           "secret_env": sorted(str(k) for k in recipe.get("secret_env") or []), "serve": _serve(recipe)}
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
@@ -126,7 +145,7 @@ def render(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, roll
            name: str, extra_labels: dict | None = None) -> list[str]:
     """The ``docker run`` argv for the recipe, the same as fleetctl.rollout.host.run_argv."""
     argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
-            "--label", f"{LABEL_RECIPE}={recipe_name}", "--label", f"{LABEL_TAG}={tag}",
+            "--restart", RESTART_POLICY, "--label", f"{LABEL_RECIPE}={recipe_name}", "--label", f"{LABEL_TAG}={tag}",
             "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout}",
             "--label", f"{LABEL_IMAGE}={recipe['image']}", "--label", f"{LABEL_FINGERPRINT}={fingerprint(recipe)}"]
     for k, v in sorted((extra_labels or {}).items()):
@@ -160,7 +179,8 @@ def wanted(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, extr
         "image": ref, "entrypoint": ["vllm"], "cmd": cmd,
         "env": env, "secret_env_names": sorted(secret_names),
         "binds": sorted(f"{src}:{dst}:ro" for src, dst in _mounts(recipe)),
-        "network_mode": "host", "ipc_mode": "host", "gpus": True, "labels": labels, "running": True,
+        "network_mode": "host", "ipc_mode": "host", "gpus": True, "restart": restart_policy(recipe),
+        "labels": labels, "running": True,
     }
 
 
@@ -179,9 +199,15 @@ def observed(c: dict | None, compare_env: dict, secret_names: list[str]) -> dict
         "secret_env_names": sorted(k for k in secret_names if k in env_all),
         "binds": sorted(hc.get("Binds") or []),
         "network_mode": hc.get("NetworkMode"), "ipc_mode": hc.get("IpcMode"),
-        "gpus": bool(hc.get("DeviceRequests")), "labels": labels,
-        "running": bool((c.get("State") or {}).get("Running")),
+        "gpus": bool(hc.get("DeviceRequests")), "restart": (hc.get("RestartPolicy") or {}).get("Name") or "no",
+        "labels": labels, "running": _running(c),
     }
+
+
+def _running(c: dict) -> bool:
+    # Docker counts a container waiting out its restart back-off as Running: it serves nothing.
+    state = c.get("State") or {}
+    return bool(state.get("Running")) and not state.get("Restarting")
 
 
 def differences(want: dict, have: dict | None) -> list[str]:
@@ -230,7 +256,7 @@ def summary(c: dict | None) -> dict | None:
     state = c.get("State") or {}
     labels = cfg.get("Labels") or {}
     return {
-        "name": str(c.get("Name", "")).lstrip("/"), "running": bool(state.get("Running")),
+        "name": str(c.get("Name", "")).lstrip("/"), "running": _running(c),
         "status": state.get("Status"), "image": cfg.get("Image"),
         "digest": labels.get(LABEL_DIGEST), "tag": labels.get(LABEL_TAG), "recipe": labels.get(LABEL_RECIPE),
         "rollout": labels.get(LABEL_ROLLOUT), "entrypoint": cfg.get("Entrypoint"), "cmd": cfg.get("Cmd"),
@@ -339,7 +365,7 @@ def main() -> None:
     if not have_image:
         actions.append("pull " + ref)
     cur_labels = ((cur or {}).get("Config") or {}).get("Labels") or {}
-    plan = retire_plan(None if cur is None else bool((cur.get("State") or {}).get("Running")),
+    plan = retire_plan(None if cur is None else _running(cur),
                        cur_labels.get(LABEL_ROLLOUT), cur_labels.get(LABEL_DIGEST), prev is not None,
                        p["rollout"], digest)
     # A stopped container already rendered right with no NAME.prev (the host rebooted, or docker stop
