@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +168,9 @@ def test_dry_run_prints_the_plan_as_json(serving: RolloutResult) -> None:
     plan = data["plan"]
     assert plan["tag"] == "2026-07-01-v0.24.0" and plan["digest"] == resolve(NEW).digest
     assert [len(w) for w in plan["waves"]] == [1, 2, 1]
-    assert all(h["current_tag"] == "2026-06-18-v0.23.0-dflashfix" for h in plan["hosts"])
+    # By digest: the tag label is the name the deploy was given (the collection test deploys
+    # "v0.23.0" by hand; fleetctl labels the registry's own tag of the digest).
+    assert all(h["current_digest"] == resolve(OLD).digest for h in plan["hosts"]), plan["hosts"]
 
 
 # -- the main path ---------------------------------------------------------------------------------
@@ -181,8 +183,8 @@ def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResu
     assert r.status == "completed", r.error
     assert all(serving_tag(NEW).values()), real_state()
     assert [h.status for h in r.hosts] == ["done"] * 4
-    assert all(h.before_tag == "2026-06-18-v0.23.0-dflashfix" and h.after_digest == resolve(NEW).digest
-               for h in r.hosts)
+    assert all(h.before_digest == resolve(OLD).digest and h.after_digest == resolve(NEW).digest
+               for h in r.hosts), r.hosts
     # the live table filled in: every host went through the phases, with wave and tag columns
     for h in r.hosts:
         phases = [e.phase for e in events if e.host == h.host]
@@ -294,6 +296,89 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
     assert final.status == L.COMPLETED and {h.status for h in final.hosts} == {L.DONE}
     assert {w.status for w in final.waves} == {L.DONE}
     assert any(ph.phase == "resumed" for ph in final.phases) and led.holder() is None
+    led.close()
+
+
+def _descendants(pid: int) -> dict[int, bytes]:
+    """Every process below ``pid`` (ansible-runner's pexpect puts ansible-playbook in a session of
+    its own, so the process group does not hold it): pid -> command line."""
+    parent: dict[int, int] = {}
+    cmd: dict[int, bytes] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+                parent[int(d.name)] = int(stat[stat.rindex(")") + 2:].split()[1])
+                cmd[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ")
+            except (OSError, ValueError):
+                continue
+    out: dict[int, bytes] = {}
+    frontier = [pid]
+    while frontier:
+        kids = [c for c, pp in parent.items() if pp in frontier and c not in out]
+        out.update({c: cmd.get(c, b"") for c in kids})
+        frontier = kids
+    return out
+
+
+def _role_run_of(pid: int) -> bool:
+    """Is an ansible-playbook of deploy.yml running below the controller ``pid``?"""
+    return any(b"ansible-playbook" in c and b"deploy.yml" in c for c in _descendants(pid).values())
+
+
+def _power_loss(pid: int) -> None:
+    """SIGKILL the controller and everything it started, at once."""
+    for victim in [pid, *_descendants(pid)]:
+        with suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
+def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(serving: RolloutResult) -> None:
+    # The controller and its ansible-playbook die together (SIGKILL to both: a laptop losing
+    # power), while the vllm_serve role is retiring and starting containers of a 3-host step.
+    serve(OLD)
+    before = real_state()
+    led = ledger()
+    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
+                          "--waves", "1,100%", "--max-unavailable", "3"],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.monotonic() + 300
+        rec = None
+        while time.monotonic() < deadline:
+            assert p.poll() is None, "the rollout ended before it could be killed"
+            rec = led.latest(kind="rollout", statuses=(L.RUNNING,))
+            if rec is not None and any(h.wave == 1 and h.phase == "stopping" for h in rec.hosts) and _role_run_of(p.pid):
+                break
+            time.sleep(0.1)
+        assert rec is not None and _role_run_of(p.pid), "no role run of wave 2 was seen"
+        # Cut at the first change the role makes on a host of the step (its vllm stopped, renamed
+        # or replaced): the moment a host has no serving container or a new, ungated one.
+        step = [h.host for h in rec.hosts if h.wave == 1]
+        inv = inventory.load(None)
+        while True:
+            assert _role_run_of(p.pid), "the role run ended before a change was seen"
+            now = ssh.fan_out([inv.host(n) for n in step], lambda h: ssh.run(
+                h, "docker inspect vllm --format '{{.Id}} {{.State.Running}}' 2>/dev/null; true", timeout=10).stdout,
+                timeout=15)
+            if any(o.value is not None and o.value.split() != [before[n]["id"], "true"] for n, o in now.items()):
+                break
+        _power_loss(p.pid)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            _power_loss(p.pid)
+    ssh.close_all()
+    killed = led.get(rec.id)
+    assert killed.status == L.RUNNING, killed
+    cut = real_state()  # what the cut left, for the message below
+    ab = cli("rollout", "abort", "--yes", "--json")
+    assert ab.returncode == 0, ab.stderr
+    # Every host serves the version it served before the rollout: the canary is taken back too.
+    assert all(serving_tag(OLD).values()), (cut, real_state())
+    assert {h["status"] for h in json.loads(ab.stdout)["hosts"]} <= {"done", "skipped"}, ab.stdout
+    final = led.get(rec.id)
+    assert final.status == L.ABORTED and led.holder() is None
     led.close()
 
 
