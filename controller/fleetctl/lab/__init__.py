@@ -29,7 +29,7 @@ from typing import Any
 from fleetctl import paths
 from fleetctl.errors import FleetError
 from fleetctl.lab import aptrepo, images, inventory, nodes, procs
-from fleetctl.lab.engine import Engine
+from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.layout import MAX_NODES, Layout, current
 from fleetctl.lab.nodes import Faults, InnerContainer
 from fleetctl.lab.rootfs import file_lock
@@ -159,7 +159,7 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
         _write_state(lay, state)
         # Written first: the weights mirror is filled from the recipes it links in.
         inventory.write(lay, [lay.node_name(i) for i in range(1, nodes + 1)])
-        engine = Engine(lay)
+        engine = Dockerd(lay)
         engine.start(progress)
         engine.ensure_network()
         _ssh_key(lay)
@@ -215,7 +215,7 @@ def _populate_weights(lay: Layout, weights: Path, progress: Progress) -> None:
     models.populate_mirror(weights, recipes)
 
 
-def _nodes(lay: Layout, engine: Engine, state: dict[str, Any], count: int, image: str, progress: Progress) -> None:
+def _nodes(lay: Layout, engine: Dockerd, state: dict[str, Any], count: int, image: str, progress: Progress) -> None:
     wanted = [lay.node_name(i) for i in range(1, count + 1)]
     faults: dict[str, Any] = state.setdefault("faults", {})
     for name in list(state.get("nodes", [])):
@@ -250,7 +250,7 @@ def _nodes(lay: Layout, engine: Engine, state: dict[str, Any], count: int, image
     _known_hosts(lay, engine, wanted, state)
 
 
-def _known_hosts(lay: Layout, engine: Engine, names: list[str], state: dict[str, Any]) -> None:
+def _known_hosts(lay: Layout, engine: Dockerd, names: list[str], state: dict[str, Any]) -> None:
     lines = []
     cached: dict[str, list[str]] = state.setdefault("host_keys", {})
     for name in names:
@@ -267,7 +267,7 @@ def _known_hosts(lay: Layout, engine: Engine, names: list[str], state: dict[str,
     tmp.replace(lay.known_hosts)
 
 
-def _push_images(lay: Layout, engine: Engine, progress: Progress) -> list[str]:
+def _push_images(lay: Layout, engine: Dockerd, progress: Progress) -> list[str]:
     pushed = []
     cuda = f"{lay.registry}/{images.CUDA_IMAGE}"
     images.cuda_image(lay, engine, cuda, progress)
@@ -296,7 +296,7 @@ def down(progress: Progress = NULL) -> list[str]:
     lay = _existing()
     leftovers: list[str] = []
     with _locked(lay, progress):
-        engine = Engine(lay)
+        engine = Dockerd(lay)
         if engine.pid() is None and (lay.engine_dir / "data").is_dir():
             # The engine died (a crash, a reboot, a kill) and its containers may still run
             # under their shims: start it again so that it can remove them properly.
@@ -354,7 +354,7 @@ def status() -> LabStatus:
     """What the lab looks like now (a lab that is down has no nodes and ``up`` False)."""
     lay = _existing()
     state = _read_state(lay) if lay.root.exists() else {"nodes": [], "faults": {}, "images": []}
-    engine = Engine(lay)
+    engine = Dockerd(lay)
     engine_up = engine.pid() is not None and engine.answering()
     services = {
         "engine": engine_up,
@@ -411,7 +411,7 @@ def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, di
         if name not in state.get("nodes", []):
             raise FleetError(f"no lab node {name!r}",
                              fix=f"use one of: {', '.join(state.get('nodes', [])) or '(none: run `fleetctl lab up`)'}")
-        engine = Engine(lay)
+        engine = Dockerd(lay)
         if engine.pid() is None:
             raise FleetError("the lab is down", fix="run `fleetctl lab up`")
         old = Faults.from_json(state.get("faults", {}).get(name, {}))
@@ -432,7 +432,7 @@ def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: s
               progress: Progress = NULL) -> str:
     """Build an image (the emulator with ``settings``, or ``from_dir`` running ``cmd``), push it; return its ref."""
     lay = _existing()
-    engine = Engine(lay)
+    engine = Dockerd(lay)
     if engine.pid() is None:
         raise FleetError("the lab is down", fix="run `fleetctl lab up`")
     ref = f"{lay.registry}/{repository}:{tag}"
@@ -450,9 +450,9 @@ def node_exec(name: str, argv: list[str], input: bytes | None = None,
               timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` as root inside node ``name`` without SSH (a back door for tests only)."""
     lay = _existing()
-    return nodes.exec_(Engine(lay), name, argv, input=input, timeout=timeout, check=False)
+    return nodes.exec_(Dockerd(lay), name, argv, input=input, timeout=timeout, check=False)
 
 
 def docker_env() -> dict[str, str]:
     """Environment in which the ``docker`` CLI talks to the lab's engine."""
-    return Engine(_existing()).env()
+    return Dockerd(_existing()).env()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from fleetctl.errors import FleetError
 from fleetctl.lab import gpus, rootfs
-from fleetctl.lab.engine import Engine
+from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.layout import Layout
 from fleetctl.progress import NULL, Event, Progress
 
@@ -47,7 +47,7 @@ def _hash_tree(paths: list[Path], extra: str = "") -> str:
     return h.hexdigest()[:12]
 
 
-def _import_rootfs(engine: Engine, spec: rootfs.RootfsSpec, progress: Progress) -> str:
+def _import_rootfs(engine: Dockerd, spec: rootfs.RootfsSpec, progress: Progress) -> str:
     ref = f"fleetctl-lab/{spec.name}-base:{spec.key()}"
     if engine.image_exists(ref):
         return ref
@@ -69,14 +69,14 @@ def _context(layout: Layout, name: str) -> Path:
     return ctx
 
 
-def _build(engine: Engine, context: Path, ref: str, progress: Progress, what: str) -> str:
+def _build(engine: Dockerd, context: Path, ref: str, progress: Progress, what: str) -> str:
     progress(Event("building", f"{what} ({ref})"))
     engine.docker("build", "--network", "none", "-q", "-t", ref, str(context), timeout=600,
                   what=f"building {what}")
     return ref
 
 
-def node_image(layout: Layout, engine: Engine, progress: Progress = NULL) -> str:
+def node_image(layout: Layout, engine: Dockerd, progress: Progress = NULL) -> str:
     """The node image (built if its inputs changed): Debian + Docker + sshd + the GPU stand-ins."""
     base = _import_rootfs(engine, rootfs.NODE, progress)
     node_assets = _assets() / "node"
@@ -121,7 +121,7 @@ def node_image(layout: Layout, engine: Engine, progress: Progress = NULL) -> str
     return _build(engine, ctx, ref, progress, "the node image")
 
 
-def python_base(engine: Engine, progress: Progress = NULL) -> str:
+def python_base(engine: Dockerd, progress: Progress = NULL) -> str:
     """The python-only base image in the lab engine (imported from the cached rootfs if needed)."""
     return _import_rootfs(engine, rootfs.PYTHON, progress)
 
@@ -130,7 +130,7 @@ def _emulator_dir() -> Path:
     return Path(str(resources.files("fleetctl.lab") / "emulator"))
 
 
-def vllm_base(layout: Layout, engine: Engine, progress: Progress = NULL) -> str:
+def vllm_base(layout: Layout, engine: Dockerd, progress: Progress = NULL) -> str:
     """The shared base of every vLLM stand-in tag: python3 + the emulator as ``vllm``."""
     base = python_base(engine, progress)
     emu = _emulator_dir()
@@ -162,7 +162,7 @@ def _dockerfile_env(settings: Mapping[str, str]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def build_tag(layout: Layout, engine: Engine, ref: str, settings: Mapping[str, str],
+def build_tag(layout: Layout, engine: Dockerd, ref: str, settings: Mapping[str, str],
               progress: Progress = NULL, from_dir: Path | None = None, cmd: list[str] | None = None) -> str:
     """Build ``ref`` (a full registry reference) from the emulator base plus ``settings``, or from a directory."""
     ctx = _context(layout, "tags/" + hashlib.sha256(ref.encode()).hexdigest()[:12])
@@ -184,7 +184,7 @@ def build_tag(layout: Layout, engine: Engine, ref: str, settings: Mapping[str, s
     return ref
 
 
-def cuda_image(layout: Layout, engine: Engine, ref: str, progress: Progress = NULL) -> str:
+def cuda_image(layout: Layout, engine: Dockerd, ref: str, progress: Progress = NULL) -> str:
     """A small stand-in of NVIDIA's CUDA base image: nvidia-smi appears only with --gpus (the hook injects it)."""
     base = python_base(engine, progress)
     ctx = _context(layout, "cuda")
@@ -198,7 +198,7 @@ def cuda_image(layout: Layout, engine: Engine, ref: str, progress: Progress = NU
     return _build(engine, ctx, ref, progress, "the CUDA check image")
 
 
-def push(engine: Engine, ref: str, progress: Progress = NULL) -> None:
+def push(engine: Dockerd, ref: str, progress: Progress = NULL) -> None:
     """Push ``ref`` to the lab registry."""
     progress(Event("pushing", ref))
     engine.docker("push", "-q", ref, timeout=600, what=f"pushing {ref}")

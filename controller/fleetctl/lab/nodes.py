@@ -18,7 +18,7 @@ from typing import Any
 
 from fleetctl.errors import FleetError
 from fleetctl.lab import gpus
-from fleetctl.lab.engine import Engine
+from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.images import NEWER_KERNEL
 from fleetctl.lab.layout import Layout
 from fleetctl.progress import NULL, Event, Progress
@@ -50,7 +50,7 @@ class Faults:
         return Faults(**{k: v for k, v in data.items() if k in known})
 
 
-def container_state(engine: Engine, name: str) -> dict[str, Any] | None:
+def container_state(engine: Dockerd, name: str) -> dict[str, Any] | None:
     """``docker inspect`` of the node's container, or None if it does not exist."""
     r = engine.docker("inspect", "--type", "container", name, check=False, timeout=30)
     if r.returncode != 0:
@@ -59,7 +59,7 @@ def container_state(engine: Engine, name: str) -> dict[str, Any] | None:
     return data[0] if data else None
 
 
-def exec_(engine: Engine, name: str, argv: list[str], input: bytes | None = None,
+def exec_(engine: Dockerd, name: str, argv: list[str], input: bytes | None = None,
           timeout: float = 60, check: bool = True, what: str | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` inside node ``name`` (as root, no SSH)."""
     args = ["exec", "-i", name, *argv] if input is not None else ["exec", name, *argv]
@@ -71,14 +71,14 @@ def exec_(engine: Engine, name: str, argv: list[str], input: bytes | None = None
     return r
 
 
-def write_file(engine: Engine, name: str, path: str, text: str) -> None:
+def write_file(engine: Dockerd, name: str, path: str, text: str) -> None:
     """Write ``text`` to ``path`` inside the node (parent directories created, atomic rename)."""
     q = shlex.quote(path)
     exec_(engine, name, ["sh", "-c", f"mkdir -p \"$(dirname {q})\" && cat > {q}.tmp && mv -f {q}.tmp {q}"],
           input=text.encode(), what=f"writing {path}")
 
 
-def create(layout: Layout, engine: Engine, index: int, image: str) -> None:
+def create(layout: Layout, engine: Dockerd, index: int, image: str) -> None:
     """Create and start node ``index`` from ``image``."""
     name = layout.node_name(index)
     pub = layout.ssh_key.with_suffix(".pub")
@@ -100,7 +100,7 @@ def create(layout: Layout, engine: Engine, index: int, image: str) -> None:
     )
 
 
-def wait_ready(layout: Layout, engine: Engine, index: int, timeout: float = 120, progress: Progress = NULL) -> None:
+def wait_ready(layout: Layout, engine: Dockerd, index: int, timeout: float = 120, progress: Progress = NULL) -> None:
     """Wait until the node's entry script is done, sshd answers and its dockerd answers."""
     name = layout.node_name(index)
     addr = layout.node_address(index)
@@ -132,13 +132,13 @@ def _port_open(addr: str, port: int) -> bool:
         return False
 
 
-def host_keys(engine: Engine, name: str) -> list[str]:
+def host_keys(engine: Dockerd, name: str) -> list[str]:
     """The node's public host keys (``type base64``), read from inside it."""
     r = exec_(engine, name, ["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"], what="reading the host keys")
     return [" ".join(line.split()[:2]) for line in r.stdout.splitlines() if line.strip()]
 
 
-def apply_faults(layout: Layout, engine: Engine, name: str, old: Faults, new: Faults) -> None:
+def apply_faults(layout: Layout, engine: Dockerd, name: str, old: Faults, new: Faults) -> None:
     """Bring node ``name`` from ``old`` to ``new`` faults (only what changed)."""
     index = layout.node_index(name)
     was_paused = old.paused
@@ -184,7 +184,7 @@ class InnerContainer:
     status: str
 
 
-def inner_containers(engine: Engine, name: str) -> tuple[InnerContainer, ...]:
+def inner_containers(engine: Dockerd, name: str) -> tuple[InnerContainer, ...]:
     """The containers running inside node ``name`` (empty when the node's dockerd does not answer)."""
     r = exec_(engine, name, ["docker", "ps", "--format", "{{json .}}"], check=False, timeout=20)
     if r.returncode != 0:

@@ -12,7 +12,7 @@ from typing import Any
 
 from . import perf
 from .args import ServeArgs, UsageError, parse
-from .engine import Engine
+from .engine_core import Engine
 from .knobs import Knobs, from_env
 from .metrics import Metrics
 from .server import ModelInfo, Server, install_signals, serve

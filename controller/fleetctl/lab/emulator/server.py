@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import perf
-from .engine import (
+from .engine_core import (
     ENGINE_DEAD_MESSAGE,
     Engine,
     EngineDeadError,

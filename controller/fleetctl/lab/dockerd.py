@@ -19,7 +19,7 @@ from fleetctl.lab.layout import TRUSTED_REGISTRIES, Layout
 from fleetctl.progress import NULL, Event, Progress
 
 
-class Engine:
+class Dockerd:
     """Start, stop and talk to one lab's dockerd."""
 
     def __init__(self, layout: Layout) -> None:
