@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -12,10 +13,11 @@ from typing import Any
 
 from . import perf
 from .args import ServeArgs, UsageError, parse
-from .engine_core import Engine
+from .engine_core import Engine, Request
+from .http_server import HttpServer
 from .knobs import Knobs, from_env
 from .metrics import Metrics
-from .server import ModelInfo, Server, install_signals, serve
+from .openai_api import ModelInfo, OpenAIApi
 from .weights import BootError, LoadedWeights, invalid_model_message, load_weights, read_config
 
 DEFAULT_MAX_MODEL_LEN = 32768
@@ -195,11 +197,88 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         reasoning_parser=args.reasoning_parser,
     )
     log(f"INFO [api_server.py:1647] Starting vLLM API server 0 on http://{args.host}:{args.port}")
-    server = Server(info, engine, knobs, log)
-    server.access_log = "disable-uvicorn-access-log" not in args.extra
     key = args.extra.get("api-key")
-    server.api_key = (key if isinstance(key, str) else None) or os.environ.get("VLLM_API_KEY") or None
-    return await serve(server, args.host, args.port, stop=stop, died=died)
+    server = HttpServer(
+        OpenAIApi(info, engine, knobs, log).routes(),
+        log,
+        api_key=(key if isinstance(key, str) else None) or os.environ.get("VLLM_API_KEY") or None,
+        access_log="disable-uvicorn-access-log" not in args.extra,
+    )
+    return await serve(server, engine, knobs, args.host, args.port, stop=stop, died=died)
+
+
+async def serve(
+    server: HttpServer,
+    engine: Engine,
+    knobs: Knobs,
+    host: str,
+    port: int,
+    *,
+    stop: asyncio.Event,
+    died: asyncio.Event,
+) -> int:
+    """Listen and serve until SIGTERM (exit 0) or until the engine dies (exit 1 a moment later)."""
+    try:
+        listener = await server.listen(host, port)
+    except OSError as exc:
+        server.log(f"ERROR [api_server.py:1890] {exc}")
+        return 1
+    server.log(f"INFO:     Started server process [{os.getpid()}]")
+    server.log("INFO:     Waiting for application startup.")
+    server.log("INFO:     Application startup complete.")
+    foreign = (asyncio.ensure_future(_foreign_traffic(engine, knobs.foreign_rps, stop))
+               if knobs.foreign_rps > 0 else None)
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(died.wait())]
+    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    for w in waiters:
+        w.cancel()
+    if foreign is not None:
+        foreign.cancel()
+    code = 0
+    if died.is_set() and not stop.is_set():
+        # /health answers 503 for a moment, then the API server follows its engine down.
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), knobs.crash_exit_seconds)
+        server.log("ERROR [api_server.py:1610] Engine core died; shutting down the API server.")
+        code = 1
+    server.log("INFO:     Shutting down")
+    server.log("INFO:     Waiting for application shutdown.")
+    server.log("INFO:     Application shutdown complete.")
+    listener.close()
+    await server.close_all()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(listener.wait_closed(), 2.0)
+    server.log(f"INFO:     Finished server process [{os.getpid()}]")
+    return code
+
+
+async def _foreign_traffic(engine: Engine, rps: float, stop: asyncio.Event) -> None:
+    """EMU_FOREIGN_RPS: another client's short requests through the same engine (metrics only)."""
+    running: set[asyncio.Task[None]] = set()
+    prompt = "Summarise the status of the nightly batch job in one sentence."
+
+    async def one(i: int) -> None:
+        req = Request(request_id=f"foreign-{i}", prompt=prompt, prompt_tokens=24, max_tokens=16,
+                      temperature=0.7, thinking=False, prompt_class=perf.classify(prompt, None))
+        with contextlib.suppress(Exception):
+            async for _ in engine.run(req):
+                pass
+
+    i = 0
+    while not stop.is_set():
+        await asyncio.sleep(1.0 / rps)
+        task = asyncio.ensure_future(one(i))
+        running.add(task)
+        task.add_done_callback(running.discard)
+        i += 1
+
+
+def install_signals(stop: asyncio.Event) -> None:
+    """SIGTERM/SIGINT set ``stop`` (docker stop, Ctrl-C)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,20 +1,17 @@
-"""The emulator's OpenAI-compatible HTTP server (asyncio streams, HTTP/1.1 keep-alive, chunked SSE).
+"""What the emulated vLLM answers: its OpenAI-compatible API and its own endpoints.
 
-asyncio rather than ThreadingHTTPServer: 64+ concurrent streams are 64 coroutines
-sleeping on timers instead of 64 threads contending for the GIL on one core, and
-keep-alive plus chunked transfer is a few lines either way.
+Request validation as vLLM 0.32 does it (the parts the emulator models: model names,
+messages, the context and output budget, temperature), and the response shapes of
+/v1/chat/completions and /v1/completions (one JSON body, or SSE chunks with an optional
+usage chunk and ``[DONE]``), /v1/models, /tokenize, /health, /version and /metrics.
+The HTTP framing those answers travel in (connections, routing, auth, chunked SSE) is
+:mod:`.http_server`. Named ``openai_api``, not ``openai``: in the image the emulator's
+directory is ``sys.path[0]``, where an ``openai.py`` would shadow the OpenAI SDK.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import contextvars
-import email.utils
-import hmac
 import json
-import os
-import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -31,21 +28,10 @@ from .engine_core import (
     Step,
     prefix_keys,
 )
+from .http_server import EventStream, Response, Routes, aclose_quietly, json_response
 from .knobs import Knobs
 from .metrics import Metrics
 from .text import count_tokens
-
-REASONS = {
-    200: "OK",
-    400: "Bad Request",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    411: "Length Required",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-}
-#: The request being answered on this connection (each connection is its own task).
-_CURRENT: contextvars.ContextVar[tuple[str, str, str]] = contextvars.ContextVar("current_request")
 
 #: Tokens a chat template adds per message and for the assistant turn (Qwen's <|im_start|> framing).
 TEMPLATE_TOKENS_PER_MESSAGE = 5
@@ -95,198 +81,54 @@ class ParsedChat:
     include_usage: bool
 
 
-class Server:
-    """One emulated vLLM API server: the engine plus its HTTP front end."""
+class OpenAIApi:
+    """The answers of one emulated vLLM API server, computed from its engine."""
 
     def __init__(
         self, info: ModelInfo, engine: Engine, knobs: Knobs, log: Callable[[str], None]
     ) -> None:
-        """Serve ``engine`` under ``info``'s names; ``log`` writes one log line."""
+        """Answer for ``engine`` under ``info``'s names; ``log`` writes one log line."""
         self.info = info
         self.engine = engine
         self.metrics: Metrics = engine.metrics
         self.knobs = knobs
         self.log = log
         self.created = int(time.time())
-        self._connections: set[asyncio.StreamWriter] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
         #: ``vllm-<version>-<8 hex>`` as vLLM 0.32 stamps complete responses and usage chunks.
         self.fingerprint = (
             f"vllm-{knobs.version}-{uuid.uuid5(uuid.NAMESPACE_URL, info.root).hex[:8]}"
         )
-        #: False with --disable-uvicorn-access-log.
-        self.access_log = True
-        #: --api-key / $VLLM_API_KEY: /v1/* then needs ``Authorization: Bearer <key>`` (vLLM's
-        #: AuthenticationMiddleware); /health, /metrics and /version stay open.
-        self.api_key: str | None = None
 
-    # --- HTTP plumbing ----------------------------------------------------------
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Serve requests on one connection until it closes (HTTP/1.1 keep-alive)."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._tasks.add(task)
-        self._connections.add(writer)
-        try:
-            while True:
-                line = await reader.readline()
-                if not line.strip():
-                    break
-                try:
-                    method, target, version = line.decode("latin-1").split()
-                except ValueError:
-                    break
-                headers: dict[str, str] = {}
-                while True:
-                    raw = await reader.readline()
-                    if raw in (b"\r\n", b"\n", b""):
-                        break
-                    key, _, value = raw.decode("latin-1").partition(":")
-                    headers[key.strip().lower()] = value.strip()
-                body = b""
-                if "content-length" in headers:
-                    body = await reader.readexactly(int(headers["content-length"]))
-                elif headers.get("transfer-encoding", "").lower() == "chunked":
-                    body = await self._read_chunked(reader)
-                keep_alive = (
-                    version == "HTTP/1.1" and headers.get("connection", "").lower() != "close"
-                )
-                path = target.split("?", 1)[0]
-                _CURRENT.set((self._peer(writer), method, target))
-                if not self.authorized(path, headers.get("authorization", "")):
-                    await self.send_json(writer, 401, {"error": "Unauthorized"}, keep_alive)
-                    if not keep_alive:
-                        break
-                    continue
-                keep_alive = await self.dispatch(method, path, body, writer, keep_alive)
-                if not keep_alive:
-                    break
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
-            pass
-        except asyncio.CancelledError:
-            # Shutdown cancels every connection; ending normally keeps Python 3.11's stream
-            # callback from logging a CancelledError traceback into the log operators read.
-            pass
-        finally:
-            self._connections.discard(writer)
-            if task is not None:
-                self._tasks.discard(task)
-            with contextlib.suppress(Exception):
-                writer.close()
-
-    def authorized(self, path: str, authorization: str) -> bool:
-        """vLLM's rule: with a key, every path under /v1 needs ``Bearer <key>``; others are open."""
-        if not self.api_key or not path.startswith("/v1"):
-            return True
-        return hmac.compare_digest(authorization.encode(), f"Bearer {self.api_key}".encode())
-
-    @staticmethod
-    async def _read_chunked(reader: asyncio.StreamReader) -> bytes:
-        parts: list[bytes] = []
-        while True:
-            size = int((await reader.readline()).split(b";")[0].strip() or b"0", 16)
-            if size == 0:
-                await reader.readline()
-                return b"".join(parts)
-            parts.append(await reader.readexactly(size))
-            await reader.readline()
-
-    @staticmethod
-    def _peer(writer: asyncio.StreamWriter) -> str:
-        peer = writer.get_extra_info("peername")
-        return f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else "-"
-
-    def _head(
-        self, status: int, content_type: str, extra: list[tuple[str, str]], keep_alive: bool
-    ) -> bytes:
-        if self.access_log:
-            peer, method, target = _CURRENT.get(("-", "-", "-"))
-            # uvicorn's access log line, as a real vLLM writes one per response.
-            self.log(
-                f'INFO:     {peer} - "{method} {target} HTTP/1.1" {status} {REASONS.get(status, "")}'
-            )
-        lines = [
-            f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
-            f"date: {email.utils.formatdate(usegmt=True)}",
-            "server: uvicorn",
-            f"content-type: {content_type}",
-            *(f"{k}: {v}" for k, v in extra),
-        ]
-        if not keep_alive:
-            lines.append("connection: close")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-    async def send(
-        self,
-        writer: asyncio.StreamWriter,
-        status: int,
-        body: bytes,
-        content_type: str = "application/json",
-        keep_alive: bool = True,
-    ) -> None:
-        """Send one complete response."""
-        writer.write(
-            self._head(status, content_type, [("content-length", str(len(body)))], keep_alive)
-            + body
-        )
-        await writer.drain()
-
-    async def send_json(
-        self, writer: asyncio.StreamWriter, status: int, obj: Any, keep_alive: bool = True
-    ) -> None:
-        """Send a JSON response."""
-        await self.send(
-            writer, status, json.dumps(obj, separators=(",", ":")).encode(), keep_alive=keep_alive
-        )
-
-    # --- routing ------------------------------------------------------------------
-    async def dispatch(
-        self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter, keep_alive: bool
-    ) -> bool:
-        """Answer one request; returns whether the connection stays open."""
-        routes: dict[str, tuple[str, Callable[[], Any]]] = {
-            "/health": ("GET", lambda: self.health(writer, keep_alive)),
-            "/ping": ("GET", lambda: self.health(writer, keep_alive)),
-            "/version": (
-                "GET",
-                lambda: self.send_json(writer, 200, {"version": self.knobs.version}, keep_alive),
-            ),
-            "/v1/models": (
-                "GET",
-                lambda: self.send_json(writer, 200, self.models_body(), keep_alive),
-            ),
-            "/metrics": (
-                "GET",
-                lambda: self.send(
-                    writer,
-                    200,
-                    self.metrics.render().encode(),
-                    "text/plain; version=0.0.4; charset=utf-8",
-                    keep_alive,
-                ),
-            ),
-            "/v1/chat/completions": (
-                "POST",
-                lambda: self.completion(body, writer, keep_alive, chat=True),
-            ),
-            "/v1/completions": (
-                "POST",
-                lambda: self.completion(body, writer, keep_alive, chat=False),
-            ),
-            "/tokenize": ("POST", lambda: self.tokenize(body, writer, keep_alive)),
+    def routes(self) -> Routes:
+        """Every path the server answers, with its method and handler."""
+        return {
+            "/health": ("GET", self.health),
+            "/ping": ("GET", self.health),
+            "/version": ("GET", self.version),
+            "/v1/models": ("GET", self.models),
+            "/metrics": ("GET", self.metrics_text),
+            "/v1/chat/completions": ("POST", self.chat_completions),
+            "/v1/completions": ("POST", self.completions),
+            "/tokenize": ("POST", self.tokenize),
         }
-        route = routes.get(path.rstrip("/") or "/")
-        if route is None:
-            await self.send_json(writer, 404, {"detail": "Not Found"}, keep_alive)
-            return keep_alive
-        allowed, action = route
-        if method != allowed and not (method == "HEAD" and allowed == "GET"):
-            await self.send_json(writer, 405, {"detail": "Method Not Allowed"}, keep_alive)
-            return keep_alive
-        result = await action()
-        return keep_alive if result is None else bool(result)
 
-    async def tokenize(self, raw: bytes, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
+    async def health(self, _body: bytes) -> Response:
+        """200 with an empty body while the engine lives; 503 once it died."""
+        return Response(503 if self.engine.dead else 200)
+
+    async def version(self, _body: bytes) -> Response:
+        """GET /version: the version the emulator poses as."""
+        return json_response(200, {"version": self.knobs.version})
+
+    async def models(self, _body: bytes) -> Response:
+        """GET /v1/models."""
+        return json_response(200, self.models_body())
+
+    async def metrics_text(self, _body: bytes) -> Response:
+        """GET /metrics in Prometheus' text format, with vLLM's metric names."""
+        return Response(200, self.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+
+    async def tokenize(self, raw: bytes) -> Response:
         """POST /tokenize as vLLM answers it: ``{"count", "max_model_len", "tokens", "token_strs"}``.
 
         ``prompt`` is counted as it is; ``messages`` with the chat template's overhead, as a
@@ -295,9 +137,7 @@ class Server:
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
-            await self.send_json(writer, 400, error_body("invalid JSON body", "Bad Request", 400, None),
-                                 keep_alive)
-            return
+            return json_response(400, error_body("invalid JSON body", "Bad Request", 400, None))
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             texts = [str(m.get("content") or "") if isinstance(m, dict) else "" for m in body["messages"]]
             count = sum(count_tokens(x) + TEMPLATE_TOKENS_PER_MESSAGE for x in texts)
@@ -306,19 +146,10 @@ class Server:
         elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
             count = count_tokens(body["prompt"])
         else:
-            await self.send_json(writer, 400, error_body("give prompt or messages", "Bad Request", 400,
-                                                         "prompt"), keep_alive)
-            return
+            return json_response(400, error_body("give prompt or messages", "Bad Request", 400, "prompt"))
         # Token ids are not modelled: a stable stand-in of the right length.
-        await self.send_json(writer, 200, {"count": count, "max_model_len": self.info.max_model_len,
-                                           "tokens": list(range(count)), "token_strs": None}, keep_alive)
-
-    async def health(self, writer: asyncio.StreamWriter, keep_alive: bool) -> None:
-        """200 with an empty body while the engine lives; 503 once it died."""
-        if self.engine.dead:
-            await self.send(writer, 503, b"", keep_alive=keep_alive)
-        else:
-            await self.send(writer, 200, b"", keep_alive=keep_alive)
+        return json_response(200, {"count": count, "max_model_len": self.info.max_model_len,
+                                   "tokens": list(range(count)), "token_strs": None})
 
     def models_body(self) -> dict[str, Any]:
         """The /v1/models listing: one entry per served name."""
@@ -354,7 +185,14 @@ class Server:
             ],
         }
 
-    # --- completions ----------------------------------------------------------------
+    async def chat_completions(self, raw: bytes) -> Response | EventStream:
+        """POST /v1/chat/completions."""
+        return await self.completion(raw, chat=True)
+
+    async def completions(self, raw: bytes) -> Response | EventStream:
+        """POST /v1/completions."""
+        return await self.completion(raw, chat=False)
+
     def parse(self, raw: bytes, *, chat: bool) -> ParsedChat:
         """Validate a request body as vLLM does (the parts the emulator models)."""
         try:
@@ -486,29 +324,18 @@ class Server:
         content = "".join(p.text for p in step.pieces if p.channel == "content")
         return reasoning, content
 
-    async def completion(
-        self, raw: bytes, writer: asyncio.StreamWriter, keep_alive: bool, *, chat: bool
-    ) -> bool:
-        """POST /v1/chat/completions and /v1/completions."""
+    async def completion(self, raw: bytes, *, chat: bool) -> Response | EventStream:
+        """A chat or text completion: an error, one JSON body, or an SSE stream of chunks."""
         try:
             parsed = self.parse(raw, chat=chat)
         except BadRequestError as exc:
-            await self.send_json(
-                writer,
-                exc.status,
-                error_body(str(exc), exc.kind, exc.status, exc.param),
-                keep_alive,
-            )
-            return keep_alive
+            return json_response(exc.status, error_body(str(exc), exc.kind, exc.status, exc.param))
         if self.engine.dead:
-            await self.send_json(
-                writer, 500, error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", 500), keep_alive
-            )
-            return keep_alive
+            return json_response(500, error_body(ENGINE_DEAD_MESSAGE, "InternalServerError", 500))
         steps = self.engine.run(parsed.request)
         if parsed.stream:
-            return await self._stream(parsed, steps, writer, keep_alive, chat=chat)
-        return await self._whole(parsed, steps, writer, keep_alive, chat=chat)
+            return EventStream(self._events(parsed, steps, chat=chat))
+        return await self._whole(parsed, steps, chat=chat)
 
     def _delta(self, reasoning: str, content: str, state: dict[str, bool]) -> dict[str, Any]:
         """The delta of one streamed step; without a reasoning parser thinking stays in <think> tags."""
@@ -529,15 +356,15 @@ class Server:
         delta["content"] = text + content
         return delta
 
+
     async def _whole(
         self,
         parsed: ParsedChat,
         steps: AsyncIterator[Step],
-        writer: asyncio.StreamWriter,
-        keep_alive: bool,
         *,
         chat: bool,
-    ) -> bool:
+    ) -> Response:
+        """The answer as one JSON body, once the engine finished the request."""
         reasoning_parts: list[str] = []
         content_parts: list[str] = []
         finish = "stop"
@@ -550,10 +377,7 @@ class Server:
                 completion_tokens += len(step.pieces)
                 finish = step.finish_reason or finish
         except (EngineDeadError, RequestFailedError) as exc:
-            await self.send_json(
-                writer, 500, error_body(str(exc), "InternalServerError", 500), keep_alive
-            )
-            return keep_alive
+            return json_response(500, error_body(str(exc), "InternalServerError", 500))
         reasoning = "".join(reasoning_parts)
         content = "".join(content_parts)
         if not self.info.reasoning_parser and reasoning:
@@ -609,34 +433,15 @@ class Server:
             "prompt_logprobs": None,
             "kv_transfer_params": None,
         }
-        await self.send_json(writer, 200, body, keep_alive)
-        return keep_alive
+        return json_response(200, body)
 
-    async def _stream(
-        self,
-        parsed: ParsedChat,
-        steps: AsyncIterator[Step],
-        writer: asyncio.StreamWriter,
-        keep_alive: bool,
-        *,
-        chat: bool,
-    ) -> bool:
-        """SSE over chunked transfer: role chunk with the first step, then one event per step."""
-        writer.write(
-            self._head(
-                200,
-                "text/event-stream; charset=utf-8",
-                [("transfer-encoding", "chunked")],
-                keep_alive,
-            )
-        )
+
+    async def _events(
+        self, parsed: ParsedChat, steps: AsyncIterator[Step], *, chat: bool
+    ) -> AsyncIterator[str]:
+        """The SSE payloads: role chunk with the first step, then one chunk per step, usage, ``[DONE]``."""
         rid, model, created = parsed.request.request_id, parsed.model, int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
-
-        async def event(payload: str) -> None:
-            data = f"data: {payload}\n\n".encode()
-            writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            await writer.drain()
 
         def chunk(choices: list[dict[str, Any]], **extra: Any) -> str:
             return json.dumps(
@@ -662,19 +467,17 @@ class Server:
                     completion_tokens += len(step.pieces)
                     if chat:
                         if first:
-                            await event(
-                                chunk(
-                                    [
-                                        {
-                                            "index": 0,
-                                            "delta": {"role": "assistant", "content": ""},
-                                            "logprobs": None,
-                                            "finish_reason": None,
-                                        }
-                                    ],
-                                    prompt_token_ids=None,
-                                    prompt_text=None,
-                                )
+                            yield chunk(
+                                [
+                                    {
+                                        "index": 0,
+                                        "delta": {"role": "assistant", "content": ""},
+                                        "logprobs": None,
+                                        "finish_reason": None,
+                                    }
+                                ],
+                                prompt_token_ids=None,
+                                prompt_text=None,
                             )
                         delta = self._delta(r, c, think_state)
                         choice: dict[str, Any] = {
@@ -695,7 +498,7 @@ class Server:
                     if step.finish_reason is not None:
                         choice["stop_reason"] = None
                     first = False
-                    await event(chunk([choice]))
+                    yield chunk([choice])
             except (EngineDeadError, RequestFailedError) as exc:
                 # An error after the stream started: an error event inside the 200 stream, then
                 # [DONE] without a usage chunk; vLLM writes this one event with json.dumps' spaces.
@@ -703,7 +506,7 @@ class Server:
                     f"ERROR [serving.py:929] Error in {'chat ' if chat else ''}completion stream generator."
                 )
                 self.log(f"ERROR [serving.py:929] {type(exc).__name__}: {exc}")
-                await event(json.dumps(error_body(str(exc), "InternalServerError", 500)))
+                yield json.dumps(error_body(str(exc), "InternalServerError", 500))
                 failed = True
             if parsed.include_usage and not failed:
                 usage = {
@@ -711,104 +514,8 @@ class Server:
                     "total_tokens": parsed.request.prompt_tokens + completion_tokens,
                     "completion_tokens": completion_tokens,
                 }
-                await event(chunk([], usage=usage, system_fingerprint=self.fingerprint))
-            await event("[DONE]")
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-        except (ConnectionError, RuntimeError):
-            # The client hung up mid-stream: abort the request (counted as "abort" by the engine).
-            await _aclose(steps)
-            return False
-        return keep_alive
-
-    # --- lifecycle --------------------------------------------------------------
-    async def close_all(self) -> None:
-        """Drop every connection and cancel their handlers."""
-        for writer in list(self._connections):
-            with contextlib.suppress(Exception):
-                writer.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.sleep(0)
-
-
-async def _aclose(steps: AsyncIterator[Step]) -> None:
-    aclose = getattr(steps, "aclose", None)
-    if aclose is not None:
-        with contextlib.suppress(Exception):
-            await aclose()
-
-
-async def serve(
-    server: Server,
-    host: str,
-    port: int,
-    *,
-    stop: asyncio.Event,
-    died: asyncio.Event,
-) -> int:
-    """Listen and serve until SIGTERM (exit 0) or until the engine dies (exit 1 a moment later)."""
-    bind_host: str | None = None if host in ("", "0.0.0.0", "::") else host
-    try:
-        listener = await asyncio.start_server(
-            server.handle, bind_host, port, reuse_address=True, limit=1 << 20
-        )
-    except OSError as exc:
-        server.log(f"ERROR [api_server.py:1890] {exc}")
-        return 1
-    server.log(f"INFO:     Started server process [{os.getpid()}]")
-    server.log("INFO:     Waiting for application startup.")
-    server.log("INFO:     Application startup complete.")
-    foreign = (asyncio.ensure_future(_foreign_traffic(server, server.knobs.foreign_rps, stop))
-               if server.knobs.foreign_rps > 0 else None)
-    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(died.wait())]
-    await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    for w in waiters:
-        w.cancel()
-    if foreign is not None:
-        foreign.cancel()
-    code = 0
-    if died.is_set() and not stop.is_set():
-        # /health answers 503 for a moment, then the API server follows its engine down.
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), server.knobs.crash_exit_seconds)
-        server.log("ERROR [api_server.py:1610] Engine core died; shutting down the API server.")
-        code = 1
-    server.log("INFO:     Shutting down")
-    server.log("INFO:     Waiting for application shutdown.")
-    server.log("INFO:     Application shutdown complete.")
-    listener.close()
-    await server.close_all()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(listener.wait_closed(), 2.0)
-    server.log(f"INFO:     Finished server process [{os.getpid()}]")
-    return code
-
-
-async def _foreign_traffic(server: Server, rps: float, stop: asyncio.Event) -> None:
-    """EMU_FOREIGN_RPS: another client's short requests through the same engine (metrics only)."""
-    running: set[asyncio.Task[None]] = set()
-    prompt = "Summarise the status of the nightly batch job in one sentence."
-
-    async def one(i: int) -> None:
-        req = Request(request_id=f"foreign-{i}", prompt=prompt, prompt_tokens=24, max_tokens=16,
-                      temperature=0.7, thinking=False, prompt_class=perf.classify(prompt, None))
-        with contextlib.suppress(Exception):
-            async for _ in server.engine.run(req):
-                pass
-
-    i = 0
-    while not stop.is_set():
-        await asyncio.sleep(1.0 / rps)
-        task = asyncio.ensure_future(one(i))
-        running.add(task)
-        task.add_done_callback(running.discard)
-        i += 1
-
-
-def install_signals(stop: asyncio.Event) -> None:
-    """SIGTERM/SIGINT set ``stop`` (docker stop, Ctrl-C)."""
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
+                yield chunk([], usage=usage, system_fingerprint=self.fingerprint)
+            yield "[DONE]"
+        finally:
+            # Closed early (the client hung up): abort the request, counted as "abort" by the engine.
+            await aclose_quietly(steps)
