@@ -39,13 +39,13 @@ from rich.table import Table
 
 from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl.lab import pgserver
-from fleetctl.rollout import ledger as L
+from fleetctl.state import ledger as fleet_ledger
 
 D = "sha256:" + "d" * 64
 PHASES = ("inspected", "pulling", "stopping", "starting", "ready", "soak")
 
 
-def _rollout(led: L.Ledger, n: int, rid: str) -> dict[str, float]:
+def _rollout(led: fleet_ledger.Ledger, n: int, rid: str) -> dict[str, float]:
     """One rollout's bookkeeping for n hosts; seconds per part."""
     hosts = [f"spark-{i:03d}" for i in range(n)]
     t0 = time.perf_counter()
@@ -54,18 +54,18 @@ def _rollout(led: L.Ledger, n: int, rid: str) -> dict[str, float]:
                options={}, command="fleetctl rollout", waves=[hosts],
                hosts=[{"host": h, "wave": 0, "step": 0, "before_tag": "old", "before_digest": "sha256:old",
                        "target_tag": "t", "target_digest": D} for h in hosts])
-    led.set_wave(rid, 0, L.RUNNING)
+    led.set_wave(rid, 0, fleet_ledger.RUNNING)
     t1 = time.perf_counter()
     for h in hosts:
         led.host_record(rid, h)
         for ph in PHASES:
-            led.host_phase(rid, h, ph, status=L.IN_PROGRESS)
-        led.host_phase(rid, h, "done", status=L.DONE, after_tag="t", after_digest=D, verdict={"outcome": "pass"})
+            led.host_phase(rid, h, ph, status=fleet_ledger.IN_PROGRESS)
+        led.host_phase(rid, h, "done", status=fleet_ledger.DONE, after_tag="t", after_digest=D, verdict={"outcome": "pass"})
         led.add_known_good(h, tag="t", digest=D, fingerprint="f", settings={"image": "img"}, source="gate",
                            rollout_id=rid)
     t2 = time.perf_counter()
-    led.set_wave(rid, 0, L.DONE)
-    led.set_status(rid, L.COMPLETED)
+    led.set_wave(rid, 0, fleet_ledger.DONE)
+    led.set_status(rid, fleet_ledger.COMPLETED)
     led.release(rid)
     t3 = time.perf_counter()
     return {"rollout_s": t3 - t0, "per_host_ms": (t2 - t1) / n * 1000}
@@ -80,7 +80,7 @@ def _median_ms(fn: Callable[[], object], k: int) -> float:
     return statistics.median(times) * 1000
 
 
-def measure(open_ledger: Callable[[str], L.Ledger], n: int, repeat: int) -> dict[str, float]:
+def measure(open_ledger: Callable[[str], fleet_ledger.Ledger], n: int, repeat: int) -> dict[str, float]:
     """Medians over ``repeat`` fresh fleets of size n."""
     runs: list[dict[str, float]] = []
     for _ in range(repeat):
@@ -104,9 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     con = Console(width=100)
     figures: dict[str, Any] = {"cpu_count": os.cpu_count(), "repeat": a.repeat, "sizes": {}}
     with tempfile.TemporaryDirectory() as tmp, pgserver.running(fsync=True) as server:
-        backends: dict[str, Callable[[str], L.Ledger]] = {
-            "sqlite": lambda fleet: L.open_ledger(Path(tmp) / fleet, fleet),
-            "postgresql": lambda fleet: L.open_ledger(Path(tmp), fleet, server.url()),
+        backends: dict[str, Callable[[str], fleet_ledger.Ledger]] = {
+            "sqlite": lambda fleet: fleet_ledger.open_ledger(Path(tmp) / fleet, fleet),
+            "postgresql": lambda fleet: fleet_ledger.open_ledger(Path(tmp), fleet, server.url()),
         }
         for n in sizes:
             figures["sizes"][str(n)] = {name: measure(op, n, a.repeat) for name, op in backends.items()}

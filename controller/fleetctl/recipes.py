@@ -56,6 +56,12 @@ _IMAGE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?/)?"
 _OWN_FLAGS = ("--served-model-name",)
 
 
+#: The marker a verified, staged weight set carries in its directory on a host (written by the
+#: stage just before its atomic swap; the rollout refuses a host whose sets lack it). The weights
+#: role's modules, which run on the hosts, keep their own copy of this name.
+STAGED_MARKER = ".fleetctl-staged.json"
+
+
 @dataclass(frozen=True)
 class WeightSet:
     """One directory of weights a recipe needs: the body checkpoint or the drafter."""

@@ -33,10 +33,8 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, default_recipe_name, recipe_for
-from fleetctl.rollout.ledger import open_for
+from fleetctl.state.ledger import open_for
 
-#: The marker a verified, staged set carries (written just before the atomic swap).
-MARKER = ".fleetctl-staged.json"
 PLAYBOOK = "stage"
 #: Seconds between two measurements of the staging directories (progress in bytes).
 POLL_SECONDS = 2.0
@@ -398,6 +396,6 @@ def require_ok(result: StageResult) -> StageResult:
     return result
 
 
-__all__ = ["MARKER", "FileReport", "HostStage", "SetOutcome", "StageResult", "fold", "human_bytes", "require_ok",
+__all__ = ["FileReport", "HostStage", "SetOutcome", "StageResult", "fold", "human_bytes", "require_ok",
            "source_for", "stage"]
 

@@ -20,7 +20,7 @@ from fleetctl import paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
-from fleetctl.rollout import hoststate
+from fleetctl.state import hoststate
 
 #: Seconds a host gets to answer the whole probe. A dead or frozen host is found sooner: the
 #: SSH connection (TCP and banner) has its own bound, ``fleetctl.ssh.DEFAULT_CONNECT_TIMEOUT``.

@@ -31,9 +31,9 @@ from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
-from fleetctl.rollout.ledger import Ledger
 from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
+from fleetctl.state.ledger import Ledger
 
 NAME = remote.DEFAULT_CONTAINER
 PREV = NAME + remote.PREV_SUFFIX

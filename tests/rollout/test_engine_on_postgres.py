@@ -17,8 +17,8 @@ import pytest
 
 from fleetctl import inventory, paths
 from fleetctl.lab.pgserver import PgServer
-from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.state import ledger as fleet_ledger
 
 from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, digest_of, run_command
 
@@ -45,7 +45,7 @@ def points(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> int
     """How many points (side effects and ledger transitions) a clean rollout goes through."""
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK, SOAKBAD: SOAKFAIL})
     r = _run(fleet, _inventory(pg_server), tmp_path_factory.mktemp("clean"), "rollout")
-    assert r.status == L.COMPLETED, r.error
+    assert r.status == fleet_ledger.COMPLETED, r.error
     return len(fleet.points)
 
 
@@ -58,19 +58,19 @@ def test_a_killed_rollout_is_recovered_by_another_controller(pg_server: PgServer
     with pytest.raises(Killed):
         _run(fleet, inv, tmp_path, "rollout")
     fleet.revive()
-    with L.open_for(inv, tmp_path) as led:
-        assert len(led.ids(statuses=L.ACTIVE)) == 1  # left active for --resume or abort
+    with fleet_ledger.open_for(inv, tmp_path) as led:
+        assert len(led.ids(statuses=fleet_ledger.ACTIVE)) == 1  # left active for --resume or abort
     r = _run(fleet, inv, tmp_path, how)
-    assert r.status in (L.COMPLETED, L.ABORTED), r.error
+    assert r.status in (fleet_ledger.COMPLETED, fleet_ledger.ABORTED), r.error
     want = B if how == "resume" else A
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, want)
-    with L.open_for(inv, tmp_path) as led:
-        assert led.ids(statuses=L.ACTIVE) == [] and led.holder() is None
+    with fleet_ledger.open_for(inv, tmp_path) as led:
+        assert led.ids(statuses=fleet_ledger.ACTIVE) == [] and led.holder() is None
         # Each host's known-good went to the shared database: a rollback from here undoes the rollout.
         assert all(led.known_good(h) for h in HOSTS)
     if how == "resume":
         rb = _run(fleet, inv, tmp_path, "rollback")
-        assert rb.status == L.COMPLETED, rb.error
+        assert rb.status == fleet_ledger.COMPLETED, rb.error
         assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
         assert {fleet.serving_digest(h) for h in HOSTS} == {digest_of(A)}
-    assert not (tmp_path / L.LEDGER_NAME).exists()  # nothing went to a local SQLite file
+    assert not (tmp_path / fleet_ledger.LEDGER_NAME).exists()  # nothing went to a local SQLite file

@@ -9,10 +9,10 @@ import pytest
 
 from fleetctl import inventory
 from fleetctl.errors import FleetError
+from fleetctl.recipes import STAGED_MARKER as MARKER
 from fleetctl.recipes import load_recipes
 from fleetctl.rollout import engine
 from fleetctl.rollout import host as remote
-from fleetctl.stage import MARKER
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "d" * 64

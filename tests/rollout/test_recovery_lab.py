@@ -24,8 +24,8 @@ import pytest
 
 from fleetctl import inventory, ssh
 from fleetctl import lab as fleetlab
-from fleetctl.rollout import hoststate as HS
 from fleetctl.rollout.engine import RolloutResult
+from fleetctl.state import hoststate
 from tests.plugins.serving import serve
 from tests.rollout.test_rollout_lab import (
     CRASH,
@@ -68,9 +68,9 @@ def env_for(state_dir: Path) -> dict[str, str]:
     return {**os.environ, "FLEETCTL_STATE_DIR": str(state_dir)}
 
 
-def host_states() -> dict[str, HS.HostState]:
+def host_states() -> dict[str, hoststate.HostState]:
     inv = inventory.load(None)
-    return HS.read_all(HS.SSHStore(), list(inv.hosts.values()))
+    return hoststate.read_all(hoststate.SSHStore(), list(inv.hosts.values()))
 
 
 def unchanged(before: dict[str, dict[str, Any]]) -> None:
@@ -116,7 +116,7 @@ def test_two_controllers_with_separate_state_dirs_cannot_race(
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env_for(a_dir))
     try:
         deadline = time.monotonic() + 120
-        held: dict[str, HS.HostState] = {}
+        held: dict[str, hoststate.HostState] = {}
         while time.monotonic() < deadline and a.poll() is None:
             held = host_states()
             if held and all(s.lock is not None and s.lock.pid == a.pid for s in held.values()):

@@ -24,8 +24,8 @@ from fleetctl.errors import FleetError
 from fleetctl.recipes import recipe_for
 from fleetctl.rollout import deploy
 from fleetctl.rollout import host as remote
-from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.state import ledger as fleet_ledger
 
 from .sim import (
     NAME,
@@ -64,8 +64,8 @@ def _run(fleet: SimFleet, dep: SimDeployer, state: Path, what: str, tag: str = B
 
 
 def _active(state: Path) -> list[str]:
-    with L.open_ledger(state) as led:
-        return led.ids(statuses=L.ACTIVE)
+    with fleet_ledger.open_ledger(state) as led:
+        return led.ids(statuses=fleet_ledger.ACTIVE)
 
 
 def _points(tag: str) -> list[str]:
@@ -82,16 +82,16 @@ FAILING_POINTS = _points(SOAKBAD)
 def test_a_wave_is_deployed_by_one_run_per_step_and_ends_on_the_new_version(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     r = _run(fleet, dep, tmp_path, "rollout")
-    assert r.status == L.COMPLETED, r.error
+    assert r.status == fleet_ledger.COMPLETED, r.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
     # The canary alone, then the two others of wave 2 together (--max-unavailable 2).
     assert dep.runs == [["spark-01"], ["spark-02", "spark-03"]]
     for h in fleet.hosts.values():
         assert h.containers[PREV].digest == digest_of(A)
     # The ledger went through the same phases as the controller's own deploy.
-    with L.open_ledger(tmp_path) as led:
+    with fleet_ledger.open_ledger(tmp_path) as led:
         rec = led.get(r.id or "")
-        assert {h.status for h in rec.hosts} == {L.DONE}
+        assert {h.status for h in rec.hosts} == {fleet_ledger.DONE}
     phases = [p.split(":", 1)[1] for p in GOOD_POINTS if p.startswith("ledger.host_phase:")]
     assert phases[:4] == ["stopping", "starting", "loading", "soak"]
 
@@ -114,7 +114,7 @@ def test_kill_anywhere_in_a_rollout_deployed_by_the_role(tmp_path: Path, tag: st
         assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
     assert _active(tmp_path) == []
     later = _run(fleet, dep, tmp_path, "rollout", C)
-    assert later.status == L.COMPLETED, later.error
+    assert later.status == fleet_ledger.COMPLETED, later.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, C)
 
 
@@ -134,11 +134,11 @@ def test_killed_inside_the_role_run_after_the_retire_before_the_start(tmp_path: 
     h = fleet.hosts["spark-01"]
     # The module stopped the old one and kept it as .prev, as the controller's retire does.
     assert NAME not in h.containers and h.containers[PREV].digest == digest_of(A)
-    with L.open_ledger(tmp_path) as led:
+    with fleet_ledger.open_ledger(tmp_path) as led:
         rec = led.get(led.ids()[0]).host("spark-01")
         assert rec is not None and (rec.phase, rec.before_digest) == ("stopping", digest_of(A))
     r = _run(fleet, dep, tmp_path, how)
-    assert r.status == L.COMPLETED, r.error
+    assert r.status == fleet_ledger.COMPLETED, r.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B if how == "resume" else A)
 
 
@@ -149,12 +149,12 @@ def test_killed_inside_the_role_run_after_the_start(tmp_path: Path, how: str) ->
     assert h.containers[NAME].digest == digest_of(B) and h.containers[PREV].digest == digest_of(A)
     runs = len(dep.runs)
     r = _run(fleet, dep, tmp_path, how)
-    assert r.status == L.COMPLETED, r.error
+    assert r.status == fleet_ledger.COMPLETED, r.error
     if how == "resume":
         # This rollout's container is gated where it runs, not deployed again.
         assert ["spark-01"] not in dep.runs[runs:]
         canary = next(o for o in r.hosts if o.host == "spark-01")
-        assert canary.status == L.DONE
+        assert canary.status == fleet_ledger.DONE
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B if how == "resume" else A)
 
 
@@ -162,11 +162,11 @@ def test_a_host_whose_start_fails_in_the_run_is_restored_the_other_goes_on(tmp_p
     fleet, dep = _fleet()
     fleet.hosts["spark-03"].behaviour[digest_of(B)] = NOSTART
     r = _run(fleet, dep, tmp_path, "rollout", budget="1")
-    assert r.status == L.COMPLETED_WITH_FAILURES, r.error
+    assert r.status == fleet_ledger.COMPLETED_WITH_FAILURES, r.error
     assert dep.runs == [["spark-01"], ["spark-02", "spark-03"]]
     assert fleet.serving_tags() == {"spark-01": B, "spark-02": B, "spark-03": A}
     o3 = next(o for o in r.hosts if o.host == "spark-03")
-    assert o3.status == L.ROLLED_BACK and "device driver" in (o3.error or "")
+    assert o3.status == fleet_ledger.ROLLED_BACK and "device driver" in (o3.error or "")
 
 
 @pytest.mark.parametrize("step", ["rm-prev", "stop"])
@@ -176,9 +176,9 @@ def test_a_retire_that_fails_in_the_run_restores_nothing_and_keeps_the_old_conta
     _run(fleet, dep, tmp_path, "rollout")  # every host now has a .prev (A) to be removed by the next deploy
     dep.fail_at["spark-01"] = step
     r = _run(fleet, dep, tmp_path, "rollout", C)
-    assert r.status == L.FAILED
+    assert r.status == fleet_ledger.FAILED
     o1 = next(o for o in r.hosts if o.host == "spark-01")
-    assert o1.status == L.HOST_FAILED and f"docker {step} failed" in (o1.error or "")
+    assert o1.status == fleet_ledger.HOST_FAILED and f"docker {step} failed" in (o1.error or "")
     assert "not retired by this deploy" in (o1.error or "")
     # Never stopped by this deploy: it still serves B, and its .prev is whatever the failed step left.
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
@@ -189,12 +189,12 @@ def test_ssh_lost_after_the_retire_in_the_run_reports_the_host_down_and_the_roll
     fleet, dep = _fleet()
     fleet.hosts["spark-01"].ssh_down_after = "retire"
     r = _run(fleet, dep, tmp_path, "rollout")
-    assert r.status == L.FAILED
+    assert r.status == fleet_ledger.FAILED
     o1 = next(o for o in r.hosts if o.host == "spark-01")
-    assert o1.status == L.HOST_FAILED and "fix:" in (o1.error or "")
+    assert o1.status == fleet_ledger.HOST_FAILED and "fix:" in (o1.error or "")
     fleet.hosts["spark-01"].ssh_down = False
     assert fleet.hosts["spark-01"].containers[PREV].digest == digest_of(A)
-    assert _run(fleet, dep, tmp_path, "rollback").status == L.COMPLETED
+    assert _run(fleet, dep, tmp_path, "rollback").status == fleet_ledger.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
 
 
@@ -245,7 +245,7 @@ def test_hosts_set_to_ssh_deploy_with_the_controllers_commands(tmp_path: Path) -
         r = eng.rollout(Options(tag=B, limit=",".join(HOSTS), max_unavailable="2", soak=1.0))
     finally:
         eng.close()
-    assert r.status == L.COMPLETED, r.error
+    assert r.status == fleet_ledger.COMPLETED, r.error
     assert dep.runs == [["spark-01"], ["spark-03"]]
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 

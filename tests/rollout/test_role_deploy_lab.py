@@ -21,8 +21,8 @@ import yaml
 
 from fleetctl import inventory, registry, ssh
 from fleetctl.rollout import host as remote
-from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options
+from fleetctl.state import ledger as fleet_ledger
 from tests.plugins.serving import BASE_TAG, LAB_SOAK, serve
 
 pytestmark = pytest.mark.lab
@@ -53,7 +53,7 @@ def _rollout_on_node(inv: inventory.Inventory, state: Path) -> tuple[str, dict[s
     finally:
         eng.close()
         ssh.close_all()
-    assert r.status == L.COMPLETED, r.error
+    assert r.status == fleet_ledger.COMPLETED, r.error
     h = inv.host(NODE)
     c = _inspect(h, remote.container_name(h))
     assert c is not None and c["State"]["Running"]

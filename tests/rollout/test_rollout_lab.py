@@ -25,10 +25,10 @@ from fleetctl import inventory, paths, registry, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event
-from fleetctl.rollout import ledger as L
+from fleetctl.recipes import STAGED_MARKER as MARKER
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
 from fleetctl.soak import baselines
-from fleetctl.stage import MARKER
+from fleetctl.state import ledger as fleet_ledger
 from tests.plugins.serving import LAB_SOAK, engine, serve
 
 pytestmark = pytest.mark.lab
@@ -82,8 +82,8 @@ def serving_tag(tag: str) -> dict[str, bool]:
     return {n: bool(s["running"] and ids[n] and s["image_id"] == ids[n]) for n, s in state.items()}
 
 
-def ledger() -> L.Ledger:
-    return L.open_ledger(paths.state_dir(inventory.load(None).path))
+def ledger() -> fleet_ledger.Ledger:
+    return fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
@@ -270,7 +270,7 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert p.poll() is None, "the rollout ended before it could be killed"
-            rec = led.latest(kind="rollout", statuses=(L.RUNNING,))
+            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
             if rec is not None and any(h.wave == 1 and h.phase in ("starting", "loading", "soak") for h in rec.hosts):
                 break
             time.sleep(0.2)
@@ -284,7 +284,7 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
         if p.poll() is None:
             p.kill()
     killed = led.get(rec.id)
-    assert killed.status == L.RUNNING and any(h.status == L.IN_PROGRESS for h in killed.hosts)
+    assert killed.status == fleet_ledger.RUNNING and any(h.status == fleet_ledger.IN_PROGRESS for h in killed.hosts)
     # a new rollout refuses to start over an interrupted one
     fresh = cli("rollout", "--tag", NEW, "--yes")
     assert fresh.returncode == 2 and "interrupted" in fresh.stderr and rec.id in fresh.stderr
@@ -293,8 +293,8 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
     assert json.loads(resumed.stdout)["status"] == "completed"
     assert all(serving_tag(NEW).values()), real_state()
     final = led.get(rec.id)
-    assert final.status == L.COMPLETED and {h.status for h in final.hosts} == {L.DONE}
-    assert {w.status for w in final.waves} == {L.DONE}
+    assert final.status == fleet_ledger.COMPLETED and {h.status for h in final.hosts} == {fleet_ledger.DONE}
+    assert {w.status for w in final.waves} == {fleet_ledger.DONE}
     assert any(ph.phase == "resumed" for ph in final.phases) and led.holder() is None
     led.close()
 
@@ -347,7 +347,7 @@ def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(serving:
         rec = None
         while time.monotonic() < deadline:
             assert p.poll() is None, "the rollout ended before it could be killed"
-            rec = led.latest(kind="rollout", statuses=(L.RUNNING,))
+            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
             if rec is not None and any(h.wave == 1 and h.phase == "stopping" for h in rec.hosts) and _role_run_of(p.pid):
                 break
             time.sleep(0.1)
@@ -370,7 +370,7 @@ def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(serving:
             _power_loss(p.pid)
     ssh.close_all()
     killed = led.get(rec.id)
-    assert killed.status == L.RUNNING, killed
+    assert killed.status == fleet_ledger.RUNNING, killed
     cut = real_state()  # what the cut left, for the message below
     ab = cli("rollout", "abort", "--yes", "--json")
     assert ab.returncode == 0, ab.stderr
@@ -378,7 +378,7 @@ def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(serving:
     assert all(serving_tag(OLD).values()), (cut, real_state())
     assert {h["status"] for h in json.loads(ab.stdout)["hosts"]} <= {"done", "skipped"}, ab.stdout
     final = led.get(rec.id)
-    assert final.status == L.ABORTED and led.holder() is None
+    assert final.status == fleet_ledger.ABORTED and led.holder() is None
     led.close()
 
 
@@ -418,4 +418,4 @@ def test_inconclusive_gate_pauses_then_abort_undoes(serving: RolloutResult) -> N
     assert ab.returncode == 0, ab.stderr
     assert all(serving_tag(OLD).values()), real_state()
     with ledger() as led:
-        assert led.get(r.id).status == L.ABORTED
+        assert led.get(r.id).status == fleet_ledger.ABORTED

@@ -17,7 +17,7 @@ import pytest
 
 from fleetctl import inventory, ssh
 from fleetctl.rollout import host as remote
-from fleetctl.rollout import hoststate
+from fleetctl.state import hoststate
 from tests.plugins.serving import BASE_TAG, serve
 
 pytestmark = pytest.mark.lab

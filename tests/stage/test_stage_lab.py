@@ -26,8 +26,9 @@ from fleetctl import lab as fleetlab
 from fleetctl.inventory import Inventory
 from fleetctl.lab import models
 from fleetctl.progress import Event
+from fleetctl.recipes import STAGED_MARKER as MARKER
 from fleetctl.recipes import load_recipes
-from fleetctl.stage import KEY_DIR, MARKER, StageResult, stage
+from fleetctl.stage import KEY_DIR, StageResult, stage
 
 pytestmark = pytest.mark.lab
 

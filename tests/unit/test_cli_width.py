@@ -29,10 +29,10 @@ from fleetctl.cli.status import render_status
 from fleetctl.lab import LabNode, LabStatus
 from fleetctl.lab.nodes import InnerContainer
 from fleetctl.progress import Event
-from fleetctl.rollout import ledger as L
 from fleetctl.rollout import plan as P
 from fleetctl.rollout.engine import HostOutcome, RolloutResult
 from fleetctl.stage import HostStage, SetOutcome, StageResult
+from fleetctl.state import ledger as fleet_ledger
 from fleetctl.status import ContainerStatus, HostStatus
 
 WIDTH = 80
@@ -80,15 +80,15 @@ def test_rollout_result_and_plan_fit() -> None:
 
 def test_history_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path))
-    with L.open_ledger(tmp_path) as led:
+    with fleet_ledger.open_ledger(tmp_path) as led:
         for i in range(3):
             rid = f"ro-20260701-12000{i}-3f9a"
             led.create(rid, kind="rollout", recipe="qwen36-35b-heretic", requested="v0.24.0", tag=TAG, digest=DIGEST,
                        image="img", options={}, command="fleetctl rollout --tag v0.24.0 --yes", waves=[list(HOSTS)],
-                       hosts=[{"host": h, "wave": 0, "step": 0, "status": L.PENDING, "before_tag": OLD_TAG,
+                       hosts=[{"host": h, "wave": 0, "step": 0, "status": fleet_ledger.PENDING, "before_tag": OLD_TAG,
                                "before_digest": DIGEST, "target_tag": TAG, "target_digest": DIGEST} for h in HOSTS])
-            led.host_phase(rid, "spark-01", "rolled-back", LONG_ERROR, status=L.ROLLED_BACK, error=LONG_ERROR)
-            led.set_status(rid, L.FAILED, LONG_ERROR)
+            led.host_phase(rid, "spark-01", "rolled-back", LONG_ERROR, status=fleet_ledger.ROLLED_BACK, error=LONG_ERROR)
+            led.set_status(rid, fleet_ledger.FAILED, LONG_ERROR)
     runner = CliRunner()
     r = runner.invoke(cli, ["-i", str(EXAMPLE_INVENTORY), "history"], env={"COLUMNS": str(WIDTH)})
     assert r.exit_code == 0, r.output

@@ -28,8 +28,8 @@ from tests.plugins.postgres import PW_PASSWORD, PW_USER, PgServer
 from fleetctl import inventory
 from fleetctl.cli.main import cli
 from fleetctl.errors import ExitCode, FleetError, LockedError
-from fleetctl.rollout import ledger as L
-from fleetctl.rollout import ledgerdb
+from fleetctl.state import backends
+from fleetctl.state import ledger as fleet_ledger
 
 D = "sha256:" + "c" * 64
 
@@ -47,22 +47,22 @@ class Backend:
     def url(self) -> str | None:
         return self.server.url() if self.server else None
 
-    def open(self) -> L.Ledger:
-        return L.open_ledger(self.state_dir, self.fleet, self.url)
+    def open(self) -> fleet_ledger.Ledger:
+        return fleet_ledger.open_ledger(self.state_dir, self.fleet, self.url)
 
     def sql(self, *stmts: str) -> list[Any]:
         """Run statements straight on the database (the fleet's schema); the last one's rows."""
         rows: list[Any] = []
         if self.server is None:
-            db = sqlite3.connect(self.state_dir / L.LEDGER_NAME)
+            db = sqlite3.connect(self.state_dir / fleet_ledger.LEDGER_NAME)
             for s in stmts:
                 rows = db.execute(s).fetchall()
             db.commit()
             db.close()
             return rows
         with self.server.admin() as conn:
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{ledgerdb.schema_name(self.fleet)}"')
-            conn.execute(f'SET search_path TO "{ledgerdb.schema_name(self.fleet)}"')
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{backends.schema_name(self.fleet)}"')
+            conn.execute(f'SET search_path TO "{backends.schema_name(self.fleet)}"')
             for s in stmts:
                 cur = conn.execute(s)
                 rows = cur.fetchall() if cur.description else []
@@ -78,11 +78,11 @@ class Backend:
 
     def make_v1(self) -> None:
         """A ledger as fleetctl's schema version 1 left it."""
-        db = ledgerdb.PostgresBackend(self.url, self.fleet) if self.url else ledgerdb.SqliteBackend(
-            self.state_dir / L.LEDGER_NAME)
+        db = backends.PostgresBackend(self.url, self.fleet) if self.url else backends.SqliteBackend(
+            self.state_dir / fleet_ledger.LEDGER_NAME)
         with db.write() as tx:
             assert db.version(tx) == 0
-            for stmt in db.ddl(L._MIGRATIONS[0]):
+            for stmt in db.ddl(fleet_ledger._MIGRATIONS[0]):
                 tx.run(stmt)
             db.set_version(tx, 1)
         db.close()
@@ -98,7 +98,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     return Backend(request.param, tmp_path, f"test-{uuid.uuid4().hex[:8]}", server)
 
 
-def make(led: L.Ledger, rid: str = "ro-1") -> None:
+def make(led: fleet_ledger.Ledger, rid: str = "ro-1") -> None:
     led.create(rid, kind="rollout", recipe="qwen", requested="v0.24.0", tag="2026-07-01-v0.24.0", digest=D,
                image="ghcr.io/a/b", options={"waves": "1,100%"}, command="fleetctl rollout --tag v0.24.0",
                waves=[["s1"], ["s2", "s3"]],
@@ -111,26 +111,26 @@ def make(led: L.Ledger, rid: str = "ro-1") -> None:
 def test_records_phases_and_history(backend: Backend) -> None:
     with backend.open() as led:
         make(led)
-        led.set_wave("ro-1", 0, L.RUNNING)
-        led.host_phase("ro-1", "s1", "starting", status=L.IN_PROGRESS)
+        led.set_wave("ro-1", 0, fleet_ledger.RUNNING)
+        led.host_phase("ro-1", "s1", "starting", status=fleet_ledger.IN_PROGRESS)
         led.host_phase("ro-1", "s1", "soak", detail="30s")
-        led.host_phase("ro-1", "s1", "done", status=L.DONE, after_tag="2026-07-01-v0.24.0", after_digest=D,
+        led.host_phase("ro-1", "s1", "done", status=fleet_ledger.DONE, after_tag="2026-07-01-v0.24.0", after_digest=D,
                        verdict={"outcome": "pass"}, artifacts="/x/runs/1")
-        led.set_wave("ro-1", 0, L.DONE)
-        led.set_status("ro-1", L.COMPLETED)
+        led.set_wave("ro-1", 0, fleet_ledger.DONE)
+        led.set_status("ro-1", fleet_ledger.COMPLETED)
         r = led.get("ro-1")
-    assert r.status == L.COMPLETED and r.finished_at is not None and r.started_by.count("@") == 1
+    assert r.status == fleet_ledger.COMPLETED and r.finished_at is not None and r.started_by.count("@") == 1
     s1 = r.host("s1")
-    assert s1 is not None and s1.status == L.DONE and s1.verdict == {"outcome": "pass"}
+    assert s1 is not None and s1.status == fleet_ledger.DONE and s1.verdict == {"outcome": "pass"}
     assert s1.before == {"image": "x", "env": ["HF_TOKEN"]} and s1.finished_at is not None
     assert [p.phase for p in r.phases if p.host == "s1"] == ["starting", "soak", "done"]
-    assert r.waves[0].status == L.DONE and r.waves[1].hosts == ("s2", "s3")
+    assert r.waves[0].status == fleet_ledger.DONE and r.waves[1].hosts == ("s2", "s3")
     # Timestamps keep sub-second precision (PostgreSQL's REAL would round them to ~100 s).
     assert r.finished_at is not None and abs(r.finished_at - time.time()) < 3600
     assert s1.started_at is not None and s1.finished_at is not None and s1.started_at <= s1.finished_at
     with backend.open() as led:  # reopening reads the same (committed) data
         assert [x.id for x in led.history()] == ["ro-1"]
-        assert led.latest(statuses=L.ACTIVE) is None
+        assert led.latest(statuses=fleet_ledger.ACTIVE) is None
         with pytest.raises(FleetError, match="no rollout 'nope'"):
             led.get("nope")
         with pytest.raises(ValueError):
@@ -141,7 +141,7 @@ def test_one_host_record_is_the_same_as_in_the_whole_record(backend: Backend) ->
     with backend.open() as led:
         make(led)
         make(led, "ro-2")
-        led.host_phase("ro-1", "s2", "done", status=L.DONE, verdict={"outcome": "pass"}, after_tag="t")
+        led.host_phase("ro-1", "s2", "done", status=fleet_ledger.DONE, verdict={"outcome": "pass"}, after_tag="t")
         whole = led.get("ro-1")
         for h in ("s1", "s2", "s3"):
             assert led.host_record("ro-1", h) == whole.host(h)
@@ -154,19 +154,19 @@ def test_history_is_newest_first_and_filtered(backend: Backend) -> None:
     with backend.open() as led:
         for rid in ("ro-a", "ro-b", "rb-c"):
             make(led, rid)
-        led.set_status("ro-a", L.COMPLETED)
+        led.set_status("ro-a", fleet_ledger.COMPLETED)
         # Same started_at to the microsecond is possible on a fast machine: insertion order decides.
         assert led.ids() == ["rb-c", "ro-b", "ro-a"]
-        assert led.ids(statuses=L.ACTIVE) == ["rb-c", "ro-b"]
-        assert led.ids(statuses=[L.COMPLETED], limit=5) == ["ro-a"]
-        latest = led.latest(statuses=L.ACTIVE)
+        assert led.ids(statuses=fleet_ledger.ACTIVE) == ["rb-c", "ro-b"]
+        assert led.ids(statuses=[fleet_ledger.COMPLETED], limit=5) == ["ro-a"]
+        latest = led.latest(statuses=fleet_ledger.ACTIVE)
         assert latest is not None and latest.id == "rb-c"
         assert [h.host for h in led.get("ro-b").hosts] == ["s1", "s2", "s3"]
 
 
 def test_newer_schema_is_refused(backend: Backend) -> None:
     backend.open().close()
-    backend.set_version(L.SCHEMA_VERSION + 1)
+    backend.set_version(fleet_ledger.SCHEMA_VERSION + 1)
     with pytest.raises(FleetError) as e:
         backend.open()
     assert "newer than this fleetctl" in e.value.message() and e.value.exit_code == ExitCode.INCONCLUSIVE
@@ -183,7 +183,7 @@ HOLDER = textwrap.dedent("""
     from pathlib import Path
     if len(sys.argv) > 4:  # another controller machine
         socket.gethostname = lambda: sys.argv[4]
-    from fleetctl.rollout.ledger import open_ledger
+    from fleetctl.state.ledger import open_ledger
     led = open_ledger(Path(sys.argv[1]), sys.argv[2], sys.argv[3] or None)
     led.acquire("ro-first")
     print("locked", flush=True)
@@ -198,7 +198,7 @@ def _hold(backend: Backend, *hostname: str) -> subprocess.Popen[str]:
     return p
 
 
-def _wait_free(led: L.Ledger) -> L.LockHolder | None:
+def _wait_free(led: fleet_ledger.Ledger) -> fleet_ledger.LockHolder | None:
     """The holder once the database has noticed its death (a server ends a session on the socket's EOF,
     a moment after the process died); bounded, not timed: it must happen."""
     deadline = time.monotonic() + 60
@@ -289,7 +289,7 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_records(backend: Backend) 
         kg = led.known_good("s1")
         assert [(k.tag, k.source, k.rollout_id) for k in kg] == [("new", "gate", "ro-1"), ("old2", "served", "ro-1")]
         assert kg[1].settings == {"env": ["HF_TOKEN"]}
-    assert backend.version() == L.SCHEMA_VERSION == 2
+    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 2
 
 
 # -- PostgreSQL only: what a shared database adds ---------------------------------------------------------
@@ -327,7 +327,7 @@ def test_a_controller_that_lost_its_session_writes_nothing_more(pg: Backend, pg_
         h = _wait_free(led)
         assert h is not None and not h.alive
         with pytest.raises(FleetError, match="lost the fleet's lock"):
-            led.host_phase("ro-1", "s1", "starting", status=L.IN_PROGRESS)
+            led.host_phase("ro-1", "s1", "starting", status=fleet_ledger.IN_PROGRESS)
         assert led.get("ro-1").host("s1").phase == "planned"  # type: ignore[union-attr]
         led.release("ro-1")  # its own record can still be cleared
         assert led.holder() is None
@@ -335,7 +335,7 @@ def test_a_controller_that_lost_its_session_writes_nothing_more(pg: Backend, pg_
 
 def _dump(server: PgServer, fleet: str) -> str:
     """Every row of a fleet's schema, as text."""
-    schema = ledgerdb.schema_name(fleet)
+    schema = backends.schema_name(fleet)
     out = []
     with server.admin() as conn:
         tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname=%s", (schema,))]
@@ -347,7 +347,7 @@ def _dump(server: PgServer, fleet: str) -> str:
 def test_password_is_never_shown_and_bad_logins_are_clear(pg: Backend, pg_server: PgServer,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     url = pg_server.url(PW_USER, PW_PASSWORD)
-    with L.open_ledger(pg.state_dir, pg.fleet, url) as led, L.open_ledger(pg.state_dir, pg.fleet, url) as led2:
+    with fleet_ledger.open_ledger(pg.state_dir, pg.fleet, url) as led, fleet_ledger.open_ledger(pg.state_dir, pg.fleet, url) as led2:
         assert PW_PASSWORD not in led.where and PW_USER in led.where
         make(led)
         led.acquire("ro-1")
@@ -362,27 +362,27 @@ def test_password_is_never_shown_and_bad_logins_are_clear(pg: Backend, pg_server
 
     # The documented way: no password in the URL, libpq's $PGPASSWORD (or ~/.pgpass) supplies it.
     monkeypatch.setenv("PGPASSWORD", PW_PASSWORD)
-    with L.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER)) as led:
+    with fleet_ledger.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER)) as led:
         assert led.ids() == ["ro-1"]
     monkeypatch.setenv("PGPASSWORD", "wrong-" + PW_PASSWORD)
     with pytest.raises(FleetError) as e3:
-        L.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER))
+        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER))
     msg = e3.value.message()
     assert "refused the login" in msg and "password authentication failed" in msg and ".pgpass" in msg
     assert PW_PASSWORD not in msg
     monkeypatch.delenv("PGPASSWORD")
     with pytest.raises(FleetError) as e4:
-        L.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER, "wrong-" + PW_PASSWORD))
+        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER, "wrong-" + PW_PASSWORD))
     assert "refused the login" in e4.value.message() and PW_PASSWORD not in e4.value.message()
     # A malformed URL: libpq's parse error would quote it, password and all.
     with pytest.raises(FleetError, match="not a valid PostgreSQL connection string") as e5:
-        L.open_ledger(pg.state_dir, pg.fleet, f"host=/tmp password={PW_PASSWORD} port=notaport =")
+        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, f"host=/tmp password={PW_PASSWORD} port=notaport =")
     assert PW_PASSWORD not in e5.value.message()
 
 
 def test_an_unreachable_server_is_one_clear_error(pg_server: PgServer, tmp_path: Path) -> None:
     with pytest.raises(FleetError) as e:
-        L.open_ledger(tmp_path, "f", f"postgresql://postgres@/postgres?host={tmp_path}")
+        fleet_ledger.open_ledger(tmp_path, "f", f"postgresql://postgres@/postgres?host={tmp_path}")
     msg = e.value.message()
     assert "cannot reach the ledger database" in msg and "fleetctl_ledger_url" in msg, msg
 
@@ -391,7 +391,7 @@ def test_missing_driver_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "psycopg", None)  # as if fleetctl[postgres] were not installed
     monkeypatch.setitem(sys.modules, "psycopg.conninfo", None)
     with pytest.raises(FleetError) as e:
-        L.open_ledger(tmp_path, "f", "postgresql://u:pw-123@db.example/fleetctl")
+        fleet_ledger.open_ledger(tmp_path, "f", "postgresql://u:pw-123@db.example/fleetctl")
     assert "psycopg is not installed" in e.value.message() and "fleetctl[postgres]" in e.value.message()
     assert "pw-123" not in e.value.message()
 
@@ -406,18 +406,18 @@ def _inventory(tmp_path: Path, **all_vars: str) -> inventory.Inventory:
 def test_the_inventory_or_the_environment_chooses_the_backend(pg_server: PgServer, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLEETCTL_LEDGER_URL", raising=False)
-    with L.open_for(_inventory(tmp_path), tmp_path) as led:
-        assert led.where == str(tmp_path / L.LEDGER_NAME)
+    with fleet_ledger.open_for(_inventory(tmp_path), tmp_path) as led:
+        assert led.where == str(tmp_path / fleet_ledger.LEDGER_NAME)
     fleet = f"inv-{uuid.uuid4().hex[:8]}"
     inv = _inventory(tmp_path, fleetctl_ledger_url=pg_server.url(), fleetctl_fleet=fleet)
-    with L.open_for(inv, tmp_path) as led:
+    with fleet_ledger.open_for(inv, tmp_path) as led:
         assert "host=" in led.where and led.fleet == fleet
         make(led)
     monkeypatch.setenv("FLEETCTL_LEDGER_URL", pg_server.url())
-    with L.open_for(_inventory(tmp_path, fleetctl_fleet=fleet), tmp_path) as led:
+    with fleet_ledger.open_for(_inventory(tmp_path, fleetctl_fleet=fleet), tmp_path) as led:
         assert led.ids() == ["ro-1"]
     with pytest.raises(FleetError, match="no fleetctl_fleet"):
-        L.open_for(_inventory(tmp_path), tmp_path)
+        fleet_ledger.open_for(_inventory(tmp_path), tmp_path)
 
 
 def test_the_ledger_command_shows_backend_and_holder_without_the_password(
@@ -428,7 +428,7 @@ def test_the_ledger_command_shows_backend_and_holder_without_the_password(
     url = pg_server.url(PW_USER, PW_PASSWORD)
     inv = _inventory(tmp_path, fleetctl_ledger_url=url, fleetctl_fleet=fleet)
     runner = CliRunner()
-    with L.open_for(inv, tmp_path) as led:
+    with fleet_ledger.open_for(inv, tmp_path) as led:
         make(led)
         led.acquire("ro-1")
         for args in (["ledger", "--json"], ["ledger"], ["history", "--json"]):
@@ -438,7 +438,7 @@ def test_the_ledger_command_shows_backend_and_holder_without_the_password(
         data = json.loads(runner.invoke(cli, ["-i", str(inv.path), "ledger", "--json"]).output)
         assert data["backend"] == "postgresql" and data["fleet"] == fleet and data["rollouts"] == 1
         assert data["lock"]["rollout_id"] == "ro-1" and data["lock"]["alive"] is True
-        assert PW_USER in data["where"] and data["schema_version"] == L.SCHEMA_VERSION
+        assert PW_USER in data["where"] and data["schema_version"] == fleet_ledger.SCHEMA_VERSION
     r = runner.invoke(cli, ["-i", str(inv.path), "ledger"])  # closed: its session, and so its lock, is gone
     assert "lock: left by a dead controller" in r.output and "ro-1" in r.output, r.output
     monkeypatch.setenv("PGPASSWORD", "wrong")
@@ -447,7 +447,7 @@ def test_the_ledger_command_shows_backend_and_holder_without_the_password(
     assert r.exit_code == 0  # the URL's password wins over $PGPASSWORD
     plain = _inventory(tmp_path)
     data = json.loads(runner.invoke(cli, ["-i", str(plain.path), "ledger", "--json"]).output)
-    assert data["backend"] == "sqlite" and data["lock"] is None and data["where"].endswith(L.LEDGER_NAME)
+    assert data["backend"] == "sqlite" and data["lock"] is None and data["where"].endswith(fleet_ledger.LEDGER_NAME)
 
 
 def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backend) -> None:
@@ -455,7 +455,7 @@ def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backe
     n = 8
     start = threading.Barrier(n, timeout=60)  # a controller that failed breaks it for all: no hang
 
-    def controller(i: int) -> tuple[L.Ledger, bool]:
+    def controller(i: int) -> tuple[fleet_ledger.Ledger, bool]:
         start.wait()
         led = pg.open()  # creating and migrating the schema: one of them does it
         start.wait()
@@ -471,7 +471,7 @@ def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backe
         assert sum(won for _, won in results) == 1
         winner = next(led for led, won in results if won)
         h = winner.holder()
-        assert h is not None and h.alive and pg.version() == L.SCHEMA_VERSION
+        assert h is not None and h.alive and pg.version() == fleet_ledger.SCHEMA_VERSION
         make(winner)
         assert [led.ids() for led, _ in results] == [["ro-1"]] * n
     finally:
@@ -482,15 +482,15 @@ def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backe
 def test_a_role_given_only_its_fleets_schema_works_and_one_given_nothing_is_told_what_to_ask(
         pg: Backend, pg_server: PgServer) -> None:
     role = f"r_{uuid.uuid4().hex[:8]}"  # no CREATE on the database (PUBLIC has none since PostgreSQL 15)
-    schema = ledgerdb.schema_name(pg.fleet)
+    schema = backends.schema_name(pg.fleet)
     with pg_server.admin() as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")
     with pytest.raises(FleetError) as e:
-        L.open_ledger(pg.state_dir, pg.fleet, pg_server.url(role))
+        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, pg_server.url(role))
     assert "denies this role" in e.value.message() and schema in e.value.message()
     with pg_server.admin() as conn:  # what the message tells the admin to do
         conn.execute(f'CREATE SCHEMA "{schema}" AUTHORIZATION {role}')
-    with L.open_ledger(pg.state_dir, pg.fleet, pg_server.url(role)) as led:
+    with fleet_ledger.open_ledger(pg.state_dir, pg.fleet, pg_server.url(role)) as led:
         make(led)
         assert led.acquire("ro-1") is None and led.ids() == ["ro-1"]
         led.release("ro-1")

@@ -11,9 +11,9 @@ import pytest
 
 from fleetctl import paths
 from fleetctl.cli import main as cli_main
-from fleetctl.rollout import ledger as L
 from fleetctl.soak import baselines
 from fleetctl.soak.verdict import Outcome, Verdict
+from fleetctl.state import ledger as fleet_ledger
 
 
 def _mode(p: Path) -> int:
@@ -32,11 +32,11 @@ def test_the_state_dir_is_private_and_an_old_open_one_is_tightened(tmp_path: Pat
 
 
 def test_the_ledger_and_its_wal_are_0600(tmp_path: Path) -> None:
-    with L.open_ledger(tmp_path) as led:
+    with fleet_ledger.open_ledger(tmp_path) as led:
         led.create("ro-1", kind="rollout", recipe="r", requested="v1", tag="v1", digest="sha256:" + "0" * 64,
                    image="img", options={}, command="fleetctl rollout", waves=[["h1"]],
                    hosts=[{"host": "h1", "wave": 0, "step": 0}])
-        files = [p for p in tmp_path.iterdir() if p.name.startswith(L.LEDGER_NAME)]
+        files = [p for p in tmp_path.iterdir() if p.name.startswith(fleet_ledger.LEDGER_NAME)]
         assert len(files) >= 2, files  # the database and its write-ahead log
         assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
 

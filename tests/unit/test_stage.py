@@ -10,13 +10,13 @@ import pytest
 
 from fleetctl import inventory, paths
 from fleetctl.errors import ExitCode, FleetError, LockedError
-from fleetctl.rollout.ledger import open_ledger
 from fleetctl.stage import stage
+from fleetctl.state.ledger import open_ledger
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from fleetctl.rollout.ledger import open_ledger
+from fleetctl.state.ledger import open_ledger
 led = open_ledger(Path(sys.argv[1]))
 led.acquire("rollout-held-by-test")
 print("held", flush=True)

@@ -129,12 +129,12 @@ def test_dearmor_gives_back_the_binary_key() -> None:
 
 
 def test_probe_reports_who_holds_the_host_and_its_last_known_good(tmp_path: Path) -> None:
-    from fleetctl.rollout import hoststate as hs
+    from fleetctl.state import hoststate
 
     state = tmp_path / "state.json"
-    holder = hs.Owner("ro-20260701-120000-3f9a", "rollout", "laptop", "alice", 4242, "1", 1.0, 1.0)
-    good = hs.Version("2026-06-18-v0.23.0", "sha256:" + "ab" * 32, "ro-1", 1.0)
-    state.write_text(hs.HostState(lock=holder, last_known_good=good).to_json())
+    holder = hoststate.Owner("ro-20260701-120000-3f9a", "rollout", "laptop", "alice", 4242, "1", 1.0, 1.0)
+    good = hoststate.Version("2026-06-18-v0.23.0", "sha256:" + "ab" * 32, "ro-1", 1.0)
+    state.write_text(hoststate.HostState(lock=holder, last_known_good=good).to_json())
     st = parse_probe(Host("h1", "10.0.0.1"), _probe(tmp_path, {}, "--state-file", str(state)), 0.5, 8000)
     assert st.lock is not None and st.lock.startswith("rollout ro-20260701-120000-3f9a by alice@laptop (pid 4242)")
     assert st.last_known_good == "2026-06-18-v0.23.0"

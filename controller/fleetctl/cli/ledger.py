@@ -10,14 +10,14 @@ from rich.console import Console
 
 from fleetctl import inventory, paths
 from fleetctl.cli.output import Ctx, json_option, pass_ctx
-from fleetctl.rollout import ledger as L
+from fleetctl.state import ledger as fleet_ledger
 
 
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def info_json(info: L.LedgerInfo) -> dict[str, Any]:
+def info_json(info: fleet_ledger.LedgerInfo) -> dict[str, Any]:
     """The ``--json`` form (the holder with its liveness, times in UTC)."""
     h = info.holder
     return {
@@ -35,7 +35,7 @@ def info_json(info: L.LedgerInfo) -> dict[str, Any]:
 def ledger_cmd(ctx: Ctx) -> None:
     """Where this fleet's history is kept and who holds the fleet's lock (see docs/ledger.md)."""
     inv = inventory.load(ctx.inventory)
-    with L.open_for(inv, paths.state_dir(inv.path)) as led:
+    with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
         info = led.info()
 
     def render(con: Console) -> None:

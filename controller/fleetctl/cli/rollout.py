@@ -13,10 +13,10 @@ from rich.text import Text
 from fleetctl import inventory, paths
 from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
-from fleetctl.rollout import ledger as L
 from fleetctl.rollout.engine import Engine, Options, RolloutResult
 from fleetctl.rollout.plan import Plan
 from fleetctl.soak.config import parse_duration
+from fleetctl.state import ledger as fleet_ledger
 
 COLUMNS = ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message")
 
@@ -53,7 +53,7 @@ def render_result(r: RolloutResult, con: Console) -> None:
     con.print(fit_table(con.width, ["host", Col("wave", drop=2), "status", Col("phase", drop=3),
                                     Col("before", drop=1), "after", Col("verdict / error", flex=True, min=16)],
                         rows, title=f"{r.kind} {r.id}: {r.status}"))
-    colour = {L.COMPLETED: "green", L.PAUSED: "yellow", L.COMPLETED_WITH_FAILURES: "yellow"}.get(r.status, "red")
+    colour = {fleet_ledger.COMPLETED: "green", fleet_ledger.PAUSED: "yellow", fleet_ledger.COMPLETED_WITH_FAILURES: "yellow"}.get(r.status, "red")
     con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
               + (f": {escape(r.error)}" if r.error else ""), highlight=False)
     for h in r.hosts:
@@ -61,18 +61,18 @@ def render_result(r: RolloutResult, con: Console) -> None:
             con.print(f"  {h.host}: {c}", highlight=False, markup=False)
     # Skip reasons are cut in the table at 80 columns; they are why a host was left alone.
     for h in r.hosts:
-        if h.status == L.SKIPPED and h.verdict:
+        if h.status == fleet_ledger.SKIPPED and h.verdict:
             con.print(f"  {h.host}: {h.verdict}", highlight=False, markup=False)
-    failed = [h.host for h in r.hosts if h.status in (L.HOST_FAILED, L.ROLLED_BACK)]
-    if r.status == L.PAUSED:
+    failed = [h.host for h in r.hosts if h.status in (fleet_ledger.HOST_FAILED, fleet_ledger.ROLLED_BACK)]
+    if r.status == fleet_ledger.PAUSED:
         con.print("  continue with `fleetctl rollout --resume`, undo with `fleetctl rollout abort`")
-    elif r.status == L.COMPLETED_WITH_FAILURES:
+    elif r.status == fleet_ledger.COMPLETED_WITH_FAILURES:
         con.print(f"  every wave went through; {len(failed)} host(s) failed within the failure budget "
                   f"(rolled back, or down as said above): {', '.join(failed)}", highlight=False, markup=False)
         if r.tag:
             con.print(f"  once fixed: `fleetctl rollout --tag {r.tag} --limit {':'.join(failed)}`",
                       highlight=False, markup=False)
-    elif r.status == L.FAILED and r.kind == "rollout":
+    elif r.status == fleet_ledger.FAILED and r.kind == "rollout":
         con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
 
 
@@ -193,7 +193,7 @@ def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, ma
     _finish(ctx, r)
 
 
-def _history_json(rec: L.RolloutRecord) -> dict[str, Any]:
+def _history_json(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
     return {
         "id": rec.id, "kind": rec.kind, "status": rec.status, "recipe": rec.recipe, "requested": rec.requested,
         "tag": rec.tag, "digest": rec.digest, "image": rec.image, "parent": rec.parent,
@@ -221,7 +221,7 @@ def _iso(ts: float | None) -> str | None:
 def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
     """Every rollout and rollback with its per-host outcome (like `kubectl rollout history`)."""
     inv = inventory.load(ctx.inventory)
-    with L.open_for(inv, paths.state_dir(inv.path)) as led:
+    with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
         recs = [led.get(rollout_id)] if rollout_id else led.history(count)
     data = [_history_json(r) for r in recs]
 

@@ -31,11 +31,12 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, recipe_for
-from fleetctl.rollout import deploy, gate, hoststate
+from fleetctl.rollout import deploy, gate
 from fleetctl.rollout import host as remote
-from fleetctl.rollout import ledger as L
 from fleetctl.rollout import plan as P
 from fleetctl.rollout.webhook import Webhook
+from fleetctl.state import hoststate
+from fleetctl.state import ledger as fleet_ledger
 
 #: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
 GB10 = "NVIDIA GB10"
@@ -109,11 +110,11 @@ class RolloutResult:
     def exit_code(self) -> ExitCode:
         """OK when completed (or a dry run); COMPLETED_WITH_FAILURES when failures within the budget;
         FAILED when a gate stopped it; INCONCLUSIVE when paused."""
-        if self.status in (L.COMPLETED, "planned"):
+        if self.status in (fleet_ledger.COMPLETED, "planned"):
             return ExitCode.OK
-        if self.status == L.COMPLETED_WITH_FAILURES:
+        if self.status == fleet_ledger.COMPLETED_WITH_FAILURES:
             return ExitCode.COMPLETED_WITH_FAILURES
-        if self.status == L.PAUSED:
+        if self.status == fleet_ledger.PAUSED:
             return ExitCode.INCONCLUSIVE
         return ExitCode.FAILED
 
@@ -182,7 +183,7 @@ class Engine:
         self._cancel = threading.Event()
         self.progress = progress
         self.state_dir = state_dir or paths.state_dir(inventory.path)
-        self.ledger = L.open_for(inventory, self.state_dir)
+        self.ledger = fleet_ledger.open_for(inventory, self.state_dir)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
         self.deployer: deploy.Deployer | None = deployer or (
@@ -239,11 +240,11 @@ class Engine:
 
     def _check_idle(self, allow: str | None = None) -> None:
         """Refuse when another rollout is running (live lock) or left active (paused, or killed)."""
-        for rec_id in self.ledger.ids(statuses=L.ACTIVE, limit=5):
+        for rec_id in self.ledger.ids(statuses=fleet_ledger.ACTIVE, limit=5):
             if rec_id == allow:
                 continue
             rec = self.ledger.get(rec_id)
-            verb = "is paused" if rec.status == L.PAUSED else "was interrupted (its controller died)"
+            verb = "is paused" if rec.status == fleet_ledger.PAUSED else "was interrupted (its controller died)"
             raise FleetError(
                 f"{rec.kind} {rec.id} to {rec.tag} {verb}",
                 fix="`fleetctl rollout --resume` to continue it, or `fleetctl rollout abort` / `fleetctl rollback` to undo it",
@@ -308,7 +309,7 @@ class Engine:
 
     def rollout(self, opts: Options) -> RolloutResult:
         """Plan, then (unless dry-run) prefetch and go wave by wave through the gates."""
-        rid = L.new_id("rollout")
+        rid = fleet_ledger.new_id("rollout")
         t_start = time.monotonic()
         self._webhook(rid, opts.webhook)
         if opts.dry_run:
@@ -330,7 +331,7 @@ class Engine:
                 f = facts[hp.host]
                 before = f.serving if f.serving and f.serving.running else None
                 rows.append({"host": hp.host, "wave": hp.wave, "step": hp.step,
-                             "status": L.SKIPPED if hp.action == "skip" else L.PENDING,
+                             "status": fleet_ledger.SKIPPED if hp.action == "skip" else fleet_ledger.PENDING,
                              "before_tag": before.tag if before else None,
                              "before_digest": before.digest if before else None,
                              "before": before.settings if before else None,
@@ -362,7 +363,7 @@ class Engine:
         """Continue the paused or interrupted rollout, from each host's real state."""
         t_start = time.monotonic()
         self._webhook("resume", opts.webhook)
-        rec = self.ledger.latest(statuses=L.ACTIVE)
+        rec = self.ledger.latest(statuses=fleet_ledger.ACTIVE)
         if rec is None:
             raise FleetError("there is no paused or interrupted rollout to resume",
                              fix="see `fleetctl history`; start a new one with `fleetctl rollout --tag T`")
@@ -375,7 +376,7 @@ class Engine:
             self._hold(rec.id, rec.kind, [self.inv.host(h.host) for h in rec.hosts])
             self._check_recipe(recipe)
             if rec.kind == "rollback":
-                self.ledger.set_status(rec.id, L.RUNNING)
+                self.ledger.set_status(rec.id, fleet_ledger.RUNNING)
                 hook = self._webhook(rec.id, opts.webhook)
                 try:
                     return self._rollback_run(rec.id, recipe, hook)
@@ -393,8 +394,8 @@ class Engine:
                        str(o["pull_ref"]), tuple(w.hosts for w in rec.waves), int(o["max_unavailable"]),
                        int(o["failure_budget"]),
                        tuple(P.HostPlan(h.host, h.wave, h.step, h.before_tag, h.before_digest,
-                                        "skip" if h.status == L.SKIPPED else "deploy") for h in rec.hosts))
-            self.ledger.set_status(rec.id, L.RUNNING)
+                                        "skip" if h.status == fleet_ledger.SKIPPED else "deploy") for h in rec.hosts))
+            self.ledger.set_status(rec.id, fleet_ledger.RUNNING)
             return self._run(rec.id, recipe, ropts, p, hosts, resume=True, t0=t_start)
         finally:
             self._unhold()
@@ -472,7 +473,7 @@ class Engine:
             return self._result(rid, p=p, seconds=time.monotonic() - t0)
         prefetch_s = time.monotonic() - t_pre
         wave_secs: list[float] = []
-        status, error = L.COMPLETED, None
+        status, error = fleet_ledger.COMPLETED, None
         try:
             for w, members in enumerate(p.waves):
                 tw = time.monotonic()
@@ -482,7 +483,7 @@ class Engine:
                            and not self._host_finished(rid, r, p, hosts[h], remote.fingerprint(recipe))]
                 if not pending:
                     continue
-                self.ledger.set_wave(rid, w, L.RUNNING)
+                self.ledger.set_wave(rid, w, fleet_ledger.RUNNING)
                 hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
                 # The fleet-wide line under the live table: which wave runs (a fleet of hundreds scrolls).
                 self._emit("wave", f"{w + 1} of {len(p.waves)}: {len(pending)} host(s), "
@@ -494,61 +495,61 @@ class Engine:
                                               functools.partial(self._host_step, rid, recipe, opts, p, wave=w,
                                                                 batch=batch))
                     except KeyboardInterrupt:
-                        self.ledger.set_status(rid, L.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
+                        self.ledger.set_status(rid, fleet_ledger.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
                         hook.send("pause", error="interrupted by Ctrl-C")
                         raise
                     for name, err in outs.items():
                         if err is not None:
                             # An exception that escaped the step (its restore failed too): the host is down.
                             self.ledger.host_phase(rid, name, "error", detail=err.message(),
-                                                   status=L.HOST_FAILED, error=err.message())
+                                                   status=fleet_ledger.HOST_FAILED, error=err.message())
                     rec = self.ledger.get(rid)
-                    paused = [h for h in step if (r := rec.host(h)) is not None and r.status == L.HOST_PAUSED]
-                    bad = [h for h in step if (r := rec.host(h)) is not None and r.status in (L.ROLLED_BACK, L.HOST_FAILED)]
+                    paused = [h for h in step if (r := rec.host(h)) is not None and r.status == fleet_ledger.HOST_PAUSED]
+                    bad = [h for h in step if (r := rec.host(h)) is not None and r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)]
                     # Counted from the ledger, so that the budget is carried across resumes.
-                    failures = sum(1 for r in rec.hosts if r.status in (L.ROLLED_BACK, L.HOST_FAILED))
+                    failures = sum(1 for r in rec.hosts if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED))
                     if bad:
                         why = "; ".join(f"{h}: {rec.host(h).error}" for h in bad if rec.host(h) is not None)  # type: ignore[union-attr]
                         hook.send("failure", hosts=bad, error=why)
-                        if any(rec.host(h).status == L.ROLLED_BACK for h in bad):  # type: ignore[union-attr]
-                            hook.send("rollback", hosts=[h for h in bad if rec.host(h).status == L.ROLLED_BACK])  # type: ignore[union-attr]
+                        if any(rec.host(h).status == fleet_ledger.ROLLED_BACK for h in bad):  # type: ignore[union-attr]
+                            hook.send("rollback", hosts=[h for h in bad if rec.host(h).status == fleet_ledger.ROLLED_BACK])  # type: ignore[union-attr]
                         if w == 0 or failures > p.failure_budget:
-                            self.ledger.set_wave(rid, w, L.FAILED)
-                            raise _Stop(L.FAILED, why)
+                            self.ledger.set_wave(rid, w, fleet_ledger.FAILED)
+                            raise _Stop(fleet_ledger.FAILED, why)
                     if paused:
-                        self.ledger.set_wave(rid, w, L.PAUSED)
+                        self.ledger.set_wave(rid, w, fleet_ledger.PAUSED)
                         why = "; ".join(f"{h}: {rec.host(h).error}" for h in paused)  # type: ignore[union-attr]
                         hook.send("pause", hosts=paused, error=why)
-                        raise _Stop(L.PAUSED, f"inconclusive gate: {why}")
-                self.ledger.set_wave(rid, w, L.DONE)
+                        raise _Stop(fleet_ledger.PAUSED, f"inconclusive gate: {why}")
+                self.ledger.set_wave(rid, w, fleet_ledger.DONE)
                 wave_secs.append(time.monotonic() - tw)
-            failed = [r for r in self.ledger.get(rid).hosts if r.status in (L.ROLLED_BACK, L.HOST_FAILED)]
+            failed = [r for r in self.ledger.get(rid).hosts if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)]
             if failed:
-                status = L.COMPLETED_WITH_FAILURES
+                status = fleet_ledger.COMPLETED_WITH_FAILURES
                 error = "; ".join(f"{r.host}: {r.error}" for r in failed)
         except _Stop as e:
             status, error = e.status, e.error
         self.ledger.set_status(rid, status, error)
-        if status == L.COMPLETED:
+        if status == fleet_ledger.COMPLETED:
             hook.send("completion", tag=p.tag, digest=p.digest)
-        elif status == L.COMPLETED_WITH_FAILURES:
+        elif status == fleet_ledger.COMPLETED_WITH_FAILURES:
             hook.send("failure", error=error)
         self._emit(status, error or f"{p.tag} on {len(todo)} host(s)")
         return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs),
                             pulls=pulls)
 
-    def _host_finished(self, rid: str, r: L.HostRecord, p: P.Plan, h: Host, fp: str) -> bool:
+    def _host_finished(self, rid: str, r: fleet_ledger.HostRecord, p: P.Plan, h: Host, fp: str) -> bool:
         """True when the host needs no step: skipped, already judged (rolled back or reported down:
         a resume never re-gates a version its gate failed), or done AND really serving the target."""
-        if r.status in (L.SKIPPED, L.ROLLED_BACK, L.HOST_FAILED):
+        if r.status in (fleet_ledger.SKIPPED, fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED):
             return True
-        if r.status != L.DONE:
+        if r.status != fleet_ledger.DONE:
             return False
         cur = self.ops(h).inspect(remote.container_name(h))
         if cur is not None and cur.running and cur.digest == p.digest and cur.fingerprint in (fp, None):
             return True
         self.ledger.host_phase(rid, h.name, "drifted", detail="the ledger said done but the host does not serve "
-                               "the target: redoing it", status=L.PENDING)
+                               "the target: redoing it", status=fleet_ledger.PENDING)
         return False
 
     def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str) -> dict[str, float]:
@@ -565,7 +566,7 @@ class Engine:
                 self._emit("pulled", f"{o.value:.1f}s", n)
         if bad:
             why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
-            raise _Stop(L.FAILED, f"prefetch failed before any host was changed: {why}")
+            raise _Stop(fleet_ledger.FAILED, f"prefetch failed before any host was changed: {why}")
         return {n: float(o.value or 0.0) for n, o in outs.items()}
 
     # -- one host ----------------------------------------------------------------------------
@@ -626,7 +627,7 @@ class Engine:
                 # Retire and start in the step's one run; `start` below then only reports how it went.
                 ops = deploy.BatchedHostOps(ops, batch, deploy.DeployRequest(h, name, recipe, p.pull_ref, p.tag,
                                                                              p.digest, rid))
-            self._phase(rid, h, "stopping", cur.tag if cur else None, show, status=L.IN_PROGRESS)
+            self._phase(rid, h, "stopping", cur.tag if cur else None, show, status=fleet_ledger.IN_PROGRESS)
             t0 = time.monotonic()
             before = ops.retire(name, rid, p.digest)
             if rec is not None and rec.before_digest is None and before is not None and before.digest != p.digest:
@@ -639,7 +640,7 @@ class Engine:
             if batch is not None:
                 batch.leave(h.name)
             self._phase(rid, h, "loading", "already running this rollout's container: gating it", show,
-                        status=L.IN_PROGRESS)
+                        status=fleet_ledger.IN_PROGRESS)
         try:
             self._deploy_and_gate(rid, recipe, opts, p, h, ops, cur, show, t, before_tag)
         except _RECOVERABLE as e:
@@ -683,12 +684,12 @@ class Engine:
             # Known-good first, then done: a kill between them leaves a host to re-check, never a lost intent.
             self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
                                        settings=now.settings if now else None, source="gate", rollout_id=rid)
-            self._phase(rid, h, "done", verdict.summary, {**show, "health": "ok", **figures}, status=L.DONE,
+            self._phase(rid, h, "done", verdict.summary, {**show, "health": "ok", **figures}, status=fleet_ledger.DONE,
                         after_tag=p.tag, after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
             if self.held is not None:
                 self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
         elif verdict.outcome.value == "inconclusive" and opts.on_inconclusive == "pause":
-            self._phase(rid, h, "paused", verdict.summary, {**show, "health": "?", **figures}, status=L.HOST_PAUSED,
+            self._phase(rid, h, "paused", verdict.summary, {**show, "health": "?", **figures}, status=fleet_ledger.HOST_PAUSED,
                         verdict=summary, artifacts=verdict.artifacts_dir,
                         error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
         else:
@@ -744,7 +745,7 @@ class Engine:
             if prev is None:
                 ops.kill(name)
                 self._phase(rid, h, "failed", f"{why}; there was no previous version to return to",
-                            {**show, "health": "down"}, status=L.HOST_FAILED,
+                            {**show, "health": "down"}, status=fleet_ledger.HOST_FAILED,
                             error=f"{why}; nothing serves (no previous version); fix: {fix}")
                 return
             back = {**show, "tag": prev.tag or "?"}
@@ -765,14 +766,14 @@ class Engine:
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             self._phase(rid, h, "failed", f"{why}; rollback failed: {cause}", {**show, "health": "down"},
-                        status=L.HOST_FAILED, error=f"{why}; rollback failed: {cause}; fix: {fix}", verdict=summary)
+                        status=fleet_ledger.HOST_FAILED, error=f"{why}; rollback failed: {cause}; fix: {fix}", verdict=summary)
             return
         if not judged:
             self._phase(rid, h, "restored", f"{why}; serving {prev.tag} again", {**back, "health": "ok"},
-                        status=L.PENDING, error=None, verdict=None)
+                        status=fleet_ledger.PENDING, error=None, verdict=None)
             return
         self._phase(rid, h, "rolled-back", f"serving {prev.tag} again", {**back, "health": "ok"},
-                    status=L.ROLLED_BACK, after_tag=prev.tag, after_digest=prev.digest, error=why, verdict=summary)
+                    status=fleet_ledger.ROLLED_BACK, after_tag=prev.tag, after_digest=prev.digest, error=why, verdict=summary)
 
     def _save_logs(self, rid: str, h: Host, ops: remote.HostOps, name: str) -> None:
         """Keep the failed container's log in the run's artifacts (the container itself is removed)."""
@@ -796,11 +797,11 @@ class Engine:
         fails is put back on what it served. Usable while a rollout or rollback
         is paused or after its controller died: that one is then aborted.
         """
-        rid = L.new_id("rollback")
+        rid = fleet_ledger.new_id("rollback")
         hook = self._webhook(rid, webhook)
         self.ledger.acquire(rid)
         try:
-            active = self.ledger.latest(statuses=L.ACTIVE)
+            active = self.ledger.latest(statuses=fleet_ledger.ACTIVE)
             if only_active and active is None:
                 raise FleetError("there is no paused or interrupted rollout or rollback to abort",
                                  fix="use `fleetctl rollback` to return to the previous version")
@@ -840,7 +841,7 @@ class Engine:
                     fps[n] = remote.fingerprint(recipe)
                 elif only_active:
                     hr = parent.host(n) if parent is not None else None
-                    if hr is None or hr.status == L.SKIPPED:
+                    if hr is None or hr.status == fleet_ledger.SKIPPED:
                         skips[n] = f"not changed by {parent.id if parent else 'it'}"
                         continue
                     if not hr.before_digest:
@@ -884,7 +885,7 @@ class Engine:
             rows: list[dict[str, Any]] = [
                 {"host": n, "wave": 0, "step": i // mu, "target_tag": targets[n][0], "target_digest": targets[n][1]}
                 for i, n in enumerate(names)]
-            rows += [{"host": n, "wave": -1, "step": -1, "status": L.SKIPPED, "phase": "skipped",
+            rows += [{"host": n, "wave": -1, "step": -1, "status": fleet_ledger.SKIPPED, "phase": "skipped",
                       "verdict": json.dumps({"summary": f"skipped: {why}"})} for n, why in skips.items()]
             self.ledger.create(rid, kind="rollback", recipe=recipe.name, requested=to,
                                tag=targets[names[0]][0] if to and names else to,
@@ -897,7 +898,7 @@ class Engine:
                 now = time.time()
                 self.held.seed({n: (hoststate.Version(targets[n][0], targets[n][1], rid, now), None) for n in names})
             if active is not None:
-                self.ledger.set_status(active.id, L.ABORTED, f"undone by {rid}")
+                self.ledger.set_status(active.id, fleet_ledger.ABORTED, f"undone by {rid}")
             hook.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
             return self._rollback_run(rid, recipe, hook)
         finally:
@@ -910,7 +911,7 @@ class Engine:
         t0 = time.monotonic()
         rec = self.ledger.get(rid)
         mu = int(rec.options.get("max_unavailable") or 1)
-        todo = [h for h in rec.hosts if h.status not in (L.DONE, L.ROLLED_BACK, L.HOST_FAILED, L.SKIPPED)]
+        todo = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE, fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED, fleet_ledger.SKIPPED)]
         fps: Mapping[str, str] = rec.options.get("fingerprints") or {}
         targets = {h.host: (h.target_tag, h.target_digest or "",
                             registry.pull_ref(recipe.image, h.target_digest or "", self.mirrors),
@@ -920,15 +921,15 @@ class Engine:
                 outs = self._parallel([self.inv.host(n) for n in step],
                                       lambda h: self._rollback_host(rid, recipe, h, *targets[h.name]))
             except KeyboardInterrupt:
-                self.ledger.set_status(rid, L.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
+                self.ledger.set_status(rid, fleet_ledger.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
                 raise
             for n, err in outs.items():
                 if err is not None:
-                    self.ledger.host_phase(rid, n, "failed", err.message(), status=L.HOST_FAILED,
+                    self.ledger.host_phase(rid, n, "failed", err.message(), status=fleet_ledger.HOST_FAILED,
                                            error=err.message())
         rec = self.ledger.get(rid)
-        bad = [h for h in rec.hosts if h.status not in (L.DONE, L.SKIPPED)]
-        status = L.FAILED if bad else L.COMPLETED
+        bad = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE, fleet_ledger.SKIPPED)]
+        status = fleet_ledger.FAILED if bad else fleet_ledger.COMPLETED
         error = "; ".join(f"{h.host}: {h.error}" for h in bad) or None
         self.ledger.set_status(rid, status, error)
         hook.send("completion" if not bad else "failure", error=error)
@@ -969,19 +970,19 @@ class Engine:
                 host=h.name, fix=f"restore the recipe as it was, then `fleetctl rollout --tag {tag} --limit {h.name}`"
                                  f"; or `fleetctl rollback --to {tag} --limit {h.name}` for {tag} with today's recipe")
         if cur is not None and rec is not None and rec.before_digest is None and not wanted(cur):
-            self.ledger.host_phase(rid, h.name, "inspected", status=L.IN_PROGRESS, before_tag=cur.tag,
+            self.ledger.host_phase(rid, h.name, "inspected", status=fleet_ledger.IN_PROGRESS, before_tag=cur.tag,
                                    before_digest=cur.digest, before=cur.settings)
         try:
             self._check_cancel()
             if cur is not None and cur.running and wanted(cur):
                 self._phase(rid, h, "loading", f"serving {tag}: checking it", {**show, "health": "loading"},
-                            status=L.IN_PROGRESS)
+                            status=fleet_ledger.IN_PROGRESS)
             elif prev is not None and wanted(prev):
                 self._phase(rid, h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})", show,
-                            status=L.IN_PROGRESS)
+                            status=fleet_ledger.IN_PROGRESS)
                 ops.swap(name)
             else:
-                self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=L.IN_PROGRESS)
+                self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=fleet_ledger.IN_PROGRESS)
                 t["pull"] = ops.pull(ref)
                 self._phase(rid, h, "stopping", None, show)
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).
@@ -1006,7 +1007,7 @@ class Engine:
             if isinstance(e, KeyboardInterrupt):
                 raise
             return
-        self._phase(rid, h, "done", f"serving {tag}", {**show, "health": "ok"}, status=L.DONE, after_tag=tag,
+        self._phase(rid, h, "done", f"serving {tag}", {**show, "health": "ok"}, status=fleet_ledger.DONE, after_tag=tag,
                     after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
 
     def _undo_rollback(self, rid: str, recipe: Recipe, h: Host, ops: remote.HostOps, why: str,
@@ -1037,11 +1038,11 @@ class Engine:
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             self._phase(rid, h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},
-                        status=L.HOST_FAILED, error=f"{why}; undo failed: {cause}; fix: {fix}")
+                        status=fleet_ledger.HOST_FAILED, error=f"{why}; undo failed: {cause}; fix: {fix}")
             return
         tag_b = rec.before_tag if rec is not None else None
         self._phase(rid, h, "rolled-back", f"{why}; serving {tag_b} again", {**show, "health": "ok", "tag": tag_b},
-                    status=L.ROLLED_BACK, after_tag=tag_b, after_digest=before, error=why)
+                    status=fleet_ledger.ROLLED_BACK, after_tag=tag_b, after_digest=before, error=why)
 
     def abort(self, webhook: str | None = None, force: bool = False) -> RolloutResult:
         """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
@@ -1066,7 +1067,7 @@ def _same(digest: str, fingerprint: str | None, digest2: str | None, fingerprint
     return digest == digest2 and (not fingerprint or not fingerprint2 or fingerprint == fingerprint2)
 
 
-def host_outcome(h: L.HostRecord) -> HostOutcome:
+def host_outcome(h: fleet_ledger.HostRecord) -> HostOutcome:
     """A ledger host record as a result row."""
     v = h.verdict or {}
     return HostOutcome(

@@ -19,8 +19,7 @@ from typing import Any, Protocol
 from fleetctl import secretenv, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
-from fleetctl.recipes import Recipe
-from fleetctl.stage import MARKER
+from fleetctl.recipes import STAGED_MARKER, Recipe
 
 #: The serving container's name on every host (``fleetctl_container_name`` overrides it).
 DEFAULT_CONTAINER = "vllm"
@@ -191,9 +190,9 @@ def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str
         m = markers.get(w.path)
         where = f"weight set {w.role} ({w.repo}@{w.revision}) at {w.path}"
         if m is None:
-            out.append(f"{where}: not staged and verified (no {MARKER})")
+            out.append(f"{where}: not staged and verified (no {STAGED_MARKER})")
         elif not isinstance(m, dict):
-            out.append(f"{where}: {MARKER} {m}")
+            out.append(f"{where}: {STAGED_MARKER} {m}")
         elif m.get("repo") != w.repo or m.get("revision") != w.revision:
             out.append(f"{where}: staged for {m.get('repo')}@{m.get('revision')} instead")
     return tuple(out)
@@ -201,7 +200,7 @@ def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str
 
 def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
     """GPU name, toolkit runtime, free disk, weights present, current and previous container."""
-    arg = json.dumps({"weights": [w.path for w in recipe.weights], "ref": ref, "marker": MARKER})
+    arg = json.dumps({"weights": [w.path for w in recipe.weights], "ref": ref, "marker": STAGED_MARKER})
     r = ssh.run(host, ["python3", "-c", _FACTS, arg], timeout=timeout).check("preflight probe")
     try:
         d = json.loads(r.stdout.strip().splitlines()[-1])

@@ -2,7 +2,7 @@
 
 By default one SQLite file per fleet (``state_dir(inventory)/ledger.sqlite3``);
 with ``fleetctl_ledger_url`` (or ``$FLEETCTL_LEDGER_URL``) a schema per fleet in
-a PostgreSQL database a team shares (``ledgerdb`` holds both backends; the
+a PostgreSQL database a team shares (``state.backends`` holds both backends; the
 logic here is the same for both). A versioned schema (a newer one is refused,
 never guessed at), every change in a transaction (SQLite: WAL,
 ``synchronous=FULL``: a ``kill -9`` loses nothing that was committed), one
@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ExitCode, FleetError, LockedError
-from fleetctl.rollout.ledgerdb import Backend, PostgresBackend, SqliteBackend, Tx
+from fleetctl.state.backends import Backend, PostgresBackend, SqliteBackend, Tx
+from fleetctl.state.lock import proc_start
 
 if TYPE_CHECKING:
     from fleetctl.inventory import Inventory
@@ -222,17 +223,7 @@ class LockHolder:
             return self.live
         if self.hostname != socket.gethostname():
             return True  # another controller machine: we cannot tell, so we must assume it lives
-        return _proc_start(self.pid) == self.proc_start
-
-
-def _proc_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot ("" if no such process): pid + this = identity."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    # Field 22, counted after the ")" that closes the command name (which may hold spaces).
-    return stat.rsplit(")", 1)[1].split()[19]
+        return proc_start(self.pid) == self.proc_start
 
 
 @dataclass(frozen=True)
@@ -355,7 +346,7 @@ class Ledger:
         another machine (always presumed alive); on PostgreSQL: a holder whose
         database session still holds the fleet's advisory lock, on any machine.
         """
-        me = LockHolder(rollout_id, os.getpid(), socket.gethostname(), _proc_start(os.getpid()), time.time())
+        me = LockHolder(rollout_id, os.getpid(), socket.gethostname(), proc_start(os.getpid()), time.time())
         with self._mu:
             had = self._db.holding
             if not self._db.try_lock():

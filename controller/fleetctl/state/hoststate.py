@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from fleetctl import ssh
 from fleetctl.errors import FleetError, HostUnreachable, LockedError
 from fleetctl.inventory import Host
-from fleetctl.rollout.ledger import _proc_start
+from fleetctl.state.lock import proc_start
 
 DEFAULT_STATE_FILE = "/var/lib/fleetctl/state.json"
 #: A lock whose heartbeat is older than this (seconds) belongs to a controller presumed dead.
@@ -122,7 +122,7 @@ def me(rollout_id: str, kind: str, now: float | None = None) -> Owner:
     """This controller process as a lock owner."""
     t = time.time() if now is None else now
     user = os.environ.get("SUDO_USER") or getpass.getuser()
-    return Owner(rollout_id, kind, socket.gethostname(), user, os.getpid(), _proc_start(os.getpid()), t, t)
+    return Owner(rollout_id, kind, socket.gethostname(), user, os.getpid(), proc_start(os.getpid()), t, t)
 
 
 def holder_dead(holder: Owner, mine: Owner, now: float, stale_after: float = STALE_AFTER) -> str | None:
@@ -132,7 +132,7 @@ def holder_dead(holder: Owner, mine: Owner, now: float, stale_after: float = STA
     time) is proof. From another machine only silence is evidence: a heartbeat
     older than ``stale_after``.
     """
-    if holder.controller == mine.controller and _proc_start(holder.pid) != holder.proc_start:
+    if holder.controller == mine.controller and proc_start(holder.pid) != holder.proc_start:
         return f"its controller process (pid {holder.pid} on {holder.controller}) is gone"
     if holder.same_process(mine) and holder.rollout_id not in _LIVE:
         return "this process left it behind (its release did not reach the host)"
