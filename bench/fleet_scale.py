@@ -183,7 +183,8 @@ def controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str) 
     from fleetctl.progress import NULL
     from fleetctl.recipes import Recipe
     from fleetctl.rollout import gate
-    from fleetctl.rollout.engine import Engine, Options
+    from fleetctl.rollout.api import Engine
+    from fleetctl.rollout.results import Options
     from fleetctl.soak.verdict import ContainerState, SoakTarget
 
     class SimContainer:

@@ -48,7 +48,8 @@ from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl import inventory, registry, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.lab.emulator.knobs import Knobs
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
 
 NEW, OLD = "v0.24.0", "v0.23.0"
 BOOT_FAIL_TAG = "2026-07-09-bench-bootfail"

@@ -16,7 +16,8 @@ import pytest
 from fleetctl import inventory, registry, ssh
 from fleetctl.progress import NULL, Progress
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
 
 #: The version the fleet serves at the start of every rollout test.
 BASE_TAG = "v0.23.0"

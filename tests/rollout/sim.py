@@ -29,8 +29,9 @@ from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
+from fleetctl.rollout.api import Engine
 from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state.ledger import Ledger

@@ -16,7 +16,8 @@ import yaml
 
 from fleetctl import inventory, ssh
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.engine import Engine, Options
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options
 from tests.plugins.serving import LAB_SOAK
 
 pytestmark = pytest.mark.lab

@@ -17,7 +17,8 @@ import pytest
 
 from fleetctl import inventory, paths
 from fleetctl.lab.pgserver import PgServer
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
 
 from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, digest_of, run_command

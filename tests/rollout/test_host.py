@@ -11,7 +11,7 @@ from fleetctl import inventory
 from fleetctl.errors import FleetError
 from fleetctl.recipes import STAGED_MARKER as MARKER
 from fleetctl.recipes import load_recipes
-from fleetctl.rollout import engine
+from fleetctl.rollout import api, results, session
 from fleetctl.rollout import host as remote
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,9 +63,9 @@ def test_inspect_reading_prefers_labels_then_the_image_reference() -> None:
 
 def test_command_line_hides_the_webhook_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.argv", ["/x/fleetctl", "rollout", "--tag", "v1", "--webhook", "https://h/T0KEN"])
-    assert engine._command_line() == "fleetctl rollout --tag v1 --webhook '***'"
+    assert session.command_line() == "fleetctl rollout --tag v1 --webhook '***'"
     monkeypatch.setattr("sys.argv", ["fleetctl", "rollout", "--webhook=https://h/T0KEN"])
-    assert "T0KEN" not in engine._command_line()
+    assert "T0KEN" not in session.command_line()
 
 
 def test_weights_count_as_staged_only_with_the_stage_marker_for_the_recipes_repo_and_revision(
@@ -87,11 +87,11 @@ def test_weights_count_as_staged_only_with_the_stage_marker_for_the_recipes_repo
 def test_a_bad_webhook_or_a_missing_api_key_is_refused_before_any_host_is_touched(
         lab_inventory: inventory.Inventory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("FLEETCTL_WEBHOOK_URL", raising=False)
-    eng = engine.Engine(lab_inventory, secrets={}, state_dir=tmp_path / "state")
+    eng = api.Engine(lab_inventory, secrets={}, state_dir=tmp_path / "state")
     try:
         # the host s1 (10.0.0.1) is never contacted: both refusals come before planning
         with pytest.raises(FleetError) as e:
-            eng.rollout(engine.Options(tag="v1", webhook="http://hooks.example.com/T0/s3cretT0KEN"))
+            eng.rollout(results.Options(tag="v1", webhook="http://hooks.example.com/T0/s3cretT0KEN"))
         assert "plain http" in e.value.cause and "s3cret" not in e.value.message()
         with pytest.raises(FleetError) as e:
             eng.rollback(to="v1", webhook="https://hooks.example.com/x y")

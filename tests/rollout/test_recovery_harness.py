@@ -21,7 +21,8 @@ from fleetctl import inventory, paths
 from fleetctl.errors import ExitCode
 from fleetctl.progress import Recorder
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
 
 from .sim import (

@@ -24,7 +24,7 @@ import pytest
 
 from fleetctl import inventory, ssh
 from fleetctl import lab as fleetlab
-from fleetctl.rollout.engine import RolloutResult
+from fleetctl.rollout.results import RolloutResult
 from fleetctl.state import hoststate
 from tests.plugins.serving import serve
 from tests.rollout.test_rollout_lab import (

@@ -24,7 +24,8 @@ from fleetctl.errors import FleetError
 from fleetctl.recipes import recipe_for
 from fleetctl.rollout import deploy
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
 
 from .sim import (

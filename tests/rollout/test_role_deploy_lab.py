@@ -21,7 +21,8 @@ import yaml
 
 from fleetctl import inventory, registry, ssh
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.engine import Engine, Options
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options
 from fleetctl.state import ledger as fleet_ledger
 from tests.plugins.serving import BASE_TAG, LAB_SOAK, serve
 

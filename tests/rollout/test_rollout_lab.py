@@ -26,7 +26,8 @@ from fleetctl import lab as fleetlab
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event
 from fleetctl.recipes import STAGED_MARKER as MARKER
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.soak import baselines
 from fleetctl.state import ledger as fleet_ledger
 from tests.plugins.serving import LAB_SOAK, engine, serve

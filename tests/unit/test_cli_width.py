@@ -29,8 +29,8 @@ from fleetctl.cli.status import render_status
 from fleetctl.lab import LabNode, LabStatus
 from fleetctl.lab.nodes import InnerContainer
 from fleetctl.progress import Event
-from fleetctl.rollout import plan as P
-from fleetctl.rollout.engine import HostOutcome, RolloutResult
+from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.results import HostOutcome, RolloutResult
 from fleetctl.stage import HostStage, SetOutcome, StageResult
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.status import ContainerStatus, HostStatus
@@ -72,9 +72,9 @@ def test_rollout_result_and_plan_fit() -> None:
     text = render(lambda con: render_result(r, con))
     assert_fits(text, len(HOSTS))
     assert LONG_ERROR in text  # cut in the table, whole below it
-    p = P.Plan("qwen36-35b-heretic", "registry/aeon-vllm-ultimate", "v0.24.0", TAG, DIGEST, "ref",
+    p = wave_plan.Plan("qwen36-35b-heretic", "registry/aeon-vllm-ultimate", "v0.24.0", TAG, DIGEST, "ref",
                (HOSTS[:1], HOSTS[1:]), 1, 0,
-               tuple(P.HostPlan(h, 0, i, OLD_TAG, DIGEST, "deploy") for i, h in enumerate(HOSTS)))
+               tuple(wave_plan.HostPlan(h, 0, i, OLD_TAG, DIGEST, "deploy") for i, h in enumerate(HOSTS)))
     assert_fits(render(lambda con: render_plan(p, con)), len(HOSTS))
 
 

@@ -66,7 +66,7 @@ def _save_traceback() -> Path:
 
 #: Open files the controller asks for (its soft limit is raised up to the hard one). Debian's default
 #: soft limit, 1024, is below what a rollout of a large fleet holds at once: up to 32 concurrent soak
-#: gates (rollout.engine.MAX_WORKERS) with the largest sweep level + 8 connections each (72 on the
+#: gates (rollout.session.MAX_WORKERS) with the largest sweep level + 8 connections each (72 on the
 #: spark profile: 2304), the SSH pool (ssh.MAX_POOLED, 64) and Ansible's forks' pipes (MAX_FORKS, 64).
 FD_WANTED = 65536
 

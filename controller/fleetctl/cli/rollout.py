@@ -13,8 +13,9 @@ from rich.text import Text
 from fleetctl import inventory, paths
 from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
-from fleetctl.rollout.engine import Engine, Options, RolloutResult
+from fleetctl.rollout.api import Engine
 from fleetctl.rollout.plan import Plan
+from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.soak.config import parse_duration
 from fleetctl.state import ledger as fleet_ledger
 

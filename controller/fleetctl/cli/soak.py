@@ -32,7 +32,7 @@ DEFAULT_CONTAINER = "vllm"
 _STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "magenta", "skipped": "dim"}
 
 #: Hosts soaked at once (a thread and an event loop each, with up to the largest level + 8
-#: connections): as many as the rollout's gates run together (rollout.engine.MAX_WORKERS).
+#: connections): as many as the rollout's gates run together (rollout.session.MAX_WORKERS).
 MAX_PARALLEL_SOAKS = 32
 
 

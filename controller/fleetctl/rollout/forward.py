@@ -1,0 +1,183 @@
+"""The forward path of ``fleetctl rollout``: the plan recorded, then the canary and the waves."""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Mapping
+
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe
+from fleetctl.rollout import host as remote
+from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.results import HostOutcome, Options, RolloutResult
+from fleetctl.rollout.session import (
+    StopRollout,
+    command_line,
+)
+from fleetctl.rollout.step import HostSteps
+from fleetctl.rollout.webhook import Webhook
+from fleetctl.state import hoststate
+from fleetctl.state import ledger as fleet_ledger
+
+
+class Forward(HostSteps):
+    """The forward path: record the plan, then the canary and the waves, each step gated."""
+
+    def rollout(self, opts: Options) -> RolloutResult:
+        """Plan, then (unless dry-run) prefetch and go wave by wave through the gates."""
+        rid = fleet_ledger.new_id("rollout")
+        t_start = time.monotonic()
+        self._webhook(rid, opts.webhook)
+        if opts.dry_run:
+            p, recipe, _facts, _hosts = self.plan(opts)
+            return RolloutResult(None, "rollout", "planned", recipe.name, p.tag, p.digest, p.image,
+                                 tuple(HostOutcome(h.host, h.wave, h.action, "planned", h.current_tag,
+                                                   h.current_digest, None, None) for h in p.hosts), plan=p)
+        self.ledger.acquire(rid)
+        try:
+            self._check_idle()
+            self._hold(rid, "rollout", self.inv.select(opts.limit))
+            p, recipe, facts, hosts = self.plan(opts)
+            options = {"waves": opts.waves or wave_plan.DEFAULT_WAVES, "max_unavailable": p.max_unavailable,
+                       "failure_budget": p.failure_budget, "soak": opts.soak,
+                       "on_inconclusive": opts.on_inconclusive, "ready_timeout": opts.ready_timeout,
+                       "pull_ref": p.pull_ref}
+            rows = []
+            for hp in p.hosts:
+                f = facts[hp.host]
+                before = f.serving if f.serving and f.serving.running else None
+                rows.append({"host": hp.host, "wave": hp.wave, "step": hp.step,
+                             "status": fleet_ledger.SKIPPED if hp.action == "skip" else fleet_ledger.PENDING,
+                             "before_tag": before.tag if before else None,
+                             "before_digest": before.digest if before else None,
+                             "before": before.settings if before else None,
+                             "target_tag": p.tag, "target_digest": p.digest})
+            for hp in p.hosts:
+                b = facts[hp.host].serving
+                if b is not None and b.running and b.digest and hp.action == "deploy":
+                    # What a host serves when a rollout moves it away is known good to go back to
+                    # (before fleetctl first touched it: ``found``).
+                    first = not self.ledger.known_good(hp.host)
+                    self.ledger.add_known_good(hp.host, tag=b.tag, digest=b.digest, fingerprint=b.fingerprint,
+                                               settings=b.settings, source="found" if first else "served",
+                                               rollout_id=None)
+            self.ledger.create(rid, kind="rollout", recipe=recipe.name, requested=p.requested, tag=p.tag,
+                               digest=p.digest, image=p.image, options=options, command=command_line(),
+                               waves=p.waves, hosts=rows)
+            if self.held is not None:
+                now = time.time()
+                self.held.seed({hp.host: (hoststate.Version(p.tag, p.digest, rid, now) if hp.action == "deploy"
+                                          else None,
+                                          hoststate.Version(hp.current_tag, hp.current_digest, None, now)
+                                          if hp.current_digest else None) for hp in p.hosts})
+            return self._run(rid, recipe, opts, p, {h.name: h for h in hosts}, resume=False, t0=t_start)
+        finally:
+            self._unhold()
+            self.ledger.release(rid)
+
+
+    def _run(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, hosts: Mapping[str, Host],
+             resume: bool, t0: float) -> RolloutResult:
+        """The waves of a recorded rollout; ``t0`` is when the command started (planning included)."""
+        hook = self._webhook(rid, opts.webhook)
+        try:
+            return self._waves(rid, recipe, opts, p, hosts, resume, t0, hook)
+        finally:
+            hook.close()
+
+    def _waves(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, hosts: Mapping[str, Host],
+               resume: bool, t0: float, hook: Webhook) -> RolloutResult:
+        hook.send("start" if not resume else "wave", tag=p.tag, digest=p.digest, recipe=recipe.name,
+                  hosts=[h.host for h in p.hosts], waves=[list(w) for w in p.waves], resumed=resume)
+        for hp in p.hosts:
+            self._emit("planned" if hp.action == "deploy" else "skip", "", hp.host, wave=hp.wave + 1 if hp.wave >= 0 else "-",
+                       tag=hp.current_tag or "-")
+        todo = [hosts[h.host] for h in p.hosts if h.action == "deploy"]
+        t_pre = time.monotonic()
+        try:
+            pulls = self._prefetch(rid, todo, p.pull_ref)
+        except StopRollout as e:
+            self.ledger.set_status(rid, e.status, e.error)
+            hook.send("failure", error=e.error)
+            return self._result(rid, p=p, seconds=time.monotonic() - t0)
+        prefetch_s = time.monotonic() - t_pre
+        wave_secs: list[float] = []
+        status, error = fleet_ledger.COMPLETED, None
+        try:
+            for w, members in enumerate(p.waves):
+                tw = time.monotonic()
+                rec = self.ledger.get(rid)
+                pending = [h for h in members
+                           if (r := rec.host(h)) is not None
+                           and not self._host_finished(rid, r, p, hosts[h], remote.fingerprint(recipe))]
+                if not pending:
+                    continue
+                self.ledger.set_wave(rid, w, fleet_ledger.RUNNING)
+                hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
+                # The fleet-wide line under the live table: which wave runs (a fleet of hundreds scrolls).
+                self._emit("wave", f"{w + 1} of {len(p.waves)}: {len(pending)} host(s), "
+                                   f"{p.max_unavailable} at a time")
+                for step in wave_plan.split_steps(pending, p.max_unavailable):
+                    batch = self._batch(rid, recipe, [hosts[h] for h in step])
+                    try:
+                        outs = self._parallel([hosts[h] for h in step],
+                                              functools.partial(self._host_step, rid, recipe, opts, p, wave=w,
+                                                                batch=batch))
+                    except KeyboardInterrupt:
+                        self.ledger.set_status(rid, fleet_ledger.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
+                        hook.send("pause", error="interrupted by Ctrl-C")
+                        raise
+                    for name, err in outs.items():
+                        if err is not None:
+                            # An exception that escaped the step (its restore failed too): the host is down.
+                            self.ledger.host_phase(rid, name, "error", detail=err.message(),
+                                                   status=fleet_ledger.HOST_FAILED, error=err.message())
+                    rec = self.ledger.get(rid)
+                    paused = [h for h in step if (r := rec.host(h)) is not None and r.status == fleet_ledger.HOST_PAUSED]
+                    bad = [h for h in step if (r := rec.host(h)) is not None and r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)]
+                    # Counted from the ledger, so that the budget is carried across resumes.
+                    failures = sum(1 for r in rec.hosts if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED))
+                    if bad:
+                        why = "; ".join(f"{h}: {rec.host(h).error}" for h in bad if rec.host(h) is not None)  # type: ignore[union-attr]
+                        hook.send("failure", hosts=bad, error=why)
+                        if any(rec.host(h).status == fleet_ledger.ROLLED_BACK for h in bad):  # type: ignore[union-attr]
+                            hook.send("rollback", hosts=[h for h in bad if rec.host(h).status == fleet_ledger.ROLLED_BACK])  # type: ignore[union-attr]
+                        if w == 0 or failures > p.failure_budget:
+                            self.ledger.set_wave(rid, w, fleet_ledger.FAILED)
+                            raise StopRollout(fleet_ledger.FAILED, why)
+                    if paused:
+                        self.ledger.set_wave(rid, w, fleet_ledger.PAUSED)
+                        why = "; ".join(f"{h}: {rec.host(h).error}" for h in paused)  # type: ignore[union-attr]
+                        hook.send("pause", hosts=paused, error=why)
+                        raise StopRollout(fleet_ledger.PAUSED, f"inconclusive gate: {why}")
+                self.ledger.set_wave(rid, w, fleet_ledger.DONE)
+                wave_secs.append(time.monotonic() - tw)
+            failed = [r for r in self.ledger.get(rid).hosts if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)]
+            if failed:
+                status = fleet_ledger.COMPLETED_WITH_FAILURES
+                error = "; ".join(f"{r.host}: {r.error}" for r in failed)
+        except StopRollout as e:
+            status, error = e.status, e.error
+        self.ledger.set_status(rid, status, error)
+        if status == fleet_ledger.COMPLETED:
+            hook.send("completion", tag=p.tag, digest=p.digest)
+        elif status == fleet_ledger.COMPLETED_WITH_FAILURES:
+            hook.send("failure", error=error)
+        self._emit(status, error or f"{p.tag} on {len(todo)} host(s)")
+        return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs),
+                            pulls=pulls)
+
+    def _host_finished(self, rid: str, r: fleet_ledger.HostRecord, p: wave_plan.Plan, h: Host, fp: str) -> bool:
+        """True when the host needs no step: skipped, already judged (rolled back or reported down:
+        a resume never re-gates a version its gate failed), or done AND really serving the target."""
+        if r.status in (fleet_ledger.SKIPPED, fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED):
+            return True
+        if r.status != fleet_ledger.DONE:
+            return False
+        cur = self.ops(h).inspect(remote.container_name(h))
+        if cur is not None and cur.running and cur.digest == p.digest and cur.fingerprint in (fp, None):
+            return True
+        self.ledger.host_phase(rid, h.name, "drifted", detail="the ledger said done but the host does not serve "
+                               "the target: redoing it", status=fleet_ledger.PENDING)
+        return False

@@ -1,0 +1,100 @@
+"""Before any change: the hosts' facts checked (GPU, runtime, weights, disk), the plan cut, the image pulled
+everywhere in parallel."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fleetctl import registry, ssh
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe
+from fleetctl.rollout import deploy
+from fleetctl.rollout import host as remote
+from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import (
+    Session,
+    StopRollout,
+)
+from fleetctl.state import ledger as fleet_ledger
+
+#: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
+GB10 = "NVIDIA GB10"
+#: Free disk (GB) a host needs for an image it does not have yet (images are 9-22 GB).
+DEFAULT_IMAGE_FREE_GB = 25.0
+
+
+class Planning(Session):
+    """Preflight, plan and prefetch: everything a rollout checks before it changes a host."""
+
+    def _preflight(self, hosts: Sequence[Host], recipe: Recipe, ref: str) -> dict[str, remote.Facts]:
+        """Facts about every host; refuse the whole rollout (every host and cause) if one is unfit."""
+        self._emit("preflight", f"checking {len(hosts)} host(s)")
+        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(recipe, ref), timeout=120)
+        problems: list[str] = []
+        out: dict[str, remote.Facts] = {}
+        for h in hosts:
+            o = outcomes[h.name]
+            if o.error is not None or o.value is None:
+                problems.append(f"{h.name}: {o.error.cause if o.error else 'no answer'}")
+                continue
+            f = o.value
+            out[h.name] = f
+            need = float(h.vars.get("fleetctl_image_free_gb", DEFAULT_IMAGE_FREE_GB))
+            if f.gpu != GB10:
+                problems.append(f"{h.name}: GPU is {f.gpu!r}, not {GB10}: the images are built for sm_121a only")
+            if not f.nvidia_runtime:
+                problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit missing)"
+                                " - run `fleetctl provision`")
+            for why in f.missing_weights:
+                problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {recipe.name} --limit {h.name}`")
+            if not f.has_image and f.free_gb < need:
+                problems.append(f"{h.name}: {f.free_gb:.1f} GB free for the image, needs {need:.0f} GB")
+            self._emit("preflight", "ok" if not problems else "checked", h.name)
+        if problems:
+            raise FleetError("preflight refused the rollout before any change:\n  " + "\n  ".join(problems),
+                             fix="fix each host above, or leave it out with --limit '!NAME'")
+        return out
+
+    def plan(self, opts: Options) -> tuple[wave_plan.Plan, Recipe, dict[str, remote.Facts], list[Host]]:
+        """Resolve the tag, preflight the hosts and cut the waves. Touches nothing."""
+        if not opts.tag:
+            raise FleetError("no tag given", fix="pass --tag, e.g. --tag v0.24.0")
+        recipe = self.recipe(opts.recipe)
+        self._check_recipe(recipe)
+        hosts = self.inv.select(opts.limit)
+        for h in hosts:
+            deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
+        self._emit("resolve", f"{recipe.image}:{opts.tag}")
+        img = self._resolve(recipe.image, opts.tag, self.mirrors)
+        ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
+        self._emit("resolve", f"{opts.tag} -> {img.tag} ({img.digest[:19]})")
+        facts = self._preflight(hosts, recipe, ref)
+        current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
+                   for n, f in facts.items()}
+        p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag, tag=img.tag, digest=img.digest,
+                    pull_ref=ref, hosts=[h.name for h in hosts], current=current, waves=opts.waves,
+                    max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,
+                    fingerprint=remote.fingerprint(recipe),
+                    current_fingerprints={n: f.serving.fingerprint if f.serving and f.serving.running else None
+                                          for n, f in facts.items()})
+        return p, recipe, facts, hosts
+
+
+    def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str) -> dict[str, float]:
+        """Pull the image on every target in parallel before anything is stopped; seconds per host."""
+        if not hosts:
+            return {}
+        self.ledger.note(rid, "prefetch", ref)
+        for h in hosts:
+            self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
+        outs = ssh.fan_out(hosts, lambda h: self.ops(h).pull(ref), timeout=None)
+        bad = {n: o.error for n, o in outs.items() if o.error is not None}
+        for n, o in outs.items():
+            if o.error is None:
+                self._emit("pulled", f"{o.value:.1f}s", n)
+        if bad:
+            why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
+            raise StopRollout(fleet_ledger.FAILED, f"prefetch failed before any host was changed: {why}")
+        return {n: float(o.value or 0.0) for n, o in outs.items()}

@@ -1,0 +1,96 @@
+"""What a rollout command returns: its options, each host's outcome and the run's result."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from fleetctl.errors import ExitCode
+from fleetctl.rollout import plan as wave_plan
+from fleetctl.state import ledger as fleet_ledger
+
+
+@dataclass(frozen=True)
+class Options:
+    """What the operator asked for (the CLI's flags)."""
+
+    tag: str | None = None
+    recipe: str | None = None
+    limit: str | None = None
+    waves: str | None = None
+    max_unavailable: str | None = None
+    failure_budget: str | None = None
+    #: Soak length override in seconds (None: the recipe's).
+    soak: float | None = None
+    #: ``pause`` or ``fail`` on an inconclusive gate.
+    on_inconclusive: str = "pause"
+    #: Seconds a server may take to become ready (None: the soak config's).
+    ready_timeout: float | None = None
+    webhook: str | None = None
+    dry_run: bool = False
+
+
+@dataclass(frozen=True)
+class HostOutcome:
+    """How one host came out of a rollout or rollback."""
+
+    host: str
+    wave: int
+    status: str
+    phase: str
+    before_tag: str | None
+    before_digest: str | None
+    after_tag: str | None
+    after_digest: str | None
+    #: The gate's verdict in one line, and the checks that did not pass (name: message).
+    verdict: str | None = None
+    failed_checks: tuple[str, ...] = ()
+    artifacts: str | None = None
+    error: str | None = None
+    #: Seconds spent in each phase (stop, start, ready, soak, rollback, ...).
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RolloutResult:
+    """The result of ``rollout``, ``rollout --resume``, ``rollout abort`` or ``rollback``."""
+
+    id: str | None
+    kind: str
+    status: str
+    recipe: str
+    tag: str | None
+    digest: str | None
+    image: str | None
+    hosts: tuple[HostOutcome, ...]
+    plan: wave_plan.Plan | None = None
+    error: str | None = None
+    #: Seconds of the whole run and of its prefetch.
+    seconds: float = 0.0
+    prefetch_seconds: float = 0.0
+    #: Seconds each host's prefetch pull took (they run in parallel).
+    pull_seconds: Mapping[str, float] = field(default_factory=dict)
+    wave_seconds: tuple[float, ...] = ()
+
+    @property
+    def exit_code(self) -> ExitCode:
+        """OK when completed (or a dry run); COMPLETED_WITH_FAILURES when failures within the budget;
+        FAILED when a gate stopped it; INCONCLUSIVE when paused."""
+        if self.status in (fleet_ledger.COMPLETED, "planned"):
+            return ExitCode.OK
+        if self.status == fleet_ledger.COMPLETED_WITH_FAILURES:
+            return ExitCode.COMPLETED_WITH_FAILURES
+        if self.status == fleet_ledger.PAUSED:
+            return ExitCode.INCONCLUSIVE
+        return ExitCode.FAILED
+
+
+
+def host_outcome(h: fleet_ledger.HostRecord) -> HostOutcome:
+    """A ledger host record as a result row."""
+    v = h.verdict or {}
+    return HostOutcome(
+        host=h.host, wave=h.wave, status=h.status, phase=h.phase, before_tag=h.before_tag,
+        before_digest=h.before_digest, after_tag=h.after_tag, after_digest=h.after_digest,
+        verdict=v.get("summary"), failed_checks=tuple(v.get("failed_checks") or ()), artifacts=h.artifacts,
+        error=h.error, timings=dict(v.get("timings") or {}))

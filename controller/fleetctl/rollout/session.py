@@ -1,0 +1,281 @@
+"""The rollout state machine: plan, preflight, prefetch, then per host stop -> start -> ready -> gate.
+
+Each host goes ``planned -> stopping -> starting -> loading -> soak -> done``;
+a failed gate goes ``-> rolling-back -> rolled-back`` (the previous container,
+kept as ``<name>.prev``, is started again and checked with readiness + smoke).
+Every phase is committed to the ledger before it is acted on, and every step
+starts from the host's real state (``docker inspect`` over SSH), so that a
+controller killed at any point leaves a ledger that ``--resume`` continues
+from, or ``rollback`` undoes.
+
+This module holds the shared core (``Session``); each verb is its own module, stacked in this order
+(each a subclass of the one before, so that mypy sees every method it calls):
+``preflight`` (plan, preflight, prefetch) -> ``step`` (one host's step and its undo) ->
+``forward`` (canary + waves) -> ``rollback`` (rollback, abort) -> ``resume``; ``api.Engine`` is the
+whole, and ``results`` holds what they return.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shlex
+import sys
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from pathlib import Path
+from typing import Any
+
+from fleetctl import paths, registry, secretenv
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host, Inventory
+from fleetctl.progress import NULL, Event, Progress
+from fleetctl.recipes import Recipe, recipe_for
+from fleetctl.rollout import deploy, gate
+from fleetctl.rollout import host as remote
+from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.results import RolloutResult, host_outcome
+from fleetctl.rollout.webhook import Webhook
+from fleetctl.state import hoststate
+from fleetctl.state import ledger as fleet_ledger
+
+#: What a failure after a host's stop is recovered from (the previous container restored first).
+#: A controller that is killed outright (SIGKILL; in the tests a BaseException of its own) is not:
+#: it leaves the ledger for ``--resume``, ``abort`` or ``rollback``.
+RECOVERABLE = (Exception, KeyboardInterrupt)
+#: Concurrent host steps at most, whatever --max-unavailable allows: each is a thread, an SSH session
+#: and a soak gate (an event loop with up to the largest level + 8 connections, its samples in
+#: memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the controller.
+MAX_WORKERS = 32
+
+
+class StopRollout(Exception):
+    """Raised inside the wave loop to end the rollout with a status."""
+
+    def __init__(self, status: str, error: str) -> None:
+        super().__init__(error)
+        self.status = status
+        self.error = error
+
+
+def command_line() -> str:
+    """The command that started this run, with option values that may be secret hidden."""
+    argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]]
+    out: list[str] = []
+    hide = False
+    for a in argv:
+        if hide:
+            out.append("***")
+            hide = False
+        elif a == "--webhook":
+            out.append(a)
+            hide = True
+        elif a.startswith("--webhook="):
+            out.append("--webhook=***")
+        else:
+            out.append(a)
+    return shlex.join(out)
+
+
+
+
+def same_version(digest: str, fingerprint: str | None, digest2: str | None, fingerprint2: str | None) -> bool:
+    """The same container version: same digest, and same settings when both fingerprints are known."""
+    return digest == digest2 and (not fingerprint or not fingerprint2 or fingerprint == fingerprint2)
+
+
+
+class Session:
+    """The shared core of every rollout command: the inventory, the ledger, the hosts' locks, the seams
+    to hosts, gates and registry, progress, and the bounded fan-out of host steps."""
+
+    def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
+                 secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
+                 ops: Callable[[Host], remote.HostOps] | None = None, gates: gate.Gates | None = None,
+                 resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None,
+                 take_over: bool = False, host_store: hoststate.Store | None = None,
+                 deployer: deploy.Deployer | None = None) -> None:
+        """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the registry
+        (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet.
+        ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with ``ops``).
+        ``deployer`` does a rollout's deploy step (retire + start) for the hosts whose
+        ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default: the vllm_serve
+        role through ansible-runner; none with a simulated fleet unless given): see :mod:`.deploy`."""
+        self.inv = inventory
+        self.secrets = dict(os.environ if secrets is None else secrets)
+        #: Token services besides the registry's own host that may receive its credentials (https only).
+        self.auth_hosts: tuple[str, ...] = tuple(str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
+        self.ops = ops or remote.SshHostOps
+        self.gates: gate.Gates = gates or gate.SoakGates(self.secrets)
+        self._resolve = resolve or functools.partial(registry.resolve, auth_hosts=self.auth_hosts)
+        #: Set on Ctrl-C: every worker restores its host at its next phase boundary, then stops.
+        self._cancel = threading.Event()
+        self.progress = progress
+        self.state_dir = state_dir or paths.state_dir(inventory.path)
+        self.ledger = fleet_ledger.open_for(inventory, self.state_dir)
+        self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
+                                        (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
+        self.deployer: deploy.Deployer | None = deployer or (
+            deploy.AnsibleDeployer(inventory, self.mirrors) if ops is None else None)
+        # The lock and intent on the hosts: the local lock only covers this state dir.
+        self.take_over = take_over
+        self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
+                                                          else hoststate.MemoryStore())
+        self.held: hoststate.HostLocks | None = None
+
+    def close(self) -> None:
+        """Close the ledger and SSH connections."""
+        self.ledger.close()
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _emit(self, phase: str, message: str = "", host: str | None = None, **data: Any) -> None:
+        self.progress(Event(phase, message, host, data))
+
+    def _webhook(self, rid: str, url: str | None) -> Webhook:
+        """The run's webhook; constructing it validates the URL (call it before touching any host)."""
+        u = url or os.environ.get("FLEETCTL_WEBHOOK_URL") or self.inv.vars.get("fleetctl_webhook_url")
+        allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
+        return Webhook(str(u) if u else None, rid, str(self.inv.path), self.progress, allow_http=allow_http)
+
+    def recipe(self, name: str | None = None) -> Recipe:
+        """The recipe ``name`` (default: the inventory's ``fleetctl_recipe``)."""
+        return recipe_for(self.inv, name)
+
+    def _container_secrets(self, recipe: Recipe) -> dict[str, str]:
+        """The values of the recipe's container secrets, from the environment or ``NAME_FILE``."""
+        return secretenv.resolve(secretenv.container_secrets(recipe.secret_env), self.secrets)
+
+    def _check_recipe(self, recipe: Recipe) -> None:
+        """Refuse a recipe whose required secrets are missing; show its security warnings."""
+        self._container_secrets(recipe)
+        secretenv.api_key(recipe.secret_env, self.secrets, recipe=recipe.name)
+        for w in recipe.warnings:
+            self._emit("warning", w)
+
+    def _hold(self, rid: str, kind: str, hosts: Sequence[Host]) -> None:
+        """Claim ``hosts`` in their own state files, all or nothing (LockedError names the holder)."""
+        locks = hoststate.HostLocks(self.host_store, hosts, rid, kind, take_over=self.take_over,
+                                    stale_after=float(self.inv.vars.get("fleetctl_lock_stale_after",
+                                                                        hoststate.STALE_AFTER)),
+                                    notify=lambda msg, host: self._emit("lock", msg, host))
+        locks.claim()
+        self.held = locks
+
+    def _unhold(self) -> None:
+        if self.held is not None:
+            self.held.release()
+            self.held = None
+
+    def _check_idle(self, allow: str | None = None) -> None:
+        """Refuse when another rollout is running (live lock) or left active (paused, or killed)."""
+        for rec_id in self.ledger.ids(statuses=fleet_ledger.ACTIVE, limit=5):
+            if rec_id == allow:
+                continue
+            rec = self.ledger.get(rec_id)
+            verb = "is paused" if rec.status == fleet_ledger.PAUSED else "was interrupted (its controller died)"
+            raise FleetError(
+                f"{rec.kind} {rec.id} to {rec.tag} {verb}",
+                fix="`fleetctl rollout --resume` to continue it, or `fleetctl rollout abort` / `fleetctl rollback` to undo it",
+            )
+
+
+    def _parallel(self, hosts: Sequence[Host], fn: Callable[[Host], None]) -> dict[str, FleetError | None]:
+        """Run ``fn`` on every host at once (bounded); what each raised, as data.
+
+        Nothing returns before every worker has stopped, so that the lock is
+        never released while a thread still changes a host. Ctrl-C in the
+        main thread asks every worker to restore its host and stop (they check
+        at each phase); a KeyboardInterrupt (or a kill) in a worker is raised
+        here once the others are done.
+        """
+        out: dict[str, FleetError | None] = {}
+        raised: list[BaseException] = []
+        if not hosts:
+            return out
+
+        def call(h: Host) -> None:
+            try:
+                fn(h)
+                out[h.name] = None
+            except FleetError as e:
+                out[h.name] = e
+            except Exception as e:
+                out[h.name] = FleetError(f"{type(e).__name__}: {e}", host=h.name)
+            except BaseException as e:
+                out[h.name] = FleetError(f"interrupted ({type(e).__name__})", host=h.name)
+                raised.append(e)
+                self._cancel.set()
+
+        pool = ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(hosts)), thread_name_prefix="fleetctl-step")
+        futures = [pool.submit(call, h) for h in hosts]
+        interrupted = False
+        while True:
+            try:
+                wait_futures(futures)
+                break
+            except KeyboardInterrupt:
+                interrupted = True
+                self._cancel.set()
+                self._emit("interrupt", "Ctrl-C: restoring the hosts being changed, then stopping")
+        pool.shutdown(wait=True)
+        kills = [e for e in raised if not isinstance(e, KeyboardInterrupt)]
+        if kills:
+            raise kills[0]
+        if interrupted or raised:
+            raise KeyboardInterrupt
+        return {h.name: out.get(h.name) for h in hosts}
+
+
+    # -- results -------------------------------------------------------------------------------
+
+    def _result(self, rid: str, p: wave_plan.Plan | None = None, seconds: float = 0.0, prefetch: float = 0.0,
+                waves: tuple[float, ...] = (), pulls: Mapping[str, float] | None = None) -> RolloutResult:
+        rec = self.ledger.get(rid)
+        return RolloutResult(
+            rec.id, rec.kind, rec.status, rec.recipe or "", rec.tag, rec.digest, rec.image,
+            tuple(host_outcome(h) for h in rec.hosts), plan=p, error=rec.error, seconds=seconds,
+            prefetch_seconds=prefetch, pull_seconds=dict(pulls or {}), wave_seconds=waves)
+
+
+    # -- one host ----------------------------------------------------------------------------
+
+    def _phase(self, rid: str, h: Host, phase: str, detail: str | None = None, data: Mapping[str, Any] | None = None,
+               **fields: Any) -> None:
+        """Commit the phase to the ledger, then show it."""
+        self.ledger.host_phase(rid, h.name, phase, detail, **fields)
+        self._emit(phase, detail or "", h.name, **dict(data or {}))
+
+    def _check_cancel(self) -> None:
+        """Raise KeyboardInterrupt in a worker once Ctrl-C was pressed (its host is then restored)."""
+        if self._cancel.is_set():
+            raise KeyboardInterrupt
+
+
+    def _artifacts(self, rid: str, h: Host) -> Path:
+        """``state_dir/runs/<rollout id>/soak-<host>``: the gate's samples, scrapes and verdict.json,
+        plus a failed container's log and the rollback's smoke check; the ledger records it."""
+        return self.state_dir / "runs" / rid / f"soak-{h.name}"
+
+    def _forward(self, h: Host, show: Mapping[str, Any], phase: str, cancellable: bool = True) -> Progress:
+        """Soak/readiness events as rows of the live table (phase kept, figures picked out).
+
+        A cancellable one raises KeyboardInterrupt after Ctrl-C, so that a long soak stops at its next event."""
+        def forward(event: Event) -> None:
+            if cancellable:
+                self._check_cancel()
+            data = {**show, "health": phase, **gate.table_figures(event.data)}
+            self.progress(Event(phase, event.message or event.phase, h.name, data))
+        return forward
+
+
+    def _save_logs(self, rid: str, h: Host, ops: remote.HostOps, name: str) -> None:
+        """Keep the failed container's log in the run's artifacts (the container itself is removed)."""
+        try:
+            text = ops.logs(name, 300)
+        except FleetError:
+            return
+        d = paths.private_dir(self._artifacts(rid, h))
+        paths.write_private(d / "failed-container.log", text)
