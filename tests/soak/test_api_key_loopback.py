@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 
 from fleetctl.soak.config import load_config
-from fleetctl.soak.engine import smoke_check, wait_ready
+from fleetctl.soak.readiness import wait_ready
+from fleetctl.soak.run import smoke_check
 from fleetctl.soak.verdict import Outcome
 
 from .conftest import SERVED, Served

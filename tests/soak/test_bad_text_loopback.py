@@ -18,7 +18,7 @@ from fleetctl.cli.soak import _summary
 from fleetctl.progress import Event
 from fleetctl.soak import report
 from fleetctl.soak.config import load_config
-from fleetctl.soak.engine import run_soak
+from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome
 
 from .conftest import SERVED, Served

@@ -29,7 +29,7 @@ from fleetctl import paths
 from fleetctl.soak import metrics
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig, load_config
-from fleetctl.soak.engine import run_soak
+from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome, Sample, SoakTarget, Verdict
 
 from .conftest import Served, free_port

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from fleetctl.soak import report
 from fleetctl.soak.config import load_config
-from fleetctl.soak.engine import run_soak
+from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome, Verdict
 
 from .conftest import Served

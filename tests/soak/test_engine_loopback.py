@@ -17,7 +17,8 @@ from typing import Any
 from fleetctl.progress import Recorder
 from fleetctl.soak import baselines, report
 from fleetctl.soak.config import SoakConfig, load_config
-from fleetctl.soak.engine import run_soak, smoke_check, wait_ready
+from fleetctl.soak.readiness import wait_ready
+from fleetctl.soak.run import run_soak, smoke_check
 from fleetctl.soak.verdict import Outcome, SoakTarget, Verdict, from_dict, to_dict
 
 from .conftest import SERVED, Served, free_port

@@ -21,7 +21,7 @@ from fleetctl.lab import models
 from fleetctl.lab.scenarios import AEON_REPOSITORY
 from fleetctl.soak.config import load_config
 from fleetctl.soak.container import DockerOverSSH
-from fleetctl.soak.engine import run_soak
+from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome, SoakTarget
 
 pytestmark = pytest.mark.lab

@@ -10,7 +10,7 @@ from typing import Any
 
 from fleetctl.soak.client import Client
 from fleetctl.soak.config import SoakConfig, load_config
-from fleetctl.soak.engine import run_soak
+from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome
 
 from .conftest import SERVED, Served

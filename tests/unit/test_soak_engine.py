@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fleetctl.soak.engine import boot_failure_cause, new_run_id, shared_prefix_tokens, summarize
+from fleetctl.soak.phases import shared_prefix_tokens, summarize
+from fleetctl.soak.readiness import boot_failure_cause
+from fleetctl.soak.run import new_run_id
 from fleetctl.soak.verdict import Sample
 
 CRASH_LOG = """\

@@ -10,7 +10,7 @@ import pytest
 
 from fleetctl import paths
 from fleetctl.soak import report
-from fleetctl.soak.engine import _Artifacts
+from fleetctl.soak.artifacts import Artifacts
 
 
 def mode(p: Path) -> int:
@@ -39,7 +39,7 @@ def test_write_private_replaces_a_symlink_not_its_target(tmp_path: Path) -> None
 
 
 def test_soak_artifacts_and_reports_are_private(tmp_path: Path) -> None:
-    art = _Artifacts(tmp_path / "runs" / "r1")
+    art = Artifacts(tmp_path / "runs" / "r1")
     art.scrape("before", 1.0, "vllm_x 1\n")
     art.write_json("verdict.json", {"a": 1})
     art.close()

@@ -24,7 +24,7 @@ from fleetctl.soak import baselines, report
 from fleetctl.soak.checks import pct
 from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config, parse_duration
 from fleetctl.soak.container import DockerOverSSH
-from fleetctl.soak.engine import new_run_id, run_soak
+from fleetctl.soak.run import new_run_id, run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
 
 #: The serving container's name unless the host sets ``fleetctl_container_name`` (as the rollout does).

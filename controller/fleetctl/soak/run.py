@@ -1,0 +1,293 @@
+"""The soak: wait for readiness, check identity and smoke, load the server, judge it.
+
+``run_soak(target, config, baseline, progress) -> Verdict`` is what ``fleetctl
+soak`` and the rollout's gate call. Phases, each bounded in requests and time:
+
+1. readiness: ``/health`` 200 within ``readiness_timeout`` (separate from the
+   soak's own duration: model loads take minutes). Refused means loading; the
+   container exiting means a boot failure, whose cause is read from its log.
+2. identity: ``/v1/models`` and ``/version``.
+3. smoke: fixed prompts with known answers at temperature 0, thinking off and
+   max_tokens >= 2048. A failed smoke ends the soak (load on a server that
+   answers garbage proves nothing).
+4. classes: each prompt class alone at c=1, between two /metrics scrapes, so
+   acceptance is known per class (long context last).
+5. sweep: concurrency levels (1, 4, 16, 32, 64), mixed short classes, a
+   window per level. A refusal after ready is a crash: the soak stops there.
+6. sustained: a fixed concurrency for ``sustained_duration``, scraping every
+   ``window`` seconds (the decay check reads the windows' trend).
+
+Raw samples, every /metrics scrape and the verdict are written to the
+artifacts directory when one is given."""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import secrets
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from fleetctl.errors import FleetError
+from fleetctl.progress import NULL, Event, Progress
+from fleetctl.soak import checks, prompts
+from fleetctl.soak.artifacts import Artifacts
+from fleetctl.soak.checks import Evidence, Identity, SmokeResult
+from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.config import SoakConfig
+from fleetctl.soak.phases import (
+    SoakState,
+    canary_references,
+    diagnose_crash,
+    estimate_chars_per_token,
+    identity,
+    long_decode,
+    long_text,
+    merge_trials,
+    open_loop,
+    run_requests,
+    sized,
+    sustained,
+    windowed,
+)
+from fleetctl.soak.readiness import (
+    await_ready,
+    container_state,
+)
+from fleetctl.soak.verdict import (
+    ContainerState,
+    Outcome,
+    Sample,
+    SoakTarget,
+    Verdict,
+    Window,
+    to_dict,
+)
+
+#: Distributions kept in the verdict for the report (the raw samples are in the artifacts).
+MAX_DIST_SAMPLES = 2000
+
+
+def new_run_id(name: str) -> str:
+    """``soak-<name>-<UTC time>-<random>``: sortable, unique, safe as a directory name."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40]
+    return f"soak-{safe}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+
+
+async def _soak(client: Client, st: SoakState) -> Evidence:
+    cfg, target = st.config, st.target
+    st.emit("readiness", f"waiting for {target.base_url}/health")
+    ready = await await_ready(client, target, cfg.readiness_timeout, cfg.readiness_poll, st.progress)
+    if not ready.ready:
+        return Evidence(readiness=ready, has_container=target.container is not None)
+
+    before: ContainerState | None = None
+    container_error = ""
+    if target.container is not None:
+        try:
+            before = await container_state(target)
+        except FleetError as e:
+            container_error = e.cause
+
+    st.emit("identity", "reading /v1/models and /version")
+    ident = await identity(client, target)
+    st.model = cfg.model or (cfg.served_model_names[0] if cfg.served_model_names else "") or \
+        (ident.models[0] if ident.models else "")
+    id_spec = cfg.check("identity")
+    if id_spec.enabled and not id_spec.observe_only and checks.check_identity(
+            id_spec, Evidence(readiness=ready, identity=ident), cfg).outcome is Outcome.FAIL:
+        # Known in the first second: a server that lacks the recipe's names fails now.
+        return Evidence(readiness=ready, identity=ident, container_before=before, container_error=container_error,
+                        has_container=target.container is not None, host=target.name)
+
+    st.emit("smoke", "smoke prompts at temperature 0")
+    smoke: list[SmokeResult] = []
+    for sp in prompts.SMOKE:
+        req = ChatRequest(st.model, sp.prompt, cfg.smoke_max_tokens, 0.0, thinking=False)
+        s = await client.chat(req, phase="smoke", cls=sp.name, concurrency=1, t0=st.t0, keep_text=True)
+        st.samples.append(s)
+        st.art.sample(s)
+        smoke.append(SmokeResult(sp.name, sp.expect, s, cfg.smoke_max_tokens))
+    smoke_check = checks.check_smoke(cfg.check("smoke"), Evidence(readiness=ready, smoke=tuple(smoke)))
+    stop_after_smoke = smoke_check.outcome is Outcome.FAIL and not cfg.check("smoke").observe_only
+
+    load = not cfg.smoke_only and not stop_after_smoke and ident.reachable
+    if load:
+        await _load(client, st, ident)
+
+    after: ContainerState | None = None
+    if target.container is not None and not container_error:
+        try:
+            after = await container_state(target)
+        except FleetError as e:
+            container_error = e.cause
+    if not st.crash:
+        probe = await client.get("/health", timeout=5.0)
+        if probe.state in ("refused", "unreachable"):
+            st.crash = await diagnose_crash(client, st, 0, "the end of the soak")
+    return Evidence(
+        readiness=ready, identity=ident, smoke=tuple(smoke), levels=tuple(st.levels),
+        windows=tuple(_with_foreign(st.windows, st.samples)), load_ran=load, crash=st.crash, container_before=before,
+        container_after=after, container_error=container_error, has_container=target.container is not None,
+        spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=target.name,
+        canaries=tuple(st.canaries), long_decode=st.long_decode, prompt_sizes=dict(st.prompt_sizes),
+        cache_block_tokens=st.cache_block_tokens,
+        garbage_samples=tuple(s for s in st.samples if s.garbage and s.phase in _CHECKED_PHASES
+                              and not s.cls.startswith("canary-")),
+        streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
+    )
+
+
+def _with_foreign(windows: Sequence[Window], samples: Sequence[Sample]) -> list[Window]:
+    """Each window with the requests the server finished in it beyond those this soak finished.
+
+    The server's request_success counter covers every client; the soak knows its own
+    streams (those that got an answer, which the server counts as finished or aborted).
+    """
+    ends = sorted(s.start + s.e2e for s in samples if s.status == 200 and s.e2e is not None)
+    out = []
+    for w in windows:
+        server = sum(w.success_by_reason.values()) if w.success_by_reason else None
+        if server is None:
+            out.append(w)
+            continue
+        mine = bisect.bisect_right(ends, w.end) - bisect.bisect_right(ends, w.start)
+        out.append(replace(w, foreign_requests=max(0.0, server - mine)))
+    return out
+
+
+#: Phases whose streamed text the correctness check judges (smoke has its own check).
+_CHECKED_PHASES = ("canary", "classes", "sweep", "long_decode", "sustained")
+
+
+async def _load(client: Client, st: SoakState, ident: Identity) -> None:
+    cfg = st.config
+    await canary_references(client, st)
+    # 4. one class at a time at c=1: per-class acceptance needs a window of its own.
+    short = [c for c in cfg.classes if c != "long_context"]
+    for cls in short:
+        await windowed(client, st, cls, "classes", lambda cls=cls: run_requests(  # type: ignore[misc]
+            client, st, phase="classes", label=cls, concurrency=1, requests=cfg.class_requests,
+            seconds=cfg.level_timeout, classes=(cls,)))
+        if st.crash:
+            return
+    if "long_context" in cfg.classes:
+        st.chars_per_token = estimate_chars_per_token(
+            [s for s in st.samples if s.phase == "classes"],
+            lambda s: prompts.prompt_for(s.cls, 0))
+        tokens = cfg.long_context_tokens
+        if ident.max_model_len:
+            # Room for the answer and the chat template: the prompt must never overflow the model.
+            tokens = min(tokens, ident.max_model_len - cfg.max_tokens - 64)
+        chars, _, how = await sized(client, st, tokens, long_text)
+        await windowed(client, st, "long_context", "classes", lambda: run_requests(
+            client, st, phase="classes", label="long_context", concurrency=1, requests=cfg.class_requests,
+            seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
+        measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
+        st.prompt_sizes["long_context"] = (tokens, int(statistics.median(measured)) if measured else None, how)
+        if st.crash:
+            return
+    # 5. the concurrency sweep.
+    for c in cfg.concurrency:
+        for _trial in range(cfg.trials):
+            await windowed(client, st, f"c={c}", "sweep", lambda c=c: run_requests(  # type: ignore[misc]
+                client, st, phase="sweep", label=f"c={c}", concurrency=c, requests=cfg.level_requests(c),
+                seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES, canaries=True))
+            if st.crash:
+                break
+        merge_trials(st, f"c={c}", c)
+        if st.crash:
+            return
+    for rate in cfg.request_rates:
+        await windowed(client, st, f"r={rate:g}/s", "rate", lambda rate=rate: open_loop(  # type: ignore[misc]
+            client, st, rate, requests=cfg.level_requests(max(1, round(rate))), seconds=cfg.level_timeout))
+        if st.crash:
+            return
+    await long_decode(client, st, ident)
+    if st.crash:
+        return
+    # 6. the sustained phase.
+    await sustained(client, st, ident)
+
+
+def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,
+             progress: Progress = NULL, *, artifacts_dir: Path | None = None,
+             run_id: str | None = None) -> Verdict:
+    """Soak ``target`` and return the verdict (never raises for a bad server: that is the verdict).
+
+    ``baseline``: the last passing verdict of the previously serving tag on the
+    same host (throughput is compared with it). ``artifacts_dir``: where samples,
+    scrapes and verdict.json go (created). With ``config.smoke_only`` only
+    readiness, identity and smoke run: a rollback's quick check.
+    """
+    run_id = run_id or new_run_id(target.name)
+    started = datetime.now(UTC)
+    t0 = time.monotonic()
+    art = Artifacts(artifacts_dir)
+    art.write_json("config.json", to_dict(config))
+    st = SoakState(target, config, progress, art, t0)
+
+    async def go() -> Evidence:
+        conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8
+        async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout,
+                          api_key=target.api_key) as c:
+            return await _soak(c, st)
+
+    try:
+        ev = asyncio.run(go())
+    finally:
+        art.close()
+    baseline_note = ""
+    if baseline is not None and baseline.fingerprint != config.fingerprint():
+        baseline_note = (f"baseline {baseline.run_id} not compared: made by another soak config "
+                         f"(fingerprint {baseline.fingerprint or 'none'}, this soak {config.fingerprint()})")
+        baseline = None
+    results = checks.evaluate(ev, config, baseline, baseline_note=baseline_note)
+    outcome = checks.overall(results)
+    deciding = [c for c in results if c.outcome is outcome and not c.observe_only]
+    summary = outcome.value if outcome is Outcome.PASS else f"{outcome.value}: " + "; ".join(
+        f"{c.name}: {c.message}" for c in deciding[:2])
+    if outcome is Outcome.PASS:
+        sweep = [lv for lv in ev.levels if lv.phase == "sweep" and lv.tok_s]
+        peak = max(sweep, key=lambda lv: lv.tok_s or 0.0) if sweep else None
+        summary = "pass: " + ", ".join(x for x in (
+            f"{sum(lv.requests for lv in ev.levels)} requests, 0 errors" if ev.load_ran else "smoke only",
+            f"peak {peak.tok_s:.0f} tok/s at {peak.label}" if peak and peak.tok_s else "",
+            f"acceptance {checks.pct(_acceptance(ev.windows))}" if _acceptance(ev.windows) is not None else "",
+        ) if x)
+    ok = [s for s in st.samples if s.ok and s.phase in ("sweep", "sustained", "classes")]
+    verdict = Verdict(
+        run_id=run_id, target=target.name, base_url=target.base_url, outcome=outcome, summary=summary,
+        started=started.isoformat(timespec="seconds"),
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=round(time.monotonic() - t0, 2), tag=target.tag, profile=config.profile,
+        artifacts_dir=str(artifacts_dir) if artifacts_dir else None,
+        version=ev.identity.version if ev.identity else "",
+        served_models=ev.identity.models if ev.identity else (),
+        checks=results, levels=ev.levels, windows=ev.windows,
+        baseline_run_id=baseline.run_id if baseline else "",
+        fingerprint=config.fingerprint(),
+        ttft_samples=tuple(round(s.ttft, 5) for s in ok if s.ttft is not None)[:MAX_DIST_SAMPLES],
+        tpot_samples=tuple(round(s.tpot, 6) for s in ok if s.tpot is not None)[:MAX_DIST_SAMPLES],
+    )
+    art.write_json("verdict.json", to_dict(verdict))
+    progress(Event("done", verdict.summary, host=target.name, data={"outcome": outcome.value}))
+    return verdict
+
+
+def _acceptance(windows: Sequence[Window]) -> float | None:
+    acc = [w.accepted_tokens for w in windows if w.accepted_tokens is not None]
+    dt = [w.draft_tokens for w in windows if w.draft_tokens]
+    return sum(acc) / sum(dt) if acc and dt and sum(dt) else None
+
+
+def smoke_check(target: SoakTarget, config: SoakConfig, progress: Progress = NULL, **kw: Any) -> Verdict:
+    """Readiness, identity and smoke only, no load: the quick check after a rollback."""
+    return run_soak(target, replace(config, smoke_only=True), None, progress, **kw)
