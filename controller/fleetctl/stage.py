@@ -33,6 +33,7 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, default_recipe_name, recipe_for
+from fleetctl.runids import new_run_id
 from fleetctl.state.ledger import open_for
 
 PLAYBOOK = "stage"
@@ -224,7 +225,7 @@ def stage(
     _check_pinned(recipe, inventory)
     if source == "mirror":
         _check_mirror_channel(recipe, inventory)
-    run_id = run_id or ansible.new_run_id("stage")
+    run_id = run_id or new_run_id("stage")
     token = os.environ.get("HF_TOKEN", "")
     if source == "hub":
         progress(Event("source", f"hub ({'token from $HF_TOKEN' if token else 'anonymous'})"))

@@ -6,7 +6,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from fleetctl.soak.config import CHECKS, SoakConfigError, from_recipe, load_config, parse_duration
+from fleetctl.durations import DurationError, parse_duration
+from fleetctl.soak.config import CHECKS, SoakConfigError, from_recipe, load_config
 
 
 def test_spark_defaults_come_from_the_seed_figures() -> None:
@@ -72,9 +73,17 @@ def test_invalid_settings_name_the_key_and_the_fix(raw: dict[str, Any], says: st
 def test_durations() -> None:
     assert parse_duration("90s") == 90 and parse_duration("10m") == 600 and parse_duration("1h") == 3600
     assert parse_duration("1m30s") == 90 and parse_duration(45) == 45 and parse_duration("2.5") == 2.5
-    for bad in ("", "m", "-3", True, "5 parsecs"):
-        with pytest.raises(SoakConfigError):
+    for bad in ("", "m", True, "5 parsecs"):
+        with pytest.raises(DurationError, match="is not a duration"):
             parse_duration(bad)
+    for negative in ("-3", "-5s", -2):
+        with pytest.raises(DurationError, match="is negative"):
+            parse_duration(negative, "--soak")
+
+
+def test_a_bad_duration_in_a_soak_config_is_a_soak_config_error() -> None:
+    with pytest.raises(SoakConfigError, match=r"sustained\.duration"):
+        load_config({"sustained": {"duration": "soon"}})
 
 
 def test_with_duration_keeps_three_windows() -> None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from fleetctl.runids import new_run_id
 from fleetctl.soak.phases import shared_prefix_tokens, summarize
 from fleetctl.soak.readiness import boot_failure_cause
-from fleetctl.soak.run import new_run_id
 from fleetctl.soak.verdict import Sample
 
 CRASH_LOG = """\
@@ -42,7 +42,7 @@ def test_summarize_counts_errors_and_percentiles() -> None:
 
 
 def test_run_ids_are_safe_and_unique() -> None:
-    a, b = new_run_id("spark-01 / x"), new_run_id("spark-01 / x")
+    a, b = new_run_id("soak", "spark-01 / x"), new_run_id("soak", "spark-01 / x")
     assert a != b and "/" not in a and " " not in a and a.startswith("soak-spark-01")
 
 

@@ -51,7 +51,7 @@ from fleetctl.ansible.events import (
     format_diff,
 )
 from fleetctl.ansible.redaction import REDACTED, Redactor, minimal_env
-from fleetctl.ansible.runner import new_run_id, run_playbook
+from fleetctl.ansible.runner import run_playbook
 
 __all__ = [
     "CONNECT_TIMEOUT",
@@ -74,7 +74,6 @@ __all__ = [
     "forks",
     "format_diff",
     "minimal_env",
-    "new_run_id",
     "resolve_playbook",
     "run_playbook",
 ]

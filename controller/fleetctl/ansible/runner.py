@@ -9,7 +9,6 @@ extra variables over in a private file and keeps secrets out of the artifacts
 from __future__ import annotations
 
 import os
-import secrets as _secrets
 import shlex
 import time
 from collections.abc import Collection, Mapping
@@ -28,11 +27,7 @@ from fleetctl.ansible.events import EventFolder, PlaybookResult
 from fleetctl.ansible.redaction import Redactor, minimal_env, private_vars_file, scrub_command_env
 from fleetctl.inventory import Inventory
 from fleetctl.progress import NULL, Event, Progress
-
-
-def new_run_id(prefix: str) -> str:
-    """A sortable, unique run id: ``<prefix>-<UTC timestamp>-<6 hex>``."""
-    return f"{prefix}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{_secrets.token_hex(3)}"
+from fleetctl.runids import new_run_id
 
 
 def run_playbook(

@@ -2,19 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import click
 from rich.console import Console
 
 from fleetctl import inventory, paths
-from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.output import Ctx, json_option, pass_ctx, when
 from fleetctl.state import ledger as fleet_ledger
-
-
-def _when(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def info_json(info: fleet_ledger.LedgerInfo) -> dict[str, Any]:
@@ -24,7 +19,7 @@ def info_json(info: fleet_ledger.LedgerInfo) -> dict[str, Any]:
         "backend": info.backend, "where": info.where, "fleet": info.fleet,
         "schema_version": info.schema_version, "rollouts": info.rollouts,
         "lock": None if h is None else {
-            "rollout_id": h.rollout_id, "pid": h.pid, "hostname": h.hostname, "since": _when(h.acquired_at),
+            "rollout_id": h.rollout_id, "pid": h.pid, "hostname": h.hostname, "since": when(h.acquired_at, utc=True),
             "alive": h.alive},
     }
 
@@ -48,7 +43,7 @@ def ledger_cmd(ctx: Ctx) -> None:
             return
         state = "held" if h.alive else "left by a dead controller (the next rollout takes it over)"
         con.print(f"lock: {state}: rollout {h.rollout_id}, controller pid {h.pid} on {h.hostname}, since "
-                  f"{_when(h.acquired_at)}", highlight=False, markup=False)
+                  f"{when(h.acquired_at, utc=True)}", highlight=False, markup=False)
 
     ctx.emit(info_json(info), render)
 

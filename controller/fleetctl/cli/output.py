@@ -248,3 +248,12 @@ def write_json(path: str | Path, data: Any) -> None:
         sys.stdout.write(text + "\n")
         return
     paths.write_private(Path(path), text + "\n")
+
+
+def when(ts: float | None, *, utc: bool = False) -> str:
+    """A timestamp for people: local time in tables, ISO 8601 UTC (``...Z``) for JSON; ``-`` if unknown."""
+    if not ts:
+        return "-"
+    if utc:
+        return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

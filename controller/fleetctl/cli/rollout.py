@@ -11,12 +11,12 @@ from rich.markup import escape
 from rich.text import Text
 
 from fleetctl import inventory, paths
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, when
+from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.plan import Plan
 from fleetctl.rollout.results import Options, RolloutResult
-from fleetctl.soak.config import parse_duration
 from fleetctl.state import ledger as fleet_ledger
 
 COLUMNS = ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message")
@@ -24,10 +24,6 @@ COLUMNS = ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message")
 
 def _short(digest: str | None) -> str:
     return digest.split(":", 1)[-1][:12] if digest else "-"
-
-
-def _when(ts: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts)) if ts else "-"
 
 
 def render_plan(p: Plan, con: Console) -> None:
@@ -230,7 +226,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
         if rollout_id:
             r = recs[0]
             con.print(f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})")
-            con.print(f"  by {r.started_by}: {r.command}\n  {_when(r.started_at)} .. {_when(r.finished_at)}"
+            con.print(f"  by {r.started_by}: {r.command}\n  {when(r.started_at)} .. {when(r.finished_at)}"
                       + (f"\n  error: {r.error}" if r.error else ""), highlight=False, markup=False)
             rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.before_tag or "-",
                      h.after_tag or "-", Text(h.error or (h.verdict or {}).get("summary", "")),
@@ -244,7 +240,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
             counts: dict[str, int] = {}
             for h in r.hosts:
                 counts[h.status] = counts.get(h.status, 0) + 1
-            rows.append([r.kind, r.status, r.tag or r.requested or "-", _when(r.started_at), r.started_by,
+            rows.append([r.kind, r.status, r.tag or r.requested or "-", when(r.started_at), r.started_by,
                          ", ".join(f"{n} {s}" for s, n in counts.items()), r.id])
         # The id is whole (an operator copies it into `history ID`) and holds the start time and the kind
         # (ro-/rb-), so at 80 columns those columns give way first.

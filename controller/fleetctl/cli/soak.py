@@ -18,13 +18,15 @@ from rich.text import Text
 
 from fleetctl import paths, secretenv, ssh
 from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
+from fleetctl.runids import new_run_id
 from fleetctl.soak import baselines, report
 from fleetctl.soak.checks import pct
-from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config, parse_duration
+from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config
 from fleetctl.soak.container import DockerOverSSH
-from fleetctl.soak.run import new_run_id, run_soak
+from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
 
 #: The serving container's name unless the host sets ``fleetctl_container_name`` (as the rollout does).
@@ -88,7 +90,7 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         target = SoakTarget(h.name, f"http://{h.address}:{recipe.port}", container, tag,
                             api_key=secretenv.api_key(recipe.secret_env, recipe=recipe.name))
         base = baselines.load(state, h.name, baseline_tag or tag) if not smoke_only else None
-        jobs.append(_Job(target, cfg, base, state, new_run_id(h.name)))
+        jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name)))
     return jobs
 
 
@@ -105,7 +107,7 @@ def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, du
         name = url.split("://", 1)[1].rstrip("/")
         # Any vLLM behind --endpoint may require a key: $VLLM_API_KEY (or its _FILE) when set.
         target = SoakTarget(name, url.rstrip("/"), api_key=secretenv.lookup(secretenv.API_KEY_ENV, os.environ))
-        jobs.append(_Job(target, cfg, None, state, new_run_id(name)))
+        jobs.append(_Job(target, cfg, None, state, new_run_id("soak", name)))
     return jobs
 
 

@@ -51,6 +51,7 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import host as remote
+from fleetctl.runids import new_run_id
 
 #: Values of the inventory's ``fleetctl_deploy_via``.
 VIA_ANSIBLE, VIA_SSH = "ansible", "ssh"
@@ -326,7 +327,7 @@ class AnsibleDeployer:
             "vllm_serve_wait_ready": False, "vllm_serve_preflight": False,
             "vllm_serve_secrets": dict(secrets),
         }
-        run_id = ansible.new_run_id("deploy")
+        run_id = new_run_id("deploy")
         try:
             res = ansible.run_playbook(
                 self.playbook, self.inv, limit=",".join(r.host.name for r in requests), extravars=extravars,

@@ -24,11 +24,11 @@ import copy
 import dataclasses
 import hashlib
 import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from fleetctl.durations import DurationError, parse_duration
 from fleetctl.errors import FleetError
 
 #: Prompt classes in the order the per-class phase runs them (long_context last: it is slow).
@@ -295,22 +295,6 @@ class SoakConfig:
         return dataclasses.replace(self, sustained_duration=float(seconds), window=window)
 
 
-def parse_duration(value: Any, what: str = "duration") -> float:
-    """``90``, ``"90s"``, ``"10m"``, ``"1h"``, ``"1m30s"`` -> seconds."""
-    if isinstance(value, bool):
-        raise SoakConfigError(f"{what} {value!r} is not a duration", fix="write e.g. 90s, 10m or 1h")
-    if isinstance(value, int | float):
-        if value < 0:
-            raise SoakConfigError(f"{what} {value!r} is negative", fix="write e.g. 90s, 10m or 1h")
-        return float(value)
-    text = str(value).strip().lower()
-    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?", text)
-    if not text or m is None or not any(m.groups()):
-        raise SoakConfigError(f"{what} {value!r} is not a duration", fix="write e.g. 90s, 10m or 1h")
-    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mi * 60 + s
-
-
 def load_config(
     raw: Mapping[str, Any] | None = None,
     *,
@@ -445,7 +429,10 @@ def _unknown(raw: Mapping[str, Any], known: Sequence[str], where: str) -> None:
 
 def _scalar(value: Any, kind: str, where: str) -> Any:
     if kind == "duration":
-        return parse_duration(value, where)
+        try:
+            return parse_duration(value, where)
+        except DurationError as e:
+            raise SoakConfigError(e.cause, fix=e.fix) from None
     if kind == "bool":
         if not isinstance(value, bool):
             raise SoakConfigError(f"{where} {value!r} is not true/false", fix="write true or false")

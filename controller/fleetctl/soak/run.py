@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import secrets
 import statistics
 import time
 from collections.abc import Sequence
@@ -35,6 +34,7 @@ from typing import Any
 
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
+from fleetctl.runids import new_run_id
 from fleetctl.soak import checks, prompts
 from fleetctl.soak.artifacts import Artifacts
 from fleetctl.soak.checks import Evidence, Identity, SmokeResult
@@ -71,12 +71,6 @@ from fleetctl.soak.verdict import (
 
 #: Distributions kept in the verdict for the report (the raw samples are in the artifacts).
 MAX_DIST_SAMPLES = 2000
-
-
-def new_run_id(name: str) -> str:
-    """``soak-<name>-<UTC time>-<random>``: sortable, unique, safe as a directory name."""
-    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40]
-    return f"soak-{safe}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
 
 
 
@@ -227,7 +221,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     scrapes and verdict.json go (created). With ``config.smoke_only`` only
     readiness, identity and smoke run: a rollback's quick check.
     """
-    run_id = run_id or new_run_id(target.name)
+    run_id = run_id or new_run_id("soak", target.name)
     started = datetime.now(UTC)
     t0 = time.monotonic()
     art = Artifacts(artifacts_dir)

@@ -35,7 +35,6 @@ import contextlib
 import getpass
 import json
 import os
-import secrets
 import socket
 import threading
 import time
@@ -45,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from fleetctl.errors import ExitCode, FleetError, LockedError
+from fleetctl.runids import new_run_id
 from fleetctl.state.backends import Backend, PostgresBackend, SqliteBackend, Tx
 from fleetctl.state.lock import proc_start
 
@@ -246,9 +246,8 @@ def started_by() -> str:
 
 
 def new_id(kind: str = "rollout") -> str:
-    """A sortable, readable id: ``ro-20260701-120000-3f9a`` (``rb-`` for a rollback)."""
-    prefix = "rb" if kind == "rollback" else "ro"
-    return f"{prefix}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+    """A rollout's id: ``ro-20260701T120000Z-3f9a`` (``rb-`` for a rollback)."""
+    return new_run_id("rb" if kind == "rollback" else "ro")
 
 
 def _loads(text: str | None) -> Any:
