@@ -37,13 +37,7 @@ def cli(ctx: click.Context, inventory: str | None) -> None:
 
 def _register() -> None:
     for name in COMMAND_MODULES:
-        modname = f"fleetctl.cli.{name}"
-        try:
-            mod = importlib.import_module(modname)
-        except ModuleNotFoundError as e:
-            if e.name == modname:
-                continue  # not built yet
-            raise
+        mod = importlib.import_module(f"fleetctl.cli.{name}")
         for command in mod.commands:
             cli.add_command(command)
 
