@@ -18,7 +18,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("paths", "progress", "durations", "runids"),
     ("inventory", "secretenv", "registry"),
     ("recipes", "ssh"),
-    ("ansible", "state", "lab"),
+    ("ansible", "state", "lab", "serving"),
     ("soak", "provision", "stage", "status"),
     ("rollout",),
     ("cli",),

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fleetctl import serving
 from fleetctl.errors import FleetError, HostUnreachable
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
@@ -36,7 +37,7 @@ from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state.ledger import Ledger
 
-NAME = remote.DEFAULT_CONTAINER
+NAME = serving.DEFAULT_CONTAINER
 PREV = NAME + remote.PREV_SUFFIX
 OK, NOSTART, EXIT1, SOAKFAIL = "ok", "nostart", "exit1", "soakfail"
 #: A container label overriding its image's behaviour (one container's settings are broken).

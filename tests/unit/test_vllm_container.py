@@ -128,4 +128,4 @@ def test_a_container_in_its_restart_back_off_is_not_running() -> None:
     assert vc.summary(c)["running"] is False  # type: ignore[index]
     have = vc.observed(c, {}, [])
     assert have is not None and have["running"] is False
-    assert vc.retire_plan(False, "r-1", DIGEST, True, "r-2", DIGEST) == "remove"
+    assert vc.retire_plan(have["running"], "r-1", DIGEST, True, "r-2", DIGEST) == "remove"

@@ -22,6 +22,7 @@ from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.runids import new_run_id
+from fleetctl.serving import container_name
 from fleetctl.soak import baselines, report
 from fleetctl.soak.checks import pct
 from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config
@@ -29,8 +30,6 @@ from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
 
-#: The serving container's name unless the host sets ``fleetctl_container_name`` (as the rollout does).
-DEFAULT_CONTAINER = "vllm"
 _STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "magenta", "skipped": "dim"}
 
 #: Hosts soaked at once (a thread and an event loop each, with up to the largest level + 8
@@ -85,7 +84,7 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         recipe = recipes[name]
         prof = profile or h.vars.get("fleetctl_soak_profile")
         cfg = _adjust(from_recipe(recipe, profile=prof), duration, smoke_only, ready_timeout)
-        container = DockerOverSSH(h, str(h.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER))
+        container = DockerOverSSH(h, container_name(h))
         tag = _tag_of(container)
         target = SoakTarget(h.name, f"http://{h.address}:{recipe.port}", container, tag,
                             api_key=secretenv.api_key(recipe.secret_env, recipe=recipe.name))

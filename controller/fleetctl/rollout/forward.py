@@ -17,6 +17,7 @@ from fleetctl.rollout.session import (
 )
 from fleetctl.rollout.step import HostSteps
 from fleetctl.rollout.webhook import Webhook
+from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
@@ -175,7 +176,7 @@ class Forward(HostSteps):
             return True
         if r.status != fleet_ledger.DONE:
             return False
-        cur = self.ops(h).inspect(remote.container_name(h))
+        cur = self.ops(h).inspect(container_name(h))
         if cur is not None and cur.running and cur.digest == p.digest and cur.fingerprint in (fp, None):
             return True
         self.ledger.host_phase(rid, h.name, "drifted", detail="the ledger said done but the host does not serve "

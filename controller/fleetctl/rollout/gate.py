@@ -16,7 +16,7 @@ from fleetctl import secretenv
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
-from fleetctl.rollout.host import container_name
+from fleetctl.serving import container_name
 from fleetctl.soak import (
     Readiness,
     SoakConfig,

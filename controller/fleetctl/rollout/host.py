@@ -16,13 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleetctl import secretenv, ssh
+from fleetctl import secretenv, serving, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import STAGED_MARKER, Recipe
+from fleetctl.serving import container_name
 
-#: The serving container's name on every host (``fleetctl_container_name`` overrides it).
-DEFAULT_CONTAINER = "vllm"
 PREV_SUFFIX = ".prev"
 LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERPRINT = (
     "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
@@ -32,11 +31,6 @@ _PULL_TIMEOUT = 1800.0
 #: (or whose dockerd restarts) serves its version again, while a container fleetctl stopped or
 #: killed (``.prev``, a version judged bad) stays down. A recipe's ``docker_args`` may override it.
 RESTART_POLICY = "unless-stopped"
-
-
-def container_name(host: Host) -> str:
-    """The name of the serving container on ``host``."""
-    return str(host.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER)
 
 
 def fingerprint(recipe: Recipe) -> str:
@@ -104,9 +98,8 @@ def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> 
         "restart": (hc.get("RestartPolicy") or {}).get("Name") or "no",
         "labels": labels,
     }
-    # Docker counts a container waiting out its restart back-off as Running: it serves nothing.
     return Serving(
-        name=str(c.get("Name", "")).lstrip("/"), running=bool(state.get("Running")) and not state.get("Restarting"),
+        name=str(c.get("Name", "")).lstrip("/"), running=serving.is_running(state),
         status=str(state.get("Status", "")), image=image_ref, digest=digest, tag=tag,
         recipe=labels.get(LABEL_RECIPE), rollout=labels.get(LABEL_ROLLOUT), settings=settings,
         fingerprint=labels.get(LABEL_FINGERPRINT),
@@ -263,8 +256,7 @@ def kill(host: Host, name: str) -> None:
 
 def logs(host: Host, name: str, tail: int = 300) -> str:
     """The last ``tail`` lines of the container's log (stdout and stderr)."""
-    r = ssh.run(host, f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1", timeout=30)
-    return r.stdout
+    return serving.logs(host, name, tail)
 
 
 def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,

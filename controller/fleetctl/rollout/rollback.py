@@ -22,6 +22,7 @@ from fleetctl.rollout.session import (
     same_version,
 )
 from fleetctl.rollout.webhook import Webhook
+from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
@@ -61,7 +62,7 @@ class Rollback(Forward):
             skips: dict[str, str] = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                                      if n not in selected and parent is not None}
             self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
-            name = {n: remote.container_name(self.inv.host(n)) for n in selected}
+            name = {n: container_name(self.inv.host(n)) for n in selected}
             looks = ssh.fan_out([self.inv.host(n) for n in selected], lambda h: self.ops(h).inspect(name[h.name]),
                                 timeout=120)
             unreachable = [o.error.message() for o in looks.values() if o.error is not None]
@@ -189,7 +190,7 @@ class Rollback(Forward):
                        fingerprint: str | None = None) -> None:
         """One host to ``digest`` (with the settings ``fingerprint`` when known), checked by readiness and
         smoke; a target that fails is itself undone."""
-        name = remote.container_name(h)
+        name = container_name(h)
         ops = self.ops(h)
         show = {"wave": 1, "tag": tag or "?"}
         t: dict[str, float] = {}
@@ -256,7 +257,7 @@ class Rollback(Forward):
     def _undo_rollback(self, rid: str, recipe: Recipe, h: Host, ops: remote.HostOps, why: str,
                        show: Mapping[str, Any]) -> None:
         """Put back what ``h`` served before this rollback (kept as ``.prev``) after its target failed."""
-        name = remote.container_name(h)
+        name = container_name(h)
         self._phase(rid, h, "undoing", why, {**show, "health": "failed"}, error=why)
         rec = self.ledger.host_record(rid, h.name)
         before = rec.before_digest if rec is not None else None

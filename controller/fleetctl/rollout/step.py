@@ -20,6 +20,7 @@ from fleetctl.rollout.session import (
     RECOVERABLE,
     same_version,
 )
+from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
@@ -52,7 +53,7 @@ class HostSteps(Planning):
 
     def _host_step_on(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, h: Host, wave: int,
                       batch: deploy.StepBatch | None) -> None:
-        name = remote.container_name(h)
+        name = container_name(h)
         ops = self.ops(h)
         show = {"wave": wave + 1, "tag": p.tag}
         t: dict[str, float] = {}
@@ -125,7 +126,7 @@ class HostSteps(Planning):
         summary = gate.summarise(verdict, t)
         figures = gate.figures(verdict)
         if verdict.outcome.value == "pass":
-            now = ops.inspect(remote.container_name(h))
+            now = ops.inspect(container_name(h))
             # Known-good first, then done: a kill between them leaves a host to re-check, never a lost intent.
             self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
                                        settings=now.settings if now else None, source="gate", rollout_id=rid)
@@ -151,7 +152,7 @@ class HostSteps(Planning):
         already have happened: a host that runs its previous version again is checked, not touched
         (restoring again would remove it, with no ``.prev`` left to start).
         """
-        name = remote.container_name(h)
+        name = container_name(h)
         ops = self.ops(h)
         summary = gate.summarise(verdict, t) if verdict is not None else {
             "outcome": "fail", "summary": why, "failed_checks": [why], "timings": dict(t)}

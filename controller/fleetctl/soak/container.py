@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from fleetctl import ssh
+from fleetctl import serving, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.soak.verdict import ContainerState
@@ -25,9 +25,7 @@ class DockerOverSSH:
 
     def logs(self, tail: int = 50) -> str:
         """The container's last ``tail`` lines, stdout and stderr interleaved."""
-        r = ssh.run(self.host, f"docker logs --tail {int(tail)} {shlex.quote(self.name)} 2>&1",
-                    timeout=self.timeout)
-        return r.stdout
+        return serving.logs(self.host, self.name, tail, self.timeout)
 
     def state(self) -> ContainerState:
         """The container's state (``exists=False`` when there is no such container)."""
@@ -46,8 +44,7 @@ class DockerOverSSH:
         except ValueError:
             raise FleetError(f"docker inspect {self.name} gave unreadable output: {r.stdout[:200]!r}",
                              host=self.host.name) from None
-        # A container in its restart policy's back-off is Running to docker, but serves nothing: it crashed.
-        running = bool(s.get("Running")) and not s.get("Restarting")
+        running = serving.is_running(s)
         return ContainerState(
             exists=True, running=running, status=str(s.get("Status", "")),
             exit_code=s.get("ExitCode") if not running else None,

@@ -1,0 +1,39 @@
+"""The serving container on a host: its name, its log, and whether it really serves.
+
+The rollout (``rollout/host.py``) and the soak (``soak/container.py``) both look at this container;
+what it is called and how its state is read is decided here once. The copies that run ON the hosts
+(the ``vllm_container`` Ansible module and the ``spark_facts`` probe) cannot import the controller
+and keep their own, saying so.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from typing import Any
+
+from fleetctl import ssh
+from fleetctl.inventory import Host
+
+#: The serving container's name on every host (``fleetctl_container_name`` overrides it).
+DEFAULT_CONTAINER = "vllm"
+
+
+def container_name(host: Host) -> str:
+    """The name of the serving container on ``host``."""
+    return str(host.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER)
+
+
+def is_running(state: Mapping[str, Any]) -> bool:
+    """Whether a container whose ``docker inspect`` ``.State`` is ``state`` serves.
+
+    Docker counts a container waiting out its restart policy's back-off as Running, but it serves
+    nothing: it crashed, and is not running here.
+    """
+    return bool(state.get("Running")) and not state.get("Restarting")
+
+
+def logs(host: Host, name: str, tail: int, timeout: float = 30.0) -> str:
+    """The container's last ``tail`` log lines, stdout and stderr interleaved."""
+    r = ssh.run(host, f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1", timeout=timeout)
+    return r.stdout
