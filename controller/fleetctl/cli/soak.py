@@ -23,9 +23,9 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
-from fleetctl.soak import baselines, report
+from fleetctl.soak import baselines, fleet, report
 from fleetctl.soak.checks import pct
-from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config
+from fleetctl.soak.config import PROFILES, SoakConfig, load_config
 from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
@@ -82,12 +82,11 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         if name not in recipes:
             raise FleetError(f"unknown recipe {name!r}", host=h.name, fix=f"use one of: {', '.join(recipes)}")
         recipe = recipes[name]
-        prof = profile or h.vars.get("fleetctl_soak_profile")
-        cfg = _adjust(from_recipe(recipe, profile=prof), duration, smoke_only, ready_timeout)
+        cfg = _adjust(fleet.host_config(recipe, h, profile), duration, smoke_only, ready_timeout)
         container = DockerOverSSH(h, container_name(h))
-        tag = _tag_of(container)
-        target = SoakTarget(h.name, f"http://{h.address}:{recipe.port}", container, tag,
-                            api_key=secretenv.api_key(recipe.secret_env, recipe=recipe.name))
+        target = fleet.host_target(h, recipe, _tag_of(container),
+                                   secretenv.api_key(recipe.secret_env, recipe=recipe.name))
+        tag = target.tag
         base = baselines.load(state, h.name, baseline_tag or tag) if not smoke_only else None
         jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name)))
     return jobs

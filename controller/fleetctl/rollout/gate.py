@@ -16,19 +16,17 @@ from fleetctl import secretenv
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
-from fleetctl.serving import container_name
 from fleetctl.soak import (
     Readiness,
     SoakConfig,
     SoakTarget,
     Verdict,
     baselines,
-    from_recipe,
+    fleet,
     run_soak,
     smoke_check,
     wait_ready,
 )
-from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.verdict import Outcome
 
 
@@ -37,8 +35,7 @@ def config(recipe: Recipe, soak_seconds: float | None, host: Host) -> SoakConfig
 
     The profile is the host's ``fleetctl_soak_profile`` (as for ``fleetctl soak``), else the recipe's.
     """
-    profile = host.vars.get("fleetctl_soak_profile")
-    cfg = from_recipe(recipe, profile=str(profile) if profile else None)
+    cfg = fleet.host_config(recipe, host)
     return cfg.with_duration(soak_seconds) if soak_seconds is not None else cfg
 
 
@@ -47,8 +44,7 @@ def target(host: Host, recipe: Recipe, tag: str, api_key: str | None = None) -> 
 
     ``api_key`` is sent as ``Authorization: Bearer`` when the recipe's vLLM requires one.
     """
-    return SoakTarget(host.name, f"http://{host.address}:{recipe.port}",
-                      DockerOverSSH(host, container_name(host)), tag, api_key=api_key)
+    return fleet.host_target(host, recipe, tag, api_key)
 
 
 def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progress) -> Readiness:

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fleetctl.soak.config import CheckSpec, SoakConfig
+from fleetctl.soak.config import CHECKS, CheckSpec, SoakConfig
 from fleetctl.soak.verdict import (
     CheckResult,
     ContainerState,
@@ -755,7 +755,6 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "readiness": lambda s: check_readiness(s, ev),
         "identity": lambda s: check_identity(s, ev, config),
         "smoke": lambda s: check_smoke(s, ev),
-        # After errors: a crash's summary leads with the crash, not with the canaries it broke.
         "errors": lambda s: check_errors(s, ev, config),
         "correctness": lambda s: check_correctness(s, ev),
         "server_errors": lambda s: check_server_errors(s, ev),
@@ -768,7 +767,10 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "container": lambda s: check_container(s, ev),
     }
     out: list[CheckResult] = []
-    for name, fn in fns.items():
+    if fns.keys() != set(CHECKS):  # the declaration in soak/config.py and the evaluators must agree
+        raise AssertionError(f"soak checks without an evaluator or a declaration: {set(CHECKS) ^ fns.keys()}")
+    for name in CHECKS:
+        fn = fns[name]
         spec = config.check(name)
         if not spec.enabled:
             out.append(skipped(spec, "disabled in the recipe's soak settings"))

@@ -34,12 +34,6 @@ from fleetctl.errors import FleetError
 #: Prompt classes in the order the per-class phase runs them (long_context last: it is slow).
 CLASSES = ("coding", "math", "reasoning", "prose", "natural_language", "extraction", "long_context")
 
-#: Checks in the order they appear in reports.
-CHECKS = (
-    "readiness", "identity", "smoke", "errors", "correctness", "server_errors", "latency", "throughput",
-    "acceptance", "acceptance_decay", "long_context", "preemptions", "container",
-)
-
 PROFILES = ("spark", "lab")
 
 #: Bumped whenever prompts or phases change what a level measures: older baselines stop comparing.
@@ -47,13 +41,17 @@ WORKLOAD_VERSION = 3
 
 _COMMON = ("enabled", "observe_only", "failure_limit", "inconclusive_limit", "consecutive_error_limit")
 
-#: Each check's own parameters and their kinds (validated by :func:`_check_param`).
+#: THE declaration of the soak's checks: each check's name and its own parameters with their kinds
+#: (validated by :func:`_check_param`), in the order reports show them. ``CHECKS`` is derived from it,
+#: a profile's defaults give values only where a check has parameters, and ``checks.evaluate``
+#: has one evaluator per name here (a test holds it to that).
 _PARAMS: dict[str, dict[str, str]] = {
     "readiness": {},
     "identity": {},
     "smoke": {},
-    "correctness": {"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
+    # After errors: a crash's summary leads with the crash, not with the canaries it broke.
     "errors": {"max_error_rate": "fraction"},
+    "correctness": {"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
     "throughput": {"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
@@ -63,6 +61,8 @@ _PARAMS: dict[str, dict[str, str]] = {
     "preemptions": {"max_per_minute": "number"},
     "container": {},
 }
+#: Checks in the order they appear in reports.
+CHECKS = tuple(_PARAMS)
 
 # The seeds' figures for the Qwen3.6-35B-A3B on one Spark, with headroom (DOMAIN.md):
 # single stream 75-124 tok/s (min 41), TTFT 88-145 ms; c=4 191 ms / 48 tok/s per request;
@@ -100,14 +100,10 @@ _SPARK: dict[str, Any] = {
     "sustained": {"duration": 600.0, "concurrency": 16, "window": 60.0, "max_requests": 20000,
                   "shared_prefix_tokens": 2560, "turns": 4},
     "checks": {
-        "readiness": {},
-        "identity": {},
-        "smoke": {},
         # Every 8th load request is a greedy canary; one long decode per soak (thousands of
         # tokens: corruption that starts deep in a sequence), capped by max_model_len.
         "correctness": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 4096},
         "errors": {"max_error_rate": 0.0},
-        "server_errors": {},
         "latency": {
             "ttft_p95_ms": {1: 500, 4: 1000, 16: 2000, 32: 6000, 64: 15000},
             "tpot_p50_ms": {1: 30, 4: 60, 16: 100, 32: 200, 64: 300},
@@ -125,7 +121,6 @@ _SPARK: dict[str, Any] = {
         "acceptance_decay": {"max_drop": 0.5, "min_windows": 3},
         "long_context": {"floor": 0.2, "min_ratio": 0.5},
         "preemptions": {"max_per_minute": 10.0},
-        "container": {},
     },
 }
 
