@@ -23,13 +23,13 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from tests.plugins.postgres import PW_PASSWORD, PW_USER, PgServer
 
 from fleetctl import inventory
 from fleetctl.cli.main import cli
 from fleetctl.errors import ExitCode, FleetError, LockedError
 from fleetctl.state import backends
 from fleetctl.state import ledger as fleet_ledger
+from tests.plugins.postgres import PW_PASSWORD, PW_USER, PgServer
 
 D = "sha256:" + "c" * 64
 

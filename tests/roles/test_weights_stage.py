@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from tests.role_modules import load_role_file
 
 from fleetctl.lab import models
+from tests.role_modules import load_role_file
 
 REPO = "fleetctl-test/body"
 

@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.role_modules import load_role_file
 
 from fleetctl.lab import models
+from tests.role_modules import load_role_file
 
 BODY = "qwen36-35b-a3b-nvfp4"
 DRAFTER = "qwen36-35b-a3b-dflash"

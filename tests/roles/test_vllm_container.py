@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 import yaml
-from tests.role_modules import load_role_file
 
 from fleetctl import paths, registry
 from fleetctl.inventory import Host
 from fleetctl.recipes import parse_recipes
 from fleetctl.rollout import host as remote
+from tests.role_modules import load_role_file
 
 vc = load_role_file("vllm_serve", "library/vllm_container.py")
 

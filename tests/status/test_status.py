@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.role_modules import load_role_file
 
 from fleetctl import paths
 from fleetctl.inventory import Host
 from fleetctl.status import parse_probe, probe_script, serving_target
+from tests.role_modules import load_role_file
 
 STAND_IN = paths.project_root() / "controller" / "fleetctl" / "lab" / "assets" / "node" / "nvidia-smi"
 
