@@ -67,7 +67,7 @@ class InventoryError(FleetError):
 
 
 class RecipeError(FleetError):
-    """A serving recipe breaks a schema or a DOMAIN rule."""
+    """A serving recipe breaks its schema or one of the rules in docs/domain.md#recipes."""
 
 
 class HostUnreachable(FleetError):

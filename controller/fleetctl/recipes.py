@@ -2,8 +2,8 @@
 
 Recipes are data in the inventory (``fleetctl_recipes`` in ``group_vars/all/recipes.yml``)
 so that operators edit YAML, not code. They are validated when loaded: every
-problem (schema or one of the DOMAIN.md rules that each cost somebody an
-outage) is collected and reported at once, one line per problem naming the
+problem (schema or one of the rules in docs/domain.md#recipes, each of which
+cost somebody an outage) is collected and reported at once, one line per problem naming the
 recipe, the field and the fix.
 """
 
@@ -20,7 +20,7 @@ from fleetctl import secretenv
 from fleetctl.errors import RecipeError
 from fleetctl.inventory import Host, Inventory
 
-#: Above this, GB10's unified memory thrashes (DOMAIN.md).
+#: Above this, GB10's unified memory thrashes (docs/domain.md#recipes).
 MAX_GPU_MEMORY_UTILIZATION = 0.88
 #: Checkpoint formats a weight set can declare, and the ``--quantization`` each needs.
 FORMAT_QUANTIZATION: Mapping[str, str | None] = {
@@ -77,7 +77,7 @@ class WeightSet:
     mount: str
     #: Checkpoint format: compressed-tensors, modelopt or bf16.
     format: str
-    #: Oldest acceptable revision date (drafters fetched before a fix crash; DOMAIN.md).
+    #: Oldest acceptable revision date (drafters fetched before a fix crash; docs/domain.md#weights).
     min_date: date | None = None
     #: Expected size in GB (preflight before the exact size is known from a manifest).
     size_gb: float = 0.0
@@ -462,11 +462,11 @@ def _is_str_list(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) and x for x in v)
 
 
-# ---- rules (DOMAIN.md) ----------------------------------------------------------------------------
+# ---- rules (docs/domain.md#recipes) -------------------------------------------------------------------------
 
 
 def check_rules(r: Recipe) -> list[RecipeProblem]:
-    """The DOMAIN.md rules a well-formed recipe must still obey, each a problem with its fix."""
+    """The rules of docs/domain.md#recipes a well-formed recipe must still obey, each a problem with its fix."""
     out: list[RecipeProblem] = []
 
     def bad(fld: str, problem: str, fix: str) -> None:
@@ -486,7 +486,7 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
             if not 0 < value <= MAX_GPU_MEMORY_UTILIZATION:
                 bad("vllm_args --gpu-memory-utilization",
                     f"{gmu} is above {MAX_GPU_MEMORY_UTILIZATION}: GB10's unified memory thrashes",
-                    f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the seeds use 0.60-0.80)")
+                    f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the published recipes use 0.60-0.80)")
 
     if has_flag(r.vllm_args, "--api-key"):
         bad("vllm_args --api-key",
@@ -520,7 +520,7 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
             if r.flag(needed) is None:
                 bad(f"vllm_args {needed}", "is missing: with DFlash the scheduler computes a negative token budget "
                     "and the server never boots (max_num_scheduled_tokens is set to -512)",
-                    f"set {needed} (the seeds use --max-num-seqs 64 --max-num-batched-tokens 32768)")
+                    f"set {needed} (the published recipes use --max-num-seqs 64 --max-num-batched-tokens 32768)")
         if kv is not None and kv.lower().startswith("nvfp4"):
             bad("vllm_args --kv-cache-dtype", "nvfp4 KV cannot pair with the non-causal DFlash drafter "
                 "(vLLM: No valid attention backend found)", "use --kv-cache-dtype fp8_e4m3 or auto, or a causal speculator")

@@ -69,7 +69,7 @@ class Outcome(Generic[T]):
 
 #: Idle SSH connections kept open for the next command, at most. Each one holds a socket and a
 #: paramiko transport thread that wakes every 0.1 s even when idle; a fleet of hundreds kept one
-#: per host for the whole command (see docs/notes/issue-12-scale.md for the cost). Connections in
+#: per host for the whole command (see docs/decisions/0003-bounded-fan-out.md for the cost). Connections in
 #: use are never closed, so at most this many plus the commands running at once are open.
 MAX_POOLED = 64
 

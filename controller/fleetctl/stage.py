@@ -380,7 +380,7 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
 
 
 def human_bytes(n: float) -> str:
-    """Bytes in B/kB/MB/GB (decimal, as disks and the seeds count)."""
+    """Bytes in B/kB/MB/GB (decimal, as disks count)."""
     for unit in ("B", "kB", "MB", "GB"):
         if abs(n) < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

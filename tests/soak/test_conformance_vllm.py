@@ -6,7 +6,7 @@ A tiny random-weight Llama is built at test time and served by
 Both servers must give complete reports: the same vLLM metric names, spec-decode
 windows, parsed usage chunks, and an error event inside an HTTP 200 stream when the
 engine dies mid-stream. Differences found are written to the run's log for the
-emulator's maintainer (see /work/notes/conformance.md).
+emulator's maintainer.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The lab's vLLM image tags: which repository, which EMU_* knobs, and named scenario presets.
 
-``lab up`` pushes :data:`HISTORY` (the seeds' release history replayed by the emulator);
+``lab up`` pushes :data:`HISTORY` (the images' release history replayed by the emulator);
 tests add scenario tags with ``add_image(tag, settings=scenario_env("decay"))`` or any
 knobs (``knob_env({"crash_at_concurrency": 8})``). :func:`install_emulator` puts the
 emulator and its ``vllm`` command into an image root filesystem.
@@ -46,7 +46,7 @@ class ImageTag:
 
 _V024 = {"EMU_VERSION": "0.24.0", "EMU_LOAD_SECONDS": LAB_LOAD_SECONDS}
 
-#: The seeds' history (DOMAIN.md "Image tags are dated"), oldest first.
+#: The images' history (docs/domain.md#image-tags), oldest first.
 HISTORY: tuple[ImageTag, ...] = (
     ImageTag(
         AEON_REPOSITORY,

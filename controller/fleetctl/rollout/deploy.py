@@ -19,7 +19,7 @@ Measured on the lab, 4 nodes, 2 shared cores at load 4-13
 the canary 3.2 s through the role vs 1.3 s over SSH, of a 3-host step (one
 run) 9.8 s vs 2.0 s; a whole rollout with 3 s soaks 92.7 s vs 88.5 s (1.05x).
 A rollback through ``rollback.yml`` took 5.7-6.5 s against 4.1 s over
-paramiko with a 1 s load (docs/notes/issue-12-ansible-role.md), past the goal
+paramiko with a 1 s load (bench/ansible_serve.py), past the goal
 of at most 5 s over the previous version's load; the SSH restore after a
 failed gate stays at 3.3-3.7 s over it with either deploy path. A rollback is
 what ends an incident: it keeps the fast path.

@@ -27,7 +27,7 @@ LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERP
     "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
     "fleetctl.fingerprint")
 _PULL_TIMEOUT = 1800.0
-#: The serving container's restart policy, as the seeds' own ``docker run``: a Spark that reboots
+#: The serving container's restart policy, as the published recipes' own ``docker run``: a Spark that reboots
 #: (or whose dockerd restarts) serves its version again, while a container fleetctl stopped or
 #: killed (``.prev``, a version judged bad) stays down. A recipe's ``docker_args`` may override it.
 RESTART_POLICY = "unless-stopped"

@@ -243,7 +243,7 @@ def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
             out.append(Measurement(sr.name, F, f"{sr.name}: {sr.expect} only appears after {ANSWER_WINDOW} characters "
                                    f"of a {len(text)}-character reply: {_snippet(text)}", _snippet(text), sr.expect))
         elif not text.strip() and s.finish_reason == "length":
-            # DOMAIN: with thinking on, max_tokens < ~1500 gives content null + length: not a crash.
+            # docs/domain.md#health (5): with thinking on, max_tokens < ~1500 gives content null + length: not a crash.
             out.append(Measurement(sr.name, INC, f"{sr.name}: no content (finish_reason length at "
                                    f"max_tokens {sr.max_tokens}): the model ran out of tokens, not a crash",
                                    "null", sr.expect))
@@ -515,7 +515,7 @@ def _phase_floor(windows: Sequence[Window], floor: float) -> list[Measurement]:
 
 
 def position0(w: Window) -> float | None:
-    """Position-0 acceptance of a window (the seeds' published figure), else the overall rate."""
+    """Position-0 acceptance of a window (the published figure), else the overall rate."""
     if w.per_position:
         return w.per_position[0]
     return w.acceptance_rate

@@ -1,7 +1,6 @@
-"""The soak gate's configuration: read from a recipe's ``soak:`` mapping, defaults from the seeds.
+"""The soak gate's configuration: read from a recipe's ``soak:`` mapping, defaults from the published figures.
 
-Defaults come from the published DGX Spark figures (DOMAIN.md, "What healthy
-means"); the ``lab`` profile scales them for the simulated fleet (an emulator
+Defaults come from the published DGX Spark figures (docs/domain.md#health); the ``lab`` profile scales them for the simulated fleet (an emulator
 on two shared cores, soaks of seconds). A recipe overrides any key::
 
     soak:
@@ -64,7 +63,7 @@ _PARAMS: dict[str, dict[str, str]] = {
 #: Checks in the order they appear in reports.
 CHECKS = tuple(_PARAMS)
 
-# The seeds' figures for the Qwen3.6-35B-A3B on one Spark, with headroom (DOMAIN.md):
+# The published figures for the Qwen3.6-35B-A3B on one Spark, with headroom (docs/domain.md#health):
 # single stream 75-124 tok/s (min 41), TTFT 88-145 ms; c=4 191 ms / 48 tok/s per request;
 # c=16 ~500 ms / 19 tok/s; c=64 p95 11.2 s / 7 tok/s, ~313 tok/s aggregate on the older
 # image and 430-800 on 0.23/0.24; DFlash acceptance 32-78% (position 0) short context,
@@ -75,7 +74,7 @@ _SPARK: dict[str, Any] = {
     "request_timeout": 180.0,
     "max_tokens": 256,
     "temperature": 0.0,
-    # The seeds' reference figures (throughput and acceptance floors) were measured with
+    # The published reference figures (throughput and acceptance floors) were measured with
     # thinking off; Qwen3.6's template turns it on by default.
     "thinking": False,
     "concurrency": [1, 4, 16, 32, 64],

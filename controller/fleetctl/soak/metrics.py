@@ -3,7 +3,7 @@
 Every series carries ``model_name`` and ``engine`` labels; a scrape sums over
 them (one figure per server, whatever its data-parallel layout). Counters are
 only ever used as deltas over a window: lifetime totals hide an acceptance
-decay behind hours of good history (DOMAIN.md).
+decay behind hours of good history (docs/domain.md#what-vllms-api-and-metrics-say).
 """
 
 from __future__ import annotations

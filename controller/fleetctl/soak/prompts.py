@@ -1,6 +1,6 @@
 """Fixed prompt sets per class, the smoke prompts, and the long-context document.
 
-The classes follow the seeds' benchmark tables (coding, math, reasoning, prose,
+The classes follow the published benchmark tables (coding, math, reasoning, prose,
 natural language, extraction/JSON) plus a long-context class, because
 speculative-decoding acceptance, and so throughput, depends on the class.
 Prompts are fixed so that two soaks of the same host are comparable.
@@ -56,7 +56,7 @@ class SmokePrompt:
     expect: str
 
 
-#: The seeds' smoke test (DOMAIN.md): greedy, the answer must contain 391.
+#: The operators' smoke test (docs/domain.md#health): greedy, the answer must contain 391.
 SMOKE: tuple[SmokePrompt, ...] = (SmokePrompt("multiply", "What is 17 × 23?", "391"),)
 
 

@@ -4,7 +4,7 @@
 Runs on the host with Python's standard library only. It reads file heads,
 ``config.json``, ``model.safetensors.index.json`` and the safetensors headers
 (an 8-byte little-endian length, then a JSON header): it never loads a weight.
-Each check below stands for a way a Spark has failed to serve (DOMAIN.md):
+Each check below stands for a way a Spark has failed to serve (docs/domain.md#weights in the repository):
 
 - Git LFS pointer files instead of weights (a clone without ``git lfs pull``);
 - symlinks leaving the directory (into the HF cache ``blobs/``): the container's
@@ -246,7 +246,7 @@ def _code_problems(config, files):
 
 
 def _layout_problems(config, keys, role):
-    """Known-bad layouts, recognised by tensor names (DOMAIN.md)."""
+    """Known-bad layouts, recognised by tensor names (docs/domain.md#weights)."""
     out = []
     nested = sorted(k for k in keys if k.startswith("model.language_model.visual."))
     if nested:

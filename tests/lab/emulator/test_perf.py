@@ -1,4 +1,4 @@
-"""The emulator's performance model against the seeds' published figures."""
+"""The emulator's performance model against the published figures."""
 
 from __future__ import annotations
 

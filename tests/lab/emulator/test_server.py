@@ -215,7 +215,7 @@ def test_port_refused_until_ready_then_every_endpoint(
         assert http.post("/health").status_code == 405
         before = _metrics(emu.url)
 
-        # The seeds' smoke test, thinking off.
+        # The operators' smoke test, thinking off.
         smoke = http.post(
             "/v1/chat/completions",
             json=_chat(
@@ -229,7 +229,7 @@ def test_port_refused_until_ready_then_every_endpoint(
             == smoke["usage"]["prompt_tokens"] + smoke["usage"]["completion_tokens"]
         )
 
-        # Thinking on with a small budget: content null, finish_reason length (DOMAIN item 5).
+        # Thinking on with a small budget: content null, finish_reason length (docs/domain.md#health, item 5).
         thinking = http.post(
             "/v1/chat/completions", json=_chat("What is 17 × 23?", max_tokens=200)
         ).json()
@@ -555,7 +555,7 @@ def _acceptance(url: str, prompt: str, n: int = 4) -> float:
     after = _metrics(url)
     pos0 = ("vllm:spec_decode_num_accepted_tokens_per_pos_total", (("position", "0"),))
     drafts = ("vllm:spec_decode_num_drafts_total", ())
-    # Position-0 acceptance over the window (DOMAIN.md: d(per_pos[0]) / d(drafts)).
+    # Position-0 acceptance over the window (docs/domain.md: d(per_pos[0]) / d(drafts)).
     return (after[pos0] - before[pos0]) / (after[drafts] - before[drafts])
 
 

@@ -7,7 +7,7 @@ Run it as ``vllm serve MODEL_DIR --served-model-name A B --host H --port P
 [--speculative-config JSON] [--max-num-seqs N] [--max-num-batched-tokens N]
 [--kv-cache-dtype X] [--quantization Q] [--reasoning-parser P] ...`` (the ``vllm`` file
 beside this one is the image's ``vllm`` command) or ``python3 -m fleetctl.lab.emulator
-serve MODEL_DIR ...``. Unknown vLLM flags are accepted. It behaves as DOMAIN.md says a real
+serve MODEL_DIR ...``. Unknown vLLM flags are accepted. It behaves as docs/domain.md says a real
 vLLM does: boot refusals with vLLM's messages (missing model dir/config.json, DFlash
 without --max-num-seqs/--max-num-batched-tokens, DFlash with nvfp4 KV, quantization
 mismatch, unreadable safetensors headers), port closed until ready, then
@@ -51,7 +51,7 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 ``EMU_VERSION``                 what /version reports; 0.24.0
 ``EMU_SEED``                    seed of the acceptance sampler; 0
 ``EMU_KV_CAPACITY_TOKENS``      KV cache size: requests wait for room, decoding past it
-                                preempts (vllm:num_preemptions_total); 300000 (the seeds'
+                                preempts (vllm:num_preemptions_total); 300000 (the published
                                 265-300K tokens)
 ==============================  =====================================================
 

@@ -2,7 +2,7 @@
 
 Pure functions of (prompt class, concurrency, context length, time), so they are
 unit-tested from data. Every default comes from the published figures of the
-seeds (``/work/shared/seeds``), for Qwen3.6-35B-A3B-heretic-NVFP4 + DFlash n=11
+serving image's README and model cards (summarised in docs/domain.md#health), for Qwen3.6-35B-A3B-heretic-NVFP4 + DFlash n=11
 on one DGX Spark with the v0.23.0 image:
 
 - single-stream decode tok/s, TTFT p50 and DFlash position-0 acceptance per class:
@@ -81,7 +81,7 @@ def _scaled_family(
     }
 
 
-#: Per model family (the seeds' three fleet models), single-stream figures of the README's
+#: Per model family (the three published fleet models), single-stream figures of the README's
 #: v0.23.0 fleet tables: Gemma-4-26B-A4B and Qwen3.6-27B (the 35B-A3B is PROFILES).
 FAMILY_PROFILES: dict[str, dict[PromptClass, ClassProfile]] = {
     "qwen36-35b-a3b": PROFILES,
