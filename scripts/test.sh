@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 export PATH="$PWD/.venv/bin:$PATH"
-echo "== ruff"; ruff check controller tests bench
+echo "== ruff"; ruff check controller tests bench roles
 echo "== mypy"; mypy
 echo "== pytest"
 rc=0

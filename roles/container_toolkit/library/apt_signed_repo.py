@@ -132,7 +132,7 @@ def primary_fingerprints(keyring: bytes) -> list[str]:
             continue
         if not body or body[0] != 4:
             raise ValueError(f"a version {body[0] if body else '?'} primary key (only v4 keys can be pinned)")
-        fps.append(hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body).hexdigest().upper())  # noqa: S324
+        fps.append(hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body).hexdigest().upper())
     if not fps:
         raise ValueError("no primary public key in it")
     return fps

@@ -190,7 +190,7 @@ def observed(c: dict | None, compare_env: dict, secret_names: list[str]) -> dict
         return None
     cfg = c.get("Config") or {}
     hc = c.get("HostConfig") or {}
-    env_all = dict(str(e).split("=", 1) if "=" in str(e) else (str(e), "") for e in cfg.get("Env") or [])
+    env_all = dict(str(e).partition("=")[::2] for e in cfg.get("Env") or [])
     labels = {k: v for k, v in (cfg.get("Labels") or {}).items()
               if k.startswith("fleetctl.") and k not in _UNCOMPARED_LABELS}
     return {
@@ -284,7 +284,7 @@ class Docker:
         rc, out, err = self.m.run_command(argv, environ_update=env or {})
         if rc != 0:
             self.m.fail_json(msg=f"{what} failed: {(err or out).strip()[-400:]} (fix: {fix})")
-        return out
+        return str(out)
 
     def inspect(self, name: str) -> dict | None:
         rc, out, _ = self.m.run_command(["docker", "container", "inspect", name])
@@ -295,7 +295,7 @@ class Docker:
 
     def has_image(self, ref: str) -> bool:
         rc, _, _ = self.m.run_command(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
-        return rc == 0
+        return bool(rc == 0)
 
 
 def main() -> None:

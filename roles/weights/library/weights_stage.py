@@ -140,7 +140,8 @@ def _http_json(url, token=None):
 def _read_capped(r, url, limit, end, sink=None):
     """Read ``r`` to its end, at most ``limit`` bytes and before ``end`` (monotonic); into ``sink`` if given."""
     read = getattr(r, "read1", r.read)  # what has arrived: read(n) waits for n bytes of a trickle
-    parts, got = [], 0
+    parts: list[bytes] = []
+    got = 0
     while True:
         if time.monotonic() > end:
             raise StageError(f"{_safe(url)} did not finish within its deadline ({got} bytes so far); "

@@ -87,19 +87,19 @@ def read_header(fp, size):
             continue
         if not isinstance(t, dict) or not isinstance(t.get("data_offsets"), list) or len(t["data_offsets"]) != 2:
             raise ValueError(f"tensor {name!r} has no data_offsets")
-        b, e = t["data_offsets"]
-        if not (isinstance(b, int) and isinstance(e, int)) or not 0 <= b <= e <= data_len:
-            raise ValueError(f"tensor {name!r} offsets [{b}, {e}] fall outside the {data_len} data bytes")
+        b, end = t["data_offsets"]
+        if not (isinstance(b, int) and isinstance(end, int)) or not 0 <= b <= end <= data_len:
+            raise ValueError(f"tensor {name!r} offsets [{b}, {end}] fall outside the {data_len} data bytes")
         shape = t.get("shape")
         elem = DTYPE_SIZE.get(str(t.get("dtype")))
         if isinstance(shape, list) and elem is not None:
             count = 1
             for d in shape:
                 count *= int(d)
-            if int(count * elem + 0.999) != e - b:
+            if int(count * elem + 0.999) != end - b:
                 raise ValueError(f"tensor {name!r} of shape {shape} {t.get('dtype')} needs {int(count * elem)} bytes, "
-                                 f"its offsets give {e - b}")
-        end_max = max(end_max, e)
+                                 f"its offsets give {end - b}")
+        end_max = max(end_max, end)
     if end_max != data_len:
         raise ValueError(f"tensors cover {end_max} of the {data_len} data bytes (truncated or padded)")
     return header
