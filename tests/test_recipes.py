@@ -87,6 +87,14 @@ def test_gpu_memory_utilization_above_088_is_refused() -> None:
     assert "0.95 is above 0.88" in p.problem and "at most 0.88" in p.fix
 
 
+@pytest.mark.parametrize("value", ["-0.5", "0"])
+def test_gpu_memory_utilization_of_zero_or_less_is_called_so(value: str) -> None:
+    body = heretic()
+    body["vllm_args"] = set_flag(body["vllm_args"], "--gpu-memory-utilization", value)
+    (p,) = problems_of(body)
+    assert p.problem == f"{value} is not a fraction above 0" and "above" not in p.fix
+
+
 @pytest.mark.parametrize("flag", ["--max-num-seqs", "--max-num-batched-tokens"])
 def test_dflash_needs_both_scheduler_limits(flag: str) -> None:
     body = heretic()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +70,13 @@ class Inventory:
                 fix=f"use one of: {', '.join(self.hosts) or '(none)'}",
             ) from None
 
+    def _names(self, most: int = 12) -> str:
+        """The hosts and groups, for a message (cut on a large fleet)."""
+        def cut(names: list[str]) -> str:
+            more = f" and {len(names) - most} more" if len(names) > most else ""
+            return ", ".join(names[:most]) + more if names else "(none)"
+        return f"hosts: {cut(list(self.hosts))}; groups: {cut(list(self.groups))}"
+
     def select(self, limit: str | None = None) -> list[Host]:
         """The hosts matching an Ansible ``--limit`` pattern, in inventory order.
 
@@ -78,23 +86,45 @@ class Inventory:
         pattern that matches nothing is an error, because a typo must never
         silently select fewer hosts.
         """
-        if not limit:
+        if not self.hosts:
+            raise InventoryError(f"{self.path} has no hosts", fix="list your Sparks under a group in the inventory "
+                                 "(see inventory/example/hosts.yml), or bring the lab up: fleetctl lab up")
+        if limit is None:
             return list(self.hosts.values())
         if self._ansible is None:
             raise InventoryError(f"{self.path}: this inventory was not loaded by inventory.load()",
                                  fix="build Inventory objects with fleetctl.inventory.load()")
         from ansible.inventory.manager import split_host_pattern
 
+        patterns = split_host_pattern(limit) if limit.strip() else []
+        if not [p for p in patterns if p.strip("!&")]:
+            # Ansible reads an empty pattern as "all": for a rollout that is the whole fleet.
+            raise InventoryError(f"--limit {limit!r} is empty", fix=f"name hosts or groups: {self._names()}")
+        if limit.count("[") != limit.count("]"):
+            # Ansible reads "[" as the start of a subscript and drops what it cannot parse
+            # ("~spark-[" becomes "~spark-"): a typo would select other hosts than written.
+            raise InventoryError(f"--limit {limit!r} is not a valid pattern (unbalanced brackets)",
+                                 fix="close the bracket: a subscript is g[0], g[0:2] or g[1:]")
+        for pat in patterns:
+            body = pat.lstrip("!&")
+            if body.startswith("~"):
+                try:
+                    re.compile(body[1:])
+                except re.error as e:
+                    # Ansible would otherwise match such a pattern as a plain name, or fail inside.
+                    raise InventoryError(f"--limit {pat!r} is not a valid regular expression ({e})",
+                                         fix="write a Python regex after ~, e.g. --limit '~spark-0[1-3]'") from None
         with _ansible_warnings():  # "could not match": reported below as an error
-            for pat in split_host_pattern(limit):
+            for pat in patterns:
                 if pat[:1] in ("!", "&"):
                     continue
                 if not any(h.name in self.hosts for h in self._ansible.get_hosts(pat)):
-                    raise InventoryError(
-                        f"--limit {pat!r} matches no host or group in {self.path}",
-                        fix=f"hosts: {', '.join(self.hosts)}; groups: {', '.join(self.groups)}",
-                    )
+                    raise InventoryError(f"--limit {pat!r} matches no host or group in {self.path}",
+                                         fix=self._names())
             chosen = {h.name for h in self._ansible.get_hosts(limit)}
+        if not chosen.intersection(self.hosts):
+            raise InventoryError(f"--limit {limit!r} selects no host in {self.path} (its exclusions remove "
+                                 "every host its patterns match)", fix=self._names())
         return [h for name, h in self.hosts.items() if name in chosen]
 
 

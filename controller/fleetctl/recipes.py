@@ -483,7 +483,10 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
         except ValueError:
             bad("vllm_args --gpu-memory-utilization", f"{gmu!r} is not a number", "give a fraction, e.g. 0.70")
         else:
-            if not 0 < value <= MAX_GPU_MEMORY_UTILIZATION:
+            if not value > 0:
+                bad("vllm_args --gpu-memory-utilization", f"{gmu} is not a fraction above 0",
+                    "give a fraction of the GPU's memory, e.g. 0.70")
+            elif value > MAX_GPU_MEMORY_UTILIZATION:
                 bad("vllm_args --gpu-memory-utilization",
                     f"{gmu} is above {MAX_GPU_MEMORY_UTILIZATION}: GB10's unified memory thrashes",
                     f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the published recipes use 0.60-0.80)")

@@ -212,7 +212,7 @@ def _iso(ts: float | None) -> str | None:
 
 @click.command("history")
 @click.argument("rollout_id", required=False)
-@click.option("--limit", "-n", "count", type=int, default=20, show_default=True, help="How many to list.")
+@click.option("--limit", "-n", "count", type=click.IntRange(min=1), default=20, show_default=True, help="How many to list.")
 @json_option
 @pass_ctx
 def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:

@@ -30,6 +30,9 @@ class Forward(HostSteps):
         rid = fleet_ledger.new_id("rollout")
         t_start = time.monotonic()
         self._webhook(rid, opts.webhook)
+        # Bad options and an unknown tag are refused before the ledger's lock or any host's is tried.
+        recipe, _ = self.check(opts)
+        self.resolve(recipe, opts.tag or "")
         if opts.dry_run:
             p, recipe, _facts, _hosts = self.plan(opts)
             return RolloutResult(None, "rollout", "planned", recipe.name, p.tag, p.digest, p.image,

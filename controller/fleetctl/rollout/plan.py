@@ -57,6 +57,14 @@ def parse_waves(text: str | None) -> tuple[Size, ...]:
     return tuple(parse_size(p, "wave size") for p in parts)
 
 
+def check_options(waves: str | None, max_unavailable: str | None, failure_budget: str | None) -> None:
+    """Refuse bad wave, unavailability or budget options (the same rules :func:`build` applies), before
+    anything is resolved or any host is contacted."""
+    parse_waves(waves)
+    parse_size(max_unavailable or "1", "--max-unavailable")
+    parse_size(failure_budget or "0", "--failure-budget", allow_zero=True)
+
+
 def split_waves(hosts: Sequence[str], sizes: Sequence[Size]) -> list[list[str]]:
     """Cut ``hosts`` (in order) into waves of the given sizes, the last size repeating."""
     out: list[list[str]] = []

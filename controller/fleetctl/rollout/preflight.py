@@ -57,23 +57,38 @@ class Planning(Session):
                              fix="fix each host above, or leave it out with --limit '!NAME'")
         return out
 
-    def plan(self, opts: Options) -> tuple[wave_plan.Plan, Recipe, dict[str, remote.Facts], list[Host]]:
-        """Resolve the tag, preflight the hosts and cut the waves. Touches nothing."""
+    def check(self, opts: Options) -> tuple[Recipe, list[Host]]:
+        """Every option, the tag's form, the recipe and the selection checked: no network, no host."""
         if not opts.tag:
             raise FleetError("no tag given", fix="pass --tag, e.g. --tag v0.24.0")
+        registry.check_tag(opts.tag, "--tag")
+        wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget)
         recipe = self.recipe(opts.recipe)
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
         for h in hosts:
             deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
-        self._emit("resolve", f"{recipe.image}:{opts.tag}")
-        img = self._resolve(recipe.image, opts.tag, self.mirrors)
+        return recipe, hosts
+
+    def resolve(self, recipe: Recipe, tag: str) -> registry.ResolvedImage:
+        """``tag`` of the recipe's image through the registry (asked once per command)."""
+        key = (recipe.image, tag)
+        if key not in self._resolved:
+            self._emit("resolve", f"{recipe.image}:{tag}")
+            img = self._resolve(recipe.image, tag, self.mirrors)
+            self._emit("resolve", f"{tag} -> {img.tag} ({img.digest[:19]})")
+            self._resolved[key] = img
+        return self._resolved[key]
+
+    def plan(self, opts: Options) -> tuple[wave_plan.Plan, Recipe, dict[str, remote.Facts], list[Host]]:
+        """Resolve the tag, preflight the hosts and cut the waves. Touches nothing."""
+        recipe, hosts = self.check(opts)
+        img = self.resolve(recipe, opts.tag or "")
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
-        self._emit("resolve", f"{opts.tag} -> {img.tag} ({img.digest[:19]})")
         facts = self._preflight(hosts, recipe, ref)
         current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
                    for n, f in facts.items()}
-        p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag, tag=img.tag, digest=img.digest,
+        p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag or "", tag=img.tag, digest=img.digest,
                     pull_ref=ref, hosts=[h.name for h in hosts], current=current, waves=opts.waves,
                     max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,
                     fingerprint=remote.fingerprint(recipe),

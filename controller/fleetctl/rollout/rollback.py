@@ -41,6 +41,12 @@ class Rollback(Forward):
         fails is put back on what it served. Usable while a rollout or rollback
         is paused or after its controller died: that one is then aborted.
         """
+        if to is not None:
+            registry.check_tag(to, "--to")
+        if max_unavailable is not None:
+            wave_plan.parse_size(max_unavailable, "--max-unavailable")
+        if limit is not None:
+            self.inv.select(limit)  # a bad --limit is refused before any lock or host
         rid = fleet_ledger.new_id("rollback")
         hook = self._webhook(rid, webhook)
         self.ledger.acquire(rid)

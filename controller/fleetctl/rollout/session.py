@@ -124,6 +124,8 @@ class Session:
         self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
                                                           else hoststate.MemoryStore())
         self.held: hoststate.HostLocks | None = None
+        #: (image, requested tag) -> what the registry answered, asked once per command.
+        self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
 
     def close(self) -> None:
         """Close the ledger and SSH connections."""
