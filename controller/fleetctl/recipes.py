@@ -5,6 +5,9 @@ so that operators edit YAML, not code. They are validated when loaded: every
 problem (schema or one of the rules in docs/domain.md#recipes, each of which
 cost somebody an outage) is collected and reported at once, one line per problem naming the
 recipe, the field and the fix.
+
+Why one file of ~550 lines: a recipe's schema, its rendering to a vLLM command line and the
+rules from docs/domain.md#recipes are read together; each rule is a few lines beside its fix.
 """
 
 from __future__ import annotations

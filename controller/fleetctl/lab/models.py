@@ -28,6 +28,9 @@ Variants (``-`` and ``_`` are the same), each exactly a failure of docs/domain.m
 - ``v1-keys``: text tensors as ``model.layers.N.*``, architecture ``...ForCausalLM``
   (the unstable v1 of the 35B body, dated before 2026-04-19).
 - ``stale-drafter``: a drafter dated 2026-04-12 (before the 2026-04-19 fix).
+
+Why one file of ~800 lines: each model kind's tensor layout and each broken variant are data
+described side by side, so that a new failure is written next to the good layout it breaks.
 """
 
 from __future__ import annotations

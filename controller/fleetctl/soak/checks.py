@@ -8,6 +8,9 @@ more failures than ``failure_limit`` fails it, more consecutive errors than
 ``inconclusive_limit`` makes it inconclusive. No measurements at all is
 inconclusive: missing data never passes. ``observe_only`` checks are reported
 but do not count toward the verdict.
+
+Why one file of ~800 lines: every check's evaluator reads the same Evidence and shares the
+measurement helpers and outcome rules; split per check they would import each other.
 """
 
 from __future__ import annotations

@@ -20,6 +20,9 @@ string operations per event, and every answer's ``finish_reason`` and
 bounded: an SSE line longer than :data:`MAX_LINE_BYTES` ends the request at once (a
 64 MB line would otherwise cost seconds of the one CPU every host's soak shares), error
 and probe bodies are read up to a cap, and every request has an overall deadline.
+
+Why one file of ~500 lines: the streaming client and its per-event checks (garbage, repeats,
+error events, usage) share one parser state; splitting it would split the stream.
 """
 
 from __future__ import annotations

@@ -15,6 +15,9 @@ Every check takes ``enabled``, ``observe_only``, ``failure_limit``,
 ``inconclusive_limit`` and ``consecutive_error_limit`` (as in Argo Rollouts'
 analysis), plus its own bounds. Unknown keys are errors, so a typo never
 silently weakens a gate.
+
+Why one file of ~500 lines: the profiles' defaults are data, kept beside the validation that
+reads them so that a new key is declared, defaulted and checked in one place.
 """
 
 from __future__ import annotations

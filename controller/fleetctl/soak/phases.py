@@ -1,6 +1,10 @@
 """The soak's load phases: identity, canaries, prompt classes, the concurrency sweep and its trials,
 open-loop rates, the long decode, long-context prompts sized in tokens, and the sustained phase;
-what they gather is kept in ``SoakState``."""
+what they gather is kept in ``SoakState``.
+
+Why one file of ~500 lines: the phases share SoakState and the request runner; each is a
+small function here, and ``run.py`` orders them.
+"""
 
 from __future__ import annotations
 

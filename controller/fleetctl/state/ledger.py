@@ -27,6 +27,9 @@ The public interface (what another backend, e.g. PostgreSQL, implements):
 ``set_status``, ``set_wave``, ``host_phase``, ``note`` (writes, each one
 transaction), ``get``/``ids``/``latest``/``history`` (reads),
 ``known_good``/``add_known_good`` (per-host intent), ``close``.
+
+Why one file of ~600 lines: the ledger's records, its lock and its queries are one
+transactional interface over the two backends; the SQL dialects are apart in ``backends.py``.
 """
 
 from __future__ import annotations

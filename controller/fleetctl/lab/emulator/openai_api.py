@@ -7,6 +7,9 @@ usage chunk and ``[DONE]``), /v1/models, /tokenize, /health, /version and /metri
 The HTTP framing those answers travel in (connections, routing, auth, chunked SSE) is
 :mod:`.http_server`. Named ``openai_api``, not ``openai``: in the image the emulator's
 directory is ``sys.path[0]``, where an ``openai.py`` would shadow the OpenAI SDK.
+
+Why one file of ~500 lines: the OpenAI semantics (chat, completions, models, tokenize) share
+request validation and the response shapes; HTTP framing is apart in ``http_server.py``.
 """
 
 from __future__ import annotations
