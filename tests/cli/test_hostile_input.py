@@ -114,9 +114,14 @@ def test_json_errors_are_json_on_stdout(fleet: tuple[Path, Listener],
     hosts, listener = fleet
     code, out, _ = run(hosts, "status", "--json", "--limit", "")
     assert code == 2
-    if out.strip():  # when --json prints an error object it must parse
-        json.loads(out)
+    error = json.loads(out)["error"]
+    assert "is empty" in error["cause"] and "spark-01" in error["fix"] and error["exit_code"] == 2
     assert listener.accepted == 0
+
+
+def test_json_errors_without_an_inventory(tmp_path: Path, run: Callable[..., tuple[int, str, str]]) -> None:
+    code, out, _ = run(tmp_path / "missing.yml", "status", "--json")
+    assert code == 2 and json.loads(out)["error"]["cause"]
 
 
 @pytest.mark.parametrize("argv, says", [

@@ -24,7 +24,7 @@ def test_soak_an_endpoint_writes_reports_and_exits_0(emulator: Callable[..., Ser
     out = tmp_path / "out"
     code = main(["soak", "--endpoint", served.target.base_url, "--profile", "lab", "--model", SERVED[0],
                  "--model", SERVED[1], "--concurrency", "1,4", "--duration", "3s",
-                 "--json", str(out / "soak.json"), "--junit", str(out / "soak.xml"), "--html", str(out / "soak.html")])
+                 "--json-report", str(out / "soak.json"), "--junit", str(out / "soak.xml"), "--html", str(out / "soak.html")])
     data = json.loads((out / "soak.json").read_text())
     assert code == 0, data["verdicts"][0]["summary"]
     assert data["outcome"] == "pass"
@@ -40,16 +40,27 @@ def test_soak_an_endpoint_writes_reports_and_exits_0(emulator: Callable[..., Ser
 def test_a_failing_soak_exits_1(emulator: Callable[..., Served], tmp_path: Path) -> None:
     served = emulator(EMU_GARBAGE="1")
     code = main(["soak", "--endpoint", served.target.base_url, "--profile", "lab", "--concurrency", "1",
-                 "--json", str(tmp_path / "r.json")])
+                 "--json-report", str(tmp_path / "r.json")])
     assert code == 1
     assert json.loads((tmp_path / "r.json").read_text())["verdicts"][0]["outcome"] == "fail"
 
 
 def test_an_endpoint_that_is_down_exits_2(tmp_path: Path) -> None:
     code = main(["soak", "--endpoint", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "1s",
-                 "--json", str(tmp_path / "r.json")])
+                 "--json-report", str(tmp_path / "r.json")])
     assert code == 2
     assert json.loads((tmp_path / "r.json").read_text())["outcome"] == "error"
+
+
+def test_json_is_stdout_as_for_every_command(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    code = main(["soak", "--endpoint", f"http://127.0.0.1:{free_port()}", "--ready-timeout", "1s",
+                 "--json", "--smoke-only"])
+    assert code == 2
+    out = json.loads(capsys.readouterr().out)
+    assert out["outcome"] == "error"
+    assert not (tmp_path / "--smoke-only").exists() and {p.name for p in tmp_path.iterdir()} <= {"state"}
 
 
 @pytest.mark.parametrize("args", [["--concurrency", "4,1"], ["--endpoint", "ftp://x"],

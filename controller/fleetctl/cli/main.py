@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import resource
 import sys
@@ -89,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     except FleetError as e:
         err.print(f"[bold red]error:[/] {escape(e.message())}", highlight=False)
         code = int(e.exit_code)
+        if "--json" in (sys.argv[1:] if argv is None else argv):
+            # A script that asked for JSON gets JSON on stdout, also when the command failed.
+            print(json.dumps({"error": {"cause": e.cause, "host": e.host, "fix": e.fix, "exit_code": code}}))
     except click.exceptions.Exit as e:
         code = int(e.exit_code)
     except click.exceptions.Abort:

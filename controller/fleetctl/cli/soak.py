@@ -175,7 +175,8 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--ready-timeout", metavar="D", help="How long to wait for /health 200 (default: the profile's).")
 @click.option("--baseline-tag", metavar="TAG", help="Compare with this tag's baseline (default: the serving tag).")
 @click.option("--no-save-baseline", is_flag=True, help="Do not keep a passing soak as the host's new baseline.")
-@click.option("--json", "json_file", metavar="F", help="Write the verdicts as JSON to F ('-' for stdout).")
+@json_option
+@click.option("--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F.")
 @click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
 @click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report with charts to F.")
 @pass_ctx
@@ -218,15 +219,14 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
             baselines.save(job.state_dir, job.target.name, job.target.tag, v)
     base_map = {j.target.name: j.baseline for j in jobs if j.baseline is not None}
     if json_file:
-        if json_file == "-":
-            click.echo(report.to_json(verdicts))
-        else:
-            report.write_json(Path(json_file), verdicts)
+        report.write_json(Path(json_file), verdicts)
     if junit_file:
         report.write_junit(Path(junit_file), verdicts)
     if html_file:
         report.write_html(Path(html_file), verdicts, base_map)
-    if json_file != "-":
+    if ctx.json:
+        click.echo(report.to_json(verdicts))
+    else:
         _summary(verdicts)(ctx.out)
     code = _exit_code(report.worst(verdicts))
     if code != ExitCode.OK:
