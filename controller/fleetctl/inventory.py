@@ -158,7 +158,9 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
         )
         raise InventoryError(f"inventory {p} does not exist", fix=fix)
     if p.is_file() and p.suffix in (".yml", ".yaml"):
-        _read_yaml(p)  # a syntax error gets its line and column here, not a generic "failed to parse"
+        # a syntax error gets its line and column here, not a generic "failed to parse"
+        _check_yaml_file(p, mapping=False)
+    _check_var_files(p)
     manager, variables = _ansible_load(p)
     all_group = manager.groups["all"]
     hosts_out: dict[str, Host] = {}
@@ -282,6 +284,10 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
         raise InventoryError(
             f"{path}: ansible_port {v.get('ansible_port')!r} is not a number", host=name, fix="set ansible_port: 22"
         ) from None
+    if not 1 <= port <= 65535:
+        # paramiko would wrap 99999 into another port (34463) and call -5 "Servname not supported".
+        raise InventoryError(f"{path}: ansible_port {port} is not a TCP port (1-65535)", host=name,
+                             fix="set ansible_port to the host's SSH port, usually 22")
     key = v.get("ansible_ssh_private_key_file")
     known = v.get("fleetctl_known_hosts")
     return Host(
@@ -294,6 +300,84 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
         groups=groups,
         vars=dict(v),
     )
+
+
+#: Bounds on every inventory file read before ansible-core parses it: its size, and the number of
+#: values it expands to (a few hundred bytes of nested YAML aliases expand to gigabytes).
+MAX_FILE_BYTES = 16 << 20
+MAX_YAML_VALUES = 2_000_000
+#: Extensions Ansible reads in group_vars/ and host_vars/ (a file without one included).
+_VAR_SUFFIXES = ("", ".yml", ".yaml", ".json")
+
+
+def _check_var_files(source: Path) -> None:
+    """Every file of ``group_vars/`` and ``host_vars/`` beside ``source``: bounded, valid YAML, a mapping.
+
+    ansible-core reports these as a traceback without file or line (or, for an alias bomb, runs out of
+    memory); each is one InventoryError here, naming the file, line and column.
+    """
+    base = source if source.is_dir() else source.parent
+    for sub in ("group_vars", "host_vars"):
+        root = base / sub
+        if not root.is_dir():
+            continue
+        for f in sorted(root.rglob("*")):
+            if f.is_file() and f.suffix in _VAR_SUFFIXES and not f.name.startswith("."):
+                _check_yaml_file(f, mapping=True)
+
+
+def _check_yaml_file(path: Path, mapping: bool) -> None:
+    """Refuse a file that is too large, not text, not YAML, expands without bound, or (``mapping``) not a mapping."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise InventoryError(f"{path}: {size} bytes, more than an inventory file may hold ({MAX_FILE_BYTES})",
+                                 fix="split it, or check that this is the file you meant")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InventoryError(f"{path}: not UTF-8 text (byte {e.start}): a binary file?",
+                             fix="point the inventory at its YAML or INI file") from None
+    except OSError as e:
+        raise InventoryError(f"{path}: cannot read: {e.strerror}", fix="check the path and permissions") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)  # nodes only: no value is built, tags (!vault) kept
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise InventoryError(f"{path}: not valid YAML{where}: {problem}", fix="correct the YAML syntax") from None
+    if node is None:
+        return
+    if _expanded_size(node) > MAX_YAML_VALUES:
+        raise InventoryError(f"{path}: expands to more than {MAX_YAML_VALUES} values through YAML aliases",
+                             fix="write the values out, or use fewer nested aliases (&anchor / *alias)")
+    if mapping and not isinstance(node, yaml.MappingNode):
+        raise InventoryError(f"{path}: line {node.start_mark.line + 1}: variables must be a mapping "
+                             f"(name: value), not a {type(node).__name__.removesuffix('Node').lower()}",
+                             fix="write the variables as `name: value` lines")
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many values ``root`` stands for once every alias is expanded (each node counted once per use)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:  # iterative post-order: deep nesting must not overflow Python's stack
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        if done or not children:
+            sizes[id(node)] = 1 + sum(sizes[id(c)] for c in children)
+            if sizes[id(node)] > MAX_YAML_VALUES:
+                return sizes[id(node)]
+            continue
+        stack.append((node, True))
+        stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
 
 
 def _read_yaml(path: Path) -> Any:

@@ -6,6 +6,7 @@ each case asserts that count is still 0 after the command.
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 import socket
@@ -151,3 +152,56 @@ def test_an_inventory_without_hosts_is_refused(tmp_path: Path, run: Callable[...
     for argv in (["status"], ["stage"], ["provision"], ["rollout", "--tag", "v1", "--dry-run"]):
         code, _, err = run(empty, *argv)
         assert code == 2 and ("has no hosts" in err or "defines no fleetctl_recipes" in err), (argv, err)
+
+
+@pytest.mark.parametrize("port", [99999, -5, 0])
+def test_a_port_out_of_range_names_the_host_and_file(tmp_path: Path, port: int) -> None:
+    src = tmp_path / "hosts.yml"
+    src.write_text(yaml.safe_dump({"all": {"hosts": {"spark-07": {"ansible_port": port}}}}))
+    with pytest.raises(InventoryError) as e:
+        inventory.load(src)
+    assert e.value.host == "spark-07" and str(src) in e.value.cause and f"ansible_port {port} is not a TCP port" in e.value.cause
+
+
+def _bomb() -> str:
+    lines = ['a: &a ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for prev, name in itertools.pairwise("abcdefghi"):
+        lines.append(f"{name}: &{name} [" + ", ".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("where, text, says", [
+    ("group_vars/all/recipes.yml", "fleetctl_recipes:\n  x: [1, 2\n", "not valid YAML at line 3, column 1"),
+    ("host_vars/s1.yml", "ansible_port: 22\n  bad: indent\n", "not valid YAML at line 2"),
+    ("group_vars/all/list.yml", "- 1\n- 2\n", "variables must be a mapping (name: value), not a sequence"),
+    ("group_vars/sparks", "a: [1\n", "not valid YAML"),
+    ("group_vars/all/bomb.yml", _bomb(), "expands to more than 2000000 values"),
+])
+def test_a_broken_vars_file_is_one_message_with_its_file(tmp_path: Path, where: str, text: str, says: str) -> None:
+    (tmp_path / "hosts.yml").write_text("all:\n  children:\n    sparks:\n      hosts:\n        s1: {}\n")
+    f = tmp_path / where
+    f.parent.mkdir(parents=True, exist_ok=True)
+    f.write_text(text)
+    with pytest.raises(InventoryError) as e:
+        inventory.load(tmp_path / "hosts.yml")
+    assert e.value.cause.startswith(f"{f}: ") and says in e.value.cause, e.value.cause
+
+
+def test_a_binary_hosts_file_and_a_huge_one_are_refused(tmp_path: Path) -> None:
+    binary = tmp_path / "hosts.yml"
+    binary.write_bytes(bytes(range(128, 256)) * 4)
+    with pytest.raises(InventoryError, match="not UTF-8 text"):
+        inventory.load(binary)
+    huge = tmp_path / "group_vars" / "all.yml"
+    huge.parent.mkdir()
+    binary.write_text("all:\n  hosts:\n    s1: {}\n")
+    huge.write_text("x: " + "a" * (inventory.MAX_FILE_BYTES + 1) + "\n")
+    with pytest.raises(InventoryError, match="more than an inventory file may hold"):
+        inventory.load(binary)
+
+
+def test_vault_tagged_values_pass_the_check(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    s1: {}\n")
+    (tmp_path / "host_vars").mkdir()
+    (tmp_path / "host_vars" / "s1.yml").write_text("secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  3031\n")
+    inventory._check_var_files(tmp_path / "hosts.yml")  # a tag is kept as a tag: no error
