@@ -250,3 +250,14 @@ def test_trust_remote_code_needs_the_recipes_opt_in() -> None:
     assert found and "trust_remote_code: true" in found[0].fix
     body["trust_remote_code"] = "yes"
     assert any(p.field == "trust_remote_code" for p in problems_of(body))
+
+
+@pytest.mark.parametrize("field, value, path", [
+    ("served_model_names", ["{{ lookup('pipe', 'touch /tmp/x') }}"], "served_model_names[0]"),
+    ("image", "ghcr.io/{% if true %}x{% endif %}", "image"),
+])
+def test_a_templated_value_is_refused_not_rendered(field: str, value: object, path: str) -> None:
+    body = heretic()
+    body[field] = value
+    found = [p for p in problems_of(body) if p.field == path]
+    assert found and "Jinja template" in found[0].problem and "not templates" in found[0].problem

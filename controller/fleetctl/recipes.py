@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from typing import Any
@@ -267,6 +267,22 @@ def recipe_for(inventory: Inventory, name: str | None = None, host: Host | None 
     return get_recipe(recipes, name or default_recipe_name(inventory, host))
 
 
+_JINJA = ("{{", "{%", "{#")
+
+
+def _templated(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
+    """(field path, text) of every string under ``value`` that Ansible would render as a template."""
+    if isinstance(value, str):
+        if any(m in value for m in _JINJA):
+            yield where or "(recipe)", value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _templated(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            yield from _templated(v, f"{where}[{i}]")
+
+
 # ---- building (schema) -------------------------------------------------------------------------
 
 
@@ -282,6 +298,11 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
         return None
     for key in sorted(set(body) - _RECIPE_KEYS):
         bad(str(key), "unknown field", f"remove it, or use one of: {', '.join(sorted(_RECIPE_KEYS))}")
+    for fld, text in _templated(body):
+        # fleetctl validates and uses the text as written, but Ansible would render it (and run its
+        # lookups, on the controller) when a playbook gets the recipe: the two would differ.
+        bad(fld, f"holds a Jinja template ({text[:60]!r}): recipes are data, not templates",
+            "write the value out; a value that differs per host belongs in host_vars, not in a template")
     for key in _REQUIRED_RECIPE_KEYS:
         if key not in body:
             bad(key, "is missing", f"add {key}: to the recipe")
