@@ -205,3 +205,14 @@ def test_vault_tagged_values_pass_the_check(tmp_path: Path) -> None:
     (tmp_path / "host_vars").mkdir()
     (tmp_path / "host_vars" / "s1.yml").write_text("secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  3031\n")
     inventory._check_var_files(tmp_path / "hosts.yml")  # a tag is kept as a tag: no error
+
+
+def test_recipes_refuses_a_host_whose_recipe_does_not_exist(fleet: tuple[Path, Listener],
+                                                           run: Callable[..., tuple[int, str, str]]) -> None:
+    hosts, listener = fleet
+    data = yaml.safe_load(hosts.read_text())
+    data["all"]["children"]["sparks"]["hosts"]["spark-03"]["fleetctl_recipe"] = "nope"
+    hosts.write_text(yaml.safe_dump(data))
+    code, _, err = run(hosts, "recipes")
+    assert code == 2 and "spark-03 ('nope')" in err and "use one of: qwen36-35b-heretic" in err, err
+    assert listener.accepted == 0

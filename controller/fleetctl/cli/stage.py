@@ -12,7 +12,7 @@ from rich.text import Text
 from fleetctl import inventory as inv
 from fleetctl import recipes as rec
 from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
-from fleetctl.errors import ExitCode
+from fleetctl.errors import ExitCode, FleetError
 from fleetctl.stage import StageResult, human_bytes, stage
 
 _STATE_COLOUR = {"staged": "green", "current": "green", "refused": "red", "not staged": "yellow"}
@@ -79,6 +79,15 @@ def recipes_cmd(ctx: Ctx) -> None:
     inventory = inv.load(ctx.inventory)
     recipes = rec.load_recipes(inventory)
     default = inventory.vars.get("fleetctl_recipe")
+    # Every host's recipe (the fleet's default or its own fleetctl_recipe) must exist: a typo here is
+    # otherwise found only when a rollout reaches that host.
+    unknown = sorted({(h.name, str(h.vars.get("fleetctl_recipe"))) for h in inventory.hosts.values()
+                      if h.vars.get("fleetctl_recipe") and str(h.vars.get("fleetctl_recipe")) not in recipes})
+    if unknown:
+        names = ", ".join(f"{host} ({name!r})" for host, name in unknown[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise FleetError(f"fleetctl_recipe names no recipe of {inventory.path} on {names}{more}",
+                         fix=f"use one of: {', '.join(recipes)}")
 
     def render(out: Console) -> None:
         rows = []
