@@ -295,6 +295,20 @@ def test_ambiguous_and_missing_tags_list_candidates() -> None:
     assert "no tag 'v9.9.9' in ghcr.io/x" in e.value.message() and "2026-07-01-v0.24.0" in e.value.message()
 
 
+def test_an_unknown_tag_lists_the_versions_newest_first_and_the_closest_matches() -> None:
+    # A real registry: hundreds of test builds and nightlies besides the versions.
+    tags = [*TAGS, *(f"nightly-2026{i:04d}" for i in range(300)), "2026-05-01-v0.9.1", "zz-test-image"]
+    with pytest.raises(FleetError) as e:
+        registry.resolve_tag("v0.24.1", tags)
+    fix = e.value.fix or ""
+    assert fix.startswith("versions, newest first: v0.24.0 (2026-07-01-v0.24.0), v0.23.0 "
+                          "(2026-06-18-v0.23.0-dflashfix), v0.9.1 (2026-05-01-v0.9.1)"), fix
+    assert "closest to 'v0.24.1': v0.24.0" in fix and "nightly" not in fix
+    assert registry.versions(["latest", "nightly"]) == []
+    with pytest.raises(FleetError, match="no tag here names a version"):
+        registry.resolve_tag("v1", ["latest", "nightly"])
+
+
 @pytest.mark.parametrize(("image", "reg", "repo", "ref"), [
     ("ghcr.io/aeon-7/aeon-vllm-ultimate", "ghcr.io", "aeon-7/aeon-vllm-ultimate", "ghcr.io/aeon-7/aeon-vllm-ultimate"),
     ("vllm/vllm-openai", "docker.io", "vllm/vllm-openai", "vllm/vllm-openai"),

@@ -23,6 +23,7 @@ timeout: a registry that drips bytes cannot hold a rollout.
 from __future__ import annotations
 
 import base64
+import difflib
 import hashlib
 import http.client
 import json
@@ -172,12 +173,43 @@ def resolve_tag(wanted: str, tags: list[str], image: str = "") -> str:
             f"tag {wanted!r} is ambiguous{where}: it matches {', '.join(sorted(candidates))}",
             fix="pass the full tag",
         )
-    near = sorted(tags, reverse=True)[:12]
-    raise FleetError(
-        f"no tag {wanted!r}{where}",
-        fix=f"use one of: {', '.join(near) or '(the repository has no tags)'}"
-        + (" ..." if len(tags) > len(near) else ""),
-    )
+    raise FleetError(f"no tag {wanted!r}{where}", fix=_unknown_tag_fix(wanted, tags))
+
+
+_VERSION = re.compile(r"^v?(\d+(?:\.\d+)+)$")
+
+
+def versions(tags: list[str]) -> list[tuple[str, str]]:
+    """(version, the tag it names) for every version ``resolve_tag`` understands, newest first.
+
+    A version is a dash-separated part like ``v0.24.0``; a registry also holds test builds, nightlies
+    and other tags, which are left out (a real one holds hundreds).
+    """
+    found: dict[str, str] = {}
+    for t in sorted(tags):
+        for part in t.split("-"):
+            # Several tags of one version: the one it resolves to (ending in it) is shown.
+            if _VERSION.match(part) and (part not in found or (t.endswith(f"-{part}")
+                                                              and not found[part].endswith(f"-{part}"))):
+                found[part] = t
+    def key(item: tuple[str, str]) -> tuple[int, ...]:
+        m = _VERSION.match(item[0])
+        return tuple(int(x) for x in m.group(1).split(".")) if m else ()
+
+    return sorted(found.items(), key=key, reverse=True)
+
+
+def _unknown_tag_fix(wanted: str, tags: list[str]) -> str:
+    """What to type instead: the versions the registry holds (newest first) and the tags closest to ``wanted``."""
+    if not tags:
+        return "the repository has no tags: push the image first"
+    vs = versions(tags)
+    shown = ", ".join(f"{v} ({t})" if v != t else v for v, t in vs[:8]) + (" ..." if len(vs) > 8 else "")
+    close = difflib.get_close_matches(wanted, [v for v, _ in vs] + list(tags), n=3, cutoff=0.6)
+    parts = [f"versions, newest first: {shown}" if vs else f"no tag here names a version; {len(tags)} other tag(s)"]
+    if close:
+        parts.append(f"closest to {wanted!r}: {', '.join(close)}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
