@@ -161,6 +161,8 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
         # a syntax error gets its line and column here, not a generic "failed to parse"
         _check_yaml_file(p, mapping=False)
     _check_var_files(p)
+    if p.is_file() and os.access(p, os.X_OK):
+        _check_script_answers(p)
     manager, variables = _ansible_load(p)
     all_group = manager.groups["all"]
     hosts_out: dict[str, Host] = {}
@@ -308,6 +310,33 @@ MAX_FILE_BYTES = 16 << 20
 MAX_YAML_VALUES = 2_000_000
 #: Extensions Ansible reads in group_vars/ and host_vars/ (a file without one included).
 _VAR_SUFFIXES = ("", ".yml", ".yaml", ".json")
+
+
+#: Seconds a dynamic inventory script may take to list the fleet ($FLEETCTL_INVENTORY_TIMEOUT).
+SCRIPT_TIMEOUT = 60.0
+
+
+def _check_script_answers(script: Path) -> None:
+    """Run a dynamic inventory script's ``--list`` once, bounded: ansible-core would wait for ever.
+
+    The script runs a second time inside ansible-core; a script that answers once within the
+    bound is trusted to answer again.
+    """
+    import subprocess
+
+    timeout = float(os.environ.get("FLEETCTL_INVENTORY_TIMEOUT") or SCRIPT_TIMEOUT)
+    try:
+        r = subprocess.run([str(script), "--list"], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise InventoryError(f"{script}: the dynamic inventory script did not answer --list within {timeout:.0f} s",
+                             fix="check the script (what it calls may hang), or raise FLEETCTL_INVENTORY_TIMEOUT") from None
+    except OSError as e:
+        raise InventoryError(f"{script}: cannot run the inventory script: {e.strerror}",
+                             fix="check its #! line and permissions") from None
+    if r.returncode != 0:
+        tail = (r.stderr.decode(errors="replace").strip().splitlines() or [f"exit code {r.returncode}"])[-1]
+        raise InventoryError(f"{script}: the dynamic inventory script failed: {tail[:200]}",
+                             fix="run it by hand with --list to see why")
 
 
 def _check_var_files(source: Path) -> None:

@@ -216,3 +216,12 @@ def test_recipes_refuses_a_host_whose_recipe_does_not_exist(fleet: tuple[Path, L
     code, _, err = run(hosts, "recipes")
     assert code == 2 and "spark-03 ('nope')" in err and "use one of: qwen36-35b-heretic" in err, err
     assert listener.accepted == 0
+
+
+def test_a_hanging_inventory_script_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    script = tmp_path / "fleet.sh"
+    script.write_text("#!/bin/sh\nsleep 30\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("FLEETCTL_INVENTORY_TIMEOUT", "1")
+    with pytest.raises(InventoryError, match="did not answer --list within 1 s"):
+        inventory.load(script)  # (the script sleeps 30 s: without the bound this would wait it out)
