@@ -1,6 +1,6 @@
 """Run ids: one format for every run that leaves a record or artifacts (rollouts, soaks, Ansible runs).
 
-``<kind>-<UTC time>-<random hex>``, e.g. ``ro-20261124T230000Z-3f9a``: sortable by time, unique
+``<kind>-<UTC time>-<random hex>``, e.g. ``ro-20261124T230000Z-3f9a1c``: sortable by time, unique
 across controllers, readable in a log, and safe as a directory name.
 """
 
@@ -15,5 +15,5 @@ def new_run_id(kind: str, name: str = "") -> str:
     parts = [kind]
     if name:
         parts.append("".join(c if c.isalnum() or c in "-_." else "-" for c in name)[:40])
-    parts += [time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), secrets.token_hex(2)]
+    parts += [time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()), secrets.token_hex(3)]
     return "-".join(parts)

@@ -249,7 +249,7 @@ def started_by() -> str:
 
 
 def new_id(kind: str = "rollout") -> str:
-    """A rollout's id: ``ro-20260701T120000Z-3f9a`` (``rb-`` for a rollback)."""
+    """A rollout's id: ``ro-20260701T120000Z-3f9a1c`` (``rb-`` for a rollback)."""
     return new_run_id("rb" if kind == "rollback" else "ro")
 
 
