@@ -17,7 +17,10 @@ import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from fleetctl import secretenv
 from fleetctl.errors import RecipeError
@@ -218,7 +221,39 @@ def load_recipes(inventory: Inventory) -> dict[str, Recipe]:
             f"the inventory {inventory.path} defines no fleetctl_recipes",
             fix="add group_vars/all/recipes.yml (see inventory/lab/group_vars/all/recipes.yml)",
         )
-    return parse_recipes(raw, where=str(inventory.path))
+    return parse_recipes(raw, where=str(recipes_source(inventory) or inventory.path))
+
+
+def recipes_source(inventory: Inventory) -> Path | None:
+    """The group_vars file that defines ``fleetctl_recipes`` (the last one, as Ansible's precedence
+    takes it), so that messages name the file to edit, not hosts.yml. A recipe name given twice in
+    one file is refused here: YAML keeps the last silently, and Ansible only warns."""
+    base = inventory.path if inventory.path.is_dir() else inventory.path.parent
+    found: Path | None = None
+    root = base / "group_vars"
+    if not root.is_dir():
+        return None
+    for f in sorted(root.rglob("*")):
+        if not f.is_file() or f.suffix not in ("", ".yml", ".yaml", ".json") or f.name.startswith("."):
+            continue
+        try:
+            node = yaml.compose(f.read_text(), Loader=yaml.SafeLoader)
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            continue  # the inventory's own check reports these
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        for key, value in node.value:
+            if key.value != "fleetctl_recipes" or not isinstance(value, yaml.MappingNode):
+                continue
+            found = f.resolve() if f.is_symlink() else f
+            seen: dict[str, int] = {}
+            for k, _ in value.value:
+                if k.value in seen:
+                    raise RecipeValidationError([RecipeProblem(
+                        str(k.value), "(name)", f"is defined twice (lines {seen[k.value]} and {k.start_mark.line + 1})",
+                        "give each recipe its own name; only the last definition would count")], str(found))
+                seen[str(k.value)] = k.start_mark.line + 1
+    return found
 
 
 def parse_recipes(raw: Any, where: str = "the inventory") -> dict[str, Recipe]:

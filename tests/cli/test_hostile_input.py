@@ -225,3 +225,19 @@ def test_a_hanging_inventory_script_is_cut_off(tmp_path: Path, monkeypatch: pyte
     monkeypatch.setenv("FLEETCTL_INVENTORY_TIMEOUT", "1")
     with pytest.raises(InventoryError, match="did not answer --list within 1 s"):
         inventory.load(script)  # (the script sleeps 30 s: without the bound this would wait it out)
+
+
+def test_recipe_problems_name_the_group_vars_file_and_a_name_given_twice_is_refused(tmp_path: Path) -> None:
+    from fleetctl.recipes import RecipeValidationError, load_recipes
+
+    (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    s1: {}\n")
+    gv = tmp_path / "group_vars" / "all"
+    gv.mkdir(parents=True)
+    (gv / "recipes.yml").write_text("fleetctl_recipes:\n  a:\n    image: 'bad image'\n")
+    with pytest.raises(RecipeValidationError) as e:
+        load_recipes(inventory.load(tmp_path / "hosts.yml"))
+    assert f"in the recipes of {gv / 'recipes.yml'}:" in e.value.cause
+    (gv / "recipes.yml").write_text("fleetctl_recipes:\n  a: {}\n  b: {}\n  a: {}\n")
+    with pytest.raises(RecipeValidationError) as e:
+        load_recipes(inventory.load(tmp_path / "hosts.yml"))
+    assert "defined twice (lines 2 and 4)" in e.value.cause and str(gv / "recipes.yml") in e.value.cause
