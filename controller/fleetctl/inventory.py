@@ -20,31 +20,53 @@ from typing import Any
 import yaml
 
 from fleetctl import paths
-from fleetctl.errors import InventoryError
+from fleetctl.access import Become, Hop, Secret, become_from_vars, resolve_route
+from fleetctl.errors import FleetError, InventoryError
 
 _FIX_FORMAT = (
     "see Ansible's inventory formats (YAML: all: hosts: / children: / vars:; INI: [group] host var=value)"
 )
 
 
+#: Variables holding passwords: kept out of :attr:`Host.vars` (the become one goes to :attr:`Host.become`).
+_PASSWORD_VARS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass",
+                  "ansible_password", "ansible_ssh_pass")
+
+
 @dataclass(frozen=True)
 class Host:
-    """One Spark: how to reach it and its merged variables (all < groups < host)."""
+    """One Spark: how to reach it and its merged variables (all < groups < host).
+
+    ``address``, ``port``, ``user`` and the keys are resolved as Ansible's ssh would
+    (``ansible_*`` variables, then the ssh options, then ~/.ssh/config): see
+    :mod:`fleetctl.access`.
+    """
 
     name: str
     address: str
     port: int = 22
     user: str = "root"
     key_file: str | None = None
-    #: known_hosts file used to verify the host key (``fleetctl_known_hosts``).
+    #: known_hosts file used to verify the host key (``fleetctl_known_hosts``, else UserKnownHostsFile).
     known_hosts: str | None = None
     groups: tuple[str, ...] = ()
-    vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    #: Every private key to offer (``key_file`` first, then -i/IdentityFile); empty: just ``key_file``.
+    key_files: tuple[str, ...] = ()
+    #: Jump hosts in front of the host (ProxyJump), first hop first.
+    jumps: tuple[Hop, ...] = ()
+    #: How commands that need root run (``ansible_become*``); its password never shows.
+    become: Become = field(default_factory=Become, compare=False)
 
     @property
     def label(self) -> str:
         """``name (address)`` for messages."""
         return f"{self.name} ({self.address})"
+
+    def hop(self) -> Hop:
+        """The last hop of the route: this host itself."""
+        keys = self.key_files or ((self.key_file,) if self.key_file else ())
+        return Hop(self.address, self.port, self.user, keys, self.known_hosts)
 
 
 @dataclass(frozen=True)
@@ -108,7 +130,8 @@ def default_inventory_path(explicit: str | os.PathLike[str] | None = None) -> Pa
     return paths.lab_inventory()
 
 
-def load(path: str | os.PathLike[str] | None = None) -> Inventory:
+def load(path: str | os.PathLike[str] | None = None, *,
+         vault_password_file: str | os.PathLike[str] | None = None) -> Inventory:
     """Read any inventory source Ansible reads, through ansible-core itself.
 
     INI, YAML (nested children), a directory of sources or an executable
@@ -116,6 +139,11 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
     with Ansible's own precedence, so fleetctl and ``ansible-playbook`` can never
     disagree about a host's variables. A directory holding ``hosts.yml`` keeps
     naming that file, as before, so existing state directories stay put.
+
+    Vault-encrypted values are decrypted as ``ansible-playbook`` does, with
+    ``vault_password_file`` or else ``$ANSIBLE_VAULT_PASSWORD_FILE`` (or ansible.cfg's
+    ``vault_password_file``); without one, a vaulted become password fails only when
+    a command needs it, with a message saying so.
     """
     p = default_inventory_path(path)
     if p.is_dir() and (p / "hosts.yml").is_file():
@@ -129,19 +157,67 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
         raise InventoryError(f"inventory {p} does not exist", fix=fix)
     if p.is_file() and p.suffix in (".yml", ".yaml"):
         _read_yaml(p)  # a syntax error gets its line and column here, not a generic "failed to parse"
-    manager, variables = _ansible_load(p)
+    manager, variables, vault = _ansible_load(p, vault_password_file)
     all_group = manager.groups["all"]
     hosts_out: dict[str, Host] = {}
     for h in manager.get_hosts("all"):
-        merged = _plain(variables.get_vars(host=h, include_hostvars=False, stage="all"))
+        raw = dict(variables.get_vars(host=h, include_hostvars=False, stage="all"))
+        password = _become_password(h.name, raw, vault)
+        for secret in _PASSWORD_VARS:
+            raw.pop(secret, None)
+        merged = _plain(_unvault(raw, vault))
         for internal in _internal_vars():
             merged.pop(internal, None)
         groups = tuple(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
-        hosts_out[h.name] = _make_host(p, h.name, merged, groups)
+        hosts_out[h.name] = _make_host(p, h.name, merged, groups, password)
     groups_out = {
         name: tuple(x.name for x in g.get_hosts()) for name, g in manager.groups.items() if name != "ungrouped"
     }
-    return Inventory(path=p, hosts=hosts_out, groups=groups_out, vars=_group_vars(manager, all_group), _ansible=manager)
+    return Inventory(path=p, hosts=hosts_out, groups=groups_out, vars=_group_vars(manager, all_group, vault),
+                     _ansible=manager)
+
+
+_NO_VAULT_FIX = "pass --vault-password-file FILE or set ANSIBLE_VAULT_PASSWORD_FILE, as for ansible-playbook"
+
+
+def _become_password(name: str, v: Mapping[str, Any], vault: str | None) -> Secret | None:
+    """``ansible_become_password`` as a :class:`Secret`; a vaulted one that cannot be opened fails on use."""
+    raw = next((v[k] for k in ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
+                if v.get(k) is not None), None)
+    if raw is None:
+        return None
+    if not _is_vaulted(raw):
+        return Secret(str(raw))
+    if vault is None:
+        return Secret(None, FleetError("ansible_become_password is vault-encrypted and no vault password was given",
+                                       host=name, fix=_NO_VAULT_FIX))
+    try:
+        return Secret(format(raw, ""))
+    except Exception:  # ansible's vault errors carry the ciphertext's origin, never the value
+        return Secret(None, FleetError(f"ansible_become_password cannot be decrypted with the vault password in {vault}",
+                                       host=name, fix="give the vault password file the value was encrypted with"))
+
+
+def _is_vaulted(value: Any) -> bool:
+    from ansible.parsing.vault import EncryptedString
+
+    return isinstance(value, EncryptedString)
+
+
+def _unvault(value: Any, vault: str | None) -> Any:
+    """Vault-encrypted values decrypted (as Ansible gives them to a play), or marked when they cannot be."""
+    if isinstance(value, Mapping):
+        return {k: _unvault(x, vault) for k, x in value.items()}
+    if isinstance(value, list | tuple):
+        return [_unvault(x, vault) for x in value]
+    if _is_vaulted(value):
+        if vault is None:
+            return "<vault-encrypted: no vault password given>"
+        try:
+            return format(value, "")
+        except Exception:
+            return f"<vault-encrypted: cannot be decrypted with {vault}>"
+    return value
 
 
 def _internal_vars() -> frozenset[str]:
@@ -163,8 +239,8 @@ def _internal_vars() -> frozenset[str]:
                                                   "ansible_play_name", "environment", "vars", "hostvars"}
 
 
-def _ansible_load(p: Path) -> tuple[Any, Any]:
-    """ansible-core's InventoryManager and VariableManager over ``p`` (in-process: see the note)."""
+def _ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = None) -> tuple[Any, Any, str | None]:
+    """ansible-core's InventoryManager and VariableManager over ``p``, and the vault password file used."""
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
@@ -182,6 +258,7 @@ def _ansible_load(p: Path) -> tuple[Any, Any]:
     # controller must see a vars file added or removed since the last load
     host_group_vars.FOUND.clear()
     loader = DataLoader()
+    vault = _vault_secrets(loader, vault_password_file)
     with _ansible_warnings() as warnings:
         try:
             manager = InventoryManager(loader=loader, sources=[str(p)])
@@ -196,7 +273,35 @@ def _ansible_load(p: Path) -> tuple[Any, Any]:
             f"{p}: ansible-core cannot read this inventory: {' '.join(cause.split())}",
             fix=f"check it with `ansible-inventory -i {p} --list`; {_FIX_FORMAT}",
         )
-    return manager, variables
+    return manager, variables, vault
+
+
+def _vault_secrets(loader: Any, explicit: str | os.PathLike[str] | None) -> str | None:
+    """Give ansible-core the vault password ``ansible-playbook`` would use; returns its file, or None."""
+    from ansible import constants as C
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import VaultSecretsContext, get_file_vault_secret
+
+    path = explicit or os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE") or C.DEFAULT_VAULT_PASSWORD_FILE
+    secrets: list[tuple[str, Any]] = []
+    if path:
+        path = str(Path(path).expanduser())
+        try:
+            secret = get_file_vault_secret(filename=path, vault_id=C.DEFAULT_VAULT_IDENTITY, loader=loader)
+            secret.load()
+        except AnsibleError as e:
+            raise InventoryError(f"vault password file {path}: {' '.join(str(e).split())}",
+                                 fix="give a readable file holding the vault password (or an executable printing it)") from None
+        secrets.append((C.DEFAULT_VAULT_IDENTITY, secret))
+    loader.set_vault_secrets(secrets)
+    # ansible-core reads the secrets of an encrypted value from one process-wide context, set once
+    # per ansible-playbook run; a long-lived controller may load again with another file
+    ctx = VaultSecretsContext.current(optional=True)
+    if ctx is None:
+        VaultSecretsContext.initialize(VaultSecretsContext(secrets))
+    else:
+        ctx.secrets = secrets
+    return path or None
 
 
 @contextlib.contextmanager
@@ -229,13 +334,14 @@ def _ansible_warnings() -> Iterator[list[str]]:
                 setattr(display, name, was)
 
 
-def _group_vars(manager: Any, group: Any) -> dict[str, Any]:
+def _group_vars(manager: Any, group: Any, vault: str | None) -> dict[str, Any]:
     from ansible.utils.vars import combine_vars
     from ansible.vars.plugins import get_vars_from_inventory_sources
 
     raw = combine_vars(group.get_vars(),
                        get_vars_from_inventory_sources(manager._loader, manager._sources, [group], "all"))
-    out: dict[str, Any] = _plain(raw)
+    raw = {k: x for k, x in raw.items() if k not in _PASSWORD_VARS}
+    out: dict[str, Any] = _plain(_unvault(raw, vault))
     return out
 
 
@@ -244,32 +350,39 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, ...]) -> Host:
-    address = v.get("ansible_host", name)
+def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, ...],
+               password: Secret | None = None) -> Host:
     try:
-        port = int(v.get("ansible_port", 22))
-    except (TypeError, ValueError):
-        raise InventoryError(
-            f"{path}: ansible_port {v.get('ansible_port')!r} is not a number", host=name, fix="set ansible_port: 22"
-        ) from None
-    key = v.get("ansible_ssh_private_key_file")
-    known = v.get("fleetctl_known_hosts")
+        route = resolve_route(name, v)
+    except InventoryError as e:
+        raise InventoryError(f"{path}: {e.cause}", host=name, fix=e.fix) from None
+    t = route.target
     return Host(
         name=name,
-        address=str(address),
-        port=port,
-        user=str(v.get("ansible_user", "root")),
-        key_file=str(key) if key else None,
-        known_hosts=str(known) if known else None,
+        address=t.address,
+        port=t.port,
+        user=t.user,
+        key_file=t.key_files[0] if t.key_files else None,
+        known_hosts=t.known_hosts,
         groups=groups,
         vars=dict(v),
+        key_files=t.key_files,
+        jumps=route.jumps,
+        become=become_from_vars(v, password),
     )
+
+
+class _TagTolerantLoader(yaml.SafeLoader):
+    """SafeLoader that accepts Ansible's tags (``!vault``, ``!unsafe``): ansible-core gives them meaning."""
+
+
+_TagTolerantLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
 
 
 def _read_yaml(path: Path) -> Any:
     try:
         with path.open() as f:
-            return yaml.safe_load(f)
+            return yaml.load(f, Loader=_TagTolerantLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
