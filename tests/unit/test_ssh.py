@@ -157,7 +157,7 @@ def test_a_connection_in_use_is_never_evicted(tmp_path: pathlib.Path, monkeypatc
         held = ssh._POOL.client(busy, 5.0)  # a command running on it (counted in use until done)
         for i in range(3):
             ssh.run(srv.host(f"u{i}"), "x", timeout=10)
-        transport = held.get_transport()
+        transport = held.transport
         assert transport is not None and transport.is_active()
         ssh._POOL.done(busy)
         assert ssh._POOL.size() <= 1
