@@ -55,6 +55,13 @@ class Secret:
     def __format__(self, spec: str) -> str:
         return "<redacted>"
 
+    def __copy__(self) -> Secret:
+        return self
+
+    def __deepcopy__(self, memo: Any) -> Secret:
+        # immutable: dataclasses.asdict/replace of a Host share it rather than fail
+        return self
+
     def __reduce__(self) -> Any:
         # a pickled Host (multiprocessing, a cache) must not carry the value either
         raise TypeError("a Secret cannot be pickled")

@@ -1,6 +1,6 @@
 """fleetctl.ssh against real OpenSSH servers: a bastion and a target behind it, a real user, real sudo.
 
-Two system ``sshd`` run on loopback from a temp dir: the bastion on 127.0.0.1 (forwarding
+System ``sshd`` run on loopback from a temp dir (tests/sshd.py): the bastion on 127.0.0.1 (forwarding
 allowed, its log at DEBUG1 to see each forwarded connection) and the target on 127.0.0.2
 (forwarding off). A third, a bastion that refuses forwarding, shows that a jumped host is
 reached only through its jump. The login is a real local user ``fleetctl-test`` whose rights
@@ -10,18 +10,16 @@ openssh-server and sudo (scripts/bootstrap.sh installs them).
 
 from __future__ import annotations
 
-import os
 import pathlib
 import shutil
-import socket
 import subprocess
 import textwrap
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import yaml
+from tests import sshd
 
 from fleetctl import inventory, ssh
 from fleetctl.errors import FleetError, HostUnreachable
@@ -30,79 +28,23 @@ from fleetctl.inventory import Host
 USER = "fleetctl-test"
 PASSWORD = "pw-Zq8!not-in-logs"
 SUDOERS = pathlib.Path("/etc/sudoers.d/fleetctl-test")
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 DOCKER = shutil.which("docker") or "/usr/bin/docker"
 
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or not os.path.exists(SSHD) or not shutil.which("sudo"),
-    reason="needs root, openssh-server and sudo (scripts/bootstrap.sh installs them)")
-
-
-def _free_port(addr: str) -> int:
-    with socket.socket() as s:
-        s.bind((addr, 0))
-        return int(s.getsockname()[1])
-
-
-def _keygen(path: pathlib.Path) -> str:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True)
-    return path.with_suffix(".pub").read_text().split()[0:2][1]
-
-
-@dataclass
-class _Sshd:
-    name: str
-    addr: str
-    port: int
-    key: str  # the host key, base64
-    log: pathlib.Path
-    proc: subprocess.Popen[bytes]
-
-    def known(self) -> str:
-        return f"[{self.addr}]:{self.port} ssh-ed25519 {self.key}\n"
-
-
-def _sshd(tmp: pathlib.Path, name: str, addr: str, forwarding: bool, extra_port: int | None = None) -> _Sshd:
-    key = _keygen(tmp / f"{name}_host_key")
-    port = _free_port(addr)
-    ports = f"Port {port}\n" + (f"Port {extra_port}\n" if extra_port else "")
-    cfg = tmp / f"{name}.conf"
-    cfg.write_text(ports + textwrap.dedent(f"""\
-        ListenAddress {addr}
-        HostKey {tmp}/{name}_host_key
-        PidFile none
-        UsePAM no
-        PasswordAuthentication no
-        KbdInteractiveAuthentication no
-        AllowUsers {USER}
-        AllowTcpForwarding {"yes" if forwarding else "no"}
-        LogLevel DEBUG1
-    """))
-    log = tmp / f"{name}.log"
-    proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(cfg)], stderr=log.open("wb"))
-    for _ in range(100):
-        with socket.socket() as s:
-            if s.connect_ex((addr, port)) == 0:
-                break
-        if proc.poll() is not None:
-            raise RuntimeError(f"sshd {name} exited: {log.read_text()}")
-        time.sleep(0.05)
-    return _Sshd(name, addr, port, key, log, proc)
+pytestmark = pytest.mark.skipif(not sshd.available() or not shutil.which("sudo"),
+                                reason="needs root, openssh-server and sudo (scripts/bootstrap.sh installs them)")
 
 
 @dataclass
 class Fleet:
     tmp: pathlib.Path
-    bastion: _Sshd
-    target: _Sshd
-    closed: _Sshd  # a bastion that does not forward
-    second_port: int  # the target's second port: another "host" behind the same bastion
+    bastion: sshd.Sshd
+    target: sshd.Sshd  # two ports: two "hosts" behind the same bastion
+    closed: sshd.Sshd  # a bastion that does not forward
 
     def inventory(self, *, known: str | None = None, jump: str | None = None, **host_vars: object) -> Host:
         """Host ``spark-01`` read through fleetctl.inventory from a hosts.yml like a real fleet's."""
         (self.tmp / "known_hosts").write_text(known if known is not None else
-                                              self.bastion.known() + self.target.known() + self.closed.known()
-                                              + f"[127.0.0.2]:{self.second_port} ssh-ed25519 {self.target.key}\n")
+                                              self.bastion.known() + self.target.known() + self.closed.known())
         jump = jump or f"{USER}@127.0.0.1:{self.bastion.port}"
         v = {"ansible_host": "127.0.0.2", "ansible_port": self.target.port, **host_vars}
         inv = self.tmp / "hosts.yml"
@@ -110,7 +52,7 @@ class Fleet:
             "vars": {"ansible_user": USER, "ansible_ssh_private_key_file": str(self.tmp / "id"),
                      "fleetctl_known_hosts": str(self.tmp / "known_hosts"),
                      "ansible_ssh_common_args": f"-o ProxyJump={jump} -o StrictHostKeyChecking=yes"},
-            "hosts": {"spark-01": v, "spark-02": {**v, "ansible_port": self.second_port}}}}))
+            "hosts": {"spark-01": v, "spark-02": {**v, "ansible_port": self.target.ports[1]}}}}))
         return inventory.load(inv).host("spark-01")
 
 
@@ -124,24 +66,22 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     created = subprocess.run(["id", USER], capture_output=True).returncode != 0
     if created:
         _run("useradd", "--create-home", "--shell", "/bin/sh", USER)
-    servers: list[_Sshd] = []
+    servers: list[sshd.Sshd] = []
     try:
         subprocess.run(["chpasswd"], input=f"{USER}:{PASSWORD}\n", text=True, check=True)
         home = pathlib.Path(f"/home/{USER}/.ssh")
         home.mkdir(mode=0o700, exist_ok=True)
-        _keygen(tmp / "id")
+        sshd.keygen(tmp / "id")
         (home / "authorized_keys").write_text((tmp / "id.pub").read_text())
         _run("chown", "-R", f"{USER}:{USER}", str(home))
-        pathlib.Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
-        second = _free_port("127.0.0.2")
-        servers += [_sshd(tmp, "bastion", "127.0.0.1", True), _sshd(tmp, "target", "127.0.0.2", False, second),
-                    _sshd(tmp, "closed", "127.0.0.1", False)]
-        yield Fleet(tmp, servers[0], servers[1], servers[2], second)
+        for name, addr, forwarding, ports in (("bastion", "127.0.0.1", True, 1), ("target", "127.0.0.2", False, 2),
+                                              ("closed", "127.0.0.1", False, 1)):
+            servers.append(sshd.start(tmp, name, addr, forwarding=forwarding, allow_user=USER, ports=ports))
+        yield Fleet(tmp, *servers)
     finally:
         ssh.close_all()
         for s in servers:
-            s.proc.terminate()
-            s.proc.wait(10)
+            s.stop()
         SUDOERS.unlink(missing_ok=True)
         if created:
             subprocess.run(["userdel", "--remove", USER], capture_output=True)
@@ -192,7 +132,7 @@ def test_nested_jumps(fleet: Fleet) -> None:
 
 
 def test_every_hops_host_key_is_verified_and_never_added(fleet: Fleet) -> None:
-    wrong_key = _keygen(fleet.tmp / "other_host_key")
+    wrong_key = sshd.keygen(fleet.tmp / "other_host_key")
     jump = f"jump host {USER}@127.0.0.1:{fleet.bastion.port}"
     cases = {
         "no bastion key": (fleet.target.known(), f"host key of {jump} is not in"),
