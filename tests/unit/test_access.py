@@ -179,3 +179,32 @@ def test_inventory_host_carries_the_route(tmp_path: pathlib.Path) -> None:
     with pytest.raises(InventoryError) as e:
         inventory.load(inv)
     assert e.value.host == "spark-01" and str(inv) in e.value.cause
+
+
+def test_cli_vault_password_file_reaches_the_inventory_and_ansible(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import click
+
+    from fleetctl.cli import main as cli_main
+
+    # set then deleted: the variable the CLI sets is restored (to absent) after the test
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", "placeholder")
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE")
+    block = textwrap.indent(_vault_encrypt(tmp_path, "s3cret-pw"), "    ")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  vars:\n    ansible_become_password: !vault |\n" + block + "  hosts:\n    h1:\n")
+    seen: list[str] = []
+
+    @click.command("probe-become")
+    @click.pass_obj
+    def probe(obj: cli_main.Ctx) -> None:
+        pw = inventory.load(obj.inventory).host("h1").become.password
+        assert pw is not None
+        seen.append(pw.reveal())
+
+    monkeypatch.setitem(cli_main.cli.commands, "probe-become", probe)
+    assert cli_main.main(["-i", str(inv), "--vault-password-file", str(tmp_path / "vault-pass"),
+                          "probe-become"]) == 0
+    assert seen == ["s3cret-pw"]
+    assert cli_main.main(["-i", str(inv), "--vault-password-file", str(tmp_path / "none"), "probe-become"]) == 3
+
