@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from fleetctl import paths
-from fleetctl.access import Become, Hop, Secret, become_from_vars, resolve_route
+from fleetctl.access import Become, Hop, Route, Secret, become_from_vars, local_user, resolve_route
 from fleetctl.errors import FleetError, InventoryError
 
 _FIX_FORMAT = (
@@ -57,6 +57,9 @@ class Host:
     jumps: tuple[Hop, ...] = ()
     #: How commands that need root run (``ansible_become*``); its password never shows.
     become: Become = field(default_factory=Become, compare=False)
+    #: Why fleetctl's direct SSH cannot reach the host as the inventory says (an ssh option it
+    #: cannot honour): raised by the first direct step, while playbooks still run.
+    route_error: InventoryError | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
@@ -354,8 +357,17 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
                password: Secret | None = None) -> Host:
     try:
         route = resolve_route(name, v)
+        route_error = None
     except InventoryError as e:
-        raise InventoryError(f"{path}: {e.cause}", host=name, fix=e.fix) from None
+        # only fleetctl's direct SSH needs the route: playbooks (ssh itself) still run, and
+        # the first direct step on this host raises this
+        route_error = InventoryError(f"{path}: {e.cause}", host=name, fix=e.fix)
+        try:
+            port = int(v.get("ansible_port") or 22)
+        except (TypeError, ValueError):
+            raise InventoryError(f"{path}: ansible_port {v.get('ansible_port')!r} is not a number", host=name,
+                                 fix="set ansible_port: 22") from None
+        route = Route(Hop(str(v.get("ansible_host") or name), port, str(v.get("ansible_user") or local_user())))
     t = route.target
     return Host(
         name=name,
@@ -369,6 +381,7 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
         key_files=t.key_files,
         jumps=route.jumps,
         become=become_from_vars(v, password),
+        route_error=route_error,
     )
 
 

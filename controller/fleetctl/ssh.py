@@ -106,6 +106,8 @@ class _Pool:
 
     def client(self, host: Host, timeout: float) -> fabric.Connection:
         """The host's connection (opened if needed), counted in use until :meth:`done`."""
+        if host.route_error is not None:
+            raise host.route_error
         key = self._key(host)
         with self._lock:
             hl = self._host_locks.setdefault(key, threading.Lock())

@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from fleetctl import access, inventory
+from fleetctl import access, inventory, ssh
 from fleetctl.access import Hop, parse_jump, parse_ssh_args, resolve_route
 from fleetctl.errors import FleetError, InventoryError
 
@@ -176,9 +176,12 @@ def test_inventory_host_carries_the_route(tmp_path: pathlib.Path) -> None:
     assert (h.address, h.user, h.port) == ("10.0.0.1", "nvidia", 22)
     assert [j.label for j in h.jumps] == ["admin@bastion.example:2222"]
     inv.write_text(inv.read_text().replace("StrictHostKeyChecking=yes", "StrictHostKeyChecking=no"))
+    # the inventory still loads (playbooks run through ssh itself); the direct path refuses the host
+    h = inventory.load(inv).host("spark-01")
+    assert (h.address, h.user) == ("10.0.0.1", "nvidia")
     with pytest.raises(InventoryError) as e:
-        inventory.load(inv)
-    assert e.value.host == "spark-01" and str(inv) in e.value.cause
+        ssh.run(h, "true")
+    assert e.value.host == "spark-01" and str(inv) in e.value.cause and "unknown host key" in e.value.cause
 
 
 def test_cli_vault_password_file_reaches_the_inventory_and_ansible(
