@@ -430,9 +430,12 @@ def docker(host: Host, command: str | list[str], timeout: float = 60.0,
            connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, stdin: str | None = None) -> CommandResult:
     """Run a command that calls ``docker`` (argv or a shell script), with the right to use it.
 
-    As the login user when it is root or in the docker group; else every ``docker`` in it
-    goes through ``sudo -n docker`` where sudo allows just that without a password; else
-    the whole command runs through sudo (:func:`run` with ``become``). Found once per host.
+    As the login user when it is root or in the docker group; else the whole command
+    through sudo (:func:`run` with ``become``) when the login may use sudo; else, where
+    sudo allows just docker without a password (``NOPASSWD: /usr/bin/docker``), every
+    ``docker`` of the script is a shell function calling ``sudo -n docker``: there, an
+    ``exec docker`` and variables exported for docker do not pass (sudo resets the
+    environment), so such a command needs sudo for the whole. Found once per host.
     """
     cmd = command if isinstance(command, str) else shlex.join(command)
     if host.user == "root":
@@ -553,10 +556,10 @@ def _probe(host: Host, connect_timeout: float) -> Access:
         sudo = SUDO_NONE
     if user == "root" or "docker" in groups:
         how = DOCKER_DIRECT
+    elif sudo in (SUDO_NOPASSWD, SUDO_PASSWORD):
+        how = DOCKER_SUDO  # the whole command as root: `exec docker` and exported variables work too
     elif sudo_docker:
         how = DOCKER_SUDO_DOCKER
-    elif sudo in (SUDO_NOPASSWD, SUDO_PASSWORD):
-        how = DOCKER_SUDO
     else:
         how = DOCKER_NONE
     return Access(host.name, user, groups, sudo, how, docker_path)

@@ -185,7 +185,10 @@ def test_sudo_without_password(fleet: Fleet) -> None:
     ssh.put_text(host, str(target), '{"a": 1}\n', become=True)
     assert target.read_text() == '{"a": 1}\n' and target.stat().st_uid == 0
     acc = ssh.check_access(host)
-    assert (acc.user, acc.sudo, acc.docker) == (USER, ssh.SUDO_NOPASSWD, ssh.DOCKER_SUDO_DOCKER)
+    assert (acc.user, acc.sudo, acc.docker) == (USER, ssh.SUDO_NOPASSWD, ssh.DOCKER_SUDO)
+    # a script that execs docker with a variable it exported (as the rollout's container start does)
+    r = ssh.docker(host, 'eval "$(cat)"; exec sh -c \'echo "$SECRET_X $(id -u)"\'', stdin="SECRET_X=s1\nexport SECRET_X\n")
+    assert r.stdout.split() == ["s1", "0"]
 
 
 def test_sudo_with_the_become_password_on_stdin(fleet: Fleet) -> None:
@@ -202,9 +205,10 @@ def test_sudo_with_the_become_password_on_stdin(fleet: Fleet) -> None:
     # the password never shows on a command line on the host
     seen = ssh.run(host, "ps -eo args", become=True).stdout
     assert PASSWORD not in seen
-    assert ssh.check_access(host).sudo == ssh.SUDO_PASSWORD
-    # docker through sudo (the user is not in the docker group)
-    assert ssh.docker(host, "docker --version").stdout.startswith("Docker version")
+    assert (ssh.check_access(host).sudo, ssh.check_access(host).docker) == (ssh.SUDO_PASSWORD, ssh.DOCKER_SUDO)
+    # docker through sudo (the user is not in the docker group), the password on stdin before the script's
+    r = ssh.docker(host, 'eval "$(cat)"; docker --version; echo "$X"', stdin="X=after-the-password\n")
+    assert r.stdout.startswith("Docker version") and r.stdout.split()[-1] == "after-the-password"
 
 
 def test_sudo_that_needs_a_password_not_given_or_wrong_is_one_clear_error(fleet: Fleet) -> None:
