@@ -251,9 +251,10 @@ def _alive(c: fabric.Connection) -> bool:
     return t is not None and t.is_active()
 
 
-#: Fabric's own config, without its ssh_config loading: fleetctl.access has resolved the route
-#: (with Ansible's precedence, which Fabric's lookup would not apply), so each hop is given as is.
-_FABRIC_CONFIG = fabric.Config(ssh_config=paramiko.SSHConfig())
+#: Fabric's defaults only: no ssh_config lookup (fleetctl.access resolved the route with Ansible's
+#: precedence, which Fabric's would not apply) and no /etc/fabric.yaml or ~/.fabric.yaml (lazy),
+#: whose connect_kwargs would add keys behind the inventory's back.
+_FABRIC_CONFIG = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
 
 
 class _Connection(fabric.Connection):  # type: ignore[misc]
@@ -347,8 +348,11 @@ def _sudo(host: Host, cmd: str, stdin: str | None, mode: str) -> tuple[str, str 
     if mode == SUDO_NOPASSWD:
         return f"sudo -n -u {user} -- sh -c {shlex.quote(cmd)}", stdin
     assert host.become.password is not None  # mode is SUDO_PASSWORD only when one was given
-    return (f"sudo -k -S -p '' -u {user} -- sh -c {shlex.quote(cmd)}",
-            host.become.password.reveal() + "\n" + (stdin or ""))
+    password = host.become.password.reveal()
+    if "\n" in password:
+        raise FleetError("ansible_become_password holds a line break, which sudo -S cannot take",
+                         host=host.name, fix="give the admin user a password without line breaks")
+    return f"sudo -k -S -p '' -u {user} -- sh -c {shlex.quote(cmd)}", password + "\n" + (stdin or "")
 
 
 def _exec(host: Host, shown: str, cmd: str, stdin: str | None, timeout: float,
