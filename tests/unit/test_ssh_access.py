@@ -114,6 +114,11 @@ def test_proxyjump_reaches_the_target_through_the_bastion_and_shares_it(fleet: F
     other = inventory.load(fleet.tmp / "hosts.yml").host("spark-02")
     assert ssh.run(other, "true", timeout=20).ok
     assert (ssh._POOL.size(), ssh._POOL.gateways()) == (2, 1), "two hosts, one bastion connection"
+    # the bastion connection drops (a bastion reboot): the hosts behind it reconnect through a new one
+    for g in list(ssh._POOL._gateways.values()):
+        g.close()
+    assert ssh.run(host, "true", timeout=20).ok and ssh.run(other, "true", timeout=20).ok
+    assert (ssh._POOL.size(), ssh._POOL.gateways()) == (2, 1)
     ssh.close_all()
     assert ssh._POOL.gateways() == 0
 
