@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,8 +166,8 @@ def load(path: str | os.PathLike[str] | None = None, *,
     hosts_out: dict[str, Host] = {}
     for h in manager.get_hosts("all"):
         raw = dict(variables.get_vars(host=h, include_hostvars=False, stage="all"))
-        password = _become_password(h.name, raw, vault)
-        for secret in _PASSWORD_VARS:
+        password = _become_password(h.name, raw, vault, variables._loader)
+        for secret in _secret_names(raw):
             raw.pop(secret, None)
         merged = _plain(_unvault(raw, vault))
         for internal in _internal_vars():
@@ -183,22 +184,42 @@ def load(path: str | os.PathLike[str] | None = None, *,
 _NO_VAULT_FIX = "pass --vault-password-file FILE or set ANSIBLE_VAULT_PASSWORD_FILE, as for ansible-playbook"
 
 
-def _become_password(name: str, v: Mapping[str, Any], vault: str | None) -> Secret | None:
-    """``ansible_become_password`` as a :class:`Secret`; a vaulted one that cannot be opened fails on use."""
+def _become_password(name: str, v: Mapping[str, Any], vault: str | None, loader: Any) -> Secret | None:
+    """``ansible_become_password`` as a :class:`Secret`; one that cannot be opened fails on use.
+
+    The value may be vaulted, or (Ansible's usual indirection) a template naming a vaulted
+    variable, ``"{{ vault_become_password }}"``: rendered as Ansible would, with the host's vars.
+    """
     raw = next((v[k] for k in ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
                 if v.get(k) is not None), None)
     if raw is None:
         return None
-    if not _is_vaulted(raw):
+    templated = isinstance(raw, str) and ("{{" in raw or "{%" in raw)
+    if not templated and not _is_vaulted(raw):
         return Secret(str(raw))
-    if vault is None:
-        return Secret(None, FleetError("ansible_become_password is vault-encrypted and no vault password was given",
-                                       host=name, fix=_NO_VAULT_FIX))
     try:
+        if templated:
+            from ansible.template import Templar
+
+            return Secret(str(Templar(loader=loader, variables=v).template(raw)))
         return Secret(format(raw, ""))
-    except Exception:  # ansible's vault errors carry the ciphertext's origin, never the value
-        return Secret(None, FleetError(f"ansible_become_password cannot be decrypted with the vault password in {vault}",
-                                       host=name, fix="give the vault password file the value was encrypted with"))
+    except Exception:  # not quoted: ansible's errors may quote the template or the ciphertext's origin
+        if vault is None:
+            return Secret(None, FleetError("ansible_become_password is vault-encrypted and no vault password was given",
+                                           host=name, fix=_NO_VAULT_FIX))
+        return Secret(None, FleetError(
+            f"ansible_become_password cannot be {'rendered' if templated else 'decrypted'} "
+            f"with the vault password in {vault}", host=name,
+            fix="give the vault password file the value was encrypted with, and check the variable it names"))
+
+
+def _secret_names(v: Mapping[str, Any]) -> set[str]:
+    """The password variables, and those their templates name (``vault_become_password``)."""
+    names = set(_PASSWORD_VARS)
+    for k in _PASSWORD_VARS:
+        if isinstance(v.get(k), str):
+            names.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", " ".join(re.findall(r"{{(.*?)}}", v[k]))))
+    return names
 
 
 def _is_vaulted(value: Any) -> bool:
@@ -343,7 +364,8 @@ def _group_vars(manager: Any, group: Any, vault: str | None) -> dict[str, Any]:
 
     raw = combine_vars(group.get_vars(),
                        get_vars_from_inventory_sources(manager._loader, manager._sources, [group], "all"))
-    raw = {k: x for k, x in raw.items() if k not in _PASSWORD_VARS}
+    secret = _secret_names(raw)
+    raw = {k: x for k, x in raw.items() if k not in secret}
     out: dict[str, Any] = _plain(_unvault(raw, vault))
     return out
 

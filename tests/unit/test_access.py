@@ -161,6 +161,24 @@ def test_a_vaulted_become_password_is_decrypted_and_never_shown(
         h.become.password.reveal()
 
 
+def test_a_become_password_naming_a_vaulted_variable_is_rendered(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE", raising=False)
+    block = textwrap.indent(_vault_encrypt(tmp_path, "s3cret-pw"), "  ")
+    inv = tmp_path / "hosts.yml"
+    inv.write_text("all:\n  vars:\n    ansible_become_password: '{{ vault_become_password }}'\n"
+                   "    vault_become_password: !vault |\n" + block + "  hosts:\n    h1:\n")
+    loaded = inventory.load(inv, vault_password_file=tmp_path / "vault-pass")
+    pw = loaded.host("h1").become.password
+    assert pw is not None and pw.reveal() == "s3cret-pw"
+    # the variable it names stays out of the vars too
+    assert "vault_become_password" not in loaded.host("h1").vars and "vault_become_password" not in loaded.vars
+    pw = inventory.load(inv).host("h1").become.password
+    with pytest.raises(FleetError, match="no vault password"):
+        assert pw is not None
+        pw.reveal()
+
+
 def test_inventory_host_carries_the_route(tmp_path: pathlib.Path) -> None:
     inv = tmp_path / "hosts.yml"
     inv.write_text(textwrap.dedent("""\
