@@ -502,13 +502,15 @@ class Access:
 _ACCESS: dict[_Key, Access] = {}
 _ACCESS_LOCK = threading.Lock()
 
+# Each answer on its own tagged line: a login shell's rc file may print lines of its own.
 _PROBE = r"""
-id -un; id -nG
-if ! command -v sudo >/dev/null 2>&1; then echo none; echo no; command -v docker; exit 0; fi
-if err=$(sudo -n -u {user} -- sh -c true 2>&1); then echo nopasswd
-else case $err in *password*) echo password;; *) echo none;; esac; fi
-if sudo -n -- docker --version >/dev/null 2>&1; then echo yes; else echo no; fi
-command -v docker || echo /usr/bin/docker
+echo "fleetctl-user=$(id -un)"; echo "fleetctl-groups=$(id -nG)"
+echo "fleetctl-docker-path=$(command -v docker || echo /usr/bin/docker)"
+{stop}
+if ! command -v sudo >/dev/null 2>&1; then echo fleetctl-sudo=none; exit 0; fi
+if err=$(sudo -n -u {user} -- sh -c true 2>&1); then echo fleetctl-sudo=nopasswd
+else case $err in *password*) echo fleetctl-sudo=password;; *) echo fleetctl-sudo=none;; esac; fi
+if sudo -n -- docker --version >/dev/null 2>&1; then echo fleetctl-sudo-docker=yes; fi
 """
 
 
@@ -535,17 +537,19 @@ def check_access(host: Host, *, sudo: bool = True, docker: bool = True,
 
 def _probe(host: Host, connect_timeout: float) -> Access:
     become = host.become.user
+    if host.user != become:
+        host.become.check_method(host.name)
+    # logged in as the become user, only who it is matters: the rest of the probe stops there
+    script = _PROBE.format(user=shlex.quote(become), stop="exit 0" if host.user == become else ":")
+    r = _exec(host, "access probe", script, None, 30.0, connect_timeout).check(
+        "checking the login's sudo and docker rights")
+    said = dict(line.removeprefix("fleetctl-").partition("=")[::2] for line in r.stdout.splitlines()
+                if line.startswith("fleetctl-"))
+    user, groups, sudo = said.get("user", host.user), tuple(said.get("groups", "").split()), said.get("sudo", "none")
+    sudo_docker, docker_path = said.get("sudo-docker") == "yes", said.get("docker-path") or "/usr/bin/docker"
     if host.user == become:
-        r = _exec(host, "id", "id -un; id -nG", None, 30.0, connect_timeout).check("checking the login")
-        login, names = [*r.stdout.splitlines(), "", ""][:2]
-        return Access(host.name, login, tuple(names.split()), SUDO_ROOT, DOCKER_DIRECT)
-    host.become.check_method(host.name)
-    r = _exec(host, "access probe", _PROBE.format(user=shlex.quote(become)), None, 30.0,
-              connect_timeout).check("checking the login's sudo and docker rights")
-    lines = [*r.stdout.splitlines(), "", "", "", "", ""][:5]
-    user, groups, sudo, sudo_docker = lines[0], tuple(lines[1].split()), lines[2], lines[3] == "yes"
-    docker_path = lines[4] or "/usr/bin/docker"
-    if sudo == "password":
+        sudo = SUDO_ROOT
+    elif sudo == "password":
         if host.become.password is None:
             sudo = SUDO_NEEDS_PASSWORD
         else:

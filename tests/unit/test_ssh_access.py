@@ -262,3 +262,26 @@ def test_no_rights_is_one_error_naming_the_host_user_and_both_fixes(fleet: Fleet
 def test_become_method_other_than_sudo_is_refused(fleet: Fleet) -> None:
     with pytest.raises(FleetError, match="sudo only"):
         ssh.run(fleet.inventory(ansible_become_method="su"), "true", become=True)
+
+
+def test_a_root_login_needs_no_sudo(fleet: Fleet) -> None:
+    keys = fleet.tmp / "root_authorized_keys"
+    keys.write_text((fleet.tmp / "id.pub").read_text())
+    server = sshd.start(fleet.tmp, "rootd", "127.0.0.1", forwarding=False, allow_user="root", authorized_keys=keys)
+    try:
+        (fleet.tmp / "root_known").write_text(server.known())
+        host = Host("lab-node", "127.0.0.1", port=server.port, user="root", key_file=str(fleet.tmp / "id"),
+                    known_hosts=str(fleet.tmp / "root_known"))
+        # the command's parent is the login's session, not a sudo
+        cmd = "id -u; tr '\\0' ' ' < /proc/$PPID/cmdline"
+        r = ssh.run(host, cmd, become=True)
+        assert (r.rc, r.stdout.splitlines()[0], r.command) == (0, "0", cmd)
+        assert "sshd" in r.stdout and "sudo" not in r.stdout
+        _sudoers(f"{USER} ALL=(ALL) NOPASSWD: ALL")  # the same check sees sudo for a non-root login
+        assert "sudo" in ssh.run(fleet.inventory(), cmd, become=True).stdout
+        acc = ssh.check_access(host)
+        assert (acc.user, acc.sudo, acc.docker) == ("root", ssh.SUDO_ROOT, ssh.DOCKER_DIRECT)
+        assert ssh.docker(host, "docker --version").ok
+    finally:
+        ssh.close_all()
+        server.stop()
