@@ -322,20 +322,34 @@ def _lookup(conf: paramiko.SSHConfig, alias: str, host: str) -> dict[str, Any]:
     return c
 
 
+#: Each connection variable and its older names, which Ansible still honours.
+_ALIASES = {
+    "host": ("ansible_host", "ansible_ssh_host"),
+    "port": ("ansible_port", "ansible_ssh_port"),
+    "user": ("ansible_user", "ansible_ssh_user"),
+    "private_key_file": ("ansible_ssh_private_key_file", "ansible_private_key_file"),
+}
+
+
+def ansible_var(v: Mapping[str, Any], what: str) -> Any:
+    """The value of connection variable ``what`` (``host``, ``port``, ``user``, ``private_key_file``)."""
+    return next((v[k] for k in _ALIASES[what] if v.get(k) not in (None, "")), None)
+
+
 def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
     """The route to inventory host ``name`` from its variables (ansible_* > ssh options > ssh_config)."""
     common = parse_ssh_args(str(v.get("ansible_ssh_common_args") or ""), host=name)
     extra = parse_ssh_args(str(v.get("ansible_ssh_extra_args") or ""), host=name, var="ansible_ssh_extra_args")
     conf = ssh_config(common.config_file or extra.config_file, host=name)
-    alias = str(v.get("ansible_host") or name)
+    alias = str(ansible_var(v, "host") or name)
     c = _lookup(conf, alias, name)
-    port_var = v.get("ansible_port")
+    port_var = ansible_var(v, "port")
     try:
         port = int(port_var or common.port or extra.port or c.get("port") or 22)
     except (TypeError, ValueError):
         raise InventoryError(f"ansible_port {port_var!r} is not a number", host=name,
                              fix="set ansible_port: 22") from None
-    key_var = v.get("ansible_ssh_private_key_file")
+    key_var = ansible_var(v, "private_key_file")
     keys = tuple(dict.fromkeys(str(Path(str(k)).expanduser()) for k in
                                ([key_var] if key_var else []) + list(common.key_files) + list(extra.key_files)
                                + list(c.get("identityfile") or [])))
@@ -345,7 +359,7 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
     target = Hop(
         address=str(common.hostname or extra.hostname or c.get("hostname") or alias),
         port=port,
-        user=str(v.get("ansible_user") or common.user or extra.user or c.get("user") or local_user()),
+        user=str(ansible_var(v, "user") or common.user or extra.user or c.get("user") or local_user()),
         key_files=keys,
         known_hosts=known,
     )

@@ -21,7 +21,16 @@ from typing import Any
 import yaml
 
 from fleetctl import paths
-from fleetctl.access import Become, Hop, Route, Secret, become_from_vars, local_user, resolve_route
+from fleetctl.access import (
+    Become,
+    Hop,
+    Route,
+    Secret,
+    ansible_var,
+    become_from_vars,
+    local_user,
+    resolve_route,
+)
 from fleetctl.errors import FleetError, InventoryError
 
 _FIX_FORMAT = (
@@ -385,11 +394,11 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
         # the first direct step on this host raises this
         route_error = InventoryError(f"{path}: {e.cause}", host=name, fix=e.fix)
         try:
-            port = int(v.get("ansible_port") or 22)
+            port = int(ansible_var(v, "port") or 22)
         except (TypeError, ValueError):
-            raise InventoryError(f"{path}: ansible_port {v.get('ansible_port')!r} is not a number", host=name,
+            raise InventoryError(f"{path}: ansible_port {ansible_var(v, 'port')!r} is not a number", host=name,
                                  fix="set ansible_port: 22") from None
-        route = Route(Hop(str(v.get("ansible_host") or name), port, str(v.get("ansible_user") or local_user())))
+        route = Route(Hop(str(ansible_var(v, "host") or name), port, str(ansible_var(v, "user") or local_user())))
     t = route.target
     return Host(
         name=name,

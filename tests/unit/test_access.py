@@ -88,6 +88,14 @@ def test_precedence_is_ansible_vars_then_options_then_ssh_config(tmp_path: pathl
     assert (r.target.user, r.jumps) == ("optuser", ())
 
 
+def test_the_older_names_of_connection_variables() -> None:
+    r = resolve_route("h", {"ansible_ssh_host": "10.0.0.9", "ansible_ssh_port": "2222", "ansible_ssh_user": "admin",
+                            "ansible_private_key_file": "/k/id"})
+    assert r.target == Hop("10.0.0.9", 2222, "admin", ("/k/id",), None)
+    r = resolve_route("h", {"ansible_host": "a", "ansible_ssh_host": "b", "ansible_user": "u", "ansible_ssh_user": "v"})
+    assert (r.target.address, r.target.user) == ("a", "u")
+
+
 def test_ssh_config_that_weakens_host_key_checking_is_refused(tmp_path: pathlib.Path) -> None:
     cfg = tmp_path / "config"
     cfg.write_text("Host *\n    StrictHostKeyChecking no\n")
