@@ -74,10 +74,12 @@ class Hop:
     address: str
     port: int = 22
     user: str = "root"
-    #: Private keys to offer; empty means the agent and the default ~/.ssh keys.
+    #: Private keys to offer (then the agent's, as ssh does); empty: the agent and the default ~/.ssh keys.
     key_files: tuple[str, ...] = ()
     #: known_hosts file the host key must be in (None: ~/.ssh/known_hosts).
     known_hosts: str | None = None
+    #: IdentitiesOnly: offer the key files alone, not the agent's keys.
+    identities_only: bool = False
 
     @property
     def label(self) -> str:
@@ -127,6 +129,7 @@ class SshArgs:
     key_files: tuple[str, ...] = ()
     known_hosts: str | None = None
     proxy_jump: str | None = None
+    identities_only: bool | None = None
     config_file: str | None = None
 
 
@@ -146,7 +149,6 @@ _IGNORED = {
     "gssapiauthentication": "fleetctl logs in with keys only",
     "pubkeyauthentication": "fleetctl logs in with keys only",
     "preferredauthentications": "fleetctl logs in with keys only",
-    "identitiesonly": "fleetctl offers only the given keys when keys are given",
     "batchmode": "fleetctl never prompts",
     "loglevel": "fleetctl reports its own errors",
     "compression": "a transport detail",
@@ -198,7 +200,8 @@ def parse_ssh_args(text: str, *, host: str, var: str = "ansible_ssh_common_args"
                              host=host, fix=_FIX_ARGS)
     return SshArgs(user=got.get("user"), port=got.get("port"), hostname=got.get("hostname"),
                    key_files=tuple(got["identityfile"]), known_hosts=got.get("userknownhostsfile"),
-                   proxy_jump=got.get("proxyjump"), config_file=got.get("-F"))
+                   proxy_jump=got.get("proxyjump"), config_file=got.get("-F"),
+                   identities_only=got.get("identitiesonly"))
 
 
 _FLAG_KEYS = {"J": "proxyjump", "F": "-F", "i": "identityfile", "l": "user", "p": "port"}
@@ -218,6 +221,8 @@ def _option(key: str, value: str, got: dict[str, Any], host: str, var: str) -> N
     """Record one option in ``got`` (ssh keeps the first value of each; IdentityFile accumulates)."""
     if key in ("user", "hostname", "proxyjump", "-F"):
         got.setdefault(key, value)
+    elif key == "identitiesonly":
+        got.setdefault(key, value.lower() in ("yes", "true"))
     elif key == "identityfile":
         got["identityfile"].append(value)
     elif key == "port":
@@ -312,6 +317,10 @@ def _first(value: Any) -> str | None:
     return str(Path(text.split()[0]).expanduser())
 
 
+def _first_set(*values: bool | None) -> bool:
+    return next((v for v in values if v is not None), False)
+
+
 def _lookup(conf: paramiko.SSHConfig, alias: str, host: str) -> dict[str, Any]:
     c: dict[str, Any] = dict(conf.lookup(alias))
     if "stricthostkeychecking" in c:
@@ -362,6 +371,8 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
         user=str(ansible_var(v, "user") or common.user or extra.user or c.get("user") or local_user()),
         key_files=keys,
         known_hosts=known,
+        identities_only=_first_set(common.identities_only, extra.identities_only,
+                                   str(c.get("identitiesonly", "no")).lower() == "yes"),
     )
     spec = common.proxy_jump or extra.proxy_jump or c.get("proxyjump")
     jumps = _jumps(str(spec), conf, target, name, 0) if spec and str(spec).lower() != "none" else ()
@@ -391,6 +402,7 @@ def _jumps(spec: str, conf: paramiko.SSHConfig, target: Hop, name: str, depth: i
             user=str(user or c.get("user") or local_user()),
             key_files=keys,
             known_hosts=_first(c.get("userknownhostsfile")) or target.known_hosts,
+            identities_only=str(c.get("identitiesonly", "no")).lower() == "yes" or target.identities_only,
         ))
     return tuple(hops)
 

@@ -65,6 +65,8 @@ class Host:
     key_files: tuple[str, ...] = ()
     #: Jump hosts in front of the host (ProxyJump), first hop first.
     jumps: tuple[Hop, ...] = ()
+    #: IdentitiesOnly: offer the key files alone, not the agent's keys.
+    identities_only: bool = False
     #: How commands that need root run (``ansible_become*``); its password never shows.
     become: Become = field(default_factory=Become, compare=False)
     #: Why fleetctl's direct SSH cannot reach the host as the inventory says (an ssh option it
@@ -79,7 +81,7 @@ class Host:
     def hop(self) -> Hop:
         """The last hop of the route: this host itself."""
         keys = self.key_files or ((self.key_file,) if self.key_file else ())
-        return Hop(self.address, self.port, self.user, keys, self.known_hosts)
+        return Hop(self.address, self.port, self.user, keys, self.known_hosts, self.identities_only)
 
 
 @dataclass(frozen=True)
@@ -411,6 +413,7 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
         vars=dict(v),
         key_files=t.key_files,
         jumps=route.jumps,
+        identities_only=t.identities_only,
         become=become_from_vars(v, password),
         route_error=route_error,
     )

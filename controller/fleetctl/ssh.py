@@ -285,7 +285,10 @@ def _connect(host: Host, hop: Hop, gateway: fabric.Connection | None, timeout: f
     c = _Connection(hop.address, user=hop.user, port=hop.port, config=_FABRIC_CONFIG,
                     gateway=gateway if gateway is not None else False,
                     connect_kwargs={"key_filename": keys or None, "timeout": timeout, "banner_timeout": timeout,
-                                    "auth_timeout": timeout, "allow_agent": not keys, "look_for_keys": not keys})
+                                    "auth_timeout": timeout, "look_for_keys": not keys,
+                                    # as ssh: the agent's keys after the files (an encrypted key file
+                                    # unlocked in the agent), unless IdentitiesOnly
+                                    "allow_agent": not (keys and hop.identities_only)})
     c.open_timeout = timeout
     # Fabric's client adds unknown host keys (AutoAddPolicy) and loads none: every hop, jump
     # hosts included, is checked against its known_hosts file and an unknown key refused.

@@ -20,7 +20,8 @@ def test_ssh_options_fleetctl_honours() -> None:
                        host="h")
     assert (a.proxy_jump, a.known_hosts, a.user, a.port, a.config_file) == (
         "admin@bastion:2222", "/k/known", "nvidia", 2200, "/cfg")
-    assert a.key_files == ("~/.ssh/a", "/b")
+    assert a.key_files == ("~/.ssh/a", "/b") and a.identities_only is None
+    assert parse_ssh_args("-o IdentitiesOnly=yes -o IdentitiesOnly=no", host="h").identities_only is True
     # ssh keeps the first value of an option; -J is ProxyJump
     assert parse_ssh_args("-J a,b -o ProxyJump=c -l u -o User=v", host="h").proxy_jump == "a,b"
     assert parse_ssh_args("-Jjump", host="h").proxy_jump == "jump"

@@ -10,10 +10,12 @@ openssh-server and sudo (scripts/bootstrap.sh installs them).
 
 from __future__ import annotations
 
+import os
 import pathlib
 import shutil
 import subprocess
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -285,3 +287,29 @@ def test_a_root_login_needs_no_sudo(fleet: Fleet) -> None:
     finally:
         ssh.close_all()
         server.stop()
+
+
+def test_an_encrypted_key_file_unlocked_in_the_agent(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+    enc = fleet.tmp / "id_enc"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "passphrase", "-f", str(enc)], check=True)
+    home = pathlib.Path(f"/home/{USER}/.ssh/authorized_keys")
+    home.write_text(home.read_text() + enc.with_suffix(".pub").read_text())
+    sock = fleet.tmp / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(sock)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if sock.exists():
+                break
+            time.sleep(0.05)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
+        subprocess.run(["ssh-add", "-q", str(enc)], input="passphrase\n", text=True, check=True,
+                       env={**os.environ, "SSH_ASKPASS_REQUIRE": "never"}, capture_output=True, start_new_session=True)
+        # as ssh: the key file cannot be opened without its passphrase, the agent's copy logs in
+        assert ssh.run(fleet.inventory(ansible_ssh_private_key_file=str(enc)), "true", timeout=20).ok
+        ssh.close_all()
+        with pytest.raises(HostUnreachable, match="SSH to"):
+            ssh.run(fleet.inventory(ansible_ssh_private_key_file=str(enc),
+                                    ansible_ssh_extra_args="-o IdentitiesOnly=yes"), "true", timeout=20)
+    finally:
+        agent.terminate()
+        agent.wait(10)
