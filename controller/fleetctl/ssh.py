@@ -148,10 +148,15 @@ class _Pool:
                 if g is not None and _alive(g):
                     return g
                 if g is not None:
-                    _close_bounded([g])
+                    _close_bounded(_chain(g))
                 g = None
-                for hop in chain:
-                    g = _connect(host, hop, g, timeout)
+                try:
+                    for hop in chain:
+                        g = _connect(host, hop, g, timeout)
+                except BaseException:
+                    if g is not None:  # the hops already open in front of the one that failed
+                        _close_bounded(_chain(g))
+                    raise
                 assert g is not None
                 with self._lock:
                     self._gateways[chain] = g
@@ -172,7 +177,7 @@ class _Pool:
             self._gateway_refs.pop(chain, None)
             g = self._gateways.pop(chain, None)
         if g is not None:
-            _close_bounded([g])
+            _close_bounded(_chain(g))
 
     def done(self, host: Host) -> None:
         """One user of the host's connection finished; close idle connections beyond the bound."""
@@ -217,7 +222,7 @@ class _Pool:
             gateways, self._gateways = list(self._gateways.values()), {}
             self._gateway_refs.clear()
         _close_bounded(clients)
-        _close_bounded(gateways)
+        _close_bounded([c for g in gateways for c in _chain(g)])
 
 
 _POOL = _Pool()
@@ -244,6 +249,15 @@ def _close_bounded(clients: Sequence[_Closable], timeout: float = CLOSE_TIMEOUT)
     deadline = time.monotonic() + timeout
     for t in threads:
         t.join(max(0.0, deadline - time.monotonic()))
+
+
+def _chain(c: fabric.Connection) -> list[fabric.Connection]:
+    """A jump host's connection and those in front of it (Fabric's close closes only the first)."""
+    out = []
+    while c:
+        out.append(c)
+        c = c.gateway
+    return out
 
 
 def _alive(c: fabric.Connection) -> bool:

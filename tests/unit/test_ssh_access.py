@@ -136,6 +136,10 @@ def test_nested_jumps(fleet: Fleet) -> None:
     # the bastion jumps to itself, then to the target: ProxyJump a,b
     jump = f"{USER}@127.0.0.1:{fleet.bastion.port},{USER}@127.0.0.1:{fleet.bastion.port}"
     assert ssh.run(fleet.inventory(jump=jump), "true", timeout=20).ok
+    chain = ssh._chain(next(iter(ssh._POOL._gateways.values())))
+    assert len(chain) == 2 and all(ssh._alive(c) for c in chain)
+    ssh.close_all()  # closes both hops, not only the last
+    assert not any(c.is_connected for c in chain)
 
 
 def test_every_hops_host_key_is_verified_and_never_added(fleet: Fleet) -> None:
