@@ -286,8 +286,10 @@ class _Connection(fabric.Connection):  # type: ignore[misc]
 
 def _connect(host: Host, hop: Hop, gateway: fabric.Connection | None, timeout: float) -> fabric.Connection:
     """An open connection to ``hop`` (through ``gateway``), its host key verified; errors name the hop."""
-    what = f"{hop.address}:{hop.port}" if hop == host.hop() else f"jump host {hop.label}"
+    target = hop == host.hop()
+    what = f"{hop.address}:{hop.port}" if target else f"jump host {hop.label}"
     via = f" via {gateway.user}@{gateway.host}:{gateway.port}" if gateway is not None else ""
+    login = f"{hop.user}@{what}" if target else what
     known = hop.known_hosts_path()
     if not known.exists():
         raise FleetError(
@@ -309,7 +311,12 @@ def _connect(host: Host, hop: Hop, gateway: fabric.Connection | None, timeout: f
     c.client.load_host_keys(str(known))
     c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
-        c.open()
+        try:
+            c.open()
+        except BaseException:
+            # paramiko leaves the transport of a refused connect running (e.g. after a bad host key)
+            c.client.close()
+            raise
     except paramiko.BadHostKeyException:
         raise FleetError(
             f"host key of {what} does not match {known}",
@@ -326,7 +333,7 @@ def _connect(host: Host, hop: Hop, gateway: fabric.Connection | None, timeout: f
                 host=host.name,
                 fix="add the host's verified key to that known_hosts file",
             ) from None
-        raise HostUnreachable(f"SSH to {hop.user}@{what}{via} failed: {e}", host=host.name,
+        raise HostUnreachable(f"SSH to {login}{via} failed: {e}", host=host.name,
                               fix="check that sshd runs and the key is authorised") from None
     except (TimeoutError, OSError, EOFError) as e:
         raise HostUnreachable(

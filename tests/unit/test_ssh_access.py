@@ -15,10 +15,12 @@ import pathlib
 import shutil
 import subprocess
 import textwrap
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import paramiko
 import pytest
 import yaml
 from tests import sshd
@@ -160,6 +162,10 @@ def test_every_hops_host_key_is_verified_and_never_added(fleet: Fleet) -> None:
             ssh.run(host, "true", timeout=20)
         assert says in e.value.cause, (case, e.value.cause)
         assert (fleet.tmp / "known_hosts").read_text() == known, f"{case}: known_hosts was written"
+    ssh.close_all()
+    # a refused connect leaves no transport running (paramiko keeps it unless closed)
+    time.sleep(0.2)
+    assert not [t for t in threading.enumerate() if isinstance(t, paramiko.Transport) and t.is_active()]
 
 
 def test_an_ssh_config_alias_with_its_own_proxyjump(fleet: Fleet) -> None:
