@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -117,6 +118,8 @@ class Route:
 
     target: Hop
     jumps: tuple[Hop, ...] = ()
+    #: ProxyCommand (its ``%h``/``%p``/``%r`` expanded) whose stdio carries the connection.
+    proxy_command: str | None = None
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,8 @@ class SshArgs:
     key_files: tuple[str, ...] = ()
     known_hosts: str | None = None
     proxy_jump: str | None = None
+    #: ProxyCommand, when it came before any ProxyJump (ssh takes the first of the two).
+    proxy_command: str | None = None
     identities_only: bool | None = None
     config_file: str | None = None
 
@@ -200,8 +205,13 @@ def parse_ssh_args(text: str, *, host: str, var: str = "ansible_ssh_common_args"
                              host=host, fix=_FIX_ARGS)
     return SshArgs(user=got.get("user"), port=got.get("port"), hostname=got.get("hostname"),
                    key_files=tuple(got["identityfile"]), known_hosts=got.get("userknownhostsfile"),
-                   proxy_jump=got.get("proxyjump"), config_file=got.get("-F"),
+                   proxy_jump=_proxy(got, "jump"), proxy_command=_proxy(got, "command"), config_file=got.get("-F"),
                    identities_only=got.get("identitiesonly"))
+
+
+def _proxy(got: dict[str, Any], kind: str) -> str | None:
+    found = got.get("proxy")
+    return found[1] if found and found[0] == kind else None
 
 
 _FLAG_KEYS = {"J": "proxyjump", "F": "-F", "i": "identityfile", "l": "user", "p": "port"}
@@ -219,8 +229,10 @@ def _split_option(text: str, host: str, var: str) -> tuple[str, str]:
 
 def _option(key: str, value: str, got: dict[str, Any], host: str, var: str) -> None:
     """Record one option in ``got`` (ssh keeps the first value of each; IdentityFile accumulates)."""
-    if key in ("user", "hostname", "proxyjump", "-F"):
+    if key in ("user", "hostname", "-F"):
         got.setdefault(key, value)
+    elif key in ("proxyjump", "proxycommand"):
+        got.setdefault("proxy", (key.removeprefix("proxy"), value))
     elif key == "identitiesonly":
         got.setdefault(key, value.lower() in ("yes", "true"))
     elif key == "identityfile":
@@ -240,9 +252,6 @@ def _option(key: str, value: str, got: dict[str, Any], host: str, var: str) -> N
         got.setdefault(key, files[0])
     elif key == "stricthostkeychecking":
         _strict(value, host, var)
-    elif key == "proxycommand":
-        raise InventoryError(f"{var}: fleetctl's direct SSH does not run a ProxyCommand",
-                             host=host, fix="reach the host with ProxyJump (-J bastion) instead")
     elif key not in _IGNORED:
         raise InventoryError(f"{var}: fleetctl's direct SSH cannot honour the ssh option {key}",
                              host=host, fix=_FIX_ARGS)
@@ -321,14 +330,21 @@ def _first_set(*values: bool | None) -> bool:
     return next((v for v in values if v is not None), False)
 
 
-def _lookup(conf: paramiko.SSHConfig, alias: str, host: str) -> dict[str, Any]:
+def _lookup(conf: paramiko.SSHConfig, alias: str, host: str, *, jump: bool = False) -> dict[str, Any]:
     c: dict[str, Any] = dict(conf.lookup(alias))
     if "stricthostkeychecking" in c:
         _strict(str(c["stricthostkeychecking"]), host, f"ssh_config for {alias}")
-    if "proxycommand" in c and str(c["proxycommand"]).lower() != "none" and "proxyjump" not in c:
-        raise InventoryError(f"ssh_config gives {alias} a ProxyCommand, which fleetctl's direct SSH does not run",
-                             host=host, fix="reach the host with ProxyJump instead of ProxyCommand")
+    if jump and "proxycommand" in c and str(c["proxycommand"]).lower() != "none" and "proxyjump" not in c:
+        raise InventoryError(f"ssh_config reaches jump host {alias} by a ProxyCommand, which fleetctl's "
+                             "direct SSH runs only for the host itself",
+                             host=host, fix="reach the jump host with ProxyJump instead of ProxyCommand")
     return c
+
+
+def expand_proxy_command(command: str, hop: Hop) -> str:
+    """A ProxyCommand with ssh's ``%h``, ``%p``, ``%r`` and ``%%`` replaced for ``hop``."""
+    return re.sub(r"%[hpr%]", lambda m: {"%h": hop.address, "%p": str(hop.port), "%r": hop.user, "%%": "%"}[m[0]],
+                  command)
 
 
 #: Each connection variable and its older names, which Ansible still honours.
@@ -374,9 +390,18 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
         identities_only=_first_set(common.identities_only, extra.identities_only,
                                    str(c.get("identitiesonly", "no")).lower() == "yes"),
     )
-    spec = common.proxy_jump or extra.proxy_jump or c.get("proxyjump")
+    if common.proxy_jump or common.proxy_command:
+        spec, command = common.proxy_jump, common.proxy_command
+    elif extra.proxy_jump or extra.proxy_command:
+        spec, command = extra.proxy_jump, extra.proxy_command
+    else:  # ssh_config: paramiko does not say which came first; ProxyJump is the usual one
+        spec = c.get("proxyjump")
+        # paramiko's lookup has expanded its tokens already, with ssh_config's own values
+        configured = None if spec else c.get("proxycommand")
+        command = None if configured is None else str(configured).replace("%", "%%")
     jumps = _jumps(str(spec), conf, target, name, 0) if spec and str(spec).lower() != "none" else ()
-    return Route(target, jumps)
+    proxy = expand_proxy_command(str(command), target) if command and str(command).lower() != "none" else None
+    return Route(target, jumps, proxy)
 
 
 def _jumps(spec: str, conf: paramiko.SSHConfig, target: Hop, name: str, depth: int) -> tuple[Hop, ...]:
@@ -391,7 +416,7 @@ def _jumps(spec: str, conf: paramiko.SSHConfig, target: Hop, name: str, depth: i
     hops: list[Hop] = []
     for i, part in enumerate(p for p in spec.split(",") if p.strip()):
         user, alias, port = parse_jump(part, host=name)
-        c = _lookup(conf, alias, name)
+        c = _lookup(conf, alias, name, jump=True)
         front = c.get("proxyjump")
         if i == 0 and front and str(front).lower() != "none":
             hops.extend(_jumps(str(front), conf, target, name, depth + 1))

@@ -67,6 +67,8 @@ class Host:
     jumps: tuple[Hop, ...] = ()
     #: IdentitiesOnly: offer the key files alone, not the agent's keys.
     identities_only: bool = False
+    #: ProxyCommand carrying the connection (``%h``/``%p``/``%r`` expanded), run through /bin/sh.
+    proxy_command: str | None = None
     #: How commands that need root run (``ansible_become*``); its password never shows.
     become: Become = field(default_factory=Become, compare=False)
     #: Why fleetctl's direct SSH cannot reach the host as the inventory says (an ssh option it
@@ -414,6 +416,7 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
         key_files=t.key_files,
         jumps=route.jumps,
         identities_only=t.identities_only,
+        proxy_command=route.proxy_command,
         become=become_from_vars(v, password),
         route_error=route_error,
     )

@@ -82,7 +82,7 @@ class Outcome(Generic[T]):
 #: hosts are not counted: one connection to a bastion carries every host behind it.
 MAX_POOLED = 64
 
-_Key = tuple[Hop, tuple[Hop, ...]]
+_Key = tuple[Hop, tuple[Hop, ...], str | None]
 
 
 class _Pool:
@@ -102,7 +102,7 @@ class _Pool:
 
     @staticmethod
     def _key(host: Host) -> _Key:
-        return (host.hop(), host.jumps)
+        return (host.hop(), host.jumps, host.proxy_command)
 
     def client(self, host: Host, timeout: float) -> fabric.Connection:
         """The host's connection (opened if needed), counted in use until :meth:`done`."""
@@ -122,7 +122,9 @@ class _Pool:
                     if _alive(c):
                         return c
                     self.drop(host)
-                gateway = self._gateway(host, timeout) if host.jumps else None
+                gateway: fabric.Connection | str | None = self._gateway(host, timeout) if host.jumps else None
+                if host.proxy_command and not host.jumps:
+                    gateway = host.proxy_command
                 try:
                     c = _connect(host, host.hop(), gateway, timeout)
                 except BaseException:
@@ -148,14 +150,14 @@ class _Pool:
                 if g is not None and _alive(g):
                     return g
                 if g is not None:
-                    _close_bounded(_chain(g))
+                    _close_bounded([_ChainClose(g)])
                 g = None
                 try:
                     for hop in chain:
                         g = _connect(host, hop, g, timeout)
                 except BaseException:
                     if g is not None:  # the hops already open in front of the one that failed
-                        _close_bounded(_chain(g))
+                        _close_bounded([_ChainClose(g)])
                     raise
                 assert g is not None
                 with self._lock:
@@ -177,7 +179,7 @@ class _Pool:
             self._gateway_refs.pop(chain, None)
             g = self._gateways.pop(chain, None)
         if g is not None:
-            _close_bounded(_chain(g))
+            _close_bounded([_ChainClose(g)])
 
     def done(self, host: Host) -> None:
         """One user of the host's connection finished; close idle connections beyond the bound."""
@@ -196,7 +198,7 @@ class _Pool:
     def _close(self, closing: list[tuple[_Key, fabric.Connection]]) -> None:
         if closing:
             _close_bounded([c for _, c in closing])
-            for (_, chain), _c in closing:
+            for (_, chain, _), _c in closing:
                 self._release_gateway(chain)
 
     def size(self) -> int:
@@ -222,7 +224,7 @@ class _Pool:
             gateways, self._gateways = list(self._gateways.values()), {}
             self._gateway_refs.clear()
         _close_bounded(clients)
-        _close_bounded([c for g in gateways for c in _chain(g)])
+        _close_bounded([_ChainClose(g) for g in gateways])
 
 
 _POOL = _Pool()
@@ -260,6 +262,18 @@ def _chain(c: fabric.Connection) -> list[fabric.Connection]:
     return out
 
 
+class _ChainClose:
+    """Closes a jump chain innermost first, in one thread: an inner close still sends on the
+    transport in front of it, which must not be closing at the same time."""
+
+    def __init__(self, gateway: fabric.Connection) -> None:
+        self.hops = _chain(gateway)
+
+    def close(self) -> None:
+        for c in self.hops:
+            c.close()
+
+
 def _alive(c: fabric.Connection) -> bool:
     t = c.transport
     return t is not None and t.is_active()
@@ -272,11 +286,15 @@ _FABRIC_CONFIG = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
 
 
 class _Connection(fabric.Connection):  # type: ignore[misc]
-    """Fabric's connection whose ProxyJump channel open is bounded (Fabric waits paramiko's hour)."""
+    """Fabric's connection whose ProxyJump channel open is bounded (Fabric waits paramiko's hour)
+    and whose ProxyCommand is taken as given (Fabric re-expands it with port 22 and the local user)."""
 
     open_timeout: float = DEFAULT_CONNECT_TIMEOUT
 
-    def open_gateway(self) -> paramiko.Channel:
+    def open_gateway(self) -> paramiko.Channel | paramiko.ProxyCommand:
+        if isinstance(self.gateway, str):
+            # through a shell, as ssh runs it (pipes, quoting, ~ in paths)
+            return paramiko.ProxyCommand(shlex.join(["/bin/sh", "-c", "exec " + self.gateway]))
         self.gateway.open()
         transport: paramiko.Transport = self.gateway.transport
         return transport.open_channel(
@@ -284,11 +302,12 @@ class _Connection(fabric.Connection):  # type: ignore[misc]
             timeout=self.open_timeout)
 
 
-def _connect(host: Host, hop: Hop, gateway: fabric.Connection | None, timeout: float) -> fabric.Connection:
+def _connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None, timeout: float) -> fabric.Connection:
     """An open connection to ``hop`` (through ``gateway``), its host key verified; errors name the hop."""
     target = hop == host.hop()
     what = f"{hop.address}:{hop.port}" if target else f"jump host {hop.label}"
-    via = f" via {gateway.user}@{gateway.host}:{gateway.port}" if gateway is not None else ""
+    via = (f" via ProxyCommand {gateway!r}" if isinstance(gateway, str) else
+           f" via {gateway.user}@{gateway.host}:{gateway.port}" if gateway is not None else "")
     login = f"{hop.user}@{what}" if target else what
     known = hop.known_hosts_path()
     if not known.exists():
@@ -324,7 +343,7 @@ def _connect(host: Host, hop: Hop, gateway: fabric.Connection | None, timeout: f
             fix="if the host was reinstalled, verify its new fingerprint and update known_hosts",
         ) from None
     except paramiko.ChannelException as e:
-        raise HostUnreachable(f"{gateway.host if gateway else 'the jump host'} cannot reach {what} ({e})",
+        raise HostUnreachable(f"{getattr(gateway, 'host', 'the jump host')} cannot reach {what} ({e})",
                               host=host.name, fix="check that the host is up and reachable from the jump host") from None
     except paramiko.SSHException as e:
         if "not found in known_hosts" in str(e):

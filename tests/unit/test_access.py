@@ -30,7 +30,6 @@ def test_ssh_options_fleetctl_honours() -> None:
 @pytest.mark.parametrize(("args", "says"), [
     ("-o StrictHostKeyChecking=no", "would accept an unknown host key"),
     ("-o StrictHostKeyChecking=accept-new", "would accept an unknown host key"),
-    ("-o ProxyCommand='ssh -W %h:%p b'", "does not run a ProxyCommand"),
     ("-L 8000:localhost:8000", "cannot honour the ssh option '-L'"),
     ("-o HostKeyAlias=x", "cannot honour the ssh option hostkeyalias"),
     ("-o UserKnownHostsFile='/a /b'", "names 2 files"),
@@ -43,6 +42,23 @@ def test_ssh_options_it_cannot_honour_are_refused_with_one_message(args: str, sa
     with pytest.raises(InventoryError) as e:
         parse_ssh_args(args, host="spark-04")
     assert says in e.value.cause and e.value.host == "spark-04" and e.value.fix
+
+
+def test_proxycommand_or_proxyjump_whichever_comes_first(tmp_path: pathlib.Path) -> None:
+    r = resolve_route("h", {"ansible_host": "10.0.0.5", "ansible_user": "nvidia", "ansible_port": 2200,
+                            "ansible_ssh_common_args": "-o ProxyCommand='ssh -W %h:%p -q admin@bastion' -J other"})
+    assert (r.jumps, r.proxy_command) == ((), "ssh -W 10.0.0.5:2200 -q admin@bastion")
+    assert access.expand_proxy_command("x %h %p %r %%h", r.target) == "x 10.0.0.5 2200 nvidia %h"
+    r = resolve_route("h", {"ansible_ssh_common_args": "-J other -o ProxyCommand='ssh -W %h:%p b'"})
+    assert ([j.address for j in r.jumps], r.proxy_command) == (["other"], None)
+    # from ssh_config too; a jump host reached by a ProxyCommand is refused
+    cfg = tmp_path / "config"
+    cfg.write_text("Host spark-*\n    ProxyCommand nc -X connect -x proxy:3128 %h %p\n"
+                   "Host jump\n    ProxyCommand ssh -W %h:%p far\n")
+    assert resolve_route("spark-9", {"ansible_ssh_common_args": f"-F {cfg}"}).proxy_command == (
+        "nc -X connect -x proxy:3128 spark-9 22")
+    with pytest.raises(InventoryError, match="jump host jump by a ProxyCommand"):
+        resolve_route("h", {"ansible_ssh_common_args": f"-F {cfg} -J jump"})
 
 
 def test_jump_specs() -> None:

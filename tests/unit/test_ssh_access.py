@@ -134,6 +134,23 @@ def test_a_jump_host_that_does_not_forward_stops_the_connection(fleet: Fleet) ->
     assert "cannot reach 127.0.0.2" in e.value.cause and e.value.host == "spark-01"
 
 
+def test_a_proxycommand_through_the_bastion(fleet: Fleet) -> None:
+    # the OpenSSH client as the ProxyCommand, as older inventories reach a bastion
+    proxy = (f"ssh -i {fleet.tmp}/id -o UserKnownHostsFile={fleet.tmp}/known_hosts -o StrictHostKeyChecking=yes"
+             f" -o BatchMode=yes -p {fleet.bastion.port} -W %h:%p {USER}@127.0.0.1")
+    before = fleet.bastion.log.read_text().count(f"target 127.0.0.2 port {fleet.target.port}")
+    # host vars beat the group's ProxyJump: ansible_ssh_common_args of the host itself
+    host = fleet.inventory(ansible_ssh_common_args=f"-o ProxyCommand='{proxy}'")
+    assert host.jumps == () and host.proxy_command == proxy.replace("%h:%p", f"127.0.0.2:{fleet.target.port}")
+    assert ssh.run(host, "id -un", timeout=20).stdout.strip() == USER
+    assert fleet.bastion.log.read_text().count(f"target 127.0.0.2 port {fleet.target.port}") == before + 1
+    # the target's key is still checked by fleetctl
+    ssh.close_all()
+    (fleet.tmp / "known_hosts").write_text(fleet.bastion.known())
+    with pytest.raises(FleetError, match=f"host key of 127.0.0.2:{fleet.target.port} is not in"):
+        ssh.run(host, "true", timeout=20)
+
+
 def test_nested_jumps(fleet: Fleet) -> None:
     # the bastion jumps to itself, then to the target: ProxyJump a,b
     jump = f"{USER}@127.0.0.1:{fleet.bastion.port},{USER}@127.0.0.1:{fleet.bastion.port}"
