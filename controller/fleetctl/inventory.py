@@ -177,14 +177,14 @@ def load(path: str | os.PathLike[str] | None = None, *,
     manager, variables, vault = _ansible_load(p, vault_password_file)
     all_group = manager.groups["all"]
     hosts_out: dict[str, Host] = {}
+    internal = _internal_vars()
     for h in manager.get_hosts("all"):
         raw = dict(variables.get_vars(host=h, include_hostvars=False, stage="all"))
         password = _become_password(h.name, raw, vault, variables._loader)
-        for secret in _secret_names(raw):
-            raw.pop(secret, None)
+        # the magic variables go first: `groups` alone lists every host, for every host
+        for name in _secret_names(raw) | internal:
+            raw.pop(name, None)
         merged = _plain(_unvault(raw, vault))
-        for internal in _internal_vars():
-            merged.pop(internal, None)
         groups = tuple(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
         hosts_out[h.name] = _make_host(p, h.name, merged, groups, password)
     groups_out = {
