@@ -181,12 +181,13 @@ def load(path: str | os.PathLike[str] | None = None, *,
     for h in manager.get_hosts("all"):
         raw = dict(variables.get_vars(host=h, include_hostvars=False, stage="all"))
         password = _become_password(h.name, raw, vault, variables._loader)
+        rendered, render_error = _render_connection_vars(raw, variables._loader)
         # the magic variables go first: `groups` alone lists every host, for every host
         for name in _secret_names(raw) | internal:
             raw.pop(name, None)
-        merged = _plain(_unvault(raw, vault))
+        merged = {**_plain(_unvault(raw, vault)), **rendered}
         groups = tuple(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
-        hosts_out[h.name] = _make_host(p, h.name, merged, groups, password)
+        hosts_out[h.name] = _make_host(p, h.name, merged, groups, password, render_error)
     groups_out = {
         name: tuple(x.name for x in g.get_hosts()) for name, g in manager.groups.items() if name != "ungrouped"
     }
@@ -224,6 +225,31 @@ def _become_password(name: str, v: Mapping[str, Any], vault: str | None, loader:
             f"ansible_become_password cannot be {'rendered' if templated else 'decrypted'} "
             f"with the vault password in {vault}", host=name,
             fix="give the vault password file the value was encrypted with, and check the variable it names"))
+
+
+#: The variables that say how to reach a host: rendered when they are templates, as a play would.
+_CONNECTION_VARS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
+                    "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
+                    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_become", "ansible_become_user",
+                    "ansible_become_method", "fleetctl_known_hosts")
+
+
+def _render_connection_vars(v: Mapping[str, Any], loader: Any) -> tuple[dict[str, str], str | None]:
+    """The connection variables that are templates (``"{{ inventory_hostname }}.lan"``, ``-J {{ bastion }}``),
+    rendered with the host's variables; or why one cannot be."""
+    out: dict[str, str] = {}
+    templar = None
+    for k in _CONNECTION_VARS:
+        value = v.get(k)
+        if isinstance(value, str) and ("{{" in value or "{%" in value):
+            from ansible.template import Templar
+
+            templar = templar or Templar(loader=loader, variables=v)
+            try:
+                out[k] = str(templar.template(value))
+            except Exception as e:  # undefined variable, vaulted value without the vault password...
+                return out, f"{k} {str(value)!r} cannot be rendered: {' '.join(str(e).split())[:200]}"
+    return out, None
 
 
 def _secret_names(v: Mapping[str, Any]) -> set[str]:
@@ -389,8 +415,10 @@ def _plain(value: Any) -> Any:
 
 
 def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, ...],
-               password: Secret | None = None) -> Host:
+               password: Secret | None = None, render_error: str | None = None) -> Host:
     try:
+        if render_error:
+            raise InventoryError(render_error, host=name, fix="define the variables it names for this host")
         route = resolve_route(name, v)
         route_error = None
     except InventoryError as e:

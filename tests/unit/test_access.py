@@ -204,6 +204,29 @@ def test_a_become_password_naming_a_vaulted_variable_is_rendered(
     assert "no vault password" in _reveal_error(inventory.load(inv).host("h1")).cause
 
 
+def test_connection_variables_that_are_templates_are_rendered(tmp_path: pathlib.Path) -> None:
+    inv = tmp_path / "hosts.yml"
+    inv.write_text(textwrap.dedent("""\
+        all:
+          vars:
+            bastion: bastion.example
+            admin: nvidia
+            ansible_user: "{{ admin }}"
+            ansible_host: "{{ inventory_hostname }}.lan"
+            ansible_ssh_common_args: -o ProxyJump={{ admin }}@{{ bastion }}:2222
+          hosts:
+            spark-01:
+            spark-02: {ansible_ssh_common_args: "-J {{ nowhere }}"}
+    """))
+    loaded = inventory.load(inv)
+    h = loaded.host("spark-01")
+    assert (h.address, h.user, [j.label for j in h.jumps]) == ("spark-01.lan", "nvidia", ["nvidia@bastion.example:2222"])
+    bad = loaded.host("spark-02")
+    assert bad.route_error is not None and "nowhere" in bad.route_error.cause
+    with pytest.raises(InventoryError, match="cannot be rendered"):
+        ssh.run(bad, "true")
+
+
 def test_inventory_host_carries_the_route(tmp_path: pathlib.Path) -> None:
     inv = tmp_path / "hosts.yml"
     inv.write_text(textwrap.dedent("""\
