@@ -32,6 +32,7 @@ from fleetctl.inventory import Host
 USER = "fleetctl-test"
 PASSWORD = "pw-Zq8!not-in-logs"
 SUDOERS = pathlib.Path("/etc/sudoers.d/fleetctl-test")
+COMMENT = "fleetctl direct-SSH tests"
 DOCKER = shutil.which("docker") or "/usr/bin/docker"
 
 pytestmark = pytest.mark.skipif(not sshd.available() or not shutil.which("sudo"),
@@ -67,9 +68,11 @@ def _run(*argv: str) -> None:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     tmp = tmp_path_factory.mktemp("sshd")
-    created = subprocess.run(["id", USER], capture_output=True).returncode != 0
-    if created:
-        _run("useradd", "--create-home", "--shell", "/bin/sh", USER)
+    # ours when absent, or left behind by a killed run of these tests (its comment says so)
+    entry = subprocess.run(["getent", "passwd", USER], capture_output=True, text=True).stdout
+    created = not entry or COMMENT in entry
+    if not entry:
+        _run("useradd", "--create-home", "--shell", "/bin/sh", "--comment", COMMENT, USER)
     servers: list[sshd.Sshd] = []
     try:
         subprocess.run(["chpasswd"], input=f"{USER}:{PASSWORD}\n", text=True, check=True)
@@ -88,7 +91,8 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
             s.stop()
         SUDOERS.unlink(missing_ok=True)
         if created:
-            subprocess.run(["userdel", "--remove", USER], capture_output=True)
+            # --force: a session process of the stopped servers may still be exiting
+            _run("userdel", "--force", "--remove", USER)
 
 
 @pytest.fixture(autouse=True)
