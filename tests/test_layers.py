@@ -15,7 +15,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "controller" / "fleetctl"
 #: Lower layers first. A part may import parts of lower layers only (not of its own layer).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("", "errors"),  # "" is fleetctl/__init__ (the version)
-    ("paths", "progress", "durations", "runids"),
+    ("paths", "progress", "durations", "runids", "access"),
     ("inventory", "secretenv", "registry"),
     ("recipes", "ssh"),
     ("ansible", "state", "lab", "serving"),

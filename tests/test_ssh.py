@@ -10,7 +10,7 @@ import paramiko
 import pytest
 
 from fleetctl import ssh
-from fleetctl.errors import HostUnreachable
+from fleetctl.errors import FleetError, HostUnreachable
 from fleetctl.inventory import Host
 
 
@@ -157,7 +157,7 @@ def test_a_connection_in_use_is_never_evicted(tmp_path: pathlib.Path, monkeypatc
         held = ssh._POOL.client(busy, 5.0)  # a command running on it (counted in use until done)
         for i in range(3):
             ssh.run(srv.host(f"u{i}"), "x", timeout=10)
-        transport = held.get_transport()
+        transport = held.transport
         assert transport is not None and transport.is_active()
         ssh._POOL.done(busy)
         assert ssh._POOL.size() <= 1
@@ -217,3 +217,17 @@ def test_fan_out_runs_at_most_max_workers_at_once() -> None:
         outs = ssh.fan_out(_hosts(40), fn, timeout=timeout, max_workers=4)
         assert all(o.ok for o in outs.values())
         assert 1 <= peak <= 4
+
+
+def test_sudo_command_lines_never_carry_the_password() -> None:
+    from fleetctl.access import Become, Secret
+
+    host = Host("h", "10.0.0.1", user="nvidia", become=Become(user="root", password=Secret("p@ss 'x")))
+    cmd, stdin = ssh._sudo(host, "cat > /var/lib/fleetctl/x", "body\n", ssh.SUDO_PASSWORD)
+    assert cmd == "sudo -k -S -p '' -u root -- sh -c 'cat > /var/lib/fleetctl/x'"
+    assert stdin == "p@ss 'x\nbody\n"  # sudo takes the first line; the command gets the rest
+    assert ssh._sudo(host, "id -u", None, ssh.SUDO_NOPASSWD) == ("sudo -n -u root -- sh -c 'id -u'", None)
+    bad = Host("h", "10.0.0.1", user="nvidia", become=Become(password=Secret("a\nb")))
+    with pytest.raises(FleetError, match="line break") as e:
+        ssh._sudo(bad, "true", None, ssh.SUDO_PASSWORD)
+    assert "a\nb" not in str(e.value)

@@ -21,31 +21,69 @@ from typing import Any
 import yaml
 
 from fleetctl import paths
-from fleetctl.errors import InventoryError
+from fleetctl.access import (
+    Become,
+    Hop,
+    Route,
+    Secret,
+    ansible_var,
+    become_from_vars,
+    local_user,
+    resolve_route,
+)
+from fleetctl.errors import FleetError, InventoryError
 
 _FIX_FORMAT = (
     "see Ansible's inventory formats (YAML: all: hosts: / children: / vars:; INI: [group] host var=value)"
 )
 
 
+#: Variables holding passwords: kept out of :attr:`Host.vars` (the become one goes to :attr:`Host.become`).
+_PASSWORD_VARS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass",
+                  "ansible_password", "ansible_ssh_pass")
+
+
 @dataclass(frozen=True)
 class Host:
-    """One Spark: how to reach it and its merged variables (all < groups < host)."""
+    """One Spark: how to reach it and its merged variables (all < groups < host).
+
+    ``address``, ``port``, ``user`` and the keys are resolved as Ansible's ssh would
+    (``ansible_*`` variables, then the ssh options, then ~/.ssh/config): see
+    :mod:`fleetctl.access`.
+    """
 
     name: str
     address: str
     port: int = 22
     user: str = "root"
     key_file: str | None = None
-    #: known_hosts file used to verify the host key (``fleetctl_known_hosts``).
+    #: known_hosts file used to verify the host key (``fleetctl_known_hosts``, else UserKnownHostsFile).
     known_hosts: str | None = None
     groups: tuple[str, ...] = ()
-    vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    #: Every private key to offer (``key_file`` first, then -i/IdentityFile); empty: just ``key_file``.
+    key_files: tuple[str, ...] = ()
+    #: Jump hosts in front of the host (ProxyJump), first hop first.
+    jumps: tuple[Hop, ...] = ()
+    #: IdentitiesOnly: offer the key files alone, not the agent's keys.
+    identities_only: bool = False
+    #: ProxyCommand carrying the connection (``%h``/``%p``/``%r`` expanded), run through /bin/sh.
+    proxy_command: str | None = None
+    #: How commands that need root run (``ansible_become*``); its password never shows.
+    become: Become = field(default_factory=Become, compare=False)
+    #: Why fleetctl's direct SSH cannot reach the host as the inventory says (an ssh option it
+    #: cannot honour): raised by the first direct step, while playbooks still run.
+    route_error: InventoryError | None = field(default=None, compare=False, repr=False)
 
     @property
     def label(self) -> str:
         """``name (address)`` for messages."""
         return f"{self.name} ({self.address})"
+
+    def hop(self) -> Hop:
+        """The last hop of the route: this host itself."""
+        keys = self.key_files or ((self.key_file,) if self.key_file else ())
+        return Hop(self.address, self.port, self.user, keys, self.known_hosts, self.identities_only)
 
 
 @dataclass(frozen=True)
@@ -138,7 +176,8 @@ def default_inventory_path(explicit: str | os.PathLike[str] | None = None) -> Pa
     return paths.lab_inventory()
 
 
-def load(path: str | os.PathLike[str] | None = None) -> Inventory:
+def load(path: str | os.PathLike[str] | None = None, *,
+         vault_password_file: str | os.PathLike[str] | None = None) -> Inventory:
     """Read any inventory source Ansible reads, through ansible-core itself.
 
     INI, YAML (nested children), a directory of sources or an executable
@@ -146,6 +185,11 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
     with Ansible's own precedence, so fleetctl and ``ansible-playbook`` can never
     disagree about a host's variables. A directory holding ``hosts.yml`` keeps
     naming that file, as before, so existing state directories stay put.
+
+    Vault-encrypted values are decrypted as ``ansible-playbook`` does, with
+    ``vault_password_file`` or else ``$ANSIBLE_VAULT_PASSWORD_FILE`` (or ansible.cfg's
+    ``vault_password_file``); without one, a vaulted become password fails only when
+    a command needs it, with a message saying so.
     """
     p = default_inventory_path(path)
     if p.is_dir() and (p / "hosts.yml").is_file():
@@ -163,19 +207,113 @@ def load(path: str | os.PathLike[str] | None = None) -> Inventory:
     _check_var_files(p)
     if p.is_file() and os.access(p, os.X_OK):
         _check_script_answers(p)
-    manager, variables = _ansible_load(p)
+    manager, variables, vault = _ansible_load(p, vault_password_file)
     all_group = manager.groups["all"]
     hosts_out: dict[str, Host] = {}
+    internal = _internal_vars()
     for h in manager.get_hosts("all"):
-        merged = _plain(variables.get_vars(host=h, include_hostvars=False, stage="all"))
-        for internal in _internal_vars():
-            merged.pop(internal, None)
+        raw = dict(variables.get_vars(host=h, include_hostvars=False, stage="all"))
+        password = _become_password(h.name, raw, vault, variables._loader)
+        rendered, render_error = _render_connection_vars(raw, variables._loader)
+        # the magic variables go first: `groups` alone lists every host, for every host
+        for name in _secret_names(raw) | internal:
+            raw.pop(name, None)
+        merged = {**_plain(_unvault(raw, vault)), **rendered}
         groups = tuple(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
-        hosts_out[h.name] = _make_host(p, h.name, merged, groups)
+        hosts_out[h.name] = _make_host(p, h.name, merged, groups, password, render_error)
     groups_out = {
         name: tuple(x.name for x in g.get_hosts()) for name, g in manager.groups.items() if name != "ungrouped"
     }
-    return Inventory(path=p, hosts=hosts_out, groups=groups_out, vars=_group_vars(manager, all_group), _ansible=manager)
+    return Inventory(path=p, hosts=hosts_out, groups=groups_out, vars=_group_vars(manager, all_group, vault),
+                     _ansible=manager)
+
+
+_NO_VAULT_FIX = "pass --vault-password-file FILE or set ANSIBLE_VAULT_PASSWORD_FILE, as for ansible-playbook"
+
+
+def _become_password(name: str, v: Mapping[str, Any], vault: str | None, loader: Any) -> Secret | None:
+    """``ansible_become_password`` as a :class:`Secret`; one that cannot be opened fails on use.
+
+    The value may be vaulted, or (Ansible's usual indirection) a template naming a vaulted
+    variable, ``"{{ vault_become_password }}"``: rendered as Ansible would, with the host's vars.
+    """
+    raw = next((v[k] for k in ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
+                if v.get(k) is not None), None)
+    if raw is None:
+        return None
+    templated = isinstance(raw, str) and ("{{" in raw or "{%" in raw)
+    if not templated and not _is_vaulted(raw):
+        return Secret(str(raw))
+    try:
+        if templated:
+            from ansible.template import Templar
+
+            return Secret(str(Templar(loader=loader, variables=v).template(raw)))
+        return Secret(format(raw, ""))
+    except Exception:  # not quoted: ansible's errors may quote the template or the ciphertext's origin
+        if vault is None:
+            return Secret(None, FleetError("ansible_become_password is vault-encrypted and no vault password was given",
+                                           host=name, fix=_NO_VAULT_FIX))
+        return Secret(None, FleetError(
+            f"ansible_become_password cannot be {'rendered' if templated else 'decrypted'} "
+            f"with the vault password in {vault}", host=name,
+            fix="give the vault password file the value was encrypted with, and check the variable it names"))
+
+
+#: The variables that say how to reach a host: rendered when they are templates, as a play would.
+_CONNECTION_VARS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
+                    "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
+                    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_become", "ansible_become_user",
+                    "ansible_become_method", "fleetctl_known_hosts")
+
+
+def _render_connection_vars(v: Mapping[str, Any], loader: Any) -> tuple[dict[str, str], str | None]:
+    """The connection variables that are templates (``"{{ inventory_hostname }}.lan"``, ``-J {{ bastion }}``),
+    rendered with the host's variables; or why one cannot be."""
+    out: dict[str, str] = {}
+    templar = None
+    for k in _CONNECTION_VARS:
+        value = v.get(k)
+        if isinstance(value, str) and ("{{" in value or "{%" in value):
+            from ansible.template import Templar
+
+            templar = templar or Templar(loader=loader, variables=v)
+            try:
+                out[k] = str(templar.template(value))
+            except Exception as e:  # undefined variable, vaulted value without the vault password...
+                return out, f"{k} {str(value)!r} cannot be rendered: {' '.join(str(e).split())[:200]}"
+    return out, None
+
+
+def _secret_names(v: Mapping[str, Any]) -> set[str]:
+    """The password variables, and those their templates name (``vault_become_password``)."""
+    names = set(_PASSWORD_VARS)
+    for k in _PASSWORD_VARS:
+        if isinstance(v.get(k), str):
+            names.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", " ".join(re.findall(r"{{(.*?)}}", v[k]))))
+    return names
+
+
+def _is_vaulted(value: Any) -> bool:
+    from ansible.parsing.vault import EncryptedString
+
+    return isinstance(value, EncryptedString)
+
+
+def _unvault(value: Any, vault: str | None) -> Any:
+    """Vault-encrypted values decrypted (as Ansible gives them to a play), or marked when they cannot be."""
+    if isinstance(value, Mapping):
+        return {k: _unvault(x, vault) for k, x in value.items()}
+    if isinstance(value, list | tuple):
+        return [_unvault(x, vault) for x in value]
+    if _is_vaulted(value):
+        if vault is None:
+            return "<vault-encrypted: no vault password given>"
+        try:
+            return format(value, "")
+        except Exception:
+            return f"<vault-encrypted: cannot be decrypted with {vault}>"
+    return value
 
 
 def _internal_vars() -> frozenset[str]:
@@ -197,8 +335,8 @@ def _internal_vars() -> frozenset[str]:
                                                   "ansible_play_name", "environment", "vars", "hostvars"}
 
 
-def _ansible_load(p: Path) -> tuple[Any, Any]:
-    """ansible-core's InventoryManager and VariableManager over ``p`` (in-process: see the note)."""
+def _ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = None) -> tuple[Any, Any, str | None]:
+    """ansible-core's InventoryManager and VariableManager over ``p``, and the vault password file used."""
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
@@ -216,6 +354,7 @@ def _ansible_load(p: Path) -> tuple[Any, Any]:
     # controller must see a vars file added or removed since the last load
     host_group_vars.FOUND.clear()
     loader = DataLoader()
+    vault = _vault_secrets(loader, vault_password_file)
     with _ansible_warnings() as warnings:
         try:
             manager = InventoryManager(loader=loader, sources=[str(p)])
@@ -230,7 +369,35 @@ def _ansible_load(p: Path) -> tuple[Any, Any]:
             f"{p}: ansible-core cannot read this inventory: {' '.join(cause.split())}",
             fix=f"check it with `ansible-inventory -i {p} --list`; {_FIX_FORMAT}",
         )
-    return manager, variables
+    return manager, variables, vault
+
+
+def _vault_secrets(loader: Any, explicit: str | os.PathLike[str] | None) -> str | None:
+    """Give ansible-core the vault password ``ansible-playbook`` would use; returns its file, or None."""
+    from ansible import constants as C
+    from ansible.errors import AnsibleError
+    from ansible.parsing.vault import VaultSecretsContext, get_file_vault_secret
+
+    path = explicit or os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE") or C.DEFAULT_VAULT_PASSWORD_FILE
+    secrets: list[tuple[str, Any]] = []
+    if path:
+        path = str(Path(path).expanduser())
+        try:
+            secret = get_file_vault_secret(filename=path, vault_id=C.DEFAULT_VAULT_IDENTITY, loader=loader)
+            secret.load()
+        except AnsibleError as e:
+            raise InventoryError(f"vault password file {path}: {' '.join(str(e).split())}",
+                                 fix="give a readable file holding the vault password (or an executable printing it)") from None
+        secrets.append((C.DEFAULT_VAULT_IDENTITY, secret))
+    loader.set_vault_secrets(secrets)
+    # ansible-core reads the secrets of an encrypted value from one process-wide context, set once
+    # per ansible-playbook run; a long-lived controller may load again with another file
+    ctx = VaultSecretsContext.current(optional=True)
+    if ctx is None:
+        VaultSecretsContext.initialize(VaultSecretsContext(secrets))
+    else:
+        ctx.secrets = secrets
+    return path or None
 
 
 @contextlib.contextmanager
@@ -263,13 +430,15 @@ def _ansible_warnings() -> Iterator[list[str]]:
                 setattr(display, name, was)
 
 
-def _group_vars(manager: Any, group: Any) -> dict[str, Any]:
+def _group_vars(manager: Any, group: Any, vault: str | None) -> dict[str, Any]:
     from ansible.utils.vars import combine_vars
     from ansible.vars.plugins import get_vars_from_inventory_sources
 
     raw = combine_vars(group.get_vars(),
                        get_vars_from_inventory_sources(manager._loader, manager._sources, [group], "all"))
-    out: dict[str, Any] = _plain(raw)
+    secret = _secret_names(raw)
+    raw = {k: x for k, x in raw.items() if k not in secret}
+    out: dict[str, Any] = _plain(_unvault(raw, vault))
     return out
 
 
@@ -278,29 +447,43 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, ...]) -> Host:
-    address = v.get("ansible_host", name)
+def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, ...],
+               password: Secret | None = None, render_error: str | None = None) -> Host:
     try:
-        port = int(v.get("ansible_port", 22))
-    except (TypeError, ValueError):
-        raise InventoryError(
-            f"{path}: ansible_port {v.get('ansible_port')!r} is not a number", host=name, fix="set ansible_port: 22"
-        ) from None
-    if not 1 <= port <= 65535:
+        if render_error:
+            raise InventoryError(render_error, host=name, fix="define the variables it names for this host")
+        route = resolve_route(name, v)
+        route_error = None
+    except InventoryError as e:
+        # only fleetctl's direct SSH needs the route: playbooks (ssh itself) still run, and
+        # the first direct step on this host raises this
+        route_error = InventoryError(f"{path}: {e.cause}", host=name, fix=e.fix)
+        try:
+            port = int(ansible_var(v, "port") or 22)
+        except (TypeError, ValueError):
+            raise InventoryError(f"{path}: ansible_port {ansible_var(v, 'port')!r} is not a number", host=name,
+                                 fix="set ansible_port: 22") from None
+        route = Route(Hop(str(ansible_var(v, "host") or name), port, str(ansible_var(v, "user") or local_user())))
+    t = route.target
+    if not 1 <= t.port <= 65535:
         # paramiko would wrap 99999 into another port (34463) and call -5 "Servname not supported".
-        raise InventoryError(f"{path}: ansible_port {port} is not a TCP port (1-65535)", host=name,
+        raise InventoryError(f"{path}: ansible_port {t.port} is not a TCP port (1-65535)", host=name,
                              fix="set ansible_port to the host's SSH port, usually 22")
-    key = v.get("ansible_ssh_private_key_file")
-    known = v.get("fleetctl_known_hosts")
     return Host(
         name=name,
-        address=str(address),
-        port=port,
-        user=str(v.get("ansible_user", "root")),
-        key_file=str(key) if key else None,
-        known_hosts=str(known) if known else None,
+        address=t.address,
+        port=t.port,
+        user=t.user,
+        key_file=t.key_files[0] if t.key_files else None,
+        known_hosts=t.known_hosts,
         groups=groups,
         vars=dict(v),
+        key_files=t.key_files,
+        jumps=route.jumps,
+        identities_only=t.identities_only,
+        proxy_command=route.proxy_command,
+        become=become_from_vars(v, password),
+        route_error=route_error,
     )
 
 
@@ -409,10 +592,17 @@ def _expanded_size(root: yaml.Node) -> int:
     return sizes[id(root)]
 
 
+class _TagTolerantLoader(yaml.SafeLoader):
+    """SafeLoader that accepts Ansible's tags (``!vault``, ``!unsafe``): ansible-core gives them meaning."""
+
+
+_TagTolerantLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
+
+
 def _read_yaml(path: Path) -> Any:
     try:
         with path.open() as f:
-            return yaml.safe_load(f)
+            return yaml.load(f, Loader=_TagTolerantLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

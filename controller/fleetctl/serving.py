@@ -35,5 +35,5 @@ def is_running(state: Mapping[str, Any]) -> bool:
 
 def logs(host: Host, name: str, tail: int, timeout: float = 30.0) -> str:
     """The container's last ``tail`` log lines, stdout and stderr interleaved."""
-    r = ssh.run(host, f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1", timeout=timeout)
+    r = ssh.docker(host, f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1", timeout=timeout)
     return r.stdout

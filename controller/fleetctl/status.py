@@ -201,7 +201,7 @@ def probe_host(host: Host, timeout: float = DEFAULT_TIMEOUT) -> HostStatus:
     if name:
         argv += ["--container", name]
     r = ssh.run(host, argv, timeout=timeout, connect_timeout=min(timeout, ssh.DEFAULT_CONNECT_TIMEOUT),
-                stdin=probe_script())
+                stdin=probe_script(), become=True)
     r.check("the status probe", fix="check that python3 runs on the host")
     return parse_probe(host, r.stdout, r.seconds, port)
 

@@ -28,12 +28,23 @@ COMMAND_MODULES = ("lab", "provision", "status", "stage", "soak", "rollout", "le
     "-i", "--inventory", metavar="PATH", envvar="FLEETCTL_INVENTORY",
     help="Inventory file (default: $FLEETCTL_INVENTORY, else the lab's).",
 )
+@click.option(
+    "--vault-password-file", metavar="PATH", envvar="ANSIBLE_VAULT_PASSWORD_FILE",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Ansible Vault password file for vaulted inventory values such as ansible_become_password "
+         "(default: $ANSIBLE_VAULT_PASSWORD_FILE).",
+)
 @click.version_option(__version__, prog_name="fleetctl")
 @click.pass_context
-def cli(ctx: click.Context, inventory: str | None) -> None:
+def cli(ctx: click.Context, inventory: str | None, vault_password_file: str | None) -> None:
     """Roll vLLM forward and back across a fleet of DGX Sparks, with soak gates."""
     obj = ctx.ensure_object(Ctx)
     obj.inventory = inventory
+    if vault_password_file:
+        # one place for both readers: fleetctl's inventory load and the ansible-playbook runs
+        # (which inherit ANSIBLE_*) decrypt with the same file, as `ansible-playbook
+        # --vault-password-file` would
+        os.environ["ANSIBLE_VAULT_PASSWORD_FILE"] = str(Path(vault_password_file).resolve())
 
 
 def _register() -> None:

@@ -116,7 +116,7 @@ printf '{{"c": %s, "d": %s}}' "$c" "$d"
 
 def inspect(host: Host, name: str, timeout: float = 30.0) -> Serving | None:
     """The container ``name`` on ``host`` (running or not), or None when there is none."""
-    r = ssh.run(host, _INSPECT.format(name=shlex.quote(name)), timeout=timeout)
+    r = ssh.docker(host, _INSPECT.format(name=shlex.quote(name)), timeout=timeout)
     r.check(f"docker inspect {name}")
     if not r.stdout.strip():
         return None
@@ -194,7 +194,7 @@ def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str
 def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
     """GPU name, toolkit runtime, free disk, weights present, current and previous container."""
     arg = json.dumps({"weights": [w.path for w in recipe.weights], "ref": ref, "marker": STAGED_MARKER})
-    r = ssh.run(host, ["python3", "-c", _FACTS, arg], timeout=timeout).check("preflight probe")
+    r = ssh.run(host, ["python3", "-c", _FACTS, arg], timeout=timeout, become=True).check("preflight probe")
     try:
         d = json.loads(r.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
@@ -208,7 +208,7 @@ def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
 
 def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT) -> float:
     """``docker pull ref`` (a no-op when present); returns the seconds it took."""
-    r = ssh.run(host, ["docker", "pull", "-q", ref], timeout=timeout)
+    r = ssh.docker(host, ["docker", "pull", "-q", ref], timeout=timeout)
     r.check(f"docker pull {ref}", fix="check the registry mirror and the host's disk")
     return r.seconds
 
@@ -229,9 +229,9 @@ def retire(host: Host, name: str, rollout_id: str, target_digest: str, grace: in
     if cur is None:
         return prev_c
     if prev_c is not None and (not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)):
-        ssh.run(host, ["docker", "rm", "-f", name], timeout=60).check(f"removing the half-started {name}")
+        ssh.docker(host, ["docker", "rm", "-f", name], timeout=60).check(f"removing the half-started {name}")
         return prev_c
-    ssh.run(host, retire_script(name, grace), timeout=90).check(f"stopping {name}")
+    ssh.docker(host, retire_script(name, grace), timeout=90).check(f"stopping {name}")
     return cur
 
 
@@ -251,7 +251,7 @@ def retire_script(name: str, grace: int) -> str:
 
 def kill(host: Host, name: str) -> None:
     """``docker rm -f name``: a container judged bad is killed, not drained (no-op when absent)."""
-    ssh.run(host, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(f"removing {name}")
+    ssh.docker(host, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(f"removing {name}")
 
 
 def logs(host: Host, name: str, tail: int = 300) -> str:
@@ -285,7 +285,7 @@ def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollou
     script = "".join(f"{k}={shlex.quote(secrets[k])}\nexport {k}\n" for k in present)
     # `eval "$(cat)"` reads the assignments from stdin, so values never show in `ps` or logs.
     cmd = f'eval "$(cat)"; exec {shlex.join(argv)}'
-    r = ssh.run(host, cmd, timeout=120, stdin=script)
+    r = ssh.docker(host, cmd, timeout=120, stdin=script)
     r.check(f"docker run {name}", fix="see the error above; the previous container is kept as " + name + PREV_SUFFIX)
 
 
@@ -299,7 +299,7 @@ def restore(host: Host, name: str) -> Serving | None:
     if prev is None:
         return None
     q, p = shlex.quote(name), shlex.quote(name + PREV_SUFFIX)
-    ssh.run(host, f"docker rm -f {q} >/dev/null 2>&1; docker rename {p} {q} && docker start {q} >/dev/null",
+    ssh.docker(host, f"docker rm -f {q} >/dev/null 2>&1; docker rename {p} {q} && docker start {q} >/dev/null",
             timeout=90).check(f"restoring {name} from {name}{PREV_SUFFIX}")
     return prev
 
@@ -314,7 +314,7 @@ def swap(host: Host, name: str) -> Serving | None:
     if prev is None:
         return None
     q, p, s = shlex.quote(name), shlex.quote(name + PREV_SUFFIX), shlex.quote(name + ".swap")
-    ssh.run(host, f"if docker inspect --type container {q} >/dev/null 2>&1; then docker kill {q} >/dev/null 2>&1;"
+    ssh.docker(host, f"if docker inspect --type container {q} >/dev/null 2>&1; then docker kill {q} >/dev/null 2>&1;"
                   f" docker rm -f {s} >/dev/null 2>&1; docker rename {q} {s} && docker rename {p} {q} &&"
                   f" docker rename {s} {p}; else docker rename {p} {q}; fi && docker start {q} >/dev/null",
             timeout=90).check(f"swapping {name} and {name}{PREV_SUFFIX}")

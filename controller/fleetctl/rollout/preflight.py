@@ -31,8 +31,15 @@ class Planning(Session):
     def _preflight(self, hosts: Sequence[Host], recipe: Recipe, ref: str) -> dict[str, remote.Facts]:
         """Facts about every host; refuse the whole rollout (every host and cause) if one is unfit."""
         self._emit("preflight", f"checking {len(hosts)} host(s)")
-        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(recipe, ref), timeout=120)
         problems: list[str] = []
+        if self.ops is remote.SshHostOps:
+            # The login's rights (sudo, docker) once per host, before any step needs them: one
+            # message per host naming the user, what is missing and the fix.
+            # A root login has every right: nothing to probe.
+            access = ssh.fan_out([h for h in hosts if h.user != "root"], ssh.check_access, timeout=60)
+            problems += [o.error.message() for o in access.values() if o.error is not None]
+            hosts = [h for h in hosts if h.name not in access or access[h.name].error is None]
+        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(recipe, ref), timeout=120)
         out: dict[str, remote.Facts] = {}
         for h in hosts:
             o = outcomes[h.name]

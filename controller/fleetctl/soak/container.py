@@ -30,7 +30,7 @@ class DockerOverSSH:
     def state(self) -> ContainerState:
         """The container's state (``exists=False`` when there is no such container)."""
         fmt = "{{json .State}}\t{{.RestartCount}}\t{{.Config.Image}}"
-        r = ssh.run(self.host, f"docker inspect --format {shlex.quote(fmt)} {shlex.quote(self.name)}",
+        r = ssh.docker(self.host, f"docker inspect --format {shlex.quote(fmt)} {shlex.quote(self.name)}",
                     timeout=self.timeout)
         if r.rc != 0:
             err = (r.stderr or r.stdout).strip()

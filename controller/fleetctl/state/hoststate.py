@@ -211,7 +211,7 @@ class SSHStore:
 
     def read(self, host: Host) -> str:
         f = shlex.quote(state_file(host))
-        r = ssh.run(host, f"cat {f} 2>/dev/null || test ! -e {f}", timeout=15)
+        r = ssh.run(host, f"cat {f} 2>/dev/null || test ! -e {f}", timeout=15, become=True)
         r.check(f"reading {state_file(host)}", fix="check that the SSH user may read it")
         return r.stdout
 
@@ -225,7 +225,7 @@ class SSHStore:
                   f"cur=$(cat {f} 2>/dev/null | sha256sum | cut -d' ' -f1); "
                   f"[ \"$cur\" = {want} ] || exit {_CHANGED}; "
                   f"cat > {tmp} && chmod 600 {tmp} && mv -f {tmp} {f}")
-        r = ssh.run(host, script, timeout=20, stdin=text)
+        r = ssh.run(host, script, timeout=20, stdin=text, become=True)
         if r.rc == _CHANGED:
             return False
         r.check(f"writing {path}", fix="check that the SSH user may write /var/lib/fleetctl (fleetctl provision "
