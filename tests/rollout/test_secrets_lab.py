@@ -63,7 +63,7 @@ def test_secrets_of_the_environment_are_written_nowhere(serving: Any, tmp_path: 
     try:
         st = _fleetctl(env, "stage", "--limit", name)
         assert st.returncode == 0, st.stderr[-2000:]
-        so = _fleetctl(env, "soak", "--limit", name, "--duration", "3s", "--json", str(reports / "soak.json"),
+        so = _fleetctl(env, "soak", "--limit", name, "--duration", "3s", "--json-report", str(reports / "soak.json"),
                        "--junit", str(reports / "soak.xml"), "--html", str(reports / "soak.html"))
         assert so.returncode == 0, so.stderr[-2000:]
         # A rollout SIGKILLed while its canary soaks: nothing cleans up after it, so nothing may be there.
