@@ -10,6 +10,10 @@ export PATH="$PWD/.venv/bin:$PATH"
 SOAK="${FLEETCTL_DEMO_SOAK:-10s}"
 
 fleetctl lab up --nodes "${FLEETCTL_LAB_NODES:-4}"
+# The lab is reached as a real fleet is: an admin user whose sudo password (on one node) is
+# vault-encrypted in the inventory; this gives fleetctl the vault password, as an operator's
+# ANSIBLE_VAULT_PASSWORD_FILE (or --vault-password-file) would.
+eval "$(fleetctl lab env)"
 fleetctl provision
 fleetctl stage
 # The first deploy: the fleet serves nothing yet, so the "rollout" to v0.23.0 starts each host

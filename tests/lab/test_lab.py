@@ -34,11 +34,13 @@ def _host(st: fleetlab.LabStatus, name: str) -> inventory.Host:
 
 
 def _ssh_cli(st: fleetlab.LabStatus, address: str, command: str, known_hosts: Path | None = None,
-             timeout: float = 30) -> subprocess.CompletedProcess[str]:
+             timeout: float = 30, user: str = "nvidia") -> subprocess.CompletedProcess[str]:
+    # As an operator reaches a Spark behind a bastion: the admin user, ProxyJump, the lab's ssh_config.
     return subprocess.run(
-        ["ssh", "-i", str(st.ssh_key), "-o", f"UserKnownHostsFile={known_hosts or st.known_hosts}",
+        ["ssh", "-F", str(st.ssh_config), "-J", "bastion", "-i", str(st.ssh_key),
+         "-o", f"UserKnownHostsFile={known_hosts or st.known_hosts}",
          "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-         f"root@{address}", command],
+         f"{user}@{address}", command],
         capture_output=True, text=True, timeout=timeout, check=False,
     )
 
@@ -124,17 +126,17 @@ def test_wrong_gpu_old_driver_and_kernel_faults(lab: fleetlab.LabStatus, lab_fau
 
 def test_small_disk_keeps_contents(lab: fleetlab.LabStatus, lab_fault: Fault) -> None:
     host = _host(lab, "spark-03")
-    ssh.run(host, "mkdir -p /opt/keep && echo data > /opt/keep/file", timeout=20).check("writing /opt")
+    ssh.run(host, "mkdir -p /opt/keep && echo data > /opt/keep/file", timeout=20, become=True).check("writing /opt")
     try:
         with lab_fault("spark-03", disk_gb=2):
             r = ssh.run(host, "df -B1G --output=size /opt | tail -1; cat /opt/keep/file; "
-                              "fallocate -l 3G /opt/big || echo full", timeout=30)
+                              "fallocate -l 3G /opt/big || echo full", timeout=30, become=True)
             assert r.stdout.split() == ["2", "data", "full"] or r.stdout.split()[:2] == ["2", "data"]
             assert "full" in r.stdout
         r = ssh.run(host, "df -B1G --output=size /opt | tail -1", timeout=20)
         assert r.stdout.strip() == "64"
     finally:
-        ssh.run(host, "rm -rf /opt/keep /opt/big", timeout=20)
+        ssh.run(host, "rm -rf /opt/keep /opt/big", timeout=20, become=True)
 
 
 @pytest.mark.parametrize("fault", ["paused", "disconnected"])
@@ -203,20 +205,41 @@ def test_node_command_sets_and_resets_faults(lab: fleetlab.LabStatus) -> None:
 
 
 def test_status_through_an_ini_inventory_of_the_lab(lab: fleetlab.LabStatus, tmp_path: Path) -> None:
-    """Any source ansible-core reads is a fleet: the lab written as INI, with the lab's group_vars beside it."""
+    """Any source ansible-core reads is a fleet: the lab as INI, its access in ``[sparks:vars]``.
+
+    The admin user, become and the bastion (ProxyJump) come from the group's vars, the vaulted
+    become password from host_vars beside it; fleetctl and ``ansible-inventory --list`` agree on
+    every host's address, user, port and become, and fleetctl reaches every host through the bastion.
+    """
     yml = inventory.load(lab.inventory)
-    common = ("ansible_user", "ansible_ssh_private_key_file", "fleetctl_known_hosts", "ansible_ssh_common_args",
-              "ansible_python_interpreter")
+    common = ("ansible_user", "ansible_become", "ansible_ssh_private_key_file", "fleetctl_known_hosts",
+              "ansible_ssh_common_args", "ansible_python_interpreter")
     lines = ["[sparks]", *(f"{h.name} ansible_host={h.address}" for h in yml.hosts.values()),
-             "", "[canary]", *yml.groups["canary"], "", "[all:vars]",
+             "", "[canary]", *yml.groups["canary"], "", "[sparks:vars]",
              *(f"{k}='{yml.vars[k]}'" for k in common)]
     ini = tmp_path / "hosts.ini"
     ini.write_text("\n".join(lines) + "\n")
-    (tmp_path / "group_vars").symlink_to(Path(lab.inventory).parent / "group_vars")
-    out = subprocess.run([str(Path(sys.executable).with_name("fleetctl")), "-i", str(ini), "status", "--json"],
+    for sub in ("group_vars", "host_vars"):
+        (tmp_path / sub).symlink_to(Path(lab.inventory).parent / sub)
+    bin_dir = Path(sys.executable).parent
+    out = subprocess.run([str(bin_dir / "fleetctl"), "-i", str(ini), "status", "--json"],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert sorted(data) == sorted(yml.hosts)
     assert all(h["reachable"] and h["address"] == yml.host(n).address for n, h in data.items())
-    assert inventory.load(ini).host("spark-01").vars == yml.host("spark-01").vars
+    ini_inv = inventory.load(ini)
+    assert ini_inv.host("spark-01").vars == {**yml.host("spark-01").vars, "ansible_become": "True"}
+    listed = subprocess.run([str(bin_dir / "ansible-inventory"), "-i", str(ini), "--list"],
+                            capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    hostvars = json.loads(listed.stdout)["_meta"]["hostvars"]
+    assert sorted(hostvars) == sorted(ini_inv.hosts)
+    for name, v in hostvars.items():
+        h = ini_inv.host(name)
+        assert (h.address, h.user, h.port) == (v["ansible_host"], v["ansible_user"], int(v.get("ansible_port", 22)))
+        assert h.become.enabled == (str(v["ansible_become"]).lower() == "true")
+        assert h.jumps and h.jumps[0].address == lab.bastion.partition("@")[2]
+        assert h.vars["ansible_ssh_common_args"] == v["ansible_ssh_common_args"]
+        assert ("ansible_become_password" in v) == (h.become.password is not None)
+    assert ini_inv.host("spark-02").become.password is not None

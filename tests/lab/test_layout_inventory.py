@@ -9,7 +9,7 @@ import pytest
 
 from fleetctl import inventory as fleet_inventory
 from fleetctl.errors import FleetError
-from fleetctl.lab import inventory, layout
+from fleetctl.lab import access, inventory, layout
 
 
 def _layout(root: Path, subnet: str = "10.78.1.0/24") -> layout.Layout:
@@ -57,6 +57,7 @@ def test_inventory_is_readable_by_fleetctl_and_links_repo_vars(tmp_path: Path,
     (repo / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml").write_text("fleetctl_recipes: {a: 1}\n")
     monkeypatch.setenv("FLEETCTL_HOME", str(repo))
     lay = _layout(tmp_path / "lab")
+    monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(lay.vault_password_file))
     path = inventory.write(lay, ["spark-01", "spark-02", "spark-03"])
     inv = fleet_inventory.load(path)
     assert list(inv.hosts) == ["spark-01", "spark-02", "spark-03"]
@@ -64,7 +65,16 @@ def test_inventory_is_readable_by_fleetctl_and_links_repo_vars(tmp_path: Path,
     assert inv.groups["canary"] == ("spark-01",)
     h = inv.host("spark-02")
     assert (h.address, h.user, h.key_file, h.known_hosts) == (
-        "10.78.1.12", "root", str(lay.ssh_key), str(lay.known_hosts))
+        "10.78.1.12", "nvidia", str(lay.ssh_key), str(lay.known_hosts))
+    # A real fleet's shape: the admin user with become, reached through the bastion.
+    assert [hop.address for hop in h.jumps] == ["10.78.1.10"]
+    assert h.jumps[0].user == "nvidia" and h.become.enabled
+    assert "ProxyJump=bastion" in h.vars["ansible_ssh_common_args"]
+    # spark-02's sudo asks for the password: vault-encrypted on disk, opened with the vault password.
+    become = (lay.inventory_dir / "host_vars" / "spark-02" / "become.yml").read_text()
+    assert "$ANSIBLE_VAULT;1.1;AES256" in become and access.become_password(lay) not in become
+    assert h.become.password is not None and h.become.password.reveal() == access.become_password(lay)
+    assert inv.host("spark-01").become.password is None
     assert h.vars["ansible_python_interpreter"] == "/usr/bin/python3"
     assert "StrictHostKeyChecking=yes" in h.vars["ansible_ssh_common_args"]
     assert h.vars["fleetctl_recipes"] == {"a": 1}

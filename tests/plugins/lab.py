@@ -16,6 +16,7 @@ import pytest
 
 from fleetctl import lab as fleetlab
 from fleetctl import ssh
+from fleetctl.lab import layout
 
 LAB_NODES = 4
 
@@ -23,6 +24,9 @@ LAB_NODES = 4
 @pytest.fixture(scope="session")
 def lab() -> Iterator[fleetlab.LabStatus]:
     """The lab with at least 4 nodes, up (brought up if needed, once per session)."""
+    # The lab's inventory holds a vault-encrypted become password (spark-02's sudo asks for one):
+    # every fleetctl call of the session decrypts it as an operator's would, from this variable.
+    os.environ["ANSIBLE_VAULT_PASSWORD_FILE"] = str(layout.current().vault_password_file)
     before = fleetlab.status()
     started = False
     if not before.up or len(before.nodes) < LAB_NODES:

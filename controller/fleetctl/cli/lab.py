@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 import click
@@ -42,7 +43,9 @@ def _render_status(st: lab.LabStatus) -> Any:
         out.print(f"apt         {st.apt_url}  (key {st.apt_key_url})")
         out.print(f"weights     {st.weights_url}")
         out.print(f"inventory   {st.inventory}")
-        out.print(f"ssh         -i {st.ssh_key} -o UserKnownHostsFile={st.known_hosts} root@<address>")
+        user = st.bastion.partition("@")[0]
+        out.print(f"ssh         -F {st.ssh_config} -J bastion {user}@<address>   (bastion {st.bastion})")
+        out.print(f"vault       export ANSIBLE_VAULT_PASSWORD_FILE={st.vault_password_file}")
         out.print(f"docker      DOCKER_HOST={st.docker_host}")
     return render
 
@@ -87,6 +90,25 @@ def status_cmd(ctx: Ctx) -> None:
     ctx.emit(st, _render_status(st))
     if st.nodes and not st.up:
         raise click.exceptions.Exit(int(ExitCode.FAILED))
+
+
+@lab_group.command("env")
+@json_option
+@pass_ctx
+def env_cmd(ctx: Ctx) -> None:
+    """Print the shell exports for using the lab: `eval "$(fleetctl lab env)"`.
+
+    ANSIBLE_VAULT_PASSWORD_FILE decrypts the admin user's sudo password in the lab's inventory
+    (as an operator's vault password file would); DOCKER_HOST reaches the lab's own engine.
+    """
+    st = lab.status()
+    env = {"ANSIBLE_VAULT_PASSWORD_FILE": str(st.vault_password_file), "DOCKER_HOST": st.docker_host}
+
+    def render(out: Console) -> None:
+        for k, v in env.items():
+            out.print(f"export {k}={shlex.quote(v)}", markup=False, highlight=False, soft_wrap=True)
+
+    ctx.emit(env, render)
 
 
 @lab_group.command("node")

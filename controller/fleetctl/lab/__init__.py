@@ -28,7 +28,7 @@ from typing import Any
 
 from fleetctl import paths
 from fleetctl.errors import FleetError
-from fleetctl.lab import aptrepo, images, inventory, nodes, procs
+from fleetctl.lab import access, aptrepo, images, inventory, nodes, procs
 from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.layout import MAX_NODES, Layout, current
 from fleetctl.lab.nodes import Faults, InnerContainer
@@ -78,6 +78,11 @@ class LabStatus:
     inventory: Path
     ssh_key: Path
     known_hosts: Path
+    #: The bastion every node is reached through (``user@address``), and the ssh_config naming it.
+    bastion: str = ""
+    ssh_config: Path | None = None
+    #: The Ansible Vault password file the inventory's become password is encrypted with.
+    vault_password_file: Path | None = None
     services: Mapping[str, bool] = field(default_factory=dict)
     nodes: tuple[LabNode, ...] = ()
     images: tuple[str, ...] = ()
@@ -157,12 +162,12 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
             )
         state["subnet"] = str(lay.subnet)
         _write_state(lay, state)
+        _ssh_key(lay)
         # Written first: the weights mirror is filled from the recipes it links in.
         inventory.write(lay, [lay.node_name(i) for i in range(1, nodes + 1)])
         engine = Dockerd(lay)
         engine.start(progress)
         engine.ensure_network()
-        _ssh_key(lay)
         with ThreadPoolExecutor(max_workers=4) as pool:
             # Independent of the node image: the services, and the vLLM base rootfs
             # (a first build spends much of its time downloading, so overlapping pays).
@@ -221,14 +226,17 @@ def _nodes(lay: Layout, engine: Dockerd, state: dict[str, Any], count: int, imag
             engine.docker("rm", "-f", "-v", name, check=False, timeout=120)
             engine.docker("volume", "rm", "-f", f"{name}-docker", check=False)
             faults.pop(name, None)
-    started = []
+    started: list[tuple[str, str, bool]] = []
+    if _ensure_running(engine, lay.bastion_name, image, progress,
+                       lambda: nodes.create_bastion(lay, engine, image)):
+        started.append((lay.bastion_name, lay.bastion_address, True))
     for i, name in enumerate(wanted, start=1):
         st = nodes.container_state(engine, name)
         if st is None:
             progress(Event("starting", f"container {lay.node_address(i)}", host=name))
             nodes.create(lay, engine, i, image)
             faults.pop(name, None)
-            started.append(i)
+            started.append((name, lay.node_address(i), False))
             continue
         if st["Config"]["Image"] != image:
             # Recreating it would throw away what was provisioned on it: say so, keep it.
@@ -237,27 +245,44 @@ def _nodes(lay: Layout, engine: Dockerd, state: dict[str, Any], count: int, imag
         if not st["State"]["Running"]:
             progress(Event("starting", "existing container", host=name))
             engine.docker("start", name, what=f"starting node {name}")
-            started.append(i)
+            started.append((name, lay.node_address(i), False))
         # A paused node is a fault the user set: it is kept as it is.
     state["nodes"] = wanted
-    with ThreadPoolExecutor(max_workers=max(1, len(started))) as pool:
-        list(pool.map(lambda i: nodes.wait_ready(lay, engine, i, progress=progress), started))
-    for i in started:
-        progress(Event("ready", lay.node_address(i), host=lay.node_name(i)))
+    with ThreadPoolExecutor(max_workers=max(1, min(len(started), 8))) as pool:
+        list(pool.map(lambda s: nodes.wait_ready(lay, engine, s[0], s[1], bastion=s[2], progress=progress), started))
+    for name, address, _ in started:
+        progress(Event("ready", address, host=name))
     _known_hosts(lay, engine, wanted, state)
+
+
+def _ensure_running(engine: Dockerd, name: str, image: str, progress: Progress, create: Any) -> bool:
+    """Create or start container ``name`` if needed; True when it was (re)started."""
+    st = nodes.container_state(engine, name)
+    if st is None:
+        progress(Event("starting", "container", host=name))
+        create()
+        return True
+    if st["Config"]["Image"] != image:
+        progress(Event("outdated", f"runs {st['Config']['Image']}, not {image}: "
+                                   "`fleetctl lab down` then `up` to rebuild", host=name))
+    if not st["State"]["Running"]:
+        progress(Event("starting", "existing container", host=name))
+        engine.docker("start", name, what=f"starting {name}")
+        return True
+    return False
 
 
 def _known_hosts(lay: Layout, engine: Dockerd, names: list[str], state: dict[str, Any]) -> None:
     lines = []
     cached: dict[str, list[str]] = state.setdefault("host_keys", {})
-    for name in names:
+    every = [(lay.bastion_name, lay.bastion_address)] + [(n, lay.node_address(lay.node_index(n))) for n in names]
+    for name, addr in every:
         st = nodes.container_state(engine, name)
         if st is not None and st["State"]["Running"] and not st["State"]["Paused"]:
             cached[name] = nodes.host_keys(engine, name)
-        addr = lay.node_address(lay.node_index(name))
         lines += [f"{addr},{name} {key}" for key in cached.get(name, [])]
     for name in list(cached):
-        if name not in names:
+        if name not in dict(every):
             cached.pop(name)
     tmp = lay.known_hosts.with_name("known_hosts.tmp")
     tmp.write_text("\n".join(lines) + "\n")
@@ -377,7 +402,7 @@ def status() -> LabStatus:
         if st is not None and st["State"]["Running"] and not st["State"]["Paused"]:
             containers = nodes.inner_containers(engine, name)
         return LabNode(
-            name=name, address=lay.node_address(lay.node_index(name)), ssh_user="root",
+            name=name, address=lay.node_address(lay.node_index(name)), ssh_user=access.ADMIN_USER,
             key_path=lay.ssh_key, known_hosts=lay.known_hosts, state=s, gpu=f.gpu, driver=f.driver,
             faults=f.active(), containers=containers,
         )
@@ -390,7 +415,8 @@ def status() -> LabStatus:
         docker_host=lay.docker_host, registry=lay.registry, http_url=lay.http_base,
         apt_url=f"{lay.http_base}/apt", apt_key_url=f"{lay.http_base}/apt/gpgkey",
         weights_url=f"{lay.http_base}/weights", inventory=lay.inventory, ssh_key=lay.ssh_key,
-        known_hosts=lay.known_hosts, services=services, nodes=node_list,
+        known_hosts=lay.known_hosts, bastion=f"{access.ADMIN_USER}@{lay.bastion_address}",
+        ssh_config=lay.ssh_config, vault_password_file=lay.vault_password_file, services=services, nodes=node_list,
         images=tuple(state.get("images", [])),
     )
 

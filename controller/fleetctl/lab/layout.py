@@ -22,6 +22,8 @@ REGISTRY_PORT = 5000
 HTTP_PORT = 8080
 #: Node i (1-based) gets host number FIRST_NODE_HOST + i - 1: spark-01 = .11.
 FIRST_NODE_HOST = 11
+#: The bastion, the one host of the lab the controller reaches on port 22 directly.
+BASTION_HOST = 10
 MAX_NODES = 40
 #: A unix socket path must fit in sun_path (108 bytes, NUL included).
 _MAX_SOCKET_PATH = 100
@@ -59,6 +61,16 @@ class Layout:
     def network(self) -> str:
         """The Docker network name inside the lab's own engine."""
         return "sparknet"
+
+    @property
+    def bastion_name(self) -> str:
+        """The bastion's container and host name (and its alias in the lab's ssh_config)."""
+        return "bastion"
+
+    @property
+    def bastion_address(self) -> str:
+        """The bastion's fixed address."""
+        return str(self.subnet.network_address + BASTION_HOST)
 
     def node_name(self, index: int) -> str:
         """``spark-01`` for index 1."""
@@ -139,6 +151,21 @@ class Layout:
     def known_hosts(self) -> Path:
         """Host keys of the nodes, collected at start."""
         return self.ssh_dir / "known_hosts"
+
+    @property
+    def ssh_config(self) -> Path:
+        """The ssh_config the inventory passes with ``-F``: the bastion's alias, key and known_hosts."""
+        return self.ssh_dir / "config"
+
+    @property
+    def become_password_file(self) -> Path:
+        """The admin user's sudo password on the nodes that ask for one (plain text, mode 600)."""
+        return self.ssh_dir / "become-password"
+
+    @property
+    def vault_password_file(self) -> Path:
+        """The Ansible Vault password the inventory's ``ansible_become_password`` is encrypted with."""
+        return self.ssh_dir / "vault-password"
 
     @property
     def inventory_dir(self) -> Path:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetctl.errors import FleetError
-from fleetctl.lab import gpus
+from fleetctl.lab import access, gpus
 from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.images import NEWER_KERNEL
 from fleetctl.lab.layout import Layout
@@ -79,41 +79,66 @@ def write_file(engine: Dockerd, name: str, path: str, text: str) -> None:
 
 
 def create(layout: Layout, engine: Dockerd, index: int, image: str) -> None:
-    """Create and start node ``index`` from ``image``."""
+    """Create and start node ``index`` from ``image``, reached as the admin user through the bastion."""
     name = layout.node_name(index)
+    acc = access.node_access(index)
+    extra = []
+    if acc.sudo == "password":
+        extra += ["-v", f"{layout.become_password_file}:/etc/fleetctl-lab/sudo-password:ro"]
+    for k, v in {**acc.env(), "FLEETCTL_LAB_ROLE": "node", "FLEETCTL_LAB_DENY_SSH_FROM": layout.gateway}.items():
+        extra += ["-e", f"{k}={v}"]
+    _run(layout, engine, name, layout.node_address(index), image, [
+        "--tmpfs", f"/opt:rw,exec,mode=755,size={OPT_SIZE_GB}g",
+        "-v", f"{name}-docker:/var/lib/docker",
+        *extra,
+    ])
+
+
+def create_bastion(layout: Layout, engine: Dockerd, image: str) -> None:
+    """Create and start the bastion: sshd and the admin user, nothing else."""
+    _run(layout, engine, layout.bastion_name, layout.bastion_address, image, ["-e", "FLEETCTL_LAB_ROLE=bastion"])
+
+
+def _run(layout: Layout, engine: Dockerd, name: str, address: str, image: str, extra: list[str]) -> None:
     pub = layout.ssh_key.with_suffix(".pub")
     engine.docker(
         "run", "-d", "--name", name, "--hostname", name,
-        "--network", layout.network, "--ip", layout.node_address(index),
+        "--network", layout.network, "--ip", address,
         "--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE",
         "--security-opt", "seccomp=unconfined", "--security-opt", "apparmor=unconfined",
         "--device-cgroup-rule", "a *:* rwm",
         "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw",
         "--tmpfs", "/run:rw,exec,mode=755",
-        "--tmpfs", f"/opt:rw,exec,mode=755,size={OPT_SIZE_GB}g",
-        "-v", f"{name}-docker:/var/lib/docker",
         "-v", f"{pub}:/etc/fleetctl-lab/authorized_keys:ro",
+        "-e", f"FLEETCTL_LAB_ADMIN={access.ADMIN_USER}",
+        *extra,
         "--label", f"{LABEL}={layout.root}", "--label", f"{LABEL}.node={name}",
         "--stop-timeout", "20",
         image,
-        what=f"starting node {name}",
+        what=f"starting {name}",
     )
 
 
-def wait_ready(layout: Layout, engine: Dockerd, index: int, timeout: float = 120, progress: Progress = NULL) -> None:
-    """Wait until the node's entry script is done, sshd answers and its dockerd answers."""
-    name = layout.node_name(index)
-    addr = layout.node_address(index)
+def wait_ready(layout: Layout, engine: Dockerd, name: str, address: str, *, bastion: bool = False,
+               timeout: float = 120, progress: Progress = NULL) -> None:
+    """Wait until the entry script is done and sshd listens (and, on a node, its dockerd answers).
+
+    A node's port 22 refuses the controller (it is reached through the bastion), so sshd is
+    checked from inside; the bastion's is checked from here, as the controller will use it.
+    """
     deadline = time.monotonic() + timeout
-    progress(Event("waiting", "sshd and dockerd", host=name))
+    progress(Event("waiting", "sshd" if bastion else "sshd and dockerd", host=name))
     while True:
         st = container_state(engine, name)
         if st is None or not st["State"]["Running"]:
             logs = engine.docker("logs", "--tail", "5", name, check=False).stderr.strip()
             raise FleetError(f"node container exited: {logs or (st and st['State'].get('Error'))}", host=name,
                              fix=f"see `docker -H {layout.docker_host} logs {name}`")
-        ready = exec_(engine, name, ["test", "-e", "/run/fleetctl-lab-ready"], check=False, timeout=10)
-        if ready.returncode == 0 and _port_open(addr, 22):
+        ready = exec_(engine, name, ["sh", "-c", "test -e /run/fleetctl-lab-ready && test -s /run/sshd.pid"],
+                      check=False, timeout=10)
+        if ready.returncode == 0 and (not bastion or _port_open(address, 22)):
+            if bastion:
+                return
             info = exec_(engine, name, ["docker", "info", "--format", "{{.ServerVersion}}"], check=False, timeout=20)
             if info.returncode == 0:
                 return
