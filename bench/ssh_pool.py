@@ -6,8 +6,9 @@ ProxyJump host (one shared connection to it): the controller CPU of a connect (h
 exchange, auth, one ``true``), of ``true`` on a pooled connection, and what an idle pooled
 connection burns (paramiko's transport thread polls its socket every 0.1 s).
 
-Against the lab's nodes (lab up; FLEETCTL_LAB_DIR etc. set), the first node serving as the
-jump host for all of them::
+Against the lab's nodes (lab up; FLEETCTL_LAB_DIR etc. set) through the lab's bastion, as its
+inventory says, and the same nodes directly (the bench opens their port 22 to the controller for
+the run and closes it again)::
 
     .venv/bin/python bench/ssh_pool.py [--idle 10] [--rounds 3] [--json bench/results/ssh_pool.json]
 
@@ -100,9 +101,17 @@ def local_hosts(n: int) -> Iterator[tuple[list[Host], Host]]:
 
 @contextmanager
 def lab_hosts() -> Iterator[tuple[list[Host], Host]]:
-    """The lab's nodes, and the first of them as the jump host."""
-    hosts = inventory.load(None).select(None)
-    yield hosts, hosts[0]
+    """The lab's nodes reached directly (port 22 opened for the run), and the lab's bastion."""
+    from fleetctl import lab
+
+    routed = inventory.load(None).select(None)
+    if not routed[0].jumps:
+        raise SystemExit("the lab's inventory names no bastion (ProxyJump): `fleetctl lab down` and up again")
+    bastion = routed[0].jumps[0]
+    with lab.direct_ssh():
+        yield ([dataclasses.replace(h, jumps=()) for h in routed],
+               Host("bastion", bastion.address, port=bastion.port, user=bastion.user, key_file=bastion.key_files[0],
+                    known_hosts=bastion.known_hosts))
 
 
 def main() -> None:
@@ -116,7 +125,7 @@ def main() -> None:
         jumped = [dataclasses.replace(h, jumps=(bastion.hop(),)) for h in hosts]
         direct = measure(hosts, a.rounds, a.idle)
         via = measure(jumped, a.rounds, a.idle)
-    where = f"{len(hosts)} local sshd hosts" if a.local else f"{len(hosts)} lab nodes"
+    where = f"{len(hosts)} local sshd hosts" if a.local else f"{len(hosts)} lab nodes (bastion: the lab's)"
     figures = {"hosts": len(hosts), "where": where, "direct": direct, "via_jump": via,
                "max_pooled": ssh.MAX_POOLED, "rounds": a.rounds, "cpu_count": os.cpu_count()}
     con = Console(width=90)

@@ -211,6 +211,7 @@ def load(path: str | os.PathLike[str] | None = None, *,
     all_group = manager.groups["all"]
     hosts_out: dict[str, Host] = {}
     internal = _internal_vars()
+    memo: dict[int, tuple[Any, Any]] = {}
     for h in manager.get_hosts("all"):
         raw = dict(variables.get_vars(host=h, include_hostvars=False, stage="all"))
         password = _become_password(h.name, raw, vault, variables._loader)
@@ -218,7 +219,7 @@ def load(path: str | os.PathLike[str] | None = None, *,
         # the magic variables go first: `groups` alone lists every host, for every host
         for name in _secret_names(raw) | internal:
             raw.pop(name, None)
-        merged = {**_plain(_unvault(raw, vault)), **rendered}
+        merged = {**_plain_vars(raw, vault, memo), **rendered}
         groups = tuple(g.name for g in h.get_groups() if g.name not in ("all", "ungrouped"))
         hosts_out[h.name] = _make_host(p, h.name, merged, groups, password, render_error)
     groups_out = {
@@ -445,6 +446,26 @@ def _group_vars(manager: Any, group: Any, vault: str | None) -> dict[str, Any]:
 def _plain(value: Any) -> Any:
     """Ansible 2.19's trust-tagged str/int/dict subclasses as plain Python values."""
     return json.loads(json.dumps(value, default=str))
+
+
+def _plain_vars(raw: Mapping[str, Any], vault: str | None, memo: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
+    """:func:`_plain` of :func:`_unvault` of each variable, each shared value converted once per load.
+
+    Ansible gives every host of a group the same objects for the group's variables (the recipes
+    of group_vars/all are one dict for 10,000 hosts): converting them once, not once per host, is
+    most of the time an inventory of thousands of hosts takes to load. Host.vars are read-only,
+    so hosts may share the converted values. The memo holds the originals, so an id is never reused.
+    """
+    out: dict[str, Any] = {}
+    for k, v in raw.items():
+        if isinstance(v, Mapping | list | tuple):
+            hit = memo.get(id(v))
+            if hit is None or hit[0] is not v:
+                hit = memo[id(v)] = (v, _plain(_unvault(v, vault)))
+            out[k] = hit[1]
+        else:
+            out[k] = _plain(_unvault(v, vault))
+    return out
 
 
 def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, ...],

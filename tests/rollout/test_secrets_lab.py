@@ -1,6 +1,8 @@
-"""Secrets set in the controller's environment are written nowhere: not in the state dir (ledger,
-run artifacts, ansible-runner's records, baselines), not in the lab dir, not in reports, not on the
-host's state file or its container, after a stage, a soak and a rollout, even one SIGKILLed mid-soak."""
+"""Secrets set in the controller's environment, and the vault-encrypted become password of the
+inventory, are written nowhere: not in the state dir (ledger, run artifacts, ansible-runner's
+records, baselines), not in the lab's inventory, not in reports, not on the host's state file or its
+container, after a stage, a soak and a rollout, even one SIGKILLed mid-soak. The host is the lab's
+node whose sudo asks for the password, so every step that escalates there sends it."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Any
 import pytest
 
 from fleetctl import inventory, ssh
+from fleetctl.lab import access, layout
 from fleetctl.rollout import host as remote
 from fleetctl.state import hoststate
 from tests.plugins.serving import BASE_TAG, serve
@@ -40,7 +43,7 @@ def _fleetctl(env: dict[str, str], *args: str, timeout: float = 600) -> subproce
                           timeout=timeout, check=False)
 
 
-def _leaks(root: Path) -> list[str]:
+def _leaks(root: Path, values: dict[str, str]) -> list[str]:
     out = []
     for f in root.rglob("*"):
         if f.is_file() and not f.is_symlink():
@@ -48,15 +51,16 @@ def _leaks(root: Path) -> list[str]:
                 data = f.read_bytes()
             except OSError:
                 continue
-            out += [f"{f}: {k}" for k, v in VALUES.items() if v.encode() in data]
+            out += [f"{f}: {k}" for k, v in values.items() if v.encode() in data]
     return out
 
 
 def test_secrets_of_the_environment_are_written_nowhere(serving: Any, tmp_path: Path) -> None:
     del serving
     inv = inventory.load(None)
-    name = list(inv.hosts)[-1]
+    name = next(n for n, h in inv.hosts.items() if h.become.password is not None)
     h = inv.host(name)
+    values = {**VALUES, "ansible_become_password": access.become_password(layout.current())}
     state = tmp_path / "state"
     reports = tmp_path / "reports"
     env = {**os.environ, **SECRETS, "FLEETCTL_STATE_DIR": str(state), "FLEETCTL_INVENTORY": str(inv.path)}
@@ -80,14 +84,14 @@ def test_secrets_of_the_environment_are_written_nowhere(serving: Any, tmp_path: 
         ab = _fleetctl(env, "rollout", "abort", "--yes", "--force")
         assert ab.returncode == 0, ab.stdout[-2000:] + ab.stderr[-2000:]
         for text in (st.stdout, st.stderr, so.stdout, so.stderr, out, ab.stdout, ab.stderr):
-            assert not [k for k, v in VALUES.items() if v in text], "a secret was printed"
-        assert not _leaks(state), _leaks(state)
-        assert not _leaks(reports), _leaks(reports)
-        assert not _leaks(Path(inv.path).parent), _leaks(Path(inv.path).parent)
+            assert not [k for k, v in values.items() if v in text], "a secret was printed"
+        assert not _leaks(state, values), _leaks(state, values)
+        assert not _leaks(reports, values), _leaks(reports, values)
+        assert not _leaks(Path(inv.path).parent, values), _leaks(Path(inv.path).parent, values)
         # On the host: its fleetctl state file, and what `docker inspect` shows of its container.
         on_host = ssh.run(h, f"cat {hoststate.state_file(h)}; docker inspect {remote.container_name(h)}",
-                          timeout=30).stdout
-        assert not [k for k, v in VALUES.items() if v in on_host]
+                          timeout=30, become=True).stdout
+        assert on_host.strip() and not [k for k, v in values.items() if v in on_host]
     finally:
         serve(BASE_TAG)
         ssh.close_all()

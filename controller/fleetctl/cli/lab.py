@@ -120,14 +120,16 @@ def env_cmd(ctx: Ctx) -> None:
 @click.option("--disconnect/--connect", "disconnected", default=None, help="Take the node off the network or back.")
 @click.option("--next-kernel-without-nvidia/--no-next-kernel-without-nvidia", "next_kernel", default=None,
               help="Install a newer kernel with no NVIDIA module built for it.")
+@click.option("--revoke-access/--restore-access", "revoked", default=None,
+              help="Take sudo and the docker group from the admin user, or give back the node's default.")
 @click.option("--reset", is_flag=True, help="Make the node healthy first (then apply the other options).")
 @json_option
 @pass_ctx
 def node_cmd(ctx: Ctx, name: str, gpu: str | None, driver: str | None, disk_gb: int | None, paused: bool | None,
-             disconnected: bool | None, next_kernel: bool | None, reset: bool) -> None:
-    """Set faults on one node: wrong GPU, old driver, small disk, paused, disconnected, bad next kernel."""
+             disconnected: bool | None, next_kernel: bool | None, revoked: bool | None, reset: bool) -> None:
+    """Set faults on one node: wrong GPU, old driver, small disk, paused, disconnected, bad next kernel, no rights."""
     node = lab.set_node(name, gpu=gpu, driver=driver, disk_gb=disk_gb, paused=paused, disconnected=disconnected,
-                        next_kernel_without_nvidia=next_kernel, reset=reset)
+                        next_kernel_without_nvidia=next_kernel, revoked_access=revoked, reset=reset)
 
     def render(out: Console) -> None:
         faults = ", ".join(f"{k}={v}" for k, v in node.faults.items()) or "healthy"

@@ -37,7 +37,8 @@ from fleetctl.lab.services import Registry, WebServer
 from fleetctl.progress import NULL, Event, Progress
 
 __all__ = [
-    "Faults", "InnerContainer", "LabNode", "LabStatus", "add_image", "down", "node_exec", "set_node", "status", "up",
+    "Faults", "InnerContainer", "LabNode", "LabStatus", "add_image", "direct_ssh", "down", "node_exec", "set_node",
+    "status", "up",
 ]
 
 _STATE_VERSION = 1
@@ -425,7 +426,7 @@ def status() -> LabStatus:
 
 def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, disk_gb: int | None = None,
              paused: bool | None = None, disconnected: bool | None = None,
-             next_kernel_without_nvidia: bool | None = None, reset: bool = False,
+             next_kernel_without_nvidia: bool | None = None, revoked_access: bool | None = None, reset: bool = False,
              progress: Progress = NULL) -> LabNode:
     """Set faults on node ``name`` (None leaves a setting as it is; ``reset`` makes it healthy first)."""
     lay = _existing()
@@ -441,7 +442,8 @@ def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, di
         new = Faults() if reset else old
         changes: dict[str, Any] = {k: v for k, v in {
             "gpu": gpu, "driver": driver, "disk_gb": disk_gb, "paused": paused, "disconnected": disconnected,
-            "next_kernel_without_nvidia": next_kernel_without_nvidia}.items() if v is not None}
+            "next_kernel_without_nvidia": next_kernel_without_nvidia,
+            "revoked_access": revoked_access}.items() if v is not None}
         new = replace(new, **changes)
         progress(Event("fault", ", ".join(f"{k}={v}" for k, v in new.active().items()) or "healthy", host=name))
         nodes.apply_faults(lay, engine, name, old, new)
@@ -467,6 +469,22 @@ def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: s
         state["images"] = sorted(set(state.get("images", [])) | {ref})
         _write_state(lay, state)
     return ref
+
+
+@contextmanager
+def direct_ssh() -> Iterator[None]:
+    """Inside: every node's port 22 answers the controller too (not only the bastion); for benchmarks
+    comparing a direct route with the bastion's. Closed again on the way out, also on an error."""
+    lay = _existing()
+    engine = Dockerd(lay)
+    names = list(_read_state(lay).get("nodes", []))
+    try:
+        for name in names:
+            nodes.set_direct_ssh(lay, engine, name, True)
+        yield
+    finally:
+        for name in names:
+            nodes.set_direct_ssh(lay, engine, name, False)
 
 
 def node_exec(name: str, argv: list[str], input: bytes | None = None,

@@ -37,6 +37,8 @@ class Faults:
     paused: bool = False
     disconnected: bool = False
     next_kernel_without_nvidia: bool = False
+    #: The admin user has neither sudo nor the docker group (what a half-set-up host looks like).
+    revoked_access: bool = False
 
     def active(self) -> dict[str, Any]:
         """Only the settings that differ from a healthy node."""
@@ -167,8 +169,8 @@ def apply_faults(layout: Layout, engine: Dockerd, name: str, old: Faults, new: F
     """Bring node ``name`` from ``old`` to ``new`` faults (only what changed)."""
     index = layout.node_index(name)
     was_paused = old.paused
-    inside_changes = (old.gpu, old.driver, old.disk_gb, old.next_kernel_without_nvidia) != (
-        new.gpu, new.driver, new.disk_gb, new.next_kernel_without_nvidia)
+    inside_changes = (old.gpu, old.driver, old.disk_gb, old.next_kernel_without_nvidia, old.revoked_access) != (
+        new.gpu, new.driver, new.disk_gb, new.next_kernel_without_nvidia, new.revoked_access)
     if was_paused and inside_changes:
         engine.docker("unpause", name, what=f"unpausing {name}")
         was_paused = False
@@ -188,6 +190,9 @@ def apply_faults(layout: Layout, engine: Dockerd, name: str, old: Faults, new: F
                                  f"mkdir -p /lib/modules/{NEWER_KERNEL}/kernel/drivers"])
         else:
             exec_(engine, name, ["rm", "-rf", f"/boot/vmlinuz-{NEWER_KERNEL}", f"/lib/modules/{NEWER_KERNEL}"])
+    if old.revoked_access != new.revoked_access:
+        _set_rights(engine, name, access.NodeAccess(sudo="none", docker_group=False) if new.revoked_access
+                    else access.node_access(index))
     if old.disconnected != new.disconnected:
         if new.disconnected:
             engine.docker("network", "disconnect", layout.network, name, what=f"disconnecting {name}")
@@ -198,6 +203,28 @@ def apply_faults(layout: Layout, engine: Dockerd, name: str, old: Faults, new: F
         engine.docker("pause", name, what=f"pausing {name}")
     elif not new.paused and was_paused:
         engine.docker("unpause", name, what=f"unpausing {name}")
+
+
+def set_direct_ssh(layout: Layout, engine: Dockerd, name: str, allowed: bool) -> None:
+    """Let the controller reach node ``name``'s port 22 directly, or refuse it again (the default)."""
+    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-s", layout.gateway, "-j", "REJECT", "--reject-with", "tcp-reset"]
+    has = exec_(engine, name, ["iptables", "-C", *rule], check=False).returncode == 0
+    if allowed and has:
+        exec_(engine, name, ["iptables", "-D", *rule], what="opening port 22 to the controller")
+    elif not allowed and not has:
+        exec_(engine, name, ["iptables", "-I", *rule], what="closing port 22 to the controller")
+
+
+def _set_rights(engine: Dockerd, name: str, rights: access.NodeAccess) -> None:
+    """Give the admin user of node ``name`` exactly ``rights`` (sudo, docker group), as its entry script does."""
+    user = access.ADMIN_USER
+    sudoers = {"nopasswd": f"{user} ALL=(ALL:ALL) NOPASSWD: ALL", "password": f"{user} ALL=(ALL:ALL) ALL"}
+    line = sudoers.get(rights.sudo)
+    script = "rm -f /etc/sudoers.d/90-fleetctl-lab; "
+    if line:
+        script += f"echo {shlex.quote(line)} > /etc/sudoers.d/90-fleetctl-lab && chmod 440 /etc/sudoers.d/90-fleetctl-lab; "
+    script += f"usermod -aG docker {user}" if rights.docker_group else f"gpasswd -d {user} docker >/dev/null 2>&1 || true"
+    exec_(engine, name, ["sh", "-c", script], what=f"setting the rights of {user}")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,66 @@
+"""Preflight on a real fleet's access: the admin user's rights are checked once per host, before
+any change, and a host that lacks them is refused with the user, what is missing and the fix.
+
+The lab logs in as ``nvidia`` through its bastion; ``lab node --revoke-access`` takes sudo and
+the docker group away from that user on one node, as on a half-set-up Spark.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import lab as fleetlab
+
+pytestmark = pytest.mark.lab
+
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+Fault = Callable[..., AbstractContextManager[fleetlab.LabNode]]
+
+
+def _serving_id(name: str) -> str:
+    """The image ID of the node's serving container, read without SSH (its rights are what is tested)."""
+    r = fleetlab.node_exec(name, ["sh", "-c", "docker ps --filter name=vllm --format '{{.Image}} {{.ID}}'; "
+                                              "docker inspect --format '{{.Image}}' $(docker ps -q --filter name=vllm)"])
+    assert r.returncode == 0 and r.stdout.strip(), r.stderr
+    return r.stdout.strip()
+
+
+def _rollout(env: dict[str, str], name: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([FLEETCTL, "rollout", "--tag", "v0.24.0", "--limit", name, "--soak", "3s", "--yes"],
+                          env=env, capture_output=True, text=True, timeout=600, check=False)
+
+
+def test_a_user_without_sudo_or_docker_is_refused_at_preflight(serving: Any, lab_fault: Fault) -> None:
+    del serving
+    before = _serving_id("spark-04")
+    with lab_fault("spark-04", revoked_access=True):
+        r = _rollout(dict(os.environ), "spark-04")
+        after = _serving_id("spark-04")
+    assert r.returncode != 0, r.stdout
+    err = " ".join(r.stderr.split())
+    assert "spark-04" in err and "nvidia may not use sudo" in err, err
+    assert "can run docker neither as a member of the docker group nor through sudo" in err, err
+    # the fix names the sudoers line and the group, for this user
+    assert "NOPASSWD: ALL' > /etc/sudoers.d/fleetctl" in err and "usermod -aG docker nvidia" in err, err
+    assert after == before
+
+
+def test_a_vaulted_become_password_needs_the_vault_password(serving: Any) -> None:
+    """spark-02's sudo asks for the password: without the vault password the rollout says so and changes nothing."""
+    del serving
+    before = _serving_id("spark-02")
+    env = {k: v for k, v in os.environ.items() if k != "ANSIBLE_VAULT_PASSWORD_FILE"}
+    r = _rollout(env, "spark-02")
+    assert r.returncode != 0, r.stdout
+    err = " ".join(r.stderr.split())
+    assert "spark-02" in err and "vault-encrypted and no vault password was given" in err, err
+    assert "--vault-password-file" in err, err
+    assert _serving_id("spark-02") == before
