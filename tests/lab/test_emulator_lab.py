@@ -51,14 +51,14 @@ def node(provisioned: Any, lab: fleetlab.LabStatus) -> Iterator[tuple[inventory.
     script = "; ".join(
         _fetch_script(mirror, w.repo, w.revision, f"{WORK}{w.mount}") for w in recipe.weights
     )
-    ssh.run(host, script, timeout=180).check("fetching the tiny models from the weights mirror")
+    ssh.run(host, script, timeout=180, become=True).check("fetching the tiny models from the weights mirror")
     # The rollout tests may serve on :8000 at the same time; then this test uses another port.
     busy = ssh.run(host, "ss -ltnH 'sport = :8000' | wc -l", timeout=20).stdout.strip()
     port = 8000 if busy == "0" else 8100
     try:
         yield host, recipe, port
     finally:
-        ssh.run(host, f"docker rm -f {CONTAINER} >/dev/null 2>&1; rm -rf {WORK}", timeout=60)
+        ssh.run(host, f"docker rm -f {CONTAINER} >/dev/null 2>&1; rm -rf {WORK}", timeout=60, become=True)
 
 
 def _start(host: inventory.Host, recipe: Recipe, image: str, port: int, env: dict[str, str]) -> str:
@@ -72,7 +72,7 @@ def _start(host: inventory.Host, recipe: Recipe, image: str, port: int, env: dic
         f"docker pull -q {image} >/dev/null && docker rm -f {CONTAINER} >/dev/null 2>&1; "
         f"docker run -d --name {CONTAINER} --gpus all --ipc host --network host {mounts} {envs} "
         f"--entrypoint vllm {image} {quoted}",
-        timeout=180,
+        timeout=180, become=True,
     ).check(f"starting {image}")
     base = f"http://{host.address}:{port}"
     deadline = time.monotonic() + READY_TIMEOUT
@@ -83,17 +83,17 @@ def _start(host: inventory.Host, recipe: Recipe, image: str, port: int, env: dic
         except httpx.TransportError:
             pass
         if time.monotonic() > deadline:
-            logs = ssh.run(host, f"docker logs --tail 20 {CONTAINER} 2>&1", timeout=20).stdout
+            logs = ssh.docker(host, f"docker logs --tail 20 {CONTAINER} 2>&1", timeout=20).stdout
             pytest.fail(f"{image} never became healthy on {host.name}:\n{logs}")
         time.sleep(0.5)
 
 
 def _logs(host: inventory.Host) -> str:
-    return ssh.run(host, f"docker logs {CONTAINER} 2>&1", timeout=20).stdout
+    return ssh.docker(host, f"docker logs {CONTAINER} 2>&1", timeout=20).stdout
 
 
 def _state(host: inventory.Host) -> dict[str, Any]:
-    out = ssh.run(host, f"docker inspect -f '{{{{json .State}}}}' {CONTAINER}", timeout=20)
+    out = ssh.docker(host, f"docker inspect -f '{{{{json .State}}}}' {CONTAINER}", timeout=20)
     state: dict[str, Any] = json.loads(out.check("inspecting the container").stdout)
     return state
 
@@ -150,7 +150,7 @@ def test_a_node_serves_every_endpoint_from_a_registry_tag(
         in metrics
     )
     # docker stop = SIGTERM: a clean exit.
-    ssh.run(host, f"docker stop -t 20 {CONTAINER}", timeout=60).check("stopping the emulator")
+    ssh.docker(host, f"docker stop -t 20 {CONTAINER}", timeout=60).check("stopping the emulator")
     state = _state(host)
     assert state["ExitCode"] == 0, _logs(host)
     assert "Shutting down" in _logs(host)

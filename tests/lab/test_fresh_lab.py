@@ -116,7 +116,7 @@ def test_toolkit_by_hand_then_the_emulator_serves_with_gpus(fresh: Fresh) -> Non
     cuda = f"{st.registry}/{CUDA}"
     image = f"{st.registry}/aeon-7/aeon-vllm-ultimate:latest"
     # Without the toolkit docker has no GPU device driver, as on a fresh Spark.
-    r = ssh.run(host, f"docker pull -q {cuda} >/dev/null && docker run --rm --gpus all {cuda} nvidia-smi -L", timeout=180)
+    r = ssh.docker(host, f"docker pull -q {cuda} >/dev/null && docker run --rm --gpus all {cuda} nvidia-smi -L", timeout=180)
     assert r.rc != 0 and "could not select device driver" in r.stderr
     install = (
         f"set -e; curl -fsSL {st.apt_key_url} | gpg --dearmor -o {KEYRING}; "
@@ -127,7 +127,8 @@ def test_toolkit_by_hand_then_the_emulator_serves_with_gpus(fresh: Fresh) -> Non
         "for i in $(seq 150); do docker info >/dev/null 2>&1 && break; sleep 0.2; done; "
         "nvidia-ctk --version | head -1; dpkg-query -W nvidia-container-toolkit"
     )
-    r = ssh.run(host, install, timeout=240)
+    # An admin's hand work on a fresh Spark: as root, through sudo.
+    r = ssh.run(host, install, timeout=240, become=True)
     assert r.ok, r.stdout + r.stderr
     # The pinned older version, then the upgrade to the newest, both from the signed repo.
     assert "Setting up nvidia-container-toolkit (1.17.8-1)" in r.stdout
@@ -136,7 +137,7 @@ def test_toolkit_by_hand_then_the_emulator_serves_with_gpus(fresh: Fresh) -> Non
     merged = json.loads(ssh.run(host, "cat /etc/docker/daemon.json", timeout=20).stdout)
     assert merged == {"iptables": False, "bridge": "none", "insecure-registries": ["10.78.0.0/16"],
                       "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
-    r = ssh.run(host, f"docker run --rm --gpus all {cuda} nvidia-smi --query-gpu=name,driver_version --format=csv,noheader"
+    r = ssh.docker(host, f"docker run --rm --gpus all {cuda} nvidia-smi --query-gpu=name,driver_version --format=csv,noheader"
                       f" && docker run --rm --runtime nvidia {cuda} true && echo runtime-ok", timeout=120)
     assert r.ok, r.stderr
     assert r.stdout.splitlines() == ["NVIDIA GB10, 580.95.05", "runtime-ok"]
@@ -151,7 +152,7 @@ def test_toolkit_by_hand_then_the_emulator_serves_with_gpus(fresh: Fresh) -> Non
         f"docker run -d --name vllm --gpus all --network host -v $D:/models/qwen:ro {image} "
         "serve /models/qwen --served-model-name qwen --host 0.0.0.0 --port 8000"
     )
-    ssh.run(host, fetch, timeout=240).check("starting the vLLM stand-in")
+    ssh.run(host, fetch, timeout=240, become=True).check("starting the vLLM stand-in")
     base = f"http://{host.address}:8000"
     assert _wait_http(f"{base}/health", 90) == b""
     models = json.loads(_wait_http(f"{base}/v1/models", 10))

@@ -182,7 +182,7 @@ def test_image_tags_share_layers_and_any_directory_can_be_an_image(lab: fleetlab
     ref = json.loads(out.stdout)["ref"]
     assert ref == f"{lab.registry}/lab-test/hello:hello"
     host = _host(lab, "spark-01")
-    r = ssh.run(host, f"docker run --rm {ref}; docker rmi -f {ref} >/dev/null", timeout=120)
+    r = ssh.docker(host, f"docker run --rm {ref}; docker rmi -f {ref} >/dev/null", timeout=120)
     assert r.stdout.strip() == "hello from the lab", r.stderr
     bad = CliRunner().invoke(lab_group, ["image", "--tag", "x", "--set", "NOEQUALS"])
     assert bad.exit_code != 0

@@ -1,8 +1,9 @@
-"""fleetctl.ssh against lab nodes in a real fleet's shape: an admin user with sudo, behind a bastion.
+"""fleetctl.ssh against lab nodes in a real fleet's shape: a login with one kind of right, behind a bastion.
 
-spark-02 gets a non-root admin user (removed at the end) and is reached through spark-01 as
-its ProxyJump host; each test gives the user one kind of right (none, sudo for docker only,
-sudo for everything, the docker group) and checks what the direct path makes of it.
+spark-04 gets a second user (removed at the end), created by the lab's admin user with sudo and
+reached through the lab's bastion as every node is; each test gives that user one kind of right
+(none, sudo for docker only, sudo for everything, the docker group) and checks what the direct
+path makes of it.
 """
 
 from __future__ import annotations
@@ -26,21 +27,22 @@ SUDOERS = "/etc/sudoers.d/fleetctl-lab-test"
 
 @pytest.fixture
 def admin(lab: fleetlab.LabStatus) -> Iterator[tuple[Host, Host]]:
-    """(spark-02 as the admin user through spark-01, spark-02 as root directly)."""
+    """(spark-04 as the test user, spark-04 as the lab's admin user, who has sudo), both through the bastion."""
     inv = inventory.load(lab.inventory)
-    root, jump = inv.host("spark-02"), inv.host("spark-01")
+    root = inv.host("spark-04")
+    assert root.jumps, "the lab reaches its nodes through its bastion"
     pub = Path(f"{lab.ssh_key}.pub").read_text()
     ssh.run(root, f"id {ADMIN} >/dev/null 2>&1 || useradd -m -s /bin/sh {ADMIN}; usermod -p '*' {ADMIN}; "
                   f"install -d -m 700 -o {ADMIN} -g {ADMIN} /home/{ADMIN}/.ssh && "
                   f"cat > /home/{ADMIN}/.ssh/authorized_keys && chown {ADMIN}: /home/{ADMIN}/.ssh/authorized_keys",
-            stdin=pub, timeout=60).check("creating the admin user")
+            stdin=pub, timeout=60, become=True).check("creating the admin user")
     ssh.close_all()
     try:
-        yield dataclasses.replace(root, user=ADMIN, jumps=(jump.hop(),)), root
+        yield dataclasses.replace(root, user=ADMIN), root
     finally:
         ssh.close_all()
         ssh.run(root, f"rm -f {SUDOERS} /root/fleetctl-lab-access-test; userdel -r {ADMIN} 2>/dev/null; true",
-                timeout=60).check("removing the admin user")
+                timeout=60, become=True).check("removing the admin user")
         ssh.close_all()
 
 
@@ -50,7 +52,7 @@ def _grant(root: Host, sudoers: str | None = None, docker_group: bool = False) -
         script += f"printf '%s\\n' {sudoers!r} > {SUDOERS}.tmp && chmod 440 {SUDOERS}.tmp && mv {SUDOERS}.tmp {SUDOERS}; "
     if docker_group:
         script += f"usermod -aG docker {ADMIN}; "
-    ssh.run(root, script + "true", timeout=30).check("granting rights")
+    ssh.run(root, script + "true", timeout=30, become=True).check("granting rights")
     ssh.close_all()  # the rights a login has are read once per connection and process
 
 
@@ -58,7 +60,7 @@ def test_the_admin_is_reached_through_the_bastion(admin: tuple[Host, Host], lab:
     host, _ = admin
     r = ssh.run(host, 'id -un; echo "$SSH_CONNECTION"', timeout=30)
     user, conn = r.stdout.splitlines()
-    bastion = lab.nodes[0].address
+    bastion = lab.bastion.partition("@")[2]
     assert user == ADMIN and conn.split()[0] == bastion, "the connection came from the bastion"
 
 
@@ -67,7 +69,7 @@ def test_no_rights_is_one_error(admin: tuple[Host, Host]) -> None:
     _grant(root)
     with pytest.raises(FleetError) as e:
         ssh.check_access(host)
-    assert e.value.host == "spark-02" and f"logged in as {ADMIN}" in e.value.cause
+    assert e.value.host == "spark-04" and f"logged in as {ADMIN}" in e.value.cause
     assert f"usermod -aG docker {ADMIN}" in (e.value.fix or "")
 
 
@@ -85,7 +87,7 @@ def test_sudo_for_everything_writes_root_state(admin: tuple[Host, Host]) -> None
     acc = ssh.check_access(host)
     assert (acc.sudo, acc.docker) == (ssh.SUDO_NOPASSWD, ssh.DOCKER_SUDO)
     ssh.put_text(host, "/root/fleetctl-lab-access-test", '{"v": 1}\n', become=True)
-    r = ssh.run(root, "stat -c %U:%a /root/fleetctl-lab-access-test; cat /root/fleetctl-lab-access-test")
+    r = ssh.run(root, "stat -c %U:%a /root/fleetctl-lab-access-test; cat /root/fleetctl-lab-access-test", become=True)
     assert r.stdout.splitlines() == ["root:644", '{"v": 1}']
     assert ssh.docker(host, ["docker", "ps", "-q"], timeout=60).ok
 

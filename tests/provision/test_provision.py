@@ -27,7 +27,8 @@ def _inventory(lab: fleetlab.LabStatus) -> inv.Inventory:
 
 
 def _sh(lab: fleetlab.LabStatus, host: str, command: str, timeout: float = 60) -> str:
-    return ssh.run(_inventory(lab).host(host), command, timeout=timeout).check(command).stdout
+    # What an admin does by hand on the node: as root, through the lab admin's sudo.
+    return ssh.run(_inventory(lab).host(host), command, timeout=timeout, become=True).check(command).stdout
 
 
 def _daemon_json(lab: fleetlab.LabStatus, host: str) -> dict[str, Any]:
@@ -41,11 +42,11 @@ def _daemon_json_edited(lab: fleetlab.LabStatus, host: str, edit: Callable[[dict
     original = _sh(lab, host, f"cat {DAEMON_JSON}")
     data = json.loads(original)
     edit(data)
-    ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n")
+    ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n", become=True)
     try:
         yield original
     finally:
-        ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, original)
+        ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, original, become=True)
 
 
 def test_fresh_provision_succeeds_everywhere_and_gpus_work_in_containers(
@@ -176,7 +177,7 @@ def test_a_removed_toolkit_is_reported_by_check_mode_and_reinstalled(provisioned
                    "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg", timeout=120)
     data = _daemon_json(lab, host)
     data.pop("runtimes", None)
-    ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n")
+    ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n", become=True)
 
     checked = provision(_inventory(lab), limit=host, check=True)
     h = checked.hosts[host]

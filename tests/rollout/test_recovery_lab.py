@@ -149,7 +149,7 @@ def test_two_controllers_with_separate_state_dirs_cannot_race(
 
 def _containers(host: inventory.Host) -> dict[str, tuple[bool, str, str]]:
     """The host's vllm and vllm.prev: name -> (running, image ID, container ID), read with docker inspect."""
-    r = ssh.run(host, "docker inspect vllm vllm.prev --format "
+    r = ssh.docker(host, "docker inspect vllm vllm.prev --format "
                       "'{{.Name}} {{.State.Running}} {{.Image}} {{.Id}}' 2>/dev/null; true", timeout=30)
     return {n.lstrip("/"): (run == "true", img, cid)
             for n, run, img, cid in (line.split() for line in r.stdout.splitlines() if line.strip())}

@@ -33,7 +33,7 @@ NODE = "spark-01"
 
 
 def _inspect(h: inventory.Host, name: str) -> dict[str, Any] | None:
-    r = ssh.run(h, f"docker inspect {name} --format '{{{{json .}}}}'", timeout=30)
+    r = ssh.docker(h, f"docker inspect {name} --format '{{{{json .}}}}'", timeout=30)
     return json.loads(r.stdout) if r.rc == 0 else None
 
 

@@ -54,7 +54,7 @@ def real_state() -> dict[str, dict[str, Any]]:
     inv = inventory.load(None)
     out: dict[str, dict[str, Any]] = {}
     for h in inv.hosts.values():
-        r = ssh.run(h, "docker inspect vllm --format '{{json .}}'", timeout=30)
+        r = ssh.docker(h, "docker inspect vllm --format '{{json .}}'", timeout=30)
         if r.rc != 0:
             out[h.name] = {"running": False, "image_id": None, "id": None, "started": None}
             continue
@@ -71,7 +71,7 @@ def image_ids(tag: str) -> dict[str, str | None]:
     ref = registry.pull_ref(img.image, img.digest, inv.vars.get("fleetctl_registry_mirrors"))
     out: dict[str, str | None] = {}
     for h in inv.hosts.values():
-        r = ssh.run(h, ["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=30)
+        r = ssh.docker(h, ["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=30)
         out[h.name] = r.stdout.strip() if r.ok else None
     return out
 

@@ -50,7 +50,7 @@ def node(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFactory) -> I
     assert r.returncode == 0, r.stderr
     host = inventory.load(lab.inventory).host(host_name)
     yield host
-    ssh.run(host, f"docker rm -f {NAME} >/dev/null 2>&1; rm -rf /opt/soak-test", timeout=60)
+    ssh.run(host, f"docker rm -f {NAME} >/dev/null 2>&1; rm -rf /opt/soak-test", timeout=60, become=True)
     ssh.close_all()
 
 
@@ -102,7 +102,7 @@ def test_boot_failure_fails_readiness_with_the_cause_from_docker_logs(lab: fleet
 
 
 def test_nothing_serving_on_a_node_is_an_error(lab: fleetlab.LabStatus, node: Any) -> None:
-    ssh.run(node, f"docker rm -f {NAME} >/dev/null 2>&1; true", timeout=60)
+    ssh.docker(node, f"docker rm -f {NAME} >/dev/null 2>&1; true", timeout=60)
     target = SoakTarget(node.name, f"http://{node.address}:{PORT}", DockerOverSSH(node, NAME), "")
     v = run_soak(target, _config(), None)
     assert v.outcome is Outcome.ERROR

@@ -254,21 +254,22 @@ def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(te
     line = ssh.run(seed, f"grep ' fleetctl-stage-{run_id}$' ~/.ssh/authorized_keys", timeout=10).stdout
     assert line.startswith('command="') and f' -ro /opt/fleetctl-test",restrict,from="{receiver.address}" ' in line
 
-    ssh.put_text(receiver, "/root/copykey", key[0], mode=0o600)
-    opts = "-i /root/copykey -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
-    to = f"root@{seed.address}"
+    # As the receiver's login (not root), from its home: the key's restrictions are what is tested.
+    ssh.put_text(receiver, "copykey", key[0], mode=0o600)
+    opts = "-i copykey -o BatchMode=yes -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null"
+    to = f"{seed.user}@{seed.address}"
     staging = f"body.staging-{run_id}"
     try:
         shell = ssh.run(receiver, f"ssh {opts} {to} id", timeout=30)
         assert shell.rc != 0 and "uid=" not in shell.stdout and "rrsync" in shell.stderr, shell
-        read = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:{staging}/ /root/copykey-read/", timeout=60)
+        read = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:{staging}/ copykey-read/", timeout=60)
         assert read.ok, read.stderr
         write = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' /etc/hostname {to}:{staging}/", timeout=60)
         assert not write.ok and "read-only" in write.stderr, write
-        escape = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:../../root/.ssh/ /root/copykey-esc/", timeout=60)
+        escape = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:../../etc/ copykey-esc/", timeout=60)
         assert not escape.ok, escape
     finally:
-        ssh.run(receiver, "rm -rf /root/copykey /root/copykey-read /root/copykey-esc", timeout=10)
+        ssh.run(receiver, "rm -rf copykey copykey-read copykey-esc", timeout=10)
     # The next run removes the killed run's line (and its own when it ends).
     assert stage(test_inventory, "t-good", limit=hosts).ok
     left = ssh.run(seed, "grep -c fleetctl-stage- ~/.ssh/authorized_keys || true", timeout=10).stdout.strip()

@@ -32,7 +32,7 @@ HEALTH_SERVER = (
 
 def _fleetctl_containers(host: inv.Host) -> dict[str, bool]:
     """The host's fleetctl-labelled containers, read with the docker CLI: name -> running."""
-    out = ssh.run(host, ["docker", "ps", "-a", "--filter", "label=fleetctl.recipe", "--format", "{{.Names}} {{.State}}"],
+    out = ssh.docker(host, ["docker", "ps", "-a", "--filter", "label=fleetctl.recipe", "--format", "{{.Names}} {{.State}}"],
                   timeout=60).check("listing the fleetctl containers").stdout
     return {name: state == "running" for name, state in (line.split() for line in out.splitlines() if line.strip())}
 
@@ -56,10 +56,10 @@ def serving_stand_in(provisioned: PlaybookResult, lab: fleetlab.LabStatus) -> It
     host = inventory.host(list(provisioned.hosts)[-1])
     image = str(inventory.vars["container_toolkit_verify_image"])
     name = "fleetctl-status-test"
-    ssh.run(host, ["docker", "rm", "-f", name], timeout=60)
+    ssh.docker(host, ["docker", "rm", "-f", name], timeout=60)
     paused = [n for n, running in _fleetctl_containers(host).items() if running]
     if paused:
-        ssh.run(host, ["docker", "stop", "-t", "10", *paused], timeout=120).check("stopping the node's own serving")
+        ssh.docker(host, ["docker", "stop", "-t", "10", *paused], timeout=120).check("stopping the node's own serving")
     try:
         ssh.run(host, [
             "docker", "run", "-d", "--name", name, "--network", "host",
@@ -71,9 +71,9 @@ def serving_stand_in(provisioned: PlaybookResult, lab: fleetlab.LabStatus) -> It
                       "sleep 0.2; done; exit 1", timeout=30).check("waiting for the stand-in's /health")
         yield host.name, image
     finally:
-        ssh.run(host, ["docker", "rm", "-f", name], timeout=60)
+        ssh.docker(host, ["docker", "rm", "-f", name], timeout=60)
         if paused:
-            ssh.run(host, ["docker", "start", *paused], timeout=120).check("starting the node's own serving again")
+            ssh.docker(host, ["docker", "start", *paused], timeout=120).check("starting the node's own serving again")
 
 
 def test_status_shows_every_node_as_it_is(provisioned: PlaybookResult, lab: fleetlab.LabStatus,
