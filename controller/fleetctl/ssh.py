@@ -528,7 +528,8 @@ class Access:
         u, out = self.user, []
         allow = f"echo '{u} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/fleetctl"
         if sudo and self.sudo == SUDO_NEEDS_PASSWORD:
-            out.append((f"sudo asks {u} for a password and ansible_become_password is not set",
+            out.append((f"sudo asks {u} for a password and ansible_become_password is not set "
+                        f"(sudo asks also when {u} may not use it at all)",
                         f"set ansible_become_password (vault) for {host.name}, or on the host: {allow}"))
         elif sudo and self.sudo == SUDO_WRONG_PASSWORD:
             out.append((f"sudo refused ansible_become_password for {u}",

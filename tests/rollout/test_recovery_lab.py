@@ -158,7 +158,7 @@ def _containers(host: inventory.Host) -> dict[str, tuple[bool, str, str]]:
 def _restart_dockerd(host: inventory.Host) -> None:
     """What a reboot does to the containers: dockerd stops them all, then starts what its policies say."""
     ssh.run(host, "service docker restart >/dev/null && for i in $(seq 60); do docker info >/dev/null 2>&1 "
-                  "&& exit 0; sleep 1; done; exit 1", timeout=120).check("restarting dockerd")
+                  "&& exit 0; sleep 1; done; exit 1", timeout=120, become=True).check("restarting dockerd")
     # The serving port answers again once the server has loaded (the lab's emulator: seconds).
     ssh.run(host, "for i in $(seq 120); do curl -fsS -o /dev/null http://127.0.0.1:8000/health && exit 0; "
                   "sleep 1; done; exit 1", timeout=150).check("waiting for /health after the restart")

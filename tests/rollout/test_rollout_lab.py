@@ -148,12 +148,12 @@ def test_wrong_gpu_node_and_unverified_weights_are_refused_before_any_change(
     # present-looking weights that were never verified must not be served.
     node2 = inventory.load(None).host("spark-02")
     marker = f"{w.path}/{MARKER}"
-    ssh.run(node2, ["mv", marker, marker + ".away"], timeout=30).check("hide the stage marker")
+    ssh.run(node2, ["mv", marker, marker + ".away"], timeout=30, become=True).check("hide the stage marker")
     try:
         with lab_fault("spark-03", gpu="NVIDIA H100 80GB HBM3"), pytest.raises(FleetError) as e:
             run_rollout(NEW)
     finally:
-        ssh.run(node2, ["mv", marker + ".away", marker], timeout=30).check("restore the stage marker")
+        ssh.run(node2, ["mv", marker + ".away", marker], timeout=30, become=True).check("restore the stage marker")
     msg = e.value.message()
     assert "spark-03" in msg and "H100" in msg and "before any change" in msg
     assert f"spark-02: weight set {w.role}" in msg and MARKER in msg

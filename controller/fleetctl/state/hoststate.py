@@ -279,6 +279,11 @@ class HostLocks:
         notes: dict[str, str] = {}
 
         def one(h: Host) -> HostState:
+            if isinstance(self.store, SSHStore) and h.user != "root":
+                # Every right the command will need (sudo for this file, docker for the steps),
+                # checked once before anything is written: one message with all that is missing.
+                ssh.check_access(h)
+
             def change(s: HostState) -> HostState:
                 new, note = claim_state(h.name, s, self.owner, time.time(), self.take_over, self.stale_after)
                 if note:
