@@ -91,6 +91,10 @@ class HostStatus:
     lock: str | None = None
     #: The host's recorded last known-good tag (from its state file), None when none is recorded.
     last_known_good: str | None = None
+    #: The serving unit the host is a member of (``fleetctl_unit``), None for a single host.
+    unit: str | None = None
+    #: Its rank in the unit (0: the head), None for a single host.
+    unit_rank: int | None = None
 
     @property
     def healthy(self) -> bool:
@@ -190,7 +194,7 @@ def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatu
         next_kernel_has_nvidia=kernel.get("next_has_nvidia"), disk_free_gb=disk.get("free_gb"),
         uptime_s=raw.get("uptime_s"), dgx_release=dgx.get("DGX_PRETTY_NAME") or dgx.get("DGX_NAME"),
         container=container, health=health.get("status"), health_error=health.get("error"), port=port,
-        problems=problems, lock=lock, last_known_good=known_good,
+        problems=problems, lock=lock, last_known_good=known_good, unit=host.unit, unit_rank=host.unit_rank,
     )
 
 
@@ -232,5 +236,5 @@ def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeo
             cause = o.error.cause if o.error is not None else "no answer"
             progress(Event("unreachable", cause, host=h.name))
             out[h.name] = HostStatus(name=h.name, address=h.address, reachable=False, seconds=round(o.seconds, 3),
-                                     error=cause)
+                                     error=cause, unit=h.unit, unit_rank=h.unit_rank)
     return out

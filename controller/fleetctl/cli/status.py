@@ -70,6 +70,14 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
             st = statuses[n]
             out.print(f"[yellow]warning[/] {n}: the next kernel {st.next_kernel} has no nvidia module "
                       f"(running {st.kernel})")
+        units: dict[str, list[HostStatus]] = {}
+        for st in statuses.values():
+            if st.unit is not None:
+                units.setdefault(st.unit, []).append(st)
+        for unit, members in units.items():
+            listed = ", ".join(f"{m.name}{' (head)' if m.unit_rank == 0 else ''}"
+                               for m in sorted(members, key=lambda m: m.unit_rank or 0))
+            out.print(f"unit {escape(unit)}: {escape(listed)}", highlight=False)
         for n, st in statuses.items():
             if st.lock:
                 out.print(f"[yellow]locked[/] {n}: by {escape(st.lock)}", highlight=False)
