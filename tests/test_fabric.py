@@ -156,3 +156,20 @@ def test_parity_names_the_member_that_drifted() -> None:
         "member (a rollout starts every member by digest)"]
     unknown = fabric.check_parity(UNIT, {"spark-07": same, "spark-08": {**same, "kernel": None}}, fields=["kernel"])
     assert [(f.host, f.what) for f in unknown] == [("spark-08", "kernel unknown (the probe could not read it)")]
+
+
+def test_collective_errors_are_picked_out_of_a_members_log() -> None:
+    log = "\n".join([
+        "(APIServer pid=7) INFO 11-25 02:13:50 [api_server.py:1647] Starting vLLM API server 0 on http://0.0.0.0:8000",
+        "spark-08:123:456 [0] NCCL INFO NET/IB : Using [0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE",
+        "spark-08:123:789 [0] transport/net_ib.cc:1696 NCCL WARN NET/IB : Got completion from peer 192.168.177.17<52712> "
+        "with status=IBV_WC_RETRY_EXC_ERR(12) opcode=IBV_WC_SEND(0) reqSize=0 vendor_err=129 req_type=Send",
+        "[rank1]:[E1125 02:14:10.1 ProcessGroupNCCL.cpp:632] [Rank 1] Watchdog caught collective operation timeout",
+        "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [192.168.177.17]:2304",
+        "INFO:     127.0.0.1:40000 - \"GET /health HTTP/1.1\" 200 OK",
+    ])
+    found = fabric.collective_errors(log)
+    assert [line[:40] for line in found] == [
+        "spark-08:123:789 [0] transport/net_ib.cc", "[rank1]:[E1125 02:14:10.1 ProcessGroupNC",
+        "RuntimeError: [../third_party/gloo/gloo/"]
+    assert fabric.collective_errors("INFO all good\n") == []

@@ -422,3 +422,20 @@ def check_parity(unit: Unit, facts: Mapping[str, Mapping[str, str | None]],
                 out.append(Finding(m, f"parity {name}", f"{label} {value}, the head {head} has {ref}",
                                    PARITY_FIELDS.get(name, "make every member of the unit the same"), value, ref))
     return out
+
+
+# ---- what a member's log says about its collectives ------------------------------------------------------------
+
+#: Markers of NCCL's, Gloo's and torch.distributed's own error and timeout lines.
+_COLLECTIVE = re.compile(
+    r"NCCL WARN|NCCL error|ncclRemoteError|ncclSystemError|ncclInternalError|ncclUnhandledCudaError|"
+    r"ProcessGroupNCCL|Watchdog caught collective operation timeout|DistBackendError|DistNetworkError|"
+    r"DistStoreError|gloo/transport|Gloo connectFullMesh|communicator was aborted|NET/IB : |NET/Socket : ")
+
+
+def collective_errors(log: str, most: int = 20) -> list[str]:
+    """The lines of a member's log where NCCL, Gloo or torch.distributed report an error or a timeout
+    (the last ``most``, each cut to 300 characters): quoted as the cause when a unit wedges or dies."""
+    out = [line.strip()[:300] for line in log.splitlines()
+           if _COLLECTIVE.search(line) and " NCCL INFO " not in line]  # NCCL's INFO lines name no error
+    return out[-most:]
