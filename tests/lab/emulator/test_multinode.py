@@ -125,4 +125,36 @@ def test_refusals(launcher: Launcher, model: Path) -> None:
                               "--master-addr", "127.0.0.1", "--master-port", str(_free_port())],
                              env={"EMU_JOIN_TIMEOUT_SECONDS": "1"}, wait=False)
     assert timeout.wait_exit() == 1 and "DistNetworkError" in timeout.text()
+    elsewhere = launcher.start([*common, "--nnodes", "2", "--node-rank", "1", "--headless"],
+                               env={"VLLM_HOST_IP": "192.0.2.7"}, wait=False)  # TEST-NET-1: on no interface here
+    assert elsewhere.wait_exit() == 1 and "VLLM_HOST_IP=192.0.2.7 is not an address of this node" in elsewhere.text()
     assert head.proc.poll() is None
+
+
+def test_the_lab_pair_recipe_as_fleetctl_renders_it_boots_a_unit(launcher: Launcher, model: Path) -> None:
+    """Each member's command line from Recipe.launch (the lab's 2-node recipe) run as it is, on loopback."""
+    import dataclasses
+
+    from fleetctl import paths
+    from fleetctl.inventory import Fabric, Unit
+    from fleetctl.recipes import parse_recipes
+
+    raw = (paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml").read_text()
+    import yaml
+
+    recipe = parse_recipes(yaml.safe_load(raw)["fleetctl_recipes"])["qwen35-35b-bf16-pair"]
+    recipe = dataclasses.replace(recipe, topology=dataclasses.replace(recipe.topology, master_port=_free_port()))
+    unit = Unit("pair-a", ("spark-03", "spark-04"), {"spark-03": Fabric(addresses=("127.0.0.1",)),
+                                                     "spark-04": Fabric(addresses=("127.0.0.2",))})
+    procs = {}
+    for host in recipe.topology.start_order(unit):  # the headless worker first, then the head
+        launch = recipe.launch(unit, host)
+        assert launch.entrypoint == "vllm" and launch.argv[0] == "serve"
+        argv = [str(model) if a == recipe.body.mount else a for a in launch.argv[1:]]
+        procs[host] = launcher.start(argv, env=dict(launch.env), wait=launch.role == "head")
+    head = procs["spark-03"]
+    assert "All 2 nodes joined" in head.text() and "Node rank 1 joined from 127.0.0.2" in head.text()
+    r = httpx.post(head.url + "/v1/chat/completions", timeout=30, json={
+        "model": "qwen3.5-35b-pair", "messages": [{"role": "user", "content": "What is 17 × 23?"}],
+        "temperature": 0, "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.status_code == 200 and "391" in r.json()["choices"][0]["message"]["content"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import time
 from collections.abc import Callable
@@ -242,10 +243,16 @@ async def run_worker(cluster: Cluster, log: Callable[[str], None], stop: asyncio
         f"master {c.master_addr}:{c.master_port}")
     deadline = time.monotonic() + c.join_timeout
     writer: asyncio.StreamWriter | None = None
+    # a worker speaks from its own address on the fabric, as vLLM's workers do from VLLM_HOST_IP
+    own = os.environ.get("VLLM_HOST_IP") or None
     while writer is None:
         try:
-            reader, writer = await asyncio.wait_for(asyncio.open_connection(c.master_addr, c.master_port), 5)
-        except (TimeoutError, OSError):
+            reader, writer = await asyncio.wait_for(asyncio.open_connection(
+                c.master_addr, c.master_port, local_addr=(own, 0) if own else None), 5)
+        except OSError as e:  # TimeoutError included
+            if own and e.errno == errno.EADDRNOTAVAIL:
+                log(f"ERROR [multiproc_executor.py:138] VLLM_HOST_IP={own} is not an address of this node: {e.strerror}")
+                return 1
             if time.monotonic() >= deadline:
                 log(f"ERROR [multiproc_executor.py:140] torch.distributed.DistNetworkError: The client socket has "
                     f"timed out after {c.join_timeout:.0f}s while trying to connect to "
