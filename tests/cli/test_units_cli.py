@@ -82,6 +82,10 @@ def test_recipes_lists_the_unit_and_its_topology(fleet: Callable[..., Path],
     assert unit["members"] == ["spark-03", "spark-04"] and unit["head"] == "spark-03" and unit["recipe"] == "glm-pair"
     assert unit["fabric"]["spark-04"]["addresses"] == ["192.168.177.14"]
     assert unit["fabric"]["spark-04"]["hcas"] == ["rocep1s0f1", "roceP2p1s0f1"]
+    launch = {m["host"]: m for m in unit["launch"]}
+    assert [m["host"] for m in unit["launch"]] == ["spark-04", "spark-03"]  # native: the worker first
+    assert launch["spark-04"]["argv"][-1] == "--headless" and launch["spark-04"]["env"]["VLLM_HOST_IP"] == "192.168.177.14"
+    assert launch["spark-03"]["env"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and launch["spark-03"]["role"] == "head"
     code, out, _ = run(hosts, "recipes")
     assert code == 0 and "unit pair-a: spark-03, spark-04 (head spark-03), recipe glm-pair" in out
     assert max(len(line) for line in out.splitlines()) <= 80

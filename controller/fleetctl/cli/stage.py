@@ -96,10 +96,15 @@ def recipes_cmd(ctx: Ctx) -> None:
         raise FleetError(f"{len(placement)} recipes are placed on units (or hosts) of another size:\n"
                          + "\n".join(f"  - {p.message()}" for p in placement),
                          fix="match each recipe's topology.nodes to the hosts it is placed on")
-    units = {u.name: {"members": list(u.members), "head": u.head,
-                      "recipe": inventory.hosts[u.head].vars.get("fleetctl_recipe", default),
-                      "fabric": {m: to_jsonable(f) for m, f in u.fabric.items()},
-                      "busbw_floor_gbs": u.busbw_floor_gbs} for u in inventory.units.values()}
+    units: dict[str, dict[str, Any]] = {}
+    for u in inventory.units.values():
+        name = inventory.hosts[u.head].vars.get("fleetctl_recipe", default)
+        r = recipes.get(str(name)) if name else None
+        units[u.name] = {"members": list(u.members), "head": u.head, "recipe": name,
+                         "fabric": {m: to_jsonable(f) for m, f in u.fabric.items()},
+                         "busbw_floor_gbs": u.busbw_floor_gbs,
+                         # what each member runs, in the order they start: the rendered command and env
+                         "launch": [to_jsonable(r.launch(u, m)) for m in r.topology.start_order(u)] if r else []}
 
     def render(out: Console) -> None:
         rows = []
