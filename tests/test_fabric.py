@@ -107,6 +107,9 @@ def test_the_fabric_routed_over_the_management_network() -> None:
     assert [f.check for f in found] == ["route"]
     assert ("traffic to spark-08's fabric address 192.168.177.12 leaves through enP7s7 (the management network), "
             "not enp1s0f1np1") in found[0].what
+    # the management netdev found by the address fleetctl reaches the host at
+    by_address = fabric.check_member(UNIT, "spark-07", facts(route="ip-route-get-mgmt.json"), mgmt_address="10.20.0.11")
+    assert [f.what for f in by_address] == [f.what for f in found]
 
 
 def test_a_missing_address_and_netdev() -> None:

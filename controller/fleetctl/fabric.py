@@ -298,12 +298,15 @@ def parse_member_probe(text: str) -> MemberFabric:
 # ---- checks -------------------------------------------------------------------------------------------------
 
 
-def check_member(unit: Unit, host: str, facts: MemberFabric, mgmt_interfaces: Iterable[str] = ()) -> list[Finding]:
+def check_member(unit: Unit, host: str, facts: MemberFabric, mgmt_interfaces: Iterable[str] = (),
+                 mgmt_address: str | None = None) -> list[Finding]:
     """Every fabric check of one member: netdevs up at MTU, its address in place, both HCAs active at
-    the expected rate, and each peer reached through a fabric netdev. ``mgmt_interfaces`` names the
-    management netdevs when known (a route through one is called the management network)."""
+    the expected rate, and each peer reached through a fabric netdev. A route through a management
+    netdev (``mgmt_interfaces``, or the one holding ``mgmt_address``, the address fleetctl reaches the
+    host at) is called the management network."""
     f = unit.fabric[host]
     out: list[Finding] = []
+    mgmt = set(mgmt_interfaces) | {n for n, x in facts.links.items() if mgmt_address and mgmt_address in x.addresses}
     for tool, why in facts.missing.items():
         if tool.startswith("route "):
             continue
@@ -364,8 +367,8 @@ def check_member(unit: Unit, host: str, facts: MemberFabric, mgmt_interfaces: It
                                f"put both members' fabric addresses in one subnet on {f.interface} ({_NETPLAN})",
                                None, f.interface))
         elif dev not in fabric_ifs:
-            mgmt = " (the management network)" if dev in set(mgmt_interfaces) else ""
-            out.append(Finding(host, "route", f"traffic to {peer}'s fabric address {addr} leaves through {dev}{mgmt}, "
+            via = " (the management network)" if dev in mgmt else ""
+            out.append(Finding(host, "route", f"traffic to {peer}'s fabric address {addr} leaves through {dev}{via}, "
                                f"not {f.interface}: 10-20x slower",
                                f"give {f.interface} an address in {peer}'s fabric subnet and remove the route through "
                                f"{dev} ({_NETPLAN})", dev, f.interface))

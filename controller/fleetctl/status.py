@@ -269,7 +269,8 @@ def probe_fabric(host: Host, unit: Unit, timeout: float = DEFAULT_TIMEOUT) -> Fa
     r = ssh.run(host, ["sh", "-s"], timeout=timeout, stdin=fabric.member_probe_script(unit, host.name))
     if not r.ok and "fleetctl-fabric" not in r.stdout:
         return FabricStatus(error=(r.stderr.strip().splitlines() or [f"exit status {r.rc}"])[-1][:200])
-    return FabricStatus(tuple(fabric.check_member(unit, host.name, fabric.parse_member_probe(r.stdout))))
+    facts = fabric.parse_member_probe(r.stdout)
+    return FabricStatus(tuple(fabric.check_member(unit, host.name, facts, mgmt_address=host.address)))
 
 
 def parity_facts(st: HostStatus) -> dict[str, str | None]:

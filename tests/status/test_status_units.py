@@ -69,7 +69,8 @@ def test_status_probes_each_members_fabric(inventory: Path, tmp_path: Path, monk
         whats = [w for _, _, w in found]
         assert any(w.startswith("no netdev enp1s0f1np1 (it has: ") and "lo" in w for w in whats), whats
         assert any(w.startswith("no netdev enP2p1s0f1np1") for w in whats), whats
-        assert (f"traffic to {peer_name}'s fabric address {peer} leaves through lo, not enp1s0f1np1: "
+        assert (f"traffic to {peer_name}'s fabric address {peer} leaves through lo (the management network), "
+                "not enp1s0f1np1: "
                 "10-20x slower") in whats, whats
         assert any(c == "tool ibdev2netdev" and "not found" in w for _, c, w in found), found
         assert all(h == name for h, _, _ in found)
