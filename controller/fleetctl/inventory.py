@@ -242,7 +242,10 @@ def load(path: str | os.PathLike[str] | None = None, *,
     groups_out = {
         name: tuple(x.name for x in g.get_hosts()) for name, g in manager.groups.items() if name != "ungrouped"
     }
-    declared = {name: v for name, g in manager.groups.items() if name not in ("all", "ungrouped")
+    # each group's own fleetctl_unit, read only for groups holding a unit member (no cost without units)
+    members = {n for n, h in hosts_out.items() if h.vars.get(UNIT_VAR)}
+    declared = {name: v for name, g in manager.groups.items() if members and name not in ("all", "ungrouped")
+                and members.intersection(x.name for x in g.get_hosts())
                 and (v := _group_vars(manager, g, vault).get(UNIT_VAR)) is not None}
     units = units_of(p, hosts_out, groups_out, declared)
     hosts_out = {n: replace(h, unit=u.name, unit_rank=u.members.index(n)) if (u := _unit_named(units, h)) else h
