@@ -52,7 +52,8 @@ def set_flag(args: list[str], flag: str, value: str | None) -> list[str]:
 
 def test_every_seed_recipe_loads_and_validates() -> None:
     rs = parse_recipes(seed_raw()["fleetctl_recipes"])
-    assert set(rs) == {"qwen36-35b-heretic", "qwen36-27b-mm", "gemma4-26b-a4b", "qwen35-35b-bf16"}
+    assert set(rs) == {"qwen36-35b-heretic", "qwen36-27b-mm", "gemma4-26b-a4b", "qwen35-35b-bf16",
+                       "qwen35-35b-bf16-pair"}
     assert seed_raw()["fleetctl_recipe"] in rs
     for r in rs.values():
         assert r.body.path.startswith("/opt/")

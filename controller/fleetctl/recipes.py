@@ -6,7 +6,12 @@ problem (schema or one of the rules in docs/domain.md#recipes, each of which
 cost somebody an outage) is collected and reported at once, one line per problem naming the
 recipe, the field and the fix.
 
-Why one file of ~550 lines: a recipe's schema, its rendering to a vLLM command line and the
+A recipe also declares its topology (how many Sparks it spans, tensor/pipeline parallel sizes,
+Ray or vLLM's native multi-node launch); :meth:`Recipe.launch` renders each member's command line
+and its NCCL/Gloo/UCX environment from the unit's fabric (fleetctl.inventory.Unit), and
+:func:`placement_problems` refuses a recipe placed on a unit of another size (docs/units.md).
+
+Why one file of ~800 lines: a recipe's schema, its rendering to a vLLM command line and the
 rules from docs/domain.md#recipes are read together; each rule is a few lines beside its fix.
 """
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import date
@@ -24,7 +30,7 @@ import yaml
 
 from fleetctl import secretenv
 from fleetctl.errors import RecipeError
-from fleetctl.inventory import Host, Inventory
+from fleetctl.inventory import Host, Inventory, Unit
 
 #: Above this, GB10's unified memory thrashes (docs/domain.md#recipes).
 MAX_GPU_MEMORY_UTILIZATION = 0.88
@@ -41,7 +47,7 @@ SOURCES = ("hub", "mirror")
 
 _RECIPE_KEYS = {
     "description", "image", "served_model_names", "port", "weights", "vllm_args", "env",
-    "secret_env", "docker_args", "soak", "min_free_gb", "source", "trust_remote_code",
+    "secret_env", "docker_args", "soak", "min_free_gb", "source", "trust_remote_code", "topology",
 }
 _REQUIRED_RECIPE_KEYS = ("image", "served_model_names", "weights", "vllm_args")
 _WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb", "manifest_sha256"}
@@ -60,6 +66,54 @@ _IMAGE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?/)?"
                     r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*\Z")
 #: Flags fleetctl sets itself from other recipe fields; repeating them in vllm_args would conflict.
 _OWN_FLAGS = ("--served-model-name",)
+
+
+#: How a recipe that spans several Sparks is launched: a Ray head and workers (vLLM's
+#: ``--distributed-executor-backend ray``), or vLLM's own multi-node launch (``--nnodes/--node-rank/
+#: --master-addr``, the workers ``--headless``).
+LAUNCH_MODES = ("native", "ray")
+_TOPOLOGY_KEYS = {"nodes", "tensor_parallel_size", "pipeline_parallel_size", "launch", "master_port", "ray_port"}
+#: vLLM's flags fleetctl renders per member from the topology and the fabric (never in vllm_args of a
+#: multi-node recipe: one value for every member would be wrong on all but one).
+_MEMBER_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+                 "--distributed-executor-backend", "--data-parallel-address")
+_TP_FLAGS = ("--tensor-parallel-size", "-tp")
+_PP_FLAGS = ("--pipeline-parallel-size", "-pp")
+#: The environment rendered from a member's fabric (a recipe's env may not set them for a unit).
+FABRIC_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES", "TP_SOCKET_IFNAME", "NCCL_IB_HCA",
+              "NCCL_IB_DISABLE", "VLLM_HOST_IP", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """How many Sparks a recipe spans and how the model is split across them (one GB10 GPU each)."""
+
+    nodes: int = 1
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    launch: str = "native"
+    #: The head's torch.distributed port (native launch).
+    master_port: int = 29501
+    #: The Ray head's GCS port (ray launch).
+    ray_port: int = 6379
+
+    def start_order(self, unit: Unit) -> tuple[str, ...]:
+        """Members in the order to start them: Ray's head first (workers join it; vLLM on the head waits for
+        their GPUs), natively the headless workers first (the head serves once every rank has joined)."""
+        return unit.members if self.launch == "ray" else (*unit.workers, unit.head)
+
+
+@dataclass(frozen=True)
+class MemberLaunch:
+    """What one member runs: ``docker run --entrypoint ENTRYPOINT IMAGE ARGV...`` with ``env``."""
+
+    host: str | None
+    rank: int
+    #: "head" (serves the API), "worker", or "single" (a recipe of one node).
+    role: str
+    entrypoint: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
 
 
 #: The marker a verified, staged weight set carries in its directory on a host (written by the
@@ -120,6 +174,53 @@ class Recipe:
     #: The operator's opt-in to model code from the hub: ``--trust-remote-code`` is refused without it,
     #: and staging refuses weights carrying code (``*.py``, an ``auto_map`` in config.json).
     trust_remote_code: bool = False
+    #: How many Sparks the recipe spans and how it is launched across them.
+    topology: Topology = field(default_factory=Topology)
+
+    def parallel_args(self) -> list[str]:
+        """The tensor/pipeline parallel flags of a multi-node recipe, unless vllm_args gives them."""
+        t = self.topology
+        out: list[str] = []
+        if not any(has_flag(self.vllm_args, f) for f in _TP_FLAGS):
+            out += ["--tensor-parallel-size", str(t.tensor_parallel_size)]
+        if not any(has_flag(self.vllm_args, f) for f in _PP_FLAGS):
+            out += ["--pipeline-parallel-size", str(t.pipeline_parallel_size)]
+        return out
+
+    def launch(self, unit: Unit | None = None, host: str | None = None) -> MemberLaunch:
+        """The command and environment of ``host`` as a member of ``unit`` (or of a single host).
+
+        The environment pins every collective to the fabric: NCCL's, Gloo's, UCX's and torch's sockets
+        to the member's QSFP netdev, NCCL's RDMA to both of the port's HCAs, and vLLM's own address
+        (``VLLM_HOST_IP``) to its fabric address, so that nothing falls back to the management network.
+        """
+        t = self.topology
+        if t.nodes == 1 or unit is None:
+            return MemberLaunch(host, 0, "single", "vllm", tuple(self.serve_argv()), dict(self.env))
+        if host not in unit.members:
+            raise RecipeError(f"{host} is not a member of unit {unit.name!r} ({', '.join(unit.members)})",
+                              host=host, fix="launch the unit's own members")
+        rank = unit.rank(host)
+        f = unit.fabric[host]
+        head = unit.fabric[unit.head].address
+        env = {**self.env, "NCCL_SOCKET_IFNAME": f.interface, "GLOO_SOCKET_IFNAME": f.interface,
+               "UCX_NET_DEVICES": f.interface, "TP_SOCKET_IFNAME": f.interface, "NCCL_IB_HCA": ",".join(f.hcas),
+               "NCCL_IB_DISABLE": "0", "VLLM_HOST_IP": f.address, "MASTER_ADDR": head,
+               "MASTER_PORT": str(t.master_port)}
+        role = "head" if rank == 0 else "worker"
+        serve = [*self.serve_argv(), *self.parallel_args()]
+        if t.launch == "native":
+            argv = [*serve, "--nnodes", str(t.nodes), "--node-rank", str(rank), "--master-addr", head,
+                    "--master-port", str(t.master_port)]
+            if rank:
+                argv.append("--headless")
+            return MemberLaunch(host, rank, role, "vllm", tuple(argv), env)
+        if rank == 0:
+            script = (f"ray start --head --node-ip-address={f.address} --port={t.ray_port} && "
+                      f"exec vllm {shlex.join([*serve, '--distributed-executor-backend', 'ray'])}")
+        else:
+            script = f"exec ray start --block --address={head}:{t.ray_port} --node-ip-address={f.address}"
+        return MemberLaunch(host, rank, role, "/bin/sh", ("-c", script), env)
 
     @property
     def body(self) -> WeightSet:
@@ -424,6 +525,7 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
         bad("trust_remote_code", f"{trust!r} is not true or false", "write trust_remote_code: true (or leave it out)")
         trust = False
     weights = _build_weights(body.get("weights"), "weights" in body, bad)
+    topology = _build_topology(body.get("topology"), args, env, bad)
 
     if len(problems) > n0 and not weights:
         return None
@@ -436,8 +538,67 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
         name=name, image=str(image), served_model_names=tuple(names), port=int(port), weights=tuple(weights),
         vllm_args=tuple(args), env=env, secret_env=tuple(secret_env), docker_args=tuple(docker_args),
         soak=dict(soak), min_free_gb=float(min_free), source=source, description=str(desc),
-        trust_remote_code=trust,
+        trust_remote_code=trust, topology=topology,
     )
+
+
+def _int_flag(args: Sequence[str], names: Sequence[str]) -> int | None:
+    for n in names:
+        v = flag_value(args, n)
+        if v is not None:
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
+def _build_topology(raw: Any, args: Sequence[str], env: Mapping[str, str],
+                    bad: Callable[[str, str, str], None]) -> Topology:
+    """The recipe's topology (one node when absent); the parallel sizes default to vllm_args' flags."""
+    if raw is None:
+        return Topology()
+    if not isinstance(raw, Mapping):
+        bad("topology", "must be a mapping", "e.g. topology: {nodes: 2, tensor_parallel_size: 2, launch: native}")
+        return Topology()
+    for key in sorted(set(raw) - _TOPOLOGY_KEYS):
+        bad(f"topology.{key}", "unknown field", f"use one of: {', '.join(sorted(_TOPOLOGY_KEYS))}")
+
+    def number(key: str, default: int, high: int) -> int:
+        v = raw.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= high:
+            bad(f"topology.{key}", f"{v!r} is not a number from 1 to {high}", f"e.g. {key}: {default}")
+            return default
+        return v
+
+    nodes = number("nodes", 1, 64)
+    tp_flag, pp_flag = _int_flag(args, _TP_FLAGS), _int_flag(args, _PP_FLAGS)
+    tp = number("tensor_parallel_size", tp_flag or (nodes if not pp_flag else 1), 512)
+    pp = number("pipeline_parallel_size", pp_flag or max(1, nodes // tp), 512)
+    for key, flag, value in (("tensor_parallel_size", tp_flag, tp), ("pipeline_parallel_size", pp_flag, pp)):
+        if flag is not None and flag != value:
+            bad(f"topology.{key}", f"{value} disagrees with vllm_args' {flag}",
+                "drop the flag from vllm_args (fleetctl renders it from the topology), or make them equal")
+    launch = raw.get("launch", "native")
+    if launch not in LAUNCH_MODES:
+        bad("topology.launch", f"{launch!r} is not a launch mode",
+            "use native (vLLM's --nnodes/--node-rank/--master-addr, headless workers) or ray (a Ray head and workers)")
+        launch = "native"
+    master_port, ray_port = number("master_port", 29501, 65535), number("ray_port", 6379, 65535)
+    if tp * pp != nodes:
+        bad("topology", f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs {tp * pp} GPUs, but "
+            f"{nodes} node(s) have {nodes} (one GB10 each)",
+            f"make tensor_parallel_size x pipeline_parallel_size equal nodes (e.g. {nodes} x 1)")
+    if nodes > 1:
+        for own in _MEMBER_FLAGS:
+            if has_flag(args, own):
+                bad(f"vllm_args {own}", "differs per member of a unit: fleetctl renders it from the topology "
+                    "and the fabric", f"remove {own} from vllm_args")
+        for name in FABRIC_ENV:
+            if name in env:
+                bad(f"env.{name}", "is rendered from each member's fabric (fleetctl_fabric in the inventory)",
+                    f"remove {name} from env; set the member's interfaces/hcas/addresses in fleetctl_fabric instead")
+    return Topology(nodes, tp, pp, str(launch), master_port, ray_port)
 
 
 def _build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None]) -> list[WeightSet]:
@@ -605,4 +766,44 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
     elif quant is not None and quant != expected:
         bad("vllm_args --quantization", f"--quantization {quant} does not match the body's {fmt} checkpoint: it fails at load",
             f"use --quantization {expected} (or correct weights[body].format)")
+    return out
+
+
+# ---- placement on units (docs/units.md) ------------------------------------------------------------------------
+
+
+def placement_problems(inventory: Inventory, recipes: Mapping[str, Recipe]) -> list[RecipeError]:
+    """Each recipe's node count against where it is placed: a unit of that many members, or a single host.
+
+    One error per unit or host, naming it, the recipe, the two counts and the fix. A host's recipe that
+    does not exist is left to the caller (``fleetctl recipes`` names those first).
+    """
+    out: list[RecipeError] = []
+    default = inventory.vars.get("fleetctl_recipe")
+
+    def recipe_of(h: Host) -> str | None:
+        name = h.vars.get("fleetctl_recipe", default)
+        return str(name) if name else None
+
+    for unit in inventory.units.values():
+        names = {m: recipe_of(inventory.hosts[m]) for m in unit.members}
+        if len(set(names.values())) > 1:
+            listed = ", ".join(f"{m} {n!r}" for m, n in names.items())
+            out.append(RecipeError(f"the members of unit {unit.name!r} serve different recipes ({listed})",
+                                   host=unit.head, fix="set fleetctl_recipe once for the unit's group, not per member"))
+            continue
+        name = names[unit.head]
+        r = recipes.get(name) if name else None
+        if r is not None and r.topology.nodes != unit.size:
+            out.append(RecipeError(
+                f"recipe {r.name!r} spans {r.topology.nodes} node(s) but unit {unit.name!r} has {unit.size} members "
+                f"({', '.join(unit.members)})", host=unit.head,
+                fix=f"give the unit a recipe with topology: {{nodes: {unit.size}}}, or change the unit's members"))
+    for h in inventory.hosts.values():
+        name = recipe_of(h)
+        r = recipes.get(name) if name else None
+        if h.unit is None and r is not None and r.topology.nodes > 1:
+            out.append(RecipeError(
+                f"recipe {r.name!r} spans {r.topology.nodes} nodes but the host is in no unit", host=h.name,
+                fix=f"put it in a unit of {r.topology.nodes} hosts (fleetctl_unit), or give it a single-node recipe"))
     return out

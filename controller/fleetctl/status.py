@@ -6,19 +6,24 @@ same script the preflight role runs, fed on stdin to ``python3 -``), so a
 host costs one round trip whatever it reports. A host that does not answer
 within the timeout is reported unreachable and never delays the others.
 The rollout reuses :func:`probe_fleet` to read what each host serves.
+
+A member of a serving unit gets a second round trip on the same connection: the fabric probe
+(``fleetctl.fabric.member_probe_script``), judged by the fabric checks, and once every member
+answered, the unit's parity (driver, kernel, DGX OS, Docker, toolkit, image digest against the head).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
-from fleetctl import paths, ssh
+from fleetctl import fabric, paths, ssh
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Host, Inventory
+from fleetctl.fabric import Finding
+from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.state import hoststate
 
@@ -59,6 +64,20 @@ class ContainerStatus:
 
 
 @dataclass(frozen=True)
+class FabricStatus:
+    """A unit member's fabric and parity as probed: every failed check (none: as the inventory says)."""
+
+    findings: tuple[Finding, ...] = ()
+    #: Why the fabric probe could not run (the host answered its status probe, not this one).
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The probe ran and every check passed."""
+        return self.error is None and not self.findings
+
+
+@dataclass(frozen=True)
 class HostStatus:
     """One host's state as probed; when ``reachable`` is False only ``error`` and ``seconds`` say anything."""
 
@@ -91,6 +110,12 @@ class HostStatus:
     lock: str | None = None
     #: The host's recorded last known-good tag (from its state file), None when none is recorded.
     last_known_good: str | None = None
+    #: The serving unit the host is a member of (``fleetctl_unit``), None for a single host.
+    unit: str | None = None
+    #: Its rank in the unit (0: the head), None for a single host.
+    unit_rank: int | None = None
+    #: The fabric and parity checks of a unit member (None for a single host or when unreachable).
+    fabric: FabricStatus | None = None
 
     @property
     def healthy(self) -> bool:
@@ -190,7 +215,7 @@ def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatu
         next_kernel_has_nvidia=kernel.get("next_has_nvidia"), disk_free_gb=disk.get("free_gb"),
         uptime_s=raw.get("uptime_s"), dgx_release=dgx.get("DGX_PRETTY_NAME") or dgx.get("DGX_NAME"),
         container=container, health=health.get("status"), health_error=health.get("error"), port=port,
-        problems=problems, lock=lock, last_known_good=known_good,
+        problems=problems, lock=lock, last_known_good=known_good, unit=host.unit, unit_rank=host.unit_rank,
     )
 
 
@@ -220,6 +245,9 @@ def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeo
         progress(Event("probing", host=h.name))
         st = probe_host(h, timeout)
         progress(Event("reachable", host=h.name))
+        unit = inventory.unit_of(h.name)
+        if unit is not None:
+            st = replace(st, fabric=probe_fabric(h, unit, timeout))
         return st
 
     outcomes = ssh.fan_out(chosen, one, timeout=timeout + 1.0)
@@ -232,5 +260,41 @@ def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeo
             cause = o.error.cause if o.error is not None else "no answer"
             progress(Event("unreachable", cause, host=h.name))
             out[h.name] = HostStatus(name=h.name, address=h.address, reachable=False, seconds=round(o.seconds, 3),
-                                     error=cause)
+                                     error=cause, unit=h.unit, unit_rank=h.unit_rank)
+    return with_parity(inventory, out)
+
+
+def probe_fabric(host: Host, unit: Unit, timeout: float = DEFAULT_TIMEOUT) -> FabricStatus:
+    """One member's fabric, probed over SSH (one round trip) and judged by :func:`fleetctl.fabric.check_member`."""
+    r = ssh.run(host, ["sh", "-s"], timeout=timeout, stdin=fabric.member_probe_script(unit, host.name))
+    if not r.ok and "fleetctl-fabric" not in r.stdout:
+        return FabricStatus(error=(r.stderr.strip().splitlines() or [f"exit status {r.rc}"])[-1][:200])
+    facts = fabric.parse_member_probe(r.stdout)
+    return FabricStatus(tuple(fabric.check_member(unit, host.name, facts, mgmt_address=host.address)))
+
+
+def parity_facts(st: HostStatus) -> dict[str, str | None]:
+    """What members of a unit must agree on, as the status probe read it (see fleetctl.fabric.PARITY_FIELDS)."""
+    return {"driver": st.driver, "kernel": st.kernel, "dgx_release": st.dgx_release, "docker": st.docker,
+            "toolkit": st.toolkit, "image_digest": st.container.digest if st.container else None}
+
+
+def with_parity(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dict[str, HostStatus]:
+    """Each probed unit member's fabric status, with the unit's parity findings about it added.
+
+    Parity is judged once every member of the unit answered (an unreachable member makes it unknowable);
+    a host without a container is not held to the head's image digest.
+    """
+    out = dict(statuses)
+    for unit in inventory.units.values():
+        members = [out[m] for m in unit.members if m in out]
+        if len(members) != unit.size or not all(m.reachable for m in members):
+            continue
+        fields = [f for f in fabric.PARITY_FIELDS if f != "image_digest" or all(m.container for m in members)]
+        found = fabric.check_parity(unit, {m.name: parity_facts(m) for m in members}, fields)
+        for m in members:
+            mine = tuple(f for f in found if f.host == m.name)
+            if mine:
+                current = m.fabric or FabricStatus()
+                out[m.name] = replace(m, fabric=replace(current, findings=current.findings + mine))
     return out

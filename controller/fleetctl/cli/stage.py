@@ -11,7 +11,7 @@ from rich.text import Text
 
 from fleetctl import inventory as inv
 from fleetctl import recipes as rec
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, to_jsonable
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.stage import StageResult, human_bytes, stage
 
@@ -89,19 +89,40 @@ def recipes_cmd(ctx: Ctx) -> None:
         raise FleetError(f"fleetctl_recipe names no recipe of {inventory.path} on {names}{more}",
                          fix=f"use one of: {', '.join(recipes)}")
 
+    placement = rec.placement_problems(inventory, recipes)
+    if len(placement) == 1:
+        raise placement[0]
+    if placement:
+        raise FleetError(f"{len(placement)} recipes are placed on units (or hosts) of another size:\n"
+                         + "\n".join(f"  - {p.message()}" for p in placement),
+                         fix="match each recipe's topology.nodes to the hosts it is placed on")
+    units: dict[str, dict[str, Any]] = {}
+    for u in inventory.units.values():
+        name = inventory.hosts[u.head].vars.get("fleetctl_recipe", default)
+        r = recipes.get(str(name)) if name else None
+        units[u.name] = {"members": list(u.members), "head": u.head, "recipe": name,
+                         "fabric": {m: to_jsonable(f) for m, f in u.fabric.items()},
+                         "busbw_floor_gbs": u.busbw_floor_gbs,
+                         # what each member runs, in the order they start: the rendered command and env
+                         "launch": [to_jsonable(r.launch(u, m)) for m in r.topology.start_order(u)] if r else []}
+
     def render(out: Console) -> None:
         rows = []
         for r in recipes.values():
             name = f"{r.name} (default)" if r.name == default else r.name
             weights = "; ".join(f"{w.role}: {w.repo}@{w.revision}" for w in r.weights)
+            t = r.topology
+            nodes = str(t.nodes) if t.nodes == 1 else f"{t.nodes} {t.launch}"
             rows.append([name, Text(r.image), Text(" ".join(r.served_model_names)), Text(weights),
-                         str(len(r.vllm_args))])
+                         str(len(r.vllm_args)), nodes])
         # One line per recipe: `--json` has every weight set's path and the full flags.
         out.print(fit_table(out.width, ["recipe", Col("image", flex=True, min=16, drop=1),
                                         Col("served names", flex=True, drop=2), Col("weights", flex=True, min=20),
-                                        "flags"], rows))
+                                        "flags", Col("nodes", drop=3)], rows))
+        for name, u in units.items():
+            out.print(Text(f"unit {name}: {', '.join(u['members'])} (head {u['head']}), recipe {u['recipe']}"))
 
-    ctx.emit({"default": default, "recipes": recipes}, render)
+    ctx.emit({"default": default, "recipes": recipes, "units": units}, render)
 
 
 commands: list[click.Command] = [stage_cmd, recipes_cmd]

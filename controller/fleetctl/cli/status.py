@@ -70,6 +70,28 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
             st = statuses[n]
             out.print(f"[yellow]warning[/] {n}: the next kernel {st.next_kernel} has no nvidia module "
                       f"(running {st.kernel})")
+        units: dict[str, list[HostStatus]] = {}
+        for st in statuses.values():
+            if st.unit is not None:
+                units.setdefault(st.unit, []).append(st)
+        for unit, members in units.items():
+            listed = ", ".join(f"{m.name}{' (head)' if m.unit_rank == 0 else ''}"
+                               for m in sorted(members, key=lambda m: m.unit_rank or 0))
+            findings = [f for m in members if m.fabric for f in m.fabric.findings]
+            if any(m.fabric is None for m in members):
+                state = "[yellow]fabric unknown[/] (a member did not answer)"
+            elif findings or any(m.fabric and m.fabric.error for m in members):
+                count = len(findings) + sum(1 for m in members if m.fabric and m.fabric.error)
+                state = f"[red]{count} fabric/parity problem(s)[/]"
+            else:
+                state = "[green]fabric ok[/]"
+            out.print(f"unit {escape(unit)}: {escape(listed)}: {state}", highlight=False)
+            for m in members:
+                if m.fabric and m.fabric.error:
+                    out.print(f"  [red]{escape(m.name)}: the fabric probe failed: {escape(m.fabric.error)}[/]",
+                              highlight=False)
+            for f in findings:
+                out.print(f"  [red]{escape(f.message())}[/]", highlight=False)
         for n, st in statuses.items():
             if st.lock:
                 out.print(f"[yellow]locked[/] {n}: by {escape(st.lock)}", highlight=False)

@@ -107,6 +107,9 @@ class Engine:
         self.cache_hit_requests = 0
         #: Tokens generated over the server's lifetime (EMU_GARBAGE_AFTER_TOKENS).
         self.generated_total = 0
+        #: A collective that never completes (multi-node: a worker node was lost): requests are
+        #: accepted and streams stay open, no token comes out, /health still answers 200.
+        self.wedged = False
 
     @property
     def slots(self) -> asyncio.Semaphore:
@@ -223,7 +226,7 @@ class Engine:
             ttft = perf.ttft_seconds(
                 profile, prompt_tokens=request.prompt_tokens - hits, running=self.running
             )
-            if self.knobs.hang and self.knobs.hang != "boot":
+            if (self.knobs.hang and self.knobs.hang != "boot") or self.wedged:
                 # A wedged engine: the request is accepted and never produces a token.
                 while not self.dead:
                     await asyncio.sleep(0.2)
@@ -252,6 +255,8 @@ class Engine:
             exhausted = False
             preempted = False
             while True:
+                while self.wedged and not self.dead:
+                    await asyncio.sleep(0.2)
                 if self.dead:
                     raise EngineDeadError(ENGINE_DEAD_MESSAGE)
                 context = request.prompt_tokens + generated

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import sys
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import perf
+from . import multinode, perf
 from .args import ServeArgs, UsageError, parse
 from .engine_core import Engine, Request
 from .http_server import HttpServer
@@ -127,6 +128,11 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     model_dir = Path(args.model)
     drafter_dir: Path | None = None
     try:
+        cluster = multinode.from_args(args.extra)
+    except ValueError as exc:
+        log(f"ERROR [api_server.py:1920] ValueError: {exc}")
+        return 2
+    try:
         config = read_config(model_dir)
         max_model_len = check_config(args, config)
         drafter = (args.speculative_config or {}).get("model")
@@ -138,6 +144,9 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         for line in str(exc).splitlines():
             log(f"ERROR [api_server.py:1920] {line}")
         return 1
+    if cluster is not None and not cluster.is_head:
+        # a headless worker (its model directory checked as the head's is) joins the head; it serves no API
+        return await multinode.run_worker(cluster, log, stop)
     archs = config.get("architectures") or ["?"]
     log(f"INFO [model.py:547] Resolved architecture: {archs[0]}")
     log(f"INFO [model.py:1510] Using max model len {max_model_len}")
@@ -169,6 +178,22 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     )
     if await _interrupted(stop, knobs.load_seconds / 2):
         return 0
+    head: multinode.Head | None = None
+    if cluster is not None:
+        head = multinode.Head(cluster, log)
+        try:
+            joined = await head.wait_for_workers(stop)
+        except OSError as exc:
+            log(f"ERROR [multiproc_executor.py:85] cannot listen on {cluster.master_addr}:{cluster.master_port}: {exc}")
+            return 1
+        if not joined:
+            await head.close()
+            return 0 if stop.is_set() else 1
+        factor = head.throughput_factor()
+        if factor < 1.0:
+            knobs = dataclasses.replace(knobs, throughput_scale=knobs.throughput_scale * factor)
+            log(f"WARNING [multiproc_executor.py:99] the inter-node link runs at {head.link_mbps:.0f} MB/s: "
+                f"decode throughput x{factor:.2f}")
     metrics = Metrics(
         args.served_model_names[0],
         num_spec_tokens=args.num_spec_tokens if args.speculative_config else None,
@@ -189,6 +214,11 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         profiles=perf.FAMILY_PROFILES[perf.family_of(_model_type(config))],
     )
     engine.mark_ready()
+    if head is not None:
+        def wedge(why: str) -> None:
+            engine.wedged = True
+            log(f"ERROR [core.py:720] EngineCore is stuck in a collective: {why}; the API server keeps running")
+        head.on_lost = wedge
     info = ModelInfo(
         root=args.model,
         served_names=args.served_model_names,
@@ -204,7 +234,11 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         api_key=(key if isinstance(key, str) else None) or os.environ.get("VLLM_API_KEY") or None,
         access_log="disable-uvicorn-access-log" not in args.extra,
     )
-    return await serve(server, engine, knobs, args.host, args.port, stop=stop, died=died)
+    try:
+        return await serve(server, engine, knobs, args.host, args.port, stop=stop, died=died)
+    finally:
+        if head is not None:
+            await head.close()
 
 
 async def serve(
