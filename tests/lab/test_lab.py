@@ -8,6 +8,7 @@ session lab is shared with the provisioning, staging and rollout tests.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Callable
@@ -243,3 +244,22 @@ def test_status_through_an_ini_inventory_of_the_lab(lab: fleetlab.LabStatus, tmp
         assert h.vars["ansible_ssh_common_args"] == v["ansible_ssh_common_args"]
         assert ("ansible_become_password" in v) == (h.become.password is not None)
     assert ini_inv.host("spark-02").become.password is not None
+
+
+def test_nodes_refuse_root_logins_and_the_controller_reaches_them_only_through_the_bastion(
+        lab: fleetlab.LabStatus) -> None:
+    """A real fleet's shape: no root login anywhere, nodes' port 22 closed to the controller."""
+    node = lab.nodes[0]
+    root = _ssh_cli(lab, node.address, "true", user="root")
+    assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
+    direct = subprocess.run(
+        ["ssh", "-F", "/dev/null", "-i", str(lab.ssh_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
+         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+         f"nvidia@{node.address}", "true"], capture_output=True, text=True, timeout=30, check=False)
+    assert direct.returncode == 255 and "Connection refused" in direct.stderr, direct.stderr
+    # while its HTTP side (the vLLM port, here any other port) is not filtered, and the bastion answers
+    bastion = lab.bastion.partition("@")[2]
+    with socket.create_connection((bastion, 22), timeout=5) as s:
+        assert s.recv(64).startswith(b"SSH-2.0-")
+    who = _ssh_cli(lab, node.address, "id -un; id -nG; sudo -n true && echo sudo-ok")
+    assert who.stdout.split("\n")[0] == "nvidia" and "sudo-ok" in who.stdout
