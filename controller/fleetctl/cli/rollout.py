@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import click
@@ -11,7 +12,16 @@ from rich.markup import escape
 from rich.text import Text
 
 from fleetctl import inventory, paths
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, when
+from fleetctl.cli.output import (
+    Col,
+    Ctx,
+    fit_table,
+    json_option,
+    pass_ctx,
+    short_digest,
+    short_tag,
+    when,
+)
 from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.rollout.api import Engine
@@ -21,9 +31,10 @@ from fleetctl.state import ledger as fleet_ledger
 
 COLUMNS = ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message")
 
+#: What ``rollout`` prints (and returns with --json) when its plan changes no host.
+NOTHING_TO_DO = "nothing-to-do"
 
-def _short(digest: str | None) -> str:
-    return digest.split(":", 1)[-1][:12] if digest else "-"
+_short = short_digest
 
 
 def render_plan(p: Plan, con: Console) -> None:
@@ -51,8 +62,12 @@ def render_result(r: RolloutResult, con: Console) -> None:
                                     Col("before", drop=1), "after", Col("verdict / error", flex=True, min=16)],
                         rows, title=f"{r.kind} {r.id}: {r.status}"))
     colour = {fleet_ledger.COMPLETED: "green", fleet_ledger.PAUSED: "yellow", fleet_ledger.COMPLETED_WITH_FAILURES: "yellow"}.get(r.status, "red")
-    con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
-              + (f": {escape(r.error)}" if r.error else ""), highlight=False)
+    if r.status == fleet_ledger.COMPLETED and r.hosts and all(h.status == fleet_ledger.SKIPPED for h in r.hosts):
+        con.print(f"{r.kind}: nothing to do ({count_hosts(len(r.hosts))} skipped, why below)", highlight=False,
+                  markup=False)
+    else:
+        con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
+                  + (f": {escape(r.error)}" if r.error else ""), highlight=False)
     for h in r.hosts:
         for c in h.failed_checks:
             con.print(f"  {h.host}: {c}", highlight=False, markup=False)
@@ -77,13 +92,21 @@ def _engine(ctx: Ctx, prog: Any, take_over: bool = False) -> Engine:
     return Engine(inventory.load(ctx.inventory), prog, take_over=take_over)
 
 
-def _confirm(ctx: Ctx, yes: bool, what: str) -> None:
-    """Ask before changing hosts; without a terminal, refuse unless --yes (a CI job must say so)."""
-    if yes:
-        return
-    if not ctx.err.is_terminal:
+def _need_terminal(ctx: Ctx, yes: bool, what: str) -> None:
+    """Without a terminal, refuse unless --yes (a CI job must say so): checked before anything is opened."""
+    if not yes and not ctx.err.is_terminal:
         raise FleetError(f"refusing to {what} without confirmation", fix="pass --yes")
-    click.confirm(f"{what}?", abort=True, err=True)
+
+
+def count_hosts(n: int) -> str:
+    return f"{n} host(s)"
+
+
+def _rollback_question(targets: Mapping[str, str | None], to: str | None) -> str:
+    """``Roll back 3 host(s) to v0.23.0?``, or ``to their last known-good`` when the targets differ."""
+    tags = {short_tag(t) for t in targets.values()}
+    where = f"to {short_tag(to)}" if to else (f"to {tags.pop()}" if len(tags) == 1 else "to their last known-good")
+    return f"Roll back {count_hosts(len(targets))} ({', '.join(targets)}) {where}?"
 
 
 take_over_option = click.option(
@@ -136,10 +159,18 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
             elif dry_run:
                 r = eng.rollout(opts)
             else:
+                _need_terminal(ctx, yes, "roll out")
                 if not yes:
                     p, *_ = eng.plan(opts)
                     render_plan(p, ctx.err)
-                _confirm(ctx, yes, "roll out")
+                    changing = [h for h in p.hosts if h.action != "skip"]
+                    if not changing:
+                        ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
+                                      f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
+                                      highlight=False, markup=False)
+                        ctx.emit({"status": NOTHING_TO_DO, "plan": p}, lambda con: None)
+                        return
+                    ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
                 r = eng.rollout(opts)
         finally:
             eng.close()
@@ -156,11 +187,20 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
 @pass_ctx
 def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool) -> None:
     """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
-    _confirm(ctx, yes, "abort the rollout and return its hosts")
+    what = "abort the rollout and return its hosts"
+    _need_terminal(ctx, yes, what)
+    if force and not yes:
+        # --force drops another controller's lock before the hosts can be looked at: ask first.
+        ctx.ask("Abort the rollout (dropping its controller's lock) and return its hosts?")
+
+    def confirm(targets: Mapping[str, str | None]) -> None:
+        if not yes and not force:
+            ctx.ask(_rollback_question(targets, None).replace("Roll back", "Abort the rollout: return", 1))
+
     with ctx.progress("abort", COLUMNS) as prog:
         eng = _engine(ctx, prog, take_over)
         try:
-            r = eng.abort(webhook=webhook, force=force)
+            r = eng.abort(webhook=webhook, force=force, confirm=confirm)
         finally:
             eng.close()
     _finish(ctx, r)
@@ -179,12 +219,17 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, max_unavailable: str | None,
              webhook: str | None, yes: bool, take_over: bool) -> None:
     """Return hosts to their previous version (readiness + smoke, no full soak)."""
-    _confirm(ctx, yes, f"roll back to {to}" if to else "roll back")
+    _need_terminal(ctx, yes, f"roll back to {to}" if to else "roll back")
+
+    def confirm(targets: Mapping[str, str | None]) -> None:
+        if not yes:
+            ctx.ask(_rollback_question(targets, to))
+
     with ctx.progress("rollback", COLUMNS) as prog:
         eng = _engine(ctx, prog, take_over)
         try:
             r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
-                             webhook=webhook)
+                             webhook=webhook, confirm=confirm)
         finally:
             eng.close()
     _finish(ctx, r)
