@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -12,6 +13,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from fleetctl import inventory, paths
+from fleetctl.cli import live
 from fleetctl.cli.output import (
     Col,
     Ctx,
@@ -28,8 +30,6 @@ from fleetctl.rollout.api import Engine
 from fleetctl.rollout.plan import Plan
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
-
-COLUMNS = ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message")
 
 #: What ``rollout`` prints (and returns with --json) when its plan changes no host.
 NOTHING_TO_DO = "nothing-to-do"
@@ -88,8 +88,16 @@ def render_result(r: RolloutResult, con: Console) -> None:
         con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
 
 
-def _engine(ctx: Ctx, prog: Any, take_over: bool = False) -> Engine:
-    return Engine(inventory.load(ctx.inventory), prog, take_over=take_over)
+@contextmanager
+def _watched(ctx: Ctx, title: str, take_over: bool) -> Iterator[Engine]:
+    """The engine of the command, reporting to its event log and to the live view (or plain lines)."""
+    inv = inventory.load(ctx.inventory)
+    with live.watch(ctx, title, paths.state_dir(inv.path)) as prog:
+        eng = Engine(inv, prog, take_over=take_over)
+        try:
+            yield eng
+        finally:
+            eng.close()
 
 
 def _need_terminal(ctx: Ctx, yes: bool, what: str) -> None:
@@ -151,29 +159,24 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
     opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
                    failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
-    with ctx.progress("rollout", COLUMNS) as prog:
-        eng = _engine(ctx, prog, take_over)
-        try:
-            if resume:
-                r = eng.resume(opts)
-            elif dry_run:
-                r = eng.rollout(opts)
-            else:
-                _need_terminal(ctx, yes, "roll out")
-                if not yes:
-                    p, *_ = eng.plan(opts)
-                    render_plan(p, ctx.err)
-                    changing = [h for h in p.hosts if h.action != "skip"]
-                    if not changing:
-                        ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
-                                      f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
-                                      highlight=False, markup=False)
-                        ctx.emit({"status": NOTHING_TO_DO, "plan": p}, lambda con: None)
-                        return
-                    ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
-                r = eng.rollout(opts)
-        finally:
-            eng.close()
+    if not resume and not dry_run:
+        _need_terminal(ctx, yes, "roll out")
+    with _watched(ctx, "rollout", take_over) as eng:
+        if resume or dry_run:
+            r = eng.resume(opts) if resume else eng.rollout(opts)
+        else:
+            if not yes:
+                p, *_ = eng.plan(opts)
+                render_plan(p, ctx.err)
+                changing = [h for h in p.hosts if h.action != "skip"]
+                if not changing:
+                    ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
+                                  f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
+                                  highlight=False, markup=False)
+                    ctx.emit({"status": NOTHING_TO_DO, "plan": p}, lambda con: None)
+                    return
+                ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
+            r = eng.rollout(opts)
     _finish(ctx, r)
 
 
@@ -197,12 +200,8 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
         if not yes and not force:
             ctx.ask(_rollback_question(targets, None).replace("Roll back", "Abort the rollout: return", 1))
 
-    with ctx.progress("abort", COLUMNS) as prog:
-        eng = _engine(ctx, prog, take_over)
-        try:
-            r = eng.abort(webhook=webhook, force=force, confirm=confirm)
-        finally:
-            eng.close()
+    with _watched(ctx, "abort", take_over) as eng:
+        r = eng.abort(webhook=webhook, force=force, confirm=confirm)
     _finish(ctx, r)
 
 
@@ -225,13 +224,9 @@ def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, ma
         if not yes:
             ctx.ask(_rollback_question(targets, to))
 
-    with ctx.progress("rollback", COLUMNS) as prog:
-        eng = _engine(ctx, prog, take_over)
-        try:
-            r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
-                             webhook=webhook, confirm=confirm)
-        finally:
-            eng.close()
+    with _watched(ctx, "rollback", take_over) as eng:
+        r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
+                         webhook=webhook, confirm=confirm)
     _finish(ctx, r)
 
 

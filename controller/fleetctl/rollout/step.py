@@ -55,7 +55,7 @@ class HostSteps(Planning):
                       batch: deploy.StepBatch | None) -> None:
         name = container_name(h)
         ops = self.ops(h)
-        show = {"wave": wave + 1, "tag": p.tag}
+        show = {"wave": wave + 1, "tag": p.tag, "digest": p.digest}
         t: dict[str, float] = {}
         rec = self.ledger.host_record(rid, h.name)
         before_tag = rec.before_tag if rec is not None else None
