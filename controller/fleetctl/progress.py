@@ -80,7 +80,9 @@ def event_from_json(line: dict[str, Any]) -> tuple[float, Event]:
 
 class EventLog:
     """Appends every event as a JSON line to ``path`` (created 0600): what a second process (``fleetctl ui``)
-    watches a run through. A value JSON cannot hold is written as its text. Thread-safe."""
+    watches a run through. The first line says when the run started (``{"t": 0, "started": <epoch>}``), the
+    last that it ended (``{"t": ..., "ended": true}``); a value JSON cannot hold is written as its text.
+    Thread-safe."""
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = os.fspath(path)
@@ -88,14 +90,19 @@ class EventLog:
         self._lock = threading.Lock()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         self._file = os.fdopen(fd, "a", encoding="utf-8")
+        self._write({"t": 0.0, "started": round(time.time(), 3)})
 
-    def __call__(self, event: Event) -> None:
-        line = json.dumps(event_json(event, time.monotonic() - self.t0), default=str)
+    def _write(self, line: dict[str, Any]) -> None:
+        text = json.dumps(line, default=str)
         with self._lock:
             if not self._file.closed:
-                self._file.write(line + "\n")
+                self._file.write(text + "\n")
                 self._file.flush()
 
+    def __call__(self, event: Event) -> None:
+        self._write(event_json(event, time.monotonic() - self.t0))
+
     def close(self) -> None:
+        self._write({"t": round(time.monotonic() - self.t0, 3), "ended": True})
         with self._lock:
             self._file.close()

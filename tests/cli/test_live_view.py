@@ -130,5 +130,8 @@ def test_watch_writes_the_event_log_and_prints_lines_without_a_terminal(tmp_path
         prog(Event("soak", "c=4 3/40 req", "spark-01", {"step": 6, "steps": 8}))
     logs = list(live.events_dir(tmp_path).glob("rollout-*.jsonl"))
     assert len(logs) == 1
-    assert json.loads(logs[0].read_text())["data"] == {"step": 6, "steps": 8}
+    first, event, last = (json.loads(ln) for ln in logs[0].read_text().splitlines())
+    assert "started" in first and last["ended"] is True
+    assert event["data"] == {"step": 6, "steps": 8}
+    assert live.replay(logs[0].read_text().splitlines(), "rollout").snapshot()["ended"] is True
     assert "spark-01: soak c=4 3/40 req" in err.getvalue()

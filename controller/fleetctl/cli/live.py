@@ -97,6 +97,9 @@ class LiveModel:
         #: The most hosts seen in a step at once (the rollout's real --max-unavailable).
         self.parallel = 1
         self.last_t = 0.0
+        #: From an event log (:func:`replay`): when the run started (epoch seconds) and whether it ended.
+        self.started: float | None = None
+        self.ended = False
 
     def __call__(self, event: Event) -> None:
         self.fold(event, self.clock())
@@ -154,8 +157,9 @@ class LiveModel:
         return {
             "title": self.title, "elapsed": round(now), "left": None if left is None else round(left),
             "hosts_done": len(done), "hosts_failed": len(finished) - len(done), "hosts_planned": len(planned),
-            "fleet": fleet_line,
-            "hosts": [{**asdict(r), "state": r.state, "cells": cells(r, now)} for r in rows],
+            "fleet": fleet_line, "started": self.started, "ended": self.ended,
+            "hosts": [{**asdict(r), "state": r.state, "fraction": _fraction(r), "cells": cells(r, now)}
+                      for r in rows],
         }
 
 
@@ -356,16 +360,31 @@ def watch(ctx: Ctx, title: str, state_dir: Path) -> Iterator[Progress]:
         log.close()
 
 
-def replay(lines: Iterable[str], title: str) -> LiveModel:
-    """A model folded from an event log's lines (a line cut short by a writer still writing is skipped)."""
+def replay(lines: Iterable[str], title: str, now: float | None = None) -> LiveModel:
+    """A model folded from an event log's lines (a line cut short by a writer still writing is skipped).
+
+    Its clock stands at ``now`` (seconds since the run started; default: its last event). ``started``
+    (epoch seconds) and ``ended`` are set from the log's first and last lines when it has them.
+    """
     model = LiveModel(title)
     last = 0.0
     for line in lines:
         try:
-            t, event = event_from_json(json.loads(line))
+            raw = json.loads(line)
+            if "started" in raw:
+                model.started = float(raw["started"])
+                continue
+            if raw.get("ended"):
+                model.ended = True
+                last = max(last, float(raw.get("t") or 0.0))
+                continue
+            if "phase" not in raw:
+                continue
+            t, event = event_from_json(raw)
         except (ValueError, TypeError, AttributeError):
             continue
         last = max(last, t)
         model.fold(event, t)
-    model.clock = lambda: last
+    at = last if now is None or model.ended else max(now, last)
+    model.clock = lambda: at
     return model

@@ -230,7 +230,7 @@ def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, ma
     _finish(ctx, r)
 
 
-def _history_json(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
+def history_json(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
     return {
         "id": rec.id, "kind": rec.kind, "status": rec.status, "recipe": rec.recipe, "requested": rec.requested,
         "tag": rec.tag, "digest": rec.digest, "image": rec.image, "parent": rec.parent,
@@ -260,7 +260,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
     inv = inventory.load(ctx.inventory)
     with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
         recs = [led.get(rollout_id)] if rollout_id else led.history(count)
-    data = [_history_json(r) for r in recs]
+    data = [history_json(r) for r in recs]
 
     def render(con: Console) -> None:
         if rollout_id:
