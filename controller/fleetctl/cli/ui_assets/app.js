@@ -72,7 +72,9 @@ function drawHosts(hosts) {
     const tr = document.createElement("tr");
     const last = h.last || {};
     const rep = cell("");
-    if (last.run && last.kind === "rollout") rep.append(reportLink(last.run, h.host));
+    if (last.run && last.kind === "rollout" && !["pending", "skipped"].includes(last.status)) {
+      rep.append(reportLink(last.run, h.host));
+    }
     tr.append(cell(h.host), cell(h.address), cell(h.groups.join(", ")), cell(h.recipe), cell(last.run),
               cell(last.status, "st-" + last.status), cell(last.tag), rep);
     return tr;
