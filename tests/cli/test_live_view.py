@@ -135,3 +135,11 @@ def test_watch_writes_the_event_log_and_prints_lines_without_a_terminal(tmp_path
     assert event["data"] == {"step": 6, "steps": 8}
     assert live.replay(logs[0].read_text().splitlines(), "rollout").snapshot()["ended"] is True
     assert "spark-01: soak c=4 3/40 req" in err.getvalue()
+
+
+def test_columns_nobody_has_anything_in_are_left_out() -> None:
+    model = live.LiveModel("rollback")
+    for h in ("spark-01", "spark-02"):
+        model.fold(Event("preflight", "ok", h), 1.0)
+    head = next(ln for ln in draw(model, 80).splitlines() if ln.startswith("┃"))
+    assert [c.strip() for c in head.strip("┃").split("┃")] == ["host", "phase", "message"]

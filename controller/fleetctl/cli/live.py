@@ -42,6 +42,8 @@ FINISHED = frozenset({"done", "failed", "rolled-back", "paused", "restored"})
 #: Phases of a host's step (from stopping the old container to its gate's verdict).
 STEP = frozenset({"stopping", "starting", "deploying", "loading", "soak", "rolling-back", "undoing"})
 
+#: Columns shown even when empty.
+ALWAYS = frozenset({"host", "phase", "message"})
 #: The message column keeps at least this many cells: the one column that says what is happening.
 MESSAGE_MIN = 30
 
@@ -301,9 +303,11 @@ def render(snap: Mapping[str, Any], width: int, height: int = 40) -> Group:
         caption = f"{len(hosts) - len(shown)} more hosts: {hidden}" + (f" | {caption}" if caption else "")
         hosts = [hosts[i] for i in sorted(shown, key=lambda i: (_ORDER[hosts[i]["state"]], i))]
     key = {"progress": "progress" if width >= BAR_WIDTH else "figures"}
-    rows = [[Text(h["cells"][key.get(c.name, c.name)]) for c in COLUMNS] for h in hosts]
+    # A column no host has anything in (a rollback has no waves; the plan before any step) is left out.
+    used = [c for c in COLUMNS if c.name in ALWAYS or any(h["cells"][key.get(c.name, c.name)] for h in hosts)]
+    rows = [[Text(h["cells"][key.get(c.name, c.name)]) for c in used] for h in hosts]
     # On a wide terminal the message takes more before the less useful columns give way.
-    cols = [dataclasses.replace(c, min=max(MESSAGE_MIN, width * 2 // 5)) if c.flex else c for c in COLUMNS]
+    cols = [dataclasses.replace(c, min=max(MESSAGE_MIN, width * 2 // 5)) if c.flex else c for c in used]
     table = fit_table(width, cols, rows)
     return Group(Text(header(snap), no_wrap=True, overflow="ellipsis", style="bold"), table,
                  Text(caption, no_wrap=True, overflow="ellipsis"))

@@ -61,7 +61,12 @@ class Ctx:
         """
         live = self.live
         if live is not None:
+            # Erased, not left behind: the question comes right under what was printed before it.
+            live.transient = True
             live.stop()
+            live.transient = False
+            # Started again below the question, not over it: rich would move up by the erased height.
+            live._live_render._shape = None
         click.confirm(question, default=False, abort=True, err=True, prompt_suffix=" ")
         if live is not None:
             live.start()
