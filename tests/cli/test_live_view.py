@@ -143,3 +143,21 @@ def test_columns_nobody_has_anything_in_are_left_out() -> None:
         model.fold(Event("preflight", "ok", h), 1.0)
     head = next(ln for ln in draw(model, 80).splitlines() if ln.startswith("┃"))
     assert [c.strip() for c in head.strip("┃").split("┃")] == ["host", "phase", "message"]
+
+
+def test_before_any_step_is_measured_the_sustained_phase_bounds_the_time_left() -> None:
+    model = live.LiveModel("rollout")
+    for h in ("spark-01", "spark-02"):
+        model.fold(Event("planned", "", h, {"wave": 1}), 0.0)
+    model.fold(Event("stopping", "", "spark-01", {}), 1.0)
+    model.fold(Event("soak", "600s sustained", "spark-01", {"sustained_s": 600}), 11.0)
+    # Quick phases first: 4 of 8 phases done after 10 s says nothing of the 600 s sustained phase ahead.
+    model.fold(Event("soak", "c=4", "spark-01", {"step": 5, "steps": 8, "level": "c=4", "requests": 4,
+                                                   "planned_requests": 4, "soak_phase": "sweep"}), 21.0)
+    left = model.snapshot()["left"]
+    # spark-01: 20 s so far + 600 s to come; spark-02 then takes as long.
+    assert left == pytest.approx(600 + 620, abs=2)
+    model.fold(Event("soak", "sustained", "spark-01", {"step": 8, "steps": 8, "level": "sustained",
+                                                        "level_elapsed": 300, "level_seconds": 600,
+                                                        "planned_requests": 2000, "requests": 10}), 321.0)
+    assert model.snapshot()["left"] == pytest.approx(300 + 620, abs=2)

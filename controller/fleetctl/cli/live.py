@@ -165,7 +165,7 @@ class LiveModel:
         }
 
 
-_FIGURES = frozenset({"step", "steps", "elapsed", "level", "requests", "planned_requests", "errors", "tok_s",
+_FIGURES = frozenset({"sustained_s", "step", "steps", "elapsed", "level", "requests", "planned_requests", "errors", "tok_s",
                       "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited", "timeout",
                       "concurrency"})
 
@@ -197,9 +197,17 @@ def time_left(rows: list[HostRow], now: float, parallel: int) -> float | None:
     else:
         guesses = []
         for r in busy:
-            frac = _fraction(r) if r.phase == "soak" else None
-            if frac and frac >= 0.05 and r.started is not None:
-                guesses.append((now - (r.started or now)) / frac)
+            if r.phase != "soak" or r.started is None:
+                continue
+            so_far = now - r.started
+            frac = _fraction(r)
+            if frac and frac >= 0.05:
+                guesses.append(so_far / frac)
+            # The sustained phase is most of a soak: what is left of it bounds the step from below.
+            sustained = r.figures.get("sustained_s")
+            if sustained:
+                done = float(r.figures.get("level_elapsed") or 0) if r.figures.get("level") == "sustained" else 0.0
+                guesses.append(so_far + max(0.0, float(sustained) - done))
         if not guesses:
             return None
         per_step = max(guesses)

@@ -44,7 +44,8 @@ def render_plan(p: Plan, con: Console) -> None:
     con.print(f"  {len(p.waves)} wave(s), at most {p.max_unavailable} host(s) out of service at once, "
               f"failure budget {p.failure_budget}")
     rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
-             h.current_tag or "(nothing)", _short(h.current_digest), h.action] for h in p.hosts]
+             short_tag(h.current_tag) if h.current_tag else "(nothing)", _short(h.current_digest), h.action]
+            for h in p.hosts]
     con.print(fit_table(con.width, ["host", "wave", Col("step", drop=1), "serves now", Col("digest now", drop=2),
                                     "action"], rows))
 
