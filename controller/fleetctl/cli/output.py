@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import re
 import sys
 import threading
 import time
@@ -50,6 +51,25 @@ class Ctx:
     json: bool = False
     out: Console = field(default_factory=lambda: Console(soft_wrap=True))
     err: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
+    #: The live view while a command shows one (a question stops it, see :meth:`ask`).
+    live: Live | None = None
+
+    def ask(self, question: str) -> None:
+        """``Question? [y/N]`` on stderr, like apt or terraform: anything but y/yes aborts (no is the default).
+
+        The live view, if one is showing, stops for the question and starts again after it.
+        """
+        live = self.live
+        if live is not None:
+            # Erased, not left behind: the question comes right under what was printed before it.
+            live.transient = True
+            live.stop()
+            live.transient = False
+            # Started again below the question, not over it: rich would move up by the erased height.
+            live._live_render._shape = None
+        click.confirm(question, default=False, abort=True, err=True, prompt_suffix=" ")
+        if live is not None:
+            live.start()
 
     def emit(self, result: Any, render: Callable[[Console], None]) -> None:
         """Print ``result`` as JSON (with --json) or through ``render`` on stdout."""
@@ -67,9 +87,12 @@ class Ctx:
         display = _LiveTable(title, columns)
         # The table itself is the renderable: built at each refresh (4 a second), never per event.
         with Live(display, console=self.err, refresh_per_second=4, transient=False) as live:
-            display.live = live
-            yield display
-            live.refresh()
+            display.live = self.live = live
+            try:
+                yield display
+                live.refresh()
+            finally:
+                self.live = None
 
 
 pass_ctx = click.make_pass_decorator(Ctx, ensure=True)
@@ -239,6 +262,26 @@ def fit_table(width: int, columns: Sequence[Col | str], rows: Iterable[Sequence[
 #: How the live tables' columns give way on a narrow terminal (the rest are kept whole).
 _LIVE_COLUMNS = {"message": Col("message", flex=True), "acceptance": Col("acceptance", drop=3),
                  "tok/s": Col("tok/s", drop=2), "wave": Col("wave", drop=1)}
+
+
+_DATED = re.compile(r"^\d{4}-\d{2}-\d{2}-")
+_VERSION_PART = re.compile(r"^v?\d+(?:\.\d+)+$")
+
+
+def short_tag(tag: str | None) -> str:
+    """A tag as people say it: its version part (``2026-07-01-v0.24.0-dflashfix`` -> ``v0.24.0``), else the tag
+    without its leading date; ``-`` when unknown. The full tag and the digest are in ``--json`` and history."""
+    if not tag:
+        return "-"
+    for part in tag.split("-"):
+        if _VERSION_PART.match(part):
+            return part
+    return _DATED.sub("", tag) or tag
+
+
+def short_digest(digest: str | None) -> str:
+    """``sha256:4eb9270da69e...`` -> ``4eb9270da69e`` (12 hex digits, as docker prints image ids); ``-`` if unknown."""
+    return digest.split(":", 1)[-1][:12] if digest else "-"
 
 
 def write_json(path: str | Path, data: Any) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -11,7 +13,17 @@ from rich.markup import escape
 from rich.text import Text
 
 from fleetctl import inventory, paths
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, when
+from fleetctl.cli import live
+from fleetctl.cli.output import (
+    Col,
+    Ctx,
+    fit_table,
+    json_option,
+    pass_ctx,
+    short_digest,
+    short_tag,
+    when,
+)
 from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.rollout.api import Engine
@@ -19,11 +31,10 @@ from fleetctl.rollout.plan import Plan
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
 
-COLUMNS = ("wave", "phase", "tag", "health", "tok/s", "acceptance", "message")
+#: What ``rollout`` prints (and returns with --json) when its plan changes no host.
+NOTHING_TO_DO = "nothing-to-do"
 
-
-def _short(digest: str | None) -> str:
-    return digest.split(":", 1)[-1][:12] if digest else "-"
+_short = short_digest
 
 
 def render_plan(p: Plan, con: Console) -> None:
@@ -33,7 +44,8 @@ def render_plan(p: Plan, con: Console) -> None:
     con.print(f"  {len(p.waves)} wave(s), at most {p.max_unavailable} host(s) out of service at once, "
               f"failure budget {p.failure_budget}")
     rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
-             h.current_tag or "(nothing)", _short(h.current_digest), h.action] for h in p.hosts]
+             short_tag(h.current_tag) if h.current_tag else "(nothing)", _short(h.current_digest), h.action]
+            for h in p.hosts]
     con.print(fit_table(con.width, ["host", "wave", Col("step", drop=1), "serves now", Col("digest now", drop=2),
                                     "action"], rows))
 
@@ -51,8 +63,12 @@ def render_result(r: RolloutResult, con: Console) -> None:
                                     Col("before", drop=1), "after", Col("verdict / error", flex=True, min=16)],
                         rows, title=f"{r.kind} {r.id}: {r.status}"))
     colour = {fleet_ledger.COMPLETED: "green", fleet_ledger.PAUSED: "yellow", fleet_ledger.COMPLETED_WITH_FAILURES: "yellow"}.get(r.status, "red")
-    con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
-              + (f": {escape(r.error)}" if r.error else ""), highlight=False)
+    if r.status == fleet_ledger.COMPLETED and r.hosts and all(h.status == fleet_ledger.SKIPPED for h in r.hosts):
+        con.print(f"{r.kind}: nothing to do ({count_hosts(len(r.hosts))} skipped, why below)", highlight=False,
+                  markup=False)
+    else:
+        con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
+                  + (f": {escape(r.error)}" if r.error else ""), highlight=False)
     for h in r.hosts:
         for c in h.failed_checks:
             con.print(f"  {h.host}: {c}", highlight=False, markup=False)
@@ -73,17 +89,33 @@ def render_result(r: RolloutResult, con: Console) -> None:
         con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
 
 
-def _engine(ctx: Ctx, prog: Any, take_over: bool = False) -> Engine:
-    return Engine(inventory.load(ctx.inventory), prog, take_over=take_over)
+@contextmanager
+def _watched(ctx: Ctx, title: str, take_over: bool) -> Iterator[Engine]:
+    """The engine of the command, reporting to its event log and to the live view (or plain lines)."""
+    inv = inventory.load(ctx.inventory)
+    with live.watch(ctx, title, paths.state_dir(inv.path)) as prog:
+        eng = Engine(inv, prog, take_over=take_over)
+        try:
+            yield eng
+        finally:
+            eng.close()
 
 
-def _confirm(ctx: Ctx, yes: bool, what: str) -> None:
-    """Ask before changing hosts; without a terminal, refuse unless --yes (a CI job must say so)."""
-    if yes:
-        return
-    if not ctx.err.is_terminal:
+def _need_terminal(ctx: Ctx, yes: bool, what: str) -> None:
+    """Without a terminal, refuse unless --yes (a CI job must say so): checked before anything is opened."""
+    if not yes and not ctx.err.is_terminal:
         raise FleetError(f"refusing to {what} without confirmation", fix="pass --yes")
-    click.confirm(f"{what}?", abort=True, err=True)
+
+
+def count_hosts(n: int) -> str:
+    return f"{n} host(s)"
+
+
+def _rollback_question(targets: Mapping[str, str | None], to: str | None) -> str:
+    """``Roll back 3 host(s) to v0.23.0?``, or ``to their last known-good`` when the targets differ."""
+    tags = {short_tag(t) for t in targets.values()}
+    where = f"to {short_tag(to)}" if to else (f"to {tags.pop()}" if len(tags) == 1 else "to their last known-good")
+    return f"Roll back {count_hosts(len(targets))} ({', '.join(targets)}) {where}?"
 
 
 take_over_option = click.option(
@@ -128,21 +160,24 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
     opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
                    failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
-    with ctx.progress("rollout", COLUMNS) as prog:
-        eng = _engine(ctx, prog, take_over)
-        try:
-            if resume:
-                r = eng.resume(opts)
-            elif dry_run:
-                r = eng.rollout(opts)
-            else:
-                if not yes:
-                    p, *_ = eng.plan(opts)
-                    render_plan(p, ctx.err)
-                _confirm(ctx, yes, "roll out")
-                r = eng.rollout(opts)
-        finally:
-            eng.close()
+    if not resume and not dry_run:
+        _need_terminal(ctx, yes, "roll out")
+    with _watched(ctx, "rollout", take_over) as eng:
+        if resume or dry_run:
+            r = eng.resume(opts) if resume else eng.rollout(opts)
+        else:
+            if not yes:
+                p, *_ = eng.plan(opts)
+                render_plan(p, ctx.err)
+                changing = [h for h in p.hosts if h.action != "skip"]
+                if not changing:
+                    ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
+                                  f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
+                                  highlight=False, markup=False)
+                    ctx.emit({"status": NOTHING_TO_DO, "plan": p}, lambda con: None)
+                    return
+                ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
+            r = eng.rollout(opts)
     _finish(ctx, r)
 
 
@@ -156,13 +191,18 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
 @pass_ctx
 def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool) -> None:
     """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
-    _confirm(ctx, yes, "abort the rollout and return its hosts")
-    with ctx.progress("abort", COLUMNS) as prog:
-        eng = _engine(ctx, prog, take_over)
-        try:
-            r = eng.abort(webhook=webhook, force=force)
-        finally:
-            eng.close()
+    what = "abort the rollout and return its hosts"
+    _need_terminal(ctx, yes, what)
+    if force and not yes:
+        # --force drops another controller's lock before the hosts can be looked at: ask first.
+        ctx.ask("Abort the rollout (dropping its controller's lock) and return its hosts?")
+
+    def confirm(targets: Mapping[str, str | None]) -> None:
+        if not yes and not force:
+            ctx.ask(_rollback_question(targets, None).replace("Roll back", "Abort the rollout: return", 1))
+
+    with _watched(ctx, "abort", take_over) as eng:
+        r = eng.abort(webhook=webhook, force=force, confirm=confirm)
     _finish(ctx, r)
 
 
@@ -179,18 +219,19 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, max_unavailable: str | None,
              webhook: str | None, yes: bool, take_over: bool) -> None:
     """Return hosts to their previous version (readiness + smoke, no full soak)."""
-    _confirm(ctx, yes, f"roll back to {to}" if to else "roll back")
-    with ctx.progress("rollback", COLUMNS) as prog:
-        eng = _engine(ctx, prog, take_over)
-        try:
-            r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
-                             webhook=webhook)
-        finally:
-            eng.close()
+    _need_terminal(ctx, yes, f"roll back to {to}" if to else "roll back")
+
+    def confirm(targets: Mapping[str, str | None]) -> None:
+        if not yes:
+            ctx.ask(_rollback_question(targets, to))
+
+    with _watched(ctx, "rollback", take_over) as eng:
+        r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
+                         webhook=webhook, confirm=confirm)
     _finish(ctx, r)
 
 
-def _history_json(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
+def history_json(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
     return {
         "id": rec.id, "kind": rec.kind, "status": rec.status, "recipe": rec.recipe, "requested": rec.requested,
         "tag": rec.tag, "digest": rec.digest, "image": rec.image, "parent": rec.parent,
@@ -220,7 +261,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
     inv = inventory.load(ctx.inventory)
     with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
         recs = [led.get(rollout_id)] if rollout_id else led.history(count)
-    data = [_history_json(r) for r in recs]
+    data = [history_json(r) for r in recs]
 
     def render(con: Console) -> None:
         if rollout_id:

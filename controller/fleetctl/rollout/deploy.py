@@ -49,6 +49,7 @@ from typing import Protocol
 from fleetctl import ansible
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
+from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import host as remote
 from fleetctl.runids import new_run_id
@@ -301,11 +302,20 @@ class AnsibleDeployer:
     """:class:`Deployer` through ``playbooks/deploy.yml`` (the vllm_serve role), one ansible-runner run per step."""
 
     def __init__(self, inventory: Inventory, mirrors: Mapping[str, str],
-                 ops: Callable[[Host], remote.HostOps] = remote.SshHostOps, playbook: str = "deploy") -> None:
+                 ops: Callable[[Host], remote.HostOps] = remote.SshHostOps, playbook: str = "deploy",
+                 progress: Progress = NULL) -> None:
         self.inv = inventory
         self.mirrors = dict(mirrors)
         self.ops = ops
         self.playbook = playbook
+        self.progress = progress
+
+    def _tasks(self, event: Event) -> None:
+        """Each host's Ansible task, as it starts and ends, into that host's row of the live views."""
+        task = str(event.data.get("task") or "")
+        if event.host is not None and task:
+            self.progress(Event("deploying", f"ansible: {task} ({event.phase})", event.host,
+                                {"task": task, "ansible": event.phase}))
 
     def deploy(self, requests: Sequence[DeployRequest], secrets: Mapping[str, str],
                run_dir: Path) -> dict[str, DeployOutcome]:
@@ -331,7 +341,7 @@ class AnsibleDeployer:
         try:
             res = ansible.run_playbook(
                 self.playbook, self.inv, limit=",".join(r.host.name for r in requests), extravars=extravars,
-                redact=list(secrets.values()),
+                redact=list(secrets.values()), progress=self._tasks,
                 artifacts_dir=run_dir / "ansible" / run_id, run_id=run_id,
                 # As bounded as the controller's own commands (stop: 90 s, run: 120 s), plus the drain.
                 task_timeout=int(first.grace) + _TASK_TIMEOUT)

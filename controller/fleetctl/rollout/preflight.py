@@ -115,7 +115,7 @@ class Planning(Session):
         bad = {n: o.error for n, o in outs.items() if o.error is not None}
         for n, o in outs.items():
             if o.error is None:
-                self._emit("pulled", f"{o.value:.1f}s", n)
+                self._emit("pulled", f"pulled in {o.value:.1f}s", n)
         if bad:
             why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
             raise StopRollout(fleet_ledger.FAILED, f"prefetch failed before any host was changed: {why}")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fleetctl import registry, ssh
@@ -32,7 +32,8 @@ class Rollback(Forward):
 
     def rollback(self, to: str | None = None, limit: str | None = None, max_unavailable: str | None = None,
                  recipe_name: str | None = None, webhook: str | None = None,
-                 only_active: bool = False) -> RolloutResult:
+                 only_active: bool = False,
+                 confirm: Callable[[Mapping[str, str | None]], None] | None = None) -> RolloutResult:
         """Every selected host back to the version it served before the last rollout or rollback (or to ``to``).
 
         Fast path: the kept ``.prev`` container is swapped in when it holds the
@@ -40,6 +41,10 @@ class Rollback(Forward):
         from it. Gate: readiness and smoke, no full soak; a host whose target
         fails is put back on what it served. Usable while a rollout or rollback
         is paused or after its controller died: that one is then aborted.
+
+        ``confirm`` is shown the hosts that will change (host -> target tag) once they are known,
+        before anything is recorded or changed; it raises to refuse. It is not called when no host
+        changes (every selected host skipped: nothing to ask about).
         """
         if to is not None:
             registry.check_tag(to, "--to")
@@ -126,6 +131,8 @@ class Rollback(Forward):
                     fps[n] = other[0].fingerprint or None
                 targets[n] = (tgt[0], tgt[1], registry.pull_ref(recipe.image, tgt[1], self.mirrors))
             names = [n for n in selected if n in targets]
+            if confirm is not None and names:
+                confirm({n: targets[n][0] for n in names})
             for n in names:
                 c = current[n]
                 if c is not None and c.running and c.digest and not self.ledger.known_good(n):
@@ -294,9 +301,10 @@ class Rollback(Forward):
         self._phase(rid, h, "rolled-back", f"{why}; serving {tag_b} again", {**show, "health": "ok", "tag": tag_b},
                     status=fleet_ledger.ROLLED_BACK, after_tag=tag_b, after_digest=before, error=why)
 
-    def abort(self, webhook: str | None = None, force: bool = False) -> RolloutResult:
+    def abort(self, webhook: str | None = None, force: bool = False,
+              confirm: Callable[[Mapping[str, str | None]], None] | None = None) -> RolloutResult:
         """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
         if force:
             self.ledger.release(None)
             self.take_over = True
-        return self.rollback(webhook=webhook, only_active=True)
+        return self.rollback(webhook=webhook, only_active=True, confirm=confirm)

@@ -60,6 +60,13 @@ class StopRollout(Exception):
         self.error = error
 
 
+#: What a soak's or readiness's progress events carry through to a rollout's live views and event log
+#: (soak.phases.SoakState.emit, run_requests, readiness.await_ready): phase k of n, time so far, the level's
+#: requests against its plan, errors, tok/s against the baseline's, acceptance; readiness's wait and timeout.
+LIVE_FIGURES = frozenset({"step", "steps", "elapsed", "level", "concurrency", "requests", "planned_requests", "errors", "tok_s",
+                          "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited", "timeout"})
+
+
 def command_line() -> str:
     """The command that started this run, with option values that may be secret hidden."""
     argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]]
@@ -118,7 +125,7 @@ class Session:
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
         self.deployer: deploy.Deployer | None = deployer or (
-            deploy.AnsibleDeployer(inventory, self.mirrors) if ops is None else None)
+            deploy.AnsibleDeployer(inventory, self.mirrors, progress=progress) if ops is None else None)
         # The lock and intent on the hosts: the local lock only covers this state dir.
         self.take_over = take_over
         self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
@@ -268,7 +275,8 @@ class Session:
         def forward(event: Event) -> None:
             if cancellable:
                 self._check_cancel()
-            data = {**show, "health": phase, **gate.table_figures(event.data)}
+            data = {**show, "health": phase, **gate.table_figures(event.data),
+                    **{k: v for k, v in event.data.items() if k in LIVE_FIGURES}, "soak_phase": event.phase}
             self.progress(Event(phase, event.message or event.phase, h.name, data))
         return forward
 

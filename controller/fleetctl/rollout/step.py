@@ -55,7 +55,7 @@ class HostSteps(Planning):
                       batch: deploy.StepBatch | None) -> None:
         name = container_name(h)
         ops = self.ops(h)
-        show = {"wave": wave + 1, "tag": p.tag}
+        show = {"wave": wave + 1, "tag": p.tag, "digest": p.digest}
         t: dict[str, float] = {}
         rec = self.ledger.host_record(rid, h.name)
         before_tag = rec.before_tag if rec is not None else None
@@ -117,7 +117,8 @@ class HostSteps(Planning):
             self._fail_host(rid, recipe, h, f"readiness {ready.outcome.value}: {ready.message}", None, show, t)
             return
         self._check_cancel()
-        self._phase(rid, h, "soak", f"{cfg.sustained_duration:.0f}s sustained", {**show, "health": "ready"})
+        self._phase(rid, h, "soak", f"{cfg.sustained_duration:.0f}s sustained",
+                    {**show, "health": "ready", "sustained_s": round(cfg.sustained_duration)})
         t0 = time.monotonic()
         art = self._artifacts(rid, h)
         verdict = self.gates.soak(h, recipe, p.tag, cfg, self.state_dir, before_tag, art, f"{rid}/{art.name}",

@@ -92,6 +92,27 @@ def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample
 
 
 
+#: The soak's phases in the order it runs them: each progress event of one of them says which it is
+#: (``step`` of ``steps``), so that a display can show "phase k of n" and the time so far.
+SOAK_PHASES = ("readiness", "identity", "smoke", "canary", "classes", "sweep", "rate", "long_decode", "sustained")
+
+
+def planned_phases(cfg: SoakConfig) -> tuple[str, ...]:
+    """The phases a soak with ``cfg`` will run (a crash or a failed smoke ends it sooner)."""
+    if cfg.smoke_only:
+        return SOAK_PHASES[:3]
+    spec = cfg.check("correctness")
+    present = {
+        "canary": bool(canary_every(cfg)),
+        "classes": bool(cfg.classes),
+        "sweep": bool(cfg.concurrency),
+        "rate": bool(cfg.request_rates),
+        "long_decode": spec.enabled and int(spec.params.get("long_decode_tokens", 0)) > 0,
+        "sustained": cfg.sustained_duration > 0,
+    }
+    return tuple(p for p in SOAK_PHASES if present.get(p, True))
+
+
 @dataclass
 class SoakState:
     """What one soak has gathered so far (mutable while it runs)."""
@@ -120,8 +141,16 @@ class SoakState:
     cache_block_tokens: int | None = None
     #: Warm-up samples (each worker's first request of a level).
     warm: list[Sample] = field(default_factory=list)
+    #: The phases this soak runs (:func:`planned_phases`), for "phase k of n" in its events.
+    phases: tuple[str, ...] = ()
+    #: The baseline's tok/s per level label (the last passing verdict of the tag served before), shown
+    #: next to the running figure while a level runs; the verdict's throughput check judges it.
+    baseline_tok_s: Mapping[str, float] = field(default_factory=dict)
 
     def emit(self, phase: str, message: str, **data: Any) -> None:
+        if phase in self.phases:
+            data = {"step": self.phases.index(phase) + 1, "steps": len(self.phases),
+                    "elapsed": round(self.now()), **data}
         self.progress(Event(phase, message, host=self.target.name, data=data))
 
     def now(self) -> float:
@@ -247,9 +276,14 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
         el = max(now - t_start, 1e-6)
         tok_s = sum(s.output_tokens or 0 for s in done) / el
         errors = len(level) - len(done)
-        st.emit(phase, f"{label} c={concurrency} {len(level)}/{requests} req {tok_s:.0f} tok/s "
+        # The level once: a sweep level's label is its concurrency already.
+        what = label if label == f"c={concurrency}" else f"{label} c={concurrency}"
+        st.emit(phase, f"{what} {len(level)}/{requests} req {tok_s:.0f} tok/s "
                        f"errors {errors}", concurrency=concurrency, tok_s=round(tok_s),
-                errors=errors, acceptance=checks.pct(st.last_acceptance), level=label)
+                errors=errors, acceptance=checks.pct(st.last_acceptance), level=label,
+                requests=len(level), planned_requests=requests, level_elapsed=round(el),
+                level_seconds=round(seconds), baseline=st.baseline_tok_s.get(label),
+                acceptance_rate=st.last_acceptance)
 
     async def worker(wid: int) -> None:
         nonlocal stopped, n_canaries

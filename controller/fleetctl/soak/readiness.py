@@ -132,7 +132,7 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
         # Whole 10 s steps in the message: line displays print a line per change, not per poll.
         progress(Event("readiness", f"waiting for {target.base_url}/health ({last_state}), "
                                     f"{int(waited // 10 * 10)}s of {timeout:.0f}s" + (f"; log: {tail}" if tail else ""),
-                       host=target.name, data={"waited": round(waited), "state": probe.state}))
+                       host=target.name, data={"waited": round(waited), "timeout": round(timeout), "state": probe.state}))
         if time.monotonic() + poll > deadline:
             break
         await asyncio.sleep(poll)

@@ -50,6 +50,7 @@ from fleetctl.soak.phases import (
     long_text,
     merge_trials,
     open_loop,
+    planned_phases,
     run_requests,
     sized,
     sustained,
@@ -226,7 +227,9 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     t0 = time.monotonic()
     art = Artifacts(artifacts_dir)
     art.write_json("config.json", to_dict(config))
-    st = SoakState(target, config, progress, art, t0)
+    st = SoakState(target, config, progress, art, t0, phases=planned_phases(config),
+                   baseline_tok_s={lv.label: lv.tok_s for lv in (baseline.levels if baseline else ())
+                                   if lv.tok_s is not None})
 
     async def go() -> Evidence:
         conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8

@@ -1,0 +1,224 @@
+"""``fleetctl ui``: a small read-only web page of the fleet, on 127.0.0.1 by default.
+
+It shows the inventory's hosts (with what the ledger last did to each), the rollout, rollback or abort in
+progress from its event log (``<state dir>/events``: the same events and the same model as the
+terminal's live view, :mod:`fleetctl.cli.live`), the history (``fleetctl history``) and each host's soak
+report with its charts (drawn from the gate's ``verdict.json`` by the soak's own HTML report). A second
+process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup).
+
+The standard library's HTTP server, its handlers bounded (:data:`MAX_HANDLERS` at once); the page, its
+script and its style ship in the package (``cli/ui_assets``): no build step, no CDN. Only GET and HEAD.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import click
+
+from fleetctl import inventory, paths
+from fleetctl.cli import live
+from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.rollout import history_json
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Inventory
+from fleetctl.soak import report
+from fleetctl.soak.verdict import Verdict, from_dict
+from fleetctl.state import ledger as fleet_ledger
+
+#: Requests handled at once (a browser opens a few; more wait for a free handler).
+MAX_HANDLERS = 8
+#: Rollouts and rollbacks listed in the history.
+HISTORY = 20
+DEFAULT_PORT = 8765
+ASSETS = {"/": ("index.html", "text/html; charset=utf-8"), "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+          "/style.css": ("style.css", "text/css; charset=utf-8")}
+
+
+class BoundedServer(ThreadingHTTPServer):
+    """A thread per request, at most ``MAX_HANDLERS`` of them at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self.slots = threading.BoundedSemaphore(MAX_HANDLERS)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.slots.acquire()
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
+
+
+class Fleet:
+    """What the page reads, all of it on each request (read-only: nothing here changes a file or a host)."""
+
+    def __init__(self, inv: Inventory, state_dir: Path) -> None:
+        self.inv = inv
+        self.state_dir = state_dir
+
+    def hosts(self) -> list[dict[str, Any]]:
+        """Every inventory host: address, groups, recipe, and what the newest run that had it did to it."""
+        last: dict[str, dict[str, Any]] = {}
+        for rec in self._history():
+            for h in rec.hosts:
+                last.setdefault(h.host, {"run": rec.id, "kind": rec.kind, "status": h.status, "phase": h.phase,
+                                         "tag": h.after_tag or h.before_tag, "digest": h.after_digest or h.before_digest,
+                                         "finished_at": h.finished_at})
+        return [{"host": h.name, "address": h.address, "groups": list(h.groups),
+                 "recipe": h.vars.get("fleetctl_recipe") or self.inv.vars.get("fleetctl_recipe"),
+                 "last": last.get(h.name)} for h in self.inv.hosts.values()]
+
+    def _history(self) -> list[fleet_ledger.RolloutRecord]:
+        with fleet_ledger.open_for(self.inv, self.state_dir) as led:
+            return led.history(HISTORY)
+
+    def history(self) -> list[dict[str, Any]]:
+        return [history_json(r) for r in self._history()]
+
+    def live(self) -> dict[str, Any]:
+        """The newest run's view, from its event log; ``{"log": None}`` before any run."""
+        logs = sorted(live.events_dir(self.state_dir).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        if not logs:
+            return {"log": None}
+        path = logs[-1]
+        text = path.read_text(errors="replace").splitlines()
+        first = json.loads(text[0]) if text and text[0].startswith("{") else {}
+        started = float(first.get("started") or 0) if isinstance(first, dict) else 0.0
+        now = time.time() - started if started else None
+        title = path.name.split("-", 1)[0]
+        return {"log": path.name, **live.replay(text, title, now=now).snapshot()}
+
+    def report(self, rid: str, host: str) -> str | None:
+        """The soak report (HTML, with charts) of ``host``'s gate in run ``rid``; None when there is none."""
+        with fleet_ledger.open_for(self.inv, self.state_dir) as led:
+            try:
+                rec = led.get(rid)
+            except FleetError:
+                return None
+        hr = rec.host(host)
+        if hr is None:
+            return None
+        runs = (self.state_dir / "runs").resolve()
+        candidates = [Path(hr.artifacts) / "verdict.json"] if hr.artifacts else []
+        candidates.append(runs / rec.id / f"soak-{hr.host}" / "verdict.json")
+        for c in candidates:
+            c = c.resolve()
+            # Only the state dir's run artifacts, whatever a record says.
+            if c.is_relative_to(runs) and c.is_file():
+                v = from_dict(Verdict, json.loads(c.read_text()))
+                return report.to_html([v])
+        return None
+
+
+def asset(name: str) -> bytes:
+    return resources.files("fleetctl.cli").joinpath("ui_assets", name).read_bytes()
+
+
+def handler_for(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
+    routes: dict[str, Callable[[], Any]] = {"/api/live": fleet.live, "/api/hosts": fleet.hosts,
+                                            "/api/history": fleet.history}
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "fleetctl-ui"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            del format, args  # quiet: the terminal is the operator's
+
+        def _send(self, status: int, body: bytes, ctype: str) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            self.send_header("X-Content-Type-Options", "nosniff")
+            self.send_header("Content-Security-Policy",
+                             "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def do_HEAD(self) -> None:
+            self.do_GET()
+
+        def do_GET(self) -> None:
+            path = urlsplit(self.path).path
+            try:
+                if path in ASSETS:
+                    name, ctype = ASSETS[path]
+                    self._send(HTTPStatus.OK, asset(name), ctype)
+                elif path in routes:
+                    body = json.dumps(routes[path](), default=str).encode()
+                    self._send(HTTPStatus.OK, body, "application/json")
+                elif path.startswith("/report/") and path.count("/") == 3:
+                    _, _, rid, host = (unquote(p) for p in path.split("/"))
+                    page = fleet.report(rid, host)
+                    if page is None:
+                        self._send(HTTPStatus.NOT_FOUND, f"no soak report for {host} in {rid}".encode(),
+                                   "text/plain; charset=utf-8")
+                    else:
+                        self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
+                else:
+                    self._send(HTTPStatus.NOT_FOUND, b"not found", "text/plain; charset=utf-8")
+            except (FleetError, OSError, ValueError) as e:
+                cause = e.message() if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+                self._send(HTTPStatus.INTERNAL_SERVER_ERROR, json.dumps({"error": cause}).encode(),
+                           "application/json")
+
+    return Handler
+
+
+def serve(fleet: Fleet, bind: str = "127.0.0.1", port: int = DEFAULT_PORT) -> BoundedServer:
+    """A server for ``fleet`` bound to ``bind:port`` (0: any free port), not yet serving."""
+    try:
+        return BoundedServer((bind, port), handler_for(fleet))
+    except OSError as e:
+        raise FleetError(f"cannot listen on {bind}:{port}: {e.strerror or e}",
+                         fix="pick another port with --port N (or stop what listens there)") from e
+
+
+@click.command("ui")
+@click.option("--port", "-p", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
+              help="TCP port (0: any free one).")
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="Address to listen on; the page is read-only but shows the fleet's names and history.")
+@json_option
+@pass_ctx
+def ui(ctx: Ctx, port: int, bind: str) -> None:
+    """Serve a read-only web page: hosts, the rollout in progress, history and soak reports."""
+    inv = inventory.load(ctx.inventory)
+    server = serve(Fleet(inv, paths.state_dir(inv.path)), bind, port)
+    addr = server.server_address
+    host = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
+    url = f"http://{host}:{addr[1]}/"
+    ctx.emit({"url": url, "state_dir": str(paths.state_dir(inv.path))},
+             lambda con: con.print(f"fleetctl ui on {url} (read-only; Ctrl-C stops it)", highlight=False,
+                                   markup=False))
+    sys.stdout.flush()  # the URL reaches a script reading a pipe before the server blocks
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+commands: list[click.Command] = [ui]
