@@ -1,0 +1,203 @@
+"""The rollout engine with a real HAProxy as the fleet's front door: the simulated fleet's hosts are the
+servers of a real haproxy on loopback (tiny HTTP backends standing for their vLLM), driven through its
+admin socket. What each host looked like to the door is recorded at every host operation."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import inventory, paths
+from fleetctl.frontdoor.haproxy import HAProxy
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.state import ledger as fleet_ledger
+from tests.frontdoor.servers import Backend, haproxy
+
+from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, SimOps, digest_of
+
+HOSTS = ["spark-01", "spark-02", "spark-03"]
+A, B, SOAKBAD = "v1", "v2", "v-soakfail"
+CHANGES = ("retire", "start", "restore", "swap", "kill")
+
+
+@dataclass
+class Door:
+    haproxy: HAProxy
+    backends: dict[str, Backend]
+    port: int
+    inv_dir: Path
+    #: (host, op, the door's admin state of that host then, requests running on it then)
+    seen: list[tuple[str, str, str, int]]
+
+    def admin(self, name: str) -> str:
+        return self.haproxy.state(Host(name, "127.0.0.1")).admin
+
+
+@pytest.fixture
+def door(tmp_path: Path) -> Iterator[Door]:
+    backends = {n: Backend() for n in HOSTS}
+    try:
+        with haproxy(tmp_path, {n: b.port for n, b in backends.items()}) as (sock, port):
+            inv_dir = tmp_path / "inventory"
+            shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+            (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+                f"fleetctl_front_door: {{type: haproxy, socket: {sock}, backend: vllm}}\n"
+                "fleetctl_drain_timeout: 30\nfleetctl_readmit_timeout: 30\n")
+            d = Door(HAProxy("vllm", str(sock)), backends, port, inv_dir, [])
+            yield d
+    finally:
+        for b in backends.values():
+            b.close()
+
+
+class Watched(SimOps):
+    """SimOps that notes the door's view of the host at every change, and can die at one."""
+
+    door: Door
+    die_at: tuple[str, str] | None = None
+
+    def _note(self, op: str) -> None:
+        if (self.host.name, op) == type(self).die_at:
+            type(self).die_at = None
+            self.fleet.dead = True
+            raise Killed(op)
+        self.door.seen.append((self.host.name, op, self.door.admin(self.host.name),
+                               self.door.backends[self.host.name].running))
+
+    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Any:
+        self._note("retire")
+        return super().retire(name, rollout_id, target_digest, grace)
+
+    def start(self, recipe: Recipe, ref: str, **kw: Any) -> Any:
+        self._note("start")
+        return super().start(recipe, ref, **kw)
+
+    def restore(self, name: str) -> Any:
+        self._note("restore")
+        return super().restore(name)
+
+    def swap(self, name: str) -> Any:
+        self._note("swap")
+        return super().swap(name)
+
+
+def _engine(fleet: SimFleet, d: Door, state: Path) -> Engine:
+    class DoorEngine(Engine):
+        def _vllm_in_flight(self, h: Host, recipe: Recipe) -> int | None:
+            return d.backends[h.name].running
+
+    Watched.door = d
+    inv = inventory.load(d.inv_dir / "hosts.yml")
+    return DoorEngine(inv, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
+                      resolve=fleet.resolve)
+
+
+def _rollout(fleet: SimFleet, d: Door, state: Path, tag: str) -> RolloutResult:
+    eng = _engine(fleet, d, state)
+    try:
+        return eng.rollout(Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0))
+    finally:
+        eng.close()
+
+
+def _out_of_rotation(state: Path) -> dict[str, Any]:
+    with fleet_ledger.open_ledger(state) as led:
+        return dict(led.out_of_rotation())
+
+
+def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(tmp_path: Path, door: Door) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    # Two requests in flight on the canary when the rollout begins: its stop waits for them.
+    door.haproxy.drain(Host("spark-02", "x"))
+    door.haproxy.drain(Host("spark-03", "x"))
+    answers: list[int] = []
+
+    def hold() -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{door.port}/hold", timeout=60) as r:
+            answers.append(r.status)
+
+    holds = [threading.Thread(target=hold) for _ in range(2)]
+    for t in holds:
+        t.start()
+    import time
+    deadline = time.monotonic() + 30
+    while door.backends["spark-01"].running < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    door.haproxy.readmit(Host("spark-02", "x"))
+    door.haproxy.readmit(Host("spark-03", "x"))
+    threading.Timer(0.5, door.backends["spark-01"].release.set).start()
+
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    for t in holds:
+        t.join(30)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert answers == [200, 200]
+    assert set(fleet.serving_tags().values()) == {B}
+    changes = [s for s in door.seen if s[1] in ("retire", "start")]
+    assert {s[0] for s in changes} == set(HOSTS)
+    # Every stop and start happened out of rotation, with no request left on the host.
+    assert all(admin == "drain" and running == 0 for _, _, admin, running in changes), changes
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3
+    assert _out_of_rotation(tmp_path / "state") == {}
+    timings = {h.host: h.timings for h in r.hosts}
+    assert all("drain" in t and "readmit" in t for t in timings.values()), timings
+    assert timings["spark-01"]["drain"] >= 0.4  # it waited for the two requests
+
+
+def test_a_canary_failing_its_gate_is_never_readmitted_on_the_bad_version(tmp_path: Path, door: Door) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, SOAKBAD: SOAKFAIL})
+    r = _rollout(fleet, door, tmp_path / "state", SOAKBAD)
+    assert r.status == fleet_ledger.FAILED
+    canary = [s for s in door.seen if s[0] == "spark-01"]
+    assert [op for _, op, _, _ in canary] == ["retire", "start", "restore"]
+    assert all(admin == "drain" for _, _, admin, _ in canary), canary
+    assert fleet.serving_tags()["spark-01"] == A and door.admin("spark-01") == "ready"
+    assert not [s for s in door.seen if s[0] != "spark-01"]
+    assert _out_of_rotation(tmp_path / "state") == {}
+
+
+@pytest.mark.parametrize("then", ["resume", "abort", "rollback"])
+def test_a_controller_killed_while_a_host_is_drained_leaves_it_recorded_and_the_next_command_readmits_it(
+        tmp_path: Path, door: Door, then: str) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    state = tmp_path / "state"
+    Watched.die_at = ("spark-01", "retire")
+    with pytest.raises(Killed):
+        _rollout(fleet, door, state, B)
+    fleet.revive()
+    assert door.admin("spark-01") == "drain"
+    assert list(_out_of_rotation(state)) == ["spark-01"]
+    eng = _engine(fleet, door, state)
+    try:
+        if then == "resume":
+            r = eng.resume(Options())
+        elif then == "abort":
+            r = eng.abort()
+        else:
+            r = eng.rollback(limit="spark-01")
+    finally:
+        eng.close()
+    assert r.status in (fleet_ledger.COMPLETED, fleet_ledger.ABORTED), r.error
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3
+    assert _out_of_rotation(state) == {}
+    expected = B if then == "resume" else A
+    assert fleet.serving_tags()["spark-01"] == expected
+    assert fleet.serving_digest("spark-01") == digest_of(expected)
+
+
+def test_without_a_front_door_nothing_changes(tmp_path: Path, door: Door) -> None:
+    (door.inv_dir / "group_vars" / "all" / "frontdoor.yml").unlink()
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert all("drain" not in h.timings for h in r.hosts)
