@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
-from fleetctl import paths, ssh
+from fleetctl import frontdoor, paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.state import hoststate
+from fleetctl.state import ledger as fleet_ledger
 
 #: Seconds a host gets to answer the whole probe. A dead or frozen host is found sooner: the
 #: SSH connection (TCP and banner) has its own bound, ``fleetctl.ssh.DEFAULT_CONNECT_TIMEOUT``.
@@ -91,6 +92,9 @@ class HostStatus:
     lock: str | None = None
     #: The host's recorded last known-good tag (from its state file), None when none is recorded.
     last_known_good: str | None = None
+    #: The host as the fleet's front door sees it (``admin``, ``healthy``, ``in_flight``, ``detail``,
+    #: ``held_by``: the rollout that drained it and has not re-admitted it); None: no front door.
+    front_door: Mapping[str, Any] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -233,4 +237,34 @@ def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeo
             progress(Event("unreachable", cause, host=h.name))
             out[h.name] = HostStatus(name=h.name, address=h.address, reachable=False, seconds=round(o.seconds, 3),
                                      error=cause)
+    return out
+
+
+def front_door_view(inventory: Inventory, hosts: Iterable[Host]) -> dict[str, dict[str, Any]] | None:
+    """Each host as the inventory's front door sees it, and which ones a rollout holds out (from the ledger).
+
+    None when no front door is configured. The door is asked one host at a time, each call bounded by
+    the door's own timeout; once it fails, the other hosts get the same cause instead of a wait each.
+    """
+    door = frontdoor.from_inventory(inventory)
+    if door is None:
+        return None
+    try:
+        with fleet_ledger.open_for(inventory, paths.state_dir(inventory.path)) as led:
+            held = led.out_of_rotation()
+    except FleetError:
+        held = {}
+    out: dict[str, dict[str, Any]] = {}
+    broken: str | None = None
+    for h in hosts:
+        if broken is None:
+            try:
+                row = door.state(h).to_dict()
+            except FleetError as e:
+                broken = e.message()
+        if broken is not None:
+            row = {"host": h.name, "admin": "?", "healthy": None, "in_flight": None, "detail": broken}
+        row["door"] = door.kind
+        row["held_by"] = held[h.name].rollout_id if h.name in held else None
+        out[h.name] = row
     return out
