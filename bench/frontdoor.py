@@ -10,9 +10,11 @@
 2. Failed user requests (the lab, serving; FLEETCTL_LAB_DIR/FLEETCTL_LAB_SUBNET set): a rollout of every node
    to ``--tag`` under ``fleetctl lab traffic --rate R``, once with fleetctl driving the lab's HAProxy
    (``lab door on``) and once with the same HAProxy alone (``lab door off``: its own health checks and
-   redispatch only), then back to ``--back``::
+   redispatch only); the traffic runs from 2 s before the rollout to 2 s after it::
 
-       .venv/bin/python bench/frontdoor.py lab [--rate 4] [--json bench/results/frontdoor_lab.json]
+       .venv/bin/python bench/frontdoor.py lab [--rate 4] [--repeat 1] [--json bench/results/frontdoor_lab.json]
+
+   Each measured rollout starts from every node on ``--back`` (a smoke-gated ``rollback --to``, no traffic).
 """
 
 from __future__ import annotations
@@ -166,12 +168,29 @@ def lab_rollout(door_on: bool, tag: str, rate: float, duration: float, soak: flo
         eng.close()
         ssh.close_all()
     seconds = time.monotonic() - t0
-    out, _ = traffic.communicate(timeout=duration + 300)
+    time.sleep(2)
+    traffic.terminate()  # stops the sending; the requests in flight are waited for and reported
+    out, _ = traffic.communicate(timeout=300)
     rep = json.loads(out)
     return {"door": door_on, "status": r.status, "rollout_s": round(seconds, 1), "sent": rep["sent"],
             "ok": rep["ok"], "failed": rep["failed"], "p95_s": rep["p95_s"], "causes": rep["causes"],
             "steps_drain_s": {h.host: round(h.timings.get("drain", 0.0), 3) for h in r.hosts},
             "steps_readmit_s": {h.host: round(h.timings.get("readmit", 0.0), 3) for h in r.hosts}}
+
+
+def _reset(tag: str) -> None:
+    """Every node on ``tag`` again (smoke-gated rollback, no traffic), before a measured rollout."""
+    from fleetctl import inventory, ssh
+    from fleetctl.rollout.api import Engine
+
+    eng = Engine(inventory.load(None))
+    try:
+        r = eng.rollback(to=tag, max_unavailable="100%")
+    finally:
+        eng.close()
+        ssh.close_all()
+    if r.status != "completed":
+        raise SystemExit(f"could not put every node on {tag}: {r.error}")
 
 
 def main() -> None:
@@ -181,10 +200,11 @@ def main() -> None:
     ap.add_argument("--held", type=int, default=4)
     ap.add_argument("--release", type=float, default=1.0)
     ap.add_argument("--rate", type=float, default=4.0)
-    ap.add_argument("--duration", type=float, default=150.0, help="traffic seconds (cover the rollout)")
+    ap.add_argument("--duration", type=float, default=1800.0, help="traffic seconds at most (stopped with the rollout)")
     ap.add_argument("--tag", default="v0.24.0")
     ap.add_argument("--back", default="v0.23.0")
     ap.add_argument("--soak", type=float, default=3.0)
+    ap.add_argument("--repeat", type=int, default=1, help="lab: pairs of runs (with, without)")
     ap.add_argument("--json", dest="json_path")
     a = ap.parse_args()
     con = Console(width=int(os.environ.get("COLUMNS", "80")))
@@ -199,8 +219,10 @@ def main() -> None:
         con.print("added = drain call + wait beyond the requests' own time + re-admit until in rotation")
     else:
         runs = []
-        for on, tag in ((True, a.tag), (False, a.back), (False, a.tag), (True, a.back)):
-            runs.append({**lab_rollout(on, tag, a.rate, a.duration, a.soak), "tag": tag})
+        for _ in range(a.repeat):
+            for on in (True, False):
+                _reset(a.back)
+                runs.append({**lab_rollout(on, a.tag, a.rate, a.duration, a.soak), "tag": a.tag})
         figs = {"rate": a.rate, "runs": runs}
         t = Table(title=f"failed user requests during a rollout, {a.rate:g} req/s")
         for c in ("door", "tag", "sent", "ok", "failed", "p95 s", "rollout s"):

@@ -71,8 +71,9 @@ class Watched(SimOps):
             type(self).die_at = None
             self.fleet.dead = True
             raise Killed(op)
+        backend = self.door.backends.get(self.host.name)
         self.door.seen.append((self.host.name, op, self.door.admin(self.host.name),
-                               self.door.backends[self.host.name].running))
+                               backend.running if backend is not None else 0))
 
     def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Any:
         self._note("retire")
@@ -94,7 +95,7 @@ class Watched(SimOps):
 def _engine(fleet: SimFleet, d: Door, state: Path) -> Engine:
     class DoorEngine(Engine):
         def _vllm_in_flight(self, h: Host, recipe: Recipe) -> int | None:
-            return d.backends[h.name].running
+            return d.backends[h.name].running if h.name in d.backends else 0
 
     Watched.door = d
     inv = inventory.load(d.inv_dir / "hosts.yml")
@@ -135,7 +136,17 @@ def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(tmp_pa
         time.sleep(0.05)
     door.haproxy.readmit(Host("spark-02", "x"))
     door.haproxy.readmit(Host("spark-03", "x"))
-    threading.Timer(0.5, door.backends["spark-01"].release.set).start()
+    in_flight_at_drain: list[int] = []
+
+    def release_once_drained() -> None:
+        # The requests are still open when the canary leaves rotation; they end only then.
+        while door.admin("spark-01") != "drain":
+            time.sleep(0.02)
+        in_flight_at_drain.append(door.backends["spark-01"].running)
+        time.sleep(0.3)
+        door.backends["spark-01"].release.set()
+
+    threading.Thread(target=release_once_drained, daemon=True).start()
 
     r = _rollout(fleet, door, tmp_path / "state", B)
     for t in holds:
@@ -151,7 +162,7 @@ def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(tmp_pa
     assert _out_of_rotation(tmp_path / "state") == {}
     timings = {h.host: h.timings for h in r.hosts}
     assert all("drain" in t and "readmit" in t for t in timings.values()), timings
-    assert timings["spark-01"]["drain"] >= 0.4  # it waited for the two requests
+    assert in_flight_at_drain == [2]  # the stop came after the two requests ended
 
 
 def test_a_canary_failing_its_gate_is_never_readmitted_on_the_bad_version(tmp_path: Path, door: Door) -> None:
@@ -201,3 +212,67 @@ def test_without_a_front_door_nothing_changes(tmp_path: Path, door: Door) -> Non
     r = _rollout(fleet, door, tmp_path / "state", B)
     assert r.status == fleet_ledger.COMPLETED, r.error
     assert all("drain" not in h.timings for h in r.hosts)
+
+
+class PoolFile(Door):
+    """The command hook's view: a host is drained while its name is in the pool's out-file."""
+
+    def admin(self, name: str) -> str:
+        out = self.inv_dir.parent / "pool.out"
+        return "drain" if name in out.read_text().split() else "ready"
+
+
+def test_the_command_hook_through_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.frontdoor.test_command_and_litellm import HOOK
+
+    script = tmp_path / "pool.sh"
+    script.write_text(HOOK)
+    script.chmod(0o755)
+    monkeypatch.setenv("POOL", str(tmp_path / "pool"))
+    (tmp_path / "pool.out").write_text("")
+    inv_dir = tmp_path / "inventory"
+    shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+    (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+        f"fleetctl_front_door: {{type: command, command: {script}}}\n")
+    d = PoolFile(HAProxy("unused", "/nonexistent"), {}, 0, inv_dir, [])
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, d, tmp_path / "state", B)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    changes = [s for s in d.seen if s[1] in ("retire", "start")]
+    assert len(changes) == 6 and all(admin == "drain" for _, _, admin, _ in changes), changes
+    log = (tmp_path / "pool.log").read_text().splitlines()
+    assert [ln.split()[2] for ln in log] == ["drain", "readmit"] * 3
+    assert (tmp_path / "pool.out").read_text().split() == []
+
+
+def test_the_litellm_backend_through_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.frontdoor.test_command_and_litellm import FakeLiteLLM
+
+    monkeypatch.setenv("LITELLM_MASTER_KEY", "sk-m")
+    proxy = FakeLiteLLM("sk-m")
+    inv_dir = tmp_path / "inventory"
+    shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+    inv = inventory.load(inv_dir / "hosts.yml")
+    for n in HOSTS:
+        base = f"http://{inv.host(n).address}:8000/v1"
+        proxy.models.append({"model_name": "qwen3", "litellm_params": {"model": "hosted_vllm/qwen3", "api_base": base},
+                             "model_info": {"id": f"dep-{n}"}})
+        proxy.healthy.add(base)
+    (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+        f"fleetctl_front_door: {{type: litellm, url: '{proxy.url}', model_name: qwen3}}\n")
+
+    class Deployed(Door):
+        def admin(self, name: str) -> str:
+            return "ready" if any(m["model_info"]["id"] == f"dep-{name}" for m in proxy.models) else "maint"
+
+    d = Deployed(HAProxy("unused", "/nonexistent"), {}, 0, inv_dir, [])
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, SOAKBAD: SOAKFAIL})
+    try:
+        r = _rollout(fleet, d, tmp_path / "state", SOAKBAD)
+    finally:
+        proxy.server.shutdown()
+        proxy.server.server_close()
+    assert r.status == fleet_ledger.FAILED
+    assert [(h, op, admin) for h, op, admin, _ in d.seen] == [
+        ("spark-01", "retire", "maint"), ("spark-01", "start", "maint"), ("spark-01", "restore", "maint")]
+    assert sorted(m["model_info"]["id"] for m in proxy.models) == [f"dep-{n}" for n in HOSTS]

@@ -155,13 +155,20 @@ def traffic_cmd(ctx: Ctx, rate: float, duration: float, url: str | None, model: 
     """Send users' traffic through the lab's front door: streaming chat requests at a steady rate.
 
     Reports sent / ok / failed / p50 / p95 (--json: an object with those keys). Exits 1 when a request failed.
+    SIGTERM or Ctrl-C stops the sending early; the requests already sent are waited for and reported.
     """
+    import signal
+    import threading
+
     from fleetctl.lab import traffic
 
     door_url, default_model, key = traffic.lab_target() if url is None or model is None else (url, model, None)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     with ctx.progress("lab traffic") as progress:
         rep = traffic.run(url or door_url, model or default_model, rate, duration, api_key=key,
-                          max_tokens=max_tokens, progress=progress)
+                          max_tokens=max_tokens, progress=progress, stop=stop)
 
     def render(out: Console) -> None:
         def secs(v: float | None) -> str:

@@ -111,8 +111,11 @@ def one_request(url: str, model: str, api_key: str | None, max_tokens: int,
 
 
 def run(url: str, model: str, rate: float, duration: float, *, api_key: str | None = None, max_tokens: int = 16,
-        concurrency: int = MAX_CONCURRENCY, progress: Progress = NULL) -> TrafficReport:
-    """Send ``rate`` requests a second for ``duration`` seconds to ``url``; wait for every one; report."""
+        concurrency: int = MAX_CONCURRENCY, progress: Progress = NULL,
+        stop: threading.Event | None = None) -> TrafficReport:
+    """Send ``rate`` requests a second for ``duration`` seconds to ``url``; wait for every one; report.
+
+    ``stop`` set ends the sending early (the requests already sent are still waited for and counted)."""
     if rate <= 0 or duration <= 0:
         raise FleetError(f"--rate {rate} / --duration {duration}: both must be above 0",
                          fix="e.g. --rate 5 --duration 60")
@@ -145,11 +148,16 @@ def run(url: str, model: str, rate: float, duration: float, *, api_key: str | No
                 note_failure(at, cause)
 
     with ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="fleetctl-traffic") as pool:
+        sent = 0
         for i in range(total):
             due = t_start + i / rate
             delay = due - time.monotonic()
-            if delay > 0:
+            if stop is not None:
+                if stop.wait(max(0.0, delay)):
+                    break
+            elif delay > 0:
                 time.sleep(delay)
+            sent += 1
             at = time.monotonic() - t_start
             with mu:
                 full = open_now >= concurrency
@@ -164,7 +172,7 @@ def run(url: str, model: str, rate: float, duration: float, *, api_key: str | No
                     progress(Event("traffic", f"{i} sent, {len(latencies)} ok, {sum(causes.values())} failed"))
     seconds = time.monotonic() - t_start
     failed = sum(causes.values())
-    return TrafficReport(url, model, rate, duration, total, len(latencies), failed, _percentile(latencies, 0.5),
+    return TrafficReport(url, model, rate, duration, sent, len(latencies), failed, _percentile(latencies, 0.5),
                          _percentile(latencies, 0.95), round(max(latencies), 4) if latencies else None, seconds,
                          dict(causes), sorted(failures))
 
