@@ -156,3 +156,41 @@ def test_without_the_door_fleetctl_leaves_haproxy_alone(serving: Any) -> None:
         print(f"without the door: {r.status}, {report['failed']} of {report['sent']} failed {report['causes']}")
     finally:
         serve(OLD)
+
+
+@pytest.mark.parametrize("then", ["resume", "abort"])
+def test_a_controller_killed_while_a_host_is_drained_then_the_host_ends_in_rotation(
+        door: LabFrontDoor, then: str) -> None:
+    import os
+    import signal
+
+    from fleetctl import inventory, paths
+
+    sampler = Sampler(door)
+    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
+                          "--waves", "1,100%"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=os.environ.copy())
+    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert p.poll() is None, "the rollout ended before it could be killed"
+            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            if (rec is not None and (h := rec.host("spark-01")) is not None and h.phase in ("loading", "soak")
+                    and sampler.admin()["spark-01"] == "drain"):
+                break
+            time.sleep(0.2)
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert sampler.admin()["spark-01"] == "drain"
+    assert list(led.out_of_rotation()) == ["spark-01"]
+    verb = ["rollout", "--resume"] if then == "resume" else ["rollout", "abort"]
+    after = subprocess.run([FLEETCTL, *verb, "--yes", "--json"], capture_output=True, text=True, timeout=900,
+                           env=os.environ.copy())
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert sampler.admin() == dict.fromkeys(NODES, "ready")
+    assert led.out_of_rotation() == {}
+    led.close()
