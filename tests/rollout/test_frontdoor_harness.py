@@ -276,3 +276,31 @@ def test_the_litellm_backend_through_a_rollout(tmp_path: Path, monkeypatch: pyte
     assert [(h, op, admin) for h, op, admin, _ in d.seen] == [
         ("spark-01", "retire", "maint"), ("spark-01", "start", "maint"), ("spark-01", "restore", "maint")]
     assert sorted(m["model_info"]["id"] for m in proxy.models) == [f"dep-{n}" for n in HOSTS]
+
+
+def test_a_door_that_refuses_the_drain_leaves_the_host_serving_untouched(tmp_path: Path, door: Door) -> None:
+    f = door.inv_dir / "group_vars" / "all" / "frontdoor.yml"
+    f.write_text(f.read_text().replace("backend: vllm}", "backend: vllm, servers: {spark-01: nosuch}}"))
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    assert r.status == fleet_ledger.FAILED
+    canary = r.hosts[0]
+    assert canary.host == "spark-01" and "could not drain" in (canary.error or ""), canary
+    assert "no server nosuch" in (canary.error or "") or "nosuch" in (canary.error or "")
+    assert door.seen == [] and fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    assert _out_of_rotation(tmp_path / "state") == {}
+
+
+def test_a_host_the_door_does_not_see_healthy_after_its_gate_stays_out_and_stops_the_rollout(
+        tmp_path: Path, door: Door) -> None:
+    f = door.inv_dir / "group_vars" / "all" / "frontdoor.yml"
+    f.write_text(f.read_text().replace("fleetctl_readmit_timeout: 30", "fleetctl_readmit_timeout: 1"))
+    door.backends["spark-01"].close()  # HAProxy's health check of spark-01 now fails
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    assert r.status == fleet_ledger.FAILED
+    canary = r.hosts[0]
+    assert canary.status == fleet_ledger.HOST_FAILED and canary.phase == "out-of-rotation", canary
+    assert "passed its gate" in (canary.error or "") and "health check" in (canary.error or ""), canary.error
+    assert list(_out_of_rotation(tmp_path / "state")) == ["spark-01"]
+    assert [h.status for h in r.hosts[1:]] == [fleet_ledger.PENDING] * 2

@@ -51,6 +51,9 @@ class DoorSteps(Planning):
         except FleetError as e:
             # Nothing was changed on the host: put it back as it was and stop its step.
             undo = self._door_in_or_record(rid, h)
+            if undo is not None and self._door_never_took_it_out(h):
+                self.ledger.mark_in(h.name)
+                undo = None
             raise FleetError(f"the {self.door.kind} front door could not drain it: {e.cause}; the host was left "
                              "serving, untouched" + (f" ({undo})" if undo else ""), host=h.name, fix=e.fix) from None
         if drained.memo:
@@ -64,6 +67,14 @@ class DoorSteps(Planning):
                                   "them", h.name, **show, health="drained")
         else:
             self._emit("drained", f"no request in flight after {w.seconds:.1f}s", h.name, **show, health="drained")
+
+    def _door_never_took_it_out(self, h: Host) -> bool:
+        """After a refused drain: the door has the host in rotation still, or does not know it at all."""
+        assert self.door is not None
+        try:
+            return self.door.state(h).admin in ("ready", "absent")
+        except FleetError:
+            return False
 
     def _door_in(self, rid: str, h: Host, t: dict[str, float] | None = None) -> None:
         """Put ``h`` back in rotation if fleetctl took it out, and wait until the door sees it healthy.
