@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 # postgresql: the server the tests start (in a temp dir) to run the ledger's tests on PostgreSQL too.
 # openssh-server, sudo: the direct-SSH tests start sshd (a bastion and a host behind it) and use real sudo.
 # chromium: the web view's test loads `fleetctl ui` in a headless browser (screenshot, console errors).
+# haproxy: the front door the tests and the lab put before the nodes (driven through its runtime API).
 APT_PACKAGES=(docker.io docker-registry debootstrap openssh-client rsync iproute2 curl ca-certificates dpkg-dev gnupg
-              postgresql openssh-server sudo chromium)
+              postgresql openssh-server sudo chromium haproxy)
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -17,7 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("", "errors"),  # "" is fleetctl/__init__ (the version)
     ("paths", "progress", "durations", "runids", "access"),
     ("inventory", "secretenv", "registry"),
-    ("recipes", "ssh", "fabric"),
+    ("recipes", "ssh", "fabric", "frontdoor"),
     ("ansible", "state", "lab", "serving"),
     ("soak", "provision", "stage", "status"),
     ("rollout",),

@@ -20,12 +20,13 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
-from fleetctl import fabric, paths, ssh
+from fleetctl import fabric, frontdoor, paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.fabric import Finding
 from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.state import hoststate
+from fleetctl.state import ledger as fleet_ledger
 
 #: Seconds a host gets to answer the whole probe. A dead or frozen host is found sooner: the
 #: SSH connection (TCP and banner) has its own bound, ``fleetctl.ssh.DEFAULT_CONNECT_TIMEOUT``.
@@ -116,6 +117,9 @@ class HostStatus:
     unit_rank: int | None = None
     #: The fabric and parity checks of a unit member (None for a single host or when unreachable).
     fabric: FabricStatus | None = None
+    #: The host as the fleet's front door sees it (``admin``, ``healthy``, ``in_flight``, ``detail``,
+    #: ``held_by``: the rollout that drained it and has not re-admitted it); None: no front door.
+    front_door: Mapping[str, Any] | None = None
 
     @property
     def healthy(self) -> bool:
@@ -297,4 +301,34 @@ def with_parity(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dic
             if mine:
                 current = m.fabric or FabricStatus()
                 out[m.name] = replace(m, fabric=replace(current, findings=current.findings + mine))
+    return out
+
+
+def front_door_view(inventory: Inventory, hosts: Iterable[Host]) -> dict[str, dict[str, Any]] | None:
+    """Each host as the inventory's front door sees it, and which ones a rollout holds out (from the ledger).
+
+    None when no front door is configured. The door is asked one host at a time, each call bounded by
+    the door's own timeout; once it fails, the other hosts get the same cause instead of a wait each.
+    """
+    door = frontdoor.from_inventory(inventory)
+    if door is None:
+        return None
+    try:
+        with fleet_ledger.open_for(inventory, paths.state_dir(inventory.path)) as led:
+            held = led.out_of_rotation()
+    except FleetError:
+        held = {}
+    out: dict[str, dict[str, Any]] = {}
+    broken: str | None = None
+    for h in hosts:
+        if broken is None:
+            try:
+                row = door.state(h).to_dict()
+            except FleetError as e:
+                broken = e.message()
+        if broken is not None:
+            row = {"host": h.name, "admin": "?", "healthy": None, "in_flight": None, "detail": broken}
+        row["door"] = door.kind
+        row["held_by"] = held[h.name].rollout_id if h.name in held else None
+        out[h.name] = row
     return out

@@ -78,6 +78,7 @@ def test_foreign_traffic_is_detected_and_makes_its_checks_inconclusive(emulator:
     v = run_soak(served.target, config(shared_prefix_tokens=0), None)
     tp = v.check("throughput")
     assert tp.outcome is Outcome.INCONCLUSIVE and "another client is using it" in tp.message, tp.message
+    assert "fleetctl_front_door" in tp.message, tp.message  # the way to soak a host out of rotation
     assert any(m.label.endswith("foreign") for m in v.check("acceptance_decay").measurements)
     assert v.outcome is Outcome.INCONCLUSIVE, v.summary
     clean = run_soak(emulator(EMU_SPEED="4").target, config(), None)

@@ -267,6 +267,21 @@ def test_lock_held_from_another_machine(backend: Backend) -> None:
         p.wait(10)
 
 
+def test_hosts_out_of_rotation_are_kept_until_put_back(backend: Backend) -> None:
+    with backend.open() as led:
+        led.mark_out("s1", "ro-1", "rollout", {})
+        led.mark_out("s1", "ro-1", "rollout", {"deployments": [{"id": "d1"}]})
+        led.mark_out("s1", "ro-2", "rollback", {})  # a re-drain keeps what the first one took away
+        led.mark_out("s2", "ro-2", "rollback", {})
+    with backend.open() as led:
+        out = led.out_of_rotation()
+        assert sorted(out) == ["s1", "s2"]
+        assert (out["s1"].rollout_id, out["s1"].reason, out["s1"].memo) == ("ro-2", "rollback",
+                                                                           {"deployments": [{"id": "d1"}]})
+        led.mark_in("s1")
+        assert list(led.out_of_rotation()) == ["s2"]
+
+
 def test_a_version_1_ledger_is_migrated_and_keeps_its_records(backend: Backend) -> None:
     backend.make_v1()
     with backend.open() as led:
@@ -289,7 +304,7 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_records(backend: Backend) 
         kg = led.known_good("s1")
         assert [(k.tag, k.source, k.rollout_id) for k in kg] == [("new", "gate", "ro-1"), ("old2", "served", "ro-1")]
         assert kg[1].settings == {"env": ["HF_TOKEN"]}
-    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 2
+    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 3
 
 
 # -- PostgreSQL only: what a shared database adds ---------------------------------------------------------

@@ -167,4 +167,62 @@ def image_cmd(ctx: Ctx, tag: str, repository: str, settings: tuple[str, ...], fr
     ctx.emit({"ref": ref}, lambda out: out.print(ref))
 
 
+@lab_group.command("traffic")
+@click.option("--rate", type=click.FloatRange(0.1, 200), required=True, help="Requests started per second.")
+@click.option("--duration", type=click.FloatRange(1, 3600), required=True, help="Seconds to send for.")
+@click.option("--url", help="Send to this server instead of the lab's front door (http://HOST:PORT).")
+@click.option("--model", help="Model name to ask for (default: the lab recipe's first served name).")
+@click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True)
+@json_option
+@pass_ctx
+def traffic_cmd(ctx: Ctx, rate: float, duration: float, url: str | None, model: str | None, max_tokens: int) -> None:
+    """Send users' traffic through the lab's front door: streaming chat requests at a steady rate.
+
+    Reports sent / ok / failed / p50 / p95 (--json: an object with those keys). Exits 1 when a request failed.
+    SIGTERM or Ctrl-C stops the sending early; the requests already sent are waited for and reported.
+    """
+    import signal
+    import threading
+
+    from fleetctl.lab import traffic
+
+    door_url, default_model, key = traffic.lab_target() if url is None or model is None else (url, model, None)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with ctx.progress("lab traffic") as progress:
+        rep = traffic.run(url or door_url, model or default_model, rate, duration, api_key=key,
+                          max_tokens=max_tokens, progress=progress, stop=stop)
+
+    def render(out: Console) -> None:
+        def secs(v: float | None) -> str:
+            return "-" if v is None else f"{v:.3f}"
+
+        out.print(fit_table(out.width, ["sent", "ok", "failed", "p50 s", "p95 s", "max s"],
+                            [[str(rep.sent), str(rep.ok), f"[red]{rep.failed}[/]" if rep.failed else "0",
+                              secs(rep.p50_s), secs(rep.p95_s), secs(rep.max_s)]],
+                            title=f"{rep.rate:g}/s for {rep.duration:g}s to {rep.url}"))
+        for cause, n in sorted(rep.causes.items(), key=lambda kv: -kv[1]):
+            out.print(f"[red]{n} failed[/]: {cause}")
+
+    ctx.emit(rep.to_dict(), render)
+    if rep.failed:
+        raise click.exceptions.Exit(int(ExitCode.FAILED))
+
+
+@lab_group.command("door")
+@click.argument("state", type=click.Choice(["on", "off"]))
+@json_option
+@pass_ctx
+def door_cmd(ctx: Ctx, state: str) -> None:
+    """Make rollouts on the lab drain and re-admit hosts at the lab's HAProxy (on), or leave it alone (off)."""
+    from fleetctl.lab.frontdoor import LabFrontDoor
+    from fleetctl.lab.layout import current
+
+    door = LabFrontDoor(current())
+    f = door.use_in_inventory(state == "on")
+    result = {"front_door": state, "vars_file": str(f), "url": door.url, "running": door.running()}
+    ctx.emit(result, lambda out: out.print(f"front door {state}: {f if state == 'on' else 'removed ' + str(f)}"))
+
+
 commands: list[click.Command] = [lab_group]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -13,7 +14,7 @@ from fleetctl import inventory as inv
 from fleetctl import ssh
 from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode
-from fleetctl.status import DEFAULT_TIMEOUT, HostStatus, probe_fleet
+from fleetctl.status import DEFAULT_TIMEOUT, HostStatus, front_door_view, probe_fleet
 
 
 def _uptime(seconds: float | None) -> str:
@@ -34,8 +35,23 @@ def _health(st: HostStatus) -> str:
     return "[dim]-[/]" if st.container is None else "[red]refused[/]"
 
 
+def _door(st: HostStatus) -> str:
+    d = st.front_door
+    if d is None:
+        return ""
+    admin = str(d.get("admin"))
+    text = {"ready": "[green]in[/]", "drain": "[yellow]drain[/]", "maint": "[yellow]out[/]"}.get(admin,
+                                                                                             f"[red]{escape(admin)}[/]")
+    if d.get("healthy") is False:
+        text += " [red]down[/]"
+    if d.get("held_by"):
+        text += "*"
+    return text
+
+
 def render_status(statuses: Mapping[str, HostStatus]) -> Any:
     """Draw the fleet table."""
+    doors = any(st.front_door is not None for st in statuses.values())
 
     def render(out: Console) -> None:
         rows = []
@@ -43,7 +59,7 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
             if not st.reachable:
                 # The cause goes in "serving": the one free-text column kept at any width.
                 rows.append([name, f"[red]no[/] ({st.seconds:.1f}s)", "", "", "", "",
-                             f"[red]{escape(st.error or '')}[/]", "", "", ""])
+                             f"[red]{escape(st.error or '')}[/]", "", "", ""] + ([_door(st)] if doors else []))
                 continue
             c = st.container
             if c is None:
@@ -59,12 +75,21 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                 name, f"[green]yes[/] ({st.seconds:.1f}s)", gpu if gpu_ok else f"[yellow]{gpu}[/]",
                 escape(st.driver or "?"), escape(st.toolkit or "-"), escape(st.docker or "?"),
                 serving, digest, _health(st), _uptime(st.uptime_s),
-            ])
+            ] + ([_door(st)] if doors else []))
         # At 80 columns the software versions give way first (`--json` has them all), then GPU and digest.
-        out.print(fit_table(out.width, ["host", "reachable", Col("GPU", drop=3), Col("driver", drop=6),
-                                        Col("toolkit", drop=5), Col("docker", drop=4),
-                                        Col("serving", flex=True, min=16), Col("digest", drop=2), "health",
-                                        Col("uptime", drop=1)], rows, title="fleet status"))
+        cols: list[Col | str] = ["host", "reachable", Col("GPU", drop=3), Col("driver", drop=6),
+                                 Col("toolkit", drop=5), Col("docker", drop=4),
+                                 Col("serving", flex=True, min=16), Col("digest", drop=2), "health",
+                                 Col("uptime", drop=1)]
+        if doors:
+            cols.append(Col("door"))
+        out.print(fit_table(out.width, cols, rows, title="fleet status"))
+        held = [n for n, st in statuses.items() if st.front_door and st.front_door.get("held_by")]
+        for n in held:
+            d = statuses[n].front_door or {}
+            out.print(f"[yellow]out of rotation[/] {n}: drained by {escape(str(d.get('held_by')))} and not "
+                      f"re-admitted yet ({escape(str(d.get('detail') or ''))}); `fleetctl rollout --resume`, "
+                      "`rollout abort` or `rollback` puts it back", highlight=False)
         warn = [n for n, st in statuses.items() if st.reachable and st.next_kernel_has_nvidia is False]
         for n in warn:
             st = statuses[n]
@@ -118,6 +143,9 @@ def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:
     try:
         with ctx.progress("status", ("phase", "message")) as progress:
             statuses = probe_fleet(inventory, hosts, timeout=timeout, progress=progress)
+        doors = front_door_view(inventory, hosts)
+        if doors is not None:
+            statuses = {n: dataclasses.replace(st, front_door=doors.get(n)) for n, st in statuses.items()}
     finally:
         ssh.close_all()
     ctx.emit(statuses, render_status(statuses))

@@ -30,6 +30,7 @@ from fleetctl import paths
 from fleetctl.errors import FleetError
 from fleetctl.lab import access, aptrepo, images, inventory, nodes, procs
 from fleetctl.lab.dockerd import Dockerd
+from fleetctl.lab.frontdoor import LabFrontDoor
 from fleetctl.lab.layout import MAX_NODES, Layout, current
 from fleetctl.lab.nodes import Faults, InnerContainer
 from fleetctl.lab.rootfs import file_lock
@@ -186,6 +187,7 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
         state["images"] = sorted(set(state.get("images", [])) | set(pushed))
         _write_state(lay, state)
         inventory.write(lay, state["nodes"])
+        LabFrontDoor(lay).start(state["nodes"], progress)
         progress(Event("ready", f"lab up with {nodes} node(s) in {time.monotonic() - t0:.0f}s"))
     return status()
 
@@ -332,6 +334,7 @@ def down(progress: Progress = NULL) -> list[str]:
         progress(Event("stopping", "registry and HTTP server"))
         Registry(lay).stop()
         WebServer(lay).stop()
+        LabFrontDoor(lay).stop()
         _unmount_under(lay.root)
         _unmount_under(lay.exec_root)
         if Path(f"/sys/class/net/{lay.bridge}").exists():
@@ -383,6 +386,7 @@ def status() -> LabStatus:
         "engine": engine_up,
         "registry": Registry(lay).running(),
         "http": WebServer(lay).running(),
+        "frontdoor": LabFrontDoor(lay).running(),
     }
     names: list[str] = list(state.get("nodes", []))
 

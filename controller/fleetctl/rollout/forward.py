@@ -163,6 +163,11 @@ class Forward(HostSteps):
                 error = "; ".join(f"{r.host}: {r.error}" for r in failed)
         except StopRollout as e:
             status, error = e.status, e.error
+        # Hosts a killed controller left out of rotation and this run left serving go back in.
+        door_problems = self._door_reconcile(rid, recipe, [h.host for h in p.hosts])
+        if door_problems:
+            error = "; ".join([error or "", *door_problems]).lstrip("; ")
+            status = fleet_ledger.COMPLETED_WITH_FAILURES if status == fleet_ledger.COMPLETED else status
         self.ledger.set_status(rid, status, error)
         if status == fleet_ledger.COMPLETED:
             hook.send("completion", tag=p.tag, digest=p.digest)

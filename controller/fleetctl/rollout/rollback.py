@@ -185,9 +185,10 @@ class Rollback(Forward):
                     self.ledger.host_phase(rid, n, "failed", err.message(), status=fleet_ledger.HOST_FAILED,
                                            error=err.message())
         rec = self.ledger.get(rid)
+        door_problems = self._door_reconcile(rid, recipe, [h.host for h in rec.hosts])
         bad = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE, fleet_ledger.SKIPPED)]
-        status = fleet_ledger.FAILED if bad else fleet_ledger.COMPLETED
-        error = "; ".join(f"{h.host}: {h.error}" for h in bad) or None
+        status = fleet_ledger.FAILED if bad or door_problems else fleet_ledger.COMPLETED
+        error = "; ".join([f"{h.host}: {h.error}" for h in bad] + door_problems) or None
         self.ledger.set_status(rid, status, error)
         hook.send("completion" if not bad else "failure", error=error)
         return self._result(rid, seconds=time.monotonic() - t0)
@@ -235,12 +236,14 @@ class Rollback(Forward):
                 self._phase(rid, h, "loading", f"serving {tag}: checking it", {**show, "health": "loading"},
                             status=fleet_ledger.IN_PROGRESS)
             elif prev is not None and wanted(prev):
+                self._door_out(rid, h, recipe, show, t, reason="rollback")
                 self._phase(rid, h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})", show,
                             status=fleet_ledger.IN_PROGRESS)
                 ops.swap(name)
             else:
                 self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=fleet_ledger.IN_PROGRESS)
                 t["pull"] = ops.pull(ref)
+                self._door_out(rid, h, recipe, show, t, reason="rollback")
                 self._phase(rid, h, "stopping", None, show)
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).
                 ops.retire(name, rid, digest, grace=0)
@@ -264,7 +267,9 @@ class Rollback(Forward):
             if isinstance(e, KeyboardInterrupt):
                 raise
             return
-        self._phase(rid, h, "done", f"serving {tag}", {**show, "health": "ok"}, status=fleet_ledger.DONE, after_tag=tag,
+        door_error = self._door_in_or_record(rid, h, t)
+        self._phase(rid, h, "done", f"serving {tag}" + (f"; {door_error}" if door_error else ""),
+                    {**show, "health": "ok"}, status=fleet_ledger.DONE, after_tag=tag,
                     after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
 
     def _undo_rollback(self, rid: str, recipe: Recipe, h: Host, ops: remote.HostOps, why: str,
@@ -298,7 +303,9 @@ class Rollback(Forward):
                         status=fleet_ledger.HOST_FAILED, error=f"{why}; undo failed: {cause}; fix: {fix}")
             return
         tag_b = rec.before_tag if rec is not None else None
-        self._phase(rid, h, "rolled-back", f"{why}; serving {tag_b} again", {**show, "health": "ok", "tag": tag_b},
+        door_error = self._door_in_or_record(rid, h)
+        self._phase(rid, h, "rolled-back", f"{why}; serving {tag_b} again" + (f"; {door_error}" if door_error else ""),
+                    {**show, "health": "ok", "tag": tag_b},
                     status=fleet_ledger.ROLLED_BACK, after_tag=tag_b, after_digest=before, error=why)
 
     def abort(self, webhook: str | None = None, force: bool = False,

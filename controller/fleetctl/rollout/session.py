@@ -28,7 +28,8 @@ from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
-from fleetctl import paths, registry, secretenv
+from fleetctl import frontdoor, paths, registry, secretenv
+from fleetctl.durations import parse_duration
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
@@ -103,7 +104,7 @@ class Session:
                  ops: Callable[[Host], remote.HostOps] | None = None, gates: gate.Gates | None = None,
                  resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None,
                  take_over: bool = False, host_store: hoststate.Store | None = None,
-                 deployer: deploy.Deployer | None = None) -> None:
+                 deployer: deploy.Deployer | None = None, door: frontdoor.FrontDoor | None = None) -> None:
         """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the registry
         (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet.
         ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with ``ops``).
@@ -131,6 +132,12 @@ class Session:
         self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
                                                           else hoststate.MemoryStore())
         self.held: hoststate.HostLocks | None = None
+        #: The fleet's front door (``door``, else ``fleetctl_front_door``; None: none), checked before any host.
+        self.door: frontdoor.FrontDoor | None = door if door is not None else frontdoor.from_inventory(inventory)
+        self.drain_timeout = parse_duration(inventory.vars.get("fleetctl_drain_timeout", 120),
+                                            f"fleetctl_drain_timeout in {inventory.path}")
+        self.readmit_timeout = parse_duration(inventory.vars.get("fleetctl_readmit_timeout", 60),
+                                              f"fleetctl_readmit_timeout in {inventory.path}")
         #: (image, requested tag) -> what the registry answered, asked once per command.
         self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
 

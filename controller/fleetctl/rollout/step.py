@@ -14,7 +14,7 @@ from fleetctl.recipes import Recipe
 from fleetctl.rollout import deploy, gate
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
-from fleetctl.rollout.preflight import Planning
+from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.results import Options
 from fleetctl.rollout.session import (
     RECOVERABLE,
@@ -25,7 +25,7 @@ from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
 
-class HostSteps(Planning):
+class HostSteps(DoorSteps):
     """One host's step of a rollout: stop, start, readiness, gate; and its undo when it fails."""
 
     def _batch(self, rid: str, recipe: Recipe, step: Sequence[Host]) -> deploy.StepBatch | None:
@@ -68,6 +68,8 @@ class HostSteps(Planning):
             return
         self._check_cancel()
         cur = ops.inspect(name)
+        # Out of rotation before anything changes, and for the whole gate (a resumed host too).
+        self._door_out(rid, h, recipe, show, t)
         if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
             if batch is not None:
                 # Retire and start in the step's one run; `start` below then only reports how it went.
@@ -127,10 +129,18 @@ class HostSteps(Planning):
         summary = gate.summarise(verdict, t)
         figures = gate.figures(verdict)
         if verdict.outcome.value == "pass":
+            door_error = self._door_in_or_record(rid, h, t)
+            summary["timings"] = dict(t)
             now = ops.inspect(container_name(h))
             # Known-good first, then done: a kill between them leaves a host to re-check, never a lost intent.
             self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
                                        settings=now.settings if now else None, source="gate", rollout_id=rid)
+            if door_error is not None:
+                # A good version the door does not take back: the host stays out and the rollout stops here.
+                self._phase(rid, h, "out-of-rotation", door_error, {**show, "health": "out", **figures},
+                            status=fleet_ledger.HOST_FAILED, after_tag=p.tag, after_digest=p.digest, verdict=summary,
+                            artifacts=verdict.artifacts_dir, error=f"passed its gate, but {door_error}")
+                return
             self._phase(rid, h, "done", verdict.summary, {**show, "health": "ok", **figures}, status=fleet_ledger.DONE,
                         after_tag=p.tag, after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
             if self.held is not None:
@@ -200,9 +210,12 @@ class HostSteps(Planning):
             self._phase(rid, h, "failed", f"{why}; rollback failed: {cause}", {**show, "health": "down"},
                         status=fleet_ledger.HOST_FAILED, error=f"{why}; rollback failed: {cause}; fix: {fix}", verdict=summary)
             return
+        # Back in rotation only now: the version it serves again passed readiness and smoke.
+        door_error = self._door_in_or_record(rid, h, t)
+        door_note = f"; {door_error}" if door_error else ""
         if not judged:
-            self._phase(rid, h, "restored", f"{why}; serving {prev.tag} again", {**back, "health": "ok"},
+            self._phase(rid, h, "restored", f"{why}; serving {prev.tag} again{door_note}", {**back, "health": "ok"},
                         status=fleet_ledger.PENDING, error=None, verdict=None)
             return
-        self._phase(rid, h, "rolled-back", f"serving {prev.tag} again", {**back, "health": "ok"},
+        self._phase(rid, h, "rolled-back", f"serving {prev.tag} again{door_note}", {**back, "health": "ok"},
                     status=fleet_ledger.ROLLED_BACK, after_tag=prev.tag, after_digest=prev.digest, error=why, verdict=summary)

@@ -667,7 +667,9 @@ def foreign_traffic(ev: Evidence, phases: Sequence[str]) -> list[Measurement]:
             out.append(Measurement(f"{w.label} foreign", INC,
                                    f"{w.label}: the server finished {w.foreign_requests:.0f} requests besides this "
                                    f"soak's {mine:.0f}: another client is using it, its figures are not this "
-                                   "server's alone (soak a host out of service)", w.foreign_requests, None))
+                                   "server's alone (soak a host out of rotation: with fleetctl_front_door set, "
+                                   "a rollout drains it at the front door first, docs/frontdoor.md)",
+                                   w.foreign_requests, None))
     return out
 
 

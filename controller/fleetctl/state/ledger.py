@@ -54,8 +54,8 @@ from fleetctl.state.lock import proc_start
 if TYPE_CHECKING:
     from fleetctl.inventory import Inventory
 
-#: 1: rollouts, waves, hosts, phases, lock. 2: known_good.
-SCHEMA_VERSION = 2
+#: 1: rollouts, waves, hosts, phases, lock. 2: known_good. 3: out_of_rotation (the front door).
+SCHEMA_VERSION = 3
 LEDGER_NAME = "ledger.sqlite3"
 
 #: Rollout statuses. ``running`` with a stale lock means the controller died.
@@ -113,7 +113,25 @@ CREATE TABLE known_good (
   rollout_id TEXT, at REAL NOT NULL,
   PRIMARY KEY (host, digest, fingerprint)
 );
+""", """
+CREATE TABLE out_of_rotation (
+  host TEXT PRIMARY KEY,               -- a host fleetctl took out of the front door's rotation
+  rollout_id TEXT, reason TEXT,
+  memo TEXT NOT NULL DEFAULT '{}',     -- JSON: what the door needs to put it back (no secrets)
+  at REAL NOT NULL
+);
 """)
+
+
+@dataclass(frozen=True)
+class OutOfRotation:
+    """A host fleetctl drained at its front door and has not re-admitted yet."""
+
+    host: str
+    rollout_id: str | None
+    reason: str | None
+    memo: dict[str, Any]
+    at: float
 
 
 @dataclass(frozen=True)
@@ -514,6 +532,26 @@ class Ledger:
                    " rollout_id=coalesce(excluded.rollout_id, known_good.rollout_id), at=excluded.at",
                        (host, digest, fingerprint or "", tag, json.dumps(dict(settings)) if settings else None,
                         source, rollout_id, time.time()))
+
+    def mark_out(self, host: str, rollout_id: str | None, reason: str, memo: Mapping[str, Any]) -> None:
+        """Record, before the door is asked, that fleetctl takes ``host`` out of rotation (kept on re-drain)."""
+        with self._tx() as db:
+            db.run("INSERT INTO out_of_rotation (host, rollout_id, reason, memo, at) VALUES (?,?,?,?,?)"
+                   " ON CONFLICT (host) DO UPDATE SET rollout_id=excluded.rollout_id, reason=excluded.reason,"
+                   " memo=CASE WHEN excluded.memo='{}' THEN out_of_rotation.memo ELSE excluded.memo END,"
+                   " at=excluded.at", (host, rollout_id, reason, json.dumps(dict(memo)), time.time()))
+
+    def mark_in(self, host: str) -> None:
+        """``host`` is back in rotation (after the door said so)."""
+        with self._tx() as db:
+            db.run("DELETE FROM out_of_rotation WHERE host=?", (host,))
+
+    def out_of_rotation(self) -> dict[str, OutOfRotation]:
+        """Every host fleetctl took out of rotation and has not put back."""
+        with self._read() as db:
+            rows = db.all("SELECT * FROM out_of_rotation ORDER BY host")
+        return {r["host"]: OutOfRotation(r["host"], r["rollout_id"], r["reason"], _loads(r["memo"]) or {}, r["at"])
+                for r in rows}
 
     def known_good(self, host: str) -> list[KnownGood]:
         """The host's known-good versions, newest first."""

@@ -1,0 +1,306 @@
+"""The rollout engine with a real HAProxy as the fleet's front door: the simulated fleet's hosts are the
+servers of a real haproxy on loopback (tiny HTTP backends standing for their vLLM), driven through its
+admin socket. What each host looked like to the door is recorded at every host operation."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import inventory, paths
+from fleetctl.frontdoor.haproxy import HAProxy
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.state import ledger as fleet_ledger
+from tests.frontdoor.servers import Backend, haproxy
+
+from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, SimOps, digest_of
+
+HOSTS = ["spark-01", "spark-02", "spark-03"]
+A, B, SOAKBAD = "v1", "v2", "v-soakfail"
+CHANGES = ("retire", "start", "restore", "swap", "kill")
+
+
+@dataclass
+class Door:
+    haproxy: HAProxy
+    backends: dict[str, Backend]
+    port: int
+    inv_dir: Path
+    #: (host, op, the door's admin state of that host then, requests running on it then)
+    seen: list[tuple[str, str, str, int]]
+
+    def admin(self, name: str) -> str:
+        return self.haproxy.state(Host(name, "127.0.0.1")).admin
+
+
+@pytest.fixture
+def door(tmp_path: Path) -> Iterator[Door]:
+    backends = {n: Backend() for n in HOSTS}
+    try:
+        with haproxy(tmp_path, {n: b.port for n, b in backends.items()}) as (sock, port):
+            inv_dir = tmp_path / "inventory"
+            shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+            (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+                f"fleetctl_front_door: {{type: haproxy, socket: {sock}, backend: vllm}}\n"
+                "fleetctl_drain_timeout: 30\nfleetctl_readmit_timeout: 30\n")
+            d = Door(HAProxy("vllm", str(sock)), backends, port, inv_dir, [])
+            yield d
+    finally:
+        for b in backends.values():
+            b.close()
+
+
+class Watched(SimOps):
+    """SimOps that notes the door's view of the host at every change, and can die at one."""
+
+    door: Door
+    die_at: tuple[str, str] | None = None
+
+    def _note(self, op: str) -> None:
+        if (self.host.name, op) == type(self).die_at:
+            type(self).die_at = None
+            self.fleet.dead = True
+            raise Killed(op)
+        backend = self.door.backends.get(self.host.name)
+        self.door.seen.append((self.host.name, op, self.door.admin(self.host.name),
+                               backend.running if backend is not None else 0))
+
+    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Any:
+        self._note("retire")
+        return super().retire(name, rollout_id, target_digest, grace)
+
+    def start(self, recipe: Recipe, ref: str, **kw: Any) -> Any:
+        self._note("start")
+        return super().start(recipe, ref, **kw)
+
+    def restore(self, name: str) -> Any:
+        self._note("restore")
+        return super().restore(name)
+
+    def swap(self, name: str) -> Any:
+        self._note("swap")
+        return super().swap(name)
+
+
+def _engine(fleet: SimFleet, d: Door, state: Path) -> Engine:
+    class DoorEngine(Engine):
+        def _vllm_in_flight(self, h: Host, recipe: Recipe) -> int | None:
+            return d.backends[h.name].running if h.name in d.backends else 0
+
+    Watched.door = d
+    inv = inventory.load(d.inv_dir / "hosts.yml")
+    return DoorEngine(inv, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
+                      resolve=fleet.resolve)
+
+
+def _rollout(fleet: SimFleet, d: Door, state: Path, tag: str) -> RolloutResult:
+    eng = _engine(fleet, d, state)
+    try:
+        return eng.rollout(Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0))
+    finally:
+        eng.close()
+
+
+def _out_of_rotation(state: Path) -> dict[str, Any]:
+    with fleet_ledger.open_ledger(state) as led:
+        return dict(led.out_of_rotation())
+
+
+def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(tmp_path: Path, door: Door) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    # Two requests in flight on the canary when the rollout begins: its stop waits for them.
+    door.haproxy.drain(Host("spark-02", "x"))
+    door.haproxy.drain(Host("spark-03", "x"))
+    answers: list[int] = []
+
+    def hold() -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{door.port}/hold", timeout=60) as r:
+            answers.append(r.status)
+
+    holds = [threading.Thread(target=hold) for _ in range(2)]
+    for t in holds:
+        t.start()
+    import time
+    deadline = time.monotonic() + 30
+    while door.backends["spark-01"].running < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    door.haproxy.readmit(Host("spark-02", "x"))
+    door.haproxy.readmit(Host("spark-03", "x"))
+    in_flight_at_drain: list[int] = []
+
+    def release_once_drained() -> None:
+        # The requests are still open when the canary leaves rotation; they end only then.
+        while door.admin("spark-01") != "drain":
+            time.sleep(0.02)
+        in_flight_at_drain.append(door.backends["spark-01"].running)
+        time.sleep(0.3)
+        door.backends["spark-01"].release.set()
+
+    threading.Thread(target=release_once_drained, daemon=True).start()
+
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    for t in holds:
+        t.join(30)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert answers == [200, 200]
+    assert set(fleet.serving_tags().values()) == {B}
+    changes = [s for s in door.seen if s[1] in ("retire", "start")]
+    assert {s[0] for s in changes} == set(HOSTS)
+    # Every stop and start happened out of rotation, with no request left on the host.
+    assert all(admin == "drain" and running == 0 for _, _, admin, running in changes), changes
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3
+    assert _out_of_rotation(tmp_path / "state") == {}
+    timings = {h.host: h.timings for h in r.hosts}
+    assert all("drain" in t and "readmit" in t for t in timings.values()), timings
+    assert in_flight_at_drain == [2]  # the stop came after the two requests ended
+
+
+def test_a_canary_failing_its_gate_is_never_readmitted_on_the_bad_version(tmp_path: Path, door: Door) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, SOAKBAD: SOAKFAIL})
+    r = _rollout(fleet, door, tmp_path / "state", SOAKBAD)
+    assert r.status == fleet_ledger.FAILED
+    canary = [s for s in door.seen if s[0] == "spark-01"]
+    assert [op for _, op, _, _ in canary] == ["retire", "start", "restore"]
+    assert all(admin == "drain" for _, _, admin, _ in canary), canary
+    assert fleet.serving_tags()["spark-01"] == A and door.admin("spark-01") == "ready"
+    assert not [s for s in door.seen if s[0] != "spark-01"]
+    assert _out_of_rotation(tmp_path / "state") == {}
+
+
+@pytest.mark.parametrize("then", ["resume", "abort", "rollback"])
+def test_a_controller_killed_while_a_host_is_drained_leaves_it_recorded_and_the_next_command_readmits_it(
+        tmp_path: Path, door: Door, then: str) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    state = tmp_path / "state"
+    Watched.die_at = ("spark-01", "retire")
+    with pytest.raises(Killed):
+        _rollout(fleet, door, state, B)
+    fleet.revive()
+    assert door.admin("spark-01") == "drain"
+    assert list(_out_of_rotation(state)) == ["spark-01"]
+    eng = _engine(fleet, door, state)
+    try:
+        if then == "resume":
+            r = eng.resume(Options())
+        elif then == "abort":
+            r = eng.abort()
+        else:
+            r = eng.rollback(limit="spark-01")
+    finally:
+        eng.close()
+    assert r.status in (fleet_ledger.COMPLETED, fleet_ledger.ABORTED), r.error
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3
+    assert _out_of_rotation(state) == {}
+    expected = B if then == "resume" else A
+    assert fleet.serving_tags()["spark-01"] == expected
+    assert fleet.serving_digest("spark-01") == digest_of(expected)
+
+
+def test_without_a_front_door_nothing_changes(tmp_path: Path, door: Door) -> None:
+    (door.inv_dir / "group_vars" / "all" / "frontdoor.yml").unlink()
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert all("drain" not in h.timings for h in r.hosts)
+
+
+class PoolFile(Door):
+    """The command hook's view: a host is drained while its name is in the pool's out-file."""
+
+    def admin(self, name: str) -> str:
+        out = self.inv_dir.parent / "pool.out"
+        return "drain" if name in out.read_text().split() else "ready"
+
+
+def test_the_command_hook_through_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.frontdoor.test_command_and_litellm import HOOK
+
+    script = tmp_path / "pool.sh"
+    script.write_text(HOOK)
+    script.chmod(0o755)
+    monkeypatch.setenv("POOL", str(tmp_path / "pool"))
+    (tmp_path / "pool.out").write_text("")
+    inv_dir = tmp_path / "inventory"
+    shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+    (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+        f"fleetctl_front_door: {{type: command, command: {script}}}\n")
+    d = PoolFile(HAProxy("unused", "/nonexistent"), {}, 0, inv_dir, [])
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, d, tmp_path / "state", B)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    changes = [s for s in d.seen if s[1] in ("retire", "start")]
+    assert len(changes) == 6 and all(admin == "drain" for _, _, admin, _ in changes), changes
+    log = (tmp_path / "pool.log").read_text().splitlines()
+    assert [ln.split()[2] for ln in log] == ["drain", "readmit"] * 3
+    assert (tmp_path / "pool.out").read_text().split() == []
+
+
+def test_the_litellm_backend_through_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.frontdoor.test_command_and_litellm import FakeLiteLLM
+
+    monkeypatch.setenv("LITELLM_MASTER_KEY", "sk-m")
+    proxy = FakeLiteLLM("sk-m")
+    inv_dir = tmp_path / "inventory"
+    shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+    inv = inventory.load(inv_dir / "hosts.yml")
+    for n in HOSTS:
+        base = f"http://{inv.host(n).address}:8000/v1"
+        proxy.models.append({"model_name": "qwen3", "litellm_params": {"model": "hosted_vllm/qwen3", "api_base": base},
+                             "model_info": {"id": f"dep-{n}"}})
+        proxy.healthy.add(base)
+    (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+        f"fleetctl_front_door: {{type: litellm, url: '{proxy.url}', model_name: qwen3}}\n")
+
+    class Deployed(Door):
+        def admin(self, name: str) -> str:
+            return "ready" if any(m["model_info"]["id"] == f"dep-{name}" for m in proxy.models) else "maint"
+
+    d = Deployed(HAProxy("unused", "/nonexistent"), {}, 0, inv_dir, [])
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, SOAKBAD: SOAKFAIL})
+    try:
+        r = _rollout(fleet, d, tmp_path / "state", SOAKBAD)
+    finally:
+        proxy.server.shutdown()
+        proxy.server.server_close()
+    assert r.status == fleet_ledger.FAILED
+    assert [(h, op, admin) for h, op, admin, _ in d.seen] == [
+        ("spark-01", "retire", "maint"), ("spark-01", "start", "maint"), ("spark-01", "restore", "maint")]
+    assert sorted(m["model_info"]["id"] for m in proxy.models) == [f"dep-{n}" for n in HOSTS]
+
+
+def test_a_door_that_refuses_the_drain_leaves_the_host_serving_untouched(tmp_path: Path, door: Door) -> None:
+    f = door.inv_dir / "group_vars" / "all" / "frontdoor.yml"
+    f.write_text(f.read_text().replace("backend: vllm}", "backend: vllm, servers: {spark-01: nosuch}}"))
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    assert r.status == fleet_ledger.FAILED
+    canary = r.hosts[0]
+    assert canary.host == "spark-01" and "could not drain" in (canary.error or ""), canary
+    assert "no server nosuch" in (canary.error or "") or "nosuch" in (canary.error or "")
+    assert door.seen == [] and fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    assert _out_of_rotation(tmp_path / "state") == {}
+
+
+def test_a_host_the_door_does_not_see_healthy_after_its_gate_stays_out_and_stops_the_rollout(
+        tmp_path: Path, door: Door) -> None:
+    f = door.inv_dir / "group_vars" / "all" / "frontdoor.yml"
+    f.write_text(f.read_text().replace("fleetctl_readmit_timeout: 30", "fleetctl_readmit_timeout: 1"))
+    door.backends["spark-01"].close()  # HAProxy's health check of spark-01 now fails
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    r = _rollout(fleet, door, tmp_path / "state", B)
+    assert r.status == fleet_ledger.FAILED
+    canary = r.hosts[0]
+    assert canary.status == fleet_ledger.HOST_FAILED and canary.phase == "out-of-rotation", canary
+    assert "passed its gate" in (canary.error or "") and "health check" in (canary.error or ""), canary.error
+    assert list(_out_of_rotation(tmp_path / "state")) == ["spark-01"]
+    assert [h.status for h in r.hosts[1:]] == [fleet_ledger.PENDING] * 2

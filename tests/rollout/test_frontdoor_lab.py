@@ -1,0 +1,196 @@
+"""Rollouts under users' traffic through the lab's real HAProxy (`fleetctl lab traffic`, the same command
+an operator runs), with fleetctl driving the door (`fleetctl_front_door`) and without it.
+
+HAProxy's own view is sampled through its admin socket every 0.2 s during each rollout: who was out of
+rotation, and when.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl.frontdoor.haproxy import HAProxy
+from fleetctl.inventory import Host
+from fleetctl.lab.frontdoor import BACKEND, LabFrontDoor
+from fleetctl.lab.layout import current
+from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.state import ledger as fleet_ledger
+from tests.plugins.serving import LAB_SOAK, engine, serve
+
+pytestmark = pytest.mark.lab
+
+NEW, OLD, CRASH = "v0.24.0", "v0.23.0", "2026-06-11-pr41703"
+NODES = [f"spark-0{i}" for i in range(1, 5)]
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+RATE = 4
+
+
+class Sampler:
+    """HAProxy's admin state of every node, every 0.2 s, while running."""
+
+    def __init__(self, door: LabFrontDoor) -> None:
+        self.haproxy = HAProxy(BACKEND, str(door.socket))
+        self.samples: list[dict[str, str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def admin(self) -> dict[str, str]:
+        return {n: self.haproxy.state(Host(n, "x")).admin for n in NODES}
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.samples.append(self.admin())
+            self.stop.wait(0.2)
+
+    def out_at_once(self) -> int:
+        return max((sum(1 for a in s.values() if a != "ready") for s in self.samples), default=0)
+
+    def course(self, node: str) -> list[str]:
+        """The node's admin states in order, repeats collapsed."""
+        out: list[str] = []
+        for s in self.samples:
+            if not out or out[-1] != s[node]:
+                out.append(s[node])
+        return out
+
+
+@contextmanager
+def traffic_and_sampler(door: LabFrontDoor) -> Iterator[tuple[dict[str, Any], Sampler]]:
+    """`fleetctl lab traffic` from 2 s before to 2 s after the body; its --json report filled in at the end."""
+    proc = subprocess.Popen([FLEETCTL, "lab", "traffic", "--rate", str(RATE), "--duration", "1800", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sampler = Sampler(door)
+    report: dict[str, Any] = {}
+    sampler.thread.start()
+    try:
+        time.sleep(2)
+        yield report, sampler
+        time.sleep(2)
+    finally:
+        sampler.stop.set()
+        sampler.thread.join(10)
+        proc.terminate()
+        out, err = proc.communicate(timeout=300)
+        assert out, f"lab traffic printed nothing: {err[-500:]}"
+        report.update(json.loads(out))
+
+
+def rollout(tag: str) -> RolloutResult:
+    eng = engine()
+    try:
+        return eng.rollout(Options(tag=tag, waves="1,100%", max_unavailable="1", soak=LAB_SOAK))
+    finally:
+        eng.close()
+
+
+@pytest.fixture
+def door(serving: Any) -> Iterator[LabFrontDoor]:
+    d = LabFrontDoor(current())
+    assert d.running(), "the lab's HAProxy is not running: `fleetctl lab up` starts it"
+    serve(OLD)
+    d.use_in_inventory(True)
+    try:
+        yield d
+    finally:
+        serve(OLD)
+        d.use_in_inventory(False)
+
+
+def test_a_rollout_under_traffic_through_the_door_fails_no_request(door: LabFrontDoor) -> None:
+    with traffic_and_sampler(door) as (report, sampler):
+        r = rollout(NEW)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert report["sent"] >= RATE * 20 and report["failed"] == 0, report
+    assert report["ok"] == report["sent"]
+    assert sampler.out_at_once() <= 1
+    assert sampler.admin() == dict.fromkeys(NODES, "ready")
+    for n in NODES:
+        assert "drain" in sampler.course(n), (n, sampler.course(n))
+    eng = engine()
+    try:
+        rec = eng.ledger.get(r.id)
+        assert eng.ledger.out_of_rotation() == {}
+    finally:
+        eng.close()
+    for n in NODES:
+        phases = [p.phase for p in rec.phases if p.host == n]
+        assert phases.index("draining") < phases.index("stopping"), phases
+    assert all(h.timings.get("drain", 99) < 30 and "readmit" in h.timings for h in r.hosts), \
+        [h.timings for h in r.hosts]
+
+
+def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad_version(
+        door: LabFrontDoor) -> None:
+    with traffic_and_sampler(door) as (report, sampler):
+        r = rollout(CRASH)
+    assert r.status == fleet_ledger.FAILED
+    canary = r.hosts[0]
+    assert canary.host == "spark-01" and canary.status == fleet_ledger.ROLLED_BACK, canary
+    # Out from before its stop until its restored version passed readiness and smoke, then back once.
+    assert sampler.course("spark-01") == ["ready", "drain", "ready"], sampler.course("spark-01")
+    assert all(sampler.course(n) == ["ready"] for n in NODES[1:])
+    assert report["failed"] == 0, report
+
+
+def test_without_the_door_fleetctl_leaves_haproxy_alone(serving: Any) -> None:
+    """The baseline: the same traffic and rollout with fleetctl not driving the door (its figure: bench/frontdoor.py)."""
+    d = LabFrontDoor(current())
+    serve(OLD)
+    d.use_in_inventory(False)
+    try:
+        with traffic_and_sampler(d) as (report, sampler):
+            r = rollout(NEW)
+        assert all("drain" not in sampler.course(n) for n in NODES)
+        assert report["sent"] >= RATE * 10
+        assert all("drain" not in h.timings for h in r.hosts)
+        print(f"without the door: {r.status}, {report['failed']} of {report['sent']} failed {report['causes']}")
+    finally:
+        serve(OLD)
+
+
+@pytest.mark.parametrize("then", ["resume", "abort"])
+def test_a_controller_killed_while_a_host_is_drained_then_the_host_ends_in_rotation(
+        door: LabFrontDoor, then: str) -> None:
+    import os
+    import signal
+
+    from fleetctl import inventory, paths
+
+    sampler = Sampler(door)
+    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
+                          "--waves", "1,100%"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         env=os.environ.copy())
+    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert p.poll() is None, "the rollout ended before it could be killed"
+            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            if (rec is not None and (h := rec.host("spark-01")) is not None and h.phase in ("loading", "soak")
+                    and sampler.admin()["spark-01"] == "drain"):
+                break
+            time.sleep(0.2)
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert sampler.admin()["spark-01"] == "drain"
+    assert list(led.out_of_rotation()) == ["spark-01"]
+    verb = ["rollout", "--resume"] if then == "resume" else ["rollout", "abort"]
+    after = subprocess.run([FLEETCTL, *verb, "--yes", "--json"], capture_output=True, text=True, timeout=900,
+                           env=os.environ.copy())
+    assert after.returncode == 0, after.stderr[-2000:]
+    assert sampler.admin() == dict.fromkeys(NODES, "ready")
+    assert led.out_of_rotation() == {}
+    led.close()
