@@ -120,7 +120,7 @@ class HostSteps(Planning):
         self._phase(rid, h, "soak", f"{cfg.sustained_duration:.0f}s sustained", {**show, "health": "ready"})
         t0 = time.monotonic()
         art = self._artifacts(rid, h)
-        verdict = self.gates.soak(h, recipe, p.tag, cfg, self.state_dir, before_tag, art, f"{rid}/{art.name}",
+        verdict = self.gates.soak(h, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
                                   self._forward(h, show, "soak"))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t)
