@@ -220,3 +220,16 @@ def test_reports_parse(emulator: Callable[..., Served], tmp_path: Path) -> None:
     assert tags.tags.count("svg") >= 5 and "script" not in tags.tags and "link" not in tags.tags
     assert "baseline" in page and "Aggregate throughput vs concurrency" in page
     assert to_dict(v)["outcome"] in ("pass", "fail")
+
+
+def test_a_second_soak_into_the_same_directory_keeps_the_first_ones_scrapes(tmp_path: Path) -> None:
+    """A resumed rollout gates a host again into the same artifacts directory: nothing is overwritten."""
+    from fleetctl.soak.artifacts import Artifacts
+
+    for text in ("first", "second"):
+        art = Artifacts(tmp_path / "soak-h1")
+        art.scrape("classes-before", 0.0, text)
+        art.close()
+    files = sorted((tmp_path / "soak-h1" / "scrapes").iterdir())
+    assert [f.read_text() for f in files] == ["first", "second"]
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)

@@ -153,8 +153,10 @@ def _added(runs: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]],
     return tuple([r for r in out if r.get("fingerprint", "") == fp][-WINDOW:])
 
 
-def save(store: Store, host: str, tag: str, verdict: Verdict) -> Window | None:
-    """Add a passing ``verdict`` to the window (the oldest beyond :data:`WINDOW` drops out); returns the window.
+def save(store: Store, host: str, tag: str, verdict: Verdict) -> BaselineRow | None:
+    """Add a passing ``verdict`` to the window (the oldest beyond :data:`WINDOW` drops out); returns what was
+    stored (the runs as JSON documents: not read back into verdicts, which costs a gate more than the rest
+    of its bookkeeping), None when nothing was.
 
     A failed or inconclusive run is never kept; a pinned window is not moved; a run made by
     another soak config starts a new window. Read and written in one ledger transaction.
@@ -167,8 +169,7 @@ def save(store: Store, host: str, tag: str, verdict: Verdict) -> Window | None:
             return None
         return BaselineRow(host, tag, False, _added(row.runs if row else (), [to_dict(verdict)]))
 
-    row = store.update_baseline(host, tag, change)
-    return _window(store, row) if row is not None else None
+    return store.update_baseline(host, tag, change)
 
 
 def pin(store: Store, host: str, tag: str, pinned: bool = True) -> Window:
