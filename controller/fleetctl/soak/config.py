@@ -5,6 +5,7 @@ on two shared cores, soaks of seconds). A recipe overrides any key::
 
     soak:
       profile: spark            # or lab
+      load_time: 4m             # what a load is expected to take: the rollout plan's time estimate
       sustained: {duration: 10m, concurrency: 16, window: 60s}
       checks:
         throughput: {tolerance: 0.15}
