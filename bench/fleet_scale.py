@@ -15,12 +15,19 @@ table (80 columns, to /dev/null) on every event, as ``fleetctl rollout`` does on
 
     .venv/bin/python bench/fleet_scale.py [--sizes 16,64,256] [--repeats 3] [--progress null|live]
         [--waves 1,10%,100%] [--max-unavailable 16] [--emulator-procs 4] [--json bench/results/fleet_scale.json]
+        [--baseline-rev REV] [--profile FILE]
+
+``--baseline-rev REV`` runs REV's controller (``git archive``) too, each repeat right after or before
+this checkout's on the same emulators, and prints CPU per host before and after with their ratio;
+``--profile FILE`` adds one run of the largest fleet under cProfile (every thread's profile merged):
+``python -m pstats FILE``, then ``sort cumtime``/``stats 30``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -175,6 +182,40 @@ class _Peaks:
 
 
 def controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str) -> dict[str, Any]:
+    prof_to = os.environ.get("FLEET_SCALE_PROFILE")
+    if not prof_to:
+        return _controller(inv_path, state, opts_json, progress_kind)
+    # cProfile sees only its own thread: every thread (host steps, soak gates, fan-outs) gets a
+    # profiler of its own, merged at the end into one pstats file. Timed by each thread's CPU clock:
+    # wall time would count every wait of 50 threads (locks, sockets, queues) as cost.
+    import cProfile
+    import pstats
+
+    profs: list[cProfile.Profile] = []
+    lock = threading.Lock()
+    run = threading.Thread.run
+
+    def profiled(self: threading.Thread) -> None:
+        prof = cProfile.Profile(time.thread_time)
+        with lock:
+            profs.append(prof)
+        prof.runcall(run, self)
+
+    threading.Thread.run = profiled  # type: ignore[method-assign]
+    main_prof = cProfile.Profile(time.thread_time)
+    try:
+        return main_prof.runcall(_controller, inv_path, state, opts_json, progress_kind)
+    finally:
+        threading.Thread.run = run  # type: ignore[method-assign]
+        stats = pstats.Stats(main_prof)
+        with lock:
+            for pr in profs:
+                with contextlib.suppress(TypeError):  # a thread still running has nothing to give
+                    stats.add(pr)
+        stats.dump_stats(prof_to)
+
+
+def _controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str) -> dict[str, Any]:
     from tests.rollout.sim import NAME, OK, SimFleet, SimGates
 
     from fleetctl import inventory, ssh
@@ -258,14 +299,26 @@ class _null:
 
 # -- the driver ----------------------------------------------------------------------------------
 
-def one_run(work: Path, n: int, a: argparse.Namespace, emus: list[int]) -> dict[str, Any]:
+def checkout(rev: str, work: Path) -> Path:
+    """The controller, tests and bench of git revision ``rev`` (``git archive``), to run the same bench on."""
+    d = work / f"rev-{rev.replace('/', '_')}"
+    d.mkdir()
+    arch = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "controller", "tests", "bench", "inventory"],
+                          capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(d)], input=arch.stdout, check=True)
+    return d
+
+
+def one_run(work: Path, n: int, a: argparse.Namespace, emus: list[int], root: Path = ROOT) -> dict[str, Any]:
+    """One controller run on ``n`` hosts, with the code of ``root`` (this checkout, or a --baseline-rev)."""
     run_dir = Path(tempfile.mkdtemp(prefix=f"n{n}-", dir=work))
     inv = write_inventory(run_dir / "inv", n)
     opts = json.dumps({"waves": a.waves, "max_unavailable": a.max_unavailable, "soak": a.soak,
                        "failure_budget": a.failure_budget})
     emu0 = cpu_of(emus)
-    p = subprocess.run([sys.executable, __file__, "_controller", str(inv), str(run_dir / "state"), opts, a.progress],
-                       capture_output=True, text=True, cwd=ROOT)
+    env = {**os.environ, "PYTHONPATH": str(root / "controller")} if root != ROOT else None
+    p = subprocess.run([sys.executable, str(root / "bench" / "fleet_scale.py"), "_controller", str(inv),
+                        str(run_dir / "state"), opts, a.progress], capture_output=True, text=True, cwd=root, env=env)
     if p.returncode != 0:
         raise SystemExit(f"controller run failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
     out: dict[str, Any] = json.loads(p.stdout.strip().splitlines()[-1])
@@ -285,27 +338,53 @@ def main() -> None:
     ap.add_argument("--progress", choices=("null", "live"), default="null")
     ap.add_argument("--emulator-procs", type=int, default=4)
     ap.add_argument("--json", default="bench/results/fleet_scale.json")
+    ap.add_argument("--baseline-rev", metavar="REV",
+                    help="also run git revision REV's controller, interleaved with this one, on the same emulators "
+                         "(before/after figures from one run)")
+    ap.add_argument("--profile", metavar="FILE",
+                    help="one more run of the largest fleet under cProfile (every thread), not counted; pstats "
+                         "to FILE (with --baseline-rev, REV's to FILE.base)")
     a = ap.parse_args()
     sizes = [int(s) for s in a.sizes.split(",")]
     con = Console(width=80)
     work = Path(tempfile.mkdtemp(prefix="fleet-scale-"))
     emus = start_emulators(work, max(sizes), a.emulator_procs)
-    runs: dict[int, list[dict[str, Any]]] = {}
+    roots = {"this": ROOT}
+    if a.baseline_rev:
+        roots = {"base": checkout(a.baseline_rev, work), "this": ROOT}
+    every: dict[str, dict[int, list[dict[str, Any]]]] = {k: {} for k in roots}
     try:
         for n in sizes:
             for r in range(a.repeats):
-                res = one_run(work, n, a, [p.pid for p in emus])
-                runs.setdefault(n, []).append(res)
-                done = ",".join(f"{k} {v}" for k, v in res["statuses"].items())
-                con.print(f"n={n} #{r + 1}: {res['status']} ({done}) {res['wall_s']:.1f}s, "
-                          f"cpu {res['cpu_s']:.1f}s, {res['peak_rss_mb']:.0f} MB", highlight=False)
-                for ex in res["examples"]:
-                    con.print(f"  {ex[:76]}", highlight=False)
+                for which, root in roots.items():
+                    res = one_run(work, n, a, [p.pid for p in emus], root)
+                    every[which].setdefault(n, []).append(res)
+                    done = ",".join(f"{k} {v}" for k, v in res["statuses"].items())
+                    con.print(f"{which} n={n} #{r + 1}: {res['status']} ({done}) {res['wall_s']:.1f}s, "
+                              f"cpu {res['cpu_s']:.1f}s, {res['peak_rss_mb']:.0f} MB", highlight=False)
+                    for ex in res["examples"]:
+                        con.print(f"  {ex[:76]}", highlight=False)
+        if a.profile:
+            for which, root in roots.items():
+                to = a.profile + (".base" if which == "base" else "")
+                os.environ["FLEET_SCALE_PROFILE"] = str(Path(to).resolve())
+                try:
+                    one_run(work, max(sizes), a, [p.pid for p in emus], root)
+                finally:
+                    del os.environ["FLEET_SCALE_PROFILE"]
+                con.print(f"profile of {which} at n={max(sizes)}: {to}", highlight=False)
     finally:
         for p in emus:
             p.kill()
             p.wait()
         shutil.rmtree(work, ignore_errors=True)
+    rows = medians(every["this"])
+    base_rows = medians(every["base"]) if "base" in every else None
+    report(con, a, rows, every["this"], base_rows)
+
+
+def medians(runs: dict[int, list[dict[str, Any]]]) -> dict[int, dict[str, float]]:
+    """Per fleet size, the median of each figure over the repeats, and the per-host figures."""
     rows = {}
     for n, rs in runs.items():
         med = {k: statistics.median(x[k] for x in rs)
@@ -313,6 +392,12 @@ def main() -> None:
         med.update({"wall_per_host_s": med["wall_s"] / n, "cpu_per_host_ms": 1000 * med["cpu_s"] / n,
                     "rss_per_host_kb": 1024 * med["peak_rss_mb"] / n})
         rows[n] = med
+    return rows
+
+
+def report(con: Console, a: argparse.Namespace, rows: dict[int, dict[str, float]],
+           runs: dict[int, list[dict[str, Any]]], base_rows: dict[int, dict[str, float]] | None) -> None:
+    """The table, the growth line, the before/after ratios (with --baseline-rev) and the JSON file."""
     lo, hi = min(rows), max(rows)
     growth = {k: rows[hi][k] / rows[lo][k] for k in ("cpu_per_host_ms", "wall_per_host_s")}
     # What one more host costs, without the start-up (imports, inventory, plan) every run pays once.
@@ -329,10 +414,23 @@ def main() -> None:
     con.print(f"growth {lo}->{hi} per host: cpu {growth['cpu_per_host_ms']:.2f}x, wall "
               f"{growth['wall_per_host_s']:.2f}x; each host adds {growth['cpu_marginal_per_host_ms']:.0f} ms CPU, "
               f"{growth['rss_added_per_host_kb']:.0f} kB RSS", highlight=False)
+    versus: dict[int, dict[str, float]] = {}
+    if base_rows is not None:
+        t = Table("hosts", "ms/host before", "ms/host now", "ratio", "wall before", "wall now",
+                  title=f"controller CPU per host: {a.baseline_rev} (before) vs this checkout, same run")
+        for n, m in rows.items():
+            b = base_rows[n]
+            versus[n] = {"cpu_per_host_ms_before": b["cpu_per_host_ms"], "cpu_per_host_ms": m["cpu_per_host_ms"],
+                         "ratio": m["cpu_per_host_ms"] / b["cpu_per_host_ms"], "wall_s_before": b["wall_s"],
+                         "wall_s": m["wall_s"]}
+            t.add_row(str(n), f"{b['cpu_per_host_ms']:.0f}", f"{m['cpu_per_host_ms']:.0f}",
+                      f"{versus[n]['ratio']:.2f}", f"{b['wall_s']:.1f}", f"{m['wall_s']:.1f}")
+        con.print(t)
     out = Path(a.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"args": vars(a), "cpu_count": os.cpu_count(), "runs": runs, "medians": rows,
-                               "growth": growth}, indent=2) + "\n")
+                               "growth": growth, "baseline_medians": base_rows, "versus_baseline": versus},
+                              indent=2) + "\n")
     con.print(f"wrote {out}")
 
 

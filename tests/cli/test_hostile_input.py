@@ -133,6 +133,21 @@ def test_json_errors_without_an_inventory(tmp_path: Path, run: Callable[..., tup
     (["rollout", "--tag", "v0.24.0", "--failure-budget", "x", "--yes"], "--failure-budget 'x' is not a count"),
     (["rollback", "--to", "$(id)", "--yes"], "--to '$(id)' is not an image tag"),
     (["rollback", "--max-unavailable", "-1", "--yes"], "--max-unavailable '-1' is not a count"),
+    # The capacity floor: 0, above 100 %, every selected host or more, or beside --max-unavailable.
+    (["rollout", "--tag", "v0.24.0", "--min-available", "0", "--yes"], "--min-available '0' is out of range"),
+    (["rollout", "--tag", "v0.24.0", "--min-available", "101%", "--yes"], "--min-available '101%' is out of range"),
+    (["rollout", "--tag", "v0.24.0", "--min-available", "100%", "--yes"], "--min-available 100% keeps every host"),
+    (["rollout", "--tag", "v0.24.0", "--min-available", "5", "--yes"],
+     "--min-available 5 keeps 5 host(s) serving, but only 4 are selected"),
+    (["rollout", "--tag", "v0.24.0", "--min-available", "2", "--limit", "spark-01:spark-02", "--yes"],
+     "--min-available 2 keeps 2 host(s) serving, but only 2 are selected"),
+    (["rollout", "--tag", "v0.24.0", "--min-available", "2", "--max-unavailable", "1", "--yes"],
+     "--max-unavailable 1 and --min-available 2 both given"),
+    (["rollout", "--tag", "v0.24.0", "--min-available", "50%", "--max-unavailable", "1", "--dry-run"],
+     "--max-unavailable 1 and --min-available 50% both given"),
+    (["rollback", "--min-available", "0", "--yes"], "--min-available '0' is out of range"),
+    (["rollback", "--min-available", "9", "--yes"], "--min-available 9 keeps 9 host(s) serving, but only 4"),
+    (["rollback", "--min-available", "75%", "--max-unavailable", "2", "--yes"], "both given"),
 ])
 def test_options_and_tags_are_refused_before_the_registry_and_the_hosts(
         fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], tmp_path: Path,
@@ -144,6 +159,23 @@ def test_options_and_tags_are_refused_before_the_registry_and_the_hosts(
     assert listener.accepted == 0
     code, out, _ = run(hosts, "history", "--json")
     assert code == 0 and json.loads(out) == []  # nothing was recorded, no lock was taken
+
+
+@pytest.mark.parametrize("value, says", [
+    ("9", "inventory variable fleetctl_min_available 9 keeps 9 host(s) serving, but only 4 are selected"),
+    ("'0%'", "inventory variable fleetctl_min_available '0%' is out of range"),
+    ("lots", "inventory variable fleetctl_min_available 'lots' is not a count or a percentage"),
+])
+def test_a_bad_floor_in_the_inventory_is_refused_naming_the_variable(
+        fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], value: str, says: str) -> None:
+    hosts, listener = fleet
+    (hosts.parent / "group_vars" / "all" / "capacity.yml").write_text(f"fleetctl_min_available: {value}\n")
+    for argv in (["rollout", "--tag", "v0.24.0", "--yes"], ["rollback", "--yes"]):
+        code, _, err = run(hosts, *argv)
+        assert code == 2 and says in err, err
+    code, out, _ = run(hosts, "history", "--json")
+    assert code == 0 and json.loads(out) == []
+    assert listener.accepted == 0
 
 
 def test_an_inventory_without_hosts_is_refused(tmp_path: Path, run: Callable[..., tuple[int, str, str]]) -> None:

@@ -1,4 +1,5 @@
-"""``fleetctl soak baseline show|pin|reset`` on a state dir with recorded baselines."""
+"""``fleetctl soak baseline show|pin|reset`` on a state dir whose ledger holds baselines (both backends:
+tests/soak/test_baselines.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fleetctl.cli.main import cli
 from fleetctl.errors import FleetError
 from fleetctl.soak import baselines
 from fleetctl.soak.verdict import LevelSummary, Outcome, Verdict
+from fleetctl.state import ledger as fleet_ledger
 
 INV = paths.project_root() / "inventory" / "example" / "hosts.yml"
 TAG = "2026-07-01-v0.24.0-dflashfix-with-a-long-suffix"
@@ -29,7 +31,8 @@ def test_show_pin_and_reset(tmp_path: Path) -> None:
     for i, tok in enumerate((400.0, 410.0, 395.0)):
         v = Verdict(f"run-{i}", "spark-01", "http://x", Outcome.PASS, "pass", "t0", f"2026-07-0{i + 1}T12:00:00",
                     1.0, tag=TAG, fingerprint="fp", levels=(LevelSummary("sweep", "c=32", 32, 64, 0, 9.0, tok_s=tok),))
-        baselines.save(tmp_path, "spark-01", TAG, v)
+        with fleet_ledger.open_ledger(tmp_path) as led:
+            baselines.save(led, "spark-01", TAG, v)
     code, out = _run(tmp_path, "show")
     assert code == 0, out
     assert all(len(line) <= 80 for line in out.splitlines()), out
@@ -45,4 +48,5 @@ def test_show_pin_and_reset(tmp_path: Path) -> None:
     assert code != 0 and "spark-02: no baseline recorded" in out
     code, out = _run(tmp_path, "reset", "--limit", "spark-01", "--tag", TAG)
     assert code == 0 and "removed" in out
-    assert baselines.load(tmp_path, "spark-01", TAG) is None
+    with fleet_ledger.open_ledger(tmp_path) as led:
+        assert baselines.load(led, "spark-01", TAG) is None

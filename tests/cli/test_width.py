@@ -250,3 +250,18 @@ def test_the_controller_raises_its_open_files_limit_within_the_hard_one() -> Non
         assert raise_fd_limit(128) == want
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_plan_shows_the_floor_the_steps_and_the_expected_time_in_80_columns() -> None:
+    hosts = [f"spark-{i:03d}" for i in range(1, 101)]
+    p = wave_plan.build(recipe="qwen36-35b-heretic", image="registry/aeon-vllm-ultimate", requested="v0.24.0",
+                        tag=TAG, digest=DIGEST, pull_ref="ref", hosts=hosts,
+                        current={h: (OLD_TAG, "sha256:" + "0" * 64) for h in hosts}).with_estimate(240, 600)
+    text = render(lambda con: render_plan(p, con))
+    assert_fits(text, len(hosts))
+    head = [ln for ln in text.splitlines() if not re.match(r"^[┏┃┡│└]", ln)]
+    assert all(len(ln) <= WIDTH for ln in head[2:]), head  # the digest line is whole, the others fit
+    assert "25 at a time, 75 of 100 kept serving (--min-available 75%, default)" in text
+    # The canary, then 4 steps; each waits a 4 min load and a 10 min soak.
+    assert "steps: 1, 3 x 25, 24 host(s)" in text
+    assert "expected 1h 10m: 5 step(s) x (4m 00s load + 10m 00s soak), after the pulls" in text

@@ -33,7 +33,7 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
 from fleetctl.rollout.results import Options, RolloutResult
-from fleetctl.soak import Readiness, SoakConfig, Verdict
+from fleetctl.soak import Readiness, SoakConfig, Verdict, baselines
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state.ledger import Ledger
 
@@ -347,7 +347,7 @@ class SimGates:
                        "pass" if ok else "fail: decode tok/s dropped 60%", "", "", 0.0, tag=tag,
                        artifacts_dir=str(artifacts) if artifacts else None)
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, state_dir: Path,
+    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
         if self.fleet.ctrl_c_in_soak == host.name:
             self.fleet.ctrl_c_in_soak = None

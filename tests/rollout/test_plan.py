@@ -97,3 +97,91 @@ def test_fingerprint_is_pure_and_follows_every_rendered_setting() -> None:
                    {"vllm_args": (*r.vllm_args, "--max-num-seqs", "8")}, {"secret_env": (*r.secret_env, "K")}):
         assert fingerprint(replace(r, **change)) != fingerprint(r), change  # type: ignore[arg-type]
     assert fingerprint(replace(r, image="other/image")) == fingerprint(r), "the image is the digest's business"
+
+
+# The capacity floor: without --max-unavailable, a step takes out as many hosts as --min-available
+# (default 75 % of the selected hosts) allows, after the canary.
+
+def fleet(n: int) -> list[str]:
+    return [f"h{i:03d}" for i in range(1, n + 1)]
+
+
+@pytest.mark.parametrize(("n", "per_step", "steps"), [
+    (1, 1, [1]),                      # one host: it goes (a rollout moves at least one)
+    (4, 1, [1, 1, 1, 1]),             # 3 of 4 kept serving
+    (16, 4, [1, 4, 4, 4, 3]),         # 12 of 16 kept: the canary, then 4 steps
+    (100, 25, [1, 25, 25, 25, 24]),   # 75 of 100 kept
+])
+def test_default_steps_keep_75_percent(n: int, per_step: int, steps: list[int]) -> None:
+    hosts = fleet(n)
+    p = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts})
+    assert p.max_unavailable == per_step
+    assert p.capacity is not None and p.capacity.rule == "min-available" and p.capacity.source == "default"
+    assert [len(s) for s in p.steps()] == steps
+    assert [h for s in p.steps() for h in s] == hosts
+    # Never more hosts out at once than the floor allows (a fleet of one has no floor to keep).
+    assert all(n - len(s) >= min(p.capacity.floor, n - 1) for s in p.steps())
+    assert p.capacity.floor == (0 if n == 1 else n - per_step)
+
+
+@pytest.mark.parametrize(("n", "floor", "per_step"), [
+    (2, "75%", 1), (3, "75%", 1), (8, "75%", 2), (10, "75%", 2),  # a percentage floor rounds up
+    (10, "50%", 5), (10, "1%", 9), (10, "99%", 1), (10, "3", 7), (10, "9", 1),
+])
+def test_floor_rounds_up_and_steps_are_as_large_as_it_allows(n: int, floor: str, per_step: int) -> None:
+    cap = plan.capacity(n, min_available=floor)
+    assert cap.per_step == per_step and cap.floor == n - per_step and cap.source == "flag"
+
+
+def test_inventory_floor_is_used_and_flags_win() -> None:
+    assert plan.capacity(16, inventory_min_available="50%").per_step == 8
+    assert plan.capacity(16, inventory_min_available=10).per_step == 6  # YAML gives an int
+    assert plan.capacity(16, inventory_min_available="50%").source == "inventory"
+    # Explicit flags win, even over a bad inventory value (it is not read).
+    assert plan.capacity(16, min_available="15", inventory_min_available="nonsense").per_step == 1
+    cap = plan.capacity(16, max_unavailable="2", inventory_min_available="nonsense")
+    assert (cap.per_step, cap.rule, cap.floor) == (2, "max-unavailable", 14)
+    assert plan.capacity(16, max_unavailable="50%").per_step == 8
+    assert plan.capacity(4, max_unavailable="9").per_step == 4  # never more than the hosts
+
+
+@pytest.mark.parametrize(("kw", "says"), [
+    ({"min_available": "0"}, "--min-available '0' is out of range"),
+    ({"min_available": "120%"}, "--min-available '120%' is out of range"),
+    ({"min_available": "100%"}, "keeps every host serving"),
+    ({"min_available": "16"}, "keeps 16 host(s) serving, but only 16 are selected"),
+    ({"min_available": "17"}, "keeps 17 host(s) serving, but only 16 are selected"),
+    ({"min_available": "4", "max_unavailable": "4"}, "both given"),
+    ({"inventory_min_available": "x%"}, "inventory variable fleetctl_min_available 'x%' is not a count"),
+])
+def test_bad_floors_are_refused_with_the_fix(kw: dict[str, str], says: str) -> None:
+    with pytest.raises(FleetError) as e:
+        plan.capacity(16, **kw)  # type: ignore[arg-type]
+    assert says in e.value.cause and e.value.fix
+
+
+def test_one_host_with_a_count_floor_is_told_to_use_max_unavailable() -> None:
+    with pytest.raises(FleetError) as e:
+        plan.capacity(1, min_available="1")
+    assert e.value.fix == "with one host selected, use --max-unavailable 1"
+
+
+def test_skipped_hosts_count_toward_the_floor() -> None:
+    hosts = fleet(16)
+    cur = {h: ("t-v1", D_OLD) for h in hosts}
+    for h in hosts[:8]:
+        cur[h] = ("t-v2", D_NEW)
+    p = build(hosts=hosts, current=cur)
+    assert p.max_unavailable == 4 and [len(s) for s in p.steps()] == [1, 4, 3]
+
+
+def test_estimate_is_steps_times_load_and_soak() -> None:
+    hosts = fleet(16)
+    p = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts}).with_estimate(240, 600)
+    e = p.estimate
+    assert e is not None
+    assert [len(s) for s in e.steps] == [1, 4, 4, 4, 3]
+    assert (e.step_seconds, e.seconds) == (840.0, 5 * 840.0)
+    one = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts}, max_unavailable="1").with_estimate(240, 600)
+    assert one.estimate is not None and one.estimate.seconds == 16 * 840.0
+    assert plan.Plan.__dataclass_fields__["estimate"].default is None  # a resumed plan has none

@@ -199,7 +199,8 @@ def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResu
         assert h.artifacts == str(art)
         assert json.loads((art / "verdict.json").read_text())["outcome"] == "pass"
         assert (art / "samples.jsonl").stat().st_size > 0
-        window = baselines.read(state, h.host, "2026-07-01-v0.24.0")
+        with fleet_ledger.open_ledger(state) as led:
+            window = baselines.read(led, h.host, "2026-07-01-v0.24.0")
         assert window.runs and window.runs[-1].run_id == f"{r.id}/soak-{h.host}"
     labels = real_state()["spark-01"]["labels"]
     assert labels["fleetctl.rollout"] == r.id and labels["fleetctl.digest"] == resolve(NEW).digest

@@ -3,11 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
-import pytest
-
-from fleetctl.errors import FleetError
 from fleetctl.soak import checks
 from fleetctl.soak.checks import Evidence, check_throughput, decide, garbage
 from fleetctl.soak.config import CheckSpec, load_config
@@ -190,52 +186,6 @@ def test_sustained_acceptance_is_compared_with_the_classes_and_the_baseline() ->
 def _sweep_verdict(run: str, tok_s: float, fingerprint: str = "fp1") -> Verdict:
     return Verdict(run, "h1", "http://h1:8000", Outcome.PASS, "pass", "t0", "t1", 1.0, tag="v1",
                    fingerprint=fingerprint, levels=(LevelSummary("sweep", "c=4", 4, 40, 0, 10.0, tok_s=tok_s),))
-
-
-def test_a_baseline_is_the_median_of_a_rolling_window_of_passing_runs(tmp_path: Path) -> None:
-    from fleetctl.soak import baselines
-
-    for i, tok in enumerate((100.0, 104.0, 96.0, 300.0, 102.0, 98.0)):  # one lucky-high run among them
-        baselines.save(tmp_path, "h1", "v1", _sweep_verdict(f"r{i}", tok))
-    w = baselines.read(tmp_path, "h1", "v1")
-    assert [r.run_id for r in w.runs] == ["r1", "r2", "r3", "r4", "r5"]  # the oldest dropped out
-    b = w.baseline
-    assert b is not None and b.baseline_runs == 5
-    lv = b.level("sweep", "c=4")
-    assert lv is not None and lv.tok_s == 102.0  # the median: the lucky 300 moves nothing
-    assert 0 < b.baseline_spread["c=4"] < 10
-    # A failed run is never kept; a run made by another config starts a new window.
-    failed = dataclasses.replace(_sweep_verdict("bad", 10.0), outcome=Outcome.FAIL)
-    assert baselines.save(tmp_path, "h1", "v1", failed) is None
-    baselines.save(tmp_path, "h1", "v1", _sweep_verdict("other", 50.0, fingerprint="fp2"))
-    assert [r.run_id for r in baselines.read(tmp_path, "h1", "v1").runs] == ["other"]
-
-
-def test_a_pinned_baseline_does_not_move_and_a_reset_one_is_gone(tmp_path: Path) -> None:
-    from fleetctl.soak import baselines
-
-    baselines.save(tmp_path, "h1", "v1", _sweep_verdict("r0", 100.0))
-    assert baselines.pin(tmp_path, "h1", "v1").pinned
-    assert baselines.save(tmp_path, "h1", "v1", _sweep_verdict("r1", 80.0)) is None
-    assert [r.run_id for r in baselines.read(tmp_path, "h1", "v1").runs] == ["r0"]
-    assert baselines.reset(tmp_path, "h1", "v1") and baselines.load(tmp_path, "h1", "v1") is None
-    with pytest.raises(FleetError, match="no baseline recorded"):
-        baselines.pin(tmp_path, "h1", "v1")
-
-
-def test_an_old_single_verdict_baseline_is_read_and_migrated(tmp_path: Path) -> None:
-    import json
-
-    from fleetctl.soak import baselines
-    from fleetctl.soak.verdict import to_dict
-
-    p = baselines.path(tmp_path, "h1", "v1")
-    p.parent.mkdir(parents=True)
-    p.write_text(json.dumps(to_dict(_sweep_verdict("old", 100.0))))
-    assert [r.run_id for r in baselines.read(tmp_path, "h1", "v1").runs] == ["old"]
-    baselines.save(tmp_path, "h1", "v1", _sweep_verdict("new", 110.0))
-    assert json.loads(p.read_text())["format"] == baselines.FORMAT
-    assert [r.run_id for r in baselines.read(tmp_path, "h1", "v1").runs] == ["old", "new"]
 
 
 def test_regression_is_judged_against_the_baselines_spread() -> None:

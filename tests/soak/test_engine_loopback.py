@@ -20,6 +20,7 @@ from fleetctl.soak.config import SoakConfig, load_config
 from fleetctl.soak.readiness import wait_ready
 from fleetctl.soak.run import run_soak, smoke_check
 from fleetctl.soak.verdict import Outcome, SoakTarget, Verdict, from_dict, to_dict
+from fleetctl.state import ledger as fleet_ledger
 
 from .conftest import SERVED, Served, free_port
 
@@ -132,8 +133,9 @@ def test_slower_server_fails_against_its_baseline_but_passes_without(
     healthy = emulator()
     base = run_soak(healthy.target, cfg, None)
     assert base.outcome is Outcome.PASS, base.summary
-    assert baselines.save(tmp_path, "spark-01", "v1", base) is not None
-    stored = baselines.load(tmp_path, "spark-01", "v1")
+    led = fleet_ledger.open_ledger(tmp_path)  # where baselines are kept: the fleet's ledger
+    assert baselines.save(led, "spark-01", "v1", base) is not None
+    stored = baselines.load(led, "spark-01", "v1")
     assert stored == base
     healthy.proc.terminate()
 
@@ -154,8 +156,9 @@ def test_slower_server_fails_against_its_baseline_but_passes_without(
     assert ftp.outcome is Outcome.PASS and "not compared" in ftp.message, ftp.message
     assert foreign.baseline_run_id == ""
     # A failing soak never becomes a baseline.
-    assert baselines.save(tmp_path, "spark-01", "v2", against) is None
-    assert baselines.load(tmp_path, "spark-01", "v2") is None
+    assert baselines.save(led, "spark-01", "v2", against) is None
+    assert baselines.load(led, "spark-01", "v2") is None
+    led.close()
 
 
 def test_endpoint_down_is_an_error_not_a_fail() -> None:
@@ -217,3 +220,16 @@ def test_reports_parse(emulator: Callable[..., Served], tmp_path: Path) -> None:
     assert tags.tags.count("svg") >= 5 and "script" not in tags.tags and "link" not in tags.tags
     assert "baseline" in page and "Aggregate throughput vs concurrency" in page
     assert to_dict(v)["outcome"] in ("pass", "fail")
+
+
+def test_a_second_soak_into_the_same_directory_keeps_the_first_ones_scrapes(tmp_path: Path) -> None:
+    """A resumed rollout gates a host again into the same artifacts directory: nothing is overwritten."""
+    from fleetctl.soak.artifacts import Artifacts
+
+    for text in ("first", "second"):
+        art = Artifacts(tmp_path / "soak-h1")
+        art.scrape("classes-before", 0.0, text)
+        art.close()
+    files = sorted((tmp_path / "soak-h1" / "scrapes").iterdir())
+    assert [f.read_text() for f in files] == ["first", "second"]
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)

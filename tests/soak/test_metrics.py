@@ -135,3 +135,81 @@ def test_the_emulator_states_its_cache_block_like_vllm() -> None:
     text = Metrics("m", num_spec_tokens=None, cache_block_tokens=2048).render()
     assert metrics.cache_block_tokens(metrics.parse(text)) == 2048
     assert metrics.cache_block_tokens(metrics.parse(Metrics("m", num_spec_tokens=None).render())) is None
+
+
+def _reference(text: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
+    """What prometheus_client's own parser reads (the parser fleetctl used before its own), summed the same way."""
+    import math
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    series: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("vllm:"):
+                key = tuple(sorted((k, v) for k, v in s.labels.items() if k not in ("model_name", "engine")))
+                b = series.setdefault(s.name, {})
+                b[key] = math.nan if not math.isfinite(s.value) or not math.isfinite(b.get(key, 0.0)) \
+                    else b.get(key, 0.0) + s.value
+    return series
+
+
+def _same(a: object, b: object) -> bool:
+    return json_dump(a) == json_dump(b)
+
+
+def json_dump(x: object) -> str:
+    import json
+    return json.dumps({k: sorted((list(map(list, kk)), str(v)) for kk, v in d.items())  # type: ignore[attr-defined]
+                       for k, d in sorted(x.items())})  # type: ignore[attr-defined]
+
+
+_HOSTILE = (
+    '# HELP vllm:odd A help line with "quotes", {braces} and \\\\ backslashes\n'
+    "# TYPE vllm:odd gauge\n"
+    'vllm:odd{a="x,y}z",b="say \\"hi\\"",c="back\\\\slash",d="new\\nline",e="keep\\q"} 1.5\n'
+    'vllm:odd{ a = "spaced" , } 2 1700000000000\n'
+    'vllm:odd{a="1e3"} 1e3\n'
+    "vllm:odd_inf +Inf\nvllm:odd_ninf -Inf\nvllm:odd_nan NaN\n"
+    'vllm:odd{engine="0",model_name="m",a="sum"} 1\nvllm:odd{engine="1",model_name="m",a="sum"} 2.25\n'
+    "vllm:bare 7\n"
+    'vllm:tight{a="1"}3\n'
+    # A series seen before with another value (parsed from memory), then with a bad value.
+    'vllm:bare 8\n'
+    "\n   \n"
+    'process_cpu_seconds_total 12.5\npython_info{implementation="CPython",version="3.12"} 1.0\n'
+)
+
+
+@pytest.mark.parametrize("kind", ["emulator", "emulator-busy", "real-cache-info", "hostile"])
+def test_the_parser_reads_what_prometheus_client_reads(kind: str) -> None:
+    from fleetctl.lab.emulator.metrics import Metrics
+
+    if kind.startswith("emulator"):
+        m = Metrics("qwen36-fast", num_spec_tokens=4, cache_block_tokens=2048)
+        if kind == "emulator-busy":
+            for i in range(50):
+                m.draft(4, i % 5)
+                m.finished("stop" if i % 7 else "length")
+                m.observe("vllm:time_to_first_token_seconds", 0.01 * i)
+                m.inc("vllm:generation_tokens", 17)
+        text = m.render()
+    else:
+        text = _REAL_CACHE_INFO if kind == "real-cache-info" else _HOSTILE
+    got = metrics.parse(text).series
+    assert got and _same(got, _reference(text))
+
+
+@pytest.mark.parametrize("bad", [
+    'vllm:x{a="1" 3\n', 'vllm:x{a=1} 3\n', "vllm:x\n", "vllm:x one\n",
+    "vllm:x 1 later\n", "{a=\"1\"} 3\n", 'vllm:x{a="1"\n} 3\n',
+    "vllm:bare 7\nvllm:bare seven\n",  # a series known from the line before, a bad value
+])
+def test_malformed_lines_are_refused_like_prometheus_client_does(bad: str) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with pytest.raises(metrics.MetricsError, match="not Prometheus text"):
+        metrics.parse(bad)
+    with pytest.raises((ValueError, TypeError, IndexError)):
+        for f in text_string_to_metric_families(bad):
+            list(f.samples)

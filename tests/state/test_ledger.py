@@ -304,7 +304,7 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_records(backend: Backend) 
         kg = led.known_good("s1")
         assert [(k.tag, k.source, k.rollout_id) for k in kg] == [("new", "gate", "ro-1"), ("old2", "served", "ro-1")]
         assert kg[1].settings == {"env": ["HF_TOKEN"]}
-    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 3
+    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 4
 
 
 # -- PostgreSQL only: what a shared database adds ---------------------------------------------------------

@@ -37,12 +37,38 @@ NOTHING_TO_DO = "nothing-to-do"
 _short = short_digest
 
 
+def _span(seconds: float) -> str:
+    """``4h 05m``, ``14m 30s``, ``45s``."""
+    s = round(seconds)
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def step_sizes(steps: list[list[str]] | tuple[tuple[str, ...], ...]) -> str:
+    """``1, 4 x 4, 3``: the size of each step, runs of one size folded."""
+    runs: list[tuple[int, int]] = []
+    for st in steps:
+        if runs and runs[-1][0] == len(st):
+            runs[-1] = (len(st), runs[-1][1] + 1)
+        else:
+            runs.append((len(st), 1))
+    return ", ".join(f"{n} x {size}" if n > 1 else str(size) for size, n in runs)
+
+
 def render_plan(p: Plan, con: Console) -> None:
-    """The dry-run plan: hosts per wave, the pinned tag and digest, what each host runs now."""
+    """The plan (dry run, and before confirmation): the pinned tag and digest, how many hosts go at once
+    and why, the steps and the expected wall time, then what each host runs now and its wave and step."""
     con.print(f"[bold]plan[/]: recipe {p.recipe}, {p.image}:{p.tag} ({p.digest})")
     con.print(f"  requested {p.requested!r}; pulled as {p.pull_ref}")
-    con.print(f"  {len(p.waves)} wave(s), at most {p.max_unavailable} host(s) out of service at once, "
-              f"failure budget {p.failure_budget}")
+    con.print(f"  {len(p.waves)} wave(s), failure budget {p.failure_budget}", highlight=False)
+    con.print(f"  {p.capacity.describe() if p.capacity else f'{p.max_unavailable} at a time'}", highlight=False)
+    steps = p.steps()
+    con.print(f"  steps: {step_sizes(steps) or '-'} host(s)", highlight=False)
+    if p.estimate is not None:
+        e = p.estimate
+        con.print(f"  expected {_span(e.seconds)}: {len(steps)} step(s) x ({_span(e.load_seconds)} load + "
+                  f"{_span(e.soak_seconds)} soak), after the pulls", highlight=False)
     rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
              short_tag(h.current_tag) if h.current_tag else "(nothing)", _short(h.current_digest), h.action]
             for h in p.hosts]
@@ -134,7 +160,9 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @click.option("--recipe", "-r", help="Recipe to serve (default: fleetctl_recipe).")
 @click.option("--limit", "-l", help="Ansible-style host pattern.")
 @click.option("--waves", help="Wave sizes like Ansible's serial: 1,25%,100% (default: canary, then all).")
-@click.option("--max-unavailable", help="Hosts out of service at once, count or % (default 1).")
+@click.option("--max-unavailable", help="Hosts out of service at once, count or % (default: from --min-available).")
+@click.option("--min-available", help="Hosts kept serving, count or % of the selected hosts; each step moves as "
+              "many as it allows (default: fleetctl_min_available, else 75%).")
 @click.option("--failure-budget", help="Hosts that may fail (and be rolled back) after the canary (default 0).")
 @click.option("--soak", "soak", help="Sustained soak length per host (90s, 10m); default: the recipe's.")
 @click.option("--on-inconclusive", type=click.Choice(["pause", "fail"]), default="pause", show_default=True,
@@ -149,7 +177,8 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @pass_ctx
 @click.pass_context
 def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, limit: str | None,
-            waves: str | None, max_unavailable: str | None, failure_budget: str | None, soak: str | None,
+            waves: str | None, max_unavailable: str | None, min_available: str | None,
+            failure_budget: str | None, soak: str | None,
             on_inconclusive: str, ready_timeout: float | None, webhook: str | None, dry_run: bool, resume: bool,
             yes: bool, take_over: bool) -> None:
     """Roll a tag across the fleet: canary, then waves, each host gated by a soak."""
@@ -158,7 +187,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
     if not tag and not resume:
         raise click.UsageError("give --tag TAG (or --resume)")
     opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
-                   failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
+                   min_available=min_available, failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
@@ -210,14 +239,16 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 @click.option("--to", "to", help="Tag to go to (default: what each host served before the last rollout).")
 @click.option("--limit", "-l", help="Ansible-style host pattern.")
 @click.option("--recipe", "-r", help="Recipe (default: the last rollout's).")
-@click.option("--max-unavailable", help="Hosts restarted at once, count or % (default 1).")
+@click.option("--max-unavailable", help="Hosts restarted at once, count or % (default: from --min-available).")
+@click.option("--min-available", help="Hosts kept serving, count or % of the selected hosts "
+              "(default: fleetctl_min_available, else 75%).")
 @click.option("--webhook", help="https URL receiving JSON events.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
 @json_option
 @pass_ctx
 def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, max_unavailable: str | None,
-             webhook: str | None, yes: bool, take_over: bool) -> None:
+             min_available: str | None, webhook: str | None, yes: bool, take_over: bool) -> None:
     """Return hosts to their previous version (readiness + smoke, no full soak)."""
     _need_terminal(ctx, yes, f"roll back to {to}" if to else "roll back")
 
@@ -227,7 +258,7 @@ def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, ma
 
     with _watched(ctx, "rollback", take_over) as eng:
         r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
-                         webhook=webhook, confirm=confirm)
+                         min_available=min_available, webhook=webhook, confirm=confirm)
     _finish(ctx, r)
 
 

@@ -6,6 +6,7 @@ endpoint that is down, or the soak could not run (bad options, no hosts).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
@@ -44,6 +45,8 @@ class _Job:
     baseline: Verdict | None
     state_dir: Path
     run_id: str
+    #: Where its baseline is kept (the fleet's ledger); None for an --endpoint (no baseline).
+    store: baselines.Store | None = None
 
 
 def _exit_code(outcome: Outcome) -> ExitCode:
@@ -63,7 +66,7 @@ def _tag_of(container: ContainerAccess | None) -> str:
 
 def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: str | None,
                duration: float | None, smoke_only: bool, ready_timeout: float | None,
-               baseline_tag: str | None) -> list[_Job]:
+               baseline_tag: str | None, stack: contextlib.ExitStack) -> list[_Job]:
     from fleetctl import inventory as inv_mod
     from fleetctl.recipes import load_recipes
 
@@ -73,6 +76,7 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         raise FleetError(f"no hosts selected in {inv.path}", fix="check --limit and the inventory")
     recipes = load_recipes(inv)
     state = paths.state_dir(inv.path)
+    store = stack.enter_context(baselines.open_for(inv, state))
     jobs: list[_Job] = []
     for h in hosts:
         name = recipe_name or h.vars.get("fleetctl_recipe")
@@ -87,8 +91,8 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         target = fleet.host_target(h, recipe, _tag_of(container),
                                    secretenv.api_key(recipe.secret_env, recipe=recipe.name))
         tag = target.tag
-        base = baselines.load(state, h.name, baseline_tag or tag) if not smoke_only else None
-        jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name)))
+        base = baselines.load(store, h.name, baseline_tag or tag) if not smoke_only else None
+        jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name), store))
     return jobs
 
 
@@ -197,10 +201,19 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
         raise click.UsageError("--limit and --endpoint are exclusive")
     dur = parse_duration(duration, "--duration") if duration is not None else None
     ready = parse_duration(ready_timeout, "--ready-timeout") if ready_timeout is not None else None
+    with contextlib.ExitStack() as stack:
+        _soak(ctx, stack, limit, endpoints, dur, recipe, profile, models, concurrency, smoke_only, ready,
+              baseline_tag, no_save_baseline, json_file, junit_file, html_file)
+
+
+def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: tuple[str, ...], dur: float | None,
+          recipe: str | None, profile: str | None, models: tuple[str, ...], concurrency: str | None,
+          smoke_only: bool, ready: float | None, baseline_tag: str | None, no_save_baseline: bool,
+          json_file: str | None, junit_file: str | None, html_file: str | None) -> None:
     if endpoints:
         jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models)
     else:
-        jobs = _host_jobs(ctx, limit, recipe, profile, dur, smoke_only, ready, baseline_tag)
+        jobs = _host_jobs(ctx, limit, recipe, profile, dur, smoke_only, ready, baseline_tag, stack)
     if concurrency:
         levels = _levels(concurrency)
         jobs = [dataclasses.replace(j, config=dataclasses.replace(j.config, concurrency=levels)) for j in jobs]
@@ -215,8 +228,8 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
         ssh.close_all()
 
     for job, v in zip(jobs, verdicts, strict=True):
-        if not no_save_baseline and job.target.container is not None and not smoke_only:
-            baselines.save(job.state_dir, job.target.name, job.target.tag, v)
+        if not no_save_baseline and job.store is not None and job.target.container is not None and not smoke_only:
+            baselines.save(job.store, job.target.name, job.target.tag, v)
     base_map = {j.target.name: j.baseline for j in jobs if j.baseline is not None}
     if json_file:
         report.write_json(Path(json_file), verdicts)
@@ -238,14 +251,16 @@ def baseline() -> None:
     """Show, pin or reset the hosts' baselines (the last passing soaks a soak is compared with)."""
 
 
-def _windows(ctx: Ctx, limit: str | None, tag: str | None) -> tuple[Path, list[str], list[baselines.Window]]:
+def _windows(ctx: Ctx, limit: str | None, tag: str | None,
+             stack: contextlib.ExitStack) -> tuple[baselines.Store, list[str], list[baselines.Window]]:
+    """The fleet's baseline store (its ledger, either backend), the selected hosts and their windows."""
     from fleetctl import inventory as inv_mod
 
     inv = inv_mod.load(ctx.inventory)
-    state = paths.state_dir(inv.path)
     hosts = [h.name for h in inv.select(limit)]
-    found = [w for h in hosts for w in baselines.windows(state, h) if tag is None or w.tag == tag]
-    return state, hosts, found
+    store = stack.enter_context(baselines.open_for(inv, paths.state_dir(inv.path)))
+    found = [w for h in hosts for w in baselines.windows(store, h) if tag is None or w.tag == tag]
+    return store, hosts, found
 
 
 def _render_windows(ws: list[baselines.Window]) -> Callable[[Console], None]:
@@ -284,7 +299,8 @@ def _window_json(w: baselines.Window) -> dict[str, object]:
 @pass_ctx
 def baseline_show(ctx: Ctx, limit: str | None, tag: str | None) -> None:
     """Each host's baseline per tag: how many passing runs it combines, pinned or not, its figures."""
-    _state, _hosts, ws = _windows(ctx, limit, tag)
+    with contextlib.ExitStack() as stack:
+        _store, _hosts, ws = _windows(ctx, limit, tag, stack)
     ctx.emit([_window_json(w) for w in ws], _render_windows(ws))
 
 
@@ -296,8 +312,9 @@ def baseline_show(ctx: Ctx, limit: str | None, tag: str | None) -> None:
 @pass_ctx
 def baseline_pin(ctx: Ctx, limit: str, tag: str, unpin: bool) -> None:
     """Freeze a baseline: later passing soaks no longer move it (a known-good reference)."""
-    state, hosts, _ws = _windows(ctx, limit, tag)
-    done = [baselines.pin(state, h, tag, pinned=not unpin) for h in hosts]
+    with contextlib.ExitStack() as stack:
+        store, hosts, _ws = _windows(ctx, limit, tag, stack)
+        done = [baselines.pin(store, h, tag, pinned=not unpin) for h in hosts]
     ctx.emit([_window_json(w) for w in done], _render_windows(done))
 
 
@@ -308,8 +325,9 @@ def baseline_pin(ctx: Ctx, limit: str, tag: str, unpin: bool) -> None:
 @pass_ctx
 def baseline_reset(ctx: Ctx, limit: str, tag: str) -> None:
     """Forget a baseline (after a hardware change, or a lucky run): the next passing soak starts a new one."""
-    state, hosts, _ws = _windows(ctx, limit, tag)
-    gone = {h: baselines.reset(state, h, tag) for h in hosts}
+    with contextlib.ExitStack() as stack:
+        store, hosts, _ws = _windows(ctx, limit, tag, stack)
+        gone = {h: baselines.reset(store, h, tag) for h in hosts}
 
     def render(out: Console) -> None:
         for h, g in gone.items():

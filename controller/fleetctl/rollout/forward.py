@@ -44,6 +44,7 @@ class Forward(HostSteps):
             self._hold(rid, "rollout", self.inv.select(opts.limit))
             p, recipe, facts, hosts = self.plan(opts)
             options = {"waves": opts.waves or wave_plan.DEFAULT_WAVES, "max_unavailable": p.max_unavailable,
+                       "capacity": p.capacity.describe() if p.capacity else None,
                        "failure_budget": p.failure_budget, "soak": opts.soak,
                        "on_inconclusive": opts.on_inconclusive, "ready_timeout": opts.ready_timeout,
                        "pull_ref": p.pull_ref}

@@ -52,18 +52,19 @@ def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progre
     return wait_ready(t, timeout or cfg.readiness_timeout, cfg.readiness_poll, progress)
 
 
-def soak(t: SoakTarget, cfg: SoakConfig, state_dir: Path, baseline_tag: str | None, artifacts: Path,
+def soak(t: SoakTarget, cfg: SoakConfig, store: baselines.Store, baseline_tag: str | None, artifacts: Path,
          run_id: str, progress: Progress) -> Verdict:
     """The full gate, compared with the host's baseline on the tag it served before.
 
-    The baseline is the soak engine's own store (``fleetctl.soak.baselines``, the
-    one ``fleetctl soak`` uses too): the last passing soak of ``baseline_tag`` on
-    this host. A pass becomes the baseline of the new tag (a failure is not kept).
-    Samples, scrapes and verdict.json are written under ``artifacts``.
+    The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one
+    ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
+    passing soaks of ``baseline_tag`` on this host. A pass joins the window of the
+    new tag (a failure is not kept). Samples, scrapes and verdict.json are written
+    under ``artifacts``.
     """
-    base = baselines.load(state_dir, t.name, baseline_tag) if baseline_tag else None
+    base = baselines.load(store, t.name, baseline_tag) if baseline_tag else None
     v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id)
-    baselines.save(state_dir, t.name, t.tag, v)
+    baselines.save(store, t.name, t.tag, v)
     return v
 
 
@@ -84,9 +85,9 @@ class Gates(Protocol):
         """Wait for /health 200 on ``host``'s serving container."""
         ...
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, state_dir: Path,
+    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
-        """The full gate (see :func:`soak`)."""
+        """The full gate (see :func:`soak`); ``store`` holds the baselines (the fleet's ledger)."""
         ...
 
     def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
@@ -112,9 +113,9 @@ class SoakGates:
              progress: Progress) -> Readiness:
         return wait(self._target(host, recipe, tag), cfg, timeout, progress)
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, state_dir: Path,
+    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
-        return soak(self._target(host, recipe, tag), cfg, state_dir, baseline_tag, artifacts, run_id, progress)
+        return soak(self._target(host, recipe, tag), cfg, store, baseline_tag, artifacts, run_id, progress)
 
     def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
         return smoke(self._target(host, recipe, tag), cfg, artifacts)

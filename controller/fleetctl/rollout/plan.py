@@ -4,18 +4,28 @@ Waves are given like Ansible's ``serial``: a list of sizes, each a count or a
 percentage of the targeted hosts, the last one repeating until every host has
 a wave (``1,25%,100%``). The first wave is the canary: a failure there always
 stops the rollout, whatever the failure budget. Nothing here touches a host.
+
+How many hosts a step restarts together is :func:`capacity`'s one rule: an explicit
+``--max-unavailable``, else a floor of hosts kept serving (``--min-available``, else the
+inventory's ``fleetctl_min_available``, else 75 % of the selected hosts), every step as
+large as the floor allows (docs/decisions/0013-capacity-floor.md).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleetctl.errors import FleetError
 
 #: Canary first, then everybody else.
 DEFAULT_WAVES = "1,100%"
+#: Hosts kept serving during a rollout or rollback when neither flag nor inventory says otherwise
+#: (Kubernetes' default rolling update keeps 75 % too: maxUnavailable 25 %).
+DEFAULT_MIN_AVAILABLE = "75%"
+#: The inventory variable (group ``all``) that overrides :data:`DEFAULT_MIN_AVAILABLE` for a fleet.
+MIN_AVAILABLE_VAR = "fleetctl_min_available"
 
 
 @dataclass(frozen=True)
@@ -57,12 +67,88 @@ def parse_waves(text: str | None) -> tuple[Size, ...]:
     return tuple(parse_size(p, "wave size") for p in parts)
 
 
-def check_options(waves: str | None, max_unavailable: str | None, failure_budget: str | None) -> None:
+@dataclass(frozen=True)
+class Capacity:
+    """How many of ``total`` selected hosts a step may take out of service at once, and why."""
+
+    total: int
+    #: Hosts restarted together in one step (at least 1).
+    per_step: int
+    #: Hosts kept serving while a step runs (``total - per_step``, never below 0).
+    floor: int
+    #: ``max-unavailable`` or ``min-available``: which rule set ``per_step``.
+    rule: str
+    #: The value as given (``2``, ``75%``).
+    value: str
+    #: Where the value came from: ``flag``, ``inventory`` or ``default``.
+    source: str
+
+    def describe(self) -> str:
+        """One line for the plan: ``4 at a time, 12 of 16 kept serving (--min-available 75%, default)``."""
+        origin = {"flag": f"--{self.rule} {self.value}", "default": f"--{self.rule} {self.value}, default",
+                  "inventory": f"{MIN_AVAILABLE_VAR} {self.value} in the inventory"}[self.source]
+        return f"{self.per_step} at a time, {self.floor} of {self.total} kept serving ({origin})"
+
+
+def capacity(total: int, *, max_unavailable: str | None = None, min_available: str | None = None,
+             inventory_min_available: object = None) -> Capacity:
+    """The one rule for how many hosts a step restarts together (rollout, rollback, and anything else that
+    takes hosts of a fleet out of service in steps).
+
+    ``--max-unavailable`` (a count or a share of ``total``) wins when given. Otherwise a floor of hosts
+    stays serving: ``--min-available``, else the inventory's :data:`MIN_AVAILABLE_VAR`, else
+    :data:`DEFAULT_MIN_AVAILABLE`; each step takes out as many hosts as the floor allows. A percentage
+    floor rounds up (75 % of 10 keeps 8), and still lets one host go when it would keep every host (a
+    fleet of 1-3 at 75 %): a rollout moves at least one host. A count floor is the operator's exact
+    demand: one that keeps every selected host, or more, is refused. Both flags at once are refused.
+    """
+    if total < 1:
+        raise FleetError("no hosts selected", fix="check --limit and the inventory")
+    if max_unavailable is not None and min_available is not None:
+        raise FleetError(f"--max-unavailable {max_unavailable} and --min-available {min_available} both given: "
+                         "they are two ways of saying the same limit",
+                         fix="give one: --max-unavailable N (hosts out at once) or --min-available N|P% "
+                             "(hosts kept serving)")
+    if max_unavailable is not None:
+        mu = min(total, parse_size(max_unavailable, "--max-unavailable").of(total))
+        return Capacity(total, mu, total - mu, "max-unavailable", str(max_unavailable).strip(), "flag")
+    if min_available is not None:
+        text, source, what = str(min_available).strip(), "flag", "--min-available"
+    elif inventory_min_available is not None and str(inventory_min_available).strip():
+        text, source, what = str(inventory_min_available).strip(), "inventory", f"inventory variable {MIN_AVAILABLE_VAR}"
+    else:
+        text, source, what = DEFAULT_MIN_AVAILABLE, "default", "--min-available"
+    size = parse_size(text, what)
+    if size.percent:
+        if size.value >= 100:
+            raise FleetError(f"{what} {text} keeps every host serving: no host could be rolled",
+                             fix=f"use at most 99% (the default is {DEFAULT_MIN_AVAILABLE})")
+        floor = math.ceil(total * size.value / 100)
+        per_step = max(1, total - floor)
+    else:
+        if size.value >= total:
+            raise FleetError(f"{what} {text} keeps {size.value} host(s) serving, but only {total} are selected: "
+                             "no host could be rolled",
+                             fix=f"use at most {total - 1} or a percentage like {DEFAULT_MIN_AVAILABLE}"
+                             if total > 1 else "with one host selected, use --max-unavailable 1")
+        per_step = total - size.value
+    return Capacity(total, per_step, total - per_step, "min-available", text, source)
+
+
+def check_options(waves: str | None, max_unavailable: str | None, failure_budget: str | None,
+                  min_available: str | None = None, total: int | None = None,
+                  inventory_min_available: object = None) -> None:
     """Refuse bad wave, unavailability or budget options (the same rules :func:`build` applies), before
-    anything is resolved or any host is contacted."""
+    anything is resolved or any host is contacted (``total``: the selected hosts, when known)."""
     parse_waves(waves)
-    parse_size(max_unavailable or "1", "--max-unavailable")
+    if max_unavailable is not None:
+        parse_size(max_unavailable, "--max-unavailable")
     parse_size(failure_budget or "0", "--failure-budget", allow_zero=True)
+    if total is not None:
+        capacity(total, max_unavailable=max_unavailable, min_available=min_available,
+                 inventory_min_available=inventory_min_available)
+    elif max_unavailable is not None and min_available is not None:
+        capacity(1, max_unavailable=max_unavailable, min_available=min_available)
 
 
 def split_waves(hosts: Sequence[str], sizes: Sequence[Size]) -> list[list[str]]:
@@ -101,6 +187,22 @@ class HostPlan:
 
 
 @dataclass(frozen=True)
+class Estimate:
+    """The expected wall time of a plan's steps: each step waits for its hosts' load, then their soak
+    (the hosts of one step go in parallel). Pulls come before the first step and are not counted."""
+
+    #: The hosts of each step, in order (the canary's first).
+    steps: tuple[tuple[str, ...], ...]
+    #: Seconds a host takes from start to ready (the recipe's ``soak.load_time``).
+    load_seconds: float
+    #: Seconds of a host's soak gate (its sustained phase: ``--soak``, else the recipe's).
+    soak_seconds: float
+    #: One step (load, then soak) and the whole plan (step after step).
+    step_seconds: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class Plan:
     """A sound plan: the pinned image, the waves, the limits. Printed by ``--dry-run``."""
 
@@ -114,6 +216,19 @@ class Plan:
     max_unavailable: int
     failure_budget: int
     hosts: tuple[HostPlan, ...]
+    #: The rule that set ``max_unavailable`` (None for a plan read back from an older ledger).
+    capacity: Capacity | None = None
+    estimate: Estimate | None = None
+
+    def steps(self) -> list[list[str]]:
+        """Every step in order: the hosts of each wave, ``max_unavailable`` at a time."""
+        return [step for w in self.waves for step in split_steps(w, self.max_unavailable)]
+
+    def with_estimate(self, load_seconds: float, soak_seconds: float) -> Plan:
+        """This plan with its expected wall time."""
+        steps = tuple(tuple(s) for s in self.steps())
+        one = float(load_seconds) + float(soak_seconds)
+        return replace(self, estimate=Estimate(steps, float(load_seconds), float(soak_seconds), one, one * len(steps)))
 
     def host(self, name: str) -> HostPlan:
         """The plan of one host."""
@@ -138,6 +253,8 @@ def build(
     failure_budget: str | None = None,
     fingerprint: str | None = None,
     current_fingerprints: Mapping[str, str | None] | None = None,
+    min_available: str | None = None,
+    inventory_min_available: object = None,
 ) -> Plan:
     """The plan for ``hosts`` (inventory order), given what each serves now (tag, digest).
 
@@ -147,6 +264,8 @@ def build(
     host's ``fleetctl.fingerprint`` label, None when it has none). Hosts that
     already serve the desired container are kept in the plan as ``skip`` (so a
     resumed or repeated rollout is a no-op for them) but take no wave slot.
+
+    The floor (:func:`capacity`) counts every selected host, skipped ones included: they keep serving.
     """
     if not hosts:
         raise FleetError("no hosts to roll out to", fix="check --limit and the inventory")
@@ -159,7 +278,9 @@ def build(
             reasons[h] = "settings"
     todo = [h for h in hosts if h in reasons]
     total = len(hosts)
-    mu = parse_size(max_unavailable or "1", "--max-unavailable").of(total)
+    cap = capacity(total, max_unavailable=max_unavailable, min_available=min_available,
+                   inventory_min_available=inventory_min_available)
+    mu = cap.per_step
     budget = parse_size(failure_budget or "0", "--failure-budget", allow_zero=True)
     budget_n = 0 if budget.value == 0 else budget.of(total)
     wave_lists = split_waves(todo, parse_waves(waves))
@@ -176,4 +297,4 @@ def build(
     order = list(hosts)
     plans.sort(key=lambda p: order.index(p.host))
     return Plan(recipe, image, requested, tag, digest, pull_ref, tuple(tuple(w) for w in wave_lists), mu,
-                budget_n, tuple(plans))
+                budget_n, tuple(plans), capacity=cap)

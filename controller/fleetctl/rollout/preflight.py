@@ -9,7 +9,7 @@ from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import deploy
+from fleetctl.rollout import deploy, gate
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import Options
@@ -69,10 +69,12 @@ class Planning(Session):
         if not opts.tag:
             raise FleetError("no tag given", fix="pass --tag, e.g. --tag v0.24.0")
         registry.check_tag(opts.tag, "--tag")
-        wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget)
+        wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget, opts.min_available)
         recipe = self.recipe(opts.recipe)
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
+        wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget, opts.min_available,
+                                total=len(hosts), inventory_min_available=self.min_available())
         for h in hosts:
             deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
         return recipe, hosts
@@ -100,8 +102,17 @@ class Planning(Session):
                     max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,
                     fingerprint=remote.fingerprint(recipe),
                     current_fingerprints={n: f.serving.fingerprint if f.serving and f.serving.running else None
-                                          for n, f in facts.items()})
+                                          for n, f in facts.items()},
+                    min_available=opts.min_available, inventory_min_available=self.min_available())
+        # The estimate from the soak config of the first host that moves (its profile: the lab's or a Spark's).
+        movers = [h for h in hosts if p.host(h.name).action == "deploy"] or list(hosts)
+        cfg = gate.config(recipe, opts.soak, movers[0])
+        p = p.with_estimate(cfg.load_time, cfg.sustained_duration)
         return p, recipe, facts, hosts
+
+    def min_available(self) -> object:
+        """The inventory's floor (``fleetctl_min_available`` in group ``all``), or None."""
+        return self.inv.vars.get(wave_plan.MIN_AVAILABLE_VAR)
 
 
     def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str) -> dict[str, float]:

@@ -19,6 +19,8 @@ class Options:
     limit: str | None = None
     waves: str | None = None
     max_unavailable: str | None = None
+    #: Hosts kept serving (count or %); None: the inventory's fleetctl_min_available, else 75 %.
+    min_available: str | None = None
     failure_budget: str | None = None
     #: Soak length override in seconds (None: the recipe's).
     soak: float | None = None

@@ -32,7 +32,7 @@ class Rollback(Forward):
 
     def rollback(self, to: str | None = None, limit: str | None = None, max_unavailable: str | None = None,
                  recipe_name: str | None = None, webhook: str | None = None,
-                 only_active: bool = False,
+                 only_active: bool = False, min_available: str | None = None,
                  confirm: Callable[[Mapping[str, str | None]], None] | None = None) -> RolloutResult:
         """Every selected host back to the version it served before the last rollout or rollback (or to ``to``).
 
@@ -48,10 +48,10 @@ class Rollback(Forward):
         """
         if to is not None:
             registry.check_tag(to, "--to")
-        if max_unavailable is not None:
-            wave_plan.parse_size(max_unavailable, "--max-unavailable")
-        if limit is not None:
-            self.inv.select(limit)  # a bad --limit is refused before any lock or host
+        # Bad options and a bad --limit are refused before any lock or host; the floor against the
+        # selection (the hosts rolled back are a subset of it: checked again on them below).
+        wave_plan.check_options(None, max_unavailable, None, min_available,
+                                total=len(self.inv.select(limit)), inventory_min_available=self.min_available())
         rid = fleet_ledger.new_id("rollback")
         hook = self._webhook(rid, webhook)
         self.ledger.acquire(rid)
@@ -138,7 +138,10 @@ class Rollback(Forward):
                 if c is not None and c.running and c.digest and not self.ledger.known_good(n):
                     self.ledger.add_known_good(n, tag=c.tag, digest=c.digest, fingerprint=c.fingerprint,
                                                settings=c.settings, source="found", rollout_id=None)
-            mu = wave_plan.parse_size(max_unavailable or "1", "--max-unavailable").of(max(1, len(names)))
+            # The same floor as a rollout's, over the hosts this rollback selected (skipped ones keep serving).
+            cap = wave_plan.capacity(max(1, len(selected)), max_unavailable=max_unavailable,
+                                     min_available=min_available, inventory_min_available=self.min_available())
+            mu = cap.per_step
             rows: list[dict[str, Any]] = [
                 {"host": n, "wave": 0, "step": i // mu, "target_tag": targets[n][0], "target_digest": targets[n][1]}
                 for i, n in enumerate(names)]
@@ -147,7 +150,7 @@ class Rollback(Forward):
             self.ledger.create(rid, kind="rollback", recipe=recipe.name, requested=to,
                                tag=targets[names[0]][0] if to and names else to,
                                digest=targets[names[0]][1] if to and names else None, image=recipe.image,
-                               options={"max_unavailable": mu, "to": to,
+                               options={"max_unavailable": mu, "capacity": cap.describe(), "to": to,
                                         "fingerprints": {n: fps[n] for n in names if fps.get(n)}},
                                command=command_line(), waves=[names],
                                hosts=rows, parent=parent.id if parent else None)

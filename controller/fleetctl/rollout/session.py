@@ -39,6 +39,7 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import RolloutResult, host_outcome
 from fleetctl.rollout.webhook import Webhook
+from fleetctl.soak import baselines
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
@@ -123,6 +124,8 @@ class Session:
         self.progress = progress
         self.state_dir = state_dir or paths.state_dir(inventory.path)
         self.ledger = fleet_ledger.open_for(inventory, self.state_dir)
+        # Baselines kept in files by an older fleetctl join the ledger's, once.
+        baselines.import_files(self.state_dir, self.ledger)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
         self.deployer: deploy.Deployer | None = deployer or (

@@ -123,7 +123,7 @@ class HostSteps(DoorSteps):
                     {**show, "health": "ready", "sustained_s": round(cfg.sustained_duration)})
         t0 = time.monotonic()
         art = self._artifacts(rid, h)
-        verdict = self.gates.soak(h, recipe, p.tag, cfg, self.state_dir, before_tag, art, f"{rid}/{art.name}",
+        verdict = self.gates.soak(h, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
                                   self._forward(h, show, "soak"))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t)

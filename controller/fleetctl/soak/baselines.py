@@ -4,35 +4,63 @@ A soak compares its throughput with the baseline of the tag that served
 before on the same host (the rollout) or of the same tag (a scheduled soak):
 the host's own history, not a fleet-wide figure, because Sparks differ.
 
-One file per host and tag under ``state_dir/baselines/`` keeps the last
-:data:`WINDOW` passing runs made by one soak config (a run with another
-config fingerprint starts a new window: the old runs are not comparable).
-The baseline compared with is their combination: each sweep level's median
-tok/s and its spread, so that one lucky-high run does not fail every later
-one, and a slow drift (each night a little worse) is measured against the
-median of several nights rather than last night alone. An operator can pin a
-window (later passes no longer move it) or reset it (``fleetctl soak baseline``).
+The windows live with the fleet's ledger (``state.ledger``: the local SQLite file, or
+the PostgreSQL database a team shares), so that every controller sharing a ledger
+judges a host against the same window. Each window keeps the last :data:`WINDOW`
+passing runs made by one soak config (a run with another config fingerprint starts
+a new window: the old runs are not comparable). The baseline compared with is their
+combination: each sweep level's median tok/s and its spread, so that one lucky-high
+run does not fail every later one, and a slow drift (each night a little worse) is
+measured against the median of several nights rather than last night alone. An
+operator can pin a window (later passes no longer move it) or reset it (``fleetctl
+soak baseline``).
+
+Before the ledger held them, each controller kept its windows in files under
+``state_dir/baselines/``: :func:`import_files` moves them into the ledger once
+(merged with what other controllers recorded) and renames the directory.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import statistics
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from fleetctl import paths
 from fleetctl.errors import FleetError
+from fleetctl.inventory import Inventory
 from fleetctl.soak.verdict import SCHEMA_VERSION, Outcome, Verdict, from_dict, to_dict
+from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state.ledger import BaselineRow, Ledger
 
 #: Passing runs a window keeps.
 WINDOW = 5
-#: The file's format: {"format", "pinned", "runs": [verdict, ...]} (a bare verdict is the old format).
+#: The old files' format: {"format", "pinned", "runs": [verdict, ...]} (a bare verdict is older still).
 FORMAT = "baseline-window-1"
+#: Where the old files were, and where they go once imported.
+LEGACY_DIR, IMPORTED_DIR = "baselines", "baselines.imported"
 #: MAD -> standard deviation of a normal distribution.
 _MAD_TO_SD = 1.4826
+
+
+class Store(Protocol):
+    """Where windows are kept: :class:`fleetctl.state.ledger.Ledger` (either backend)."""
+
+    where: str
+
+    def baseline(self, host: str, tag: str) -> BaselineRow | None: ...
+
+    def baselines(self, host: str | None = None) -> list[BaselineRow]: ...
+
+    def update_baseline(self, host: str, tag: str,
+                        change: Callable[[BaselineRow | None], BaselineRow | None]) -> BaselineRow | None: ...
+
+    def delete_baseline(self, host: str, tag: str) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -55,15 +83,15 @@ def _safe(part: str) -> str:
 
 
 def path(state_dir: Path, host: str, tag: str) -> Path:
-    """Where the baseline window of ``host`` serving ``tag`` lives."""
-    return Path(state_dir) / "baselines" / _safe(host) / f"{_safe(tag or 'untagged')}.json"
+    """Where the old (pre-ledger) baseline file of ``host`` serving ``tag`` was."""
+    return Path(state_dir) / LEGACY_DIR / _safe(host) / f"{_safe(tag or 'untagged')}.json"
 
 
-def _verdict(data: Any, p: Path, host: str) -> Verdict | None:
+def _verdict(data: Any, where: str, host: str) -> Verdict | None:
     if not isinstance(data, dict):
         return None
     if int(data.get("schema", 0)) > SCHEMA_VERSION:
-        raise FleetError(f"baseline {p} has schema {data.get('schema')}, newer than this fleetctl "
+        raise FleetError(f"baseline in {where} has schema {data.get('schema')}, newer than this fleetctl "
                          f"understands ({SCHEMA_VERSION})", host=host,
                          fix="upgrade fleetctl, or `fleetctl soak baseline reset` to start a new baseline")
     try:
@@ -72,24 +100,15 @@ def _verdict(data: Any, p: Path, host: str) -> Verdict | None:
         return None
 
 
-def read(state_dir: Path, host: str, tag: str) -> Window:
-    """The stored window (empty when there is none or the file is unreadable; an old single verdict migrates)."""
-    p = path(state_dir, host, tag)
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return Window(host, tag, ())
-    if isinstance(data, dict) and data.get("format") == FORMAT:
-        raw, pinned = data.get("runs") or [], bool(data.get("pinned"))
-    else:
-        raw, pinned = [data], False
-    runs = tuple(v for d in raw if (v := _verdict(d, p, host)) is not None)
-    return Window(host, tag, runs, pinned)
+def _window(store: Store, row: BaselineRow) -> Window:
+    runs = tuple(v for d in row.runs if (v := _verdict(d, store.where, row.host)) is not None)
+    return Window(row.host, row.tag, runs, row.pinned)
 
 
-def _write(state_dir: Path, w: Window) -> Path:
-    doc = {"format": FORMAT, "pinned": w.pinned, "runs": [to_dict(v) for v in w.runs]}
-    return paths.write_private(path(state_dir, w.host, w.tag), json.dumps(doc) + "\n")
+def read(store: Store, host: str, tag: str) -> Window:
+    """The stored window (empty when there is none)."""
+    row = store.baseline(host, tag)
+    return _window(store, row) if row is not None else Window(host, tag, ())
 
 
 def combine(runs: tuple[Verdict, ...] | list[Verdict]) -> Verdict | None:
@@ -115,53 +134,123 @@ def combine(runs: tuple[Verdict, ...] | list[Verdict]) -> Verdict | None:
                                run_id=f"median of {len(same)} runs up to {newest.run_id}")
 
 
-def load(state_dir: Path, host: str, tag: str) -> Verdict | None:
+def load(store: Store, host: str, tag: str) -> Verdict | None:
     """The baseline of ``host`` on ``tag`` (combined from its window), or None when there is none."""
-    return read(state_dir, host, tag).baseline
+    return read(store, host, tag).baseline
 
 
-def save(state_dir: Path, host: str, tag: str, verdict: Verdict) -> Path | None:
-    """Add a passing ``verdict`` to the window (the oldest beyond :data:`WINDOW` drops out); returns the path.
+def _added(runs: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]],
+           by_time: bool = False) -> tuple[dict[str, Any], ...]:
+    """``runs`` with ``new`` added (a run id already there is not added twice; ``by_time``: merged in the
+    order the runs finished), only the newest one's config fingerprint kept, the last :data:`WINDOW`."""
+    have = {r.get("run_id") for r in runs}
+    out = list(runs) + [r for r in new if r.get("run_id") not in have]
+    if by_time:
+        out.sort(key=lambda r: str(r.get("finished") or ""))
+    if not out:
+        return ()
+    fp = out[-1].get("fingerprint", "")
+    return tuple([r for r in out if r.get("fingerprint", "") == fp][-WINDOW:])
+
+
+def save(store: Store, host: str, tag: str, verdict: Verdict) -> BaselineRow | None:
+    """Add a passing ``verdict`` to the window (the oldest beyond :data:`WINDOW` drops out); returns what was
+    stored (the runs as JSON documents: not read back into verdicts, which costs a gate more than the rest
+    of its bookkeeping), None when nothing was.
 
     A failed or inconclusive run is never kept; a pinned window is not moved; a run made by
-    another soak config starts a new window.
+    another soak config starts a new window. Read and written in one ledger transaction.
     """
     if verdict.outcome is not Outcome.PASS:
         return None
-    w = read(state_dir, host, tag)
-    if w.pinned:
-        return None
-    runs = [r for r in w.runs if r.fingerprint == verdict.fingerprint] + [verdict]
-    return _write(state_dir, Window(host, tag, tuple(runs[-WINDOW:])))
+
+    def change(row: BaselineRow | None) -> BaselineRow | None:
+        if row is not None and row.pinned:
+            return None
+        return BaselineRow(host, tag, False, _added(row.runs if row else (), [to_dict(verdict)]))
+
+    return store.update_baseline(host, tag, change)
 
 
-def pin(state_dir: Path, host: str, tag: str, pinned: bool = True) -> Window:
+def pin(store: Store, host: str, tag: str, pinned: bool = True) -> Window:
     """Pin (or unpin) the window: while pinned, passing runs no longer change the baseline."""
-    w = read(state_dir, host, tag)
-    if not w.runs:
-        raise FleetError(f"no baseline recorded for tag {tag}", host=host,
-                         fix="run `fleetctl soak` on the host first; a passing soak becomes its baseline")
-    w = dataclasses.replace(w, pinned=pinned)
-    _write(state_dir, w)
-    return w
+
+    def change(row: BaselineRow | None) -> BaselineRow | None:
+        if row is None or not row.runs:
+            raise FleetError(f"no baseline recorded for tag {tag} in {store.where}", host=host,
+                             fix="run `fleetctl soak` on the host first; a passing soak becomes its baseline")
+        return dataclasses.replace(row, pinned=pinned)
+
+    row = store.update_baseline(host, tag, change)
+    assert row is not None
+    return _window(store, row)
 
 
-def reset(state_dir: Path, host: str, tag: str) -> bool:
+def reset(store: Store, host: str, tag: str) -> bool:
     """Forget the window (the next passing run starts a new one); False when there was none."""
-    p = path(state_dir, host, tag)
-    try:
-        p.unlink()
-    except FileNotFoundError:
-        return False
-    return True
+    return store.delete_baseline(host, tag)
 
 
-def windows(state_dir: Path, host: str) -> list[Window]:
+def windows(store: Store, host: str) -> list[Window]:
     """Every stored window of ``host``, by tag."""
-    d = Path(state_dir) / "baselines" / _safe(host)
-    out = []
-    for f in sorted(d.glob("*.json")):
-        w = read(state_dir, host, f.stem)
-        if w.runs:
-            out.append(dataclasses.replace(w, tag=w.runs[-1].tag or f.stem))
-    return out
+    return [w for row in store.baselines(host) if (w := _window(store, row)).runs]
+
+
+def _legacy_file(p: Path, host: str) -> tuple[str, bool, list[dict[str, Any]]] | None:
+    """(tag, pinned, runs) of an old baseline file (a window, or a bare verdict), None when unreadable."""
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and data.get("format") == FORMAT:
+        raw, pinned = data.get("runs") or [], bool(data.get("pinned"))
+    else:
+        raw, pinned = [data], False
+    runs = [to_dict(v) for d in raw if (v := _verdict(d, str(p), host)) is not None]
+    if not runs:
+        return None
+    return str(runs[-1].get("tag") or p.stem), pinned, runs
+
+
+def open_for(inventory: Inventory, state_dir: Path) -> Ledger:
+    """The ledger holding ``inventory``'s baselines (its shared PostgreSQL, else the SQLite file in
+    ``state_dir``), with this state dir's old baseline files imported into it first (once)."""
+    led = fleet_ledger.open_for(inventory, state_dir)
+    try:
+        import_files(state_dir, led)
+    except BaseException:
+        led.close()
+        raise
+    return led
+
+
+def import_files(state_dir: Path, store: Store) -> int:
+    """Move the old per-controller baseline files (``state_dir/baselines/HOST/TAG.json``) into the ledger,
+    once: each window merged with the one the ledger has (its runs first, a run id never twice, pinned
+    if either was), then the directory renamed ``baselines.imported`` so that it is never read again.
+    Returns how many windows were imported (0 when there was nothing to import)."""
+    src = Path(state_dir) / LEGACY_DIR
+    if not src.is_dir():
+        return 0
+    n = 0
+    for f in sorted(src.glob("*/*.json")):
+        got = _legacy_file(f, f.parent.name)
+        if got is None:
+            continue
+        tag, pinned, runs = got
+        host = f.parent.name
+
+        def change(row: BaselineRow | None, tag: str = tag, pinned: bool = pinned,
+                   runs: list[dict[str, Any]] = runs, host: str = host) -> BaselineRow:
+            if row is None:
+                return BaselineRow(host, tag, pinned, _added((), runs, by_time=True))
+            return BaselineRow(host, tag, row.pinned or pinned, _added(row.runs, runs, by_time=True))
+
+        store.update_baseline(host, tag, change)
+        n += 1
+    dst = Path(state_dir) / IMPORTED_DIR
+    with contextlib.suppress(FileNotFoundError):  # another controller on this state dir moved it first
+        if dst.exists():
+            dst = Path(state_dir) / f"{IMPORTED_DIR}.{int(time.time())}"
+        src.rename(dst)
+    return n

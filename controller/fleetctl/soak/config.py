@@ -5,6 +5,7 @@ on two shared cores, soaks of seconds). A recipe overrides any key::
 
     soak:
       profile: spark            # or lab
+      load_time: 4m             # what a load is expected to take: the rollout plan's time estimate
       sustained: {duration: 10m, concurrency: 16, window: 60s}
       checks:
         throughput: {tolerance: 0.15}
@@ -72,6 +73,9 @@ CHECKS = tuple(_PARAMS)
 # image and 430-800 on 0.23/0.24; DFlash acceptance 32-78% (position 0) short context,
 # 41-58% at 16-32K; prose/creative classes far lower (~11-27%).
 _SPARK: dict[str, Any] = {
+    # What a model's load is expected to take (docs/domain.md: 3-5 minutes): the rollout's plan
+    # estimates its wall time from it. Not a bound: readiness_timeout is.
+    "load_time": 240.0,
     "readiness_timeout": 600.0,
     "readiness_poll": 2.0,
     "request_timeout": 180.0,
@@ -133,6 +137,7 @@ def _lab_profile() -> dict[str, Any]:
     # latency bounds ~20x looser and throughput floors that only catch a stall.
     lab = copy.deepcopy(_SPARK)
     lab.update({
+        "load_time": 5.0,
         "readiness_timeout": 120.0,
         "readiness_poll": 0.5,
         "request_timeout": 60.0,
@@ -169,7 +174,7 @@ def _lab_profile() -> dict[str, Any]:
 _DEFAULTS: dict[str, dict[str, Any]] = {"spark": _SPARK, "lab": _lab_profile()}
 
 _TOP_KEYS = (
-    "profile", "model", "speculative", "readiness_timeout", "readiness_poll", "request_timeout",
+    "profile", "model", "speculative", "load_time", "readiness_timeout", "readiness_poll", "request_timeout",
     "max_tokens", "temperature", "thinking", "concurrency", "requests_per_level", "min_requests_per_level",
     "trials", "stagger", "request_rates",
     "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
@@ -252,6 +257,8 @@ class SoakConfig:
     #: The chat template's thinking for load requests (classes, sweep, sustained).
     thinking: bool = False
     recipe: str = ""
+    #: Seconds a server is expected to take from start to ready (a plan's estimate, not a bound).
+    load_time: float = 240.0
     #: Service-level objectives (``ttft_ms``, ``tpot_ms``, ``e2el_ms``): each level reports the share
     #: of its requests meeting all of them, and that goodput in requests/s (reported, not gated).
     slo: Mapping[str, float] = field(default_factory=dict)
@@ -372,6 +379,7 @@ def load_config(
         served_model_names=tuple(served_model_names),
         model=model,
         speculative=spec_raw,
+        load_time=num("load_time", "duration"),
         readiness_timeout=num("readiness_timeout", "duration"),
         readiness_poll=num("readiness_poll", "duration"),
         request_timeout=num("request_timeout", "duration"),

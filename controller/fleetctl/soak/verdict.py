@@ -260,16 +260,30 @@ class Verdict:
         return None
 
 
+#: Values :func:`to_dict` returns as they are (by exact type: an enum deriving from str is not one).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+#: Per dataclass, the fields :func:`to_dict` writes (looked up once: a soak writes thousands of samples,
+#: and ``dataclasses.fields`` per object was a good part of the controller's CPU per host).
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
 def to_dict(obj: Any) -> Any:
     """A dataclass tree to plain JSON values."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)
-                if f.compare or f.name != "container"}
+    tp = type(obj)
+    if tp in _PLAIN:
+        return obj
+    names = _FIELDS.get(tp)
+    if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _FIELDS[tp] = tuple(f.name for f in dataclasses.fields(obj) if f.compare or f.name != "container")
+    if names is not None:
+        return {n: to_dict(getattr(obj, n)) for n in names}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, Mapping):
         return {str(k): to_dict(v) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
+        if all(type(v) in _PLAIN for v in obj):  # latency samples: thousands of floats
+            return list(obj)
         return [to_dict(v) for v in obj]
     return obj
 
@@ -280,6 +294,11 @@ T = TypeVar("T")
 def from_dict(cls: type[T], data: Any) -> T:
     """Rebuild a dataclass tree written by :func:`to_dict` (unknown keys are ignored)."""
     return typing.cast(T, _build(cls, data))
+
+
+#: Per dataclass, its fields' names and resolved types (``get_type_hints`` evaluates every annotation
+#: string each time it is called).
+_HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 
 def _build(tp: Any, data: Any) -> Any:
@@ -296,6 +315,8 @@ def _build(tp: Any, data: Any) -> Any:
         raise ValueError(f"{data!r} does not fit {tp}")
     if origin is tuple:
         (inner, *_rest) = get_args(tp)
+        if inner is float and all(type(v) in (int, float) for v in data):  # latency samples
+            return tuple(float(v) for v in data)
         return tuple(_build(inner, v) for v in data)
     if origin in (Mapping, dict) or origin is typing.get_origin(Mapping[str, Any]):
         _k, v_tp = get_args(tp)
@@ -303,10 +324,12 @@ def _build(tp: Any, data: Any) -> Any:
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         if not isinstance(data, Mapping):
             raise TypeError(f"{tp.__name__} needs a mapping")
-        hints = get_type_hints(tp)
-        kwargs = {f.name: _build(hints[f.name], data[f.name]) for f in dataclasses.fields(tp)
-                  if f.name in data and f.init and f.name != "container"}
-        return tp(**kwargs)
+        fields = _HINTS.get(tp)
+        if fields is None:
+            hints = get_type_hints(tp)
+            fields = _HINTS[tp] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(tp)
+                                        if f.init and f.name != "container")
+        return tp(**{name: _build(hint, data[name]) for name, hint in fields if name in data})
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(data)
     if tp is float:

@@ -19,6 +19,12 @@ it, or that served before fleetctl first touched it (or, later, that was
 serving when a rollout moved the host away from it). Rollback, abort and
 resume act on these recorded intents, not on "the newest record".
 
+The soak baselines live here too (``baselines``: per host and image tag, the window
+of the last passing soak verdicts, pinned or not), so that every controller sharing
+a ledger judges a host's throughput against one window. Their content is the soak
+engine's business (``fleetctl.soak.baselines``): here they are JSON documents,
+changed by a read-modify-write in one transaction.
+
 Nothing secret is written here: container settings are recorded with
 environment values removed (names only).
 
@@ -26,7 +32,8 @@ The public interface (what another backend, e.g. PostgreSQL, implements):
 ``acquire``/``release``/``holder`` (the fleet lock), ``create``,
 ``set_status``, ``set_wave``, ``host_phase``, ``note`` (writes, each one
 transaction), ``get``/``ids``/``latest``/``history`` (reads),
-``known_good``/``add_known_good`` (per-host intent), ``close``.
+``known_good``/``add_known_good`` (per-host intent), ``baseline``/``baselines``/
+``update_baseline``/``delete_baseline`` (soak baselines), ``close``.
 
 Why one file of ~600 lines: the ledger's records, its lock and its queries are one
 transactional interface over the two backends; the SQL dialects are apart in ``backends.py``.
@@ -41,7 +48,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,7 +62,8 @@ if TYPE_CHECKING:
     from fleetctl.inventory import Inventory
 
 #: 1: rollouts, waves, hosts, phases, lock. 2: known_good. 3: out_of_rotation (the front door).
-SCHEMA_VERSION = 3
+#: 4: baselines (the soak's, shared by every controller on the ledger).
+SCHEMA_VERSION = 4
 LEDGER_NAME = "ledger.sqlite3"
 
 #: Rollout statuses. ``running`` with a stale lock means the controller died.
@@ -119,6 +127,14 @@ CREATE TABLE out_of_rotation (
   rollout_id TEXT, reason TEXT,
   memo TEXT NOT NULL DEFAULT '{}',     -- JSON: what the door needs to put it back (no secrets)
   at REAL NOT NULL
+);
+""", """
+CREATE TABLE baselines (
+  host TEXT NOT NULL, tag TEXT NOT NULL,
+  pinned INTEGER NOT NULL DEFAULT 0,
+  runs TEXT NOT NULL,                  -- JSON list: the window's passing soak verdicts, oldest first
+  updated_at REAL NOT NULL,
+  PRIMARY KEY (host, tag)
 );
 """)
 
@@ -222,6 +238,17 @@ class KnownGood:
     source: str
     rollout_id: str | None
     at: float
+
+
+@dataclass(frozen=True)
+class BaselineRow:
+    """One stored baseline window: ``runs`` are the soak verdicts as JSON documents, oldest first."""
+
+    host: str
+    tag: str
+    pinned: bool
+    runs: tuple[dict[str, Any], ...]
+    updated_at: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -559,6 +586,45 @@ class Ledger:
             rows = db.all(f"SELECT * FROM known_good WHERE host=? ORDER BY at DESC, {self._db.seq} DESC", (host,))
         return [KnownGood(r["host"], r["tag"], r["digest"], r["fingerprint"], _loads(r["settings"]), r["source"],
                           r["rollout_id"], r["at"]) for r in rows]
+
+    # -- soak baselines -----------------------------------------------------------------
+
+    @staticmethod
+    def _baseline_row(r: Mapping[str, Any]) -> BaselineRow:
+        return BaselineRow(r["host"], r["tag"], bool(r["pinned"]), tuple(json.loads(r["runs"])), r["updated_at"])
+
+    def baseline(self, host: str, tag: str) -> BaselineRow | None:
+        """The stored window of ``host`` on ``tag``, or None."""
+        with self._read() as db:
+            r = db.one("SELECT * FROM baselines WHERE host=? AND tag=?", (host, tag))
+        return self._baseline_row(r) if r else None
+
+    def baselines(self, host: str | None = None) -> list[BaselineRow]:
+        """Every stored window (of ``host``), by host and tag."""
+        with self._read() as db:
+            rows = (db.all("SELECT * FROM baselines WHERE host=? ORDER BY tag", (host,)) if host is not None
+                    else db.all("SELECT * FROM baselines ORDER BY host, tag"))
+        return [self._baseline_row(r) for r in rows]
+
+    def update_baseline(self, host: str, tag: str,
+                        change: Callable[[BaselineRow | None], BaselineRow | None]) -> BaselineRow | None:
+        """Read the window, apply ``change`` and write what it returns (None: leave it), in one transaction:
+        two controllers adding a run at once both get theirs in. Returns what was written."""
+        with self._tx() as db:
+            r = db.one("SELECT * FROM baselines WHERE host=? AND tag=?", (host, tag))
+            new = change(self._baseline_row(r) if r else None)
+            if new is None:
+                return None
+            db.run("INSERT INTO baselines (host, tag, pinned, runs, updated_at) VALUES (?,?,?,?,?)"
+                   " ON CONFLICT (host, tag) DO UPDATE SET pinned=excluded.pinned, runs=excluded.runs,"
+                   " updated_at=excluded.updated_at",
+                   (host, tag, 1 if new.pinned else 0, json.dumps(list(new.runs)), time.time()))
+        return new
+
+    def delete_baseline(self, host: str, tag: str) -> bool:
+        """Forget the window; False when there was none."""
+        with self._tx() as db:
+            return db.run("DELETE FROM baselines WHERE host=? AND tag=?", (host, tag)) > 0
 
     # -- reading -------------------------------------------------------------------------
 
