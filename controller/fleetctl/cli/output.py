@@ -71,6 +71,13 @@ class Ctx:
         if live is not None:
             live.start()
 
+    def drop_live(self) -> None:
+        """Erase the live view and stop it (a command that ends before doing anything: "nothing to do")."""
+        live = self.live
+        if live is not None:
+            live.transient = True
+            live.stop()
+
     def emit(self, result: Any, render: Callable[[Console], None]) -> None:
         """Print ``result`` as JSON (with --json) or through ``render`` on stdout."""
         if self.json:

@@ -200,6 +200,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
                 render_plan(p, ctx.err)
                 changing = [h for h in p.hosts if h.action != "skip"]
                 if not changing:
+                    ctx.drop_live()
                     ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
                                   f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
                                   highlight=False, markup=False)
