@@ -5,6 +5,7 @@ from __future__ import annotations
 import pathlib
 import pickle
 import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -150,7 +151,7 @@ def test_only_sudo_can_become() -> None:
 def _vault_encrypt(tmp_path: pathlib.Path, value: str) -> str:
     pw = tmp_path / "vault-pass"
     pw.write_text("correct horse\n")
-    out = subprocess.run(["ansible-vault", "encrypt_string", "--vault-password-file", str(pw), value],
+    out = subprocess.run([str(pathlib.Path(sys.executable).with_name("ansible-vault")), "encrypt_string", "--vault-password-file", str(pw), value],
                          check=True, capture_output=True, text=True).stdout
     return out.split("\n", 1)[1]  # the indented ciphertext block after "!vault |"
 

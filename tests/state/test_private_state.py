@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import stat
 import sys
 from pathlib import Path
@@ -11,8 +10,6 @@ import pytest
 
 from fleetctl import paths
 from fleetctl.cli import main as cli_main
-from fleetctl.soak import baselines
-from fleetctl.soak.verdict import Outcome, Verdict
 from fleetctl.state import ledger as fleet_ledger
 
 
@@ -39,19 +36,6 @@ def test_the_ledger_and_its_wal_are_0600(tmp_path: Path) -> None:
         files = [p for p in tmp_path.iterdir() if p.name.startswith(fleet_ledger.LEDGER_NAME)]
         assert len(files) >= 2, files  # the database and its write-ahead log
         assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}
-
-
-def test_a_baseline_is_0600_and_a_symlink_planted_at_the_old_temp_name_is_not_followed(tmp_path: Path) -> None:
-    v = Verdict("run-1", "h1", "http://h1:8000", Outcome.PASS, "pass", "t0", "t1", 1.0, tag="v1")
-    target = baselines.path(tmp_path, "h1", "v1")
-    target.parent.mkdir(parents=True)
-    victim = tmp_path / "victim"
-    victim.write_text("untouched")
-    # The old code wrote "<name>.<pid>.tmp" and then renamed it: a planted link was written through.
-    (target.parent / f"{target.name}.{os.getpid()}.tmp").symlink_to(victim)
-    p = baselines.save(tmp_path, "h1", "v1", v)
-    assert p == target and _mode(target) == 0o600 and not target.is_symlink()
-    assert victim.read_text() == "untouched"
 
 
 def test_a_crash_traceback_is_0600_in_a_private_dir_under_an_unpredictable_name(
