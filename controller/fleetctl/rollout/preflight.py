@@ -17,6 +17,7 @@ from fleetctl.rollout.session import (
     Session,
     StopRollout,
 )
+from fleetctl.rollout.unit import refuse_units
 from fleetctl.state import ledger as fleet_ledger
 
 #: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
@@ -73,6 +74,7 @@ class Planning(Session):
         recipe = self.recipe(opts.recipe)
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
+        refuse_units(self.inv, recipe, [h.name for h in hosts], "rollout")
         for h in hosts:
             deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
         return recipe, hosts

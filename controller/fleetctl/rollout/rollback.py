@@ -21,6 +21,7 @@ from fleetctl.rollout.session import (
     command_line,
     same_version,
 )
+from fleetctl.rollout.unit import refuse_units
 from fleetctl.rollout.webhook import Webhook
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
@@ -67,6 +68,7 @@ class Rollback(Forward):
                 selected = [n for n in everyone if n in mine]
             skips: dict[str, str] = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                                      if n not in selected and parent is not None}
+            refuse_units(self.inv, recipe, selected, "abort" if only_active else "rollback")
             self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
             name = {n: container_name(self.inv.host(n)) for n in selected}
             looks = ssh.fan_out([self.inv.host(n) for n in selected], lambda h: self.ops(h).inspect(name[h.name]),
