@@ -17,7 +17,7 @@ from fleetctl.rollout.session import (
     Session,
     StopRollout,
 )
-from fleetctl.rollout.unit import refuse_units
+from fleetctl.rollout.unit import fabric_problems, refuse_multinode_recipe, refuse_units
 from fleetctl.state import ledger as fleet_ledger
 
 #: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
@@ -40,6 +40,8 @@ class Planning(Session):
             access = ssh.fan_out([h for h in hosts if h.user != "root"], ssh.check_access, timeout=60)
             problems += [o.error.message() for o in access.values() if o.error is not None]
             hosts = [h for h in hosts if h.name not in access or access[h.name].error is None]
+            # Each unit's fabric and parity (every member, selected or not): before any change.
+            problems += fabric_problems(self.inv, [h.name for h in hosts])
         outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(recipe, ref), timeout=120)
         out: dict[str, remote.Facts] = {}
         for h in hosts:
@@ -74,7 +76,7 @@ class Planning(Session):
         recipe = self.recipe(opts.recipe)
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
-        refuse_units(self.inv, recipe, [h.name for h in hosts], "rollout")
+        refuse_multinode_recipe(self.inv, recipe, [h.name for h in hosts])
         for h in hosts:
             deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
         return recipe, hosts
@@ -95,6 +97,7 @@ class Planning(Session):
         img = self.resolve(recipe, opts.tag or "")
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
         facts = self._preflight(hosts, recipe, ref)
+        refuse_units(self.inv, [h.name for h in hosts], "rollout")
         current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
                    for n, f in facts.items()}
         p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag or "", tag=img.tag, digest=img.digest,

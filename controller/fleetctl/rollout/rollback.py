@@ -68,7 +68,7 @@ class Rollback(Forward):
                 selected = [n for n in everyone if n in mine]
             skips: dict[str, str] = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                                      if n not in selected and parent is not None}
-            refuse_units(self.inv, recipe, selected, "abort" if only_active else "rollback")
+            refuse_units(self.inv, selected, "abort" if only_active else "rollback")
             self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
             name = {n: container_name(self.inv.host(n)) for n in selected}
             looks = ssh.fan_out([self.inv.host(n) for n in selected], lambda h: self.ops(h).inspect(name[h.name]),
