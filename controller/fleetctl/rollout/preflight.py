@@ -12,12 +12,13 @@ from fleetctl.recipes import Recipe
 from fleetctl.rollout import deploy
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.results import Options
 from fleetctl.rollout.session import (
     Session,
     StopRollout,
 )
-from fleetctl.rollout.unit import fabric_problems, refuse_multinode_recipe, refuse_units
+from fleetctl.rollout.unit import fabric_problems, refuse_multinode_recipe
 from fleetctl.state import ledger as fleet_ledger
 
 #: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
@@ -77,6 +78,7 @@ class Planning(Session):
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
         refuse_multinode_recipe(self.inv, recipe, [h.name for h in hosts])
+        hosts = unit_plan.whole_units(self.inv, hosts)  # a unit changes as one: every member, selected or not
         for h in hosts:
             deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
         return recipe, hosts
@@ -97,15 +99,18 @@ class Planning(Session):
         img = self.resolve(recipe, opts.tag or "")
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
         facts = self._preflight(hosts, recipe, ref)
-        refuse_units(self.inv, [h.name for h in hosts], "rollout")
+        names = [h.name for h in hosts]
         current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
                    for n, f in facts.items()}
+        fps = {n: f.serving.fingerprint if f.serving and f.serving.running else None for n, f in facts.items()}
+        # The planner sees slots (a single host, or a unit as its head), so that waves, --max-unavailable and
+        # --failure-budget count units; the plan of slots is then expanded to every member.
+        slot_current, slot_fps = unit_plan.slot_versions(self.inv, names, current, fps)
         p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag or "", tag=img.tag, digest=img.digest,
-                    pull_ref=ref, hosts=[h.name for h in hosts], current=current, waves=opts.waves,
+                    pull_ref=ref, hosts=unit_plan.slot_names(self.inv, names), current=slot_current, waves=opts.waves,
                     max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,
-                    fingerprint=remote.fingerprint(recipe),
-                    current_fingerprints={n: f.serving.fingerprint if f.serving and f.serving.running else None
-                                          for n, f in facts.items()})
+                    fingerprint=remote.fingerprint(recipe), current_fingerprints=slot_fps)
+        p = unit_plan.expand(self.inv, p, names, current)
         return p, recipe, facts, hosts
 
 

@@ -10,12 +10,15 @@ container is pulled, stopped or started. A rollout's preflight first probes each
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 from fleetctl import status
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Inventory, Unit
+from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.recipes import Recipe
+from fleetctl.rollout import plan as wave_plan
+from fleetctl.state import ledger as fleet_ledger
 
 #: Seconds a member's status and fabric probes may take at preflight.
 PROBE_TIMEOUT = 60.0
@@ -79,3 +82,107 @@ def refuse_units(inv: Inventory, selected: Sequence[str], verb: str) -> None:
             f"members as one (it would start each member alone, and leave the unit on two versions)",
             host=next(iter(units.values())).head,
             fix=f"leave the unit out with --limit '{exclude}', and change its members by hand together")
+
+
+# ---- planning: a unit is one slot -------------------------------------------------------------------------------
+
+
+def whole_units(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
+    """``hosts`` with every member of each unit they touch (a unit changes as one), in the order given, a
+    unit's members in rank order where its first selected member stood."""
+    out: list[Host] = []
+    seen: set[str] = set()
+    for h in hosts:
+        u = inv.unit_of(h.name)
+        for name in (u.members if u is not None else (h.name,)):
+            if name not in seen:
+                seen.add(name)
+                out.append(inv.host(name))
+    return out
+
+
+def slot_names(inv: Inventory, names: Sequence[str]) -> list[str]:
+    """The planner's slots: each single host, and each unit once, as its head."""
+    out: list[str] = []
+    for n in names:
+        u = inv.unit_of(n)
+        s = u.head if u is not None else n
+        if s not in out:
+            out.append(s)
+    return out
+
+
+def slot_versions(inv: Inventory, names: Sequence[str], current: Mapping[str, tuple[str | None, str | None]],
+                  fps: Mapping[str, str | None]) -> tuple[dict[str, tuple[str | None, str | None]],
+                                                           dict[str, str | None]]:
+    """What each slot serves: a single host's own; a unit's head's when every member serves the same digest
+    and settings, else nothing known (digest None: the unit needs a step)."""
+    cur, fp = dict(current), dict(fps)
+    for n in slot_names(inv, names):
+        u = inv.unit_of(n)
+        if u is None:
+            continue
+        same = len({current.get(m, (None, None))[1] for m in u.members}) == 1 and len(
+            {fps.get(m) for m in u.members}) == 1
+        if not same:
+            cur[n] = (current.get(n, (None, None))[0], None)
+            fp[n] = None
+    return cur, fp
+
+
+def expand(inv: Inventory, p: wave_plan.Plan, names: Sequence[str],
+           current: Mapping[str, tuple[str | None, str | None]]) -> wave_plan.Plan:
+    """The plan of slots made a plan of hosts: each unit's workers in its head's wave and step, with its
+    action; the waves list every member (the counts, --max-unavailable and --failure-budget, stay the
+    planner's: in slots)."""
+    by_slot = {hp.host: hp for hp in p.hosts}
+    hosts: list[wave_plan.HostPlan] = []
+    for n in names:
+        u = inv.unit_of(n)
+        if u is None or n == u.head:
+            hp = by_slot[n]
+            if u is not None:
+                tag, digest = current.get(n, (None, None))
+                hp = replace(hp, current_tag=tag, current_digest=digest)
+            hosts.append(hp)
+            continue
+        head = by_slot[u.head]
+        tag, digest = current.get(n, (None, None))
+        hosts.append(wave_plan.HostPlan(n, head.wave, head.step, tag, digest, head.action, head.reason))
+    waves = tuple(tuple(m for s in wave for m in _members_of(inv, s)) for wave in p.waves)
+    return replace(p, waves=waves, hosts=tuple(hosts))
+
+
+def _members_of(inv: Inventory, name: str) -> tuple[str, ...]:
+    u = inv.unit_of(name)
+    return u.members if u is not None else (name,)
+
+
+def _unit_name(inv: Inventory, name: str) -> str | None:
+    u = inv.unit_of(name)
+    return u.name if u is not None else None
+
+
+def split_steps(inv: Inventory, wave: Sequence[str], max_unavailable: int) -> list[list[str]]:
+    """A wave's hosts cut into steps of at most ``max_unavailable`` slots, a unit's members together."""
+    slots: list[list[str]] = []
+    index: dict[str, int] = {}
+    for n in wave:
+        key = _unit_name(inv, n) or n
+        if key not in index:
+            index[key] = len(slots)
+            slots.append([])
+        slots[index[key]].append(n)
+    size = max(1, max_unavailable)
+    return [[h for s in slots[i:i + size] for h in s] for i in range(0, len(slots), size)]
+
+
+def slots(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
+    """The hosts a step dispatches: each single host, and each unit's head (which steps its unit)."""
+    return [inv.host(n) for n in slot_names(inv, [h.name for h in hosts])]
+
+
+def count_failed(inv: Inventory, records: Sequence[fleet_ledger.HostRecord]) -> int:
+    """Failed slots (rolled back or down), a unit counted once, for --failure-budget."""
+    return len({_unit_name(inv, r.host) or r.host for r in records
+                if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)})
