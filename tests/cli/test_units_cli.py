@@ -142,24 +142,11 @@ def test_status_json_carries_each_hosts_unit(fleet: Callable[..., Path],
     assert "unit pair-a: spark-03 (head), spark-04" in out
 
 
-def test_rollback_of_a_unit_and_a_pair_recipe_on_single_hosts_are_refused_before_any_change(
+def test_a_pair_recipe_on_single_hosts_is_refused_before_any_change(
         fleet: Callable[..., Path], run: Callable[..., tuple[int, str, str]]) -> None:
-    """Until the engine steps a unit as one: refused before a lock, a registry call or a host is touched
-    (every host here is a closed port and there is no registry: anything further would fail otherwise).
-    A rollout reaching a unit is refused after its preflight (the fabric first): tests/lab/test_units_lab.py."""
+    """Refused before a lock, a registry call or a host is touched (every host here is a closed port and
+    there is no registry: anything further would fail otherwise)."""
     hosts = fleet()
-    for argv in (["rollback", "--yes"], ["rollback", "--to", "v0.23.0", "--limit", "spark-03", "--yes"],
-                 ["rollout", "abort", "--yes"]):
-        code, out, _err = run(hosts, *argv, "--json")
-        if argv[1] == "abort":
-            assert code == 2 and "no paused or interrupted rollout" in json.loads(out)["error"]["cause"]
-            continue
-        assert code == 2, (argv, out)
-        error = json.loads(out)["error"]
-        assert error["host"] == "spark-03", (argv, error)
-        assert "rollback of unit 'pair-a' (spark-03, spark-04) refused before any change" in error["cause"], error
-        assert error["fix"].startswith("leave the unit out with --limit '!spark-03:!spark-04'"), error
-    # the two-node recipe on single hosts: refused by name
     code, out, _ = run(hosts, "rollout", "--tag", "v0.24.0", "--limit", "spark-01,spark-02", "--recipe", "glm-pair",
                        "--yes", "--json")
     assert code == 2
@@ -167,4 +154,4 @@ def test_rollback_of_a_unit_and_a_pair_recipe_on_single_hosts_are_refused_before
     assert "recipe 'glm-pair' refused before any change: it spans 2 nodes" in error["cause"], error
     assert "(spark-01, spark-02) is in a unit" in error["cause"], error
     code, out, _ = run(hosts, "history", "--json")
-    assert code == 0 and json.loads(out) == []  # nothing was recorded: no rollout or rollback began
+    assert code == 0 and json.loads(out) == []  # nothing was recorded: no rollout began

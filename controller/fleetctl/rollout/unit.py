@@ -1,11 +1,11 @@
 """Serving units in the rollout engine (docs/units.md).
 
-The engine steps one host at a time: stopping and starting the members of a unit (N Sparks serving one
-model over their fabric) one by one would start each as a lone server of a model that does not fit it, and
-leave the unit on two versions between steps. Until the engine steps a unit as one, a rollout, rollback or
-abort that would touch a unit's member, or that carries a multi-node recipe, is refused here, before any
-container is pulled, stopped or started. A rollout's preflight first probes each unit's fabric and parity
-(:func:`fabric_problems`) and refuses on any finding, so that a faulty fabric is named before anything else.
+A unit (N Sparks serving one model over their fabric) changes as one: selecting a member selects the unit
+(:func:`whole_units`); the planner sees it as one slot, so that waves, --max-unavailable and --failure-budget
+count units (:func:`slot_names`, :func:`expand`, :func:`split_steps`, :func:`count_failed`); a rollback takes
+every member to one version (:func:`unit_targets`). A rollout's preflight probes each unit's fabric and parity
+(:func:`fabric_problems`) and refuses on any finding before any change; a multi-node recipe on hosts of no
+unit is refused before any network (:func:`refuse_multinode_recipe`). The steps: ``rollout/unit_step.py``.
 """
 
 from __future__ import annotations
@@ -67,21 +67,6 @@ def refuse_multinode_recipe(inv: Inventory, recipe: Recipe, selected: Sequence[s
             f"rollout of recipe {recipe.name!r} refused before any change: it spans {recipe.topology.nodes} "
             f"nodes, and none of the selected hosts ({', '.join(selected) or 'none'}) is in a unit",
             fix="roll out a single-node recipe (--recipe NAME) to single hosts, or select a unit's members")
-
-
-def refuse_units(inv: Inventory, selected: Sequence[str], verb: str) -> None:
-    """Refuse ``verb`` (rollout, rollback, abort) when ``selected`` holds a unit member: one message naming
-    each unit, its members and the fix."""
-    units = units_in(inv, selected)
-    if units:
-        listed = "; ".join(f"unit {u.name!r} ({', '.join(u.members)})" for u in units.values())
-        members = [m for u in units.values() for m in u.members]
-        exclude = ":".join(f"!{m}" for m in members)
-        raise FleetError(
-            f"{verb} of {listed} refused before any change: the rollout engine does not yet step a unit's "
-            f"members as one (it would start each member alone, and leave the unit on two versions)",
-            host=next(iter(units.values())).head,
-            fix=f"leave the unit out with --limit '{exclude}', and change its members by hand together")
 
 
 # ---- planning: a unit is one slot -------------------------------------------------------------------------------
@@ -186,3 +171,31 @@ def count_failed(inv: Inventory, records: Sequence[fleet_ledger.HostRecord]) -> 
     """Failed slots (rolled back or down), a unit counted once, for --failure-budget."""
     return len({_unit_name(inv, r.host) or r.host for r in records
                 if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)})
+
+
+def unit_targets(inv: Inventory, selected: Sequence[str], targets: dict[str, tuple[str | None, str, str]],
+                 skips: dict[str, str], fps: dict[str, str | None]) -> None:
+    """A rollback's targets made whole per unit (in place): every member of a unit with a target goes to that
+    one version together (a member already there is stepped with the others); members whose known-goods
+    differ, or one with nothing to go back to, are refused before any change, naming them."""
+    for u in units_in(inv, selected).values():
+        have = {m: targets[m] for m in u.members if m in targets}
+        if not have:
+            continue
+        versions = {(t[0], t[1]) for t in have.values()}
+        if len(versions) > 1:
+            listed = ", ".join(f"{m} {t[0]}" for m, t in have.items())
+            raise FleetError(f"the members of unit {u.name!r} would go back to different versions ({listed})",
+                             host=u.head, fix=f"pass --to TAG for the unit (--limit {','.join(u.members)})")
+        target = next(iter(have.values()))
+        fp = next((fps[m] for m in have if fps.get(m)), None)
+        for m in u.members:
+            if m in targets:
+                continue
+            why = skips.pop(m, "")
+            if why and not why.startswith("already there"):
+                skips[m] = why
+                raise FleetError(f"unit {u.name!r} cannot go back together: {m} is skipped ({why})", host=m,
+                                 fix=f"pass --to TAG for the unit (--limit {','.join(u.members)})")
+            targets[m] = target
+            fps[m] = fp

@@ -257,3 +257,151 @@ class UnitSteps(HostSteps):
             self._phase(rid, h, "rolled-back", f"unit {unit.name}: serving {prev_tag} again", {**back, "health": "ok"},
                         status=fleet_ledger.ROLLED_BACK, after_tag=n.tag if n else prev_tag,
                         after_digest=n.digest if n else None, error=why, verdict=summary)
+
+
+def stop_serving(h: Host) -> None:
+    """``docker kill`` the serving container, kept under its name (a swap or restore moves it after)."""
+    ssh.docker(h, f"docker kill {container_name(h)} >/dev/null 2>&1 || true", timeout=60).check("stopping the unit's member")
+
+
+class UnitRollback(UnitSteps):
+    """A unit's rollback step: every member to the target together, the head's readiness and smoke; a target
+    that fails puts every member back on what it served before this rollback."""
+
+    def _rollback_slot(self, rid: str, recipe: Recipe, h: Host,
+                       targets: Mapping[str, tuple[str | None, str, str, str | None]]) -> None:
+        unit = self.inv.unit_of(h.name)
+        if unit is None:
+            self._rollback_host(rid, recipe, h, *targets[h.name])  # type: ignore[attr-defined]
+            return
+        # one version for every member (fleetctl.rollout.unit.unit_targets); a member done already has none left
+        tag, digest, ref, fingerprint = next(targets[m] for m in unit.members if m in targets)
+        self._rollback_unit(rid, recipe, unit, tag, digest, ref, fingerprint)
+
+    def _rollback_unit(self, rid: str, recipe: Recipe, unit: Unit, tag: str | None, digest: str, ref: str,
+                       fingerprint: str | None) -> None:
+        if self.ops is not remote.SshHostOps:
+            raise FleetError(f"unit {unit.name!r} can only be rolled back over SSH", host=unit.head,
+                             fix="use the direct SSH path for a unit's members")
+        members = self._members(unit)
+        head = members[0]
+        show = {"wave": 1, "tag": tag or "?", "unit": unit.name}
+        t: dict[str, float] = {}
+        t0 = time.monotonic()
+        recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
+        if any(r is not None and r.phase == "undoing" for r in recs.values()):
+            self._undo_unit(rid, recipe, unit, "the target failed before the controller died", show)
+            return
+
+        def wanted(s: remote.Serving | None) -> bool:
+            return s is not None and s.digest == digest and (fingerprint is None or s.fingerprint in (fingerprint, None))
+
+        looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
+                                               self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)), "inspect")
+        for h in members:
+            cur, r = looks[h.name][0], recs[h.name]
+            if cur is not None and r is not None and r.before_digest is None and not wanted(cur):
+                self.ledger.host_phase(rid, h.name, "inspected", status=fleet_ledger.IN_PROGRESS, before_tag=cur.tag,
+                                       before_digest=cur.digest, before=cur.settings)
+        try:
+            self._check_cancel()
+            if all((c := looks[h.name][0]) is not None and c.running and wanted(c) for h in members):
+                for h in members:
+                    self._phase(rid, h, "loading", f"unit {unit.name}: serving {tag}: checking it",
+                                {**show, "health": "loading"}, status=fleet_ledger.IN_PROGRESS)
+            elif all(wanted(looks[h.name][1]) for h in members):
+                for h in members:
+                    self._phase(rid, h, "restoring", f"unit {unit.name}: the kept {tag}", show,
+                                status=fleet_ledger.IN_PROGRESS)
+                # every member stopped first, so that no old member joins a new head; then each kept one
+                # started in the launch's order (the abandoned one kept as .prev)
+                self._each(members, stop_serving, "stop")
+                for name in recipe.topology.start_order(unit):
+                    self.ops(self.inv.host(name)).swap(container_name(self.inv.host(name)))
+            else:
+                for h in members:
+                    self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=fleet_ledger.IN_PROGRESS)
+                self._each(members, lambda h: self.ops(h).pull(ref), "pull")
+                self._each(members, lambda h: self.ops(h).retire(container_name(h), rid, digest, grace=0), "stop")
+                for name in recipe.topology.start_order(unit):
+                    member = self.inv.host(name)
+                    self._phase(rid, member, "starting", f"unit {unit.name} rank {unit.rank(name)}", show)
+                    remote.start(member, recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid,
+                                 secrets=self._container_secrets(recipe), launch=recipe.launch(unit, name))
+            cfg = gate.config(recipe, None, head)
+            ready = self.gates.wait(head, recipe, tag or "", cfg, None, self._forward(head, show, "loading"))
+            t["ready"] = time.monotonic() - t0
+            if not ready.ready:
+                raise FleetError(f"readiness {ready.outcome.value}: {ready.message}", host=head.name)
+            down = self._not_running(members)
+            if down:
+                raise FleetError(f"member(s) not running: {down}", host=head.name)
+            self._check_cancel()
+            for h in members:
+                self._phase(rid, h, "smoke", f"unit {unit.name} on {head.name}", {**show, "health": "ready"})
+            v = self.gates.smoke(head, recipe, tag or "", cfg, self._artifacts(rid, head))
+            t["total"] = time.monotonic() - t0
+            if v.outcome.value != "pass":
+                raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=head.name)
+        except RECOVERABLE as e:
+            why = e.cause if isinstance(e, FleetError) else (
+                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
+            self._undo_unit(rid, recipe, unit, f"{tag} failed: {why}", show)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            return
+        for h in members:
+            self._phase(rid, h, "done", f"unit {unit.name}: serving {tag}", {**show, "health": "ok"},
+                        status=fleet_ledger.DONE, after_tag=tag, after_digest=digest, verdict=gate.summarise(v, t),
+                        artifacts=v.artifacts_dir)
+
+    def _undo_unit(self, rid: str, recipe: Recipe, unit: Unit, why: str, show: Mapping[str, Any]) -> None:
+        """Every member back on what it served before this rollback (its ``.prev``), together."""
+        members = self._members(unit)
+        head = members[0]
+        for h in members:
+            self._phase(rid, h, "undoing", f"unit {unit.name}: {why}", {**show, "health": "failed"}, error=why)
+        recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
+        tag_b = next((r.before_tag for r in recs.values() if r is not None and r.before_tag), None)
+        fix = (f"`fleetctl rollback --to {tag_b} --limit {','.join(unit.members)}`" if tag_b
+               else f"`fleetctl rollout --tag TAG --limit {','.join(unit.members)}` with a version that works")
+        try:
+            if any(r is None or r.before_digest is None for r in recs.values()):
+                raise FleetError("nothing served before this rollback on every member", host=head.name)
+            looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
+                                                   self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
+                               "inspect")
+
+            def is_before(h: Host, s: remote.Serving | None) -> bool:
+                r = recs[h.name]
+                return s is not None and r is not None and s.digest == r.before_digest
+
+            if not all(looks[h.name][0] is not None and looks[h.name][0].running and is_before(h, looks[h.name][0])
+                       for h in members):
+                gone = [h.name for h in members if not is_before(h, looks[h.name][0]) and not is_before(h, looks[h.name][1])]
+                if gone:
+                    raise FleetError(f"the previous container is gone on {', '.join(gone)}", host=head.name)
+                self._each(members, stop_serving, "stop")
+                for name in recipe.topology.start_order(unit):
+                    member = self.inv.host(name)
+                    if not is_before(member, looks[name][0]):
+                        self.ops(member).restore(container_name(member))
+                    else:
+                        ssh.docker(member, f"docker start {container_name(member)}", timeout=60).check("starting")
+            cfg = gate.config(recipe, None, head)
+            ready = self.gates.wait(head, recipe, tag_b or "", cfg, None,
+                                    self._forward(head, show, "undoing", cancellable=False))
+            if not ready.ready:
+                raise FleetError(f"the restored version did not become ready: {ready.message}", host=head.name)
+        except Exception as e:
+            cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            for h in members:
+                self._phase(rid, h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},
+                            status=fleet_ledger.HOST_FAILED, error=f"{why}; unit {unit.name}'s undo failed: {cause}; "
+                                                                  f"fix: {fix}")
+            return
+        for h in members:
+            r = recs[h.name]
+            self._phase(rid, h, "rolled-back", f"unit {unit.name}: {why}; serving {tag_b} again",
+                        {**show, "health": "ok", "tag": tag_b}, status=fleet_ledger.ROLLED_BACK, after_tag=r.before_tag
+                        if r else None, after_digest=r.before_digest if r else None, error=why)
