@@ -152,6 +152,6 @@ def test_a_pair_recipe_on_single_hosts_is_refused_before_any_change(
     assert code == 2
     error = json.loads(out)["error"]
     assert "recipe 'glm-pair' refused before any change: it spans 2 nodes" in error["cause"], error
-    assert "(spark-01, spark-02) is in a unit" in error["cause"], error
+    assert "the selected hosts spark-01, spark-02 are in no unit" in error["cause"], error
     code, out, _ = run(hosts, "history", "--json")
     assert code == 0 and json.loads(out) == []  # nothing was recorded: no rollout began

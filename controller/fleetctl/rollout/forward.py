@@ -8,7 +8,6 @@ from collections.abc import Mapping
 
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.results import HostOutcome, Options, RolloutResult
@@ -115,7 +114,7 @@ class Forward(UnitSteps):
                 rec = self.ledger.get(rid)
                 pending = [h for h in members
                            if (r := rec.host(h)) is not None
-                           and not self._host_finished(rid, r, p, hosts[h], remote.fingerprint(recipe))]
+                           and not self._host_finished(rid, r, p, hosts[h], self._fingerprint_for(hosts[h], recipe))]
                 if not pending:
                     continue
                 self.ledger.set_wave(rid, w, fleet_ledger.RUNNING)

@@ -43,7 +43,7 @@ class Planning(Session):
             hosts = [h for h in hosts if h.name not in access or access[h.name].error is None]
             # Each unit's fabric and parity (every member, selected or not): before any change.
             problems += fabric_problems(self.inv, [h.name for h in hosts])
-        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(recipe, ref), timeout=120)
+        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(self._recipe_of(h, recipe), ref), timeout=120)
         out: dict[str, remote.Facts] = {}
         for h in hosts:
             o = outcomes[h.name]
@@ -59,7 +59,8 @@ class Planning(Session):
                 problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit missing)"
                                 " - run `fleetctl provision`")
             for why in f.missing_weights:
-                problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {recipe.name} --limit {h.name}`")
+                problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {self._recipe_of(h, recipe).name} "
+                                f"--limit {h.name}`")
             if not f.has_image and f.free_gb < need:
                 problems.append(f"{h.name}: {f.free_gb:.1f} GB free for the image, needs {need:.0f} GB")
             self._emit("preflight", "ok" if not problems else "checked", h.name)
@@ -67,6 +68,11 @@ class Planning(Session):
             raise FleetError("preflight refused the rollout before any change:\n  " + "\n  ".join(problems),
                              fix="fix each host above, or leave it out with --limit '!NAME'")
         return out
+
+    def _recipe_of(self, h: Host, recipe: Recipe) -> Recipe:
+        """The recipe ``h`` serves in a rollout of ``recipe`` (a unit's member: its unit's)."""
+        unit = self.inv.unit_of(h.name)
+        return recipe if unit is None else unit_plan.unit_recipe(self.inv, unit, recipe)
 
     def check(self, opts: Options) -> tuple[Recipe, list[Host]]:
         """Every option, the tag's form, the recipe and the selection checked: no network, no host."""
@@ -78,6 +84,7 @@ class Planning(Session):
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
         refuse_multinode_recipe(self.inv, recipe, [h.name for h in hosts])
+        unit_plan.refuse_other_images(self.inv, recipe, [h.name for h in hosts])
         hosts = unit_plan.whole_units(self.inv, hosts)  # a unit changes as one: every member, selected or not
         for h in hosts:
             deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
@@ -105,7 +112,7 @@ class Planning(Session):
         fps = {n: f.serving.fingerprint if f.serving and f.serving.running else None for n, f in facts.items()}
         # The planner sees slots (a single host, or a unit as its head), so that waves, --max-unavailable and
         # --failure-budget count units; the plan of slots is then expanded to every member.
-        slot_current, slot_fps = unit_plan.slot_versions(self.inv, names, current, fps)
+        slot_current, slot_fps = unit_plan.slot_versions(self.inv, names, current, fps, recipe, remote.fingerprint)
         p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag or "", tag=img.tag, digest=img.digest,
                     pull_ref=ref, hosts=unit_plan.slot_names(self.inv, names), current=slot_current, waves=opts.waves,
                     max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,

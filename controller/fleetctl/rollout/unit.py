@@ -10,13 +10,13 @@ unit is refused before any network (:func:`refuse_multinode_recipe`). The steps:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from fleetctl import status
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory, Unit
-from fleetctl.recipes import Recipe
+from fleetctl.recipes import Recipe, recipe_for
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.state import ledger as fleet_ledger
 
@@ -62,11 +62,33 @@ def fabric_problems(inv: Inventory, selected: Sequence[str]) -> list[str]:
 
 def refuse_multinode_recipe(inv: Inventory, recipe: Recipe, selected: Sequence[str]) -> None:
     """A multi-node recipe rolled out to hosts of no unit is refused (no host touched, no network)."""
-    if recipe.topology.nodes > 1 and not units_in(inv, selected):
+    singles = [n for n in selected if inv.unit_of(n) is None]
+    if recipe.topology.nodes > 1 and singles:
         raise FleetError(
             f"rollout of recipe {recipe.name!r} refused before any change: it spans {recipe.topology.nodes} "
-            f"nodes, and none of the selected hosts ({', '.join(selected) or 'none'}) is in a unit",
-            fix="roll out a single-node recipe (--recipe NAME) to single hosts, or select a unit's members")
+            f"nodes, and the selected hosts {', '.join(singles)} are in no unit",
+            fix="roll out a single-node recipe (--recipe NAME) to single hosts (each unit then serves its own "
+                "recipe), or select only a unit's members")
+
+
+def unit_recipe(inv: Inventory, unit: Unit, recipe: Recipe) -> Recipe:
+    """The recipe ``unit`` serves in a rollout of ``recipe``: that one when it spans the unit's size (``--recipe``
+    named a unit's recipe), else the unit's own ``fleetctl_recipe`` (a rollout of a single-node recipe to a mix
+    of single hosts and units)."""
+    if recipe.topology.nodes == unit.size:
+        return recipe
+    return recipe_for(inv, None, inv.host(unit.head))
+
+
+def refuse_other_images(inv: Inventory, recipe: Recipe, selected: Sequence[str]) -> None:
+    """One rollout pins one image digest: a unit whose own recipe runs another image is refused, naming it."""
+    for u in units_in(inv, selected).values():
+        r = unit_recipe(inv, u, recipe)
+        if r.image != recipe.image:
+            raise FleetError(
+                f"unit {u.name!r} serves recipe {r.name!r} of image {r.image}, this rollout pins {recipe.image} "
+                f"(recipe {recipe.name!r})", host=u.head,
+                fix=f"roll the unit out on its own: --recipe {r.name} --limit {','.join(u.members)}")
 
 
 # ---- planning: a unit is one slot -------------------------------------------------------------------------------
@@ -98,20 +120,21 @@ def slot_names(inv: Inventory, names: Sequence[str]) -> list[str]:
 
 
 def slot_versions(inv: Inventory, names: Sequence[str], current: Mapping[str, tuple[str | None, str | None]],
-                  fps: Mapping[str, str | None]) -> tuple[dict[str, tuple[str | None, str | None]],
-                                                           dict[str, str | None]]:
-    """What each slot serves: a single host's own; a unit's head's when every member serves the same digest
-    and settings, else nothing known (digest None: the unit needs a step)."""
+                  fps: Mapping[str, str | None], recipe: Recipe,
+                  fingerprint: Callable[[Recipe], str]) -> tuple[dict[str, tuple[str | None, str | None]],
+                                                                 dict[str, str | None]]:
+    """What each slot serves, for the planner: a single host's own; a unit's head's when every member serves
+    the same digest, else nothing known (digest None: the unit needs a step); a unit whose members all run
+    its own recipe's settings reads as running the rollout's (the planner compares one fingerprint)."""
     cur, fp = dict(current), dict(fps)
     for n in slot_names(inv, names):
         u = inv.unit_of(n)
         if u is None:
             continue
-        same = len({current.get(m, (None, None))[1] for m in u.members}) == 1 and len(
-            {fps.get(m) for m in u.members}) == 1
-        if not same:
+        if len({current.get(m, (None, None))[1] for m in u.members}) != 1:
             cur[n] = (current.get(n, (None, None))[0], None)
-            fp[n] = None
+        mine = fingerprint(unit_recipe(inv, u, recipe))
+        fp[n] = fingerprint(recipe) if all(fps.get(m) == mine for m in u.members) else None
     return cur, fp
 
 

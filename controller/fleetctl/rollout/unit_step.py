@@ -23,6 +23,7 @@ from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import Options
 from fleetctl.rollout.session import RECOVERABLE
 from fleetctl.rollout.step import HostSteps
+from fleetctl.rollout.unit import unit_recipe
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
@@ -37,7 +38,12 @@ class UnitSteps(HostSteps):
         if unit is None:
             self._host_step(rid, recipe, opts, p, h, wave, batch=batch)
             return
-        self._unit_step(rid, recipe, opts, p, unit, wave)
+        self._unit_step(rid, unit_recipe(self.inv, unit, recipe), opts, p, unit, wave)
+
+    def _fingerprint_for(self, h: Host, recipe: Recipe) -> str:
+        """The container settings ``h`` must run in a rollout of ``recipe`` (a unit's member: its unit's)."""
+        unit = self.inv.unit_of(h.name)
+        return remote.fingerprint(recipe if unit is None else unit_recipe(self.inv, unit, recipe))
 
     def _members(self, unit: Unit) -> list[Host]:
         return [self.inv.host(m) for m in unit.members]
@@ -276,7 +282,7 @@ class UnitRollback(UnitSteps):
             return
         # one version for every member (fleetctl.rollout.unit.unit_targets); a member done already has none left
         tag, digest, ref, fingerprint = next(targets[m] for m in unit.members if m in targets)
-        self._rollback_unit(rid, recipe, unit, tag, digest, ref, fingerprint)
+        self._rollback_unit(rid, unit_recipe(self.inv, unit, recipe), unit, tag, digest, ref, fingerprint)
 
     def _rollback_unit(self, rid: str, recipe: Recipe, unit: Unit, tag: str | None, digest: str, ref: str,
                        fingerprint: str | None) -> None:
