@@ -134,12 +134,11 @@ def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, 
     _name, members = unit
     inv = inventory.load(None)
     singles = [n for n in inv.hosts if inv.unit_of(n) is None][:2]
-    # the single hosts serve qwen35-35b-bf16, a one-node recipe of the same image: stage it, then one rollout
-    # per recipe is what a mixed fleet is; here the unit and the singles share the image and the rollout
+    # the single hosts serve qwen35-35b-bf16 (--recipe), the unit its own two-node recipe of the same image
     code, doc = fleetctl("stage", "--recipe", "qwen35-35b-bf16", "--limit", ",".join(singles))
     assert code == 0, doc
-    code, doc = fleetctl("rollout", "--tag", NEW, "--limit", ",".join([*singles, *members]), "--soak", SOAK,
-                         "--waves", "1,100%", "--yes")
+    code, doc = fleetctl("rollout", "--tag", NEW, "--recipe", "qwen35-35b-bf16", "--limit",
+                         ",".join([*singles, *members]), "--soak", SOAK, "--waves", "1,100%", "--yes")
     assert code == 0, doc
     rows = {h["host"]: h for h in doc["hosts"]}
     assert {n: rows[n]["status"] for n in [*singles, *members]} == dict.fromkeys([*singles, *members], "done"), rows

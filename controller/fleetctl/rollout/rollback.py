@@ -69,6 +69,7 @@ class Rollback(Forward, UnitRollback):
                 selected = [n for n in everyone if n in mine]
             # a unit goes back as one: every member, selected or not
             selected = [h.name for h in unit_plan.whole_units(self.inv, [self.inv.host(n) for n in selected])]
+            unit_plan.refuse_other_images(self.inv, recipe, selected)  # one image digest per rollback
             skips: dict[str, str] = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                                      if n not in selected and parent is not None}
             self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
