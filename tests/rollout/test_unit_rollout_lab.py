@@ -150,3 +150,32 @@ def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, 
     code, doc = fleetctl("rollback", "--to", BASE, "--limit", ",".join(members), "--yes")
     assert code == 0, doc
     assert_unit_serves(members, BASE)
+
+
+def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple[str, tuple[str, ...]]) -> None:
+    """`lab node WORKER --kill-worker` once the unit's soak began: the head wedges (/health 200, no token),
+    the gate fails, and both members serve BASE again."""
+    _name, members = unit
+    assert_unit_serves(members, BASE)
+    proc = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--recipe", PAIR, "--limit", ",".join(members),
+                             "--soak", "30s", "--yes", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=os.environ)
+    try:
+        killed = False
+        while proc.poll() is None and not killed:
+            code, hist = fleetctl("history", "-n", "1")
+            rows = {h["host"]: h for h in hist[0]["hosts"]} if code == 0 and hist and hist[0]["tag"] == NEW else {}
+            if rows.get(members[1], {}).get("phase") == "soak":
+                fleetlab.set_node(members[1], kill_worker=True)
+                killed = True
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed, "the rollout ended before its soak began"
+    doc = json.loads(out)
+    assert proc.returncode == 1, doc
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
+    ssh.close_all()
+    assert_unit_serves(members, BASE)
