@@ -87,11 +87,7 @@ class Planning(Session):
         unit_plan.refuse_other_images(self.inv, recipe, [h.name for h in hosts])
         hosts = unit_plan.whole_units(self.inv, hosts)  # a unit changes as one: every member, selected or not
         for h in hosts:
-            # a bad value is refused before anything is resolved or touched; a unit steps over SSH only
-            if deploy.deploy_via(h) == deploy.VIA_ANSIBLE and h.unit is not None:
-                raise FleetError(f"member of unit {h.unit!r} set to deploy through the vllm_serve role, which "
-                                 "starts one container per host with the recipe's single command line", host=h.name,
-                                 fix="set fleetctl_deploy_via: ssh for the unit's group (the default)")
+            deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
         return recipe, hosts
 
     def resolve(self, recipe: Recipe, tag: str) -> registry.ResolvedImage:
