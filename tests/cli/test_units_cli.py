@@ -140,3 +140,18 @@ def test_status_json_carries_each_hosts_unit(fleet: Callable[..., Path],
     assert all(not s["reachable"] for s in doc.values())
     code, out, _ = run(fleet(), "status", "--timeout", "3")
     assert "unit pair-a: spark-03 (head), spark-04" in out
+
+
+def test_a_pair_recipe_on_single_hosts_is_refused_before_any_change(
+        fleet: Callable[..., Path], run: Callable[..., tuple[int, str, str]]) -> None:
+    """Refused before a lock, a registry call or a host is touched (every host here is a closed port and
+    there is no registry: anything further would fail otherwise)."""
+    hosts = fleet()
+    code, out, _ = run(hosts, "rollout", "--tag", "v0.24.0", "--limit", "spark-01,spark-02", "--recipe", "glm-pair",
+                       "--yes", "--json")
+    assert code == 2
+    error = json.loads(out)["error"]
+    assert "recipe 'glm-pair' refused before any change: it spans 2 nodes" in error["cause"], error
+    assert "the selected hosts spark-01, spark-02 are in no unit" in error["cause"], error
+    code, out, _ = run(hosts, "history", "--json")
+    assert code == 0 and json.loads(out) == []  # nothing was recorded: no rollout began

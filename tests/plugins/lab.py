@@ -30,7 +30,7 @@ def lab() -> Iterator[fleetlab.LabStatus]:
     before = fleetlab.status()
     started = False
     if not before.up or len(before.nodes) < LAB_NODES:
-        fleetlab.up(nodes=max(LAB_NODES, len(before.nodes)))
+        fleetlab.up(nodes=max(LAB_NODES, len(before.nodes)), units=len(before.units))  # its units kept
         started = not before.up
     # A session killed inside a fault block leaves the fault behind: start healthy.
     for node in fleetlab.status().nodes:

@@ -42,6 +42,8 @@ def _render_status(st: lab.LabStatus) -> Any:
         out.print(f"registry    {st.registry}")
         out.print(f"apt         {st.apt_url}  (key {st.apt_key_url})")
         out.print(f"weights     {st.weights_url}")
+        for unit, members in st.units.items():
+            out.print(f"unit        {unit}: {', '.join(members)} (fabric MTU 9000)")
         out.print(f"inventory   {st.inventory}")
         user = st.bastion.partition("@")[0]
         out.print(f"ssh         -F {st.ssh_config} -J bastion {user}@<address>   (bastion {st.bastion})")
@@ -52,12 +54,14 @@ def _render_status(st: lab.LabStatus) -> Any:
 
 @lab_group.command("up")
 @click.option("--nodes", "-n", default=4, show_default=True, type=click.IntRange(1, 40), help="Number of Sparks.")
+@click.option("--units", "-u", default=0, show_default=True, type=click.IntRange(0, 20),
+              help="Two-node units made of the last 2*M nodes, joined by a fabric network with MTU 9000.")
 @json_option
 @pass_ctx
-def up_cmd(ctx: Ctx, nodes: int) -> None:
+def up_cmd(ctx: Ctx, nodes: int, units: int) -> None:
     """Build and start the lab (idempotent; a second run reuses everything it can)."""
     with ctx.progress("lab up", ("phase", "message")) as progress:
-        st = lab.up(nodes=nodes, progress=progress)
+        st = lab.up(nodes=nodes, units=units, progress=progress)
     ctx.emit(st, _render_status(st))
 
 
@@ -122,14 +126,24 @@ def env_cmd(ctx: Ctx) -> None:
               help="Install a newer kernel with no NVIDIA module built for it.")
 @click.option("--revoke-access/--restore-access", "revoked", default=None,
               help="Take sudo and the docker group from the admin user, or give back the node's default.")
+@click.option("--fabric-mtu", type=int, metavar="MTU", help="A unit member's first fabric netdev MTU (1500: the fault; 9000).")
+@click.option("--fabric-down/--fabric-up", "fabric_down", default=None,
+              help="Take a unit member's second fabric half (netdev and its HCA) down, or up.")
+@click.option("--fabric-via-mgmt/--fabric-direct", "fabric_via_mgmt", default=None,
+              help="Route a unit member's peers over the management network (slow), or back over the fabric.")
+@click.option("--kill-worker", is_flag=True, help="SIGKILL the vLLM container on a unit member (a worker dying mid-soak).")
 @click.option("--reset", is_flag=True, help="Make the node healthy first (then apply the other options).")
 @json_option
 @pass_ctx
 def node_cmd(ctx: Ctx, name: str, gpu: str | None, driver: str | None, disk_gb: int | None, paused: bool | None,
-             disconnected: bool | None, next_kernel: bool | None, revoked: bool | None, reset: bool) -> None:
-    """Set faults on one node: wrong GPU, old driver, small disk, paused, disconnected, bad next kernel, no rights."""
+             disconnected: bool | None, next_kernel: bool | None, revoked: bool | None, fabric_mtu: int | None,
+             fabric_down: bool | None, fabric_via_mgmt: bool | None, kill_worker: bool, reset: bool) -> None:
+    """Set faults on one node: wrong GPU, old driver, small disk, paused, disconnected, bad next kernel, no
+    rights; on a unit member, its fabric's faults, or its worker killed."""
     node = lab.set_node(name, gpu=gpu, driver=driver, disk_gb=disk_gb, paused=paused, disconnected=disconnected,
-                        next_kernel_without_nvidia=next_kernel, revoked_access=revoked, reset=reset)
+                        next_kernel_without_nvidia=next_kernel, revoked_access=revoked, reset=reset,
+                        fabric_mtu=fabric_mtu, fabric_down=fabric_down, fabric_via_mgmt=fabric_via_mgmt,
+                        kill_worker=kill_worker)
 
     def render(out: Console) -> None:
         faults = ", ".join(f"{k}={v}" for k, v in node.faults.items()) or "healthy"

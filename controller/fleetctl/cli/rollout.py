@@ -263,7 +263,9 @@ def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, ma
     _finish(ctx, r)
 
 
-def history_json(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
+def history_json(rec: fleet_ledger.RolloutRecord, units: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``units``: host -> its unit's name today (the inventory's; a host of no unit is left out)."""
+    units = units or {}
     return {
         "id": rec.id, "kind": rec.kind, "status": rec.status, "recipe": rec.recipe, "requested": rec.requested,
         "tag": rec.tag, "digest": rec.digest, "image": rec.image, "parent": rec.parent,
@@ -271,7 +273,8 @@ def history_json(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
         "started_at": _iso(rec.started_at), "finished_at": _iso(rec.finished_at), "error": rec.error,
         "options": rec.options,
         "waves": [{"wave": w.idx + 1, "hosts": list(w.hosts), "status": w.status} for w in rec.waves],
-        "hosts": [{"host": h.host, "wave": h.wave + 1 if h.wave >= 0 else None, "status": h.status,
+        "hosts": [{"host": h.host, "unit": units.get(h.host), "wave": h.wave + 1 if h.wave >= 0 else None,
+                   "status": h.status,
                    "phase": h.phase, "before": {"tag": h.before_tag, "digest": h.before_digest},
                    "after": {"tag": h.after_tag, "digest": h.after_digest}, "error": h.error,
                    "verdict": h.verdict, "artifacts": h.artifacts,
@@ -293,7 +296,8 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
     inv = inventory.load(ctx.inventory)
     with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
         recs = [led.get(rollout_id)] if rollout_id else led.history(count)
-    data = [history_json(r) for r in recs]
+    units = {m: u.name for u in inv.units.values() for m in u.members}
+    data = [history_json(r, units) for r in recs]
 
     def render(con: Console) -> None:
         if rollout_id:
@@ -301,7 +305,8 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
             con.print(f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})")
             con.print(f"  by {r.started_by}: {r.command}\n  {when(r.started_at)} .. {when(r.finished_at)}"
                       + (f"\n  error: {r.error}" if r.error else ""), highlight=False, markup=False)
-            rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.before_tag or "-",
+            rows = [[h.host + (f" ({units[h.host]})" if h.host in units else ""), str(h.wave + 1) if h.wave >= 0 else "-",
+                     h.status, h.before_tag or "-",
                      h.after_tag or "-", Text(h.error or (h.verdict or {}).get("summary", "")),
                      " > ".join(p.phase for p in r.phases if p.host == h.host)] for h in r.hosts]
             con.print(fit_table(con.width, ["host", Col("wave", drop=2), "status", Col("before", drop=1), "after",

@@ -28,7 +28,7 @@ from typing import Any
 
 from fleetctl import paths
 from fleetctl.errors import FleetError
-from fleetctl.lab import access, aptrepo, images, inventory, nodes, procs
+from fleetctl.lab import access, aptrepo, fabric, images, inventory, nodes, procs
 from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.frontdoor import LabFrontDoor
 from fleetctl.lab.layout import MAX_NODES, Layout, current
@@ -88,6 +88,8 @@ class LabStatus:
     services: Mapping[str, bool] = field(default_factory=dict)
     nodes: tuple[LabNode, ...] = ()
     images: tuple[str, ...] = ()
+    #: The lab's two-node units (``lab up --units``): name -> members, head first.
+    units: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def node(self, name: str) -> LabNode:
         """The node called ``name``."""
@@ -146,11 +148,13 @@ def _locked(lay: Layout, progress: Progress = NULL) -> Iterator[None]:
 
 # --- up -------------------------------------------------------------------------------------------
 
-def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
-    """Bring the lab up with ``nodes`` Sparks (idempotent: what exists and runs is kept)."""
+def up(nodes: int = 4, units: int = 0, progress: Progress = NULL) -> LabStatus:
+    """Bring the lab up with ``nodes`` Sparks (idempotent: what exists and runs is kept), the last ``2 * units``
+    of them ``units`` two-node units joined by the lab's fabric (MTU 9000)."""
     if not 1 <= nodes <= MAX_NODES:
         raise FleetError(f"--nodes {nodes} is out of range", fix=f"pass 1 to {MAX_NODES}")
     lay = current()
+    inventory.units([lay.node_name(i) for i in range(1, nodes + 1)], units)  # refused before anything is made
     lay.check()
     t0 = time.monotonic()
     with _locked(lay, progress):
@@ -166,7 +170,7 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
         _write_state(lay, state)
         _ssh_key(lay)
         # Written first: the weights mirror is filled from the recipes it links in.
-        inventory.write(lay, [lay.node_name(i) for i in range(1, nodes + 1)])
+        inventory.write(lay, [lay.node_name(i) for i in range(1, nodes + 1)], units)
         engine = Dockerd(lay)
         engine.start(progress)
         engine.ensure_network()
@@ -184,12 +188,36 @@ def up(nodes: int = 4, progress: Progress = NULL) -> LabStatus:
             _nodes(lay, engine, state, nodes, image, progress)
             www.result()
             pushed = push.result()
+        state["units"] = {u: list(m) for u, m in inventory.units(state["nodes"], units).items()}
+        _fabric(lay, engine, state, progress)
         state["images"] = sorted(set(state.get("images", [])) | set(pushed))
         _write_state(lay, state)
-        inventory.write(lay, state["nodes"])
+        inventory.write(lay, state["nodes"], units)
         LabFrontDoor(lay).start(state["nodes"], progress)
         progress(Event("ready", f"lab up with {nodes} node(s) in {time.monotonic() - t0:.0f}s"))
     return status()
+
+
+def _fabric(lay: Layout, engine: Dockerd, state: dict[str, Any], progress: Progress) -> None:
+    """Join each unit's members by the fabric networks (MTU 9000, a Spark's netdev names) and give them the
+    stand-in RDMA tools; a node attached already is left as it is (its fabric faults too)."""
+    members = [m for ms in state.get("units", {}).values() for m in ms]
+    if not members:
+        return
+    fabric.ensure_networks(lay, engine)
+    for name in members:
+        fabric.attach(lay, engine, lay.node_index(name))
+        fabric.install_tools(engine, name)
+        addrs = ", ".join(fabric.member_addresses(lay, lay.node_index(name)))
+        progress(Event("fabric", f"{addrs} (MTU 9000)", host=name))
+
+
+def _peers(state: dict[str, Any], name: str) -> list[str]:
+    """The other members of ``name``'s unit (empty when it is in none)."""
+    for ms in state.get("units", {}).values():
+        if name in ms:
+            return [m for m in ms if m != name]
+    return []
 
 
 def _ssh_key(lay: Layout) -> None:
@@ -337,8 +365,10 @@ def down(progress: Progress = NULL) -> list[str]:
         LabFrontDoor(lay).stop()
         _unmount_under(lay.root)
         _unmount_under(lay.exec_root)
-        if Path(f"/sys/class/net/{lay.bridge}").exists():
-            subprocess.run(["ip", "link", "delete", lay.bridge], check=False, capture_output=True)
+        # the fabric's bridges outlive the engine (as the lab network's does): removed by name
+        for bridge in [lay.bridge, *(h.bridge for h in fabric.halves(lay))]:
+            if Path(f"/sys/class/net/{bridge}").exists():
+                subprocess.run(["ip", "link", "delete", bridge], check=False, capture_output=True)
         if lay.exec_root.exists() and not lay.exec_root.is_relative_to(lay.root):
             subprocess.run(["rm", "-rf", "--one-file-system", str(lay.exec_root)], check=False)
             with contextlib.suppress(OSError):  # shared by other deep-path labs: only if empty
@@ -366,8 +396,9 @@ def leftover(lay: Layout | None = None) -> list[str]:
         out += [f"process {pid}: {cmd}" for pid, cmd in procs.processes_under(prefix)]
         out += [f"mount {line.split()[1]}" for line in Path("/proc/mounts").read_text().splitlines()
                 if line.split()[1].startswith(prefix)]
-    if Path(f"/sys/class/net/{lay.bridge}").exists():
-        out.append(f"network interface {lay.bridge}")
+    for bridge in [lay.bridge, *(h.bridge for h in fabric.halves(lay))]:
+        if Path(f"/sys/class/net/{bridge}").exists():
+            out.append(f"network interface {bridge}")
     for d in {lay.root, lay.exec_root}:
         if d.exists():
             out.append(f"directory {d}")
@@ -423,6 +454,7 @@ def status() -> LabStatus:
         known_hosts=lay.known_hosts, bastion=f"{access.ADMIN_USER}@{lay.bastion_address}",
         ssh_config=lay.ssh_config, vault_password_file=lay.vault_password_file, services=services, nodes=node_list,
         images=tuple(state.get("images", [])),
+        units={u: tuple(ms) for u, ms in state.get("units", {}).items()},
     )
 
 
@@ -431,8 +463,12 @@ def status() -> LabStatus:
 def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, disk_gb: int | None = None,
              paused: bool | None = None, disconnected: bool | None = None,
              next_kernel_without_nvidia: bool | None = None, revoked_access: bool | None = None, reset: bool = False,
-             progress: Progress = NULL) -> LabNode:
-    """Set faults on node ``name`` (None leaves a setting as it is; ``reset`` makes it healthy first)."""
+             fabric_mtu: int | None = None, fabric_down: bool | None = None, fabric_via_mgmt: bool | None = None,
+             kill_worker: bool = False, progress: Progress = NULL) -> LabNode:
+    """Set faults on node ``name`` (None leaves a setting as it is; ``reset`` makes it healthy first).
+
+    The fabric faults (``fabric_*``) and ``kill_worker`` (its serving containers killed, as a worker that
+    dies mid-soak) are for a unit's member; ``kill_worker`` is an act, not a state kept."""
     lay = _existing()
     with _locked(lay, progress):
         state = _read_state(lay)
@@ -447,13 +483,40 @@ def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, di
         changes: dict[str, Any] = {k: v for k, v in {
             "gpu": gpu, "driver": driver, "disk_gb": disk_gb, "paused": paused, "disconnected": disconnected,
             "next_kernel_without_nvidia": next_kernel_without_nvidia,
-            "revoked_access": revoked_access}.items() if v is not None}
+            "revoked_access": revoked_access, "fabric_mtu": fabric_mtu, "fabric_down": fabric_down,
+            "fabric_via_mgmt": fabric_via_mgmt}.items() if v is not None}
         new = replace(new, **changes)
+        peers = _peers(state, name)
+        fabric_faults = (new.fabric_mtu, new.fabric_down, new.fabric_via_mgmt) != (
+            old.fabric_mtu, old.fabric_down, old.fabric_via_mgmt)
+        if (fabric_faults or kill_worker) and not peers:
+            units = ", ".join(f"{u} ({', '.join(ms)})" for u, ms in state.get("units", {}).items()) or "none"
+            raise FleetError(f"{'--kill-worker' if kill_worker else 'a fabric fault'} is for a unit's member, and "
+                             f"the node is in no unit (units: {units})", host=name,
+                             fix="pick a member, or `fleetctl lab up --nodes N --units M` to make units")
         progress(Event("fault", ", ".join(f"{k}={v}" for k, v in new.active().items()) or "healthy", host=name))
         nodes.apply_faults(lay, engine, name, old, new)
+        if new.fabric_mtu != old.fabric_mtu:
+            fabric.set_mtu(engine, name, new.fabric_mtu)
+        if new.fabric_down != old.fabric_down:
+            fabric.set_half_down(engine, name, new.fabric_down)
+        if new.fabric_via_mgmt != old.fabric_via_mgmt:
+            fabric.set_via_mgmt(lay, engine, name, [lay.node_index(p) for p in peers], new.fabric_via_mgmt)
+        if kill_worker:
+            _kill_serving(engine, name, progress)
         state.setdefault("faults", {})[name] = new.active()
         _write_state(lay, state)
     return status().node(name)
+
+
+def _kill_serving(engine: Dockerd, name: str, progress: Progress) -> None:
+    """SIGKILL every vLLM container on node ``name`` (the lab's images), as a worker process that dies."""
+    vllm = [c.name for c in nodes.inner_containers(engine, name) if images.VLLM_REPOSITORY in c.image]
+    if not vllm:
+        raise FleetError("--kill-worker: no vLLM container runs on the node", host=name,
+                         fix="kill a member while its unit serves (during a soak)")
+    nodes.exec_(engine, name, ["docker", "kill", "--signal", "KILL", *vllm], what="killing the serving container")
+    progress(Event("killed", ", ".join(vllm), host=name))
 
 
 def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: str = images.VLLM_REPOSITORY,

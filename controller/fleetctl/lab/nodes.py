@@ -39,6 +39,11 @@ class Faults:
     next_kernel_without_nvidia: bool = False
     #: The admin user has neither sudo nor the docker group (what a half-set-up host looks like).
     revoked_access: bool = False
+    #: The fabric faults of a unit member (``fleetctl.lab.fabric``): its first netdev's MTU, its second
+    #: half down, its peers routed over the management network.
+    fabric_mtu: int = 9000
+    fabric_down: bool = False
+    fabric_via_mgmt: bool = False
 
     def active(self) -> dict[str, Any]:
         """Only the settings that differ from a healthy node."""

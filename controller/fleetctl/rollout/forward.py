@@ -8,21 +8,21 @@ from collections.abc import Mapping
 
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.results import HostOutcome, Options, RolloutResult
 from fleetctl.rollout.session import (
     StopRollout,
     command_line,
 )
-from fleetctl.rollout.step import HostSteps
+from fleetctl.rollout.unit_step import UnitSteps
 from fleetctl.rollout.webhook import Webhook
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
 
-class Forward(HostSteps):
+class Forward(UnitSteps):
     """The forward path: record the plan, then the canary and the waves, each step gated."""
 
     def rollout(self, opts: Options) -> RolloutResult:
@@ -41,7 +41,7 @@ class Forward(HostSteps):
         self.ledger.acquire(rid)
         try:
             self._check_idle()
-            self._hold(rid, "rollout", self.inv.select(opts.limit))
+            self._hold(rid, "rollout", unit_plan.whole_units(self.inv, self.inv.select(opts.limit)))
             p, recipe, facts, hosts = self.plan(opts)
             options = {"waves": opts.waves or wave_plan.DEFAULT_WAVES, "max_unavailable": p.max_unavailable,
                        "capacity": p.capacity.describe() if p.capacity else None,
@@ -115,7 +115,7 @@ class Forward(HostSteps):
                 rec = self.ledger.get(rid)
                 pending = [h for h in members
                            if (r := rec.host(h)) is not None
-                           and not self._host_finished(rid, r, p, hosts[h], remote.fingerprint(recipe))]
+                           and not self._host_finished(rid, r, p, hosts[h], self._fingerprint_for(hosts[h], recipe))]
                 if not pending:
                     continue
                 self.ledger.set_wave(rid, w, fleet_ledger.RUNNING)
@@ -123,11 +123,12 @@ class Forward(HostSteps):
                 # The fleet-wide line under the live table: which wave runs (a fleet of hundreds scrolls).
                 self._emit("wave", f"{w + 1} of {len(p.waves)}: {len(pending)} host(s), "
                                    f"{p.max_unavailable} at a time")
-                for step in wave_plan.split_steps(pending, p.max_unavailable):
-                    batch = self._batch(rid, recipe, [hosts[h] for h in step])
+                for step in unit_plan.split_steps(self.inv, pending, p.max_unavailable):
+                    batch = self._batch(rid, recipe, [hosts[h] for h in step if self.inv.unit_of(h) is None])
                     try:
-                        outs = self._parallel([hosts[h] for h in step],
-                                              functools.partial(self._host_step, rid, recipe, opts, p, wave=w,
+                        # a unit is dispatched once, as its head, which steps every member
+                        outs = self._parallel(unit_plan.slots(self.inv, [hosts[h] for h in step]),
+                                              functools.partial(self._slot_step, rid, recipe, opts, p, wave=w,
                                                                 batch=batch))
                     except KeyboardInterrupt:
                         self.ledger.set_status(rid, fleet_ledger.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
@@ -142,7 +143,7 @@ class Forward(HostSteps):
                     paused = [h for h in step if (r := rec.host(h)) is not None and r.status == fleet_ledger.HOST_PAUSED]
                     bad = [h for h in step if (r := rec.host(h)) is not None and r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)]
                     # Counted from the ledger, so that the budget is carried across resumes.
-                    failures = sum(1 for r in rec.hosts if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED))
+                    failures = unit_plan.count_failed(self.inv, rec.hosts)  # a unit counts once
                     if bad:
                         why = "; ".join(f"{h}: {rec.host(h).error}" for h in bad if rec.host(h) is not None)  # type: ignore[union-attr]
                         hook.send("failure", hosts=bad, error=why)

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from fleetctl import secretenv, serving, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
-from fleetctl.recipes import STAGED_MARKER, Recipe
+from fleetctl.recipes import STAGED_MARKER, MemberLaunch, Recipe
 from fleetctl.serving import container_name
 
 PREV_SUFFIX = ".prev"
@@ -260,8 +260,9 @@ def logs(host: Host, name: str, tail: int = 300) -> str:
 
 
 def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-             name: str) -> list[str]:
-    """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never valued)."""
+             name: str, launch: MemberLaunch | None = None) -> list[str]:
+    """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never valued); with
+    ``launch``, as that member of a unit (its entrypoint, argv and fabric environment: ``Recipe.launch``)."""
     argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
             "--restart", RESTART_POLICY, "--label", f"{LABEL_RECIPE}={recipe.name}", "--label", f"{LABEL_TAG}={tag}",
             "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout_id}",
@@ -269,18 +270,22 @@ def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rol
             *recipe.docker_args]
     for src, dst in recipe.mounts():
         argv += ["-v", f"{src}:{dst}:ro"]
-    for k, v in recipe.env.items():
+    for k, v in (launch.env if launch is not None else recipe.env).items():
         argv += ["-e", f"{k}={v}"]
     for k in secretenv.container_secrets(recipe.secret_env):
         argv += ["-e", k]  # docker reads the value from its own environment: set from stdin below
+    if launch is not None:
+        return [*argv, "--label", f"fleetctl.unit.rank={launch.rank}", "--entrypoint", launch.entrypoint, ref,
+                *launch.argv]
     return [*argv, "--entrypoint", "vllm", ref, *recipe.serve_argv()]
 
 
 def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-          secrets: Mapping[str, str]) -> None:
-    """Start the recipe's container from ``ref``; secret values travel on stdin, never in argv."""
+          secrets: Mapping[str, str], launch: MemberLaunch | None = None) -> None:
+    """Start the recipe's container from ``ref`` (as ``launch``, a unit's member); secret values travel on
+    stdin, never in argv."""
     name = container_name(host)
-    argv = run_argv(host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, name=name)
+    argv = run_argv(host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, name=name, launch=launch)
     present = [k for k in secretenv.container_secrets(recipe.secret_env) if k in secrets]
     script = "".join(f"{k}={shlex.quote(secrets[k])}\nexport {k}\n" for k in present)
     # `eval "$(cat)"` reads the assignments from stdin, so values never show in `ps` or logs.

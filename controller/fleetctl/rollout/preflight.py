@@ -12,11 +12,13 @@ from fleetctl.recipes import Recipe
 from fleetctl.rollout import deploy, gate
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.results import Options
 from fleetctl.rollout.session import (
     Session,
     StopRollout,
 )
+from fleetctl.rollout.unit import fabric_problems, refuse_multinode_recipe
 from fleetctl.state import ledger as fleet_ledger
 
 #: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
@@ -39,7 +41,9 @@ class Planning(Session):
             access = ssh.fan_out([h for h in hosts if h.user != "root"], ssh.check_access, timeout=60)
             problems += [o.error.message() for o in access.values() if o.error is not None]
             hosts = [h for h in hosts if h.name not in access or access[h.name].error is None]
-        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(recipe, ref), timeout=120)
+            # Each unit's fabric and parity (every member, selected or not): before any change.
+            problems += fabric_problems(self.inv, [h.name for h in hosts])
+        outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(self._recipe_of(h, recipe), ref), timeout=120)
         out: dict[str, remote.Facts] = {}
         for h in hosts:
             o = outcomes[h.name]
@@ -55,7 +59,8 @@ class Planning(Session):
                 problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit missing)"
                                 " - run `fleetctl provision`")
             for why in f.missing_weights:
-                problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {recipe.name} --limit {h.name}`")
+                problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {self._recipe_of(h, recipe).name} "
+                                f"--limit {h.name}`")
             if not f.has_image and f.free_gb < need:
                 problems.append(f"{h.name}: {f.free_gb:.1f} GB free for the image, needs {need:.0f} GB")
             self._emit("preflight", "ok" if not problems else "checked", h.name)
@@ -63,6 +68,11 @@ class Planning(Session):
             raise FleetError("preflight refused the rollout before any change:\n  " + "\n  ".join(problems),
                              fix="fix each host above, or leave it out with --limit '!NAME'")
         return out
+
+    def _recipe_of(self, h: Host, recipe: Recipe) -> Recipe:
+        """The recipe ``h`` serves in a rollout of ``recipe`` (a unit's member: its unit's)."""
+        unit = self.inv.unit_of(h.name)
+        return recipe if unit is None else unit_plan.unit_recipe(self.inv, unit, recipe)
 
     def check(self, opts: Options) -> tuple[Recipe, list[Host]]:
         """Every option, the tag's form, the recipe and the selection checked: no network, no host."""
@@ -73,6 +83,9 @@ class Planning(Session):
         recipe = self.recipe(opts.recipe)
         self._check_recipe(recipe)
         hosts = self.inv.select(opts.limit)
+        refuse_multinode_recipe(self.inv, recipe, [h.name for h in hosts])
+        unit_plan.refuse_other_images(self.inv, recipe, [h.name for h in hosts])
+        hosts = unit_plan.whole_units(self.inv, hosts)  # a unit changes as one: every member, selected or not
         wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget, opts.min_available,
                                 total=len(hosts), inventory_min_available=self.min_available())
         for h in hosts:
@@ -95,15 +108,19 @@ class Planning(Session):
         img = self.resolve(recipe, opts.tag or "")
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
         facts = self._preflight(hosts, recipe, ref)
+        names = [h.name for h in hosts]
         current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
                    for n, f in facts.items()}
+        fps = {n: f.serving.fingerprint if f.serving and f.serving.running else None for n, f in facts.items()}
+        # The planner sees slots (a single host, or a unit as its head), so that waves, --max-unavailable and
+        # --failure-budget count units; the plan of slots is then expanded to every member.
+        slot_current, slot_fps = unit_plan.slot_versions(self.inv, names, current, fps, recipe, remote.fingerprint)
         p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag or "", tag=img.tag, digest=img.digest,
-                    pull_ref=ref, hosts=[h.name for h in hosts], current=current, waves=opts.waves,
+                    pull_ref=ref, hosts=unit_plan.slot_names(self.inv, names), current=slot_current, waves=opts.waves,
                     max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,
-                    fingerprint=remote.fingerprint(recipe),
-                    current_fingerprints={n: f.serving.fingerprint if f.serving and f.serving.running else None
-                                          for n, f in facts.items()},
+                    fingerprint=remote.fingerprint(recipe), current_fingerprints=slot_fps,
                     min_available=opts.min_available, inventory_min_available=self.min_available())
+        p = unit_plan.expand(self.inv, p, names, current)
         # The estimate from the soak config of the first host that moves (its profile: the lab's or a Spark's).
         movers = [h for h in hosts if p.host(h.name).action == "deploy"] or list(hosts)
         cfg = gate.config(recipe, opts.soak, movers[0])

@@ -14,6 +14,7 @@ from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.forward import Forward
 from fleetctl.rollout.results import RolloutResult
 from fleetctl.rollout.session import (
@@ -21,13 +22,14 @@ from fleetctl.rollout.session import (
     command_line,
     same_version,
 )
+from fleetctl.rollout.unit_step import UnitRollback
 from fleetctl.rollout.webhook import Webhook
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
 
-class Rollback(Forward):
+class Rollback(Forward, UnitRollback):
     """Rollback and abort: hosts back to their last known-good (or a given tag), readiness + smoke."""
 
     def rollback(self, to: str | None = None, limit: str | None = None, max_unavailable: str | None = None,
@@ -70,6 +72,9 @@ class Rollback(Forward):
                 # Without --limit, the hosts of the last (or the interrupted) rollout or rollback.
                 mine = {h.host for h in parent.hosts}
                 selected = [n for n in everyone if n in mine]
+            # a unit goes back as one: every member, selected or not
+            selected = [h.name for h in unit_plan.whole_units(self.inv, [self.inv.host(n) for n in selected])]
+            unit_plan.refuse_other_images(self.inv, recipe, selected)  # one image digest per rollback
             skips: dict[str, str] = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                                      if n not in selected and parent is not None}
             self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
@@ -130,6 +135,7 @@ class Rollback(Forward):
                     tgt = (other[0].tag, other[0].digest)
                     fps[n] = other[0].fingerprint or None
                 targets[n] = (tgt[0], tgt[1], registry.pull_ref(recipe.image, tgt[1], self.mirrors))
+            unit_plan.unit_targets(self.inv, selected, targets, skips, fps)
             names = [n for n in selected if n in targets]
             if confirm is not None and names:
                 confirm({n: targets[n][0] for n in names})
@@ -176,10 +182,11 @@ class Rollback(Forward):
         targets = {h.host: (h.target_tag, h.target_digest or "",
                             registry.pull_ref(recipe.image, h.target_digest or "", self.mirrors),
                             fps.get(h.host)) for h in todo}
-        for step in wave_plan.split_steps([h.host for h in todo], mu):
+        for step in unit_plan.split_steps(self.inv, [h.host for h in todo], mu):
             try:
-                outs = self._parallel([self.inv.host(n) for n in step],
-                                      lambda h: self._rollback_host(rid, recipe, h, *targets[h.name]))
+                # a unit as one slot, dispatched as its head (its members' targets are one version)
+                outs = self._parallel(unit_plan.slots(self.inv, [self.inv.host(n) for n in step]),
+                                      lambda h: self._rollback_slot(rid, recipe, h, targets))
             except KeyboardInterrupt:
                 self.ledger.set_status(rid, fleet_ledger.PAUSED, "interrupted by Ctrl-C (hosts being changed were restored)")
                 raise

@@ -1,0 +1,413 @@
+"""A serving unit's step of a rollout: every member stopped, started in the launch's order, the head's
+readiness (it serves only once every rank joined), the soak against the head's API; any failure restores
+EVERY member to what it served before, together (docs/units.md).
+
+The planner sees a unit as one slot (:func:`fleetctl.rollout.unit.plan_units`): its members share a wave
+and a step, and count once against --max-unavailable and --failure-budget. The engine hands the unit's
+head to :meth:`UnitSteps._slot_step`, which steps the whole unit; a single host goes to ``_host_step``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fleetctl import ssh
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host, Unit
+from fleetctl.recipes import Recipe
+from fleetctl.rollout import deploy, gate
+from fleetctl.rollout import host as remote
+from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import RECOVERABLE
+from fleetctl.rollout.step import HostSteps
+from fleetctl.rollout.unit import unit_recipe
+from fleetctl.serving import container_name
+from fleetctl.state import hoststate
+from fleetctl.state import ledger as fleet_ledger
+
+
+class UnitSteps(HostSteps):
+    """The step of a slot: a single host's, or a whole unit's (given its head)."""
+
+    def _slot_step(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, h: Host, wave: int,
+                   batch: deploy.StepBatch | None = None) -> None:
+        unit = self.inv.unit_of(h.name)
+        if unit is None:
+            self._host_step(rid, recipe, opts, p, h, wave, batch=batch)
+            return
+        self._unit_step(rid, unit_recipe(self.inv, unit, recipe), opts, p, unit, wave)
+
+    def _fingerprint_for(self, h: Host, recipe: Recipe) -> str:
+        """The container settings ``h`` must run in a rollout of ``recipe`` (a unit's member: its unit's)."""
+        unit = self.inv.unit_of(h.name)
+        return remote.fingerprint(recipe if unit is None else unit_recipe(self.inv, unit, recipe))
+
+    def _members(self, unit: Unit) -> list[Host]:
+        return [self.inv.host(m) for m in unit.members]
+
+    def _unit_step(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, unit: Unit, wave: int) -> None:
+        """Deploy the target on every member of ``unit`` and gate the unit; a failure restores every member."""
+        if self.ops is not remote.SshHostOps:
+            raise FleetError(f"unit {unit.name!r} can only be stepped over SSH", host=unit.head,
+                             fix="use the direct SSH path for a unit's members (fleetctl_deploy_via: ssh)")
+        members = self._members(unit)
+        head = members[0]
+        show = {"wave": wave + 1, "tag": p.tag, "unit": unit.name}
+        t: dict[str, float] = {}
+        recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
+        if any(r is not None and r.phase == "rolling-back" for r in recs.values()):
+            why = next((r.error for r in recs.values() if r is not None and r.error), None)
+            self._fail_unit(rid, recipe, unit, why or "the unit's gate failed before the controller died", None, show,
+                            t, resumed=True)
+            return
+        self._check_cancel()
+        names = {h.name: container_name(h) for h in members}
+        cur = self._each(members, lambda h: self.ops(h).inspect(names[h.name]), "inspect")
+        ours = all((c := cur[h.name]) is not None and c.running and c.rollout == rid and c.digest == p.digest
+                   for h in members)
+        befores: dict[str, str | None] = {h.name: (r.before_tag if (r := recs[h.name]) is not None else None)
+                                          for h in members}
+        if not ours:
+            for h in members:
+                c = cur[h.name]
+                self._phase(rid, h, "stopping", f"unit {unit.name}: {c.tag if c else 'nothing'}", show,
+                            status=fleet_ledger.IN_PROGRESS)
+            t0 = time.monotonic()
+            # every member at once: the unit serves nothing from its first stop anyway
+            before = self._each(members, lambda h: self.ops(h).retire(names[h.name], rid, p.digest), "stop")
+            t["stop"] = time.monotonic() - t0
+            for h in members:
+                r, b = recs[h.name], before[h.name]
+                if r is not None and r.before_digest is None and b is not None and b.digest != p.digest:
+                    befores[h.name] = b.tag
+                    self.ledger.host_phase(rid, h.name, "stopping", "recorded the stopped container as the previous "
+                                           "version", before_tag=b.tag, before_digest=b.digest, before=b.settings)
+        else:
+            for h in members:
+                self._phase(rid, h, "loading", "already running this rollout's container: gating the unit", show,
+                            status=fleet_ledger.IN_PROGRESS)
+        try:
+            self._start_and_gate(rid, recipe, opts, p, unit, ours, show, t, befores[head.name])
+        except RECOVERABLE as e:
+            why = e.message() if isinstance(e, FleetError) else (
+                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
+            self._fail_unit(rid, recipe, unit, why, None, show, t, judged=not isinstance(e, KeyboardInterrupt))
+            if isinstance(e, KeyboardInterrupt):
+                raise
+
+    def _start_and_gate(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, unit: Unit, ours: bool,
+                        show: Mapping[str, Any], t: dict[str, float], before_tag: str | None) -> None:
+        members = self._members(unit)
+        head = members[0]
+        if not ours:
+            t0 = time.monotonic()
+            # In the launch's order (native: workers first, the head last; ray: the head first), each member
+            # with its own command and fabric environment.
+            for name in recipe.topology.start_order(unit):
+                self._check_cancel()
+                h = self.inv.host(name)
+                self._phase(rid, h, "starting", f"unit {unit.name} rank {unit.rank(name)}", show)
+                remote.start(h, recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid,
+                             secrets=self._container_secrets(recipe), launch=recipe.launch(unit, name))
+            t["start"] = time.monotonic() - t0
+        self._check_cancel()
+        cfg = gate.config(recipe, opts.soak, head)
+        for h in members:
+            self._phase(rid, h, "loading", f"unit {unit.name}: waiting for every rank and the head's /health",
+                        {**show, "health": "loading"})
+        t0 = time.monotonic()
+        # The head's API opens only once every rank joined: its readiness is the unit's.
+        ready = self.gates.wait(head, recipe, p.tag, cfg, opts.ready_timeout, self._forward(head, show, "loading"))
+        t["ready"] = time.monotonic() - t0
+        if not ready.ready:
+            self._fail_unit(rid, recipe, unit, f"readiness {ready.outcome.value}: {ready.message}", None, show, t)
+            return
+        down = self._not_running(members)
+        if down:
+            self._fail_unit(rid, recipe, unit, f"member(s) not running once the head was ready: {down}", None, show, t)
+            return
+        self._check_cancel()
+        for h in members:
+            self._phase(rid, h, "soak", f"unit {unit.name}: {cfg.sustained_duration:.0f}s sustained on {head.name}",
+                        {**show, "health": "ready"})
+        t0 = time.monotonic()
+        art = self._artifacts(rid, head)
+        verdict = self.gates.soak(head, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
+                                  self._forward(head, show, "soak"))
+        t["soak"] = time.monotonic() - t0
+        summary = gate.summarise(verdict, t)
+        figures = gate.figures(verdict)
+        down = self._not_running(members)
+        if down and verdict.outcome.value == "pass":
+            self._fail_unit(rid, recipe, unit, f"member(s) stopped during the soak: {down}", verdict,
+                            {**show, **figures}, t)
+            return
+        if verdict.outcome.value == "pass":
+            now = self._each(members, lambda h: self.ops(h).inspect(container_name(h)), "inspect")
+            for h in members:
+                n = now[h.name]
+                self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
+                                           settings=n.settings if n else None, source="gate", rollout_id=rid)
+            for h in members:
+                self._phase(rid, h, "done", f"unit {unit.name}: {verdict.summary}",
+                            {**show, "health": "ok", **figures}, status=fleet_ledger.DONE, after_tag=p.tag,
+                            after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
+                if self.held is not None:
+                    self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
+        elif verdict.outcome.value == "inconclusive" and opts.on_inconclusive == "pause":
+            for h in members:
+                self._phase(rid, h, "paused", f"unit {unit.name}: {verdict.summary}", {**show, "health": "?", **figures},
+                            status=fleet_ledger.HOST_PAUSED, verdict=summary, artifacts=verdict.artifacts_dir,
+                            error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
+        else:
+            self._fail_unit(rid, recipe, unit, f"soak {verdict.outcome.value}: {gate.failed_checks_text(verdict)}",
+                            verdict, {**show, **figures}, t)
+
+    def _not_running(self, members: Sequence[Host]) -> str:
+        """The members whose serving container does not run, as text (empty when all run)."""
+        now = self._each(members, lambda h: self.ops(h).inspect(container_name(h)), "inspect")
+        return ", ".join(f"{n} ({c.status if c else 'no container'})" for n, c in now.items()
+                         if c is None or not c.running)
+
+    def _each(self, members: Sequence[Host], fn: Any, what: str) -> dict[str, Any]:
+        """``fn`` on every member at once (bounded by ssh.fan_out); the first member's error raised, naming it."""
+        outs = ssh.fan_out(members, fn, timeout=180)
+        for h in members:
+            o = outs[h.name]
+            if o.error is not None:
+                raise o.error
+        return {h.name: outs[h.name].value for h in members}
+
+    def _fail_unit(self, rid: str, recipe: Recipe, unit: Unit, why: str, verdict: Any, show: Mapping[str, Any],
+                   t: dict[str, float], judged: bool = True, resumed: bool = False) -> None:
+        """Every member back to what it served before, together: the new containers killed on all members
+        first (no member serves the new version while another is back), then each ``.prev`` started in the
+        launch's order, the head's readiness and a smoke test. A member without a previous version leaves
+        the whole unit down (killed), recorded as failed with the fix."""
+        members = self._members(unit)
+        head = members[0]
+        summary = gate.summarise(verdict, t) if verdict is not None else {
+            "outcome": "fail", "summary": why, "failed_checks": [why], "timings": dict(t)}
+        for h in members:
+            self._phase(rid, h, "rolling-back", f"unit {unit.name}: {why}", {**show, "health": "failed"}, error=why,
+                        verdict=summary, artifacts=verdict.artifacts_dir if verdict is not None else None)
+        recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
+        tags = {r.before_tag for r in recs.values() if r is not None and r.before_tag}
+        fix = (f"`fleetctl rollback --to {next(iter(tags))} --limit {','.join(unit.members)}`" if len(tags) == 1
+               else f"`fleetctl rollout --tag TAG --limit {','.join(unit.members)}` with a version that works")
+        back = dict(show)
+        t0 = time.monotonic()
+        try:
+            for h in members:
+                self._save_logs(rid, h, self.ops(h), container_name(h))
+            looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
+                                                   self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
+                               "inspect")
+            already = resumed and all(
+                (c := looks[h.name][0]) is not None and c.running and c.rollout != rid
+                and (r := recs[h.name]) is not None and c.digest == r.before_digest for h in members)
+            prev_tag = looks[head.name][1].tag if looks[head.name][1] is not None else None
+            if not already:
+                missing = [h.name for h in members if looks[h.name][1] is None]
+                if missing:
+                    self._each(members, lambda h: self.ops(h).kill(container_name(h)), "kill")
+                    for h in members:
+                        self._phase(rid, h, "failed", f"{why}; {', '.join(missing)} had no previous version: the "
+                                    f"unit {unit.name} is down", {**show, "health": "down"},
+                                    status=fleet_ledger.HOST_FAILED,
+                                    error=f"{why}; unit {unit.name} down (no previous version on "
+                                          f"{', '.join(missing)}); fix: {fix}")
+                    return
+                # nothing of the failed version keeps running on any member, then each previous one back
+                self._each(members, lambda h: self.ops(h).kill(container_name(h)), "kill")
+                for name in recipe.topology.start_order(unit):
+                    self.ops(self.inv.host(name)).restore(container_name(self.inv.host(name)))
+            else:
+                prev_tag = looks[head.name][0].tag
+            back = {**show, "tag": prev_tag or "?"}
+            for h in members:
+                self._phase(rid, h, "rolling-back", f"unit {unit.name}: restored {prev_tag}; waiting for the head",
+                            {**back, "health": "loading"})
+            cfg = gate.config(recipe, None, head)
+            ready = self.gates.wait(head, recipe, prev_tag or "", cfg, None,
+                                    self._forward(head, back, "rolling-back", cancellable=False))
+            t["rollback_healthy"] = time.monotonic() - t0
+            if not ready.ready:
+                raise FleetError(f"the restored {prev_tag} did not become ready: {ready.message}", host=head.name)
+            smoke = self.gates.smoke(head, recipe, prev_tag or "", cfg, self._artifacts(rid, head) / "rollback")
+            t["rollback"] = time.monotonic() - t0
+            summary["timings"] = dict(t)
+            if smoke.outcome.value != "pass":
+                raise FleetError(f"the restored {prev_tag} failed its smoke test: {gate.failed_checks_text(smoke)}",
+                                 host=head.name)
+            down = self._not_running(members)
+            if down:
+                raise FleetError(f"restored member(s) not running: {down}", host=head.name)
+        except Exception as e:
+            cause = e.message() if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            for h in members:
+                self._phase(rid, h, "failed", f"{why}; the unit's rollback failed: {cause}", {**show, "health": "down"},
+                            status=fleet_ledger.HOST_FAILED,
+                            error=f"{why}; unit {unit.name}'s rollback failed: {cause}; fix: {fix}", verdict=summary)
+            return
+        now = self._each(members, lambda h: self.ops(h).inspect(container_name(h)), "inspect")
+        for h in members:
+            n = now[h.name]
+            if not judged:
+                self._phase(rid, h, "restored", f"unit {unit.name}: {why}; serving {prev_tag} again",
+                            {**back, "health": "ok"}, status=fleet_ledger.PENDING, error=None, verdict=None)
+                continue
+            self._phase(rid, h, "rolled-back", f"unit {unit.name}: serving {prev_tag} again", {**back, "health": "ok"},
+                        status=fleet_ledger.ROLLED_BACK, after_tag=n.tag if n else prev_tag,
+                        after_digest=n.digest if n else None, error=why, verdict=summary)
+
+
+def stop_serving(h: Host) -> None:
+    """``docker kill`` the serving container, kept under its name (a swap or restore moves it after)."""
+    ssh.docker(h, f"docker kill {container_name(h)} >/dev/null 2>&1 || true", timeout=60).check("stopping the unit's member")
+
+
+class UnitRollback(UnitSteps):
+    """A unit's rollback step: every member to the target together, the head's readiness and smoke; a target
+    that fails puts every member back on what it served before this rollback."""
+
+    def _rollback_slot(self, rid: str, recipe: Recipe, h: Host,
+                       targets: Mapping[str, tuple[str | None, str, str, str | None]]) -> None:
+        unit = self.inv.unit_of(h.name)
+        if unit is None:
+            self._rollback_host(rid, recipe, h, *targets[h.name])  # type: ignore[attr-defined]
+            return
+        # one version for every member (fleetctl.rollout.unit.unit_targets); a member done already has none left
+        tag, digest, ref, fingerprint = next(targets[m] for m in unit.members if m in targets)
+        self._rollback_unit(rid, unit_recipe(self.inv, unit, recipe), unit, tag, digest, ref, fingerprint)
+
+    def _rollback_unit(self, rid: str, recipe: Recipe, unit: Unit, tag: str | None, digest: str, ref: str,
+                       fingerprint: str | None) -> None:
+        if self.ops is not remote.SshHostOps:
+            raise FleetError(f"unit {unit.name!r} can only be rolled back over SSH", host=unit.head,
+                             fix="use the direct SSH path for a unit's members")
+        members = self._members(unit)
+        head = members[0]
+        show = {"wave": 1, "tag": tag or "?", "unit": unit.name}
+        t: dict[str, float] = {}
+        t0 = time.monotonic()
+        recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
+        if any(r is not None and r.phase == "undoing" for r in recs.values()):
+            self._undo_unit(rid, recipe, unit, "the target failed before the controller died", show)
+            return
+
+        def wanted(s: remote.Serving | None) -> bool:
+            return s is not None and s.digest == digest and (fingerprint is None or s.fingerprint in (fingerprint, None))
+
+        looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
+                                               self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)), "inspect")
+        for h in members:
+            cur, r = looks[h.name][0], recs[h.name]
+            if cur is not None and r is not None and r.before_digest is None and not wanted(cur):
+                self.ledger.host_phase(rid, h.name, "inspected", status=fleet_ledger.IN_PROGRESS, before_tag=cur.tag,
+                                       before_digest=cur.digest, before=cur.settings)
+        try:
+            self._check_cancel()
+            if all((c := looks[h.name][0]) is not None and c.running and wanted(c) for h in members):
+                for h in members:
+                    self._phase(rid, h, "loading", f"unit {unit.name}: serving {tag}: checking it",
+                                {**show, "health": "loading"}, status=fleet_ledger.IN_PROGRESS)
+            elif all(wanted(looks[h.name][1]) for h in members):
+                for h in members:
+                    self._phase(rid, h, "restoring", f"unit {unit.name}: the kept {tag}", show,
+                                status=fleet_ledger.IN_PROGRESS)
+                # every member stopped first, so that no old member joins a new head; then each kept one
+                # started in the launch's order (the abandoned one kept as .prev)
+                self._each(members, stop_serving, "stop")
+                for name in recipe.topology.start_order(unit):
+                    self.ops(self.inv.host(name)).swap(container_name(self.inv.host(name)))
+            else:
+                for h in members:
+                    self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=fleet_ledger.IN_PROGRESS)
+                self._each(members, lambda h: self.ops(h).pull(ref), "pull")
+                self._each(members, lambda h: self.ops(h).retire(container_name(h), rid, digest, grace=0), "stop")
+                for name in recipe.topology.start_order(unit):
+                    member = self.inv.host(name)
+                    self._phase(rid, member, "starting", f"unit {unit.name} rank {unit.rank(name)}", show)
+                    remote.start(member, recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid,
+                                 secrets=self._container_secrets(recipe), launch=recipe.launch(unit, name))
+            cfg = gate.config(recipe, None, head)
+            ready = self.gates.wait(head, recipe, tag or "", cfg, None, self._forward(head, show, "loading"))
+            t["ready"] = time.monotonic() - t0
+            if not ready.ready:
+                raise FleetError(f"readiness {ready.outcome.value}: {ready.message}", host=head.name)
+            down = self._not_running(members)
+            if down:
+                raise FleetError(f"member(s) not running: {down}", host=head.name)
+            self._check_cancel()
+            for h in members:
+                self._phase(rid, h, "smoke", f"unit {unit.name} on {head.name}", {**show, "health": "ready"})
+            v = self.gates.smoke(head, recipe, tag or "", cfg, self._artifacts(rid, head))
+            t["total"] = time.monotonic() - t0
+            if v.outcome.value != "pass":
+                raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=head.name)
+        except RECOVERABLE as e:
+            why = e.cause if isinstance(e, FleetError) else (
+                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
+            self._undo_unit(rid, recipe, unit, f"{tag} failed: {why}", show)
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            return
+        for h in members:
+            self._phase(rid, h, "done", f"unit {unit.name}: serving {tag}", {**show, "health": "ok"},
+                        status=fleet_ledger.DONE, after_tag=tag, after_digest=digest, verdict=gate.summarise(v, t),
+                        artifacts=v.artifacts_dir)
+
+    def _undo_unit(self, rid: str, recipe: Recipe, unit: Unit, why: str, show: Mapping[str, Any]) -> None:
+        """Every member back on what it served before this rollback (its ``.prev``), together."""
+        members = self._members(unit)
+        head = members[0]
+        for h in members:
+            self._phase(rid, h, "undoing", f"unit {unit.name}: {why}", {**show, "health": "failed"}, error=why)
+        recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
+        tag_b = next((r.before_tag for r in recs.values() if r is not None and r.before_tag), None)
+        fix = (f"`fleetctl rollback --to {tag_b} --limit {','.join(unit.members)}`" if tag_b
+               else f"`fleetctl rollout --tag TAG --limit {','.join(unit.members)}` with a version that works")
+        try:
+            if any(r is None or r.before_digest is None for r in recs.values()):
+                raise FleetError("nothing served before this rollback on every member", host=head.name)
+            looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
+                                                   self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
+                               "inspect")
+
+            def is_before(h: Host, s: remote.Serving | None) -> bool:
+                r = recs[h.name]
+                return s is not None and r is not None and s.digest == r.before_digest
+
+            if not all(looks[h.name][0] is not None and looks[h.name][0].running and is_before(h, looks[h.name][0])
+                       for h in members):
+                gone = [h.name for h in members if not is_before(h, looks[h.name][0]) and not is_before(h, looks[h.name][1])]
+                if gone:
+                    raise FleetError(f"the previous container is gone on {', '.join(gone)}", host=head.name)
+                self._each(members, stop_serving, "stop")
+                for name in recipe.topology.start_order(unit):
+                    member = self.inv.host(name)
+                    if not is_before(member, looks[name][0]):
+                        self.ops(member).restore(container_name(member))
+                    else:
+                        ssh.docker(member, f"docker start {container_name(member)}", timeout=60).check("starting")
+            cfg = gate.config(recipe, None, head)
+            ready = self.gates.wait(head, recipe, tag_b or "", cfg, None,
+                                    self._forward(head, show, "undoing", cancellable=False))
+            if not ready.ready:
+                raise FleetError(f"the restored version did not become ready: {ready.message}", host=head.name)
+        except Exception as e:
+            cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
+            for h in members:
+                self._phase(rid, h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},
+                            status=fleet_ledger.HOST_FAILED, error=f"{why}; unit {unit.name}'s undo failed: {cause}; "
+                                                                  f"fix: {fix}")
+            return
+        for h in members:
+            r = recs[h.name]
+            self._phase(rid, h, "rolled-back", f"unit {unit.name}: {why}; serving {tag_b} again",
+                        {**show, "health": "ok", "tag": tag_b}, status=fleet_ledger.ROLLED_BACK, after_tag=r.before_tag
+                        if r else None, after_digest=r.before_digest if r else None, error=why)

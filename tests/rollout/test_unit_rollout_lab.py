@@ -1,0 +1,181 @@
+"""A unit of two lab nodes through the rollout engine, each outcome checked on the members over SSH.
+
+"Checked over SSH": the ``vllm`` container on each member runs, with the image ID of the expected tag's
+digest on that node, and with its own rank's command line (the worker ``--headless``); independently of the
+ledger. The unit is `lab up --units`' (tests/lab/test_units_lab.py's fixture makes one when the lab has none).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fleetctl import inventory, registry, ssh
+from fleetctl import lab as fleetlab
+from fleetctl.lab.scenarios import STOCK_REPOSITORY
+
+pytestmark = pytest.mark.lab
+
+FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
+PAIR = "qwen35-35b-bf16-pair"
+BASE = "cu130-nightly"
+#: Tags of the pair's image pushed for these tests: a healthy newer version, and one whose answers are garbage.
+NEW, BAD = "unit-v2", "unit-garbage"
+SOAK = "3s"
+
+
+@pytest.fixture(scope="module")
+def unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """The lab's first unit (two more nodes made one if it has none), provisioned, its weights staged,
+    serving BASE, and the test tags pushed."""
+    del provisioned
+    made = not lab.units
+    nodes = len(lab.nodes)
+    st = fleetlab.up(nodes=nodes + 2, units=1) if made else lab
+    name, members = next(iter(st.units.items()))
+    try:
+        if made:
+            code, doc = fleetctl("provision", "--limit", ",".join(members))
+            assert code == 0, doc
+        code, doc = fleetctl("stage", "--recipe", PAIR, "--limit", ",".join(members))
+        assert code == 0, doc
+        fleetlab.add_image(NEW, {"EMU_VERSION": "0.25.1", "EMU_LOAD_SECONDS": "3"}, repository=STOCK_REPOSITORY,
+                           cmd=["vllm", "serve"])
+        fleetlab.add_image(BAD, {"EMU_VERSION": "0.25.2", "EMU_LOAD_SECONDS": "3", "EMU_GARBAGE": "1"},
+                           repository=STOCK_REPOSITORY, cmd=["vllm", "serve"])
+        code, doc = rollout(BASE, ",".join(members), "--max-unavailable", "100%")
+        assert code == 0, doc
+        yield name, members
+    finally:
+        ssh.close_all()
+        if made:
+            fleetlab.up(nodes=nodes, units=0)
+
+
+def fleetctl(*argv: str) -> tuple[int, Any]:
+    r = subprocess.run([FLEETCTL, *argv, "--json"], capture_output=True, text=True, timeout=900, env=os.environ)
+    try:
+        return r.returncode, json.loads(r.stdout)
+    except ValueError:
+        return r.returncode, {"stdout": r.stdout[-2000:], "stderr": r.stderr[-2000:]}
+
+
+def rollout(tag: str, limit: str, *more: str) -> tuple[int, Any]:
+    return fleetctl("rollout", "--tag", tag, "--recipe", PAIR, "--limit", limit, "--soak", SOAK, "--yes", *more)
+
+
+def image_id(host: str, tag: str) -> str | None:
+    """The local image ID of ``tag``'s resolved digest on ``host`` (None if it lacks it)."""
+    inv = inventory.load(None)
+    img = registry.resolve(f"{STOCK_REPOSITORY}", tag, inv.vars.get("fleetctl_registry_mirrors"))
+    ref = registry.pull_ref(img.image, img.digest, inv.vars.get("fleetctl_registry_mirrors"))
+    r = ssh.docker(inv.host(host), ["docker", "image", "inspect", "--format", "{{.Id}}", ref], timeout=30)
+    return r.stdout.strip() if r.ok else None
+
+
+def serving(host: str) -> dict[str, Any]:
+    """The member's ``vllm`` container as docker sees it: running, image ID, its args."""
+    r = ssh.docker(inventory.load(None).host(host), "docker inspect vllm --format '{{json .}}'", timeout=30)
+    if r.rc != 0:
+        return {"running": False, "image": None, "args": []}
+    c = json.loads(r.stdout)
+    return {"running": c["State"]["Running"], "image": c["Image"], "args": c["Args"]}
+
+
+def assert_unit_serves(members: tuple[str, ...], tag: str) -> None:
+    for rank, m in enumerate(members):
+        s = serving(m)
+        assert s["running"], (m, s)
+        assert s["image"] == image_id(m, tag), (m, tag, s["image"])
+        args = s["args"]
+        assert args[args.index("--node-rank") + 1] == str(rank), args
+        assert ("--headless" in args) == (rank > 0), args
+
+
+def test_a_passing_rollout_then_a_rollback_move_both_members_together(unit: tuple[str, tuple[str, ...]]) -> None:
+    name, members = unit
+    assert_unit_serves(members, BASE)
+    code, doc = rollout(NEW, members[1])  # one member selected: the whole unit is stepped
+    assert code == 0, doc
+    assert {h["host"]: h["status"] for h in doc["hosts"]} == dict.fromkeys(members, "done"), doc
+    assert_unit_serves(members, NEW)
+    code, doc = fleetctl("rollback", "--limit", members[0], "--yes")
+    assert code == 0, doc
+    assert {h["host"]: (h["status"], h["after_tag"]) for h in doc["hosts"]} == dict.fromkeys(members, ("done", BASE))
+    assert_unit_serves(members, BASE)
+    code, hist = fleetctl("history")
+    assert code == 0
+    last = hist[0]
+    assert last["kind"] == "rollback" and {h["host"] for h in last["hosts"]} >= set(members), last
+    assert {h["host"]: h["unit"] for h in last["hosts"] if h["host"] in members} == dict.fromkeys(members, name)
+
+
+def test_a_failed_gate_puts_both_members_back(unit: tuple[str, tuple[str, ...]]) -> None:
+    _name, members = unit
+    assert_unit_serves(members, BASE)
+    code, doc = rollout(BAD, ",".join(members))
+    assert code == 1, doc
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
+    assert all("soak fail" in (rows[m]["error"] or "") for m in members), rows
+    assert_unit_serves(members, BASE)
+
+
+def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, ...]]) -> None:
+    """Two single hosts and the unit: three slots, each its own step (max-unavailable 1 counts the unit once),
+    all on the pair's image (the singles serve the one-node recipe of the same image)."""
+    _name, members = unit
+    inv = inventory.load(None)
+    singles = [n for n in inv.hosts if inv.unit_of(n) is None][:2]
+    # the single hosts serve qwen35-35b-bf16 (--recipe), the unit its own two-node recipe of the same image
+    code, doc = fleetctl("stage", "--recipe", "qwen35-35b-bf16", "--limit", ",".join(singles))
+    assert code == 0, doc
+    code, doc = fleetctl("rollout", "--tag", NEW, "--recipe", "qwen35-35b-bf16", "--limit",
+                         ",".join([*singles, *members]), "--soak", SOAK, "--waves", "1,100%", "--yes")
+    assert code == 0, doc
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert {n: rows[n]["status"] for n in [*singles, *members]} == dict.fromkeys([*singles, *members], "done"), rows
+    assert rows[members[0]]["wave"] == rows[members[1]]["wave"], rows
+    assert_unit_serves(members, NEW)
+    for s in singles:
+        got = serving(s)
+        assert got["running"] and got["image"] == image_id(s, NEW) and "--nnodes" not in got["args"], (s, got)
+    code, doc = fleetctl("rollback", "--to", BASE, "--limit", ",".join(members), "--yes")
+    assert code == 0, doc
+    assert_unit_serves(members, BASE)
+
+
+def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple[str, tuple[str, ...]]) -> None:
+    """`lab node WORKER --kill-worker` once the unit's soak began: the head wedges (/health 200, no token),
+    the gate fails, and both members serve BASE again."""
+    _name, members = unit
+    assert_unit_serves(members, BASE)
+    proc = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--recipe", PAIR, "--limit", ",".join(members),
+                             "--soak", "30s", "--yes", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, env=os.environ)
+    try:
+        killed = False
+        while proc.poll() is None and not killed:
+            code, hist = fleetctl("history", "-n", "1")
+            rows = {h["host"]: h for h in hist[0]["hosts"]} if code == 0 and hist and hist[0]["tag"] == NEW else {}
+            if rows.get(members[1], {}).get("phase") == "soak":
+                fleetlab.set_node(members[1], kill_worker=True)
+                killed = True
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert killed, "the rollout ended before its soak began"
+    doc = json.loads(out)
+    assert proc.returncode == 1, doc
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
+    ssh.close_all()
+    assert_unit_serves(members, BASE)
