@@ -23,7 +23,7 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
-from fleetctl.soak import baselines, fleet, report
+from fleetctl.soak import baselines, fleet, report, secrets
 from fleetctl.soak.checks import pct
 from fleetctl.soak.config import PROFILES, SoakConfig, load_config
 from fleetctl.soak.container import DockerOverSSH
@@ -99,8 +99,7 @@ def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, du
     state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
     jobs = []
     for url in endpoints:
-        if not url.startswith(("http://", "https://")):
-            raise FleetError(f"--endpoint {url!r} is not an http(s) URL", fix="e.g. --endpoint http://10.0.0.11:8000")
+        secrets.validate_endpoint(url)
         cfg = _adjust(load_config({}, profile=profile, served_model_names=models), duration, smoke_only, ready_timeout)
         name = url.split("://", 1)[1].rstrip("/")
         # Any vLLM behind --endpoint may require a key: $VLLM_API_KEY (or its _FILE) when set.

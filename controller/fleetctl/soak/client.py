@@ -31,7 +31,7 @@ import asyncio
 import codecs
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -331,8 +331,12 @@ class Client:
     """An aiohttp session against one server's base URL. Use as ``async with Client(url) as c``."""
 
     def __init__(self, base_url: str, *, connections: int = 128, request_timeout: float = 180.0,
-                 connect_timeout: float = 5.0, api_key: str | None = None) -> None:
+                 connect_timeout: float = 5.0, api_key: str | None = None,
+                 scrub: Callable[[str], str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        #: Applied to every string that came from the server before it leaves the client (error
+        #: bodies, error events, probe bodies, kept text): a server echoing the key must not be quoted.
+        self.scrub: Callable[[str], str] = scrub or _same
         # vLLM with --api-key/$VLLM_API_KEY answers 401 on /v1/* without it (/health, /metrics stay open).
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.connections = connections
@@ -373,7 +377,8 @@ class Client:
                     return Probe("http", resp.status, detail=f"{path} answered more than {MAX_BODY_BYTES} bytes",
                                  seconds=time.monotonic() - t0)
                 state = "ok" if 200 <= resp.status < 300 else "http"
-                return Probe(state, resp.status, raw.decode(errors="replace"), seconds=time.monotonic() - t0)
+                return Probe(state, resp.status, self.scrub(raw.decode(errors="replace")),
+                             seconds=time.monotonic() - t0)
         except aiohttp.ClientConnectorError as e:
             refused = isinstance(e.os_error, ConnectionRefusedError)
             return Probe("refused" if refused else "unreachable", detail=_conn_text(e),
@@ -381,7 +386,7 @@ class Client:
         except TimeoutError:
             return Probe("timeout", detail=f"no answer within {timeout:.0f}s", seconds=time.monotonic() - t0)
         except aiohttp.ClientError as e:
-            return Probe("unreachable", detail=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
+            return Probe("unreachable", detail=self.scrub(f"{type(e).__name__}: {e}"), seconds=time.monotonic() - t0)
 
     async def get_json(self, path: str, timeout: float = 10.0) -> tuple[Probe, Any]:
         """GET ``path`` and decode JSON (None when not ok or not JSON)."""
@@ -469,15 +474,20 @@ class Client:
                 # Not a transport failure (its timings stand): degenerate output, judged with
                 # garbage by the correctness check, so it is counted and shown, never dropped.
                 garbage, kind, error = error, "", ""
+        scrub = self.scrub
         return Sample(
             phase=phase, cls=cls, concurrency=concurrency, start=start - t0, ok=not kind,
             status=status, ttft=ttft, e2e=end - start, tpot=tpot,
             prompt_tokens=usage.get("prompt_tokens"), output_tokens=out_tokens, events=parser.events,
-            finish_reason=parser.finish_reason, error_kind=kind, error=error[:500],
-            text=parser.text if keep_text else None,
+            finish_reason=parser.finish_reason, error_kind=kind, error=scrub(error)[:500],
+            text=scrub(parser.text) if keep_text else None,
             itl_p50=gaps[len(gaps) // 2] if gaps else None, itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
-            garbage=garbage, excerpt=excerpt,
+            garbage=scrub(garbage), excerpt=scrub(excerpt),
         )
+
+
+def _same(s: str) -> str:
+    return s
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:

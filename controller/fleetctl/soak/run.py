@@ -35,7 +35,7 @@ from typing import Any
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
-from fleetctl.soak import checks, prompts
+from fleetctl.soak import checks, prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
 from fleetctl.soak.checks import Evidence, Identity, SmokeResult
 from fleetctl.soak.client import ChatRequest, Client
@@ -221,6 +221,10 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     scrapes and verdict.json go (created). With ``config.smoke_only`` only
     readiness, identity and smoke run: a rollback's quick check.
     """
+    secrets.validate_endpoint(target.base_url, f"{target.name}: the soak's URL")
+    scrub = secrets.Scrubber(secrets.known_secrets(target.api_key, target.base_url))
+    target = secrets.scrubbed_target(target, scrub)
+    progress = secrets.scrubbed_progress(progress, scrub)
     run_id = run_id or new_run_id("soak", target.name)
     started = datetime.now(UTC)
     t0 = time.monotonic()
@@ -231,7 +235,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     async def go() -> Evidence:
         conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8
         async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout,
-                          api_key=target.api_key) as c:
+                          api_key=target.api_key, scrub=scrub) as c:
             return await _soak(c, st)
 
     try:
@@ -271,6 +275,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         ttft_samples=tuple(round(s.ttft, 5) for s in ok if s.ttft is not None)[:MAX_DIST_SAMPLES],
         tpot_samples=tuple(round(s.tpot, 6) for s in ok if s.tpot is not None)[:MAX_DIST_SAMPLES],
     )
+    verdict = scrub.tree(verdict)
     art.write_json("verdict.json", to_dict(verdict))
     progress(Event("done", verdict.summary, host=target.name, data={"outcome": outcome.value}))
     return verdict
