@@ -22,10 +22,13 @@ from aiohttp import web
 from fleetctl.soak import prompts
 
 MODEL = "fake-model"
-WORDS = ("amber river quiet falcon stone harbor lantern meadow copper signal orchard basin cedar "
-         "violet summit ember glacier willow canyon prairie tundra coral thistle marble beacon "
-         "compass saddle granite pepper walnut juniper saffron cobalt raven heron badger otter "
-         "maple birch aspen spruce lichen moss fern clover pebble dune reef lagoon delta").split()
+WORDS = (
+    "amber", "river", "quiet", "falcon", "stone", "harbor", "lantern", "meadow", "copper", "signal",
+    "orchard", "basin", "cedar", "violet", "summit", "ember", "glacier", "willow", "canyon", "prairie",
+    "tundra", "coral", "thistle", "marble", "beacon", "compass", "saddle", "granite", "pepper",
+    "walnut", "juniper", "saffron", "cobalt", "raven", "heron", "badger", "otter", "maple", "birch",
+    "aspen", "spruce", "lichen", "moss", "fern", "clover", "pebble", "dune", "reef", "lagoon", "delta"
+)
 
 Chat = Callable[["FakeVLLM", web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
 
