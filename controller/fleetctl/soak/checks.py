@@ -21,6 +21,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleetctl.soak import metrics
 from fleetctl.soak.config import CHECKS, CheckSpec, SoakConfig
 from fleetctl.soak.verdict import (
     CheckResult,
@@ -348,6 +349,7 @@ def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
         out.append(Measurement(w.label, F if errors > 0 else P,
                                f"{w.label}: server finished {errors:.0f} request(s) with reason error", errors, 0))
     done = sum(sum(w.success_by_reason.values()) for w in ws)
+    out += inconsistent(ev, (metrics.SUCCESS,), ("classes", "sweep", "sustained"))
     return decide(spec, out, ok_message=f"{done:.0f} requests finished, none with reason error",
                   no_data="no /metrics window (scrapes failed)")
 
@@ -467,6 +469,7 @@ def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig,
     if ratio is not None:
         out.extend(_sustained_ratio(ev.windows, baseline, float(ratio)))
     out.extend(foreign_traffic(ev, ("classes", "sweep", "sustained")))
+    out.extend(inconsistent(ev, SPEC_SERIES))
     return decide(spec, out, ok_message=f"above the floors: {rates}", no_data="no per-class window")
 
 
@@ -593,7 +596,7 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
     series = " ".join(pct(w.acceptance_rate) for w in usable)
     # What the workload exercised is reported whatever the trend says: a slow server with too few
     # windows still shows whether its shared prefixes hit the cache and met their sizes.
-    context = _decay_context(ws, ev)
+    context = _decay_context(ws, ev) + inconsistent(ev, SPEC_SERIES, ("sustained",))
     if len(usable) < need:
         return decide(spec, [Measurement("trend", INC, f"only {len(usable)} sustained window(s) with drafts, "
                                          f"need {need} (lengthen the sustained phase)", len(usable), need),
@@ -634,8 +637,9 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
     floor = float(spec.params.get("floor", 0.15))
     ratio = float(spec.params.get("min_ratio", 0.5))
     acc = position0(lw) if lw is not None else None
+    lies = inconsistent(ev, SPEC_SERIES, ("classes",))
     if acc is None:
-        return decide(spec, [Measurement("long_context", INC, "no long-context window with draft tokens")])
+        return decide(spec, [*lies] or [Measurement("long_context", INC, "no long-context window with draft tokens")])
     short = [a for k, w in cls_ws.items() if k != "long_context" and (a := position0(w)) is not None]
     ref = statistics.fmean(short) if short else None
     out = [Measurement("floor", F if acc < floor else P,
@@ -648,7 +652,7 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
                                f"{pct(ref)} (bound {ratio:.0%})" + (": it collapses on long histories"
                                                                     if held < ratio else ""),
                                round(held, 4), ratio))
-    out += _size_measurements(ev, "long_context")
+    out += _size_measurements(ev, "long_context") + lies
     return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")
 
 
@@ -669,6 +673,26 @@ def foreign_traffic(ev: Evidence, phases: Sequence[str]) -> list[Measurement]:
                                    f"soak's {mine:.0f}: another client is using it, its figures are not this "
                                    "server's alone (soak a host out of service)", w.foreign_requests, None))
     return out
+
+
+def inconsistent(ev: Evidence, series: Sequence[str], phases: Sequence[str] = ()) -> list[Measurement]:
+    """Inconclusive measurements for windows whose ``series`` read impossibly (see metrics.inconsistencies).
+
+    A ratio over 100 %, a counter going backwards, accepted > drafted: the server's figures are not
+    numbers a bound can pass or fail, so the check says which series lied instead of judging them.
+    """
+    out = []
+    for w in ev.windows:
+        if phases and w.phase not in phases:
+            continue
+        for finding in w.inconsistent:
+            if finding.startswith(tuple(series)):
+                out.append(Measurement(f"{w.label} metrics", INC, f"metrics inconsistent in {w.label}: {finding}",
+                                       finding.split(" ", 1)[0], None))
+    return out
+
+
+SPEC_SERIES = metrics.SPEC_SERIES
 
 
 #: Foreign requests in a window tolerated before its figures are doubted: boundary effects
@@ -716,6 +740,7 @@ def check_preemptions(spec: CheckSpec, ev: Evidence) -> CheckResult:
                                f"{w.label}: {w.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
                                round(per_min, 1), bound))
     total = sum(w.preemptions or 0 for w in ev.windows if w.phase in ("sweep", "sustained"))
+    out += inconsistent(ev, (metrics.PREEMPTIONS,), ("sweep", "sustained"))
     return decide(spec, out, ok_message=f"{total:.0f} preemptions, no storm", no_data="no /metrics window")
 
 

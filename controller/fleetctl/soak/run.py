@@ -282,8 +282,10 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
 
 
 def _acceptance(windows: Sequence[Window]) -> float | None:
-    acc = [w.accepted_tokens for w in windows if w.accepted_tokens is not None]
-    dt = [w.draft_tokens for w in windows if w.draft_tokens]
+    # Windows whose spec-decode counters were impossible have no accepted figure: left out whole.
+    ok = [w for w in windows if w.accepted_tokens is not None]
+    acc = [w.accepted_tokens for w in ok if w.accepted_tokens is not None]
+    dt = [w.draft_tokens for w in ok if w.draft_tokens]
     return sum(acc) / sum(dt) if acc and dt and sum(dt) else None
 
 

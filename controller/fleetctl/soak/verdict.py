@@ -143,6 +143,9 @@ class Window:
     prefix_cache_hits: float | None = None
     #: Requests the server finished in the window beyond the soak's own (another client's traffic).
     foreign_requests: float | None = None
+    #: Impossible readings, each naming its series ("vllm:...: accepted 290 > draft tokens 250"): the
+    #: figures derived from those series are left out (None) and the checks reading them are inconclusive.
+    inconsistent: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
