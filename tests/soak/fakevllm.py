@@ -164,7 +164,8 @@ def serve(fake: FakeVLLM) -> Iterator[FakeVLLM]:
     """Run ``fake`` on a free loopback port in a thread for the ``with`` block."""
     loop = asyncio.new_event_loop()
     ready = threading.Event()
-    runner = web.AppRunner(fake.app(), handle_signals=False, access_log=None)
+    # Handlers that hang on purpose are cancelled at cleanup, not waited on for a minute.
+    runner = web.AppRunner(fake.app(), handle_signals=False, access_log=None, shutdown_timeout=0.5)
 
     async def start() -> None:
         await runner.setup()

@@ -73,6 +73,20 @@ class CanaryResult:
 
 
 @dataclass(frozen=True)
+class Wedge:
+    """A request that got no token for the liveness bound while /health answered 200."""
+
+    host: str
+    #: The phase or level it ran in ("c=16", "sustained", "the long decode").
+    where: str
+    #: Seconds the request waited in all (its last token, or its start, was this long before the end).
+    seconds: float
+    #: When the request started, seconds into the soak.
+    start: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything one soak observed; the engine builds it, the checks judge it."""
 
@@ -106,6 +120,15 @@ class Evidence:
     prompt_sizes: Mapping[str, tuple[int, int | None, str]] = field(default_factory=dict)
     #: The server's prefix-cache block in tokens (vllm:cache_config_info), when it states one.
     cache_block_tokens: int | None = None
+    #: Why the soak stopped before its end (empty when it ran its course).
+    halted: str = ""
+    #: True when the hard deadline stopped it.
+    deadline_hit: bool = False
+    wedges: tuple[Wedge, ...] = ()
+    #: The liveness bound the streams were held to (None: not watched).
+    token_timeout: float | None = None
+    #: Streams watched for liveness.
+    streams_timed: int = 0
 
 
 def pct(x: float | None) -> str:
@@ -330,9 +353,28 @@ def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResu
             out.append(Measurement(lv.label, F, msg, round(rate, 4), bound))
         else:
             out.append(Measurement(lv.label, P, f"{lv.label}: {lv.errors}/{lv.requests} failed", round(rate, 4), bound))
+    if ev.halted and not ev.wedges and not ev.crash and (ev.deadline_hit or not any(m.outcome is F for m in out)):
+        # A soak stopped early says so (a level whose every request failed already does): what it
+        # did not run is not a pass.
+        out.append(Measurement("stopped", INC if ev.deadline_hit else F, f"soak stopped early: {ev.halted}"))
     total = sum(lv.requests for lv in ev.levels)
     return decide(spec, out, ok_message=f"0 errors in {total} requests across {len(ev.levels)} levels",
-                  no_data="no load level ran")
+                  no_data="no load level ran" + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))
+
+
+def check_liveness(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """No request in flight went ``token_timeout`` seconds without a token while /health answered."""
+    if not ev.readiness.ready:
+        return skipped(spec, "not run: the server never became ready")
+    bound = ev.token_timeout
+    out = [Measurement(w.where, F, f"engine wedged on {w.host}: a request of {w.where} (started at "
+                       f"+{w.start:.0f}s) got no token for {bound or w.seconds:.0f}s while /health answered 200"
+                       + (f" ({w.detail})" if w.detail else ""), w.seconds, bound) for w in ev.wedges]
+    if not out and ev.streams_timed:
+        out.append(Measurement("streams", P, f"{ev.streams_timed} streams, none {bound:.0f}s without a token"
+                               if bound else f"{ev.streams_timed} streams", ev.streams_timed, bound))
+    return decide(spec, out, ok_message=f"no stream went {bound:.0f}s without a token ({ev.streams_timed} "
+                  "watched)" if bound else "no stream watched", no_data="no stream was watched")
 
 
 def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
@@ -715,7 +757,8 @@ def _size_measurements(ev: Evidence, name: str) -> list[Measurement]:
     off = abs(got - target) / target
     # Sized by the server's own /tokenize and still far off: something is wrong with the server's
     # counting, inconclusive. Sized by a character estimate (a server without /tokenize): reported.
-    doubtful = off > SIZE_TOLERANCE and how == "tokenize"
+    # A /tokenize whose answers were not believed (estimate (...)): the server's counting is suspect.
+    doubtful = (off > SIZE_TOLERANCE and how == "tokenize") or how.startswith("estimate (")
     return [Measurement(f"{name} prompt", INC if doubtful else P,
                         f"{name} prompt {got} tokens measured, target {target} (sized by {how})"
                         + (": the prompt is not what the check assumes" if doubtful else
@@ -784,6 +827,7 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "identity": lambda s: check_identity(s, ev, config),
         "smoke": lambda s: check_smoke(s, ev),
         "errors": lambda s: check_errors(s, ev, config),
+        "liveness": lambda s: check_liveness(s, ev),
         "correctness": lambda s: check_correctness(s, ev),
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),

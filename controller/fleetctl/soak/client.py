@@ -48,6 +48,12 @@ _scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defin
 MAX_LINE_BYTES = 1 << 20
 #: The most read of an error or probe body (/metrics of a big server is ~100-300 KB).
 MAX_BODY_BYTES = 8 << 20
+#: A stream may carry at most this many bytes per token asked for, plus :data:`STREAM_FIXED_BYTES`:
+#: vLLM's chunk for one token is ~250-400 bytes (id, model, delta, finish_reason, token_ids), a
+#: speculative step carries several tokens in one. A server streaming valid events forever (never
+#: ``[DONE]``) is cut there instead of growing the controller until MemoryError.
+STREAM_BYTES_PER_TOKEN = 1024
+STREAM_FIXED_BYTES = 64 << 10
 #: Characters of text kept around a garbage finding for the verdict.
 EXCERPT_CHARS = 160
 
@@ -198,7 +204,7 @@ class StreamParser:
     """
 
     __slots__ = ("_check", "_utf8", "check", "done", "error", "events", "finish_reason", "first_content_at",
-                 "keep_text", "parts", "pending", "stamps", "usage")
+                 "keep_text", "last_at", "parts", "pending", "stamps", "usage")
 
     def __init__(self, keep_text: bool = False) -> None:
         # Decoding each chunk once to str (incrementally: a chunk may end mid-character) and
@@ -218,6 +224,8 @@ class StreamParser:
         self.stamps: list[float] = []
         self.check = TextCheck()
         self._check = self.check.feed_all
+        #: When the last token (a read carrying content) arrived: the liveness watchdog reads it.
+        self.last_at: float | None = None
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Consume ``chunk`` (any split of the stream), received at ``now``.
@@ -284,6 +292,7 @@ class StreamParser:
         self.events += events
         if texts:
             self.stamps.append(now)
+            self.last_at = now
             self._check(texts)
 
     @property
@@ -294,6 +303,15 @@ class StreamParser:
 
 class LineTooLongError(Exception):
     """The server sent an SSE line longer than :data:`MAX_LINE_BYTES`."""
+
+
+class StreamTooLongError(Exception):
+    """The server sent more bytes than the tokens asked for can take (:data:`STREAM_BYTES_PER_TOKEN`)."""
+
+
+def stream_cap(max_tokens: int) -> int:
+    """The most bytes a stream asked for ``max_tokens`` tokens may carry."""
+    return STREAM_FIXED_BYTES + STREAM_BYTES_PER_TOKEN * max(max_tokens, 1)
 
 
 def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str, Any],
@@ -415,16 +433,26 @@ class Client:
         return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
     async def chat(self, req: ChatRequest, *, phase: str, cls: str, concurrency: int,
-                   t0: float, keep_text: bool = False, timeout: float | None = None) -> Sample:
-        """One streamed chat completion, measured; failures are returned as data."""
+                   t0: float, keep_text: bool = False, timeout: float | None = None,
+                   stall: float | None = None) -> Sample:
+        """One streamed chat completion, measured; failures are returned as data.
+
+        ``stall``: seconds without a token (before the first one too) after which the request is
+        ended as ``stall`` (a wedged engine when /health still answers), not waited on to ``timeout``.
+        """
         start = time.monotonic()
         parser = StreamParser(keep_text)
         status = 0
         kind = ""
         error = ""
         limit = self.request_timeout if timeout is None else timeout
+        cap = stream_cap(req.max_tokens)
+        stalled: list[float] = []
+        watchdog: Callable[[], None] | None = None
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(limit) as deadline:
+                if stall is not None and stall < limit:
+                    watchdog = _watch(deadline, parser, start, stall, stalled)
                 async with self.session.post(
                     self.base_url + "/v1/chat/completions", data=chat_body(req),
                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
@@ -435,20 +463,36 @@ class Client:
                     else:
                         feed = parser.feed
                         clock = time.monotonic
+                        got = 0
                         async for chunk in resp.content.iter_any():
+                            got += len(chunk)
+                            if got > cap:
+                                raise StreamTooLongError(
+                                    f"the stream passed {cap} bytes for {req.max_tokens} tokens asked "
+                                    f"(bound {STREAM_BYTES_PER_TOKEN} bytes a token) without [DONE]")
                             feed(chunk, clock())
                         if parser.pending:
                             parser.feed(b"\n", clock())
         except aiohttp.ClientConnectorError as e:
             kind, error = "connect", _conn_text(e)
         except TimeoutError:
-            kind, error = "timeout", f"no complete answer within {limit:.0f}s"
+            if stalled:
+                waited = stalled[0]
+                kind, error = "stall", (f"no token for {waited:.0f}s " + (
+                    f"after {len(parser.stamps)} token read(s)" if parser.stamps else "before the first token"))
+            else:
+                kind, error = "timeout", f"no complete answer within {limit:.0f}s"
+        except StreamTooLongError as e:
+            kind, error = "protocol", str(e)
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             kind, error = "disconnect", f"connection broke mid-stream: {type(e).__name__}: {e}"
         except aiohttp.ClientError as e:
             kind, error = "protocol", f"{type(e).__name__}: {e}"
         except LineTooLongError as e:
             kind, error = "protocol", str(e)
+        finally:
+            if watchdog is not None:
+                watchdog()
         end = time.monotonic()
         if not kind:
             if parser.error:
@@ -484,6 +528,29 @@ class Client:
             itl_p50=gaps[len(gaps) // 2] if gaps else None, itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
             garbage=scrub(garbage), excerpt=scrub(excerpt),
         )
+
+
+def _watch(deadline: asyncio.Timeout, parser: StreamParser, start: float, stall: float,
+           stalled: list[float]) -> Callable[[], None]:
+    """A timer that ends the request (through its ``deadline``) once no token came for ``stall`` seconds.
+
+    One timer per request, re-armed at the last token's time + ``stall``: the per-event cost
+    stays one attribute store in the parser (no timer per event).
+    """
+    loop = asyncio.get_running_loop()
+    handle: list[asyncio.TimerHandle] = []
+
+    def check() -> None:
+        last = parser.last_at if parser.last_at is not None else start
+        now = time.monotonic()
+        if now - last >= stall:
+            stalled.append(now - last)
+            deadline.reschedule(loop.time())
+            return
+        handle[0] = loop.call_later(last + stall - now + 0.01, check)
+
+    handle.append(loop.call_later(stall, check))
+    return lambda: handle[0].cancel()
 
 
 def _same(s: str) -> str:

@@ -97,7 +97,8 @@ class Sample:
     output_tokens: int | None = None
     events: int = 0
     finish_reason: str | None = None
-    #: connect | http | stream_error | timeout | disconnect | protocol | finish (empty when ok).
+    #: connect | http | stream_error | timeout | stall (no token for the liveness bound) | disconnect | protocol |
+    #: finish (empty when ok).
     error_kind: str = ""
     error: str = ""
     #: The generated text, kept only for smoke prompts and canaries (load text is large).

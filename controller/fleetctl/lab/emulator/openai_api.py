@@ -163,12 +163,6 @@ class OpenAIApi:
             body = json.loads(raw or b"{}")
         except ValueError:
             return json_response(400, error_body("invalid JSON body", "Bad Request", 400, None))
-        model = body.get("model") if isinstance(body, dict) else None
-        if model and model not in self.info.served_names:
-            # vLLM checks the model of /tokenize as of a completion.
-            return json_response(404, error_body(
-                f"The model `{model}` does not exist. Valid aliases: {', '.join(self.info.served_names)}.",
-                "NotFoundError", 404, "model"))
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
             # Counted exactly as a chat completion counts the same messages (content parts joined;
             # the repr of a list of parts is not what the model sees).
