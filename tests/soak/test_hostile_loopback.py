@@ -181,3 +181,26 @@ def test_the_hard_deadline_adds_up_every_phase_bound() -> None:
     assert total > cfg.readiness_timeout + cfg.sustained_duration
     assert "readiness 10s" in how and "sustained" in how
     assert quick(deadline=90).hard_deadline() == (90.0, "set by the recipe's soak.deadline")
+
+
+async def _wedge_mid_stream(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    """Healthy for its first 8 answers, then every stream stops after two tokens (/health stays 200)."""
+    if f.chats <= 8:
+        return await good_chat(f, r, body)
+    resp = await sse_start(r)
+    await resp.write(event("still ") + event("here "))
+    await asyncio.sleep(3600)
+    return resp
+
+
+def test_a_wedge_mid_stream_is_named_with_its_seconds_and_host(tmp_path: Path) -> None:
+    with serve(FakeVLLM(chat=_wedge_mid_stream)) as fake:
+        v = soak(fake, quick(checks={"correctness": {"long_decode_tokens": 0}, "liveness": {"token_timeout": 2}}),
+                 tmp_path)
+    live = v.check("liveness")
+    assert live.outcome is Outcome.FAIL, v.summary
+    assert "engine wedged on fake" in live.message and "no token for 2s after 1 token read(s)" in live.message, \
+        live.message
+    (m,) = [m for m in live.measurements if m.outcome is Outcome.FAIL]
+    assert m.bound == 2 and isinstance(m.measured, float) and m.measured >= 2
+    assert "timeout" not in v.check("errors").message  # a stall, not a generic timeout
