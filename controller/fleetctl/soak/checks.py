@@ -73,6 +73,27 @@ class CanaryResult:
 
 
 @dataclass(frozen=True)
+class LoopResult:
+    """An answer that ended in a phrase loop, and the same prompt's reference answer.
+
+    The reference is the same request at c=1, greedy, without ``ignore_eos`` (the model may stop
+    by itself): a loop the reference shares, or one that starts where the reference stopped, is
+    the model's, not the server's.
+    """
+
+    sample: Sample
+    #: Where it ran ("c=16", "sustained", "long_decode").
+    where: str
+    reference: Sample | None
+    #: Answers to this same prompt that looped (the sample is the first).
+    count: int = 1
+
+
+#: A loop starting at or past this share of the reference's natural length is past the model's end.
+NATURAL_END_SHARE = 0.8
+
+
+@dataclass(frozen=True)
 class Wedge:
     """A request that got no token for the liveness bound while /health answered 200."""
 
@@ -129,6 +150,9 @@ class Evidence:
     token_timeout: float | None = None
     #: Streams watched for liveness.
     streams_timed: int = 0
+    #: Looping answers judged against their reference; looping answers left unjudged (past the cap).
+    loops: tuple[LoopResult, ...] = ()
+    loops_unjudged: int = 0
 
 
 def pct(x: float | None) -> str:
@@ -318,6 +342,12 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
                                    f"answer {_snippet(c.reference, 50)}", _snippet(text), _snippet(c.reference)))
         else:
             out.append(Measurement(c.level, P, f"{where}: ok", _snippet(text), c.expect))
+    out += [_judge_loop(lr, host) for lr in ev.loops]
+    if ev.loops_unjudged:
+        # Reported, not counted: the first looping prompts were judged, and a server that loops
+        # where the model does not shows it on those already.
+        out.append(Measurement("loops", P, f"{ev.loops_unjudged} more looping answer(s) of other prompts not "
+                               "judged against a reference (the soak re-runs the first few only)", ev.loops_unjudged))
     ld = ev.long_decode
     if ld is not None and not ld.garbage:
         if ld.ok:
@@ -332,6 +362,33 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
     return decide(spec, out, ok_message=f"{ev.streams_checked} streamed answers clean, {right} canaries right"
                   + (f", long decode of {ld.output_tokens} tokens clean" if ld is not None and ld.ok else ""),
                   no_data="no streamed answer was checked")
+
+
+def _judge_loop(lr: LoopResult, host: str) -> Measurement:
+    """A looping answer against its reference: a finding only where the reference does not loop."""
+    s, ref = lr.sample, lr.reference
+    what = f"{host}{lr.where}: a {s.cls} answer" + (f" (and {lr.count - 1} more of the same prompt)"
+                                                     if lr.count > 1 else "")
+    shown = f"sample …{_snippet(s.excerpt, 100)}"
+    if ref is None or not ref.ok:
+        return Measurement(f"{lr.where} loop", INC, f"{what} ends in a loop ({s.loop}); its reference could not "
+                           f"be run ({ref.error if ref else 'no reference'}): {shown}", s.loop, None)
+    ref_text = ref.text or ""
+    if ref.loop:
+        return Measurement(f"{lr.where} loop", P, f"{what} loops, as its c=1 reference does (the model's "
+                           f"behaviour, not the server's): {s.loop}", s.loop, ref.loop)
+    if ref.finish_reason == "stop" and s.loop_start is not None and \
+            s.loop_start >= NATURAL_END_SHARE * len(ref_text):
+        return Measurement(f"{lr.where} loop", P, f"{what} loops from character {s.loop_start}, past where its "
+                           f"reference stopped by itself ({len(ref_text)} characters): writing past the "
+                           "model's natural end under ignore_eos", s.loop, len(ref_text))
+    return Measurement(f"{lr.where} loop", F, f"{what} degenerates into a loop where its c=1 greedy reference "
+                       f"does not: {s.loop}; {shown}; reference ({ref.finish_reason}, {len(ref_text)} characters) "
+                       f"…{_snippet(ref_text[-EXCERPT_REF:], 100)}", s.loop, "no loop (as the reference)")
+
+
+#: Characters of a reference answer shown beside a looping sample.
+EXCERPT_REF = 160
 
 
 def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:

@@ -37,6 +37,7 @@ from typing import Any
 
 import aiohttp
 
+from fleetctl.soak.loops import MIN_WORDS, find_loop
 from fleetctl.soak.verdict import Sample
 
 # The JSON scanner itself (C), called directly: JSONDecoder.decode wraps it in two Python
@@ -518,6 +519,13 @@ class Client:
                 # Not a transport failure (its timings stand): degenerate output, judged with
                 # garbage by the correctness check, so it is counted and shown, never dropped.
                 garbage, kind, error = error, "", ""
+        loop_text, loop_start, chars = "", None, 0
+        if check.parts and not garbage:
+            whole = "".join(check.parts)
+            chars = len(whole)
+            if isinstance(out_tokens, int) and out_tokens >= MIN_WORDS and (found := find_loop(whole)) is not None:
+                loop_text, loop_start = found.describe(), found.start
+                excerpt = whole[-EXCERPT_CHARS:]
         scrub = self.scrub
         return Sample(
             phase=phase, cls=cls, concurrency=concurrency, start=start - t0, ok=not kind,
@@ -526,7 +534,8 @@ class Client:
             finish_reason=parser.finish_reason, error_kind=kind, error=scrub(error)[:500],
             text=scrub(parser.text) if keep_text else None,
             itl_p50=gaps[len(gaps) // 2] if gaps else None, itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
-            garbage=scrub(garbage), excerpt=scrub(excerpt),
+            garbage=scrub(garbage), excerpt=scrub(excerpt), loop=scrub(loop_text), loop_start=loop_start,
+            text_chars=chars,
         )
 
 

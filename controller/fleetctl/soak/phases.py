@@ -21,7 +21,7 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import checks, metrics, prompts
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks import CanaryResult, Identity, SmokeResult, Wedge
+from fleetctl.soak.checks import CanaryResult, Identity, LoopResult, SmokeResult, Wedge
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import (
@@ -38,6 +38,9 @@ from fleetctl.soak.verdict import (
     SoakTarget,
     Window,
 )
+
+#: Distinct looping requests re-run as references (each one more request at c=1).
+MAX_LOOP_REFERENCES = 3
 
 #: How long a crashed server's container is given to exit before its state is recorded.
 CRASH_EXIT_WAIT = 15.0
@@ -137,6 +140,22 @@ class SoakState:
     container_error: str = ""
     #: Requests that got no token for the liveness bound while /health answered.
     wedges: list[Wedge] = field(default_factory=list)
+    #: Looping answers: (request, where, first sample, how many) per distinct request, at most
+    #: MAX_LOOP_REFERENCES of them; later looping answers of other requests are only counted.
+    loop_candidates: dict[ChatRequest, list[Any]] = field(default_factory=dict)
+    loops_unjudged: int = 0
+    loops: list[LoopResult] = field(default_factory=list)
+
+    def looped(self, s: Sample, req: ChatRequest, where: str) -> None:
+        """Note an answer that ended in a phrase loop (judged after the load against a reference)."""
+        if not s.loop:
+            return
+        if req in self.loop_candidates:
+            self.loop_candidates[req][2] += 1
+        elif len(self.loop_candidates) < MAX_LOOP_REFERENCES:
+            self.loop_candidates[req] = [s, where, 1]
+        else:
+            self.loops_unjudged += 1
 
     def emit(self, phase: str, message: str, **data: Any) -> None:
         self.progress(Event(phase, message, host=self.target.name, data=data))
@@ -272,6 +291,7 @@ async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     st.samples.append(s)
     st.art.sample(s)
     st.long_decode = s
+    st.looped(s, req, "long_decode")
     await stall_seen(client, st, s, "the long decode")
     if s.error_kind == "connect":
         st.crash = st.crash or await diagnose_crash(client, st, 1, "the long decode")
@@ -352,6 +372,7 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
                 s = replace(s, text=None)
             level.append(s)
             st.samples.append(s)
+            st.looped(s, req, label if phase in ("sweep", "sustained") else f"{phase} {label}")
             if first:
                 st.warm.append(s)
                 first = False
@@ -420,6 +441,7 @@ async def open_loop(client: Client, st: SoakState, rate: float, *, requests: int
                                   stall=cfg.token_timeout())
             level.append(s)
             st.samples.append(s)
+            st.looped(s, req, label)
             st.art.sample(s)
             await stall_seen(client, st, s, label)
 
@@ -576,6 +598,29 @@ async def trickle(client: Client, st: SoakState, done: asyncio.Event) -> None:
         st.samples.append(s)
         st.art.sample(s)
         await stall_seen(client, st, s, "sustained (liveness probe)")
+
+
+async def loop_references(client: Client, st: SoakState) -> None:
+    """Each looping request once more at c=1, greedy, free to stop (no ignore_eos): its reference.
+
+    A healthy model asked for exactly max_tokens often loops past its natural end; the server is
+    at fault only where the same prompt's reference does not loop (checks._judge_loop).
+    """
+    if not st.loop_candidates:
+        return
+    st.phase = "loop references"
+    st.emit("loops", f"{len(st.loop_candidates)} looping answer(s): running each prompt's c=1 reference")
+    for req, (s, where, count) in st.loop_candidates.items():
+        if st.halt or st.crash:
+            break
+        ref_req = replace(req, temperature=0.0, ignore_eos=False)
+        timeout = max(st.config.request_timeout, req.max_tokens / 10)
+        ref = await client.chat(ref_req, phase="reference", cls=s.cls, concurrency=1, t0=st.t0, keep_text=True,
+                                timeout=timeout, stall=st.config.token_timeout())
+        st.samples.append(replace(ref, text=None))
+        st.art.sample(ref)
+        st.loops.append(LoopResult(s, where, ref, count))
+        await stall_seen(client, st, ref, f"the loop reference of {where}")
 
 
 def context_text(chars: int) -> str:

@@ -48,6 +48,7 @@ from fleetctl.soak.phases import (
     identity,
     long_decode,
     long_text,
+    loop_references,
     merge_trials,
     open_loop,
     run_requests,
@@ -119,6 +120,7 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     st.load_ran = not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt
     if st.load_ran:
         await _load(client, st, ident)
+        await loop_references(client, st)
     return await _finish(client, st)
 
 
@@ -155,6 +157,7 @@ def evidence(st: SoakState, final: bool = True) -> Evidence:
         halted=st.halt, deadline_hit=st.deadline_hit, wedges=tuple(st.wedges),
         token_timeout=st.config.token_timeout(),
         streams_timed=sum(1 for s in st.samples if s.events or s.error_kind == "stall"),
+        loops=tuple(st.loops), loops_unjudged=st.loops_unjudged,
     ) if final else Evidence(
         readiness=st.ready, identity=st.ident, container_before=st.container_before,
         container_error=st.container_error, has_container=st.target.container is not None, host=st.target.name)

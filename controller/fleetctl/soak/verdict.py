@@ -110,6 +110,11 @@ class Sample:
     #: Inter-token latency of this stream: median and p99 of the gaps between reads carrying content.
     itl_p50: float | None = None
     itl_p99: float | None = None
+    #: A phrase loop at the end of the answer (soak/loops.py), described; empty when none.
+    loop: str = ""
+    #: Where the loop starts (characters into the answer) and the answer's length in characters.
+    loop_start: int | None = None
+    text_chars: int = 0
 
 
 @dataclass(frozen=True)
