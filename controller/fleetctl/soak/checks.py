@@ -21,8 +21,9 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from fleetctl.soak import metrics
+from fleetctl.soak import metrics, prompts
 from fleetctl.soak.config import CHECKS, CheckSpec, SoakConfig
+from fleetctl.soak.loops import find_loop
 from fleetctl.soak.verdict import (
     CheckResult,
     ContainerState,
@@ -389,6 +390,85 @@ def _judge_loop(lr: LoopResult, host: str) -> Measurement:
 
 #: Characters of a reference answer shown beside a looping sample.
 EXCERPT_REF = 160
+
+
+def long_decode_windows(text: str, tokens: int, window_tokens: int,
+                        ends: Sequence[int] = ()) -> list[tuple[int, int, str]]:
+    """``text`` of ``tokens`` tokens cut into windows of about ``window_tokens``: (first token, last, text).
+
+    With ``ends`` (the text's length after each streamed delta) the cuts fall on delta boundaries,
+    each delta counting ``tokens / len(ends)`` tokens (several per delta with speculative decoding);
+    without, on characters in proportion.
+    """
+    if not text or tokens <= 0 or window_tokens <= 0:
+        return [(0, tokens, text)] if text else []
+    out = []
+    for a in range(0, tokens, window_tokens):
+        b = min(a + window_tokens, tokens)
+        if ends:
+            per = tokens / len(ends)
+            i, j = round(a / per), round(b / per)
+            lo = ends[i - 1] if i > 0 else 0
+            hi = ends[min(j, len(ends)) - 1] if j > 0 else 0
+        else:
+            lo, hi = int(a * len(text) / tokens), int(b * len(text) / tokens)
+        out.append((a, b, text[lo:hi]))
+    return out
+
+
+def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """The deep long decode: it reaches its depth, and every window of its text is free of garbage,
+    U+FFFD and loops before the model's natural end; the needle asked for at that end is intact."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    ld = ev.long_decode
+    asked = config.long_decode_tokens()
+    if ld is None:
+        return decide(spec, [Measurement("long_decode", INC, "the long decode did not run"
+                                         + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))])
+    host = f"{ev.host} " if ev.host else ""
+    got = ld.output_tokens if isinstance(ld.output_tokens, int) else 0
+    if not ld.ok:
+        return decide(spec, [Measurement("long_decode", F, f"{host}long decode failed: {ld.error}",
+                                         ld.error_kind, asked)])
+    text = ld.text or ""
+    out: list[Measurement] = []
+    if ident_cap := (ev.identity.max_model_len if ev.identity else None):
+        asked = min(asked, ident_cap - 512)
+    if got < 0.9 * asked:
+        out.append(Measurement("depth", INC, f"long decode reached {got} of {asked} tokens", got, asked))
+    mark = text.find(prompts.NEEDLE_MARK)
+    end_at = mark if mark >= 0 else None
+    if mark >= 0:
+        tail = text[mark:mark + len(prompts.NEEDLE_MARK) + len(prompts.NEEDLE) + 16]
+        ok = prompts.NEEDLE in tail
+        out.append(Measurement("needle", P if ok else F, f"{host}long decode: the needle at the model's end "
+                               f"(character {mark}) is " + ("intact" if ok else f"garbled: {_snippet(tail)}"),
+                               _snippet(tail), prompts.NEEDLE))
+    window = int(spec.params.get("window_tokens", 2048) or 2048)
+    offset = 0
+    for a, b, win in long_decode_windows(text, got, window, ld.delta_ends):
+        label = f"tokens {a}-{b}"
+        bad = win.count("\ufffd")
+        if bad >= 3:
+            out.append(Measurement(label, F, f"{host}long decode, {label}: {bad} U+FFFD replacement characters: "
+                                   f"{_snippet(win[win.index(chr(0xfffd)):], 80)}", bad, 2))
+        elif why := garbage(win):
+            out.append(Measurement(label, F, f"{host}long decode, {label}: garbage ({why}): {_snippet(win, 80)}",
+                                   _snippet(win), "no garbage"))
+        elif (loop := find_loop(win)) is not None and (end_at is None or offset + loop.start < end_at):
+            # Before the needle (or without one): loops are judged against the reference by the
+            # correctness check; here they are shown where they start.
+            out.append(Measurement(label, P, f"long decode, {label}: ends in a loop ({loop.describe()}); "
+                                   "judged against its reference by the correctness check", loop.phrase, None))
+        else:
+            out.append(Measurement(label, P, f"long decode, {label}: clean", None, None))
+        offset += len(win)
+    windows = sum(1 for m in out if m.label.startswith("tokens "))
+    needle = next((m for m in out if m.label == "needle"), None)
+    return decide(spec, out, ok_message=f"{got} tokens in {windows} windows of {window} free of garbage and "
+                  "U+FFFD" + ("; the needle at the model's end intact" if needle else
+                              "; no needle (the model had not ended)"), no_data="the long decode had no text")
 
 
 def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
@@ -886,6 +966,7 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "errors": lambda s: check_errors(s, ev, config),
         "liveness": lambda s: check_liveness(s, ev),
         "correctness": lambda s: check_correctness(s, ev),
+        "long_decode": lambda s: check_long_decode(s, ev, config),
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),
         "throughput": lambda s: check_throughput(s, ev, baseline, baseline_note),

@@ -204,10 +204,10 @@ class StreamParser:
     and any error event. Every ``data:`` event is JSON-decoded.
     """
 
-    __slots__ = ("_check", "_utf8", "check", "done", "error", "events", "finish_reason", "first_content_at",
-                 "keep_text", "last_at", "parts", "pending", "stamps", "usage")
+    __slots__ = ("_check", "_utf8", "check", "done", "ends", "error", "events", "finish_reason",
+                 "first_content_at", "keep_text", "last_at", "parts", "pending", "stamps", "usage")
 
-    def __init__(self, keep_text: bool = False) -> None:
+    def __init__(self, keep_text: bool = False, delta_ends: bool = False) -> None:
         # Decoding each chunk once to str (incrementally: a chunk may end mid-character) and
         # parsing str events is ~2x faster than json.loads on bytes, which sniffs the encoding
         # of every event.
@@ -227,6 +227,9 @@ class StreamParser:
         self._check = self.check.feed_all
         #: When the last token (a read carrying content) arrived: the liveness watchdog reads it.
         self.last_at: float | None = None
+        #: With ``delta_ends`` (and ``keep_text``): the kept text's length after each content delta,
+        #: so that a long answer can be cut into windows of tokens, not of characters.
+        self.ends: list[int] | None = [] if delta_ends else None
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Consume ``chunk`` (any split of the stream), received at ``now``.
@@ -284,6 +287,8 @@ class StreamParser:
                         texts.append(content)
                         if self.keep_text and delta.get("content"):
                             self.parts.append(delta["content"])
+                            if self.ends is not None:
+                                self.ends.append((self.ends[-1] if self.ends else 0) + len(delta["content"]))
                 reason = choice.get("finish_reason")
                 if reason:
                     self.finish_reason = reason
@@ -435,14 +440,14 @@ class Client:
 
     async def chat(self, req: ChatRequest, *, phase: str, cls: str, concurrency: int,
                    t0: float, keep_text: bool = False, timeout: float | None = None,
-                   stall: float | None = None) -> Sample:
+                   stall: float | None = None, delta_ends: bool = False) -> Sample:
         """One streamed chat completion, measured; failures are returned as data.
 
         ``stall``: seconds without a token (before the first one too) after which the request is
         ended as ``stall`` (a wedged engine when /health still answers), not waited on to ``timeout``.
         """
         start = time.monotonic()
-        parser = StreamParser(keep_text)
+        parser = StreamParser(keep_text, delta_ends)
         status = 0
         kind = ""
         error = ""
@@ -535,7 +540,7 @@ class Client:
             text=scrub(parser.text) if keep_text else None,
             itl_p50=gaps[len(gaps) // 2] if gaps else None, itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
             garbage=scrub(garbage), excerpt=scrub(excerpt), loop=scrub(loop_text), loop_start=loop_start,
-            text_chars=chars,
+            text_chars=chars, delta_ends=tuple(parser.ends) if parser.ends else (),
         )
 
 

@@ -57,6 +57,10 @@ _PARAMS: dict[str, dict[str, str]] = {
     # wedged engine (vLLM #41725, MiaAI-Lab #87); the sustained phase sends a probe every half of it.
     "liveness": {"token_timeout": "number"},
     "correctness": {"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
+    # The deep long-decode probe (corruption that starts ~12k tokens into a sequence): its length,
+    # capped by max_model_len, and the windows its text is checked in. It replaces the correctness
+    # check's long decode (long_decode_tokens) when enabled; disable it to save its minutes.
+    "long_decode": {"tokens": "count", "window_tokens": "count"},
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
     "throughput": {"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
@@ -108,6 +112,9 @@ _SPARK: dict[str, Any] = {
         # Every 8th load request is a greedy canary; one long decode per soak (thousands of
         # tokens: corruption that starts deep in a sequence), capped by max_model_len.
         "correctness": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 4096},
+        # 16384 tokens, past the ~12k where corruption was reported (eugr/spark-vllm-docker #349):
+        # at a Spark's single-stream 41-124 tok/s it costs 2.2-6.7 minutes of the soak.
+        "long_decode": {"tokens": 16384, "window_tokens": 2048},
         "errors": {"max_error_rate": 0.0},
         # Past the slowest prefill a Spark does in this soak (a 16k-token prompt: seconds) and the
         # c=64 TTFT p95 (11.2 s published) with room: a gap of two minutes is no queue, it is a wedge.
@@ -168,6 +175,9 @@ def _lab_profile() -> dict[str, Any]:
     # The emulator's slowest request in the lab profile lasts seconds.
     checks["liveness"] = {"token_timeout": 20.0}
     checks["correctness"] = {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 192}
+    # The emulator decodes a 256-token probe in about a second at EMU_SPEED 4 (bench/soak_client.py
+    # measures it): windows of 64 tokens.
+    checks["long_decode"] = {"tokens": 256, "window_tokens": 64}
     # Few short requests per class: floors that only catch a collapse, not a class's mix.
     checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5}
     checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
@@ -290,6 +300,14 @@ class SoakConfig:
         """The spec of check ``name``."""
         return self.checks[name]
 
+    def long_decode_tokens(self) -> int:
+        """Tokens of the soak's one long decode: the long_decode probe's, else correctness' (0: none)."""
+        probe = self.checks.get("long_decode")
+        if probe is not None and probe.enabled and int(probe.params.get("tokens", 0) or 0) > 0:
+            return int(probe.params["tokens"])
+        spec = self.checks.get("correctness")
+        return int(spec.params.get("long_decode_tokens", 0) or 0) if spec is not None and spec.enabled else 0
+
     def token_timeout(self) -> float | None:
         """Seconds without a token before a request is a stall (None: the liveness check is disabled)."""
         spec = self.checks.get("liveness")
@@ -309,7 +327,7 @@ class SoakConfig:
         if self.deadline > 0:
             return self.deadline, "set by the recipe's soak.deadline"
         per_level = self.level_timeout + self.request_timeout
-        long_decode = int(self.check("correctness").params.get("long_decode_tokens", 0) or 0)
+        long_decode = self.long_decode_tokens()
         parts = {
             "readiness": self.readiness_timeout,
             "smoke and canaries": 4 * self.request_timeout,

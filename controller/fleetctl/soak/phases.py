@@ -276,20 +276,23 @@ async def canary_references(client: Client, st: SoakState) -> None:
 async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     """One long generation per soak: corruption that starts thousands of tokens into a sequence."""
     cfg = st.config
-    spec = cfg.check("correctness")
-    tokens = int(spec.params.get("long_decode_tokens", 0)) if spec.enabled else 0
+    tokens = cfg.long_decode_tokens()
     if ident.max_model_len:
         tokens = min(tokens, ident.max_model_len - 512)  # room for the prompt and the template
     if tokens <= 0:
         return
-    st.emit("long_decode", f"one decode of {tokens} tokens")
-    req = ChatRequest(st.model, prompts.prompt_for("prose", 0), tokens, cfg.temperature, ignore_eos=True)
+    probe = cfg.check("long_decode").enabled
+    st.emit("long_decode", f"one decode of {tokens} tokens" + (" (windows checked, needle asked)" if probe else ""))
+    prompt = prompts.LONG_DECODE_PROMPT if probe else prompts.prompt_for("prose", 0)
+    req = ChatRequest(st.model, prompt, tokens, cfg.temperature, thinking=cfg.thinking, ignore_eos=True)
     # A deadline scaled to the length (>= 10 tok/s), never below the per-request one.
     st.phase = "the long decode"
+    # Its text is kept (bounded by the stream's byte cap) for the probe's windows.
     s = await client.chat(req, phase="long_decode", cls="prose", concurrency=1, t0=st.t0,
-                          timeout=max(cfg.request_timeout, tokens / 10), stall=cfg.token_timeout())
+                          timeout=max(cfg.request_timeout, tokens / 10), stall=cfg.token_timeout(), keep_text=probe,
+                          delta_ends=probe)
     st.samples.append(s)
-    st.art.sample(s)
+    st.art.sample(replace(s, delta_ends=()))
     st.long_decode = s
     st.looped(s, req, "long_decode")
     await stall_seen(client, st, s, "the long decode")

@@ -70,6 +70,18 @@ CANARIES: tuple[SmokePrompt, ...] = (
 )
 
 
+#: What the long-decode probe asks the model to write at its natural end: found intact, it marks
+#: where the model ended (loops past it are the model writing on under ignore_eos); garbled, it is
+#: corruption deep in a sequence.
+NEEDLE = "cobalt heron 4417"
+NEEDLE_MARK = "THE END"
+LONG_DECODE_PROMPT = (
+    "Write a long, detailed technical history of lighthouses, chapter by chapter: their optics, "
+    "their keepers, their automation, with dates and places. Take all the space you need. When you "
+    f"have finished, end with the line: {NEEDLE_MARK} {NEEDLE}"
+)
+
+
 def long_context_document(chars: int) -> str:
     """A deterministic log-like document of about ``chars`` characters.
 

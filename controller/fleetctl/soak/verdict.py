@@ -115,6 +115,8 @@ class Sample:
     #: Where the loop starts (characters into the answer) and the answer's length in characters.
     loop_start: int | None = None
     text_chars: int = 0
+    #: The text's length after each content delta (the long decode only: its windows are cut by tokens).
+    delta_ends: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
