@@ -50,15 +50,16 @@ def _exit_code(outcome: Outcome) -> ExitCode:
     return {Outcome.PASS: ExitCode.OK, Outcome.FAIL: ExitCode.FAILED}.get(outcome, ExitCode.INCONCLUSIVE)
 
 
-def _tag_of(container: ContainerAccess | None) -> str:
+def _tag_of(container: ContainerAccess | None) -> tuple[str, str]:
+    """The (tag, digest) the container serves, as ``fleetctl status`` names them: a digest-pinned
+    container's tag is its ``fleetctl.tag`` label, never the digest's hex (baselines are keyed by it)."""
     if container is None:
-        return ""
+        return "", ""
     try:
-        image = container.state().image
+        st = container.state()
     except FleetError:
-        return ""
-    tail = image.rsplit("/", 1)[-1]
-    return tail.split(":", 1)[1] if ":" in tail else ""
+        return "", ""
+    return st.tag, st.digest
 
 
 def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: str | None,
@@ -84,8 +85,10 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         recipe = recipes[name]
         cfg = _adjust(fleet.host_config(recipe, h, profile), duration, smoke_only, ready_timeout)
         container = DockerOverSSH(h, container_name(h))
-        target = fleet.host_target(h, recipe, _tag_of(container),
-                                   secretenv.api_key(recipe.secret_env, recipe=recipe.name))
+        tag, digest = _tag_of(container)
+        target = dataclasses.replace(fleet.host_target(h, recipe, tag,
+                                                       secretenv.api_key(recipe.secret_env, recipe=recipe.name)),
+                                     digest=digest)
         tag = target.tag
         base = baselines.load(state, h.name, baseline_tag or tag) if not smoke_only else None
         jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name)))

@@ -304,7 +304,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         run_id=run_id, target=target.name, base_url=target.base_url, outcome=outcome, summary=summary,
         started=started.isoformat(timespec="seconds"),
         finished=datetime.now(UTC).isoformat(timespec="seconds"),
-        seconds=round(time.monotonic() - t0, 2), tag=target.tag, profile=config.profile,
+        seconds=round(time.monotonic() - t0, 2), tag=target.tag, digest=target.digest, profile=config.profile,
         artifacts_dir=str(artifacts_dir) if artifacts_dir else None,
         version=ev.identity.version if ev.identity else "",
         served_models=ev.identity.models if ev.identity else (),

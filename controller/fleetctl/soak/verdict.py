@@ -47,6 +47,10 @@ class ContainerState:
     restart_count: int = 0
     started_at: str = ""
     image: str = ""
+    #: The tag it serves (the rollout's ``fleetctl.tag`` label, else the reference's ``:tag``) and its
+    #: digest (``fleetctl.digest``, else the reference's ``@sha256:...``): empty when unknown.
+    tag: str = ""
+    digest: str = ""
 
 
 class ContainerAccess(Protocol):
@@ -76,6 +80,8 @@ class SoakTarget:
     tag: str = ""
     #: Sent as ``Authorization: Bearer`` (vLLM's --api-key / $VLLM_API_KEY); never shown or stored.
     api_key: str | None = field(default=None, repr=False, compare=False)
+    #: The image digest being judged (``sha256:...``), shown beside the tag; never a baseline key.
+    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,6 +237,8 @@ class Verdict:
     seconds: float
     tag: str = ""
     profile: str = ""
+    #: The image digest judged (``sha256:...``), when known: reports show the tag and its short digest.
+    digest: str = ""
     #: Directory holding samples.jsonl, scrapes/, verdict.json (None when not saved).
     artifacts_dir: str | None = None
     version: str = ""
