@@ -84,3 +84,35 @@ def test_the_scrubber_replaces_known_values_and_credential_shapes() -> None:
     # Ordinary text is left alone.
     assert scrub("basic arithmetic: 17 x 23 = 391; the token 'foo' repeated") == \
         "basic arithmetic: 17 x 23 = 391; the token 'foo' repeated"
+
+
+def _inventory(tmp_path: Path, soak_yaml: str) -> Path:
+    """A one-host inventory whose recipes are the lab's, the first recipe's soak: replaced."""
+    src = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
+    inv = tmp_path / "inv"
+    (inv / "group_vars" / "all").mkdir(parents=True)
+    text = src.read_text().replace("    soak: {}\n", f"    soak: {soak_yaml}\n", 1)
+    (inv / "group_vars" / "all" / "recipes.yml").write_text(text)
+    (inv / "hosts.yml").write_text("all:\n  hosts:\n    spark-01:\n      ansible_host: 127.0.0.1\n")
+    return inv
+
+
+def test_endpoint_with_recipe_applies_the_recipes_gate(tmp_path: Path) -> None:
+    # The recipe's served names are checked (the fake serves another name: identity fails) and its
+    # soak settings apply (identity observe_only: the verdict is then decided by the rest).
+    inv = _inventory(tmp_path, "{checks: {identity: {observe_only: true}}}")
+    with serve(FakeVLLM()) as fake:
+        out = tmp_path / "soak.json"
+        code = main(["-i", str(inv), "soak", "--endpoint", fake.url, "--recipe", "qwen36-35b-heretic",
+                     "--profile", "lab", "--smoke-only", "--json-report", str(out)])
+    (v,) = json.loads(out.read_text())["verdicts"]
+    ident = next(c for c in v["checks"] if c["name"] == "identity")
+    assert ident["outcome"] == "fail" and ident["observe_only"] and "qwen36-35b-heretic" in ident["message"]
+    # Observe-only: reported, not counted; without the recipe this soak would have had no names to check.
+    assert code == 0 and v["outcome"] == "pass"
+
+
+def test_endpoint_with_an_unknown_recipe_is_refused(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    inv = _inventory(tmp_path, "{}")
+    code = main(["-i", str(inv), "soak", "--endpoint", "http://127.0.0.1:9", "--recipe", "nope", "--smoke-only"])
+    assert code == 2 and "--recipe 'nope' is not a recipe" in capfd.readouterr().err

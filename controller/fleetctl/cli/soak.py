@@ -25,7 +25,7 @@ from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
 from fleetctl.soak import baselines, fleet, report, secrets
 from fleetctl.soak.checks import pct
-from fleetctl.soak.config import PROFILES, SoakConfig, load_config
+from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config
 from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
@@ -96,14 +96,28 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
 
 
 def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, duration: float | None,
-                   smoke_only: bool, ready_timeout: float | None, models: tuple[str, ...]) -> list[_Job]:
+                   smoke_only: bool, ready_timeout: float | None, models: tuple[str, ...],
+                   recipe_name: str | None = None) -> list[_Job]:
     from fleetctl import inventory as inv_mod
 
     state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
+    base = load_config({}, profile=profile, served_model_names=models)
+    if recipe_name:
+        # --recipe with --endpoint applies the recipe's gate (its soak: settings, names, speculative
+        # flag): an option is honoured or refused, never ignored.
+        from fleetctl.recipes import load_recipes
+
+        recipes = load_recipes(inv_mod.load(ctx.inventory))
+        if recipe_name not in recipes:
+            raise FleetError(f"--recipe {recipe_name!r} is not a recipe of the inventory",
+                             fix=f"use one of: {', '.join(recipes)} (or leave --recipe out)")
+        base = from_recipe(recipes[recipe_name], profile=profile)
+        if models:
+            base = dataclasses.replace(base, served_model_names=models)
     jobs = []
     for url in endpoints:
         secrets.validate_endpoint(url)
-        cfg = _adjust(load_config({}, profile=profile, served_model_names=models), duration, smoke_only, ready_timeout)
+        cfg = _adjust(base, duration, smoke_only, ready_timeout)
         name = url.split("://", 1)[1].rstrip("/")
         # Any vLLM behind --endpoint may require a key: $VLLM_API_KEY (or its _FILE) when set.
         target = SoakTarget(name, url.rstrip("/"), api_key=secretenv.lookup(secretenv.API_KEY_ENV, os.environ))
@@ -200,7 +214,9 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
     dur = parse_duration(duration, "--duration") if duration is not None else None
     ready = parse_duration(ready_timeout, "--ready-timeout") if ready_timeout is not None else None
     if endpoints:
-        jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models)
+        if baseline_tag:
+            raise click.UsageError("--baseline-tag needs inventory hosts: an --endpoint soak keeps no baseline")
+        jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models, recipe)
     else:
         jobs = _host_jobs(ctx, limit, recipe, profile, dur, smoke_only, ready, baseline_tag)
     if concurrency:
