@@ -40,6 +40,8 @@ def prompt_of(body: dict[str, Any]) -> str:
 
 def answer_for(prompt: str) -> str | None:
     """The right answer of a smoke or canary prompt (None for a load prompt)."""
+    if prompt.endswith(prompts.NEEDLE_QUESTION) and prompts.VAULT_CODE in prompt:
+        return f"The vault code is {prompts.VAULT_CODE}."
     for sp in (*prompts.SMOKE, *prompts.CANARIES):
         if sp.prompt == prompt:
             return f"The answer is {sp.expect}." if sp.name != "copy" else sp.expect

@@ -65,9 +65,9 @@ def test_healthy_server_passes_and_saves_artifacts(emulator: Callable[..., Serve
     run = tmp_path / "run"
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     # + the smoke prompt, the canaries' c=1 references, the long decode, the sustained phase's
-    # liveness probes and the c=1 references of looping answers (the emulator's filler cycles
+    # liveness probes, the long-prompt probe and the c=1 references of looping answers (the emulator's filler cycles
     # every 54 words, so its 256-token long decode loops, as does its reference: no finding)
-    extra = [s for s in samples if s["phase"] in ("probe", "reference")]
+    extra = [s for s in samples if s["phase"] in ("probe", "reference", "long_prompt")]
     assert len(samples) == sum(lv.requests + lv.canaries for lv in v.levels) + 1 + 3 + 1 + len(extra)
     assert any(s["phase"] == "reference" for s in extra)
     assert any("as its c=1 reference does" in m.message for m in v.check("correctness").measurements)

@@ -86,3 +86,37 @@ def test_the_probe_replaces_the_correctness_long_decode_and_is_capped_by_max_mod
     with serve(FakeVLLM(chat=chat, max_model_len=1024)) as fake:
         soak(fake, quick(checks={"long_decode": {"tokens": 16384}}), tmp_path)
     assert asked == [1024 - 512]
+
+
+def test_long_prompt_probes_find_the_fact_hidden_mid_prompt(tmp_path: Path) -> None:
+    with serve(FakeVLLM()) as fake:
+        v = soak(fake, quick(checks={"long_prompts": {"tokens": [2000, 6000, 64000]},
+                                     "correctness": {"long_decode_tokens": 0}}), tmp_path)
+    lp = v.check("long_prompts")
+    assert lp.outcome is Outcome.PASS, lp.message
+    assert "the hidden fact found at 2000 tokens, 6000 tokens" in lp.message
+    assert [m.message for m in lp.measurements if m.label == "64000 tokens"] == \
+        ["64000 tokens: not run (max_model_len 8192)"]
+
+
+async def _forgets_the_middle(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+    if prompts.NEEDLE_QUESTION in prompt_of(body):
+        return await stream_tokens(f, r, body, ["I ", "do ", "not ", "know. "])
+    return await good_chat(f, r, body)
+
+
+def test_a_server_that_loses_the_middle_of_a_long_prompt_fails(tmp_path: Path) -> None:
+    with serve(FakeVLLM(chat=_forgets_the_middle)) as fake:
+        v = soak(fake, quick(checks={"long_prompts": {"tokens": [6000]}, "correctness": {"long_decode_tokens": 0}}),
+                 tmp_path)
+    lp = v.check("long_prompts")
+    assert lp.outcome is Outcome.FAIL and v.outcome is Outcome.FAIL
+    assert "long prompt of 6000 tokens" in lp.message and "lacks the code stated in the prompt's middle" in lp.message
+
+
+def test_the_emulator_answers_the_long_prompt_probe_as_a_model_would() -> None:
+    from fleetctl.lab.emulator import text as emulator_text
+
+    assert emulator_text.NEEDLE_QUESTION == prompts.NEEDLE_QUESTION  # the emulator keeps its own copy
+    answer = "".join(emulator_text.answer_tokens(prompts.needle_prompt(20000), temperature=0.0))
+    assert prompts.VAULT_CODE in answer

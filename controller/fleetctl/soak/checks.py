@@ -95,6 +95,16 @@ NATURAL_END_SHARE = 0.8
 
 
 @dataclass(frozen=True)
+class LongPrompt:
+    """One long-prompt probe: its target size, how it was sized, and the answer (None when skipped)."""
+
+    tokens: int
+    how: str = ""
+    sample: Sample | None = None
+    skipped: str = ""
+
+
+@dataclass(frozen=True)
 class Wedge:
     """A request that got no token for the liveness bound while /health answered 200."""
 
@@ -154,6 +164,7 @@ class Evidence:
     #: Looping answers judged against their reference; looping answers left unjudged (past the cap).
     loops: tuple[LoopResult, ...] = ()
     loops_unjudged: int = 0
+    long_prompts: tuple[LongPrompt, ...] = ()
 
 
 def pct(x: float | None) -> str:
@@ -469,6 +480,43 @@ def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Chec
     return decide(spec, out, ok_message=f"{got} tokens in {windows} windows of {window} free of garbage and "
                   "U+FFFD" + ("; the needle at the model's end intact" if needle else
                               "; no needle (the model had not ended)"), no_data="the long decode had no text")
+
+
+def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """Each long-prompt probe answers the fact hidden in the middle of its prompt, without garbage."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    if not config.long_prompt_tokens():
+        return skipped(spec, "no sizes configured (long_prompts.tokens is empty)")
+    host = f"{ev.host} " if ev.host else ""
+    out: list[Measurement] = []
+    for lp in ev.long_prompts:
+        label = f"{lp.tokens} tokens"
+        s = lp.sample
+        if s is None:
+            out.append(Measurement(label, P if lp.skipped else INC, f"{label}: not run ({lp.skipped or 'stopped'})",
+                                   None, lp.tokens))
+            continue
+        text = s.text or ""
+        size = f"{label} ({s.prompt_tokens or '?'} measured, sized by {lp.how})"
+        if not s.ok:
+            out.append(Measurement(label, F, f"{host}long prompt of {size}: request failed: {s.error}",
+                                   s.error_kind, lp.tokens))
+        elif s.garbage:
+            out.append(Measurement(label, F, f"{host}long prompt of {size}: garbage ({s.garbage}): "
+                                   f"{_snippet(s.excerpt, 80)}", _snippet(s.excerpt), prompts.VAULT_CODE))
+        elif prompts.VAULT_CODE.lower() not in text.lower():
+            out.append(Measurement(label, F, f"{host}long prompt of {size}: the answer lacks the code stated in "
+                                   f"the prompt's middle ({prompts.VAULT_CODE!r}): {_snippet(text, 80)}",
+                                   _snippet(text), prompts.VAULT_CODE))
+        else:
+            out.append(Measurement(label, P, f"long prompt of {size}: answered", _snippet(text), prompts.VAULT_CODE))
+        if lp.how.startswith("estimate ("):
+            out.append(Measurement(f"{label} size", INC, f"long prompt of {label}: {lp.how}", lp.how, lp.tokens))
+    ran = [m.label for m in out if m.outcome is P and m.measured is not None]
+    return decide(spec, out, ok_message=f"the hidden fact found at {', '.join(ran) or 'no size'}"
+                  + ("" if len(ran) == len(out) else " (larger sizes skipped: max_model_len)"),
+                  no_data="no long-prompt probe ran" + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))
 
 
 def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
@@ -967,6 +1015,7 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "liveness": lambda s: check_liveness(s, ev),
         "correctness": lambda s: check_correctness(s, ev),
         "long_decode": lambda s: check_long_decode(s, ev, config),
+        "long_prompts": lambda s: check_long_prompts(s, ev, config),
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),
         "throughput": lambda s: check_throughput(s, ev, baseline, baseline_note),

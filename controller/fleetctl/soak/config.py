@@ -61,6 +61,10 @@ _PARAMS: dict[str, dict[str, str]] = {
     # capped by max_model_len, and the windows its text is checked in. It replaces the correctness
     # check's long decode (long_decode_tokens) when enabled; disable it to save its minutes.
     "long_decode": {"tokens": "count", "window_tokens": "count"},
+    # Long-prompt probes: one request per size (tokens, by the server's /tokenize) whose answer is a
+    # fact hidden in the middle of the prompt; sizes past max_model_len are skipped. Each size costs
+    # its prefill (a 128k-token prompt: about a minute on a Spark): a CI soak lists what it can afford.
+    "long_prompts": {"tokens": "counts"},
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
     "throughput": {"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
@@ -115,6 +119,7 @@ _SPARK: dict[str, Any] = {
         # 16384 tokens, past the ~12k where corruption was reported (eugr/spark-vllm-docker #349):
         # at a Spark's single-stream 41-124 tok/s it costs 2.2-6.7 minutes of the soak.
         "long_decode": {"tokens": 16384, "window_tokens": 2048},
+        "long_prompts": {"tokens": [32768, 65536, 131072]},
         "errors": {"max_error_rate": 0.0},
         # Past the slowest prefill a Spark does in this soak (a 16k-token prompt: seconds) and the
         # c=64 TTFT p95 (11.2 s published) with room: a gap of two minutes is no queue, it is a wedge.
@@ -178,6 +183,7 @@ def _lab_profile() -> dict[str, Any]:
     # The emulator decodes a 256-token probe in about a second at EMU_SPEED 4 (bench/soak_client.py
     # measures it): windows of 64 tokens.
     checks["long_decode"] = {"tokens": 256, "window_tokens": 64}
+    checks["long_prompts"] = {"tokens": [6000]}
     # Few short requests per class: floors that only catch a collapse, not a class's mix.
     checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5}
     checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
@@ -308,6 +314,18 @@ class SoakConfig:
         spec = self.checks.get("correctness")
         return int(spec.params.get("long_decode_tokens", 0) or 0) if spec is not None and spec.enabled else 0
 
+    def long_prompt_tokens(self) -> tuple[int, ...]:
+        """The long-prompt probes' sizes in tokens (empty: none)."""
+        spec = self.checks.get("long_prompts")
+        return tuple(spec.params.get("tokens", ())) if spec is not None and spec.enabled else ()
+
+    def long_prompt_timeout(self, tokens: int) -> float:
+        """One long-prompt probe's deadline: the request's own plus its prefill at >= 500 tokens/s."""
+        return self.request_timeout + tokens / 500
+
+    def long_prompt_seconds(self) -> float:
+        return sum(self.long_prompt_timeout(t) for t in self.long_prompt_tokens())
+
     def token_timeout(self) -> float | None:
         """Seconds without a token before a request is a stall (None: the liveness check is disabled)."""
         spec = self.checks.get("liveness")
@@ -334,6 +352,7 @@ class SoakConfig:
             "classes": len(self.classes) * per_level,
             "sweep": len(self.concurrency) * self.trials * per_level + len(self.request_rates) * per_level,
             "long decode": max(self.request_timeout, long_decode / 10) if long_decode else 0.0,
+            "long prompts": self.long_prompt_seconds(),
             # Up to 3 looping prompts re-run as references (soak/phases.py MAX_LOOP_REFERENCES): two
             # load prompts and the long decode at most.
             "loop references": 2 * self.request_timeout + (max(self.request_timeout, long_decode / 10)
@@ -585,4 +604,10 @@ def _check_param(value: Any, kind: str, where: str) -> Any:
                                       fix=f"choose from: {', '.join(CLASSES)}")
             floors[str(k)] = _scalar(v, "fraction", f"{where}.{k}")
         return floors
+    if kind == "counts":
+        if (not isinstance(value, Sequence) or isinstance(value, str)
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)):
+            raise SoakConfigError(f"{where} {value!r} is not a list of whole numbers >= 1",
+                                  fix="e.g. [32768, 65536, 131072] (or [] for none)")
+        return [int(v) for v in value]
     return _scalar(value, kind, where)

@@ -21,7 +21,7 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import checks, metrics, prompts
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks import CanaryResult, Identity, LoopResult, SmokeResult, Wedge
+from fleetctl.soak.checks import CanaryResult, Identity, LongPrompt, LoopResult, SmokeResult, Wedge
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import (
@@ -145,6 +145,7 @@ class SoakState:
     loop_candidates: dict[ChatRequest, list[Any]] = field(default_factory=dict)
     loops_unjudged: int = 0
     loops: list[LoopResult] = field(default_factory=list)
+    long_prompts: list[LongPrompt] = field(default_factory=list)
 
     def looped(self, s: Sample, req: ChatRequest, where: str) -> None:
         """Note an answer that ended in a phrase loop (judged after the load against a reference)."""
@@ -601,6 +602,35 @@ async def trickle(client: Client, st: SoakState, done: asyncio.Event) -> None:
         st.samples.append(s)
         st.art.sample(s)
         await stall_seen(client, st, s, "sustained (liveness probe)")
+
+
+#: Tokens a long-prompt probe's answer may take (the code, said briefly) and the template's room.
+LONG_PROMPT_ANSWER = 48
+
+
+async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
+    """One request per configured size: a fact hidden mid-prompt, asked for at the end (greedy)."""
+    cfg = st.config
+    for tokens in cfg.long_prompt_tokens():
+        if st.halt or st.crash:
+            return
+        if ident.max_model_len and tokens + LONG_PROMPT_ANSWER + 64 > ident.max_model_len:
+            st.long_prompts.append(LongPrompt(tokens, skipped=f"max_model_len {ident.max_model_len}"))
+            continue
+        st.phase = f"the long prompt of {tokens} tokens"
+        chars, _got, how = await sized(client, st, tokens, prompts.needle_prompt)
+        st.emit("long_prompts", f"a {tokens}-token prompt (sized by {how.split(' ')[0]}) with a fact in its middle")
+        req = ChatRequest(st.model, prompts.needle_prompt(chars), LONG_PROMPT_ANSWER, 0.0, thinking=False)
+        bound = cfg.token_timeout()
+        s = await client.chat(req, phase="long_prompt", cls="long_context", concurrency=1, t0=st.t0,
+                              keep_text=True, timeout=cfg.long_prompt_timeout(tokens),
+                              stall=bound + tokens / 500 if bound is not None else None)
+        st.samples.append(replace(s, text=None))
+        st.art.sample(s)
+        st.long_prompts.append(LongPrompt(tokens, how, s))
+        await stall_seen(client, st, s, f"the long prompt of {tokens} tokens")
+        if s.error_kind == "connect":
+            st.crash = st.crash or await diagnose_crash(client, st, 1, f"the long prompt of {tokens} tokens")
 
 
 async def loop_references(client: Client, st: SoakState) -> None:

@@ -82,6 +82,20 @@ LONG_DECODE_PROMPT = (
 )
 
 
+#: The long-prompt probes: a fact hidden in the middle of a long log, asked for at its end.
+VAULT_CODE = "indigo kestrel 5821"
+NEEDLE_QUESTION = "What is the vault code stated in the log above? Answer with the code only."
+
+
+def needle_prompt(chars: int) -> str:
+    """A log of about ``chars`` characters with the vault code stated in its middle, then the question."""
+    doc = long_context_document(chars)
+    mid = doc.find("\n", len(doc) // 2)
+    mid = mid if mid >= 0 else len(doc)
+    return ("Here is a service log:\n" + doc[:mid] + f"\nNOTE The vault code is {VAULT_CODE}." + doc[mid:]
+            + "\n\n" + NEEDLE_QUESTION)
+
+
 def long_context_document(chars: int) -> str:
     """A deterministic log-like document of about ``chars`` characters.
 

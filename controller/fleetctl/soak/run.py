@@ -47,6 +47,7 @@ from fleetctl.soak.phases import (
     estimate_chars_per_token,
     identity,
     long_decode,
+    long_prompts,
     long_text,
     loop_references,
     merge_trials,
@@ -157,7 +158,7 @@ def evidence(st: SoakState, final: bool = True) -> Evidence:
         halted=st.halt, deadline_hit=st.deadline_hit, wedges=tuple(st.wedges),
         token_timeout=st.config.token_timeout(),
         streams_timed=sum(1 for s in st.samples if s.events or s.error_kind == "stall"),
-        loops=tuple(st.loops), loops_unjudged=st.loops_unjudged,
+        loops=tuple(st.loops), loops_unjudged=st.loops_unjudged, long_prompts=tuple(st.long_prompts),
     ) if final else Evidence(
         readiness=st.ready, identity=st.ident, container_before=st.container_before,
         container_error=st.container_error, has_container=st.target.container is not None, host=st.target.name)
@@ -231,6 +232,9 @@ async def _load(client: Client, st: SoakState, ident: Identity) -> None:
         if st.crash or st.halt:
             return
     await long_decode(client, st, ident)
+    if st.crash or st.halt:
+        return
+    await long_prompts(client, st, ident)
     if st.crash or st.halt:
         return
     # 6. the sustained phase.
