@@ -108,8 +108,11 @@ def redact_url(url: str) -> str:
     return _USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", url)
 
 
-def validate_endpoint(url: str, where: str = "--endpoint") -> str:
-    """``url`` when it is an http(s) URL without credentials; a FleetError (URL redacted) otherwise."""
+def validate_endpoint(url: str, where: str = "--endpoint", *, strict: bool = True) -> str:
+    """``url`` when it is an http(s) URL without credentials; a FleetError (URL redacted) otherwise.
+
+    ``strict=False`` refuses credentials only (the soak's own check of a URL the caller built).
+    """
     shown = redact_url(url)
     try:
         u = urllib.parse.urlsplit(url)
@@ -122,7 +125,7 @@ def validate_endpoint(url: str, where: str = "--endpoint") -> str:
                          "directory's name, progress, the verdict and the reports",
                          fix="give the URL without user:pass@ and the key in $VLLM_API_KEY "
                              "(or $VLLM_API_KEY_FILE), sent as Authorization: Bearer")
-    if not ok:
+    if strict and not ok:
         raise FleetError(f"{where} {shown!r} is not an http(s) URL with a host",
                          fix="e.g. --endpoint http://10.0.0.11:8000")
     return url
