@@ -37,3 +37,30 @@ def logs(host: Host, name: str, tail: int, timeout: float = 30.0) -> str:
     """The container's last ``tail`` log lines, stdout and stderr interleaved."""
     r = ssh.docker(host, f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1", timeout=timeout)
     return r.stdout
+
+
+def image_tag(image: str, labels: Mapping[str, str]) -> str | None:
+    """The tag a container serves: its ``fleetctl.tag`` label, else the ``:tag`` of ``repo[:tag][@digest]``.
+
+    fleetctl starts containers by digest (``repo@sha256:...``), so the image
+    reference alone has no tag (and naive ``:`` splitting would take the
+    digest's hex for one); the label records the tag the rollout resolved.
+    """
+    if labels.get("fleetctl.tag"):
+        return labels["fleetctl.tag"]
+    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return name.rsplit(":", 1)[1] if ":" in name else None
+
+
+def image_digest(image: str, labels: Mapping[str, str], probed: str | None) -> str | None:
+    """The registry digest: the ``fleetctl.digest`` label, else the probed RepoDigest, else the reference's."""
+    if labels.get("fleetctl.digest"):
+        return labels["fleetctl.digest"]
+    if probed:
+        return probed
+    return image.split("@", 1)[1] if "@" in image else None
+
+
+def short_digest(digest: str | None) -> str:
+    """``sha256:0123456789abcdef...`` -> ``0123456789ab`` (as ``fleetctl status`` shows a digest)."""
+    return (digest or "").replace("sha256:", "")[:12]

@@ -25,6 +25,7 @@ from fleetctl.errors import FleetError
 from fleetctl.fabric import Finding
 from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.progress import NULL, Event, Progress
+from fleetctl.serving import image_digest, image_tag
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
@@ -151,28 +152,6 @@ def serving_target(host: Host) -> tuple[str | None, int]:
             except (TypeError, ValueError):
                 port = DEFAULT_PORT
     return (recipe if isinstance(recipe, str) else None), port
-
-
-def image_tag(image: str, labels: Mapping[str, str]) -> str | None:
-    """The tag a container serves: its ``fleetctl.tag`` label, else the ``:tag`` of ``repo[:tag][@digest]``.
-
-    fleetctl starts containers by digest (``repo@sha256:...``), so the image
-    reference alone has no tag (and naive ``:`` splitting would take the
-    digest's hex for one); the label records the tag the rollout resolved.
-    """
-    if labels.get("fleetctl.tag"):
-        return labels["fleetctl.tag"]
-    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
-    return name.rsplit(":", 1)[1] if ":" in name else None
-
-
-def image_digest(image: str, labels: Mapping[str, str], probed: str | None) -> str | None:
-    """The registry digest: the ``fleetctl.digest`` label, else the probed RepoDigest, else the reference's."""
-    if labels.get("fleetctl.digest"):
-        return labels["fleetctl.digest"]
-    if probed:
-        return probed
-    return image.split("@", 1)[1] if "@" in image else None
 
 
 def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatus:

@@ -35,7 +35,8 @@ def test_an_endless_sse_line_and_an_oversized_metrics_body_are_refused() -> None
         server = await asyncio.start_server(_hostile, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server, Client(f"http://127.0.0.1:{port}", request_timeout=120) as c:
-            s = await c.chat(ChatRequest("m", "hi", 16), phase="sweep", cls="coding", concurrency=1, t0=0.0)
+            # 4096 tokens asked: the stream cap (4 MiB) is above the line bound, which must end it first.
+            s = await c.chat(ChatRequest("m", "hi", 4096), phase="sweep", cls="coding", concurrency=1, t0=0.0)
             assert not s.ok and s.error_kind == "protocol", s
             assert "SSE line grew past" in s.error
             p = await c.get("/metrics", timeout=120)

@@ -124,6 +124,10 @@ def _complete(v: Verdict, k: int) -> set[str]:
     assert all(w.acceptance_rate is not None and w.mean_acceptance_length is not None for w in spec)
     assert all(len(w.per_position) == k for w in spec)
     assert any(sum(w.success_by_reason.values()) > 0 for w in v.windows)
+    # The loop detector on a tiny random model: its greedy answers under ignore_eos loop, and so do
+    # their c=1 references, so no loop is a finding (docs/decisions/0010).
+    loops = [m for m in v.check("correctness").measurements if m.label.endswith(" loop")]
+    assert all(m.outcome is not Outcome.FAIL for m in loops), [m.message for m in loops]
     # Prompts sized in tokens by the server's /tokenize meet their targets as its usage counts them,
     # and the sustained conversations hit its prefix cache.
     lc = next(m for m in v.check("long_context").measurements if m.label == "long_context prompt")

@@ -213,3 +213,35 @@ def test_malformed_lines_are_refused_like_prometheus_client_does(bad: str) -> No
     with pytest.raises((ValueError, TypeError, IndexError)):
         for f in text_string_to_metric_families(bad):
             list(f.samples)
+
+
+def test_accepted_beyond_drafted_is_inconsistent_not_a_rate() -> None:
+    # 290 accepted of 250 drafted tokens: "115.9 %" is not a reading, it names the series instead.
+    a = scrape(0, drafts=0, draft_tokens=0, accepted=0, pos=(0, 0), stop=0, gen=0)
+    b = scrape(10, drafts=100, draft_tokens=250, accepted=290, pos=(90, 80), stop=10, gen=500)
+    w = metrics.window(a, b, "c=4", "sweep")
+    assert w.acceptance_rate is None and w.per_position == () and w.accepted_tokens is None
+    assert any(f.startswith(metrics.ACCEPTED) and "116.0%" in f for f in w.inconsistent), w.inconsistent
+
+
+def test_a_position_accepted_more_often_than_drafts_or_than_the_one_before_is_inconsistent() -> None:
+    a = scrape(0, drafts=0, draft_tokens=0, accepted=0, pos=(0, 0), stop=0, gen=0)
+    b = scrape(10, drafts=100, draft_tokens=400, accepted=200, pos=(120, 80), stop=10, gen=500)
+    assert any('position="0"' in f for f in metrics.window(a, b, "x", "sweep").inconsistent)
+    c = scrape(10, drafts=100, draft_tokens=400, accepted=150, pos=(50, 90), stop=10, gen=500)
+    w = metrics.window(a, c, "x", "sweep")
+    assert any('position="1"' in f and "exceeds position 0" in f for f in w.inconsistent), w.inconsistent
+
+
+def test_a_counter_going_backwards_is_named() -> None:
+    a = scrape(0, drafts=100, draft_tokens=400, accepted=200, pos=(80, 60), stop=10, gen=500)
+    b = scrape(10, drafts=150, draft_tokens=600, accepted=150, pos=(100, 70), stop=20, gen=900)
+    w = metrics.window(a, b, "x", "sustained")
+    assert w.counter_reset
+    assert any(f.startswith(metrics.ACCEPTED) and "went backwards (200 -> 150)" in f for f in w.inconsistent)
+
+
+def test_a_healthy_window_has_no_inconsistency() -> None:
+    a = scrape(0, drafts=250, draft_tokens=1000, accepted=900, pos=(240, 230, 220, 210), stop=50, gen=2000)
+    b = scrape(10, drafts=275, draft_tokens=1100, accepted=910, pos=(246, 232, 221, 211), stop=60, gen=2400)
+    assert metrics.window(a, b, "x", "sweep").inconsistent == ()

@@ -24,9 +24,9 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
-from fleetctl.soak import baselines, fleet, report
+from fleetctl.soak import baselines, fleet, report, secrets
 from fleetctl.soak.checks import pct
-from fleetctl.soak.config import PROFILES, SoakConfig, load_config
+from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config
 from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
@@ -53,15 +53,16 @@ def _exit_code(outcome: Outcome) -> ExitCode:
     return {Outcome.PASS: ExitCode.OK, Outcome.FAIL: ExitCode.FAILED}.get(outcome, ExitCode.INCONCLUSIVE)
 
 
-def _tag_of(container: ContainerAccess | None) -> str:
+def _tag_of(container: ContainerAccess | None) -> tuple[str, str]:
+    """The (tag, digest) the container serves, as ``fleetctl status`` names them: a digest-pinned
+    container's tag is its ``fleetctl.tag`` label, never the digest's hex (baselines are keyed by it)."""
     if container is None:
-        return ""
+        return "", ""
     try:
-        image = container.state().image
+        st = container.state()
     except FleetError:
-        return ""
-    tail = image.rsplit("/", 1)[-1]
-    return tail.split(":", 1)[1] if ":" in tail else ""
+        return "", ""
+    return st.tag, st.digest
 
 
 def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: str | None,
@@ -88,8 +89,10 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
         recipe = recipes[name]
         cfg = _adjust(fleet.host_config(recipe, h, profile), duration, smoke_only, ready_timeout)
         container = DockerOverSSH(h, container_name(h))
-        target = fleet.host_target(h, recipe, _tag_of(container),
-                                   secretenv.api_key(recipe.secret_env, recipe=recipe.name))
+        tag, digest = _tag_of(container)
+        target = dataclasses.replace(fleet.host_target(h, recipe, tag,
+                                                       secretenv.api_key(recipe.secret_env, recipe=recipe.name)),
+                                     digest=digest)
         tag = target.tag
         base = baselines.load(store, h.name, baseline_tag or tag) if not smoke_only else None
         jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name), store))
@@ -97,15 +100,28 @@ def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: st
 
 
 def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, duration: float | None,
-                   smoke_only: bool, ready_timeout: float | None, models: tuple[str, ...]) -> list[_Job]:
+                   smoke_only: bool, ready_timeout: float | None, models: tuple[str, ...],
+                   recipe_name: str | None = None) -> list[_Job]:
     from fleetctl import inventory as inv_mod
 
     state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
+    base = load_config({}, profile=profile, served_model_names=models)
+    if recipe_name:
+        # --recipe with --endpoint applies the recipe's gate (its soak: settings, names, speculative
+        # flag): an option is honoured or refused, never ignored.
+        from fleetctl.recipes import load_recipes
+
+        recipes = load_recipes(inv_mod.load(ctx.inventory))
+        if recipe_name not in recipes:
+            raise FleetError(f"--recipe {recipe_name!r} is not a recipe of the inventory",
+                             fix=f"use one of: {', '.join(recipes)} (or leave --recipe out)")
+        base = from_recipe(recipes[recipe_name], profile=profile)
+        if models:
+            base = dataclasses.replace(base, served_model_names=models)
     jobs = []
     for url in endpoints:
-        if not url.startswith(("http://", "https://")):
-            raise FleetError(f"--endpoint {url!r} is not an http(s) URL", fix="e.g. --endpoint http://10.0.0.11:8000")
-        cfg = _adjust(load_config({}, profile=profile, served_model_names=models), duration, smoke_only, ready_timeout)
+        secrets.validate_endpoint(url)
+        cfg = _adjust(base, duration, smoke_only, ready_timeout)
         name = url.split("://", 1)[1].rstrip("/")
         # Any vLLM behind --endpoint may require a key: $VLLM_API_KEY (or its _FILE) when set.
         target = SoakTarget(name, url.rstrip("/"), api_key=secretenv.lookup(secretenv.API_KEY_ENV, os.environ))
@@ -211,7 +227,9 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
           smoke_only: bool, ready: float | None, baseline_tag: str | None, no_save_baseline: bool,
           json_file: str | None, junit_file: str | None, html_file: str | None) -> None:
     if endpoints:
-        jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models)
+        if baseline_tag:
+            raise click.UsageError("--baseline-tag needs inventory hosts: an --endpoint soak keeps no baseline")
+        jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models, recipe)
     else:
         jobs = _host_jobs(ctx, limit, recipe, profile, dur, smoke_only, ready, baseline_tag, stack)
     if concurrency:

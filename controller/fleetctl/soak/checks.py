@@ -21,7 +21,9 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleetctl.soak import metrics, prompts
 from fleetctl.soak.config import CHECKS, CheckSpec, SoakConfig
+from fleetctl.soak.loops import find_loop
 from fleetctl.soak.verdict import (
     CheckResult,
     ContainerState,
@@ -72,6 +74,51 @@ class CanaryResult:
 
 
 @dataclass(frozen=True)
+class LoopResult:
+    """An answer that ended in a phrase loop, and the same prompt's reference answer.
+
+    The reference is the same request at c=1, greedy, without ``ignore_eos`` (the model may stop
+    by itself): a loop the reference shares, or one that starts where the reference stopped, is
+    the model's, not the server's.
+    """
+
+    sample: Sample
+    #: Where it ran ("c=16", "sustained", "long_decode").
+    where: str
+    reference: Sample | None
+    #: Answers to this same prompt that looped (the sample is the first).
+    count: int = 1
+
+
+#: A loop starting at or past this share of the reference's natural length is past the model's end.
+NATURAL_END_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class LongPrompt:
+    """One long-prompt probe: its target size, how it was sized, and the answer (None when skipped)."""
+
+    tokens: int
+    how: str = ""
+    sample: Sample | None = None
+    skipped: str = ""
+
+
+@dataclass(frozen=True)
+class Wedge:
+    """A request that got no token for the liveness bound while /health answered 200."""
+
+    host: str
+    #: The phase or level it ran in ("c=16", "sustained", "the long decode").
+    where: str
+    #: Seconds the request waited in all (its last token, or its start, was this long before the end).
+    seconds: float
+    #: When the request started, seconds into the soak.
+    start: float
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Evidence:
     """Everything one soak observed; the engine builds it, the checks judge it."""
 
@@ -105,6 +152,19 @@ class Evidence:
     prompt_sizes: Mapping[str, tuple[int, int | None, str]] = field(default_factory=dict)
     #: The server's prefix-cache block in tokens (vllm:cache_config_info), when it states one.
     cache_block_tokens: int | None = None
+    #: Why the soak stopped before its end (empty when it ran its course).
+    halted: str = ""
+    #: True when the hard deadline stopped it.
+    deadline_hit: bool = False
+    wedges: tuple[Wedge, ...] = ()
+    #: The liveness bound the streams were held to (None: not watched).
+    token_timeout: float | None = None
+    #: Streams watched for liveness.
+    streams_timed: int = 0
+    #: Looping answers judged against their reference; looping answers left unjudged (past the cap).
+    loops: tuple[LoopResult, ...] = ()
+    loops_unjudged: int = 0
+    long_prompts: tuple[LongPrompt, ...] = ()
 
 
 def pct(x: float | None) -> str:
@@ -294,6 +354,12 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
                                    f"answer {_snippet(c.reference, 50)}", _snippet(text), _snippet(c.reference)))
         else:
             out.append(Measurement(c.level, P, f"{where}: ok", _snippet(text), c.expect))
+    out += [_judge_loop(lr, host) for lr in ev.loops]
+    if ev.loops_unjudged:
+        # Reported, not counted: the first looping prompts were judged, and a server that loops
+        # where the model does not shows it on those already.
+        out.append(Measurement("loops", P, f"{ev.loops_unjudged} more looping answer(s) of other prompts not "
+                               "judged against a reference (the soak re-runs the first few only)", ev.loops_unjudged))
     ld = ev.long_decode
     if ld is not None and not ld.garbage:
         if ld.ok:
@@ -308,6 +374,149 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
     return decide(spec, out, ok_message=f"{ev.streams_checked} streamed answers clean, {right} canaries right"
                   + (f", long decode of {ld.output_tokens} tokens clean" if ld is not None and ld.ok else ""),
                   no_data="no streamed answer was checked")
+
+
+def _judge_loop(lr: LoopResult, host: str) -> Measurement:
+    """A looping answer against its reference: a finding only where the reference does not loop."""
+    s, ref = lr.sample, lr.reference
+    what = f"{host}{lr.where}: a {s.cls} answer" + (f" (and {lr.count - 1} more of the same prompt)"
+                                                     if lr.count > 1 else "")
+    shown = f"sample …{_snippet(s.excerpt, 100)}"
+    if ref is None or not ref.ok:
+        return Measurement(f"{lr.where} loop", INC, f"{what} ends in a loop ({s.loop}); its reference could not "
+                           f"be run ({ref.error if ref else 'no reference'}): {shown}", s.loop, None)
+    ref_text = ref.text or ""
+    if ref.loop:
+        return Measurement(f"{lr.where} loop", P, f"{what} loops, as its c=1 reference does (the model's "
+                           f"behaviour, not the server's): {s.loop}", s.loop, ref.loop)
+    if ref.finish_reason == "stop" and s.loop_start is not None and \
+            s.loop_start >= NATURAL_END_SHARE * len(ref_text):
+        return Measurement(f"{lr.where} loop", P, f"{what} loops from character {s.loop_start}, past where its "
+                           f"reference stopped by itself ({len(ref_text)} characters): writing past the "
+                           "model's natural end under ignore_eos", s.loop, len(ref_text))
+    return Measurement(f"{lr.where} loop", F, f"{what} degenerates into a loop where its c=1 greedy reference "
+                       f"does not: {s.loop}; {shown}; reference ({ref.finish_reason}, {len(ref_text)} characters) "
+                       f"…{_snippet(ref_text[-EXCERPT_REF:], 100)}", s.loop, "no loop (as the reference)")
+
+
+#: Characters of a reference answer shown beside a looping sample.
+EXCERPT_REF = 160
+
+
+def long_decode_windows(text: str, tokens: int, window_tokens: int,
+                        ends: Sequence[int] = ()) -> list[tuple[int, int, str]]:
+    """``text`` of ``tokens`` tokens cut into windows of about ``window_tokens``: (first token, last, text).
+
+    With ``ends`` (the text's length after each streamed delta) the cuts fall on delta boundaries,
+    each delta counting ``tokens / len(ends)`` tokens (several per delta with speculative decoding);
+    without, on characters in proportion.
+    """
+    if not text or tokens <= 0 or window_tokens <= 0:
+        return [(0, tokens, text)] if text else []
+    out = []
+    for a in range(0, tokens, window_tokens):
+        b = min(a + window_tokens, tokens)
+        if ends:
+            per = tokens / len(ends)
+            i, j = round(a / per), round(b / per)
+            lo = ends[i - 1] if i > 0 else 0
+            hi = ends[min(j, len(ends)) - 1] if j > 0 else 0
+        else:
+            lo, hi = int(a * len(text) / tokens), int(b * len(text) / tokens)
+        out.append((a, b, text[lo:hi]))
+    return out
+
+
+def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """The deep long decode: it reaches its depth, and every window of its text is free of garbage,
+    U+FFFD and loops before the model's natural end; the needle asked for at that end is intact."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    ld = ev.long_decode
+    asked = config.long_decode_tokens()
+    if ld is None:
+        return decide(spec, [Measurement("long_decode", INC, "the long decode did not run"
+                                         + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))])
+    host = f"{ev.host} " if ev.host else ""
+    got = ld.output_tokens if isinstance(ld.output_tokens, int) else 0
+    if not ld.ok:
+        return decide(spec, [Measurement("long_decode", F, f"{host}long decode failed: {ld.error}",
+                                         ld.error_kind, asked)])
+    text = ld.text or ""
+    out: list[Measurement] = []
+    if ident_cap := (ev.identity.max_model_len if ev.identity else None):
+        asked = min(asked, ident_cap - 512)
+    if got < 0.9 * asked:
+        out.append(Measurement("depth", INC, f"long decode reached {got} of {asked} tokens", got, asked))
+    mark = text.find(prompts.NEEDLE_MARK)
+    end_at = mark if mark >= 0 else None
+    if mark >= 0:
+        tail = text[mark:mark + len(prompts.NEEDLE_MARK) + len(prompts.NEEDLE) + 16]
+        ok = prompts.NEEDLE in tail
+        out.append(Measurement("needle", P if ok else F, f"{host}long decode: the needle at the model's end "
+                               f"(character {mark}) is " + ("intact" if ok else f"garbled: {_snippet(tail)}"),
+                               _snippet(tail), prompts.NEEDLE))
+    window = int(spec.params.get("window_tokens", 2048) or 2048)
+    offset = 0
+    for a, b, win in long_decode_windows(text, got, window, ld.delta_ends):
+        label = f"tokens {a}-{b}"
+        bad = win.count("\ufffd")
+        if bad >= 3:
+            out.append(Measurement(label, F, f"{host}long decode, {label}: {bad} U+FFFD replacement characters: "
+                                   f"{_snippet(win[win.index(chr(0xfffd)):], 80)}", bad, 2))
+        elif why := garbage(win):
+            out.append(Measurement(label, F, f"{host}long decode, {label}: garbage ({why}): {_snippet(win, 80)}",
+                                   _snippet(win), "no garbage"))
+        elif (loop := find_loop(win)) is not None and (end_at is None or offset + loop.start < end_at):
+            # Before the needle (or without one): loops are judged against the reference by the
+            # correctness check; here they are shown where they start.
+            out.append(Measurement(label, P, f"long decode, {label}: ends in a loop ({loop.describe()}); "
+                                   "judged against its reference by the correctness check", loop.phrase, None))
+        else:
+            out.append(Measurement(label, P, f"long decode, {label}: clean", None, None))
+        offset += len(win)
+    windows = sum(1 for m in out if m.label.startswith("tokens "))
+    needle = next((m for m in out if m.label == "needle"), None)
+    return decide(spec, out, ok_message=f"{got} tokens in {windows} windows of {window} free of garbage and "
+                  "U+FFFD" + ("; the needle at the model's end intact" if needle else
+                              "; no needle (the model had not ended)"), no_data="the long decode had no text")
+
+
+def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+    """Each long-prompt probe answers the fact hidden in the middle of its prompt, without garbage."""
+    if not ev.load_ran:
+        return skipped(spec, "not run: no load phase")
+    if not config.long_prompt_tokens():
+        return skipped(spec, "no sizes configured (long_prompts.tokens is empty)")
+    host = f"{ev.host} " if ev.host else ""
+    out: list[Measurement] = []
+    for lp in ev.long_prompts:
+        label = f"{lp.tokens} tokens"
+        s = lp.sample
+        if s is None:
+            out.append(Measurement(label, P if lp.skipped else INC, f"{label}: not run ({lp.skipped or 'stopped'})",
+                                   None, lp.tokens))
+            continue
+        text = s.text or ""
+        size = f"{label} ({s.prompt_tokens or '?'} measured, sized by {lp.how})"
+        if not s.ok:
+            out.append(Measurement(label, F, f"{host}long prompt of {size}: request failed: {s.error}",
+                                   s.error_kind, lp.tokens))
+        elif s.garbage:
+            out.append(Measurement(label, F, f"{host}long prompt of {size}: garbage ({s.garbage}): "
+                                   f"{_snippet(s.excerpt, 80)}", _snippet(s.excerpt), prompts.VAULT_CODE))
+        elif prompts.VAULT_CODE.lower() not in text.lower():
+            out.append(Measurement(label, F, f"{host}long prompt of {size}: the answer lacks the code stated in "
+                                   f"the prompt's middle ({prompts.VAULT_CODE!r}): {_snippet(text, 80)}",
+                                   _snippet(text), prompts.VAULT_CODE))
+        else:
+            out.append(Measurement(label, P, f"long prompt of {size}: answered", _snippet(text), prompts.VAULT_CODE))
+        if lp.how.startswith("estimate ("):
+            out.append(Measurement(f"{label} size", INC, f"long prompt of {label}: {lp.how}", lp.how, lp.tokens))
+    ran = [m.label for m in out if m.outcome is P and m.measured is not None]
+    return decide(spec, out, ok_message=f"the hidden fact found at {', '.join(ran) or 'no size'}"
+                  + ("" if len(ran) == len(out) else " (larger sizes skipped: max_model_len)"),
+                  no_data="no long-prompt probe ran" + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))
 
 
 def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
@@ -329,9 +538,28 @@ def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResu
             out.append(Measurement(lv.label, F, msg, round(rate, 4), bound))
         else:
             out.append(Measurement(lv.label, P, f"{lv.label}: {lv.errors}/{lv.requests} failed", round(rate, 4), bound))
+    if ev.halted and not ev.wedges and not ev.crash and (ev.deadline_hit or not any(m.outcome is F for m in out)):
+        # A soak stopped early says so (a level whose every request failed already does): what it
+        # did not run is not a pass.
+        out.append(Measurement("stopped", INC if ev.deadline_hit else F, f"soak stopped early: {ev.halted}"))
     total = sum(lv.requests for lv in ev.levels)
     return decide(spec, out, ok_message=f"0 errors in {total} requests across {len(ev.levels)} levels",
-                  no_data="no load level ran")
+                  no_data="no load level ran" + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))
+
+
+def check_liveness(spec: CheckSpec, ev: Evidence) -> CheckResult:
+    """No request in flight went ``token_timeout`` seconds without a token while /health answered."""
+    if not ev.readiness.ready:
+        return skipped(spec, "not run: the server never became ready")
+    bound = ev.token_timeout
+    out = [Measurement(w.where, F, f"engine wedged on {w.host}: a request of {w.where} (started at "
+                       f"+{w.start:.0f}s) got no token for {bound or w.seconds:.0f}s while /health answered 200"
+                       + (f" ({w.detail})" if w.detail else ""), w.seconds, bound) for w in ev.wedges]
+    if not out and ev.streams_timed:
+        out.append(Measurement("streams", P, f"{ev.streams_timed} streams, none {bound:.0f}s without a token"
+                               if bound else f"{ev.streams_timed} streams", ev.streams_timed, bound))
+    return decide(spec, out, ok_message=f"no stream went {bound:.0f}s without a token ({ev.streams_timed} "
+                  "watched)" if bound else "no stream watched", no_data="no stream was watched")
 
 
 def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
@@ -348,6 +576,7 @@ def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
         out.append(Measurement(w.label, F if errors > 0 else P,
                                f"{w.label}: server finished {errors:.0f} request(s) with reason error", errors, 0))
     done = sum(sum(w.success_by_reason.values()) for w in ws)
+    out += inconsistent(ev, (metrics.SUCCESS,), ("classes", "sweep", "sustained"))
     return decide(spec, out, ok_message=f"{done:.0f} requests finished, none with reason error",
                   no_data="no /metrics window (scrapes failed)")
 
@@ -467,6 +696,7 @@ def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig,
     if ratio is not None:
         out.extend(_sustained_ratio(ev.windows, baseline, float(ratio)))
     out.extend(foreign_traffic(ev, ("classes", "sweep", "sustained")))
+    out.extend(inconsistent(ev, SPEC_SERIES))
     return decide(spec, out, ok_message=f"above the floors: {rates}", no_data="no per-class window")
 
 
@@ -593,7 +823,7 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
     series = " ".join(pct(w.acceptance_rate) for w in usable)
     # What the workload exercised is reported whatever the trend says: a slow server with too few
     # windows still shows whether its shared prefixes hit the cache and met their sizes.
-    context = _decay_context(ws, ev)
+    context = _decay_context(ws, ev) + inconsistent(ev, SPEC_SERIES, ("sustained",))
     if len(usable) < need:
         return decide(spec, [Measurement("trend", INC, f"only {len(usable)} sustained window(s) with drafts, "
                                          f"need {need} (lengthen the sustained phase)", len(usable), need),
@@ -634,8 +864,9 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
     floor = float(spec.params.get("floor", 0.15))
     ratio = float(spec.params.get("min_ratio", 0.5))
     acc = position0(lw) if lw is not None else None
+    lies = inconsistent(ev, SPEC_SERIES, ("classes",))
     if acc is None:
-        return decide(spec, [Measurement("long_context", INC, "no long-context window with draft tokens")])
+        return decide(spec, [*lies] or [Measurement("long_context", INC, "no long-context window with draft tokens")])
     short = [a for k, w in cls_ws.items() if k != "long_context" and (a := position0(w)) is not None]
     ref = statistics.fmean(short) if short else None
     out = [Measurement("floor", F if acc < floor else P,
@@ -648,7 +879,7 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
                                f"{pct(ref)} (bound {ratio:.0%})" + (": it collapses on long histories"
                                                                     if held < ratio else ""),
                                round(held, 4), ratio))
-    out += _size_measurements(ev, "long_context")
+    out += _size_measurements(ev, "long_context") + lies
     return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")
 
 
@@ -673,6 +904,26 @@ def foreign_traffic(ev: Evidence, phases: Sequence[str]) -> list[Measurement]:
     return out
 
 
+def inconsistent(ev: Evidence, series: Sequence[str], phases: Sequence[str] = ()) -> list[Measurement]:
+    """Inconclusive measurements for windows whose ``series`` read impossibly (see metrics.inconsistencies).
+
+    A ratio over 100 %, a counter going backwards, accepted > drafted: the server's figures are not
+    numbers a bound can pass or fail, so the check says which series lied instead of judging them.
+    """
+    out = []
+    for w in ev.windows:
+        if phases and w.phase not in phases:
+            continue
+        for finding in w.inconsistent:
+            if finding.startswith(tuple(series)):
+                out.append(Measurement(f"{w.label} metrics", INC, f"metrics inconsistent in {w.label}: {finding}",
+                                       finding.split(" ", 1)[0], None))
+    return out
+
+
+SPEC_SERIES = metrics.SPEC_SERIES
+
+
 #: Foreign requests in a window tolerated before its figures are doubted: boundary effects
 #: (a request finishing as the window is scraped) account for one or two.
 FOREIGN_MIN = 3
@@ -693,7 +944,8 @@ def _size_measurements(ev: Evidence, name: str) -> list[Measurement]:
     off = abs(got - target) / target
     # Sized by the server's own /tokenize and still far off: something is wrong with the server's
     # counting, inconclusive. Sized by a character estimate (a server without /tokenize): reported.
-    doubtful = off > SIZE_TOLERANCE and how == "tokenize"
+    # A /tokenize whose answers were not believed (estimate (...)): the server's counting is suspect.
+    doubtful = (off > SIZE_TOLERANCE and how == "tokenize") or how.startswith("estimate (")
     return [Measurement(f"{name} prompt", INC if doubtful else P,
                         f"{name} prompt {got} tokens measured, target {target} (sized by {how})"
                         + (": the prompt is not what the check assumes" if doubtful else
@@ -718,6 +970,7 @@ def check_preemptions(spec: CheckSpec, ev: Evidence) -> CheckResult:
                                f"{w.label}: {w.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
                                round(per_min, 1), bound))
     total = sum(w.preemptions or 0 for w in ev.windows if w.phase in ("sweep", "sustained"))
+    out += inconsistent(ev, (metrics.PREEMPTIONS,), ("sweep", "sustained"))
     return decide(spec, out, ok_message=f"{total:.0f} preemptions, no storm", no_data="no /metrics window")
 
 
@@ -761,7 +1014,10 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "identity": lambda s: check_identity(s, ev, config),
         "smoke": lambda s: check_smoke(s, ev),
         "errors": lambda s: check_errors(s, ev, config),
+        "liveness": lambda s: check_liveness(s, ev),
         "correctness": lambda s: check_correctness(s, ev),
+        "long_decode": lambda s: check_long_decode(s, ev, config),
+        "long_prompts": lambda s: check_long_prompts(s, ev, config),
         "server_errors": lambda s: check_server_errors(s, ev),
         "latency": lambda s: check_latency(s, ev),
         "throughput": lambda s: check_throughput(s, ev, baseline, baseline_note),

@@ -31,12 +31,13 @@ import asyncio
 import codecs
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from fleetctl.soak.loops import MIN_WORDS, find_loop
 from fleetctl.soak.verdict import Sample
 
 # The JSON scanner itself (C), called directly: JSONDecoder.decode wraps it in two Python
@@ -48,6 +49,12 @@ _scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defin
 MAX_LINE_BYTES = 1 << 20
 #: The most read of an error or probe body (/metrics of a big server is ~100-300 KB).
 MAX_BODY_BYTES = 8 << 20
+#: A stream may carry at most this many bytes per token asked for, plus :data:`STREAM_FIXED_BYTES`:
+#: vLLM's chunk for one token is ~250-400 bytes (id, model, delta, finish_reason, token_ids), a
+#: speculative step carries several tokens in one. A server streaming valid events forever (never
+#: ``[DONE]``) is cut there instead of growing the controller until MemoryError.
+STREAM_BYTES_PER_TOKEN = 1024
+STREAM_FIXED_BYTES = 64 << 10
 #: Characters of text kept around a garbage finding for the verdict.
 EXCERPT_CHARS = 160
 
@@ -197,10 +204,10 @@ class StreamParser:
     and any error event. Every ``data:`` event is JSON-decoded.
     """
 
-    __slots__ = ("_check", "_utf8", "check", "done", "error", "events", "finish_reason", "first_content_at",
-                 "keep_text", "parts", "pending", "stamps", "usage")
+    __slots__ = ("_check", "_utf8", "check", "done", "ends", "error", "events", "finish_reason",
+                 "first_content_at", "keep_text", "last_at", "parts", "pending", "stamps", "usage")
 
-    def __init__(self, keep_text: bool = False) -> None:
+    def __init__(self, keep_text: bool = False, delta_ends: bool = False) -> None:
         # Decoding each chunk once to str (incrementally: a chunk may end mid-character) and
         # parsing str events is ~2x faster than json.loads on bytes, which sniffs the encoding
         # of every event.
@@ -218,6 +225,11 @@ class StreamParser:
         self.stamps: list[float] = []
         self.check = TextCheck()
         self._check = self.check.feed_all
+        #: When the last token (a read carrying content) arrived: the liveness watchdog reads it.
+        self.last_at: float | None = None
+        #: With ``delta_ends`` (and ``keep_text``): the kept text's length after each content delta,
+        #: so that a long answer can be cut into windows of tokens, not of characters.
+        self.ends: list[int] | None = [] if delta_ends else None
 
     def feed(self, chunk: bytes, now: float) -> None:
         """Consume ``chunk`` (any split of the stream), received at ``now``.
@@ -275,6 +287,8 @@ class StreamParser:
                         texts.append(content)
                         if self.keep_text and delta.get("content"):
                             self.parts.append(delta["content"])
+                            if self.ends is not None:
+                                self.ends.append((self.ends[-1] if self.ends else 0) + len(delta["content"]))
                 reason = choice.get("finish_reason")
                 if reason:
                     self.finish_reason = reason
@@ -284,6 +298,7 @@ class StreamParser:
         self.events += events
         if texts:
             self.stamps.append(now)
+            self.last_at = now
             self._check(texts)
 
     @property
@@ -294,6 +309,15 @@ class StreamParser:
 
 class LineTooLongError(Exception):
     """The server sent an SSE line longer than :data:`MAX_LINE_BYTES`."""
+
+
+class StreamTooLongError(Exception):
+    """The server sent more bytes than the tokens asked for can take (:data:`STREAM_BYTES_PER_TOKEN`)."""
+
+
+def stream_cap(max_tokens: int) -> int:
+    """The most bytes a stream asked for ``max_tokens`` tokens may carry."""
+    return STREAM_FIXED_BYTES + STREAM_BYTES_PER_TOKEN * max(max_tokens, 1)
 
 
 def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str, Any],
@@ -331,8 +355,12 @@ class Client:
     """An aiohttp session against one server's base URL. Use as ``async with Client(url) as c``."""
 
     def __init__(self, base_url: str, *, connections: int = 128, request_timeout: float = 180.0,
-                 connect_timeout: float = 5.0, api_key: str | None = None) -> None:
+                 connect_timeout: float = 5.0, api_key: str | None = None,
+                 scrub: Callable[[str], str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
+        #: Applied to every string that came from the server before it leaves the client (error
+        #: bodies, error events, probe bodies, kept text): a server echoing the key must not be quoted.
+        self.scrub: Callable[[str], str] = scrub or _same
         # vLLM with --api-key/$VLLM_API_KEY answers 401 on /v1/* without it (/health, /metrics stay open).
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.connections = connections
@@ -373,7 +401,8 @@ class Client:
                     return Probe("http", resp.status, detail=f"{path} answered more than {MAX_BODY_BYTES} bytes",
                                  seconds=time.monotonic() - t0)
                 state = "ok" if 200 <= resp.status < 300 else "http"
-                return Probe(state, resp.status, raw.decode(errors="replace"), seconds=time.monotonic() - t0)
+                return Probe(state, resp.status, self.scrub(raw.decode(errors="replace")),
+                             seconds=time.monotonic() - t0)
         except aiohttp.ClientConnectorError as e:
             refused = isinstance(e.os_error, ConnectionRefusedError)
             return Probe("refused" if refused else "unreachable", detail=_conn_text(e),
@@ -381,7 +410,7 @@ class Client:
         except TimeoutError:
             return Probe("timeout", detail=f"no answer within {timeout:.0f}s", seconds=time.monotonic() - t0)
         except aiohttp.ClientError as e:
-            return Probe("unreachable", detail=f"{type(e).__name__}: {e}", seconds=time.monotonic() - t0)
+            return Probe("unreachable", detail=self.scrub(f"{type(e).__name__}: {e}"), seconds=time.monotonic() - t0)
 
     async def get_json(self, path: str, timeout: float = 10.0) -> tuple[Probe, Any]:
         """GET ``path`` and decode JSON (None when not ok or not JSON)."""
@@ -410,16 +439,26 @@ class Client:
         return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
 
     async def chat(self, req: ChatRequest, *, phase: str, cls: str, concurrency: int,
-                   t0: float, keep_text: bool = False, timeout: float | None = None) -> Sample:
-        """One streamed chat completion, measured; failures are returned as data."""
+                   t0: float, keep_text: bool = False, timeout: float | None = None,
+                   stall: float | None = None, delta_ends: bool = False) -> Sample:
+        """One streamed chat completion, measured; failures are returned as data.
+
+        ``stall``: seconds without a token (before the first one too) after which the request is
+        ended as ``stall`` (a wedged engine when /health still answers), not waited on to ``timeout``.
+        """
         start = time.monotonic()
-        parser = StreamParser(keep_text)
+        parser = StreamParser(keep_text, delta_ends)
         status = 0
         kind = ""
         error = ""
         limit = self.request_timeout if timeout is None else timeout
+        cap = stream_cap(req.max_tokens)
+        stalled: list[float] = []
+        watchdog: Callable[[], None] | None = None
         try:
-            async with asyncio.timeout(limit):
+            async with asyncio.timeout(limit) as deadline:
+                if stall is not None and stall < limit:
+                    watchdog = _watch(deadline, parser, start, stall, stalled)
                 async with self.session.post(
                     self.base_url + "/v1/chat/completions", data=chat_body(req),
                     headers={"Content-Type": "application/json", "Accept": "text/event-stream"},
@@ -430,20 +469,36 @@ class Client:
                     else:
                         feed = parser.feed
                         clock = time.monotonic
+                        got = 0
                         async for chunk in resp.content.iter_any():
+                            got += len(chunk)
+                            if got > cap:
+                                raise StreamTooLongError(
+                                    f"the stream passed {cap} bytes for {req.max_tokens} tokens asked "
+                                    f"(bound {STREAM_BYTES_PER_TOKEN} bytes a token) without [DONE]")
                             feed(chunk, clock())
                         if parser.pending:
                             parser.feed(b"\n", clock())
         except aiohttp.ClientConnectorError as e:
             kind, error = "connect", _conn_text(e)
         except TimeoutError:
-            kind, error = "timeout", f"no complete answer within {limit:.0f}s"
+            if stalled:
+                waited = stalled[0]
+                kind, error = "stall", (f"no token for {waited:.0f}s " + (
+                    f"after {len(parser.stamps)} token read(s)" if parser.stamps else "before the first token"))
+            else:
+                kind, error = "timeout", f"no complete answer within {limit:.0f}s"
+        except StreamTooLongError as e:
+            kind, error = "protocol", str(e)
         except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
             kind, error = "disconnect", f"connection broke mid-stream: {type(e).__name__}: {e}"
         except aiohttp.ClientError as e:
             kind, error = "protocol", f"{type(e).__name__}: {e}"
         except LineTooLongError as e:
             kind, error = "protocol", str(e)
+        finally:
+            if watchdog is not None:
+                watchdog()
         end = time.monotonic()
         if not kind:
             if parser.error:
@@ -469,15 +524,51 @@ class Client:
                 # Not a transport failure (its timings stand): degenerate output, judged with
                 # garbage by the correctness check, so it is counted and shown, never dropped.
                 garbage, kind, error = error, "", ""
+        loop_text, loop_start, chars = "", None, 0
+        if check.parts and not garbage:
+            whole = "".join(check.parts)
+            chars = len(whole)
+            if isinstance(out_tokens, int) and out_tokens >= MIN_WORDS and (found := find_loop(whole)) is not None:
+                loop_text, loop_start = found.describe(), found.start
+                excerpt = whole[-EXCERPT_CHARS:]
+        scrub = self.scrub
         return Sample(
             phase=phase, cls=cls, concurrency=concurrency, start=start - t0, ok=not kind,
             status=status, ttft=ttft, e2e=end - start, tpot=tpot,
             prompt_tokens=usage.get("prompt_tokens"), output_tokens=out_tokens, events=parser.events,
-            finish_reason=parser.finish_reason, error_kind=kind, error=error[:500],
-            text=parser.text if keep_text else None,
+            finish_reason=parser.finish_reason, error_kind=kind, error=scrub(error)[:500],
+            text=scrub(parser.text) if keep_text else None,
             itl_p50=gaps[len(gaps) // 2] if gaps else None, itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
-            garbage=garbage, excerpt=excerpt,
+            garbage=scrub(garbage), excerpt=scrub(excerpt), loop=scrub(loop_text), loop_start=loop_start,
+            text_chars=chars, delta_ends=tuple(parser.ends) if parser.ends else (),
         )
+
+
+def _watch(deadline: asyncio.Timeout, parser: StreamParser, start: float, stall: float,
+           stalled: list[float]) -> Callable[[], None]:
+    """A timer that ends the request (through its ``deadline``) once no token came for ``stall`` seconds.
+
+    One timer per request, re-armed at the last token's time + ``stall``: the per-event cost
+    stays one attribute store in the parser (no timer per event).
+    """
+    loop = asyncio.get_running_loop()
+    handle: list[asyncio.TimerHandle] = []
+
+    def check() -> None:
+        last = parser.last_at if parser.last_at is not None else start
+        now = time.monotonic()
+        if now - last >= stall:
+            stalled.append(now - last)
+            deadline.reschedule(loop.time())
+            return
+        handle[0] = loop.call_later(last + stall - now + 0.01, check)
+
+    handle.append(loop.call_later(stall, check))
+    return lambda: handle[0].cancel()
+
+
+def _same(s: str) -> str:
+    return s
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, cap: int) -> bytes | None:

@@ -54,7 +54,18 @@ _PARAMS: dict[str, dict[str, str]] = {
     "smoke": {},
     # After errors: a crash's summary leads with the crash, not with the canaries it broke.
     "errors": {"max_error_rate": "fraction"},
+    # A request in flight that gets no token for token_timeout seconds while /health answers is a
+    # wedged engine (vLLM #41725, MiaAI-Lab #87); the sustained phase sends a probe every half of it.
+    "liveness": {"token_timeout": "number"},
     "correctness": {"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
+    # The deep long-decode probe (corruption that starts ~12k tokens into a sequence): its length,
+    # capped by max_model_len, and the windows its text is checked in. It replaces the correctness
+    # check's long decode (long_decode_tokens) when enabled; disable it to save its minutes.
+    "long_decode": {"tokens": "count", "window_tokens": "count"},
+    # Long-prompt probes: one request per size (tokens, by the server's /tokenize) whose answer is a
+    # fact hidden in the middle of the prompt; sizes past max_model_len are skipped. Each size costs
+    # its prefill (a 128k-token prompt: about a minute on a Spark): a CI soak lists what it can afford.
+    "long_prompts": {"tokens": "counts"},
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
     "throughput": {"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
@@ -109,7 +120,14 @@ _SPARK: dict[str, Any] = {
         # Every 8th load request is a greedy canary; one long decode per soak (thousands of
         # tokens: corruption that starts deep in a sequence), capped by max_model_len.
         "correctness": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 4096},
+        # 16384 tokens, past the ~12k where corruption was reported (eugr/spark-vllm-docker #349):
+        # at a Spark's single-stream 41-124 tok/s it costs 2.2-6.7 minutes of the soak.
+        "long_decode": {"tokens": 16384, "window_tokens": 2048},
+        "long_prompts": {"tokens": [32768, 65536, 131072]},
         "errors": {"max_error_rate": 0.0},
+        # Past the slowest prefill a Spark does in this soak (a 16k-token prompt: seconds) and the
+        # c=64 TTFT p95 (11.2 s published) with room: a gap of two minutes is no queue, it is a wedge.
+        "liveness": {"token_timeout": 120.0},
         "latency": {
             "ttft_p95_ms": {1: 500, 4: 1000, 16: 2000, 32: 6000, 64: 15000},
             "tpot_p50_ms": {1: 30, 4: 60, 16: 100, 32: 200, 64: 300},
@@ -164,7 +182,13 @@ def _lab_profile() -> dict[str, Any]:
     # tolerance and one noisy level forgiven; a 30% slower image still fails the other levels.
     checks["throughput"] = {"tolerance": 0.2, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}}
     checks["preemptions"] = {"max_per_minute": 60.0}
+    # The emulator's slowest request in the lab profile lasts seconds.
+    checks["liveness"] = {"token_timeout": 20.0}
     checks["correctness"] = {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 192}
+    # The emulator decodes a 256-token probe in about a second at EMU_SPEED 4 (bench/soak_client.py
+    # measures it): windows of 64 tokens.
+    checks["long_decode"] = {"tokens": 256, "window_tokens": 64}
+    checks["long_prompts"] = {"tokens": [6000]}
     # Few short requests per class: floors that only catch a collapse, not a class's mix.
     checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5}
     checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
@@ -178,7 +202,7 @@ _TOP_KEYS = (
     "max_tokens", "temperature", "thinking", "concurrency", "requests_per_level", "min_requests_per_level",
     "trials", "stagger", "request_rates",
     "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
-    "sustained", "checks", "slo",
+    "sustained", "checks", "slo", "deadline",
 )
 _SUSTAINED_KEYS = ("duration", "concurrency", "window", "max_requests", "shared_prefix_tokens", "turns")
 
@@ -268,6 +292,8 @@ class SoakConfig:
     stagger: float = 0.0
     #: Open-loop levels: requests per second with Poisson arrivals.
     request_rates: tuple[float, ...] = ()
+    #: The soak's hard overall deadline in seconds (0: derived from the phases, :meth:`hard_deadline`).
+    deadline: float = 0.0
 
     def fingerprint(self) -> str:
         """What makes two soaks' throughput comparable: profile, max_tokens, levels, workload.
@@ -286,6 +312,65 @@ class SoakConfig:
     def check(self, name: str) -> CheckSpec:
         """The spec of check ``name``."""
         return self.checks[name]
+
+    def long_decode_tokens(self) -> int:
+        """Tokens of the soak's one long decode: the long_decode probe's, else correctness' (0: none)."""
+        probe = self.checks.get("long_decode")
+        if probe is not None and probe.enabled and int(probe.params.get("tokens", 0) or 0) > 0:
+            return int(probe.params["tokens"])
+        spec = self.checks.get("correctness")
+        return int(spec.params.get("long_decode_tokens", 0) or 0) if spec is not None and spec.enabled else 0
+
+    def long_prompt_tokens(self) -> tuple[int, ...]:
+        """The long-prompt probes' sizes in tokens (empty: none)."""
+        spec = self.checks.get("long_prompts")
+        return tuple(spec.params.get("tokens", ())) if spec is not None and spec.enabled else ()
+
+    def long_prompt_timeout(self, tokens: int) -> float:
+        """One long-prompt probe's deadline: the request's own plus its prefill at >= 500 tokens/s."""
+        return self.request_timeout + tokens / 500
+
+    def long_prompt_seconds(self) -> float:
+        return sum(self.long_prompt_timeout(t) for t in self.long_prompt_tokens())
+
+    def token_timeout(self) -> float | None:
+        """Seconds without a token before a request is a stall (None: the liveness check is disabled)."""
+        spec = self.checks.get("liveness")
+        if spec is None or not spec.enabled:
+            return None
+        t = float(spec.params.get("token_timeout", 0.0))
+        return t if t > 0 else None
+
+    def hard_deadline(self) -> tuple[float, str]:
+        """The most one soak may last, and how it was derived (``deadline`` when the recipe sets it).
+
+        Every phase's own bound added up (readiness, smoke, canaries, each class and sweep trial
+        bounded by ``level_timeout`` plus the request that may still be running, the long decode,
+        the sustained phase), plus a minute for scrapes and container reads: a soak reaching it
+        is stopped whatever phase it is in, so no server can hold the controller longer.
+        """
+        if self.deadline > 0:
+            return self.deadline, "set by the recipe's soak.deadline"
+        per_level = self.level_timeout + self.request_timeout
+        long_decode = self.long_decode_tokens()
+        parts = {
+            "readiness": self.readiness_timeout,
+            "smoke and canaries": 4 * self.request_timeout,
+            "classes": len(self.classes) * per_level,
+            "sweep": len(self.concurrency) * self.trials * per_level + len(self.request_rates) * per_level,
+            "long decode": max(self.request_timeout, long_decode / 10) if long_decode else 0.0,
+            "long prompts": self.long_prompt_seconds(),
+            # Up to 3 looping prompts re-run as references (soak/phases.py MAX_LOOP_REFERENCES): two
+            # load prompts and the long decode at most.
+            "loop references": 2 * self.request_timeout + (max(self.request_timeout, long_decode / 10)
+                                                            if long_decode else 0.0),
+            "sustained": self.sustained_duration + self.request_timeout if self.sustained_duration else 0.0,
+            "scrapes and slack": 60.0,
+        }
+        if self.smoke_only:
+            parts = {k: v for k, v in parts.items() if k in ("readiness", "smoke and canaries", "scrapes and slack")}
+        total = sum(parts.values())
+        return total, " + ".join(f"{k} {v:.0f}s" for k, v in parts.items() if v)
 
     def level_requests(self, concurrency: int) -> int:
         """How many requests one sweep level sends."""
@@ -409,6 +494,7 @@ def load_config(
         trials=max(1, num("trials", "count")),
         stagger=num("stagger"),
         request_rates=tuple(float(r) for r in rates),
+        deadline=num("deadline", "duration", default=0.0) if "deadline" in raw else 0.0,
     )
 
 
@@ -526,4 +612,10 @@ def _check_param(value: Any, kind: str, where: str) -> Any:
                                       fix=f"choose from: {', '.join(CLASSES)}")
             floors[str(k)] = _scalar(v, "fraction", f"{where}.{k}")
         return floors
+    if kind == "counts":
+        if (not isinstance(value, Sequence) or isinstance(value, str)
+                or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)):
+            raise SoakConfigError(f"{where} {value!r} is not a list of whole numbers >= 1",
+                                  fix="e.g. [32768, 65536, 131072] (or [] for none)")
+        return [int(v) for v in value]
     return _scalar(value, kind, where)

@@ -29,8 +29,7 @@ class DockerOverSSH:
 
     def state(self) -> ContainerState:
         """The container's state (``exists=False`` when there is no such container)."""
-        fmt = "{{json .State}}\t{{.RestartCount}}\t{{.Config.Image}}"
-        r = ssh.docker(self.host, f"docker inspect --format {shlex.quote(fmt)} {shlex.quote(self.name)}",
+        r = ssh.docker(self.host, f"docker inspect --format {shlex.quote(INSPECT_FORMAT)} {shlex.quote(self.name)}",
                     timeout=self.timeout)
         if r.rc != 0:
             err = (r.stderr or r.stdout).strip()
@@ -38,15 +37,26 @@ class DockerOverSSH:
                 return ContainerState(exists=False, status="absent")
             raise FleetError(f"docker inspect {self.name} failed: {err.splitlines()[-1] if err else r.rc}",
                              host=self.host.name, fix="check that docker runs on the host")
-        try:
-            raw_state, restarts, image = r.stdout.strip().split("\t")
-            s = json.loads(raw_state)
-        except ValueError:
-            raise FleetError(f"docker inspect {self.name} gave unreadable output: {r.stdout[:200]!r}",
-                             host=self.host.name) from None
-        running = serving.is_running(s)
-        return ContainerState(
-            exists=True, running=running, status=str(s.get("Status", "")),
-            exit_code=s.get("ExitCode") if not running else None,
-            restart_count=int(restarts or 0), started_at=str(s.get("StartedAt", "")), image=image,
-        )
+        return parse_inspect(r.stdout, self.host.name, self.name)
+
+
+#: What ``docker inspect --format`` prints for :func:`parse_inspect`: state, restarts, image, labels.
+INSPECT_FORMAT = "{{json .State}}\t{{.RestartCount}}\t{{.Config.Image}}\t{{json .Config.Labels}}"
+
+
+def parse_inspect(stdout: str, host: str, name: str) -> ContainerState:
+    """A :class:`ContainerState` from ``docker inspect --format INSPECT_FORMAT`` output."""
+    try:
+        raw_state, restarts, image, raw_labels = stdout.strip().split("\t")
+        s = json.loads(raw_state)
+        labels = json.loads(raw_labels) or {}
+    except ValueError:
+        raise FleetError(f"docker inspect {name} gave unreadable output: {stdout[:200]!r}", host=host) from None
+    running = serving.is_running(s)
+    return ContainerState(
+        exists=True, running=running, status=str(s.get("Status", "")),
+        exit_code=s.get("ExitCode") if not running else None,
+        restart_count=int(restarts or 0), started_at=str(s.get("StartedAt", "")), image=image,
+        # As `fleetctl status` names it: a digest-pinned container's tag is its fleetctl.tag label.
+        tag=serving.image_tag(image, labels) or "", digest=serving.image_digest(image, labels, None) or "",
+    )

@@ -211,11 +211,15 @@ def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape
     """What happened between scrapes ``a`` and ``b`` (``during``: scrapes in between, for gauges)."""
     seconds = max(b.t - a.t, 1e-9)
     reset = False
+    bad: list[str] = []
 
     def d(name: str, **labels: str) -> float | None:
         nonlocal reset
         v, r = _delta(a, b, name, **labels)
-        reset = reset or r
+        if r:
+            reset = True
+            where = "".join(f'{{{k}="{x}"}}' for k, x in labels.items())
+            bad.append(f"{name}{where} went backwards ({a.value(name, **labels):g} -> {b.value(name, **labels):g})")
         return v
 
     gen = d(GENERATION_TOKENS)
@@ -232,6 +236,11 @@ def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape
         for p in positions:
             v = d(ACCEPTED_PER_POS, position=str(p))
             per_pos.append((v or 0.0) / drafts)
+    bad += inconsistencies(drafts, draft_tokens, accepted, per_pos)
+    if any(x.startswith(SPEC_SERIES) for x in bad):
+        # Impossible spec-decode counts are not a rate: no acceptance figure is derived from them
+        # (a verdict once said "acceptance 115.9 %"); the checks reading them say why instead.
+        accepted, rate, mal, per_pos = None, None, None, []
     reasons: dict[str, float] = {}
     for reason in sorted(set(b.by_label(SUCCESS, "finished_reason")) | set(a.by_label(SUCCESS, "finished_reason"))):
         v = d(SUCCESS, finished_reason=reason)
@@ -246,8 +255,36 @@ def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape
         acceptance_rate=rate, mean_acceptance_length=mal, per_position=tuple(per_pos),
         success_by_reason=reasons, preemptions=d(PREEMPTIONS),
         kv_cache_usage_max=max(kv) if kv else None, counter_reset=reset,
-        prefix_cache_queries=d(PREFIX_QUERIES), prefix_cache_hits=d(PREFIX_HITS),
+        prefix_cache_queries=d(PREFIX_QUERIES), prefix_cache_hits=d(PREFIX_HITS), inconsistent=tuple(bad),
     )
+
+
+#: Slack for counters scraped a moment apart (a draft step counted in one series before the other).
+_SLACK = 1.0
+
+
+def inconsistencies(drafts: float | None, draft_tokens: float | None, accepted: float | None,
+                    per_pos: Sequence[float]) -> list[str]:
+    """What no real server can report in one window: more accepted tokens than drafted, a position
+    accepted more often than drafts were made, positions summing past the accepted total."""
+    out: list[str] = []
+    if accepted is not None and draft_tokens is not None and accepted > draft_tokens + _SLACK:
+        out.append(f"{ACCEPTED} grew by {accepted:g}, more than {DRAFT_TOKENS} ({draft_tokens:g}): "
+                   f"acceptance would be {accepted / max(draft_tokens, 1e-9):.1%}")
+    if drafts and draft_tokens is not None and drafts > draft_tokens + _SLACK:
+        out.append(f"{DRAFTS} grew by {drafts:g}, more than {DRAFT_TOKENS} ({draft_tokens:g})")
+    for i, r in enumerate(per_pos):
+        if drafts and r * drafts > drafts + _SLACK:
+            out.append(f'{ACCEPTED_PER_POS}{{position="{i}"}} grew by {r * drafts:g}, more than {DRAFTS} '
+                       f"({drafts:g}): position {i} acceptance would be {r:.1%}")
+    if drafts and accepted is not None and sum(per_pos) * drafts > accepted + _SLACK * max(len(per_pos), 1):
+        out.append(f"{ACCEPTED_PER_POS} sums to {sum(per_pos) * drafts:g}, more than {ACCEPTED} ({accepted:g})")
+    for i in range(1, len(per_pos)):
+        if drafts and (per_pos[i] - per_pos[i - 1]) * drafts > _SLACK:
+            # A draft token is accepted only when every one before it was: position i never beats i-1.
+            out.append(f'{ACCEPTED_PER_POS}{{position="{i}"}} ({per_pos[i] * drafts:g}) exceeds position '
+                       f"{i - 1} ({per_pos[i - 1] * drafts:g})")
+    return out
 
 
 def merge_windows(windows: Iterable[Window], label: str, phase: str) -> Window | None:
@@ -283,4 +320,5 @@ def merge_windows(windows: Iterable[Window], label: str, phase: str) -> Window |
         per_position=per_pos, success_by_reason=reasons, preemptions=total("preemptions"),
         kv_cache_usage_max=max(kv) if kv else None, counter_reset=any(w.counter_reset for w in ws),
         prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
+        inconsistent=tuple(x for w in ws for x in w.inconsistent),
     )

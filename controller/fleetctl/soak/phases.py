@@ -21,7 +21,7 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import checks, metrics, prompts
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks import CanaryResult, Identity
+from fleetctl.soak.checks import CanaryResult, Identity, LongPrompt, LoopResult, SmokeResult, Wedge
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import (
@@ -31,11 +31,16 @@ from fleetctl.soak.readiness import (
     container_state,
 )
 from fleetctl.soak.verdict import (
+    ContainerState,
     LevelSummary,
+    Readiness,
     Sample,
     SoakTarget,
     Window,
 )
+
+#: Distinct looping requests re-run as references (each one more request at c=1).
+MAX_LOOP_REFERENCES = 3
 
 #: How long a crashed server's container is given to exit before its state is recorded.
 CRASH_EXIT_WAIT = 15.0
@@ -146,6 +151,38 @@ class SoakState:
     #: The baseline's tok/s per level label (the last passing verdict of the tag served before), shown
     #: next to the running figure while a level runs; the verdict's throughput check judges it.
     baseline_tok_s: Mapping[str, float] = field(default_factory=dict)
+    #: Why the soak stopped before its end (every request of a phase failed, an engine wedged, the
+    #: hard deadline); empty while it runs its course.
+    halt: str = ""
+    deadline_hit: bool = False
+    #: The phase running now (named when the hard deadline stops the soak).
+    phase: str = ""
+    ready: Readiness | None = None
+    ident: Identity | None = None
+    smoke: list[SmokeResult] = field(default_factory=list)
+    load_ran: bool = False
+    container_before: ContainerState | None = None
+    container_after: ContainerState | None = None
+    container_error: str = ""
+    #: Requests that got no token for the liveness bound while /health answered.
+    wedges: list[Wedge] = field(default_factory=list)
+    #: Looping answers: (request, where, first sample, how many) per distinct request, at most
+    #: MAX_LOOP_REFERENCES of them; later looping answers of other requests are only counted.
+    loop_candidates: dict[ChatRequest, list[Any]] = field(default_factory=dict)
+    loops_unjudged: int = 0
+    loops: list[LoopResult] = field(default_factory=list)
+    long_prompts: list[LongPrompt] = field(default_factory=list)
+
+    def looped(self, s: Sample, req: ChatRequest, where: str) -> None:
+        """Note an answer that ended in a phrase loop (judged after the load against a reference)."""
+        if not s.loop:
+            return
+        if req in self.loop_candidates:
+            self.loop_candidates[req][2] += 1
+        elif len(self.loop_candidates) < MAX_LOOP_REFERENCES:
+            self.loop_candidates[req] = [s, where, 1]
+        else:
+            self.loops_unjudged += 1
 
     def emit(self, phase: str, message: str, **data: Any) -> None:
         if phase in self.phases:
@@ -155,6 +192,31 @@ class SoakState:
 
     def now(self) -> float:
         return time.monotonic() - self.t0
+
+    def stop(self, why: str) -> None:
+        """Stop the soak after the running phase (the first reason is kept)."""
+        if not self.halt:
+            self.halt = why
+            self.emit("stopped", f"stopping early: {why}")
+
+
+async def stall_seen(client: Client, st: SoakState, s: Sample, where: str) -> None:
+    """After a request that got no token for the liveness bound: a wedged engine when /health answers.
+
+    The engine is wedged, not dead: the API process still answers /health while its requests get
+    nothing (vLLM #41725, MiaAI-Lab #87). Nothing more can be learnt by loading it: the soak stops.
+    """
+    if s.error_kind != "stall" or st.crash:
+        return
+    probe = await client.get("/health", timeout=5.0)
+    seconds = st.config.token_timeout() or 0.0
+    if probe.ok:
+        w = Wedge(st.target.name, where, round(s.e2e or seconds, 1), round(s.start, 1), s.error)
+        st.wedges.append(w)
+        st.stop(f"engine wedged on {w.host} during {where}: {s.error} while /health answered 200")
+    else:
+        st.crash = st.crash or await diagnose_crash(client, st, s.concurrency, where)
+
 
 
 
@@ -207,10 +269,11 @@ async def canary(client: Client, st: SoakState, cp: prompts.SmokePrompt, phase: 
     spec = st.config.check("correctness")
     req = ChatRequest(st.model, cp.prompt, int(spec.params.get("canary_max_tokens", 64)), 0.0, thinking=False)
     s = await client.chat(req, phase=phase, cls=f"canary-{cp.name}", concurrency=concurrency, t0=st.t0,
-                          keep_text=True)
+                          keep_text=True, stall=st.config.token_timeout())
     st.samples.append(s)
     st.art.sample(s)
     st.canaries.append(CanaryResult(cp.name, cp.expect, level, s, st.canary_refs.get(cp.name)))
+    await stall_seen(client, st, s, f"canary {cp.name} at {level}")
     return s
 
 
@@ -224,29 +287,45 @@ async def canary_references(client: Client, st: SoakState) -> None:
     if not canary_every(st.config):
         return
     st.emit("canary", "greedy canaries at c=1 (references)")
+    st.phase = "canary references"
+    failed: list[Sample] = []
     for cp in prompts.CANARIES:
         s = await canary(client, st, cp, "canary", "reference", 1)
         if s.ok and not s.garbage and cp.expect.lower() in (s.text or "").lower():
             st.canary_refs[cp.name] = s.text or ""
+        if not s.ok:
+            failed.append(s)
+        if st.halt or st.crash:
+            return
+        if len(failed) >= 2 and not st.canary_refs:
+            # The server answered smoke and now answers nothing: loading it proves nothing more.
+            st.stop(f"every canary reference failed ({failed[0].error})")
+            return
 
 
 async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     """One long generation per soak: corruption that starts thousands of tokens into a sequence."""
     cfg = st.config
-    spec = cfg.check("correctness")
-    tokens = int(spec.params.get("long_decode_tokens", 0)) if spec.enabled else 0
+    tokens = cfg.long_decode_tokens()
     if ident.max_model_len:
         tokens = min(tokens, ident.max_model_len - 512)  # room for the prompt and the template
     if tokens <= 0:
         return
-    st.emit("long_decode", f"one decode of {tokens} tokens")
-    req = ChatRequest(st.model, prompts.prompt_for("prose", 0), tokens, cfg.temperature, ignore_eos=True)
+    probe = cfg.check("long_decode").enabled
+    st.emit("long_decode", f"one decode of {tokens} tokens" + (" (windows checked, needle asked)" if probe else ""))
+    prompt = prompts.LONG_DECODE_PROMPT if probe else prompts.prompt_for("prose", 0)
+    req = ChatRequest(st.model, prompt, tokens, cfg.temperature, thinking=cfg.thinking, ignore_eos=True)
     # A deadline scaled to the length (>= 10 tok/s), never below the per-request one.
+    st.phase = "the long decode"
+    # Its text is kept (bounded by the stream's byte cap) for the probe's windows.
     s = await client.chat(req, phase="long_decode", cls="prose", concurrency=1, t0=st.t0,
-                          timeout=max(cfg.request_timeout, tokens / 10))
+                          timeout=max(cfg.request_timeout, tokens / 10), stall=cfg.token_timeout(), keep_text=probe,
+                          delta_ends=probe)
     st.samples.append(s)
-    st.art.sample(s)
+    st.art.sample(replace(s, delta_ends=()))
     st.long_decode = s
+    st.looped(s, req, "long_decode")
+    await stall_seen(client, st, s, "the long decode")
     if s.error_kind == "connect":
         st.crash = st.crash or await diagnose_crash(client, st, 1, "the long decode")
 
@@ -264,6 +343,10 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
     last_emit = 0.0
     every = canary_every(cfg) if canaries else 0
     n_canaries = 0
+    st.phase = f"{phase} {label}"
+    # Early stop: once this many of the level's first answers all failed, no new request is sent.
+    give_up = min(requests, max(2, concurrency))
+    gave_up = ""
 
     def note() -> None:
         nonlocal last_emit
@@ -286,7 +369,7 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
                 acceptance_rate=st.last_acceptance)
 
     async def worker(wid: int) -> None:
-        nonlocal stopped, n_canaries
+        nonlocal stopped, n_canaries, gave_up
         # With a shared context, each worker holds a conversation: the context, then its earlier
         # turns. Every request shares the context with every other worker's (a cross-request
         # prefix) and its own earlier turns (a growing one), as multi-turn production traffic does.
@@ -297,7 +380,7 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
             # c=64 lasts seconds, the whole ramp 3 s) so the level still reaches its concurrency.
             await asyncio.sleep(min(wid * cfg.stagger, seconds / 4))
         for i in counter:
-            if stopped:
+            if stopped or gave_up or st.halt:
                 return
             if time.monotonic() >= deadline:
                 stopped = stopped or f"time bound {seconds:.0f}s reached"
@@ -321,12 +404,13 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
             left = max(deadline - time.monotonic(), 1.0)
             s = await client.chat(req, phase=phase, cls=cls, concurrency=concurrency, t0=st.t0,
                                   timeout=min(cfg.request_timeout, left + cfg.request_timeout),
-                                  keep_text=bool(context))
+                                  keep_text=bool(context), stall=cfg.token_timeout())
             if context:
                 history += [("user", req.prompt), ("assistant", s.text or "")]
                 s = replace(s, text=None)
             level.append(s)
             st.samples.append(s)
+            st.looped(s, req, label if phase in ("sweep", "sustained") else f"{phase} {label}")
             if first:
                 st.warm.append(s)
                 first = False
@@ -335,6 +419,9 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
             if s.error_kind == "connect" and not stopped:
                 stopped = "server refused connections"
                 st.crash = st.crash or await diagnose_crash(client, st, concurrency, label)
+            await stall_seen(client, st, s, label if phase in ("sweep", "sustained") else f"{phase} {label}")
+            if not stopped and not gave_up and len(level) >= give_up and not any(x.ok for x in level):
+                gave_up = f"the first {len(level)} requests all failed"
 
     await asyncio.gather(*(worker(w) for w in range(concurrency)))
     elapsed = time.monotonic() - t_start
@@ -344,8 +431,11 @@ async def run_requests(client: Client, st: SoakState, *, phase: str, label: str,
         if not probe.ok:
             stopped = f"/health {probe.state} after errors"
             st.crash = st.crash or await diagnose_crash(client, st, concurrency, label)
+    stopped = stopped or gave_up
     st.levels.append(replace(summarize(phase, label, concurrency, level, elapsed, stopped, cfg.slo, st.warm),
                              canaries=n_canaries))
+    if level and not any(x.ok for x in level) and not st.crash:
+        st.stop(f"every request of {label} failed ({level[0].error})")
 
 
 def merge_trials(st: SoakState, label: str, concurrency: int) -> None:
@@ -378,20 +468,29 @@ async def open_loop(client: Client, st: SoakState, rate: float, *, requests: int
 
     async def one(i: int) -> None:
         async with sem:
+            if st.halt:
+                return
             cls = prompts.SHORT_CLASSES[i % len(prompts.SHORT_CLASSES)]
             req = ChatRequest(st.model, prompts.prompt_for(cls, i), cfg.max_tokens, cfg.temperature,
                               thinking=cfg.thinking, ignore_eos=True)
             left = max(deadline - time.monotonic(), 1.0)
             s = await client.chat(req, phase="rate", cls=cls, concurrency=0, t0=st.t0,
-                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout))
+                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout),
+                                  stall=cfg.token_timeout())
             level.append(s)
             st.samples.append(s)
+            st.looped(s, req, label)
             st.art.sample(s)
+            await stall_seen(client, st, s, label)
 
     tasks = []
     stopped = ""
+    st.phase = f"rate {label}"
     for i in range(requests):
         await asyncio.sleep(rng.expovariate(rate))
+        if st.halt:
+            stopped = st.halt
+            break
         if time.monotonic() >= deadline:
             stopped = f"time bound {seconds:.0f}s reached"
             break
@@ -494,6 +593,7 @@ async def sustained(client: Client, st: SoakState, ident: Identity) -> None:
                   "cache block" if tokens != cfg.shared_prefix_tokens else "")
         st.emit("sustained", f"conversations share a {tokens}-token context (sized by {how}{raised})")
     task = asyncio.create_task(scraper())
+    probes = asyncio.create_task(trickle(client, st, done))
     try:
         await run_requests(client, st, phase="sustained", label="sustained",
                             concurrency=cfg.sustained_concurrency, requests=cfg.sustained_max_requests,
@@ -502,10 +602,92 @@ async def sustained(client: Client, st: SoakState, ident: Identity) -> None:
     finally:
         done.set()
         await task
+        await probes
     # Renumber so labels are consecutive whatever ran in between.
     rest = [w for w in st.windows if w.phase != "sustained"]
     sus = [replace(w, label=f"sustained #{i + 1}") for i, w in enumerate(w for w in st.windows if w.phase == "sustained")]
     st.windows[:] = rest + sus
+
+
+#: Tokens a liveness probe asks for: enough to see tokens flow, too few to weigh on the load.
+PROBE_MAX_TOKENS = 16
+
+
+async def trickle(client: Client, st: SoakState, done: asyncio.Event) -> None:
+    """A short greedy streamed request every half liveness bound while the sustained phase runs.
+
+    The load's own requests can be long (max_tokens at c=16 lasts tens of seconds on a Spark) and
+    a wedge then shows only when one of them stalls; the probe's stall is seen within the bound.
+    """
+    bound = st.config.token_timeout()
+    if bound is None:
+        return
+    every = max(bound / 2, 0.5)
+    cp = prompts.CANARIES[1]
+    n = 0
+    while not done.is_set() and not st.halt:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=every)
+        if done.is_set() or st.halt:
+            return
+        n += 1
+        req = ChatRequest(st.model, cp.prompt, PROBE_MAX_TOKENS, 0.0, thinking=False)
+        s = await client.chat(req, phase="probe", cls=f"probe-{n}", concurrency=1, t0=st.t0, stall=bound)
+        st.samples.append(s)
+        st.art.sample(s)
+        await stall_seen(client, st, s, "sustained (liveness probe)")
+
+
+#: Tokens a long-prompt probe's answer may take (the code, said briefly) and the template's room.
+LONG_PROMPT_ANSWER = 48
+
+
+async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
+    """One request per configured size: a fact hidden mid-prompt, asked for at the end (greedy)."""
+    cfg = st.config
+    for tokens in cfg.long_prompt_tokens():
+        if st.halt or st.crash:
+            return
+        if ident.max_model_len and tokens + LONG_PROMPT_ANSWER + 64 > ident.max_model_len:
+            st.long_prompts.append(LongPrompt(tokens, skipped=f"max_model_len {ident.max_model_len}"))
+            continue
+        st.phase = f"the long prompt of {tokens} tokens"
+        chars, _got, how = await sized(client, st, tokens, prompts.needle_prompt)
+        st.emit("long_prompts", f"a {tokens}-token prompt (sized by {how.split(' ')[0]}) with a fact in its middle")
+        req = ChatRequest(st.model, prompts.needle_prompt(chars), LONG_PROMPT_ANSWER, 0.0, thinking=False)
+        bound = cfg.token_timeout()
+        s = await client.chat(req, phase="long_prompt", cls="long_context", concurrency=1, t0=st.t0,
+                              keep_text=True, timeout=cfg.long_prompt_timeout(tokens),
+                              stall=bound + tokens / 500 if bound is not None else None)
+        st.samples.append(replace(s, text=None))
+        st.art.sample(s)
+        st.long_prompts.append(LongPrompt(tokens, how, s))
+        await stall_seen(client, st, s, f"the long prompt of {tokens} tokens")
+        if s.error_kind == "connect":
+            st.crash = st.crash or await diagnose_crash(client, st, 1, f"the long prompt of {tokens} tokens")
+
+
+async def loop_references(client: Client, st: SoakState) -> None:
+    """Each looping request once more at c=1, greedy, free to stop (no ignore_eos): its reference.
+
+    A healthy model asked for exactly max_tokens often loops past its natural end; the server is
+    at fault only where the same prompt's reference does not loop (checks._judge_loop).
+    """
+    if not st.loop_candidates:
+        return
+    st.phase = "loop references"
+    st.emit("loops", f"{len(st.loop_candidates)} looping answer(s): running each prompt's c=1 reference")
+    for req, (s, where, count) in st.loop_candidates.items():
+        if st.halt or st.crash:
+            break
+        ref_req = replace(req, temperature=0.0, ignore_eos=False)
+        timeout = max(st.config.request_timeout, req.max_tokens / 10)
+        ref = await client.chat(ref_req, phase="reference", cls=s.cls, concurrency=1, t0=st.t0, keep_text=True,
+                                timeout=timeout, stall=st.config.token_timeout())
+        st.samples.append(replace(ref, text=None))
+        st.art.sample(ref)
+        st.loops.append(LoopResult(s, where, ref, count))
+        await stall_seen(client, st, ref, f"the loop reference of {where}")
 
 
 def context_text(chars: int) -> str:
@@ -524,17 +706,45 @@ async def sized(client: Client, st: SoakState, tokens: int, build: Callable[[int
     max_model_len that is an HTTP 400 that fails a healthy server. Without
     /tokenize, the ratio measured on the classes phase's prompts is used.
     """
-    chars = max(int(tokens * st.chars_per_token), 64)
+    estimate = max(int(tokens * st.chars_per_token), 64)
+    chars = estimate
     got = tokens
+    seen: list[tuple[int, int]] = []
     for _ in range(6):
         n = await client.tokenize(st.model, build(chars))
         if n is None:
-            return chars, tokens, "estimate"
+            return estimate, tokens, "estimate"
+        if why := implausible_count(chars, n, seen):
+            # A /tokenize that lies would make the prompt grow by target/reported each round (a
+            # server answering {"count": 10} grew one to gigabytes): its answers are not used.
+            st.emit("sizing", f"/tokenize not believed: {why}; sizing by the character estimate")
+            return estimate, tokens, f"estimate (/tokenize not believed: {why})"
+        seen.append((chars, n))
         got = n
         if abs(got - tokens) <= max(8, tokens // 50):
             break
-        chars = max(int(chars * tokens / max(got, 1)), 64)
+        chars = min(max(int(chars * tokens / max(got, 1)), 64), tokens * MAX_CHARS_PER_TOKEN)
     return chars, got, "tokenize"
+
+
+#: Characters per token a tokenizer may plausibly count in the soak's English/digit prompts (a byte
+#: tokenizer counts ~1, GPT-style BPE ~4, nothing real counts 16): a count outside is a lying /tokenize,
+#: and no prompt is ever grown past ``MAX_CHARS_PER_TOKEN`` characters a token.
+MIN_CHARS_PER_TOKEN = 0.5
+MAX_CHARS_PER_TOKEN = 16
+
+
+def implausible_count(chars: int, count: int, seen: Sequence[tuple[int, int]]) -> str:
+    """Why ``count`` tokens for ``chars`` characters cannot be a tokenizer's answer ('' when it can)."""
+    if count <= 0:
+        return f"{count} tokens for {chars} characters"
+    ratio = chars / count
+    if not MIN_CHARS_PER_TOKEN <= ratio <= MAX_CHARS_PER_TOKEN:
+        return f"{count} tokens for {chars} characters ({ratio:.1f} characters a token)"
+    for c, n in seen:
+        if (chars > c and count < n) or (chars < c and count > n):
+            return f"{count} tokens for {chars} characters but {n} for {c}: longer text, fewer tokens"
+    return ""
 
 
 def estimate_chars_per_token(samples: Sequence[Sample], prompt_of: Callable[[Sample], str]) -> float:

@@ -70,6 +70,32 @@ CANARIES: tuple[SmokePrompt, ...] = (
 )
 
 
+#: What the long-decode probe asks the model to write at its natural end: found intact, it marks
+#: where the model ended (loops past it are the model writing on under ignore_eos); garbled, it is
+#: corruption deep in a sequence.
+NEEDLE = "cobalt heron 4417"
+NEEDLE_MARK = "THE END"
+LONG_DECODE_PROMPT = (
+    "Write a long, detailed technical history of lighthouses, chapter by chapter: their optics, "
+    "their keepers, their automation, with dates and places. Take all the space you need. When you "
+    f"have finished, end with the line: {NEEDLE_MARK} {NEEDLE}"
+)
+
+
+#: The long-prompt probes: a fact hidden in the middle of a long log, asked for at its end.
+VAULT_CODE = "indigo kestrel 5821"
+NEEDLE_QUESTION = "What is the vault code stated in the log above? Answer with the code only."
+
+
+def needle_prompt(chars: int) -> str:
+    """A log of about ``chars`` characters with the vault code stated in its middle, then the question."""
+    doc = long_context_document(chars)
+    mid = doc.find("\n", len(doc) // 2)
+    mid = mid if mid >= 0 else len(doc)
+    return ("Here is a service log:\n" + doc[:mid] + f"\nNOTE The vault code is {VAULT_CODE}." + doc[mid:]
+            + "\n\n" + NEEDLE_QUESTION)
+
+
 def long_context_document(chars: int) -> str:
     """A deterministic log-like document of about ``chars`` characters.
 

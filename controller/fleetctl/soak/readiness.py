@@ -11,6 +11,7 @@ from typing import Any
 
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
+from fleetctl.soak import secrets
 from fleetctl.soak.client import Client
 from fleetctl.soak.verdict import (
     ContainerState,
@@ -157,8 +158,12 @@ def wait_ready(target: SoakTarget, timeout: float = 600.0, poll: float = 2.0,
     is no container to tell a slow boot from a dead endpoint.
     """
 
+    scrub = secrets.Scrubber(secrets.known_secrets(target.api_key, target.base_url))
+    target = secrets.scrubbed_target(target, scrub)
+    progress = secrets.scrubbed_progress(progress, scrub)
+
     async def go() -> Readiness:
-        async with Client(target.base_url, connections=4, api_key=target.api_key) as c:
+        async with Client(target.base_url, connections=4, api_key=target.api_key, scrub=scrub) as c:
             return await await_ready(c, target, timeout, poll, progress)
 
     return asyncio.run(go())

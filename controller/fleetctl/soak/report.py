@@ -16,7 +16,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
-from fleetctl import paths
+from fleetctl import paths, serving
 from fleetctl.soak.checks import ms, pct
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 
@@ -60,7 +60,8 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
         suite = ET.SubElement(root, "testsuite", name=f"soak {v.target}", timestamp=v.started,
                               hostname=v.target)
         props = ET.SubElement(suite, "properties")
-        for k, val in (("run_id", v.run_id), ("base_url", v.base_url), ("tag", v.tag), ("version", v.version),
+        for k, val in (("run_id", v.run_id), ("base_url", v.base_url), ("tag", v.tag), ("digest", v.digest),
+                       ("version", v.version),
                        ("outcome", v.outcome.value), ("artifacts", v.artifacts_dir or ""),
                        ("baseline", v.baseline_run_id)):
             ET.SubElement(props, "property", name=k, value=str(val))
@@ -300,6 +301,20 @@ def _charts(v: Verdict, base: Verdict | None) -> str:
     return '<div class="charts">' + "".join(charts) + "</div>"
 
 
+_HEX64 = re.compile(r"(?:sha256:)?[0-9a-f]{64}")
+
+
+def shown_tag(v: Verdict) -> str:
+    """The version as people name it: ``2026-07-01-v0.24.0 @0123456789ab`` (tag and short digest, as
+    ``fleetctl status`` shows them); a tag that is itself a digest (a verdict made before soaks read
+    the fleetctl.tag label) is shortened too."""
+    tag, digest = v.tag, v.digest
+    if _HEX64.fullmatch(tag):
+        tag, digest = "", digest or tag
+    short = serving.short_digest(digest)
+    return " ".join(x for x in (tag, f"@{short}" if short else "") if x) or "-"
+
+
 def to_html(verdicts: Sequence[Verdict], baselines: dict[str, Verdict] | None = None) -> str:
     """One self-contained HTML page for the soaks of several hosts."""
     baselines = baselines or {}
@@ -309,7 +324,7 @@ def to_html(verdicts: Sequence[Verdict], baselines: dict[str, Verdict] | None = 
              "<table><tr><th>host</th><th>outcome</th><th>tag</th><th>version</th><th>summary</th><th>run</th></tr>"]
     for v in verdicts:
         parts.append(f"<tr><td><a href='#{html.escape(v.target)}'>{html.escape(v.target)}</a></td>"
-                     f"<td>{_badge(v.outcome)}</td><td>{html.escape(v.tag)}</td><td>{html.escape(v.version)}</td>"
+                     f"<td>{_badge(v.outcome)}</td><td class='m'>{html.escape(shown_tag(v))}</td><td>{html.escape(v.version)}</td>"
                      f"<td>{html.escape(v.summary)}</td><td class='m'>{html.escape(v.run_id)}</td></tr>")
     parts.append("</table>")
     for v in verdicts:

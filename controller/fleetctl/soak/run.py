@@ -35,7 +35,7 @@ from typing import Any
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
-from fleetctl.soak import checks, prompts
+from fleetctl.soak import checks, prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
 from fleetctl.soak.checks import Evidence, Identity, SmokeResult
 from fleetctl.soak.client import ChatRequest, Client
@@ -47,12 +47,15 @@ from fleetctl.soak.phases import (
     estimate_chars_per_token,
     identity,
     long_decode,
+    long_prompts,
     long_text,
+    loop_references,
     merge_trials,
     open_loop,
     planned_phases,
     run_requests,
     sized,
+    stall_seen,
     sustained,
     windowed,
 )
@@ -61,8 +64,8 @@ from fleetctl.soak.readiness import (
     container_state,
 )
 from fleetctl.soak.verdict import (
-    ContainerState,
     Outcome,
+    Readiness,
     Sample,
     SoakTarget,
     Verdict,
@@ -79,65 +82,87 @@ MAX_DIST_SAMPLES = 2000
 async def _soak(client: Client, st: SoakState) -> Evidence:
     cfg, target = st.config, st.target
     st.emit("readiness", f"waiting for {target.base_url}/health")
+    st.phase = "readiness"
     ready = await await_ready(client, target, cfg.readiness_timeout, cfg.readiness_poll, st.progress)
+    st.ready = ready
     if not ready.ready:
         return Evidence(readiness=ready, has_container=target.container is not None)
 
-    before: ContainerState | None = None
-    container_error = ""
     if target.container is not None:
         try:
-            before = await container_state(target)
+            st.container_before = await container_state(target)
         except FleetError as e:
-            container_error = e.cause
+            st.container_error = e.cause
 
     st.emit("identity", "reading /v1/models and /version")
+    st.phase = "identity"
     ident = await identity(client, target)
+    st.ident = ident
     st.model = cfg.model or (cfg.served_model_names[0] if cfg.served_model_names else "") or \
         (ident.models[0] if ident.models else "")
     id_spec = cfg.check("identity")
     if id_spec.enabled and not id_spec.observe_only and checks.check_identity(
             id_spec, Evidence(readiness=ready, identity=ident), cfg).outcome is Outcome.FAIL:
         # Known in the first second: a server that lacks the recipe's names fails now.
-        return Evidence(readiness=ready, identity=ident, container_before=before, container_error=container_error,
-                        has_container=target.container is not None, host=target.name)
+        return evidence(st, final=False)
 
     st.emit("smoke", "smoke prompts at temperature 0")
-    smoke: list[SmokeResult] = []
+    st.phase = "smoke"
     for sp in prompts.SMOKE:
         req = ChatRequest(st.model, sp.prompt, cfg.smoke_max_tokens, 0.0, thinking=False)
-        s = await client.chat(req, phase="smoke", cls=sp.name, concurrency=1, t0=st.t0, keep_text=True)
+        s = await client.chat(req, phase="smoke", cls=sp.name, concurrency=1, t0=st.t0, keep_text=True,
+                              stall=cfg.token_timeout())
         st.samples.append(s)
         st.art.sample(s)
-        smoke.append(SmokeResult(sp.name, sp.expect, s, cfg.smoke_max_tokens))
-    smoke_check = checks.check_smoke(cfg.check("smoke"), Evidence(readiness=ready, smoke=tuple(smoke)))
+        st.smoke.append(SmokeResult(sp.name, sp.expect, s, cfg.smoke_max_tokens))
+        await stall_seen(client, st, s, "smoke")
+    smoke_check = checks.check_smoke(cfg.check("smoke"), Evidence(readiness=ready, smoke=tuple(st.smoke)))
     stop_after_smoke = smoke_check.outcome is Outcome.FAIL and not cfg.check("smoke").observe_only
 
-    load = not cfg.smoke_only and not stop_after_smoke and ident.reachable
-    if load:
+    st.load_ran = not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt
+    if st.load_ran:
         await _load(client, st, ident)
+        await loop_references(client, st)
+    return await _finish(client, st)
 
-    after: ContainerState | None = None
-    if target.container is not None and not container_error:
+
+async def _finish(client: Client, st: SoakState) -> Evidence:
+    """The container's state and /health after the load, then the evidence."""
+    target = st.target
+    st.phase = "the end of the soak"
+    if target.container is not None and not st.container_error:
         try:
-            after = await container_state(target)
+            st.container_after = await container_state(target)
         except FleetError as e:
-            container_error = e.cause
+            st.container_error = e.cause
     if not st.crash:
         probe = await client.get("/health", timeout=5.0)
         if probe.state in ("refused", "unreachable"):
             st.crash = await diagnose_crash(client, st, 0, "the end of the soak")
+    return evidence(st)
+
+
+def evidence(st: SoakState, final: bool = True) -> Evidence:
+    """Everything ``st`` gathered as Evidence (also after a hard deadline stopped the soak midway)."""
+    assert st.ready is not None
     return Evidence(
-        readiness=ready, identity=ident, smoke=tuple(smoke), levels=tuple(st.levels),
-        windows=tuple(_with_foreign(st.windows, st.samples)), load_ran=load, crash=st.crash, container_before=before,
-        container_after=after, container_error=container_error, has_container=target.container is not None,
-        spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=target.name,
+        readiness=st.ready, identity=st.ident, smoke=tuple(st.smoke), levels=tuple(st.levels),
+        windows=tuple(_with_foreign(st.windows, st.samples)), load_ran=st.load_ran, crash=st.crash,
+        container_before=st.container_before, container_after=st.container_after,
+        container_error=st.container_error, has_container=st.target.container is not None,
+        spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=st.target.name,
         canaries=tuple(st.canaries), long_decode=st.long_decode, prompt_sizes=dict(st.prompt_sizes),
         cache_block_tokens=st.cache_block_tokens,
         garbage_samples=tuple(s for s in st.samples if s.garbage and s.phase in _CHECKED_PHASES
                               and not s.cls.startswith("canary-")),
         streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
-    )
+        halted=st.halt, deadline_hit=st.deadline_hit, wedges=tuple(st.wedges),
+        token_timeout=st.config.token_timeout(),
+        streams_timed=sum(1 for s in st.samples if s.events or s.error_kind == "stall"),
+        loops=tuple(st.loops), loops_unjudged=st.loops_unjudged, long_prompts=tuple(st.long_prompts),
+    ) if final else Evidence(
+        readiness=st.ready, identity=st.ident, container_before=st.container_before,
+        container_error=st.container_error, has_container=st.target.container is not None, host=st.target.name)
 
 
 def _with_foreign(windows: Sequence[Window], samples: Sequence[Sample]) -> list[Window]:
@@ -165,13 +190,15 @@ _CHECKED_PHASES = ("canary", "classes", "sweep", "long_decode", "sustained")
 async def _load(client: Client, st: SoakState, ident: Identity) -> None:
     cfg = st.config
     await canary_references(client, st)
+    if st.crash or st.halt:
+        return
     # 4. one class at a time at c=1: per-class acceptance needs a window of its own.
     short = [c for c in cfg.classes if c != "long_context"]
     for cls in short:
         await windowed(client, st, cls, "classes", lambda cls=cls: run_requests(  # type: ignore[misc]
             client, st, phase="classes", label=cls, concurrency=1, requests=cfg.class_requests,
             seconds=cfg.level_timeout, classes=(cls,)))
-        if st.crash:
+        if st.crash or st.halt:
             return
     if "long_context" in cfg.classes:
         st.chars_per_token = estimate_chars_per_token(
@@ -187,7 +214,7 @@ async def _load(client: Client, st: SoakState, ident: Identity) -> None:
             seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
         measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
         st.prompt_sizes["long_context"] = (tokens, int(statistics.median(measured)) if measured else None, how)
-        if st.crash:
+        if st.crash or st.halt:
             return
     # 5. the concurrency sweep.
     for c in cfg.concurrency:
@@ -195,18 +222,21 @@ async def _load(client: Client, st: SoakState, ident: Identity) -> None:
             await windowed(client, st, f"c={c}", "sweep", lambda c=c: run_requests(  # type: ignore[misc]
                 client, st, phase="sweep", label=f"c={c}", concurrency=c, requests=cfg.level_requests(c),
                 seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES, canaries=True))
-            if st.crash:
+            if st.crash or st.halt:
                 break
         merge_trials(st, f"c={c}", c)
-        if st.crash:
+        if st.crash or st.halt:
             return
     for rate in cfg.request_rates:
         await windowed(client, st, f"r={rate:g}/s", "rate", lambda rate=rate: open_loop(  # type: ignore[misc]
             client, st, rate, requests=cfg.level_requests(max(1, round(rate))), seconds=cfg.level_timeout))
-        if st.crash:
+        if st.crash or st.halt:
             return
     await long_decode(client, st, ident)
-    if st.crash:
+    if st.crash or st.halt:
+        return
+    await long_prompts(client, st, ident)
+    if st.crash or st.halt:
         return
     # 6. the sustained phase.
     await sustained(client, st, ident)
@@ -222,6 +252,10 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     scrapes and verdict.json go (created). With ``config.smoke_only`` only
     readiness, identity and smoke run: a rollback's quick check.
     """
+    secrets.validate_endpoint(target.base_url, f"{target.name}: the soak's URL", strict=False)
+    scrub = secrets.Scrubber(secrets.known_secrets(target.api_key, target.base_url))
+    target = secrets.scrubbed_target(target, scrub)
+    progress = secrets.scrubbed_progress(progress, scrub)
     run_id = run_id or new_run_id("soak", target.name)
     started = datetime.now(UTC)
     t0 = time.monotonic()
@@ -231,11 +265,24 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
                    baseline_tok_s={lv.label: lv.tok_s for lv in (baseline.levels if baseline else ())
                                    if lv.tok_s is not None})
 
+    limit, how = config.hard_deadline()
+    st.emit("deadline", f"hard deadline {limit:.0f}s ({how})", deadline=round(limit))
+
     async def go() -> Evidence:
         conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8
         async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout,
-                          api_key=target.api_key) as c:
-            return await _soak(c, st)
+                          api_key=target.api_key, scrub=scrub) as c:
+            try:
+                async with asyncio.timeout(limit):
+                    return await _soak(c, st)
+            except TimeoutError:
+                # Whatever phase it was in: no server holds the controller past the deadline.
+                st.deadline_hit = True
+                st.halt = st.halt or f"the soak reached its hard deadline of {limit:.0f}s during {st.phase}"
+                st.emit("deadline", st.halt)
+                if st.ready is None:
+                    st.ready = Readiness(Outcome.ERROR, st.halt, limit)
+                return evidence(st)
 
     try:
         ev = asyncio.run(go())
@@ -264,7 +311,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         run_id=run_id, target=target.name, base_url=target.base_url, outcome=outcome, summary=summary,
         started=started.isoformat(timespec="seconds"),
         finished=datetime.now(UTC).isoformat(timespec="seconds"),
-        seconds=round(time.monotonic() - t0, 2), tag=target.tag, profile=config.profile,
+        seconds=round(time.monotonic() - t0, 2), tag=target.tag, digest=target.digest, profile=config.profile,
         artifacts_dir=str(artifacts_dir) if artifacts_dir else None,
         version=ev.identity.version if ev.identity else "",
         served_models=ev.identity.models if ev.identity else (),
@@ -274,14 +321,17 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         ttft_samples=tuple(round(s.ttft, 5) for s in ok if s.ttft is not None)[:MAX_DIST_SAMPLES],
         tpot_samples=tuple(round(s.tpot, 6) for s in ok if s.tpot is not None)[:MAX_DIST_SAMPLES],
     )
+    verdict = scrub.tree(verdict)
     art.write_json("verdict.json", to_dict(verdict))
     progress(Event("done", verdict.summary, host=target.name, data={"outcome": outcome.value}))
     return verdict
 
 
 def _acceptance(windows: Sequence[Window]) -> float | None:
-    acc = [w.accepted_tokens for w in windows if w.accepted_tokens is not None]
-    dt = [w.draft_tokens for w in windows if w.draft_tokens]
+    # Windows whose spec-decode counters were impossible have no accepted figure: left out whole.
+    ok = [w for w in windows if w.accepted_tokens is not None]
+    acc = [w.accepted_tokens for w in ok if w.accepted_tokens is not None]
+    dt = [w.draft_tokens for w in ok if w.draft_tokens]
     return sum(acc) / sum(dt) if acc and dt and sum(dt) else None
 
 

@@ -47,6 +47,10 @@ class ContainerState:
     restart_count: int = 0
     started_at: str = ""
     image: str = ""
+    #: The tag it serves (the rollout's ``fleetctl.tag`` label, else the reference's ``:tag``) and its
+    #: digest (``fleetctl.digest``, else the reference's ``@sha256:...``): empty when unknown.
+    tag: str = ""
+    digest: str = ""
 
 
 class ContainerAccess(Protocol):
@@ -76,6 +80,8 @@ class SoakTarget:
     tag: str = ""
     #: Sent as ``Authorization: Bearer`` (vLLM's --api-key / $VLLM_API_KEY); never shown or stored.
     api_key: str | None = field(default=None, repr=False, compare=False)
+    #: The image digest being judged (``sha256:...``), shown beside the tag; never a baseline key.
+    digest: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,8 @@ class Sample:
     output_tokens: int | None = None
     events: int = 0
     finish_reason: str | None = None
-    #: connect | http | stream_error | timeout | disconnect | protocol | finish (empty when ok).
+    #: connect | http | stream_error | timeout | stall (no token for the liveness bound) | disconnect | protocol |
+    #: finish (empty when ok).
     error_kind: str = ""
     error: str = ""
     #: The generated text, kept only for smoke prompts and canaries (load text is large).
@@ -109,6 +116,13 @@ class Sample:
     #: Inter-token latency of this stream: median and p99 of the gaps between reads carrying content.
     itl_p50: float | None = None
     itl_p99: float | None = None
+    #: A phrase loop at the end of the answer (soak/loops.py), described; empty when none.
+    loop: str = ""
+    #: Where the loop starts (characters into the answer) and the answer's length in characters.
+    loop_start: int | None = None
+    text_chars: int = 0
+    #: The text's length after each content delta (the long decode only: its windows are cut by tokens).
+    delta_ends: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,9 @@ class Window:
     prefix_cache_hits: float | None = None
     #: Requests the server finished in the window beyond the soak's own (another client's traffic).
     foreign_requests: float | None = None
+    #: Impossible readings, each naming its series ("vllm:...: accepted 290 > draft tokens 250"): the
+    #: figures derived from those series are left out (None) and the checks reading them are inconclusive.
+    inconsistent: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -220,6 +237,8 @@ class Verdict:
     seconds: float
     tag: str = ""
     profile: str = ""
+    #: The image digest judged (``sha256:...``), when known: reports show the tag and its short digest.
+    digest: str = ""
     #: Directory holding samples.jsonl, scrapes/, verdict.json (None when not saved).
     artifacts_dir: str | None = None
     version: str = ""

@@ -697,3 +697,25 @@ def test_kv_cache_admission_and_preemption(launcher: Launcher, model_dirs: dict[
 
     queued, preemptions = asyncio.run(run())
     assert queued and preemptions >= 1
+
+
+def test_tokenize_counts_what_a_chat_completion_counts(launcher: Launcher, model_dirs: dict[str, Path]) -> None:
+    """/tokenize of messages says what the same chat completion reports as prompt_tokens (the soak sizes
+    long-context prompts by it), whether content is a string or a list of parts."""
+    emu = launcher.start([str(model_dirs["body"]), *NAMES])
+    text = "Summarise this service log: " + " ".join(f"line {i}: ok, 12 ms;" for i in range(200))
+    shapes = [
+        [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": text}],
+        [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "text", "text": "Thanks!"}]}],
+    ]
+    for messages in shapes:
+        tok = httpx.post(emu.url + "/tokenize", json={"model": "qwen36-fast", "messages": messages}, timeout=10)
+        assert tok.status_code == 200, tok.text
+        chat = httpx.post(emu.url + "/v1/chat/completions", timeout=30,
+                          json={"model": "qwen36-fast", "messages": messages, "max_tokens": 4, "temperature": 0})
+        assert chat.status_code == 200, chat.text
+        assert tok.json()["count"] == chat.json()["usage"]["prompt_tokens"], messages[-1]["content"]
+    plain = httpx.post(emu.url + "/tokenize", json={"model": "qwen36-fast", "prompt": text}, timeout=10).json()
+    comp = httpx.post(emu.url + "/v1/completions", timeout=30,
+                      json={"model": "qwen36-fast", "prompt": text, "max_tokens": 4, "temperature": 0}).json()
+    assert plain["count"] == comp["usage"]["prompt_tokens"] and plain["count"] == len(plain["tokens"])

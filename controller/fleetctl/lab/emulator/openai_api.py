@@ -58,6 +58,28 @@ class BadRequestError(Exception):
         self.param = param
 
 
+def message_texts(messages: list[Any]) -> tuple[list[str], bool]:
+    """Each chat message's text as the model sees it (text parts joined), and whether one has an image.
+
+    The one reading of ``messages`` that both a chat completion and /tokenize count tokens from.
+    """
+    texts: list[str] = []
+    has_image = False
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        if isinstance(content, list):
+            parts = []
+            for part in content:
+                if isinstance(part, dict) and part.get("type") == "text":
+                    parts.append(str(part.get("text", "")))
+                elif isinstance(part, dict) and part.get("type") in ("image_url", "image", "input_image"):
+                    has_image = True
+            texts.append(" ".join(parts))
+        else:
+            texts.append("" if content is None else str(content))
+    return texts, has_image
+
+
 def error_body(message: str, kind: str, status: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's ErrorResponse JSON."""
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
@@ -142,7 +164,9 @@ class OpenAIApi:
         except ValueError:
             return json_response(400, error_body("invalid JSON body", "Bad Request", 400, None))
         if isinstance(body, dict) and isinstance(body.get("messages"), list):
-            texts = [str(m.get("content") or "") if isinstance(m, dict) else "" for m in body["messages"]]
+            # Counted exactly as a chat completion counts the same messages (content parts joined;
+            # the repr of a list of parts is not what the model sees).
+            texts, _image = message_texts(body["messages"])
             count = sum(count_tokens(x) + TEMPLATE_TOKENS_PER_MESSAGE for x in texts)
             if body.get("add_generation_prompt", True):
                 count += TEMPLATE_TOKENS_GENERATION
@@ -220,23 +244,7 @@ class OpenAIApi:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise BadRequestError("Field required", kind="Bad Request", param="body.messages")
-            texts: list[str] = []
-            for msg in messages:
-                content = msg.get("content") if isinstance(msg, dict) else None
-                if isinstance(content, list):
-                    parts = []
-                    for part in content:
-                        if isinstance(part, dict) and part.get("type") == "text":
-                            parts.append(str(part.get("text", "")))
-                        elif isinstance(part, dict) and part.get("type") in (
-                            "image_url",
-                            "image",
-                            "input_image",
-                        ):
-                            has_image = True
-                    texts.append(" ".join(parts))
-                else:
-                    texts.append("" if content is None else str(content))
+            texts, has_image = message_texts(messages)
             counts = [count_tokens(t) + TEMPLATE_TOKENS_PER_MESSAGE for t in texts]
             prompt_tokens = sum(counts) + TEMPLATE_TOKENS_GENERATION
             user_texts = [

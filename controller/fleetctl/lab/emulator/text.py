@@ -24,6 +24,10 @@ KNOWN_ANSWERS: dict[str, str] = {
     "what is 2 + 2?": "2 + 2 = 4.",
 }
 
+#: The soak's long-prompt probe hides "The vault code is X." in a document and ends with this question.
+NEEDLE_QUESTION = "What is the vault code stated in the log above? Answer with the code only."
+_NEEDLE_FACT = re.compile(r"The vault code is ([\w -]+?)\.")
+
 #: A prompt "Repeat exactly: TEXT" is answered with TEXT.
 COPY_PREFIX = "repeat exactly:"
 
@@ -66,6 +70,9 @@ def answer_tokens(prompt: str, *, temperature: float, salt: str = "") -> list[st
     if known is not None:
         return split_tokens(known)
     stripped = prompt.strip()
+    if stripped.endswith(NEEDLE_QUESTION) and (m := _NEEDLE_FACT.search(stripped)):
+        # The soak's long-prompt probe: a fact hidden in a long document, asked for at its end.
+        return split_tokens(f"The vault code is {m.group(1)}.")
     if stripped.lower().startswith(COPY_PREFIX):
         # The soak's copy canary: a greedy model repeats the text verbatim.
         return split_tokens(stripped[len(COPY_PREFIX):].strip())
