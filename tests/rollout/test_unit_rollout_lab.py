@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -170,8 +171,9 @@ def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple
                 killed = True
         out, _ = proc.communicate(timeout=900)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # the test failed first: Ctrl-C, so that the engine restores the unit
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=600)
     assert killed, "the rollout ended before its soak began"
     doc = json.loads(out)
     assert proc.returncode == 1, doc
