@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -89,6 +90,13 @@ def serving(host: str) -> dict[str, Any]:
     return {"running": c["State"]["Running"], "image": c["Image"], "args": c["Args"]}
 
 
+def back_to(tag: str, limit: str, recipe: str = PAIR) -> None:
+    """Hosts ``limit`` serving ``tag`` (a smoke-gated ``rollback --to``), whatever an earlier test left."""
+    code, doc = fleetctl("rollback", "--to", tag, "--recipe", recipe, "--limit", limit, "--max-unavailable", "100%",
+                         "--yes")
+    assert code == 0, doc
+
+
 def assert_unit_serves(members: tuple[str, ...], tag: str) -> None:
     for rank, m in enumerate(members):
         s = serving(m)
@@ -101,6 +109,7 @@ def assert_unit_serves(members: tuple[str, ...], tag: str) -> None:
 
 def test_a_passing_rollout_then_a_rollback_move_both_members_together(unit: tuple[str, tuple[str, ...]]) -> None:
     name, members = unit
+    back_to(BASE, ",".join(members))
     assert_unit_serves(members, BASE)
     code, doc = rollout(NEW, members[1])  # one member selected: the whole unit is stepped
     assert code == 0, doc
@@ -119,6 +128,7 @@ def test_a_passing_rollout_then_a_rollback_move_both_members_together(unit: tupl
 
 def test_a_failed_gate_puts_both_members_back(unit: tuple[str, tuple[str, ...]]) -> None:
     _name, members = unit
+    back_to(BASE, ",".join(members))
     assert_unit_serves(members, BASE)
     code, doc = rollout(BAD, ",".join(members))
     assert code == 1, doc
@@ -137,6 +147,8 @@ def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, 
     # the single hosts serve qwen35-35b-bf16 (--recipe), the unit its own two-node recipe of the same image
     code, doc = fleetctl("stage", "--recipe", "qwen35-35b-bf16", "--limit", ",".join(singles))
     assert code == 0, doc
+    back_to(BASE, ",".join(singles), "qwen35-35b-bf16")
+    back_to(BASE, ",".join(members))
     code, doc = fleetctl("rollout", "--tag", NEW, "--recipe", "qwen35-35b-bf16", "--limit",
                          ",".join([*singles, *members]), "--soak", SOAK, "--waves", "1,100%", "--yes")
     assert code == 0, doc
@@ -156,6 +168,7 @@ def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple
     """`lab node WORKER --kill-worker` once the unit's soak began: the head wedges (/health 200, no token),
     the gate fails, and both members serve BASE again."""
     _name, members = unit
+    back_to(BASE, ",".join(members))
     assert_unit_serves(members, BASE)
     proc = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--recipe", PAIR, "--limit", ",".join(members),
                              "--soak", "30s", "--yes", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -170,8 +183,9 @@ def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple
                 killed = True
         out, _ = proc.communicate(timeout=900)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        if proc.poll() is None:  # the test failed first: Ctrl-C, so that the engine restores the unit
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=600)
     assert killed, "the rollout ended before its soak began"
     doc = json.loads(out)
     assert proc.returncode == 1, doc

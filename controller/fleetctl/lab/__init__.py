@@ -510,8 +510,12 @@ def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, di
 
 
 def _kill_serving(engine: Dockerd, name: str, progress: Progress) -> None:
-    """SIGKILL every vLLM container on node ``name`` (the lab's images), as a worker process that dies."""
-    vllm = [c.name for c in nodes.inner_containers(engine, name) if images.VLLM_REPOSITORY in c.image]
+    """SIGKILL every vLLM container on node ``name`` (the lab's images: AEON's and the stock vllm-openai),
+    as a worker process that dies."""
+    from fleetctl.lab.scenarios import AEON_REPOSITORY, STOCK_REPOSITORY
+
+    vllm = [c.name for c in nodes.inner_containers(engine, name)
+            if any(repo in c.image for repo in (AEON_REPOSITORY, STOCK_REPOSITORY))]
     if not vllm:
         raise FleetError("--kill-worker: no vLLM container runs on the node", host=name,
                          fix="kill a member while its unit serves (during a soak)")

@@ -9,6 +9,7 @@ head to :meth:`UnitSteps._slot_step`, which steps the whole unit; a single host 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -27,6 +28,55 @@ from fleetctl.rollout.unit import unit_recipe
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
+
+#: Seconds between two looks at every member's container during a unit's soak.
+WATCH_INTERVAL = 3.0
+
+
+class MemberWatch:
+    """Every member's serving container watched during the soak (one ``docker inspect`` each per interval,
+    members one after another: a unit has a handful). A member whose container stops, is replaced or
+    restarts breaks the unit, and the head then answers /health with no token (a wedged engine): the
+    watcher records which member and how, and kills the head's container, so that the soak fails on
+    the spot instead of waiting out its requests' timeouts; the unit's restore follows."""
+
+    def __init__(self, members: Sequence[Host]) -> None:
+        self.members = list(members)
+        self.lost: str | None = None
+        self._stop = threading.Event()
+        self._first = {h.name: self._look(h) for h in self.members}
+        self._thread = threading.Thread(target=self._run, name="unit-watch", daemon=True)
+
+    @staticmethod
+    def _look(h: Host) -> str | None:
+        r = ssh.docker(h, f"docker inspect {container_name(h)} --format '{{{{.Id}}}} {{{{.State.Running}}}} "
+                          f"{{{{.RestartCount}}}}'", timeout=30)
+        return r.stdout.strip() if r.rc == 0 else None
+
+    def __enter__(self) -> MemberWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.wait(WATCH_INTERVAL):
+            for h in self.members:
+                try:
+                    now = self._look(h)
+                except FleetError:
+                    continue  # SSH lost for a moment: the next look, or the soak, tells
+                if now != self._first[h.name]:
+                    was = (self._first[h.name] or "").split()
+                    state = "gone" if now is None else ("stopped" if now.split()[1] != "true" else
+                                                        "replaced" if was and now.split()[0] != was[0] else "restarted")
+                    self.lost = f"{h.name}'s serving container {state} during the soak"
+                    head = self.members[0]
+                    if h is not head:
+                        ssh.docker(head, f"docker kill {container_name(head)} >/dev/null 2>&1 || true", timeout=60)
+                    return
 
 
 class UnitSteps(HostSteps):
@@ -135,11 +185,16 @@ class UnitSteps(HostSteps):
                         {**show, "health": "ready"})
         t0 = time.monotonic()
         art = self._artifacts(rid, head)
-        verdict = self.gates.soak(head, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
-                                  self._forward(head, show, "soak"))
+        with MemberWatch(members) as watch:
+            verdict = self.gates.soak(head, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
+                                      self._forward(head, show, "soak"))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t)
         figures = gate.figures(verdict)
+        if watch.lost is not None:
+            self._fail_unit(rid, recipe, unit, f"soak fail: {watch.lost} (the head's container was stopped to end "
+                            f"the soak: a unit with a member lost serves no token)", verdict, {**show, **figures}, t)
+            return
         down = self._not_running(members)
         if down and verdict.outcome.value == "pass":
             self._fail_unit(rid, recipe, unit, f"member(s) stopped during the soak: {down}", verdict,
