@@ -49,7 +49,8 @@ def floor_in_inventory(serving: RolloutResult) -> Iterator[Path]:
 
 
 class Watcher:
-    """Counts, over SSH, the nodes whose serving container is not running or does not answer /health."""
+    """Counts, over SSH, the nodes whose serving container is not running or does not answer /health
+    (docker as the admin user may run it: the docker group, or sudo)."""
 
     def __init__(self) -> None:
         inv = inventory.load(None)
@@ -65,7 +66,7 @@ class Watcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            outs = ssh.fan_out(self.hosts, lambda h: ssh.run(h, self.cmd[h.name], timeout=20).rc, timeout=30)
+            outs = ssh.fan_out(self.hosts, lambda h: ssh.docker(h, self.cmd[h.name], timeout=20).rc, timeout=30)
             down = {n for n, o in outs.items() if o.error is not None or o.value != 0}
             self.seen_out |= down
             self.most_out = max(self.most_out, len(down))
