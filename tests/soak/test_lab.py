@@ -60,7 +60,7 @@ def _serve(lab: fleetlab.LabStatus, host: Any, tag: str, env: str = "") -> SoakT
     cmd = (f"docker rm -f {NAME} >/dev/null 2>&1; docker run -d --name {NAME} --network host {env} "
            f"-v /opt/soak-test:/models:ro {ref} serve /models/body --served-model-name {' '.join(SERVED)} "
            f"--port {PORT} --max-num-seqs 64 --max-num-batched-tokens 8192 --speculative-config '{spec}'")
-    ssh.run(host, cmd, timeout=300).check(f"starting {ref}")
+    ssh.docker(host, cmd, timeout=300).check(f"starting {ref}")
     return SoakTarget(host.name, f"http://{host.address}:{PORT}", DockerOverSSH(host, NAME), tag)
 
 

@@ -61,7 +61,7 @@ def serving_stand_in(provisioned: PlaybookResult, lab: fleetlab.LabStatus) -> It
     if paused:
         ssh.docker(host, ["docker", "stop", "-t", "10", *paused], timeout=120).check("stopping the node's own serving")
     try:
-        ssh.run(host, [
+        ssh.docker(host, [
             "docker", "run", "-d", "--name", name, "--network", "host",
             "--label", "fleetctl.recipe=status-test", "--label", "fleetctl.tag=test-tag",
             "--label", "fleetctl.digest=sha256:" + "ab" * 32, "--label", "fleetctl.rollout=r-test",
