@@ -5,28 +5,12 @@ fails with that fact and the members' NCCL lines as the cause; a server that is 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from fleetctl.lab import models
 from fleetctl.soak.liveness import check_liveness
 from fleetctl.soak.verdict import SoakTarget
 from tests.lab.emulator.test_multinode import pair, wait_log
 from tests.lab.emulator.test_server import Launcher, _free_port
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return models.write_model(tmp_path_factory.mktemp("models") / "body", "qwen35-35b-a3b-bf16")
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    ln = Launcher(tmp_path)
-    yield ln
-    ln.stop_all()
 
 
 def test_a_wedged_unit_fails_liveness_with_the_fact_and_its_cause(launcher: Launcher, model: Path) -> None:

@@ -7,28 +7,14 @@ worker killed afterwards wedges the head (/health 200, no token); a head killed 
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from fleetctl.lab import models
 from tests.lab.emulator.test_server import READY_TIMEOUT, Emu, Launcher, _free_port, _refused
 
 NAMES = ["--served-model-name", "glm-pair"]
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return models.write_model(tmp_path_factory.mktemp("models") / "body", "qwen35-35b-a3b-bf16")
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    ln = Launcher(tmp_path)
-    yield ln
-    ln.stop_all()
 
 
 def wait_log(emu: Emu, text: str, timeout: float = READY_TIMEOUT, alive: bool = True) -> None:
