@@ -14,7 +14,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -132,13 +131,6 @@ class Launcher:
                 except subprocess.TimeoutExpired:
                     emu.proc.kill()
                     emu.proc.wait()
-
-
-@pytest.fixture
-def launcher(tmp_path: Path) -> Iterator[Launcher]:
-    ln = Launcher(tmp_path)
-    yield ln
-    ln.stop_all()
 
 
 def _chat(prompt: str, **extra: object) -> dict[str, object]:
