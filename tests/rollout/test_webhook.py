@@ -7,12 +7,14 @@ import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from fleetctl.errors import FleetError
-from fleetctl.progress import Recorder
+from fleetctl.progress import Event, Recorder, event_from_json
+from fleetctl.rollout import webhook
 from fleetctl.rollout.webhook import Webhook, redact, validate
 
 
@@ -160,3 +162,34 @@ def test_a_redirect_is_not_followed() -> None:
     finally:
         s.shutdown()
         s.server_close()
+
+
+FIXTURE = Path(__file__).parents[1] / "cli" / "fixtures" / "rollout-events.jsonl"
+
+
+def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(receiver: _Receiver,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded rollout's events (the ones every view gets) reach the receiver as ``progress`` events: one
+    post per interval whatever the number of events, at most PROGRESS_HOSTS hosts in one, each host's latest
+    phase and figures, no secret value and no part of the URL's token."""
+    monkeypatch.setattr(webhook, "PROGRESS_HOSTS", 3)
+    url = f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-0123456789abcdef"
+    hook = Webhook(url, "ro-1", "lab", allow_http=True, secrets=["hunter2-sudo"], interval=3600)
+    events = [event_from_json(json.loads(ln))[1] for ln in FIXTURE.read_text().splitlines()]
+    events.append(Event("failed", "sudo said hunter2-sudo is wrong; see T0KEN-0123456789abcdef", "spark-05",
+                        {"tag": "v0.24.0", "soak_phase": "internal", "bytes": 5, "bytes_total": 10}))
+    for e in events:
+        hook.watch(e)
+    assert len(receiver.bodies) <= 1, "one post per interval, whatever the number of events"
+    hook.close()
+    hook.watch(Event("done", "after close", "spark-01"))  # a closed webhook takes no more
+    posts = [b for b in receiver.bodies if b["event"] == "progress"]
+    # The first post went at the first event; the rest at close, in posts of at most 3 hosts.
+    assert len(posts) == 3 and [len(p["hosts"]) for p in posts[1:]] == [3, 2]
+    assert posts[1]["waiting"] == 2 and posts[2]["waiting"] == 0
+    last = {h["host"]: h for p in posts[1:] for h in p["hosts"]}
+    expected = {e.host: e for e in events if e.host}
+    assert {h: e["phase"] for h, e in last.items()} == {h: e.phase for h, e in expected.items()}
+    assert last["spark-05"]["bytes"] == 5 and "soak_phase" not in last["spark-05"]
+    text = json.dumps(receiver.bodies)
+    assert "hunter2-sudo" not in text and "T0KEN-0123456789abcdef" not in text and "<redacted by fleetctl>" in text

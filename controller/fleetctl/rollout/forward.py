@@ -101,7 +101,7 @@ class Forward(UnitSteps):
         todo = [hosts[h.host] for h in p.hosts if h.action == "deploy"]
         t_pre = time.monotonic()
         try:
-            pulls = self._prefetch(rid, todo, p.pull_ref)
+            pulls = self._prefetch(rid, todo, p.pull_ref, p.image)
         except StopRollout as e:
             self.ledger.set_status(rid, e.status, e.error)
             hook.send("failure", error=e.error)
