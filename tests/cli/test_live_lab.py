@@ -13,7 +13,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -25,8 +24,8 @@ import pytest
 from fleetctl import inventory, registry, ssh
 from tests.frontdoor.servers import free_port
 from tests.plugins.serving import BASE_TAG, engine, serve
-from tests.rollout.test_webhook import _Handler as _Hook
 from tests.rollout.test_webhook import _Receiver
+from tests.rollout.test_webhook import receiver as receiver  # the loopback receiver fixture
 
 pytestmark = pytest.mark.lab
 
@@ -53,18 +52,13 @@ def wait_for(pattern: str, deadline: float) -> str:
 
 
 @pytest.fixture
-def webhook() -> Iterator[tuple[str, _Receiver]]:
+def webhook(receiver: _Receiver) -> Iterator[tuple[str, _Receiver]]:
     """A loopback receiver, and the lab inventory allowing its plain-http URL for the test's length."""
     allow = inventory.load(None).path.parent / "group_vars" / "all" / "zz-test-webhook.yml"
     allow.write_text("fleetctl_webhook_allow_http: true\n")
-    s = _Receiver(("127.0.0.1", 0), _Hook)
-    s.bodies = []
-    threading.Thread(target=s.serve_forever, daemon=True).start()
     try:
-        yield f"http://127.0.0.1:{s.server_port}/hook/T0KEN-s3cr3t-0123456789", s
+        yield f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-s3cr3t-0123456789", receiver
     finally:
-        s.shutdown()
-        s.server_close()
         allow.unlink(missing_ok=True)
 
 
