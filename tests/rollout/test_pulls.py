@@ -26,15 +26,16 @@ def test_the_bytes_grow_a_layer_at_a_time_to_the_images_size() -> None:
         if meter.feed(line):
             f = meter.figures()
             seen.append((f["bytes"], f["layers"]))
-    assert seen == [(0, 0), (0, 0), (40_006, 1), (42_851_403, 2)]
+    # Bytes as layers are downloaded; then the layers as they are extracted.
+    assert seen == [(0, 0), (0, 0), (40_006, 0), (42_851_403, 0), (42_851_403, 1), (42_851_403, 2)]
     assert meter.figures() == {"bytes": 42_851_403, "bytes_total": 42_851_403, "layers": 2, "layers_total": 2}
-    assert meter.message() == "2/2 layers, 42.9 MB of 42.9 MB"
+    assert meter.message() == "42.9 MB of 42.9 MB, 2/2 layers extracted"
 
 
 def test_layers_already_there_count_and_an_image_up_to_date_is_whole() -> None:
     meter = PullMeter([{A: 42_811_397, B: 40_006}])
     meter.feed("64641e29547f: Already exists")
-    assert meter.figures()["bytes"] == 42_811_397
+    assert meter.figures()["bytes"] == 42_811_397 and meter.figures()["layers"] == 1
     up = PullMeter([{A: 42_811_397, B: 40_006}])
     assert up.feed("Status: Image is up to date for 10.78.36.1:5000/vllm/vllm-openai@sha256:50e8")
     assert up.figures() == {"bytes": 42_851_403, "bytes_total": 42_851_403, "layers": 2, "layers_total": 2}
@@ -54,6 +55,6 @@ def test_without_sizes_the_layers_are_counted_and_other_lines_change_nothing() -
     assert not meter.feed("Digest: sha256:50e81fbe65e8")
     assert not meter.feed("not a docker line at all")
     meter.feed("64641e29547f: Pulling fs layer")
-    meter.feed("4df02ae89cd1: Download complete")
+    meter.feed("4df02ae89cd1: Pull complete")
     assert meter.figures() == {"bytes": None, "bytes_total": None, "layers": 1, "layers_total": 2}
-    assert meter.message() == "1/2 layers"
+    assert meter.message() == "1/2 layers extracted"

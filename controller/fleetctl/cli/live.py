@@ -234,17 +234,20 @@ def _secs(s: float) -> str:
 
 
 def progress_cell(r: HostRow, now: float, bar: bool = True) -> str:
-    """A bar and its figure for the long phases: a pull ``██░░░ 8.1 GB/18.4 GB`` (its layers when the
-    registry gave no sizes: ``3/7 layers``), readiness ``██░░░ 41/600s``, soak ``███░░ 7/9 2m03s``
+    """A bar and its figure for the long phases: a pull ``██░░░ 8.1 GB/18.4 GB`` (then ``extracting 3/7``
+    layers; its layers alone when the registry gave no sizes: ``3/7 layers``), readiness ``██░░░ 41/600s``, soak ``███░░ 7/9 2m03s``
     (phase 7 of 9), the sustained phase ``████░ 9/9 48/60s``; the phase's time otherwise. Without
     ``bar`` (a narrow terminal) the figures alone."""
     f = r.figures
     frac = _fraction(r)
     drawn = f"{_bar(frac)} " if bar and frac is not None else ""
     if frac is not None and f.get("layers_total"):
-        if f.get("bytes_total"):
-            return f"{drawn}{human_bytes(float(f.get('bytes') or 0))}/{human_bytes(float(f['bytes_total']))}"
-        return f"{drawn}{f.get('layers', 0)}/{f['layers_total']} layers"
+        layers = f"{f.get('layers', 0)}/{f['layers_total']}"
+        if not f.get("bytes_total"):
+            return f"{drawn}{layers} layers"
+        if frac >= 1.0 and f.get("layers", 0) < f["layers_total"]:
+            return f"{drawn}extracting {layers}"  # every byte is in; the layers are being unpacked
+        return f"{drawn}{human_bytes(float(f.get('bytes') or 0))}/{human_bytes(float(f['bytes_total']))}"
     if frac is not None and f.get("steps"):
         if f.get("level") == "sustained" and f.get("level_seconds"):
             figure = f"{f.get('level_elapsed', 0)}/{f['level_seconds']}s"

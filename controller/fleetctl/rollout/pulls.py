@@ -3,9 +3,10 @@
 ``docker pull`` without a terminal prints no byte counts, only one line per layer and state
 (``64641e29547f: Pulling fs layer``, ``...: Download complete``, ``...: Already exists``,
 ``...: Pull complete``). The image's manifest (:func:`fleetctl.registry.layer_sizes`) gives each
-layer's size; :class:`PullMeter` adds the sizes of the layers done. A layer counts once it is
-downloaded (or was already there), so the bytes grow a layer at a time: on a real image of tens of
-layers that is a fair bar, and it needs nothing on the host but the docker CLI it already runs.
+layer's size; :class:`PullMeter` adds the sizes of the layers downloaded (or already there), so the
+bytes grow a layer at a time: on a real image of tens of layers that is a fair bar, and it needs nothing
+on the host but the docker CLI it already runs. Extracting follows downloading (``Pull complete``): the
+layers count the extracted ones, so that a pull whose bytes are all in but still unpacks says so.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ from fleetctl.stage import human_bytes
 #: ``<12 hex>: <state>``: docker's line for one layer.
 _LAYER_LINE = re.compile(r"^([0-9a-f]{12}): (.+)$")
 #: States after which a layer's bytes are on the host.
-_DONE = ("Download complete", "Already exists", "Pull complete")
+_DOWNLOADED = ("Download complete", "Already exists", "Pull complete")
+#: States after which a layer is extracted too.
+_EXTRACTED = ("Already exists", "Pull complete")
 _UP_TO_DATE = "Status: Image is up to date"
 
 
@@ -35,7 +38,8 @@ class PullMeter:
     def __init__(self, platforms: Sequence[dict[str, int]] = ()) -> None:
         self.platforms = [{d.split(":", 1)[-1][:12]: size for d, size in p.items()} for p in platforms if p]
         self.seen: set[str] = set()
-        self.done: set[str] = set()
+        self.downloaded: set[str] = set()
+        self.extracted: set[str] = set()
         self.up_to_date = False
         self._lock = threading.Lock()
 
@@ -50,11 +54,13 @@ class PullMeter:
             if m is None:
                 return False
             layer, state = m.groups()
-            before = (len(self.seen), len(self.done))
+            before = (len(self.seen), len(self.downloaded), len(self.extracted))
             self.seen.add(layer)
-            if state.startswith(_DONE):
-                self.done.add(layer)
-            return (len(self.seen), len(self.done)) != before
+            if state.startswith(_DOWNLOADED):
+                self.downloaded.add(layer)
+            if state.startswith(_EXTRACTED):
+                self.extracted.add(layer)
+            return (len(self.seen), len(self.downloaded), len(self.extracted)) != before
 
     def _sizes(self) -> dict[str, int] | None:
         """The platform this pull's layers belong to (the most of them named), or None."""
@@ -64,22 +70,22 @@ class PullMeter:
         return best if self.seen & best.keys() or len(self.platforms) == 1 else None
 
     def figures(self) -> dict[str, Any]:
-        """``bytes`` done and ``bytes_total`` (None when unknown), ``layers`` done of ``layers_total``."""
+        """``bytes`` downloaded of ``bytes_total`` (None when unknown), ``layers`` extracted of ``layers_total``."""
         with self._lock:
             sizes = self._sizes()
             if sizes is None:
                 n = len(self.seen)
-                return {"bytes": None, "bytes_total": None, "layers": n if self.up_to_date else len(self.done),
+                return {"bytes": None, "bytes_total": None, "layers": n if self.up_to_date else len(self.extracted),
                         "layers_total": n}
             total = sum(sizes.values())
-            done = total if self.up_to_date else sum(sizes.get(layer, 0) for layer in self.done)
-            layers = len(sizes) if self.up_to_date else len(self.done & sizes.keys())
+            done = total if self.up_to_date else sum(sizes.get(layer, 0) for layer in self.downloaded)
+            layers = len(sizes) if self.up_to_date else len(self.extracted & sizes.keys())
             return {"bytes": done, "bytes_total": total, "layers": layers, "layers_total": len(sizes)}
 
     def message(self) -> str:
-        """``3/7 layers, 41.2 MB of 18.4 GB``: the pull's own words for the host's row."""
+        """The pull's own words for the host's row: ``8.1 GB of 18.4 GB, 3/7 layers extracted``."""
         f = self.figures()
-        text = f"{f['layers']}/{f['layers_total']} layers"
-        if f["bytes_total"] is not None:
-            text += f", {human_bytes(f['bytes'])} of {human_bytes(f['bytes_total'])}"
-        return text
+        layers = f"{f['layers']}/{f['layers_total']} layers extracted"
+        if f["bytes_total"] is None:
+            return layers
+        return f"{human_bytes(f['bytes'])} of {human_bytes(f['bytes_total'])}, {layers}"
