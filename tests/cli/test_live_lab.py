@@ -136,6 +136,8 @@ def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp
         pulls = [ln["data"] for ln in lines if ln["phase"] == "pull" and ln["host"] and "bytes_total" in ln["data"]]
         assert pulls and all(p["bytes_total"] > 1_000_000 for p in pulls), "the registry's layer sizes"
         assert any(p["bytes"] == p["bytes_total"] for p in pulls), "each pull ends with all its bytes"
+        # A role-driven step streams its Ansible tasks into the host's row.
+        assert any(ln["phase"] == "deploying" and ln["data"].get("task") for ln in lines), "the role's tasks"
         # The webhook: the coarse events, and the hosts' progress batched (no token anywhere in a body).
         kinds = [b["event"] for b in receiver.bodies]
         assert "start" in kinds and ("completion" in kinds or "failure" in kinds), kinds

@@ -144,8 +144,8 @@ class Webhook:
         self.redactor = Redactor([*secrets, *(p for p in parts if len(p.strip("/")) >= TOKEN_PART)])
         self.on_close = on_close
         self.interval = interval
-        #: Host -> its latest progress not yet posted, and when it first waited.
-        self._pending: dict[str, tuple[float, dict[str, Any]]] = {}
+        #: Host -> when it first waited, and its latest event not yet posted (with its epoch time).
+        self._pending: dict[str, tuple[float, tuple[Event, float]]] = {}
         self._last_progress = float("-inf")
         self._closed = False
         self.rollout_id = rollout_id
@@ -184,13 +184,11 @@ class Webhook:
         event (at most one per :attr:`interval`); fleet-wide events are the coarse events' business."""
         if not self.url or event.host is None or self._closed:
             return
-        figures = {k: event.data[k] for k in PROGRESS_FIGURES if event.data.get(k) is not None}
-        entry = {"host": event.host, "phase": event.phase, "message": event.message[:PROGRESS_MESSAGE],
-                 "at": _now(), **figures}
         now = time.monotonic()
         with self._lock:
             since = self._pending[event.host][0] if event.host in self._pending else now
-            self._pending[event.host] = (since, entry)
+            # The event itself is kept; its entry is made when it is posted (most are replaced before).
+            self._pending[event.host] = (since, (event, time.time()))
             due = now - self._last_progress >= self.interval
         if due:
             self._flush_progress(now)
@@ -201,7 +199,7 @@ class Webhook:
             if not self._pending:
                 return
             order = sorted(self._pending, key=lambda h: self._pending[h][0])[:PROGRESS_HOSTS]
-            hosts = [self._pending.pop(h)[1] for h in order]
+            hosts = [_entry(*self._pending.pop(h)[1]) for h in order]
             self._last_progress = now
             waiting = len(self._pending)
         self.send("progress", hosts=hosts, waiting=waiting)
@@ -273,8 +271,15 @@ class Webhook:
             self.progress(Event("webhook", f"{d.event} event to {redact(self.url or '')} not delivered: {d.error}"))
 
 
-def _now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+def _now(at: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _entry(event: Event, at: float) -> dict[str, Any]:
+    """One host's part of a ``progress`` body: its latest event's phase, message (cut) and figures."""
+    figures = {k: event.data[k] for k in PROGRESS_FIGURES if event.data.get(k) is not None}
+    return {"host": event.host, "phase": event.phase, "message": event.message[:PROGRESS_MESSAGE], "at": _now(at),
+            **figures}
 
 
 def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
