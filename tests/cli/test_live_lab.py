@@ -128,7 +128,6 @@ def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp
                 assert f'data-host="{h["host"]}"' in r.stdout
         while not done.exists() and time.monotonic() < end:
             time.sleep(1)
-        assert done.read_text().strip() in ("0", "5"), screen()
         # The --events stream: a header with its schema, every event in the documented shape, the end.
         lines = [json.loads(ln) for ln in events.read_text().splitlines()]
         assert lines[0]["schema"] == 1 and lines[0]["title"] == "rollout" and lines[-1]["ended"] is True
@@ -145,6 +144,8 @@ def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp
         assert "soak" in {h["phase"] for h in progress}, progress
         assert {h["host"] for h in progress} == {h["host"] for h in live["hosts"]}, progress
         assert "T0KEN-s3cr3t" not in json.dumps(receiver.bodies)
+        # Last: a gate may fail on a loaded machine (exit 1); the stream and the receiver are checked first.
+        assert done.read_text().strip() in ("0", "5"), screen()
     finally:
         ui.terminate()
         ui.wait(timeout=30)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -249,3 +250,13 @@ def test_an_events_path_that_is_a_directory_is_refused_before_anything(tmp_path:
     with pytest.raises(FleetError, match="not a regular file"), live.watch(ctx, "rollout", tmp_path):
         pass
     assert not live.events_dir(tmp_path).exists()
+
+
+def test_a_ui_port_in_use_is_refused_before_anything(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ctx = Ctx(err=Console(file=io.StringIO(), width=80), ui_port=taken.getsockname()[1])
+        with pytest.raises(FleetError, match=r"cannot listen on 127\.0\.0\.1"), live.watch(ctx, "rollout", tmp_path):
+            pass
+    assert not list(live.events_dir(tmp_path).glob("*.jsonl"))

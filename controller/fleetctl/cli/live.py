@@ -370,21 +370,31 @@ def new_log(state_dir: Path, title: str) -> Path:
 def streams(ctx: Ctx, title: str, state_dir: Path, inv: Inventory | None = None) -> Iterator[Progress]:
     """The sinks every long command reports to besides its display: its event log (``<state dir>/events``),
     the ``--events`` stream, and the ``--ui`` page served from the event log while the command runs."""
-    events = _events_file(ctx.events) if ctx.events and ctx.events != "-" else None  # checked before anything
-    log = EventLog(new_log(state_dir, title), title)
-    extra: EventLog | None = None
+    # Bad input (an --events path that is no file, a --ui port taken) is refused before anything is written.
+    events = _events_file(ctx.events) if ctx.events and ctx.events != "-" else None
+    path = new_log(state_dir, title)
     server = None
+    if ctx.ui_port is not None:
+        from fleetctl.cli import ui  # ui imports this module
+
+        server = ui.serve(ui.Fleet(inv, state_dir, log=path), "127.0.0.1", ctx.ui_port)
+    try:
+        log = EventLog(path, title)
+    except BaseException:
+        if server is not None:
+            server.server_close()
+        raise
+    extra: EventLog | None = None
+    serving = False
     try:
         if ctx.events == "-":
             extra = EventLog(None, title, stream=sys.stdout)
         elif events is not None:
             extra = EventLog(events, title)
-        if ctx.ui_port is not None:
-            from fleetctl.cli import ui  # ui imports this module
-
-            server = ui.serve(ui.Fleet(inv, state_dir, log=Path(str(log.path))), "127.0.0.1", ctx.ui_port)
+        if server is not None:
             threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="fleetctl-ui",
                              daemon=True).start()
+            serving = True
             ctx.err.print(f"live view on {ui.url_of(server)} (read-only, while this command runs)",
                           highlight=False, markup=False)
         sink: Progress = Tee(log, extra) if extra is not None else log
@@ -394,7 +404,8 @@ def streams(ctx: Ctx, title: str, state_dir: Path, inv: Inventory | None = None)
         if extra is not None:
             extra.close()
         if server is not None:
-            server.shutdown()
+            if serving:
+                server.shutdown()  # waits for serve_forever: only once it was started
             server.server_close()
 
 
