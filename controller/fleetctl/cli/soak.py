@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -263,7 +264,10 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
     if html_file:
         report.write_html(Path(html_file), verdicts, base_map)
     if ctx.json:
-        click.echo(report.to_json(verdicts))
+        if ctx.events == "-":  # stdout is JSON lines: the result is the last one
+            ctx.emit(json.loads(report.to_json(verdicts)), lambda con: None)
+        else:
+            click.echo(report.to_json(verdicts))
     else:
         _summary(verdicts)(ctx.out)
     code = _exit_code(report.worst(verdicts))

@@ -4,7 +4,9 @@ It shows the inventory's hosts (with what the ledger last did to each), the roll
 progress from its event log (``<state dir>/events``: the same events and the same model as the
 terminal's live view, :mod:`fleetctl.cli.live`), the history (``fleetctl history``) and each host's soak
 report with its charts (drawn from the gate's ``verdict.json`` by the soak's own HTML report). A second
-process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup).
+process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup). The long commands'
+``--ui PORT`` serves the same page from inside the command, pinned to its own event log
+(:func:`fleetctl.cli.live.streams`), on 127.0.0.1 only, for as long as the command runs.
 
 The standard library's HTTP server, its handlers bounded (:data:`MAX_HANDLERS` at once); the page, its
 script and its style ship in the package (``cli/ui_assets``): no build step, no CDN. Only GET and HEAD.
