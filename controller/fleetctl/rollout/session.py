@@ -195,14 +195,15 @@ class Session:
 
         return ops.pull(ref, on_line)
 
-    def _webhook(self, rid: str, url: str | None) -> Webhook:
-        """The run's webhook; constructing it validates the URL (call it before touching any host)."""
+    def _webhook(self, rid: str, url: str | None, *, check_only: bool = False) -> Webhook:
+        """The run's webhook; constructing it validates the URL (call it before touching any host).
+        Unless ``check_only``, it watches the run's progress until :meth:`Webhook.close`."""
         u = url or os.environ.get("FLEETCTL_WEBHOOK_URL") or self.inv.vars.get("fleetctl_webhook_url")
         allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
         hook = Webhook(str(u) if u else None, rid, str(self.inv.path), self._relay.sink, allow_http=allow_http,
                        secrets=self._secret_values(),
                        on_close=lambda h: self._relay.remove(h.watch))
-        if hook.url:
+        if hook.url and not check_only:
             # The hosts' progress too (throttled and batched by the webhook): the same events as every view.
             self._relay.add(hook.watch)
         return hook
