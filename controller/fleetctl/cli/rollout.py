@@ -193,6 +193,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
+    nothing: dict[str, Any] | None = None
     with _watched(ctx, "rollout", take_over) as eng:
         if resume or dry_run:
             r = eng.resume(opts) if resume else eng.rollout(opts)
@@ -206,10 +207,15 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
                     ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
                                   f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
                                   highlight=False, markup=False)
-                    ctx.emit({"status": NOTHING_TO_DO, "plan": p}, lambda con: None)
-                    return
-                ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
-            r = eng.rollout(opts)
+                    nothing = {"status": NOTHING_TO_DO, "plan": p}
+                else:
+                    ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
+            if nothing is None:
+                r = eng.rollout(opts)
+    # The result after the event stream's end (with --events -, stdout's last line).
+    if nothing is not None:
+        ctx.emit(nothing, lambda con: None)
+        return
     _finish(ctx, r)
 
 
