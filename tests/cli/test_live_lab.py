@@ -129,9 +129,9 @@ def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp
         while not done.exists() and time.monotonic() < end:
             time.sleep(1)
         # The --events stream: a header with its schema, every event in the documented shape, the end.
-        lines = [json.loads(ln) for ln in events.read_text().splitlines()]
-        assert lines[0]["schema"] == 1 and lines[0]["title"] == "rollout" and lines[-1]["ended"] is True
-        assert all(set(ln) == {"t", "phase", "message", "host", "data"} for ln in lines[1:-1])
+        head, *lines, tail = [json.loads(ln) for ln in events.read_text().splitlines()]
+        assert head["schema"] == 1 and head["title"] == "rollout" and tail["ended"] is True
+        assert all(set(ln) == {"t", "phase", "message", "host", "data"} for ln in lines)
         pulls = [ln["data"] for ln in lines if ln["phase"] == "pull" and ln["host"] and "bytes_total" in ln["data"]]
         assert pulls and all(p["bytes_total"] > 1_000_000 for p in pulls), "the registry's layer sizes"
         assert any(p["bytes"] == p["bytes_total"] for p in pulls), "each pull ends with all its bytes"
