@@ -107,6 +107,11 @@ class _Handler(BaseHTTPRequestHandler):
     def _manifest(self, body: bool) -> None:
         if not self._auth_ok():
             return
+        by_digest = self.server.manifests.get(self.path.rsplit("/", 1)[-1])
+        if by_digest is not None:
+            media, data = by_digest
+            self._send(200, data, media, body)
+            return
         accept = self.headers.get("Accept", "")
         self.server.accepts.append(accept)
         if "application/vnd.oci.image.index.v1+json" not in accept:
@@ -139,12 +144,14 @@ class _Server(ThreadingHTTPServer):
     tags: list[str]
     seen: list[tuple[str, str, dict[str, str]]]
     accepts: list[str]
+    #: digest -> (media type, body): manifests served by digest.
+    manifests: dict[str, tuple[str, bytes]]
 
 
 @pytest.fixture
 def server() -> Iterator[_Server]:
     s = _Server(("127.0.0.1", 0), _Handler)
-    s.tags, s.seen, s.accepts = list(TAGS), [], []
+    s.tags, s.seen, s.accepts, s.manifests = list(TAGS), [], [], {}
     t = threading.Thread(target=s.serve_forever, daemon=True)
     t.start()
     yield s
@@ -344,3 +351,37 @@ def test_tags_outside_the_grammar_listed_by_a_registry_are_never_candidates(serv
     with pytest.raises(FleetError, match=r"no tag 'v0\.25\.0'"):
         registry.resolve("ghcr.io/aeon-7/vllm", "v0.25.0", mirrors(server))
     assert registry.resolve("ghcr.io/aeon-7/vllm", "v0.24.0", mirrors(server)).tag == "2026-07-01-v0.24.0"
+
+
+def _put(s: _Server, media: str, doc: dict[str, Any]) -> str:
+    data = json.dumps(doc).encode()
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    s.manifests[digest] = (media, data)
+    return digest
+
+
+def _image(s: _Server, sizes: list[int], salt: str) -> str:
+    layers = [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": n,
+               "digest": "sha256:" + hashlib.sha256(f"{salt}{i}".encode()).hexdigest()} for i, n in enumerate(sizes)]
+    return _put(s, "application/vnd.oci.image.manifest.v1+json",
+                {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": layers})
+
+
+def test_layer_sizes_of_each_platform_of_an_index(server: _Server) -> None:
+    """An index's platforms each give their layers' sizes (what a pull's bytes are counted against); its
+    attestation entry is not read; behind a bearer challenge, as ghcr.io answers."""
+    server.bearer = True
+    arm = _image(server, [40_000_000, 2_500_000_000, 1_000], "arm")
+    amd = _image(server, [41_000_000, 2_400_000_000], "amd")
+    att = _image(server, [900], "att")
+    index = _put(server, "application/vnd.oci.image.index.v1+json", {"schemaVersion": 2, "manifests": [
+        {"digest": arm, "platform": {"os": "linux", "architecture": "arm64"}},
+        {"digest": amd, "platform": {"os": "linux", "architecture": "amd64"}},
+        {"digest": att, "platform": {"os": "unknown", "architecture": "unknown"}}]})
+    sets = registry.layer_sizes("ghcr.io/aeon-7/vllm", index, mirrors(server))
+    assert [sorted(p.values()) for p in sets] == [[1_000, 40_000_000, 2_500_000_000], [41_000_000, 2_400_000_000]]
+    assert not any(path.endswith(att) for _, path, _ in server.seen)
+    # A single-platform image is its own one set.
+    assert [sum(p.values()) for p in registry.layer_sizes("ghcr.io/aeon-7/vllm", amd, mirrors(server))] == [2_441_000_000]
+    with pytest.raises(FleetError, match="not sha256"):
+        registry.layer_sizes("ghcr.io/aeon-7/vllm", "sha256:../../x", mirrors(server))

@@ -280,6 +280,32 @@ class Registry:
                              fix="point the recipe at an image repository")
         return digest, media
 
+    def layer_sizes(self, repository: str, digest: str) -> list[dict[str, int]]:
+        """The size (bytes as pulled, compressed) of each layer of ``repository@digest``, by layer digest: one
+        mapping per platform, since an index lists several and a host pulls the one of its own (attestation
+        entries, platform ``unknown``, are left out; at most :data:`MAX_PLATFORMS`)."""
+        check_digest(digest)
+        data = self._manifest(repository, digest)
+        if not isinstance(data.get("manifests"), list):
+            return [_layers(data)]
+        out = []
+        for m in data["manifests"][:MAX_PLATFORMS]:
+            plat = m.get("platform") if isinstance(m, dict) else None
+            sub = m.get("digest") if isinstance(m, dict) else None
+            if not isinstance(sub, str) or not _DIGEST.match(sub) or (isinstance(plat, dict)
+                                                                      and plat.get("os") == "unknown"):
+                continue
+            out.append(_layers(self._manifest(repository, sub)))
+        return out
+
+    def _manifest(self, repository: str, digest: str) -> dict[str, Any]:
+        url = f"{self.endpoint.base}/v2/{repository}/manifests/{digest}"
+        status, _, body = self._request("GET", url, repository, {"Accept": ", ".join(MANIFEST_TYPES)})
+        if status == 404:
+            raise FleetError(f"no manifest {digest[:19]} in {repository} on {self.endpoint.host}",
+                             fix="push the image again")
+        return _json(body, url)
+
     def resolve(self, image: str, wanted: str) -> ResolvedImage:
         """Tag list -> the one tag ``wanted`` names -> its digest."""
         name = ImageName.parse(image)
@@ -434,6 +460,26 @@ def _next_link(link: str | None, current: str) -> str | None:
         return None
     m = _LINK_NEXT.search(link)
     return urllib.parse.urljoin(current, m.group(1)) if m else None
+
+
+#: Platforms of an index whose layers are read at most (a CUDA image has one or two).
+MAX_PLATFORMS = 8
+
+
+def _layers(manifest: Mapping[str, Any]) -> dict[str, int]:
+    """Layer digest -> size of one image manifest."""
+    out: dict[str, int] = {}
+    for layer in manifest.get("layers") or []:
+        if isinstance(layer, dict) and isinstance(layer.get("digest"), str) and isinstance(layer.get("size"), int):
+            out[layer["digest"]] = max(0, int(layer["size"]))
+    return out
+
+
+def layer_sizes(image: str, digest: str, mirrors: Mapping[str, str] | None = None, timeout: float = 15.0,
+                auth_hosts: Collection[str] = ()) -> list[dict[str, int]]:
+    """:meth:`Registry.layer_sizes` of ``image@digest`` (through the mirrors, as the hosts pull it)."""
+    name = ImageName.parse(image)
+    return Registry(name.registry, mirrors, timeout, auth_hosts=auth_hosts).layer_sizes(name.repository, digest)
 
 
 def resolve(image: str, wanted: str, mirrors: Mapping[str, str] | None = None,

@@ -15,13 +15,14 @@ Commands run as the login user; a caller that needs root asks for it
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import fabric
 import paramiko
@@ -365,20 +366,22 @@ def _connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None, time
 
 def run(host: Host, command: str | list[str], timeout: float = 60.0,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, stdin: str | None = None,
-        become: bool = False) -> CommandResult:
+        become: bool = False, on_line: Callable[[str], None] | None = None) -> CommandResult:
     """Run ``command`` on ``host`` (a list is shell-quoted), waiting at most ``timeout`` seconds.
 
     ``become=True`` runs it as the become user (root unless ``ansible_become_user`` says
     otherwise) through sudo when the login user is someone else: ``sudo -n`` where sudo
     needs no password, else ``sudo -S`` with ``ansible_become_password`` on stdin. A
     host whose login cannot do that raises the :func:`check_access` error.
+    ``on_line`` gets each line of stdout as it arrives (a long command's progress); the
+    result still holds all of it.
     """
     cmd = command if isinstance(command, str) else shlex.join(command)
     if not become or host.user == host.become.user:
-        return _exec(host, cmd, cmd, stdin, timeout, connect_timeout)
+        return _exec(host, cmd, cmd, stdin, timeout, connect_timeout, on_line)
     mode = check_access(host, docker=False, connect_timeout=connect_timeout).sudo
     wrapped, feed = _sudo(host, cmd, stdin, mode)
-    return _exec(host, cmd, wrapped, feed, timeout, connect_timeout)
+    return _exec(host, cmd, wrapped, feed, timeout, connect_timeout, on_line)
 
 
 def _sudo(host: Host, cmd: str, stdin: str | None, mode: str) -> tuple[str, str | None]:
@@ -399,8 +402,9 @@ def _sudo(host: Host, cmd: str, stdin: str | None, mode: str) -> tuple[str, str 
 
 
 def _exec(host: Host, shown: str, cmd: str, stdin: str | None, timeout: float,
-          connect_timeout: float) -> CommandResult:
-    """Run ``cmd`` on the host's pooled connection; the result names ``shown`` (the caller's command)."""
+          connect_timeout: float, on_line: Callable[[str], None] | None = None) -> CommandResult:
+    """Run ``cmd`` on the host's pooled connection; the result names ``shown`` (the caller's command).
+    ``on_line``: see :func:`run` (an error it raises is its own affair: the command goes on)."""
     t0 = time.monotonic()
     try:
         chan = _open_session(host, connect_timeout, timeout)
@@ -415,7 +419,7 @@ def _exec(host: Host, shown: str, cmd: str, stdin: str | None, timeout: float,
         if stdin is not None:
             chan_in.write(stdin)
             chan_in.channel.shutdown_write()
-        out = chan_out.read().decode(errors="replace")
+        out = chan_out.read().decode(errors="replace") if on_line is None else _read_lines(chan_out, on_line)
         err = chan_err.read().decode(errors="replace")
         rc = chan_out.channel.recv_exit_status()
     except TimeoutError:
@@ -432,6 +436,17 @@ def _exec(host: Host, shown: str, cmd: str, stdin: str | None, timeout: float,
         chan.close()
         _POOL.done(host)
     return CommandResult(host.name, shown, rc, out, err, time.monotonic() - t0)
+
+
+def _read_lines(stream: Any, on_line: Callable[[str], None]) -> str:
+    """All of ``stream`` (a channel's stdout), handing each line to ``on_line`` as it comes."""
+    parts: list[str] = []
+    for raw in stream:
+        line = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        parts.append(line)
+        with contextlib.suppress(Exception):  # a display's error never stops the command it watches
+            on_line(line.rstrip("\r\n"))
+    return "".join(parts)
 
 
 #: How long a pooled connection may take to open a channel before it is judged dead.
@@ -474,7 +489,8 @@ def put_text(host: Host, path: str, text: str, mode: int = 0o644, timeout: float
 
 
 def docker(host: Host, command: str | list[str], timeout: float = 60.0,
-           connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, stdin: str | None = None) -> CommandResult:
+           connect_timeout: float = DEFAULT_CONNECT_TIMEOUT, stdin: str | None = None,
+           on_line: Callable[[str], None] | None = None) -> CommandResult:
     """Run a command that calls ``docker`` (argv or a shell script), with the right to use it.
 
     As the login user when it is root or in the docker group; else the whole command
@@ -483,17 +499,20 @@ def docker(host: Host, command: str | list[str], timeout: float = 60.0,
     ``docker`` of the script is a shell function calling ``sudo -n docker``: there, an
     ``exec docker`` and variables exported for docker do not pass (sudo resets the
     environment), so such a command needs sudo for the whole. Found once per host.
+    ``on_line``: see :func:`run`.
     """
     cmd = command if isinstance(command, str) else shlex.join(command)
     if host.user == "root":
-        return _exec(host, cmd, cmd, stdin, timeout, connect_timeout)
+        return _exec(host, cmd, cmd, stdin, timeout, connect_timeout, on_line)
     how = check_access(host, sudo=False, connect_timeout=connect_timeout).docker
     if how == DOCKER_DIRECT:
-        return _exec(host, cmd, cmd, stdin, timeout, connect_timeout)
+        return _exec(host, cmd, cmd, stdin, timeout, connect_timeout, on_line)
     if how == DOCKER_SUDO_DOCKER:
         # a shell function stands in for the binary in every `docker` of the script
-        return _exec(host, cmd, f'docker() {{ sudo -n -- docker "$@"; }}\n{cmd}', stdin, timeout, connect_timeout)
-    return run(host, cmd, timeout=timeout, connect_timeout=connect_timeout, stdin=stdin, become=True)
+        return _exec(host, cmd, f'docker() {{ sudo -n -- docker "$@"; }}\n{cmd}', stdin, timeout, connect_timeout,
+                     on_line)
+    return run(host, cmd, timeout=timeout, connect_timeout=connect_timeout, stdin=stdin, become=True,
+               on_line=on_line)
 
 
 SUDO_ROOT = "root"  #: logged in as the become user: no sudo needed

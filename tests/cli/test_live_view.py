@@ -8,13 +8,17 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
+import urllib.request
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
+from fleetctl import inventory
 from fleetctl.cli import live
 from fleetctl.cli.output import Ctx
+from fleetctl.errors import FleetError
 from fleetctl.progress import Event, EventLog, event_from_json
 
 FIXTURE = Path(__file__).parent / "fixtures" / "rollout-events.jsonl"
@@ -161,3 +165,98 @@ def test_before_any_step_is_measured_the_sustained_phase_bounds_the_time_left() 
                                                         "level_elapsed": 300, "level_seconds": 600,
                                                         "planned_requests": 2000, "requests": 10}), 321.0)
     assert model.snapshot()["left"] == pytest.approx(300 + 620, abs=2)
+
+
+PULLS = Path(__file__).parent / "fixtures" / "pull-events.jsonl"
+
+
+@pytest.mark.parametrize("width", [80, 200])
+def test_a_recorded_pull_shows_its_bytes_done_of_the_images(width: int) -> None:
+    lines = PULLS.read_text().splitlines()
+    # Mid-pull: spark-04 has its bytes in and one layer of two extracted; spark-03 has not started reporting.
+    mid = [ln for ln in lines if json.loads(ln).get("t", 0) <= 9.59 and not json.loads(ln).get("ended")]
+    text = draw(live.replay(mid, "rollout"), width)
+    assert all(len(ln) <= width for ln in text.splitlines()), text
+    assert column_width(text, "message") >= live.MESSAGE_MIN
+    row = next(r for r in table_rows(text) if "spark-04" in r)
+    assert "42.8 MB/42.9 MB" in row, text
+    if width == 200:
+        assert "█████ 42.8 MB/42.9 MB" in row and "42.8 MB of 42.9 MB, 1/2 layers extracted" in row, text
+    snap = live.replay(mid, "rollout").snapshot()
+    pulled = {h["host"]: h for h in snap["hosts"]}
+    assert pulled["spark-04"]["fraction"] == pytest.approx(42_811_397 / 42_851_403)
+    assert pulled["spark-03"]["fraction"] is None and pulled["spark-03"]["state"] == "quiet"
+    # Done: the whole image on both.
+    done = draw(live.replay([ln for ln in lines if json.loads(ln).get("t", 0) <= 10.4], "rollout"), width)
+    assert sum("42.9 MB/42.9 MB" in r for r in table_rows(done)) == 2, done
+
+
+def test_bytes_in_but_layers_still_unpacking_say_extracting() -> None:
+    model = live.LiveModel("rollout")
+    model.fold(Event("pull", "", "spark-01", {"bytes": 10, "bytes_total": 10, "layers": 3, "layers_total": 7}), 1.0)
+    assert model.snapshot()["hosts"][0]["cells"]["progress"] == "█████ extracting 3/7"
+    # A registry that gave no sizes: the layers alone.
+    model.fold(Event("pull", "", "spark-02", {"bytes": None, "bytes_total": None, "layers": 1, "layers_total": 4}), 2.0)
+    assert model.snapshot()["hosts"][1]["cells"]["figures"] == "1/4 layers"
+
+
+EXAMPLE_INVENTORY = Path(__file__).resolve().parents[2] / "inventory" / "example" / "hosts.yml"
+
+
+def test_a_run_without_a_terminal_streams_its_events_to_a_file_and_serves_its_page(tmp_path: Path) -> None:
+    """--events FILE and --ui PORT: the same events as the run's event log, and the `fleetctl ui` page of this
+    run on loopback while it runs (no terminal: a CI job)."""
+    err = io.StringIO()
+    ctx = Ctx(err=Console(file=err, width=80, color_system=None), events=str(tmp_path / "events.jsonl"), ui_port=0)
+    recorded = [event_from_json(json.loads(ln))[1] for ln in PULLS.read_text().splitlines()[1:-1]]
+    with live.watch(ctx, "rollout", tmp_path, inventory.load(str(EXAMPLE_INVENTORY))) as prog:
+        for e in recorded:
+            prog(e)
+        m = re.search(r"live view on (http://127\.0\.0\.1:(\d+)/)", err.getvalue())
+        assert m is not None, err.getvalue()
+        url = m.group(1)
+        snap = json.loads(urllib.request.urlopen(url + "api/live", timeout=30).read())
+        assert {h["host"]: h["phase"] for h in snap["hosts"]} == {"spark-03": "pulled", "spark-04": "pulled"}
+        assert snap["log"].startswith("rollout-") and not snap["ended"]
+        page = urllib.request.urlopen(url, timeout=30).read().decode()
+        assert "<script" in page
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url + "api/live", timeout=5)  # the page goes with the command
+    stream = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
+    log = next(live.events_dir(tmp_path).glob("rollout-*.jsonl"))
+    kept = [json.loads(ln) for ln in log.read_text().splitlines()]
+    assert stream[0]["schema"] == 1 and stream[0]["title"] == "rollout" and stream[-1]["ended"] is True
+    drop_t = lambda lines: [{k: v for k, v in ln.items() if k not in ("t", "started")} for ln in lines]  # noqa: E731
+    assert drop_t(stream) == drop_t(kept), "one stream: the file holds what the event log holds"
+    assert [(e["phase"], e["host"], e["data"]) for e in stream[1:-1]] == [(e.phase, e.host, e.data) for e in recorded]
+    assert (tmp_path / "events.jsonl").stat().st_mode & 0o777 == 0o600
+
+
+def test_events_on_stdout_with_json_keep_every_line_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    ctx = Ctx(err=Console(file=io.StringIO(), width=80), json=True, events="-")
+    with live.streams(ctx, "soak", tmp_path) as sink:
+        sink(Event("soak", "c=4", "spark-01", {"step": 3, "steps": 8}))
+    ctx.emit({"status": "completed"}, lambda con: None)
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert lines[0]["schema"] == 1 and lines[1]["data"] == {"step": 3, "steps": 8} and lines[2]["ended"] is True
+    assert lines[-1] == {"result": {"status": "completed"}}
+    # --json alone is unchanged: one indented object.
+    Ctx(json=True).emit({"status": "completed"}, lambda con: None)
+    assert json.loads(capsys.readouterr().out) == {"status": "completed"}
+
+
+def test_an_events_path_that_is_a_directory_is_refused_before_anything(tmp_path: Path) -> None:
+    ctx = Ctx(err=Console(file=io.StringIO(), width=80), events=str(tmp_path))
+    with pytest.raises(FleetError, match="not a regular file"), live.watch(ctx, "rollout", tmp_path):
+        pass
+    assert not live.events_dir(tmp_path).exists()
+
+
+def test_a_ui_port_in_use_is_refused_before_anything(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ctx = Ctx(err=Console(file=io.StringIO(), width=80), ui_port=taken.getsockname()[1])
+        with pytest.raises(FleetError, match=r"cannot listen on 127\.0\.0\.1"), live.watch(ctx, "rollout", tmp_path):
+            pass
+    assert not list(live.events_dir(tmp_path).glob("*.jsonl"))

@@ -231,7 +231,8 @@ class SimOps:
             self.fleet.alive()
             return self._serving(self._h.containers.get(name))
 
-    def pull(self, ref: str) -> float:
+    def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
+        del on_line  # a simulated pull has no layers to report
         with self.fleet.mu:
             self.fleet.alive()
             self._h.images.add(ref.rsplit("@", 1)[-1])

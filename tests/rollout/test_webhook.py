@@ -7,13 +7,21 @@ import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from fleetctl import inventory
 from fleetctl.errors import FleetError
-from fleetctl.progress import Recorder
+from fleetctl.progress import Event, Recorder, event_from_json
+from fleetctl.rollout import webhook
+from fleetctl.rollout.api import Engine
+from fleetctl.rollout.results import Options
 from fleetctl.rollout.webhook import Webhook, redact, validate
+
+from .sim import OK, SimFleet, SimGates
+from .test_capacity_harness import HOSTS, LIMIT, _inventory
 
 
 class _Receiver(ThreadingHTTPServer):
@@ -160,3 +168,61 @@ def test_a_redirect_is_not_followed() -> None:
     finally:
         s.shutdown()
         s.server_close()
+
+
+FIXTURE = Path(__file__).parents[1] / "cli" / "fixtures" / "rollout-events.jsonl"
+
+
+def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(receiver: _Receiver,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """A recorded rollout's events (the ones every view gets) reach the receiver as ``progress`` events: one
+    post per interval whatever the number of events, at most PROGRESS_HOSTS hosts in one, each host's latest
+    phase and figures, no secret value and no part of the URL's token."""
+    monkeypatch.setattr(webhook, "PROGRESS_HOSTS", 3)
+    url = f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-0123456789abcdef"
+    hook = Webhook(url, "ro-1", "lab", allow_http=True, secrets=["hunter2-sudo"], interval=3600)
+    events = [event_from_json(json.loads(ln))[1] for ln in FIXTURE.read_text().splitlines()]
+    events.append(Event("failed", "sudo said hunter2-sudo is wrong; see T0KEN-0123456789abcdef", "spark-05",
+                        {"tag": "v0.24.0", "soak_phase": "internal", "bytes": 5, "bytes_total": 10}))
+    for e in events:
+        hook.watch(e)
+    assert len(receiver.bodies) <= 1, "one post per interval, whatever the number of events"
+    hook.close()
+    hook.watch(Event("done", "after close", "spark-01"))  # a closed webhook takes no more
+    posts = [b for b in receiver.bodies if b["event"] == "progress"]
+    # The first post went at the first event; the rest at close, in posts of at most 3 hosts.
+    assert len(posts) == 3 and [len(p["hosts"]) for p in posts[1:]] == [3, 2]
+    assert posts[1]["waiting"] == 2 and posts[2]["waiting"] == 0
+    last = {h["host"]: h for p in posts[1:] for h in p["hosts"]}
+    expected = {e.host: e for e in events if e.host}
+    assert {h: e["phase"] for h, e in last.items()} == {h: e.phase for h, e in expected.items()}
+    assert last["spark-05"]["bytes"] == 5 and "soak_phase" not in last["spark-05"]
+    text = json.dumps(receiver.bodies)
+    assert "hunter2-sudo" not in text and "T0KEN-0123456789abcdef" not in text and "<redacted by fleetctl>" in text
+
+
+def test_a_rollout_posts_each_hosts_progress_once_from_one_webhook(receiver: _Receiver, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through the engine (simulated fleet): the run's events reach the webhook as progress, the last state
+    of every host once at the end; the webhook checked before the plan is not a second watcher."""
+    monkeypatch.delenv("FLEETCTL_WEBHOOK_URL", raising=False)
+    fleet = SimFleet(dict.fromkeys(HOSTS, "v1"), {"v1": OK, "v2": OK})
+    inv = inventory.load(_inventory(tmp_path))
+    (inv.path.parent / "group_vars" / "all" / "hook.yml").write_text("fleetctl_webhook_allow_http: true\n")
+    eng = Engine(inventory.load(inv.path), state_dir=tmp_path / "state", secrets={}, ops=fleet.ops,
+                 gates=SimGates(fleet), resolve=fleet.resolve)
+    try:
+        r = eng.rollout(Options(tag="v2", limit=LIMIT, soak=1.0,
+                                webhook=f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-0123456789abcdef"))
+    finally:
+        eng.close()
+    assert r.status == "completed", r.error
+    kinds = [b["event"] for b in receiver.bodies]
+    assert "start" in kinds and "completion" in kinds
+    # One watcher: its first post at the first event, then (the run is shorter than the interval) the rest at
+    # the end, every host's last state once.
+    posts = [b for b in receiver.bodies if b["event"] == "progress"]
+    assert len(posts) == 2, kinds
+    last = posts[-1]["hosts"]
+    assert sorted(h["host"] for h in last) == HOSTS and {h["phase"] for h in last} == {"done"}
+    assert all(h["tag"] for h in last)

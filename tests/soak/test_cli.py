@@ -37,12 +37,18 @@ def test_soak_an_endpoint_writes_reports_and_exits_0(emulator: Callable[..., Ser
     assert "<svg" in (out / "soak.html").read_text()
 
 
-def test_a_failing_soak_exits_1(emulator: Callable[..., Served], tmp_path: Path) -> None:
+def test_a_failing_soak_exits_1(emulator: Callable[..., Served], tmp_path: Path,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    """... and with ``--events - --json`` its stdout is JSON lines: the stream, then the result."""
     served = emulator(EMU_GARBAGE="1")
     code = main(["soak", "--endpoint", served.target.base_url, "--profile", "lab", "--concurrency", "1",
-                 "--json-report", str(tmp_path / "r.json")])
+                 "--json-report", str(tmp_path / "r.json"), "--json", "--events", "-"])
     assert code == 1
     assert json.loads((tmp_path / "r.json").read_text())["verdicts"][0]["outcome"] == "fail"
+    lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
+    assert lines[0]["schema"] == 1 and lines[0]["title"] == "soak"
+    assert lines[-2]["ended"] is True and lines[-1]["result"]["outcome"] == "fail"
+    assert any(ln.get("host") for ln in lines[1:-2]), "the soak's own events, per endpoint"
 
 
 def test_an_endpoint_that_is_down_exits_2(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,7 +32,10 @@ from rich.text import Text
 
 from fleetctl import paths
 from fleetctl.cli.output import Col, Ctx, fit_table, short_digest, short_tag
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Inventory
 from fleetctl.progress import Event, EventLog, Progress, Tee, event_from_json
+from fleetctl.stage import human_bytes
 
 #: Phases of a host with nothing going on: the first rows to give way when the fleet is taller than the screen.
 QUIET = frozenset({"planned", "skip", "pull", "pulled", "done", "ok", "checked", "restored", "preflight"})
@@ -167,12 +171,16 @@ class LiveModel:
 
 _FIGURES = frozenset({"sustained_s", "step", "steps", "elapsed", "level", "requests", "planned_requests", "errors", "tok_s",
                       "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited", "timeout",
-                      "concurrency"})
+                      "concurrency", "bytes", "bytes_total", "layers", "layers_total"})
 
 
 def _fraction(r: HostRow) -> float | None:
     """How far the host's current long phase has got (0..1), when its events say."""
     f = r.figures
+    if f.get("layers_total"):
+        if f.get("bytes_total"):
+            return min(1.0, float(f.get("bytes") or 0) / float(f["bytes_total"]))
+        return min(1.0, float(f.get("layers") or 0) / float(f["layers_total"]))
     if f.get("timeout") and "waited" in f and not f.get("steps"):
         return min(1.0, float(f["waited"]) / float(f["timeout"]))
     if f.get("steps"):
@@ -226,12 +234,20 @@ def _secs(s: float) -> str:
 
 
 def progress_cell(r: HostRow, now: float, bar: bool = True) -> str:
-    """A bar and its figure for the long phases: readiness ``██░░░ 41/600s``, soak ``███░░ 7/9 2m03s``
+    """A bar and its figure for the long phases: a pull ``██░░░ 8.1 GB/18.4 GB`` (then ``extracting 3/7``
+    layers; its layers alone when the registry gave no sizes: ``3/7 layers``), readiness ``██░░░ 41/600s``, soak ``███░░ 7/9 2m03s``
     (phase 7 of 9), the sustained phase ``████░ 9/9 48/60s``; the phase's time otherwise. Without
     ``bar`` (a narrow terminal) the figures alone."""
     f = r.figures
     frac = _fraction(r)
     drawn = f"{_bar(frac)} " if bar and frac is not None else ""
+    if frac is not None and f.get("layers_total"):
+        layers = f"{f.get('layers', 0)}/{f['layers_total']}"
+        if not f.get("bytes_total"):
+            return f"{drawn}{layers} layers"
+        if frac >= 1.0 and f.get("layers", 0) < f["layers_total"]:
+            return f"{drawn}extracting {layers}"  # every byte is in; the layers are being unpacked
+        return f"{drawn}{human_bytes(float(f.get('bytes') or 0))}/{human_bytes(float(f['bytes_total']))}"
     if frac is not None and f.get("steps"):
         if f.get("level") == "sustained" and f.get("level_seconds"):
             figure = f"{f.get('level_elapsed', 0)}/{f['level_seconds']}s"
@@ -351,25 +367,76 @@ def new_log(state_dir: Path, title: str) -> Path:
 
 
 @contextmanager
-def watch(ctx: Ctx, title: str, state_dir: Path) -> Iterator[Progress]:
-    """The sink a rollout, rollback or abort reports to: its event log, and the live view on a terminal
-    (plain lines otherwise, as every command prints them)."""
-    log = EventLog(new_log(state_dir, title))
+def streams(ctx: Ctx, title: str, state_dir: Path, inv: Inventory | None = None) -> Iterator[Progress]:
+    """The sinks every long command reports to besides its display: its event log (``<state dir>/events``),
+    the ``--events`` stream, and the ``--ui`` page served from the event log while the command runs."""
+    # Bad input (an --events path that is no file, a --ui port taken) is refused before anything is written.
+    events = _events_file(ctx.events) if ctx.events and ctx.events != "-" else None
+    path = new_log(state_dir, title)
+    server = None
+    if ctx.ui_port is not None:
+        from fleetctl.cli import ui  # ui imports this module
+
+        server = ui.serve(ui.Fleet(inv, state_dir, log=path), "127.0.0.1", ctx.ui_port)
     try:
+        log = EventLog(path, title)
+    except BaseException:
+        if server is not None:
+            server.server_close()
+        raise
+    extra: EventLog | None = None
+    serving = False
+    try:
+        if ctx.events == "-":
+            extra = EventLog(None, title, stream=sys.stdout)
+        elif events is not None:
+            extra = EventLog(events, title)
+        if server is not None:
+            threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.5}, name="fleetctl-ui",
+                             daemon=True).start()
+            serving = True
+            ctx.err.print(f"live view on {ui.url_of(server)} (read-only, while this command runs)",
+                          highlight=False, markup=False)
+        sink: Progress = Tee(log, extra) if extra is not None else log
+        yield sink
+    finally:
+        log.close()
+        if extra is not None:
+            extra.close()
+        if server is not None:
+            if serving:
+                server.shutdown()  # waits for serve_forever: only once it was started
+            server.server_close()
+
+
+def _events_file(name: str) -> Path:
+    """``--events FILE``: a new or regular file (appended to), refused when it is a directory or a link."""
+    path = Path(name)
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise FleetError(f"--events {name}: not a regular file", fix="give a new file's path, or - for stdout")
+    if not path.parent.is_dir():
+        raise FleetError(f"--events {name}: the directory {path.parent} does not exist",
+                         fix="create it first, or give another path")
+    return path
+
+
+@contextmanager
+def watch(ctx: Ctx, title: str, state_dir: Path, inv: Inventory | None = None) -> Iterator[Progress]:
+    """The sink a rollout, rollback or abort reports to: :func:`streams`, and the live view on a terminal
+    (plain lines otherwise, as every command prints them)."""
+    with streams(ctx, title, state_dir, inv) as sink:
         if not ctx.err.is_terminal:
             with ctx.progress(title) as lines:
-                yield Tee(log, lines)
+                yield Tee(sink, lines)
             return
         view = LiveView(title)
         with Live(view, console=ctx.err, refresh_per_second=4, transient=False) as live:
             view.live = ctx.live = live
             try:
-                yield Tee(log, view)
+                yield Tee(sink, view)
                 live.refresh()
             finally:
                 ctx.live = None
-    finally:
-        log.close()
 
 
 def replay(lines: Iterable[str], title: str, now: float | None = None) -> LiveModel:

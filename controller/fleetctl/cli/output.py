@@ -53,6 +53,10 @@ class Ctx:
     err: Console = field(default_factory=lambda: Console(stderr=True, soft_wrap=True))
     #: The live view while a command shows one (a question stops it, see :meth:`ask`).
     live: Live | None = None
+    #: ``--events FILE|-``: where a long command also writes its event stream (JSON lines).
+    events: str | None = None
+    #: ``--ui PORT``: the port a long command serves its live web page on (127.0.0.1), while it runs.
+    ui_port: int | None = None
 
     def ask(self, question: str) -> None:
         """``Question? [y/N]`` on stderr, like apt or terraform: anything but y/yes aborts (no is the default).
@@ -79,8 +83,12 @@ class Ctx:
             live.stop()
 
     def emit(self, result: Any, render: Callable[[Console], None]) -> None:
-        """Print ``result`` as JSON (with --json) or through ``render`` on stdout."""
-        if self.json:
+        """Print ``result`` as JSON (with --json) or through ``render`` on stdout. When the event stream
+        also goes to stdout (``--events -``), every line there is one JSON object: the result is the last,
+        ``{"result": ...}`` on one line."""
+        if self.json and self.events == "-":
+            click.echo(json.dumps({"result": to_jsonable(result)}))
+        elif self.json:
             click.echo(json.dumps(to_jsonable(result), indent=2, sort_keys=False))
         else:
             render(self.out)
@@ -117,6 +125,28 @@ def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
         "--json", "json_out", is_flag=True, expose_value=False, callback=cb,
         help="Print the result as JSON on stdout.", is_eager=True,
     )(f)
+
+
+def stream_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--events FILE|-`` and ``--ui PORT`` of the long commands (rollout, rollback, abort, soak, stage)."""
+
+    def events_cb(ctx: click.Context, _p: click.Parameter, value: str | None) -> str | None:
+        if value is not None:
+            ctx.ensure_object(Ctx).events = value
+        return value
+
+    def ui_cb(ctx: click.Context, _p: click.Parameter, value: int | None) -> int | None:
+        if value is not None:
+            ctx.ensure_object(Ctx).ui_port = value
+        return value
+
+    f = click.option("--ui", "ui_port", type=click.IntRange(0, 65535), metavar="PORT", expose_value=False,
+                     callback=ui_cb,
+                     help="While it runs, serve the live web page (as `fleetctl ui`) on 127.0.0.1:PORT (0: any "
+                          "free port; the URL goes to stderr).")(f)
+    return click.option("--events", "events", metavar="FILE|-", expose_value=False, callback=events_cb,
+                        help="Also write the event stream as JSON lines to FILE (created 0600), or to stdout "
+                             "with '-' (then --json's result is its last line, {\"result\": ...}).")(f)
 
 
 class _LineProgress:

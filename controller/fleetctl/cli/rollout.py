@@ -22,6 +22,7 @@ from fleetctl.cli.output import (
     pass_ctx,
     short_digest,
     short_tag,
+    stream_options,
     when,
 )
 from fleetctl.durations import parse_duration
@@ -119,7 +120,7 @@ def render_result(r: RolloutResult, con: Console) -> None:
 def _watched(ctx: Ctx, title: str, take_over: bool) -> Iterator[Engine]:
     """The engine of the command, reporting to its event log and to the live view (or plain lines)."""
     inv = inventory.load(ctx.inventory)
-    with live.watch(ctx, title, paths.state_dir(inv.path)) as prog:
+    with live.watch(ctx, title, paths.state_dir(inv.path), inv) as prog:
         eng = Engine(inv, prog, take_over=take_over)
         try:
             yield eng
@@ -173,6 +174,7 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @click.option("--resume", is_flag=True, help="Continue the paused or interrupted rollout from each host's real state.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
+@stream_options
 @json_option
 @pass_ctx
 @click.pass_context
@@ -191,6 +193,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
+    nothing: dict[str, Any] | None = None
     with _watched(ctx, "rollout", take_over) as eng:
         if resume or dry_run:
             r = eng.resume(opts) if resume else eng.rollout(opts)
@@ -204,10 +207,15 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
                     ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
                                   f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
                                   highlight=False, markup=False)
-                    ctx.emit({"status": NOTHING_TO_DO, "plan": p}, lambda con: None)
-                    return
-                ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
-            r = eng.rollout(opts)
+                    nothing = {"status": NOTHING_TO_DO, "plan": p}
+                else:
+                    ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
+            if nothing is None:
+                r = eng.rollout(opts)
+    # The result after the event stream's end (with --events -, stdout's last line).
+    if nothing is not None:
+        ctx.emit(nothing, lambda con: None)
+        return
     _finish(ctx, r)
 
 
@@ -217,6 +225,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
 @click.option("--webhook", help="https URL receiving JSON events.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
+@stream_options
 @json_option
 @pass_ctx
 def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool) -> None:
@@ -246,6 +255,7 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 @click.option("--webhook", help="https URL receiving JSON events.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
+@stream_options
 @json_option
 @pass_ctx
 def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, max_unavailable: str | None,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -17,11 +18,13 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from fleetctl import paths, secretenv, ssh
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl import inventory, paths, secretenv, ssh
+from fleetctl.cli import live
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, stream_options
 from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
-from fleetctl.progress import Event, Progress
+from fleetctl.inventory import Inventory
+from fleetctl.progress import Event, Progress, Tee
 from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
 from fleetctl.soak import baselines, fleet, report, secrets
@@ -65,13 +68,11 @@ def _tag_of(container: ContainerAccess | None) -> tuple[str, str]:
     return st.tag, st.digest
 
 
-def _host_jobs(ctx: Ctx, limit: str | None, recipe_name: str | None, profile: str | None,
+def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | None, profile: str | None,
                duration: float | None, smoke_only: bool, ready_timeout: float | None,
                baseline_tag: str | None, stack: contextlib.ExitStack) -> list[_Job]:
-    from fleetctl import inventory as inv_mod
     from fleetctl.recipes import load_recipes
 
-    inv = inv_mod.load(ctx.inventory)
     hosts = inv.select(limit)
     if not hosts:
         raise FleetError(f"no hosts selected in {inv.path}", fix="check --limit and the inventory")
@@ -195,6 +196,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--ready-timeout", metavar="D", help="How long to wait for /health 200 (default: the profile's).")
 @click.option("--baseline-tag", metavar="TAG", help="Compare with this tag's baseline (default: the serving tag).")
 @click.option("--no-save-baseline", is_flag=True, help="Do not keep a passing soak as the host's new baseline.")
+@stream_options
 @json_option
 @click.option("--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F.")
 @click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
@@ -226,20 +228,26 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
           recipe: str | None, profile: str | None, models: tuple[str, ...], concurrency: str | None,
           smoke_only: bool, ready: float | None, baseline_tag: str | None, no_save_baseline: bool,
           json_file: str | None, junit_file: str | None, html_file: str | None) -> None:
+    inv: Inventory | None = None
     if endpoints:
         if baseline_tag:
             raise click.UsageError("--baseline-tag needs inventory hosts: an --endpoint soak keeps no baseline")
         jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models, recipe)
     else:
-        jobs = _host_jobs(ctx, limit, recipe, profile, dur, smoke_only, ready, baseline_tag, stack)
+        inv = inventory.load(ctx.inventory)
+        jobs = _host_jobs(ctx, inv, limit, recipe, profile, dur, smoke_only, ready, baseline_tag, stack)
     if concurrency:
         levels = _levels(concurrency)
         jobs = [dataclasses.replace(j, config=dataclasses.replace(j.config, concurrency=levels)) for j in jobs]
 
     verdicts: list[Verdict] = []
     try:
-        with ctx.progress("soak", ("phase", "concurrency", "tok_s", "acceptance", "errors", "message")) as progress, \
+        # An endpoint soak keeps its event log where it keeps its artifacts (the default inventory's state).
+        state = paths.state_dir(inv.path if inv is not None else inventory.default_inventory_path(ctx.inventory))
+        with live.streams(ctx, "soak", state, inv) as sink, \
+                ctx.progress("soak", ("phase", "concurrency", "tok_s", "acceptance", "errors", "message")) as shown, \
                 ThreadPoolExecutor(max_workers=min(len(jobs), MAX_PARALLEL_SOAKS), thread_name_prefix="soak") as pool:
+            progress = Tee(sink, shown)
             futures = [pool.submit(_run, j, progress) for j in jobs]
             verdicts = [f.result() for f in futures]
     finally:
@@ -256,7 +264,10 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
     if html_file:
         report.write_html(Path(html_file), verdicts, base_map)
     if ctx.json:
-        click.echo(report.to_json(verdicts))
+        if ctx.events == "-":  # stdout is JSON lines: the result is the last one
+            ctx.emit(json.loads(report.to_json(verdicts)), lambda con: None)
+        else:
+            click.echo(report.to_json(verdicts))
     else:
         _summary(verdicts)(ctx.out)
     code = _exit_code(report.worst(verdicts))

@@ -10,9 +10,20 @@ from rich.markup import escape
 from rich.text import Text
 
 from fleetctl import inventory as inv
+from fleetctl import paths
 from fleetctl import recipes as rec
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, to_jsonable
+from fleetctl.cli import live
+from fleetctl.cli.output import (
+    Col,
+    Ctx,
+    fit_table,
+    json_option,
+    pass_ctx,
+    stream_options,
+    to_jsonable,
+)
 from fleetctl.errors import ExitCode, FleetError
+from fleetctl.progress import Tee
 from fleetctl.stage import StageResult, human_bytes, stage
 
 _STATE_COLOUR = {"staged": "green", "current": "green", "refused": "red", "not staged": "yellow"}
@@ -57,15 +68,17 @@ def _render_stage(r: StageResult) -> Any:
               help="With --source local: a directory holding <repo>/<revision>/ per weight set.")
 @click.option("--headroom-gb", type=click.FloatRange(0), help="Free disk to keep beyond the weights (default 5).")
 @click.option("--checksums", is_flag=True, help="Re-hash every received file against the manifest.")
+@stream_options
 @json_option
 @pass_ctx
 def stage_cmd(ctx: Ctx, recipe: str | None, limit: str | None, source: str | None, local_dir: str | None,
               headroom_gb: float | None, checksums: bool) -> None:
     """Stage a recipe's model weights into /opt: fetched once, verified, swapped in atomically."""
     inventory = inv.load(ctx.inventory)
-    with ctx.progress("stage", ("phase", "message")) as progress:
+    with live.streams(ctx, "stage", paths.state_dir(inventory.path), inventory) as sink, \
+            ctx.progress("stage", ("phase", "message")) as shown:
         result = stage(inventory, recipe, limit=limit, source=source, local_dir=local_dir,
-                       headroom_gb=headroom_gb, checksums=checksums, progress=progress)
+                       headroom_gb=headroom_gb, checksums=checksums, progress=Tee(sink, shown))
     ctx.emit(result, _render_stage(result))
     if not result.ok:
         raise click.exceptions.Exit(int(ExitCode.FAILED))

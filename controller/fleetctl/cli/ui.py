@@ -4,7 +4,9 @@ It shows the inventory's hosts (with what the ledger last did to each), the roll
 progress from its event log (``<state dir>/events``: the same events and the same model as the
 terminal's live view, :mod:`fleetctl.cli.live`), the history (``fleetctl history``) and each host's soak
 report with its charts (drawn from the gate's ``verdict.json`` by the soak's own HTML report). A second
-process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup).
+process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup). The long commands'
+``--ui PORT`` serves the same page from inside the command, pinned to its own event log
+(:func:`fleetctl.cli.live.streams`), on 127.0.0.1 only, for as long as the command runs.
 
 The standard library's HTTP server, its handlers bounded (:data:`MAX_HANDLERS` at once); the page, its
 script and its style ship in the package (``cli/ui_assets``): no build step, no CDN. Only GET and HEAD.
@@ -72,12 +74,17 @@ class BoundedServer(ThreadingHTTPServer):
 class Fleet:
     """What the page reads, all of it on each request (read-only: nothing here changes a file or a host)."""
 
-    def __init__(self, inv: Inventory, state_dir: Path) -> None:
+    def __init__(self, inv: Inventory | None, state_dir: Path, log: Path | None = None) -> None:
+        """``log``: the event log to show (a command's own, with ``--ui``; default: the newest run's).
+        Without ``inv`` (a soak of bare endpoints) there are no hosts and no history to show."""
         self.inv = inv
         self.state_dir = state_dir
+        self.log = log
 
     def hosts(self) -> list[dict[str, Any]]:
         """Every inventory host: address, groups, recipe, and what the newest run that had it did to it."""
+        if self.inv is None:
+            return []
         last: dict[str, dict[str, Any]] = {}
         for rec in self._history():
             for h in rec.hosts:
@@ -89,6 +96,8 @@ class Fleet:
                  "last": last.get(h.name)} for h in self.inv.hosts.values()]
 
     def _history(self) -> list[fleet_ledger.RolloutRecord]:
+        if self.inv is None:
+            return []
         with fleet_ledger.open_for(self.inv, self.state_dir) as led:
             return led.history(HISTORY)
 
@@ -97,7 +106,8 @@ class Fleet:
 
     def live(self) -> dict[str, Any]:
         """The newest run's view, from its event log; ``{"log": None}`` before any run."""
-        logs = sorted(live.events_dir(self.state_dir).glob("*.jsonl"), key=lambda p: p.stat().st_mtime)
+        logs = [self.log] if self.log is not None else sorted(live.events_dir(self.state_dir).glob("*.jsonl"),
+                                                              key=lambda p: p.stat().st_mtime)
         if not logs:
             return {"log": None}
         path = logs[-1]
@@ -110,6 +120,8 @@ class Fleet:
 
     def report(self, rid: str, host: str) -> str | None:
         """The soak report (HTML, with charts) of ``host``'s gate in run ``rid``; None when there is none."""
+        if self.inv is None:
+            return None
         with fleet_ledger.open_for(self.inv, self.state_dir) as led:
             try:
                 rec = led.get(rid)
@@ -195,6 +207,13 @@ def serve(fleet: Fleet, bind: str = "127.0.0.1", port: int = DEFAULT_PORT) -> Bo
                          fix="pick another port with --port N (or stop what listens there)") from e
 
 
+def url_of(server: BoundedServer) -> str:
+    """``http://host:port/`` of a server (its real port when it was asked for port 0)."""
+    addr = server.server_address
+    host = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
+    return f"http://{host}:{addr[1]}/"
+
+
 @click.command("ui")
 @click.option("--port", "-p", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="TCP port (0: any free one).")
@@ -206,9 +225,7 @@ def ui(ctx: Ctx, port: int, bind: str) -> None:
     """Serve a read-only web page: hosts, the rollout in progress, history and soak reports."""
     inv = inventory.load(ctx.inventory)
     server = serve(Fleet(inv, paths.state_dir(inv.path)), bind, port)
-    addr = server.server_address
-    host = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
-    url = f"http://{host}:{addr[1]}/"
+    url = url_of(server)
     ctx.emit({"url": url, "state_dir": str(paths.state_dir(inv.path))},
              lambda con: con.print(f"fleetctl ui on {url} (read-only; Ctrl-C stops it)", highlight=False,
                                    markup=False))

@@ -249,8 +249,8 @@ class BatchedHostOps:
     def inspect(self, name: str) -> remote.Serving | None:
         return self.inner.inspect(name)
 
-    def pull(self, ref: str) -> float:
-        return self.inner.pull(ref)
+    def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
+        return self.inner.pull(ref, on_line)
 
     def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> remote.Serving | None:
         if (name, rollout_id, target_digest) != (self.request.name, self.request.rollout_id, self.request.digest):

@@ -29,7 +29,7 @@ class Forward(UnitSteps):
         """Plan, then (unless dry-run) prefetch and go wave by wave through the gates."""
         rid = fleet_ledger.new_id("rollout")
         t_start = time.monotonic()
-        self._webhook(rid, opts.webhook)
+        self._webhook(rid, opts.webhook, check_only=True)
         # Bad options and an unknown tag are refused before the ledger's lock or any host's is tried.
         recipe, _ = self.check(opts)
         self.resolve(recipe, opts.tag or "")
@@ -101,7 +101,7 @@ class Forward(UnitSteps):
         todo = [hosts[h.host] for h in p.hosts if h.action == "deploy"]
         t_pre = time.monotonic()
         try:
-            pulls = self._prefetch(rid, todo, p.pull_ref)
+            pulls = self._prefetch(rid, todo, p.pull_ref, p.image)
         except StopRollout as e:
             self.ledger.set_status(rid, e.status, e.error)
             hook.send("failure", error=e.error)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -206,9 +206,12 @@ def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
                  inspect(host, name), inspect(host, name + PREV_SUFFIX), bool(d["has_image"]))
 
 
-def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT) -> float:
-    """``docker pull ref`` (a no-op when present); returns the seconds it took."""
-    r = ssh.docker(host, ["docker", "pull", "-q", ref], timeout=timeout)
+def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT, on_line: Callable[[str], None] | None = None) -> float:
+    """``docker pull ref`` (a no-op when present); returns the seconds it took. With ``on_line``, docker's
+    own lines (``<layer>: Download complete``, ``<layer>: Already exists``, ...) are handed to it as they come:
+    what :class:`fleetctl.rollout.pulls.PullMeter` turns into bytes."""
+    argv = ["docker", "pull", ref] if on_line is not None else ["docker", "pull", "-q", ref]
+    r = ssh.docker(host, argv, timeout=timeout, on_line=on_line)
     r.check(f"docker pull {ref}", fix="check the registry mirror and the host's disk")
     return r.seconds
 
@@ -350,8 +353,8 @@ class HostOps(Protocol):
         """The container ``name`` (running or not), or None."""
         ...
 
-    def pull(self, ref: str) -> float:
-        """Pull ``ref``; seconds taken."""
+    def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
+        """Pull ``ref``; seconds taken. ``on_line`` gets docker's progress lines (see :func:`pull`)."""
         ...
 
     def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
@@ -392,8 +395,8 @@ class SshHostOps:
     def inspect(self, name: str) -> Serving | None:
         return inspect(self.host, name)
 
-    def pull(self, ref: str) -> float:
-        return pull(self.host, ref)
+    def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
+        return pull(self.host, ref, on_line=on_line)
 
     def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
         return retire(self.host, name, rollout_id, target_digest, grace)

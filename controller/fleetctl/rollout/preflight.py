@@ -132,14 +132,14 @@ class Planning(Session):
         return self.inv.vars.get(wave_plan.MIN_AVAILABLE_VAR)
 
 
-    def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str) -> dict[str, float]:
+    def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str, image: str) -> dict[str, float]:
         """Pull the image on every target in parallel before anything is stopped; seconds per host."""
         if not hosts:
             return {}
         self.ledger.note(rid, "prefetch", ref)
         for h in hosts:
             self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
-        outs = ssh.fan_out(hosts, lambda h: self.ops(h).pull(ref), timeout=None)
+        outs = ssh.fan_out(hosts, lambda h: self._pull(self.ops(h), image, ref), timeout=None)
         bad = {n: o.error for n, o in outs.items() if o.error is not None}
         for n, o in outs.items():
             if o.error is None:

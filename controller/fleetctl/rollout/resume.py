@@ -22,7 +22,7 @@ class Resume(Rollback):
     def resume(self, opts: Options) -> RolloutResult:
         """Continue the paused or interrupted rollout, from each host's real state."""
         t_start = time.monotonic()
-        self._webhook("resume", opts.webhook)
+        self._webhook("resume", opts.webhook, check_only=True)
         rec = self.ledger.latest(statuses=fleet_ledger.ACTIVE)
         if rec is None:
             raise FleetError("there is no paused or interrupted rollout to resume",

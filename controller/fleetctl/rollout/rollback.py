@@ -252,7 +252,7 @@ class Rollback(Forward, UnitRollback):
                 ops.swap(name)
             else:
                 self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=fleet_ledger.IN_PROGRESS)
-                t["pull"] = ops.pull(ref)
+                t["pull"] = self._pull(ops, recipe.image, ref)
                 self._door_out(rid, h, recipe, show, t, reason="rollback")
                 self._phase(rid, h, "stopping", None, show)
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).

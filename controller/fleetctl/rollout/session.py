@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -32,9 +34,9 @@ from fleetctl import frontdoor, paths, registry, secretenv
 from fleetctl.durations import parse_duration
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
-from fleetctl.progress import NULL, Event, Progress
+from fleetctl.progress import NULL, Event, Progress, Relay
 from fleetctl.recipes import Recipe, recipe_for
-from fleetctl.rollout import deploy, gate
+from fleetctl.rollout import deploy, gate, pulls
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import RolloutResult, host_outcome
@@ -51,6 +53,10 @@ RECOVERABLE = (Exception, KeyboardInterrupt)
 #: and a soak gate (an event loop with up to the largest level + 8 connections, its samples in
 #: memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the controller.
 MAX_WORKERS = 32
+#: Environment variables whose values are kept out of webhook bodies.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|_KEY$|API_KEY|CREDENTIAL", re.I)
+#: Seconds between two ``pull`` events of one host at least (docker prints a few lines per layer).
+PULL_EVENT_INTERVAL = 1.0
 
 
 class StopRollout(Exception):
@@ -119,9 +125,17 @@ class Session:
         self.ops = ops or remote.SshHostOps
         self.gates: gate.Gates = gates or gate.SoakGates(self.secrets)
         self._resolve = resolve or functools.partial(registry.resolve, auth_hosts=self.auth_hosts)
+        #: An image's layer sizes for the pulls' bytes (none asked of a registry with a simulated fleet).
+        self._layer_sizes: Callable[[str, str, Mapping[str, str]], list[dict[str, int]]] = (
+            functools.partial(registry.layer_sizes, auth_hosts=self.auth_hosts) if ops is None
+            else (lambda image, digest, mirrors: []))
+        self._layers: dict[str, list[dict[str, int]]] = {}
+        self._layers_lock = threading.Lock()
         #: Set on Ctrl-C: every worker restores its host at its next phase boundary, then stops.
         self._cancel = threading.Event()
-        self.progress = progress
+        #: The command's sink, and its webhook's while one posts (:meth:`_webhook`).
+        self._relay = Relay(progress)
+        self.progress: Progress = self._relay
         self.state_dir = state_dir or paths.state_dir(inventory.path)
         self.ledger = fleet_ledger.open_for(inventory, self.state_dir)
         # Baselines kept in files by an older fleetctl join the ledger's, once.
@@ -129,7 +143,7 @@ class Session:
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
         self.deployer: deploy.Deployer | None = deployer or (
-            deploy.AnsibleDeployer(inventory, self.mirrors, progress=progress) if ops is None else None)
+            deploy.AnsibleDeployer(inventory, self.mirrors, progress=self.progress) if ops is None else None)
         # The lock and intent on the hosts: the local lock only covers this state dir.
         self.take_over = take_over
         self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
@@ -153,11 +167,53 @@ class Session:
     def _emit(self, phase: str, message: str = "", host: str | None = None, **data: Any) -> None:
         self.progress(Event(phase, message, host, data))
 
-    def _webhook(self, rid: str, url: str | None) -> Webhook:
-        """The run's webhook; constructing it validates the URL (call it before touching any host)."""
+    def _pull(self, ops: remote.HostOps, image: str, ref: str) -> float:
+        """Pull ``ref`` on ``ops``'s host, reporting ``pull`` events with the bytes done of the image's
+        (:mod:`.pulls`); seconds taken. The layer sizes are asked of the registry once per image; a
+        registry that cannot say leaves the layers counted, never the pull failed."""
+        digest = ref.rsplit("@", 1)[-1]
+        with self._layers_lock:
+            if digest not in self._layers:
+                try:
+                    self._layers[digest] = self._layer_sizes(image, digest, self.mirrors)
+                except (FleetError, OSError, ValueError) as e:
+                    self._emit("pull", f"layer sizes unknown ({e}): counting layers only")
+                    self._layers[digest] = []
+            platforms = self._layers[digest]
+        meter = pulls.PullMeter(platforms)
+        name = ops.host.name
+        last = [0.0]
+
+        def on_line(line: str) -> None:
+            # A line per layer and state: at most one event a second per host, and the last layer's.
+            if meter.feed(line):
+                f = meter.figures()
+                now = time.monotonic()
+                if now - last[0] >= PULL_EVENT_INTERVAL or f["layers"] == f["layers_total"]:
+                    last[0] = now
+                    self._emit("pull", meter.message(), name, **f)
+
+        return ops.pull(ref, on_line)
+
+    def _webhook(self, rid: str, url: str | None, *, check_only: bool = False) -> Webhook:
+        """The run's webhook; constructing it validates the URL (call it before touching any host).
+        Unless ``check_only``, it watches the run's progress until :meth:`Webhook.close`."""
         u = url or os.environ.get("FLEETCTL_WEBHOOK_URL") or self.inv.vars.get("fleetctl_webhook_url")
         allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
-        return Webhook(str(u) if u else None, rid, str(self.inv.path), self.progress, allow_http=allow_http)
+        hook = Webhook(str(u) if u else None, rid, str(self.inv.path), self._relay.sink, allow_http=allow_http,
+                       secrets=self._secret_values(),
+                       on_close=lambda h: self._relay.remove(h.watch))
+        if hook.url and not check_only:
+            # The hosts' progress too (throttled and batched by the webhook): the same events as every view.
+            self._relay.add(hook.watch)
+        return hook
+
+    def _secret_values(self) -> list[str]:
+        """Values no webhook body may carry: the hosts' become passwords and every secret-looking variable of
+        the environment (a token, key, password or secret), container secrets included."""
+        values = [h.become.password.reveal() for h in self.inv.hosts.values() if h.become.password is not None]
+        values += [v for k, v in self.secrets.items() if SECRET_NAME.search(k)]
+        return values
 
     def recipe(self, name: str | None = None) -> Recipe:
         """The recipe ``name`` (default: the inventory's ``fleetctl_recipe``)."""

@@ -382,7 +382,7 @@ class UnitRollback(UnitSteps):
             else:
                 for h in members:
                     self._phase(rid, h, "pull", ref.rsplit("/", 1)[-1][:40], show, status=fleet_ledger.IN_PROGRESS)
-                self._each(members, lambda h: self.ops(h).pull(ref), "pull")
+                self._each(members, lambda h: self._pull(self.ops(h), recipe.image, ref), "pull")
                 self._each(members, lambda h: self.ops(h).retire(container_name(h), rid, digest, grace=0), "stop")
                 for name in recipe.topology.start_order(unit):
                     member = self.inv.host(name)

@@ -6,6 +6,15 @@ host is touched): ``https`` only, since chat webhooks carry their token in the
 URL and a body says which hosts fail; plain ``http`` needs the inventory's
 explicit ``fleetctl_webhook_allow_http: true`` (a loopback or lab receiver).
 
+Besides those coarse events, a ``progress`` event carries the hosts' progress: the same
+:class:`~fleetctl.progress.Event` s every view gets (:meth:`Webhook.watch`), folded to each host's
+latest phase, message and figures, and posted at most once per :data:`PROGRESS_INTERVAL` seconds
+with at most :data:`PROGRESS_HOSTS` hosts (those that changed since the last post, longest waiting
+first; the rest go in the next). A fleet of hundreds of hosts therefore costs a receiver one POST
+per interval, not one per host or per event. Secret values (the hosts' become passwords, the
+environment's tokens, keys and passwords, the URL's own path and query) are replaced in every
+string of a body.
+
 A webhook never stops or slows a rollout (the ledger is the record; a chat
 message is a courtesy): events go to a queue that one background thread posts
 from, every error is caught and reported as a progress event, and
@@ -23,15 +32,28 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleetctl.ansible.redaction import Redactor
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 
 #: Event names a receiver can rely on.
-EVENTS = ("start", "wave", "pause", "failure", "rollback", "completion")
+EVENTS = ("start", "wave", "pause", "failure", "rollback", "completion", "progress")
+#: Seconds between two ``progress`` posts at least.
+PROGRESS_INTERVAL = 10.0
+#: Hosts in one ``progress`` post at most (the others wait for the next).
+PROGRESS_HOSTS = 100
+#: The figures of a host's progress a receiver gets (the live view's, without the internals).
+PROGRESS_FIGURES = ("wave", "tag", "digest", "health", "task", "step", "steps", "level", "concurrency", "requests",
+                    "planned_requests", "errors", "tok_s", "baseline", "acceptance_rate", "elapsed", "level_elapsed",
+                    "level_seconds", "waited", "timeout", "bytes", "bytes_total", "layers", "layers_total")
+#: A part of the URL's path or query this long is taken for a token, kept out of bodies.
+TOKEN_PART = 12
+#: A host's message is cut to this many characters in a ``progress`` post.
+PROGRESS_MESSAGE = 300
 #: Seconds one POST may take, connection included.
 POST_TIMEOUT = 5.0
 #: Seconds :meth:`Webhook.close` waits for undelivered events at the end of a command, in all.
@@ -110,8 +132,22 @@ class Webhook:
     """
 
     def __init__(self, url: str | None, rollout_id: str, fleet: str, progress: Progress = NULL,
-                 timeout: float = POST_TIMEOUT, *, allow_http: bool = False) -> None:
+                 timeout: float = POST_TIMEOUT, *, allow_http: bool = False, secrets: Collection[str] = (),
+                 on_close: Callable[[Webhook], None] | None = None,
+                 interval: float = PROGRESS_INTERVAL) -> None:
         self.url = validate(url, allow_http) if url else None
+        parts: list[str] = []
+        if self.url:
+            u = urllib.parse.urlsplit(self.url)
+            parts = [self.url, u.path, u.query, *u.path.split("/"), *u.query.split("&")]
+        #: Every string of a body goes through it: secret values, the URL and its token-like parts.
+        self.redactor = Redactor([*secrets, *(p for p in parts if len(p.strip("/")) >= TOKEN_PART)])
+        self.on_close = on_close
+        self.interval = interval
+        #: Host -> when it first waited, and its latest event not yet posted (with its epoch time).
+        self._pending: dict[str, tuple[float, tuple[Event, float]]] = {}
+        self._last_progress = float("-inf")
+        self._closed = False
         self.rollout_id = rollout_id
         self.fleet = fleet
         self.progress = progress
@@ -128,8 +164,8 @@ class Webhook:
             return
         if event not in EVENTS:
             raise ValueError(f"unknown webhook event {event!r}")
-        body = {"event": event, "rollout": self.rollout_id, "fleet": self.fleet,
-                "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **_plain(data)}
+        body = self.redactor.tree({"event": event, "rollout": self.rollout_id, "fleet": self.fleet,
+                                   "at": _now(), **_plain(data)})
         with self._lock:
             if self._queue.qsize() >= MAX_QUEUED:
                 try:
@@ -143,8 +179,40 @@ class Webhook:
                 self._thread = threading.Thread(target=self._worker, name="fleetctl-webhook", daemon=True)
                 self._thread.start()
 
+    def watch(self, event: Event) -> None:
+        """A progress sink: a host's event becomes its pending progress, posted in the next ``progress``
+        event (at most one per :attr:`interval`); fleet-wide events are the coarse events' business."""
+        if not self.url or event.host is None or self._closed:
+            return
+        now = time.monotonic()
+        with self._lock:
+            since = self._pending[event.host][0] if event.host in self._pending else now
+            # The event itself is kept; its entry is made when it is posted (most are replaced before).
+            self._pending[event.host] = (since, (event, time.time()))
+            due = now - self._last_progress >= self.interval
+        if due:
+            self._flush_progress(now)
+
+    def _flush_progress(self, now: float) -> None:
+        """Post the hosts waiting longest (at most :data:`PROGRESS_HOSTS`) as one ``progress`` event."""
+        with self._lock:
+            if not self._pending:
+                return
+            order = sorted(self._pending, key=lambda h: self._pending[h][0])[:PROGRESS_HOSTS]
+            hosts = [_entry(*self._pending.pop(h)[1]) for h in order]
+            self._last_progress = now
+            waiting = len(self._pending)
+        self.send("progress", hosts=hosts, waiting=waiting)
+
     def close(self, deadline: float = CLOSE_DEADLINE) -> list[Delivery]:
-        """Wait up to ``deadline`` seconds in all for queued events; what was not sent is reported."""
+        """Post the hosts' last progress, then wait up to ``deadline`` seconds in all for queued events;
+        what was not sent is reported."""
+        if self.url and not self._closed:
+            while self._pending:
+                self._flush_progress(time.monotonic())
+        self._closed = True
+        if self.on_close is not None:
+            self.on_close(self)
         with self._lock:
             thread = self._thread
             if thread is None:
@@ -195,12 +263,23 @@ class Webhook:
                            reverse=True):
             if len(part) >= 4:
                 text = text.replace(part, "<redacted>")
-        return text
+        return self.redactor.text(text)
 
     def _record(self, d: Delivery) -> None:
         self.deliveries.append(d)
         if d.error:
             self.progress(Event("webhook", f"{d.event} event to {redact(self.url or '')} not delivered: {d.error}"))
+
+
+def _now(at: float | None = None) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))
+
+
+def _entry(event: Event, at: float) -> dict[str, Any]:
+    """One host's part of a ``progress`` body: its latest event's phase, message (cut) and figures."""
+    figures = {k: event.data[k] for k in PROGRESS_FIGURES if event.data.get(k) is not None}
+    return {"host": event.host, "phase": event.phase, "message": event.message[:PROGRESS_MESSAGE], "at": _now(at),
+            **figures}
 
 
 def _plain(data: Mapping[str, Any]) -> dict[str, Any]:
