@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -14,38 +12,10 @@ import pytest
 from fleetctl.errors import FleetError
 from fleetctl.progress import Recorder
 from fleetctl.rollout.webhook import Webhook, redact, validate
+from tests.plugins.webhook import Receiver
 
 
-class _Receiver(ThreadingHTTPServer):
-    bodies: list[dict[str, Any]]
-    status = 204
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Receiver
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        n = int(self.headers["Content-Length"])
-        assert self.headers["Content-Type"] == "application/json"
-        self.server.bodies.append(json.loads(self.rfile.read(n)))
-        self.send_response(self.server.status)
-        self.end_headers()
-
-
-@pytest.fixture
-def receiver() -> Iterator[_Receiver]:
-    s = _Receiver(("127.0.0.1", 0), _Handler)
-    s.bodies = []
-    threading.Thread(target=s.serve_forever, daemon=True).start()
-    yield s
-    s.shutdown()
-    s.server_close()
-
-
-def test_events_are_posted_as_json(receiver: _Receiver) -> None:
+def test_events_are_posted_as_json(receiver: Receiver) -> None:
     hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", allow_http=True)
     hook.send("start", tag="2026-07-01-v0.24.0", hosts=["a", "b"])
     hook.send("wave", wave=1, of=2)
@@ -58,7 +28,7 @@ def test_events_are_posted_as_json(receiver: _Receiver) -> None:
         hook.send("bogus")
 
 
-def test_failed_delivery_is_reported_without_the_url(receiver: _Receiver) -> None:
+def test_failed_delivery_is_reported_without_the_url(receiver: Receiver) -> None:
     receiver.status = 500
     rec = Recorder()
     hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", rec,
@@ -117,7 +87,7 @@ class _Stall(BaseHTTPRequestHandler):
 
 
 class _Redirect(BaseHTTPRequestHandler):
-    server: _Receiver
+    server: Receiver
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -148,7 +118,7 @@ def test_a_stalled_receiver_never_blocks_the_sender_and_close_has_a_deadline() -
 
 
 def test_a_redirect_is_not_followed() -> None:
-    s = _Receiver(("127.0.0.1", 0), _Redirect)
+    s = Receiver(("127.0.0.1", 0), _Redirect)
     s.bodies = []
     threading.Thread(target=s.serve_forever, daemon=True).start()
     try:

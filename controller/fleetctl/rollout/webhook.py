@@ -31,7 +31,7 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 
 #: Event names a receiver can rely on.
-EVENTS = ("start", "wave", "pause", "failure", "rollback", "completion")
+EVENTS = ("start", "wave", "pause", "failure", "rollback", "completion", "bake", "breach")
 #: Seconds one POST may take, connection included.
 POST_TIMEOUT = 5.0
 #: Seconds :meth:`Webhook.close` waits for undelivered events at the end of a command, in all.
