@@ -78,3 +78,34 @@ def test_watch_options_are_checked_before_anything_runs() -> None:
     assert r.exit_code == 2 and "--interval 10s must be > 0 and at most --duration 5s" in r.output
     r = CliRunner().invoke(cli, ["soak", "--watch"])
     assert r.exit_code == 2 and "fleetctl watch" in r.output
+
+
+def test_the_forwarded_error_knob_fails_only_requests_that_came_through_a_proxy(
+        emulator: Callable[..., Served]) -> None:
+    """EMU_FORWARDED_ERROR_RATE: what a bake catches and a soak (direct, out of rotation) cannot see."""
+    import urllib.error
+    import urllib.request
+
+    served = emulator(EMU_FORWARDED_ERROR_RATE="1")
+    base = served.target.base_url
+
+    def chat(forwarded: bool) -> int:
+        body = json.dumps({"model": "qwen36-35b-heretic", "max_tokens": 48, "stream": True,
+                           "messages": [{"role": "user", "content": "Describe a thunderstorm."}]}).encode()
+        headers = {"Content-Type": "application/json", **({"X-Forwarded-For": "10.0.0.7"} if forwarded else {})}
+        req = urllib.request.Request(base + "/v1/chat/completions", body, headers)
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                text = r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code
+        return 500 if '"error"' in text else 200
+
+    def errors() -> float:
+        from fleetctl.soak import metrics
+
+        with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
+            return metrics.parse(r.read().decode()).value(metrics.SUCCESS, finished_reason="error") or 0.0
+
+    assert [chat(False) for _ in range(3)] == [200, 200, 200] and errors() == 0
+    assert [chat(True) for _ in range(3)] == [500, 500, 500] and errors() == 3

@@ -223,3 +223,30 @@ def compare(new: Sequence[Traffic], old: Sequence[Traffic], limits: Limits = Lim
                   if acc_ms else skipped(spec["bake_acceptance"], no_old if not old_ok else
                                          "no speculative decoding on the old hosts"))
     return Comparison(tuple(checks), tuple(new), tuple(old), ref)
+
+
+def fetch(base_url: str, t: float, timeout: float = 10.0) -> metrics.Scrape | str:
+    """One /metrics scrape of ``base_url`` at ``t`` (the caller's clock), or why there is none."""
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout) as r:
+            # A /metrics of a few hundred series is ~100 KB; a server sending more is not read past 8 MB.
+            text = r.read(8 << 20).decode(errors="replace")
+    except (OSError, ValueError) as e:
+        return f"/metrics: {e}"
+    try:
+        return metrics.parse(text, t)
+    except metrics.MetricsError as e:
+        return str(e)
+
+
+def fetch_all(urls: Mapping[str, str], t: float, parallel: int = 32) -> dict[str, metrics.Scrape | str]:
+    """:func:`fetch` of every host's URL (host -> base URL), ``parallel`` at a time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not urls:
+        return {}
+    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(urls))), thread_name_prefix="scrape") as pool:
+        futures = {h: pool.submit(fetch, u, t) for h, u in urls.items()}
+        return {h: f.result() for h, f in futures.items()}
