@@ -30,6 +30,7 @@ from fleetctl.rollout.session import StopRollout
 from fleetctl.rollout.unit import unit_recipe
 from fleetctl.rollout.unit_step import UnitSteps
 from fleetctl.rollout.webhook import Webhook
+from fleetctl.soak import metrics
 from fleetctl.soak.traffic import Comparison, Limits, Traffic, compare, fetch_all, traffic
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 from fleetctl.state import ledger as fleet_ledger
@@ -55,6 +56,10 @@ class BakeSteps(UnitSteps):
     def _bake_limits(self) -> Limits:
         """The inventory's ``fleetctl_bake_limits`` (see soak.traffic.Limits), checked before any host is touched."""
         return Limits.from_mapping(self.inv.vars.get("fleetctl_bake_limits"), f"fleetctl_bake_limits in {self.inv.path}")
+
+    def _scrape(self, urls: Mapping[str, str], t: float) -> Mapping[str, metrics.Scrape | str]:
+        """Every host's /metrics (host -> base URL), bounded in parallel; a host's failure as text."""
+        return fetch_all(urls, t)
 
     def _bake_due(self, rid: str, members: Sequence[str]) -> bool:
         """A wave whose hosts are done but whose bake did not finish (a killed controller, or a paused bake)."""
@@ -82,12 +87,12 @@ class BakeSteps(UnitSteps):
         urls = {h.name: gate.target(h, recipe, "").base_url for h in (*new, *old)}
         t0 = time.monotonic()
         started = datetime.now(UTC)
-        first = fetch_all(urls, 0.0)
+        first = self._scrape(urls, 0.0)
         end = t0 + seconds
         while (left := end - time.monotonic()) > 0:
             self._emit("baking", f"wave {w + 1}: {left:.0f}s left under live traffic, against {against}")
             time.sleep(min(left, TICK))
-        last = fetch_all(urls, time.monotonic() - t0)
+        last = self._scrape(urls, time.monotonic() - t0)
 
         def figures(names: Sequence[Host]) -> list[Traffic]:
             out = []
