@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from fleetctl.soak import metrics
-from fleetctl.soak.traffic import Limits, Traffic, compare, traffic
+from fleetctl.soak.traffic import PROM_QUERIES, Limits, Traffic, compare, from_prometheus, traffic
 from fleetctl.soak.verdict import Outcome
 
 P, F, INC, SKIP = Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.SKIPPED
@@ -103,3 +103,90 @@ def test_limits_from_a_mapping_refuse_unknown_keys_and_bad_values() -> None:
         Limits.from_mapping({"min_request": 10}, "recipe r")
     with pytest.raises(SoakConfigError, match="must be a number"):
         Limits.from_mapping({"min_requests": "ten"}, "recipe r")
+
+
+class _Prometheus:
+    """A Prometheus-compatible query API on loopback: answers each of the bake's queries from a table."""
+
+    def __init__(self, table: dict[str, dict[str, float]], broken: str = "") -> None:
+        import threading
+        import urllib.parse
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.queries: list[dict[str, str]] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_GET(self) -> None:
+                import json
+
+                u = urllib.parse.urlsplit(self.path)
+                q = dict(urllib.parse.parse_qsl(u.query))
+                outer.queries.append(q)
+                name = _which(q["query"])
+                if u.path != "/api/v1/query" or name == broken:
+                    body = {"status": "error", "errorType": "bad_data", "error": f"cannot parse {name}"}
+                    code = 400
+                else:
+                    body = {"status": "success", "data": {"resultType": "vector", "result": [
+                        {"metric": {"instance": inst}, "value": [float(q["time"]), str(v)]}
+                        for inst, v in table.get(name, {}).items()]}}
+                    code = 200
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _which(q: str) -> str:
+    """Which of the bake's queries ``q`` is."""
+    for marker, name in (("histogram_quantile(0.95", "ttft_p95"), ("histogram_quantile(0.5", "tpot_p50"),
+                         ("accepted", "acceptance"), ('finished_reason="error"', "errors")):
+        if marker in q:
+            return name
+    return "finished"
+
+
+def test_the_same_figures_come_from_a_prometheus_query_api() -> None:
+    hosts = {"spark-01": "10.0.0.11:8000", "spark-02": "10.0.0.12:8000"}
+    prom = _Prometheus({"finished": {"10.0.0.11:8000": 40, "10.0.0.12:8000": 40},
+                        "errors": {"10.0.0.11:8000": 12},
+                        "ttft_p95": {"10.0.0.11:8000": 0.3, "10.0.0.12:8000": 0.25},
+                        "tpot_p50": {"10.0.0.11:8000": 0.05, "10.0.0.12:8000": 0.05},
+                        "acceptance": {"10.0.0.11:8000": float("nan"), "10.0.0.12:8000": 0.6}})
+    try:
+        got = from_prometheus(prom.url, hosts, 600, 1_780_000_000.0)
+    finally:
+        prom.close()
+    assert (got["spark-01"].finished, got["spark-01"].errors, got["spark-01"].ttft_p95) == (40, 12, 0.3)
+    assert got["spark-02"].errors == 0.0 and got["spark-02"].acceptance == 0.6
+    assert got["spark-01"].acceptance is None  # NaN (no drafts) is no figure
+    assert len(prom.queries) == len(PROM_QUERIES) and all(q["time"] == "1780000000.000" for q in prom.queries)
+    assert '[600s]' in prom.queries[0]["query"] and 'instance=~"10\\.0\\.0\\.11:8000|10\\.0\\.0\\.12:8000"' in \
+        prom.queries[0]["query"]
+    c = compare([got["spark-01"]], [got["spark-02"]])
+    assert c.outcome is F and "12 of 40 requests failed" in c.checks[0].message
+
+
+def test_a_failing_prometheus_query_leaves_its_figure_missing_never_a_pass() -> None:
+    prom = _Prometheus({"errors": {}}, broken="finished")
+    try:
+        got = from_prometheus(prom.url, {"spark-01": "10.0.0.11:8000"}, 60, 1_780_000_000.0)
+    finally:
+        prom.close()
+    t = got["spark-01"]
+    assert t.finished is None and t.errors is None and "Prometheus query finished failed" in t.problems[0]
+    assert compare([t], []).outcome is INC

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 
 from fleetctl.durations import parse_duration
+from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
@@ -31,7 +32,15 @@ from fleetctl.rollout.unit import unit_recipe
 from fleetctl.rollout.unit_step import UnitSteps
 from fleetctl.rollout.webhook import Webhook
 from fleetctl.soak import metrics
-from fleetctl.soak.traffic import Comparison, Limits, Traffic, compare, fetch_all, traffic
+from fleetctl.soak.traffic import (
+    Comparison,
+    Limits,
+    Traffic,
+    compare,
+    fetch_all,
+    from_prometheus,
+    traffic,
+)
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 from fleetctl.state import ledger as fleet_ledger
 
@@ -56,6 +65,22 @@ class BakeSteps(UnitSteps):
     def _bake_limits(self) -> Limits:
         """The inventory's ``fleetctl_bake_limits`` (see soak.traffic.Limits), checked before any host is touched."""
         return Limits.from_mapping(self.inv.vars.get("fleetctl_bake_limits"), f"fleetctl_bake_limits in {self.inv.path}")
+
+    def _bake_prometheus(self) -> dict[str, str] | None:
+        """The inventory's ``fleetctl_bake_prometheus`` (``url``, ``label``, ``instance``), checked; None: scrape hosts."""
+        raw = self.inv.vars.get("fleetctl_bake_prometheus")
+        if not raw:
+            return None
+        where = f"fleetctl_bake_prometheus in {self.inv.path}"
+        if not isinstance(raw, Mapping) or not isinstance(raw.get("url"), str) or \
+                not str(raw["url"]).startswith(("http://", "https://")):
+            raise FleetError(f"{where} needs url: http(s)://HOST:PORT of a Prometheus-compatible API",
+                             fix="e.g. {url: http://prometheus:9090, label: instance, instance: '{address}:{port}'}")
+        unknown = sorted(set(raw) - {"url", "label", "instance"})
+        if unknown:
+            raise FleetError(f"{where}: unknown key(s) {', '.join(unknown)}", fix="use url, label, instance")
+        return {"url": str(raw["url"]), "label": str(raw.get("label", "instance")),
+                "instance": str(raw.get("instance", "{address}:{port}"))}
 
     def _scrape(self, urls: Mapping[str, str], t: float) -> Mapping[str, metrics.Scrape | str]:
         """Every host's /metrics (host -> base URL), bounded in parallel; a host's failure as text."""
@@ -104,7 +129,15 @@ class BakeSteps(UnitSteps):
                     out.append(traffic(h.name, a, b))
             return out
 
-        cmp = compare(figures(new), figures(old), self._bake_limits())
+        prom = self._bake_prometheus()
+        if prom is not None:
+            # The same figures from the fleet's Prometheus (docs/watch.md), over the bake's window.
+            values = {h.name: prom["instance"].format(address=h.address, port=recipe.port, host=h.name)
+                      for h in (*new, *old)}
+            got = from_prometheus(prom["url"], values, time.monotonic() - t0, time.time(), prom["label"])
+            cmp = compare([got[h.name] for h in new], [got[h.name] for h in old], self._bake_limits())
+        else:
+            cmp = compare(figures(new), figures(old), self._bake_limits())
         verdict = self._bake_verdict(rid, p, w, cmp, started, time.monotonic() - t0)
         summary = gate.summarise(verdict, {"bake": round(time.monotonic() - t0, 1)})
         summary["traffic"] = {"new": [to_dict(t) for t in cmp.new], "old": [to_dict(t) for t in cmp.old],

@@ -35,6 +35,7 @@ class Forward(BakeSteps):
         recipe, _ = self.check(opts)
         bake = self._bake_seconds(opts)
         self._bake_limits()
+        self._bake_prometheus()
         self.resolve(recipe, opts.tag or "")
         if opts.dry_run:
             p, recipe, _facts, _hosts = self.plan(opts)

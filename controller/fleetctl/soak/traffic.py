@@ -250,3 +250,58 @@ def fetch_all(urls: Mapping[str, str], t: float, parallel: int = 32) -> dict[str
     with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(urls))), thread_name_prefix="scrape") as pool:
         futures = {h: pool.submit(fetch, u, t) for h, u in urls.items()}
         return {h: f.result() for h, f in futures.items()}
+
+
+#: The Prometheus queries a bake reads instead of scraping each host (``{range}``: the bake's length, e.g.
+#: ``600s``; ``{selector}``: the label matcher of the hosts, e.g. ``instance=~"10.0.0.11:8000|..."``). Each is an
+#: instant query at the bake's end, one series per host (``by (<label>)``).
+PROM_QUERIES: dict[str, str] = {
+    "finished": 'sum by ({label}) (increase(vllm:request_success_total{{{selector}}}[{range}]))',
+    "errors": 'sum by ({label}) (increase(vllm:request_success_total{{{selector},finished_reason="error"}}[{range}]))',
+    "ttft_p95": 'histogram_quantile(0.95, sum by ({label}, le) '
+                '(rate(vllm:time_to_first_token_seconds_bucket{{{selector}}}[{range}])))',
+    "tpot_p50": 'histogram_quantile(0.5, sum by ({label}, le) '
+                '(rate(vllm:request_time_per_output_token_seconds_bucket{{{selector}}}[{range}])))',
+    "acceptance": 'sum by ({label}) (increase(vllm:spec_decode_num_accepted_tokens_total{{{selector}}}[{range}])) / '
+                  'sum by ({label}) (increase(vllm:spec_decode_num_draft_tokens_total{{{selector}}}[{range}]))',
+}
+
+
+def from_prometheus(url: str, hosts: Mapping[str, str], seconds: float, at: float, label: str = "instance",
+                    timeout: float = 10.0) -> dict[str, Traffic]:
+    """Each host's :class:`Traffic` over the ``seconds`` before ``at`` (Unix time) from a Prometheus-compatible
+    API (``GET <url>/api/v1/query``): host -> its value of ``label`` (e.g. ``10.0.0.11:8000``).
+
+    A query that fails names itself in every host's ``problems`` (the figures it gives are then missing:
+    inconclusive, never a pass). Values that are not finite numbers are missing too.
+    """
+    import json
+    import math
+    import re
+    import urllib.parse
+    import urllib.request
+
+    selector = f'{label}=~"{"|".join(re.escape(v) for v in hosts.values())}"'
+    rng = f"{max(1, round(seconds))}s"
+    got: dict[str, dict[str, float]] = {h: {} for h in hosts}
+    problems: list[str] = []
+    by_value = {v: h for h, v in hosts.items()}
+    for name, template in PROM_QUERIES.items():
+        q = template.format(label=label, selector=selector, range=rng)
+        full = url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": q, "time": f"{at:.3f}"})
+        try:
+            with urllib.request.urlopen(full, timeout=timeout) as r:
+                body = json.loads(r.read(4 << 20))
+            if body.get("status") != "success" or body.get("data", {}).get("resultType") != "vector":
+                raise ValueError(f"status {body.get('status')!r}: {str(body.get('error', ''))[:200]}")
+            for series in body["data"]["result"]:
+                host = by_value.get(str(series.get("metric", {}).get(label, "")))
+                v = float(series["value"][1])
+                if host is not None and math.isfinite(v):
+                    got[host][name] = v
+        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+            problems.append(f"Prometheus query {name} failed: {e}")
+    return {h: Traffic(h, seconds, finished=g.get("finished"),
+                       errors=g.get("errors", 0.0) if "finished" in g else None,
+                       ttft_p95=g.get("ttft_p95"), tpot_p50=g.get("tpot_p50"), acceptance=g.get("acceptance"),
+                       problems=tuple(problems)) for h, g in got.items()}
