@@ -1,4 +1,5 @@
-"""The ``receiver`` fixture: a real loopback HTTP server that keeps every JSON body POSTed to it (a webhook's receiver)."""
+"""The ``receiver`` fixture: a real loopback HTTP server that keeps every JSON body POSTed to it (a webhook's
+receiver); ``reply_json`` for other loopback servers standing for an API."""
 
 from __future__ import annotations
 
@@ -9,6 +10,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+
+
+def reply_json(handler: BaseHTTPRequestHandler, code: int, body: Any) -> None:
+    """Answer ``handler``'s request with ``body`` as JSON (loopback servers standing for an API)."""
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
 
 
 class Receiver(ThreadingHTTPServer):

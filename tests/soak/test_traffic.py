@@ -7,6 +7,7 @@ import pytest
 from fleetctl.soak import metrics
 from fleetctl.soak.traffic import PROM_QUERIES, Limits, Traffic, compare, from_prometheus, traffic
 from fleetctl.soak.verdict import Outcome
+from tests.plugins.webhook import reply_json
 
 P, F, INC, SKIP = Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.SKIPPED
 
@@ -121,8 +122,6 @@ class _Prometheus:
                 pass
 
             def do_GET(self) -> None:
-                import json
-
                 u = urllib.parse.urlsplit(self.path)
                 q = dict(urllib.parse.parse_qsl(u.query))
                 outer.queries.append(q)
@@ -135,12 +134,7 @@ class _Prometheus:
                         {"metric": {"instance": inst}, "value": [float(q["time"]), str(v)]}
                         for inst, v in table.get(name, {}).items()]}}
                     code = 200
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, body)
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
