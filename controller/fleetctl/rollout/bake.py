@@ -115,6 +115,10 @@ class BakeSteps(UnitSteps):
         first = self._scrape(urls, 0.0)
         end = t0 + seconds
         while (left := end - time.monotonic()) > 0:
+            # Each baked host's row shows a bar (waited/timeout), the line under the table what is left.
+            for h in done:
+                self._emit("baking", f"under live traffic, against {against}", h.name,
+                           **show, health="baking", waited=round(seconds - left), timeout=round(seconds))
             self._emit("baking", f"wave {w + 1}: {left:.0f}s left under live traffic, against {against}")
             time.sleep(min(left, TICK))
         last = self._scrape(urls, time.monotonic() - t0)
