@@ -23,12 +23,13 @@ def test_a_healthy_emulator_passes_a_watch_of_a_few_intervals(emulator: Callable
     cfg = load_config({}, profile="lab", served_model_names=("qwen36-35b-heretic",))
     events: list[str] = []
     [v] = run_watch([WatchTarget(served.target, cfg, tmp_path / "run", "watch-1")],
-                    WatchSettings(duration=3.5, interval=1.0), lambda e: events.append(e.phase))
+                    WatchSettings(duration=3.5, interval=1.0, min_draft_tokens=40), lambda e: events.append(e.phase))
     assert v.outcome is Outcome.PASS, v.summary
     assert v.levels[0].requests >= 6 and v.levels[0].errors == 0
     outcomes = {c.name: c.outcome for c in v.checks}
     assert outcomes["canary"] is Outcome.PASS and outcomes["server_errors"] is Outcome.PASS
-    assert outcomes["acceptance"] is Outcome.PASS  # the emulator drafts: acceptance is judged
+    # The emulator drafts: acceptance is judged over blocks of >= 40 drafted tokens, the first the reference.
+    assert outcomes["acceptance"] is Outcome.PASS and "first block" in v.check("acceptance").message
     # The soak's artifacts: samples streamed to disk, every scrape, the verdict.
     assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == v.levels[0].requests
     assert json.loads((tmp_path / "run" / "verdict.json").read_text())["outcome"] == "pass"
