@@ -23,6 +23,7 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import Event
 from fleetctl.runids import new_run_id
 from fleetctl.soak.checks import ms
+from fleetctl.soak.config import PROFILES
 from fleetctl.soak.verdict import Outcome, Verdict
 from fleetctl.soak.watch import WatchSettings, WatchTarget, run_watch
 
@@ -57,7 +58,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--parallel", type=click.IntRange(1, 512), default=64, show_default=True,
               help="Hosts probed at once (the rest wait their turn).")
 @click.option("--recipe", metavar="NAME", help="Recipe whose settings apply (default: each host's fleetctl_recipe).")
-@click.option("--profile", type=click.Choice(("spark", "lab")), help="Gate profile: the latency bounds and liveness bound.")
+@click.option("--profile", type=click.Choice(PROFILES), help="Gate profile: the latency bounds and liveness bound.")
 @click.option("--model", "models", multiple=True, metavar="NAME", help="With --endpoint: the model name to ask for.")
 @click.option("--max-error-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="Share of the requests a server finishes with reason error per interval (all clients).")
