@@ -24,8 +24,7 @@ import pytest
 from fleetctl import inventory, registry, ssh
 from tests.frontdoor.servers import free_port
 from tests.plugins.serving import BASE_TAG, engine, serve
-from tests.rollout.test_webhook import _Receiver
-from tests.rollout.test_webhook import receiver as receiver  # the loopback receiver fixture
+from tests.plugins.webhook import Receiver
 
 pytestmark = pytest.mark.lab
 
@@ -52,7 +51,7 @@ def wait_for(pattern: str, deadline: float) -> str:
 
 
 @pytest.fixture
-def webhook(receiver: _Receiver) -> Iterator[tuple[str, _Receiver]]:
+def webhook(receiver: Receiver) -> Iterator[tuple[str, Receiver]]:
     """A loopback receiver, and the lab inventory allowing its plain-http URL for the test's length."""
     allow = inventory.load(None).path.parent / "group_vars" / "all" / "zz-test-webhook.yml"
     allow.write_text("fleetctl_webhook_allow_http: true\n")
@@ -77,7 +76,7 @@ def drop_image(tag: str) -> None:
 
 @pytest.mark.skipif(TMUX is None, reason="needs tmux")
 def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp_path: Path,
-                                                              webhook: tuple[str, _Receiver]) -> None:
+                                                              webhook: tuple[str, Receiver]) -> None:
     del serving
     done = tmp_path / "rc"
     events = tmp_path / "events.jsonl"

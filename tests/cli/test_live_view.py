@@ -260,3 +260,18 @@ def test_a_ui_port_in_use_is_refused_before_anything(tmp_path: Path) -> None:
         with pytest.raises(FleetError, match=r"cannot listen on 127\.0\.0\.1"), live.watch(ctx, "rollout", tmp_path):
             pass
     assert not list(live.events_dir(tmp_path).glob("*.jsonl"))
+
+
+def test_a_baking_wave_shows_a_bar_per_host_and_the_time_left_under_the_table() -> None:
+    model = live.LiveModel("rollout")
+    model.fold(Event("done", "pass", "spark-01", {"wave": 1, "tag": FULL_TAG, "health": "ok"}), 1.0)
+    model.fold(Event("baking", "600s under live traffic, against 3 host(s) on the old version", "spark-01",
+                     {"wave": 1, "health": "baking", "bake_s": 600}), 2.0)
+    model.fold(Event("baking", "under live traffic, against 3 host(s) on the old version", "spark-01",
+                     {"wave": 1, "health": "baking", "waited": 240, "timeout": 600}), 242.0)
+    model.fold(Event("baking", "wave 1: 360s left under live traffic, against 3 host(s) on the old version"), 242.0)
+    snap = model.snapshot()
+    row = snap["hosts"][0]
+    assert row["phase"] == "baking" and row["health"] == "baking" and row["fraction"] == pytest.approx(0.4)
+    assert "240/600s" in row["cells"]["progress"]
+    assert "360s left" in model.fleet_line

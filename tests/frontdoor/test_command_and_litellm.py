@@ -16,6 +16,7 @@ import pytest
 from fleetctl.frontdoor import DRAIN, MAINT, READY, FrontDoorError, build
 from fleetctl.frontdoor.litellm import LiteLLM
 from fleetctl.inventory import Host
+from tests.plugins.webhook import reply_json
 
 A, B = Host("spark-01", "10.1.0.11"), Host("spark-02", "10.1.0.12")
 
@@ -92,12 +93,7 @@ class FakeLiteLLM:
                 pass
 
             def _reply(self, code: int, body: Any) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                reply_json(self, code, body)
 
             def _authorised(self) -> bool:
                 if self.headers.get("Authorization") != f"Bearer {key}":

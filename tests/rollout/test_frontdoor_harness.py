@@ -304,3 +304,85 @@ def test_a_host_the_door_does_not_see_healthy_after_its_gate_stays_out_and_stops
     assert "passed its gate" in (canary.error or "") and "health check" in (canary.error or ""), canary.error
     assert list(_out_of_rotation(tmp_path / "state")) == ["spark-01"]
     assert [h.status for h in r.hosts[1:]] == [fleet_ledger.PENDING] * 2
+
+
+# --- the bake: live traffic's /metrics stood for by scrapes the test writes -------------------------------
+
+def _bake_engine(fleet: SimFleet, d: Door, state: Path, errors: dict[str, int],
+                 die: list[bool] | None = None) -> Engine:
+    """An engine whose bake reads scrapes the test writes: each host finished 40 requests between the
+    bake's two scrapes, ``errors[host]`` of them with reason error. ``die``: [True] kills the controller
+    at the bake's first scrape (once)."""
+    from fleetctl.soak import metrics
+
+    class BakeEngine(Engine):
+        def _vllm_in_flight(self, h: Host, recipe: Recipe) -> int | None:
+            return d.backends[h.name].running if h.name in d.backends else 0
+
+        def _scrape(self, urls: Any, t: float) -> Any:
+            if die and die[0]:
+                die[0] = False
+                fleet.dead = True
+                raise Killed("bake")
+            out = {}
+            for h in urls:
+                n, e = (40, errors.get(h, 0)) if t > 0 else (0, 0)
+                out[h] = metrics.parse(f'vllm:request_success_total{{finished_reason="length"}} {n - e}\n'
+                                       f'vllm:request_success_total{{finished_reason="error"}} {e}\n', t)
+            return out
+
+    Watched.door = d
+    inv = inventory.load(d.inv_dir / "hosts.yml")
+    return BakeEngine(inv, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
+                      resolve=fleet.resolve)
+
+
+def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(tmp_path: Path, door: Door) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    eng = _bake_engine(fleet, door, tmp_path / "state", {"spark-01": 12})
+    try:
+        r = eng.rollout(Options(tag=B, limit=",".join(HOSTS), waves="1,100%", soak=1.0, bake=0.2))
+        rec = eng.ledger.get(r.id or "")
+    finally:
+        eng.close()
+    assert r.status == fleet_ledger.FAILED and "rolled back after its bake" in (r.error or ""), r.error
+    assert "12 of 40 requests failed (30.0%)" in (r.error or "") and "old hosts 0.0%" in (r.error or "")
+    canary = [(op, admin) for h, op, admin, _ in door.seen if h == "spark-01"]
+    # Out for its step, in rotation for the bake, out again for its rollback (the restore), back at the end.
+    assert canary == [("retire", "drain"), ("start", "drain"), ("restore", "drain")], canary
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(tmp_path / "state") == {}
+    h1 = rec.host("spark-01")
+    assert h1 is not None and h1.status == fleet_ledger.ROLLED_BACK and h1.verdict is not None
+    assert h1.verdict["outcome"] == "fail" and h1.verdict["failed_checks"][0].startswith("bake_errors")
+    phases = [p.phase for p in rec.phases if p.host == "spark-01"]
+    assert phases.index("done") < phases.index("baking") < phases.index("draining", phases.index("baking")) \
+        < phases.index("rolling-back") and phases[-1] == "rolled-back", phases
+    assert all(rec.host(n).status == fleet_ledger.PENDING for n in HOSTS[1:])  # type: ignore[union-attr]
+
+
+def test_a_controller_killed_mid_bake_leaves_the_wave_to_bake_again_on_resume(tmp_path: Path, door: Door) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    state = tmp_path / "state"
+    eng = _bake_engine(fleet, door, state, {}, die=[True])
+    with pytest.raises(Killed):
+        eng.rollout(Options(tag=B, limit=",".join(HOSTS), waves="1,100%", soak=1.0, bake=0.2))
+    fleet.revive()
+    with fleet_ledger.open_ledger(state) as led:
+        rec = led.latest(kind="rollout")
+        assert rec is not None and rec.status == fleet_ledger.RUNNING and rec.options["bake"] == 0.2
+        h1 = rec.host("spark-01")
+        assert h1 is not None and (h1.status, h1.phase) == (fleet_ledger.DONE, "baking")
+        assert rec.waves[0].status != fleet_ledger.DONE
+    assert door.admin("spark-01") == "ready"  # baked in rotation: nothing to re-admit
+    eng = _bake_engine(fleet, door, state, {})
+    try:
+        r = eng.resume(Options())
+        rec = eng.ledger.get(r.id or "")
+    finally:
+        eng.close()
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert [p.phase for p in rec.phases if p.host == "spark-01"].count("baking") == 2
+    assert all((h := rec.host(n)) is not None and h.verdict is not None and h.verdict["bake"]["outcome"] == "pass"
+               for n in HOSTS)
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)

@@ -194,3 +194,79 @@ def test_a_controller_killed_while_a_host_is_drained_then_the_host_ends_in_rotat
     assert sampler.admin() == dict.fromkeys(NODES, "ready")
     assert led.out_of_rotation() == {}
     led.close()
+
+
+# --- the bake (rollout --bake) and fleetctl watch, under the same users' traffic -------------------------
+
+#: A version whose streams fail only when they came through the front door (EMU_FORWARDED_ERROR_RATE): its
+#: soak, out of rotation, passes; users' traffic after its re-admission does not.
+ERRS = "2026-07-02-errors-under-traffic"
+BAKE = 10.0
+BAKED = NODES[:2]
+
+
+@pytest.fixture(scope="module")
+def errors_under_traffic(serving: Any) -> str:
+    from fleetctl import lab as fleetlab
+
+    fleetlab.add_image(ERRS, {"EMU_VERSION": "0.24.1", "EMU_LOAD_SECONDS": "3", "EMU_FORWARDED_ERROR_RATE": "0.7"})
+    return ERRS
+
+
+def baked_rollout(tag: str) -> tuple[RolloutResult, fleet_ledger.RolloutRecord]:
+    eng = engine()
+    try:
+        # Two hosts (a canary and a wave of one), as few as a bake against an old version needs.
+        r = eng.rollout(Options(tag=tag, limit=",".join(BAKED), waves="1,100%", max_unavailable="1", soak=LAB_SOAK,
+                                bake=BAKE))
+        assert r.id is not None, r.error
+        return r, eng.ledger.get(r.id)
+    finally:
+        eng.close()
+
+
+def verdict_of(rec: fleet_ledger.RolloutRecord, host: str) -> dict[str, Any]:
+    hr = rec.host(host)
+    assert hr is not None and hr.verdict is not None, host
+    return hr.verdict
+
+
+def test_a_bake_rolls_back_a_canary_whose_errors_rise_only_under_live_traffic(
+        door: LabFrontDoor, errors_under_traffic: str) -> None:
+    with traffic_and_sampler(door) as (report, sampler):
+        r, rec = baked_rollout(errors_under_traffic)
+    assert r.status == fleet_ledger.FAILED, r.error
+    canary, rest = r.hosts[0], r.hosts[1:]
+    assert canary.status == fleet_ledger.ROLLED_BACK and canary.after_tag == canary.before_tag, canary
+    # Its gate passed out of rotation; the bake under users' traffic failed it, with the numbers.
+    assert "bake fail" in (canary.error or "") and "bake_errors" in (canary.error or ""), canary.error
+    phases = [p.phase for p in rec.phases if p.host == canary.host]
+    assert phases.index("done") < phases.index("baking") < phases.index("rolling-back"), phases
+    bake = verdict_of(rec, canary.host)
+    assert bake["outcome"] == "fail" and any(c["name"] == "bake_errors" and c["outcome"] == "fail"
+                                             for c in bake["checks"]), bake
+    # In rotation on the new version for the bake only, drained before its rollback, back after it.
+    assert sampler.course(canary.host) == ["ready", "drain", "ready", "drain", "ready"], sampler.course(canary.host)
+    assert all(sampler.course(h.host) == ["ready"] for h in rest)
+    assert all(h.status == fleet_ledger.PENDING for h in rest)
+    assert report["failed"] > 0, report  # users saw the errors the bake caught (and no more after it)
+
+
+def test_a_bake_passes_a_healthy_rollout_and_fleetctl_watch_passes_its_hosts(door: LabFrontDoor) -> None:
+    with traffic_and_sampler(door) as (report, _sampler):
+        r, rec = baked_rollout(NEW)
+        watch = subprocess.run([FLEETCTL, "watch", "--limit", ",".join(BAKED), "--duration", "4s", "--interval", "1s",
+                                "--json"],
+                               capture_output=True, text=True, timeout=120)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    for h in r.hosts:
+        assert verdict_of(rec, h.host)["bake"]["outcome"] == "pass", verdict_of(rec, h.host)
+        assert "baking" in [p.phase for p in rec.phases if p.host == h.host]
+    # The canary was compared with the host still on the old version; the last wave had none left.
+    assert verdict_of(rec, r.hosts[0].host)["bake"]["traffic"]["old"]
+    assert not verdict_of(rec, r.hosts[-1].host)["bake"]["traffic"]["old"]
+    assert report["failed"] == 0, report
+    assert watch.returncode == 0, watch.stdout[-2000:] + watch.stderr[-2000:]
+    verdicts = json.loads(watch.stdout)["verdicts"]
+    assert sorted(v["target"] for v in verdicts) == sorted(h.host for h in r.hosts)
+    assert all(v["outcome"] == "pass" and v["levels"][0]["requests"] >= 4 for v in verdicts)

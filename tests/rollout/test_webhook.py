@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import socket
 import threading
-from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -19,41 +18,13 @@ from fleetctl.rollout import webhook
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
 from fleetctl.rollout.webhook import Webhook, redact, validate
+from tests.plugins.webhook import Receiver
 
 from .sim import OK, SimFleet, SimGates
 from .test_capacity_harness import HOSTS, LIMIT, _inventory
 
 
-class _Receiver(ThreadingHTTPServer):
-    bodies: list[dict[str, Any]]
-    status = 204
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: _Receiver
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        n = int(self.headers["Content-Length"])
-        assert self.headers["Content-Type"] == "application/json"
-        self.server.bodies.append(json.loads(self.rfile.read(n)))
-        self.send_response(self.server.status)
-        self.end_headers()
-
-
-@pytest.fixture
-def receiver() -> Iterator[_Receiver]:
-    s = _Receiver(("127.0.0.1", 0), _Handler)
-    s.bodies = []
-    threading.Thread(target=s.serve_forever, daemon=True).start()
-    yield s
-    s.shutdown()
-    s.server_close()
-
-
-def test_events_are_posted_as_json(receiver: _Receiver) -> None:
+def test_events_are_posted_as_json(receiver: Receiver) -> None:
     hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", allow_http=True)
     hook.send("start", tag="2026-07-01-v0.24.0", hosts=["a", "b"])
     hook.send("wave", wave=1, of=2)
@@ -66,7 +37,7 @@ def test_events_are_posted_as_json(receiver: _Receiver) -> None:
         hook.send("bogus")
 
 
-def test_failed_delivery_is_reported_without_the_url(receiver: _Receiver) -> None:
+def test_failed_delivery_is_reported_without_the_url(receiver: Receiver) -> None:
     receiver.status = 500
     rec = Recorder()
     hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", rec,
@@ -125,7 +96,7 @@ class _Stall(BaseHTTPRequestHandler):
 
 
 class _Redirect(BaseHTTPRequestHandler):
-    server: _Receiver
+    server: Receiver
 
     def log_message(self, *args: Any) -> None:
         pass
@@ -156,7 +127,7 @@ def test_a_stalled_receiver_never_blocks_the_sender_and_close_has_a_deadline() -
 
 
 def test_a_redirect_is_not_followed() -> None:
-    s = _Receiver(("127.0.0.1", 0), _Redirect)
+    s = Receiver(("127.0.0.1", 0), _Redirect)
     s.bodies = []
     threading.Thread(target=s.serve_forever, daemon=True).start()
     try:
@@ -173,7 +144,7 @@ def test_a_redirect_is_not_followed() -> None:
 FIXTURE = Path(__file__).parents[1] / "cli" / "fixtures" / "rollout-events.jsonl"
 
 
-def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(receiver: _Receiver,
+def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(receiver: Receiver,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A recorded rollout's events (the ones every view gets) reach the receiver as ``progress`` events: one
     post per interval whatever the number of events, at most PROGRESS_HOSTS hosts in one, each host's latest
@@ -201,7 +172,7 @@ def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(receiv
     assert "hunter2-sudo" not in text and "T0KEN-0123456789abcdef" not in text and "<redacted by fleetctl>" in text
 
 
-def test_a_rollout_posts_each_hosts_progress_once_from_one_webhook(receiver: _Receiver, tmp_path: Path,
+def test_a_rollout_posts_each_hosts_progress_once_from_one_webhook(receiver: Receiver, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Through the engine (simulated fleet): the run's events reach the webhook as progress, the last state
     of every host once at the end; the webhook checked before the plan is not a second watcher."""

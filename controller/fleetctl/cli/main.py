@@ -20,7 +20,7 @@ from fleetctl.cli.output import Ctx
 from fleetctl.errors import ExitCode, FleetError
 
 #: Each name is a module ``fleetctl.cli.<name>`` exposing ``commands``: a list of click commands.
-COMMAND_MODULES = ("lab", "provision", "status", "stage", "soak", "rollout", "ledger", "ui")
+COMMAND_MODULES = ("lab", "provision", "status", "stage", "soak", "watch", "rollout", "ledger", "ui")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

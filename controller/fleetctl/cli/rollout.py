@@ -168,6 +168,8 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @click.option("--soak", "soak", help="Sustained soak length per host (90s, 10m); default: the recipe's.")
 @click.option("--on-inconclusive", type=click.Choice(["pause", "fail"]), default="pause", show_default=True,
               help="What an inconclusive gate does.")
+@click.option("--bake", "bake", metavar="D", help="Watch each wave under live traffic for D once back in rotation, "
+              "against hosts still on the old version (10m; 0: off); default: fleetctl_bake, else off.")
 @click.option("--ready-timeout", type=float, help="Seconds a server may take to become ready.")
 @click.option("--webhook", help="https URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
@@ -181,7 +183,7 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, limit: str | None,
             waves: str | None, max_unavailable: str | None, min_available: str | None,
             failure_budget: str | None, soak: str | None,
-            on_inconclusive: str, ready_timeout: float | None, webhook: str | None, dry_run: bool, resume: bool,
+            on_inconclusive: str, bake: str | None, ready_timeout: float | None, webhook: str | None, dry_run: bool, resume: bool,
             yes: bool, take_over: bool) -> None:
     """Roll a tag across the fleet: canary, then waves, each host gated by a soak."""
     if cctx.invoked_subcommand is not None:
@@ -190,7 +192,8 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
         raise click.UsageError("give --tag TAG (or --resume)")
     opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
                    min_available=min_available, failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
-                   on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run)
+                   on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run,
+                   bake=parse_duration(bake, "--bake") if bake is not None else None)
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
     nothing: dict[str, Any] | None = None

@@ -197,6 +197,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--baseline-tag", metavar="TAG", help="Compare with this tag's baseline (default: the serving tag).")
 @click.option("--no-save-baseline", is_flag=True, help="Do not keep a passing soak as the host's new baseline.")
 @stream_options
+@click.option("--watch", "watch_flag", is_flag=True, help="Refused: the continuous probe is `fleetctl watch`.")
 @json_option
 @click.option("--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F.")
 @click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
@@ -205,8 +206,8 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.pass_context
 def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str | None, recipe: str | None,
          profile: str | None, models: tuple[str, ...], concurrency: str | None, smoke_only: bool, ready_timeout: str | None,
-         baseline_tag: str | None, no_save_baseline: bool, json_file: str | None, junit_file: str | None,
-         html_file: str | None) -> None:
+         baseline_tag: str | None, no_save_baseline: bool, watch_flag: bool, json_file: str | None,
+         junit_file: str | None, html_file: str | None) -> None:
     """Soak serving hosts (or endpoints) in parallel and gate on the verdict.
 
     Exit 0 when every soak passed, 1 when one failed, 2 when one was
@@ -215,6 +216,11 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
     """
     if cctx.invoked_subcommand is not None:
         return
+    if watch_flag:
+        # --duration here is the sustained phase and there is no interval: the watch's options mean other
+        # things, so it is its own command rather than a soak mode.
+        raise click.UsageError("soak --watch is `fleetctl watch` (e.g. `fleetctl watch --limit HOSTS --duration 8h "
+                               "--interval 60s`): a watch's --duration is the whole watch and it takes --interval")
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
     dur = parse_duration(duration, "--duration") if duration is not None else None
@@ -257,6 +263,12 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
         if not no_save_baseline and job.store is not None and job.target.container is not None and not smoke_only:
             baselines.save(job.store, job.target.name, job.target.tag, v)
     base_map = {j.target.name: j.baseline for j in jobs if j.baseline is not None}
+    finish(ctx, verdicts, _summary(verdicts), json_file, junit_file, html_file, base_map)
+
+
+def finish(ctx: Ctx, verdicts: list[Verdict], summary: Callable[[Console], None], json_file: str | None,
+           junit_file: str | None, html_file: str | None, base_map: dict[str, Verdict] | None = None) -> None:
+    """Write the requested reports, print the verdicts (JSON or ``summary``) and exit as the worst one says."""
     if json_file:
         report.write_json(Path(json_file), verdicts)
     if junit_file:
@@ -269,7 +281,7 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
         else:
             click.echo(report.to_json(verdicts))
     else:
-        _summary(verdicts)(ctx.out)
+        summary(ctx.out)
     code = _exit_code(report.worst(verdicts))
     if code != ExitCode.OK:
         raise click.exceptions.Exit(int(code))

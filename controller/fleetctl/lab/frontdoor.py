@@ -67,6 +67,8 @@ defaults
   # A connection refused by a server that is stopping or loading is tried again on another one.
   option redispatch
   retries 2
+  # Servers see users' requests as forwarded (the emulator's EMU_FORWARDED_ERROR_RATE keys on it).
+  option forwardfor
 
 frontend fleet
   bind {lay.gateway}:{FRONT_DOOR_PORT}

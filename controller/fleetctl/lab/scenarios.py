@@ -96,6 +96,7 @@ SCENARIOS: dict[str, dict[str, str]] = {
     },
     "slow30": {"EMU_THROUGHPUT_SCALE": "0.7"},
     "error-rate": {"EMU_ERROR_RATE": "0.2"},
+    "errors-under-traffic": {"EMU_FORWARDED_ERROR_RATE": "0.4"},
     "long-context-collapse": {"EMU_LONGCTX_COLLAPSE": "1"},
     # Never becomes healthy: the port stays closed, the process stays up.
     "hang": {"EMU_HANG": "boot"},

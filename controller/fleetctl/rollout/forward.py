@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Mapping
@@ -10,20 +11,20 @@ from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
+from fleetctl.rollout.bake import BakeSteps
 from fleetctl.rollout.results import HostOutcome, Options, RolloutResult
 from fleetctl.rollout.session import (
     StopRollout,
     command_line,
 )
-from fleetctl.rollout.unit_step import UnitSteps
 from fleetctl.rollout.webhook import Webhook
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
 
-class Forward(UnitSteps):
-    """The forward path: record the plan, then the canary and the waves, each step gated."""
+class Forward(BakeSteps):
+    """The forward path: record the plan, then the canary and the waves, each step gated (each wave baked)."""
 
     def rollout(self, opts: Options) -> RolloutResult:
         """Plan, then (unless dry-run) prefetch and go wave by wave through the gates."""
@@ -32,6 +33,9 @@ class Forward(UnitSteps):
         self._webhook(rid, opts.webhook, check_only=True)
         # Bad options and an unknown tag are refused before the ledger's lock or any host's is tried.
         recipe, _ = self.check(opts)
+        bake = self._bake_seconds(opts)
+        self._bake_limits()
+        self._bake_prometheus()
         self.resolve(recipe, opts.tag or "")
         if opts.dry_run:
             p, recipe, _facts, _hosts = self.plan(opts)
@@ -47,7 +51,7 @@ class Forward(UnitSteps):
                        "capacity": p.capacity.describe() if p.capacity else None,
                        "failure_budget": p.failure_budget, "soak": opts.soak,
                        "on_inconclusive": opts.on_inconclusive, "ready_timeout": opts.ready_timeout,
-                       "pull_ref": p.pull_ref}
+                       "pull_ref": p.pull_ref, "bake": bake}
             rows = []
             for hp in p.hosts:
                 f = facts[hp.host]
@@ -76,7 +80,8 @@ class Forward(UnitSteps):
                                           else None,
                                           hoststate.Version(hp.current_tag, hp.current_digest, None, now)
                                           if hp.current_digest else None) for hp in p.hosts})
-            return self._run(rid, recipe, opts, p, {h.name: h for h in hosts}, resume=False, t0=t_start)
+            return self._run(rid, recipe, dataclasses.replace(opts, bake=bake), p, {h.name: h for h in hosts},
+                             resume=False, t0=t_start)
         finally:
             self._unhold()
             self.ledger.release(rid)
@@ -109,6 +114,7 @@ class Forward(UnitSteps):
         prefetch_s = time.monotonic() - t_pre
         wave_secs: list[float] = []
         status, error = fleet_ledger.COMPLETED, None
+        bake = opts.bake or 0.0
         try:
             for w, members in enumerate(p.waves):
                 tw = time.monotonic()
@@ -117,6 +123,10 @@ class Forward(UnitSteps):
                            if (r := rec.host(h)) is not None
                            and not self._host_finished(rid, r, p, hosts[h], self._fingerprint_for(hosts[h], recipe))]
                 if not pending:
+                    if bake and self._bake_due(rid, members):
+                        # A killed controller (or a paused bake) left this wave's bake unfinished: bake it again.
+                        self._bake(rid, recipe, opts, p, w, members, hosts, hook, bake)
+                        self.ledger.set_wave(rid, w, fleet_ledger.DONE)
                     continue
                 self.ledger.set_wave(rid, w, fleet_ledger.RUNNING)
                 hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
@@ -157,6 +167,8 @@ class Forward(UnitSteps):
                         why = "; ".join(f"{h}: {rec.host(h).error}" for h in paused)  # type: ignore[union-attr]
                         hook.send("pause", hosts=paused, error=why)
                         raise StopRollout(fleet_ledger.PAUSED, f"inconclusive gate: {why}")
+                if bake:
+                    self._bake(rid, recipe, opts, p, w, members, hosts, hook, bake)
                 self.ledger.set_wave(rid, w, fleet_ledger.DONE)
                 wave_secs.append(time.monotonic() - tw)
             failed = [r for r in self.ledger.get(rid).hosts if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)]

@@ -30,6 +30,9 @@ class Options:
     ready_timeout: float | None = None
     webhook: str | None = None
     dry_run: bool = False
+    #: Seconds each wave is watched under live traffic after it is back in rotation (None: the
+    #: inventory's fleetctl_bake, else off); see rollout/bake.py.
+    bake: float | None = None
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,8 @@ class Resume(Rollback):
                     hook.close()
             o = rec.options
             soak = opts.soak if opts.soak is not None else o.get("soak")
-            ropts = dataclasses.replace(opts, tag=rec.tag, recipe=rec.recipe, soak=soak,
+            bake = opts.bake if opts.bake is not None else o.get("bake")
+            ropts = dataclasses.replace(opts, tag=rec.tag, recipe=rec.recipe, soak=soak, bake=float(bake or 0.0),
                                         on_inconclusive=opts.on_inconclusive or o.get("on_inconclusive", "pause"),
                                         ready_timeout=opts.ready_timeout or o.get("ready_timeout"))
             hosts = {h.host: self.inv.host(h.host) for h in rec.hosts}

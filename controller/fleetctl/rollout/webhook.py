@@ -41,7 +41,7 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 
 #: Event names a receiver can rely on.
-EVENTS = ("start", "wave", "pause", "failure", "rollback", "completion", "progress")
+EVENTS = ("start", "wave", "pause", "failure", "rollback", "completion", "progress", "bake", "breach")
 #: Seconds between two ``progress`` posts at least.
 PROGRESS_INTERVAL = 10.0
 #: Hosts in one ``progress`` post at most (the others wait for the next).

@@ -322,7 +322,8 @@ def _where(s: Sample) -> str:
     return s.phase if s.phase in ("sustained", "long_decode") else f"{s.phase} {s.cls}"
 
 
-def _same_answer(a: str, b: str) -> bool:
+def same_answer(a: str, b: str) -> bool:
+    """Two answers equal up to case and whitespace (a greedy canary repeats its reference)."""
     return " ".join(a.split()).lower() == " ".join(b.split()).lower()
 
 
@@ -347,7 +348,7 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
         elif c.expect.lower() not in text.lower():
             out.append(Measurement(c.level, F, f"{where}: answer lacks {c.expect!r}: {_snippet(text, 80)}",
                                    _snippet(text), c.expect))
-        elif c.reference is not None and not _same_answer(text, c.reference):
+        elif c.reference is not None and not same_answer(text, c.reference):
             # Greedy decoding of the same prompt: a different answer under load is corruption
             # (or a batch-variant kernel worth knowing about), even when it still holds the fact.
             out.append(Measurement(c.level, F, f"{where}: answer {_snippet(text, 50)} differs from its c=1 "

@@ -322,3 +322,38 @@ def merge_windows(windows: Iterable[Window], label: str, phase: str) -> Window |
         prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
         inconsistent=tuple(x for w in ws for x in w.inconsistent),
     )
+
+
+TTFT = "vllm:time_to_first_token_seconds"
+#: Time per output token per request: vLLM 0.2x's name, then the older one.
+TPOT = ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_token_seconds")
+
+
+def histogram_quantile(a: Scrape, b: Scrape, name: str, q: float) -> float | None:
+    """The ``q`` quantile of histogram ``name`` over the observations made between ``a`` and ``b``.
+
+    Prometheus' ``histogram_quantile`` over the bucket deltas (linear within a bucket; the +Inf bucket
+    answers the highest finite bound). None when nothing was observed, a bucket went backwards (a
+    restart: the deltas are not the window's) or the buckets are not cumulative.
+    """
+    bucket = name + "_bucket"
+    hb, ha = b.by_label(bucket, "le"), a.by_label(bucket, "le")
+    try:
+        pts = sorted((float(le), hb[le] - ha.get(le, 0.0)) for le in hb)
+    except ValueError:
+        return None
+    if not pts or not math.isinf(pts[-1][0]) or any(c < 0 for _, c in pts) \
+            or any(pts[i][1] < pts[i - 1][1] for i in range(1, len(pts))):
+        return None
+    total = pts[-1][1]
+    if total <= 0:
+        return None
+    rank = q * total
+    prev_le, prev_c = 0.0, 0.0
+    for le, c in pts:
+        if c >= rank:
+            if math.isinf(le):
+                return prev_le
+            return prev_le + (le - prev_le) * (rank - prev_c) / max(c - prev_c, 1e-12)
+        prev_le, prev_c = le, c
+    return prev_le

@@ -38,6 +38,9 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
                                 decay; not the load time); 1
 ``EMU_THROUGHPUT_SCALE``        multiplies decode throughput (0.7 = 30 % slower); 1
 ``EMU_ERROR_RATE``              fraction of requests that fail mid-generation; 0
+``EMU_FORWARDED_ERROR_RATE``    the same for requests that came through a proxy only (an
+                                ``X-Forwarded-For`` header: users' traffic through the front
+                                door), so a soak out of rotation passes and a bake fails; 0
 ``EMU_LONGCTX_COLLAPSE``        1: acceptance collapses past 2K tokens of context
 ``EMU_HANG``                    ``boot``: never becomes ready; ``requests``: requests are
                                 accepted and never produce a token; empty = off

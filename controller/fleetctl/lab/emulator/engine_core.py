@@ -65,6 +65,8 @@ class Request:
     prefix_tokens: tuple[int, ...] = ()
     has_image: bool = False
     ignore_eos: bool = False
+    #: It came through a proxy (``X-Forwarded-For``): users' traffic, not a soak's direct requests.
+    forwarded: bool = False
     arrival: float = field(default_factory=time.monotonic)
 
 
@@ -238,7 +240,10 @@ class Engine:
             )
             self.metrics.observe("vllm:request_prefill_time_seconds", first_token_at - started)
             fail_after = -1
-            if self.knobs.error_rate and self._rng.random() < self.knobs.error_rate:
+            error_rate = self.knobs.error_rate
+            if request.forwarded:
+                error_rate = max(error_rate, self.knobs.forwarded_error_rate)
+            if error_rate and self._rng.random() < error_rate:
                 fail_after = self._rng.randrange(1, 8)
             garbage = self.knobs.garbage or (request.has_image and not self.vision_loaded)
             pieces = generate(
@@ -346,7 +351,7 @@ class Engine:
                 if fail_after >= 0 and steps >= fail_after:
                     self.metrics.finished("error")
                     raise RequestFailedError(
-                        "Internal server error while generating (EMU_ERROR_RATE)"
+                        "Internal server error while generating (EMU_ERROR_RATE or EMU_FORWARDED_ERROR_RATE)"
                     )
                 now = time.monotonic()
                 if (

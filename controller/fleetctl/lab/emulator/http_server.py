@@ -34,6 +34,13 @@ REASONS = {
 }
 #: The request being answered on this connection (each connection is its own task).
 _CURRENT: contextvars.ContextVar[tuple[str, str, str]] = contextvars.ContextVar("current_request")
+#: Whether that request came through a proxy (an ``X-Forwarded-For`` header: users' traffic via the front door).
+_FORWARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("forwarded", default=False)
+
+
+def forwarded() -> bool:
+    """True when the request being answered carries ``X-Forwarded-For`` (it came through a front door)."""
+    return _FORWARDED.get()
 
 
 @dataclass(frozen=True)
@@ -128,6 +135,7 @@ class HttpServer:
                 )
                 path = target.split("?", 1)[0]
                 _CURRENT.set((self._peer(writer), method, target))
+                _FORWARDED.set("x-forwarded-for" in headers)
                 if not self.authorized(path, headers.get("authorization", "")):
                     await self.send(writer, json_response(401, {"error": "Unauthorized"}), keep_alive)
                     if not keep_alive:

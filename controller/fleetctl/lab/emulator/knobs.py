@@ -25,6 +25,9 @@ class Knobs:
     speed: float = 1.0
     throughput_scale: float = 1.0
     error_rate: float = 0.0
+    #: The error rate of requests that came through a proxy (``X-Forwarded-For``: users' traffic via the
+    #: front door) only: a version whose failures show under live traffic, never in a soak out of rotation.
+    forwarded_error_rate: float = 0.0
     longctx_collapse: bool = False
     hang: str = ""
     version: str = DEFAULT_VERSION
@@ -74,6 +77,6 @@ def from_env(env: Mapping[str, str] | None = None) -> Knobs:
     knobs = Knobs(**values)  # type: ignore[arg-type]
     if knobs.speed <= 0 or knobs.throughput_scale <= 0:
         raise ValueError("EMU_SPEED and EMU_THROUGHPUT_SCALE must be > 0")
-    if not 0.0 <= knobs.error_rate <= 1.0:
-        raise ValueError("EMU_ERROR_RATE must be between 0 and 1")
+    if not 0.0 <= knobs.error_rate <= 1.0 or not 0.0 <= knobs.forwarded_error_rate <= 1.0:
+        raise ValueError("EMU_ERROR_RATE and EMU_FORWARDED_ERROR_RATE must be between 0 and 1")
     return knobs

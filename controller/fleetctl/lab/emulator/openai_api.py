@@ -31,7 +31,7 @@ from .engine_core import (
     Step,
     prefix_keys,
 )
-from .http_server import EventStream, Response, Routes, aclose_quietly, json_response
+from .http_server import EventStream, Response, Routes, aclose_quietly, forwarded, json_response
 from .knobs import Knobs
 from .metrics import Metrics
 from .text import count_tokens
@@ -289,6 +289,7 @@ class OpenAIApi:
             prefix_tokens=key_tokens,
             has_image=has_image,
             ignore_eos=bool(body.get("ignore_eos", False)),
+            forwarded=forwarded(),
         )
         options = body.get("stream_options") or {}
         return ParsedChat(

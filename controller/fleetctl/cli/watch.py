@@ -1,0 +1,133 @@
+"""``fleetctl watch``: a cheap continuous probe of promoted hosts for hours, judged and reported like a soak.
+
+Hosts are chosen as ``fleetctl soak`` chooses them (``--limit`` or ``--endpoint``, with the same recipe,
+profile and key); ``soak/watch.py`` does the probing. Exit codes as ``soak``'s: 0 every host passed,
+1 one failed, 2 inconclusive or could not run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+
+import click
+from rich.console import Console
+from rich.text import Text
+
+from fleetctl import ssh
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
+from fleetctl.durations import parse_duration
+from fleetctl.errors import FleetError
+from fleetctl.progress import Event
+from fleetctl.runids import new_run_id
+from fleetctl.soak.checks import ms
+from fleetctl.soak.config import PROFILES
+from fleetctl.soak.verdict import Outcome, Verdict
+from fleetctl.soak.watch import WatchSettings, WatchTarget, run_watch
+
+
+def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
+    def render(out: Console) -> None:
+        rows = []
+        for v in verdicts:
+            lv = v.levels[0] if v.levels else None
+            why = "; ".join(f"{c.name}: {c.message}" for c in v.checks
+                            if c.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE) and not c.observe_only)
+            rows.append([v.target, f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]", v.tag or "-",
+                         str(lv.requests if lv else 0), str(lv.errors if lv else 0),
+                         ms(lv.ttft_p95) if lv and lv.ttft_p95 is not None else "-", Text(why or v.summary)])
+        out.print(fit_table(out.width, ["host", "outcome", Col("tag", drop=2), Col("probes", drop=3),
+                                        Col("failed", drop=4), Col("TTFT p95", drop=1), Col("why", flex=True)],
+                            rows, title="watch"))
+        for v in verdicts:
+            if v.artifacts_dir:
+                out.print(f"[dim]{v.target}: artifacts in {v.artifacts_dir}[/]")
+
+    return render
+
+
+@click.command("watch")
+@click.option("--limit", "-l", metavar="HOSTS", help="Hosts to watch (Ansible pattern); default: every host.")
+@click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
+              help="Watch this OpenAI-compatible endpoint instead of inventory hosts (repeatable).")
+@click.option("--duration", "-d", metavar="D", default="1h", show_default=True, help="How long to watch (30m, 8h).")
+@click.option("--interval", "-i", metavar="D", default="60s", show_default=True,
+              help="Time between one host's probes (a canary, a short stream and a /metrics scrape).")
+@click.option("--parallel", type=click.IntRange(1, 512), default=64, show_default=True,
+              help="Hosts probed at once (the rest wait their turn).")
+@click.option("--recipe", metavar="NAME", help="Recipe whose settings apply (default: each host's fleetctl_recipe).")
+@click.option("--profile", type=click.Choice(PROFILES), help="Gate profile: the latency bounds and liveness bound.")
+@click.option("--model", "models", multiple=True, metavar="NAME", help="With --endpoint: the model name to ask for.")
+@click.option("--max-error-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True,
+              help="Share of the requests a server finishes with reason error per interval (all clients).")
+@click.option("--failure-limit", type=click.IntRange(0), default=0, show_default=True,
+              help="Failing intervals a check tolerates before it fails (and pages).")
+@click.option("--webhook", help="https URL paged on a breach (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
+@json_option
+@click.option("--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F.")
+@click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
+@click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report to F.")
+@pass_ctx
+def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str, interval: str, parallel: int,
+          recipe: str | None, profile: str | None, models: tuple[str, ...], max_error_rate: float, failure_limit: int,
+          webhook: str | None, json_file: str | None, junit_file: str | None, html_file: str | None) -> None:
+    """Probe promoted hosts (or endpoints) every interval for hours; page the webhook on a breach.
+
+    Each interval: one greedy canary compared with its first answer, one short streamed request,
+    and the /metrics delta (errors, preemptions, acceptance, TTFT/TPOT). Writes the soak's verdicts
+    and reports. Exit 0 when every host passed, 1 when one failed, 2 when inconclusive.
+    """
+    if endpoints and limit:
+        raise click.UsageError("--limit and --endpoint are exclusive")
+    dur = parse_duration(duration, "--duration")
+    every = parse_duration(interval, "--interval")
+    if every <= 0 or dur < every:
+        raise click.UsageError(f"--interval {interval} must be > 0 and at most --duration {duration}")
+    from fleetctl import inventory as inv_mod
+    from fleetctl.rollout.webhook import Webhook
+
+    with contextlib.ExitStack() as stack:
+        if endpoints:
+            jobs = _endpoint_jobs(ctx, endpoints, profile, None, False, None, models, recipe)
+        else:
+            jobs = _host_jobs(ctx, inv_mod.load(ctx.inventory), limit, recipe, profile, None, False, None, None,
+                              stack)
+        try:
+            # The webhook's settings are the inventory's, as for a rollout (an --endpoint watch may have none).
+            hook_vars = inv_mod.load(ctx.inventory).vars
+        except FleetError:
+            if not endpoints:
+                raise
+            hook_vars = {}
+        url = webhook or os.environ.get("FLEETCTL_WEBHOOK_URL") or hook_vars.get("fleetctl_webhook_url")
+        allow_http = hook_vars.get("fleetctl_webhook_allow_http") is True
+        run = new_run_id("watch", "fleet")
+        targets = []
+        for j in jobs:
+            rid = new_run_id("watch", j.target.name)
+            targets.append(WatchTarget(j.target, j.config, j.state_dir / "runs" / rid, rid))
+        settings = WatchSettings(duration=dur, interval=every, parallel=parallel,
+                                 max_server_error_rate=max_error_rate, failure_limit=failure_limit)
+        try:
+            with ctx.progress("watch", ("phase", "interval", "errors", "message")) as progress:
+                hook = Webhook(str(url) if url else None, run, str(ctx.inventory or "-"), progress,
+                               allow_http=allow_http)
+
+                def page(host: str, check: str, message: str) -> None:
+                    progress(Event("breach", f"{check}: {message}", host=host))
+                    hook.send("breach", host=host, check=check, message=message)
+
+                try:
+                    verdicts = run_watch(targets, settings, progress, page)
+                finally:
+                    for d in hook.close():
+                        if d.error:
+                            progress(Event("webhook", f"{d.event}: {d.error}"))
+        finally:
+            ssh.close_all()
+    finish(ctx, verdicts, _summary(verdicts), json_file, junit_file, html_file)
+
+
+commands: list[click.Command] = [watch]
