@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fleetctl import ssh
+from fleetctl import fabric, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Unit
 from fleetctl.recipes import Recipe
@@ -186,8 +186,9 @@ class UnitSteps(HostSteps):
         t0 = time.monotonic()
         art = self._artifacts(rid, head)
         with MemberWatch(members) as watch:
+            # judged against the unit's own baseline (keyed by the unit, not by the host that is its head)
             verdict = self.gates.soak(head, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
-                                      self._forward(head, show, "soak"))
+                                      self._forward(head, show, "soak"), baseline_key=gate.unit_baseline_key(unit.name))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t)
         figures = gate.figures(verdict)
@@ -256,8 +257,9 @@ class UnitSteps(HostSteps):
         back = dict(show)
         t0 = time.monotonic()
         try:
-            for h in members:
-                self._save_logs(rid, h, self.ops(h), container_name(h))
+            logs = {h.name: self._save_logs(rid, h, self.ops(h), container_name(h)) for h in members}
+            if judged and not resumed:
+                why = with_collective_errors(why, logs)
             looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
                                                    self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
                                "inspect")
@@ -318,6 +320,15 @@ class UnitSteps(HostSteps):
             self._phase(rid, h, "rolled-back", f"unit {unit.name}: serving {prev_tag} again", {**back, "health": "ok"},
                         status=fleet_ledger.ROLLED_BACK, after_tag=n.tag if n else prev_tag,
                         after_digest=n.digest if n else None, error=why, verdict=summary)
+
+
+def with_collective_errors(why: str, logs: Mapping[str, str | None], most: int = 4) -> str:
+    """``why`` with the NCCL/Gloo error and timeout lines of the members' logs quoted as its cause
+    (``fleetctl.fabric.collective_errors``: the last two of each member, ``most`` in all)."""
+    quoted = [f"{m}: {line}" for m, text in logs.items() if text for line in fabric.collective_errors(text)[-2:]]
+    if not quoted:
+        return why
+    return f"{why}; cause in the members' logs: " + " | ".join(quoted[:most])
 
 
 def stop_serving(h: Host) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fleetctl import fabric
+
 from tests.lab.emulator.test_server import READY_TIMEOUT, Emu, Launcher, _free_port, _refused
 
 NAMES = ["--served-model-name", "glm-pair"]
@@ -73,6 +75,23 @@ def test_a_worker_death_wedges_the_head(launcher: Launcher, model: Path) -> None
         for line in r.iter_lines():
             assert '"content"' not in line, f"a token came out of a wedged head: {line}"
     assert head.proc.poll() is None and httpx.get(head.url + "/health", timeout=10).status_code == 200
+
+
+def test_an_nccl_error_wedges_the_head_with_its_worker_up(launcher: Launcher, model: Path) -> None:
+    """EMU_NCCL_HANG_AFTER_SECONDS: NCCL's RDMA completion error in the head's log, then no token; the worker
+    keeps running (the hang the issue's users report, found only in the log)."""
+    head, (worker,) = pair(launcher, model, _free_port(), env={"EMU_NCCL_HANG_AFTER_SECONDS": "1"})
+    wait_log(head, "Watchdog caught collective operation timeout")
+    errors = fabric.collective_errors(head.text())
+    assert any("NET/IB : Got completion from peer 127.0.0.1" in e and "IBV_WC_RETRY_EXC_ERR(12)" in e
+               for e in errors), errors
+    assert worker.proc.poll() is None
+    assert httpx.get(head.url + "/health", timeout=10).status_code == 200
+    with pytest.raises(httpx.ReadTimeout), httpx.stream(
+            "POST", head.url + "/v1/chat/completions", timeout=httpx.Timeout(10, read=3), json={
+                "model": "glm-pair", "messages": [{"role": "user", "content": "hello"}], "stream": True}) as r:
+        for line in r.iter_lines():
+            assert '"content"' not in line, f"a token came out of a wedged head: {line}"
 
 
 def test_a_head_death_stops_its_worker(launcher: Launcher, model: Path) -> None:

@@ -11,7 +11,11 @@
 - a worker that dies (its connection closes) or goes silent for ``EMU_WORKER_TIMEOUT_SECONDS``
   wedges the head as vLLM #41725 reports: ``/health`` keeps answering 200, every request (and
   every stream in flight) stops producing tokens, and the log carries NCCL's watchdog lines;
-- a head that goes away makes each worker log NCCL's error and exit 1.
+- a head that goes away makes each worker log NCCL's error and exit 1;
+- ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after every rank joined, the head logs the error
+  NCCL prints when an RDMA send to a peer fails (``NET/IB : Got completion from peer ... with status=
+  IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers still up:
+  the hang vLLM #41725 reports under load, with the cause only in the log.
 
 Standard library only (the package is copied into images with nothing but python3).
 """
@@ -54,6 +58,7 @@ class Cluster:
     worker_timeout: float = 10.0
     probe_bytes: int = DEFAULT_PROBE_BYTES
     reference_mbps: float = 0.0
+    nccl_hang_after: float = 0.0
 
     @property
     def is_head(self) -> bool:
@@ -91,7 +96,8 @@ def from_args(extra: dict[str, str | bool]) -> Cluster | None:
                    join_timeout=_env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
                    worker_timeout=_env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
                    probe_bytes=int(_env_float("EMU_LINK_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
-                   reference_mbps=_env_float("EMU_LINK_REFERENCE_MBPS", 0.0))
+                   reference_mbps=_env_float("EMU_LINK_REFERENCE_MBPS", 0.0),
+                   nccl_hang_after=_env_float("EMU_NCCL_HANG_AFTER_SECONDS", 0.0))
 
 
 @dataclass
@@ -150,7 +156,20 @@ class Head:
         self.log(f"INFO [multiproc_executor.py:98] All {c.nnodes} nodes joined; link measured at "
                  f"{self.link_mbps:.0f} MB/s (slowest worker)")
         self._spawn(self._watch())
+        if c.nccl_hang_after > 0:
+            self._spawn(self._hang_later(c.nccl_hang_after))
         return True
+
+    async def _hang_later(self, seconds: float) -> None:
+        """``EMU_NCCL_HANG_AFTER_SECONDS``: an RDMA completion error from the first worker, then the wedge."""
+        await asyncio.sleep(seconds)
+        m = min(self.members.values(), key=lambda x: x.rank)
+        self._wedge(f"node rank {m.rank} ({m.address}): NCCL RDMA completion error", [
+            f"NCCL WARN NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
+            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca rocep1s0f1",
+            f"NCCL WARN NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
+            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca roceP2p1s0f1",
+            *self._watchdog()])
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -213,15 +232,24 @@ class Head:
         await asyncio.gather(*(one(m) for m in list(self.members.values())))
 
     def _lose(self, m: _Member, why: str) -> None:
-        if self.lost is not None:
-            return
-        self.lost = f"node rank {m.rank} ({m.address}): {why}"
         # What a real head prints when a peer of its NCCL communicator vanishes: the watchdog's
         # collective timeout; the API server itself keeps answering /health.
-        self.log(f"WARN NCCL [rank0] NET/Socket : peer {m.address} (node rank {m.rank}) {why}")
-        self.log("ERROR [ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
-                 "WorkNCCL(SeqNum=1204, OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=600000) "
-                 "ran for 600010 milliseconds before timing out.")
+        self._wedge(f"node rank {m.rank} ({m.address}): {why}",
+                    [f"WARN NCCL [rank0] NET/Socket : peer {m.address} (node rank {m.rank}) {why}", *self._watchdog()])
+
+    @staticmethod
+    def _watchdog() -> list[str]:
+        return ["ERROR [ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=1204, OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=600000) "
+                "ran for 600010 milliseconds before timing out."]
+
+    def _wedge(self, lost: str, lines: list[str]) -> None:
+        """Log ``lines`` and wedge the head (once): /health 200, no token from now on."""
+        if self.lost is not None:
+            return
+        self.lost = lost
+        for line in lines:
+            self.log(line)
         if self.on_lost is not None:
             self.on_lost(self.lost)
 
