@@ -27,8 +27,9 @@ pytestmark = pytest.mark.lab
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 PAIR = "qwen35-35b-bf16-pair"
 BASE = "cu130-nightly"
-#: Tags of the pair's image pushed for these tests: a healthy newer version, and one whose answers are garbage.
-NEW, BAD = "unit-v2", "unit-garbage"
+#: Tags of the pair's image pushed for these tests: a healthy newer version, one whose answers are garbage, and
+#: one whose head logs NCCL's RDMA error and wedges a second after its first request (the hang under load).
+NEW, BAD, HANG = "unit-v2", "unit-garbage", "unit-nccl-hang"
 SOAK = "3s"
 
 
@@ -50,6 +51,8 @@ def unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple
         fleetlab.add_image(NEW, {"EMU_VERSION": "0.25.1", "EMU_LOAD_SECONDS": "3"}, repository=STOCK_REPOSITORY,
                            cmd=["vllm", "serve"])
         fleetlab.add_image(BAD, {"EMU_VERSION": "0.25.2", "EMU_LOAD_SECONDS": "3", "EMU_GARBAGE": "1"},
+                           repository=STOCK_REPOSITORY, cmd=["vllm", "serve"])
+        fleetlab.add_image(HANG, {"EMU_VERSION": "0.25.3", "EMU_LOAD_SECONDS": "3", "EMU_NCCL_HANG_AFTER_SECONDS": "1"},
                            repository=STOCK_REPOSITORY, cmd=["vllm", "serve"])
         code, doc = rollout(BASE, ",".join(members), "--max-unavailable", "100%")
         assert code == 0, doc
@@ -135,6 +138,22 @@ def test_a_failed_gate_puts_both_members_back(unit: tuple[str, tuple[str, ...]])
     rows = {h["host"]: h for h in doc["hosts"]}
     assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
     assert all("soak fail" in (rows[m]["error"] or "") for m in members), rows
+    assert_unit_serves(members, BASE)
+
+
+def test_an_nccl_hang_fails_the_gate_quoting_the_heads_nccl_line(unit: tuple[str, tuple[str, ...]]) -> None:
+    """The head wedges under load after NCCL's RDMA completion error (its worker still up): the gate fails on
+    liveness, the cause quotes that line from the head's log, and both members go back."""
+    _name, members = unit
+    back_to(BASE, ",".join(members))
+    code, doc = rollout(HANG, ",".join(members))
+    assert code == 1, doc
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
+    error = rows[members[0]]["error"] or ""
+    assert error.startswith("soak fail: "), error
+    assert f"; cause in the members' logs: {members[0]}: NCCL WARN NET/IB : Got completion from peer" in error, error
+    assert "IBV_WC_RETRY_EXC_ERR(12)" in error, error
     assert_unit_serves(members, BASE)
 
 

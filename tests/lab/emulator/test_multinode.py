@@ -13,7 +13,6 @@ import httpx
 import pytest
 
 from fleetctl import fabric
-
 from tests.lab.emulator.test_server import READY_TIMEOUT, Emu, Launcher, _free_port, _refused
 
 NAMES = ["--served-model-name", "glm-pair"]
@@ -81,6 +80,7 @@ def test_an_nccl_error_wedges_the_head_with_its_worker_up(launcher: Launcher, mo
     """EMU_NCCL_HANG_AFTER_SECONDS: NCCL's RDMA completion error in the head's log, then no token; the worker
     keeps running (the hang the issue's users report, found only in the log)."""
     head, (worker,) = pair(launcher, model, _free_port(), env={"EMU_NCCL_HANG_AFTER_SECONDS": "1"})
+    assert "391" in chat(head.url)  # served: the hang is timed from the first request
     wait_log(head, "Watchdog caught collective operation timeout")
     errors = fabric.collective_errors(head.text())
     assert any("NET/IB : Got completion from peer 127.0.0.1" in e and "IBV_WC_RETRY_EXC_ERR(12)" in e

@@ -61,7 +61,7 @@ worker lost afterwards wedges it (/health 200, no token). Its knobs, read by the
 ``EMU_JOIN_TIMEOUT_SECONDS`` (600), ``EMU_WORKER_TIMEOUT_SECONDS`` (heartbeat silence that loses a
 worker; 10), ``EMU_LINK_PROBE_BYTES`` (sent by each worker when it joins; 8 MiB) and
 ``EMU_LINK_REFERENCE_MBPS`` (the link's full speed: a slower measured link scales decode
-throughput down; 0 = off), ``EMU_NCCL_HANG_AFTER_SECONDS`` (that long after every rank joined the head
+throughput down; 0 = off), ``EMU_NCCL_HANG_AFTER_SECONDS`` (that long after its first request the head
 logs NCCL's RDMA completion error and the watchdog's timeout, then wedges with its workers still up;
 0 = never).
 

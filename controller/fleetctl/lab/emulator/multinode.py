@@ -12,7 +12,7 @@
   wedges the head as vLLM #41725 reports: ``/health`` keeps answering 200, every request (and
   every stream in flight) stops producing tokens, and the log carries NCCL's watchdog lines;
 - a head that goes away makes each worker log NCCL's error and exit 1;
-- ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after every rank joined, the head logs the error
+- ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after its first request, the head logs the error
   NCCL prints when an RDMA send to a peer fails (``NET/IB : Got completion from peer ... with status=
   IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers still up:
   the hang vLLM #41725 reports under load, with the cause only in the log.
@@ -155,14 +155,15 @@ class Head:
             return False
         self.log(f"INFO [multiproc_executor.py:98] All {c.nnodes} nodes joined; link measured at "
                  f"{self.link_mbps:.0f} MB/s (slowest worker)")
-        self._spawn(self._watch())
-        if c.nccl_hang_after > 0:
-            self._spawn(self._hang_later(c.nccl_hang_after))
+        self.spawn(self._watch())
         return True
 
-    async def _hang_later(self, seconds: float) -> None:
-        """``EMU_NCCL_HANG_AFTER_SECONDS``: an RDMA completion error from the first worker, then the wedge."""
-        await asyncio.sleep(seconds)
+    async def hang_under_load(self, served: Callable[[], bool]) -> None:
+        """``EMU_NCCL_HANG_AFTER_SECONDS``: once ``served()`` (the first request came in), that long, then an
+        RDMA completion error from the first worker and the wedge."""
+        while not served():
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(self.cluster.nccl_hang_after)
         m = min(self.members.values(), key=lambda x: x.rank)
         self._wedge(f"node rank {m.rank} ({m.address}): NCCL RDMA completion error", [
             f"NCCL WARN NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
@@ -171,7 +172,8 @@ class Head:
             "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca roceP2p1s0f1",
             *self._watchdog()])
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` as one of the head's tasks (cancelled by :meth:`close`)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
