@@ -166,9 +166,9 @@ class Head:
         await asyncio.sleep(self.cluster.nccl_hang_after)
         m = min(self.members.values(), key=lambda x: x.rank)
         self._wedge(f"node rank {m.rank} ({m.address}): NCCL RDMA completion error", [
-            f"NCCL WARN NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
+            f"WARN NCCL [rank0] NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
             "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca rocep1s0f1",
-            f"NCCL WARN NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
+            f"WARN NCCL [rank0] NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
             "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca roceP2p1s0f1",
             *self._watchdog()])
 
