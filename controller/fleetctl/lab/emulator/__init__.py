@@ -56,7 +56,9 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 ==============================  =====================================================
 
 Multi-node (:mod:`.multinode`): ``--nnodes N --node-rank R --master-addr A --master-port P``,
-ranks above 0 with ``--headless``. The head serves only once every rank joined over ``A:P``; a
+ranks above 0 with ``--headless``; or Ray's launch: ``ray start --head`` (the image's ``ray``
+command, :mod:`.ray`) then ``vllm serve ... --distributed-executor-backend ray`` with tp x pp > 1 on
+the head, ``ray start --block --address=HEAD:PORT`` on each worker. The head serves only once every rank joined over ``A:P``; a
 worker lost afterwards wedges it (/health 200, no token). Its knobs, read by the head and workers:
 ``EMU_JOIN_TIMEOUT_SECONDS`` (600), ``EMU_WORKER_TIMEOUT_SECONDS`` (heartbeat silence that loses a
 worker; 10), ``EMU_LINK_PROBE_BYTES`` (sent by each worker when it joins; 8 MiB) and

@@ -12,6 +12,9 @@
   wedges the head as vLLM #41725 reports: ``/health`` keeps answering 200, every request (and
   every stream in flight) stops producing tokens, and the log carries NCCL's watchdog lines;
 - a head that goes away makes each worker log NCCL's error and exit 1;
+- Ray launch (``--distributed-executor-backend ray``, tp x pp > 1, no ``--nnodes``): the head listens where
+  ``ray start --head`` put the cluster (:mod:`.ray`), for tp x pp nodes; ``ray start --block`` workers join
+  it as ranks the head assigns, and behave as headless workers from then on;
 - ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after its first request, the head logs the error
   NCCL prints when an RDMA send to a peer fails (``NET/IB : Got completion from peer ... with status=
   IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers still up:
@@ -72,6 +75,8 @@ def from_args(extra: dict[str, str | bool]) -> Cluster | None:
     Raises ValueError with vLLM-like argument errors.
     """
     raw = extra.get("nnodes")
+    if extra.get("distributed-executor-backend") == "ray" and raw is None:
+        return _ray_head(extra)
     if raw is None or raw is True:
         if extra.get("headless"):
             raise ValueError("argument --headless: requires --nnodes > 1")
@@ -93,6 +98,40 @@ def from_args(extra: dict[str, str | bool]) -> Cluster | None:
     if rank > 0 and not headless:
         raise ValueError(f"--node-rank {rank} needs --headless: only rank 0 serves the API")
     return Cluster(nnodes, rank, addr, port, headless,
+                   join_timeout=_env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
+                   worker_timeout=_env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
+                   probe_bytes=int(_env_float("EMU_LINK_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
+                   reference_mbps=_env_float("EMU_LINK_REFERENCE_MBPS", 0.0),
+                   nccl_hang_after=_env_float("EMU_NCCL_HANG_AFTER_SECONDS", 0.0))
+
+
+def ray_dir() -> str:
+    """Where ``ray start --head`` leaves the cluster's address (``EMU_RAY_DIR``, else Ray's /tmp/ray)."""
+    return os.environ.get("EMU_RAY_DIR") or "/tmp/ray"
+
+
+def _ray_head(extra: dict[str, str | bool]) -> Cluster | None:
+    """``--distributed-executor-backend ray``: one node per GPU of tp x pp (a Spark has one), the head listening
+    where ``ray start --head`` said the cluster is (its ``ray_current_cluster`` file, or ``RAY_ADDRESS``)."""
+    try:
+        tp = int(str(extra.get("tensor-parallel-size", 1)))
+        pp = int(str(extra.get("pipeline-parallel-size", 1)))
+    except ValueError:
+        raise ValueError("arguments --tensor-parallel-size/--pipeline-parallel-size: invalid int value") from None
+    if tp * pp <= 1:
+        return None
+    address = os.environ.get("RAY_ADDRESS", "")
+    if not address:
+        try:
+            with open(os.path.join(ray_dir(), "ray_current_cluster")) as f:
+                address = f.read().strip()
+        except OSError:
+            address = ""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError("ConnectionError: Could not find any running Ray instance. Please specify the one to "
+                         "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable.")
+    return Cluster(tp * pp, 0, host, int(port), False,
                    join_timeout=_env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
                    worker_timeout=_env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
                    probe_bytes=int(_env_float("EMU_LINK_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
@@ -186,6 +225,9 @@ class Head:
             if len(line) != 4 or line[0] != "JOIN":
                 raise ValueError(f"bad handshake {' '.join(line)[:60]!r}")
             rank, nnodes, probe = int(line[1]), int(line[2]), int(line[3])
+            if rank == 0 and nnodes == 0:  # a Ray worker node (`ray start --block`): the head gives its rank
+                rank = min(set(range(1, c.nnodes)) - set(self.members), default=c.nnodes)
+                nnodes = c.nnodes
             if nnodes != c.nnodes:
                 raise ValueError(f"worker says --nnodes {nnodes}, the head has {c.nnodes}")
             if not 0 < rank < c.nnodes or rank in self.members or self._joined.is_set():
