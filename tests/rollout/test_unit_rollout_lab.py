@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,11 +111,45 @@ def assert_unit_serves(members: tuple[str, ...], tag: str) -> None:
         assert ("--headless" in args) == (rank > 0), args
 
 
-def test_a_passing_rollout_then_a_rollback_move_both_members_together(unit: tuple[str, tuple[str, ...]]) -> None:
+def kill_mid_step(tag: str, limit: str, member: str) -> None:
+    """Start a rollout of ``tag`` and SIGKILL the controller once ``member`` is starting or loading the new
+    version (the unit's members stopped, the new ones starting): the middle of the unit's step."""
+    from fleetctl import paths
+    from fleetctl.state import ledger as fleet_ledger
+
+    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", tag, "--recipe", PAIR, "--limit", limit, "--soak", SOAK,
+                          "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
+    try:
+        while True:
+            assert p.poll() is None, "the rollout ended before it could be killed"
+            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            h = rec.host(member) if rec is not None and rec.tag == tag else None
+            if h is not None and h.phase in ("starting", "loading"):
+                break
+            time.sleep(0.1)
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        led.close()
+        if p.poll() is None:
+            p.kill()
+    ssh.close_all()
+
+
+def test_a_killed_step_aborted_then_a_killed_step_resumed_then_a_rollback(unit: tuple[str, tuple[str, ...]]) -> None:
+    """The recovery kill point inside a unit's step: the controller SIGKILLed while the members start the
+    new version, then `rollout abort` (both back on BASE); again, then `rollout --resume` (both on NEW,
+    gated); then `rollback`: the members always end on one version, checked by image ID over SSH."""
     name, members = unit
     back_to(BASE, ",".join(members))
     assert_unit_serves(members, BASE)
-    code, doc = rollout(NEW, members[1])  # one member selected: the whole unit is stepped
+    kill_mid_step(NEW, members[1], members[0])
+    code, doc = fleetctl("rollout", "abort", "--yes")
+    assert code == 0, doc
+    assert_unit_serves(members, BASE)
+    kill_mid_step(NEW, members[1], members[0])  # one member selected: the whole unit is stepped
+    code, doc = fleetctl("rollout", "--resume", "--yes")
     assert code == 0, doc
     assert {h["host"]: h["status"] for h in doc["hosts"]} == dict.fromkeys(members, "done"), doc
     assert_unit_serves(members, NEW)
