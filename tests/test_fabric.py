@@ -176,3 +176,17 @@ def test_collective_errors_are_picked_out_of_a_members_log() -> None:
         "spark-08:123:789 [0] transport/net_ib.cc", "[rank1]:[E1125 02:14:10.1 ProcessGroupNC",
         "RuntimeError: [../third_party/gloo/gloo/"]
     assert fabric.collective_errors("INFO all good\n") == []
+
+
+def test_the_probes_link_lines_name_the_slow_member() -> None:
+    text = read("all_reduce_perf-mgmt.txt") + (
+        "# link 192.168.177.12 -> 192.168.177.11 : 0.046 GB/s\n"
+        "# link 192.168.177.11 -> 192.168.177.12 : 3.300 GB/s\n")
+    result = fabric.parse_all_reduce(text)
+    assert result.links[0] == ("192.168.177.12", "192.168.177.11", 0.046)
+    found = fabric.check_bandwidth(UNIT, result)
+    assert [f.host for f in found] == ["spark-08"]
+    assert found[0].message().startswith(
+        "spark-08: all_reduce bus bandwidth 3.1 GB/s, expected at least 20.0 (unit pair-a; the slowest link "
+        "spark-08 -> spark-07 measured 0.046 GB/s): check that both HCAs are up"), found[0].message()
+    assert "`ip route get PEER` on spark-08" in found[0].fix

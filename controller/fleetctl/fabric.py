@@ -182,6 +182,8 @@ class AllReduce:
     avg_busbw_gbs: float | None
     #: Results NCCL found wrong (``#wrong`` columns, ``Out of bounds values``).
     wrong: int
+    #: fleetctl's probe's per-link figures (``# link SENDER -> RECEIVER : X GB/s``, fabric addresses), slowest first.
+    links: tuple[tuple[str, str, float], ...] = ()
 
     @property
     def peak_busbw_gbs(self) -> float:
@@ -192,10 +194,15 @@ class AllReduce:
 def parse_all_reduce(text: str) -> AllReduce:
     """Parse ``all_reduce_perf`` output (nccl-tests); raises when it holds no result row."""
     rows: list[tuple[int, float, float]] = []
+    links: list[tuple[str, str, float]] = []
     wrong = 0
     avg: float | None = None
     for raw in text.splitlines():
         line = raw.strip()
+        m = re.match(r"^#\s*link\s+(\S+)\s+->\s+(\S+)\s*:\s*([0-9.]+)\s*GB/s", line)
+        if m:
+            links.append((m.group(1), m.group(2), float(m.group(3))))
+            continue
         m = re.match(r"^#\s*Avg bus bandwidth\s*:\s*([0-9.]+)", line)
         if m:
             avg = float(m.group(1))
@@ -218,7 +225,7 @@ def parse_all_reduce(text: str) -> AllReduce:
     if not rows:
         raise FleetError(f"all_reduce_perf printed no result row: {text.strip()[-200:]!r}",
                          fix="run it by hand in the recipe's image on both members; its first error says why")
-    return AllReduce(tuple(rows), avg, wrong)
+    return AllReduce(tuple(rows), avg, wrong, tuple(sorted(links, key=lambda x: x[2])))
 
 
 # ---- what one member reports ----------------------------------------------------------------------------------
@@ -376,21 +383,37 @@ def check_member(unit: Unit, host: str, facts: MemberFabric, mgmt_interfaces: It
 
 
 def check_bandwidth(unit: Unit, result: AllReduce) -> list[Finding]:
-    """The measured all_reduce bus bandwidth against the unit's floor, and NCCL's own wrong results."""
+    """The measured all_reduce bus bandwidth against the unit's floor, and NCCL's own wrong results.
+
+    With fleetctl's probe's per-link figures, a bandwidth below the floor is the slowest link's sender's
+    finding (the member whose traffic leaves the wrong way), naming that link; else the unit's."""
     out: list[Finding] = []
     peak = result.peak_busbw_gbs
+    by_address = {f.address: m for m, f in unit.fabric.items()}
+    slow = result.links[0] if result.links else None
+    where, link = unit.name, ""
+    if slow is not None and slow[0] in by_address:
+        where = by_address[slow[0]]
+        link = (f" (unit {unit.name}; the slowest link {where} -> {by_address.get(slow[1], slow[1])} "
+                f"measured {_gbs(slow[2])} GB/s)")
     if result.wrong:
         out.append(Finding(unit.name, "nccl", f"all_reduce_perf found {result.wrong} wrong result(s)",
                            "the fabric corrupts data or the members' NCCL builds differ: compare the members' "
                            "images and NCCL versions, and reseat the cable", result.wrong, 0))
     if peak < unit.busbw_floor_gbs:
-        out.append(Finding(unit.name, "bandwidth",
-                           f"all_reduce bus bandwidth {peak:.1f} GB/s, expected at least {unit.busbw_floor_gbs:.1f}",
+        out.append(Finding(where, "bandwidth",
+                           f"all_reduce bus bandwidth {_gbs(peak)} GB/s, expected at least "
+                           f"{_gbs(unit.busbw_floor_gbs)}{link}",
                            "check that both HCAs are up (ibdev2netdev), MTU is 9000 on both ends, and the members reach "
-                           "each other over the QSFP addresses, not the management network (fleetctl status shows the "
-                           "fabric); or lower fleetctl_fabric_floor_gbs for this unit", round(peak, 2),
-                           unit.busbw_floor_gbs))
+                           "each other over the QSFP addresses, not the management network (`ip route get PEER` on "
+                           f"{where if link else 'each member'}; fleetctl status shows the fabric); or lower "
+                           "fleetctl_fabric_floor_gbs for this unit", round(peak, 3), unit.busbw_floor_gbs))
     return out
+
+
+def _gbs(value: float) -> str:
+    """A bandwidth in GB/s to the figure that tells it apart: 23.7, 3.1, 0.42, 0.025."""
+    return f"{value:.1f}" if value >= 1 else f"{value:.2f}" if value >= 0.1 else f"{value:.3f}"
 
 
 #: What every member of a unit must agree on, and the fix when one differs.

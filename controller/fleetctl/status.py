@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from functools import cache
 from typing import Any
 
-from fleetctl import fabric, frontdoor, paths, ssh
+from fleetctl import bandwidth, fabric, frontdoor, paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.fabric import Finding
 from fleetctl.inventory import Host, Inventory, Unit
@@ -72,6 +72,9 @@ class FabricStatus:
     findings: tuple[Finding, ...] = ()
     #: Why the fabric probe could not run (the host answered its status probe, not this one).
     error: str | None = None
+    #: The unit's last measured all_reduce bus bandwidth (``fleetctl.bandwidth``: busbw_gbs, floor_gbs, at,
+    #: method, image, links, findings), None when it was never measured; measured by a rollout's preflight.
+    bandwidth: Mapping[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
@@ -244,7 +247,18 @@ def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeo
             progress(Event("unreachable", cause, host=h.name))
             out[h.name] = HostStatus(name=h.name, address=h.address, reachable=False, seconds=round(o.seconds, 3),
                                      error=cause, unit=h.unit, unit_rank=h.unit_rank)
-    return with_parity(inventory, out)
+    return with_bandwidth(inventory, with_parity(inventory, out))
+
+
+def with_bandwidth(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dict[str, HostStatus]:
+    """Each unit member's fabric status with its unit's last measured bandwidth (from the state directory)."""
+    measured = bandwidth.last(inventory)
+    out = dict(statuses)
+    for name, st in statuses.items():
+        unit = inventory.unit_of(name)
+        if unit is not None and unit.name in measured and st.fabric is not None:
+            out[name] = replace(st, fabric=replace(st.fabric, bandwidth=measured[unit.name]))
+    return out
 
 
 def probe_fabric(host: Host, unit: Unit, timeout: float = DEFAULT_TIMEOUT) -> FabricStatus:

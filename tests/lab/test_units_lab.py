@@ -30,16 +30,21 @@ PAIR_TAG = "cu130-nightly"
 
 
 @pytest.fixture(scope="module")
-def unit(lab: fleetlab.LabStatus) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """A lab unit (name, members): the lab's first, or two more nodes made one for this module and removed
-    after it (so that the other lab tests find the fleet of single hosts they expect)."""
+def unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """A lab unit (name, members), provisioned (the bandwidth probe runs with --gpus all): the lab's first,
+    or two more nodes made one for this module and removed after it (so that the other lab tests find the
+    fleet of single hosts they expect)."""
+    del provisioned
     if lab.units:
         yield next(iter(lab.units.items()))
         return
     nodes = len(lab.nodes)
     st = fleetlab.up(nodes=nodes + 2, units=1)
     try:
-        yield next(iter(st.units.items()))
+        name, members = next(iter(st.units.items()))
+        code, doc = fleetctl("provision", "--limit", ",".join(members))
+        assert code == 0, doc
+        yield name, members
     finally:
         ssh.close_all()
         fleetlab.up(nodes=nodes, units=0)
@@ -93,6 +98,17 @@ def test_each_fabric_fault_is_refused_at_preflight(
         line = next((x.strip() for x in cause.splitlines() if x.strip().startswith(f"{worker}: ") and what in x), None)
         assert line is not None, cause
         assert fix in line, line
+        if fault == "via mgmt":
+            # measured, not only read from the route: the bandwidth probe over the shaped management path
+            floor = inventory.load(None).units[_name].busbw_floor_gbs
+            line = next((x.strip() for x in cause.splitlines() if "all_reduce bus bandwidth" in x), None)
+            assert line is not None, cause
+            assert line.startswith(f"{worker}: all_reduce bus bandwidth "), line
+            assert f"expected at least {floor}" in line and f"the slowest link {worker} -> {members[0]}" in line
+            assert "not the management network" in line, line
+            code, doc = fleetctl("status", "--limit", ",".join(members))
+            bw = doc[worker]["fabric"]["bandwidth"]
+            assert bw["ok"] is False and bw["busbw_gbs"] < floor and bw["method"] == "tcp", bw
     assert {m: _container(m) for m in members} == before  # nothing was changed on either member
 
 
@@ -107,6 +123,9 @@ def test_a_healthy_unit_passes_preflight_and_is_planned_as_one(unit: tuple[str, 
     assert code == 0, doc
     rows = {h["host"]: h for h in doc["hosts"]}
     assert set(rows) == set(members)  # one member selected: the unit
+    code, doc = fleetctl("status", "--limit", ",".join(members))
+    bw = doc[members[0]]["fabric"]["bandwidth"]  # measured by that preflight, above the lab's floor
+    assert bw["ok"] is True and bw["busbw_gbs"] >= bw["floor_gbs"] and bw["links"], bw
     assert len({(rows[m]["wave"], rows[m].get("step")) for m in members}) == 1, rows
 
 

@@ -349,7 +349,8 @@ class SimGates:
                        artifacts_dir=str(artifacts) if artifacts else None)
 
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
+             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
+             baseline_key: str | None = None) -> Verdict:
         if self.fleet.ctrl_c_in_soak == host.name:
             self.fleet.ctrl_c_in_soak = None
             raise KeyboardInterrupt

@@ -85,3 +85,15 @@ def test_a_rollback_takes_every_member_to_one_version(fleet: Callable[..., Path]
     with pytest.raises(FleetError) as e:
         unit.unit_targets(inv, HOSTS, {"spark-03": ("v1", "d1", "r")}, {"spark-04": "first deploy: none"}, {})
     assert e.value.host == "spark-04" and "cannot go back together" in e.value.cause
+
+
+def test_a_failed_units_cause_quotes_the_members_nccl_lines() -> None:
+    from fleetctl.rollout.unit_step import with_collective_errors
+
+    logs = {"spark-03": "INFO serving\nNCCL WARN NET/IB : Got completion from peer 10.178.0.14<29501> with "
+                        "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0\n",
+            "spark-04": "INFO NCCL INFO Channel 00 : 1[0] -> 0[0] via NET/IB/0\n", "spark-05": None}
+    why = with_collective_errors("soak fail: liveness: no token in 30 s", logs)
+    assert why == ("soak fail: liveness: no token in 30 s; cause in the members' logs: spark-03: NCCL WARN NET/IB : "
+                   "Got completion from peer 10.178.0.14<29501> with status=IBV_WC_RETRY_EXC_ERR(12) opcode=0")
+    assert with_collective_errors("soak fail", {"spark-04": "all good\n"}) == "soak fail"

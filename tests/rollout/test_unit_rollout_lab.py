@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.lab
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 PAIR = "qwen35-35b-bf16-pair"
 BASE = "cu130-nightly"
-#: Tags of the pair's image pushed for these tests: a healthy newer version, and one whose answers are garbage.
-NEW, BAD = "unit-v2", "unit-garbage"
+#: Tags of the pair's image pushed for these tests: a healthy newer version, one whose answers are garbage, and
+#: one whose head logs NCCL's RDMA error and wedges a second after its first request (the hang under load).
+NEW, BAD, HANG = "unit-v2", "unit-garbage", "unit-nccl-hang"
 SOAK = "3s"
 
 
@@ -50,6 +52,8 @@ def unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple
         fleetlab.add_image(NEW, {"EMU_VERSION": "0.25.1", "EMU_LOAD_SECONDS": "3"}, repository=STOCK_REPOSITORY,
                            cmd=["vllm", "serve"])
         fleetlab.add_image(BAD, {"EMU_VERSION": "0.25.2", "EMU_LOAD_SECONDS": "3", "EMU_GARBAGE": "1"},
+                           repository=STOCK_REPOSITORY, cmd=["vllm", "serve"])
+        fleetlab.add_image(HANG, {"EMU_VERSION": "0.25.3", "EMU_LOAD_SECONDS": "3", "EMU_NCCL_HANG_AFTER_SECONDS": "1"},
                            repository=STOCK_REPOSITORY, cmd=["vllm", "serve"])
         code, doc = rollout(BASE, ",".join(members), "--max-unavailable", "100%")
         assert code == 0, doc
@@ -107,11 +111,45 @@ def assert_unit_serves(members: tuple[str, ...], tag: str) -> None:
         assert ("--headless" in args) == (rank > 0), args
 
 
-def test_a_passing_rollout_then_a_rollback_move_both_members_together(unit: tuple[str, tuple[str, ...]]) -> None:
+def kill_mid_step(tag: str, limit: str, member: str) -> None:
+    """Start a rollout of ``tag`` and SIGKILL the controller once ``member`` is starting or loading the new
+    version (the unit's members stopped, the new ones starting): the middle of the unit's step."""
+    from fleetctl import paths
+    from fleetctl.state import ledger as fleet_ledger
+
+    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", tag, "--recipe", PAIR, "--limit", limit, "--soak", SOAK,
+                          "--yes"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
+    try:
+        while True:
+            assert p.poll() is None, "the rollout ended before it could be killed"
+            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            h = rec.host(member) if rec is not None and rec.tag == tag else None
+            if h is not None and h.phase in ("starting", "loading"):
+                break
+            time.sleep(0.1)
+        p.send_signal(signal.SIGKILL)
+        p.wait(30)
+    finally:
+        led.close()
+        if p.poll() is None:
+            p.kill()
+    ssh.close_all()
+
+
+def test_a_killed_step_aborted_then_a_killed_step_resumed_then_a_rollback(unit: tuple[str, tuple[str, ...]]) -> None:
+    """The recovery kill point inside a unit's step: the controller SIGKILLed while the members start the
+    new version, then `rollout abort` (both back on BASE); again, then `rollout --resume` (both on NEW,
+    gated); then `rollback`: the members always end on one version, checked by image ID over SSH."""
     name, members = unit
     back_to(BASE, ",".join(members))
     assert_unit_serves(members, BASE)
-    code, doc = rollout(NEW, members[1])  # one member selected: the whole unit is stepped
+    kill_mid_step(NEW, members[1], members[0])
+    code, doc = fleetctl("rollout", "abort", "--yes")
+    assert code == 0, doc
+    assert_unit_serves(members, BASE)
+    kill_mid_step(NEW, members[1], members[0])  # one member selected: the whole unit is stepped
+    code, doc = fleetctl("rollout", "--resume", "--yes")
     assert code == 0, doc
     assert {h["host"]: h["status"] for h in doc["hosts"]} == dict.fromkeys(members, "done"), doc
     assert_unit_serves(members, NEW)
@@ -135,6 +173,26 @@ def test_a_failed_gate_puts_both_members_back(unit: tuple[str, tuple[str, ...]])
     rows = {h["host"]: h for h in doc["hosts"]}
     assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
     assert all("soak fail" in (rows[m]["error"] or "") for m in members), rows
+    assert_unit_serves(members, BASE)
+
+
+def test_an_nccl_hang_fails_the_gate_quoting_the_heads_nccl_line(unit: tuple[str, tuple[str, ...]]) -> None:
+    """The head wedges under load after NCCL's RDMA completion error: the gate fails (no token on the head, or
+    the worker that lost the head's heartbeat exits and restarts: whichever the soak sees first), the cause
+    quotes NCCL's line from the head's log, and both members go back."""
+    _name, members = unit
+    back_to(BASE, ",".join(members))
+    code, doc = rollout(HANG, ",".join(members))
+    assert code == 1, doc
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
+    error = rows[members[0]]["error"] or ""
+    assert error.startswith("soak fail: "), error
+    cause = error.split("; cause in the members' logs: ", 1)[-1]
+    assert cause != error, error
+    quoted = next((q for q in cause.split(" | ") if q.startswith(f"{members[0]}: ")
+                   and "NET/IB : Got completion from peer" in q), None)
+    assert quoted is not None and "IBV_WC_RETRY_EXC_ERR(12)" in quoted, error
     assert_unit_serves(members, BASE)
 
 

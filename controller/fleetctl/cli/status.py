@@ -49,6 +49,16 @@ def _door(st: HostStatus) -> str:
     return text
 
 
+def bandwidth_line(bw: Mapping[str, Any] | None) -> str:
+    """A unit's last measured bus bandwidth against its floor, and when: one line."""
+    if not bw:
+        return "bandwidth: never measured (a rollout's preflight measures it)"
+    at = str(bw.get("at") or "?")[:16].replace("T", " ")
+    if bw.get("ok"):
+        return f"bandwidth {bw.get('busbw_gbs')} GB/s ({bw.get('method')}) >= floor {bw.get('floor_gbs')}: ok, {at}Z"
+    return f"bandwidth {bw.get('busbw_gbs')} GB/s ({bw.get('method')}) BELOW floor {bw.get('floor_gbs')}, {at}Z"
+
+
 def render_status(statuses: Mapping[str, HostStatus]) -> Any:
     """Draw the fleet table."""
     doors = any(st.front_door is not None for st in statuses.values())
@@ -111,6 +121,8 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
             else:
                 state = "[green]fabric ok[/]"
             out.print(f"unit {escape(unit)}: {escape(listed)}: {state}", highlight=False)
+            bw = next((m.fabric.bandwidth for m in members if m.fabric and m.fabric.bandwidth), None)
+            out.print(f"  {escape(bandwidth_line(bw))}", highlight=False)
             for m in members:
                 if m.fabric and m.fabric.error:
                     out.print(f"  [red]{escape(m.name)}: the fabric probe failed: {escape(m.fabric.error)}[/]",

@@ -168,11 +168,15 @@ def emulator_source() -> Path:
     return Path(__file__).resolve().parent / "emulator"
 
 
+#: The emulator's commands put on PATH in its image: vLLM's, and Ray's ``ray start`` (a unit's Ray launch).
+COMMANDS = ("vllm", "ray")
+
+
 def install_emulator(root: Path | str) -> Path:
-    """Copy the emulator into an image root filesystem and put its ``vllm`` command on PATH.
+    """Copy the emulator into an image root filesystem and put its commands (:data:`COMMANDS`) on PATH.
 
     Writes ``<root>/opt/fleetctl-emulator/vllm_emulator/`` (the package, Python files and the
-    ``vllm`` script only) and the symlink ``<root>/usr/local/bin/vllm`` -> that script.
+    ``vllm`` and ``ray`` scripts only) and the symlinks ``<root>/usr/local/bin/vllm`` and ``ray``.
     Returns the installed package directory.
     """
     base = Path(root)
@@ -181,13 +185,14 @@ def install_emulator(root: Path | str) -> Path:
         shutil.rmtree(target)
     target.mkdir(parents=True)
     for src in sorted(emulator_source().iterdir()):
-        if src.suffix == ".py" or src.name == "vllm":
+        if src.suffix == ".py" or src.name in COMMANDS:
             shutil.copy2(src, target / src.name)
-    (target / "vllm").chmod(0o755)
     bin_dir = base / "usr/local/bin"
     bin_dir.mkdir(parents=True, exist_ok=True)
-    link = bin_dir / "vllm"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    os.symlink(f"{IMAGE_PREFIX}/{IMAGE_PACKAGE}/vllm", link)
+    for command in COMMANDS:
+        (target / command).chmod(0o755)
+        link = bin_dir / command
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        os.symlink(f"{IMAGE_PREFIX}/{IMAGE_PACKAGE}/{command}", link)
     return target

@@ -53,19 +53,27 @@ def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progre
 
 
 def soak(t: SoakTarget, cfg: SoakConfig, store: baselines.Store, baseline_tag: str | None, artifacts: Path,
-         run_id: str, progress: Progress) -> Verdict:
+         run_id: str, progress: Progress, baseline_key: str | None = None) -> Verdict:
     """The full gate, compared with the host's baseline on the tag it served before.
 
     The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one
     ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
-    passing soaks of ``baseline_tag`` on this host. A pass joins the window of the
-    new tag (a failure is not kept). Samples, scrapes and verdict.json are written
-    under ``artifacts``.
+    passing soaks of ``baseline_tag`` on this host (``baseline_key``, when given: a
+    unit's own, :func:`unit_baseline_key`, whichever member is its head). A pass joins
+    the window of the new tag (a failure is not kept). Samples, scrapes and verdict.json
+    are written under ``artifacts``.
     """
-    base = baselines.load(store, t.name, baseline_tag) if baseline_tag else None
+    key = baseline_key or t.name
+    base = baselines.load(store, key, baseline_tag) if baseline_tag else None
     v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id)
-    baselines.save(store, t.name, t.tag, v)
+    baselines.save(store, key, t.tag, v)
     return v
+
+
+def unit_baseline_key(unit: str) -> str:
+    """The baselines' key of a serving unit (``unit:pair-a``): its throughput is the unit's, not its head's
+    alone, and stays the unit's when its head changes; it never mixes with a member's single-host window."""
+    return f"unit:{unit}"
 
 
 def smoke(t: SoakTarget, cfg: SoakConfig, artifacts: Path) -> Verdict:
@@ -86,7 +94,8 @@ class Gates(Protocol):
         ...
 
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
+             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
+             baseline_key: str | None = None) -> Verdict:
         """The full gate (see :func:`soak`); ``store`` holds the baselines (the fleet's ledger)."""
         ...
 
@@ -114,8 +123,10 @@ class SoakGates:
         return wait(self._target(host, recipe, tag), cfg, timeout, progress)
 
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress) -> Verdict:
-        return soak(self._target(host, recipe, tag), cfg, store, baseline_tag, artifacts, run_id, progress)
+             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
+             baseline_key: str | None = None) -> Verdict:
+        return soak(self._target(host, recipe, tag), cfg, store, baseline_tag, artifacts, run_id, progress,
+                    baseline_key)
 
     def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
         return smoke(self._target(host, recipe, tag), cfg, artifacts)

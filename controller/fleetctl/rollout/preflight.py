@@ -43,6 +43,8 @@ class Planning(Session):
             hosts = [h for h in hosts if h.name not in access or access[h.name].error is None]
             # Each unit's fabric and parity (every member, selected or not): before any change.
             problems += fabric_problems(self.inv, [h.name for h in hosts])
+            # ... and its all_reduce bandwidth, measured in the rollout's image, against its floor.
+            problems += unit_plan.bandwidth_problems(self.inv, [h.name for h in hosts], recipe, ref, remote.pull)
         outcomes = ssh.fan_out(hosts, lambda h: self.ops(h).facts(self._recipe_of(h, recipe), ref), timeout=120)
         out: dict[str, remote.Facts] = {}
         for h in hosts:

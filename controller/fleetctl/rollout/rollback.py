@@ -22,6 +22,7 @@ from fleetctl.rollout.session import (
     command_line,
     same_version,
 )
+from fleetctl.rollout.step import recoverable_why
 from fleetctl.rollout.unit_step import UnitRollback
 from fleetctl.rollout.webhook import Webhook
 from fleetctl.serving import container_name
@@ -271,9 +272,7 @@ class Rollback(Forward, UnitRollback):
             if v.outcome.value != "pass":
                 raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=h.name)
         except RECOVERABLE as e:
-            why = e.cause if isinstance(e, FleetError) else (
-                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
-            self._undo_rollback(rid, recipe, h, ops, f"{tag} failed: {why}", show)
+            self._undo_rollback(rid, recipe, h, ops, f"{tag} failed: {recoverable_why(e, full=False)}", show)
             if isinstance(e, KeyboardInterrupt):
                 raise
             return
@@ -289,8 +288,7 @@ class Rollback(Forward, UnitRollback):
         self._phase(rid, h, "undoing", why, {**show, "health": "failed"}, error=why)
         rec = self.ledger.host_record(rid, h.name)
         before = rec.before_digest if rec is not None else None
-        fix = (f"`fleetctl rollback --to {rec.before_tag} --limit {h.name}`" if rec is not None and rec.before_tag
-               else f"`fleetctl rollout --tag TAG --limit {h.name}` with a version that works")
+        fix = self._fix_for(rid, [h.name])
         before_fp = (((rec.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
                      if rec is not None else None)
         try:
@@ -302,11 +300,7 @@ class Rollback(Forward, UnitRollback):
                 if prev is None or not same_version(before, before_fp, prev.digest, prev.fingerprint):
                     raise FleetError("the previous container is gone", host=h.name)
                 ops.restore(name)
-            cfg = gate.config(recipe, None, h)
-            ready = self.gates.wait(h, recipe, rec.before_tag or "" if rec else "", cfg, None,
-                                    self._forward(h, show, "undoing", cancellable=False))
-            if not ready.ready:
-                raise FleetError(f"the restored version did not become ready: {ready.message}", host=h.name)
+            self._check_restored(rid, recipe, h, rec.before_tag if rec else None, show, "undoing", smoke=False)
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             self._phase(rid, h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},

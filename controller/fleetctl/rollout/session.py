@@ -347,11 +347,13 @@ class Session:
         return forward
 
 
-    def _save_logs(self, rid: str, h: Host, ops: remote.HostOps, name: str) -> None:
-        """Keep the failed container's log in the run's artifacts (the container itself is removed)."""
+    def _save_logs(self, rid: str, h: Host, ops: remote.HostOps, name: str) -> str | None:
+        """Keep the failed container's log in the run's artifacts (the container itself is removed); the
+        log's text (None when it could not be read)."""
         try:
             text = ops.logs(name, 300)
         except FleetError:
-            return
+            return None
         d = paths.private_dir(self._artifacts(rid, h))
         paths.write_private(d / "failed-container.log", text)
+        return text

@@ -25,8 +25,86 @@ from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
 
+def recoverable_why(e: BaseException, full: bool = True) -> str:
+    """What a step that raised ``e`` (one of ``RECOVERABLE``) records as the cause: the FleetError's message
+    (``full``) or cause, Ctrl-C as such, else the exception's type and text."""
+    if isinstance(e, FleetError):
+        return e.message() if full else e.cause
+    return "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}"
+
+
 class HostSteps(DoorSteps):
-    """One host's step of a rollout: stop, start, readiness, gate; and its undo when it fails."""
+    """One host's step of a rollout: stop, start, readiness, gate; and its undo when it fails.
+
+    The bookkeeping of a step's outcome (:meth:`_passed`, :meth:`_paused`, :meth:`_after_restore`), the
+    fix a failed restore names (:meth:`_fix_for`) and the check of a restored version
+    (:meth:`_check_restored`) are per host, and a unit's step (``rollout/unit_step.py``) calls them for
+    each member; a rollback's undo (``rollout/rollback.py``) too.
+    """
+
+    def _fix_for(self, rid: str, names: Sequence[str]) -> str:
+        """The command that puts ``names`` back by hand: a rollback to the one version they served before
+        this run (the ledger's), else a rollout of a version that works."""
+        recs = [self.ledger.host_record(rid, n) for n in names]
+        tags = {r.before_tag for r in recs if r is not None and r.before_tag}
+        if len(tags) == 1 and all(r is not None and r.before_tag for r in recs):
+            return f"`fleetctl rollback --to {next(iter(tags))} --limit {','.join(names)}`"
+        return f"`fleetctl rollout --tag TAG --limit {','.join(names)}` with a version that works"
+
+    def _check_restored(self, rid: str, recipe: Recipe, h: Host, tag: str | None, show: Mapping[str, Any],
+                        phase: str, t: dict[str, float] | None = None, smoke: bool = True,
+                        since: float | None = None) -> None:
+        """The version restored on ``h`` (a unit's head) ready, and its smoke test passed; raises FleetError.
+        ``t`` gets the rollback's timings, counted from ``since`` (the restore's start; default now)."""
+        t0 = time.monotonic() if since is None else since
+        cfg = gate.config(recipe, None, h)
+        ready = self.gates.wait(h, recipe, tag or "", cfg, None, self._forward(h, show, phase, cancellable=False))
+        if t is not None:
+            t["rollback_healthy"] = time.monotonic() - t0
+            t["rollback_ready"] = ready.seconds
+        if not ready.ready:
+            raise FleetError(f"the restored {tag or 'version'} did not become ready: {ready.message}", host=h.name)
+        if not smoke:
+            return
+        v = self.gates.smoke(h, recipe, tag or "", cfg, self._artifacts(rid, h) / "rollback")
+        if t is not None:
+            t["rollback"] = time.monotonic() - t0
+        if v.outcome.value != "pass":
+            raise FleetError(f"the restored {tag} failed its smoke test: {gate.failed_checks_text(v)}", host=h.name)
+
+    def _keep_known_good(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host, now: remote.Serving | None) -> None:
+        """``p``'s version passed on ``h``: a known-good of the host (with the container's settings)."""
+        self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
+                                   settings=now.settings if now else None, source="gate", rollout_id=rid)
+
+    def _passed(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host, detail: str, show: Mapping[str, Any],
+                verdict: Any, summary: Mapping[str, Any], now: remote.Serving | None) -> None:
+        """``h`` passed its gate: known-good first, then done (a kill between them leaves a host to re-check,
+        never a lost intent), and its state file's last known-good."""
+        self._keep_known_good(rid, recipe, p, h, now)
+        self._phase(rid, h, "done", detail, {**show, "health": "ok"}, status=fleet_ledger.DONE, after_tag=p.tag,
+                    after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
+        if self.held is not None:
+            self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
+
+    def _paused(self, rid: str, h: Host, detail: str, show: Mapping[str, Any], verdict: Any,
+                summary: Mapping[str, Any]) -> None:
+        """``h``'s gate was inconclusive and the rollout pauses on it (``--on-inconclusive pause``)."""
+        self._phase(rid, h, "paused", detail, {**show, "health": "?"}, status=fleet_ledger.HOST_PAUSED,
+                    verdict=summary, artifacts=verdict.artifacts_dir,
+                    error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
+
+    def _after_restore(self, rid: str, h: Host, why: str, detail: str, back: Mapping[str, Any], judged: bool,
+                       prev: remote.Serving | None, prev_tag: str | None, summary: Mapping[str, Any]) -> None:
+        """``h`` serves its previous version again: rolled back (a verdict), or restored and left pending for
+        --resume (``judged`` False: Ctrl-C is no verdict on the version)."""
+        if not judged:
+            self._phase(rid, h, "restored", f"{why}; {detail}", {**back, "health": "ok"}, status=fleet_ledger.PENDING,
+                        error=None, verdict=None)
+            return
+        self._phase(rid, h, "rolled-back", detail, {**back, "health": "ok"}, status=fleet_ledger.ROLLED_BACK,
+                    after_tag=prev.tag if prev else prev_tag, after_digest=prev.digest if prev else None, error=why,
+                    verdict=summary)
 
     def _batch(self, rid: str, recipe: Recipe, step: Sequence[Host]) -> deploy.StepBatch | None:
         """The step's deploys through the deployer (one run for its hosts deployed via Ansible), or None."""
@@ -92,10 +170,8 @@ class HostSteps(DoorSteps):
         try:
             self._deploy_and_gate(rid, recipe, opts, p, h, ops, cur, show, t, before_tag)
         except RECOVERABLE as e:
-            why = e.message() if isinstance(e, FleetError) else (
-                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
             # Ctrl-C is no verdict on the version: the host is restored and left pending for --resume.
-            self._fail_host(rid, recipe, h, why, None, show, t, judged=not isinstance(e, KeyboardInterrupt))
+            self._fail_host(rid, recipe, h, recoverable_why(e), None, show, t, judged=not isinstance(e, KeyboardInterrupt))
             if isinstance(e, KeyboardInterrupt):
                 raise
 
@@ -132,23 +208,16 @@ class HostSteps(DoorSteps):
             door_error = self._door_in_or_record(rid, h, t)
             summary["timings"] = dict(t)
             now = ops.inspect(container_name(h))
-            # Known-good first, then done: a kill between them leaves a host to re-check, never a lost intent.
-            self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
-                                       settings=now.settings if now else None, source="gate", rollout_id=rid)
             if door_error is not None:
+                self._keep_known_good(rid, recipe, p, h, now)
                 # A good version the door does not take back: the host stays out and the rollout stops here.
                 self._phase(rid, h, "out-of-rotation", door_error, {**show, "health": "out", **figures},
                             status=fleet_ledger.HOST_FAILED, after_tag=p.tag, after_digest=p.digest, verdict=summary,
                             artifacts=verdict.artifacts_dir, error=f"passed its gate, but {door_error}")
                 return
-            self._phase(rid, h, "done", verdict.summary, {**show, "health": "ok", **figures}, status=fleet_ledger.DONE,
-                        after_tag=p.tag, after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
-            if self.held is not None:
-                self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
+            self._passed(rid, recipe, p, h, verdict.summary, {**show, **figures}, verdict, summary, now)
         elif verdict.outcome.value == "inconclusive" and opts.on_inconclusive == "pause":
-            self._phase(rid, h, "paused", verdict.summary, {**show, "health": "?", **figures}, status=fleet_ledger.HOST_PAUSED,
-                        verdict=summary, artifacts=verdict.artifacts_dir,
-                        error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
+            self._paused(rid, h, verdict.summary, {**show, **figures}, verdict, summary)
         else:
             self._fail_host(rid, recipe, h, f"soak {verdict.outcome.value}: {gate.failed_checks_text(verdict)}",
                             verdict, {**show, **figures}, t)
@@ -171,8 +240,7 @@ class HostSteps(DoorSteps):
                     artifacts=verdict.artifacts_dir if verdict is not None else None)
         self._save_logs(rid, h, ops, name)
         rec = self.ledger.host_record(rid, h.name)
-        fix = (f"`fleetctl rollback --to {rec.before_tag} --limit {h.name}`" if rec is not None and rec.before_tag
-               else f"`fleetctl rollout --tag TAG --limit {h.name}` with a version that works")
+        fix = self._fix_for(rid, [h.name])
         t0 = time.monotonic()
         back = dict(show)
         try:
@@ -192,19 +260,10 @@ class HostSteps(DoorSteps):
                 return
             back = {**show, "tag": prev.tag or "?"}
             self._phase(rid, h, "rolling-back", f"restored {prev.tag}; waiting for /health", {**back, "health": "loading"})
-            cfg = gate.config(recipe, None, h)
-            ready = self.gates.wait(h, recipe, prev.tag or "", cfg, None,
-                                    self._forward(h, back, "rolling-back", cancellable=False))
-            t["rollback_healthy"] = time.monotonic() - t0
-            if not ready.ready:
-                raise FleetError(f"the restored {prev.tag} did not become ready: {ready.message}", host=h.name)
-            smoke = self.gates.smoke(h, recipe, prev.tag or "", cfg, self._artifacts(rid, h) / "rollback")
-            t["rollback"] = time.monotonic() - t0
-            t["rollback_ready"] = ready.seconds
-            summary["timings"] = dict(t)
-            if smoke.outcome.value != "pass":
-                raise FleetError(f"the restored {prev.tag} failed its smoke test: {gate.failed_checks_text(smoke)}",
-                                 host=h.name)
+            try:
+                self._check_restored(rid, recipe, h, prev.tag, back, "rolling-back", t, since=t0)
+            finally:
+                summary["timings"] = dict(t)
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             self._phase(rid, h, "failed", f"{why}; rollback failed: {cause}", {**show, "health": "down"},
@@ -213,9 +272,4 @@ class HostSteps(DoorSteps):
         # Back in rotation only now: the version it serves again passed readiness and smoke.
         door_error = self._door_in_or_record(rid, h, t)
         door_note = f"; {door_error}" if door_error else ""
-        if not judged:
-            self._phase(rid, h, "restored", f"{why}; serving {prev.tag} again{door_note}", {**back, "health": "ok"},
-                        status=fleet_ledger.PENDING, error=None, verdict=None)
-            return
-        self._phase(rid, h, "rolled-back", f"serving {prev.tag} again{door_note}", {**back, "health": "ok"},
-                    status=fleet_ledger.ROLLED_BACK, after_tag=prev.tag, after_digest=prev.digest, error=why, verdict=summary)
+        self._after_restore(rid, h, why, f"serving {prev.tag} again{door_note}", back, judged, prev, prev.tag, summary)

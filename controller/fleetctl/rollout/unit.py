@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
-from fleetctl import status
+from fleetctl import bandwidth, ssh, status
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.recipes import Recipe, recipe_for
@@ -57,6 +57,31 @@ def fabric_problems(inv: Inventory, selected: Sequence[str]) -> list[str]:
             out.append(f"{h.name}: the fabric probe of unit {h.unit}'s member failed ({why}): its fabric is unknown")
         else:
             out += [f.message() for f in st.fabric.findings]
+    return out
+
+
+def bandwidth_problems(inv: Inventory, selected: Sequence[str], recipe: Recipe, ref: str,
+                       pull: Callable[[Host, str], float]) -> list[str]:
+    """Each unit's all_reduce bus bandwidth measured in the rollout's image (``fleetctl.bandwidth``) against
+    its floor, one line per finding naming the member, the figure, the floor and the fix; a probe that
+    could not run is a problem too. Only units whose every member is in ``selected`` (the hosts that passed
+    the access check) are measured; the image is pulled on their members first (``pull``: the prefetch's
+    own, done early for units; nothing that serves is touched). Each measurement is recorded for
+    ``fleetctl status``."""
+    units = [u for u in units_in(inv, selected).values() if set(u.members) <= set(selected)]
+    if not units:
+        return []
+    members = [inv.host(m) for u in units for m in u.members]
+    pulled = ssh.fan_out(members, lambda h: pull(h, ref), timeout=None)
+    out = [f"{n}: pulling {ref} to measure the fabric failed: {o.error.cause}" for n, o in pulled.items()
+           if o.error is not None]
+    ready = [u for u in units if all(pulled[m].error is None for m in u.members)]
+    got = bandwidth.measure_units(inv, ready, {u.name: unit_recipe(inv, u, recipe) for u in ready}, ref)
+    for m in got.values():
+        if isinstance(m, FleetError):
+            out.append(m.message())
+        else:
+            out += [f.message() for f in m.findings]
     return out
 
 

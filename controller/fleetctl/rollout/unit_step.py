@@ -14,7 +14,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from fleetctl import ssh
+from fleetctl import fabric, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Unit
 from fleetctl.recipes import Recipe
@@ -23,10 +23,9 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import Options
 from fleetctl.rollout.session import RECOVERABLE
-from fleetctl.rollout.step import HostSteps
+from fleetctl.rollout.step import HostSteps, recoverable_why
 from fleetctl.rollout.unit import unit_recipe
 from fleetctl.serving import container_name
-from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
 #: Seconds between two looks at every member's container during a unit's soak.
@@ -142,9 +141,8 @@ class UnitSteps(HostSteps):
         try:
             self._start_and_gate(rid, recipe, opts, p, unit, ours, show, t, befores[head.name])
         except RECOVERABLE as e:
-            why = e.message() if isinstance(e, FleetError) else (
-                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
-            self._fail_unit(rid, recipe, unit, why, None, show, t, judged=not isinstance(e, KeyboardInterrupt))
+            self._fail_unit(rid, recipe, unit, recoverable_why(e), None, show, t,
+                            judged=not isinstance(e, KeyboardInterrupt))
             if isinstance(e, KeyboardInterrupt):
                 raise
 
@@ -186,8 +184,9 @@ class UnitSteps(HostSteps):
         t0 = time.monotonic()
         art = self._artifacts(rid, head)
         with MemberWatch(members) as watch:
+            # judged against the unit's own baseline (keyed by the unit, not by the host that is its head)
             verdict = self.gates.soak(head, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
-                                      self._forward(head, show, "soak"))
+                                      self._forward(head, show, "soak"), baseline_key=gate.unit_baseline_key(unit.name))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t)
         figures = gate.figures(verdict)
@@ -202,21 +201,15 @@ class UnitSteps(HostSteps):
             return
         if verdict.outcome.value == "pass":
             now = self._each(members, lambda h: self.ops(h).inspect(container_name(h)), "inspect")
+            # every member's known-good before any is done: a kill between them leaves the unit to re-check
             for h in members:
-                n = now[h.name]
-                self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
-                                           settings=n.settings if n else None, source="gate", rollout_id=rid)
+                self._keep_known_good(rid, recipe, p, h, now[h.name])
             for h in members:
-                self._phase(rid, h, "done", f"unit {unit.name}: {verdict.summary}",
-                            {**show, "health": "ok", **figures}, status=fleet_ledger.DONE, after_tag=p.tag,
-                            after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
-                if self.held is not None:
-                    self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
+                self._passed(rid, recipe, p, h, f"unit {unit.name}: {verdict.summary}", {**show, **figures}, verdict,
+                             summary, now[h.name])
         elif verdict.outcome.value == "inconclusive" and opts.on_inconclusive == "pause":
             for h in members:
-                self._phase(rid, h, "paused", f"unit {unit.name}: {verdict.summary}", {**show, "health": "?", **figures},
-                            status=fleet_ledger.HOST_PAUSED, verdict=summary, artifacts=verdict.artifacts_dir,
-                            error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
+                self._paused(rid, h, f"unit {unit.name}: {verdict.summary}", {**show, **figures}, verdict, summary)
         else:
             self._fail_unit(rid, recipe, unit, f"soak {verdict.outcome.value}: {gate.failed_checks_text(verdict)}",
                             verdict, {**show, **figures}, t)
@@ -250,14 +243,13 @@ class UnitSteps(HostSteps):
             self._phase(rid, h, "rolling-back", f"unit {unit.name}: {why}", {**show, "health": "failed"}, error=why,
                         verdict=summary, artifacts=verdict.artifacts_dir if verdict is not None else None)
         recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
-        tags = {r.before_tag for r in recs.values() if r is not None and r.before_tag}
-        fix = (f"`fleetctl rollback --to {next(iter(tags))} --limit {','.join(unit.members)}`" if len(tags) == 1
-               else f"`fleetctl rollout --tag TAG --limit {','.join(unit.members)}` with a version that works")
+        fix = self._fix_for(rid, unit.members)
         back = dict(show)
         t0 = time.monotonic()
         try:
-            for h in members:
-                self._save_logs(rid, h, self.ops(h), container_name(h))
+            logs = {h.name: self._save_logs(rid, h, self.ops(h), container_name(h)) for h in members}
+            if judged and not resumed:
+                why = with_collective_errors(why, logs)
             looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
                                                    self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
                                "inspect")
@@ -286,18 +278,10 @@ class UnitSteps(HostSteps):
             for h in members:
                 self._phase(rid, h, "rolling-back", f"unit {unit.name}: restored {prev_tag}; waiting for the head",
                             {**back, "health": "loading"})
-            cfg = gate.config(recipe, None, head)
-            ready = self.gates.wait(head, recipe, prev_tag or "", cfg, None,
-                                    self._forward(head, back, "rolling-back", cancellable=False))
-            t["rollback_healthy"] = time.monotonic() - t0
-            if not ready.ready:
-                raise FleetError(f"the restored {prev_tag} did not become ready: {ready.message}", host=head.name)
-            smoke = self.gates.smoke(head, recipe, prev_tag or "", cfg, self._artifacts(rid, head) / "rollback")
-            t["rollback"] = time.monotonic() - t0
-            summary["timings"] = dict(t)
-            if smoke.outcome.value != "pass":
-                raise FleetError(f"the restored {prev_tag} failed its smoke test: {gate.failed_checks_text(smoke)}",
-                                 host=head.name)
+            try:
+                self._check_restored(rid, recipe, head, prev_tag, back, "rolling-back", t, since=t0)
+            finally:
+                summary["timings"] = dict(t)
             down = self._not_running(members)
             if down:
                 raise FleetError(f"restored member(s) not running: {down}", host=head.name)
@@ -310,14 +294,17 @@ class UnitSteps(HostSteps):
             return
         now = self._each(members, lambda h: self.ops(h).inspect(container_name(h)), "inspect")
         for h in members:
-            n = now[h.name]
-            if not judged:
-                self._phase(rid, h, "restored", f"unit {unit.name}: {why}; serving {prev_tag} again",
-                            {**back, "health": "ok"}, status=fleet_ledger.PENDING, error=None, verdict=None)
-                continue
-            self._phase(rid, h, "rolled-back", f"unit {unit.name}: serving {prev_tag} again", {**back, "health": "ok"},
-                        status=fleet_ledger.ROLLED_BACK, after_tag=n.tag if n else prev_tag,
-                        after_digest=n.digest if n else None, error=why, verdict=summary)
+            self._after_restore(rid, h, why, f"unit {unit.name}: serving {prev_tag} again", back, judged, now[h.name],
+                                prev_tag, summary)
+
+
+def with_collective_errors(why: str, logs: Mapping[str, str | None], most: int = 4) -> str:
+    """``why`` with the NCCL/Gloo error and timeout lines of the members' logs quoted as its cause
+    (``fleetctl.fabric.collective_errors``: the last two of each member, ``most`` in all)."""
+    quoted = [f"{m}: {line}" for m, text in logs.items() if text for line in fabric.collective_errors(text)[-2:]]
+    if not quoted:
+        return why
+    return f"{why}; cause in the members' logs: " + " | ".join(quoted[:most])
 
 
 def stop_serving(h: Host) -> None:
@@ -405,9 +392,7 @@ class UnitRollback(UnitSteps):
             if v.outcome.value != "pass":
                 raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=head.name)
         except RECOVERABLE as e:
-            why = e.cause if isinstance(e, FleetError) else (
-                "interrupted (Ctrl-C)" if isinstance(e, KeyboardInterrupt) else f"{type(e).__name__}: {e}")
-            self._undo_unit(rid, recipe, unit, f"{tag} failed: {why}", show)
+            self._undo_unit(rid, recipe, unit, f"{tag} failed: {recoverable_why(e, full=False)}", show)
             if isinstance(e, KeyboardInterrupt):
                 raise
             return
@@ -424,8 +409,7 @@ class UnitRollback(UnitSteps):
             self._phase(rid, h, "undoing", f"unit {unit.name}: {why}", {**show, "health": "failed"}, error=why)
         recs = {h.name: self.ledger.host_record(rid, h.name) for h in members}
         tag_b = next((r.before_tag for r in recs.values() if r is not None and r.before_tag), None)
-        fix = (f"`fleetctl rollback --to {tag_b} --limit {','.join(unit.members)}`" if tag_b
-               else f"`fleetctl rollout --tag TAG --limit {','.join(unit.members)}` with a version that works")
+        fix = self._fix_for(rid, unit.members)
         try:
             if any(r is None or r.before_digest is None for r in recs.values()):
                 raise FleetError("nothing served before this rollback on every member", host=head.name)
@@ -449,11 +433,7 @@ class UnitRollback(UnitSteps):
                         self.ops(member).restore(container_name(member))
                     else:
                         ssh.docker(member, f"docker start {container_name(member)}", timeout=60).check("starting")
-            cfg = gate.config(recipe, None, head)
-            ready = self.gates.wait(head, recipe, tag_b or "", cfg, None,
-                                    self._forward(head, show, "undoing", cancellable=False))
-            if not ready.ready:
-                raise FleetError(f"the restored version did not become ready: {ready.message}", host=head.name)
+            self._check_restored(rid, recipe, head, tag_b, show, "undoing", smoke=False)
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             for h in members:

@@ -59,12 +59,16 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 ==============================  =====================================================
 
 Multi-node (:mod:`.multinode`): ``--nnodes N --node-rank R --master-addr A --master-port P``,
-ranks above 0 with ``--headless``. The head serves only once every rank joined over ``A:P``; a
+ranks above 0 with ``--headless``; or Ray's launch: ``ray start --head`` (the image's ``ray``
+command, :mod:`.ray`) then ``vllm serve ... --distributed-executor-backend ray`` with tp x pp > 1 on
+the head, ``ray start --block --address=HEAD:PORT`` on each worker. The head serves only once every rank joined over ``A:P``; a
 worker lost afterwards wedges it (/health 200, no token). Its knobs, read by the head and workers:
 ``EMU_JOIN_TIMEOUT_SECONDS`` (600), ``EMU_WORKER_TIMEOUT_SECONDS`` (heartbeat silence that loses a
 worker; 10), ``EMU_LINK_PROBE_BYTES`` (sent by each worker when it joins; 8 MiB) and
 ``EMU_LINK_REFERENCE_MBPS`` (the link's full speed: a slower measured link scales decode
-throughput down; 0 = off).
+throughput down; 0 = off), ``EMU_NCCL_HANG_AFTER_SECONDS`` (that long after its first request the head
+logs NCCL's RDMA completion error and the watchdog's timeout, then wedges with its workers still up;
+0 = never).
 
 The performance model and where its defaults come from: :mod:`.perf`. A request may name
 its prompt class with the extra body field ``emu_prompt_class`` (coding, math, reasoning,

@@ -219,6 +219,8 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
             engine.wedged = True
             log(f"ERROR [core.py:720] EngineCore is stuck in a collective: {why}; the API server keeps running")
         head.on_lost = wedge
+        if head.cluster.nccl_hang_after > 0:  # under load: timed from the first request's prompt
+            head.spawn(head.hang_under_load(lambda: metrics.counters["vllm:prompt_tokens"] > 0))
     info = ModelInfo(
         root=args.model,
         served_names=args.served_model_names,

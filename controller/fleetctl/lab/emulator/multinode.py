@@ -11,7 +11,14 @@
 - a worker that dies (its connection closes) or goes silent for ``EMU_WORKER_TIMEOUT_SECONDS``
   wedges the head as vLLM #41725 reports: ``/health`` keeps answering 200, every request (and
   every stream in flight) stops producing tokens, and the log carries NCCL's watchdog lines;
-- a head that goes away makes each worker log NCCL's error and exit 1.
+- a head that goes away makes each worker log NCCL's error and exit 1;
+- Ray launch (``--distributed-executor-backend ray``, tp x pp > 1, no ``--nnodes``): the head listens where
+  ``ray start --head`` put the cluster (:mod:`.ray`), for tp x pp nodes; ``ray start --block`` workers join
+  it as ranks the head assigns, and behave as headless workers from then on;
+- ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after its first request, the head logs the error
+  NCCL prints when an RDMA send to a peer fails (``NET/IB : Got completion from peer ... with status=
+  IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers still up:
+  the hang vLLM #41725 reports under load, with the cause only in the log.
 
 Standard library only (the package is copied into images with nothing but python3).
 """
@@ -54,6 +61,7 @@ class Cluster:
     worker_timeout: float = 10.0
     probe_bytes: int = DEFAULT_PROBE_BYTES
     reference_mbps: float = 0.0
+    nccl_hang_after: float = 0.0
 
     @property
     def is_head(self) -> bool:
@@ -67,6 +75,8 @@ def from_args(extra: dict[str, str | bool]) -> Cluster | None:
     Raises ValueError with vLLM-like argument errors.
     """
     raw = extra.get("nnodes")
+    if extra.get("distributed-executor-backend") == "ray" and raw is None:
+        return _ray_head(extra)
     if raw is None or raw is True:
         if extra.get("headless"):
             raise ValueError("argument --headless: requires --nnodes > 1")
@@ -91,7 +101,42 @@ def from_args(extra: dict[str, str | bool]) -> Cluster | None:
                    join_timeout=_env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
                    worker_timeout=_env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
                    probe_bytes=int(_env_float("EMU_LINK_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
-                   reference_mbps=_env_float("EMU_LINK_REFERENCE_MBPS", 0.0))
+                   reference_mbps=_env_float("EMU_LINK_REFERENCE_MBPS", 0.0),
+                   nccl_hang_after=_env_float("EMU_NCCL_HANG_AFTER_SECONDS", 0.0))
+
+
+def ray_dir() -> str:
+    """Where ``ray start --head`` leaves the cluster's address (``EMU_RAY_DIR``, else Ray's /tmp/ray)."""
+    return os.environ.get("EMU_RAY_DIR") or "/tmp/ray"
+
+
+def _ray_head(extra: dict[str, str | bool]) -> Cluster | None:
+    """``--distributed-executor-backend ray``: one node per GPU of tp x pp (a Spark has one), the head listening
+    where ``ray start --head`` said the cluster is (its ``ray_current_cluster`` file, or ``RAY_ADDRESS``)."""
+    try:
+        tp = int(str(extra.get("tensor-parallel-size", 1)))
+        pp = int(str(extra.get("pipeline-parallel-size", 1)))
+    except ValueError:
+        raise ValueError("arguments --tensor-parallel-size/--pipeline-parallel-size: invalid int value") from None
+    if tp * pp <= 1:
+        return None
+    address = os.environ.get("RAY_ADDRESS", "")
+    if not address:
+        try:
+            with open(os.path.join(ray_dir(), "ray_current_cluster")) as f:
+                address = f.read().strip()
+        except OSError:
+            address = ""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError("ConnectionError: Could not find any running Ray instance. Please specify the one to "
+                         "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable.")
+    return Cluster(tp * pp, 0, host, int(port), False,
+                   join_timeout=_env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
+                   worker_timeout=_env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
+                   probe_bytes=int(_env_float("EMU_LINK_PROBE_BYTES", DEFAULT_PROBE_BYTES)),
+                   reference_mbps=_env_float("EMU_LINK_REFERENCE_MBPS", 0.0),
+                   nccl_hang_after=_env_float("EMU_NCCL_HANG_AFTER_SECONDS", 0.0))
 
 
 @dataclass
@@ -149,10 +194,25 @@ class Head:
             return False
         self.log(f"INFO [multiproc_executor.py:98] All {c.nnodes} nodes joined; link measured at "
                  f"{self.link_mbps:.0f} MB/s (slowest worker)")
-        self._spawn(self._watch())
+        self.spawn(self._watch())
         return True
 
-    def _spawn(self, coro: Any) -> None:
+    async def hang_under_load(self, served: Callable[[], bool]) -> None:
+        """``EMU_NCCL_HANG_AFTER_SECONDS``: once ``served()`` (the first request came in), that long, then an
+        RDMA completion error from the first worker and the wedge."""
+        while not served():
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(self.cluster.nccl_hang_after)
+        m = min(self.members.values(), key=lambda x: x.rank)
+        self._wedge(f"node rank {m.rank} ({m.address}): NCCL RDMA completion error", [
+            f"WARN NCCL [rank0] NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
+            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca rocep1s0f1",
+            f"WARN NCCL [rank0] NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
+            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca roceP2p1s0f1",
+            *self._watchdog()])
+
+    def spawn(self, coro: Any) -> None:
+        """Run ``coro`` as one of the head's tasks (cancelled by :meth:`close`)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -165,6 +225,9 @@ class Head:
             if len(line) != 4 or line[0] != "JOIN":
                 raise ValueError(f"bad handshake {' '.join(line)[:60]!r}")
             rank, nnodes, probe = int(line[1]), int(line[2]), int(line[3])
+            if rank == 0 and nnodes == 0:  # a Ray worker node (`ray start --block`): the head gives its rank
+                rank = min(set(range(1, c.nnodes)) - set(self.members), default=c.nnodes)
+                nnodes = c.nnodes
             if nnodes != c.nnodes:
                 raise ValueError(f"worker says --nnodes {nnodes}, the head has {c.nnodes}")
             if not 0 < rank < c.nnodes or rank in self.members or self._joined.is_set():
@@ -213,15 +276,24 @@ class Head:
         await asyncio.gather(*(one(m) for m in list(self.members.values())))
 
     def _lose(self, m: _Member, why: str) -> None:
-        if self.lost is not None:
-            return
-        self.lost = f"node rank {m.rank} ({m.address}): {why}"
         # What a real head prints when a peer of its NCCL communicator vanishes: the watchdog's
         # collective timeout; the API server itself keeps answering /health.
-        self.log(f"WARN NCCL [rank0] NET/Socket : peer {m.address} (node rank {m.rank}) {why}")
-        self.log("ERROR [ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
-                 "WorkNCCL(SeqNum=1204, OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=600000) "
-                 "ran for 600010 milliseconds before timing out.")
+        self._wedge(f"node rank {m.rank} ({m.address}): {why}",
+                    [f"WARN NCCL [rank0] NET/Socket : peer {m.address} (node rank {m.rank}) {why}", *self._watchdog()])
+
+    @staticmethod
+    def _watchdog() -> list[str]:
+        return ["ERROR [ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
+                "WorkNCCL(SeqNum=1204, OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=600000) "
+                "ran for 600010 milliseconds before timing out."]
+
+    def _wedge(self, lost: str, lines: list[str]) -> None:
+        """Log ``lines`` and wedge the head (once): /health 200, no token from now on."""
+        if self.lost is not None:
+            return
+        self.lost = lost
+        for line in lines:
+            self.log(line)
         if self.on_lost is not None:
             self.on_lost(self.lost)
 
