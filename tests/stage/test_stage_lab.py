@@ -319,3 +319,4 @@ def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(te
     assert stage(test_inventory, "t-good", limit=hosts).ok
     left = ssh.run(seed, "grep -c fleetctl-stage- ~/.ssh/authorized_keys || true", timeout=10).stdout.strip()
     assert left == "0"
+
