@@ -58,6 +58,29 @@ def _task_durations(artifacts: Path, task: str) -> dict[str, float]:
     return out
 
 
+def bench_set(st: fleetlab.LabStatus, mb: int) -> tuple[inventory.Inventory, int, Path]:
+    """A body of ``mb`` MB on the lab's mirror, and a copy of the lab's inventory whose recipe stages it.
+
+    Returns (the inventory, the set's bytes, a temporary directory for the caller to remove)."""
+    mirror = Path(st.directory) / "www" / "weights"
+    rev = f"mb{mb}"
+    target = mirror / REPO / rev
+    tmp = Path(tempfile.mkdtemp(prefix="stage-bench-"))
+    if (target / "manifest.json").exists():
+        manifest = json.loads((target / "manifest.json").read_text())
+    else:
+        models.write_model(tmp / "m", "qwen35-35b-a3b-bf16", size_bytes=mb * 1_000_000)
+        manifest = models.manifest_for(tmp / "m", repo=REPO, revision=rev, revision_date="2026-07-01")
+        (tmp / "m" / "manifest.json").write_text(json.dumps(manifest))
+        shutil.copytree(tmp / "m", target)
+    size = sum(int(f["size"]) for f in manifest["files"])
+    inv_dir = tmp / "inv"
+    shutil.copytree(Path(st.inventory).parent, inv_dir)
+    (inv_dir / "group_vars" / "all" / "recipes.yml").write_text(
+        yaml.safe_dump({"fleetctl_recipe": "bench", "fleetctl_recipes": {"bench": _recipe(rev)}}))
+    return inventory.load(inv_dir / "hosts.yml"), size, tmp
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=256, help="size of the body in MB")
@@ -69,25 +92,8 @@ def main() -> int:
         return 2
     nodes = [n.name for n in st.nodes if n.state == "running"]
     mirror = Path(st.directory) / "www" / "weights"
-    rev = f"mb{args.mb}"
-    models.populate_mirror(mirror, [models.MirrorSpec(REPO, rev, "qwen35-35b-a3b-bf16")])
-    if not (mirror / REPO / rev / "manifest.json").exists():
-        return 2
-    # populate_mirror has no size knob: re-write the body at the requested size.
-    target = mirror / REPO / rev
-    shutil.rmtree(target)
-    tmp = Path(tempfile.mkdtemp(prefix="stage-bench-"))
-    models.write_model(tmp / "m", "qwen35-35b-a3b-bf16", size_bytes=args.mb * 1_000_000)
-    manifest = models.manifest_for(tmp / "m", repo=REPO, revision=rev, revision_date="2026-07-01")
-    (tmp / "m" / "manifest.json").write_text(json.dumps(manifest))
-    shutil.copytree(tmp / "m", target)
-    size = sum(f["size"] for f in manifest["files"])
-
-    inv_dir = tmp / "inv"
-    shutil.copytree(Path(st.inventory).parent, inv_dir)
-    (inv_dir / "group_vars" / "all" / "recipes.yml").write_text(
-        yaml.safe_dump({"fleetctl_recipe": "bench", "fleetctl_recipes": {"bench": _recipe(rev)}}))
-    inv = inventory.load(inv_dir / "hosts.yml")
+    target = mirror / REPO / f"mb{args.mb}"
+    inv, size, tmp = bench_set(st, args.mb)
     clean = "rm -rf /opt/fleetctl-bench"
     rows: list[dict[str, Any]] = []
     try:
@@ -100,7 +106,7 @@ def main() -> int:
         rows.append({"phase": "seed fetch (HTTP from mirror)", "host": fan.seed, "seconds": fan.fetch_seconds,
                      "mb_per_s": size / 1e6 / fan.fetch_seconds})
         for host, secs in sorted(rsyncs.items()):
-            rows.append({"phase": "rsync from seed (LAN)", "host": host, "seconds": secs, "mb_per_s": size / 1e6 / secs})
+            rows.append({"phase": "rsync from its source (LAN)", "host": host, "seconds": secs, "mb_per_s": size / 1e6 / secs})
         rows.append({"phase": f"fan-out wall ({len(nodes)} hosts, fleetctl stage)", "host": "-", "seconds": fan_wall,
                      "mb_per_s": size * len(nodes) / 1e6 / fan_wall})
 

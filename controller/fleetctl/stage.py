@@ -7,10 +7,13 @@ staging directories over SSH while the playbook runs: Ansible reports a task
 only when it ends) and folds the role's reports into a :class:`StageResult`.
 
 How the bytes move: one seed host (the first that needs the weights) fetches
-each set once from the mirror or the hub; the other hosts pull it from the seed
-with rsync over the LAN, authenticated by a key made for this run only and
-accepted by the seed only from their addresses. The controller carries no
-weights, so a laptop on Wi-Fi can stage 22 GB to a rack of Sparks.
+each set once from the mirror or the hub; the other hosts copy it in a tree
+(roles/weights/filter_plugins/weights_tree.py): every host that verified the set
+serves the next ones, a bounded number each round, so N hosts take O(log N)
+rounds. Copies are rsync over the LAN, or over the fabric between members of a
+unit, authenticated by a key made for this run only and accepted by each source
+only from the run's hosts' addresses. The controller carries no weights, so a
+laptop on Wi-Fi can stage 22 GB to a rack of Sparks.
 """
 
 from __future__ import annotations
@@ -84,6 +87,12 @@ class HostStage:
     seed: bool = False
     free_bytes: int | None = None
     message: str = ""
+    #: The host this one copied from (the seed, or any host that verified the set in an earlier round).
+    copied_from: str | None = None
+    #: ``lan`` (management network) or ``fabric`` (the QSFP link between members of a unit).
+    via: str | None = None
+    #: The round of the tree in which this host copied (1 = from the seed).
+    round: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -120,6 +129,19 @@ class StageResult:
     def failed_hosts(self) -> list[str]:
         """The hosts whose weights are not (all) in place."""
         return [h.name for h in self.hosts.values() if not h.ok]
+
+    @property
+    def rounds(self) -> int:
+        """Rounds of the tree fan-out this run took (0 when nothing was copied between hosts)."""
+        return max((h.round or 0 for h in self.hosts.values()), default=0)
+
+    def uploads(self) -> dict[str, int]:
+        """How many hosts copied from each source host (the seed's count grows as log N, not N)."""
+        out: dict[str, int] = {}
+        for h in self.hosts.values():
+            if h.copied_from:
+                out[h.copied_from] = out.get(h.copied_from, 0) + 1
+        return out
 
     @property
     def copied_bytes(self) -> int:
@@ -368,12 +390,15 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
         status = hr.status
         if status == "ok" and any(s.state not in ("staged", "current") for s in sets):
             status = "failed"
-        message = hr.message
+        message = str(rep.get("receive_failed") or hr.message)
         if status == "failed" and not message:
             message = "the playbook stopped before this host's weights were in place (see the run's artifacts)"
         out[h.name] = HostStage(
             h.name, status, any(s.state == "staged" for s in sets), tuple(sets), bytes_copied=copied,
             seconds=round(seconds, 3), seed=is_seed, free_bytes=pre.get("free_bytes"), message=message,
+            copied_from=str(received[0]["from"]) if received and received[0].get("from") else None,
+            via=str(received[0].get("via") or "lan") if received else None,
+            round=int(received[0]["round"]) if received and received[0].get("round") else None,
         )
     return StageResult(run_id=result.run_id, recipe=recipe.name, source=source, hosts=out, elapsed=result.elapsed,
                        artifacts_dir=result.artifacts_dir, seed=seed, fetched_bytes=fetched, fetch_seconds=fetch_secs)

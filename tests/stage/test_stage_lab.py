@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -29,6 +30,7 @@ from fleetctl.progress import Event
 from fleetctl.recipes import STAGED_MARKER as MARKER
 from fleetctl.recipes import load_recipes
 from fleetctl.stage import KEY_DIR, StageResult, stage
+from tests.role_modules import load_role_file
 
 pytestmark = pytest.mark.lab
 
@@ -131,6 +133,49 @@ def test_default_recipe_staged_on_every_node_from_the_mirror(staged: StageResult
             for f in manifest["files"]:
                 assert on_host[f"./{f['path']}"] == f["sha256"], f"{name}: {w.path}/{f['path']}"
             assert marker(inv, name, w.path)["revision"] == w.revision
+
+
+def _node_logins(name: str, nodes: dict[str, str]) -> list[str]:
+    """The lab nodes' logins sshd accepted on ``name``, from its own log (not fleetctl's bookkeeping)."""
+    r = fleetlab.node_exec(name, ["cat", "/var/log/sshd.log"])
+    assert r.returncode == 0, r.stderr
+    by_address = {a: n for n, a in nodes.items()}
+    out = []
+    for line in r.stdout.splitlines():
+        words = line.split()
+        if line.startswith("Accepted publickey") and len(words) > 5 and words[5] in by_address:
+            out.append(by_address[words[5]])  # the controller comes through the bastion: not a node
+    return out
+
+
+def test_tree_stage_uploads_log_n_times_from_the_seed_and_each_copy_is_verified(test_inventory: Inventory,
+                                                                                 lab: fleetlab.LabStatus) -> None:
+    """Every host that verified the weights serves the next ones: the seed's uploads, counted in each
+    host's sshd log, are ceil(log2 N) at fanout 1 (N - 1 with one seed serving all)."""
+    nodes = {n.name: n.address for n in fleetlab.status().nodes if n.state == "running"}
+    assert len(nodes) >= 4
+    for n in nodes:
+        fleetlab.node_exec(n, ["rm", "-rf", "/opt/fleetctl-test"])
+    before = {n: len(_node_logins(n, nodes)) for n in nodes}
+    r = stage(test_inventory, "t-good", limit=",".join(nodes), extravars={"weights_tree_fanout": 1})
+    assert r.ok, [(h.name, h.message) for h in r.hosts.values() if not h.ok]
+    sets = 2  # body and drafter: one rsync (one SSH login) each
+    uploads = {n: (len(_node_logins(n, nodes)) - before[n]) / sets for n in nodes}
+    tree = load_role_file("weights", "filter_plugins/weights_tree.py")
+    assert r.seed is not None
+    assert uploads[r.seed] == tree.rounds_for(len(nodes), 1) == math.ceil(math.log2(len(nodes))), uploads
+    assert uploads[r.seed] < len(nodes) - 1
+    assert sum(uploads.values()) == len(nodes) - 1, uploads  # each receiver copied once
+    assert len([n for n, u in uploads.items() if u and n != r.seed]) >= 1, "no receiver served another"
+    assert {n: u for n, u in uploads.items() if u} == r.uploads(), "the hosts' logs and the result disagree"
+    mirror = Path(lab.directory) / "www" / "weights"
+    for n in nodes:
+        for path, repo in ((BODY_PATH, "fleetctl-test/body"), (DRAFTER_PATH, "fleetctl-test/drafter")):
+            manifest = json.loads((mirror / repo / "good" / "manifest.json").read_text())
+            on_host = checksums(test_inventory, n, path)
+            assert {f"./{f['path']}": f["sha256"] for f in manifest["files"]}.items() <= on_host.items(), (n, path)
+            assert marker(test_inventory, n, path)["revision"] == "good"
+        assert leftovers(test_inventory, n) == []
 
 
 def test_rerun_copies_nothing(staged: StageResult, lab: fleetlab.LabStatus) -> None:
@@ -239,7 +284,7 @@ def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(te
 
     def killer(ev: Event) -> None:
         # Killed as the receiver starts copying: the seed accepts the run's key now.
-        if key or ev.phase != "task" or not ev.message.startswith("Copy each weight set from the seed"):
+        if key or ev.phase != "task" or not ev.message.startswith("Copy each weight set from"):
             return
         key.extend(p.read_text() for p in state.glob(f"runs/{run_id}/{KEY_DIR}/*/id_ed25519"))
         for pid in _ansible_pids(run_id):
@@ -274,3 +319,4 @@ def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(te
     assert stage(test_inventory, "t-good", limit=hosts).ok
     left = ssh.run(seed, "grep -c fleetctl-stage- ~/.ssh/authorized_keys || true", timeout=10).stdout.strip()
     assert left == "0"
+

@@ -38,6 +38,8 @@ def _render_stage(r: StageResult) -> Any:
             sets = ", ".join(f"{s.role} [{_STATE_COLOUR.get(s.state, 'white')}]{s.state}[/]" for s in h.sets) or "-"
             who = f"{h.name} (seed)" if h.seed else h.name
             copied = human_bytes(h.bytes_copied) if h.bytes_copied else "-"
+            if h.copied_from:
+                copied += f" from {h.copied_from}" + (" (fabric)" if h.via == "fabric" else "")
             if h.mb_per_s:
                 copied += f" ({h.mb_per_s} MB/s)"
             rows.append([who, f"[{colour}]{h.status}[/]", sets, copied, Text(h.message or "")])
@@ -54,7 +56,11 @@ def _render_stage(r: StageResult) -> Any:
                         out.print("    files: " + ", ".join(f"{f.path} ({f.size} B)" for f in bad), highlight=False)
         if r.seed and r.fetch_seconds > 0:
             out.print(f"fetched {human_bytes(r.fetched_bytes)} once on {r.seed} in {r.fetch_seconds:.1f}s "
-                      f"({r.fetched_bytes / 1e6 / r.fetch_seconds:.1f} MB/s); the other hosts copied from it")
+                      f"({r.fetched_bytes / 1e6 / r.fetch_seconds:.1f} MB/s)")
+        if r.rounds:
+            ups = r.uploads()
+            out.print(f"copied in a tree: {r.rounds} round(s), the seed served {ups.get(r.seed or '', 0)} host(s), "
+                      f"{len(ups)} host(s) served others")
         out.print(f"artifacts {r.artifacts_dir}")
     return render
 

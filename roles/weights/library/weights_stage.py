@@ -396,7 +396,7 @@ def swap(s, run):
 
 
 def receive(sets, run, seed, key, known_hosts, timeout):
-    """Pull each set's staging directory from the seed host with rsync, with this run's key.
+    """Pull each set's staging directory from a source host (the seed or any host that verified it) with rsync.
 
     The key lives in a private directory on /run for the duration of this call only
     (removed in ``finally``, also when rsync fails); the seed's host key is checked
@@ -418,6 +418,11 @@ def receive(sets, run, seed, key, known_hosts, timeout):
                 fh.write(text.rstrip("\n") + "\n")
         ssh_cmd = (f"ssh -i {keydir}/id_ed25519 -p {int(seed['port'])} -o UserKnownHostsFile={keydir}/known_hosts "
                    "-o StrictHostKeyChecking=yes -o BatchMode=yes -o IdentitiesOnly=yes")
+        if seed.get("host_key_alias"):
+            # Over the fabric: the source's host key is the one verified for its management address.
+            ssh_cmd += f" -o HostKeyAlias={seed['host_key_alias']}"
+        who = f"{seed['host']} ({seed['address']}{', fabric' if seed.get('via') == 'fabric' else ''})" \
+            if seed.get("host") else f"the seed {seed['address']}"
         for s in sets:
             dest = staging_dir(s["path"], run)
             os.makedirs(dest, exist_ok=True)
@@ -431,13 +436,14 @@ def receive(sets, run, seed, key, known_hosts, timeout):
             try:
                 p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
             except subprocess.TimeoutExpired:
-                raise StageError(f"rsync of {s['role']} from {seed['address']} took over {timeout}s") from None
+                raise StageError(f"rsync of {s['role']} from {who} took over {timeout}s") from None
             if p.returncode != 0:
                 tail = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
-                raise StageError(f"rsync of {s['role']} from the seed {seed['address']} failed: {tail}")
+                raise StageError(f"rsync of {s['role']} from {who} failed: {tail}")
             secs = time.monotonic() - t0
             nbytes = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(dest) for f in fs)
-            got.append({"role": s["role"], "bytes": nbytes, "seconds": round(secs, 3),
+            got.append({"role": s["role"], "bytes": nbytes, "seconds": round(secs, 3), "from": seed.get("host"),
+                        "via": seed.get("via", "lan"), "round": seed.get("round"),
                         "mb_per_s": round(nbytes / 1e6 / secs, 2) if secs > 0 else None})
     finally:
         shutil.rmtree(keydir, ignore_errors=True)

@@ -1,0 +1,1 @@
+../../roles/weights/filter_plugins/weights_tree.py
