@@ -48,6 +48,7 @@ SOURCES = ("hub", "mirror")
 _RECIPE_KEYS = {
     "description", "image", "served_model_names", "port", "weights", "vllm_args", "env",
     "secret_env", "docker_args", "soak", "min_free_gb", "source", "trust_remote_code", "topology",
+    "compile_cache",
 }
 _REQUIRED_RECIPE_KEYS = ("image", "served_model_names", "weights", "vllm_args")
 _WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb", "manifest_sha256"}
@@ -147,6 +148,22 @@ class WeightSet:
 
 
 @dataclass(frozen=True)
+class CacheDir:
+    """One compile-cache directory the server writes while it loads (torch.compile, Triton, FlashInfer).
+
+    Bind-mounted read-write from the host's keyed cache (fleetctl.warmcache) at ``mount``, so that a
+    host started after the canary reuses the kernels the canary compiled (docs/warm-start.md)."""
+
+    #: Short name, the directory's name under the host's keyed cache (``vllm``, ``triton``...).
+    name: str
+    #: Where the server looks for it inside the container (``/root/.cache/vllm``...).
+    mount: str
+
+
+_CACHE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
+
+
+@dataclass(frozen=True)
 class Recipe:
     """A model profile: what to run, with which weights and flags, and how to soak it."""
 
@@ -176,6 +193,8 @@ class Recipe:
     trust_remote_code: bool = False
     #: How many Sparks the recipe spans and how it is launched across them.
     topology: Topology = field(default_factory=Topology)
+    #: The server's compile caches, shared from the canary to the waves (empty: every host compiles).
+    compile_cache: tuple[CacheDir, ...] = ()
 
     def parallel_args(self) -> list[str]:
         """The tensor/pipeline parallel flags of a multi-node recipe, unless vllm_args gives them."""
@@ -526,6 +545,7 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
         trust = False
     weights = _build_weights(body.get("weights"), "weights" in body, bad)
     topology = _build_topology(body.get("topology"), args, env, bad)
+    caches = _build_caches(body.get("compile_cache"), [w.mount for w in weights], bad)
 
     if len(problems) > n0 and not weights:
         return None
@@ -538,8 +558,38 @@ def _build(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe | None
         name=name, image=str(image), served_model_names=tuple(names), port=int(port), weights=tuple(weights),
         vllm_args=tuple(args), env=env, secret_env=tuple(secret_env), docker_args=tuple(docker_args),
         soak=dict(soak), min_free_gb=float(min_free), source=source, description=str(desc),
-        trust_remote_code=trust, topology=topology,
+        trust_remote_code=trust, topology=topology, compile_cache=caches,
     )
+
+
+def _build_caches(raw: object, weight_mounts: Sequence[str], bad: Callable[[str, str, str], None]) -> tuple[CacheDir, ...]:
+    """``compile_cache: [{name: vllm, mount: /root/.cache/vllm}, ...]``: unique names and container paths."""
+    if raw is None:
+        return ()
+    fix = "e.g. compile_cache: [{name: vllm, mount: /root/.cache/vllm}, {name: triton, mount: /root/.triton}]"
+    if not isinstance(raw, list):
+        bad("compile_cache", "must be a list of {name, mount}", fix)
+        return ()
+    out: list[CacheDir] = []
+    for i, c in enumerate(raw):
+        where = f"compile_cache[{i}]"
+        if not isinstance(c, Mapping) or set(c) != {"name", "mount"}:
+            bad(where, "must be a mapping with exactly name and mount", fix)
+            continue
+        name, mount = str(c["name"]), str(c["mount"]).rstrip("/")
+        if not _CACHE_NAME.match(name):
+            bad(f"{where}.name", f"{name!r} is not a short lower-case name", "use letters, digits, _ and -, e.g. triton")
+        elif not mount.startswith("/") or ".." in mount.split("/") or not _SAFE_PATH.match(mount):
+            bad(f"{where}.mount", f"{mount!r} is not an absolute container path of plain characters",
+                "use e.g. /root/.cache/vllm")
+        elif mount in weight_mounts:
+            bad(f"{where}.mount", f"{mount!r} is a weight set's mount", "give the cache its own directory")
+        else:
+            out.append(CacheDir(name, mount))
+    if len({c.name for c in out}) != len(out) or len({c.mount for c in out}) != len(out):
+        bad("compile_cache", "two cache directories share a name or a mount", "give each its own name and mount")
+        return ()
+    return tuple(out)
 
 
 def _int_flag(args: Sequence[str], names: Sequence[str]) -> int | None:

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetctl import paths, registry
+from fleetctl import paths, registry, warmcache
 from fleetctl.inventory import Host
 from fleetctl.recipes import parse_recipes
 from fleetctl.rollout import host as remote
@@ -43,6 +43,13 @@ def test_the_docker_run_argv_is_the_controllers(name: str) -> None:
         want = [*want[:i], "--label", label, *want[i:]]
     assert vc.pull_ref(RAW[name]["image"], DIGEST, mirrors) == ref
     assert vc.render(name, RAW[name], ref, "v0.24.0", DIGEST, "r-1", "vllm") == want
+    # With a compile-cache key: the same cache mounts and key variable (none for a recipe without caches).
+    key = "0f" * 16
+    keyed = remote.run_argv(host, recipe, ref, tag="v0.24.0", digest=DIGEST, rollout_id="r-1", name="vllm",
+                            cache_key=key)
+    assert vc.render(name, RAW[name], ref, "v0.24.0", DIGEST, "r-1", "vllm", None, key) == keyed
+    assert (keyed != want) == bool(recipe.compile_cache)
+    assert vc.COMPILE_CACHE_ROOT == warmcache.ROOT and vc.COMPILE_CACHE_KEY_ENV == warmcache.KEY_ENV
 
 
 @pytest.mark.parametrize(("image", "mirrors"), [
@@ -129,3 +136,15 @@ def test_a_container_in_its_restart_back_off_is_not_running() -> None:
     have = vc.observed(c, {}, [])
     assert have is not None and have["running"] is False
     assert vc.retire_plan(have["running"], "r-1", DIGEST, True, "r-2", DIGEST) == "remove"
+
+
+def test_a_container_on_another_compile_cache_key_is_a_change() -> None:
+    raw = RAW["qwen36-35b-heretic"]
+    ref = vc.pull_ref(raw["image"], DIGEST)
+    k1, k2 = "1" * 32, "2" * 32
+    argv = vc.render("qwen36-35b-heretic", raw, ref, "v0.24.0", DIGEST, "r-1", "vllm", None, k1)
+    want = vc.wanted("qwen36-35b-heretic", raw, ref, "v0.24.0", DIGEST, {}, [], k1)
+    assert vc.differences(want, vc.observed(_inspect_of(argv), want["env"], [])) == []
+    other = vc.wanted("qwen36-35b-heretic", raw, ref, "v0.24.0", DIGEST, {}, [], k2)
+    assert sorted(vc.differences(other, vc.observed(_inspect_of(argv), other["env"], []))) == [
+        "binds", f"env {warmcache.KEY_ENV}"]

@@ -279,7 +279,7 @@ class SimOps:
             return before
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str]) -> None:
+              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h

@@ -1,22 +1,32 @@
 """A rollout with the default plan keeps the capacity floor on the lab: never more nodes out of service than
-``fleetctl_min_available`` allows, as seen over SSH on every node while the rollout runs.
+``fleetctl_min_available`` allows, as seen over SSH on every node while the rollout runs; and its later
+steps start warm from the canary's compile cache, while a stale cache is ignored.
 
 The floor comes from the inventory (no --max-unavailable, no --min-available): 50 % of the lab's 4 nodes, so
 the canary goes alone, then two nodes at a time. A watcher asks every node, over and over during the
 rollout, whether its serving container runs and answers /health; the most nodes it ever saw out at once
 must be within the floor.
+
+Warm start (docs/warm-start.md), in the same rollout: before it, every node's cache directory for the
+target's key holds a *stale* compile (made for another key). The canary must ignore it (a cold compile,
+its gate passes); the nodes after it must get the canary's cache (the ledger says warm, the manifest read
+from the node names the key) and the emulator on them must log a compile-cache hit for that key.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from fleetctl import inventory, ssh
-from fleetctl.recipes import recipe_for
+from fleetctl import inventory, registry, ssh, warmcache
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe, recipe_for
+from fleetctl.rollout import host as remote
 from fleetctl.rollout.plan import MIN_AVAILABLE_VAR
 from fleetctl.rollout.results import RolloutResult
 from fleetctl.serving import container_name
@@ -82,8 +92,33 @@ class Watcher:
         self._t.join(timeout=60)
 
 
+def _in_cache(h: Host, recipe: Recipe, ref: str, script: str) -> str:
+    """Run python ``script`` in a throw-away container of ``ref`` with the node's recipe cache root at /c."""
+    r = ssh.docker(h, shlex.join(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", "-v",
+                                  f"{warmcache.ROOT}/{recipe.name}:/c", ref, "-c", script]), timeout=120)
+    r.check("cache script")
+    return r.stdout
+
+
+def _plant_stale(hosts: list[Host], recipe: Recipe, ref: str, key: str) -> None:
+    """Every node's cache directory for ``key`` holds the emulator's artefacts of another key."""
+    d = f"/c/{key}/vllm/torch_compile_cache/fleetctl-emulator"
+    script = (f"import os, shutil; shutil.rmtree('/c/{key}', ignore_errors=True); os.makedirs('{d}'); "
+              f"open('{d}/kernels.bin', 'wb').write(b'old'); "
+              f"open('{d}/compiled.json', 'w').write('{{\"key\": \"stale\", \"sha256\": \"x\"}}')")
+    outs = ssh.fan_out(hosts, lambda h: _in_cache(h, recipe, ref, script), timeout=180)
+    assert all(o.error is None for o in outs.values()), outs
+
+
 def test_the_default_plan_keeps_the_floor(floor_in_inventory: Path) -> None:
     serve(OLD)
+    inv = inventory.load(None)
+    recipe = recipe_for(inv, None)
+    mirrors = {str(k): str(v) for k, v in (inv.vars.get("fleetctl_registry_mirrors") or {}).items()}
+    digest = registry.resolve(recipe.image, NEW, mirrors).digest
+    ref = registry.pull_ref(recipe.image, digest, mirrors)
+    key = warmcache.cache_key(digest, remote.fingerprint(recipe), remote.GB10)
+    _plant_stale(list(inv.hosts.values()), recipe, ref, key)
     with Watcher() as w:
         before = w.rounds
         while w.rounds == before:  # every node answers before the rollout starts (the baseline of the count)
@@ -101,5 +136,20 @@ def test_the_default_plan_keeps_the_floor(floor_in_inventory: Path) -> None:
     assert [sum(1 for h in rec.hosts if (h.wave, h.step) == s) for s in steps] == [1, 2, 1]
     # What the nodes said over SSH while it ran: never more than 2 out at once.
     assert w.rounds > 1 and w.most_out <= 2, (w.most_out, w.seen_out)
+    # Warm start: the canary compiled cold over the stale cache, every later node started warm on its key.
+    canary = rec.waves[0].hosts[0]
+    warm = {p.host: json.loads(p.detail or "{}") for p in rec.phases
+            if p.host and p.phase in ("warm-start", "cold-start")}
+    later = sorted(h.host for h in rec.hosts if h.host != canary)
+    assert sorted(warm) == later and all(v["warm"] and v["key"] == key and v["source"] == canary
+                                         for v in warm.values()), warm
+    check = (f"import json; print(json.load(open('/c/{key}/{warmcache.MANIFEST}'))['key'])")
+    for h in inv.hosts.values():
+        log = ssh.docker(h, f"docker logs {container_name(h)} 2>&1 | grep 'compile cache' | tail -1", timeout=30)
+        if h.name == canary:
+            assert f"compile cache miss (key {key}): the cache was compiled for key stale" in log.stdout, log.stdout
+        else:
+            assert f"compile cache hit (key {key})" in log.stdout, (h.name, log.stdout)
+            assert _in_cache(h, recipe, ref, check).strip() == key
     ssh.close_all()
     serve(OLD)

@@ -84,6 +84,8 @@ class DeployRequest:
     rollout_id: str
     #: Seconds ``docker stop`` gives the old server to drain.
     grace: int = 30
+    #: The host's compile-cache key (fleetctl.warmcache): its caches mounted, when the recipe has any.
+    cache_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -265,10 +267,11 @@ class BatchedHostOps:
         return self.inner.swap(name)
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str]) -> None:
+              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
         if self.outcome is None:
             # Not retired through the batch (a path that starts without retiring): the controller's own start.
-            self.inner.start(recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets)
+            self.inner.start(recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets,
+                             cache_key=cache_key)
             return
         if self.outcome.error is not None:
             raise self.outcome.error
@@ -336,6 +339,8 @@ class AnsibleDeployer:
             # Readiness and the gates are the engine's; the engine's preflight checked every host already.
             "vllm_serve_wait_ready": False, "vllm_serve_preflight": False,
             "vllm_serve_secrets": dict(secrets),
+            # Each host's compile-cache key (one per host: the key names its GPU).
+            "vllm_serve_compile_cache_keys": {r.host.name: r.cache_key for r in requests if r.cache_key},
         }
         run_id = new_run_id("deploy")
         try:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import time
 from collections.abc import Mapping
 
+from fleetctl import warmcache
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import plan as wave_plan
@@ -129,6 +131,8 @@ class Forward(BakeSteps):
                         self.ledger.set_wave(rid, w, fleet_ledger.DONE)
                     continue
                 self.ledger.set_wave(rid, w, fleet_ledger.RUNNING)
+                if w > 0:
+                    self._warm(rid, recipe, p, hosts, [h for h in pending if self.inv.unit_of(h) is None])
                 hook.send("wave", wave=w + 1, of=len(p.waves), hosts=list(members))
                 # The fleet-wide line under the live table: which wave runs (a fleet of hundreds scrolls).
                 self._emit("wave", f"{w + 1} of {len(p.waves)}: {len(pending)} host(s), "
@@ -190,6 +194,31 @@ class Forward(BakeSteps):
         self._emit(status, error or f"{p.tag} on {len(todo)} host(s)")
         return self._result(rid, p=p, seconds=time.monotonic() - t0, prefetch=prefetch_s, waves=tuple(wave_secs),
                             pulls=pulls)
+
+    def _warm(self, rid: str, recipe: Recipe, p: wave_plan.Plan, hosts: Mapping[str, Host],
+              pending: list[str]) -> None:
+        """Copy the passed canary's compile caches to the wave's hosts before they restart (a warm start).
+
+        Each host's outcome (warm: the canary's cache verified in its key directory; cold: why not) is
+        recorded as a phase of the host in the ledger and shown; nothing here fails a host."""
+        if not recipe.compile_cache or not pending or not p.waves:
+            return
+        rec = self.ledger.get(rid)
+        canary = next((h for h in p.waves[0] if (r := rec.host(h)) is not None and r.status == fleet_ledger.DONE
+                       and self.inv.unit_of(h) is None), None)
+        if canary is None:
+            return
+        src_key = self.cache_key(hosts[canary], recipe, p.digest)
+        keys = {hosts[h]: k for h in pending if (k := self.cache_key(hosts[h], recipe, p.digest)) is not None}
+        if src_key is None or not keys:
+            return
+        self._emit("warm", f"copying {canary}'s compile cache to {len(keys)} host(s)")
+        seeded = warmcache.share(recipe, p.pull_ref, hosts[canary], src_key, keys)
+        for s in seeded.values():
+            self.ledger.host_phase(rid, s.host, "warm-start" if s.warm else "cold-start",
+                                   detail=json.dumps({**s.to_dict(), "source": canary}))
+            self._emit("warm" if s.warm else "cold", s.detail, s.host)
+        self.ledger.note(rid, "warm-start", warmcache.summary(list(seeded.values())))
 
     def _host_finished(self, rid: str, r: fleet_ledger.HostRecord, p: wave_plan.Plan, h: Host, fp: str) -> bool:
         """True when the host needs no step: skipped, already judged (rolled back or reported down:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleetctl import secretenv, serving, ssh
+from fleetctl import secretenv, serving, ssh, warmcache
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import STAGED_MARKER, MemberLaunch, Recipe
@@ -27,6 +27,8 @@ LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERP
     "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
     "fleetctl.fingerprint")
 _PULL_TIMEOUT = 1800.0
+#: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
+GB10 = "NVIDIA GB10"
 #: The serving container's restart policy, as the published recipes' own ``docker run``: a Spark that reboots
 #: (or whose dockerd restarts) serves its version again, while a container fleetctl stopped or
 #: killed (``.prev``, a version judged bad) stays down. A recipe's ``docker_args`` may override it.
@@ -263,9 +265,10 @@ def logs(host: Host, name: str, tail: int = 300) -> str:
 
 
 def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-             name: str, launch: MemberLaunch | None = None) -> list[str]:
+             name: str, launch: MemberLaunch | None = None, cache_key: str | None = None) -> list[str]:
     """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never valued); with
-    ``launch``, as that member of a unit (its entrypoint, argv and fabric environment: ``Recipe.launch``)."""
+    ``launch``, as that member of a unit (its entrypoint, argv and fabric environment: ``Recipe.launch``);
+    with ``cache_key``, the recipe's compile caches for that key mounted read-write (fleetctl.warmcache)."""
     argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
             "--restart", RESTART_POLICY, "--label", f"{LABEL_RECIPE}={recipe.name}", "--label", f"{LABEL_TAG}={tag}",
             "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout_id}",
@@ -273,7 +276,9 @@ def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rol
             *recipe.docker_args]
     for src, dst in recipe.mounts():
         argv += ["-v", f"{src}:{dst}:ro"]
-    for k, v in (launch.env if launch is not None else recipe.env).items():
+    for src, dst in warmcache.binds(recipe, cache_key):
+        argv += ["-v", f"{src}:{dst}"]
+    for k, v in {**(launch.env if launch is not None else recipe.env), **warmcache.env(recipe, cache_key)}.items():
         argv += ["-e", f"{k}={v}"]
     for k in secretenv.container_secrets(recipe.secret_env):
         argv += ["-e", k]  # docker reads the value from its own environment: set from stdin below
@@ -284,11 +289,12 @@ def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rol
 
 
 def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-          secrets: Mapping[str, str], launch: MemberLaunch | None = None) -> None:
+          secrets: Mapping[str, str], launch: MemberLaunch | None = None, cache_key: str | None = None) -> None:
     """Start the recipe's container from ``ref`` (as ``launch``, a unit's member); secret values travel on
     stdin, never in argv."""
     name = container_name(host)
-    argv = run_argv(host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, name=name, launch=launch)
+    argv = run_argv(host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, name=name, launch=launch,
+                    cache_key=cache_key)
     present = [k for k in secretenv.container_secrets(recipe.secret_env) if k in secrets]
     script = "".join(f"{k}={shlex.quote(secrets[k])}\nexport {k}\n" for k in present)
     # `eval "$(cat)"` reads the assignments from stdin, so values never show in `ps` or logs.
@@ -366,8 +372,9 @@ class HostOps(Protocol):
         ...
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str]) -> None:
-        """Start the recipe's container from ``ref`` under the serving name."""
+              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
+        """Start the recipe's container from ``ref`` under the serving name (its compile caches for
+        ``cache_key`` mounted, when given)."""
         ...
 
     def restore(self, name: str) -> Serving | None:
@@ -405,8 +412,9 @@ class SshHostOps:
         return swap(self.host, name)
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str]) -> None:
-        start(self.host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets)
+              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
+        start(self.host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets,
+              cache_key=cache_key)
 
     def restore(self, name: str) -> Serving | None:
         return restore(self.host, name)

@@ -21,8 +21,7 @@ from fleetctl.rollout.session import (
 from fleetctl.rollout.unit import fabric_problems, refuse_multinode_recipe
 from fleetctl.state import ledger as fleet_ledger
 
-#: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
-GB10 = "NVIDIA GB10"
+GB10 = remote.GB10
 #: Free disk (GB) a host needs for an image it does not have yet (images are 9-22 GB).
 DEFAULT_IMAGE_FREE_GB = 25.0
 
@@ -110,6 +109,7 @@ class Planning(Session):
         img = self.resolve(recipe, opts.tag or "")
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
         facts = self._preflight(hosts, recipe, ref)
+        self.gpus.update({n: f.gpu for n, f in facts.items()})
         names = [h.name for h in hosts]
         current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
                    for n, f in facts.items()}

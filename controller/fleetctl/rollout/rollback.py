@@ -259,7 +259,8 @@ class Rollback(Forward, UnitRollback):
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).
                 ops.retire(name, rid, digest, grace=0)
                 self._phase(rid, h, "starting", None, show)
-                ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid, secrets=self._container_secrets(recipe))
+                ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid,
+                          secrets=self._container_secrets(recipe), cache_key=self.cache_key(h, recipe, digest))
             cfg = gate.config(recipe, None, h)
             ready = self.gates.wait(h, recipe, tag or "", cfg, None, self._forward(h, show, "loading"))
             t["ready"] = time.monotonic() - t0

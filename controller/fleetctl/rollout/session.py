@@ -30,7 +30,7 @@ from concurrent.futures import wait as wait_futures
 from pathlib import Path
 from typing import Any
 
-from fleetctl import frontdoor, paths, registry, secretenv
+from fleetctl import frontdoor, paths, registry, secretenv, warmcache
 from fleetctl.durations import parse_duration
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
@@ -157,6 +157,17 @@ class Session:
                                               f"fleetctl_readmit_timeout in {inventory.path}")
         #: (image, requested tag) -> what the registry answered, asked once per command.
         self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
+        #: Each host's GPU model as its preflight saw it (a part of its compile-cache key).
+        self.gpus: dict[str, str] = {}
+
+    def cache_key(self, h: Host, recipe: Recipe, digest: str) -> str | None:
+        """``h``'s compile-cache key for ``recipe`` at ``digest`` (None when the recipe declares no cache).
+
+        The GPU is the preflight's; a resumed run that did not look yet takes the one GPU a rollout
+        accepts (preflight refuses any other)."""
+        if not recipe.compile_cache:
+            return None
+        return warmcache.cache_key(digest, remote.fingerprint(recipe), self.gpus.get(h.name, remote.GB10))
 
     def close(self) -> None:
         """Close the ledger and SSH connections."""

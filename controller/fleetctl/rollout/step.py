@@ -151,8 +151,8 @@ class HostSteps(DoorSteps):
         if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
             if batch is not None:
                 # Retire and start in the step's one run; `start` below then only reports how it went.
-                ops = deploy.BatchedHostOps(ops, batch, deploy.DeployRequest(h, name, recipe, p.pull_ref, p.tag,
-                                                                             p.digest, rid))
+                ops = deploy.BatchedHostOps(ops, batch, deploy.DeployRequest(
+                    h, name, recipe, p.pull_ref, p.tag, p.digest, rid, cache_key=self.cache_key(h, recipe, p.digest)))
             self._phase(rid, h, "stopping", cur.tag if cur else None, show, status=fleet_ledger.IN_PROGRESS)
             t0 = time.monotonic()
             before = ops.retire(name, rid, p.digest)
@@ -183,7 +183,8 @@ class HostSteps(DoorSteps):
             self._check_cancel()
             self._phase(rid, h, "starting", None, show)
             t0 = time.monotonic()
-            ops.start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid, secrets=self._container_secrets(recipe))
+            ops.start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid, secrets=self._container_secrets(recipe),
+                      cache_key=self.cache_key(h, recipe, p.digest))
             t["start"] = time.monotonic() - t0
         self._check_cancel()
         cfg = gate.config(recipe, opts.soak, h)

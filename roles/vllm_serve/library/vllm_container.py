@@ -44,6 +44,7 @@ options:
   registry_mirrors: {type: dict, default: {}, description: fleetctl_registry_mirrors (registry -> mirror host).}
   rollout: {type: str, default: ansible, description: Label fleetctl.rollout; not compared.}
   extra_labels: {type: dict, default: {}, description: More labels (e.g. fleetctl.fingerprint); compared.}
+  compile_cache_key: {type: str, default: "", description: "The host's compile-cache key: the recipe's compile_cache dirs mounted from COMPILE_CACHE_ROOT/RECIPE/KEY/NAME (fleetctl.warmcache)."}
   secrets: {type: dict, default: {}, no_log: true, description: Values of the recipe's secret_env names.}
   stop_timeout: {type: int, default: 30, description: Seconds docker stop waits before killing.}
 author: fleetctl
@@ -69,6 +70,9 @@ _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 RESTART_POLICY = "unless-stopped"
 #: Labels that say which run started a container, not how it runs: a change alone restarts nothing.
 _UNCOMPARED_LABELS = (LABEL_ROLLOUT,)
+#: Where a host keeps its compile caches, and the variable naming the key (fleetctl.warmcache's ROOT, KEY_ENV).
+COMPILE_CACHE_ROOT = "/var/cache/fleetctl/compile"
+COMPILE_CACHE_KEY_ENV = "FLEETCTL_COMPILE_CACHE_KEY"
 
 
 # ---- rendering (pure: unit-tested against the controller's run_argv) --------------------------------
@@ -100,6 +104,20 @@ def _env_value(v: object) -> str:
 
 def _mounts(recipe: dict) -> list[list[str]]:
     return [[str(w["path"]).rstrip("/"), str(w["mount"]).rstrip("/")] for w in recipe.get("weights") or []]
+
+
+def _cache_binds(recipe_name: str, recipe: dict, key: str) -> list[list[str]]:
+    if not key:
+        return []
+    return [["{}/{}/{}/{}".format(COMPILE_CACHE_ROOT, recipe_name, key, c["name"]), str(c["mount"]).rstrip("/")]
+            for c in recipe.get("compile_cache") or []]
+
+
+def _env(recipe_name: str, recipe: dict, key: str) -> dict:
+    env = {str(k): _env_value(v) for k, v in (recipe.get("env") or {}).items()}
+    if key and recipe.get("compile_cache"):
+        env[COMPILE_CACHE_KEY_ENV] = key
+    return env
 
 
 def _serve(recipe: dict) -> list[str]:
@@ -142,7 +160,7 @@ def fingerprint(recipe: dict) -> str:
 
 
 def render(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, rollout: str,
-           name: str, extra_labels: dict | None = None) -> list[str]:
+           name: str, extra_labels: dict | None = None, cache_key: str = "") -> list[str]:
     """The ``docker run`` argv for the recipe, the same as fleetctl.rollout.host.run_argv."""
     argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
             "--restart", RESTART_POLICY, "--label", f"{LABEL_RECIPE}={recipe_name}", "--label", f"{LABEL_TAG}={tag}",
@@ -153,8 +171,10 @@ def render(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, roll
     argv += [str(a) for a in recipe.get("docker_args") or []]
     for src, dst in _mounts(recipe):
         argv += ["-v", f"{src}:{dst}:ro"]
-    for k, v in (recipe.get("env") or {}).items():
-        argv += ["-e", f"{k}={_env_value(v)}"]
+    for src, dst in _cache_binds(recipe_name, recipe, cache_key):
+        argv += ["-v", f"{src}:{dst}"]
+    for k, v in _env(recipe_name, recipe, cache_key).items():
+        argv += ["-e", f"{k}={v}"]
     for k in container_secret_names(recipe):
         argv += ["-e", k]
     return [*argv, "--entrypoint", "vllm", ref, *_serve(recipe)]
@@ -167,18 +187,19 @@ def container_secret_names(recipe: dict) -> list[str]:
 
 
 def wanted(recipe_name: str, recipe: dict, ref: str, tag: str, digest: str, extra_labels: dict | None,
-           secret_names: list[str]) -> dict:
+           secret_names: list[str], cache_key: str = "") -> dict:
     """The settings ``docker inspect`` must show for the container to count as already right."""
-    argv = render(recipe_name, recipe, ref, tag, digest, "", "x", extra_labels)
+    argv = render(recipe_name, recipe, ref, tag, digest, "", "x", extra_labels, cache_key)
     cmd = argv[argv.index(ref) + 1:]
     labels = {LABEL_RECIPE: recipe_name, LABEL_TAG: tag, LABEL_DIGEST: digest, LABEL_IMAGE: recipe["image"],
               LABEL_FINGERPRINT: fingerprint(recipe)}
     labels.update({str(k): str(v) for k, v in (extra_labels or {}).items()})
-    env = {str(k): _env_value(v) for k, v in (recipe.get("env") or {}).items()}
+    env = _env(recipe_name, recipe, cache_key)
     return {
         "image": ref, "entrypoint": ["vllm"], "cmd": cmd,
         "env": env, "secret_env_names": sorted(secret_names),
-        "binds": sorted(f"{src}:{dst}:ro" for src, dst in _mounts(recipe)),
+        "binds": sorted([f"{src}:{dst}:ro" for src, dst in _mounts(recipe)]
+                        + [f"{src}:{dst}" for src, dst in _cache_binds(recipe_name, recipe, cache_key)]),
         "network_mode": "host", "ipc_mode": "host", "gpus": True, "restart": restart_policy(recipe),
         "labels": labels, "running": True,
     }
@@ -310,6 +331,7 @@ def main() -> None:
             registry_mirrors=dict(type="dict", default={}),
             rollout=dict(type="str", default="ansible"),
             extra_labels=dict(type="dict", default={}),
+            compile_cache_key=dict(type="str", default=""),
             secrets=dict(type="dict", default={}, no_log=True),
             stop_timeout=dict(type="int", default=30),
         ),
@@ -354,8 +376,10 @@ def main() -> None:
     tag = p["tag"] or digest[:19]
     ref = pull_ref(recipe["image"], digest, p["registry_mirrors"])
     secret_names = container_secret_names(recipe)
-    argv = render(p["recipe_name"], recipe, ref, tag, digest, p["rollout"], name, p["extra_labels"])
-    want = wanted(p["recipe_name"], recipe, ref, tag, digest, p["extra_labels"], secret_names)
+    argv = render(p["recipe_name"], recipe, ref, tag, digest, p["rollout"], name, p["extra_labels"],
+                  p["compile_cache_key"])
+    want = wanted(p["recipe_name"], recipe, ref, tag, digest, p["extra_labels"], secret_names,
+                  p["compile_cache_key"])
     diff_names = differences(want, observed(cur, want["env"], secret_names))
     if not diff_names:
         module.exit_json(changed=False, actions=[], differences=[], ref=ref, argv=argv,

@@ -18,6 +18,8 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 
 ==============================  =====================================================
 ``EMU_LOAD_SECONDS``            seconds from start to ready (port closed until then); 1
+``EMU_COMPILE_SECONDS``         seconds of compiling after the load without a matching compile cache; 0
+``EMU_WARM_COMPILE_SECONDS``    the same with one (compile_cache.py: only with a cache dir mounted); 0
 ``EMU_CRASH_AT_CONCURRENCY``    K: when K requests run at once the engine dies (in-flight
                                 streams get an error event inside their 200 stream,
                                 /health 503, then the process exits 1); 0 = never

@@ -14,6 +14,10 @@ class Knobs:
     """Every behaviour knob of the emulator, with its default (a healthy v0.24.0 server)."""
 
     load_seconds: float = 1.0
+    #: Seconds of compiling after the weights, on a start without a matching compile cache (cold), and
+    #: with one (warm); modelled only when a compile cache directory is mounted (compile_cache.py).
+    compile_seconds: float = 0.0
+    warm_compile_seconds: float = 0.0
     crash_at_concurrency: int = 0
     crash_exit_seconds: float = 2.0
     accept_decay_per_min: float = 0.0

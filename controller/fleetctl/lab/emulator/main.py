@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import os
 import signal
 import sys
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import multinode, perf
+from . import compile_cache, multinode, perf
 from .args import ServeArgs, UsageError, parse
 from .engine_core import Engine, Request
 from .http_server import HttpServer
@@ -178,6 +179,17 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     )
     if await _interrupted(stop, knobs.load_seconds / 2):
         return 0
+    ckey = os.environ.get(compile_cache.KEY_ENV) or hashlib.sha256(" ".join(sys.argv).encode()).hexdigest()[:32]
+    comp = compile_cache.plan(compile_cache.cache_root(), ckey, knobs.compile_seconds, knobs.warm_compile_seconds)
+    if comp.directory is not None:
+        log(f"INFO [backends.py:{'163' if comp.warm else '215'}] compile cache "
+            f"{'hit' if comp.warm else 'miss'} (key {ckey}): {comp.reason}; compiling takes {comp.seconds:.1f} s")
+        if await _interrupted(stop, comp.seconds):
+            return 0
+        try:
+            compile_cache.write(comp)
+        except OSError as exc:
+            log(f"WARNING [backends.py:220] could not save the compile cache: {exc}")
     head: multinode.Head | None = None
     if cluster is not None:
         head = multinode.Head(cluster, log)

@@ -1,0 +1,272 @@
+"""Warm start: the canary's compile caches, copied to the next wave's hosts before they restart.
+
+On a Spark most of a vLLM server's load after the weights is compiling: torch.compile's graphs,
+Triton's and FlashInfer's kernels. They depend on the image, the server's settings and the GPU, so
+one host's cache serves every other host that runs the same three. A recipe declares the directories
+(``compile_cache``); each host keeps them under a directory named by the *cache key*
+(:func:`cache_key`: image digest + recipe fingerprint + GPU) and the container mounts exactly that
+directory, so that a cache is only ever used on an exact key match: a host whose key directory is
+empty or stale compiles as before (cold) and is never failed because of its cache.
+
+After the canary passes its gate, :func:`share` reads the canary's key directory once (a tar,
+every file's sha256 taken from the same bytes), and writes it to each wave host (bounded fan-out):
+unpacked into a temporary directory, every file checked against the canary's checksums, then
+swapped in by a rename. The file operations run in a throw-away container of the target image
+(``docker run --rm --network none``, already pulled on every host by the prefetch): the admin user
+needs no root for them, only the docker access the rollout needs anyway.
+
+The bytes travel through the controller, so the cache a recipe may share is bounded
+(:data:`MAX_BYTES`, at most one copy in the controller's memory): torch.compile and Triton caches
+of one model are tens to hundreds of MB. A larger cache is not copied (those hosts start cold).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from fleetctl import ssh
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host
+from fleetctl.recipes import Recipe
+
+#: Where each host keeps its compile caches: ``ROOT/<recipe>/<key>/<cache name>``.
+ROOT = "/var/cache/fleetctl/compile"
+#: The checksums of a shared cache, written in its key directory on each receiver.
+MANIFEST = ".fleetctl-cache.json"
+#: The container's environment variable naming its cache key (the lab's emulator checks it).
+KEY_ENV = "FLEETCTL_COMPILE_CACHE_KEY"
+#: The most a shared cache may weigh (bytes): it is relayed through the controller's memory.
+MAX_BYTES = 1024**3
+#: Receivers written to at once (decision 0003): each holds an SSH session streaming the cache.
+FAN_OUT = 4
+_TIMEOUT = 600.0
+
+
+def cache_key(digest: str, fingerprint: str, gpu: str) -> str:
+    """The key a compile cache is valid for: the image digest, the recipe's fingerprint and the GPU model.
+
+    Pure: the same three always give the same 32 hex digits; any one differing gives another key."""
+    doc = json.dumps({"digest": digest, "fingerprint": fingerprint, "gpu": gpu.strip()}, sort_keys=True,
+                     separators=(",", ":"))
+    return hashlib.sha256(doc.encode()).hexdigest()[:32]
+
+
+def key_dir(recipe: Recipe, key: str) -> str:
+    """The host directory holding ``recipe``'s caches for ``key``."""
+    return f"{ROOT}/{recipe.name}/{key}"
+
+
+def binds(recipe: Recipe, key: str | None) -> list[tuple[str, str]]:
+    """``(host path, container path)`` read-write mounts of the recipe's caches for ``key`` (none without)."""
+    if key is None:
+        return []
+    return [(f"{key_dir(recipe, key)}/{c.name}", c.mount) for c in recipe.compile_cache]
+
+
+def env(recipe: Recipe, key: str | None) -> dict[str, str]:
+    """The container environment naming its cache key (empty when the recipe declares no cache)."""
+    return {KEY_ENV: key} if key is not None and recipe.compile_cache else {}
+
+
+#: Runs in the target image's python3 with the recipe's cache root at /c (``$FLEETCTL_CACHE_DIR`` elsewhere,
+#: as the unit tests run it). argv: op key [max_bytes].
+#: ``export``: one JSON line (the manifest, or why nothing is shared), then the base64 of a tar.
+#: ``import``: reads that from stdin, unpacks beside the key directory, checks, swaps; one JSON line.
+#: ``verify``: whether the key directory holds exactly what its manifest says; one JSON line.
+_SCRIPT = r'''
+import base64, hashlib, io, json, os, shutil, sys, tarfile
+op, key = sys.argv[1], sys.argv[2]
+root = os.environ.get("FLEETCTL_CACHE_DIR", "/c"); d = os.path.join(root, key); MAN = ".fleetctl-cache.json"
+def files(top):
+    for dp, dns, fns in os.walk(top):
+        dns.sort()
+        for f in sorted(fns):
+            p = os.path.join(dp, f)
+            if os.path.isfile(p) and not os.path.islink(p) and not (dp == top and f == MAN):
+                yield os.path.relpath(p, top), p
+def check(top, man):
+    if man.get("key") != key:
+        return "the cache was made for key %s, not %s" % (man.get("key"), key)
+    seen = {}
+    for rel, p in files(top):
+        h = hashlib.sha256()
+        with open(p, "rb") as fh:
+            for b in iter(lambda: fh.read(1 << 20), b""):
+                h.update(b)
+        seen[rel] = [os.path.getsize(p), h.hexdigest()]
+    want = {k: list(v) for k, v in man["files"].items()}
+    if seen != want:
+        bad = sorted(set(seen) ^ set(want)) or sorted(k for k in want if seen.get(k) != want[k])
+        return "%d file(s) differ from the checksums, e.g. %s" % (len(bad), bad[0])
+    return None
+if op == "export":
+    if not os.path.isdir(d):
+        print(json.dumps({"files": {}, "why": "no cache directory"})); sys.exit(0)
+    total = sum(os.path.getsize(p) for _, p in files(d))
+    if total > int(sys.argv[3]):
+        print(json.dumps({"files": {}, "why": "%d bytes, over the %s bytes a cache may share" % (total, sys.argv[3])}))
+        sys.exit(0)
+    buf = io.BytesIO(); man = {"key": key, "files": {}, "bytes": 0}
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
+        for rel, p in files(d):
+            with open(p, "rb") as fh:
+                data = fh.read()
+            man["files"][rel] = [len(data), hashlib.sha256(data).hexdigest()]; man["bytes"] += len(data)
+            ti = tarfile.TarInfo(rel); ti.size = len(data); ti.mode = 0o644
+            tar.addfile(ti, io.BytesIO(data))
+    print(json.dumps(man)); sys.stdout.flush()
+    sys.stdout.write(base64.b64encode(buf.getvalue()).decode()); sys.stdout.write("\n")
+elif op == "verify":
+    try:
+        with open(os.path.join(d, MAN)) as fh:
+            man = json.load(fh)
+    except (OSError, ValueError) as e:
+        print(json.dumps({"ok": False, "why": "no manifest: %s" % e.__class__.__name__})); sys.exit(0)
+    why = check(d, man)
+    print(json.dumps({"ok": why is None, "why": why}))
+elif op == "import":
+    man = json.loads(sys.stdin.readline())
+    raw = base64.b64decode(sys.stdin.read())
+    tmp = os.path.join(root, ".incoming-%s-%d" % (key, os.getpid()))
+    shutil.rmtree(tmp, ignore_errors=True); os.makedirs(tmp)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
+            for m in tar.getmembers():
+                parts = m.name.split("/")
+                if not m.isfile() or m.name.startswith("/") or ".." in parts or m.name not in man["files"]:
+                    raise ValueError("unexpected member %r" % m.name)
+                out = os.path.join(tmp, m.name)
+                os.makedirs(os.path.dirname(out), exist_ok=True)
+                src = tar.extractfile(m)
+                with open(out, "wb") as fh:
+                    shutil.copyfileobj(src, fh)
+        why = check(tmp, man)
+        if why is not None:
+            raise ValueError(why)
+        with open(os.path.join(tmp, MAN), "w") as fh:
+            json.dump(man, fh)
+        old = d + ".old-%d" % os.getpid()
+        if os.path.exists(d):
+            os.rename(d, old)
+        os.rename(tmp, d)
+        shutil.rmtree(old, ignore_errors=True)
+        print(json.dumps({"ok": True, "files": len(man["files"]), "bytes": man["bytes"]}))
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(json.dumps({"ok": False, "why": "%s: %s" % (e.__class__.__name__, e)}))
+'''
+
+
+def helper_command(recipe: Recipe, ref: str, op: str, key: str, *args: str) -> str:
+    """The ``docker run`` of the cache script in the target image, the recipe's cache root at /c."""
+    argv = ["docker", "run", "--rm", "-i", "--network", "none", "--entrypoint", "python3",
+            "-v", f"{ROOT}/{recipe.name}:/c", ref, "-c", _SCRIPT, op, key, *args]
+    return shlex.join(argv)
+
+
+@dataclass(frozen=True)
+class Seeded:
+    """What the warm start did for one host: ``warm`` when its key directory holds the canary's cache."""
+
+    host: str
+    key: str
+    warm: bool
+    detail: str
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, object]:
+        return {"host": self.host, "key": self.key, "warm": self.warm, "detail": self.detail,
+                "files": self.files, "bytes": self.bytes, "seconds": round(self.seconds, 2)}
+
+
+#: ``(host, shell command, stdin) -> stdout`` (raises FleetError): ssh.docker in production.
+Runner = Callable[[Host, str, str | None], str]
+
+
+def _ssh_runner(host: Host, cmd: str, stdin: str | None) -> str:
+    r = ssh.docker(host, cmd, timeout=_TIMEOUT, stdin=stdin)
+    r.check("compile cache helper", fix="the host starts cold; see the error above")
+    return r.stdout
+
+
+def _first_json(out: str) -> dict[str, object]:
+    line, _, _ = out.partition("\n")
+    doc = json.loads(line)
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
+def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapping[Host, str],
+          run: Runner = _ssh_runner, max_bytes: int = MAX_BYTES, fan_out: int = FAN_OUT) -> dict[str, Seeded]:
+    """Copy ``source``'s cache for ``source_key`` to every target whose key is the same; one result per target.
+
+    Never raises for a host: a target whose key differs, whose copy fails or does not verify is reported
+    cold with why (it compiles at its start as it would have without warm start)."""
+    if not recipe.compile_cache or not targets:
+        return {}
+    out: dict[str, Seeded] = {}
+    same = [h for h, k in targets.items() if k == source_key]
+    for h, k in targets.items():
+        if k != source_key:
+            out[h.name] = Seeded(h.name, k, False, "its cache key differs from the canary's (another GPU or "
+                                                  "settings): starts cold")
+    if not same:
+        return out
+    t0 = time.monotonic()
+    try:
+        exported = run(source, helper_command(recipe, ref, "export", source_key, str(max_bytes)), None)
+        man_line, _, payload = exported.partition("\n")
+        man = json.loads(man_line)
+    except (FleetError, ValueError) as e:
+        why = e.message() if isinstance(e, FleetError) else f"unreadable export ({e})"
+        return {**out, **{h.name: Seeded(h.name, source_key, False, f"the canary's cache was not read: {why}")
+                          for h in same}}
+    if not man.get("files"):
+        why = str(man.get("why") or "empty")
+        return {**out, **{h.name: Seeded(h.name, source_key, False, f"the canary has no cache to share ({why})")
+                          for h in same}}
+    read_s = time.monotonic() - t0
+    stdin = man_line + "\n" + payload
+
+    def one(h: Host) -> Seeded:
+        t = time.monotonic()
+        try:
+            have = _first_json(run(h, helper_command(recipe, ref, "verify", source_key), None))
+            if have.get("ok"):
+                return Seeded(h.name, source_key, True, "already held the canary's cache (verified)",
+                              len(man["files"]), int(man.get("bytes", 0)), time.monotonic() - t)
+            res = _first_json(run(h, helper_command(recipe, ref, "import", source_key), stdin))
+        except (FleetError, ValueError) as e:
+            why = e.message() if isinstance(e, FleetError) else f"unreadable answer ({e})"
+            return Seeded(h.name, source_key, False, f"copy failed, starts cold: {why}", seconds=time.monotonic() - t)
+        if not res.get("ok"):
+            return Seeded(h.name, source_key, False, f"copy did not verify, starts cold: {res.get('why')}",
+                          seconds=time.monotonic() - t)
+        return Seeded(h.name, source_key, True, "copied from the canary, every file's sha256 checked",
+                      int(str(res.get("files", 0))), int(str(res.get("bytes", 0))), read_s + time.monotonic() - t)
+
+    for name, o in ssh.fan_out(same, one, timeout=None, max_workers=fan_out).items():
+        out[name] = o.value if o.value is not None else Seeded(
+            name, source_key, False, f"copy failed, starts cold: {o.error.message() if o.error else '?'}")
+    return out
+
+
+def verify(recipe: Recipe, ref: str, host: Host, key: str, run: Runner = _ssh_runner) -> tuple[bool, str | None]:
+    """Whether ``host``'s key directory holds exactly what its manifest lists (a warm start's cache)."""
+    doc = _first_json(run(host, helper_command(recipe, ref, "verify", key), None))
+    return bool(doc.get("ok")), (str(doc["why"]) if doc.get("why") else None)
+
+
+def summary(seeded: Sequence[Seeded]) -> str:
+    """``3 of 4 host(s) warm (12 files, 4.2 MB each)`` for the progress line and the ledger's note."""
+    warm = [s for s in seeded if s.warm]
+    size = f" ({warm[0].files} files, {warm[0].bytes / 1e6:.1f} MB each)" if warm else ""
+    return f"{len(warm)} of {len(seeded)} host(s) warm{size}"
