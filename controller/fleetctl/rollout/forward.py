@@ -109,6 +109,10 @@ class Forward(UnitSteps):
         prefetch_s = time.monotonic() - t_pre
         wave_secs: list[float] = []
         status, error = fleet_ledger.COMPLETED, None
+        pool = [self.inv.host(hp.host) for hp in p.hosts]
+        if resume:
+            # Hosts a killed controller left out after their step count against the floor: back in first.
+            self._door_reconcile(rid, recipe, [hp.host for hp in p.hosts])
         try:
             for w, members in enumerate(p.waves):
                 tw = time.monotonic()
@@ -124,6 +128,8 @@ class Forward(UnitSteps):
                 self._emit("wave", f"{w + 1} of {len(p.waves)}: {len(pending)} host(s), "
                                    f"{p.max_unavailable} at a time")
                 for step in unit_plan.split_steps(self.inv, pending, p.max_unavailable):
+                    # Never below the plan's floor: hosts already out (failed, drained by anyone) are waited for.
+                    self._door_wait_capacity(rid, pool, step, p.floor())
                     batch = self._batch(rid, recipe, [hosts[h] for h in step if self.inv.unit_of(h) is None])
                     try:
                         # a unit is dispatched once, as its head, which steps every member
@@ -156,7 +162,8 @@ class Forward(UnitSteps):
                         self.ledger.set_wave(rid, w, fleet_ledger.PAUSED)
                         why = "; ".join(f"{h}: {rec.host(h).error}" for h in paused)  # type: ignore[union-attr]
                         hook.send("pause", hosts=paused, error=why)
-                        raise StopRollout(fleet_ledger.PAUSED, f"inconclusive gate: {why}")
+                        out = all(rec.host(h).phase == "out-of-rotation" for h in paused)  # type: ignore[union-attr]
+                        raise StopRollout(fleet_ledger.PAUSED, why if out else f"inconclusive gate: {why}")
                 self.ledger.set_wave(rid, w, fleet_ledger.DONE)
                 wave_secs.append(time.monotonic() - tw)
             failed = [r for r in self.ledger.get(rid).hosts if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)]
