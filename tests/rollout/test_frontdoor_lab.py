@@ -129,8 +129,52 @@ def test_a_rollout_under_traffic_through_the_door_fails_no_request(door: LabFron
         [h.timings for h in r.hosts]
 
 
+#: An operator's hook for a door fleetctl has no backend for: here the lab's HAProxy again, through its admin
+#: socket from the shell (as `socat` would; python3 because the lab has no socat), and a log of each call.
+HOOK = r"""#!/bin/sh
+set -eu
+echo "$FLEETCTL_FD_HOST $FLEETCTL_FD_ACTION" >> "$HOOK_LOG"
+cmd() { python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1]); s.sendall(sys.argv[2].encode() + b"\n")
+print(s.makefile().read(), end="")' "$HAPROXY_SOCK" "$1"; }
+case "$FLEETCTL_FD_ACTION" in
+  drain|readmit)
+    state=drain; [ "$FLEETCTL_FD_ACTION" = readmit ] && state=ready
+    out=$(cmd "set server vllm/$FLEETCTL_FD_HOST state $state"); [ -z "$out" ] || { echo "$out" >&2; exit 1; } ;;
+  in-flight)
+    cmd "show stat vllm 4 -1" | awk -F, -v s="$FLEETCTL_FD_HOST" '$2 == s { print $3 + $5 }' ;;
+  state)
+    cmd "show servers state vllm" | awk -v s="$FLEETCTL_FD_HOST" '$4 == s {
+      a = $7 + 0; st = (a % 2 == 1) ? "maint" : (int(a / 8) % 2 == 1) ? "drain" : "ready"
+      print st, ($6 == 2 ? "healthy" : "unhealthy") }' ;;
+  *) echo "unknown action $FLEETCTL_FD_ACTION" >&2; exit 2 ;;
+esac
+"""
+
+
+@pytest.fixture
+def hook_door(door: LabFrontDoor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The lab's inventory with the `command` front door: :data:`HOOK` driving the lab's HAProxy; yields its log."""
+    import yaml
+
+    hook, log = tmp_path / "lb-pool", tmp_path / "hook.log"
+    hook.write_text(HOOK)
+    hook.chmod(0o755)
+    monkeypatch.setenv("HOOK_LOG", str(log))
+    monkeypatch.setenv("HAPROXY_SOCK", str(door.socket))
+    door.inventory_file().write_text(yaml.safe_dump({"fleetctl_front_door": {"type": "command",
+                                                                             "command": str(hook)}}))
+    log.write_text("")
+    try:
+        yield log
+    finally:
+        door.use_in_inventory(True)  # the runtime-API door again, for `door`'s own teardown
+
+
 def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad_version(
-        door: LabFrontDoor) -> None:
+        door: LabFrontDoor, hook_door: Path) -> None:
+    """Through the `command` backend: a shell hook drains and re-admits at the lab's HAProxy (the runtime-API
+    backend has the other lab tests), so the hook is proven on a real rollout and a real door."""
     with traffic_and_sampler(door) as (report, sampler):
         r = rollout(CRASH)
     assert r.status == fleet_ledger.FAILED
@@ -140,6 +184,20 @@ def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad
     assert sampler.course("spark-01") == ["ready", "drain", "ready"], sampler.course("spark-01")
     assert all(sampler.course(n) == ["ready"] for n in NODES[1:])
     assert report["failed"] == 0, report
+    calls = [ln.split() for ln in hook_door.read_text().splitlines()]
+    mine = [a for h, a in calls if h == "spark-01"]
+    # the floor read the door first; drain, its requests, re-admission, then the door's view of it
+    assert mine[:3] == ["state", "drain", "in-flight"] and mine.count("drain") == 1, mine
+    assert mine.count("readmit") == 1 and mine[-1] == "state" and mine.index("readmit") > 2, mine
+    assert not [h for h, a in calls if h != "spark-01" and a == "drain"], calls
+    eng = engine()
+    try:
+        assert eng.ledger.out_of_rotation() == {}
+        rec = eng.ledger.get(r.id)
+    finally:
+        eng.close()
+    phases = [p.phase for p in rec.phases if p.host == "spark-01"]
+    assert phases.index("draining") < phases.index("stopping"), phases
 
 
 def test_without_the_door_fleetctl_leaves_haproxy_alone(serving: Any) -> None:

@@ -171,17 +171,21 @@ class DoorSteps(Planning):
         in_rot, why = [], {}
         for h in pool:
             st = seen.get(h.name)
+            by = held.get(h.name)
             if st is not None and st.in_rotation:
                 in_rot.append(h.name)
                 continue
-            by = held.get(h.name)
+            if st is not None and st.admin == "unknown" and by is None and st.healthy is not False:
+                in_rot.append(h.name)  # a door that does not tell: in rotation unless fleetctl holds it out
+                continue
             if st is None or st.admin == "?":
                 why[h.name] = f"unknown to the door ({st.detail if st else 'no answer'})"
             elif st.admin == "absent":
                 why[h.name] = "not in the door's pool"
             elif st.admin != "ready":
-                why[h.name] = (f"{st.admin} by fleetctl ({by.rollout_id}, {by.reason})" if by is not None
-                               else f"{'drained' if st.admin == 'drain' else 'in maintenance'} outside fleetctl")
+                how = "drained" if st.admin == "drain" else "in maintenance"
+                why[h.name] = (f"{how} by fleetctl ({by.rollout_id}, {by.reason})" if by is not None
+                               else f"{how} outside fleetctl")
             else:
                 why[h.name] = f"failing the door's health check ({st.detail})"
         return in_rot, why
