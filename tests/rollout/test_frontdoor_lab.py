@@ -216,26 +216,20 @@ def test_without_the_door_fleetctl_leaves_haproxy_alone(serving: Any) -> None:
         serve(OLD)
 
 
-@pytest.mark.parametrize("then", ["resume", "abort"])
-def test_a_controller_killed_while_a_host_is_drained_then_the_host_ends_in_rotation(
-        door: LabFrontDoor, then: str) -> None:
+def _kill_when_drained(argv: list[str], node: str, led: fleet_ledger.Ledger, sampler: Sampler) -> None:
+    """Run `fleetctl ARGV` and SIGKILL it once ``node`` is loading or soaking, drained at HAProxy."""
     import os
     import signal
 
-    from fleetctl import inventory, paths
-
-    sampler = Sampler(door)
-    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
-                          "--waves", "1,100%"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    p = subprocess.Popen([FLEETCTL, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env=os.environ.copy())
-    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            assert p.poll() is None, "the rollout ended before it could be killed"
+            assert p.poll() is None, f"`fleetctl {' '.join(argv)}` ended before it could be killed"
             rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
-            if (rec is not None and (h := rec.host("spark-01")) is not None and h.phase in ("loading", "soak")
-                    and sampler.admin()["spark-01"] == "drain"):
+            if (rec is not None and (h := rec.host(node)) is not None and h.phase in ("loading", "soak")
+                    and sampler.admin()[node] == "drain"):
                 break
             time.sleep(0.2)
         p.send_signal(signal.SIGKILL)
@@ -243,12 +237,34 @@ def test_a_controller_killed_while_a_host_is_drained_then_the_host_ends_in_rotat
     finally:
         if p.poll() is None:
             p.kill()
-    assert sampler.admin()["spark-01"] == "drain"
-    assert list(led.out_of_rotation()) == ["spark-01"]
-    verb = ["rollout", "--resume"] if then == "resume" else ["rollout", "abort"]
-    after = subprocess.run([FLEETCTL, *verb, "--yes", "--json"], capture_output=True, text=True, timeout=900,
-                           env=os.environ.copy())
-    assert after.returncode == 0, after.stderr[-2000:]
-    assert sampler.admin() == dict.fromkeys(NODES, "ready")
-    assert led.out_of_rotation() == {}
-    led.close()
+            p.wait(30)
+
+
+def test_a_controller_killed_while_a_host_is_drained_then_resume_killed_again_then_abort(
+        door: LabFrontDoor) -> None:
+    """SIGKILL while the canary is drained; `--resume` re-admits it after its gate and is itself killed
+    while the next host is drained; `rollout abort` puts both back on the old version: all in rotation."""
+    import os
+
+    from fleetctl import inventory, paths
+
+    sampler = Sampler(door)
+    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
+    try:
+        _kill_when_drained(["rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s", "--waves", "1,100%",
+                            "--max-unavailable", "1"], "spark-01", led, sampler)
+        assert sampler.admin()["spark-01"] == "drain"
+        assert list(led.out_of_rotation()) == ["spark-01"]
+        _kill_when_drained(["rollout", "--resume", "--yes"], "spark-02", led, sampler)
+        # The canary passed its gate in the resume and went back in; spark-02 is the one left drained now.
+        assert sampler.admin()["spark-01"] == "ready" and sampler.admin()["spark-02"] == "drain"
+        assert list(led.out_of_rotation()) == ["spark-02"]
+        after = subprocess.run([FLEETCTL, "rollout", "abort", "--yes", "--json"], capture_output=True, text=True,
+                               timeout=900, env=os.environ.copy())
+        assert after.returncode == 0, after.stderr[-2000:]
+        assert sampler.admin() == dict.fromkeys(NODES, "ready")
+        assert led.out_of_rotation() == {}
+        hosts = {h["host"]: h for h in json.loads(after.stdout)["hosts"]}
+        assert {n for n, h in hosts.items() if h["status"] == "done"} >= {"spark-01", "spark-02"}, hosts
+    finally:
+        led.close()
