@@ -15,6 +15,11 @@
        .venv/bin/python bench/frontdoor.py lab [--rate 4] [--repeat 1] [--json bench/results/frontdoor_lab.json]
 
    Each measured rollout starts from every node on ``--back`` (a smoke-gated ``rollback --to``, no traffic).
+
+3. The floor check before each step (no lab; a real haproxy with ``--pool`` servers): fleetctl's bulk read of
+   the door's view against one ``state`` per host, in the same run::
+
+       .venv/bin/python bench/frontdoor.py floor [--rounds 10] [--pool 200] [--json bench/results/frontdoor_floor.json]
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from _figures import write_figures  # bench/ is on sys.path when a bench runs
+from fleetctl.frontdoor import states_of
 from fleetctl.frontdoor.drain import wait_drained, wait_in_rotation
 from fleetctl.frontdoor.haproxy import HAProxy
 from fleetctl.inventory import Host
@@ -84,9 +90,9 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _haproxy(d: Path, servers: dict[str, int]) -> Iterator[tuple[str, int]]:
+def _haproxy(d: Path, servers: dict[str, int], check: bool = True) -> Iterator[tuple[str, int]]:
     sock, port = d / "admin.sock", _free_port()
-    lines = "\n".join(f"  server {n} 127.0.0.1:{p} check inter 1s" for n, p in servers.items())
+    lines = "\n".join(f"  server {n} 127.0.0.1:{p}{' check inter 1s' if check else ''}" for n, p in servers.items())
     (d / "h.cfg").write_text(f"global\n  stats socket {sock} mode 600 level admin\ndefaults\n  mode http\n"
                              "  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n"
                              f"frontend fe\n  bind 127.0.0.1:{port}\n  default_backend vllm\n"
@@ -193,9 +199,32 @@ def _reset(tag: str) -> None:
         raise SystemExit(f"could not put every node on {tag}: {r.error}")
 
 
+def floor_read(rounds: int, pool: int) -> dict[str, Any]:
+    """A step's floor check (the door's view of every selected host) on a backend of ``pool`` servers: the
+    bulk read fleetctl makes (``frontdoor.states_of``: one ``show servers state`` + one ``show stat``)
+    against asking the door host by host (``state`` per host: two commands each), in the same run."""
+    hosts = [Host(f"spark-{i:03d}", "127.0.0.1") for i in range(1, pool + 1)]
+    rows: list[dict[str, float]] = []
+    with tempfile.TemporaryDirectory() as tmp, _haproxy(Path(tmp), {h.name: 9 for h in hosts}, check=False) as (
+            sock, _port):
+        door = HAProxy("vllm", sock)
+        for _ in range(rounds):
+            t0 = time.monotonic()
+            bulk = states_of(door, hosts)
+            t1 = time.monotonic()
+            each = {h.name: door.state(h) for h in hosts}
+            t2 = time.monotonic()
+            assert bulk == each and len(bulk) == pool
+            rows.append({"bulk": t1 - t0, "per_host": t2 - t1})
+    med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
+    return {"rounds": rounds, "pool": pool, **{k: round(v, 4) for k, v in med.items()},
+            "ratio": round(med["per_host"] / med["bulk"], 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=["overhead", "lab"])
+    ap.add_argument("what", choices=["overhead", "lab", "floor"])
+    ap.add_argument("--pool", type=int, default=200, help="floor: servers in the backend")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--held", type=int, default=4)
     ap.add_argument("--release", type=float, default=1.0)
@@ -217,6 +246,13 @@ def main() -> None:
             t.add_row(k, f"{figs[k]['median']:.4f}", f"{figs[k]['max']:.4f}")
         con.print(t)
         con.print("added = drain call + wait beyond the requests' own time + re-admit until in rotation")
+    elif a.what == "floor":
+        figs = floor_read(a.rounds, a.pool)
+        t = Table(title=f"a step's floor check, {a.pool} servers (median of {a.rounds}), s")
+        for c in ("bulk read (fleetctl)", "state per host", "ratio"):
+            t.add_column(c)
+        t.add_row(f"{figs['bulk']:.4f}", f"{figs['per_host']:.4f}", f"{figs['ratio']:g}x")
+        con.print(t)
     else:
         runs = []
         for _ in range(a.repeat):

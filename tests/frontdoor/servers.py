@@ -7,17 +7,21 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+
+from fleetctl.frontdoor.haproxy import HAProxy
 
 
 class Backend:
     """An HTTP server on 127.0.0.1: /health answers 200, /hold waits until released, /metrics counts them
     as vLLM's ``vllm:num_requests_running`` does."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int = 0) -> None:
+        """``port``: 0 for a free one; a closed backend's port to bring that server back."""
         self.release = threading.Event()
         self.running = 0
         self.served = 0
@@ -56,7 +60,8 @@ class Backend:
             def handle_error(self, request: object, client_address: object) -> None:
                 pass  # haproxy's health checks close without reading the answer
 
-        self.server = Quiet(("127.0.0.1", 0), Handler)
+        Quiet.allow_reuse_address = True
+        self.server = Quiet(("127.0.0.1", port), Handler)
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
@@ -115,3 +120,38 @@ backend {backend}
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@dataclass
+class Pool:
+    """A real haproxy on loopback whose backend ``vllm`` has one server per host name, each a :class:`Backend`."""
+
+    door: HAProxy
+    backends: dict[str, Backend]
+    #: The frontend's port and the admin socket.
+    port: int
+    socket: Path
+
+    def revive(self, name: str) -> Backend:
+        """Bring a closed backend back on its port (its health check passes again)."""
+        self.backends[name] = Backend(self.backends[name].port)
+        return self.backends[name]
+
+
+@contextmanager
+def loopback_pool(tmp: Path, names: Sequence[str]) -> Iterator[Pool]:
+    """:func:`haproxy` before one :class:`Backend` per name, every server in rotation; all closed after."""
+    from fleetctl.frontdoor.drain import wait_in_rotation
+    from fleetctl.inventory import Host
+
+    backends = {n: Backend() for n in names}
+    pool: Pool | None = None
+    try:
+        with haproxy(tmp, {n: b.port for n, b in backends.items()}) as (sock, port):
+            pool = Pool(HAProxy("vllm", str(sock)), backends, port, sock)
+            for n in names:
+                wait_in_rotation(pool.door, Host(n, "127.0.0.1"), 30)
+            yield pool
+    finally:
+        for b in (pool.backends if pool is not None else backends).values():
+            b.close()

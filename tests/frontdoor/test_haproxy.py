@@ -13,24 +13,17 @@ from fleetctl.frontdoor import DRAIN, READY, FrontDoorError, build
 from fleetctl.frontdoor.drain import vllm_in_flight, wait_drained, wait_in_rotation
 from fleetctl.frontdoor.haproxy import HAProxy
 from fleetctl.inventory import Host
-from tests.frontdoor.servers import Backend, haproxy
+from tests.frontdoor.servers import Backend, loopback_pool
 
 A, B = Host("spark-01", "127.0.0.1"), Host("spark-02", "127.0.0.1")
 
 
 @pytest.fixture
 def fleet(tmp_path: Path) -> Iterator[tuple[HAProxy, dict[str, Backend], int]]:
-    backends = {"spark-01": Backend(), "spark-02": Backend()}
-    try:
-        with haproxy(tmp_path, {n: b.port for n, b in backends.items()}) as (sock, port):
-            door = build({"type": "haproxy", "socket": str(sock), "backend": "vllm"})
-            assert isinstance(door, HAProxy)
-            for h in (A, B):
-                wait_in_rotation(door, h, 30)
-            yield door, backends, port
-    finally:
-        for b in backends.values():
-            b.close()
+    with loopback_pool(tmp_path, [A.name, B.name]) as pool:
+        door = build({"type": "haproxy", "socket": str(pool.socket), "backend": "vllm"})
+        assert isinstance(door, HAProxy)
+        yield door, pool.backends, pool.port
 
 
 def _state_column(door: HAProxy, server: str, column: str) -> str:

@@ -4,6 +4,7 @@ admin socket. What each host looked like to the door is recorded at every host o
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import urllib.request
@@ -17,11 +18,12 @@ import pytest
 from fleetctl import inventory, paths
 from fleetctl.frontdoor.haproxy import HAProxy
 from fleetctl.inventory import Host
+from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
-from tests.frontdoor.servers import Backend, haproxy
+from tests.frontdoor.servers import Backend, Pool, loopback_pool
 
 from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, SimOps, digest_of
 
@@ -38,6 +40,7 @@ class Door:
     inv_dir: Path
     #: (host, op, the door's admin state of that host then, requests running on it then)
     seen: list[tuple[str, str, str, int]]
+    pool: Pool | None = None
 
     def admin(self, name: str) -> str:
         return self.haproxy.state(Host(name, "127.0.0.1")).admin
@@ -45,19 +48,13 @@ class Door:
 
 @pytest.fixture
 def door(tmp_path: Path) -> Iterator[Door]:
-    backends = {n: Backend() for n in HOSTS}
-    try:
-        with haproxy(tmp_path, {n: b.port for n, b in backends.items()}) as (sock, port):
-            inv_dir = tmp_path / "inventory"
-            shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
-            (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
-                f"fleetctl_front_door: {{type: haproxy, socket: {sock}, backend: vllm}}\n"
-                "fleetctl_drain_timeout: 30\nfleetctl_readmit_timeout: 30\n")
-            d = Door(HAProxy("vllm", str(sock)), backends, port, inv_dir, [])
-            yield d
-    finally:
-        for b in backends.values():
-            b.close()
+    with loopback_pool(tmp_path, HOSTS) as pool:
+        inv_dir = tmp_path / "inventory"
+        shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+        (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+            f"fleetctl_front_door: {{type: haproxy, socket: {pool.socket}, backend: vllm}}\n"
+            "fleetctl_drain_timeout: 30\nfleetctl_readmit_timeout: 30\n")
+        yield Door(pool.door, pool.backends, pool.port, inv_dir, [], pool)
 
 
 class Watched(SimOps):
@@ -92,21 +89,29 @@ class Watched(SimOps):
         return super().swap(name)
 
 
-def _engine(fleet: SimFleet, d: Door, state: Path) -> Engine:
+def _engine(fleet: SimFleet, d: Door, state: Path, progress: Progress = NULL) -> Engine:
     class DoorEngine(Engine):
         def _vllm_in_flight(self, h: Host, recipe: Recipe) -> int | None:
             return d.backends[h.name].running if h.name in d.backends else 0
 
     Watched.door = d
     inv = inventory.load(d.inv_dir / "hosts.yml")
-    return DoorEngine(inv, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
+    return DoorEngine(inv, progress, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
                       resolve=fleet.resolve)
 
 
-def _rollout(fleet: SimFleet, d: Door, state: Path, tag: str) -> RolloutResult:
-    eng = _engine(fleet, d, state)
+def _rollout(fleet: SimFleet, d: Door, state: Path, tag: str, progress: Progress = NULL) -> RolloutResult:
+    eng = _engine(fleet, d, state, progress)
     try:
         return eng.rollout(Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0))
+    finally:
+        eng.close()
+
+
+def _resume(fleet: SimFleet, d: Door, state: Path) -> RolloutResult:
+    eng = _engine(fleet, d, state)
+    try:
+        return eng.resume(Options())
     finally:
         eng.close()
 
@@ -222,11 +227,17 @@ class PoolFile(Door):
         return "drain" if name in out.read_text().split() else "ready"
 
 
-def test_the_command_hook_through_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("reports_state", [True, False])
+def test_the_command_hook_through_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            reports_state: bool) -> None:
+    """Also with a hook that prints nothing for `state`: the floor then counts its hosts in rotation
+    unless fleetctl holds them, and a re-admission's exit status is the answer."""
     from tests.frontdoor.test_command_and_litellm import HOOK
 
     script = tmp_path / "pool.sh"
-    script.write_text(HOOK)
+    hook = HOOK if reports_state else re.sub(r"\n  state\).*\n", "\n  state) ;;\n", HOOK)
+    assert hook.count("state)") == 1 and (reports_state or "  state) ;;" in hook)
+    script.write_text(hook)
     script.chmod(0o755)
     monkeypatch.setenv("POOL", str(tmp_path / "pool"))
     (tmp_path / "pool.out").write_text("")
@@ -291,19 +302,99 @@ def test_a_door_that_refuses_the_drain_leaves_the_host_serving_untouched(tmp_pat
     assert _out_of_rotation(tmp_path / "state") == {}
 
 
-def test_a_host_the_door_does_not_see_healthy_after_its_gate_stays_out_and_stops_the_rollout(
+def _set_vars(d: Door, **values: object) -> None:
+    f = d.inv_dir / "group_vars" / "all" / "frontdoor.yml"
+    lines = [ln for ln in f.read_text().splitlines() if ln.split(":")[0] not in values]
+    f.write_text("\n".join([*lines, *(f"{k}: {v}" for k, v in values.items())]) + "\n")
+
+
+def test_a_host_the_door_does_not_see_healthy_after_its_gate_stays_out_and_resume_readmits_it(
         tmp_path: Path, door: Door) -> None:
-    f = door.inv_dir / "group_vars" / "all" / "frontdoor.yml"
-    f.write_text(f.read_text().replace("fleetctl_readmit_timeout: 30", "fleetctl_readmit_timeout: 1"))
+    _set_vars(door, fleetctl_readmit_timeout=2, fleetctl_readmit_attempts=2)
     door.backends["spark-01"].close()  # HAProxy's health check of spark-01 now fails
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
-    r = _rollout(fleet, door, tmp_path / "state", B)
-    assert r.status == fleet_ledger.FAILED
+    events: list[Event] = []
+    r = _rollout(fleet, door, tmp_path / "state", B, events.append)
+    assert r.status == fleet_ledger.PAUSED, r.error
     canary = r.hosts[0]
-    assert canary.status == fleet_ledger.HOST_FAILED and canary.phase == "out-of-rotation", canary
-    assert "passed its gate" in (canary.error or "") and "health check" in (canary.error or ""), canary.error
+    assert canary.status == fleet_ledger.HOST_PAUSED and canary.phase == "out-of-rotation", canary
+    msg = canary.error or ""
+    assert "passed its gate" in msg and "spark-01" in msg and "after 2 re-admission(s)" in msg, msg
+    assert "health check" in msg and "fleetctl rollout --resume" in msg, msg
+    assert [e.phase for e in events if e.host == "spark-01"].count("readmit-retry") == 1
     assert list(_out_of_rotation(tmp_path / "state")) == ["spark-01"]
     assert [h.status for h in r.hosts[1:]] == [fleet_ledger.PENDING] * 2
+    # The door mended (the server's check passes again): --resume re-admits it without a new gate, then goes on.
+    door.seen.clear()
+    door.pool.revive("spark-01")  # type: ignore[union-attr]
+    r2 = _resume(fleet, door, tmp_path / "state")
+    assert r2.status == fleet_ledger.COMPLETED, r2.error
+    assert r2.hosts[0].status == fleet_ledger.DONE
+    assert [s[1] for s in door.seen if s[0] == "spark-01"] == []  # never stopped or started again
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(tmp_path / "state") == {}
+
+
+def test_a_readmission_the_door_refuses_at_first_is_tried_again(tmp_path: Path, door: Door) -> None:
+    _set_vars(door, fleetctl_readmit_timeout=3, fleetctl_readmit_attempts=3)
+    door.backends["spark-01"].close()
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    events: list[Event] = []
+
+    def progress(e: Event) -> None:
+        events.append(e)
+        if e.phase == "readmit-retry" and e.host == "spark-01" and door.backends["spark-01"].server.socket.fileno() < 0:
+            door.pool.revive("spark-01")  # type: ignore[union-attr]
+
+    r = _rollout(fleet, door, tmp_path / "state", B, progress)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    retries = [e.message for e in events if e.phase == "readmit-retry"]
+    assert len(retries) == 1 and retries[0].startswith("re-admission 1 of 3 failed:"), retries
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(tmp_path / "state") == {}
+
+
+def test_a_step_waits_for_a_host_drained_outside_fleetctl_and_refuses_at_the_timeout(
+        tmp_path: Path, door: Door) -> None:
+    # 3 hosts, the default floor (75 %: one host out at a time, 2 kept in rotation); spark-03 drained by someone else.
+    _set_vars(door, fleetctl_capacity_timeout=1)
+    door.haproxy.drain(Host("spark-03", "x"))
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    events: list[Event] = []
+    r = _rollout(fleet, door, tmp_path / "state", B, events.append)
+    assert r.status == fleet_ledger.PAUSED, r.error
+    waits = [e.message for e in events if e.phase == "capacity-wait"]
+    assert waits == ["waiting: 2 of 3 in rotation, floor 2, 1 of them in this step; spark-03 drained outside fleetctl"]
+    assert "spark-01 not taken out" in (r.error or "") and "spark-03 drained outside fleetctl" in (r.error or "")
+    assert "--resume" in (r.error or "") and "--min-available" in (r.error or "")
+    # Nothing was touched: no stop, no drain, the ledger holds no host out.
+    assert door.seen == [] and fleet.serving_tags() == dict.fromkeys(HOSTS, A)
+    assert [door.admin(n) for n in HOSTS] == ["ready", "ready", "drain"]
+    assert _out_of_rotation(tmp_path / "state") == {}
+    assert all(h.status == fleet_ledger.PENDING for h in r.hosts)
+    # Back in rotation: --resume goes on.
+    door.haproxy.readmit(Host("spark-03", "x"))
+    r2 = _resume(fleet, door, tmp_path / "state")
+    assert r2.status == fleet_ledger.COMPLETED, r2.error
+    assert set(fleet.serving_tags().values()) == {B}
+
+
+def test_a_step_goes_on_once_the_host_out_is_back(tmp_path: Path, door: Door) -> None:
+    _set_vars(door, fleetctl_capacity_timeout=60)
+    door.haproxy.maint(Host("spark-02", "x"))
+    fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
+    events: list[Event] = []
+
+    def progress(e: Event) -> None:
+        events.append(e)
+        if e.phase == "capacity-wait":
+            door.haproxy.readmit(Host("spark-02", "x"))  # the other operator is done
+
+    r = _rollout(fleet, door, tmp_path / "state", B, progress)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    waits = [e.message for e in events if e.phase == "capacity-wait"]
+    assert waits == ["waiting: 2 of 3 in rotation, floor 2, 1 of them in this step; spark-02 in maintenance "
+                     "outside fleetctl"], waits
+    went_on = [e.message for e in events if e.phase == "capacity"]
+    assert len(went_on) == 1 and went_on[0].startswith("3 of 3 in rotation, floor 2: going on after"), went_on
 
 
 # --- the bake: live traffic's /metrics stood for by scrapes the test writes -------------------------------

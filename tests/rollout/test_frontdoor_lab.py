@@ -129,8 +129,52 @@ def test_a_rollout_under_traffic_through_the_door_fails_no_request(door: LabFron
         [h.timings for h in r.hosts]
 
 
+#: An operator's hook for a door fleetctl has no backend for: here the lab's HAProxy again, through its admin
+#: socket from the shell (as `socat` would; python3 because the lab has no socat), and a log of each call.
+HOOK = r"""#!/bin/sh
+set -eu
+echo "$FLEETCTL_FD_HOST $FLEETCTL_FD_ACTION" >> "$HOOK_LOG"
+cmd() { python3 -c 'import socket, sys
+s = socket.socket(socket.AF_UNIX); s.settimeout(5); s.connect(sys.argv[1]); s.sendall(sys.argv[2].encode() + b"\n")
+print(s.makefile().read(), end="")' "$HAPROXY_SOCK" "$1"; }
+case "$FLEETCTL_FD_ACTION" in
+  drain|readmit)
+    state=drain; [ "$FLEETCTL_FD_ACTION" = readmit ] && state=ready
+    out=$(cmd "set server vllm/$FLEETCTL_FD_HOST state $state"); [ -z "$out" ] || { echo "$out" >&2; exit 1; } ;;
+  in-flight)
+    cmd "show stat vllm 4 -1" | awk -F, -v s="$FLEETCTL_FD_HOST" '$2 == s { print $3 + $5 }' ;;
+  state)
+    cmd "show servers state vllm" | awk -v s="$FLEETCTL_FD_HOST" '$4 == s {
+      a = $7 + 0; st = (a % 2 == 1) ? "maint" : (int(a / 8) % 2 == 1) ? "drain" : "ready"
+      print st, ($6 == 2 ? "healthy" : "unhealthy") }' ;;
+  *) echo "unknown action $FLEETCTL_FD_ACTION" >&2; exit 2 ;;
+esac
+"""
+
+
+@pytest.fixture
+def hook_door(door: LabFrontDoor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The lab's inventory with the `command` front door: :data:`HOOK` driving the lab's HAProxy; yields its log."""
+    import yaml
+
+    hook, log = tmp_path / "lb-pool", tmp_path / "hook.log"
+    hook.write_text(HOOK)
+    hook.chmod(0o755)
+    monkeypatch.setenv("HOOK_LOG", str(log))
+    monkeypatch.setenv("HAPROXY_SOCK", str(door.socket))
+    door.inventory_file().write_text(yaml.safe_dump({"fleetctl_front_door": {"type": "command",
+                                                                             "command": str(hook)}}))
+    log.write_text("")
+    try:
+        yield log
+    finally:
+        door.use_in_inventory(True)  # the runtime-API door again, for `door`'s own teardown
+
+
 def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad_version(
-        door: LabFrontDoor) -> None:
+        door: LabFrontDoor, hook_door: Path) -> None:
+    """Through the `command` backend: a shell hook drains and re-admits at the lab's HAProxy (the runtime-API
+    backend has the other lab tests), so the hook is proven on a real rollout and a real door."""
     with traffic_and_sampler(door) as (report, sampler):
         r = rollout(CRASH)
     assert r.status == fleet_ledger.FAILED
@@ -140,6 +184,20 @@ def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad
     assert sampler.course("spark-01") == ["ready", "drain", "ready"], sampler.course("spark-01")
     assert all(sampler.course(n) == ["ready"] for n in NODES[1:])
     assert report["failed"] == 0, report
+    calls = [ln.split() for ln in hook_door.read_text().splitlines()]
+    mine = [a for h, a in calls if h == "spark-01"]
+    # the floor read the door first; drain, its requests, re-admission, then the door's view of it
+    assert mine[:3] == ["state", "drain", "in-flight"] and mine.count("drain") == 1, mine
+    assert mine.count("readmit") == 1 and mine[-1] == "state" and mine.index("readmit") > 2, mine
+    assert not [h for h, a in calls if h != "spark-01" and a == "drain"], calls
+    eng = engine()
+    try:
+        assert eng.ledger.out_of_rotation() == {}
+        rec = eng.ledger.get(r.id)
+    finally:
+        eng.close()
+    phases = [p.phase for p in rec.phases if p.host == "spark-01"]
+    assert phases.index("draining") < phases.index("stopping"), phases
 
 
 def test_without_the_door_fleetctl_leaves_haproxy_alone(serving: Any) -> None:
@@ -158,26 +216,20 @@ def test_without_the_door_fleetctl_leaves_haproxy_alone(serving: Any) -> None:
         serve(OLD)
 
 
-@pytest.mark.parametrize("then", ["resume", "abort"])
-def test_a_controller_killed_while_a_host_is_drained_then_the_host_ends_in_rotation(
-        door: LabFrontDoor, then: str) -> None:
+def _kill_when_drained(argv: list[str], node: str, led: fleet_ledger.Ledger, sampler: Sampler) -> None:
+    """Run `fleetctl ARGV` and SIGKILL it once ``node`` is loading or soaking, drained at HAProxy."""
     import os
     import signal
 
-    from fleetctl import inventory, paths
-
-    sampler = Sampler(door)
-    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
-                          "--waves", "1,100%"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    p = subprocess.Popen([FLEETCTL, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          env=os.environ.copy())
-    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
-            assert p.poll() is None, "the rollout ended before it could be killed"
+            assert p.poll() is None, f"`fleetctl {' '.join(argv)}` ended before it could be killed"
             rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
-            if (rec is not None and (h := rec.host("spark-01")) is not None and h.phase in ("loading", "soak")
-                    and sampler.admin()["spark-01"] == "drain"):
+            if (rec is not None and (h := rec.host(node)) is not None and h.phase in ("loading", "soak")
+                    and sampler.admin()[node] == "drain"):
                 break
             time.sleep(0.2)
         p.send_signal(signal.SIGKILL)
@@ -185,15 +237,37 @@ def test_a_controller_killed_while_a_host_is_drained_then_the_host_ends_in_rotat
     finally:
         if p.poll() is None:
             p.kill()
-    assert sampler.admin()["spark-01"] == "drain"
-    assert list(led.out_of_rotation()) == ["spark-01"]
-    verb = ["rollout", "--resume"] if then == "resume" else ["rollout", "abort"]
-    after = subprocess.run([FLEETCTL, *verb, "--yes", "--json"], capture_output=True, text=True, timeout=900,
-                           env=os.environ.copy())
-    assert after.returncode == 0, after.stderr[-2000:]
-    assert sampler.admin() == dict.fromkeys(NODES, "ready")
-    assert led.out_of_rotation() == {}
-    led.close()
+            p.wait(30)
+
+
+def test_a_controller_killed_while_a_host_is_drained_then_resume_killed_again_then_abort(
+        door: LabFrontDoor) -> None:
+    """SIGKILL while the canary is drained; `--resume` re-admits it after its gate and is itself killed
+    while the next host is drained; `rollout abort` puts both back on the old version: all in rotation."""
+    import os
+
+    from fleetctl import inventory, paths
+
+    sampler = Sampler(door)
+    led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
+    try:
+        _kill_when_drained(["rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s", "--waves", "1,100%",
+                            "--max-unavailable", "1"], "spark-01", led, sampler)
+        assert sampler.admin()["spark-01"] == "drain"
+        assert list(led.out_of_rotation()) == ["spark-01"]
+        _kill_when_drained(["rollout", "--resume", "--yes"], "spark-02", led, sampler)
+        # The canary passed its gate in the resume and went back in; spark-02 is the one left drained now.
+        assert sampler.admin()["spark-01"] == "ready" and sampler.admin()["spark-02"] == "drain"
+        assert list(led.out_of_rotation()) == ["spark-02"]
+        after = subprocess.run([FLEETCTL, "rollout", "abort", "--yes", "--json"], capture_output=True, text=True,
+                               timeout=900, env=os.environ.copy())
+        assert after.returncode == 0, after.stderr[-2000:]
+        assert sampler.admin() == dict.fromkeys(NODES, "ready")
+        assert led.out_of_rotation() == {}
+        hosts = {h["host"]: h for h in json.loads(after.stdout)["hosts"]}
+        assert {n for n, h in hosts.items() if h["status"] == "done"} >= {"spark-01", "spark-02"}, hosts
+    finally:
+        led.close()
 
 
 # --- the bake (rollout --bake) and fleetctl watch, under the same users' traffic -------------------------

@@ -13,32 +13,26 @@ from rich.console import Console
 
 from fleetctl import inventory, paths
 from fleetctl.cli.status import render_status
-from fleetctl.frontdoor.haproxy import HAProxy
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.status import HostStatus, front_door_view
-from tests.frontdoor.servers import Backend, haproxy
+from tests.frontdoor.servers import loopback_pool
 
 
 def test_status_shows_the_doors_view_and_the_hosts_a_rollout_holds_out(tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    backends = {n: Backend() for n in ("spark-01", "spark-02", "spark-03", "spark-04")}
     state = tmp_path / "state"
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(state))
-    try:
-        with haproxy(tmp_path, {n: b.port for n, b in backends.items()}) as (sock, _):
-            inv_dir = tmp_path / "inventory"
-            shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
-            (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
-                f"fleetctl_front_door: {{type: haproxy, socket: {sock}, backend: vllm}}\n")
-            inv = inventory.load(inv_dir / "hosts.yml")
-            hosts = inv.select(None)
-            HAProxy("vllm", str(sock)).drain(inv.host("spark-02"))
-            with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
-                led.mark_out("spark-02", "rollout-x", "rollout", {})
-            view = front_door_view(inv, hosts)
-    finally:
-        for b in backends.values():
-            b.close()
+    with loopback_pool(tmp_path, ["spark-01", "spark-02", "spark-03", "spark-04"]) as pool:
+        inv_dir = tmp_path / "inventory"
+        shutil.copytree(paths.project_root() / "inventory" / "example", inv_dir)
+        (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
+            f"fleetctl_front_door: {{type: haproxy, socket: {pool.socket}, backend: vllm}}\n")
+        inv = inventory.load(inv_dir / "hosts.yml")
+        hosts = inv.select(None)
+        pool.door.drain(inv.host("spark-02"))
+        with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
+            led.mark_out("spark-02", "rollout-x", "rollout", {})
+        view = front_door_view(inv, hosts)
     assert view is not None
     assert view["spark-02"]["admin"] == "drain" and view["spark-02"]["held_by"] == "rollout-x"
     assert view["spark-01"]["admin"] == "ready" and view["spark-01"]["held_by"] is None

@@ -16,7 +16,7 @@ No ``fleetctl_front_door``: :func:`from_inventory` returns None and a rollout be
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -88,6 +88,22 @@ class FrontDoor(Protocol):
     def state(self, host: Host) -> DoorState:
         """``host`` as the door sees it now."""
         ...
+
+
+def states_of(door: FrontDoor, hosts: Sequence[Host]) -> dict[str, DoorState]:
+    """Every host of ``hosts`` as the door sees it now: one read of the whole pool when the backend has
+    one (HAProxy: ``states``), else one ``state`` per host. A host the door does not answer about is
+    ``admin="?"`` with the door's words in ``detail`` (the caller decides what an unknown host means)."""
+    bulk = getattr(door, "states", None)
+    if callable(bulk):
+        return dict(bulk(hosts))
+    out: dict[str, DoorState] = {}
+    for h in hosts:
+        try:
+            out[h.name] = door.state(h)
+        except FrontDoorError as e:
+            out[h.name] = DoorState(h.name, "?", None, None, e.cause)
+    return out
 
 
 def settings_of(inventory: Inventory) -> Mapping[str, Any] | None:

@@ -79,7 +79,8 @@ def wait_in_rotation(door: FrontDoor, host: Host, timeout: float, poll: float = 
     deadline = time.monotonic() + timeout
     while True:
         st = door.state(host)
-        if st.admin == "ready" and st.healthy is not False:
+        # "unknown": a command hook that does not track state; its re-admission's exit status is the answer.
+        if st.admin in ("ready", "unknown") and st.healthy is not False:
             return st
         if time.monotonic() >= deadline:
             raise FrontDoorError(f"the {door.kind} front door does not see the host in rotation and healthy "

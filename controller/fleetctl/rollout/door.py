@@ -12,16 +12,17 @@ front door existed). See docs/frontdoor.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fleetctl.errors import FleetError
-from fleetctl.frontdoor import Drained, FrontDoorError
+from fleetctl.frontdoor import DoorState, Drained, FrontDoorError, states_of
 from fleetctl.frontdoor.drain import vllm_in_flight, wait_drained, wait_in_rotation
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
 from fleetctl.rollout.preflight import Planning
+from fleetctl.rollout.session import StopRollout
 from fleetctl.state import ledger as fleet_ledger
 
 #: Host statuses after which a host that is still out of rotation serves a good version and goes back in.
@@ -87,12 +88,107 @@ class DoorSteps(Planning):
         if out is None:
             return
         t0 = time.monotonic()
-        self.door.readmit(h, Drained(h.name, out.memo))
-        st = wait_in_rotation(self.door, h, self.readmit_timeout)
+        st = self._readmit_with_retries(h, Drained(h.name, out.memo))
         self.ledger.mark_in(h.name)
         if t is not None:
             t["readmit"] = time.monotonic() - t0
         self._emit("in-rotation", f"back in {self.door.kind} rotation ({st.detail})", h.name)
+
+    def _readmit_with_retries(self, h: Host, drained: Drained) -> DoorState:
+        """Re-admit ``h`` and wait until the door sees it in rotation and healthy; a refusal or a host the
+        door still sees down is tried again, ``readmit_attempts`` times in all, 1 s then 2 s, 4 s ...
+        (at most 15 s) apart. Each attempt waits ``readmit_timeout / readmit_attempts`` (at least 1 s)
+        for the door's health check, so the whole is bounded by about ``readmit_timeout`` plus the pauses.
+
+        Raises FrontDoorError naming the host, what the door said last and the fix."""
+        assert self.door is not None
+        attempts = self.readmit_attempts
+        window = max(1.0, self.readmit_timeout / attempts)
+        delay = 1.0
+        t0 = time.monotonic()
+        for attempt in range(1, attempts + 1):
+            try:
+                self.door.readmit(h, drained)
+                return wait_in_rotation(self.door, h, window)
+            except FrontDoorError as e:
+                last = e
+            if attempt < attempts:
+                self._emit("readmit-retry", f"re-admission {attempt} of {attempts} failed: {last.cause}; "
+                                            f"trying again in {delay:.0f}s", h.name)
+                time.sleep(delay)
+                delay = min(delay * 2, 15.0)
+        raise FrontDoorError(f"still out of {self.door.kind} rotation after {attempts} re-admission(s) in "
+                             f"{time.monotonic() - t0:.0f}s: {last.cause}", host=h.name,
+                             fix=f"{last.fix}; once the door can take it, `fleetctl rollout --resume` re-admits "
+                                 f"{h.name} (it serves a version that passed its gate; `fleetctl status` shows "
+                                 "it held out)")
+
+    def _door_wait_capacity(self, rid: str, pool: Sequence[Host], step: Sequence[str], floor: int,
+                            poll: float = 1.0) -> None:
+        """Before a step takes ``step`` out: wait until the door keeps at least ``floor`` hosts of ``pool``
+        in rotation without them (the plan's floor, :meth:`Plan.floor`).
+
+        Hosts out already (drained or failed at the door, by fleetctl or by someone else) count
+        against the floor: the step waits for them, saying who is out and why, every time that
+        changes. After ``capacity_timeout`` it refuses: :class:`StopRollout` (paused) before any host of
+        the step is touched, so ``--resume`` can go on once the hosts are back."""
+        if self.door is None or not step:
+            return
+        t0 = time.monotonic()
+        last = ""
+        while True:
+            self._check_cancel()
+            in_rot, why_out = self._door_pool(pool)
+            staying = [n for n in in_rot if n not in step]
+            if len(staying) >= floor:
+                if last:
+                    self._emit("capacity", f"{len(in_rot)} of {len(pool)} in rotation, floor {floor}: going on "
+                                           f"after {time.monotonic() - t0:.0f}s")
+                return
+            waiting = (f"{len(in_rot)} of {len(pool)} in rotation, floor {floor}"
+                       + (f", {len(in_rot) - len(staying)} of them in this step" if len(staying) < len(in_rot) else "")
+                       + "; " + "; ".join(f"{n} {w}" for n, w in why_out.items()))
+            if time.monotonic() - t0 >= self.capacity_timeout:
+                hosts = ", ".join(step)
+                raise StopRollout(fleet_ledger.PAUSED, FrontDoorError(
+                    f"{hosts} not taken out: after {self.capacity_timeout:.0f}s {waiting}",
+                    fix="bring the hosts out of rotation back in (or fix their health check), then "
+                        "`fleetctl rollout --resume`; or lower the floor (--min-available, fleetctl_min_available) "
+                        "in a new rollout; fleetctl_capacity_timeout sets the wait").message())
+            if waiting != last:
+                self._emit("capacity-wait", f"waiting: {waiting}")
+                last = waiting
+            time.sleep(poll)
+
+    def _door_pool(self, pool: Sequence[Host]) -> tuple[list[str], dict[str, str]]:
+        """The hosts of ``pool`` the door has in rotation, and why each other one is out."""
+        assert self.door is not None
+        try:
+            seen = states_of(self.door, pool)
+        except FrontDoorError as e:
+            return [], {"(all)": f"unknown: the {self.door.kind} front door does not answer ({e.cause})"}
+        held = self.ledger.out_of_rotation()
+        in_rot, why = [], {}
+        for h in pool:
+            st = seen.get(h.name)
+            by = held.get(h.name)
+            if st is not None and st.in_rotation:
+                in_rot.append(h.name)
+                continue
+            if st is not None and st.admin == "unknown" and by is None and st.healthy is not False:
+                in_rot.append(h.name)  # a door that does not tell: in rotation unless fleetctl holds it out
+                continue
+            if st is None or st.admin == "?":
+                why[h.name] = f"unknown to the door ({st.detail if st else 'no answer'})"
+            elif st.admin == "absent":
+                why[h.name] = "not in the door's pool"
+            elif st.admin != "ready":
+                how = "drained" if st.admin == "drain" else "in maintenance"
+                why[h.name] = (f"{how} by fleetctl ({by.rollout_id}, {by.reason})" if by is not None
+                               else f"{how} outside fleetctl")
+            else:
+                why[h.name] = f"failing the door's health check ({st.detail})"
+        return in_rot, why
 
     def _door_in_or_record(self, rid: str, h: Host, t: dict[str, float] | None = None) -> str | None:
         """:meth:`_door_in`; its failure as text (the host stays out and recorded) instead of an exception."""

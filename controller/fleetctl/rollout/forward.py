@@ -117,6 +117,10 @@ class Forward(BakeSteps):
         wave_secs: list[float] = []
         status, error = fleet_ledger.COMPLETED, None
         bake = opts.bake or 0.0
+        pool = [self.inv.host(hp.host) for hp in p.hosts]
+        if resume:
+            # Hosts a killed controller left out after their step count against the floor: back in first.
+            self._door_reconcile(rid, recipe, [hp.host for hp in p.hosts])
         try:
             for w, members in enumerate(p.waves):
                 tw = time.monotonic()
@@ -138,6 +142,8 @@ class Forward(BakeSteps):
                 self._emit("wave", f"{w + 1} of {len(p.waves)}: {len(pending)} host(s), "
                                    f"{p.max_unavailable} at a time")
                 for step in unit_plan.split_steps(self.inv, pending, p.max_unavailable):
+                    # Never below the plan's floor: hosts already out (failed, drained by anyone) are waited for.
+                    self._door_wait_capacity(rid, pool, step, p.floor())
                     batch = self._batch(rid, recipe, [hosts[h] for h in step if self.inv.unit_of(h) is None])
                     try:
                         # a unit is dispatched once, as its head, which steps every member
@@ -170,7 +176,8 @@ class Forward(BakeSteps):
                         self.ledger.set_wave(rid, w, fleet_ledger.PAUSED)
                         why = "; ".join(f"{h}: {rec.host(h).error}" for h in paused)  # type: ignore[union-attr]
                         hook.send("pause", hosts=paused, error=why)
-                        raise StopRollout(fleet_ledger.PAUSED, f"inconclusive gate: {why}")
+                        out = all(rec.host(h).phase == "out-of-rotation" for h in paused)  # type: ignore[union-attr]
+                        raise StopRollout(fleet_ledger.PAUSED, why if out else f"inconclusive gate: {why}")
                 if bake:
                     self._bake(rid, recipe, opts, p, w, members, hosts, hook, bake)
                 self.ledger.set_wave(rid, w, fleet_ledger.DONE)

@@ -220,6 +220,13 @@ class Plan:
     capacity: Capacity | None = None
     estimate: Estimate | None = None
 
+    def floor(self) -> int:
+        """Hosts of the plan kept in rotation while a step runs: :func:`capacity`'s floor (for a plan read
+        back from the ledger, which keeps only the step size: the hosts minus the step size)."""
+        if self.capacity is not None:
+            return self.capacity.floor
+        return max(0, len(self.hosts) - self.max_unavailable)
+
     def steps(self) -> list[list[str]]:
         """Every step in order: the hosts of each wave, ``max_unavailable`` at a time."""
         return [step for w in self.waves for step in split_steps(w, self.max_unavailable)]

@@ -102,6 +102,15 @@ def same_version(digest: str, fingerprint: str | None, digest2: str | None, fing
 
 
 
+def readmit_attempts(inventory: Inventory) -> int:
+    """``fleetctl_readmit_attempts`` (default 3): a whole number from 1 to 10, else one clear refusal."""
+    raw = inventory.vars.get("fleetctl_readmit_attempts", 3)
+    if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 10:
+        raise FleetError(f"fleetctl_readmit_attempts in {inventory.path} is {raw!r}, not a whole number from 1 to 10",
+                         fix="set fleetctl_readmit_attempts: 3 (re-admissions tried before a host is reported out)")
+    return raw
+
+
 class Session:
     """The shared core of every rollout command: the inventory, the ledger, the hosts' locks, the seams
     to hosts, gates and registry, progress, and the bounded fan-out of host steps."""
@@ -155,6 +164,11 @@ class Session:
                                             f"fleetctl_drain_timeout in {inventory.path}")
         self.readmit_timeout = parse_duration(inventory.vars.get("fleetctl_readmit_timeout", 60),
                                               f"fleetctl_readmit_timeout in {inventory.path}")
+        #: How long a step waits for the door to have enough hosts in rotation before it refuses (pauses).
+        self.capacity_timeout = parse_duration(inventory.vars.get("fleetctl_capacity_timeout", 600),
+                                               f"fleetctl_capacity_timeout in {inventory.path}")
+        #: Re-admissions tried (with backoff) before a host is reported still out of rotation.
+        self.readmit_attempts = readmit_attempts(inventory)
         #: (image, requested tag) -> what the registry answered, asked once per command.
         self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
         #: Each host's GPU model as its preflight saw it (a part of its compile-cache key).

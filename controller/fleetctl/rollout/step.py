@@ -146,6 +146,12 @@ class HostSteps(DoorSteps):
             return
         self._check_cancel()
         cur = ops.inspect(name)
+        if (rec is not None and rec.phase == "out-of-rotation" and cur is not None and cur.running
+                and cur.rollout == rid and cur.digest == p.digest):
+            if batch is not None:
+                batch.leave(h.name)
+            self._readmit_gated(rid, recipe, p, h, show, t)
+            return
         # Out of rotation before anything changes, and for the whole gate (a resumed host too).
         self._door_out(rid, h, recipe, show, t)
         if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
@@ -174,6 +180,24 @@ class HostSteps(DoorSteps):
             self._fail_host(rid, recipe, h, recoverable_why(e), None, show, t, judged=not isinstance(e, KeyboardInterrupt))
             if isinstance(e, KeyboardInterrupt):
                 raise
+
+    def _readmit_gated(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host, show: Mapping[str, Any],
+                       t: dict[str, float]) -> None:
+        """A host that passed its gate but the door did not take back (a paused run, resumed): still
+        serving this rollout's container and ready, it is re-admitted without a new gate."""
+        self._phase(rid, h, "readmitting", "passed its gate before; checking readiness, then re-admitting", show)
+        cfg = gate.config(recipe, None, h)
+        ready = self.gates.wait(h, recipe, p.tag, cfg, self.readmit_timeout, self._forward(h, show, "loading"))
+        why = None if ready.ready else f"not ready ({ready.message})"
+        why = why or self._door_in_or_record(rid, h, t)
+        if why is not None:
+            self._phase(rid, h, "out-of-rotation", why, {**show, "health": "out"}, status=fleet_ledger.HOST_PAUSED,
+                        error=f"passed its gate, but {why}")
+            return
+        self._phase(rid, h, "done", "passed its gate; back in rotation", {**show, "health": "ok"},
+                    status=fleet_ledger.DONE)
+        if self.held is not None:
+            self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
 
     def _deploy_and_gate(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, h: Host, ops: remote.HostOps,
                          cur: remote.Serving | None, show: Mapping[str, Any], t: dict[str, float],
@@ -211,9 +235,10 @@ class HostSteps(DoorSteps):
             now = ops.inspect(container_name(h))
             if door_error is not None:
                 self._keep_known_good(rid, recipe, p, h, now)
-                # A good version the door does not take back: the host stays out and the rollout stops here.
+                # A good version the door does not take back: the host stays out (recorded) and the rollout
+                # pauses here; `--resume` re-admits it (no new gate) once the door is fixed.
                 self._phase(rid, h, "out-of-rotation", door_error, {**show, "health": "out", **figures},
-                            status=fleet_ledger.HOST_FAILED, after_tag=p.tag, after_digest=p.digest, verdict=summary,
+                            status=fleet_ledger.HOST_PAUSED, after_tag=p.tag, after_digest=p.digest, verdict=summary,
                             artifacts=verdict.artifacts_dir, error=f"passed its gate, but {door_error}")
                 return
             self._passed(rid, recipe, p, h, verdict.summary, {**show, **figures}, verdict, summary, now)
