@@ -156,26 +156,30 @@ def test_tree_stage_uploads_log_n_times_from_the_seed_and_each_copy_is_verified(
     assert len(nodes) >= 4
     for n in nodes:
         fleetlab.node_exec(n, ["rm", "-rf", "/opt/fleetctl-test"])
-    before = {n: len(_node_logins(n, nodes)) for n in nodes}
-    r = stage(test_inventory, "t-good", limit=",".join(nodes), extravars={"weights_tree_fanout": 1})
-    assert r.ok, [(h.name, h.message) for h in r.hosts.values() if not h.ok]
-    sets = 2  # body and drafter: one rsync (one SSH login) each
-    uploads = {n: (len(_node_logins(n, nodes)) - before[n]) / sets for n in nodes}
-    tree = load_role_file("weights", "filter_plugins/weights_tree.py")
-    assert r.seed is not None
-    assert uploads[r.seed] == tree.rounds_for(len(nodes), 1) == math.ceil(math.log2(len(nodes))), uploads
-    assert uploads[r.seed] < len(nodes) - 1
-    assert sum(uploads.values()) == len(nodes) - 1, uploads  # each receiver copied once
-    assert len([n for n, u in uploads.items() if u and n != r.seed]) >= 1, "no receiver served another"
-    assert {n: u for n, u in uploads.items() if u} == r.uploads(), "the hosts' logs and the result disagree"
-    mirror = Path(lab.directory) / "www" / "weights"
-    for n in nodes:
-        for path, repo in ((BODY_PATH, "fleetctl-test/body"), (DRAFTER_PATH, "fleetctl-test/drafter")):
-            manifest = json.loads((mirror / repo / "good" / "manifest.json").read_text())
-            on_host = checksums(test_inventory, n, path)
-            assert {f"./{f['path']}": f["sha256"] for f in manifest["files"]}.items() <= on_host.items(), (n, path)
-            assert marker(test_inventory, n, path)["revision"] == "good"
-        assert leftovers(test_inventory, n) == []
+    try:
+        before = {n: len(_node_logins(n, nodes)) for n in nodes}
+        r = stage(test_inventory, "t-good", limit=",".join(nodes), extravars={"weights_tree_fanout": 1})
+        assert r.ok, [(h.name, h.message) for h in r.hosts.values() if not h.ok]
+        sets = 2  # body and drafter: one rsync (one SSH login) each
+        uploads = {n: (len(_node_logins(n, nodes)) - before[n]) / sets for n in nodes}
+        tree = load_role_file("weights", "filter_plugins/weights_tree.py")
+        assert r.seed is not None
+        assert uploads[r.seed] == tree.rounds_for(len(nodes), 1) == math.ceil(math.log2(len(nodes))), uploads
+        assert uploads[r.seed] < len(nodes) - 1
+        assert sum(uploads.values()) == len(nodes) - 1, uploads  # each receiver copied once
+        assert len([n for n, u in uploads.items() if u and n != r.seed]) >= 1, "no receiver served another"
+        assert {n: u for n, u in uploads.items() if u} == r.uploads(), "the hosts' logs and the result disagree"
+        mirror = Path(lab.directory) / "www" / "weights"
+        for n in nodes:
+            for path, repo in ((BODY_PATH, "fleetctl-test/body"), (DRAFTER_PATH, "fleetctl-test/drafter")):
+                manifest = json.loads((mirror / repo / "good" / "manifest.json").read_text())
+                on_host = checksums(test_inventory, n, path)
+                assert {f"./{f['path']}": f["sha256"] for f in manifest["files"]}.items() <= on_host.items(), (n, path)
+                assert marker(test_inventory, n, path)["revision"] == "good"
+            assert leftovers(test_inventory, n) == []
+    finally:  # the later tests start from hosts without the test sets (a disk check sees nothing staged)
+        for n in nodes:
+            fleetlab.node_exec(n, ["rm", "-rf", "/opt/fleetctl-test"])
 
 
 def test_rerun_copies_nothing(staged: StageResult, lab: fleetlab.LabStatus) -> None:
