@@ -85,7 +85,7 @@ def haproxy(tmp: Path, servers: dict[str, int], backend: str = "vllm") -> Iterat
     exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
     sock = tmp / "admin.sock"
     port = free_port()
-    lines = "\n".join(f"  server {name} 127.0.0.1:{p} check inter 100ms fall 3 rise 1"
+    lines = "\n".join(f"  server {name} 127.0.0.1:{p} check inter 100ms fall 1 rise 1"
                       for name, p in servers.items())
     cfg = tmp / "haproxy.cfg"
     cfg.write_text(f"""global

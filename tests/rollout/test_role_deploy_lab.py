@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from fleetctl import inventory, registry, ssh
+from fleetctl import inventory, registry, ssh, warmcache
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
@@ -60,8 +60,10 @@ def _rollout_on_node(inv: inventory.Inventory, state: Path) -> tuple[str, dict[s
     assert c is not None and c["State"]["Running"]
     # What the controller's own `docker run` sets: the role must render the very same container.
     ref = registry.pull_ref(recipe.image, r.digest or "", inv.vars.get("fleetctl_registry_mirrors"))
+    # The lab's nodes report a GB10, so the rollout mounted the caches under that key.
+    key = warmcache.cache_key(r.digest or "", remote.fingerprint(recipe), remote.GB10) if recipe.compile_cache else None
     argv = remote.run_argv(h, recipe, ref, tag=r.tag or "", digest=r.digest or "", rollout_id=r.id or "",
-                           name=remote.container_name(h))
+                           name=remote.container_name(h), cache_key=key)
     labels = dict(v.split("=", 1) for k, v in itertools.pairwise(argv) if k == "--label")
     assert {k: v for k, v in c["Config"]["Labels"].items() if k.startswith("fleetctl.")} == labels
     assert c["Config"]["Image"] == ref and c["Config"]["Entrypoint"] == ["vllm"]
