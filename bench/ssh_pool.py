@@ -82,14 +82,8 @@ def local_hosts(n: int) -> Iterator[tuple[list[Host], Host]]:
         raise SystemExit("--local needs root and openssh-server (scripts/bootstrap.sh installs it)")
     with tempfile.TemporaryDirectory(prefix="fleetctl-bench-ssh-") as d:
         tmp = Path(d)
-        sshd.keygen(tmp / "id")
-        (tmp / "authorized_keys").write_text((tmp / "id.pub").read_text())
-        servers = [sshd.start(tmp, "bastion", "127.0.0.1", forwarding=True, allow_user="root",
-                              authorized_keys=tmp / "authorized_keys")]
+        servers = sshd.root_fleet(tmp, n)
         try:
-            servers.append(sshd.start(tmp, "target", "127.0.0.2", forwarding=False, allow_user="root",
-                                      ports=n, authorized_keys=tmp / "authorized_keys"))
-            (tmp / "known_hosts").write_text("".join(s.known() for s in servers))
             common: dict[str, Any] = {"user": "root", "key_file": str(tmp / "id"),
                                       "known_hosts": str(tmp / "known_hosts")}
             hosts = [Host(f"local-{i}", "127.0.0.2", port=p, **common) for i, p in enumerate(servers[1].ports)]

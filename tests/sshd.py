@@ -101,3 +101,20 @@ def start(tmp: pathlib.Path, name: str, addr: str, *, forwarding: bool, allow_us
             raise RuntimeError(f"sshd {name} exited: {log.read_text()}")
         time.sleep(0.05)
     return Sshd(name, addr, chosen, key, log, proc)
+
+
+def root_fleet(tmp: pathlib.Path, n: int) -> tuple[Sshd, Sshd]:
+    """A bastion on 127.0.0.1 (forwarding) and ``n`` "hosts" (ports of one sshd on 127.0.0.2), root
+    logging in with ``tmp/id``; ``tmp/known_hosts`` holds both servers' keys. Stop both when done."""
+    keygen(tmp / "id")
+    (tmp / "authorized_keys").write_text((tmp / "id.pub").read_text())
+    bastion = start(tmp, "bastion", "127.0.0.1", forwarding=True, allow_user="root",
+                    authorized_keys=tmp / "authorized_keys")
+    try:
+        target = start(tmp, "target", "127.0.0.2", forwarding=False, allow_user="root", ports=n,
+                       authorized_keys=tmp / "authorized_keys")
+    except BaseException:
+        bastion.stop()
+        raise
+    (tmp / "known_hosts").write_text(bastion.known() + target.known())
+    return bastion, target

@@ -344,3 +344,46 @@ def test_an_encrypted_key_file_unlocked_in_the_agent(fleet: Fleet, monkeypatch: 
     finally:
         agent.terminate()
         agent.wait(10)
+
+
+def _masters(control: pathlib.Path) -> list[str]:
+    """Command lines of live ssh processes that name a socket under ``control`` (masters show it)."""
+    out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=True).stdout
+    return [ln for ln in out.splitlines() if ln.startswith("ssh") and str(control) in ln]
+
+
+def test_a_playbook_run_keeps_one_master_per_host_and_closes_them_when_it_ends(
+        fleet: Fleet, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetctl import ansible
+    from fleetctl.progress import Event
+
+    monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
+    fleet.inventory()  # writes hosts.yml and known_hosts
+    inv = inventory.load(fleet.tmp / "hosts.yml")
+    (tmp_path / "play.yml").write_text(textwrap.dedent("""\
+        - hosts: all
+          gather_facts: false
+          tasks:
+            - {name: one, ansible.builtin.raw: "true"}
+            - {name: two, ansible.builtin.raw: "true"}
+            - {name: three, ansible.builtin.raw: "true"}
+    """))
+    seen: dict[str, set[str]] = {}
+    parent = ansible.control_path_dir()
+
+    def watch(e: Event) -> None:
+        # while the run goes on: its masters' sockets, and the ssh processes serving them
+        if e.phase == "task":
+            for sock in parent.glob("r*/*"):
+                if sock.is_socket():
+                    seen.setdefault(str(sock), set()).update(_masters(sock))
+
+    before = {p.name for p in parent.iterdir()}
+    r = ansible.run_playbook(str(tmp_path / "play.yml"), inv, progress=watch)
+    assert r.ok, {h: x.message for h, x in r.hosts.items()}
+    assert len(seen) == 2, seen  # one master per host, shared by the three tasks
+    assert all(seen.values()), seen
+    # the run's directory and its masters are gone as soon as it returns
+    assert {p.name for p in parent.iterdir()} <= before
+    time.sleep(0.2)
+    assert not [m for s in seen for m in _masters(pathlib.Path(s))]

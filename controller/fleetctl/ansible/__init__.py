@@ -35,9 +35,11 @@ from fleetctl.ansible.config import (
     AnsibleError,
     ansible_cfg,
     ansible_playbook_binary,
+    close_masters,
     control_path_dir,
     forks,
     resolve_playbook,
+    run_control_dir,
 )
 from fleetctl.ansible.events import (
     REPORT_KEY,
@@ -69,11 +71,13 @@ __all__ = [
     "TaskResult",
     "ansible_cfg",
     "ansible_playbook_binary",
+    "close_masters",
     "control_path_dir",
     "failure_message",
     "forks",
     "format_diff",
     "minimal_env",
     "resolve_playbook",
+    "run_control_dir",
     "run_playbook",
 ]

@@ -8,12 +8,21 @@ Ansible settings, chosen for speed and safety; each run writes them to its own
   session's stdin instead of being copied to a temp file first, one round trip
   per task instead of three or four. Needs no ``requiretty`` in sudoers, which
   DGX OS does not set.
-- **ControlPersist** (``ControlMaster=auto``, ``ControlPersist=60s``): one SSH
-  connection per host carries every task, and a run started within a minute of
-  the previous one (provision then stage, or a re-run) skips the handshake. The
-  control sockets live in ``/tmp/fleetctl-ssh-<uid>/`` (mode 0700) as ``%C`` (a
-  40-character hash): a Unix socket path is limited to 108 bytes, which paths
-  under a state directory in ``$HOME`` overflow easily.
+- **ControlPersist, bounded by the run** (``ControlMaster=auto``,
+  ``ControlPersist=60s``): one SSH connection per host carries every task of a
+  run. Each run keeps its masters in a directory of its own,
+  ``/tmp/fleetctl-ssh-<uid>/r<8 random characters>/`` (mode 0700), as ``%C`` (a
+  40-character hash: a Unix socket path is limited to 108 bytes, which paths
+  under a state directory in ``$HOME`` overflow easily), and closes them when
+  it ends (:func:`close_masters`). A master is an ``ssh`` process of ~4 MB
+  resident (plus its ProxyJump ``ssh`` through a bastion): left to expire, the
+  masters of a rollout's successive steps and of provision then stage piled up
+  to one per host of the fleet for a minute after each run, ~1 GB at 256
+  hosts. Now a run holds at most one per host it runs on (a rollout step's
+  hosts; ``bench/control_persist.py``), and none outlive it; the 60 s persist
+  only bounds what a killed controller leaves behind. The cost is one
+  handshake per host per run (~15 ms of controller CPU). Separate directories
+  also mean a run never closes a master another fleetctl command is using.
 - **forks sized for the fleet**: one fork per selected host, at most
   :data:`MAX_FORKS` (or the inventory's ``fleetctl_ansible_forks``), so that a
   fleet of 8 runs each task on all 8 at once instead of in batches of
@@ -48,11 +57,14 @@ How secrets stay out of those artifacts: :mod:`fleetctl.ansible.redaction`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Collection
 from pathlib import Path
 
@@ -84,7 +96,7 @@ class AnsibleError(FleetError):
 
 
 def control_path_dir() -> Path:
-    """The directory of SSH ControlPersist sockets: short, private, shared by runs of one user."""
+    """The parent of every run's SSH ControlPersist sockets: short, private to this user."""
     d = Path(tempfile.gettempdir()) / f"fleetctl-ssh-{os.getuid()}"
     d.mkdir(mode=0o700, exist_ok=True)
     if d.stat().st_uid != os.getuid() or d.stat().st_mode & 0o077:
@@ -95,8 +107,58 @@ def control_path_dir() -> Path:
     return d
 
 
-def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: int | None = None) -> str:
-    """The ``ansible.cfg`` text a run uses (see this module's docstring for why each setting)."""
+#: A run's control directory left empty this long (a killed controller's) is removed by the next run.
+STALE_CONTROL_DIR = 6 * 3600
+#: ``ssh -O exit`` commands in flight at once when a run closes its masters.
+CLOSE_FAN_OUT = 32
+
+
+def run_control_dir() -> Path:
+    """A new directory for one run's SSH masters (see the module docstring); sweeps old empty ones."""
+    parent = control_path_dir()
+    now = time.time()
+    for old in parent.iterdir():
+        with contextlib.suppress(OSError):  # another run's, in use, or gone meanwhile
+            if old.is_dir() and now - old.stat().st_mtime > STALE_CONTROL_DIR:
+                old.rmdir()  # only when empty: a live master's socket keeps it
+    # mkdtemp: 0700 and a name no concurrent run (of this or another command) can share.
+    return Path(tempfile.mkdtemp(prefix="r", dir=parent))
+
+
+def close_masters(control_dir: Path) -> int:
+    """Close every SSH master whose socket is in ``control_dir``, then remove the directory.
+
+    ``ssh -O exit`` asks each master to end (at most :data:`CLOSE_FAN_OUT` at once, a few ms
+    each); a master that does not answer within 5 s is left to its ControlPersist timeout.
+    Returns how many masters were asked to close.
+    """
+    try:
+        sockets = [p for p in control_dir.iterdir() if p.is_socket()]
+    except FileNotFoundError:
+        return 0
+    for i in range(0, len(sockets), CLOSE_FAN_OUT):
+        procs = [subprocess.Popen(["ssh", "-o", f"ControlPath={s}", "-O", "exit", "fleetctl-master"],
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+                 for s in sockets[i:i + CLOSE_FAN_OUT]]
+        for proc in procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    with contextlib.suppress(OSError):  # a master that did not answer still holds its socket
+        control_dir.rmdir()
+    return len(sockets)
+
+
+def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: int | None = None,
+                control_dir: Path | None = None) -> str:
+    """The ``ansible.cfg`` text a run uses (see this module's docstring for why each setting).
+
+    ``control_dir`` holds the run's SSH masters (:func:`run_control_dir`); by default the
+    shared parent, for a config written to be read rather than run.
+    """
     known: list[str] = []
     for name in hosts:
         h = inventory.host(name)
@@ -136,7 +198,7 @@ def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: i
         "[ssh_connection]",
         "pipelining = True",
         f"ssh_args = {ssh_args}",
-        f"control_path_dir = {control_path_dir()}",
+        f"control_path_dir = {control_dir or control_path_dir()}",
         "control_path = %(directory)s/%%C",
         "retries = 0",
     ]

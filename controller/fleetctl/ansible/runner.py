@@ -20,8 +20,10 @@ from fleetctl.ansible.config import (
     AnsibleError,
     ansible_cfg,
     ansible_playbook_binary,
+    close_masters,
     forks,
     resolve_playbook,
+    run_control_dir,
 )
 from fleetctl.ansible.events import EventFolder, PlaybookResult
 from fleetctl.ansible.redaction import Redactor, minimal_env, private_vars_file, scrub_command_env
@@ -72,7 +74,12 @@ def run_playbook(
         artifacts_dir = paths.state_dir(inventory.path) / "runs" / run_id / "ansible" / path.stem
     artifacts_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     cfg = artifacts_dir / "ansible.cfg"
-    cfg.write_text(ansible_cfg(inventory, selected, task_timeout=task_timeout))
+    control_dir = run_control_dir()
+    try:
+        cfg.write_text(ansible_cfg(inventory, selected, task_timeout=task_timeout, control_dir=control_dir))
+    except BaseException:
+        close_masters(control_dir)  # none yet: removes the directory
+        raise
 
     redactor = Redactor([*(secrets or {}).values(), *redact])
     folder = EventFolder(progress, collect=collect, redactor=redactor)
@@ -122,6 +129,7 @@ def run_playbook(
             r.run()
             status, rc = str(r.status), int(r.rc if r.rc is not None else -1)
         finally:
+            close_masters(control_dir)  # none outlive the run (config.py: ControlPersist)
             scrub_command_env(artifacts_dir / "command", redactor)
             redactor.file(artifacts_dir / "stdout")
     elapsed = time.monotonic() - t0
