@@ -265,3 +265,4 @@ def test_plan_shows_the_floor_the_steps_and_the_expected_time_in_80_columns() ->
     # The canary, then 4 steps; each waits a 4 min load and a 10 min soak.
     assert "steps: 1, 3 x 25, 24 host(s)" in text
     assert "expected 1h 10m: 5 step(s) x (4m 00s load + 10m 00s soak), after the pulls" in text
+    assert "(load: recipe's load_time; soak: sustained only, no past soaks)" in text

@@ -77,3 +77,22 @@ def test_the_inventorys_floor_sets_the_steps_of_a_rollout_and_a_rollback(tmp_pat
     finally:
         eng.close()
     assert r2.status == "completed" and _steps(r2, tmp_path) == [1, 1, 1]
+
+
+def test_the_next_plan_learns_its_estimate_from_the_steps_that_passed(tmp_path: Path) -> None:
+    fleet = SimFleet(dict.fromkeys(HOSTS, "v1"), {"v1": OK, "v2": OK, "v3": OK})
+    eng = _engine(tmp_path, fleet)
+    try:
+        assert eng.rollout(Options(tag="v2", limit=LIMIT, soak=1.0)).status == "completed"
+        r = eng.rollout(Options(tag="v3", limit=LIMIT, dry_run=True, soak=90.0))
+    finally:
+        eng.close()
+    with fleet_ledger.open_ledger(tmp_path / "state") as led:
+        passed = led.passed_steps(r.plan.recipe if r.plan else "")
+    # every passed step recorded its timings and the sustained seconds it was asked for
+    assert len(passed) == 3 and all(v["sustained_s"] == 1.0 and "ready" in v["timings"] for v in passed)
+    e = r.plan.estimate if r.plan else None
+    assert e is not None and e.basis == "load: median of 3 past steps; soak: sustained + median extra of 3"
+    # the simulated hosts load at once, not in the recipe's 4 min; the soak is this run's 90 s plus what the
+    # simulated gates took beyond their 1 s (nothing: they return at once)
+    assert e.load_seconds < 5 and e.soak_seconds == 90.0

@@ -185,3 +185,27 @@ def test_estimate_is_steps_times_load_and_soak() -> None:
     one = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts}, max_unavailable="1").with_estimate(240, 600)
     assert one.estimate is not None and one.estimate.seconds == 16 * 840.0
     assert plan.Plan.__dataclass_fields__["estimate"].default is None  # a resumed plan has none
+
+
+def test_the_estimate_learns_load_and_the_soaks_other_phases_from_passed_steps() -> None:
+    def v(ready: float, soak: float, sustained: float, **more: float) -> dict[str, object]:
+        return {"outcome": "pass", "timings": {"stop": 1.0, "start": 0.5, "ready": ready, "soak": soak, **more},
+                "sustained_s": sustained}
+
+    # no history: the recipe's figures, the soak's sustained phase alone
+    load, soak, basis = plan.learned([], 240, 600)
+    assert (load, soak) == (240.0, 600.0) and basis == "load: recipe's load_time; soak: sustained only, no past soaks"
+    # two steps are not enough to trust
+    assert plan.learned([v(10, 45, 5), v(12, 47, 5)], 240, 600)[:2] == (240.0, 600.0)
+    # three: the median load (stop + start + ready), and this run's sustained seconds plus the median of
+    # what the soaks took beyond the sustained seconds they were asked for (40, 42, 60; a re-admission counts)
+    hist = [v(10, 45, 5), v(12, 47, 5), v(30, 620, 560, readmit=0.5)]
+    load, soak, basis = plan.learned(hist, 240, 600)
+    assert load == 13.5 and soak == 600 + 42.0
+    assert basis == "load: median of 3 past steps; soak: sustained + median extra of 3"
+    # a verdict from before sustained_s was recorded teaches the load only
+    load, soak, _ = plan.learned([{"outcome": "pass", "timings": {"ready": 5.0, "soak": 50.0}}] * 3, 240, 10)
+    assert (load, soak) == (5.0, 10.0)
+    hosts = [f"s{i}" for i in range(8)]
+    e = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts}).with_estimate(load, soak, basis).estimate
+    assert e is not None and e.basis == basis

@@ -150,6 +150,31 @@ def test_one_host_record_is_the_same_as_in_the_whole_record(backend: Backend) ->
         assert led.host_record("nope", "s1") is None
 
 
+def test_passed_steps_are_the_passed_verdicts_of_the_recipes_recent_rollouts(backend: Backend) -> None:
+    def passed(t: float) -> dict[str, Any]:
+        return {"outcome": "pass", "timings": {"ready": t, "soak": 40.0}, "sustained_s": 5.0}
+
+    with backend.open() as led:
+        make(led, "ro-old")
+        make(led, "ro-new")
+        led.create("ro-other", kind="rollout", recipe="other", requested="x", tag="x", digest=D, image="i",
+                   options={}, command="c", waves=[["s1"]],
+                   hosts=[{"host": "s1", "wave": 0, "step": 0, "target_tag": "x", "target_digest": D}])
+        led.host_phase("ro-old", "s1", "done", status=fleet_ledger.DONE, verdict=passed(1.0))
+        led.host_phase("ro-new", "s1", "done", status=fleet_ledger.DONE, verdict=passed(2.0))
+        led.host_phase("ro-new", "s2", "done", status=fleet_ledger.DONE, verdict=passed(3.0))
+        # not a passed gate: a failed one, a host still in its soak, another recipe's
+        led.host_phase("ro-new", "s3", "failed", status=fleet_ledger.HOST_FAILED,
+                       verdict={"outcome": "fail", "timings": {"ready": 99.0}})
+        led.host_phase("ro-old", "s2", "soak", status=fleet_ledger.IN_PROGRESS)
+        led.host_phase("ro-other", "s1", "done", status=fleet_ledger.DONE, verdict=passed(50.0))
+        got = [v["timings"]["ready"] for v in led.passed_steps("qwen")]
+        assert got == [3.0, 2.0, 1.0]  # newest first
+        assert [v["timings"]["ready"] for v in led.passed_steps("qwen", limit=2)] == [3.0, 2.0]
+        assert [v["timings"]["ready"] for v in led.passed_steps("qwen", rollouts=1)] == [3.0, 2.0]
+        assert led.passed_steps("nope") == []
+
+
 def test_history_is_newest_first_and_filtered(backend: Backend) -> None:
     with backend.open() as led:
         for rid in ("ro-a", "ro-b", "rb-c"):

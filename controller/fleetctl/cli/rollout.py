@@ -70,6 +70,7 @@ def render_plan(p: Plan, con: Console) -> None:
         e = p.estimate
         con.print(f"  expected {_span(e.seconds)}: {len(steps)} step(s) x ({_span(e.load_seconds)} load + "
                   f"{_span(e.soak_seconds)} soak), after the pulls", highlight=False)
+        con.print(f"    ({e.basis})", highlight=False)
     rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
              short_tag(h.current_tag) if h.current_tag else "(nothing)", _short(h.current_digest), h.action]
             for h in p.hosts]

@@ -171,8 +171,10 @@ def table_figures(data: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def summarise(v: Verdict | None, timings: Mapping[str, float]) -> dict[str, Any]:
-    """What the ledger keeps of a verdict: outcome, summary, failed checks with values, run id, timings."""
+def summarise(v: Verdict | None, timings: Mapping[str, float], sustained: float | None = None) -> dict[str, Any]:
+    """What the ledger keeps of a verdict: outcome, summary, failed checks with values, run id, timings, and
+    the sustained seconds the soak was asked for (``sustained_s``: a plan's estimate separates the
+    soak's fixed phases from its sustained one with it, see :func:`fleetctl.rollout.plan.learned`)."""
     if v is None:
         return {"timings": dict(timings)}
     checks = []
@@ -182,4 +184,5 @@ def summarise(v: Verdict | None, timings: Mapping[str, float]) -> dict[str, Any]
         checks.append({"name": c.name, "outcome": c.outcome.value, "message": c.message, "failing": meas})
     return {"outcome": v.outcome.value, "summary": v.summary, "run_id": v.run_id, "tag": v.tag,
             "failed_checks": failed_checks(v), "checks": checks, "figures": figures(v),
-            "timings": dict(timings), "artifacts": v.artifacts_dir}
+            "timings": dict(timings), "artifacts": v.artifacts_dir,
+            **({"sustained_s": float(sustained)} if sustained is not None else {})}

@@ -14,8 +14,10 @@ large as the floor allows (docs/decisions/0013-capacity-floor.md).
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from fleetctl.errors import FleetError
 
@@ -200,6 +202,48 @@ class Estimate:
     #: One step (load, then soak) and the whole plan (step after step).
     step_seconds: float
     seconds: float
+    #: Where the load and soak figures come from (:func:`learned`).
+    basis: str = "load: recipe's load_time; soak: sustained only, no past soaks"
+
+
+#: A host's step timings (``HostOutcome.timings``) counted as its load: from the drain to /health.
+LOAD_TIMINGS = ("drain", "stop", "deploy", "start", "ready")
+#: Passed steps needed before the measured medians replace the recipe's figures.
+MIN_LEARNED = 3
+
+
+def learned(verdicts: Sequence[Mapping[str, Any]], load_seconds: float, sustained_seconds: float
+            ) -> tuple[float, float, str]:
+    """The load and soak seconds a step is expected to take, and their basis.
+
+    From the verdicts of steps that passed before (``Ledger.passed_steps``), when there are at least
+    :data:`MIN_LEARNED`: the median load (:data:`LOAD_TIMINGS` added up), and the soak as this run's
+    sustained seconds plus the median of what the soak took beyond the sustained seconds it was asked
+    for then (readiness, smoke, classes, sweep, probes, the re-admission), so a shorter or longer
+    ``--soak`` than last time still counts right. Else the recipe's ``load_time`` and the sustained
+    seconds alone, which leave the soak's other phases out.
+    """
+    loads: list[float] = []
+    fixed: list[float] = []
+    for v in verdicts:
+        t = v.get("timings") or {}
+        if "ready" in t:
+            loads.append(sum(float(t[k]) for k in LOAD_TIMINGS if k in t))
+        if "soak" in t and isinstance(v.get("sustained_s"), (int, float)):
+            fixed.append(max(0.0, float(t["soak"]) - float(v["sustained_s"])) + float(t.get("readmit", 0.0)))
+    parts: list[str] = []
+    if len(loads) >= MIN_LEARNED:
+        load_seconds = statistics.median(loads)
+        parts.append(f"load: median of {len(loads)} past steps")
+    else:
+        parts.append("load: recipe's load_time")
+    soak_seconds = float(sustained_seconds)
+    if len(fixed) >= MIN_LEARNED:
+        soak_seconds += statistics.median(fixed)
+        parts.append(f"soak: sustained + median extra of {len(fixed)}")
+    else:
+        parts.append("soak: sustained only, no past soaks")
+    return float(load_seconds), soak_seconds, "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -231,11 +275,12 @@ class Plan:
         """Every step in order: the hosts of each wave, ``max_unavailable`` at a time."""
         return [step for w in self.waves for step in split_steps(w, self.max_unavailable)]
 
-    def with_estimate(self, load_seconds: float, soak_seconds: float) -> Plan:
-        """This plan with its expected wall time."""
+    def with_estimate(self, load_seconds: float, soak_seconds: float, basis: str | None = None) -> Plan:
+        """This plan with its expected wall time (``basis``: where the figures come from, :func:`learned`)."""
         steps = tuple(tuple(s) for s in self.steps())
         one = float(load_seconds) + float(soak_seconds)
-        return replace(self, estimate=Estimate(steps, float(load_seconds), float(soak_seconds), one, one * len(steps)))
+        est = Estimate(steps, float(load_seconds), float(soak_seconds), one, one * len(steps))
+        return replace(self, estimate=replace(est, basis=basis) if basis else est)
 
     def host(self, name: str) -> HostPlan:
         """The plan of one host."""

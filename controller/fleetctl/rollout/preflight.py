@@ -126,7 +126,9 @@ class Planning(Session):
         # The estimate from the soak config of the first host that moves (its profile: the lab's or a Spark's).
         movers = [h for h in hosts if p.host(h.name).action == "deploy"] or list(hosts)
         cfg = gate.config(recipe, opts.soak, movers[0])
-        p = p.with_estimate(cfg.load_time, cfg.sustained_duration)
+        # ... and from what this recipe's passed steps took before, once there are a few (plan.learned).
+        p = p.with_estimate(*wave_plan.learned(self.ledger.passed_steps(recipe.name), cfg.load_time,
+                                               cfg.sustained_duration))
         return p, recipe, facts, hosts
 
     def min_available(self) -> object:

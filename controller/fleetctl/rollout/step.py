@@ -227,7 +227,7 @@ class HostSteps(DoorSteps):
         verdict = self.gates.soak(h, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
                                   self._forward(h, show, "soak"))
         t["soak"] = time.monotonic() - t0
-        summary = gate.summarise(verdict, t)
+        summary = gate.summarise(verdict, t, cfg.sustained_duration)
         figures = gate.figures(verdict)
         if verdict.outcome.value == "pass":
             door_error = self._door_in_or_record(rid, h, t)

@@ -188,7 +188,7 @@ class UnitSteps(HostSteps):
             verdict = self.gates.soak(head, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
                                       self._forward(head, show, "soak"), baseline_key=gate.unit_baseline_key(unit.name))
         t["soak"] = time.monotonic() - t0
-        summary = gate.summarise(verdict, t)
+        summary = gate.summarise(verdict, t, cfg.sustained_duration)
         figures = gate.figures(verdict)
         if watch.lost is not None:
             self._fail_unit(rid, recipe, unit, f"soak fail: {watch.lost} (the head's container was stopped to end "

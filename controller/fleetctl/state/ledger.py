@@ -649,6 +649,19 @@ class Ledger:
             phases=tuple(PhaseRecord(p["host"], p["phase"], p["at"], p["detail"]) for p in phases),
         )
 
+    def passed_steps(self, recipe: str, rollouts: int = 20, limit: int = 50) -> list[dict[str, Any]]:
+        """The verdicts (with ``timings``) of hosts that passed their gate in the last ``rollouts`` rollouts
+        of ``recipe``, newest first, at most ``limit``: what a plan's time estimate learns from."""
+        with self._read() as db:
+            rows = db.all(
+                "SELECT verdict FROM hosts WHERE status=? AND verdict IS NOT NULL AND rollout_id IN ("
+                " SELECT id FROM rollouts WHERE recipe=? AND kind='rollout'"
+                f" ORDER BY started_at DESC, {self._db.seq} DESC LIMIT ?)"
+                " ORDER BY finished_at DESC LIMIT ?", (DONE, recipe, rollouts, limit))
+        out = [_loads(r["verdict"]) for r in rows]
+        return [v for v in out if isinstance(v, dict) and v.get("outcome") == "pass"
+                and isinstance(v.get("timings"), dict)]
+
     def host_record(self, rollout_id: str, host: str) -> HostRecord | None:
         """One host's record in a rollout, if it took part. A host step reads its own record at each
         phase: ``get(...).host(...)`` read every host and phase of the rollout, O(hosts) each time."""
