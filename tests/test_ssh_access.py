@@ -358,7 +358,13 @@ def test_a_playbook_run_keeps_one_master_per_host_and_closes_them_when_it_ends(
     from fleetctl.progress import Event
 
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
-    fleet.inventory()  # writes hosts.yml and known_hosts
+    # OpenSSH's ProxyJump runs a second ssh that reads only ssh_config: the bastion's key and known
+    # hosts go there, as an operator's (and the lab's) inventory has them
+    cfg = tmp_path / "ssh_config"
+    cfg.write_text(f"Host test-bastion\n  HostName 127.0.0.1\n  Port {fleet.bastion.port}\n  User {USER}\n"
+                   f"  IdentityFile {fleet.tmp / 'id'}\n  IdentitiesOnly yes\n"
+                   f"  UserKnownHostsFile {fleet.tmp / 'known_hosts'}\n  StrictHostKeyChecking yes\n")
+    fleet.inventory(ansible_ssh_common_args=f"-F {cfg} -o ProxyJump=test-bastion")  # writes hosts.yml
     inv = inventory.load(fleet.tmp / "hosts.yml")
     (tmp_path / "play.yml").write_text(textwrap.dedent("""\
         - hosts: all
