@@ -140,6 +140,10 @@ def _complete(v: Verdict, k: int) -> set[str]:
     return {n for n in scrape.names() if n.startswith("vllm:")}
 
 
+#: Streams run beside the measured one while the engine is killed (see _stream_while).
+BALLAST_STREAMS = 6
+
+
 async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -> Sample:
     """Stream a long completion and call ``kill`` while the server is generating its tokens.
 
@@ -156,15 +160,29 @@ async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -
             return await task
         body = {"model": model, "messages": [{"role": "user", "content": "Count to ten."}],
                 "max_tokens": 1900, "ignore_eos": True, "stream": True}
-        async with aiohttp.ClientSession() as scout, scout.post(
-                url + "/v1/chat/completions", json=body, timeout=aiohttp.ClientTimeout(total=60)) as resp:
-            assert resp.status == 200
-            async for line in resp.content:
-                # vLLM sends its first chunk (the role) with the first generated token.
-                if line.startswith(b"data: {"):
-                    break
-            assert not task.done(), f"the measured stream ended before the kill: {task.result()}"
-            kill()
+
+        async def ballast(session: aiohttp.ClientSession) -> None:
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with session.post(url + "/v1/chat/completions", json=body,
+                                        timeout=aiohttp.ClientTimeout(total=120)) as r:
+                    async for _ in r.content.iter_any():
+                        pass
+
+        async with aiohttp.ClientSession() as scout:
+            # Streams batched with the measured one so that its 1900 tokens take many times longer than the
+            # scout's first chunk takes to be read: on a loaded 2-core machine the tiny model alone once
+            # finished all of them before the kill (an ngram draft accepts ~3 tokens a step).
+            extra = [asyncio.create_task(ballast(scout)) for _ in range(BALLAST_STREAMS)]
+            async with scout.post(url + "/v1/chat/completions", json=body,
+                                  timeout=aiohttp.ClientTimeout(total=60)) as resp:
+                assert resp.status == 200
+                async for line in resp.content:
+                    # vLLM sends its first chunk (the role) with the first generated token.
+                    if line.startswith(b"data: {"):
+                        break
+                assert not task.done(), f"the measured stream ended before the kill: {task.result()}"
+                kill()
+            await asyncio.gather(*extra)
         return await task
 
 
