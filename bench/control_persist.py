@@ -146,20 +146,21 @@ def local_fleet(n: int, direct: bool) -> Iterator[tuple[inventory.Inventory, Pat
         raise SystemExit("needs root and openssh-server (scripts/bootstrap.sh installs it)")
     with tempfile.TemporaryDirectory(prefix="fleetctl-bench-cp-") as d:
         tmp = Path(d)
-        servers = sshd.root_fleet(tmp, n)
+        bastion, targets = sshd.root_fleet(tmp, n)
+        servers = [bastion, *targets]
         try:
             common: dict[str, Any] = {
                 "ansible_user": "root", "ansible_ssh_private_key_file": str(tmp / "id"),
                 "fleetctl_known_hosts": str(tmp / "known_hosts")}
             if not direct:  # as the lab does: the jump's own ssh reads the bastion's settings from -F
                 (tmp / "ssh_config").write_text(
-                    f"Host bench-bastion\n  HostName 127.0.0.1\n  Port {servers[0].port}\n  User root\n"
+                    f"Host bench-bastion\n  HostName 127.0.0.1\n  Port {bastion.port}\n  User root\n"
                     f"  IdentityFile {tmp / 'id'}\n  IdentitiesOnly yes\n"
                     f"  UserKnownHostsFile {tmp / 'known_hosts'}\n  StrictHostKeyChecking yes\n")
                 common["ansible_ssh_common_args"] = f"-F {tmp / 'ssh_config'} -o ProxyJump=bench-bastion"
                 JUMP_MARKER.append(str(tmp / "ssh_config"))
             hosts = {f"h-{i + 1:03d}": {"ansible_host": "127.0.0.2", "ansible_port": p}
-                     for i, p in enumerate(servers[1].ports)}
+                     for i, p in enumerate(p for t in targets for p in t.ports)}
             (tmp / "hosts.yml").write_text(yaml.safe_dump({"all": {"vars": common, "hosts": hosts}}))
             (tmp / "play.yml").write_text(PLAY)
             os.environ["FLEETCTL_STATE_DIR"] = str(tmp / "state")
@@ -225,7 +226,8 @@ def main() -> None:
         runs = {"closed per run": closed(inv, play, a.gap), "kept (before)": kept(inv, play, a.gap)}
     con = Console(width=80)
     via = "directly" if a.direct else "through a bastion"
-    t = Table("", *runs, title=f"SSH masters, {a.hosts} hosts {via}, steps {runs['kept (before)']['steps']}")
+    con.print(f"{a.hosts} hosts {via}; steps {runs['kept (before)']['steps']}, {a.gap:g} s apart")
+    t = Table("SSH masters", *runs)
     for key, label in (("peak_masters", "peak masters"), ("peak_processes", "peak ssh processes"),
                        ("peak_rss_mb", "peak RSS MB"), ("peak_pss_mb", "peak PSS MB"),
                        ("masters_left", "masters left after 1 s"), ("rss_left_mb", "RSS left MB"),

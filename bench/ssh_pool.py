@@ -82,12 +82,14 @@ def local_hosts(n: int) -> Iterator[tuple[list[Host], Host]]:
         raise SystemExit("--local needs root and openssh-server (scripts/bootstrap.sh installs it)")
     with tempfile.TemporaryDirectory(prefix="fleetctl-bench-ssh-") as d:
         tmp = Path(d)
-        servers = sshd.root_fleet(tmp, n)
+        bastion, targets = sshd.root_fleet(tmp, n)
+        servers = [bastion, *targets]
         try:
             common: dict[str, Any] = {"user": "root", "key_file": str(tmp / "id"),
                                       "known_hosts": str(tmp / "known_hosts")}
-            hosts = [Host(f"local-{i}", "127.0.0.2", port=p, **common) for i, p in enumerate(servers[1].ports)]
-            yield hosts, Host("bastion", "127.0.0.1", port=servers[0].port, **common)
+            ports = [p for t in targets for p in t.ports]
+            hosts = [Host(f"local-{i}", "127.0.0.2", port=p, **common) for i, p in enumerate(ports)]
+            yield hosts, Host("bastion", "127.0.0.1", port=bastion.port, **common)
         finally:
             for s in servers:
                 s.stop()

@@ -103,18 +103,26 @@ def start(tmp: pathlib.Path, name: str, addr: str, *, forwarding: bool, allow_us
     return Sshd(name, addr, chosen, key, log, proc)
 
 
-def root_fleet(tmp: pathlib.Path, n: int) -> tuple[Sshd, Sshd]:
-    """A bastion on 127.0.0.1 (forwarding) and ``n`` "hosts" (ports of one sshd on 127.0.0.2), root
-    logging in with ``tmp/id``; ``tmp/known_hosts`` holds both servers' keys. Stop both when done."""
+#: sshd listens on at most 16 sockets (its MAX_LISTEN_SOCKS): bigger fleets get several servers.
+MAX_PORTS = 16
+
+
+def root_fleet(tmp: pathlib.Path, n: int) -> tuple[Sshd, list[Sshd]]:
+    """A bastion on 127.0.0.1 (forwarding) and ``n`` "hosts": the ports of as many sshd servers on
+    127.0.0.2 as :data:`MAX_PORTS` needs, root logging in with ``tmp/id``; ``tmp/known_hosts`` holds
+    every server's keys. Stop them all when done."""
     keygen(tmp / "id")
     (tmp / "authorized_keys").write_text((tmp / "id.pub").read_text())
     bastion = start(tmp, "bastion", "127.0.0.1", forwarding=True, allow_user="root",
                     authorized_keys=tmp / "authorized_keys")
+    targets: list[Sshd] = []
     try:
-        target = start(tmp, "target", "127.0.0.2", forwarding=False, allow_user="root", ports=n,
-                       authorized_keys=tmp / "authorized_keys")
+        for i in range(0, n, MAX_PORTS):
+            targets.append(start(tmp, f"target{i // MAX_PORTS}", "127.0.0.2", forwarding=False, allow_user="root",
+                                 ports=min(MAX_PORTS, n - i), authorized_keys=tmp / "authorized_keys"))
     except BaseException:
-        bastion.stop()
+        for s in (bastion, *targets):
+            s.stop()
         raise
-    (tmp / "known_hosts").write_text(bastion.known() + target.known())
-    return bastion, target
+    (tmp / "known_hosts").write_text("".join(s.known() for s in (bastion, *targets)))
+    return bastion, targets
