@@ -146,28 +146,21 @@ def local_fleet(n: int, direct: bool) -> Iterator[tuple[inventory.Inventory, Pat
         raise SystemExit("needs root and openssh-server (scripts/bootstrap.sh installs it)")
     with tempfile.TemporaryDirectory(prefix="fleetctl-bench-cp-") as d:
         tmp = Path(d)
-        bastion, targets = sshd.root_fleet(tmp, n)
-        servers = [bastion, *targets]
-        try:
+        with sshd.root_fleet(tmp, n) as (bastion, targets):
             common: dict[str, Any] = {
                 "ansible_user": "root", "ansible_ssh_private_key_file": str(tmp / "id"),
                 "fleetctl_known_hosts": str(tmp / "known_hosts")}
             if not direct:  # as the lab does: the jump's own ssh reads the bastion's settings from -F
-                (tmp / "ssh_config").write_text(
-                    f"Host bench-bastion\n  HostName 127.0.0.1\n  Port {bastion.port}\n  User root\n"
-                    f"  IdentityFile {tmp / 'id'}\n  IdentitiesOnly yes\n"
-                    f"  UserKnownHostsFile {tmp / 'known_hosts'}\n  StrictHostKeyChecking yes\n")
-                common["ansible_ssh_common_args"] = f"-F {tmp / 'ssh_config'} -o ProxyJump=bench-bastion"
-                JUMP_MARKER.append(str(tmp / "ssh_config"))
+                cfg = sshd.jump_config(tmp / "ssh_config", "bench-bastion", bastion, "root", tmp / "id",
+                                       tmp / "known_hosts")
+                common["ansible_ssh_common_args"] = f"-F {cfg} -o ProxyJump=bench-bastion"
+                JUMP_MARKER.append(str(cfg))
             hosts = {f"h-{i + 1:03d}": {"ansible_host": "127.0.0.2", "ansible_port": p}
                      for i, p in enumerate(p for t in targets for p in t.ports)}
             (tmp / "hosts.yml").write_text(yaml.safe_dump({"all": {"vars": common, "hosts": hosts}}))
             (tmp / "play.yml").write_text(PLAY)
             os.environ["FLEETCTL_STATE_DIR"] = str(tmp / "state")
             yield inventory.load(tmp / "hosts.yml"), tmp / "play.yml"
-        finally:
-            for s in servers:
-                s.stop()
 
 
 def rollout_shape(inv: inventory.Inventory, play: Path, gap: float, controls: set[Path]) -> dict[str, Any]:

@@ -82,17 +82,12 @@ def local_hosts(n: int) -> Iterator[tuple[list[Host], Host]]:
         raise SystemExit("--local needs root and openssh-server (scripts/bootstrap.sh installs it)")
     with tempfile.TemporaryDirectory(prefix="fleetctl-bench-ssh-") as d:
         tmp = Path(d)
-        bastion, targets = sshd.root_fleet(tmp, n)
-        servers = [bastion, *targets]
-        try:
+        with sshd.root_fleet(tmp, n) as (bastion, targets):
             common: dict[str, Any] = {"user": "root", "key_file": str(tmp / "id"),
                                       "known_hosts": str(tmp / "known_hosts")}
             ports = [p for t in targets for p in t.ports]
             hosts = [Host(f"local-{i}", "127.0.0.2", port=p, **common) for i, p in enumerate(ports)]
             yield hosts, Host("bastion", "127.0.0.1", port=bastion.port, **common)
-        finally:
-            for s in servers:
-                s.stop()
 
 
 @contextmanager

@@ -7,6 +7,7 @@ Starting one needs root (sshd drops privileges per connection) and openssh-serve
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import shutil
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -107,22 +109,31 @@ def start(tmp: pathlib.Path, name: str, addr: str, *, forwarding: bool, allow_us
 MAX_PORTS = 16
 
 
-def root_fleet(tmp: pathlib.Path, n: int) -> tuple[Sshd, list[Sshd]]:
+@contextlib.contextmanager
+def root_fleet(tmp: pathlib.Path, n: int) -> Iterator[tuple[Sshd, list[Sshd]]]:
     """A bastion on 127.0.0.1 (forwarding) and ``n`` "hosts": the ports of as many sshd servers on
     127.0.0.2 as :data:`MAX_PORTS` needs, root logging in with ``tmp/id``; ``tmp/known_hosts`` holds
-    every server's keys. Stop them all when done."""
+    every server's keys. All of them stopped on leaving."""
     keygen(tmp / "id")
     (tmp / "authorized_keys").write_text((tmp / "id.pub").read_text())
-    bastion = start(tmp, "bastion", "127.0.0.1", forwarding=True, allow_user="root",
-                    authorized_keys=tmp / "authorized_keys")
-    targets: list[Sshd] = []
+    servers = [start(tmp, "bastion", "127.0.0.1", forwarding=True, allow_user="root",
+                     authorized_keys=tmp / "authorized_keys")]
     try:
         for i in range(0, n, MAX_PORTS):
-            targets.append(start(tmp, f"target{i // MAX_PORTS}", "127.0.0.2", forwarding=False, allow_user="root",
+            servers.append(start(tmp, f"target{i // MAX_PORTS}", "127.0.0.2", forwarding=False, allow_user="root",
                                  ports=min(MAX_PORTS, n - i), authorized_keys=tmp / "authorized_keys"))
-    except BaseException:
-        for s in (bastion, *targets):
+        (tmp / "known_hosts").write_text("".join(s.known() for s in servers))
+        yield servers[0], servers[1:]
+    finally:
+        for s in servers:
             s.stop()
-        raise
-    (tmp / "known_hosts").write_text("".join(s.known() for s in (bastion, *targets)))
-    return bastion, targets
+
+
+def jump_config(path: pathlib.Path, alias: str, bastion: Sshd, user: str, key: pathlib.Path,
+                known_hosts: pathlib.Path) -> pathlib.Path:
+    """Write an ssh_config naming ``bastion`` as ``alias``, for ``-F path -o ProxyJump=alias``: OpenSSH's
+    jump runs a second ssh that reads only ssh_config, not the first one's ``-o`` options."""
+    path.write_text(f"Host {alias}\n  HostName {bastion.addr}\n  Port {bastion.port}\n  User {user}\n"
+                    f"  IdentityFile {key}\n  IdentitiesOnly yes\n"
+                    f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n")
+    return path

@@ -24,7 +24,7 @@ import paramiko
 import pytest
 import yaml
 
-from fleetctl import inventory, ssh
+from fleetctl import ansible, inventory, ssh
 from fleetctl.errors import FleetError, HostUnreachable
 from fleetctl.inventory import Host
 from tests import sshd
@@ -354,16 +354,12 @@ def _masters(control: pathlib.Path) -> list[str]:
 
 def test_a_playbook_run_keeps_one_master_per_host_and_closes_them_when_it_ends(
         fleet: Fleet, tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from fleetctl import ansible
+    from fleetctl.ansible import config, runner
     from fleetctl.progress import Event
 
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
-    # OpenSSH's ProxyJump runs a second ssh that reads only ssh_config: the bastion's key and known
-    # hosts go there, as an operator's (and the lab's) inventory has them
-    cfg = tmp_path / "ssh_config"
-    cfg.write_text(f"Host test-bastion\n  HostName 127.0.0.1\n  Port {fleet.bastion.port}\n  User {USER}\n"
-                   f"  IdentityFile {fleet.tmp / 'id'}\n  IdentitiesOnly yes\n"
-                   f"  UserKnownHostsFile {fleet.tmp / 'known_hosts'}\n  StrictHostKeyChecking yes\n")
+    cfg = sshd.jump_config(tmp_path / "ssh_config", "test-bastion", fleet.bastion, USER, fleet.tmp / "id",
+                           fleet.tmp / "known_hosts")
     fleet.inventory(ansible_ssh_common_args=f"-F {cfg} -o ProxyJump=test-bastion")  # writes hosts.yml
     inv = inventory.load(fleet.tmp / "hosts.yml")
     (tmp_path / "play.yml").write_text(textwrap.dedent("""\
@@ -374,22 +370,29 @@ def test_a_playbook_run_keeps_one_master_per_host_and_closes_them_when_it_ends(
             - {name: two, ansible.builtin.raw: "true"}
             - {name: three, ansible.builtin.raw: "true"}
     """))
+    # this run's control directory only: other fleetctl runs (the lab's tests beside) have theirs
+    made: list[pathlib.Path] = []
+
+    def recorded() -> pathlib.Path:
+        made.append(config.run_control_dir())
+        return made[-1]
+
+    monkeypatch.setattr(runner, "run_control_dir", recorded)
     seen: dict[str, set[str]] = {}
-    parent = ansible.control_path_dir()
 
     def watch(e: Event) -> None:
         # while the run goes on: its masters' sockets, and the ssh processes serving them
         if e.phase == "task":
-            for sock in parent.glob("r*/*"):
+            for sock in made[0].iterdir():
                 if sock.is_socket():
                     seen.setdefault(str(sock), set()).update(_masters(sock))
 
-    before = {p.name for p in parent.iterdir()}
     r = ansible.run_playbook(str(tmp_path / "play.yml"), inv, progress=watch)
     assert r.ok, {h: x.message for h, x in r.hosts.items()}
+    assert len(made) == 1
     assert len(seen) == 2, seen  # one master per host, shared by the three tasks
     assert all(seen.values()), seen
     # the run's directory and its masters are gone as soon as it returns
-    assert {p.name for p in parent.iterdir()} <= before
+    assert not made[0].exists()
     time.sleep(0.2)
     assert not [m for s in seen for m in _masters(pathlib.Path(s))]
