@@ -155,3 +155,30 @@ def test_a_pair_recipe_on_single_hosts_is_refused_before_any_change(
     assert "the selected hosts spark-01, spark-02 are in no unit" in error["cause"], error
     code, out, _ = run(hosts, "history", "--json")
     assert code == 0 and json.loads(out) == []  # nothing was recorded: no rollout began
+
+
+def test_a_hand_run_soak_and_its_baselines_take_a_unit_as_one(fleet: Callable[..., Path], tmp_path: Path,
+                                                              run: Callable[..., tuple[int, str, str]]) -> None:
+    """`fleetctl soak` on a unit's member soaks the unit once, through its head, against the unit's own
+    baseline (the key the rollout's gate keeps it under); `soak baseline` shows and resets the unit's."""
+    from fleetctl import inventory as inv_mod
+    from fleetctl import paths
+    from fleetctl.cli import soak as soak_cli
+    from fleetctl.soak import baselines
+    from tests.soak.test_baselines import sweep
+
+    hosts = fleet()
+    inv = inv_mod.load(hosts)
+    assert [h.name for h in soak_cli.unit_heads(inv, inv.select("spark-04,spark-01"))] == ["spark-01", "spark-03"]
+    assert [h.name for h in soak_cli.unit_heads(inv, inv.select("spark-04,spark-03"))] == ["spark-03"]
+    assert soak_cli.baseline_keys(inv, "spark-04,spark-02,spark-03") == ["spark-02", "unit:pair-a"]
+    with baselines.open_for(inv, paths.state_dir(inv.path)) as store:
+        baselines.save(store, baselines.unit_key("pair-a"), "v1", sweep("r1", 120.0, host="spark-03"))
+        baselines.save(store, "spark-03", "v1", sweep("r2", 60.0, host="spark-03"))
+    code, out, err = run(hosts, "soak", "baseline", "show", "--limit", "spark-04", "--json")
+    assert code == 0, err
+    assert [(w["host"], w["tag"], w["runs"]) for w in json.loads(out)] == [("unit:pair-a", "v1", ["r1"])]
+    code, out, err = run(hosts, "soak", "baseline", "reset", "--limit", "spark-03", "--tag", "v1", "--json")
+    assert code == 0 and json.loads(out) == {"unit:pair-a": True}, err
+    with baselines.open_for(inv, paths.state_dir(inv.path)) as store:
+        assert baselines.windows(store, "spark-03") and not baselines.windows(store, "unit:pair-a")

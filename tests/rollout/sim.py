@@ -17,6 +17,7 @@ operation and ledger write raises it too, as after a SIGKILL.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -27,7 +28,7 @@ from fleetctl import serving
 from fleetctl.errors import FleetError, HostUnreachable
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
-from fleetctl.recipes import Recipe
+from fleetctl.recipes import MemberLaunch, Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
@@ -48,6 +49,10 @@ class Killed(BaseException):
     """The controller died here (SIGKILL): nothing after this point runs."""
 
 
+#: Container IDs, unique in the process (a container replaced under the same name has another).
+_IDS = (f"c{n:063d}" for n in itertools.count(1))
+
+
 def digest_of(tag: str) -> str:
     """A stable fake digest per tag."""
     return "sha256:" + (tag.encode().hex() * 64)[:64]
@@ -62,6 +67,7 @@ class Container:
     running: bool
     status: str
     labels: dict[str, str] = field(default_factory=dict)
+    id: str = field(default_factory=lambda: next(_IDS))
 
 
 @dataclass
@@ -101,6 +107,11 @@ class SimFleet:
         self.dead = False
         #: Raise KeyboardInterrupt (Ctrl-C) in the soak of this host.
         self.ctrl_c_in_soak: str | None = None
+        #: Serving units: head -> every member, the head first. A head serves (ready, soak, smoke) only
+        #: while every member runs the head's version, as a multi-node engine whose ranks all joined.
+        self.units: dict[str, list[str]] = {}
+        #: Stop this member's container when the soak of its unit's head begins (a worker dying mid-soak).
+        self.kill_in_soak: str | None = None
 
     # -- the kill switch --------------------------------------------------------------------
 
@@ -187,7 +198,7 @@ class SimOps:
         if c is None:
             return None
         return remote.Serving(c.name, c.running, c.status, f"img@{c.digest}", c.digest, c.tag, "r", c.rollout,
-                              {"labels": dict(c.labels)}, c.labels.get(remote.LABEL_FINGERPRINT))
+                              {"labels": dict(c.labels)}, c.labels.get(remote.LABEL_FINGERPRINT), id=c.id)
 
     # docker primitives
     def _rm_f(self, h: SimHost, name: str) -> None:
@@ -279,7 +290,7 @@ class SimOps:
             return before
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
+              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
@@ -288,10 +299,28 @@ class SimOps:
                 raise FleetError(f"docker run: the name {name} is already in use", host=h.name)
             if digest not in h.images:
                 raise FleetError(f"docker run: no image {digest}", host=h.name)
-            h.containers[name] = Container(name, digest, tag, rollout_id, False, "created",
-                                           {remote.LABEL_TAG: tag, remote.LABEL_DIGEST: digest,
-                                            remote.LABEL_FINGERPRINT: remote.fingerprint(recipe)})
+            labels = {remote.LABEL_TAG: tag, remote.LABEL_DIGEST: digest,
+                      remote.LABEL_FINGERPRINT: remote.fingerprint(recipe)}
+            if launch is not None:
+                labels["fleetctl.unit.rank"] = str(launch.rank)
+            h.containers[name] = Container(name, digest, tag, rollout_id, False, "created", labels)
             self._start_then(h, name, "start")
+
+    def stop(self, name: str) -> None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            c = self._h.containers.get(name)
+            if c is not None:
+                c.running, c.status = False, "exited"
+            self._done("stop")
+
+    def start_again(self, name: str) -> None:
+        with self.fleet.mu:
+            self.fleet.alive()
+            h = self._h
+            if name not in h.containers:
+                raise FleetError(f"docker start: no container {name}", host=h.name)
+            self._start_then(h, name, "start-again")
 
     def restore(self, name: str) -> remote.Serving | None:
         with self.fleet.mu:
@@ -334,7 +363,16 @@ class SimGates:
             c = h.containers.get(remote.container_name(host))
             if c is None or not c.running:
                 return c, "down"
-            return c, c.labels.get(BEHAVIOUR_LABEL) or self.fleet.behaves(h, c.digest)
+            b = c.labels.get(BEHAVIOUR_LABEL) or self.fleet.behaves(h, c.digest)
+            for m in self.fleet.units.get(host.name, [])[1:]:
+                # a unit's head serves only while every rank runs its version (else: wedged, no token)
+                mh = self.fleet.hosts[m]
+                mc = mh.containers.get(NAME)
+                if mc is None or not mc.running or mc.digest != c.digest:
+                    return c, "down"
+                mb = mc.labels.get(BEHAVIOUR_LABEL) or self.fleet.behaves(mh, mc.digest)
+                b = b if mb == OK else mb
+            return c, b
 
     def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,
              progress: Progress) -> Readiness:
@@ -354,6 +392,13 @@ class SimGates:
         if self.fleet.ctrl_c_in_soak == host.name:
             self.fleet.ctrl_c_in_soak = None
             raise KeyboardInterrupt
+        member = self.fleet.kill_in_soak
+        if member is not None and member in self.fleet.units.get(host.name, []):
+            with self.fleet.mu:
+                self.fleet.kill_in_soak = None
+                c = self.fleet.hosts[member].containers.get(NAME)
+                if c is not None:
+                    c.running, c.status = False, "exited"
         _c, b = self._state(host)
         return self._verdict(host, tag, b == OK, artifacts)
 
@@ -456,3 +501,29 @@ def run_command(eng: Engine, what: str, opts: Options, limit: str, to: str | Non
         return eng.rollback(to=to, limit=limit)
     finally:
         eng.close()
+
+
+def active(state: Path) -> list[str]:
+    """The ids of the ledger's active records (running or paused)."""
+    from fleetctl.state import ledger as fleet_ledger
+
+    with fleet_ledger.open_ledger(state) as led:
+        return led.ids(statuses=fleet_ledger.ACTIVE)
+
+
+def recover(run: Callable[[str], RolloutResult], state: Path, how: str) -> None:
+    """What a new controller does after a kill: ``resume`` or ``abort`` an active record, or ``rollback``."""
+    if how in ("resume", "abort") and active(state):
+        run(how)
+    elif how == "rollback":
+        run("rollback")
+
+
+def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], RolloutResult], tag: str) -> None:
+    """No active record, and a later rollout of ``tag`` completes with every host serving it."""
+    from fleetctl.state import ledger as fleet_ledger
+
+    assert active(state) == []
+    r = run_to(tag)
+    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert set(fleet.serving_tags().values()) == {tag}

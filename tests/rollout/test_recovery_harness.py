@@ -35,7 +35,10 @@ from .sim import (
     Killed,
     SimFleet,
     SimGates,
+    active,
+    assert_not_wedged,
     digest_of,
+    recover,
     run_command,
 )
 
@@ -65,11 +68,6 @@ def _run(fleet: SimFleet, state: Path, what: str, tag: str | None = None, **kw: 
     # Only a rollout takes the case's options; a resume reads them from its record.
     opts = _opts(tag or B, **kw) if what == "rollout" else _opts(tag or B)
     return run_command(_engine(fleet, state), what, opts, ",".join(HOSTS), to=tag)
-
-
-def _active(state: Path) -> list[str]:
-    with fleet_ledger.open_ledger(state) as led:
-        return led.ids(statuses=fleet_ledger.ACTIVE)
 
 
 def _assert_known(fleet: SimFleet, allowed: set[str], state: Path) -> None:
@@ -104,20 +102,12 @@ def _kill_then(fleet: SimFleet, state: Path, k: int, tag: str) -> None:
 
 
 def _recover(fleet: SimFleet, state: Path, how: str) -> None:
-    if how == "resume" and _active(state):
-        _run(fleet, state, "resume")
-    elif how == "abort" and _active(state):
-        _run(fleet, state, "abort")
-    elif how == "rollback":
-        _run(fleet, state, "rollback")
+    recover(lambda what: _run(fleet, state, what), state, how)
 
 
 def _not_wedged(fleet: SimFleet, state: Path) -> None:
     """No active record, and a later rollout starts and takes every host to C."""
-    assert _active(state) == []
-    r = _run(fleet, state, "rollout", tag=C)
-    assert r.status == fleet_ledger.COMPLETED, r.error
-    assert set(fleet.serving_tags().values()) == {C}
+    assert_not_wedged(fleet, state, lambda tag: _run(fleet, state, "rollout", tag=tag), C)
 
 
 KILL_POINTS = [(B, k) for k in range(1, N_GOOD + 1)] + [(SOAKBAD, k) for k in range(1, N_FAILING + 1)]
@@ -143,7 +133,7 @@ def test_kill_anywhere_in_a_rollback_to_an_unstartable_image(tmp_path: Path, k: 
     with contextlib.suppress(Killed):
         _run(fleet, tmp_path, "rollback", tag=BAD)
     fleet.revive()
-    if _active(tmp_path):
+    if active(tmp_path):
         _run(fleet, tmp_path, "resume" if k % 2 else "abort")
     _assert_known(fleet, {A}, tmp_path)
     _not_wedged(fleet, tmp_path)

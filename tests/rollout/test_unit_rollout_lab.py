@@ -251,3 +251,22 @@ def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple
     assert {m: rows[m]["status"] for m in members} == dict.fromkeys(members, "rolled-back"), rows
     ssh.close_all()
     assert_unit_serves(members, BASE)
+
+
+def test_a_member_without_the_weights_copies_them_from_the_other_over_the_fabric(
+        unit: tuple[str, tuple[str, ...]]) -> None:
+    """`fleetctl stage` on a unit whose worker lost its weights: the worker copies the set from the head,
+    which holds it verified, over the fabric address (not the management network), and verifies it."""
+    from fleetctl.recipes import STAGED_MARKER, load_recipes
+
+    _name, members = unit
+    head, worker = members
+    path = load_recipes(inventory.load(None))[PAIR].weights[0].path
+    fleetlab.node_exec(worker, ["rm", "-rf", path])
+    code, doc = fleetctl("stage", "--recipe", PAIR, "--limit", ",".join(members))
+    assert code == 0, doc
+    hosts = doc["hosts"]
+    assert hosts[worker]["copied_from"] == head and hosts[worker]["via"] == "fabric", hosts[worker]
+    assert hosts[worker]["bytes_copied"] > 0 and not hosts[head]["bytes_copied"], hosts
+    r = ssh.run(inventory.load(None).host(worker), ["cat", f"{path}/{STAGED_MARKER}"], timeout=30)
+    assert r.ok and json.loads(r.stdout)["repo"] == "Qwen/Qwen3.5-35B-A3B", r.stdout

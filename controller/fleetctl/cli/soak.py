@@ -10,7 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from fleetctl.cli import live
 from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, stream_options
 from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
-from fleetctl.inventory import Inventory
+from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import Event, Progress, Tee
 from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
@@ -50,6 +50,8 @@ class _Job:
     run_id: str
     #: Where its baseline is kept (the fleet's ledger); None for an --endpoint (no baseline).
     store: baselines.Store | None = None
+    #: The key its baseline is kept under: the host's name, or a unit's own (``unit:NAME``) for a unit.
+    baseline_key: str = ""
 
 
 def _exit_code(outcome: Outcome) -> ExitCode:
@@ -80,7 +82,9 @@ def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | N
     state = paths.state_dir(inv.path)
     store = stack.enter_context(baselines.open_for(inv, state))
     jobs: list[_Job] = []
-    for h in hosts:
+    for h in unit_heads(inv, hosts):
+        unit = inv.unit_of(h.name)
+        key = h.name if unit is None else baselines.unit_key(unit.name)
         name = recipe_name or h.vars.get("fleetctl_recipe")
         if not name:
             raise FleetError("no recipe to soak with", host=h.name,
@@ -95,9 +99,32 @@ def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | N
                                                        secretenv.api_key(recipe.secret_env, recipe=recipe.name)),
                                      digest=digest)
         tag = target.tag
-        base = baselines.load(store, h.name, baseline_tag or tag) if not smoke_only else None
-        jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name), store))
+        base = baselines.load(store, key, baseline_tag or tag) if not smoke_only else None
+        jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name), store, key))
     return jobs
+
+
+def unit_heads(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
+    """``hosts`` with each unit's members replaced by its head, once: a unit serves its API on its head only
+    (its workers are headless), and its throughput is the whole unit's."""
+    out: list[Host] = []
+    for h in hosts:
+        unit = inv.unit_of(h.name)
+        head = h if unit is None else inv.host(unit.head)
+        if all(o.name != head.name for o in out):
+            out.append(head)
+    return out
+
+
+def baseline_keys(inv: Inventory, limit: str | None) -> list[str]:
+    """The baselines' keys of the selected hosts: a single host's name, a unit member's unit (once)."""
+    keys: list[str] = []
+    for h in inv.select(limit):
+        unit = inv.unit_of(h.name)
+        key = h.name if unit is None else baselines.unit_key(unit.name)
+        if key not in keys:
+            keys.append(key)
+    return keys
 
 
 def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, duration: float | None,
@@ -261,7 +288,7 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
 
     for job, v in zip(jobs, verdicts, strict=True):
         if not no_save_baseline and job.store is not None and job.target.container is not None and not smoke_only:
-            baselines.save(job.store, job.target.name, job.target.tag, v)
+            baselines.save(job.store, job.baseline_key or job.target.name, job.target.tag, v)
     base_map = {j.target.name: j.baseline for j in jobs if j.baseline is not None}
     finish(ctx, verdicts, _summary(verdicts), json_file, junit_file, html_file, base_map)
 
@@ -298,7 +325,7 @@ def _windows(ctx: Ctx, limit: str | None, tag: str | None,
     from fleetctl import inventory as inv_mod
 
     inv = inv_mod.load(ctx.inventory)
-    hosts = [h.name for h in inv.select(limit)]
+    hosts = baseline_keys(inv, limit)
     store = stack.enter_context(baselines.open_for(inv, paths.state_dir(inv.path)))
     found = [w for h in hosts for w in baselines.windows(store, h) if tag is None or w.tag == tag]
     return store, hosts, found

@@ -50,7 +50,7 @@ from fleetctl import ansible
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
-from fleetctl.recipes import Recipe
+from fleetctl.recipes import MemberLaunch, Recipe
 from fleetctl.rollout import host as remote
 from fleetctl.runids import new_run_id
 
@@ -267,11 +267,11 @@ class BatchedHostOps:
         return self.inner.swap(name)
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
+              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
         if self.outcome is None:
             # Not retired through the batch (a path that starts without retiring): the controller's own start.
             self.inner.start(recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets,
-                             cache_key=cache_key)
+                             cache_key=cache_key, launch=launch)
             return
         if self.outcome.error is not None:
             raise self.outcome.error
@@ -281,6 +281,12 @@ class BatchedHostOps:
 
     def kill(self, name: str) -> None:
         self.inner.kill(name)
+
+    def stop(self, name: str) -> None:
+        self.inner.stop(name)
+
+    def start_again(self, name: str) -> None:
+        self.inner.start_again(name)
 
     def logs(self, name: str, tail: int = 300) -> str:
         return self.inner.logs(name, tail)

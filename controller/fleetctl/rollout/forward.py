@@ -216,7 +216,9 @@ class Forward(BakeSteps):
         if canary is None:
             return
         src_key = self.cache_key(hosts[canary], recipe, p.digest)
-        keys = {hosts[h]: k for h in pending if (k := self.cache_key(hosts[h], recipe, p.digest)) is not None}
+        # a unit's members serve another recipe (their own, across ranks): a single host's cache is not theirs
+        keys = {hosts[h]: k for h in pending
+                if self.inv.unit_of(h) is None and (k := self.cache_key(hosts[h], recipe, p.digest)) is not None}
         if src_key is None or not keys:
             return
         self._emit("warm", f"copying {canary}'s compile cache to {len(keys)} host(s)")

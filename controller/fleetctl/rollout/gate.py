@@ -59,7 +59,7 @@ def soak(t: SoakTarget, cfg: SoakConfig, store: baselines.Store, baseline_tag: s
     The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one
     ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
     passing soaks of ``baseline_tag`` on this host (``baseline_key``, when given: a
-    unit's own, :func:`unit_baseline_key`, whichever member is its head). A pass joins
+    unit's own, :func:`fleetctl.soak.baselines.unit_key`, whichever member is its head). A pass joins
     the window of the new tag (a failure is not kept). Samples, scrapes and verdict.json
     are written under ``artifacts``.
     """
@@ -68,12 +68,6 @@ def soak(t: SoakTarget, cfg: SoakConfig, store: baselines.Store, baseline_tag: s
     v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id)
     baselines.save(store, key, t.tag, v)
     return v
-
-
-def unit_baseline_key(unit: str) -> str:
-    """The baselines' key of a serving unit (``unit:pair-a``): its throughput is the unit's, not its head's
-    alone, and stays the unit's when its head changes; it never mixes with a member's single-host window."""
-    return f"unit:{unit}"
 
 
 def smoke(t: SoakTarget, cfg: SoakConfig, artifacts: Path) -> Verdict:

@@ -70,6 +70,10 @@ class Serving:
     settings: dict[str, Any] = field(default_factory=dict)
     #: The ``fleetctl.fingerprint`` label (None on a container fleetctl did not start, or an older one).
     fingerprint: str | None = None
+    #: Docker's container ID: a container replaced under the same name has another.
+    id: str = ""
+    #: How many times Docker's restart policy restarted it.
+    restarts: int = 0
 
 
 def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> Serving:
@@ -104,7 +108,8 @@ def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> 
         name=str(c.get("Name", "")).lstrip("/"), running=serving.is_running(state),
         status=str(state.get("Status", "")), image=image_ref, digest=digest, tag=tag,
         recipe=labels.get(LABEL_RECIPE), rollout=labels.get(LABEL_ROLLOUT), settings=settings,
-        fingerprint=labels.get(LABEL_FINGERPRINT),
+        fingerprint=labels.get(LABEL_FINGERPRINT), id=str(c.get("Id") or ""),
+        restarts=int(c.get("RestartCount") or 0),
     )
 
 
@@ -259,6 +264,17 @@ def kill(host: Host, name: str) -> None:
     ssh.docker(host, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(f"removing {name}")
 
 
+def stop(host: Host, name: str) -> None:
+    """``docker kill name``, the container kept under its name (a unit's members stopped together before any
+    starts again); a no-op when it is absent or stopped."""
+    ssh.docker(host, f"docker kill {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(f"stopping {name}")
+
+
+def start_again(host: Host, name: str) -> None:
+    """``docker start name``: the stopped container started as it was."""
+    ssh.docker(host, ["docker", "start", name], timeout=60).check(f"starting {name}")
+
+
 def logs(host: Host, name: str, tail: int = 300) -> str:
     """The last ``tail`` lines of the container's log (stdout and stderr)."""
     return serving.logs(host, name, tail)
@@ -372,9 +388,17 @@ class HostOps(Protocol):
         ...
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
+              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
         """Start the recipe's container from ``ref`` under the serving name (its compile caches for
-        ``cache_key`` mounted, when given)."""
+        ``cache_key`` mounted, when given; as ``launch``, a unit's member, when given)."""
+        ...
+
+    def stop(self, name: str) -> None:
+        """``docker kill name``, kept under its name (see :func:`stop`)."""
+        ...
+
+    def start_again(self, name: str) -> None:
+        """``docker start name`` (see :func:`start_again`)."""
         ...
 
     def restore(self, name: str) -> Serving | None:
@@ -412,9 +436,15 @@ class SshHostOps:
         return swap(self.host, name)
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None) -> None:
+              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
         start(self.host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets,
-              cache_key=cache_key)
+              cache_key=cache_key, launch=launch)
+
+    def stop(self, name: str) -> None:
+        stop(self.host, name)
+
+    def start_again(self, name: str) -> None:
+        start_again(self.host, name)
 
     def restore(self, name: str) -> Serving | None:
         return restore(self.host, name)

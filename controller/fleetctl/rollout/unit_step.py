@@ -9,9 +9,10 @@ head to :meth:`UnitSteps._slot_step`, which steps the whole unit; a single host 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fleetctl import fabric, ssh
@@ -26,6 +27,7 @@ from fleetctl.rollout.session import RECOVERABLE
 from fleetctl.rollout.step import HostSteps, recoverable_why
 from fleetctl.rollout.unit import unit_recipe
 from fleetctl.serving import container_name
+from fleetctl.soak import baselines
 from fleetctl.state import ledger as fleet_ledger
 
 #: Seconds between two looks at every member's container during a unit's soak.
@@ -36,21 +38,20 @@ class MemberWatch:
     """Every member's serving container watched during the soak (one ``docker inspect`` each per interval,
     members one after another: a unit has a handful). A member whose container stops, is replaced or
     restarts breaks the unit, and the head then answers /health with no token (a wedged engine): the
-    watcher records which member and how, and kills the head's container, so that the soak fails on
+    watcher records which member and how, and stops the head's container, so that the soak fails on
     the spot instead of waiting out its requests' timeouts; the unit's restore follows."""
 
-    def __init__(self, members: Sequence[Host]) -> None:
+    def __init__(self, members: Sequence[Host], ops: Callable[[Host], remote.HostOps]) -> None:
         self.members = list(members)
+        self.ops = ops
         self.lost: str | None = None
         self._stop = threading.Event()
         self._first = {h.name: self._look(h) for h in self.members}
         self._thread = threading.Thread(target=self._run, name="unit-watch", daemon=True)
 
-    @staticmethod
-    def _look(h: Host) -> str | None:
-        r = ssh.docker(h, f"docker inspect {container_name(h)} --format '{{{{.Id}}}} {{{{.State.Running}}}} "
-                          f"{{{{.RestartCount}}}}'", timeout=30)
-        return r.stdout.strip() if r.rc == 0 else None
+    def _look(self, h: Host) -> tuple[str, bool, int] | None:
+        c = self.ops(h).inspect(container_name(h))
+        return None if c is None else (c.id, c.running, c.restarts)
 
     def __enter__(self) -> MemberWatch:
         self._thread.start()
@@ -67,15 +68,23 @@ class MemberWatch:
                     now = self._look(h)
                 except FleetError:
                     continue  # SSH lost for a moment: the next look, or the soak, tells
-                if now != self._first[h.name]:
-                    was = (self._first[h.name] or "").split()
-                    state = "gone" if now is None else ("stopped" if now.split()[1] != "true" else
-                                                        "replaced" if was and now.split()[0] != was[0] else "restarted")
-                    self.lost = f"{h.name}'s serving container {state} during the soak"
+                was = self._first[h.name]
+                if now != was:
+                    self.lost = f"{h.name}'s serving container {lost_how(was, now)} during the soak"
                     head = self.members[0]
                     if h is not head:
-                        ssh.docker(head, f"docker kill {container_name(head)} >/dev/null 2>&1 || true", timeout=60)
+                        with contextlib.suppress(FleetError):
+                            self.ops(head).stop(container_name(head))
                     return
+
+
+def lost_how(was: tuple[str, bool, int] | None, now: tuple[str, bool, int] | None) -> str:
+    """How a member's container changed between two looks (``(id, running, restarts)``, None: no container)."""
+    if now is None:
+        return "gone"
+    if not now[1]:
+        return "stopped"
+    return "replaced" if was is not None and now[0] != was[0] else "restarted"
 
 
 class UnitSteps(HostSteps):
@@ -99,9 +108,6 @@ class UnitSteps(HostSteps):
 
     def _unit_step(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, unit: Unit, wave: int) -> None:
         """Deploy the target on every member of ``unit`` and gate the unit; a failure restores every member."""
-        if self.ops is not remote.SshHostOps:
-            raise FleetError(f"unit {unit.name!r} can only be stepped over SSH", host=unit.head,
-                             fix="use the direct SSH path for a unit's members (fleetctl_deploy_via: ssh)")
         members = self._members(unit)
         head = members[0]
         show = {"wave": wave + 1, "tag": p.tag, "unit": unit.name}
@@ -158,8 +164,9 @@ class UnitSteps(HostSteps):
                 self._check_cancel()
                 h = self.inv.host(name)
                 self._phase(rid, h, "starting", f"unit {unit.name} rank {unit.rank(name)}", show)
-                remote.start(h, recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid,
-                             secrets=self._container_secrets(recipe), launch=recipe.launch(unit, name))
+                self.ops(h).start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=rid,
+                                  secrets=self._container_secrets(recipe), launch=recipe.launch(unit, name),
+                                  cache_key=self.cache_key(h, recipe, p.digest))
             t["start"] = time.monotonic() - t0
         self._check_cancel()
         cfg = gate.config(recipe, opts.soak, head)
@@ -183,10 +190,10 @@ class UnitSteps(HostSteps):
                         {**show, "health": "ready"})
         t0 = time.monotonic()
         art = self._artifacts(rid, head)
-        with MemberWatch(members) as watch:
+        with MemberWatch(members, self.ops) as watch:
             # judged against the unit's own baseline (keyed by the unit, not by the host that is its head)
             verdict = self.gates.soak(head, recipe, p.tag, cfg, self.ledger, before_tag, art, f"{rid}/{art.name}",
-                                      self._forward(head, show, "soak"), baseline_key=gate.unit_baseline_key(unit.name))
+                                      self._forward(head, show, "soak"), baseline_key=baselines.unit_key(unit.name))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t, cfg.sustained_duration)
         figures = gate.figures(verdict)
@@ -253,12 +260,15 @@ class UnitSteps(HostSteps):
             looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
                                                    self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
                                "inspect")
-            already = resumed and all(
-                (c := looks[h.name][0]) is not None and c.running and c.rollout != rid
-                and (r := recs[h.name]) is not None and c.digest == r.before_digest for h in members)
-            prev_tag = looks[head.name][1].tag if looks[head.name][1] is not None else None
+            # A member whose serving name already holds what it served before (a restore done before the
+            # controller died) has nothing to restore: it is stopped and started again with the others.
+            placed = {h.name: resumed and (c := looks[h.name][0]) is not None and c.rollout != rid
+                      and (r := recs[h.name]) is not None and c.digest == r.before_digest for h in members}
+            already = all(placed[h.name] and looks[h.name][0].running for h in members)
+            back_of = {h.name: looks[h.name][0] if placed[h.name] else looks[h.name][1] for h in members}
+            prev_tag = back_of[head.name].tag if back_of[head.name] is not None else None
             if not already:
-                missing = [h.name for h in members if looks[h.name][1] is None]
+                missing = [h.name for h in members if back_of[h.name] is None]
                 if missing:
                     self._each(members, lambda h: self.ops(h).kill(container_name(h)), "kill")
                     for h in members:
@@ -268,12 +278,16 @@ class UnitSteps(HostSteps):
                                     error=f"{why}; unit {unit.name} down (no previous version on "
                                           f"{', '.join(missing)}); fix: {fix}")
                     return
-                # nothing of the failed version keeps running on any member, then each previous one back
-                self._each(members, lambda h: self.ops(h).kill(container_name(h)), "kill")
+                # nothing of the failed version keeps running on any member (a restored one is stopped, so that
+                # every rank joins anew), then each previous one started in the launch's order
+                self._each(members, lambda h: (self.ops(h).stop if placed[h.name] else self.ops(h).kill)(
+                    container_name(h)), "kill")
                 for name in recipe.topology.start_order(unit):
-                    self.ops(self.inv.host(name)).restore(container_name(self.inv.host(name)))
-            else:
-                prev_tag = looks[head.name][0].tag
+                    member = self.inv.host(name)
+                    if placed[name]:
+                        self.ops(member).start_again(container_name(member))
+                    else:
+                        self.ops(member).restore(container_name(member))
             back = {**show, "tag": prev_tag or "?"}
             for h in members:
                 self._phase(rid, h, "rolling-back", f"unit {unit.name}: restored {prev_tag}; waiting for the head",
@@ -307,11 +321,6 @@ def with_collective_errors(why: str, logs: Mapping[str, str | None], most: int =
     return f"{why}; cause in the members' logs: " + " | ".join(quoted[:most])
 
 
-def stop_serving(h: Host) -> None:
-    """``docker kill`` the serving container, kept under its name (a swap or restore moves it after)."""
-    ssh.docker(h, f"docker kill {container_name(h)} >/dev/null 2>&1 || true", timeout=60).check("stopping the unit's member")
-
-
 class UnitRollback(UnitSteps):
     """A unit's rollback step: every member to the target together, the head's readiness and smoke; a target
     that fails puts every member back on what it served before this rollback."""
@@ -328,9 +337,6 @@ class UnitRollback(UnitSteps):
 
     def _rollback_unit(self, rid: str, recipe: Recipe, unit: Unit, tag: str | None, digest: str, ref: str,
                        fingerprint: str | None) -> None:
-        if self.ops is not remote.SshHostOps:
-            raise FleetError(f"unit {unit.name!r} can only be rolled back over SSH", host=unit.head,
-                             fix="use the direct SSH path for a unit's members")
         members = self._members(unit)
         head = members[0]
         show = {"wave": 1, "tag": tag or "?", "unit": unit.name}
@@ -363,7 +369,7 @@ class UnitRollback(UnitSteps):
                                 status=fleet_ledger.IN_PROGRESS)
                 # every member stopped first, so that no old member joins a new head; then each kept one
                 # started in the launch's order (the abandoned one kept as .prev)
-                self._each(members, stop_serving, "stop")
+                self._each(members, lambda h: self.ops(h).stop(container_name(h)), "stop")
                 for name in recipe.topology.start_order(unit):
                     self.ops(self.inv.host(name)).swap(container_name(self.inv.host(name)))
             else:
@@ -374,8 +380,9 @@ class UnitRollback(UnitSteps):
                 for name in recipe.topology.start_order(unit):
                     member = self.inv.host(name)
                     self._phase(rid, member, "starting", f"unit {unit.name} rank {unit.rank(name)}", show)
-                    remote.start(member, recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid,
-                                 secrets=self._container_secrets(recipe), launch=recipe.launch(unit, name))
+                    self.ops(member).start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=rid,
+                                           secrets=self._container_secrets(recipe), launch=recipe.launch(unit, name),
+                                           cache_key=self.cache_key(member, recipe, digest))
             cfg = gate.config(recipe, None, head)
             ready = self.gates.wait(head, recipe, tag or "", cfg, None, self._forward(head, show, "loading"))
             t["ready"] = time.monotonic() - t0
@@ -426,13 +433,13 @@ class UnitRollback(UnitSteps):
                 gone = [h.name for h in members if not is_before(h, looks[h.name][0]) and not is_before(h, looks[h.name][1])]
                 if gone:
                     raise FleetError(f"the previous container is gone on {', '.join(gone)}", host=head.name)
-                self._each(members, stop_serving, "stop")
+                self._each(members, lambda h: self.ops(h).stop(container_name(h)), "stop")
                 for name in recipe.topology.start_order(unit):
                     member = self.inv.host(name)
                     if not is_before(member, looks[name][0]):
                         self.ops(member).restore(container_name(member))
                     else:
-                        ssh.docker(member, f"docker start {container_name(member)}", timeout=60).check("starting")
+                        self.ops(member).start_again(container_name(member))
             self._check_restored(rid, recipe, head, tag_b, show, "undoing", smoke=False)
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"

@@ -78,6 +78,12 @@ class Window:
         return combine(self.runs)
 
 
+def unit_key(unit: str) -> str:
+    """The baselines' key of a serving unit (``unit:pair-a``): its throughput is the unit's, not its head's
+    alone, and stays the unit's when its head changes; it never mixes with a member's single-host window."""
+    return f"unit:{unit}"
+
+
 def _safe(part: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in part) or "_"
 
