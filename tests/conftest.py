@@ -4,18 +4,25 @@ scripts/test.sh runs the suite in two pytest-xdist workers (``--dist loadgroup``
 shares one machine-wide thing is put in that thing's group here, and a group runs on one worker, in
 file order, as in a serial run:
 
-- ``lab``: every test that uses the lab (its ``lab`` marker, or any fixture built on the ``lab``
-  fixture: provisioned, staged, serving, lab_fault, ...). The lab is brought up once, and its tests
-  see each other's state (a rollout's tag, a staged set) as they were written to.
+- ``lab:<module>``: each module of tests that use a lab (its ``lab`` marker, or any fixture built on
+  the ``lab`` fixture: provisioned, staged, serving, lab_fault, ...). Each worker has a lab of its
+  own (:func:`worker_lab`): the first worker the one ``$FLEETCTL_LAB_DIR``/``$FLEETCTL_LAB_SUBNET``
+  select, the second one beside it. A worker runs its tests one at a time, so no two tests ever share
+  a lab at once; a module stays on one worker (its module fixtures, its tests' order), and the
+  modules spread over both workers, as they free up. Each lab is brought up, provisioned and staged
+  once, by the first test of its worker that needs it.
 - ``machine``: tests that change this machine itself (they add and remove a real Unix user).
 - ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while).
 
 Everything else is spread over both workers. The groups are set when each test is collected
 (``pytest_itemcollected``), before xdist reads them to place the tests. ``FLEETCTL_TEST_WORKERS=0``
-runs everything in one process.
+runs everything in one process, on one lab.
 """
 
 from __future__ import annotations
+
+import ipaddress
+import os
 
 import pytest
 
@@ -29,7 +36,7 @@ MACHINE_WIDE = ("tests/test_ssh_access.py",)
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group ``item`` must run in (None: anywhere)."""
     if item.get_closest_marker("lab") is not None or "lab" in getattr(item, "fixturenames", ()):
-        return "lab"
+        return "lab:" + item.nodeid.split("::")[0]
     if item.get_closest_marker("vllm") is not None:
         return "vllm"
     if item.nodeid.split("::")[0] in MACHINE_WIDE:
@@ -41,3 +48,25 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     group = group_of(item)
     if group is not None:
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def worker_lab(worker: str, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
+    """The lab settings of xdist worker ``worker`` (``gw0``, ``gw1``, ...): none for the first (the lab the
+    environment selects), and for worker k a directory beside it and a subnet 128 /24s away (the fresh-lab
+    test takes 10.78.200-254, helpers' labs count up from 10.78.1)."""
+    k = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    if k == 0:
+        return {}
+    from fleetctl import paths
+    from fleetctl.lab.layout import DEFAULT_SUBNET
+
+    base = ipaddress.IPv4Network(environ.get("FLEETCTL_LAB_SUBNET", DEFAULT_SUBNET))
+    octets = str(base.network_address).split(".")
+    octets[2] = str((int(octets[2]) + 128 * k) % 256)
+    return {"FLEETCTL_LAB_DIR": f"{paths.lab_dir()}-{worker}",
+            "FLEETCTL_LAB_SUBNET": f"{'.'.join(octets)}/{base.prefixlen}"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # In an xdist worker: its own lab, set before any fixture asks for one.
+    os.environ.update(worker_lab(os.environ.get("PYTEST_XDIST_WORKER", ""), os.environ))

@@ -1,0 +1,20 @@
+"""The test suite's own placement (tests/conftest.py): each xdist worker's lab, and the lab tests' groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import worker_lab
+
+
+def test_the_first_worker_keeps_the_selected_lab_and_the_second_gets_one_beside_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLEETCTL_LAB_DIR", str(tmp_path / "lab"))
+    env = {"FLEETCTL_LAB_SUBNET": "10.78.35.0/24"}
+    assert worker_lab("gw0", env) == {} and worker_lab("", env) == {}
+    assert worker_lab("gw1", env) == {"FLEETCTL_LAB_DIR": f"{tmp_path}/lab-gw1",
+                                      "FLEETCTL_LAB_SUBNET": "10.78.163.0/24"}
+    # the default subnet: the second lab clear of helpers' labs (10.78.1 up) and the fresh-lab test's (200 up)
+    assert worker_lab("gw1", {})["FLEETCTL_LAB_SUBNET"] == "10.78.128.0/24"
