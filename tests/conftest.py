@@ -4,13 +4,14 @@ scripts/test.sh runs the suite in two pytest-xdist workers (``--dist loadgroup``
 shares one machine-wide thing is put in that thing's group here, and a group runs on one worker, in
 file order, as in a serial run:
 
-- ``lab:<module>``: each module of tests that use a lab (its ``lab`` marker, or any fixture built on
-  the ``lab`` fixture: provisioned, staged, serving, lab_fault, ...). Each worker has a lab of its
-  own (:func:`worker_lab`): the first worker the one ``$FLEETCTL_LAB_DIR``/``$FLEETCTL_LAB_SUBNET``
-  select, the second one beside it. A worker runs its tests one at a time, so no two tests ever share
-  a lab at once; a module stays on one worker (its module fixtures, its tests' order), and the
-  modules spread over both workers, as they free up. Each lab is brought up, provisioned and staged
-  once, by the first test of its worker that needs it.
+- ``lab-1`` and ``lab-2``: the tests that use a lab (its ``lab`` marker, or any fixture built on the
+  ``lab`` fixture: provisioned, staged, serving, lab_fault, ...), in two halves of about equal time
+  (``LAB_2`` lists the second's modules). Each worker has a lab of its own (:func:`worker_lab`): the
+  first worker the one ``$FLEETCTL_LAB_DIR``/``$FLEETCTL_LAB_SUBNET`` select, the second one beside
+  it, each brought up, provisioned and staged by the first test that needs it. A half runs on one
+  worker in file order, as in a serial run with the other half's modules left out, so its tests see
+  each other's state (a rollout's tag, a staged set) as they were written to; were both halves put
+  on one worker, they run one after the other on its lab.
 - ``machine``: tests that change this machine itself (they add and remove a real Unix user).
 - ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while).
 
@@ -29,6 +30,11 @@ import pytest
 pytest_plugins = ["tests.plugins.lab", "tests.plugins.provision", "tests.plugins.stage", "tests.plugins.serving",
                   "tests.plugins.postgres", "tests.plugins.emulator", "tests.plugins.webhook"]
 
+#: The lab test modules of the second half (``lab-2``), about half of the lab's time (measured in CI): the front
+#: door, the units, the live view, the collection and the loopback soak on the lab.
+LAB_2 = ("tests/cli/test_live_lab.py", "tests/collection/test_collection_lab.py", "tests/lab/test_units_lab.py",
+         "tests/rollout/test_frontdoor_lab.py", "tests/rollout/test_unit_rollout_lab.py", "tests/soak/test_lab.py")
+
 #: Test modules that change the machine itself (real users, sudoers): one group, never beside each other.
 MACHINE_WIDE = ("tests/test_ssh_access.py",)
 
@@ -36,7 +42,7 @@ MACHINE_WIDE = ("tests/test_ssh_access.py",)
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group ``item`` must run in (None: anywhere)."""
     if item.get_closest_marker("lab") is not None or "lab" in getattr(item, "fixturenames", ()):
-        return "lab:" + item.nodeid.split("::")[0]
+        return "lab-2" if item.nodeid.split("::")[0] in LAB_2 else "lab-1"
     if item.get_closest_marker("vllm") is not None:
         return "vllm"
     if item.nodeid.split("::")[0] in MACHINE_WIDE:

@@ -18,3 +18,11 @@ def test_the_first_worker_keeps_the_selected_lab_and_the_second_gets_one_beside_
                                       "FLEETCTL_LAB_SUBNET": "10.78.163.0/24"}
     # the default subnet: the second lab clear of helpers' labs (10.78.1 up) and the fresh-lab test's (200 up)
     assert worker_lab("gw1", {})["FLEETCTL_LAB_SUBNET"] == "10.78.128.0/24"
+
+
+def test_the_second_labs_modules_exist() -> None:
+    """A renamed module would silently move to the first half: each one named is there."""
+    from fleetctl import paths
+    from tests.conftest import LAB_2
+
+    assert all((paths.project_root() / m).is_file() for m in LAB_2), LAB_2

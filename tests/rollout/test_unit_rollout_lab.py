@@ -22,6 +22,8 @@ import pytest
 from fleetctl import inventory, registry, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.lab.scenarios import STOCK_REPOSITORY
+from fleetctl.recipes import recipe_for
+from tests.plugins.serving import BASE_TAG as SERVING_TAG
 
 pytestmark = pytest.mark.lab
 
@@ -207,19 +209,24 @@ def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, 
     assert code == 0, doc
     back_to(BASE, ",".join(singles), "qwen35-35b-bf16")
     back_to(BASE, ",".join(members))
-    code, doc = fleetctl("rollout", "--tag", NEW, "--recipe", "qwen35-35b-bf16", "--limit",
-                         ",".join([*singles, *members]), "--soak", SOAK, "--waves", "1,100%", "--yes")
-    assert code == 0, doc
-    rows = {h["host"]: h for h in doc["hosts"]}
-    assert {n: rows[n]["status"] for n in [*singles, *members]} == dict.fromkeys([*singles, *members], "done"), rows
-    assert rows[members[0]]["wave"] == rows[members[1]]["wave"], rows
-    assert_unit_serves(members, NEW)
-    for s in singles:
-        got = serving(s)
-        assert got["running"] and got["image"] == image_id(s, NEW) and "--nnodes" not in got["args"], (s, got)
-    code, doc = fleetctl("rollback", "--to", BASE, "--limit", ",".join(members), "--yes")
-    assert code == 0, doc
-    assert_unit_serves(members, BASE)
+    try:
+        code, doc = fleetctl("rollout", "--tag", NEW, "--recipe", "qwen35-35b-bf16", "--limit",
+                             ",".join([*singles, *members]), "--soak", SOAK, "--waves", "1,100%", "--yes")
+        assert code == 0, doc
+        rows = {h["host"]: h for h in doc["hosts"]}
+        assert {n: rows[n]["status"] for n in [*singles, *members]} == dict.fromkeys([*singles, *members], "done"), rows
+        assert rows[members[0]]["wave"] == rows[members[1]]["wave"], rows
+        assert_unit_serves(members, NEW)
+        for s in singles:
+            got = serving(s)
+            assert got["running"] and got["image"] == image_id(s, NEW) and "--nnodes" not in got["args"], (s, got)
+        code, doc = fleetctl("rollback", "--to", BASE, "--limit", ",".join(members), "--yes")
+        assert code == 0, doc
+        assert_unit_serves(members, BASE)
+    finally:
+        # the single hosts back on what the session's `serving` fixture gave them (the fleet's own recipe):
+        # the lab's later tests start from it
+        back_to(SERVING_TAG, ",".join(singles), recipe_for(inv, None).name)
 
 
 def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple[str, tuple[str, ...]]) -> None:
