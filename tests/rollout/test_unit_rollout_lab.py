@@ -198,9 +198,11 @@ def test_an_nccl_hang_fails_the_gate_quoting_the_heads_nccl_line(unit: tuple[str
     assert_unit_serves(members, BASE)
 
 
+@pytest.mark.usefixtures("serving")
 def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, ...]]) -> None:
     """Two single hosts and the unit: three slots, each its own step (max-unavailable 1 counts the unit once),
-    all on the pair's image (the singles serve the one-node recipe of the same image)."""
+    all on the pair's image (the singles serve the one-node recipe of the same image). The singles serve
+    what the session's `serving` fixture gave them before and after."""
     _name, members = unit
     inv = inventory.load(None)
     singles = [n for n in inv.hosts if inv.unit_of(n) is None][:2]
