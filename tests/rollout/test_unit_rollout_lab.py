@@ -22,8 +22,6 @@ import pytest
 from fleetctl import inventory, registry, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.lab.scenarios import STOCK_REPOSITORY
-from fleetctl.recipes import recipe_for
-from tests.plugins.serving import BASE_TAG as SERVING_TAG
 
 pytestmark = pytest.mark.lab
 
@@ -198,11 +196,9 @@ def test_an_nccl_hang_fails_the_gate_quoting_the_heads_nccl_line(unit: tuple[str
     assert_unit_serves(members, BASE)
 
 
-@pytest.mark.usefixtures("serving")
 def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, ...]]) -> None:
     """Two single hosts and the unit: three slots, each its own step (max-unavailable 1 counts the unit once),
-    all on the pair's image (the singles serve the one-node recipe of the same image). The singles serve
-    what the session's `serving` fixture gave them before and after."""
+    all on the pair's image (the singles serve the one-node recipe of the same image)."""
     _name, members = unit
     inv = inventory.load(None)
     singles = [n for n in inv.hosts if inv.unit_of(n) is None][:2]
@@ -211,24 +207,19 @@ def test_two_single_hosts_and_a_unit_in_one_rollout(unit: tuple[str, tuple[str, 
     assert code == 0, doc
     back_to(BASE, ",".join(singles), "qwen35-35b-bf16")
     back_to(BASE, ",".join(members))
-    try:
-        code, doc = fleetctl("rollout", "--tag", NEW, "--recipe", "qwen35-35b-bf16", "--limit",
-                             ",".join([*singles, *members]), "--soak", SOAK, "--waves", "1,100%", "--yes")
-        assert code == 0, doc
-        rows = {h["host"]: h for h in doc["hosts"]}
-        assert {n: rows[n]["status"] for n in [*singles, *members]} == dict.fromkeys([*singles, *members], "done"), rows
-        assert rows[members[0]]["wave"] == rows[members[1]]["wave"], rows
-        assert_unit_serves(members, NEW)
-        for s in singles:
-            got = serving(s)
-            assert got["running"] and got["image"] == image_id(s, NEW) and "--nnodes" not in got["args"], (s, got)
-        code, doc = fleetctl("rollback", "--to", BASE, "--limit", ",".join(members), "--yes")
-        assert code == 0, doc
-        assert_unit_serves(members, BASE)
-    finally:
-        # the single hosts back on what the session's `serving` fixture gave them (the fleet's own recipe):
-        # the lab's later tests start from it
-        back_to(SERVING_TAG, ",".join(singles), recipe_for(inv, None).name)
+    code, doc = fleetctl("rollout", "--tag", NEW, "--recipe", "qwen35-35b-bf16", "--limit",
+                         ",".join([*singles, *members]), "--soak", SOAK, "--waves", "1,100%", "--yes")
+    assert code == 0, doc
+    rows = {h["host"]: h for h in doc["hosts"]}
+    assert {n: rows[n]["status"] for n in [*singles, *members]} == dict.fromkeys([*singles, *members], "done"), rows
+    assert rows[members[0]]["wave"] == rows[members[1]]["wave"], rows
+    assert_unit_serves(members, NEW)
+    for s in singles:
+        got = serving(s)
+        assert got["running"] and got["image"] == image_id(s, NEW) and "--nnodes" not in got["args"], (s, got)
+    code, doc = fleetctl("rollback", "--to", BASE, "--limit", ",".join(members), "--yes")
+    assert code == 0, doc
+    assert_unit_serves(members, BASE)
 
 
 def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(unit: tuple[str, tuple[str, ...]]) -> None:
