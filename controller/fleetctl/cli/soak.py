@@ -83,8 +83,7 @@ def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | N
     store = stack.enter_context(baselines.open_for(inv, state))
     jobs: list[_Job] = []
     for h in unit_heads(inv, hosts):
-        unit = inv.unit_of(h.name)
-        key = h.name if unit is None else baselines.unit_key(unit.name)
+        key = baseline_key(inv, h.name)
         name = recipe_name or h.vars.get("fleetctl_recipe")
         if not name:
             raise FleetError("no recipe to soak with", host=h.name,
@@ -116,12 +115,17 @@ def unit_heads(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
     return out
 
 
+def baseline_key(inv: Inventory, host: str) -> str:
+    """The key ``host``'s soaks are judged and kept under: its name, or its unit's (``unit:NAME``)."""
+    unit = inv.unit_of(host)
+    return host if unit is None else baselines.unit_key(unit.name)
+
+
 def baseline_keys(inv: Inventory, limit: str | None) -> list[str]:
     """The baselines' keys of the selected hosts: a single host's name, a unit member's unit (once)."""
     keys: list[str] = []
     for h in inv.select(limit):
-        unit = inv.unit_of(h.name)
-        key = h.name if unit is None else baselines.unit_key(unit.name)
+        key = baseline_key(inv, h.name)
         if key not in keys:
             keys.append(key)
     return keys
