@@ -50,6 +50,16 @@ def _shape(nodes: list[str], mbit: int | None) -> None:
                 raise SystemExit(f"{n}: tc failed: {r.stderr.strip()}")
 
 
+def running_nodes(at_least: int = 4) -> list[str]:
+    """The lab's running nodes; exits (2) with the fix when the lab is down or has fewer than ``at_least``."""
+    st = fleetlab.status()
+    nodes = [n.name for n in st.nodes if n.state == "running"]
+    if not st.up or len(nodes) < at_least:
+        print(f"needs a lab with at least {at_least} running nodes: `fleetctl lab up --nodes 8`", file=sys.stderr)
+        raise SystemExit(2)
+    return nodes
+
+
 def _clean(nodes: list[str]) -> None:
     for n in nodes:
         fleetlab.node_exec(n, ["rm", "-rf", str(Path(PATH).parent)])
@@ -63,12 +73,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "stage_tree.json"))
     args = ap.parse_args()
     con = Console(width=80)
-    st = fleetlab.status()
-    nodes = [n.name for n in st.nodes if n.state == "running"]
-    if not st.up or len(nodes) < 4:
-        print("needs a lab with at least 4 running nodes: `fleetctl lab up --nodes 8`", file=sys.stderr)
-        return 2
-    inv, size, tmp = bench_set(st, args.mb)
+    nodes = running_nodes()
+    inv, size, tmp = bench_set(fleetlab.status(), args.mb)
     cases = [("tree, 2 nodes", nodes[:2], {}),
              (f"tree, {len(nodes)} nodes", nodes, {}),
              (f"one seed, {len(nodes)} nodes", nodes, {"weights_tree_fanout": len(nodes) - 1})]

@@ -27,6 +27,7 @@ from fleetctl import inventory, registry, ssh, warmcache
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe, recipe_for
 from fleetctl.rollout import host as remote
+from fleetctl.rollout import imagetree
 from fleetctl.rollout.plan import MIN_AVAILABLE_VAR
 from fleetctl.rollout.results import RolloutResult
 from fleetctl.serving import container_name
@@ -48,10 +49,11 @@ def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture
 def floor_in_inventory(serving: RolloutResult) -> Iterator[Path]:
-    """``fleetctl_min_available: 50%`` in the lab inventory's group_vars for this test only."""
+    """``fleetctl_min_available: 50%`` in the lab inventory's group_vars for this test only, and the image
+    tree from 2 hosts (its default is 4 needing the image)."""
     del serving
     f = inventory.load(None).path.parent / "group_vars" / "all" / "capacity-test.yml"
-    f.write_text(f"{MIN_AVAILABLE_VAR}: 50%\n")
+    f.write_text(f"{MIN_AVAILABLE_VAR}: 50%\n{imagetree.VAR}: {{min_hosts: 2}}\n")
     try:
         yield f
     finally:
@@ -100,6 +102,20 @@ def _in_cache(h: Host, recipe: Recipe, ref: str, script: str) -> str:
     return r.stdout
 
 
+def _forget_image(hosts: list[Host], ref: str) -> None:
+    """No node holds ``ref`` (a kept ``.prev`` container of it goes too): the rollout's prefetch must fetch it."""
+    def forget(h: Host) -> None:
+        prev = container_name(h) + remote.PREV_SUFFIX
+        ssh.docker(h, f"s=$(docker inspect -f '{{{{.Image}}}}' {prev} 2>/dev/null); "
+                      f"i=$(docker image inspect -f '{{{{.Id}}}}' {ref} 2>/dev/null); "
+                      f"if [ -n \"$i\" ] && [ \"$s\" = \"$i\" ]; then docker rm -f {prev} >/dev/null; fi; "
+                      f"docker image rm {ref} >/dev/null 2>&1; true", timeout=60).check("forget the image")
+        assert ssh.docker(h, ["docker", "image", "inspect", ref], timeout=30).rc != 0, h.name
+
+    outs = ssh.fan_out(hosts, forget, timeout=120)
+    assert all(o.error is None for o in outs.values()), outs
+
+
 def _plant_stale(hosts: list[Host], recipe: Recipe, ref: str, key: str) -> None:
     """Every node's cache directory for ``key`` holds the emulator's artefacts of another key."""
     d = f"/c/{key}/vllm/torch_compile_cache/fleetctl-emulator"
@@ -119,6 +135,7 @@ def test_the_default_plan_keeps_the_floor(floor_in_inventory: Path) -> None:
     ref = registry.pull_ref(recipe.image, digest, mirrors)
     key = warmcache.cache_key(digest, remote.fingerprint(recipe), remote.GB10)
     _plant_stale(list(inv.hosts.values()), recipe, ref, key)
+    _forget_image(list(inv.hosts.values()), ref)
     with Watcher() as w:
         before = w.rounds
         while w.rounds == before:  # every node answers before the rollout starts (the baseline of the count)
@@ -134,6 +151,10 @@ def test_the_default_plan_keeps_the_floor(floor_in_inventory: Path) -> None:
     assert "2 of 4 kept serving" in rec.options["capacity"] and "in the inventory" in rec.options["capacity"]
     steps = sorted({(h.wave, h.step) for h in rec.hosts})
     assert [sum(1 for h in rec.hosts if (h.wave, h.step) == s) for s in steps] == [1, 2, 1]
+    # The prefetch went through the image tree: the seed from the registry, the other three through relays.
+    assert sorted(r.pull_via.values())[-1].startswith("relay:") and list(r.pull_via.values()).count("registry") == 1, \
+        r.pull_via
+    assert any(p.phase == "prefetch" and "3 through relays" in (p.detail or "") for p in rec.phases), rec.phases
     # What the nodes said over SSH while it ran: never more than 2 out at once.
     assert w.rounds > 1 and w.most_out <= 2, (w.most_out, w.seen_out)
     # Warm start: the canary compiled cold over the stale cache, every later node started warm on its key.

@@ -326,6 +326,10 @@ def _push_images(lay: Layout, engine: Dockerd, progress: Progress) -> list[str]:
     images.cuda_image(lay, engine, cuda, progress)
     images.push(engine, cuda, progress)
     pushed.append(cuda)
+    relay = f"{lay.registry}/{images.RELAY_IMAGE}"
+    images.relay_image(lay, engine, relay, progress)
+    images.push(engine, relay, progress)
+    pushed.append(relay)
     try:
         for spec in images.default_tags():
             ref = images.build_tag(lay, engine, f"{lay.registry}/{spec.ref}", spec.env, progress,

@@ -198,6 +198,31 @@ def cuda_image(layout: Layout, engine: Dockerd, ref: str, progress: Progress = N
     return _build(engine, ctx, ref, progress, "the CUDA check image")
 
 
+#: The repository and tag of the image relay (fleetctl.rollout.imagetree's default ``relay_image``,
+#: docker.io/library/registry:2, which the lab's mirror mapping sends to the lab registry).
+RELAY_IMAGE = "library/registry:2"
+
+
+def relay_image(layout: Layout, engine: Dockerd, ref: str, progress: Progress = NULL) -> str:
+    """The image relay: this machine's ``docker-registry`` (Debian's distribution 2.8, the lab registry's
+    own binary) on the python base, serving ``/var/lib/registry`` on :5000 unless told otherwise."""
+    binary = shutil.which("docker-registry")
+    if binary is None:
+        raise FleetError("docker-registry is not installed", fix="run scripts/bootstrap.sh (apt-get install docker-registry)")
+    ctx = _context(layout, "relay")
+    shutil.copy2(binary, ctx / "registry")
+    (ctx / "config.yml").write_text("version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: /var/lib/registry\n"
+                                    "http:\n  addr: :5000\n")
+    (ctx / "Dockerfile").write_text(
+        f"FROM {python_base(engine, progress)}\n"
+        "COPY registry /usr/bin/registry\n"
+        "COPY config.yml /etc/docker/registry/config.yml\n"
+        'ENTRYPOINT ["/usr/bin/registry"]\n'
+        'CMD ["serve", "/etc/docker/registry/config.yml"]\n'
+    )
+    return _build(engine, ctx, ref, progress, "the image relay (distribution)")
+
+
 def push(engine: Dockerd, ref: str, progress: Progress = NULL) -> None:
     """Push ``ref`` to the lab registry."""
     progress(Event("pushing", ref))

@@ -9,7 +9,7 @@ from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import deploy, gate
+from fleetctl.rollout import deploy, gate, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
@@ -137,18 +137,71 @@ class Planning(Session):
 
 
     def _prefetch(self, rid: str, hosts: Sequence[Host], ref: str, image: str) -> dict[str, float]:
-        """Pull the image on every target in parallel before anything is stopped; seconds per host."""
+        """Pull the image on every target before anything is stopped; seconds per host. Enough hosts
+        needing it: through a tree of relays (:mod:`.imagetree`), else each from the registry in parallel."""
         if not hosts:
             return {}
         self.ledger.note(rid, "prefetch", ref)
         for h in hosts:
             self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
-        outs = ssh.fan_out(hosts, lambda h: self._pull(self.ops(h), image, ref), timeout=None)
+        tree = self._image_tree(hosts, ref, image)
+        if tree is None:
+            outs = ssh.fan_out(hosts, lambda h: self._pull(self.ops(h), image, ref), timeout=None)
+            for n, o in outs.items():
+                if o.error is None:
+                    self._emit("pulled", f"pulled in {o.value:.1f}s", n)
+                    self.pull_via.setdefault(n, "registry")
+        else:
+            tree_hosts, present = tree
+            outs = {n: ssh.Outcome(n, value=0.0) for n in present}
+            self.pull_via.update({n: "present" for n in present})
+            if tree_hosts:
+                outs.update(self._tree_pull(rid, tree_hosts, ref, image))
         bad = {n: o.error for n, o in outs.items() if o.error is not None}
-        for n, o in outs.items():
-            if o.error is None:
-                self._emit("pulled", f"pulled in {o.value:.1f}s", n)
         if bad:
             why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
             raise StopRollout(fleet_ledger.FAILED, f"prefetch failed before any host was changed: {why}")
         return {n: float(o.value or 0.0) for n, o in outs.items()}
+
+    def _image_tree(self, hosts: Sequence[Host], ref: str, image: str) -> tuple[list[Host], list[str]] | None:
+        """The hosts the tree is to serve and those already holding the image, or None: every host pulls
+        from the registry (the tree off, a simulated fleet, or fewer hosts than its ``min_hosts`` need it)."""
+        cfg = self.image_tree
+        if not cfg.enabled or len(hosts) < cfg.min_hosts:
+            return None
+        has = ssh.fan_out(hosts, lambda h: ssh.docker(h, ["docker", "image", "inspect", "-f", "{{.Id}}", ref],
+                                                       timeout=60).rc == 0, timeout=90)
+        present = [n for n, o in has.items() if o.value]
+        need = [h for h in hosts if not has[h.name].value]
+        if len(need) < cfg.min_hosts:
+            return None
+        return need, present
+
+    def _tree_pull(self, rid: str, hosts: Sequence[Host], ref: str, image: str) -> dict[str, ssh.Outcome[float]]:
+        """Pull ``ref`` on ``hosts`` through the image tree; the ledger notes how many hosts the registry served."""
+        cfg = self.image_tree
+        relay = registry.ImageName.parse(cfg.relay_image)
+        tag = cfg.relay_image.rsplit("/", 1)[-1].partition(":")[2] or "latest"
+        origin = registry.endpoint(registry.ImageName.parse(image).registry, self.mirrors).base
+        try:
+            relay_ref = registry.pull_ref(relay.ref, self._resolve(relay.ref, tag, self.mirrors).digest, self.mirrors)
+        except FleetError as e:
+            self._emit("pull", f"image tree off: its relay image {cfg.relay_image} is not found ({e.cause})")
+            return ssh.fan_out(hosts, lambda h: self._pull(self.ops(h), image, ref), timeout=None)
+        tree = imagetree.Tree(cfg, ref, origin, relay_ref,
+                              pull=lambda h, r: self._pull(self.ops(h), image, r),
+                              direct=lambda h, r: self.ops(h).pull(r),
+                              emit=lambda kind, msg, host: self._emit(kind, msg, host))
+        got = tree.run(hosts)
+        out: dict[str, ssh.Outcome[float]] = {}
+        for n, o in got.items():
+            if o.value is not None:
+                self.pull_via[n] = "registry" if o.value.via in (None, "registry") else f"relay:{o.value.via}"
+            out[n] = ssh.Outcome(n, value=o.value.seconds if o.value else None, error=o.error)
+        direct = sorted(n for n, o in got.items() if o.value is not None and o.value.via is None)
+        relayed = sum(1 for o in got.values() if o.value is not None and o.value.via not in (None, "registry"))
+        readers = sum(1 for o in got.values() if o.value is not None and o.value.via in (None, "registry"))
+        self.ledger.note(rid, "prefetch", f"image tree: {len(hosts)} host(s), {relayed} through relays, "
+                         f"layers read from the registry by {readers}"
+                         + (f" (direct: {', '.join(direct)})" if direct else ""))
+        return out

@@ -75,6 +75,9 @@ class RolloutResult:
     prefetch_seconds: float = 0.0
     #: Seconds each host's prefetch pull took (they run in parallel).
     pull_seconds: Mapping[str, float] = field(default_factory=dict)
+    #: Where each host's prefetch got the image: ``registry``, ``relay:<host>`` (the image tree, through
+    #: that host's relay), or ``present`` (it had it already).
+    pull_via: Mapping[str, str] = field(default_factory=dict)
     wave_seconds: tuple[float, ...] = ()
 
     @property

@@ -36,7 +36,7 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress, Relay
 from fleetctl.recipes import Recipe, recipe_for
-from fleetctl.rollout import deploy, gate, pulls
+from fleetctl.rollout import deploy, gate, imagetree, pulls
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import RolloutResult, host_outcome
@@ -151,6 +151,11 @@ class Session:
         baselines.import_files(self.state_dir, self.ledger)
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
                                         (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
+        #: How the prefetch reaches many hosts (:mod:`.imagetree`); with a simulated fleet, never a tree.
+        self.image_tree = (imagetree.config(inventory.vars.get(imagetree.VAR), str(inventory.path)) if ops is None
+                           else imagetree.TreeConfig(enabled=False))
+        #: Where this run's prefetch got the image on each host (RolloutResult.pull_via).
+        self.pull_via: dict[str, str] = {}
         self.deployer: deploy.Deployer | None = deployer or (
             deploy.AnsibleDeployer(inventory, self.mirrors, progress=self.progress) if ops is None else None)
         # The lock and intent on the hosts: the local lock only covers this state dir.
@@ -337,7 +342,8 @@ class Session:
         return RolloutResult(
             rec.id, rec.kind, rec.status, rec.recipe or "", rec.tag, rec.digest, rec.image,
             tuple(host_outcome(h) for h in rec.hosts), plan=p, error=rec.error, seconds=seconds,
-            prefetch_seconds=prefetch, pull_seconds=dict(pulls or {}), wave_seconds=waves)
+            prefetch_seconds=prefetch, pull_seconds=dict(pulls or {}), wave_seconds=waves,
+            pull_via=dict(self.pull_via))
 
 
     # -- one host ----------------------------------------------------------------------------

@@ -1,0 +1,275 @@
+"""A rollout's image reaches the fleet through a tree of pull-through relays (decision 0018).
+
+Without it every host pulls the whole image from the fleet's registry: N hosts, N copies through
+the registry's uplink. With it the registry is read once:
+
+- The seed runs a relay: a registry in pull-through mode (``distribution``'s ``proxy.remoteurl``)
+  whose upstream is the fleet's registry (or its mirror), in a container named
+  :data:`RELAY_NAME` on the host network. The seed pulls the image *through its own relay*
+  (``127.0.0.1:PORT/<repository>@<digest>``: Docker talks plain http to a loopback registry
+  without any daemon setting), which fetches every layer from the registry once and keeps it.
+- Each round, every host that holds the image serves at most ``fanout`` new hosts: a receiver
+  starts its own relay with the source's relay as upstream (``http://<source>:PORT``), pulls
+  through it, and becomes a source. N hosts take about ``log_(fanout+1) N`` rounds.
+- Then every host pulls the deploy reference itself (``<registry>/<repository>@<digest>``):
+  the layers are there, so only the manifest and config are read from the registry, and the
+  image carries the repo digest the deploy runs by. Docker checks every layer and the manifest
+  against the digest on each pull, so a relay cannot hand over other bytes.
+- Nothing here fails a host on its own: a host whose relay or relayed pull fails pulls directly
+  from the registry (as without the tree) and serves no one; only a failed direct pull fails it.
+  Every relay is removed at the end (``docker rm -f``, its cached layers with it).
+
+Where it runs: the relays listen on ``PORT`` (default 5555) on every address of the host for the
+prefetch's few minutes; what they serve is the image the hosts are about to run. A registry that
+wants credentials is read by the seed's relay anonymously: it answers 401, the seed pulls
+directly, and the tree stands down (give such a fleet a local mirror, ``fleetctl_registry_mirrors``,
+and the relays read the mirror).
+"""
+
+from __future__ import annotations
+
+import functools
+import shlex
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from fleetctl import registry, ssh
+from fleetctl.errors import FleetError
+from fleetctl.inventory import Host
+
+#: The relay container's name on every host (one relay per host at a time).
+RELAY_NAME = "fleetctl-image-relay"
+#: The inventory's settings (group ``all``): ``fleetctl_image_tree: {min_hosts, fanout, port, relay_image}``
+#: or ``false`` to pull every host from the registry.
+VAR = "fleetctl_image_tree"
+DEFAULTS: Mapping[str, object] = {"min_hosts": 4, "fanout": 2, "port": 5555,
+                                   "relay_image": "docker.io/library/registry:2"}
+#: Seconds a relay has to answer ``/v2/`` once started.
+RELAY_READY_TIMEOUT = 30.0
+#: Seconds of one pull through a relay (a Spark image is ~20 GB; the slow link is the limit).
+PULL_TIMEOUT = 3600.0
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """The tree's settings from the inventory (:data:`VAR`)."""
+
+    enabled: bool = True
+    #: Fewer hosts needing the image than this: every host pulls from the registry (a tree buys nothing).
+    min_hosts: int = 4
+    #: Hosts each source serves per round.
+    fanout: int = 2
+    port: int = 5555
+    #: The relay's image (a ``distribution`` registry), pulled through the fleet's mirrors like any image.
+    relay_image: str = "docker.io/library/registry:2"
+
+
+def config(value: object, where: str) -> TreeConfig:
+    """:class:`TreeConfig` from the inventory's ``fleetctl_image_tree`` (None: the defaults)."""
+    if value is None or value is True:
+        return TreeConfig()
+    if value is False:
+        return TreeConfig(enabled=False)
+    if not isinstance(value, Mapping):
+        raise FleetError(f"{VAR} in {where} must be false or a mapping of {', '.join(DEFAULTS)}, not {value!r}",
+                         fix=f"write e.g. `{VAR}: {{min_hosts: 8, fanout: 2}}`, or `{VAR}: false`")
+    unknown = sorted(set(map(str, value)) - set(DEFAULTS))
+    if unknown:
+        raise FleetError(f"{VAR} in {where} has unknown key(s) {', '.join(unknown)}",
+                         fix=f"use only {', '.join(DEFAULTS)}")
+    merged = {**DEFAULTS, **{str(k): v for k, v in value.items()}}
+    ints = {"min_hosts": (1, 100_000), "fanout": (1, 16), "port": (1024, 65535)}
+    for key, (lo, hi) in ints.items():
+        v = merged[key]
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise FleetError(f"{VAR}.{key} in {where} must be a whole number from {lo} to {hi}, not {v!r}",
+                             fix=f"set {VAR}.{key} to a number in that range")
+    img = merged["relay_image"]
+    if not isinstance(img, str) or not img or any(c.isspace() for c in img) or "@" in img:
+        raise FleetError(f"{VAR}.relay_image in {where} must be an image name with an optional tag, not {img!r}",
+                         fix="e.g. docker.io/library/registry:2 (a distribution registry the hosts can pull)")
+    return TreeConfig(True, int(merged["min_hosts"]), int(merged["fanout"]),
+                      int(merged["port"]), img)
+
+
+def assign(sources: Sequence[str], receivers: Sequence[str], fanout: int) -> dict[str, str]:
+    """This round's receiver -> source: each source serves at most ``fanout`` receivers, spread evenly, the
+    newest sources first (the seed, which also faced the registry, serves least). Receivers beyond
+    ``len(sources) * fanout`` wait for the next round."""
+    out: dict[str, str] = {}
+    newest = list(reversed(sources))
+    for i, r in enumerate(receivers[: len(sources) * fanout]):
+        out[r] = newest[i % len(newest)]
+    return out
+
+
+def rounds_for(n: int, fanout: int) -> int:
+    """Rounds a tree of ``n`` hosts takes with nothing failing (the seed's own pull is round 0)."""
+    have, rounds = 1, 0
+    while have < n:
+        have += have * fanout
+        rounds += 1
+    return rounds
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """How one host got the image: ``via`` is the host whose relay served it, ``registry`` for the seed's
+    relay, None for a direct pull (the reason in ``fallback``)."""
+
+    seconds: float
+    via: str | None
+    fallback: str | None = None
+
+
+def relay_ref(port: int, pull_ref: str) -> str:
+    """``127.0.0.1:PORT/<repository>@<digest>``: the image as a host pulls it through its own relay."""
+    name = registry.ImageName.parse(pull_ref)
+    return f"127.0.0.1:{port}/{name.repository}@{pull_ref.rsplit('@', 1)[-1]}"
+
+
+def _start_script(cfg: TreeConfig, relay_image_ref: str, upstream: str) -> str:
+    """Start a fresh relay on the host network and wait until it answers ``/v2/`` as a registry (python3:
+    Sparks and the lab have it); a relay that exits (its port taken, a bad image) fails at once, with its log."""
+    run = ["docker", "run", "-d", "--name", RELAY_NAME, "--network", "host",
+           "--label", "fleetctl.role=image-relay",
+           "-e", f"REGISTRY_HTTP_ADDR=0.0.0.0:{cfg.port}",
+           "-e", f"REGISTRY_PROXY_REMOTEURL={upstream}",
+           relay_image_ref]
+    probe = ("import sys,urllib.request\n"
+             "try:\n"
+             f"  r=urllib.request.urlopen('http://127.0.0.1:{cfg.port}/v2/',timeout=2)\n"
+             "  sys.exit(0 if r.headers.get('Docker-Distribution-Api-Version') else 1)\n"
+             "except Exception:\n"
+             "  sys.exit(1)\n")
+    tries = int(RELAY_READY_TIMEOUT / 0.3)
+    img = shlex.quote(relay_image_ref)
+    return (f"docker rm -f {RELAY_NAME} >/dev/null 2>&1\n"
+            f"docker image inspect {img} >/dev/null 2>&1 || docker pull -q {img} >/dev/null || exit 1\n"
+            f"{shlex.join(run)} >/dev/null || exit 1\n"
+            f"for i in $(seq {tries}); do\n"
+            f"  if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {RELAY_NAME})\" != true ]; then\n"
+            f"    echo 'the relay exited:' >&2; docker logs --tail 3 {RELAY_NAME} >&2; exit 1\n"
+            f"  fi\n"
+            f"  python3 -c {shlex.quote(probe)} && exit 0\n"
+            f"  sleep 0.3\n"
+            f"done\n"
+            f"echo 'the relay did not answer on port {cfg.port} within {RELAY_READY_TIMEOUT:.0f}s' >&2; exit 1\n")
+
+
+def remove_relays(hosts: Sequence[Host]) -> dict[str, str]:
+    """Remove the relay (and what it cached) from every host; host -> why it could not be removed."""
+    outs = ssh.fan_out(hosts, lambda h: ssh.docker(h, ["docker", "rm", "-f", "-v", RELAY_NAME], timeout=60),
+                       timeout=90)
+    bad: dict[str, str] = {}
+    for n, o in outs.items():
+        if o.error is not None:
+            bad[n] = o.error.cause
+        elif o.value is not None and o.value.rc != 0 and "No such container" not in o.value.stderr:
+            bad[n] = o.value.stderr.strip()[-200:]
+    return bad
+
+
+Emit = Callable[[str, str, str], None]
+Pull = Callable[[Host, str], float]
+
+
+class Tree:
+    """One prefetch's tree: :meth:`run` pulls ``pull_ref`` on every host and says how each got it."""
+
+    def __init__(self, cfg: TreeConfig, pull_ref: str, origin: str, relay_image_ref: str, pull: Pull,
+                 direct: Pull, emit: Emit, max_workers: int = ssh.FAN_OUT_WORKERS) -> None:
+        """``origin``: the registry's API base the hosts pull ``pull_ref`` from (``registry.endpoint``:
+        ``http://10.0.0.1:5000``, ``https://nvcr.io``), read by the seed's relay.
+        ``pull(host, ref)``: a pull reporting progress (the relayed one: the bytes move there);
+        ``direct(host, ref)``: a quiet pull (the deploy reference once the layers are there);
+        ``emit(kind, message, host)``: progress."""
+        self.cfg = cfg
+        self.pull_ref = pull_ref
+        self.origin = origin
+        self.relay_image_ref = relay_image_ref
+        self._pull = pull
+        self._direct = direct
+        self._emit = emit
+        self.max_workers = max_workers
+        self._started: set[str] = set()
+        self._lock = threading.Lock()
+
+    def run(self, hosts: Sequence[Host]) -> dict[str, ssh.Outcome[Pulled]]:
+        """Every host's outcome (an error only when even the direct pull failed); the relays are gone after."""
+        by_name = {h.name: h for h in hosts}
+        out: dict[str, ssh.Outcome[Pulled]] = {}
+        try:
+            self._grow(list(hosts), by_name, out)
+        finally:
+            started = [by_name[n] for n in sorted(self._started)]
+            left = remove_relays(started) if started else {}
+            for n, why in left.items():
+                self._emit("pull", f"image relay not removed ({why}): run `docker rm -f {RELAY_NAME}`", n)
+        return out
+
+    def _grow(self, hosts: list[Host], by_name: Mapping[str, Host], out: dict[str, ssh.Outcome[Pulled]]) -> None:
+        seed, pending = hosts[0], hosts[1:]
+        try:
+            first = ssh.Outcome(seed.name, self._one(seed, self.origin, "registry"))
+        except FleetError as e:
+            first = ssh.Outcome(seed.name, error=e)
+        out[seed.name] = first
+        sources = [seed.name] if first.value is not None and first.value.via else []
+        rnd = 0
+        while pending:
+            if not sources:
+                # The seed's relay failed: no tree this time; the rest pull from the registry as without one.
+                why = (first.value.fallback if first.value is not None else None) or "the seed's pull failed"
+                self._emit("pull", f"image tree off ({why}): {len(pending)} host(s) pull from the registry",
+                           seed.name)
+                out.update(ssh.fan_out(pending, functools.partial(self._fallback, why=why),
+                                       timeout=None, max_workers=self.max_workers))
+                return
+            rnd += 1
+            plan = assign(sources, [h.name for h in pending], self.cfg.fanout)
+            batch = [h for h in pending if h.name in plan]
+            pending = [h for h in pending if h.name not in plan]
+            upstream = {n: f"http://{by_name[s].address}:{self.cfg.port}" for n, s in plan.items()}
+            got = ssh.fan_out(batch, functools.partial(self._relayed, upstream=upstream, plan=plan),
+                              timeout=None, max_workers=self.max_workers)
+            for n, o in got.items():
+                out[n] = o
+                if o.ok and o.value is not None and o.value.via is not None:
+                    sources.append(n)
+            self._emit("pull", f"image tree round {rnd}: {len(batch)} host(s), {len(sources)} source(s) now", seed.name)
+
+    def _relayed(self, h: Host, upstream: Mapping[str, str], plan: Mapping[str, str]) -> Pulled:
+        return self._one(h, upstream[h.name], plan[h.name])
+
+    def _one(self, h: Host, upstream: str, via: str) -> Pulled:
+        """Pull through a relay of ``h``'s own reading ``upstream``; on any failure of the relay, directly
+        (a FleetError only when that fails too)."""
+        t0 = time.monotonic()
+        try:
+            with self._lock:
+                self._started.add(h.name)
+            r = ssh.docker(h, _start_script(self.cfg, self.relay_image_ref, upstream), timeout=180)
+            if r.rc != 0:
+                raise FleetError(f"its image relay did not start: {(r.stderr or r.stdout).strip()[-300:]}",
+                                 host=h.name)
+            self._pull(h, relay_ref(self.cfg.port, self.pull_ref))
+            # The layers are here now: this reads only the manifest and config from the registry.
+            self._direct(h, self.pull_ref)
+            took = time.monotonic() - t0
+            self._emit("pulled", f"pulled in {took:.1f}s " + (f"through {via}'s relay" if via != "registry"
+                                                                else "from the registry (tree seed)"), h.name)
+            return Pulled(took, via)
+        except FleetError as e:
+            why = e.cause
+        return self._fallback(h, why, t0)
+
+    def _fallback(self, h: Host, why: str, t0: float | None = None) -> Pulled:
+        t0 = time.monotonic() if t0 is None else t0
+        self._emit("pull", f"pulling from the registry ({why})", h.name)
+        self._pull(h, self.pull_ref)
+        took = time.monotonic() - t0
+        self._emit("pulled", f"pulled in {took:.1f}s from the registry", h.name)
+        return Pulled(took, None, why)
