@@ -24,6 +24,13 @@ path leaves out). The total is timed from the start of ``rollout()``. Goals
 (issue 9) rollback overhead <= 5 s, (issue 19) <= 2 s. Ratios are computed within the run.
 ``--rollback-only`` runs step 4 alone (one node on v0.24.0 first, not measured).
 
+``--default-plan`` (issue 19) times a rollout of v0.24.0 to one node and then to every node with no
+wave or step flags (the default plan: the canary, then steps as large as the 75 % capacity floor
+allows), same soak, each after every node is back on v0.23.0 without v0.24.0's image. Figures: all /
+one (goals: <= 5x at 16 nodes, <= 5.5x at 8), the plan's steps, and all / (one x steps): how much a
+step of several hosts costs over a step of one (1.0 when hosts in a step never slow each other; on the
+lab they share the machine's cores).
+
 ``--deploy-compare [--repeat 3]`` (issue 12) compares the deploy step through the vllm_serve role
 (``fleetctl_deploy_via: ansible``, one ansible-runner run per step) with the controller's own docker
 commands over SSH (``ssh``), in the same run, alternating: each repeat puts every node back on
@@ -222,6 +229,38 @@ def _deploy_compare(con: Console, nodes: list[str], a: argparse.Namespace) -> in
     return 0
 
 
+def _default_plan(con: Console, nodes: list[str], a: argparse.Namespace) -> int:
+    """One node, then every node on the default plan; the ratio, the steps and the cost of a wide step."""
+    _serve_old()
+    _drop_new_image()
+    one = _rollout(NEW, a.soak, limit=nodes[0])
+    _serve_old()
+    _drop_new_image()
+    many = _rollout(NEW, a.soak)
+    for name, r in (("1-node", one), ("default-plan", many)):
+        if r.status != "completed":
+            con.print(f"[red]{name} rollout {r.status}: {r.error}")
+            return 1
+    assert many.plan is not None
+    steps = len(many.plan.steps())
+    ratio = many.seconds / one.seconds
+    goal = 5.0 if len(nodes) >= 16 else 5.5 if len(nodes) >= 8 else float(steps)
+    figures = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": len(nodes),
+               "soak_seconds": a.soak, "one_node_s": one.seconds, "default_plan_s": many.seconds,
+               "steps": steps, "max_unavailable": many.plan.max_unavailable, "all_over_one": round(ratio, 2),
+               "step_cost_over_one": round(ratio / steps, 2), "goal_all_over_one": goal,
+               "pull_via": dict(many.pull_via), "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
+    t = Table("run", "seconds", "steps", title=f"default plan vs one node (lab, {len(nodes)} nodes, soak {a.soak:.0f}s)")
+    t.add_row("1 node", f"{one.seconds:.1f}", "1")
+    t.add_row(f"{len(nodes)} nodes", f"{many.seconds:.1f}", str(steps))
+    con.print(t)
+    con.print(f"all / one: {ratio:.2f}x (goal <= {goal}x); per step: {ratio / steps:.2f}x one node's")
+    write_figures(con, a.json, figures)
+    _serve_old()
+    ssh.close_all()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print a table, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -231,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--deploy-compare", action="store_true",
                     help="the deploy step through the vllm_serve role vs over SSH, and the rollback after each")
     ap.add_argument("--repeat", type=int, default=3, help="repeats of --deploy-compare (medians)")
+    ap.add_argument("--default-plan", action="store_true",
+                    help="one node vs every node on the default plan (the capacity floor), same soak")
     a = ap.parse_args(argv)
     con = Console()
     nodes = list(inventory.load(None).hosts)
@@ -238,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         return _rollback_only(con, nodes, a)
     if a.deploy_compare:
         return _deploy_compare(con, nodes, a)
+    if a.default_plan:
+        return _default_plan(con, nodes, a)
     con.print(f"lab: {len(nodes)} nodes ({', '.join(nodes)}); soak {a.soak:.0f}s; preparing (not measured)")
     _serve_old()
     _drop_new_image()

@@ -3,6 +3,7 @@ everywhere in parallel."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 
 from fleetctl import registry, ssh
@@ -169,8 +170,10 @@ class Planning(Session):
         cfg = self.image_tree
         if not cfg.enabled or len(hosts) < cfg.min_hosts:
             return None
-        has = ssh.fan_out(hosts, lambda h: ssh.docker(h, ["docker", "image", "inspect", "-f", "{{.Id}}", ref],
-                                                       timeout=60).rc == 0, timeout=90)
+        # A relay a killed controller left behind goes first (the fleet's lock: no other prefetch runs).
+        probe = (f"docker rm -f {imagetree.RELAY_NAME} >/dev/null 2>&1; "
+                 f"docker image inspect -f '{{{{.Id}}}}' {shlex.quote(ref)} >/dev/null 2>&1")
+        has = ssh.fan_out(hosts, lambda h: ssh.docker(h, probe, timeout=60).rc == 0, timeout=90)
         present = [n for n, o in has.items() if o.value]
         need = [h for h in hosts if not has[h.name].value]
         if len(need) < cfg.min_hosts:
