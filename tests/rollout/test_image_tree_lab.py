@@ -30,11 +30,12 @@ PORT = 5555
 
 
 @pytest.fixture
-def fresh_image(tmp_path: Path) -> Iterator[tuple[str, str]]:
-    """A tag no node has, with a layer of its own (1 MiB of random bytes): (pull reference, that layer's digest)."""
+def fresh_image(tmp_path: Path) -> Iterator[tuple[str, str, int]]:
+    """A tag no node has, with a layer of its own (16 MiB of random bytes): (pull reference, that layer's digest,
+    its size as pulled)."""
     app = tmp_path / "app"
     app.mkdir()
-    (app / "blob.bin").write_bytes(os.urandom(1 << 20))
+    (app / "blob.bin").write_bytes(os.urandom(16 << 20))
     tag = f"tree-{os.urandom(4).hex()}"
     lab.add_image(tag, from_dir=app, cmd=["/bin/true"])
     inv = inventory.load(None)
@@ -43,10 +44,10 @@ def fresh_image(tmp_path: Path) -> Iterator[tuple[str, str]]:
     digest = registry.resolve(image, tag, mirrors).digest
     layers = registry.layer_sizes(image, digest, mirrors)[0]
     ref = registry.pull_ref(image, digest, mirrors)
-    # Its own layer: the random MiB (incompressible, so ~1 MiB as pulled); every other layer is shared.
-    own = [d for d, size in layers.items() if 1 << 20 <= size < 2 << 20]
+    # Its own layer: the random bytes (incompressible, so ~16 MiB as pulled); every other layer is shared.
+    own = [d for d, size in layers.items() if 16 << 20 <= size < 18 << 20]
     assert len(own) == 1, layers
-    yield ref, own[0]
+    yield ref, own[0], layers[own[0]]
     outs = ssh.fan_out(list(inv.hosts.values()), lambda h: ssh.docker(h, f"docker image rm -f {ref} "
                                                                          f"$(docker images -q --filter reference='*/{lab.images.VLLM_REPOSITORY}:{tag}') "
                                                                          ">/dev/null 2>&1; true", timeout=60),
@@ -72,11 +73,12 @@ def _tree(hosts: list[Host], ref: str, events: list[Event]) -> dict[str, ssh.Out
     return tree.run(hosts)
 
 
-def _registry_readers(blob: str) -> set[str]:
-    """Client addresses the lab registry's log shows fetching ``blob`` (GET .../blobs/<digest>)."""
+def _registry_reads(blob: str) -> tuple[set[str], int]:
+    """Who the lab registry's log shows fetching ``blob`` (GET .../blobs/<digest>), and the bytes it sent them."""
     log = layout.current().log_dir / "registry.log"
-    pat = re.compile(r"^(\S+) .*\"GET /v2/\S+/blobs/" + re.escape(blob) + r" ")
-    return {m.group(1) for line in log.read_text(errors="replace").splitlines() if (m := pat.match(line))}
+    pat = re.compile(r"^(\S+) .*\"GET /v2/\S+/blobs/" + re.escape(blob) + r" HTTP/1\.1\" 200 (\d+) ")
+    hits = [m for line in log.read_text(errors="replace").splitlines() if (m := pat.match(line))]
+    return {m.group(1) for m in hits}, sum(int(m.group(2)) for m in hits)
 
 
 def _relays_left(hosts: list[Host]) -> dict[str, str]:
@@ -91,8 +93,8 @@ def _has(h: Host, ref: str) -> list[str]:
 
 
 def test_a_fresh_image_is_read_from_the_registry_once_and_relayed_to_the_other_nodes(
-        fresh_image: tuple[str, str]) -> None:
-    ref, blob = fresh_image
+        fresh_image: tuple[str, str, int]) -> None:
+    ref, blob, size = fresh_image
     inv = inventory.load(None)
     hosts = list(inv.hosts.values())
     assert len(hosts) >= 4, "the lab has 4 nodes"
@@ -106,8 +108,10 @@ def test_a_fresh_image_is_read_from_the_registry_once_and_relayed_to_the_other_n
     second = [n for n in via if via[n] == seed]
     assert len(second) == 2, via
     assert all(via[n] in second for n in via if n != seed and n not in second), via
-    # The new layer left the registry for the seed only (a relay's address, not the other nodes').
-    assert _registry_readers(blob) == {hosts[0].address}, _registry_readers(blob)
+    # The new layer left the registry for the seed only (its relay's address, not the other nodes'), and
+    # once: the relay reads what it stores once (a pull-through registry streaming to a client reads twice).
+    who, sent = _registry_reads(blob)
+    assert who == {hosts[0].address} and size <= sent < 1.5 * size, (who, sent, size)
     # Every node holds the image under the deploy reference, the digest Docker checked.
     for h in hosts:
         assert ref in _has(h, ref), (h.name, _has(h, ref))
@@ -116,8 +120,8 @@ def test_a_fresh_image_is_read_from_the_registry_once_and_relayed_to_the_other_n
 
 
 def test_a_node_whose_relay_cannot_start_pulls_from_the_registry_and_serves_no_one(
-        fresh_image: tuple[str, str]) -> None:
-    ref, blob = fresh_image
+        fresh_image: tuple[str, str, int]) -> None:
+    ref, blob, _size = fresh_image
     inv = inventory.load(None)
     hosts = list(inv.hosts.values())
     busy = hosts[1]
@@ -136,7 +140,7 @@ def test_a_node_whose_relay_cannot_start_pulls_from_the_registry_and_serves_no_o
     pulled = {n: o.value for n, o in got.items() if o.value is not None}
     assert pulled[busy.name].via is None and "relay" in (pulled[busy.name].fallback or ""), pulled[busy.name]
     assert all(p.via != busy.name for p in pulled.values()), pulled
-    assert _registry_readers(blob) == {hosts[0].address, busy.address}, _registry_readers(blob)
+    assert _registry_reads(blob)[0] == {hosts[0].address, busy.address}, _registry_reads(blob)
     for h in hosts:
         assert ref in _has(h, ref), h.name
     assert not _relays_left(hosts)

@@ -159,6 +159,70 @@ def _start_script(cfg: TreeConfig, relay_image_ref: str, upstream: str) -> str:
             f"echo 'the relay did not answer on port {cfg.port} within {RELAY_READY_TIMEOUT:.0f}s' >&2; exit 1\n")
 
 
+#: Run on the host with the RootFS layers of its images on stdin (one JSON list per image): which blobs of the
+#: image the host lacks, asked of its relay so that the relay fetches each once (see :func:`_fill_script`).
+_FILL = r"""
+import json, platform, sys, urllib.request
+port, repo, digest = sys.argv[1], sys.argv[2], sys.argv[3]
+base = "http://127.0.0.1:%s/v2/%s" % (port, repo)
+kinds = ("application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json",
+         "application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json")
+def get(path):
+    req = urllib.request.Request(base + path, headers={"Accept": ",".join(kinds)})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        return json.loads(r.read(8 << 20))
+m = get("/manifests/" + digest)
+if "manifests" in m:
+    arch = {"x86_64": "amd64", "aarch64": "arm64"}.get(platform.machine(), platform.machine())
+    mine = [x for x in m["manifests"] if (x.get("platform") or {}).get("architecture") == arch
+            and (x.get("platform") or {}).get("os") == "linux"]
+    if not mine:
+        sys.exit("the image has no linux/%s manifest" % arch)
+    m = get("/manifests/" + mine[0]["digest"])
+layers = [x["digest"] for x in m["layers"]]
+diff_ids = get("/blobs/" + m["config"]["digest"])["rootfs"]["diff_ids"]
+# Docker reuses a layer when the whole chain below it is the same: the longest prefix of diff_ids that
+# an image here starts with is present; every layer after it is fetched.
+have = 0
+for line in sys.stdin:
+    try:
+        local = json.loads(line)
+    except ValueError:
+        continue
+    n = 0
+    while n < min(len(local or []), len(diff_ids)) and local[n] == diff_ids[n]:
+        n += 1
+    have = max(have, n)
+for b in layers[have:]:
+    # Ask for the blob and hang up: the relay goes on fetching it into its store (once), instead of
+    # reading it twice from upstream (once streamed to a client, once for its store).
+    with urllib.request.urlopen(base + "/blobs/" + b, timeout=120) as r:
+        r.read(1)
+    print(b)
+"""
+
+
+def _fill_script(cfg: TreeConfig, pull_ref: str) -> str:
+    """Have the host's relay fetch, once each, the image's layers the host lacks, and wait until it holds them.
+
+    A pull-through registry (distribution 2.8) reads a blob it does not hold twice from upstream when a
+    client asks for it: one stream to the client, one copy into its store. A request it is left to finish
+    alone costs one read; Docker's pull after this is served from the relay's store.
+    """
+    name = registry.ImageName.parse(pull_ref)
+    digest = pull_ref.rsplit("@", 1)[-1]
+    store = "/var/lib/registry/docker/registry/v2/blobs/sha256"
+    wait = int(PULL_TIMEOUT / 0.5)
+    waiter = ("for b in \"$@\"; do h=${b#sha256:}; f=" + store + "/$(echo $h | cut -c1-2)/$h/data; n=0; "
+              "while [ ! -f $f ]; do n=$((n+1)); "
+              f"if [ $n -gt {wait} ]; then echo \"the relay never stored $b\" >&2; exit 1; fi; "
+              "sleep 0.5; done; done")
+    return (f"blobs=$(docker image inspect -f '{{{{json .RootFS.Layers}}}}' $(docker images -q) 2>/dev/null | "
+            f"python3 -c {shlex.quote(_FILL)} {cfg.port} {shlex.quote(name.repository)} {shlex.quote(digest)}) "
+            "|| exit 1\n"
+            f"docker exec {RELAY_NAME} sh -c {shlex.quote(waiter)} fill $blobs\n")
+
+
 def remove_relays(hosts: Sequence[Host]) -> dict[str, str]:
     """Remove the relay (and what it cached) from every host; host -> why it could not be removed."""
     outs = ssh.fan_out(hosts, lambda h: ssh.docker(h, ["docker", "rm", "-f", "-v", RELAY_NAME], timeout=60),
@@ -254,6 +318,10 @@ class Tree:
             r = ssh.docker(h, _start_script(self.cfg, self.relay_image_ref, upstream), timeout=180)
             if r.rc != 0:
                 raise FleetError(f"its image relay did not start: {(r.stderr or r.stdout).strip()[-300:]}",
+                                 host=h.name)
+            r = ssh.docker(h, _fill_script(self.cfg, self.pull_ref), timeout=PULL_TIMEOUT + 60)
+            if r.rc != 0:
+                raise FleetError(f"its image relay could not fetch the image: {(r.stderr or r.stdout).strip()[-300:]}",
                                  host=h.name)
             self._pull(h, relay_ref(self.cfg.port, self.pull_ref))
             # The layers are here now: this reads only the manifest and config from the registry.
