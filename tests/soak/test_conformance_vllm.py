@@ -7,6 +7,12 @@ Both servers must give complete reports: the same vLLM metric names, spec-decode
 windows, parsed usage chunks, and an error event inside an HTTP 200 stream when the
 engine dies mid-stream. Differences found are written to the run's log for the
 emulator's maintainer.
+
+The server compiles into a ``VLLM_CACHE_ROOT`` of its own, empty at its start. The last
+test stops it and starts a second server with the same arguments on the same root, and
+checks from both logs and the root's files that the second one consulted the first one's
+compile cache, whether it could load it or compiled again (issue 19, docs/warm-start.md).
+Both starts' times are reported, not asserted.
 """
 
 from __future__ import annotations
@@ -18,9 +24,13 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -50,33 +60,95 @@ def vllm_python() -> Path:
     return Path(r.stdout.strip().splitlines()[-1])
 
 
+class Health:
+    """Seconds from a server's launch to its first /health 200, watched by a thread beside the tests."""
+
+    def __init__(self, url: str, proc: subprocess.Popen[bytes]) -> None:
+        self.t0 = time.monotonic()
+        self.ready_s: float | None = None
+        self._done = threading.Event()
+        threading.Thread(target=self._watch, args=(url, proc), daemon=True).start()
+
+    def _watch(self, url: str, proc: subprocess.Popen[bytes]) -> None:
+        try:
+            while proc.poll() is None and time.monotonic() - self.t0 < STARTUP_TIMEOUT:
+                try:
+                    with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                        if r.status == 200:
+                            self.ready_s = time.monotonic() - self.t0
+                            return
+                except OSError:
+                    pass
+                time.sleep(0.5)
+        finally:
+            self._done.set()
+
+    def wait(self) -> float | None:
+        """Seconds to /health 200; None if the server exited or timed out first."""
+        self._done.wait()
+        return self.ready_s
+
+
+@dataclass
+class VllmServer:
+    """A real vLLM started by this module: its URL, process, log, argv and compile-cache root."""
+
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+    argv: list[str]
+    cache_root: Path
+    health: Health
+    stopped: bool = False
+
+    def stop(self) -> None:
+        """Stop its process group: API server, engine and workers (the API server may have exited already)."""
+        if self.stopped:
+            return
+        self.stopped = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=30)
+        # Whatever is left of the group after its leader (an engine whose API server died) is killed, so
+        # that a next server does not start beside it.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def _launch(argv: list[str], cache_root: Path, log: Path) -> VllmServer:
+    """Start vLLM with ``argv`` (its ``--port`` on loopback), compiling into ``cache_root``."""
+    port = argv[argv.index("--port") + 1]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env={**os.environ, "VLLM_CACHE_ROOT": str(cache_root)})
+    url = f"http://127.0.0.1:{port}"
+    return VllmServer(url, proc, log, argv, cache_root, Health(url, proc))
+
+
 @pytest.fixture(scope="module")
-def real_vllm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
-    """A real vLLM serving a tiny random Llama as ``tiny`` and ``tiny-alias`` on a loopback port."""
+def real_vllm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
+    """A real vLLM serving a tiny random Llama as ``tiny`` and ``tiny-alias`` on a loopback port.
+
+    Its ``VLLM_CACHE_ROOT`` is a directory of its own, empty at the start (so this start is cold), and
+    kept for the compile-cache test.
+    """
     root = tmp_path_factory.mktemp("vllm")
     model = root / "tiny"
     r = subprocess.run([str(vllm_python), str(Path(__file__).parent / "tiny_llama.py"), str(model)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    port = free_port()
-    log = root / "server.log"
     argv = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", "tiny", "tiny-alias", "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", "tiny", "tiny-alias", "--host", "127.0.0.1", "--port", str(free_port()),
             "--max-model-len", "2048", "--speculative-config", json.dumps(NGRAM),
             # On the CPU backend this is the share of RAM reserved for the KV cache: keep it small.
             "--gpu-memory-utilization", "0.1"]
-    with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    server = _launch(argv, root / "vllm-cache", root / "server.log")
     try:
-        yield f"http://127.0.0.1:{port}", proc, log
+        yield server
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        server.stop()
 
 
 def _config(names: tuple[str, ...]) -> SoakConfig:
@@ -186,9 +258,9 @@ async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -
         return await task
 
 
-def test_soak_engine_agrees_with_a_real_vllm(real_vllm: tuple[str, subprocess.Popen[bytes], Path],
-                                             emulator: Callable[..., Served], tmp_path: Path) -> None:
-    url, _proc, log = real_vllm
+def test_soak_engine_agrees_with_a_real_vllm(real_vllm: VllmServer, emulator: Callable[..., Served],
+                                             tmp_path: Path) -> None:
+    url, log = real_vllm.url, real_vllm.log
     # The tiny model's cache blocks are 128 tokens (vllm:cache_config_info), not a hybrid's ~2k.
     emu = emulator(EMU_PREFIX_BLOCK_TOKENS="128")
     real_v = run_soak(SoakTarget("vllm", url), _config(("tiny", "tiny-alias")), None,
@@ -221,3 +293,77 @@ def test_soak_engine_agrees_with_a_real_vllm(real_vllm: tuple[str, subprocess.Po
     crash = emulator(EMU_CRASH_AT_CONCURRENCY="1")
     emu_s = asyncio.run(_stream_while(crash.target.base_url, "qwen36-fast", None))
     assert emu_s.error_kind == "stream_error" and emu_s.status == 200, emu_s
+
+
+#: vLLM's log lines about its AOT-compiled model (vllm/compilation/decorators.py and v1/engine/core.py as
+#: of 0.32): saved after a compile, loaded from the cache root, or found there and not loadable.
+AOT_SAVED = re.compile(r"saved AOT compiled function to (\S+)")
+AOT_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
+AOT_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
+ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
+
+
+def _files_under(root: Path) -> tuple[int, int]:
+    """(files, bytes) under ``root``."""
+    sizes = [p.stat().st_size for p in root.rglob("*") if p.is_file()]
+    return len(sizes), sum(sizes)
+
+
+def _start_figures(server: VllmServer, ready_s: float | None) -> dict[str, Any]:
+    """One start's figures from its log: seconds to /health 200, engine init and its AOT lines, quoted."""
+    text = server.log.read_text(errors="replace")
+    init = ENGINE_INIT.search(text)
+    aot = [ln.strip() for ln in text.splitlines()
+           if AOT_SAVED.search(ln) or AOT_LOADED.search(ln) or AOT_LOAD_FAILED.search(ln)]
+    return {"ready_s": None if ready_s is None else round(ready_s, 1),
+            "engine_init_s": float(init.group(1)) if init else None, "aot_lines": aot, "log": str(server.log)}
+
+
+def test_a_second_start_consults_the_first_ones_compile_cache(real_vllm: VllmServer, tmp_path: Path,
+                                                              record_property: Callable[[str, object], None]
+                                                              ) -> None:
+    """A second start on the first one's VLLM_CACHE_ROOT looks up what the first compiled there.
+
+    Asserted: the first start left files under the root and logged saving its compiled model there;
+    the second start logged loading that same file, or finding it and compiling again. Which one it
+    was, both starts' seconds to /health and engine init, and the cache's size are reported
+    (``compile_cache.json`` in the test's directory and the ``compile_cache`` property).
+    """
+    first = real_vllm
+    first_ready = first.health.wait()
+    # The first test may have killed this server's engine: its cache was written before it was healthy.
+    first.stop()
+    files, size = _files_under(first.cache_root)
+    saved = {m.group(1) for m in AOT_SAVED.finditer(first.log.read_text(errors="replace"))}
+
+    argv = list(first.argv)
+    argv[argv.index("--port") + 1] = str(free_port())
+    second = _launch(argv, first.cache_root, tmp_path / "second.log")
+    try:
+        second_ready = second.health.wait()
+    finally:
+        second.stop()
+    text = second.log.read_text(errors="replace")
+    loaded = {m.group(1) for m in AOT_LOADED.finditer(text)}
+    failed = {m.group(1): m.group(2).strip() for m in AOT_LOAD_FAILED.finditer(text)}
+    consulted = (loaded | set(failed)) & saved
+    outcome = ("loaded" if loaded and not failed else "recompiled after a load failure" if failed and not loaded
+               else "partly loaded" if loaded else "not consulted")
+    reasons = sorted(set(failed.values()))
+    f1, f2 = _start_figures(first, first_ready), _start_figures(second, second_ready)
+    report = {"cache_root": str(first.cache_root), "cache_files": files, "cache_bytes": size, "outcome": outcome,
+              "load_failure_reasons": reasons, "first": f1, "second": f2}
+    figures = tmp_path / "compile_cache.json"
+    figures.write_text(json.dumps(report, indent=2) + "\n")
+    record_property("compile_cache", json.dumps(report))
+    why = f" ({'; '.join(reasons)})" if reasons else ""
+    print(f"compile cache: first start (empty root) healthy in {f1['ready_s']} s, engine init {f1['engine_init_s']} s; "
+          f"second start (same root) {f2['ready_s']} s, engine init {f2['engine_init_s']} s; second start {outcome}"
+          f"{why}; cache {files} files, {size / 1e6:.1f} MB; figures: {figures}")
+
+    assert first_ready is not None, f"the first vLLM was never healthy: {figures}"
+    assert second_ready is not None, f"the second vLLM was never healthy: {figures}"
+    assert files > 0, f"the first start left no files under its VLLM_CACHE_ROOT: {figures}"
+    assert saved and all(Path(p).is_relative_to(first.cache_root) for p in saved), \
+        f"the first start saved no compiled model under its VLLM_CACHE_ROOT: {figures}"
+    assert consulted, f"the second start neither loaded nor tried to load the first one's compiled model: {figures}"
