@@ -147,15 +147,13 @@ class Planning(Session):
             self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
         tree = self._image_tree(hosts, ref, image)
         if tree is None:
-            outs = ssh.fan_out(hosts, lambda h: self._pull(self.ops(h), image, ref), timeout=None)
-            for n, o in outs.items():
-                if o.error is None:
-                    self._emit("pulled", f"pulled in {o.value:.1f}s", n)
-                    self.pull_via.setdefault(n, "registry")
+            outs = self._direct_pulls(hosts, ref, image)
         else:
             tree_hosts, present = tree
             outs = {n: ssh.Outcome(n, value=0.0) for n in present}
-            self.pull_via.update({n: "present" for n in present})
+            for n in present:
+                self.pull_via[n] = "present"
+                self._emit("pulled", "already here", n)
             if tree_hosts:
                 outs.update(self._tree_pull(rid, tree_hosts, ref, image))
         bad = {n: o.error for n, o in outs.items() if o.error is not None}
@@ -163,6 +161,15 @@ class Planning(Session):
             why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
             raise StopRollout(fleet_ledger.FAILED, f"prefetch failed before any host was changed: {why}")
         return {n: float(o.value or 0.0) for n, o in outs.items()}
+
+    def _direct_pulls(self, hosts: Sequence[Host], ref: str, image: str) -> dict[str, ssh.Outcome[float]]:
+        """Every host pulls ``ref`` from the registry (or its mirror), in parallel; seconds per host."""
+        outs = ssh.fan_out(hosts, lambda h: self._pull(self.ops(h), image, ref), timeout=None)
+        for n, o in outs.items():
+            if o.error is None:
+                self._emit("pulled", f"pulled in {o.value:.1f}s", n)
+                self.pull_via[n] = "registry"
+        return outs
 
     def _image_tree(self, hosts: Sequence[Host], ref: str, image: str) -> tuple[list[Host], list[str]] | None:
         """The hosts the tree is to serve and those already holding the image, or None: every host pulls
@@ -190,7 +197,7 @@ class Planning(Session):
             relay_ref = registry.pull_ref(relay.ref, self._resolve(relay.ref, tag, self.mirrors).digest, self.mirrors)
         except FleetError as e:
             self._emit("pull", f"image tree off: its relay image {cfg.relay_image} is not found ({e.cause})")
-            return ssh.fan_out(hosts, lambda h: self._pull(self.ops(h), image, ref), timeout=None)
+            return self._direct_pulls(hosts, ref, image)
         tree = imagetree.Tree(cfg, ref, origin, relay_ref,
                               pull=lambda h, r: self._pull(self.ops(h), image, r),
                               direct=lambda h, r: self.ops(h).pull(r),
