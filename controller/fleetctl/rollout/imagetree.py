@@ -11,6 +11,9 @@ the registry's uplink. With it the registry is read once:
 - Each round, every host that holds the image serves at most ``fanout`` new hosts: a receiver
   starts its own relay with the source's relay as upstream (``http://<source>:PORT``), pulls
   through it, and becomes a source. N hosts take about ``log_(fanout+1) N`` rounds.
+- Before Docker pulls through it, a relay is filled with the layers its host lacks, one request
+  each that the host hangs up on (:func:`_fill_script`): a pull-through registry streaming a blob
+  it lacks to a client reads it twice from upstream, once for the client and once for its store.
 - Then every host pulls the deploy reference itself (``<registry>/<repository>@<digest>``):
   the layers are there, so only the manifest and config are read from the registry, and the
   image carries the repo digest the deploy runs by. Docker checks every layer and the manifest
