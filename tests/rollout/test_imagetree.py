@@ -13,9 +13,11 @@ from fleetctl.rollout import imagetree
 def test_defaults_off_and_settings() -> None:
     assert imagetree.config(None, "inv") == imagetree.TreeConfig()
     assert imagetree.config(False, "inv").enabled is False
-    c = imagetree.config({"min_hosts": 8, "fanout": 3, "port": 6000, "relay_image": "reg.lan:5000/registry:2.8"},
-                         "inv")
-    assert (c.enabled, c.min_hosts, c.fanout, c.port, c.relay_image) == (True, 8, 3, 6000, "reg.lan:5000/registry:2.8")
+    c = imagetree.config({"min_hosts": 8, "min_mb": 0, "fanout": 3, "port": 6000,
+                          "relay_image": "reg.lan:5000/registry:2.8"}, "inv")
+    assert (c.enabled, c.min_hosts, c.min_mb, c.fanout, c.port, c.relay_image) == \
+        (True, 8, 0, 3, 6000, "reg.lan:5000/registry:2.8")
+    assert imagetree.config({"fanout": 1}, "inv") == imagetree.TreeConfig(fanout=1)
 
 
 @pytest.mark.parametrize(("value", "says"), [
@@ -24,6 +26,7 @@ def test_defaults_off_and_settings() -> None:
     ({"fanout": 0}, "fleetctl_image_tree.fanout in inv must be a whole number from 1 to 16"),
     ({"port": 80}, "fleetctl_image_tree.port in inv must be a whole number from 1024"),
     ({"min_hosts": True}, "fleetctl_image_tree.min_hosts"),
+    ({"min_mb": -1}, "fleetctl_image_tree.min_mb in inv must be a whole number from 0"),
     ({"relay_image": "registry@sha256:abc"}, "relay_image in inv must be an image name"),
 ])
 def test_bad_settings_are_refused_naming_the_variable(value: object, says: str) -> None:

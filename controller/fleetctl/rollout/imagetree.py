@@ -1,7 +1,8 @@
 """A rollout's image reaches the fleet through a tree of pull-through relays (decision 0018).
 
 Without it every host pulls the whole image from the fleet's registry: N hosts, N copies through
-the registry's uplink. With it the registry is read once:
+the registry's uplink. With it (``min_hosts`` or more hosts lacking an image of ``min_mb`` or more) the
+registry is read once:
 
 - The seed runs a relay: a registry in pull-through mode (``distribution``'s ``proxy.remoteurl``)
   whose upstream is the fleet's registry (or its mirror), in a container named
@@ -44,10 +45,10 @@ from fleetctl.inventory import Host
 
 #: The relay container's name on every host (one relay per host at a time).
 RELAY_NAME = "fleetctl-image-relay"
-#: The inventory's settings (group ``all``): ``fleetctl_image_tree: {min_hosts, fanout, port, relay_image}``
-#: or ``false`` to pull every host from the registry.
+#: The inventory's settings (group ``all``): ``fleetctl_image_tree: {min_hosts, min_mb, fanout, port,
+#: relay_image}`` or ``false`` to pull every host from the registry.
 VAR = "fleetctl_image_tree"
-DEFAULTS: Mapping[str, object] = {"min_hosts": 4, "fanout": 2, "port": 5555,
+DEFAULTS: Mapping[str, object] = {"min_hosts": 4, "min_mb": 512, "fanout": 2, "port": 5555,
                                    "relay_image": "docker.io/library/registry:2"}
 #: Seconds a relay has to answer ``/v2/`` once started.
 RELAY_READY_TIMEOUT = 30.0
@@ -62,6 +63,9 @@ class TreeConfig:
     enabled: bool = True
     #: Fewer hosts needing the image than this: every host pulls from the registry (a tree buys nothing).
     min_hosts: int = 4
+    #: A smaller image (MB as pulled, its largest platform) goes straight from the registry: each round
+    #: of the tree costs a couple of seconds (relays, SSH) whatever it moves.
+    min_mb: int = 512
     #: Hosts each source serves per round.
     fanout: int = 2
     port: int = 5555
@@ -83,7 +87,7 @@ def config(value: object, where: str) -> TreeConfig:
         raise FleetError(f"{VAR} in {where} has unknown key(s) {', '.join(unknown)}",
                          fix=f"use only {', '.join(DEFAULTS)}")
     merged = {**DEFAULTS, **{str(k): v for k, v in value.items()}}
-    ints = {"min_hosts": (1, 100_000), "fanout": (1, 16), "port": (1024, 65535)}
+    ints = {"min_hosts": (1, 100_000), "min_mb": (0, 10_000_000), "fanout": (1, 16), "port": (1024, 65535)}
     for key, (lo, hi) in ints.items():
         v = merged[key]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
@@ -93,8 +97,8 @@ def config(value: object, where: str) -> TreeConfig:
     if not isinstance(img, str) or not img or any(c.isspace() for c in img) or "@" in img:
         raise FleetError(f"{VAR}.relay_image in {where} must be an image name with an optional tag, not {img!r}",
                          fix="e.g. docker.io/library/registry:2 (a distribution registry the hosts can pull)")
-    return TreeConfig(True, int(merged["min_hosts"]), int(merged["fanout"]),
-                      int(merged["port"]), img)
+    return TreeConfig(True, int(merged["min_hosts"]), int(merged["min_mb"]),
+                      int(merged["fanout"]), int(merged["port"]), img)
 
 
 def assign(sources: Sequence[str], receivers: Sequence[str], fanout: int) -> dict[str, str]:

@@ -173,9 +173,13 @@ class Planning(Session):
 
     def _image_tree(self, hosts: Sequence[Host], ref: str, image: str) -> tuple[list[Host], list[str]] | None:
         """The hosts the tree is to serve and those already holding the image, or None: every host pulls
-        from the registry (the tree off, a simulated fleet, or fewer hosts than its ``min_hosts`` need it)."""
+        from the registry (the tree off, a simulated fleet, fewer hosts than its ``min_hosts`` need it, or an
+        image smaller than its ``min_mb``; an image whose size the registry does not say is taken as large)."""
         cfg = self.image_tree
         if not cfg.enabled or len(hosts) < cfg.min_hosts:
+            return None
+        sizes = self._platform_layers(image, ref.rsplit("@", 1)[-1])
+        if sizes and max(sum(p.values()) for p in sizes) < cfg.min_mb * 1_000_000:
             return None
         # A relay a killed controller left behind goes first (the fleet's lock: no other prefetch runs).
         probe = (f"docker rm -f {imagetree.RELAY_NAME} >/dev/null 2>&1; "

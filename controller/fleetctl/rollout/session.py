@@ -197,11 +197,9 @@ class Session:
     def _emit(self, phase: str, message: str = "", host: str | None = None, **data: Any) -> None:
         self.progress(Event(phase, message, host, data))
 
-    def _pull(self, ops: remote.HostOps, image: str, ref: str) -> float:
-        """Pull ``ref`` on ``ops``'s host, reporting ``pull`` events with the bytes done of the image's
-        (:mod:`.pulls`); seconds taken. The layer sizes are asked of the registry once per image; a
-        registry that cannot say leaves the layers counted, never the pull failed."""
-        digest = ref.rsplit("@", 1)[-1]
+    def _platform_layers(self, image: str, digest: str) -> list[dict[str, int]]:
+        """``image@digest``'s layer sizes per platform, asked of the registry once per digest (a registry that
+        cannot say: none, and a ``pull`` event saying so)."""
         with self._layers_lock:
             if digest not in self._layers:
                 try:
@@ -209,8 +207,13 @@ class Session:
                 except (FleetError, OSError, ValueError) as e:
                     self._emit("pull", f"layer sizes unknown ({e}): counting layers only")
                     self._layers[digest] = []
-            platforms = self._layers[digest]
-        meter = pulls.PullMeter(platforms)
+            return self._layers[digest]
+
+    def _pull(self, ops: remote.HostOps, image: str, ref: str) -> float:
+        """Pull ``ref`` on ``ops``'s host, reporting ``pull`` events with the bytes done of the image's
+        (:mod:`.pulls`); seconds taken. The layer sizes are asked of the registry once per image; a
+        registry that cannot say leaves the layers counted, never the pull failed."""
+        meter = pulls.PullMeter(self._platform_layers(image, ref.rsplit("@", 1)[-1]))
         name = ops.host.name
         last = [0.0]
 
