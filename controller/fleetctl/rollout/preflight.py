@@ -208,14 +208,17 @@ class Planning(Session):
                               emit=lambda kind, msg, host: self._emit(kind, msg, host))
         got = tree.run(hosts)
         out: dict[str, ssh.Outcome[float]] = {}
+        direct: list[str] = []
+        via: dict[str, str] = {}
         for n, o in got.items():
             if o.value is not None:
-                self.pull_via[n] = "registry" if o.value.via in (None, "registry") else f"relay:{o.value.via}"
+                via[n] = "registry" if o.value.via in (None, "registry") else f"relay:{o.value.via}"
+                if o.value.via is None:
+                    direct.append(n)
             out[n] = ssh.Outcome(n, value=o.value.seconds if o.value else None, error=o.error)
-        direct = sorted(n for n, o in got.items() if o.value is not None and o.value.via is None)
-        relayed = sum(1 for o in got.values() if o.value is not None and o.value.via not in (None, "registry"))
-        readers = sum(1 for o in got.values() if o.value is not None and o.value.via in (None, "registry"))
-        self.ledger.note(rid, "prefetch", f"image tree: {len(hosts)} host(s), {relayed} through relays, "
-                         f"layers read from the registry by {readers}"
-                         + (f" (direct: {', '.join(direct)})" if direct else ""))
+        self.pull_via.update(via)
+        self.ledger.note(rid, "prefetch", f"image tree: {len(hosts)} host(s), "
+                         f"{sum(v.startswith('relay:') for v in via.values())} through relays, "
+                         f"layers read from the registry by {list(via.values()).count('registry')}"
+                         + (f" (direct: {', '.join(sorted(direct))})" if direct else ""))
         return out
