@@ -26,10 +26,16 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 #: Seconds every rank waits for the others to appear (they are started at once, over SSH).
 JOIN_TIMEOUT = 60.0
+#: The largest size by default: NCCL's bus bandwidth over a 200 Gb/s link (25 GB/s) levels off
+#: from a few hundred MiB (over NVLink it still climbs past 64 MiB); 1 GiB is ~45 ms at 24 GB/s.
+NCCL_MAX_BYTES = 1 << 30
+#: The TCP path's (pure Python: it holds copies of a chunk, and stays far below saturation).
+TCP_MAX_BYTES = 64 << 20
 _HEADER = (
     "#\n"
     "#                                                              out-of-place                       in-place\n"
@@ -72,39 +78,128 @@ def nccl_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def local_rank(rank: int, addrs: Sequence[str], env: Mapping[str, str]) -> int:
+    """This rank's place among the ranks of its host: ``LOCAL_RANK`` when a launcher set it, else
+    how many earlier ranks share its address (0 on a fleet of one GPU per host; 0 and 1 for two
+    ranks on one host)."""
+    given = env.get("LOCAL_RANK", "").strip()
+    if given:
+        try:
+            return int(given)
+        except ValueError:
+            raise SystemExit(f"LOCAL_RANK={given!r} is not a number") from None
+    return list(addrs[:rank]).count(addrs[rank])
+
+
+def pick_gpu(local: int, visible: int) -> int:
+    """The CUDA device a rank runs on: its local rank among the devices it sees, or the only one
+    it sees (a Spark's one GPU, or ``CUDA_VISIBLE_DEVICES`` naming this rank's GPU alone). Two
+    ranks on one GPU fail in NCCL (``Duplicate GPU detected``): a local rank past the visible
+    devices is refused."""
+    if visible < 1:
+        raise SystemExit("torch sees no CUDA device")
+    if visible == 1:
+        return 0
+    if local >= visible:
+        raise SystemExit(f"local rank {local} but only {visible} CUDA devices are visible: one "
+                         "rank per GPU (start fewer ranks on this host, or give each its own "
+                         "CUDA_VISIBLE_DEVICES)")
+    return local
+
+
+def expected_sum(n: int, iters: int) -> float:
+    """What every element reads after ``iters`` in-place sums starting from rank+1 on every rank:
+    the first gives n(n+1)/2, each further one multiplies by n."""
+    return n * (n + 1) / 2 * float(n) ** (iters - 1)
+
+
+def _join(dist: Any, rank: int, addrs: Sequence[str], port: int, timeout: float) -> Any:
+    """The ranks' rendezvous, bounded by ``timeout`` on every rank: rank 0 serves a TCPStore at
+    ``addrs[0]:port``, every rank writes its key, and waits until all keys are there. A rank that
+    never comes is named (torch's own init waits its default of minutes, and names nobody)."""
+    from datetime import timedelta
+
+    n = len(addrs)
+    try:
+        store = dist.TCPStore(addrs[0], port, n, rank == 0, timeout=timedelta(seconds=timeout),
+                              wait_for_workers=False)
+    except Exception as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise SystemExit(f"rank 0 ({addrs[0]}:{port}) never answered within {timeout:.0f} s "
+                         f"({type(e).__name__}: {first})") from None
+    key = "fleetctl/joined/{}".format
+    store.set(key(rank), os.uname().nodename)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            missing = [r for r in range(n) if not store.check([key(r)])]
+        except Exception as e:  # rank 0, the store's server, went away
+            raise SystemExit(f"rank 0 ({addrs[0]}:{port}) went away during the join "
+                             f"({type(e).__name__})") from None
+        if not missing:
+            return store
+        if time.monotonic() >= deadline:
+            who = ", ".join(f"rank {r} ({addrs[r]})" for r in missing)
+            raise SystemExit(f"{who} never joined at {addrs[0]}:{port} within {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def run_nccl(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], iters: int, budget: float,
-             emit: Callable[[str], None]) -> tuple[float, int]:
-    """Time torch.distributed's NCCL all_reduce per size; returns the average bus bandwidth and wrong results."""
+             emit: Callable[[str], None], join_timeout: float | None = None,
+             env: Mapping[str, str] | None = None) -> tuple[float, int]:
+    """Time torch.distributed's NCCL all_reduce per size; returns the average bus bandwidth and
+    the wrong results.
+
+    Each rank runs on its own GPU (:func:`local_rank`, :func:`pick_gpu`); the join is bounded by
+    ``join_timeout``; after each size one small all_reduce sums every rank's wrong elements of
+    both timed runs and carries rank 0's decision to stop, so that every rank ends on one size."""
     import torch  # type: ignore[import-not-found,unused-ignore]
     import torch.distributed as dist  # type: ignore[import-not-found,unused-ignore]
 
     n = len(addrs)
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://{addrs[0]}:{port}", rank=rank, world_size=n)
+    timeout = JOIN_TIMEOUT if join_timeout is None else join_timeout
+    local = local_rank(rank, addrs, os.environ if env is None else env)
+    gpu = pick_gpu(local, torch.cuda.device_count())
+    torch.cuda.set_device(gpu)
+    store = _join(dist, rank, addrs, port, timeout)
+    from datetime import timedelta
+
+    dist.init_process_group("nccl", store=store, rank=rank, world_size=n,
+                            timeout=timedelta(seconds=timeout))
     emit(f"# fleetctl all_reduce probe: NCCL {'.'.join(map(str, torch.cuda.nccl.version()))} through "
          f"torch.distributed, {n} ranks, 1 GPU each")
     emit(_HEADER)
+    expect = expected_sum(n, iters)
     total, bad, done = 0.0, 0, 0
     try:
         for size in sizes:
             count = size // 4
             x = torch.full((count,), float(rank + 1), dtype=torch.float32, device="cuda")
-            dist.all_reduce(x)  # warm-up, and the correctness check
-            torch.cuda.synchronize()
-            wrong = int((x != float(n * (n + 1) // 2)).sum().item())
-            bad += wrong
+            dist.all_reduce(x)  # warm-up: NCCL's connections and buffers for this size
             runs = []
             for _ in range(2):
+                x.fill_(float(rank + 1))
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for _ in range(iters):
                     dist.all_reduce(x)
                 torch.cuda.synchronize()
-                runs.append(((time.perf_counter() - t0) / iters, wrong))
-            emit(row(size, n, runs[0], runs[1]))
+                seconds = (time.perf_counter() - t0) / iters
+                # every timed run checked, with a float tolerance as nccl-tests has: the sums are
+                # exact until n**iters outgrows float32's mantissa, then every element rounds alike
+                runs.append((seconds, int(((x - expect).abs() > expect * 1e-5).sum().item())))
+            del x
+            over = (runs[0][0] + runs[1][0]) * iters > budget
+            # [wrong in run 1, wrong in run 2, stop]: every rank's counts, rank 0's decision alone
+            tally = torch.tensor([runs[0][1], runs[1][1], 1 if rank == 0 and over else 0],
+                                 dtype=torch.float64, device="cuda")
+            dist.all_reduce(tally)
+            w1, w2, stop = (int(v) for v in tally.tolist())
+            emit(row(size, n, (runs[0][0], w1), (runs[1][0], w2)))
+            bad += w1 + w2
             total += size / min(runs[0][0], runs[1][0]) / 1e9 * bus_factor(n)
             done += 1
-            if (runs[0][0] + runs[1][0]) * iters > budget:
+            if stop:
                 break
     finally:
         dist.destroy_process_group()
@@ -114,17 +209,24 @@ def run_nccl(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], i
 # ---- the same ring's traffic over TCP ---------------------------------------------------------------------------
 
 
-def _connect(addr: str, port: int, deadline: float) -> socket.socket:
+def _connect(addr: str, port: int, deadline: float, who: str, timeout: float) -> socket.socket:
     last: OSError | None = None
     while time.monotonic() < deadline:
         try:
             s = socket.create_connection((addr, port), timeout=5)
-            s.settimeout(JOIN_TIMEOUT)
+            s.settimeout(timeout)
             return s
         except OSError as e:
             last = e
             time.sleep(0.2)
-    raise SystemExit(f"rank never reached {addr}:{port} within {JOIN_TIMEOUT:.0f} s ({last})")
+    raise SystemExit(f"{who} never answered at {addr}:{port} within {timeout:.0f} s ({last})")
+
+
+def tcp_port(rank: int, addrs: Sequence[str], port: int) -> int:
+    """The port ``rank`` listens on: ``port``, plus its place among earlier ranks of the same
+    address (two ranks on one host do not collide; with one rank a host, every rank uses
+    ``port``)."""
+    return port + list(addrs[:rank]).count(addrs[rank])
 
 
 def _recv_exact(s: socket.socket, buf: bytearray) -> None:
@@ -136,6 +238,15 @@ def _recv_exact(s: socket.socket, buf: bytearray) -> None:
         got += k
 
 
+def _read_line(s: socket.socket) -> str:
+    line, one = bytearray(), bytearray(1)
+    while True:
+        _recv_exact(s, one)
+        if one == b"\n":
+            return line.decode()
+        line.extend(one)
+
+
 def _tune(s: socket.socket) -> None:
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
@@ -143,29 +254,42 @@ def _tune(s: socket.socket) -> None:
 
 
 def run_tcp(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], iters: int, budget: float,
-            emit: Callable[[str], None]) -> tuple[float, int]:
+            emit: Callable[[str], None], join_timeout: float | None = None) -> tuple[float, int]:
     """The ring all-reduce's traffic between the members' fabric addresses, timed per size; returns the
-    average bus bandwidth and the chunks that arrived wrong."""
+    average bus bandwidth and the chunks that arrived wrong (every rank's, summed around the
+    ring)."""
     n = len(addrs)
-    deadline = time.monotonic() + JOIN_TIMEOUT
+    timeout = JOIN_TIMEOUT if join_timeout is None else join_timeout
+    deadline = time.monotonic() + timeout
+    nr, pr = (rank + 1) % n, (rank - 1) % n
+    mine = tcp_port(rank, addrs, port)
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((addrs[rank], port))
+    listener.bind((addrs[rank], mine))
     listener.listen(1)
-    listener.settimeout(JOIN_TIMEOUT)
+    listener.settimeout(timeout)
     out_box: list[socket.socket] = []
-    t = threading.Thread(target=lambda: out_box.append(_connect(addrs[(rank + 1) % n], port, deadline)))
+    failed: list[str] = []
+
+    def connect() -> None:
+        try:
+            to = tcp_port(nr, addrs, port)
+            out_box.append(_connect(addrs[nr], to, deadline, f"rank {nr}", timeout))
+        except SystemExit as e:
+            failed.append(str(e.code))
+
+    t = threading.Thread(target=connect, daemon=True)
     t.start()
     try:
         prev, _ = listener.accept()
     except TimeoutError:
-        raise SystemExit(f"rank {(rank - 1) % n} ({addrs[(rank - 1) % n]}) never connected to "
-                         f"{addrs[rank]}:{port} within {JOIN_TIMEOUT:.0f} s") from None
+        raise SystemExit(f"rank {pr} ({addrs[pr]}) never connected to {addrs[rank]}:{mine} within "
+                         f"{timeout:.0f} s") from None
     t.join()
     if not out_box:
-        raise SystemExit(f"could not connect to rank {(rank + 1) % n} at {addrs[(rank + 1) % n]}:{port}")
+        raise SystemExit(failed[0] if failed else f"could not connect to rank {nr} at {addrs[nr]}")
     nxt = out_box[0]
-    prev.settimeout(JOIN_TIMEOUT)
+    prev.settimeout(timeout)
     _tune(nxt)
     _tune(prev)
     token = bytearray(1)
@@ -206,20 +330,23 @@ def run_tcp(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], it
                     if inbox != expect:
                         wrong += 1
             runs.append(((time.perf_counter() - t0) / iters, wrong))
-            bad += wrong
-        if rank == 0:
-            emit(row(size, n, runs[0], runs[1]))
         total += size / min(runs[0][0], runs[1][0]) / 1e9 * bus_factor(n)
         done += 1
-        # every rank ends on the same size: rank 0's timing decides, passed around the ring
-        stop = bytearray(1)
+        # every rank ends on the same size, rank 0's timing deciding, and every rank's wrong chunks
+        # are summed: "STOP W1 W2" goes once around the ring, each rank adding its own counts
         if rank == 0:
-            nxt.sendall(b"1" if (runs[0][0] + runs[1][0]) * iters > budget else b"0")
-            _recv_exact(prev, stop)
+            over = (runs[0][0] + runs[1][0]) * iters > budget
+            nxt.sendall(f"{int(over)} {runs[0][1]} {runs[1][1]}\n".encode())
+            stop, w1, w2 = (int(v) for v in _read_line(prev).split())
         else:
-            _recv_exact(prev, stop)
-            nxt.sendall(bytes(stop))
-        if stop == b"1":
+            stop, w1, w2 = (int(v) for v in _read_line(prev).split())
+            nxt.sendall(f"{stop} {w1 + runs[0][1]} {w2 + runs[1][1]}\n".encode())
+        if rank == 0:
+            emit(row(size, n, (runs[0][0], w1), (runs[1][0], w2)))
+            bad += w1 + w2
+        total += size / min(runs[0][0], runs[1][0]) / 1e9 * bus_factor(n)
+        done += 1
+        if stop:
             break
     links = _links(rank, addrs, nxt, prev, barrier, max(1 << 20, min(last // n, 16 << 20)))
     if rank == 0:
@@ -277,26 +404,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--addrs", required=True, help="every rank's fabric address, comma-separated, rank order")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--min-bytes", type=int, default=1 << 20)
-    ap.add_argument("--max-bytes", type=int, default=64 << 20)
+    ap.add_argument("--max-bytes", type=int, default=None,
+                    help=f"the largest size (default {NCCL_MAX_BYTES >> 20} MiB with NCCL, where "
+                         f"a 200 Gb/s link saturates; {TCP_MAX_BYTES >> 20} MiB over TCP)")
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--iters", type=int, default=2)
     ap.add_argument("--budget", type=float, default=2.0,
                     help="no larger size once one size's runs took this many seconds (a slow link ends early)")
+    ap.add_argument("--join-timeout", type=float, default=JOIN_TIMEOUT,
+                    help="seconds every rank waits for the others to appear")
     ap.add_argument("--tcp", action="store_true", help="the TCP probe even when NCCL is there")
     a = ap.parse_args(argv)
     addrs = a.addrs.split(",")
     if not 0 <= a.rank < len(addrs) or len(addrs) < 2:
         print(f"rank {a.rank} of {len(addrs)} address(es): need 2 or more ranks", file=sys.stderr)
         return 2
-    sizes = _sizes(a.min_bytes, a.max_bytes, max(2, a.factor))
+    iters = max(1, a.iters)
+    if expected_sum(len(addrs), iters) > 1e30:
+        print(f"--iters {iters}: the sums of {len(addrs)} ranks would leave float32's range",
+              file=sys.stderr)
+        return 2
+    use_nccl = not a.tcp and nccl_available()
+    high = a.max_bytes if a.max_bytes is not None else NCCL_MAX_BYTES if use_nccl else TCP_MAX_BYTES
+    sizes = _sizes(a.min_bytes, high, max(2, a.factor))
 
     def emit(line: str) -> None:
         if a.rank == 0:
             print(line, flush=True)
 
     try:
-        run = run_nccl if not a.tcp and nccl_available() else run_tcp
-        avg, wrong = run(a.rank, addrs, a.port, sizes, max(1, a.iters), a.budget, emit)
+        run = run_nccl if use_nccl else run_tcp
+        avg, wrong = run(a.rank, addrs, a.port, sizes, iters, a.budget, emit, a.join_timeout)
     except SystemExit as e:
         print(f"rank {a.rank} ({addrs[a.rank]}): {e.code}", file=sys.stderr)
         return 1

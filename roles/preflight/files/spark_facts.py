@@ -55,25 +55,38 @@ def version_key(v: str) -> list[tuple[int, str]]:
     return [(int(p), "") if p.isdigit() else (-1, p) for p in re.split(r"(\d+)", v) if p]
 
 
+GPU_QUERY = ["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"]
+
+
+def parse_gpu(query: str, version: str = "",
+              table: str = "") -> tuple[dict[str, object] | None, str | None]:
+    """The ``gpu`` fact from what nvidia-smi printed: ``query`` (:data:`GPU_QUERY`), ``--version``
+    and, for older drivers whose ``--version`` has no CUDA line, the plain table. Returns the fact
+    and, when it is None, why."""
+    rows = [[c.strip() for c in ln.split(",")] for ln in query.strip().splitlines() if ln.strip()]
+    if not rows or len(rows[0]) < 3:
+        return None, f"unexpected nvidia-smi output: {first_line(query)!r}"
+    name, driver, cap = rows[0][:3]
+    m = (re.search(r"CUDA Version\s*:\s*(\S+)", version)
+         or re.search(r"CUDA Version:\s*(\S+)", table))
+    return {"name": name, "driver": driver, "cuda": m.group(1) if m else None, "compute_cap": cap,
+            "count": len(rows)}, None
+
+
 def gpu() -> dict[str, object] | None:
-    rc, out, err = run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"])
+    rc, out, err = run(GPU_QUERY)
     if rc != 0:
         ERRORS["gpu"] = first_line(out) or first_line(err) or f"nvidia-smi exited {rc}"
         return None
-    rows = [[c.strip() for c in ln.split(",")] for ln in out.strip().splitlines() if ln.strip()]
-    if not rows or len(rows[0]) < 3:
-        ERRORS["gpu"] = f"unexpected nvidia-smi output: {first_line(out)!r}"
-        return None
-    name, driver, cap = rows[0][:3]
-    cuda = None
-    rc, out, _ = run(["nvidia-smi", "--version"])
-    m = re.search(r"CUDA Version\s*:\s*(\S+)", out) if rc == 0 else None
-    if m is None:  # older drivers: only the table's header names the CUDA version
-        rc, out, _ = run(["nvidia-smi"])
-        m = re.search(r"CUDA Version:\s*(\S+)", out) if rc == 0 else None
-    if m is not None:
-        cuda = m.group(1)
-    return {"name": name, "driver": driver, "cuda": cuda, "compute_cap": cap, "count": len(rows)}
+    vrc, version, _ = run(["nvidia-smi", "--version"])
+    table = ""
+    if vrc != 0 or "CUDA Version" not in version:  # older drivers: only the table's header names it
+        trc, table, _ = run(["nvidia-smi"])
+        table = table if trc == 0 else ""
+    fact, why = parse_gpu(out, version if vrc == 0 else "", table)
+    if why is not None:
+        ERRORS["gpu"] = why
+    return fact
 
 
 def dgx_release() -> dict[str, str] | None:
