@@ -6,16 +6,20 @@ to ``python3 -c`` in ``docker run --network host --gpus all`` with the member's 
 prints the NCCL tests' ``all_reduce_perf`` table, which ``fleetctl.fabric.parse_all_reduce`` reads:
 
 - with torch and a CUDA device (every vLLM image on a Spark): torch.distributed's NCCL all_reduce over
-  the members, the collective vLLM's tensor parallelism runs, timed per message size; bus bandwidth
-  is nccl-tests' ``algbw * 2(n-1)/n``; each size is checked (every rank contributes rank+1, every
-  element must read n(n+1)/2: NCCL's ``#wrong``);
+  the members, the collective vLLM's tensor parallelism runs, timed per message size (1 MiB to 1 GiB);
+  bus bandwidth is nccl-tests' ``algbw * 2(n-1)/n``; each rank on its own GPU (its local rank:
+  ``LOCAL_RANK``, else its place among the ranks of its address; or the one GPU it sees); both timed
+  runs of each size are checked on every rank (each starts from rank+1, every element must read the
+  sum: NCCL's ``#wrong``, every rank's counted);
 - without (an image with no torch or no GPU, and the lab's emulator): the same ring all-reduce's
   traffic over TCP between the members' fabric addresses (each rank sends 2(n-1) chunks of size/n to
   the next rank while receiving as many from the previous, every chunk's bytes checked), the same
   formula: a real figure of the link, named ``TCP`` in the table's first line.
 
-Exit status 0 with the table, else 1 with one line on stderr saying why (a peer that never connected,
-NCCL's own error).
+Every rank waits ``--join-timeout`` (``JOIN_TIMEOUT``) for the others and then names the missing ones;
+after each size rank 0's decision to stop (a slow link ends early, ``--budget``) reaches every rank,
+so that all end on the same size. Exit status 0 with the table, else 1 with one line on stderr saying
+why (a peer that never joined, NCCL's own error), the last line of stderr.
 """
 
 from __future__ import annotations
