@@ -80,10 +80,11 @@ def gpu() -> dict[str, object] | None:
         return None
     vrc, version, _ = run(["nvidia-smi", "--version"])
     table = ""
-    if vrc != 0 or "CUDA Version" not in version:  # older drivers: only the table's header names it
+    version = version if vrc == 0 else ""
+    if not re.search(r"CUDA Version\s*:\s*\S", version):  # older drivers: only the table names it
         trc, table, _ = run(["nvidia-smi"])
         table = table if trc == 0 else ""
-    fact, why = parse_gpu(out, version if vrc == 0 else "", table)
+    fact, why = parse_gpu(out, version, table)
     if why is not None:
         ERRORS["gpu"] = why
     return fact
