@@ -17,6 +17,7 @@ from fleetctl.cli.history import history_json
 from fleetctl.cli.output import (
     Col,
     Ctx,
+    Duration,
     fit_table,
     json_option,
     pass_ctx,
@@ -166,12 +167,15 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @click.option("--min-available", help="Hosts kept serving, count or % of the selected hosts; each step moves as "
               "many as it allows (default: fleetctl_min_available, else 75%).")
 @click.option("--failure-budget", help="Hosts that may fail (and be rolled back) after the canary (default 0).")
-@click.option("--soak", "soak", help="Sustained soak length per host (90s, 10m); default: the recipe's.")
+@click.option("--soak", "soak", type=Duration(), metavar="D",
+              help="Sustained soak length per host (90s, 10m; a bare number is seconds); default: the recipe's.")
 @click.option("--on-inconclusive", type=click.Choice(["pause", "fail"]), default="pause", show_default=True,
               help="What an inconclusive gate does.")
-@click.option("--bake", "bake", metavar="D", help="Watch each wave under live traffic for D once back in rotation, "
-              "against hosts still on the old version (10m; 0: off); default: fleetctl_bake, else off.")
-@click.option("--ready-timeout", type=float, help="Seconds a server may take to become ready.")
+@click.option("--bake", "bake", type=Duration(), metavar="D",
+              help="Watch each wave under live traffic for D once back in rotation, against hosts still on the old "
+                   "version (10m; 0: off; a bare number is seconds); default: fleetctl_bake, else off.")
+@click.option("--ready-timeout", type=Duration(), metavar="D",
+              help="How long a server may take to become ready (90s, 10m; a bare number is seconds).")
 @click.option("--webhook", help="https URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
 @click.option("--resume", is_flag=True, help="Continue the paused or interrupted rollout from each host's real state.")
@@ -192,7 +196,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
     if not tag and not resume:
         raise click.UsageError("give --tag TAG (or --resume)")
     opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
-                   min_available=min_available, failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
+                   min_available=min_available, failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak is not None else None,
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run,
                    bake=parse_duration(bake, "--bake") if bake is not None else None)
     if not resume and not dry_run:
