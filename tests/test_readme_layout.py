@@ -45,13 +45,16 @@ def layout_section(readme: str) -> str:
 def entries(section: str) -> list[Entry]:
     out: list[Entry] = []
     stack: list[tuple[int, str]] = []  # (indentation, folder path) of the open folders
+    column = 0  # where the last entry's text began: a line indented that far carries it on
     for line in section.splitlines():
+        indented = len(line) - len(line.lstrip(" "))
         m = ENTRY.match(line)
-        if m is None:
-            if out and line.startswith("    ") and line.strip():
+        if m is None or (out and indented >= column):
+            if out and indented >= 4 and line.strip():
                 out[-1].text.append(line.strip())
             continue
         indent, name, text = len(m.group(1)), m.group(2), m.group(3) or ""
+        column = m.start(3) if m.group(3) else indent + len(name) + 2
         while stack and stack[-1][0] >= indent:
             stack.pop()
         path = (stack[-1][1] if stack else "") + name
@@ -112,7 +115,7 @@ def test_the_layout_check_sees_what_is_missing(tmp_path: Path) -> None:
     for d in ("rollout/deeper", "soak", "cli"):
         (pkg / d).mkdir(parents=True)
     for f in ("__init__.py", "access.py", "paths.py", "rollout/__init__.py", "rollout/plan.py",
-              "rollout/step.py", "rollout/deeper/__init__.py", "rollout/deeper/x.py", "soak/__init__.py",
+              "rollout/step.py", "rollout/bake.py", "rollout/deeper/__init__.py", "rollout/deeper/x.py", "soak/__init__.py",
               "soak/run.py", "cli/__init__.py", "cli/main.py"):
         (pkg / f).write_text("")
     (tmp_path / "docs").mkdir()
@@ -122,7 +125,8 @@ def test_the_layout_check_sees_what_is_missing(tmp_path: Path) -> None:
 ## Layout
 
     controller/fleetctl/     the package
-      rollout/               plan.py (waves), gone.py, see soak/run.py
+      rollout/               plan.py (waves), gone.py, see soak/run.py,
+                             step.py
         deeper/              x.py
       cli/                   main.py
       access.py              how a host is reached
@@ -133,7 +137,7 @@ def test_the_layout_check_sees_what_is_missing(tmp_path: Path) -> None:
     assert not_named(tmp_path, readme) == [
         "docs/: a folder of the repository: give it a line of its own",
         "controller/fleetctl/paths.py: a module of the package's top level: give it a line of its own",
-        "controller/fleetctl/rollout/step.py: name step.py in the lines of controller/fleetctl/rollout/",
+        "controller/fleetctl/rollout/bake.py: name bake.py in the lines of controller/fleetctl/rollout/",
         "controller/fleetctl/rollout/gone.py: named in the lines of controller/fleetctl/rollout/, but there is no such module",
         "controller/fleetctl/soak/: a package folder: give it a line of its own",
         "controller/fleetctl/old.py: has a line, but there is no such file",
