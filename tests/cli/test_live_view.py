@@ -16,7 +16,7 @@ import pytest
 from rich.console import Console
 
 from fleetctl import inventory
-from fleetctl.cli import live
+from fleetctl.cli import live, livemodel
 from fleetctl.cli.output import Ctx
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, EventLog, event_from_json
@@ -29,7 +29,7 @@ def lines_until(t: float) -> list[str]:
     return [ln for ln in FIXTURE.read_text().splitlines() if json.loads(ln)["t"] <= t]
 
 
-def draw(model: live.LiveModel, width: int, height: int = 40) -> str:
+def draw(model: livemodel.LiveModel, width: int, height: int = 40) -> str:
     out = io.StringIO()
     Console(file=out, width=width, height=height, color_system=None).print(
         live.render(model.snapshot(), width, height))
@@ -48,7 +48,7 @@ def column_width(text: str, name: str) -> int:
 
 @pytest.mark.parametrize("width", [80, 200])
 def test_the_recorded_rollout_fits_and_says_what_is_happening(width: int) -> None:
-    text = draw(live.replay(FIXTURE.read_text().splitlines(), "rollout"), width)
+    text = draw(livemodel.replay(FIXTURE.read_text().splitlines(), "rollout"), width)
     assert all(len(ln) <= width for ln in text.splitlines()), text
     rows = table_rows(text)
     assert [r.split("│")[1].strip() for r in rows] == ["spark-01", "spark-02", "spark-03", "spark-04"], text
@@ -71,16 +71,16 @@ def test_the_recorded_rollout_fits_and_says_what_is_happening(width: int) -> Non
 
 def test_readiness_shows_what_it_waited_of_its_timeout_and_the_step_is_not_yet_measured() -> None:
     # 20 s into spark-01's wait for /health: no step finished, no soak yet.
-    text = draw(live.replay(lines_until(73.5), "rollout"), 80)
+    text = draw(livemodel.replay(lines_until(73.5), "rollout"), 80)
     canary = next(r for r in table_rows(text) if "spark-01" in r)
     assert "loading" in canary and "20/600s" in canary, text
     assert "time left: after the first step" in text.splitlines()[0]
 
 
 def test_the_time_left_comes_from_the_soak_before_any_step_has_finished() -> None:
-    early = live.replay(lines_until(100.0), "rollout").snapshot()
+    early = livemodel.replay(lines_until(100.0), "rollout").snapshot()
     assert early["hosts_done"] == 0 and early["left"] is not None and early["left"] > 0
-    later = live.replay(lines_until(170.0), "rollout").snapshot()
+    later = livemodel.replay(lines_until(170.0), "rollout").snapshot()
     assert later["hosts_done"] == 1
     # 3 hosts to go, one at a time so far, each taking what the canary took.
     canary = next(h for h in later["hosts"] if h["host"] == "spark-01")
@@ -88,7 +88,7 @@ def test_the_time_left_comes_from_the_soak_before_any_step_has_finished() -> Non
 
 
 def test_a_role_driven_step_streams_its_ansible_tasks_into_the_message() -> None:
-    model = live.LiveModel("rollout")
+    model = livemodel.LiveModel("rollout")
     model.fold(Event("stopping", "v0.23.0", "spark-01", {"wave": 1, "tag": FULL_TAG}), 1.0)
     model.fold(Event("deploying", "ansible: vllm_serve : pull the image (ok)", "spark-01",
                      {"task": "vllm_serve : pull the image", "ansible": "ok"}), 2.0)
@@ -99,7 +99,7 @@ def test_a_role_driven_step_streams_its_ansible_tasks_into_the_message() -> None
 
 
 def test_a_tall_fleet_shows_its_failed_and_busy_hosts_first_and_counts_the_rest() -> None:
-    model = live.LiveModel("rollout")
+    model = livemodel.LiveModel("rollout")
     for i in range(256):
         phase = "soak" if i % 16 == 5 else "rolled-back" if i == 200 else "done" if i < 100 else "planned"
         model.fold(Event(phase, "x" * 120, f"sim-{i + 1:03d}", {"wave": 3, "tag": FULL_TAG}), float(i))
@@ -115,14 +115,14 @@ def test_a_tall_fleet_shows_its_failed_and_busy_hosts_first_and_counts_the_rest(
 
 def test_the_event_log_replays_to_what_the_live_model_saw(tmp_path: Path) -> None:
     log = EventLog(tmp_path / "run.jsonl")
-    model = live.LiveModel("rollout")
+    model = livemodel.LiveModel("rollout")
     for ln in FIXTURE.read_text().splitlines():
         t, event = event_from_json(json.loads(ln))
         log(event)
         model.fold(event, t)
     log.close()
     assert (tmp_path / "run.jsonl").stat().st_mode & 0o777 == 0o600
-    replayed = live.replay([*(tmp_path / "run.jsonl").read_text().splitlines(), '{"t": 1, "pha'], "rollout")
+    replayed = livemodel.replay([*(tmp_path / "run.jsonl").read_text().splitlines(), '{"t": 1, "pha'], "rollout")
     strip = lambda s: [{k: h[k] for k in ("host", "phase", "message", "tag", "figures")} for h in s["hosts"]]  # noqa: E731
     assert strip(replayed.snapshot()) == strip(model.snapshot())
 
@@ -132,17 +132,17 @@ def test_watch_writes_the_event_log_and_prints_lines_without_a_terminal(tmp_path
     ctx = Ctx(err=Console(file=err, width=80, color_system=None))
     with live.watch(ctx, "rollout", tmp_path) as prog:
         prog(Event("soak", "c=4 3/40 req", "spark-01", {"step": 6, "steps": 8}))
-    logs = list(live.events_dir(tmp_path).glob("rollout-*.jsonl"))
+    logs = list(livemodel.events_dir(tmp_path).glob("rollout-*.jsonl"))
     assert len(logs) == 1
     first, event, last = (json.loads(ln) for ln in logs[0].read_text().splitlines())
     assert "started" in first and last["ended"] is True
     assert event["data"] == {"step": 6, "steps": 8}
-    assert live.replay(logs[0].read_text().splitlines(), "rollout").snapshot()["ended"] is True
+    assert livemodel.replay(logs[0].read_text().splitlines(), "rollout").snapshot()["ended"] is True
     assert "spark-01: soak c=4 3/40 req" in err.getvalue()
 
 
 def test_columns_nobody_has_anything_in_are_left_out() -> None:
-    model = live.LiveModel("rollback")
+    model = livemodel.LiveModel("rollback")
     for h in ("spark-01", "spark-02"):
         model.fold(Event("preflight", "ok", h), 1.0)
     head = next(ln for ln in draw(model, 80).splitlines() if ln.startswith("┃"))
@@ -150,7 +150,7 @@ def test_columns_nobody_has_anything_in_are_left_out() -> None:
 
 
 def test_before_any_step_is_measured_the_sustained_phase_bounds_the_time_left() -> None:
-    model = live.LiveModel("rollout")
+    model = livemodel.LiveModel("rollout")
     for h in ("spark-01", "spark-02"):
         model.fold(Event("planned", "", h, {"wave": 1}), 0.0)
     model.fold(Event("stopping", "", "spark-01", {}), 1.0)
@@ -175,24 +175,24 @@ def test_a_recorded_pull_shows_its_bytes_done_of_the_images(width: int) -> None:
     lines = PULLS.read_text().splitlines()
     # Mid-pull: spark-04 has its bytes in and one layer of two extracted; spark-03 has not started reporting.
     mid = [ln for ln in lines if json.loads(ln).get("t", 0) <= 9.59 and not json.loads(ln).get("ended")]
-    text = draw(live.replay(mid, "rollout"), width)
+    text = draw(livemodel.replay(mid, "rollout"), width)
     assert all(len(ln) <= width for ln in text.splitlines()), text
     assert column_width(text, "message") >= live.MESSAGE_MIN
     row = next(r for r in table_rows(text) if "spark-04" in r)
     assert "42.8 MB/42.9 MB" in row, text
     if width == 200:
         assert "█████ 42.8 MB/42.9 MB" in row and "42.8 MB of 42.9 MB, 1/2 layers extracted" in row, text
-    snap = live.replay(mid, "rollout").snapshot()
+    snap = livemodel.replay(mid, "rollout").snapshot()
     pulled = {h["host"]: h for h in snap["hosts"]}
     assert pulled["spark-04"]["fraction"] == pytest.approx(42_811_397 / 42_851_403)
     assert pulled["spark-03"]["fraction"] is None and pulled["spark-03"]["state"] == "quiet"
     # Done: the whole image on both.
-    done = draw(live.replay([ln for ln in lines if json.loads(ln).get("t", 0) <= 10.4], "rollout"), width)
+    done = draw(livemodel.replay([ln for ln in lines if json.loads(ln).get("t", 0) <= 10.4], "rollout"), width)
     assert sum("42.9 MB/42.9 MB" in r for r in table_rows(done)) == 2, done
 
 
 def test_bytes_in_but_layers_still_unpacking_say_extracting() -> None:
-    model = live.LiveModel("rollout")
+    model = livemodel.LiveModel("rollout")
     model.fold(Event("pull", "", "spark-01", {"bytes": 10, "bytes_total": 10, "layers": 3, "layers_total": 7}), 1.0)
     assert model.snapshot()["hosts"][0]["cells"]["progress"] == "█████ extracting 3/7"
     # A registry that gave no sizes: the layers alone.
@@ -223,7 +223,7 @@ def test_a_run_without_a_terminal_streams_its_events_to_a_file_and_serves_its_pa
     with pytest.raises(OSError):
         urllib.request.urlopen(url + "api/live", timeout=5)  # the page goes with the command
     stream = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
-    log = next(live.events_dir(tmp_path).glob("rollout-*.jsonl"))
+    log = next(livemodel.events_dir(tmp_path).glob("rollout-*.jsonl"))
     kept = [json.loads(ln) for ln in log.read_text().splitlines()]
     assert stream[0]["schema"] == 1 and stream[0]["title"] == "rollout" and stream[-1]["ended"] is True
     drop_t = lambda lines: [{k: v for k, v in ln.items() if k not in ("t", "started")} for ln in lines]  # noqa: E731
@@ -249,7 +249,7 @@ def test_an_events_path_that_is_a_directory_is_refused_before_anything(tmp_path:
     ctx = Ctx(err=Console(file=io.StringIO(), width=80), events=str(tmp_path))
     with pytest.raises(FleetError, match="not a regular file"), live.watch(ctx, "rollout", tmp_path):
         pass
-    assert not live.events_dir(tmp_path).exists()
+    assert not livemodel.events_dir(tmp_path).exists()
 
 
 def test_a_ui_port_in_use_is_refused_before_anything(tmp_path: Path) -> None:
@@ -259,11 +259,11 @@ def test_a_ui_port_in_use_is_refused_before_anything(tmp_path: Path) -> None:
         ctx = Ctx(err=Console(file=io.StringIO(), width=80), ui_port=taken.getsockname()[1])
         with pytest.raises(FleetError, match=r"cannot listen on 127\.0\.0\.1"), live.watch(ctx, "rollout", tmp_path):
             pass
-    assert not list(live.events_dir(tmp_path).glob("*.jsonl"))
+    assert not list(livemodel.events_dir(tmp_path).glob("*.jsonl"))
 
 
 def test_a_baking_wave_shows_a_bar_per_host_and_the_time_left_under_the_table() -> None:
-    model = live.LiveModel("rollout")
+    model = livemodel.LiveModel("rollout")
     model.fold(Event("done", "pass", "spark-01", {"wave": 1, "tag": FULL_TAG, "health": "ok"}), 1.0)
     model.fold(Event("baking", "600s under live traffic, against 3 host(s) on the old version", "spark-01",
                      {"wave": 1, "health": "baking", "bake_s": 600}), 2.0)

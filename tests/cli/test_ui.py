@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fleetctl import inventory
-from fleetctl.cli import live, ui
+from fleetctl.cli import livemodel, ui
 from fleetctl.errors import FleetError
 from fleetctl.soak.verdict import CheckResult, Outcome, Verdict, to_dict
 from fleetctl.state import ledger as fleet_ledger
@@ -48,7 +48,7 @@ def make_state(state: Path) -> None:
                 "2026-07-01T12:00:00Z", "2026-07-01T12:01:00Z", 60.0, tag=TAG,
                 checks=(CheckResult("errors", Outcome.PASS, "0 of 220 requests failed"),))
     (soak / "verdict.json").write_text(json.dumps(to_dict(v)))
-    events = live.events_dir(state)
+    events = livemodel.events_dir(state)
     events.mkdir(parents=True)
     shutil.copy(FIXTURE, events / "rollout-20260701-120000-1.jsonl")
 
@@ -92,7 +92,7 @@ def test_the_run_in_progress_is_the_terminal_views_model(served: Served) -> None
     status, ctype, body = get(served.url + "/api/live")
     assert status == 200 and ctype == "application/json"
     snap = json.loads(body)
-    want = live.replay(FIXTURE.read_text().splitlines(), "rollout").snapshot()
+    want = livemodel.replay(FIXTURE.read_text().splitlines(), "rollout").snapshot()
     assert snap["log"] == "rollout-20260701-120000-1.jsonl"
     assert [h["cells"] for h in snap["hosts"]] == [h["cells"] for h in want["hosts"]]
     assert (snap["hosts_done"], snap["hosts_failed"], snap["hosts_planned"]) == (1, 1, 4)

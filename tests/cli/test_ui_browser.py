@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from fleetctl import inventory
-from fleetctl.cli import live, ui
+from fleetctl.cli import livemodel, ui
 from fleetctl.progress import Event, event_json
 
 from .test_ui import EXAMPLE_INVENTORY, HOSTS, make_state
@@ -35,7 +35,7 @@ class MovingFleet(ui.Fleet):
         out = super().live()
         self.looks += 1
         if self.looks == 1:
-            log = next(live.events_dir(self.state_dir).glob("*.jsonl"))
+            log = next(livemodel.events_dir(self.state_dir).glob("*.jsonl"))
             with log.open("a") as f:
                 f.write(json.dumps(event_json(Event("stopping", "v0.23.0", "spark-04", {"wave": 2}), 300.0)) + "\n")
         return out

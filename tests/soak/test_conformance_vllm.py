@@ -197,7 +197,7 @@ def _complete(v: Verdict, k: int) -> set[str]:
     assert all(len(w.per_position) == k for w in spec)
     assert any(sum(w.success_by_reason.values()) > 0 for w in v.windows)
     # The loop detector on a tiny random model: its greedy answers under ignore_eos loop, and so do
-    # their c=1 references, so no loop is a finding (docs/decisions/0010).
+    # their c=1 references, so no loop is a finding (docs/decisions/0014).
     loops = [m for m in v.check("correctness").measurements if m.label.endswith(" loop")]
     assert all(m.outcome is not Outcome.FAIL for m in loops), [m.message for m in loops]
     # Prompts sized in tokens by the server's /tokenize meet their targets as its usage counts them,

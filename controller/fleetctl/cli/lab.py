@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.text import Text
 
 from fleetctl import lab
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
 
 
@@ -183,7 +183,8 @@ def image_cmd(ctx: Ctx, tag: str, repository: str, settings: tuple[str, ...], fr
 
 @lab_group.command("traffic")
 @click.option("--rate", type=click.FloatRange(0.1, 200), required=True, help="Requests started per second.")
-@click.option("--duration", type=click.FloatRange(1, 3600), required=True, help="Seconds to send for.")
+@click.option("--duration", type=Duration(1, 3600), required=True, metavar="D",
+              help="How long to send (90s, 3m, at most 1h; a bare number is seconds).")
 @click.option("--url", help="Send to this server instead of the lab's front door (http://HOST:PORT).")
 @click.option("--model", help="Model name to ask for (default: the lab recipe's first served name).")
 @click.option("--max-tokens", type=click.IntRange(1, 4096), default=16, show_default=True)

@@ -23,6 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from fleetctl import paths
+from fleetctl.durations import DurationError, parse_duration
 from fleetctl.progress import Event, Progress
 
 
@@ -125,6 +126,37 @@ def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
         "--json", "json_out", is_flag=True, expose_value=False, callback=cb,
         help="Print the result as JSON on stdout.", is_eager=True,
     )(f)
+
+
+class Duration(click.types.FloatParamType):
+    """The type of every option that takes a length of time (a duration, an interval, a timeout): ``90``,
+    ``90s``, ``3m``, ``1h``, ``1m30s``, read by the one parser (:func:`fleetctl.durations.parse_duration`)
+    into seconds; a bare number is seconds. ``low`` and ``high`` bound it (seconds) where the command
+    needs bounds. (A float type: what click hands the command is a number of seconds.)"""
+
+    name = "duration"
+
+    def __init__(self, low: float | None = None, high: float | None = None) -> None:
+        self.low, self.high = low, high
+
+    def __repr__(self) -> str:
+        return "DURATION"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            seconds = parse_duration(value, "duration")
+        except DurationError:
+            self.fail(f"{value!r} is not a duration (write e.g. 90s, 3m or 1h; a bare number is seconds)", param, ctx)
+        if (self.low is not None and seconds < self.low) or (self.high is not None and seconds > self.high):
+            said = str(value).strip()
+            shown = said if said in (f"{seconds:g}", f"{seconds:g}s") else f"{said} ({seconds:g}s)"
+            self.fail(f"{shown} is not within {self._range()}", param, ctx)
+        return seconds
+
+    def _range(self) -> str:
+        if self.high is None:
+            return f"{self.low:g}s or more"
+        return f"{self.low or 0:g}s..{self.high:g}s"
 
 
 def stream_options(f: Callable[..., Any]) -> Callable[..., Any]:

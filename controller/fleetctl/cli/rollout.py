@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -14,9 +13,11 @@ from rich.text import Text
 
 from fleetctl import inventory, paths
 from fleetctl.cli import live
+from fleetctl.cli.history import history_json
 from fleetctl.cli.output import (
     Col,
     Ctx,
+    Duration,
     fit_table,
     json_option,
     pass_ctx,
@@ -166,12 +167,15 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 @click.option("--min-available", help="Hosts kept serving, count or % of the selected hosts; each step moves as "
               "many as it allows (default: fleetctl_min_available, else 75%).")
 @click.option("--failure-budget", help="Hosts that may fail (and be rolled back) after the canary (default 0).")
-@click.option("--soak", "soak", help="Sustained soak length per host (90s, 10m); default: the recipe's.")
+@click.option("--soak", "soak", type=Duration(), metavar="D",
+              help="Sustained soak length per host (90s, 10m; a bare number is seconds); default: the recipe's.")
 @click.option("--on-inconclusive", type=click.Choice(["pause", "fail"]), default="pause", show_default=True,
               help="What an inconclusive gate does.")
-@click.option("--bake", "bake", metavar="D", help="Watch each wave under live traffic for D once back in rotation, "
-              "against hosts still on the old version (10m; 0: off); default: fleetctl_bake, else off.")
-@click.option("--ready-timeout", type=float, help="Seconds a server may take to become ready.")
+@click.option("--bake", "bake", type=Duration(), metavar="D",
+              help="Watch each wave under live traffic for D once back in rotation, against hosts still on the old "
+                   "version (10m; 0: off; a bare number is seconds); default: fleetctl_bake, else off.")
+@click.option("--ready-timeout", type=Duration(), metavar="D",
+              help="How long a server may take to become ready (90s, 10m; a bare number is seconds).")
 @click.option("--webhook", help="https URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
 @click.option("--resume", is_flag=True, help="Continue the paused or interrupted rollout from each host's real state.")
@@ -192,7 +196,7 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
     if not tag and not resume:
         raise click.UsageError("give --tag TAG (or --resume)")
     opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
-                   min_available=min_available, failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak else None,
+                   min_available=min_available, failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak is not None else None,
                    on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run,
                    bake=parse_duration(bake, "--bake") if bake is not None else None)
     if not resume and not dry_run:
@@ -275,29 +279,6 @@ def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, ma
         r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
                          min_available=min_available, webhook=webhook, confirm=confirm)
     _finish(ctx, r)
-
-
-def history_json(rec: fleet_ledger.RolloutRecord, units: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``units``: host -> its unit's name today (the inventory's; a host of no unit is left out)."""
-    units = units or {}
-    return {
-        "id": rec.id, "kind": rec.kind, "status": rec.status, "recipe": rec.recipe, "requested": rec.requested,
-        "tag": rec.tag, "digest": rec.digest, "image": rec.image, "parent": rec.parent,
-        "started_by": rec.started_by, "command": rec.command,
-        "started_at": _iso(rec.started_at), "finished_at": _iso(rec.finished_at), "error": rec.error,
-        "options": rec.options,
-        "waves": [{"wave": w.idx + 1, "hosts": list(w.hosts), "status": w.status} for w in rec.waves],
-        "hosts": [{"host": h.host, "unit": units.get(h.host), "wave": h.wave + 1 if h.wave >= 0 else None,
-                   "status": h.status,
-                   "phase": h.phase, "before": {"tag": h.before_tag, "digest": h.before_digest},
-                   "after": {"tag": h.after_tag, "digest": h.after_digest}, "error": h.error,
-                   "verdict": h.verdict, "artifacts": h.artifacts,
-                   "started_at": _iso(h.started_at), "finished_at": _iso(h.finished_at)} for h in rec.hosts],
-    }
-
-
-def _iso(ts: float | None) -> str | None:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts)) if ts else None
 
 
 @click.command("history")

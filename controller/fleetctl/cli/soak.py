@@ -20,8 +20,7 @@ from rich.text import Text
 
 from fleetctl import inventory, paths, secretenv, ssh
 from fleetctl.cli import live
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, stream_options
-from fleetctl.durations import parse_duration
+from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx, stream_options
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import Event, Progress, Tee
@@ -217,14 +216,16 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--limit", "-l", metavar="HOSTS", help="Hosts to soak (Ansible pattern); default: every host.")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
               help="Soak this OpenAI-compatible endpoint instead of inventory hosts (repeatable).")
-@click.option("--duration", "-d", metavar="D", help="Length of the sustained phase (90s, 10m, 1h).")
+@click.option("--duration", "-d", type=Duration(), metavar="D",
+              help="Length of the sustained phase (90s, 10m, 1h; a bare number is seconds).")
 @click.option("--recipe", metavar="NAME", help="Recipe whose gate to apply (default: each host's fleetctl_recipe).")
 @click.option("--profile", type=click.Choice(PROFILES), help="Gate profile (default: the recipe's, else spark).")
 @click.option("--model", "models", multiple=True, metavar="NAME",
               help="With --endpoint: served model names to expect (the first is used for requests).")
 @click.option("--concurrency", metavar="LIST", help="Sweep levels, e.g. 1,4,16 (default: the recipe's).")
 @click.option("--smoke-only", is_flag=True, help="Readiness, identity and smoke only (no load).")
-@click.option("--ready-timeout", metavar="D", help="How long to wait for /health 200 (default: the profile's).")
+@click.option("--ready-timeout", type=Duration(), metavar="D",
+              help="How long to wait for /health 200 (90s, 10m; a bare number is seconds; default: the profile's).")
 @click.option("--baseline-tag", metavar="TAG", help="Compare with this tag's baseline (default: the serving tag).")
 @click.option("--no-save-baseline", is_flag=True, help="Do not keep a passing soak as the host's new baseline.")
 @stream_options
@@ -235,8 +236,8 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report with charts to F.")
 @pass_ctx
 @click.pass_context
-def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str | None, recipe: str | None,
-         profile: str | None, models: tuple[str, ...], concurrency: str | None, smoke_only: bool, ready_timeout: str | None,
+def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: float | None, recipe: str | None,
+         profile: str | None, models: tuple[str, ...], concurrency: str | None, smoke_only: bool, ready_timeout: float | None,
          baseline_tag: str | None, no_save_baseline: bool, watch_flag: bool, json_file: str | None,
          junit_file: str | None, html_file: str | None) -> None:
     """Soak serving hosts (or endpoints) in parallel and gate on the verdict.
@@ -254,10 +255,8 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
                                "--interval 60s`): a watch's --duration is the whole watch and it takes --interval")
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
-    dur = parse_duration(duration, "--duration") if duration is not None else None
-    ready = parse_duration(ready_timeout, "--ready-timeout") if ready_timeout is not None else None
     with contextlib.ExitStack() as stack:
-        _soak(ctx, stack, limit, endpoints, dur, recipe, profile, models, concurrency, smoke_only, ready,
+        _soak(ctx, stack, limit, endpoints, duration, recipe, profile, models, concurrency, smoke_only, ready_timeout,
               baseline_tag, no_save_baseline, json_file, junit_file, html_file)
 
 

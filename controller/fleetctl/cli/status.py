@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from fleetctl import inventory as inv
 from fleetctl import ssh
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode
 from fleetctl.status import DEFAULT_TIMEOUT, HostStatus, front_door_view, probe_fleet
 
@@ -141,8 +141,9 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
 
 @click.command("status")
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
-@click.option("--timeout", type=click.FloatRange(1, 300), default=DEFAULT_TIMEOUT, show_default=True,
-              help="Seconds a host gets to answer before it is shown as unreachable.")
+@click.option("--timeout", type=Duration(1, 300), metavar="D", default=DEFAULT_TIMEOUT, show_default=True,
+              help="How long a host gets to answer before it is shown as unreachable (10s, 1m; a bare number is "
+                   "seconds).")
 @json_option
 @pass_ctx
 def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:

@@ -2,7 +2,7 @@
 
 It shows the inventory's hosts (with what the ledger last did to each), the rollout, rollback or abort in
 progress from its event log (``<state dir>/events``: the same events and the same model as the
-terminal's live view, :mod:`fleetctl.cli.live`), the history (``fleetctl history``) and each host's soak
+terminal's live view, :mod:`fleetctl.cli.livemodel`), the history (``fleetctl history``) and each host's soak
 report with its charts (drawn from the gate's ``verdict.json`` by the soak's own HTML report). A second
 process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup). The long commands'
 ``--ui PORT`` serves the same page from inside the command, pinned to its own event log
@@ -29,9 +29,9 @@ from urllib.parse import unquote, urlsplit
 import click
 
 from fleetctl import inventory, paths
-from fleetctl.cli import live
+from fleetctl.cli import livemodel
+from fleetctl.cli.history import history_json
 from fleetctl.cli.output import Ctx, json_option, pass_ctx
-from fleetctl.cli.rollout import history_json
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Inventory
 from fleetctl.soak import report
@@ -106,7 +106,7 @@ class Fleet:
 
     def live(self) -> dict[str, Any]:
         """The newest run's view, from its event log; ``{"log": None}`` before any run."""
-        logs = [self.log] if self.log is not None else sorted(live.events_dir(self.state_dir).glob("*.jsonl"),
+        logs = [self.log] if self.log is not None else sorted(livemodel.events_dir(self.state_dir).glob("*.jsonl"),
                                                               key=lambda p: p.stat().st_mtime)
         if not logs:
             return {"log": None}
@@ -116,7 +116,7 @@ class Fleet:
         started = float(first.get("started") or 0) if isinstance(first, dict) else 0.0
         now = time.time() - started if started else None
         title = path.name.split("-", 1)[0]
-        return {"log": path.name, **live.replay(text, title, now=now).snapshot()}
+        return {"log": path.name, **livemodel.replay(text, title, now=now).snapshot()}
 
     def report(self, rid: str, host: str) -> str | None:
         """The soak report (HTML, with charts) of ``host``'s gate in run ``rid``; None when there is none."""

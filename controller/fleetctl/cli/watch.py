@@ -16,9 +16,8 @@ from rich.console import Console
 from rich.text import Text
 
 from fleetctl import ssh
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
 from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
-from fleetctl.durations import parse_duration
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event
 from fleetctl.runids import new_run_id
@@ -52,9 +51,11 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--limit", "-l", metavar="HOSTS", help="Hosts to watch (Ansible pattern); default: every host.")
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
               help="Watch this OpenAI-compatible endpoint instead of inventory hosts (repeatable).")
-@click.option("--duration", "-d", metavar="D", default="1h", show_default=True, help="How long to watch (30m, 8h).")
-@click.option("--interval", "-i", metavar="D", default="60s", show_default=True,
-              help="Time between one host's probes (a canary, a short stream and a /metrics scrape).")
+@click.option("--duration", "-d", type=Duration(), metavar="D", default="1h", show_default=True,
+              help="How long to watch (30m, 8h; a bare number is seconds).")
+@click.option("--interval", type=Duration(), metavar="D", default="60s", show_default=True,
+              help="Time between one host's probes (a canary, a short stream and a /metrics scrape; 30s, 5m; "
+                   "a bare number is seconds). No -i: that is the inventory, before the command.")
 @click.option("--parallel", type=click.IntRange(1, 512), default=64, show_default=True,
               help="Hosts probed at once (the rest wait their turn).")
 @click.option("--recipe", metavar="NAME", help="Recipe whose settings apply (default: each host's fleetctl_recipe).")
@@ -70,7 +71,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
 @click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report to F.")
 @pass_ctx
-def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str, interval: str, parallel: int,
+def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: float, interval: float, parallel: int,
           recipe: str | None, profile: str | None, models: tuple[str, ...], max_error_rate: float, failure_limit: int,
           webhook: str | None, json_file: str | None, junit_file: str | None, html_file: str | None) -> None:
     """Probe promoted hosts (or endpoints) every interval for hours; page the webhook on a breach.
@@ -81,10 +82,8 @@ def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str
     """
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
-    dur = parse_duration(duration, "--duration")
-    every = parse_duration(interval, "--interval")
-    if every <= 0 or dur < every:
-        raise click.UsageError(f"--interval {interval} must be > 0 and at most --duration {duration}")
+    if interval <= 0 or duration < interval:
+        raise click.UsageError(f"--interval {interval:g}s must be > 0 and at most --duration {duration:g}s")
     from fleetctl import inventory as inv_mod
     from fleetctl.rollout.webhook import Webhook
 
@@ -108,7 +107,7 @@ def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: str
         for j in jobs:
             rid = new_run_id("watch", j.target.name)
             targets.append(WatchTarget(j.target, j.config, j.state_dir / "runs" / rid, rid))
-        settings = WatchSettings(duration=dur, interval=every, parallel=parallel,
+        settings = WatchSettings(duration=duration, interval=interval, parallel=parallel,
                                  max_server_error_rate=max_error_rate, failure_limit=failure_limit)
         try:
             with ctx.progress("watch", ("phase", "interval", "errors", "message")) as progress:

@@ -118,7 +118,7 @@ def run(url: str, model: str, rate: float, duration: float, *, api_key: str | No
     ``stop`` set ends the sending early (the requests already sent are still waited for and counted)."""
     if rate <= 0 or duration <= 0:
         raise FleetError(f"--rate {rate} / --duration {duration}: both must be above 0",
-                         fix="e.g. --rate 5 --duration 60")
+                         fix="e.g. --rate 5 --duration 60s")
     if not 1 <= concurrency <= MAX_CONCURRENCY:
         raise FleetError(f"concurrency {concurrency} is outside 1..{MAX_CONCURRENCY}", fix="pass a smaller one")
     total = max(1, int(rate * duration))
