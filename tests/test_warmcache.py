@@ -74,8 +74,8 @@ def test_a_bad_compile_cache_is_refused_naming_the_field(value: object, field: s
 
 
 class LocalHosts:
-    """Each host's cache operations (``warmcache.CacheOps``) run as the hosts run them: the cache script of
-    :func:`warmcache.helper_command`, each host's cache root a local directory."""
+    """Each host's cache operations (``warmcache.CacheOps``) run as the hosts run them: the cache
+    script of :func:`warmcache.helper_command`, each host's cache root a local directory."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -102,13 +102,14 @@ class LocalHosts:
 
 @dataclass(frozen=True)
 class LocalCacheOps:
-    """:class:`warmcache.CacheOps` of one local "host": what ``SshHostOps`` runs over SSH, run here."""
+    """:class:`warmcache.CacheOps` of one local "host": what ``SshHostOps`` runs over SSH."""
 
     host: Host
     run: Callable[[Host, str, str | None], str]
 
     def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
-        return self.run(self.host, warmcache.helper_command(recipe, ref, "export", key, str(max_bytes)), None)
+        cmd = warmcache.helper_command(recipe, ref, "export", key, str(max_bytes))
+        return self.run(self.host, cmd, None)
 
     def verify_cache(self, recipe: Recipe, ref: str, key: str) -> str:
         return self.run(self.host, warmcache.helper_command(recipe, ref, "verify", key), None)
@@ -168,7 +169,8 @@ def test_a_tampered_copy_is_found_and_the_host_starts_cold(tmp_path: Path) -> No
             stdin = json.dumps(man) + "\n" + payload
         return hosts.run(h, cmd, stdin)
 
-    out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key}, ops=lambda h: LocalCacheOps(h, corrupt))
+    out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key},
+                          ops=lambda h: LocalCacheOps(h, corrupt))
     assert not out["spark-02"].warm and "did not verify" in out["spark-02"].detail
     assert not (hosts.root(a) / key).exists()  # nothing half-written left where the container mounts
     ok, why = warmcache.verify(RECIPE, "img", hosts(a), key)

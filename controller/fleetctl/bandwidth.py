@@ -1,10 +1,11 @@
 """A unit's measured all_reduce bus bandwidth: the probe run in the recipe's image on every member at once.
 
 :func:`measure` starts ``fleetctl/allreduce_probe.py`` in ``docker run --rm --network host --gpus all`` from
-the recipe's image on each member of a unit, in parallel (each member's ``HostOps.bandwidth_probe``: one
-SSH session, bounded by ``ssh.fan_out``), with the member's fabric environment as the serving container
-gets it (``Recipe.launch``: ``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ``VLLM_HOST_IP`` ...) and every rank's fabric
-address. The head prints the NCCL tests' ``all_reduce_perf`` table (torch.distributed's NCCL all_reduce
+the recipe's image on each member of a unit, in parallel (each member's
+``HostOps.bandwidth_probe``: one SSH session, bounded by ``ssh.fan_out``), with the member's fabric
+environment as the serving container gets it (``Recipe.launch``: ``NCCL_SOCKET_IFNAME``,
+``NCCL_IB_HCA``, ``VLLM_HOST_IP`` ...) and every rank's fabric address.
+The head prints the NCCL tests' ``all_reduce_perf`` table (torch.distributed's NCCL all_reduce
 where the image has torch and a GPU, else the same ring's traffic over TCP), which
 ``fleetctl.fabric.parse_all_reduce`` reads and ``check_bandwidth`` judges against the unit's floor
 (``fleetctl_fabric_floor_gbs``, a Spark pair's reference by default).
@@ -90,8 +91,8 @@ def probe_command(unit: Unit, recipe: Recipe, ref: str, host: str, port: int = P
 
 
 class ProbeOps(Protocol):
-    """The probe's run on one member: a slice of the rollout's ``HostOps`` (over SSH: :func:`probe_command`
-    run there)."""
+    """The probe's run on one member: a slice of the rollout's ``HostOps`` (over SSH:
+    :func:`probe_command` run there)."""
 
     @property
     def host(self) -> Host:
@@ -99,22 +100,23 @@ class ProbeOps(Protocol):
         ...
 
     def bandwidth_probe(self, unit: Unit, recipe: Recipe, ref: str, timeout: float) -> str:
-        """Run this member's rank of the probe in ``ref``; what it printed (the head's: the table). Raises
-        a FleetError naming the probe's own last line when it fails."""
+        """Run this member's rank of the probe in ``ref``; what it printed (the head's: the table).
+        Raises a FleetError naming the probe's own last line when it fails."""
         ...
 
 
 def probe_failure(rc: int, stdout: str, stderr: str) -> str:
-    """Why a probe failed, in one line: its last line that is not a comment, else its exit status."""
-    lines = [ln for ln in (stderr + "\n" + stdout).splitlines() if ln.strip() and not ln.startswith("#")]
+    """Why a probe failed, in one line: its last line that is no comment, else its exit status."""
+    lines = [ln for ln in (stderr + "\n" + stdout).splitlines()
+             if ln.strip() and not ln.startswith("#")]
     return lines[-1].strip()[:300] if lines else f"exit status {rc}"
 
 
 def measure(inv: Inventory, unit: Unit, recipe: Recipe, ref: str, ops: Callable[[Host], ProbeOps],
             timeout: float = PROBE_TIMEOUT) -> Measurement:
-    """Run the probe on every member of ``unit`` at once (``ops(host)``: the member's HostOps) and judge
-    the head's table; a member whose probe fails raises one FleetError naming it and the probe's own
-    last line."""
+    """Run the probe on every member of ``unit`` at once (``ops(host)``: the member's HostOps) and
+    judge the head's table; a member whose probe fails raises one FleetError naming it and the
+    probe's own last line."""
     members = [inv.host(m) for m in unit.members]
     t0 = time.monotonic()
     outs = ssh.fan_out(members, lambda h: ops(h).bandwidth_probe(unit, recipe, ref, timeout),
@@ -148,7 +150,8 @@ def measure_units(inv: Inventory, units: Sequence[Unit], recipes: Mapping[str, R
     by_head = {u.head: u for u in units}
     # one call per unit, keyed by its head (the fan-out's bound holds for units as for hosts)
     outs = ssh.fan_out([inv.host(h) for h in by_head],
-                       lambda h: measure(inv, by_head[h.name], recipes[by_head[h.name].name], ref, ops),
+                       lambda h: measure(inv, by_head[h.name], recipes[by_head[h.name].name], ref,
+                                         ops),
                        timeout=PROBE_TIMEOUT + 20)
     got: dict[str, Measurement | FleetError] = {}
     for u in units:

@@ -34,13 +34,13 @@ def is_running(state: Mapping[str, Any]) -> bool:
 
 
 def logs_command(name: str, tail: int) -> str:
-    """The shell that prints the container's last ``tail`` log lines, stdout and stderr interleaved."""
+    """The shell printing the container's last ``tail`` log lines, stdout and stderr interleaved."""
     return f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1"
 
 
 def logs(host: Host, name: str, tail: int, timeout: float = 30.0) -> str:
-    """The container's last ``tail`` log lines over SSH: the soak's own look (``soak/container.py``); the
-    rollout reads them through its ``HostOps.logs``."""
+    """The container's last ``tail`` log lines over SSH: the soak's own look
+    (``soak/container.py``); the rollout reads them through its ``HostOps.logs``."""
     return ssh.docker(host, logs_command(name, tail), timeout=timeout).stdout
 
 

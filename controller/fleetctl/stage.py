@@ -179,7 +179,8 @@ def expected_bytes(recipe: Recipe, inventory: Inventory, source: str) -> dict[st
 
 def du_command(paths: Sequence[str]) -> str:
     """The shell that prints the bytes under ``paths`` together (0 when none exists)."""
-    return "du -sb " + " ".join(shlex.quote(p) for p in paths) + " 2>/dev/null | awk '{s+=$1} END {print s+0}'"
+    return ("du -sb " + " ".join(shlex.quote(p) for p in paths)
+            + " 2>/dev/null | awk '{s+=$1} END {print s+0}'")
 
 
 class StagingOps(Protocol):
@@ -207,7 +208,7 @@ class SshStaging:
 
 
 class _ByteMeter:
-    """Measures each host's staging directories (``ops(host).staged_bytes``) while the playbook runs."""
+    """Measures each host's staging directories (``ops(host).staged_bytes``) while the play runs."""
 
     def __init__(self, hosts: list[Host], recipe: Recipe, run_id: str, totals: Mapping[str, int],
                  progress: Progress, ops: Callable[[Host], StagingOps] = SshStaging) -> None:

@@ -189,9 +189,9 @@ class Seeded:
 
 
 class CacheOps(Protocol):
-    """The warm start's operations on one host: a slice of the rollout's ``HostOps`` (over SSH, each is
-    :func:`helper_command` run there; the simulated fleet keeps its caches in memory). Each returns what
-    the cache script prints, and raises FleetError when it could not run."""
+    """The warm start's operations on one host: a slice of the rollout's ``HostOps`` (over SSH,
+    each is :func:`helper_command` run there; the simulated fleet keeps its caches in memory). Each
+    returns what the cache script prints, and raises FleetError when it could not run."""
 
     @property
     def host(self) -> Host:
@@ -199,17 +199,17 @@ class CacheOps(Protocol):
         ...
 
     def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
-        """The key directory's manifest (one JSON line: its files, or why nothing is shared), then what
-        :meth:`import_cache` takes on another host."""
+        """The key directory's manifest (one JSON line: its files, or why nothing is shared), then
+        what :meth:`import_cache` takes on another host."""
         ...
 
     def verify_cache(self, recipe: Recipe, ref: str, key: str) -> str:
-        """One JSON line: whether the key directory holds exactly what its manifest lists, else why."""
+        """One JSON line: whether the key directory holds just what its manifest lists, or why."""
         ...
 
     def import_cache(self, recipe: Recipe, ref: str, key: str, exported: str) -> str:
-        """Another host's :meth:`export_cache` unpacked beside the key directory, checked, swapped in;
-        one JSON line: the files and bytes, or why not."""
+        """Another host's :meth:`export_cache` unpacked beside the key directory, checked, swapped
+        in; one JSON line: the files and bytes, or why not."""
         ...
 
 
@@ -279,7 +279,8 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
 
 
 def verify(recipe: Recipe, ref: str, ops: CacheOps, key: str) -> tuple[bool, str | None]:
-    """Whether the key directory on ``ops``'s host holds exactly what its manifest lists (a warm start's cache)."""
+    """Whether the key directory on ``ops``'s host holds exactly what its manifest lists (a warm
+    start's cache)."""
     doc = _first_json(ops.verify_cache(recipe, ref, key))
     return bool(doc.get("ok")), (str(doc["why"]) if doc.get("why") else None)
 

@@ -17,10 +17,7 @@ operation and ledger write raises it too, as after a SIGKILL.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import itertools
-import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,17 +26,20 @@ from typing import Any
 
 from fleetctl import serving
 from fleetctl.errors import FleetError, HostUnreachable
-from fleetctl.inventory import Host, Unit
+from fleetctl.inventory import Host
 from fleetctl.progress import Progress
 from fleetctl.recipes import MemberLaunch, Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.api import Engine
 from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
-from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.soak import Readiness, SoakConfig, Verdict, baselines
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state.ledger import Ledger
+from tests.rollout.sim_hostside import Relay, SimHostSide
+from tests.rollout.sim_run import active as active
+from tests.rollout.sim_run import assert_not_wedged as assert_not_wedged
+from tests.rollout.sim_run import recover as recover
+from tests.rollout.sim_run import run_command as run_command
 
 NAME = serving.DEFAULT_CONTAINER
 PREV = NAME + remote.PREV_SUFFIX
@@ -74,23 +74,13 @@ class Container:
 
 
 @dataclass
-class Relay:
-    """An image relay (a pull-through registry) on a simulated host: its upstream, and the image
-    digests its store holds."""
-
-    upstream: str
-    port: int
-    holds: set[str] = field(default_factory=set)
-
-
-@dataclass
 class SimHost:
     name: str
     containers: dict[str, Container] = field(default_factory=dict)
     images: set[str] = field(default_factory=set)
     #: The image relay running here, if any (imagetree.RELAY_NAME).
     relay: Relay | None = None
-    #: Compile caches: ``<recipe>/<key>`` -> relative path -> bytes; and the manifests shared ones got.
+    #: Compile caches: ``<recipe>/<key>`` -> relative path -> bytes; the manifests shared ones got.
     caches: dict[str, dict[str, bytes]] = field(default_factory=dict)
     manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The host's state file (hoststate): the fleet's lock and intent, as text.
@@ -134,11 +124,11 @@ class SimFleet:
         self.kill_in_soak: str | None = None
         #: Relays by (address, port), for a relay whose upstream is another host's.
         self.relays: dict[tuple[str, int], str] = {}
-        #: Who filled a relay from whom, in order: (host, the host whose relay it read, or "registry").
+        #: Who filled a relay from whom, in order: (host, the host whose relay it read, "registry").
         self.relay_reads: list[tuple[str, str]] = []
         #: Hosts whose relay does not start (its port taken).
         self.relay_fails: set[str] = set()
-        #: Every bandwidth probe run: (host, unit, image reference); and the bus bandwidth it measures.
+        #: Every bandwidth probe run: (host, unit, image reference); the bus bandwidth it measures.
         self.probes: list[tuple[str, str, str]] = []
         self.busbw_gbs = 24.0
 
@@ -203,8 +193,9 @@ class SimFleet:
 
 
 @dataclass
-class SimOps:
-    """:class:`HostOps` on a simulated host (each call is one atomic round trip, like one SSH command)."""
+class SimOps(SimHostSide):
+    """:class:`HostOps` on a simulated host (each call is one atomic round trip, like one SSH
+    command); its operations besides the container's: :class:`~.sim_hostside.SimHostSide`."""
 
     host: Host
     fleet: SimFleet
@@ -278,7 +269,7 @@ class SimOps:
             h = self._h
             d = ref.rsplit("@", 1)[-1]
             if ref.startswith("127.0.0.1:") and (h.relay is None or d not in h.relay.holds):
-                raise FleetError(f"docker pull {ref}: the host's relay does not hold it", host=h.name)
+                raise FleetError(f"docker pull {ref}: the relay here does not hold it", host=h.name)
             h.images.add(d)
             self._done("pull")
             return 0.0
@@ -340,7 +331,8 @@ class SimOps:
             if cache_key is not None and recipe.compile_cache:
                 # a cold start compiles into its key directory; a warm one finds the files there
                 h.caches.setdefault(f"{recipe.name}/{cache_key}", {
-                    f"{c.name}/compiled.bin": f"{c.name} {cache_key}".encode() for c in recipe.compile_cache})
+                    f"{c.name}/compiled.bin": f"{c.name} {cache_key}".encode()
+                    for c in recipe.compile_cache})
             self._start_then(h, name, "start")
 
     def stop(self, name: str) -> None:
@@ -383,155 +375,6 @@ class SimOps:
             self.fleet.alive()
             c = self._h.containers.get(name)
             return f"{name}: {c.status if c else 'no such container'}\n"
-
-    def check_access(self) -> None:
-        with self.fleet.mu:
-            self.fleet.alive()
-            self._h  # noqa: B018 - reaching the host is the check: the simulated login has every right
-
-    def has_image(self, ref: str) -> bool:
-        with self.fleet.mu:
-            self.fleet.alive()
-            return ref.rsplit("@", 1)[-1] in self._h.images
-
-    # the image tree's relay: a pull-through registry reading another host's relay or the registry
-    def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            self._drop_relay(h)
-            if h.name in self.fleet.relay_fails:
-                raise FleetError(f"its image relay did not start: port {port} is taken", host=h.name)
-            h.relay = Relay(upstream, port)
-            self.fleet.relays[(self.host.address, port)] = h.name
-            self._done("relay-start")
-
-    def fill_relay(self, pull_ref: str, port: int) -> None:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            digest = pull_ref.rsplit("@", 1)[-1]
-            if h.relay is None or h.relay.port != port:
-                raise FleetError(f"its image relay could not fetch the image: nothing on port {port}",
-                                 host=h.name)
-            addr, _, p = h.relay.upstream.removeprefix("http://").removeprefix("https://").rpartition(":")
-            source = self.fleet.relays.get((addr, int(p))) if p.isdigit() else None
-            if source is not None:
-                src = self.fleet.hosts[source]
-                if src.ssh_down or src.relay is None or digest not in src.relay.holds:
-                    raise FleetError("its image relay could not fetch the image: "
-                                     f"{source}'s relay does not serve it", host=h.name)
-            elif digest not in {digest_of(t) for t in self.fleet.tags}:
-                raise FleetError("its image relay could not fetch the image: not in the registry",
-                                 host=h.name)
-            h.relay.holds.add(digest)
-            self.fleet.relay_reads.append((h.name, source or "registry"))
-            self._done("relay-fill")
-
-    def remove_relay(self) -> None:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            if h.relay is not None:
-                self._drop_relay(h)
-                self._done("relay-remove")
-
-    def _drop_relay(self, h: SimHost) -> None:
-        if h.relay is not None:
-            self.fleet.relays.pop((self.host.address, h.relay.port), None)
-            h.relay = None
-
-    # the warm start's compile caches, kept per host as the cache script keeps them on disk
-    def _cache_image(self, h: SimHost, ref: str) -> None:
-        if ref.rsplit("@", 1)[-1] not in h.images and "@" in ref:
-            raise FleetError(f"docker run: no image {ref}", host=h.name)
-
-    def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            self._cache_image(h, ref)
-            files = h.caches.get(f"{recipe.name}/{key}")
-            if files is None:
-                return json.dumps({"files": {}, "why": "no cache directory"}) + "\n"
-            total = sum(len(b) for b in files.values())
-            if total > max_bytes:
-                return json.dumps({"files": {}, "why": f"{total} bytes, over the {max_bytes} bytes"}) + "\n"
-            man = {"key": key, "bytes": total,
-                   "files": {r: [len(b), hashlib.sha256(b).hexdigest()] for r, b in sorted(files.items())}}
-            payload = base64.b64encode(json.dumps({r: b.hex() for r, b in files.items()}).encode())
-            return json.dumps(man) + "\n" + payload.decode() + "\n"
-
-    @staticmethod
-    def _differs(files: Mapping[str, bytes], man: Mapping[str, Any], key: str) -> str | None:
-        if man.get("key") != key:
-            return f"the cache was made for key {man.get('key')}, not {key}"
-        seen = {r: [len(b), hashlib.sha256(b).hexdigest()] for r, b in files.items()}
-        if seen != {r: list(v) for r, v in man["files"].items()}:
-            return "files differ from the checksums"
-        return None
-
-    def verify_cache(self, recipe: Recipe, ref: str, key: str) -> str:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            self._cache_image(h, ref)
-            d = f"{recipe.name}/{key}"
-            if d not in h.manifests:
-                return json.dumps({"ok": False, "why": "no manifest: FileNotFoundError"}) + "\n"
-            why = self._differs(h.caches.get(d, {}), h.manifests[d], key)
-            return json.dumps({"ok": why is None, "why": why}) + "\n"
-
-    def import_cache(self, recipe: Recipe, ref: str, key: str, exported: str) -> str:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            self._cache_image(h, ref)
-            man_line, _, payload = exported.partition("\n")
-            man = json.loads(man_line)
-            files = {r: bytes.fromhex(x) for r, x in json.loads(base64.b64decode(payload)).items()}
-            why = self._differs(files, man, key)
-            if why is not None:
-                return json.dumps({"ok": False, "why": f"ValueError: {why}"}) + "\n"
-            h.caches[f"{recipe.name}/{key}"] = files
-            h.manifests[f"{recipe.name}/{key}"] = man
-            self._done("cache-import")
-            return json.dumps({"ok": True, "files": len(files), "bytes": man["bytes"]}) + "\n"
-
-    def bandwidth_probe(self, unit: Unit, recipe: Recipe, ref: str, timeout: float) -> str:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            if ref.rsplit("@", 1)[-1] not in h.images:
-                raise FleetError(f"Unable to find image '{ref}' locally", host=h.name)
-            self.fleet.probes.append((h.name, unit.name, ref))
-            if h.name != unit.head:
-                return ""
-            bw = self.fleet.busbw_gbs
-            return ("# probe: TCP ring (simulated)\n"
-                    f"   1048576    262144  float  sum  -1  1000.0  {bw:.2f}  {bw:.2f}  0"
-                    f"  1000.0  {bw:.2f}  {bw:.2f}  0\n# Avg bus bandwidth    : {bw:.2f}\n")
-
-    # the host's state file: not a kill point (the harness's points are the containers' and the ledger's)
-    def read_state(self) -> str:
-        with self.fleet.mu:
-            self.fleet.alive()
-            return self._h.state
-
-    def swap_state(self, expect: str, text: str) -> bool:
-        with self.fleet.mu:
-            self.fleet.alive()
-            h = self._h
-            if h.state != expect:
-                return False
-            h.state = text
-            return True
-
-    def staged_bytes(self, paths: Sequence[str]) -> int:
-        with self.fleet.mu:
-            self.fleet.alive()
-            self._h  # noqa: B018 - nothing is staged on a simulated host
-            return 0
 
 
 class SimGates:
@@ -673,43 +516,3 @@ class SimDeployer:
                                             remote.LABEL_FINGERPRINT: fp})
             ops._start_then(h, name, "start")
             return ops._serving(h.containers.get(prev_name))
-
-
-def run_command(eng: Engine, what: str, opts: Options, limit: str, to: str | None = None) -> RolloutResult:
-    """Run one command of a fault case on ``eng`` and close it: ``rollout``, ``resume``, ``abort``, else ``rollback``."""
-    try:
-        if what == "rollout":
-            return eng.rollout(opts)
-        if what == "resume":
-            return eng.resume(opts)
-        if what == "abort":
-            return eng.abort()
-        return eng.rollback(to=to, limit=limit)
-    finally:
-        eng.close()
-
-
-def active(state: Path) -> list[str]:
-    """The ids of the ledger's active records (running or paused)."""
-    from fleetctl.state import ledger as fleet_ledger
-
-    with fleet_ledger.open_ledger(state) as led:
-        return led.ids(statuses=fleet_ledger.ACTIVE)
-
-
-def recover(run: Callable[[str], RolloutResult], state: Path, how: str) -> None:
-    """What a new controller does after a kill: ``resume`` or ``abort`` an active record, or ``rollback``."""
-    if how in ("resume", "abort") and active(state):
-        run(how)
-    elif how == "rollback":
-        run("rollback")
-
-
-def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], RolloutResult], tag: str) -> None:
-    """No active record, and a later rollout of ``tag`` completes with every host serving it."""
-    from fleetctl.state import ledger as fleet_ledger
-
-    assert active(state) == []
-    r = run_to(tag)
-    assert r.status == fleet_ledger.COMPLETED, r.error
-    assert set(fleet.serving_tags().values()) == {tag}

@@ -26,8 +26,9 @@ ALLOWED = frozenset({"fan_out", "Outcome", "FAN_OUT_WORKERS"})
 
 
 def host_commands(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
-    """(line, name) of every use of a ``fleetctl.ssh`` name outside :data:`ALLOWED` in ``source``: through
-    ``from fleetctl import ssh [as x]``, ``import fleetctl.ssh [as x]`` or ``from fleetctl.ssh import name``."""
+    """(line, name) of every use of a ``fleetctl.ssh`` name outside :data:`ALLOWED` in ``source``:
+    through ``from fleetctl import ssh [as x]``, ``import fleetctl.ssh [as x]`` or
+    ``from fleetctl.ssh import name``."""
     tree = ast.parse(source, filename)
     aliases: set[str] = set()
     dotted = False  # `import fleetctl.ssh`: used as fleetctl.ssh.NAME
@@ -61,21 +62,25 @@ def test_only_the_hostops_implementation_runs_commands_on_a_host() -> None:
     assert len(engine) > 10, "the engine's modules are found"
     wrong = [f"rollout/{p.name}:{line}: ssh.{name}" for p in engine
              for line, name in host_commands(p.read_text(), str(p))]
-    assert not wrong, ("the engine runs these on a host without HostOps (give the operation a name in "
-                       "HostOps, SshHostOps, BatchedHostOps and the simulated fleet):\n" + "\n".join(wrong))
+    assert not wrong, ("the engine runs these on a host without HostOps (give the operation a name "
+                       "in HostOps, SshHostOps, BatchedHostOps and the simulated fleet):\n"
+                       + "\n".join(wrong))
 
 
 def test_the_checker_sees_a_command_run_around_the_seam() -> None:
     # What the prefetch's image probe and the image tree did before HostOps had their operations.
     old = ("from fleetctl import registry, ssh\n"
-           "has = ssh.fan_out(hosts, lambda h: ssh.docker(h, probe, timeout=60).rc == 0, timeout=90)\n"
+           "has = ssh.fan_out(hosts, lambda h: ssh.docker(h, probe).rc == 0, timeout=90)\n"
            "access = ssh.fan_out(hosts, ssh.check_access, timeout=60)\n")
     assert host_commands(old) == [(2, "docker"), (3, "check_access")]
     assert host_commands("import fleetctl.ssh\nfleetctl.ssh.run(h, 'true')\n") == [(2, "run")]
-    assert host_commands("import fleetctl.ssh as s\ns.put_text(h, '/x', 'y')\n") == [(2, "put_text")]
+    assert host_commands("import fleetctl.ssh as s\ns.put_text(h, '/x', 'y')\n") == [
+        (2, "put_text")]
     assert host_commands("from fleetctl.ssh import docker, fan_out\n") == [(1, "docker")]
-    assert host_commands("from fleetctl import ssh as t\nt.fan_out(hs, f)\nx: t.Outcome[int]\n") == []
-    assert host_commands("from fleetctl import ssh\nssh.exec_anything(h)\n") == [(2, "exec_anything")]
+    assert host_commands("from fleetctl import ssh as t\nt.fan_out(hs, f)\nx: t.Outcome[int]\n") \
+        == []
+    assert host_commands("from fleetctl import ssh\nssh.exec_anything(h)\n") == [
+        (2, "exec_anything")]
 
 
 def _operations(protocol: type) -> set[str]:
@@ -89,9 +94,9 @@ def _operations(protocol: type) -> set[str]:
 
 def test_every_implementation_has_every_operation_of_the_seam() -> None:
     ops = _operations(remote.HostOps)
-    assert {"has_image", "start_relay", "fill_relay", "remove_relay", "export_cache", "verify_cache",
-            "import_cache", "bandwidth_probe", "read_state", "swap_state", "check_access", "staged_bytes",
-            "logs", "inspect", "pull", "start"} <= ops
+    assert {"has_image", "start_relay", "fill_relay", "remove_relay", "export_cache",
+            "verify_cache", "import_cache", "bandwidth_probe", "read_state", "swap_state",
+            "check_access", "staged_bytes", "logs", "inspect", "pull", "start"} <= ops
     for impl in (remote.SshHostOps, deploy.BatchedHostOps, SimOps):
         missing = sorted(n for n in ops - {"host"} if not callable(getattr(impl, n, None)))
         assert not missing, f"{impl.__name__} lacks {missing}"

@@ -1,4 +1,4 @@
-"""What the engine runs on hosts besides their containers, through ``HostOps`` on the simulated fleet.
+"""What the engine runs on hosts besides their containers, through HostOps on the simulated fleet.
 
 The image tree's relays (who read from whom), the prefetch's image probe, the fleet's lock in each
 host's state file, the warm start's cache copies and a unit's bandwidth probe: each through the
@@ -30,9 +30,11 @@ def _fleet() -> SimFleet:
 
 def _tree(fleet: SimFleet, hosts: list[Host]) -> dict[str, Any]:
     cfg = imagetree.TreeConfig(min_hosts=1, fanout=2)
-    tree = imagetree.Tree(cfg, REF, "http://10.0.0.100:5000", f"docker.io/library/registry@{digest_of('v1')}",
-                          ops=fleet.ops, pull=lambda h, r: fleet.ops(h).pull(r),
-                          direct=lambda h, r: fleet.ops(h).pull(r), emit=lambda kind, msg, host: None)
+    relay = f"docker.io/library/registry@{digest_of('v1')}"
+    tree = imagetree.Tree(cfg, REF, "http://10.0.0.100:5000", relay, ops=fleet.ops,
+                          pull=lambda h, r: fleet.ops(h).pull(r),
+                          direct=lambda h, r: fleet.ops(h).pull(r),
+                          emit=lambda kind, msg, host: None)
     return tree.run(hosts)
 
 
@@ -46,7 +48,8 @@ def test_the_tree_reads_the_registry_once_and_relays_host_to_host() -> None:
     assert [src for _, src in fleet.relay_reads].count("registry") == 1
     assert via["spark-01"] == "registry" and via["spark-02"] == via["spark-03"] == "spark-01"
     assert all(digest_of("v2") in h.images for h in fleet.hosts.values())
-    assert all(h.relay is None for h in fleet.hosts.values()) and fleet.relays == {}  # every relay removed
+    # every relay removed
+    assert all(h.relay is None for h in fleet.hosts.values()) and fleet.relays == {}
     assert {f"{h.name}:relay-remove" for h in HOSTS} <= set(fleet.points)
 
 
@@ -86,8 +89,8 @@ def test_the_fleets_lock_is_written_in_each_hosts_state_file() -> None:
 
 RECIPE = parse_recipes({"r": {
     "image": "vllm/vllm-openai", "served_model_names": ["m"], "vllm_args": ["--port", "8000"],
-    "weights": [{"role": "body", "repo": "o/m", "revision": "main", "path": "/opt/m", "mount": "/model",
-                 "format": "bf16"}],
+    "weights": [{"role": "body", "repo": "o/m", "revision": "main", "path": "/opt/m",
+                 "mount": "/model", "format": "bf16"}],
     "compile_cache": [{"name": "vllm", "mount": "/root/.cache/vllm"}]}})["r"]
 
 
@@ -99,10 +102,12 @@ def test_the_canarys_compile_cache_is_copied_to_hosts_holding_the_image() -> Non
         fleet.ops(h).pull(REF)
     canary = fleet.ops(HOSTS[0])
     canary.kill("vllm")
-    canary.start(RECIPE, REF, tag="v2", digest=d, rollout_id="ro-1", secrets={}, cache_key=key)  # compiles
+    # a cold start compiles into its key directory
+    canary.start(RECIPE, REF, tag="v2", digest=d, rollout_id="ro-1", secrets={}, cache_key=key)
     out = warmcache.share(RECIPE, REF, HOSTS[0], key, {h: key for h in HOSTS[1:4]}, fleet.ops)
     assert out["spark-02"].warm and out["spark-03"].warm and out["spark-02"].files == 1
-    assert not out["spark-04"].warm and "no image" in out["spark-04"].detail  # the helper runs in the image
+    # the cache script runs in the target image: a host without it starts cold
+    assert not out["spark-04"].warm and "no image" in out["spark-04"].detail
     assert fleet.hosts["spark-02"].caches == fleet.hosts["spark-01"].caches
     assert warmcache.verify(RECIPE, REF, fleet.ops(HOSTS[1]), key) == (True, None)
 

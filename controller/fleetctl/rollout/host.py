@@ -1,5 +1,5 @@
-"""What the rollout does on one host, over SSH: look, pull, stop, start, restore, read logs (the rest of
-what it runs on a host, :class:`HostOps` beyond the serving container, is in :mod:`.host_ssh`).
+"""What the rollout does on one host, over SSH: look, pull, stop, start, restore, read logs (the
+rest of what it runs on a host, :class:`HostOps` beyond the serving container: :mod:`.host_ssh`).
 
 Every step is idempotent and starts by looking at the host's real state, so
 that a step interrupted by a dead controller can simply be run again. The

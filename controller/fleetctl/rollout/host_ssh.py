@@ -34,7 +34,7 @@ class SshHostCommands:
     host: Host
 
     def check_access(self) -> None:
-        """The login's rights (sudo, docker), probed once per host and process; a root login has all."""
+        """The login's rights (sudo, docker), probed once per host and process (root has all)."""
         if self.host.user != "root":
             ssh.check_access(self.host)
 
@@ -46,7 +46,8 @@ class SshHostCommands:
     # -- the image tree's relay (decision 0018) ----------------------------------------------
 
     def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
-        r = ssh.docker(self.host, imagetree.start_script(port, relay_image_ref, upstream), timeout=180)
+        script = imagetree.start_script(port, relay_image_ref, upstream)
+        r = ssh.docker(self.host, script, timeout=180)
         if r.rc != 0:
             raise FleetError(f"its image relay did not start: {_tail(r)}", host=self.host.name)
 
@@ -100,12 +101,13 @@ class SshHostCommands:
 
     def swap_state(self, expect: str, text: str) -> bool:
         path = hoststate.state_file(self.host)
-        r = ssh.run(self.host, hoststate.swap_script(path, expect, os.getpid()), timeout=20, stdin=text,
-                    become=True)
+        script = hoststate.swap_script(path, expect, os.getpid())
+        r = ssh.run(self.host, script, timeout=20, stdin=text, become=True)
         if r.rc == hoststate.CHANGED:
             return False
-        r.check(f"writing {path}", fix="check that the SSH user may write /var/lib/fleetctl (fleetctl "
-                                       "provision runs as root) and that flock(1) is installed")
+        r.check(f"writing {path}", fix="check that the SSH user may write /var/lib/fleetctl "
+                                       "(fleetctl provision runs as root) and that flock(1) is "
+                                       "installed")
         return True
 
     # -- a stage's progress ------------------------------------------------------------------

@@ -139,8 +139,8 @@ def relay_ref(port: int, pull_ref: str) -> str:
 
 
 class RelayOps(Protocol):
-    """What the tree does on one host: a slice of :class:`~fleetctl.rollout.host.HostOps` (over SSH: the
-    scripts below; on the simulated fleet: relays that record who read from whom)."""
+    """What the tree does on one host: a slice of :class:`~fleetctl.rollout.host.HostOps` (over
+    SSH: the scripts below; on the simulated fleet: relays that record who read from whom)."""
 
     @property
     def host(self) -> Host:
@@ -152,17 +152,17 @@ class RelayOps(Protocol):
         ...
 
     def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
-        """A fresh relay (:data:`RELAY_NAME`) on ``port`` reading ``upstream``, answering as a registry
-        (:func:`start_script`); raises naming why it did not start."""
+        """A fresh relay (:data:`RELAY_NAME`) on ``port`` reading ``upstream``, answering as a
+        registry (:func:`start_script`); raises naming why it did not start."""
         ...
 
     def fill_relay(self, pull_ref: str, port: int) -> None:
-        """The relay on ``port`` fetches, once each, the layers of ``pull_ref`` its host lacks, and holds
-        them (:func:`fill_script`); raises naming why it could not."""
+        """The relay on ``port`` fetches, once each, the layers of ``pull_ref`` its host lacks, and
+        holds them (:func:`fill_script`); raises naming why it could not."""
         ...
 
     def remove_relay(self) -> None:
-        """The relay and what it cached removed (none there: nothing to do); raises when docker refuses."""
+        """The relay and what it cached removed (none: nothing to do); raises if docker refuses."""
         ...
 
 
@@ -192,11 +192,12 @@ def start_script(port: int, relay_image_ref: str, upstream: str) -> str:
             f"  python3 -c {shlex.quote(probe)} && exit 0\n"
             f"  sleep 0.3\n"
             f"done\n"
-            f"echo 'the relay did not answer on port {port} within {RELAY_READY_TIMEOUT:.0f}s' >&2; exit 1\n")
+            f"echo 'the relay did not answer on port {port} within "
+            f"{RELAY_READY_TIMEOUT:.0f}s' >&2; exit 1\n")
 
 
 #: Run on the host with the RootFS layers of its images on stdin (one JSON list per image): which blobs of the
-#: image the host lacks, asked of its relay so that the relay fetches each once (see :func:`fill_script`).
+#: image the host lacks, asked of its relay so that the relay fetches each once (fill_script).
 _FILL = r"""
 import json, platform, sys, urllib.request
 port, repo, digest = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -254,7 +255,8 @@ def fill_script(port: int, pull_ref: str) -> str:
               f"if [ $n -gt {wait} ]; then echo \"the relay never stored $b\" >&2; exit 1; fi; "
               "sleep 0.5; done; done")
     return (f"blobs=$(docker image inspect -f '{{{{json .RootFS.Layers}}}}' $(docker images -q) 2>/dev/null | "
-            f"python3 -c {shlex.quote(_FILL)} {port} {shlex.quote(name.repository)} {shlex.quote(digest)}) "
+            f"python3 -c {shlex.quote(_FILL)} {port} {shlex.quote(name.repository)} "
+            f"{shlex.quote(digest)}) "
             "|| exit 1\n"
             f"docker exec {RELAY_NAME} sh -c {shlex.quote(waiter)} fill $blobs\n")
 
@@ -266,8 +268,8 @@ def remove_relays(hosts: Sequence[Host], ops: Callable[[Host], RelayOps]) -> dic
 
 
 def holds_image(ops: RelayOps, ref: str) -> bool:
-    """Whether the host holds ``ref``, once a relay a killed controller left there is removed (the fleet's
-    lock: no other prefetch runs)."""
+    """Whether the host holds ``ref``, once a relay a killed controller left there is removed (the
+    fleet's lock: no other prefetch runs)."""
     ops.remove_relay()
     return ops.has_image(ref)
 

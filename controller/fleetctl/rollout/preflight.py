@@ -37,8 +37,8 @@ class Planning(Session):
             # The login's rights (sudo, docker) once per host, before any step needs them: one
             # message per host naming the user, what is missing and the fix.
             # A root login has every right: nothing to probe.
-            access = ssh.fan_out([h for h in hosts if h.user != "root"], lambda h: self.ops(h).check_access(),
-                                 timeout=60)
+            access = ssh.fan_out([h for h in hosts if h.user != "root"],
+                                 lambda h: self.ops(h).check_access(), timeout=60)
             problems += [o.error.message() for o in access.values() if o.error is not None]
             hosts = [h for h in hosts if h.name not in access or access[h.name].error is None]
             # Each unit's fabric and parity (every member, selected or not): before any change.

@@ -78,8 +78,8 @@ def bandwidth_problems(inv: Inventory, selected: Sequence[str], recipe: Recipe, 
     out = [f"{n}: pulling {ref} to measure the fabric failed: {o.error.cause}" for n, o in pulled.items()
            if o.error is not None]
     ready = [u for u in units if all(pulled[m].error is None for m in u.members)]
-    got = bandwidth.measure_units(inv, ready, {u.name: unit_recipe(inv, u, recipe) for u in ready}, ref,
-                                  ops)
+    recipes = {u.name: unit_recipe(inv, u, recipe) for u in ready}
+    got = bandwidth.measure_units(inv, ready, recipes, ref, ops)
     for m in got.values():
         if isinstance(m, FleetError):
             out.append(m.message())

@@ -207,14 +207,16 @@ CHANGED = 76
 
 
 def read_command(path: str) -> str:
-    """The shell that prints the state file at ``path`` (nothing when there is none; fails when unreadable)."""
+    """The shell printing the state file at ``path`` (nothing when there is none; fails when it
+    cannot be read)."""
     f = shlex.quote(path)
     return f"cat {f} 2>/dev/null || test ! -e {f}"
 
 
 def swap_script(path: str, expect: str, pid: int) -> str:
-    """The shell (as root, the new text on stdin) that replaces the file at ``path`` if it still holds
-    ``expect``: exit :data:`CHANGED` when it does not, 75 when its ``flock`` is not had in 10 s."""
+    """The shell (as root, the new text on stdin) that replaces the file at ``path`` if it still
+    holds ``expect``: exit :data:`CHANGED` when it does not, 75 when its ``flock`` is not had in
+    10 s."""
     f, d = shlex.quote(path), shlex.quote(os.path.dirname(path) or ".")
     want = hashlib.sha256(expect.encode()).hexdigest()
     tmp = shlex.quote(f"{path}.tmp-{pid}")
@@ -226,8 +228,8 @@ def swap_script(path: str, expect: str, pid: int) -> str:
 
 
 class StateFileOps(Protocol):
-    """The host's state file as the rollout's ``HostOps`` reaches it (over SSH: :func:`read_command` and
-    :func:`swap_script` under sudo; the simulated fleet: a text per host)."""
+    """The host's state file as the rollout's ``HostOps`` reaches it (over SSH: :func:`read_command`
+    and :func:`swap_script` under sudo; the simulated fleet: a text per host)."""
 
     @property
     def host(self) -> Host:
@@ -235,8 +237,8 @@ class StateFileOps(Protocol):
         ...
 
     def check_access(self) -> None:
-        """Every right the operations need (sudo for this file, docker for the steps), checked before
-        anything is written: one FleetError naming all that is missing."""
+        """Every right the operations need (sudo for this file, docker for the steps), checked
+        before anything is written: one FleetError naming all that is missing."""
         ...
 
     def read_state(self) -> str:
@@ -244,7 +246,7 @@ class StateFileOps(Protocol):
         ...
 
     def swap_state(self, expect: str, text: str) -> bool:
-        """Replace the state file's text with ``text`` if it still is ``expect``; False if it changed."""
+        """Replace the file's text with ``text`` if it still is ``expect``; False if it changed."""
         ...
 
 
