@@ -15,7 +15,9 @@ must be shared lives where every controller has to go anyway, on the hosts:
 The file (``fleetctl_state_file``, default ``/var/lib/fleetctl/state.json``,
 mode 0600) is only ever replaced whole, under ``flock`` and only if it still
 holds what this controller read (compare-and-swap on its sha256), so two
-controllers claiming the same host at the same instant cannot both win.
+controllers claiming the same host at the same instant cannot both win. The
+controller reaches it through the host's ``HostOps`` (:class:`OpsStore`), like
+every other command it runs on a host.
 """
 
 from __future__ import annotations
@@ -168,7 +170,8 @@ def claim_state(host: str, state: HostState, mine: Owner, now: float, take_over:
 
 
 class Store(Protocol):
-    """Where host state files are read and replaced (the hosts over SSH; tests may keep them in memory)."""
+    """Where host state files are read and replaced (on the hosts, through their HostOps:
+    :class:`OpsStore`; unit tests may keep them in memory)."""
 
     def read(self, host: Host) -> str: ...
 
