@@ -99,7 +99,8 @@ def _tree(hosts: list[inventory.Host], ref: str, relay: str, fanout: int) -> dic
     origin = registry.endpoint(registry.ImageName.parse(ref).registry,
                                {registry.ImageName.parse(ref).registry: registry.ImageName.parse(ref).registry}).base
     cfg = imagetree.TreeConfig(min_hosts=1, fanout=fanout)
-    tree = imagetree.Tree(cfg, ref, origin, relay, pull=lambda h, r: remote.pull(h, r),
+    tree = imagetree.Tree(cfg, ref, origin, relay, ops=remote.SshHostOps,
+                          pull=lambda h, r: remote.pull(h, r),
                           direct=lambda h, r: remote.pull(h, r), emit=lambda kind, msg, host: None)
     got = tree.run(hosts)
     bad = {n: o.error for n, o in got.items() if o.error is not None}

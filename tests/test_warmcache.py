@@ -14,6 +14,8 @@ import os
 import shlex
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +25,7 @@ from fleetctl import warmcache
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.lab.emulator import compile_cache
-from fleetctl.recipes import CacheDir, parse_recipes
+from fleetctl.recipes import CacheDir, Recipe, parse_recipes
 
 D1, D2 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 GB10 = "NVIDIA GB10"
@@ -72,7 +74,8 @@ def test_a_bad_compile_cache_is_refused_naming_the_field(value: object, field: s
 
 
 class LocalHosts:
-    """Runs the cache script as the hosts do, each host's cache root a local directory."""
+    """Each host's cache operations (``warmcache.CacheOps``) run as the hosts run them: the cache
+    script of :func:`warmcache.helper_command`, each host's cache root a local directory."""
 
     def __init__(self, tmp: Path) -> None:
         self.tmp = tmp
@@ -81,7 +84,7 @@ class LocalHosts:
     def root(self, h: Host) -> Path:
         return self.tmp / h.name
 
-    def __call__(self, h: Host, cmd: str, stdin: str | None) -> str:
+    def run(self, h: Host, cmd: str, stdin: str | None) -> str:
         argv = shlex.split(cmd)
         assert argv[:3] == ["docker", "run", "--rm"] and "--network" in argv  # what the host runs
         i = argv.index("-c")
@@ -92,6 +95,27 @@ class LocalHosts:
         if r.returncode != 0:
             raise FleetError(r.stderr.strip()[-300:], host=h.name)
         return r.stdout
+
+    def __call__(self, h: Host) -> LocalCacheOps:
+        return LocalCacheOps(h, self.run)
+
+
+@dataclass(frozen=True)
+class LocalCacheOps:
+    """:class:`warmcache.CacheOps` of one local "host": what ``SshHostOps`` runs over SSH."""
+
+    host: Host
+    run: Callable[[Host, str, str | None], str]
+
+    def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
+        cmd = warmcache.helper_command(recipe, ref, "export", key, str(max_bytes))
+        return self.run(self.host, cmd, None)
+
+    def verify_cache(self, recipe: Recipe, ref: str, key: str) -> str:
+        return self.run(self.host, warmcache.helper_command(recipe, ref, "verify", key), None)
+
+    def import_cache(self, recipe: Recipe, ref: str, key: str, exported: str) -> str:
+        return self.run(self.host, warmcache.helper_command(recipe, ref, "import", key), exported)
 
 
 def _compile_on(hosts: LocalHosts, h: Host, key: str) -> None:
@@ -112,7 +136,7 @@ def test_share_copies_the_canarys_cache_verified_and_only_on_the_same_key(tmp_pa
     # b holds a stale cache under the right key (compiled for another): replaced, not trusted.
     (hosts.root(b) / key / "vllm" / compile_cache.SUBDIR).mkdir(parents=True)
     (hosts.root(b) / key / "vllm" / compile_cache.SUBDIR / "compiled.json").write_text('{"key": "stale"}')
-    out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key, b: key, c: other}, run=hosts)
+    out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key, b: key, c: other}, ops=hosts)
     assert out["spark-02"].warm and out["spark-03"].warm and not out["spark-04"].warm
     assert "differs" in out["spark-04"].detail and out["spark-02"].files == 2
     for h in (a, b):
@@ -121,11 +145,11 @@ def test_share_copies_the_canarys_cache_verified_and_only_on_the_same_key(tmp_pa
         # The emulator on that host now starts warm with the same key, cold with any other.
         assert compile_cache.plan(hosts.root(h) / key / "vllm", key, 6.0, 0.3).warm
         assert not compile_cache.plan(hosts.root(h) / key / "vllm", other, 6.0, 0.3).warm
-        assert warmcache.verify(RECIPE, "img", h, key, run=hosts) == (True, None)
+        assert warmcache.verify(RECIPE, "img", hosts(h), key) == (True, None)
     assert not (hosts.root(c) / key).exists()
     # A second share finds the copies verified and writes nothing.
     hosts.calls.clear()
-    again = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key}, run=hosts)
+    again = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key}, ops=hosts)
     assert again["spark-02"].warm and "already" in again["spark-02"].detail
     assert [op for _, op in hosts.calls] == ["export", "verify"]
 
@@ -136,19 +160,20 @@ def test_a_tampered_copy_is_found_and_the_host_starts_cold(tmp_path: Path) -> No
     key = warmcache.cache_key(D1, "f", GB10)
     _compile_on(hosts, canary, key)
 
-    def corrupting(h: Host, cmd: str, stdin: str | None) -> str:
+    def corrupt(h: Host, cmd: str, stdin: str | None) -> str:
         if stdin is not None:  # the import: the manifest promises other bytes than the tar carries
             man_line, _, payload = stdin.partition("\n")
             man = json.loads(man_line)
             first = next(iter(man["files"]))
             man["files"][first][1] = "0" * 64
             stdin = json.dumps(man) + "\n" + payload
-        return hosts(h, cmd, stdin)
+        return hosts.run(h, cmd, stdin)
 
-    out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key}, run=corrupting)
+    out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key},
+                          ops=lambda h: LocalCacheOps(h, corrupt))
     assert not out["spark-02"].warm and "did not verify" in out["spark-02"].detail
     assert not (hosts.root(a) / key).exists()  # nothing half-written left where the container mounts
-    ok, why = warmcache.verify(RECIPE, "img", a, key, run=hosts)
+    ok, why = warmcache.verify(RECIPE, "img", hosts(a), key)
     assert not ok and why is not None and "no manifest" in why
 
 
@@ -156,10 +181,10 @@ def test_nothing_to_share_and_a_cache_over_the_bound_leave_hosts_cold(tmp_path: 
     hosts = LocalHosts(tmp_path)
     canary, a = Host("spark-01", "10.0.0.1"), Host("spark-02", "10.0.0.2")
     key = warmcache.cache_key(D1, "f", GB10)
-    out = warmcache.share(RECIPE, "img", canary, key, {a: key}, run=hosts)
+    out = warmcache.share(RECIPE, "img", canary, key, {a: key}, ops=hosts)
     assert not out["spark-02"].warm and "no cache" in out["spark-02"].detail
     _compile_on(hosts, canary, key)
-    out = warmcache.share(RECIPE, "img", canary, key, {a: key}, run=hosts, max_bytes=1000)
+    out = warmcache.share(RECIPE, "img", canary, key, {a: key}, ops=hosts, max_bytes=1000)
     assert not out["spark-02"].warm and "over the 1000 bytes" in out["spark-02"].detail
 
 

@@ -1,10 +1,11 @@
 """A unit's measured all_reduce bus bandwidth: the probe run in the recipe's image on every member at once.
 
 :func:`measure` starts ``fleetctl/allreduce_probe.py`` in ``docker run --rm --network host --gpus all`` from
-the recipe's image on each member of a unit, in parallel (one SSH session each, bounded by
-``ssh.fan_out``), with the member's fabric environment as the serving container gets it
-(``Recipe.launch``: ``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ``VLLM_HOST_IP`` ...) and every rank's fabric
-address. The head prints the NCCL tests' ``all_reduce_perf`` table (torch.distributed's NCCL all_reduce
+the recipe's image on each member of a unit, in parallel (each member's
+``HostOps.bandwidth_probe``: one SSH session, bounded by ``ssh.fan_out``), with the member's fabric
+environment as the serving container gets it (``Recipe.launch``: ``NCCL_SOCKET_IFNAME``,
+``NCCL_IB_HCA``, ``VLLM_HOST_IP`` ...) and every rank's fabric address.
+The head prints the NCCL tests' ``all_reduce_perf`` table (torch.distributed's NCCL all_reduce
 where the image has torch and a GPU, else the same ring's traffic over TCP), which
 ``fleetctl.fabric.parse_all_reduce`` reads and ``check_bandwidth`` judges against the unit's floor
 (``fleetctl_fabric_floor_gbs``, a Spark pair's reference by default).
@@ -19,12 +20,12 @@ from __future__ import annotations
 import json
 import shlex
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fleetctl import fabric, paths, ssh
 from fleetctl.errors import FleetError
@@ -89,28 +90,42 @@ def probe_command(unit: Unit, recipe: Recipe, ref: str, host: str, port: int = P
     return f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1; {shlex.join(argv)}"
 
 
-def _why(r: ssh.CommandResult) -> str:
-    lines = [ln for ln in (r.stderr + "\n" + r.stdout).splitlines() if ln.strip() and not ln.startswith("#")]
-    return lines[-1].strip()[:300] if lines else f"exit status {r.rc}"
+class ProbeOps(Protocol):
+    """The probe's run on one member: a slice of the rollout's ``HostOps`` (over SSH:
+    :func:`probe_command` run there)."""
+
+    @property
+    def host(self) -> Host:
+        """The host these operations act on."""
+        ...
+
+    def bandwidth_probe(self, unit: Unit, recipe: Recipe, ref: str, timeout: float) -> str:
+        """Run this member's rank of the probe in ``ref``; what it printed (the head's: the table).
+        Raises a FleetError naming the probe's own last line when it fails."""
+        ...
 
 
-def measure(inv: Inventory, unit: Unit, recipe: Recipe, ref: str, timeout: float = PROBE_TIMEOUT) -> Measurement:
-    """Run the probe on every member of ``unit`` at once and judge the head's table; a member whose probe
-    fails raises one FleetError naming it and the probe's own last line."""
+def probe_failure(rc: int, stdout: str, stderr: str) -> str:
+    """Why a probe failed, in one line: its last line that is no comment, else its exit status."""
+    lines = [ln for ln in (stderr + "\n" + stdout).splitlines()
+             if ln.strip() and not ln.startswith("#")]
+    return lines[-1].strip()[:300] if lines else f"exit status {rc}"
+
+
+def measure(inv: Inventory, unit: Unit, recipe: Recipe, ref: str, ops: Callable[[Host], ProbeOps],
+            timeout: float = PROBE_TIMEOUT) -> Measurement:
+    """Run the probe on every member of ``unit`` at once (``ops(host)``: the member's HostOps) and
+    judge the head's table; a member whose probe fails raises one FleetError naming it and the
+    probe's own last line."""
     members = [inv.host(m) for m in unit.members]
     t0 = time.monotonic()
-
-    def one(h: Host) -> ssh.CommandResult:
-        return ssh.docker(h, probe_command(unit, recipe, ref, h.name), timeout=timeout)
-
-    outs = ssh.fan_out(members, one, timeout=timeout + 10, max_workers=len(members))
+    outs = ssh.fan_out(members, lambda h: ops(h).bandwidth_probe(unit, recipe, ref, timeout),
+                       timeout=timeout + 10, max_workers=len(members))
     failed = []
     for h in members:
         o = outs[h.name]
         if o.error is not None or o.value is None:
             failed.append((h.name, o.error.cause if o.error is not None else "no answer"))
-        elif not o.value.ok:
-            failed.append((h.name, _why(o.value)))
     if failed:
         who, why = failed[0]
         raise FleetError(f"the all_reduce bandwidth probe of unit {unit.name!r} failed in {ref}: {why}", host=who,
@@ -118,24 +133,25 @@ def measure(inv: Inventory, unit: Unit, recipe: Recipe, ref: str, timeout: float
                              f"a minute for every member on port {PROBE_PORT} of its fabric address")
     head = outs[unit.head].value
     assert head is not None
-    result = fabric.parse_all_reduce(head.stdout)
+    result = fabric.parse_all_reduce(head)
     by_address = {f.address: m for m, f in unit.fabric.items()}
     return Measurement(
         unit=unit.name, busbw_gbs=round(result.peak_busbw_gbs, 3), floor_gbs=unit.busbw_floor_gbs,
-        method="nccl" if "probe: NCCL" in head.stdout else "tcp", image=ref,
+        method="nccl" if "probe: NCCL" in head else "tcp", image=ref,
         at=datetime.now(UTC).isoformat(timespec="seconds"), seconds=round(time.monotonic() - t0, 2),
         links=tuple((by_address.get(a, a), by_address.get(b, b), g) for a, b, g in result.links),
         findings=tuple(fabric.check_bandwidth(unit, result)))
 
 
-def measure_units(inv: Inventory, units: Sequence[Unit], recipes: Mapping[str, Recipe],
-                  ref: str) -> dict[str, Measurement | FleetError]:
+def measure_units(inv: Inventory, units: Sequence[Unit], recipes: Mapping[str, Recipe], ref: str,
+                  ops: Callable[[Host], ProbeOps]) -> dict[str, Measurement | FleetError]:
     """:func:`measure` for each unit (``recipes``: unit name -> the recipe it serves), the units in parallel;
     each outcome recorded (:func:`record`) when it is a measurement."""
     by_head = {u.head: u for u in units}
     # one call per unit, keyed by its head (the fan-out's bound holds for units as for hosts)
     outs = ssh.fan_out([inv.host(h) for h in by_head],
-                       lambda h: measure(inv, by_head[h.name], recipes[by_head[h.name].name], ref),
+                       lambda h: measure(inv, by_head[h.name], recipes[by_head[h.name].name], ref,
+                                         ops),
                        timeout=PROBE_TIMEOUT + 20)
     got: dict[str, Measurement | FleetError] = {}
     for u in units:

@@ -33,10 +33,15 @@ def is_running(state: Mapping[str, Any]) -> bool:
     return bool(state.get("Running")) and not state.get("Restarting")
 
 
+def logs_command(name: str, tail: int) -> str:
+    """The shell printing the container's last ``tail`` log lines, stdout and stderr interleaved."""
+    return f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1"
+
+
 def logs(host: Host, name: str, tail: int, timeout: float = 30.0) -> str:
-    """The container's last ``tail`` log lines, stdout and stderr interleaved."""
-    r = ssh.docker(host, f"docker logs --tail {int(tail)} {shlex.quote(name)} 2>&1", timeout=timeout)
-    return r.stdout
+    """The container's last ``tail`` log lines over SSH: the soak's own look
+    (``soak/container.py``); the rollout reads them through its ``HostOps.logs``."""
+    return ssh.docker(host, logs_command(name, tail), timeout=timeout).stdout
 
 
 def image_tag(image: str, labels: Mapping[str, str]) -> str | None:

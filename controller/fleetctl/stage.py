@@ -26,10 +26,10 @@ import shutil
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from fleetctl import ansible, paths, ssh
 from fleetctl.errors import FleetError
@@ -177,12 +177,43 @@ def expected_bytes(recipe: Recipe, inventory: Inventory, source: str) -> dict[st
     return out
 
 
+def du_command(paths: Sequence[str]) -> str:
+    """The shell that prints the bytes under ``paths`` together (0 when none exists)."""
+    return ("du -sb " + " ".join(shlex.quote(p) for p in paths)
+            + " 2>/dev/null | awk '{s+=$1} END {print s+0}'")
+
+
+class StagingOps(Protocol):
+    """What a stage's progress reads on a host: a slice of the rollout's ``HostOps``."""
+
+    @property
+    def host(self) -> Host:
+        """The host these operations act on."""
+        ...
+
+    def staged_bytes(self, paths: Sequence[str]) -> int:
+        """The bytes under ``paths`` on the host (0 when none exists or it cannot say)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SshStaging:
+    """:class:`StagingOps` over SSH (``du``): what ``SshHostOps.staged_bytes`` runs."""
+
+    host: Host
+
+    def staged_bytes(self, paths: Sequence[str]) -> int:
+        r = ssh.run(self.host, du_command(paths), timeout=10)
+        return int(r.stdout.strip() or 0) if r.ok else 0
+
+
 class _ByteMeter:
-    """Measures each host's staging directories over SSH while the playbook runs."""
+    """Measures each host's staging directories (``ops(host).staged_bytes``) while the play runs."""
 
     def __init__(self, hosts: list[Host], recipe: Recipe, run_id: str, totals: Mapping[str, int],
-                 progress: Progress) -> None:
+                 progress: Progress, ops: Callable[[Host], StagingOps] = SshStaging) -> None:
         self.hosts = hosts
+        self.ops = ops
         self.paths = [f"{w.path}.staging-{run_id}" for w in recipe.weights]
         self.total = sum(totals.values())
         self.progress = progress
@@ -191,9 +222,7 @@ class _ByteMeter:
         self.thread = threading.Thread(target=self._loop, name="fleetctl-stage-meter", daemon=True)
 
     def _measure(self, host: Host) -> int:
-        cmd = "du -sb " + " ".join(shlex.quote(p) for p in self.paths) + " 2>/dev/null | awk '{s+=$1} END {print s+0}'"
-        r = ssh.run(host, cmd, timeout=10)
-        return int(r.stdout.strip() or 0) if r.ok else 0
+        return self.ops(host).staged_bytes(self.paths)
 
     def _loop(self) -> None:
         while not self.stop.wait(POLL_SECONDS):
@@ -228,6 +257,7 @@ def stage(
     run_id: str | None = None,
     extravars: Mapping[str, Any] | None = None,
     timeout: int | None = None,
+    ops: Callable[[Host], StagingOps] = SshStaging,
 ) -> StageResult:
     """Stage ``recipe_name`` on the hosts matching ``limit`` (default: the ``fleetctl_recipe`` they share).
 
@@ -235,6 +265,7 @@ def stage(
     ``local`` (``local_dir`` on the controller, laid out like the mirror:
     ``<dir>/<repo>/<revision>/``). A host failing is data in the result; raises
     only when the run cannot start (unknown recipe, bad inventory, no host matched).
+    ``ops(host)``: how its progress reads a host (the rollout's ``HostOps`` fit; default over SSH).
     """
     hosts = inventory.select(limit)
     if recipe_name is None:
@@ -276,7 +307,7 @@ def stage(
         keys = paths.private_dir(state / "runs" / run_id / KEY_DIR)
         evars["weights_keydir_parent"] = str(keys)
         try:
-            with _ByteMeter(hosts, recipe, run_id, totals, progress):
+            with _ByteMeter(hosts, recipe, run_id, totals, progress, ops):
                 result = ansible.run_playbook(
                     PLAYBOOK, inventory, limit=limit, extravars=evars, secrets=secrets, progress=progress,
                     run_id=run_id, timeout=timeout,

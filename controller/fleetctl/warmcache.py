@@ -28,6 +28,7 @@ import shlex
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fleetctl import ssh
 from fleetctl.errors import FleetError
@@ -44,7 +45,8 @@ KEY_ENV = "FLEETCTL_COMPILE_CACHE_KEY"
 MAX_BYTES = 1024**3
 #: Receivers written to at once (decision 0003): each holds an SSH session streaming the cache.
 FAN_OUT = 4
-_TIMEOUT = 600.0
+#: Seconds one run of the cache script may take on a host (a copy of up to MAX_BYTES).
+HELPER_TIMEOUT = 600.0
 
 
 def cache_key(digest: str, fingerprint: str, gpu: str) -> str:
@@ -186,14 +188,29 @@ class Seeded:
                 "files": self.files, "bytes": self.bytes, "seconds": round(self.seconds, 2)}
 
 
-#: ``(host, shell command, stdin) -> stdout`` (raises FleetError): ssh.docker in production.
-Runner = Callable[[Host, str, str | None], str]
+class CacheOps(Protocol):
+    """The warm start's operations on one host: a slice of the rollout's ``HostOps`` (over SSH,
+    each is :func:`helper_command` run there; the simulated fleet keeps its caches in memory). Each
+    returns what the cache script prints, and raises FleetError when it could not run."""
 
+    @property
+    def host(self) -> Host:
+        """The host these operations act on."""
+        ...
 
-def _ssh_runner(host: Host, cmd: str, stdin: str | None) -> str:
-    r = ssh.docker(host, cmd, timeout=_TIMEOUT, stdin=stdin)
-    r.check("compile cache helper", fix="the host starts cold; see the error above")
-    return r.stdout
+    def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
+        """The key directory's manifest (one JSON line: its files, or why nothing is shared), then
+        what :meth:`import_cache` takes on another host."""
+        ...
+
+    def verify_cache(self, recipe: Recipe, ref: str, key: str) -> str:
+        """One JSON line: whether the key directory holds just what its manifest lists, or why."""
+        ...
+
+    def import_cache(self, recipe: Recipe, ref: str, key: str, exported: str) -> str:
+        """Another host's :meth:`export_cache` unpacked beside the key directory, checked, swapped
+        in; one JSON line: the files and bytes, or why not."""
+        ...
 
 
 def _first_json(out: str) -> dict[str, object]:
@@ -205,8 +222,10 @@ def _first_json(out: str) -> dict[str, object]:
 
 
 def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapping[Host, str],
-          run: Runner = _ssh_runner, max_bytes: int = MAX_BYTES, fan_out: int = FAN_OUT) -> dict[str, Seeded]:
+          ops: Callable[[Host], CacheOps], max_bytes: int = MAX_BYTES,
+          fan_out: int = FAN_OUT) -> dict[str, Seeded]:
     """Copy ``source``'s cache for ``source_key`` to every target whose key is the same; one result per target.
+    ``ops(host)``: the host's cache operations (the rollout's HostOps).
 
     Never raises for a host: a target whose key differs, whose copy fails or does not verify is reported
     cold with why (it compiles at its start as it would have without warm start)."""
@@ -222,7 +241,7 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
         return out
     t0 = time.monotonic()
     try:
-        exported = run(source, helper_command(recipe, ref, "export", source_key, str(max_bytes)), None)
+        exported = ops(source).export_cache(recipe, ref, source_key, max_bytes)
         man_line, _, payload = exported.partition("\n")
         man = json.loads(man_line)
     except (FleetError, ValueError) as e:
@@ -239,11 +258,11 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
     def one(h: Host) -> Seeded:
         t = time.monotonic()
         try:
-            have = _first_json(run(h, helper_command(recipe, ref, "verify", source_key), None))
+            have = _first_json(ops(h).verify_cache(recipe, ref, source_key))
             if have.get("ok"):
                 return Seeded(h.name, source_key, True, "already held the canary's cache (verified)",
                               len(man["files"]), int(man.get("bytes", 0)), time.monotonic() - t)
-            res = _first_json(run(h, helper_command(recipe, ref, "import", source_key), stdin))
+            res = _first_json(ops(h).import_cache(recipe, ref, source_key, stdin))
         except (FleetError, ValueError) as e:
             why = e.message() if isinstance(e, FleetError) else f"unreadable answer ({e})"
             return Seeded(h.name, source_key, False, f"copy failed, starts cold: {why}", seconds=time.monotonic() - t)
@@ -259,9 +278,10 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
     return out
 
 
-def verify(recipe: Recipe, ref: str, host: Host, key: str, run: Runner = _ssh_runner) -> tuple[bool, str | None]:
-    """Whether ``host``'s key directory holds exactly what its manifest lists (a warm start's cache)."""
-    doc = _first_json(run(host, helper_command(recipe, ref, "verify", key), None))
+def verify(recipe: Recipe, ref: str, ops: CacheOps, key: str) -> tuple[bool, str | None]:
+    """Whether the key directory on ``ops``'s host holds exactly what its manifest lists (a warm
+    start's cache)."""
+    doc = _first_json(ops.verify_cache(recipe, ref, key))
     return bool(doc.get("ok")), (str(doc["why"]) if doc.get("why") else None)
 
 

@@ -31,12 +31,15 @@ from fleetctl.progress import Progress
 from fleetctl.recipes import MemberLaunch, Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.api import Engine
 from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
-from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.soak import Readiness, SoakConfig, Verdict, baselines
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state.ledger import Ledger
+from tests.rollout.sim_hostside import Relay, SimHostSide
+from tests.rollout.sim_run import active as active
+from tests.rollout.sim_run import assert_not_wedged as assert_not_wedged
+from tests.rollout.sim_run import recover as recover
+from tests.rollout.sim_run import run_command as run_command
 
 NAME = serving.DEFAULT_CONTAINER
 PREV = NAME + remote.PREV_SUFFIX
@@ -75,6 +78,13 @@ class SimHost:
     name: str
     containers: dict[str, Container] = field(default_factory=dict)
     images: set[str] = field(default_factory=set)
+    #: The image relay running here, if any (imagetree.RELAY_NAME).
+    relay: Relay | None = None
+    #: Compile caches: ``<recipe>/<key>`` -> relative path -> bytes; the manifests shared ones got.
+    caches: dict[str, dict[str, bytes]] = field(default_factory=dict)
+    manifests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: The host's state file (hoststate): the fleet's lock and intent, as text.
+    state: str = ""
     #: Behaviour overrides of digests on this host only.
     behaviour: dict[str, str] = field(default_factory=dict)
     #: SSH answers no more (every operation raises HostUnreachable).
@@ -112,6 +122,15 @@ class SimFleet:
         self.units: dict[str, list[str]] = {}
         #: Stop this member's container when the soak of its unit's head begins (a worker dying mid-soak).
         self.kill_in_soak: str | None = None
+        #: Relays by (address, port), for a relay whose upstream is another host's.
+        self.relays: dict[tuple[str, int], str] = {}
+        #: Who filled a relay from whom, in order: (host, the host whose relay it read, "registry").
+        self.relay_reads: list[tuple[str, str]] = []
+        #: Hosts whose relay does not start (its port taken).
+        self.relay_fails: set[str] = set()
+        #: Every bandwidth probe run: (host, unit, image reference); the bus bandwidth it measures.
+        self.probes: list[tuple[str, str, str]] = []
+        self.busbw_gbs = 24.0
 
     # -- the kill switch --------------------------------------------------------------------
 
@@ -174,8 +193,9 @@ class SimFleet:
 
 
 @dataclass
-class SimOps:
-    """:class:`HostOps` on a simulated host (each call is one atomic round trip, like one SSH command)."""
+class SimOps(SimHostSide):
+    """:class:`HostOps` on a simulated host (each call is one atomic round trip, like one SSH
+    command); its operations besides the container's: :class:`~.sim_hostside.SimHostSide`."""
 
     host: Host
     fleet: SimFleet
@@ -246,7 +266,11 @@ class SimOps:
         del on_line  # a simulated pull has no layers to report
         with self.fleet.mu:
             self.fleet.alive()
-            self._h.images.add(ref.rsplit("@", 1)[-1])
+            h = self._h
+            d = ref.rsplit("@", 1)[-1]
+            if ref.startswith("127.0.0.1:") and (h.relay is None or d not in h.relay.holds):
+                raise FleetError(f"docker pull {ref}: the relay here does not hold it", host=h.name)
+            h.images.add(d)
             self._done("pull")
             return 0.0
 
@@ -304,6 +328,11 @@ class SimOps:
             if launch is not None:
                 labels["fleetctl.unit.rank"] = str(launch.rank)
             h.containers[name] = Container(name, digest, tag, rollout_id, False, "created", labels)
+            if cache_key is not None and recipe.compile_cache:
+                # a cold start compiles into its key directory; a warm one finds the files there
+                h.caches.setdefault(f"{recipe.name}/{cache_key}", {
+                    f"{c.name}/compiled.bin": f"{c.name} {cache_key}".encode()
+                    for c in recipe.compile_cache})
             self._start_then(h, name, "start")
 
     def stop(self, name: str) -> None:
@@ -487,43 +516,3 @@ class SimDeployer:
                                             remote.LABEL_FINGERPRINT: fp})
             ops._start_then(h, name, "start")
             return ops._serving(h.containers.get(prev_name))
-
-
-def run_command(eng: Engine, what: str, opts: Options, limit: str, to: str | None = None) -> RolloutResult:
-    """Run one command of a fault case on ``eng`` and close it: ``rollout``, ``resume``, ``abort``, else ``rollback``."""
-    try:
-        if what == "rollout":
-            return eng.rollout(opts)
-        if what == "resume":
-            return eng.resume(opts)
-        if what == "abort":
-            return eng.abort()
-        return eng.rollback(to=to, limit=limit)
-    finally:
-        eng.close()
-
-
-def active(state: Path) -> list[str]:
-    """The ids of the ledger's active records (running or paused)."""
-    from fleetctl.state import ledger as fleet_ledger
-
-    with fleet_ledger.open_ledger(state) as led:
-        return led.ids(statuses=fleet_ledger.ACTIVE)
-
-
-def recover(run: Callable[[str], RolloutResult], state: Path, how: str) -> None:
-    """What a new controller does after a kill: ``resume`` or ``abort`` an active record, or ``rollback``."""
-    if how in ("resume", "abort") and active(state):
-        run(how)
-    elif how == "rollback":
-        run("rollback")
-
-
-def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], RolloutResult], tag: str) -> None:
-    """No active record, and a later rollout of ``tag`` completes with every host serving it."""
-    from fleetctl.state import ledger as fleet_ledger
-
-    assert active(state) == []
-    r = run_to(tag)
-    assert r.status == fleet_ledger.COMPLETED, r.error
-    assert set(fleet.serving_tags().values()) == {tag}

@@ -68,7 +68,8 @@ def _tree(hosts: list[Host], ref: str, events: list[Event]) -> dict[str, ssh.Out
     def emit(kind: str, msg: str, host: str) -> None:
         events.append(Event(kind, msg, host))
 
-    tree = imagetree.Tree(cfg, ref, origin, relay, pull=lambda h, r: remote.pull(h, r),
+    tree = imagetree.Tree(cfg, ref, origin, relay, ops=remote.SshHostOps,
+                          pull=lambda h, r: remote.pull(h, r),
                           direct=lambda h, r: remote.pull(h, r), emit=emit)
     return tree.run(hosts)
 

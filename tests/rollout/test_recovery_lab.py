@@ -24,6 +24,7 @@ import pytest
 
 from fleetctl import inventory, ssh
 from fleetctl import lab as fleetlab
+from fleetctl.rollout import host as remote
 from fleetctl.rollout.results import RolloutResult
 from fleetctl.state import hoststate
 from tests.plugins.serving import serve
@@ -70,7 +71,7 @@ def env_for(state_dir: Path) -> dict[str, str]:
 
 def host_states() -> dict[str, hoststate.HostState]:
     inv = inventory.load(None)
-    return hoststate.read_all(hoststate.SSHStore(), list(inv.hosts.values()))
+    return hoststate.read_all(hoststate.OpsStore(remote.SshHostOps), list(inv.hosts.values()))
 
 
 def unchanged(before: dict[str, dict[str, Any]]) -> None:

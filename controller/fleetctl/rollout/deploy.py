@@ -48,7 +48,7 @@ from typing import Protocol
 
 from fleetctl import ansible
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Host, Inventory
+from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import MemberLaunch, Recipe
 from fleetctl.rollout import host as remote
@@ -233,7 +233,7 @@ class BatchedHostOps:
     ``retire`` joins the batch (the role retires and starts in one module call)
     and returns what ``retire`` would, or raises the retire's failure; ``start``
     then raises the start's failure, if any. Everything else is ``inner``'s
-    (SSH): the recovery path stays on paramiko.
+    (SSH): the recovery path stays on paramiko, and every other operation is the inner one's.
     """
 
     inner: remote.HostOps
@@ -290,6 +290,42 @@ class BatchedHostOps:
 
     def logs(self, name: str, tail: int = 300) -> str:
         return self.inner.logs(name, tail)
+
+    def check_access(self) -> None:
+        self.inner.check_access()
+
+    def has_image(self, ref: str) -> bool:
+        return self.inner.has_image(ref)
+
+    def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
+        self.inner.start_relay(relay_image_ref, upstream, port)
+
+    def fill_relay(self, pull_ref: str, port: int) -> None:
+        self.inner.fill_relay(pull_ref, port)
+
+    def remove_relay(self) -> None:
+        self.inner.remove_relay()
+
+    def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
+        return self.inner.export_cache(recipe, ref, key, max_bytes)
+
+    def verify_cache(self, recipe: Recipe, ref: str, key: str) -> str:
+        return self.inner.verify_cache(recipe, ref, key)
+
+    def import_cache(self, recipe: Recipe, ref: str, key: str, exported: str) -> str:
+        return self.inner.import_cache(recipe, ref, key, exported)
+
+    def bandwidth_probe(self, unit: Unit, recipe: Recipe, ref: str, timeout: float) -> str:
+        return self.inner.bandwidth_probe(unit, recipe, ref, timeout)
+
+    def read_state(self) -> str:
+        return self.inner.read_state()
+
+    def swap_state(self, expect: str, text: str) -> bool:
+        return self.inner.swap_state(expect, text)
+
+    def staged_bytes(self, paths: Sequence[str]) -> int:
+        return self.inner.staged_bytes(paths)
 
 
 def serving_from_report(c: Mapping[str, object] | None) -> remote.Serving | None:

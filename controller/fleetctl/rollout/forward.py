@@ -222,7 +222,7 @@ class Forward(BakeSteps):
         if src_key is None or not keys:
             return
         self._emit("warm", f"copying {canary}'s compile cache to {len(keys)} host(s)")
-        seeded = warmcache.share(recipe, p.pull_ref, hosts[canary], src_key, keys)
+        seeded = warmcache.share(recipe, p.pull_ref, hosts[canary], src_key, keys, self.ops)
         for s in seeded.values():
             self.ledger.host_phase(rid, s.host, "warm-start" if s.warm else "cold-start",
                                    detail=json.dumps({**s.to_dict(), "source": canary}))

@@ -1,4 +1,5 @@
-"""What the rollout does on one host, over SSH: look, pull, stop, start, restore, read logs.
+"""What the rollout does on one host, over SSH: look, pull, stop, start, restore, read logs (the
+rest of what it runs on a host, :class:`HostOps` beyond the serving container: :mod:`.host_ssh`).
 
 Every step is idempotent and starts by looking at the host's real state, so
 that a step interrupted by a dead controller can simply be run again. The
@@ -16,11 +17,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fleetctl import secretenv, serving, ssh, warmcache
+from fleetctl import bandwidth, secretenv, serving, ssh, stage, warmcache
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import STAGED_MARKER, MemberLaunch, Recipe
+from fleetctl.rollout import imagetree
+from fleetctl.rollout.host_ssh import SshHostCommands
 from fleetctl.serving import container_name
+from fleetctl.state import hoststate
 
 PREV_SUFFIX = ".prev"
 LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERPRINT = (
@@ -277,7 +281,7 @@ def start_again(host: Host, name: str) -> None:
 
 def logs(host: Host, name: str, tail: int = 300) -> str:
     """The last ``tail`` lines of the container's log (stdout and stderr)."""
-    return serving.logs(host, name, tail)
+    return ssh.docker(host, serving.logs_command(name, tail), timeout=30.0).stdout
 
 
 def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
@@ -351,7 +355,8 @@ def swap(host: Host, name: str) -> Serving | None:
     return prev
 
 
-class HostOps(Protocol):
+class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hoststate.StateFileOps,
+              stage.StagingOps, Protocol):
     """The remote operations the rollout engine does on one host.
 
     The engine talks to a host only through this seam: :class:`SshHostOps`
@@ -360,6 +365,13 @@ class HostOps(Protocol):
     start, ``rm -f``), so that every failure and every kill point of the state
     machine can be tested without a lab. Each call either happens entirely on
     the host or raises (a :class:`FleetError` for a refusal or a lost session).
+
+    Besides the serving container's operations below, each concept that reaches
+    a host names its own slice where it lives, all of them part of this seam:
+    the image tree's relay and ``has_image`` (:class:`.imagetree.RelayOps`), the
+    warm start's caches (``warmcache.CacheOps``), a unit's bandwidth probe
+    (``bandwidth.ProbeOps``), the state file and the login's rights
+    (``hoststate.StateFileOps``) and a stage's bytes (``stage.StagingOps``).
     """
 
     @property
@@ -415,10 +427,9 @@ class HostOps(Protocol):
 
 
 @dataclass(frozen=True)
-class SshHostOps:
-    """:class:`HostOps` over SSH: the docker CLI on the host."""
-
-    host: Host
+class SshHostOps(SshHostCommands):
+    """:class:`HostOps` over SSH: the docker CLI on the host (its operations besides the serving
+    container's: :class:`~.host_ssh.SshHostCommands`)."""
 
     def facts(self, recipe: Recipe, ref: str) -> Facts:
         return facts(self.host, recipe, ref)

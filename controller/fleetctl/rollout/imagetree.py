@@ -13,7 +13,7 @@ registry is read once:
   starts its own relay with the source's relay as upstream (``http://<source>:PORT``), pulls
   through it, and becomes a source. N hosts take about ``log_(fanout+1) N`` rounds.
 - Before Docker pulls through it, a relay is filled with the layers its host lacks, one request
-  each that the host hangs up on (:func:`_fill_script`): a pull-through registry streaming a blob
+  each that the host hangs up on (:func:`fill_script`): a pull-through registry streaming a blob
   it lacks to a client reads it twice from upstream, once for the client and once for its store.
 - Then every host pulls the deploy reference itself (``<registry>/<repository>@<digest>``):
   the layers are there, so only the manifest and config are read from the registry, and the
@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
@@ -137,17 +138,45 @@ def relay_ref(port: int, pull_ref: str) -> str:
     return f"127.0.0.1:{port}/{name.repository}@{pull_ref.rsplit('@', 1)[-1]}"
 
 
-def _start_script(cfg: TreeConfig, relay_image_ref: str, upstream: str) -> str:
+class RelayOps(Protocol):
+    """What the tree does on one host: a slice of :class:`~fleetctl.rollout.host.HostOps` (over
+    SSH: the scripts below; on the simulated fleet: relays that record who read from whom)."""
+
+    @property
+    def host(self) -> Host:
+        """The host these operations act on."""
+        ...
+
+    def has_image(self, ref: str) -> bool:
+        """Whether the host holds the image ``ref`` (``docker image inspect``)."""
+        ...
+
+    def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
+        """A fresh relay (:data:`RELAY_NAME`) on ``port`` reading ``upstream``, answering as a
+        registry (:func:`start_script`); raises naming why it did not start."""
+        ...
+
+    def fill_relay(self, pull_ref: str, port: int) -> None:
+        """The relay on ``port`` fetches, once each, the layers of ``pull_ref`` its host lacks, and
+        holds them (:func:`fill_script`); raises naming why it could not."""
+        ...
+
+    def remove_relay(self) -> None:
+        """The relay and what it cached removed (none: nothing to do); raises if docker refuses."""
+        ...
+
+
+def start_script(port: int, relay_image_ref: str, upstream: str) -> str:
     """Start a fresh relay on the host network and wait until it answers ``/v2/`` as a registry (python3:
     Sparks and the lab have it); a relay that exits (its port taken, a bad image) fails at once, with its log."""
     run = ["docker", "run", "-d", "--name", RELAY_NAME, "--network", "host",
            "--label", "fleetctl.role=image-relay",
-           "-e", f"REGISTRY_HTTP_ADDR=0.0.0.0:{cfg.port}",
+           "-e", f"REGISTRY_HTTP_ADDR=0.0.0.0:{port}",
            "-e", f"REGISTRY_PROXY_REMOTEURL={upstream}",
            relay_image_ref]
     probe = ("import sys,urllib.request\n"
              "try:\n"
-             f"  r=urllib.request.urlopen('http://127.0.0.1:{cfg.port}/v2/',timeout=2)\n"
+             f"  r=urllib.request.urlopen('http://127.0.0.1:{port}/v2/',timeout=2)\n"
              "  sys.exit(0 if r.headers.get('Docker-Distribution-Api-Version') else 1)\n"
              "except Exception:\n"
              "  sys.exit(1)\n")
@@ -163,11 +192,12 @@ def _start_script(cfg: TreeConfig, relay_image_ref: str, upstream: str) -> str:
             f"  python3 -c {shlex.quote(probe)} && exit 0\n"
             f"  sleep 0.3\n"
             f"done\n"
-            f"echo 'the relay did not answer on port {cfg.port} within {RELAY_READY_TIMEOUT:.0f}s' >&2; exit 1\n")
+            f"echo 'the relay did not answer on port {port} within "
+            f"{RELAY_READY_TIMEOUT:.0f}s' >&2; exit 1\n")
 
 
 #: Run on the host with the RootFS layers of its images on stdin (one JSON list per image): which blobs of the
-#: image the host lacks, asked of its relay so that the relay fetches each once (see :func:`_fill_script`).
+#: image the host lacks, asked of its relay so that the relay fetches each once (fill_script).
 _FILL = r"""
 import json, platform, sys, urllib.request
 port, repo, digest = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -209,7 +239,7 @@ for b in layers[have:]:
 """
 
 
-def _fill_script(cfg: TreeConfig, pull_ref: str) -> str:
+def fill_script(port: int, pull_ref: str) -> str:
     """Have the host's relay fetch, once each, the image's layers the host lacks, and wait until it holds them.
 
     A pull-through registry (distribution 2.8) reads a blob it does not hold twice from upstream when a
@@ -225,22 +255,23 @@ def _fill_script(cfg: TreeConfig, pull_ref: str) -> str:
               f"if [ $n -gt {wait} ]; then echo \"the relay never stored $b\" >&2; exit 1; fi; "
               "sleep 0.5; done; done")
     return (f"blobs=$(docker image inspect -f '{{{{json .RootFS.Layers}}}}' $(docker images -q) 2>/dev/null | "
-            f"python3 -c {shlex.quote(_FILL)} {cfg.port} {shlex.quote(name.repository)} {shlex.quote(digest)}) "
+            f"python3 -c {shlex.quote(_FILL)} {port} {shlex.quote(name.repository)} "
+            f"{shlex.quote(digest)}) "
             "|| exit 1\n"
             f"docker exec {RELAY_NAME} sh -c {shlex.quote(waiter)} fill $blobs\n")
 
 
-def remove_relays(hosts: Sequence[Host]) -> dict[str, str]:
+def remove_relays(hosts: Sequence[Host], ops: Callable[[Host], RelayOps]) -> dict[str, str]:
     """Remove the relay (and what it cached) from every host; host -> why it could not be removed."""
-    outs = ssh.fan_out(hosts, lambda h: ssh.docker(h, ["docker", "rm", "-f", "-v", RELAY_NAME], timeout=60),
-                       timeout=90)
-    bad: dict[str, str] = {}
-    for n, o in outs.items():
-        if o.error is not None:
-            bad[n] = o.error.cause
-        elif o.value is not None and o.value.rc != 0 and "No such container" not in o.value.stderr:
-            bad[n] = o.value.stderr.strip()[-200:]
-    return bad
+    outs = ssh.fan_out(hosts, lambda h: ops(h).remove_relay(), timeout=90)
+    return {n: o.error.cause for n, o in outs.items() if o.error is not None}
+
+
+def holds_image(ops: RelayOps, ref: str) -> bool:
+    """Whether the host holds ``ref``, once a relay a killed controller left there is removed (the
+    fleet's lock: no other prefetch runs)."""
+    ops.remove_relay()
+    return ops.has_image(ref)
 
 
 Emit = Callable[[str, str, str], None]
@@ -250,10 +281,12 @@ Pull = Callable[[Host, str], float]
 class Tree:
     """One prefetch's tree: :meth:`run` pulls ``pull_ref`` on every host and says how each got it."""
 
-    def __init__(self, cfg: TreeConfig, pull_ref: str, origin: str, relay_image_ref: str, pull: Pull,
-                 direct: Pull, emit: Emit, max_workers: int = ssh.FAN_OUT_WORKERS) -> None:
+    def __init__(self, cfg: TreeConfig, pull_ref: str, origin: str, relay_image_ref: str,
+                 ops: Callable[[Host], RelayOps], pull: Pull, direct: Pull, emit: Emit,
+                 max_workers: int = ssh.FAN_OUT_WORKERS) -> None:
         """``origin``: the registry's API base the hosts pull ``pull_ref`` from (``registry.endpoint``:
         ``http://10.0.0.1:5000``, ``https://nvcr.io``), read by the seed's relay.
+        ``ops(host)``: the host's relay operations (the engine's HostOps).
         ``pull(host, ref)``: a pull reporting progress (the relayed one: the bytes move there);
         ``direct(host, ref)``: a quiet pull (the deploy reference once the layers are there);
         ``emit(kind, message, host)``: progress."""
@@ -261,6 +294,7 @@ class Tree:
         self.pull_ref = pull_ref
         self.origin = origin
         self.relay_image_ref = relay_image_ref
+        self._ops = ops
         self._pull = pull
         self._direct = direct
         self._emit = emit
@@ -276,7 +310,7 @@ class Tree:
             self._grow(list(hosts), by_name, out)
         finally:
             started = [by_name[n] for n in sorted(self._started)]
-            left = remove_relays(started) if started else {}
+            left = remove_relays(started, self._ops) if started else {}
             for n, why in left.items():
                 self._emit("pull", f"image relay not removed ({why}): run `docker rm -f {RELAY_NAME}`", n)
         return out
@@ -322,14 +356,9 @@ class Tree:
         try:
             with self._lock:
                 self._started.add(h.name)
-            r = ssh.docker(h, _start_script(self.cfg, self.relay_image_ref, upstream), timeout=180)
-            if r.rc != 0:
-                raise FleetError(f"its image relay did not start: {(r.stderr or r.stdout).strip()[-300:]}",
-                                 host=h.name)
-            r = ssh.docker(h, _fill_script(self.cfg, self.pull_ref), timeout=PULL_TIMEOUT + 60)
-            if r.rc != 0:
-                raise FleetError(f"its image relay could not fetch the image: {(r.stderr or r.stdout).strip()[-300:]}",
-                                 host=h.name)
+            ops = self._ops(h)
+            ops.start_relay(self.relay_image_ref, upstream, self.cfg.port)
+            ops.fill_relay(self.pull_ref, self.cfg.port)
             self._pull(h, relay_ref(self.cfg.port, self.pull_ref))
             # The layers are here now: this reads only the manifest and config from the registry.
             self._direct(h, self.pull_ref)

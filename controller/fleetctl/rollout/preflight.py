@@ -3,7 +3,6 @@ everywhere in parallel."""
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Sequence
 
 from fleetctl import registry, ssh
@@ -38,7 +37,8 @@ class Planning(Session):
             # The login's rights (sudo, docker) once per host, before any step needs them: one
             # message per host naming the user, what is missing and the fix.
             # A root login has every right: nothing to probe.
-            access = ssh.fan_out([h for h in hosts if h.user != "root"], ssh.check_access, timeout=60)
+            access = ssh.fan_out([h for h in hosts if h.user != "root"],
+                                 lambda h: self.ops(h).check_access(), timeout=60)
             problems += [o.error.message() for o in access.values() if o.error is not None]
             hosts = [h for h in hosts if h.name not in access or access[h.name].error is None]
             # Each unit's fabric and parity (every member, selected or not): before any change.
@@ -182,9 +182,7 @@ class Planning(Session):
         if sizes and max(sum(p.values()) for p in sizes) < cfg.min_mb * 1_000_000:
             return None
         # A relay a killed controller left behind goes first (the fleet's lock: no other prefetch runs).
-        probe = (f"docker rm -f {imagetree.RELAY_NAME} >/dev/null 2>&1; "
-                 f"docker image inspect -f '{{{{.Id}}}}' {shlex.quote(ref)} >/dev/null 2>&1")
-        has = ssh.fan_out(hosts, lambda h: ssh.docker(h, probe, timeout=60).rc == 0, timeout=90)
+        has = ssh.fan_out(hosts, lambda h: imagetree.holds_image(self.ops(h), ref), timeout=90)
         present = [n for n, o in has.items() if o.value]
         need = [h for h in hosts if not has[h.name].value]
         if len(need) < cfg.min_hosts:
@@ -202,7 +200,7 @@ class Planning(Session):
         except FleetError as e:
             self._emit("pull", f"image tree off: its relay image {cfg.relay_image} is not found ({e.cause})")
             return self._direct_pulls(hosts, ref, image)
-        tree = imagetree.Tree(cfg, ref, origin, relay_ref,
+        tree = imagetree.Tree(cfg, ref, origin, relay_ref, ops=self.ops,
                               pull=lambda h, r: self._pull(self.ops(h), image, r),
                               direct=lambda h, r: self.ops(h).pull(r),
                               emit=lambda kind, msg, host: self._emit(kind, msg, host))

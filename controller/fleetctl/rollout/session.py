@@ -123,7 +123,7 @@ class Session:
                  deployer: deploy.Deployer | None = None, door: frontdoor.FrontDoor | None = None) -> None:
         """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the registry
         (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet.
-        ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with ``ops``).
+        ``host_store`` holds the hosts' lock files (default: on the hosts, through ``ops``).
         ``deployer`` does a rollout's deploy step (retire + start) for the hosts whose
         ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default: the vllm_serve
         role through ansible-runner; none with a simulated fleet unless given): see :mod:`.deploy`."""
@@ -160,8 +160,7 @@ class Session:
             deploy.AnsibleDeployer(inventory, self.mirrors, progress=self.progress) if ops is None else None)
         # The lock and intent on the hosts: the local lock only covers this state dir.
         self.take_over = take_over
-        self.host_store: hoststate.Store = host_store or (hoststate.SSHStore() if ops is None
-                                                          else hoststate.MemoryStore())
+        self.host_store: hoststate.Store = host_store or hoststate.OpsStore(self.ops)
         self.held: hoststate.HostLocks | None = None
         #: The fleet's front door (``door``, else ``fleetctl_front_door``; None: none), checked before any host.
         self.door: frontdoor.FrontDoor | None = door if door is not None else frontdoor.from_inventory(inventory)

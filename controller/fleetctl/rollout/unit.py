@@ -18,6 +18,7 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.recipes import Recipe, recipe_for
 from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.host import SshHostOps
 from fleetctl.state import ledger as fleet_ledger
 
 #: Seconds a member's status and fabric probes may take at preflight.
@@ -61,13 +62,14 @@ def fabric_problems(inv: Inventory, selected: Sequence[str]) -> list[str]:
 
 
 def bandwidth_problems(inv: Inventory, selected: Sequence[str], recipe: Recipe, ref: str,
-                       pull: Callable[[Host, str], float]) -> list[str]:
+                       pull: Callable[[Host, str], float],
+                       ops: Callable[[Host], bandwidth.ProbeOps] = SshHostOps) -> list[str]:
     """Each unit's all_reduce bus bandwidth measured in the rollout's image (``fleetctl.bandwidth``) against
     its floor, one line per finding naming the member, the figure, the floor and the fix; a probe that
     could not run is a problem too. Only units whose every member is in ``selected`` (the hosts that passed
     the access check) are measured; the image is pulled on their members first (``pull``: the prefetch's
-    own, done early for units; nothing that serves is touched). Each measurement is recorded for
-    ``fleetctl status``."""
+    own, done early for units; nothing that serves is touched), then probed through ``ops`` (each
+    member's HostOps). Each measurement is recorded for ``fleetctl status``."""
     units = [u for u in units_in(inv, selected).values() if set(u.members) <= set(selected)]
     if not units:
         return []
@@ -76,7 +78,8 @@ def bandwidth_problems(inv: Inventory, selected: Sequence[str], recipe: Recipe, 
     out = [f"{n}: pulling {ref} to measure the fabric failed: {o.error.cause}" for n, o in pulled.items()
            if o.error is not None]
     ready = [u for u in units if all(pulled[m].error is None for m in u.members)]
-    got = bandwidth.measure_units(inv, ready, {u.name: unit_recipe(inv, u, recipe) for u in ready}, ref)
+    recipes = {u.name: unit_recipe(inv, u, recipe) for u in ready}
+    got = bandwidth.measure_units(inv, ready, recipes, ref, ops)
     for m in got.values():
         if isinstance(m, FleetError):
             out.append(m.message())

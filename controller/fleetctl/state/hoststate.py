@@ -15,7 +15,9 @@ must be shared lives where every controller has to go anyway, on the hosts:
 The file (``fleetctl_state_file``, default ``/var/lib/fleetctl/state.json``,
 mode 0600) is only ever replaced whole, under ``flock`` and only if it still
 holds what this controller read (compare-and-swap on its sha256), so two
-controllers claiming the same host at the same instant cannot both win.
+controllers claiming the same host at the same instant cannot both win. The
+controller reaches it through the host's ``HostOps`` (:class:`OpsStore`), like
+every other command it runs on a host.
 """
 
 from __future__ import annotations
@@ -168,7 +170,8 @@ def claim_state(host: str, state: HostState, mine: Owner, now: float, take_over:
 
 
 class Store(Protocol):
-    """Where host state files are read and replaced (the hosts over SSH; tests may keep them in memory)."""
+    """Where host state files are read and replaced (on the hosts, through their HostOps:
+    :class:`OpsStore`; unit tests may keep them in memory)."""
 
     def read(self, host: Host) -> str: ...
 
@@ -203,34 +206,69 @@ def state_file(host: Host) -> str:
 
 
 #: exit code of the remote CAS when the file changed since it was read.
-_CHANGED = 76
+CHANGED = 76
 
 
-class SSHStore:
-    """The state files on the hosts, read with ``cat`` and replaced atomically under ``flock``."""
+def read_command(path: str) -> str:
+    """The shell printing the state file at ``path`` (nothing when there is none; fails when it
+    cannot be read)."""
+    f = shlex.quote(path)
+    return f"cat {f} 2>/dev/null || test ! -e {f}"
+
+
+def swap_script(path: str, expect: str, pid: int) -> str:
+    """The shell (as root, the new text on stdin) that replaces the file at ``path`` if it still
+    holds ``expect``: exit :data:`CHANGED` when it does not, 75 when its ``flock`` is not had in
+    10 s."""
+    f, d = shlex.quote(path), shlex.quote(os.path.dirname(path) or ".")
+    want = hashlib.sha256(expect.encode()).hexdigest()
+    tmp = shlex.quote(f"{path}.tmp-{pid}")
+    # flock serialises controllers on this host; the hash check makes the read-decide-write a CAS.
+    return (f"umask 077; mkdir -p {d} && exec 9>>{f}.lock && flock -w 10 9 || exit 75; "
+            f"cur=$(cat {f} 2>/dev/null | sha256sum | cut -d' ' -f1); "
+            f"[ \"$cur\" = {want} ] || exit {CHANGED}; "
+            f"cat > {tmp} && chmod 600 {tmp} && mv -f {tmp} {f}")
+
+
+class StateFileOps(Protocol):
+    """The host's state file as the rollout's ``HostOps`` reaches it (over SSH: :func:`read_command`
+    and :func:`swap_script` under sudo; the simulated fleet: a text per host)."""
+
+    @property
+    def host(self) -> Host:
+        """The host these operations act on."""
+        ...
+
+    def check_access(self) -> None:
+        """Every right the operations need (sudo for this file, docker for the steps), checked
+        before anything is written: one FleetError naming all that is missing."""
+        ...
+
+    def read_state(self) -> str:
+        """The state file's text (empty when there is none)."""
+        ...
+
+    def swap_state(self, expect: str, text: str) -> bool:
+        """Replace the file's text with ``text`` if it still is ``expect``; False if it changed."""
+        ...
+
+
+class OpsStore:
+    """The state files on the hosts, through each host's operations (``ops(host)``: the rollout's
+    ``HostOps``): read whole, replaced atomically under ``flock`` (the compare-and-swap above)."""
+
+    def __init__(self, ops: Callable[[Host], StateFileOps]) -> None:
+        self.ops = ops
 
     def read(self, host: Host) -> str:
-        f = shlex.quote(state_file(host))
-        r = ssh.run(host, f"cat {f} 2>/dev/null || test ! -e {f}", timeout=15, become=True)
-        r.check(f"reading {state_file(host)}", fix="check that the SSH user may read it")
-        return r.stdout
+        return self.ops(host).read_state()
 
     def swap(self, host: Host, expect: str, text: str) -> bool:
-        path = state_file(host)
-        f, d = shlex.quote(path), shlex.quote(os.path.dirname(path) or ".")
-        want = hashlib.sha256(expect.encode()).hexdigest()
-        tmp = shlex.quote(f"{path}.tmp-{os.getpid()}")
-        # flock serialises controllers on this host; the hash check makes the read-decide-write a CAS.
-        script = (f"umask 077; mkdir -p {d} && exec 9>>{f}.lock && flock -w 10 9 || exit 75; "
-                  f"cur=$(cat {f} 2>/dev/null | sha256sum | cut -d' ' -f1); "
-                  f"[ \"$cur\" = {want} ] || exit {_CHANGED}; "
-                  f"cat > {tmp} && chmod 600 {tmp} && mv -f {tmp} {f}")
-        r = ssh.run(host, script, timeout=20, stdin=text, become=True)
-        if r.rc == _CHANGED:
-            return False
-        r.check(f"writing {path}", fix="check that the SSH user may write /var/lib/fleetctl (fleetctl provision "
-                                        "runs as root) and that flock(1) is installed")
-        return True
+        return self.ops(host).swap_state(expect, text)
+
+    def check_access(self, host: Host) -> None:
+        """The login's rights on ``host`` (see :meth:`StateFileOps.check_access`)."""
+        self.ops(host).check_access()
 
 
 def update(store: Store, host: Host, change: Callable[[HostState], HostState], retry_broken: bool = True) -> HostState:
@@ -279,10 +317,10 @@ class HostLocks:
         notes: dict[str, str] = {}
 
         def one(h: Host) -> HostState:
-            if isinstance(self.store, SSHStore) and h.user != "root":
+            if isinstance(self.store, OpsStore):
                 # Every right the command will need (sudo for this file, docker for the steps),
                 # checked once before anything is written: one message with all that is missing.
-                ssh.check_access(h)
+                self.store.check_access(h)
 
             def change(s: HostState) -> HostState:
                 new, note = claim_state(h.name, s, self.owner, time.time(), self.take_over, self.stale_after)
