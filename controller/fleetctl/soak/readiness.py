@@ -93,9 +93,21 @@ async def container_logs(target: SoakTarget, tail: int = LOG_TAIL) -> str:
         return f"(container log unreadable: {e.cause})"
 
 
+def _health_404(target: SoakTarget, waited: float) -> Readiness:
+    """/health answered 404: the URL is not a vLLM server's root (``.../v1``, a path or a query)."""
+    path = target.base_url.split("://", 1)[-1].partition("/")[2]
+    fix = ("give the server's root, not .../v1 (e.g. http://10.0.0.11:8000)" if path.rstrip("/").endswith("v1")
+           else "give the vLLM server's root URL (e.g. http://10.0.0.11:8000)")
+    return Readiness(Outcome.ERROR, f"{target.base_url}/health answered HTTP 404: this URL is not a vLLM "
+                                    f"server's root, and waiting will not change that; {fix}", waited)
+
+
 async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: float,
                       progress: Progress = NULL) -> Readiness:
-    """Poll /health until 200, the container dies, or ``timeout`` passes (see :func:`wait_ready`)."""
+    """Poll /health until 200, the container dies, or ``timeout`` passes (see :func:`wait_ready`).
+
+    A 404 ends the wait at once: the URL is not a vLLM server's root.
+    """
     t0 = time.monotonic()
     deadline = t0 + timeout
     last_log_at = -1e9
@@ -107,6 +119,8 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
         waited = time.monotonic() - t0
         if probe.ok:
             return Readiness(Outcome.PASS, f"/health 200 after {waited:.0f}s", waited)
+        if probe.state == "http" and probe.status == 404:
+            return _health_404(target, waited)
         last_state = probe.detail or f"HTTP {probe.status}" if probe.state != "ok" else ""
         if target.container is not None:
             try:
