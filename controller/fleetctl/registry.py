@@ -132,7 +132,7 @@ def endpoint(registry: str, mirrors: Mapping[str, str] | None = None) -> Endpoin
     Docker daemon's ``insecure-registries`` entries are; write ``https://host``
     for a TLS mirror.
     """
-    mirror = (mirrors or {}).get(registry)
+    mirror = check_mirror(registry, (mirrors or {}).get(registry))
     if mirror:
         m = str(mirror).rstrip("/")
         if m.startswith(("http://", "https://")):
@@ -143,10 +143,28 @@ def endpoint(registry: str, mirrors: Mapping[str, str] | None = None) -> Endpoin
     return Endpoint("https", host)
 
 
+def check_mirror(registry: str, mirror: object) -> str | None:
+    """``mirror`` (of ``fleetctl_registry_mirrors``) as a string when it carries no ``user:pass@``;
+    else a refusal that does not show the password (it would reach progress, the plan, ``--json``
+    and every host's pull reference). None for no mirror."""
+    if not mirror:
+        return None
+    m = str(mirror)
+    netloc = m.split("://", 1)[-1].split("/", 1)[0]
+    if "@" in netloc:
+        shown = m.replace(netloc, "<redacted>@" + netloc.rsplit("@", 1)[1], 1)
+        raise FleetError(
+            f"fleetctl_registry_mirrors names {shown} for {registry}: a mirror with a user name or "
+            "password would show it in progress, the plan, --json and each host's pull reference",
+            fix="write the mirror as host:port or https://host, and give the credentials in "
+                "FLEETCTL_REGISTRY_USER and FLEETCTL_REGISTRY_PASSWORD (sent over https only)")
+    return m
+
+
 def pull_ref(image: str, digest: str, mirrors: Mapping[str, str] | None = None) -> str:
     """The reference a host pulls: ``<mirror or registry>/<repository>@<digest>``."""
     name = ImageName.parse(image)
-    mirror = (mirrors or {}).get(name.registry)
+    mirror = check_mirror(name.registry, (mirrors or {}).get(name.registry))
     if mirror:
         host = str(mirror).split("://", 1)[-1].rstrip("/")
         return f"{host}/{name.repository}@{digest}"

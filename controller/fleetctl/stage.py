@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
@@ -160,7 +161,9 @@ def expected_bytes(recipe: Recipe, inventory: Inventory, source: str) -> dict[st
     """Bytes of each set (role -> bytes): from the mirror's manifests, else the recipe's size_gb.
 
     Only used for the progress display's totals; a mirror that does not answer
-    here just leaves the totals as estimates (the role checks for real).
+    here just leaves the totals as estimates (the role checks for real). A mirror
+    that answers with more than :data:`MANIFEST_MAX_BYTES`, or too slowly to finish
+    within :data:`MANIFEST_DEADLINE`, is an error: it would be the role's too.
     """
     out = {w.role: int(w.size_gb * GB) for w in recipe.weights}
     mirror = str(inventory.vars.get("fleetctl_weights_mirror") or "")
@@ -169,10 +172,9 @@ def expected_bytes(recipe: Recipe, inventory: Inventory, source: str) -> dict[st
     for w in recipe.weights:
         url = f"{mirror.rstrip('/')}/{w.repo}/{w.revision}/manifest.json"
         try:
-            with urllib.request.urlopen(url, timeout=5) as r:
-                files = json.loads(r.read()).get("files", [])
+            files = json.loads(_read_manifest(url, mirror)).get("files", [])
             out[w.role] = sum(int(f.get("size", 0)) for f in files)
-        except (urllib.error.URLError, OSError, ValueError, AttributeError):
+        except (urllib.error.URLError, OSError, ValueError, AttributeError, TypeError):
             continue
     return out
 
@@ -205,6 +207,39 @@ class SshStaging:
     def staged_bytes(self, paths: Sequence[str]) -> int:
         r = ssh.run(self.host, du_command(paths), timeout=10)
         return int(r.stdout.strip() or 0) if r.ok else 0
+
+
+#: Largest manifest.json read from a mirror: a set's list of files with their sha256 (a real one is
+#: tens of KB, even for a model of hundreds of shards).
+MANIFEST_MAX_BYTES = 16 << 20
+#: Seconds one manifest may take in all, however slowly its bytes come (the socket's own idle
+#: timeout, 5 s, only bounds one wait).
+MANIFEST_DEADLINE = 30.0
+
+
+def _read_manifest(url: str, mirror: str) -> bytes:
+    """The body of ``url``: at most MANIFEST_MAX_BYTES, by MANIFEST_DEADLINE; else a FleetError
+    naming the mirror."""
+    end = time.monotonic() + MANIFEST_DEADLINE
+    fix = ("check fleetctl_weights_mirror in the inventory and the server behind it: a "
+           "manifest.json is a list of files and their sha256, a few KB")
+    with urllib.request.urlopen(url, timeout=5) as r:
+        parts: list[bytes] = []
+        n = 0
+        # What has arrived: read(n) would wait for all n bytes of a drip.
+        read = getattr(r, "read1", r.read)
+        while True:
+            if time.monotonic() > end:
+                raise FleetError(f"the weights mirror {mirror} did not finish sending {url} within "
+                                 f"{MANIFEST_DEADLINE:.0f}s ({n} bytes came)", fix=fix)
+            chunk = read(min(65536, MANIFEST_MAX_BYTES + 1 - n))
+            if not chunk:
+                return b"".join(parts)
+            parts.append(chunk)
+            n += len(chunk)
+            if n > MANIFEST_MAX_BYTES:
+                raise FleetError(f"the weights mirror {mirror} answered {url} with more than "
+                                 f"{MANIFEST_MAX_BYTES >> 20} MiB, not a manifest", fix=fix)
 
 
 class _ByteMeter:

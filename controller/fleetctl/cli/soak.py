@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -152,12 +153,27 @@ def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, du
     jobs = []
     for url in endpoints:
         secrets.validate_endpoint(url)
+        _refuse_query(url)
         cfg = _adjust(base, duration, smoke_only, ready_timeout)
         name = url.split("://", 1)[1].rstrip("/")
         # Any vLLM behind --endpoint may require a key: $VLLM_API_KEY (or its _FILE) when set.
         target = SoakTarget(name, url.rstrip("/"), api_key=secretenv.lookup(secretenv.API_KEY_ENV, os.environ))
         jobs.append(_Job(target, cfg, None, state, new_run_id("soak", name)))
     return jobs
+
+
+def _refuse_query(url: str) -> None:
+    """An endpoint with a query or fragment is refused: a token there (``?api_key=``) would reach
+    progress, the event log and the run directory's name, and every path asked would follow it."""
+    u = urllib.parse.urlsplit(url)
+    if u.query or u.fragment or url.rstrip().endswith(("?", "#")):
+        shown = urllib.parse.urlunsplit((u.scheme, u.netloc, u.path, "", ""))
+        raise FleetError(
+            f"--endpoint {shown}?<redacted> carries a query or fragment: a token there would be "
+            "shown in progress, the event log and the run directory's name, and the soak would ask "
+            "for /?...health",
+            fix="give the server's root (e.g. http://10.0.0.11:8000) and the key in $VLLM_API_KEY "
+                "(or $VLLM_API_KEY_FILE), sent as Authorization: Bearer")
 
 
 def _adjust(cfg: SoakConfig, duration: float | None, smoke_only: bool, ready_timeout: float | None) -> SoakConfig:
@@ -255,6 +271,9 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
                                "--interval 60s`): a watch's --duration is the whole watch and it takes --interval")
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
+    # Before any traffic: a report that cannot be written would end a finished soak as an internal
+    # error.
+    report.check_report_paths(json_file, junit_file, html_file)
     with contextlib.ExitStack() as stack:
         _soak(ctx, stack, limit, endpoints, duration, recipe, profile, models, concurrency, smoke_only, ready_timeout,
               baseline_tag, no_save_baseline, json_file, junit_file, html_file)

@@ -8,13 +8,21 @@ process, so it keeps working whatever the CLI was started from (a terminal, CI, 
 ``--ui PORT`` serves the same page from inside the command, pinned to its own event log
 (:func:`fleetctl.cli.live.streams`), on 127.0.0.1 only, for as long as the command runs.
 
-The standard library's HTTP server, its handlers bounded (:data:`MAX_HANDLERS` at once); the page, its
-script and its style ship in the package (``cli/ui_assets``): no build step, no CDN. Only GET and HEAD.
+The standard library's HTTP server, its handlers bounded (:data:`MAX_HANDLERS` at once, each
+connection :data:`IDLE_TIMEOUT` idle and :data:`CONNECTION_DEADLINE` in all; a connection finding
+every handler busy for :data:`SLOT_WAIT` gets 503, so idle sockets can neither freeze the page nor
+hold a finished command); only a Host header that is an address, ``localhost`` or an
+``--allow-host`` name is answered (a DNS-rebinding page names its own domain). The page, its
+script and its style ship in the package (``cli/ui_assets``): no build step, no CDN. Only GET and
+HEAD.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
+import socket
 import sys
 import threading
 import time
@@ -40,6 +48,14 @@ from fleetctl.state import ledger as fleet_ledger
 
 #: Requests handled at once (a browser opens a few; more wait for a free handler).
 MAX_HANDLERS = 8
+#: Seconds a connection may stay silent (a browser sends its request at once; a preconnect waits).
+IDLE_TIMEOUT = 5.0
+#: Seconds a connection may last in all, however slowly its request comes: then it is shut.
+CONNECTION_DEADLINE = 15.0
+#: Seconds a new connection waits for a free handler (an idle one times out first) before a 503.
+SLOT_WAIT = IDLE_TIMEOUT + 1.0
+#: Host header names answered besides addresses (an address cannot be rebound by DNS).
+LOCAL_NAMES = frozenset({"localhost"})
 #: Rollouts and rollbacks listed in the history.
 HISTORY = 20
 DEFAULT_PORT = 8765
@@ -48,16 +64,26 @@ ASSETS = {"/": ("index.html", "text/html; charset=utf-8"), "/app.js": ("app.js",
 
 
 class BoundedServer(ThreadingHTTPServer):
-    """A thread per request, at most ``MAX_HANDLERS`` of them at once."""
+    """A thread per request, at most ``MAX_HANDLERS`` at once, each connection bounded in time."""
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 allow_hosts: frozenset[str] = frozenset()) -> None:
+        self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         super().__init__(address, handler)
         self.slots = threading.BoundedSemaphore(MAX_HANDLERS)
+        self.allow_hosts = LOCAL_NAMES | {h.lower() for h in allow_hosts}
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        self.slots.acquire()
+        if not self.slots.acquire(timeout=SLOT_WAIT):
+            # Every handler busy: answer at once rather than stall the accept loop (and shutdown()).
+            with contextlib.suppress(OSError):
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.0 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                                b"Connection: close\r\n\r\n")
+            self.shutdown_request(request)
+            return
         try:
             super().process_request(request, client_address)
         except BaseException:
@@ -65,10 +91,45 @@ class BoundedServer(ThreadingHTTPServer):
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        # However slowly a request drips in, the connection ends at the deadline.
+        cut = threading.Timer(CONNECTION_DEADLINE, _shut, (request,))
+        cut.daemon = True
+        cut.start()
         try:
             super().process_request_thread(request, client_address)
         finally:
+            cut.cancel()
             self.slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away (reset, broken pipe, timed out) is worth no traceback."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
+
+def _shut(request: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        request.shutdown(socket.SHUT_RDWR)
+
+
+def host_allowed(host_header: str | None, allow: frozenset[str]) -> bool:
+    """Whether a request's Host header names this server: an IP address (v4, or v6 in brackets),
+    or a name in ``allow``. A DNS-rebinding page's requests carry its own domain: refused."""
+    if not host_header:
+        return False
+    h = host_header.strip().lower()
+    if h.startswith("["):
+        name = h[1:h.find("]")] if "]" in h else ""
+    else:
+        name = h.rsplit(":", 1)[0] if h.count(":") == 1 else h
+    if name in allow:
+        return True
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    return True
 
 
 class Fleet:
@@ -152,6 +213,8 @@ def handler_for(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
 
     class Handler(BaseHTTPRequestHandler):
         server_version = "fleetctl-ui"
+        #: Socket timeout of every read and write: an idle or stalled connection ends.
+        timeout = IDLE_TIMEOUT
 
         def log_message(self, format: str, *args: Any) -> None:
             del format, args  # quiet: the terminal is the operator's
@@ -173,6 +236,13 @@ def handler_for(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             path = urlsplit(self.path).path
+            allow = getattr(self.server, "allow_hosts", LOCAL_NAMES)
+            if not host_allowed(self.headers.get("Host"), allow):
+                self._send(HTTPStatus.MISDIRECTED_REQUEST,
+                           b"this Host is not the fleetctl ui's: open it by its address or "
+                           b"localhost (or start it with --allow-host NAME)",
+                           "text/plain; charset=utf-8")
+                return
             try:
                 if path in ASSETS:
                     name, ctype = ASSETS[path]
@@ -198,34 +268,64 @@ def handler_for(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def serve(fleet: Fleet, bind: str = "127.0.0.1", port: int = DEFAULT_PORT) -> BoundedServer:
+def serve(fleet: Fleet, bind: str = "127.0.0.1", port: int = DEFAULT_PORT,
+          allow_hosts: frozenset[str] = frozenset()) -> BoundedServer:
     """A server for ``fleet`` bound to ``bind:port`` (0: any free port), not yet serving."""
+    if not bind.strip():
+        raise FleetError("--bind '' would listen on every interface without saying so",
+                         fix="give an address: 127.0.0.1 (the default), this machine's LAN "
+                             "address, or 0.0.0.0 / :: for every interface")
     try:
-        return BoundedServer((bind, port), handler_for(fleet))
+        return BoundedServer((bind, port), handler_for(fleet), allow_hosts)
     except OSError as e:
+        if isinstance(e, socket.gaierror) or e.errno == 99:  # EADDRNOTAVAIL: no interface has it
+            raise FleetError(f"cannot listen on {bind} (port {port}): {e.strerror or e}",
+                             fix="give --bind an address of this machine (127.0.0.1, ::1, a LAN "
+                                 "address, 0.0.0.0 or :: for every interface)") from e
         raise FleetError(f"cannot listen on {bind}:{port}: {e.strerror or e}",
                          fix="pick another port with --port N (or stop what listens there)") from e
+
+
+def exposure(server: BoundedServer) -> str | None:
+    """A warning when ``server`` is reachable from other machines (every interface, or a
+    non-loopback one)."""
+    addr = ipaddress.ip_address(str(server.server_address[0]).split("%", 1)[0])
+    port = server.server_address[1]
+    if addr.is_unspecified:
+        return (f"listening on every interface ({addr}, port {port}): anyone who reaches this "
+                "machine can read the fleet's hosts, history and soak reports; use --bind "
+                "127.0.0.1 unless that is meant")
+    if not addr.is_loopback:
+        return f"listening on {addr} (port {port}): reachable from other machines on that network"
+    return None
 
 
 def url_of(server: BoundedServer) -> str:
     """``http://host:port/`` of a server (its real port when it was asked for port 0)."""
     addr = server.server_address
     host = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
-    return f"http://{host}:{addr[1]}/"
+    return f"http://[{host}]:{addr[1]}/" if ":" in host else f"http://{host}:{addr[1]}/"
 
 
 @click.command("ui")
 @click.option("--port", "-p", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
               help="TCP port (0: any free one).")
 @click.option("--bind", default="127.0.0.1", show_default=True,
-              help="Address to listen on; the page is read-only but shows the fleet's names and history.")
+              help="Address to listen on (IPv4 or IPv6; 0.0.0.0 or :: is every interface, with a "
+                   "warning); the page is read-only but shows the fleet's names and history.")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="A host name the page may be opened by (addresses and localhost always may; "
+                   "repeatable).")
 @json_option
 @pass_ctx
-def ui(ctx: Ctx, port: int, bind: str) -> None:
+def ui(ctx: Ctx, port: int, bind: str, allow_hosts: tuple[str, ...]) -> None:
     """Serve a read-only web page: hosts, the rollout in progress, history and soak reports."""
     inv = inventory.load(ctx.inventory)
-    server = serve(Fleet(inv, paths.state_dir(inv.path)), bind, port)
+    server = serve(Fleet(inv, paths.state_dir(inv.path)), bind, port, frozenset(allow_hosts))
     url = url_of(server)
+    warning = exposure(server)
+    if warning:
+        ctx.err.print(f"warning: {warning}", highlight=False, markup=False)
     ctx.emit({"url": url, "state_dir": str(paths.state_dir(inv.path))},
              lambda con: con.print(f"fleetctl ui on {url} (read-only; Ctrl-C stops it)", highlight=False,
                                    markup=False))

@@ -21,6 +21,7 @@ from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event
 from fleetctl.runids import new_run_id
+from fleetctl.soak import report
 from fleetctl.soak.checks import ms
 from fleetctl.soak.config import PROFILES
 from fleetctl.soak.verdict import Outcome, Verdict
@@ -84,6 +85,8 @@ def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: flo
         raise click.UsageError("--limit and --endpoint are exclusive")
     if interval <= 0 or duration < interval:
         raise click.UsageError(f"--interval {interval:g}s must be > 0 and at most --duration {duration:g}s")
+    # Before hours of probing: a report that cannot be written would end it as an internal error.
+    report.check_report_paths(json_file, junit_file, html_file)
     from fleetctl import inventory as inv_mod
     from fleetctl.rollout.webhook import Webhook
 

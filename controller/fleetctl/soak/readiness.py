@@ -12,7 +12,7 @@ from typing import Any
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.soak import secrets
-from fleetctl.soak.client import Client
+from fleetctl.soak.client import Client, Probe
 from fleetctl.soak.verdict import (
     ContainerState,
     Outcome,
@@ -93,21 +93,65 @@ async def container_logs(target: SoakTarget, tail: int = LOG_TAIL) -> str:
         return f"(container log unreadable: {e.cause})"
 
 
+#: Seconds of /health connections accepted and never answered after which the server is called hung:
+#: a vLLM still loading refuses connections (its HTTP server starts when the engine is ready).
+HUNG_SECONDS = 60.0
+
+
+def _health_404(target: SoakTarget, waited: float) -> Readiness:
+    """/health answered 404: the URL is not a vLLM server's root (``.../v1``, a path, a query)."""
+    path = target.base_url.split("://", 1)[-1].partition("/")[2]
+    fix = ("give the server's root, not .../v1 (e.g. http://10.0.0.11:8000)"
+           if path.rstrip("/").endswith("v1")
+           else "give the vLLM server's root URL (e.g. http://10.0.0.11:8000)")
+    return Readiness(Outcome.ERROR,
+                     f"{target.base_url}/health answered HTTP 404: this URL is not a vLLM server's "
+                     f"root, and waiting will not change that; {fix}", waited)
+
+
+def _state_text(probe: Probe) -> str:
+    """What a failed /health probe says: a hung answer named as such, a refusal as still loading."""
+    if probe.state == "timeout":
+        return f"hung: connection accepted, {probe.detail}"
+    if probe.state == "refused":
+        return f"not listening yet, still loading? ({probe.detail})"
+    return probe.detail or f"HTTP {probe.status}"
+
+
 async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: float,
                       progress: Progress = NULL) -> Readiness:
-    """Poll /health until 200, the container dies, or ``timeout`` passes (see :func:`wait_ready`)."""
+    """Poll /health until 200, the container dies, or ``timeout`` passes (see :func:`wait_ready`).
+
+    A 404 ends the wait at once (not a vLLM root URL); so do answers that hang (the connection
+    accepted, nothing sent) for :data:`HUNG_SECONDS`: a server still loading refuses connections.
+    """
     t0 = time.monotonic()
     deadline = t0 + timeout
     last_log_at = -1e9
     tail = ""
     last_state = ""
+    hung_since: float | None = None
     restarts: int | None = None  # the container's restart count when first seen
     while True:
+        asked = time.monotonic()
         probe = await client.get("/health", timeout=min(10.0, max(poll * 4, 2.0)))
         waited = time.monotonic() - t0
         if probe.ok:
             return Readiness(Outcome.PASS, f"/health 200 after {waited:.0f}s", waited)
-        last_state = probe.detail or f"HTTP {probe.status}" if probe.state != "ok" else ""
+        if probe.state == "http" and probe.status == 404:
+            return _health_404(target, waited)
+        last_state = _state_text(probe)
+        hung_since = (hung_since or asked) if probe.state == "timeout" else None
+        if hung_since is not None and time.monotonic() - hung_since >= HUNG_SECONDS:
+            hung = time.monotonic() - hung_since
+            msg = (f"{target.base_url}/health hangs: the server accepted every connection for "
+                   f"{hung:.0f}s and never answered (a vLLM still loading refuses connections "
+                   "instead)")
+            if target.container is None:
+                return Readiness(Outcome.ERROR, msg + "; check what listens on that port", waited)
+            log = await container_logs(target, CRASH_LOG_TAIL)
+            return Readiness(Outcome.FAIL, f"{msg}; last log lines: {last_lines(log)}", waited,
+                             cause=boot_failure_cause(log), log_tail=log_tail(log))
         if target.container is not None:
             try:
                 st = await container_state(target)

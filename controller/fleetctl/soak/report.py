@@ -11,12 +11,15 @@ from __future__ import annotations
 import html
 import json
 import math
+import os
 import re
+import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
 
 from fleetctl import paths, serving
+from fleetctl.errors import FleetError
 from fleetctl.soak.checks import ms, pct
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 
@@ -27,6 +30,41 @@ _SERIES = ("#0969da", "#bc4c00", "#1a7f37", "#8250df", "#cf222e", "#6e7781")
 
 def _write(path: Path, text: str) -> None:
     paths.write_private(Path(path), text)
+
+
+def check_writable(option: str, name: str | None) -> None:
+    """Refuse a report path ``name`` that :func:`_write` could not write, before any traffic: a
+    directory, something not a regular file, a parent that is a file, or a directory no file can be
+    made in (a probe file is made there and removed). A missing parent is made by the write, so its
+    nearest existing ancestor is what is tried."""
+    if not name:
+        return
+    path = Path(name)
+    fix = f"give {option} a file in a directory you can write (e.g. {option} ./soak-report)"
+    if name.endswith(("/", os.sep)) or path.is_dir():
+        raise FleetError(f"{option} {name} is a directory, not a file", fix=fix)
+    if path.exists() and not path.is_file():
+        raise FleetError(f"{option} {name} exists and is not a regular file (the report "
+                         "replaces it)", fix=fix)
+    parent = path.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise FleetError(f"{option} {name}: {parent} is not a directory", fix=fix)
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=parent)
+    except OSError as e:
+        raise FleetError(f"{option} {name} cannot be written: {e.strerror or e} in {parent}",
+                         fix=fix) from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_report_paths(json_file: str | None, junit_file: str | None, html_file: str | None,
+                       json_option: str = "--json-report") -> None:
+    """:func:`check_writable` for each report option given (the soak's and the watch's)."""
+    for option, name in ((json_option, json_file), ("--junit", junit_file), ("--html", html_file)):
+        check_writable(option, name)
 
 
 def to_json(verdicts: Sequence[Verdict]) -> str:

@@ -14,8 +14,9 @@ On PostgreSQL every fleet has a schema of its own (``fleetctl_<name>_<hash>``):
 several fleets share one database without sharing a history or a lock, and
 the tables are the same as in a SQLite file.
 
-The connection string's password is never shown: ``where`` is the conninfo
-without it, and libpq's error texts are scrubbed of it.
+The connection string's secrets (``password``, and ``sslpassword``, which unlocks
+the client's key) are never shown: ``where`` is the conninfo without them, and
+libpq's error texts are scrubbed of them.
 """
 
 from __future__ import annotations
@@ -216,8 +217,13 @@ def _pg_ddl(script: str) -> list[str]:
     return [s for s in script.split(";") if s.strip()]
 
 
+#: libpq parameters holding a secret: never shown (``sslpassword`` unlocks the client key).
+SECRET_PARAMS = frozenset({"password", "sslpassword"})
+
+
 def redact(url: str) -> str:
-    """``url`` as a conninfo string without its password (or a fixed text when it does not parse)."""
+    """``url`` as a conninfo string without its secrets (:data:`SECRET_PARAMS`; a fixed text when it
+    does not parse)."""
     try:
         from psycopg.conninfo import conninfo_to_dict, make_conninfo
     except ImportError:
@@ -226,13 +232,16 @@ def redact(url: str) -> str:
         parts = conninfo_to_dict(url)
     except Exception:  # libpq's parse errors quote the string, password and all
         return "(unparsable PostgreSQL connection string)"
-    return make_conninfo("", **{k: v for k, v in parts.items() if k != "password" and v is not None})
+    return make_conninfo("", **{k: v for k, v in parts.items()
+                                if k not in SECRET_PARAMS and v is not None})
 
 
-def _scrub(text: str, secret: str | None) -> str:
-    """libpq's text on one line (its hints come on indented lines), without the password."""
+def _scrub(text: str, secrets: Sequence[str]) -> str:
+    """libpq's text on one line (its hints come on indented lines), without the password(s)."""
     text = " ".join(text.split())
-    return text.replace(secret, "***") if secret else text
+    for secret in secrets:
+        text = text.replace(secret, "***")
+    return text
 
 
 class _PgTx(Tx):
@@ -274,7 +283,8 @@ class PostgresBackend(Backend):
                              "PostgreSQL connection string",
                              fix="use postgresql://USER@HOST:PORT/DBNAME or 'host=... dbname=... user=...'; "
                                  "keep the password in ~/.pgpass or $PGPASSWORD") from None
-        self._secret = self._params.get("password") or os.environ.get("PGPASSWORD") or None
+        self._secret = [str(v) for v in (*(self._params.get(k) for k in sorted(SECRET_PARAMS)),
+                                         os.environ.get("PGPASSWORD")) if v]
         self.fleet = fleet
         self.schema = schema_name(fleet)
         self._lock_key = _key("lock", fleet)
