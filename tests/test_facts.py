@@ -1,7 +1,7 @@
 """The one facts probe and its one parser: what provision, status and the rollout each get from it.
 
-The probe's output is a real capture (tests/fixtures/facts); GPU readings are tested against the real
-``nvidia-smi`` formats in tests/status/test_status.py.
+The probe's output is a real capture (tests/fixtures/facts); GPU readings are tested against the
+real ``nvidia-smi`` formats in tests/status/test_status.py.
 """
 
 from __future__ import annotations
@@ -36,15 +36,34 @@ def raw() -> dict[str, Any]:
 
 def test_the_capture_parses_into_facts(raw: dict[str, Any]) -> None:
     f = facts.parse("h1", CAPTURE.read_text())
-    assert f.gpu is None and "nvidia-smi" in f.problems["gpu"] and f.gpu_or_why.startswith("(nvidia-smi failed")
-    assert (f.docker, f.docker_running, f.toolkit, f.dgx_release) == ("20.10.24+dfsg1", True, None, None)
+    assert (
+        f.gpu is None
+        and "nvidia-smi" in f.problems["gpu"]
+        and f.gpu_or_why.startswith("(nvidia-smi failed")
+    )
+    assert (f.docker, f.docker_running, f.toolkit, f.dgx_release) == (
+        "20.10.24+dfsg1",
+        True,
+        None,
+        None,
+    )
     assert f.disk_free_gb == 80.96 and f.image_free_gb == 80.94 and f.uptime_s == 797.98
     assert f.kernel == f.next_kernel == "6.18.44-fc-v657" and f.next_kernel_has_nvidia is False
-    assert f.has_image is True and f.runtimes is not None and "runc" in f.runtimes and not f.nvidia_runtime
+    assert (
+        f.has_image is True
+        and f.runtimes is not None
+        and "runc" in f.runtimes
+        and not f.nvidia_runtime
+    )
     assert f.weights == {"/tmp/mdk/w": {"1": 1}, "/tmp/mdk/none": None}
     assert f.health is None and f.health_error and "refused" in f.health_error
-    assert set(f.containers) == {"vllm", "vllm.prev", "vllm.swap"} and f.containers["vllm.swap"] is None
-    assert f.serving is not None and f.serving.tag == TAG and f.serving.recipe == "qwen36-35b-heretic"
+    assert (
+        set(f.containers) == {"vllm", "vllm.prev", "vllm.swap"}
+        and f.containers["vllm.swap"] is None
+    )
+    assert (
+        f.serving is not None and f.serving.tag == TAG and f.serving.recipe == "qwen36-35b-heretic"
+    )
     prev = f.containers["vllm.prev"]
     assert prev is not None and (prev.running, prev.exit_code, prev.restart_count) == (False, 1, 2)
     # The probe sends env names only: the values stay on the host.
@@ -65,14 +84,16 @@ def _lab_inventory(tmp_path: Path) -> inventory.Inventory:
 
 
 def test_provision_status_and_the_rollout_get_the_same_facts_and_container(
-        raw: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     inv = _lab_inventory(tmp_path)
     host = inv.host("h1")
     recipe = next(iter(load_recipes(inv).values()))
     sent: list[tuple[list[str], str | None]] = []
 
-    def answer(h: Host, command: str | list[str], timeout: float = 60.0, stdin: str | None = None,
-               **_: Any) -> ssh.CommandResult:
+    def answer(
+        h: Host, command: str | list[str], timeout: float = 60.0, stdin: str | None = None, **_: Any
+    ) -> ssh.CommandResult:
         sent.append((list(command), stdin))
         return ssh.CommandResult(h.name, "probe", 0, CAPTURE.read_text(), "", 0.1)
 
@@ -85,30 +106,55 @@ def test_provision_status_and_the_rollout_get_the_same_facts_and_container(
     assert probed.serving == vllm == status.container == rolled.serving
     assert rolled.previous == probed.containers["vllm.prev"] and rolled.previous is not None
     assert provisioned == probed  # the role reports the same JSON: the same Facts
-    assert (status.gpu, status.docker, status.disk_free_gb) == (probed.gpu, probed.docker, probed.disk_free_gb)
+    assert (status.gpu, status.docker, status.disk_free_gb) == (
+        probed.gpu,
+        probed.docker,
+        probed.disk_free_gb,
+    )
     # The rollout sends the role's own file and asks for its extra facts.
     [(argv, stdin)] = sent
-    assert stdin == facts.probe_script() == (REPO / "roles/preflight/files/spark_facts.py").read_text()
+    assert (
+        stdin == facts.probe_script() == (REPO / "roles/preflight/files/spark_facts.py").read_text()
+    )
     assert argv[:2] == ["python3", "-"] and argv[argv.index("--image") + 1] == "ref@sha256:x"
     assert argv[argv.index("--marker") + 1] == STAGED_MARKER
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--inspect"] == ["vllm", "vllm.prev"]
-    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--weights"] == [w.path for w in recipe.weights]
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--weights"] == [
+        w.path for w in recipe.weights
+    ]
     assert len(rolled.missing_weights) == len(recipe.weights)  # none of them is in the capture
 
 
 def test_the_probe_runs_the_options_the_rollout_sends(tmp_path: Path) -> None:
-    """The argv of :func:`fleetctl.facts.argv` as the probe parses it, run for real on this machine."""
+    """The argv of :func:`fleetctl.facts.argv` as the probe parses it, run on this machine."""
     (tmp_path / "w").mkdir()
     (tmp_path / "w" / STAGED_MARKER).write_text('{"repo": "r", "revision": "1"}')
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / STAGED_MARKER).write_text("{")
-    argv = facts.argv(image="ref@sha256:x", weights=[str(tmp_path / "w"), str(tmp_path / "bad"), "/nope"],
-                      marker=STAGED_MARKER, inspect=["vllm"], serving=("vllm", 1))
-    env = {"PATH": "/nonexistent"}  # no docker, no nvidia-smi: every docker fact is None with a reason
-    p = subprocess.run([sys.executable, *argv[1:]], input=facts.probe_script(), capture_output=True, text=True,
-                       env=env, timeout=60, check=True)
+    argv = facts.argv(
+        image="ref@sha256:x",
+        weights=[str(tmp_path / "w"), str(tmp_path / "bad"), "/nope"],
+        marker=STAGED_MARKER,
+        inspect=["vllm"],
+        serving=("vllm", 1),
+    )
+    env = {
+        "PATH": "/nonexistent"
+    }  # no docker, no nvidia-smi: every docker fact is None with a reason
+    p = subprocess.run(
+        [sys.executable, *argv[1:]],
+        input=facts.probe_script(),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        check=True,
+    )
     f = facts.parse("h1", p.stdout)
-    assert f.weights[str(tmp_path / "w")] == {"repo": "r", "revision": "1"} and f.weights["/nope"] is None
+    assert (
+        f.weights[str(tmp_path / "w")] == {"repo": "r", "revision": "1"}
+        and f.weights["/nope"] is None
+    )
     assert str(f.weights[str(tmp_path / "bad")]).startswith("unreadable")
     assert f.has_image is False and f.runtimes is None and "docker_runtimes" in f.problems
     assert f.containers == {"vllm": None} and f.serving is None and not f.nvidia_runtime
@@ -118,7 +164,12 @@ def test_status_json_keeps_the_container_keys_scripts_read(raw: dict[str, Any]) 
     st = parse_probe(Host("h1", "10.0.0.1"), json.dumps(raw), 0.2, 8000)
     out = json.loads(json.dumps(status_json({"h1": st})))
     c = out["h1"]["container"]
-    assert (c["state"], c["restarts"], c["status"], c["restart_count"]) == ("running", 0, "running", 0)
+    assert (c["state"], c["restarts"], c["status"], c["restart_count"]) == (
+        "running",
+        0,
+        "running",
+        0,
+    )
     for key in ("name", "image", "tag", "digest", "running", "started_at", "labels"):
         assert key in c
     assert c["tag"] == TAG and out["h1"]["docker"] == "20.10.24+dfsg1"

@@ -15,8 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERPRINT = (
-    "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
-    "fleetctl.fingerprint")
+    "fleetctl.recipe",
+    "fleetctl.tag",
+    "fleetctl.digest",
+    "fleetctl.rollout",
+    "fleetctl.image",
+    "fleetctl.fingerprint",
+)
 
 
 @dataclass(frozen=True)
@@ -79,9 +84,9 @@ def is_running(state: Mapping[str, Any]) -> bool:
 
 
 def image_tag(image: str, labels: Mapping[str, str]) -> str | None:
-    """The tag a container serves: its ``fleetctl.tag`` label, else the ``:tag`` of ``repo[:tag][@digest]``.
+    """The tag a container serves: its ``fleetctl.tag`` label, else the ref's ``:tag``.
 
-    fleetctl starts containers by digest (``repo@sha256:...``), so the image
+    The reference is ``repo[:tag][@digest]``; fleetctl starts containers by digest, so the image
     reference alone has no tag (and naive ``:`` splitting would take the
     digest's hex for one); the label records the tag the rollout resolved.
     """
@@ -92,7 +97,7 @@ def image_tag(image: str, labels: Mapping[str, str]) -> str | None:
 
 
 def image_digest(image: str, labels: Mapping[str, str], probed: str | None) -> str | None:
-    """The registry digest: the ``fleetctl.digest`` label, else the image reference's, else ``probed``
+    """The registry digest: ``fleetctl.digest``, else the image reference's, else ``probed``
     (the image's first RepoDigest)."""
     if labels.get(LABEL_DIGEST):
         return labels[LABEL_DIGEST]
@@ -104,8 +109,8 @@ def image_digest(image: str, labels: Mapping[str, str], probed: str | None) -> s
 def from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str] = ()) -> Container:
     """One element of ``docker inspect``'s JSON array as a :class:`Container`.
 
-    ``repo_digests``: the ``RepoDigests`` of its image (``repo@sha256:...``), for a container started
-    by tag. Env values are dropped here (only their names are kept), whatever the caller sent.
+    ``repo_digests``: the ``RepoDigests`` of its image (``repo@sha256:...``), for a container
+    started by tag. Env values are dropped here (only their names are kept), whatever was sent.
     """
     cfg = c.get("Config") or {}
     hc = c.get("HostConfig") or {}
@@ -128,10 +133,16 @@ def from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str] = ()) -> Cont
         "labels": all_labels,
     }
     return Container(
-        name=str(c.get("Name") or "").lstrip("/"), running=running, status=str(state.get("Status") or ""),
-        image=image, tag=image_tag(image, all_labels), digest=image_digest(image, all_labels, probed),
-        id=str(c.get("Id") or ""), restart_count=int(c.get("RestartCount") or 0),
+        name=str(c.get("Name") or "").lstrip("/"),
+        running=running,
+        status=str(state.get("Status") or ""),
+        image=image,
+        tag=image_tag(image, all_labels),
+        digest=image_digest(image, all_labels, probed),
+        id=str(c.get("Id") or ""),
+        restart_count=int(c.get("RestartCount") or 0),
         started_at=state.get("StartedAt") or None,
         exit_code=int(exit_code) if exit_code is not None and not running else None,
-        labels={k: v for k, v in all_labels.items() if k.startswith("fleetctl.")}, settings=settings,
+        labels={k: v for k, v in all_labels.items() if k.startswith("fleetctl.")},
+        settings=settings,
     )

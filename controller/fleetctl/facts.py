@@ -52,7 +52,7 @@ class Facts:
     health_error: str | None = None
     #: The host's fleetctl state file as stored (``--state-file``), None when absent.
     fleetctl_state: str | None = None
-    #: With ``--image``: whether the image is present, Docker's runtimes, free GB under Docker's root.
+    #: With ``--image``: the image is present; Docker's runtimes; free GB under Docker's root.
     has_image: bool | None = None
     runtimes: tuple[str, ...] | None = None
     image_free_gb: float | None = None
@@ -68,7 +68,7 @@ class Facts:
 
     @property
     def nvidia_runtime(self) -> bool:
-        """Docker has the ``nvidia`` runtime (nvidia-container-toolkit configured); needs ``--image``."""
+        """Docker has the ``nvidia`` runtime (the toolkit configured it); needs ``--image``."""
         return self.runtimes is not None and "nvidia" in self.runtimes
 
     @property
@@ -84,8 +84,10 @@ def probe_script() -> str:
     try:
         return path.read_text()
     except OSError as e:
-        raise FleetError(f"the host probe {path} cannot be read: {e.strerror}",
-                         fix="reinstall fleetctl or set FLEETCTL_HOME to the checkout") from None
+        raise FleetError(
+            f"the host probe {path} cannot be read: {e.strerror}",
+            fix="reinstall fleetctl or set FLEETCTL_HOME to the checkout",
+        ) from None
 
 
 def _container(raw: object) -> Container | None:
@@ -104,7 +106,7 @@ def _str(v: object) -> str | None:
 
 
 def from_json(host: str, raw: Mapping[str, Any]) -> Facts:
-    """The probe's JSON object (already decoded: the preflight role's report is) as :class:`Facts`."""
+    """The probe's JSON object, decoded (the preflight role's report is), as :class:`Facts`."""
     gpu = raw.get("gpu") or {}
     kernel = raw.get("kernel") or {}
     docker = raw.get("docker") or {}
@@ -117,16 +119,25 @@ def from_json(host: str, raw: Mapping[str, Any]) -> Facts:
     count = gpu.get("count")
     state = raw.get("fleetctl_state")
     return Facts(
-        host=host, gpu=_str(gpu.get("name")), driver=_str(gpu.get("driver")), cuda=_str(gpu.get("cuda")),
-        compute_cap=_str(gpu.get("compute_cap")), gpu_count=count if isinstance(count, int) else None,
+        host=host,
+        gpu=_str(gpu.get("name")),
+        driver=_str(gpu.get("driver")),
+        cuda=_str(gpu.get("cuda")),
+        compute_cap=_str(gpu.get("compute_cap")),
+        gpu_count=count if isinstance(count, int) else None,
         dgx_release=_str(dgx.get("DGX_PRETTY_NAME") or dgx.get("DGX_NAME")),
-        kernel=_str(kernel.get("running")), next_kernel=_str(kernel.get("next")),
-        next_kernel_has_nvidia=kernel.get("next_has_nvidia"), docker=_str(docker.get("version")),
-        docker_running=docker.get("running"), toolkit=_str(raw.get("toolkit_version")),
-        disk_free_gb=_float(disk.get("free_gb")), uptime_s=_float(raw.get("uptime_s")),
+        kernel=_str(kernel.get("running")),
+        next_kernel=_str(kernel.get("next")),
+        next_kernel_has_nvidia=kernel.get("next_has_nvidia"),
+        docker=_str(docker.get("version")),
+        docker_running=docker.get("running"),
+        toolkit=_str(raw.get("toolkit_version")),
+        disk_free_gb=_float(disk.get("free_gb")),
+        uptime_s=_float(raw.get("uptime_s")),
         serving=_container(serving.get("container")),
         health=health.get("status") if isinstance(health.get("status"), int) else None,
-        health_error=_str(health.get("error")), fleetctl_state=state if isinstance(state, str) else None,
+        health_error=_str(health.get("error")),
+        fleetctl_state=state if isinstance(state, str) else None,
         has_image=bool(image["present"]) if "present" in image else None,
         runtimes=tuple(str(r) for r in runtimes) if isinstance(runtimes, list) else None,
         image_free_gb=_float((image.get("disk") or {}).get("free_gb")),
@@ -137,20 +148,29 @@ def from_json(host: str, raw: Mapping[str, Any]) -> Facts:
 
 
 def parse(host: str, stdout: str) -> Facts:
-    """The probe's output (its last line is the JSON object) as :class:`Facts`; FleetError if none."""
+    """The probe's output (its last line is the JSON) as :class:`Facts`; FleetError if none."""
     try:
         raw = json.loads(stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         raw = None
     if not isinstance(raw, dict):
-        raise FleetError(f"the facts probe printed no JSON: {stdout.strip()[:200]!r}", host=host,
-                         fix="check that python3 runs on the host")
+        raise FleetError(
+            f"the facts probe printed no JSON: {stdout.strip()[:200]!r}",
+            host=host,
+            fix="check that python3 runs on the host",
+        )
     return from_json(host, raw)
 
 
-def argv(*, serving: tuple[str | None, int] | None = None, state_file: str | None = None,
-         image: str | None = None, weights: Sequence[str] = (), marker: str | None = None,
-         inspect: Sequence[str] = ()) -> list[str]:
+def argv(
+    *,
+    serving: tuple[str | None, int] | None = None,
+    state_file: str | None = None,
+    image: str | None = None,
+    weights: Sequence[str] = (),
+    marker: str | None = None,
+    inspect: Sequence[str] = (),
+) -> list[str]:
     """``python3 -`` and the probe's options (its text goes on stdin: :func:`probe_script`).
 
     ``serving``: (container name or None, port) for ``--serving``.

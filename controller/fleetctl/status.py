@@ -122,7 +122,7 @@ def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatu
 
 
 def from_facts(host: Host, f: facts.Facts, seconds: float, port: int) -> HostStatus:
-    """A :class:`HostStatus` of the host's :class:`~fleetctl.facts.Facts` (its lock from the state file)."""
+    """A :class:`HostStatus` of the host's :class:`~fleetctl.facts.Facts` and its state file."""
     problems = dict(f.problems)
     lock = known_good = None
     if f.fleetctl_state is not None:
@@ -138,8 +138,10 @@ def from_facts(host: Host, f: facts.Facts, seconds: float, port: int) -> HostSta
         name=host.name, address=host.address, reachable=True, seconds=round(seconds, 3), gpu=f.gpu,
         driver=f.driver, cuda=f.cuda, compute_cap=f.compute_cap, toolkit=f.toolkit, docker=f.docker,
         docker_running=f.docker_running, kernel=f.kernel, next_kernel=f.next_kernel,
-        next_kernel_has_nvidia=f.next_kernel_has_nvidia, disk_free_gb=f.disk_free_gb, uptime_s=f.uptime_s,
-        dgx_release=f.dgx_release, container=f.serving, health=f.health, health_error=f.health_error,
+        next_kernel_has_nvidia=f.next_kernel_has_nvidia, disk_free_gb=f.disk_free_gb,
+        uptime_s=f.uptime_s,
+        dgx_release=f.dgx_release, container=f.serving, health=f.health,
+        health_error=f.health_error,
         port=port, problems=problems, lock=lock, last_known_good=known_good, unit=host.unit,
         unit_rank=host.unit_rank,
     )

@@ -109,8 +109,9 @@ def test_recipes_fit() -> None:
 
 
 def test_status_fits_with_an_unreachable_host() -> None:
-    c = Container("vllm", running=True, status="running", image=f"registry/aeon-vllm-ultimate:{TAG}", tag=TAG,
-                  digest=DIGEST, labels={"fleetctl.recipe": "qwen36-35b-heretic"})
+    c = Container("vllm", running=True, status="running", tag=TAG, digest=DIGEST,
+                  image=f"registry/aeon-vllm-ultimate:{TAG}",
+                  labels={"fleetctl.recipe": "qwen36-35b-heretic"})
     sts = {h: HostStatus(h, "10.78.12.11", True, 0.4, gpu="NVIDIA GB10", driver="580.95.05", toolkit="1.18.0",
                          docker="28.5.1", container=c, health=200, uptime_s=86400.0 * 12) for h in HOSTS}
     sts["spark-04"] = HostStatus("spark-04", "10.78.12.14", False, 5.0,

@@ -199,8 +199,10 @@ class SimOps:
             return None
         labels = {**c.labels, remote.LABEL_RECIPE: "r", remote.LABEL_ROLLOUT: c.rollout}
         return remote.Container(c.name, running=c.running, status=c.status, image=f"img@{c.digest}",
-                                digest=c.digest, tag=c.tag, id=c.id, settings={"labels": dict(c.labels)},
-                                labels={k: v for k, v in labels.items() if k.startswith("fleetctl.")})
+                                digest=c.digest, tag=c.tag, id=c.id,
+                                settings={"labels": dict(c.labels)},
+                                labels={k: v for k, v in labels.items()
+                                        if k.startswith("fleetctl.")})
 
     # docker primitives
     def _rm_f(self, h: SimHost, name: str) -> None:
@@ -236,9 +238,10 @@ class SimOps:
             self.fleet.alive()
             h = self._h
             d = ref.rsplit("@", 1)[-1]
-            return remote.Facts(h.name, gpu="NVIDIA GB10", runtimes=("nvidia", "runc"), image_free_gb=100.0,
+            return remote.Facts(h.name, gpu="NVIDIA GB10", runtimes=("nvidia", "runc"),
+                                image_free_gb=100.0, has_image=d in h.images,
                                 serving=self._serving(h.containers.get(NAME)),
-                                previous=self._serving(h.containers.get(PREV)), has_image=d in h.images)
+                                previous=self._serving(h.containers.get(PREV)))
 
     def inspect(self, name: str) -> remote.Container | None:
         with self.fleet.mu:
@@ -253,7 +256,8 @@ class SimOps:
             self._done("pull")
             return 0.0
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> remote.Container | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> remote.Container | None:
         # The same decisions as host.retire's shell script, on the simulated containers.
         with self.fleet.mu:
             self.fleet.alive()

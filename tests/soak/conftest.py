@@ -48,8 +48,9 @@ class LocalProcess:
 
     def state(self) -> Container:
         rc = self.proc.poll()
-        return Container("emulator", running=rc is None, status="running" if rc is None else "exited",
-                         exit_code=rc, restart_count=0, started_at=self.started, image="emulator:test")
+        return Container("emulator", running=rc is None,
+                         status="running" if rc is None else "exited", exit_code=rc,
+                         restart_count=0, started_at=self.started, image="emulator:test")
 
 
 @dataclass

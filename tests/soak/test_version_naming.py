@@ -13,7 +13,8 @@ from fleetctl.soak.verdict import Outcome, Verdict
 
 DIGEST = "sha256:" + "0123456789ab" + "cdef" * 13
 TAG = "2026-07-01-v0.24.0"
-STATE = {"Status": "running", "Running": True, "Restarting": False, "StartedAt": "2026-07-01T00:00:00Z"}
+STATE = {"Status": "running", "Running": True, "Restarting": False,
+         "StartedAt": "2026-07-01T00:00:00Z"}
 
 
 def parse_inspect(c: dict[str, Any], host: str, name: str) -> Container:
@@ -22,7 +23,8 @@ def parse_inspect(c: dict[str, Any], host: str, name: str) -> Container:
 
 
 def _inspect(image: str, labels: dict[str, str] | None) -> dict[str, Any]:
-    return {"Name": "/vllm", "State": STATE, "RestartCount": 0, "Config": {"Image": image, "Labels": labels}}
+    return {"Name": "/vllm", "State": STATE, "RestartCount": 0,
+            "Config": {"Image": image, "Labels": labels}}
 
 
 def test_a_digest_pinned_container_is_named_by_its_fleetctl_tag_label() -> None:

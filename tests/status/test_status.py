@@ -73,13 +73,13 @@ def test_parse_probe_rejects_garbage() -> None:
 
 
 def _container(image: str, labels: dict[str, str], digest: str | None = None) -> str:
-    """The probe's answer with a serving container (its redacted ``docker inspect`` is what is read)."""
+    """The probe's answer with a serving container (its redacted ``docker inspect`` is read)."""
     inspect = {"Name": "/vllm", "State": {"Running": True, "Status": "running"},
                "Config": {"Image": image, "Labels": labels}}
     repo_digests = [f"10.78.6.1:5000/aeon-7/x@{digest}"] if digest else []
-    return json.dumps({"serving": {"container": {"name": "vllm", "image": image, "tag": "from-probe",
-                                                 "running": True, "labels": labels, "inspect": inspect,
-                                                 "repo_digests": repo_digests}}})
+    probed = {"name": "vllm", "image": image, "tag": "from-probe", "running": True,
+              "labels": labels, "inspect": inspect, "repo_digests": repo_digests}
+    return json.dumps({"serving": {"container": probed}})
 
 
 def test_tag_and_digest_come_from_the_rollouts_labels_not_the_digest_reference() -> None:

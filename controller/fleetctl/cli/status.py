@@ -140,8 +140,8 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
 
 
 def status_json(statuses: Mapping[str, HostStatus]) -> dict[str, Any]:
-    """``--json``: host name -> its status; a container also keeps the keys ``state`` (its ``status``)
-    and ``restarts`` (its ``restart_count``) that scripts read before the one container model."""
+    """``--json``: host name -> its status; a container also keeps the keys ``state`` (its
+    ``status``) and ``restarts`` (its ``restart_count``) that scripts read before the one model."""
     out: dict[str, Any] = to_jsonable(dict(statuses))
     for st in out.values():
         c = st.get("container")

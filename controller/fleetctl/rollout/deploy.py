@@ -254,7 +254,8 @@ class BatchedHostOps:
     def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
         return self.inner.pull(ref, on_line)
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> remote.Container | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> remote.Container | None:
         if (name, rollout_id, target_digest) != (self.request.name, self.request.rollout_id, self.request.digest):
             raise FleetError(f"deploy step asked to retire {name} for {rollout_id}, not what the step was planned for",
                              host=self.host.name, fix="report this as a bug in fleetctl")
@@ -293,7 +294,7 @@ class BatchedHostOps:
 
 
 def serving_from_report(c: Mapping[str, object] | None) -> remote.Container | None:
-    """The module's redacted container summary as the engine's :class:`~fleetctl.container.Container`."""
+    """The module's redacted container summary as a :class:`~fleetctl.container.Container`."""
     if not c:
         return None
     labels = {str(k): str(v) for k, v in dict(c.get("labels") or {}).items()}  # type: ignore[call-overload]

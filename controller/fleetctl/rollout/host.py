@@ -83,14 +83,16 @@ def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str
 
 
 def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
-    """The host's facts for a rollout to ``ref``, in one round trip: the facts probe (fleetctl.facts)
-    with ``--image`` (present, Docker's runtimes, free disk), the recipe's weights' stage markers and
-    the serving container and its ``.prev``; ``serving``, ``previous`` and ``missing_weights`` set."""
+    """The host's facts for a rollout to ``ref``, in one round trip: the facts probe
+    (fleetctl.facts) with ``--image`` (present, Docker's runtimes, free disk), the recipe's
+    weights' stage markers and the serving container and its ``.prev``; ``serving``,
+    ``previous`` and ``missing_weights`` set."""
     name = container_name(host)
     argv = probe.argv(image=ref, weights=[w.path for w in recipe.weights], marker=STAGED_MARKER,
                       inspect=[name, name + PREV_SUFFIX])
     r = ssh.run(host, argv, timeout=timeout, stdin=probe.probe_script(), become=True)
-    f = probe.parse(host.name, r.check("preflight probe", fix="check that python3 runs on the host").stdout)
+    r.check("preflight probe", fix="check that python3 runs on the host")
+    f = probe.parse(host.name, r.stdout)
     return replace(f, serving=f.containers.get(name), previous=f.containers.get(name + PREV_SUFFIX),
                    missing_weights=unstaged_weights(recipe, f.weights))
 
@@ -105,7 +107,8 @@ def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT, on_line: Callable
     return r.seconds
 
 
-def retire(host: Host, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Container | None:
+def retire(host: Host, name: str, rollout_id: str, target_digest: str,
+           grace: int = 30) -> Container | None:
     """Make way for the new container; return the version to go back to (None if nothing).
 
     A running serving container is stopped and kept as ``<name>.prev`` (an
@@ -261,7 +264,8 @@ class HostOps(Protocol):
         """Pull ``ref``; seconds taken. ``on_line`` gets docker's progress lines (see :func:`pull`)."""
         ...
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Container | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> Container | None:
         """Stop the serving container and keep it as ``.prev`` (see :func:`retire`)."""
         ...
 
@@ -311,7 +315,8 @@ class SshHostOps:
     def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
         return pull(self.host, ref, on_line=on_line)
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Container | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> Container | None:
         return retire(self.host, name, rollout_id, target_digest, grace)
 
     def swap(self, name: str) -> Container | None:

@@ -56,7 +56,8 @@ class Planning(Session):
             out[h.name] = f
             need = float(h.vars.get("fleetctl_image_free_gb", DEFAULT_IMAGE_FREE_GB))
             if f.gpu != GB10:
-                problems.append(f"{h.name}: GPU is {f.gpu_or_why!r}, not {GB10}: the images are built for sm_121a only")
+                problems.append(f"{h.name}: GPU is {f.gpu_or_why!r}, not {GB10}: "
+                                "the images are built for sm_121a only")
             if not f.nvidia_runtime:
                 problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit missing)"
                                 " - run `fleetctl provision`")
@@ -64,7 +65,8 @@ class Planning(Session):
                 problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {self._recipe_of(h, recipe).name} "
                                 f"--limit {h.name}`")
             if not f.has_image and (f.image_free_gb or 0.0) < need:
-                problems.append(f"{h.name}: {f.image_free_gb or 0.0:.1f} GB free for the image, needs {need:.0f} GB")
+                problems.append(f"{h.name}: {f.image_free_gb or 0.0:.1f} GB free for the image, "
+                                f"needs {need:.0f} GB")
             self._emit("preflight", "ok" if not problems else "checked", h.name)
         if problems:
             raise FleetError("preflight refused the rollout before any change:\n  " + "\n  ".join(problems),

@@ -72,7 +72,8 @@ class HostSteps(DoorSteps):
         if v.outcome.value != "pass":
             raise FleetError(f"the restored {tag} failed its smoke test: {gate.failed_checks_text(v)}", host=h.name)
 
-    def _keep_known_good(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host, now: remote.Container | None) -> None:
+    def _keep_known_good(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host,
+                         now: remote.Container | None) -> None:
         """``p``'s version passed on ``h``: a known-good of the host (with the container's settings)."""
         self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
                                    settings=now.settings if now else None, source="gate", rollout_id=rid)
@@ -95,7 +96,8 @@ class HostSteps(DoorSteps):
                     error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
 
     def _after_restore(self, rid: str, h: Host, why: str, detail: str, back: Mapping[str, Any], judged: bool,
-                       prev: remote.Container | None, prev_tag: str | None, summary: Mapping[str, Any]) -> None:
+                       prev: remote.Container | None, prev_tag: str | None,
+                       summary: Mapping[str, Any]) -> None:
         """``h`` serves its previous version again: rolled back (a verdict), or restored and left pending for
         --resume (``judged`` False: Ctrl-C is no verdict on the version)."""
         if not judged:

@@ -79,7 +79,8 @@ async def container_call(target: SoakTarget, fn: Callable[[SoakTarget], Any]) ->
 
 async def container_state(target: SoakTarget) -> Container:
     assert target.container is not None
-    st: Container = await container_call(target, lambda t: t.container.state())  # type: ignore[union-attr]
+    st: Container = await container_call(
+        target, lambda t: t.container.state())  # type: ignore[union-attr]
     return st
 
 

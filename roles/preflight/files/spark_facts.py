@@ -239,14 +239,14 @@ def serving(container: str | None, port: int) -> dict[str, object]:
 
 
 def redacted(c: dict) -> dict:
-    """A ``docker inspect`` object with its env values removed (names kept): secrets stay on the host."""
+    """A ``docker inspect`` object without its env values (names kept): secrets stay on the host."""
     cfg = dict(c.get("Config") or {})
     cfg["Env"] = [str(e).split("=", 1)[0] for e in cfg.get("Env") or []]
     return {**c, "Config": cfg}
 
 
 def containers(names: list[str]) -> dict[str, object]:
-    """Each container named (``--inspect``): its redacted inspect and its image's RepoDigests, or None."""
+    """Each container named (``--inspect``): its redacted inspect and image RepoDigests, or None."""
     out: dict[str, object] = {}
     for name in names:
         rc, text, err = run(["docker", "inspect", "--type", "container", name])
@@ -287,7 +287,7 @@ def image_store(ref: str) -> dict[str, object]:
 
 
 def weight_markers(paths: list[str], marker: str) -> dict[str, object]:
-    """For ``--weights PATH``: each set's stage marker (``--marker`` file) as JSON, None when absent."""
+    """For ``--weights PATH``: each set's stage marker (``--marker``) as JSON, None when absent."""
     out: dict[str, object] = {}
     for w in paths:
         try:
