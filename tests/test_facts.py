@@ -70,6 +70,16 @@ def test_the_capture_parses_into_facts(raw: dict[str, Any]) -> None:
     assert "s3cret" not in CAPTURE.read_text() and f.serving.settings["env_names"][0] == "HF_TOKEN"
 
 
+def test_a_real_h100_without_docker() -> None:
+    f = facts.parse("h1", (CAPTURE.parent / "h100-no-docker.json").read_text())
+    assert (f.gpu, f.driver, f.cuda, f.compute_cap, f.gpu_count) == (
+        "NVIDIA H100 80GB HBM3", "580.159.04", "13.0", "9.0", 1)
+    assert f.gpu_or_why == f.gpu != remote.GB10  # the rollout's preflight refuses it by name
+    assert f.docker is None and "docker" in f.problems and f.serving is None
+    assert f.has_image is None and f.runtimes is None and not f.nvidia_runtime  # not asked
+    assert f.disk_free_gb == 68.69 and f.health is None
+
+
 def test_garbage_is_a_clear_error() -> None:
     from fleetctl.errors import FleetError
 
