@@ -31,8 +31,10 @@ def logs(host: Host, name: str, tail: int, timeout: float = 30.0) -> str:
     return r.stdout
 
 
-#: One round trip: inspect a container and its image's repo digests; prints JSON or nothing.
-_INSPECT = """c=$(docker inspect --type container {name} 2>/dev/null) || exit 0
+#: One round trip: inspect a container and its image's repo digests; prints JSON, or nothing when
+#: there is no such container (any other failure, a stopped dockerd, exits 1 with docker's words).
+_INSPECT = """c=$(docker inspect --type container {name} 2>&1) || {{ case "$c" in
+  *"No such"*|*"no such"*) exit 0 ;; *) printf '%s\\n' "$c" >&2; exit 1 ;; esac; }}
 img=$(printf '%s' "$c" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Image"])')
 d=$(docker image inspect --format '{{{{json .RepoDigests}}}}' "$img" 2>/dev/null || echo '[]')
 printf '{{"c": %s, "d": %s}}' "$c" "$d"
