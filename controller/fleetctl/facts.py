@@ -5,8 +5,10 @@ standard library, run on the host from stdin). The role runs it through Ansible 
 provision``; ``fleetctl status`` and the rollout's preflight send its text over SSH
 (:func:`probe_script`), each with the options it needs. Whatever ran it, its JSON becomes a
 :class:`Facts` here, so that provision, status and the rollout read a host the same way.
-The file stays where the role ships it (plain ``ansible-playbook`` runs the role without
-fleetctl); the controller reads it from the checkout's ``roles/`` like the playbooks it runs.
+The file stays where the role ships it, its one copy: plain ``ansible-playbook`` and the
+collection run the role without fleetctl. The controller reads it from the checkout's ``roles/``
+(``$FLEETCTL_HOME``), as it finds the playbooks and roles it runs: without them no verb works, so
+a second copy inside the package (or a link to keep valid) would buy nothing.
 """
 
 from __future__ import annotations
