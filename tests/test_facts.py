@@ -16,6 +16,7 @@ import pytest
 
 from fleetctl import facts, inventory, ssh
 from fleetctl.ansible import HostResult
+from fleetctl.cli.output import to_jsonable
 from fleetctl.cli.status import status_json
 from fleetctl.container import from_inspect
 from fleetctl.inventory import Host
@@ -116,6 +117,10 @@ def test_provision_status_and_the_rollout_get_the_same_facts_and_container(
     assert probed.serving == vllm == status.container == rolled.serving
     assert rolled.previous == probed.containers["vllm.prev"] and rolled.previous is not None
     assert provisioned == probed  # the role reports the same JSON: the same Facts
+    # `fleetctl provision --json` keeps the keys its facts had before they were these Facts.
+    old_keys = {"gpu", "driver", "cuda", "compute_cap", "docker", "kernel", "next_kernel",
+                "next_kernel_has_nvidia", "disk_free_gb", "toolkit"}
+    assert old_keys <= set(to_jsonable(provisioned))
     assert (status.gpu, status.docker, status.disk_free_gb) == (
         probed.gpu,
         probed.docker,
