@@ -218,6 +218,7 @@ def controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str) 
 def _controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str) -> dict[str, Any]:
     from tests.rollout.sim import NAME, OK, SimFleet, SimGates
 
+    from fleetctl import container as model
     from fleetctl import inventory, ssh
     from fleetctl.cli.output import Ctx
     from fleetctl.inventory import Host
@@ -226,7 +227,7 @@ def _controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str)
     from fleetctl.rollout import gate
     from fleetctl.rollout.api import Engine
     from fleetctl.rollout.results import Options
-    from fleetctl.soak.verdict import ContainerState, SoakTarget
+    from fleetctl.soak.verdict import SoakTarget
 
     class SimContainer:
         """The simulated container's state, as ``docker inspect`` over SSH would tell it."""
@@ -237,12 +238,12 @@ def _controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str)
         def logs(self, tail: int = 50) -> str:
             return ""
 
-        def state(self) -> ContainerState:
+        def state(self) -> model.Container:
             with self.fleet.mu:
                 c = self.fleet.hosts[self.host].containers.get(NAME)
                 if c is None:
-                    return ContainerState(exists=False, status="absent")
-                return ContainerState(exists=True, running=c.running, status=c.status, image=c.tag)
+                    return model.absent(NAME)
+                return model.Container(NAME, running=c.running, status=c.status, image=c.tag)
 
     class BenchGates(gate.SoakGates):
         """The real soak gate against each host's emulator; container state from the simulated host."""

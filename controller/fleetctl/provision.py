@@ -9,10 +9,12 @@ holds every host, the failed ones with the preflight's own message.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any
 
+from fleetctl import facts
 from fleetctl.ansible import HostResult, PlaybookResult, run_playbook
+from fleetctl.facts import Facts
 from fleetctl.inventory import Inventory
 from fleetctl.progress import NULL, Progress
 
@@ -44,35 +46,12 @@ def provision(
     )
 
 
-@dataclass(frozen=True)
-class HostFacts:
-    """What the preflight role read on a host (None where the host did not get that far)."""
-
-    gpu: str | None = None
-    driver: str | None = None
-    cuda: str | None = None
-    compute_cap: str | None = None
-    docker: str | None = None
-    kernel: str | None = None
-    next_kernel: str | None = None
-    next_kernel_has_nvidia: bool | None = None
-    disk_free_gb: float | None = None
-    toolkit: str | None = None
-
-
-def host_facts(host: HostResult) -> HostFacts:
-    """The preflight facts of one host's result (``fleetctl_report.preflight``)."""
+def host_facts(host: HostResult) -> Facts:
+    """The facts the preflight role's probe read on a host (``fleetctl_report.preflight``), as
+    :class:`~fleetctl.facts.Facts`; the toolkit as the container_toolkit role left it, when it ran.
+    Every fact is None where the host did not get that far."""
     raw = host.reports.get("preflight")
-    if not isinstance(raw, dict):
-        return HostFacts()
-    gpu = raw.get("gpu") or {}
-    kernel = raw.get("kernel") or {}
-    docker = raw.get("docker") or {}
-    disk = raw.get("disk") or {}
+    f = facts.from_json(host.name, raw) if isinstance(raw, dict) else Facts(host.name)
     toolkit = host.reports.get("container_toolkit")
-    return HostFacts(
-        gpu=gpu.get("name"), driver=gpu.get("driver"), cuda=gpu.get("cuda"), compute_cap=gpu.get("compute_cap"),
-        docker=docker.get("version"), kernel=kernel.get("running"), next_kernel=kernel.get("next"),
-        next_kernel_has_nvidia=kernel.get("next_has_nvidia"), disk_free_gb=disk.get("free_gb"),
-        toolkit=(toolkit.get("version") if isinstance(toolkit, dict) else None) or raw.get("toolkit_version"),
-    )
+    version = toolkit.get("version") if isinstance(toolkit, dict) else None
+    return replace(f, toolkit=str(version)) if version else f

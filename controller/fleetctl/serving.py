@@ -1,18 +1,19 @@
 """The serving container on a host: its name, its log, and whether it really serves.
 
 The rollout (``rollout/host.py``) and the soak (``soak/container.py``) both look at this container;
-what it is called and how its state is read is decided here once. The copies that run ON the hosts
-(the ``vllm_container`` Ansible module and the ``spark_facts`` probe) cannot import the controller
-and keep their own, saying so.
+what it is called and how it is read over SSH is decided here once; what ``docker inspect`` says is
+parsed by :func:`fleetctl.container.from_inspect` (also for the facts probe's answer). The
+``vllm_container`` Ansible module runs ON the hosts, cannot import the controller and keeps its own.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
-from collections.abc import Mapping
-from typing import Any
 
 from fleetctl import ssh
+from fleetctl.container import Container, from_inspect
+from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 
 #: The serving container's name on every host (``fleetctl_container_name`` overrides it).
@@ -22,15 +23,6 @@ DEFAULT_CONTAINER = "vllm"
 def container_name(host: Host) -> str:
     """The name of the serving container on ``host``."""
     return str(host.vars.get("fleetctl_container_name") or DEFAULT_CONTAINER)
-
-
-def is_running(state: Mapping[str, Any]) -> bool:
-    """Whether a container whose ``docker inspect`` ``.State`` is ``state`` serves.
-
-    Docker counts a container waiting out its restart policy's back-off as Running, but it serves
-    nothing: it crashed, and is not running here.
-    """
-    return bool(state.get("Running")) and not state.get("Restarting")
 
 
 def logs_command(name: str, tail: int) -> str:
@@ -44,26 +36,28 @@ def logs(host: Host, name: str, tail: int, timeout: float = 30.0) -> str:
     return ssh.docker(host, logs_command(name, tail), timeout=timeout).stdout
 
 
-def image_tag(image: str, labels: Mapping[str, str]) -> str | None:
-    """The tag a container serves: its ``fleetctl.tag`` label, else the ``:tag`` of ``repo[:tag][@digest]``.
-
-    fleetctl starts containers by digest (``repo@sha256:...``), so the image
-    reference alone has no tag (and naive ``:`` splitting would take the
-    digest's hex for one); the label records the tag the rollout resolved.
-    """
-    if labels.get("fleetctl.tag"):
-        return labels["fleetctl.tag"]
-    name = image.split("@", 1)[0].rsplit("/", 1)[-1]
-    return name.rsplit(":", 1)[1] if ":" in name else None
+#: One round trip: inspect a container and its image's repo digests; prints JSON, or nothing when
+#: there is no such container (any other failure, a stopped dockerd, exits 1 with docker's words).
+_INSPECT = """c=$(docker inspect --type container {name} 2>&1) || {{ case "$c" in
+  *"No such"*|*"no such"*) exit 0 ;; *) printf '%s\\n' "$c" >&2; exit 1 ;; esac; }}
+img=$(printf '%s' "$c" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Image"])')
+d=$(docker image inspect --format '{{{{json .RepoDigests}}}}' "$img" 2>/dev/null || echo '[]')
+printf '{{"c": %s, "d": %s}}' "$c" "$d"
+"""
 
 
-def image_digest(image: str, labels: Mapping[str, str], probed: str | None) -> str | None:
-    """The registry digest: the ``fleetctl.digest`` label, else the probed RepoDigest, else the reference's."""
-    if labels.get("fleetctl.digest"):
-        return labels["fleetctl.digest"]
-    if probed:
-        return probed
-    return image.split("@", 1)[1] if "@" in image else None
+def inspect(host: Host, name: str, timeout: float = 30.0) -> Container | None:
+    """The container ``name`` on ``host`` (running or not), or None when there is none."""
+    r = ssh.docker(host, _INSPECT.format(name=shlex.quote(name)), timeout=timeout)
+    r.check(f"docker inspect {name}", fix="check that docker runs on the host")
+    if not r.stdout.strip():
+        return None
+    try:
+        data = json.loads(r.stdout)
+        return from_inspect(data["c"][0], data["d"] or [])
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise FleetError(f"docker inspect {name} gave unreadable output: {r.stdout[:200]!r}",
+                         host=host.name) from None
 
 
 def short_digest(digest: str | None) -> str:

@@ -1,8 +1,8 @@
 """What every host is doing now: reachable, GPU, driver, toolkit, Docker, serving container, /health.
 
 :func:`probe_fleet` opens one SSH session per host, in parallel, and runs ONE
-composite probe there (``roles/preflight/files/spark_facts.py --serving``, the
-same script the preflight role runs, fed on stdin to ``python3 -``), so a
+composite probe there (the facts probe, :mod:`fleetctl.facts`, with ``--serving``:
+the same script the preflight role runs, fed on stdin to ``python3 -``), so a
 host costs one round trip whatever it reports. A host that does not answer
 within the timeout is reported unreachable and never delays the others.
 The rollout reuses :func:`probe_fleet` to read what each host serves.
@@ -14,18 +14,16 @@ answered, the unit's parity (driver, kernel, DGX OS, Docker, toolkit, image dige
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cache
 from typing import Any
 
-from fleetctl import bandwidth, fabric, frontdoor, paths, ssh
+from fleetctl import bandwidth, fabric, facts, frontdoor, paths, ssh
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.fabric import Finding
 from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.progress import NULL, Event, Progress
-from fleetctl.serving import image_digest, image_tag
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
@@ -35,34 +33,6 @@ from fleetctl.state import ledger as fleet_ledger
 DEFAULT_TIMEOUT = 20.0
 #: The port vLLM serves on when the host's recipe does not say.
 DEFAULT_PORT = 8000
-
-
-@dataclass(frozen=True)
-class ContainerStatus:
-    """The serving container of a host (label ``fleetctl.recipe``, else named after the recipe)."""
-
-    name: str
-    image: str
-    #: The served tag: the rollout's ``fleetctl.tag`` label, else the reference's ``:tag`` (see image_tag).
-    tag: str | None
-    #: The image's registry digest (``sha256:...``): the rollout's label, else the local RepoDigest.
-    digest: str | None
-    running: bool
-    state: str | None
-    restarts: int = 0
-    started_at: str | None = None
-    #: The rollout's labels: fleetctl.recipe, fleetctl.tag, fleetctl.digest, fleetctl.rollout.
-    labels: Mapping[str, str] = field(default_factory=dict)
-
-    @property
-    def recipe(self) -> str | None:
-        """The recipe the container serves (its ``fleetctl.recipe`` label)."""
-        return self.labels.get("fleetctl.recipe")
-
-    @property
-    def rollout(self) -> str | None:
-        """The rollout that started it (its ``fleetctl.rollout`` label)."""
-        return self.labels.get("fleetctl.rollout")
 
 
 @dataclass(frozen=True)
@@ -104,7 +74,7 @@ class HostStatus:
     disk_free_gb: float | None = None
     uptime_s: float | None = None
     dgx_release: str | None = None
-    container: ContainerStatus | None = None
+    container: Container | None = None
     #: HTTP status of ``GET /health`` on the serving port, None when nothing answered.
     health: int | None = None
     health_error: str | None = None
@@ -131,17 +101,6 @@ class HostStatus:
         return self.health == 200
 
 
-@cache
-def probe_script() -> str:
-    """The probe's source (shared with the preflight role, which runs the same file)."""
-    path = paths.roles_dir() / "preflight" / "files" / "spark_facts.py"
-    try:
-        return path.read_text()
-    except OSError as e:
-        raise FleetError(f"the host probe {path} cannot be read: {e.strerror}",
-                         fix="reinstall fleetctl or set FLEETCTL_HOME to the checkout") from None
-
-
 def serving_target(host: Host) -> tuple[str | None, int]:
     """The container name and port the host's recipe serves on (recipe name, port; 8000 by default)."""
     recipe = host.vars.get("fleetctl_recipe")
@@ -158,35 +117,17 @@ def serving_target(host: Host) -> tuple[str | None, int]:
 
 
 def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatus:
-    """A :class:`HostStatus` from the probe's JSON (a malformed answer is a FleetError)."""
-    try:
-        raw: dict[str, Any] = json.loads(stdout)
-    except ValueError:
-        raise FleetError(f"the status probe printed no JSON: {stdout.strip()[:200]!r}", host=host.name,
-                         fix="check that python3 runs on the host") from None
-    gpu = raw.get("gpu") or {}
-    kernel = raw.get("kernel") or {}
-    docker = raw.get("docker") or {}
-    disk = raw.get("disk") or {}
-    dgx = raw.get("dgx_release") or {}
-    serving = raw.get("serving") or {}
-    health = serving.get("health") or {}
-    c = serving.get("container")
-    container = None
-    if isinstance(c, dict):
-        labels = {str(k): str(v) for k, v in (c.get("labels") or {}).items()}
-        image = str(c.get("image", ""))
-        container = ContainerStatus(
-            name=str(c.get("name", "")), image=image, tag=image_tag(image, labels),
-            digest=image_digest(image, labels, c.get("digest")),
-            running=bool(c.get("running")), state=c.get("status"), restarts=int(c.get("restarts") or 0),
-            started_at=c.get("started_at"), labels=labels,
-        )
-    problems = {str(k): str(v) for k, v in (raw.get("errors") or {}).items()}
+    """A :class:`HostStatus` from the probe's output (a malformed answer is a FleetError)."""
+    return from_facts(host, facts.parse(host.name, stdout), seconds, port)
+
+
+def from_facts(host: Host, f: facts.Facts, seconds: float, port: int) -> HostStatus:
+    """A :class:`HostStatus` of the host's :class:`~fleetctl.facts.Facts` and its state file."""
+    problems = dict(f.problems)
     lock = known_good = None
-    if isinstance(raw.get("fleetctl_state"), str):
+    if f.fleetctl_state is not None:
         try:
-            st = hoststate.HostState.from_json(raw["fleetctl_state"], host.name)
+            st = hoststate.HostState.from_json(f.fleetctl_state, host.name)
         except FleetError as e:
             problems["fleetctl_state"] = e.cause
         else:
@@ -194,25 +135,24 @@ def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatu
             if st.last_known_good:
                 known_good = st.last_known_good.tag or st.last_known_good.digest
     return HostStatus(
-        name=host.name, address=host.address, reachable=True, seconds=round(seconds, 3),
-        gpu=gpu.get("name"), driver=gpu.get("driver"), cuda=gpu.get("cuda"), compute_cap=gpu.get("compute_cap"),
-        toolkit=raw.get("toolkit_version"), docker=docker.get("version"), docker_running=docker.get("running"),
-        kernel=kernel.get("running"), next_kernel=kernel.get("next"),
-        next_kernel_has_nvidia=kernel.get("next_has_nvidia"), disk_free_gb=disk.get("free_gb"),
-        uptime_s=raw.get("uptime_s"), dgx_release=dgx.get("DGX_PRETTY_NAME") or dgx.get("DGX_NAME"),
-        container=container, health=health.get("status"), health_error=health.get("error"), port=port,
-        problems=problems, lock=lock, last_known_good=known_good, unit=host.unit, unit_rank=host.unit_rank,
+        name=host.name, address=host.address, reachable=True, seconds=round(seconds, 3), gpu=f.gpu,
+        driver=f.driver, cuda=f.cuda, compute_cap=f.compute_cap, toolkit=f.toolkit, docker=f.docker,
+        docker_running=f.docker_running, kernel=f.kernel, next_kernel=f.next_kernel,
+        next_kernel_has_nvidia=f.next_kernel_has_nvidia, disk_free_gb=f.disk_free_gb,
+        uptime_s=f.uptime_s,
+        dgx_release=f.dgx_release, container=f.serving, health=f.health,
+        health_error=f.health_error,
+        port=port, problems=problems, lock=lock, last_known_good=known_good, unit=host.unit,
+        unit_rank=host.unit_rank,
     )
 
 
 def probe_host(host: Host, timeout: float = DEFAULT_TIMEOUT) -> HostStatus:
     """Probe one host over SSH (raises :class:`~fleetctl.errors.HostUnreachable` when it does not answer)."""
     name, port = serving_target(host)
-    argv = ["python3", "-", "--serving", "--port", str(port), "--state-file", hoststate.state_file(host)]
-    if name:
-        argv += ["--container", name]
+    argv = facts.argv(serving=(name, port), state_file=hoststate.state_file(host))
     r = ssh.run(host, argv, timeout=timeout, connect_timeout=min(timeout, ssh.DEFAULT_CONNECT_TIMEOUT),
-                stdin=probe_script(), become=True)
+                stdin=facts.probe_script(), become=True)
     r.check("the status probe", fix="check that python3 runs on the host")
     return parse_probe(host, r.stdout, r.seconds, port)
 
@@ -225,7 +165,7 @@ def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeo
     seconds is ``reachable=False`` with the reason in ``error``.
     """
     chosen = list(hosts) if hosts is not None else inventory.select(None)
-    probe_script()  # fail once, early, if the probe itself is missing
+    facts.probe_script()  # fail once, early, if the probe itself is missing
 
     def one(h: Host) -> HostStatus:
         progress(Event("probing", host=h.name))

@@ -26,6 +26,7 @@ from fleetctl.cli.output import Col, _LiveTable, fit_table
 from fleetctl.cli.provision import render_result as render_provision
 from fleetctl.cli.rollout import render_plan, render_result
 from fleetctl.cli.status import render_status
+from fleetctl.container import Container
 from fleetctl.lab import LabNode, LabStatus
 from fleetctl.lab.nodes import InnerContainer
 from fleetctl.progress import Event
@@ -33,7 +34,7 @@ from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import HostOutcome, RolloutResult
 from fleetctl.stage import HostStage, SetOutcome, StageResult
 from fleetctl.state import ledger as fleet_ledger
-from fleetctl.status import ContainerStatus, HostStatus
+from fleetctl.status import HostStatus
 
 WIDTH = 80
 HOSTS = ("spark-01", "spark-02", "spark-03", "spark-04")
@@ -108,8 +109,9 @@ def test_recipes_fit() -> None:
 
 
 def test_status_fits_with_an_unreachable_host() -> None:
-    c = ContainerStatus("vllm", f"registry/aeon-vllm-ultimate:{TAG}", TAG, DIGEST, True, "running",
-                        labels={"fleetctl.recipe": "qwen36-35b-heretic"})
+    c = Container("vllm", running=True, status="running", tag=TAG, digest=DIGEST,
+                  image=f"registry/aeon-vllm-ultimate:{TAG}",
+                  labels={"fleetctl.recipe": "qwen36-35b-heretic"})
     sts = {h: HostStatus(h, "10.78.12.11", True, 0.4, gpu="NVIDIA GB10", driver="580.95.05", toolkit="1.18.0",
                          docker="28.5.1", container=c, health=200, uptime_s=86400.0 * 12) for h in HOSTS}
     sts["spark-04"] = HostStatus("spark-04", "10.78.12.14", False, 5.0,

@@ -84,7 +84,7 @@ def test_the_built_collection_provisions_deploys_and_rolls_back(staged: object, 
     del staged
     node, host, recipe, mirrors, old, new = _target(lab)
 
-    def serving() -> remote.Serving | None:
+    def serving() -> remote.Container | None:
         try:
             return remote.inspect(host, remote.container_name(host))
         finally:

@@ -214,11 +214,15 @@ class SimOps(SimHostSide):
             h.ssh_down_after = None
         self.fleet.point(f"{self.host.name}:{op}")
 
-    def _serving(self, c: Container | None) -> remote.Serving | None:
+    def _serving(self, c: Container | None) -> remote.Container | None:
         if c is None:
             return None
-        return remote.Serving(c.name, c.running, c.status, f"img@{c.digest}", c.digest, c.tag, "r", c.rollout,
-                              {"labels": dict(c.labels)}, c.labels.get(remote.LABEL_FINGERPRINT), id=c.id)
+        labels = {**c.labels, remote.LABEL_RECIPE: "r", remote.LABEL_ROLLOUT: c.rollout}
+        return remote.Container(c.name, running=c.running, status=c.status, image=f"img@{c.digest}",
+                                digest=c.digest, tag=c.tag, id=c.id,
+                                settings={"labels": dict(c.labels)},
+                                labels={k: v for k, v in labels.items()
+                                        if k.startswith("fleetctl.")})
 
     # docker primitives
     def _rm_f(self, h: SimHost, name: str) -> None:
@@ -254,10 +258,12 @@ class SimOps(SimHostSide):
             self.fleet.alive()
             h = self._h
             d = ref.rsplit("@", 1)[-1]
-            return remote.Facts(h.name, "NVIDIA GB10", True, 100.0, (), self._serving(h.containers.get(NAME)),
-                                self._serving(h.containers.get(PREV)), d in h.images)
+            return remote.Facts(h.name, gpu="NVIDIA GB10", runtimes=("nvidia", "runc"),
+                                image_free_gb=100.0, has_image=d in h.images,
+                                serving=self._serving(h.containers.get(NAME)),
+                                previous=self._serving(h.containers.get(PREV)))
 
-    def inspect(self, name: str) -> remote.Serving | None:
+    def inspect(self, name: str) -> remote.Container | None:
         with self.fleet.mu:
             self.fleet.alive()
             return self._serving(self._h.containers.get(name))
@@ -274,7 +280,8 @@ class SimOps(SimHostSide):
             self._done("pull")
             return 0.0
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> remote.Serving | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> remote.Container | None:
         # The same decisions as host.retire's shell script, on the simulated containers.
         with self.fleet.mu:
             self.fleet.alive()
@@ -294,7 +301,7 @@ class SimOps(SimHostSide):
             self._done("retire")
             return before
 
-    def swap(self, name: str) -> remote.Serving | None:
+    def swap(self, name: str) -> remote.Container | None:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
@@ -351,7 +358,7 @@ class SimOps(SimHostSide):
                 raise FleetError(f"docker start: no container {name}", host=h.name)
             self._start_then(h, name, "start-again")
 
-    def restore(self, name: str) -> remote.Serving | None:
+    def restore(self, name: str) -> remote.Container | None:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
@@ -476,7 +483,7 @@ class SimDeployer:
         if self.fail_at.get(r.host.name) == step:
             raise FleetError(f"docker {step} failed", host=r.host.name, fix="see the docker daemon's log")
 
-    def _one(self, r: DeployRequest) -> remote.Serving | None:
+    def _one(self, r: DeployRequest) -> remote.Container | None:
         with self.fleet.mu:
             self.fleet.alive()
             ops = SimOps(r.host, self.fleet)

@@ -47,20 +47,6 @@ def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(lab_inven
     assert not any("HF_TOKEN" in a for a in argv)
 
 
-def test_inspect_reading_prefers_labels_then_the_image_reference() -> None:
-    ours = {"Name": "/vllm", "State": {"Running": True, "Status": "running"},
-            "Config": {"Image": f"m/x@{DIGEST}", "Env": ["HF_TOKEN=s3cret", "A=1"],
-                       "Labels": {"fleetctl.tag": "t1", "fleetctl.digest": DIGEST, "fleetctl.rollout": "ro-9"}},
-            "HostConfig": {"Binds": ["/opt/a:/m:ro"], "NetworkMode": "host", "DeviceRequests": [{}]}}
-    s = remote._serving_from_inspect(ours, [])
-    assert (s.tag, s.digest, s.rollout, s.running) == ("t1", DIGEST, "ro-9", True)
-    assert s.settings["env_names"] == ["A", "HF_TOKEN"] and "s3cret" not in repr(s)
-    by_hand = {"Name": "/vllm", "State": {"Running": False, "Status": "exited"},
-               "Config": {"Image": "ghcr.io/aeon-7/x:2026-06-18-v0.23.0-dflashfix", "Labels": None}}
-    s2 = remote._serving_from_inspect(by_hand, [f"ghcr.io/aeon-7/x@{DIGEST}"])
-    assert (s2.tag, s2.digest, s2.rollout, s2.running) == ("2026-06-18-v0.23.0-dflashfix", DIGEST, None, False)
-
-
 def test_command_line_hides_the_webhook_url(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("sys.argv", ["/x/fleetctl", "rollout", "--tag", "v1", "--webhook", "https://h/T0KEN"])
     assert session.command_line() == "fleetctl rollout --tag v1 --webhook '***'"

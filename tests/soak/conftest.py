@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from fleetctl.container import Container
 from fleetctl.lab import models
-from fleetctl.soak.verdict import ContainerState, SoakTarget
+from fleetctl.soak.verdict import SoakTarget
 
 SERVED = ("qwen36-35b-heretic", "qwen36-fast")
 
@@ -45,10 +46,11 @@ class LocalProcess:
         lines = self.log.read_text(errors="replace").splitlines()
         return "\n".join(lines[-tail:])
 
-    def state(self) -> ContainerState:
+    def state(self) -> Container:
         rc = self.proc.poll()
-        return ContainerState(exists=True, running=rc is None, status="running" if rc is None else "exited",
-                              exit_code=rc, restart_count=0, started_at=self.started, image="emulator:test")
+        return Container("emulator", running=rc is None,
+                         status="running" if rc is None else "exited", exit_code=rc,
+                         restart_count=0, started_at=self.started, image="emulator:test")
 
 
 @dataclass

@@ -4,20 +4,27 @@ shows the tag and the short digest."""
 
 from __future__ import annotations
 
-import json
+from typing import Any
 
 from fleetctl.cli.soak import _tag_of
+from fleetctl.container import Container, from_inspect
 from fleetctl.soak import report
-from fleetctl.soak.container import parse_inspect
-from fleetctl.soak.verdict import ContainerState, Outcome, Verdict
+from fleetctl.soak.verdict import Outcome, Verdict
 
 DIGEST = "sha256:" + "0123456789ab" + "cdef" * 13
 TAG = "2026-07-01-v0.24.0"
-STATE = json.dumps({"Status": "running", "Running": True, "Restarting": False, "StartedAt": "2026-07-01T00:00:00Z"})
+STATE = {"Status": "running", "Running": True, "Restarting": False,
+         "StartedAt": "2026-07-01T00:00:00Z"}
 
 
-def _inspect(image: str, labels: dict[str, str] | None) -> str:
-    return f"{STATE}\t0\t{image}\t{json.dumps(labels)}\n"
+def parse_inspect(c: dict[str, Any], host: str, name: str) -> Container:
+    """What DockerOverSSH reads (fleetctl.serving.inspect: the one parser of docker inspect)."""
+    return from_inspect(c)
+
+
+def _inspect(image: str, labels: dict[str, str] | None) -> dict[str, Any]:
+    return {"Name": "/vllm", "State": STATE, "RestartCount": 0,
+            "Config": {"Image": image, "Labels": labels}}
 
 
 def test_a_digest_pinned_container_is_named_by_its_fleetctl_tag_label() -> None:
@@ -29,19 +36,19 @@ def test_a_digest_pinned_container_is_named_by_its_fleetctl_tag_label() -> None:
 def test_without_labels_the_reference_gives_the_tag_and_never_the_digest_hex() -> None:
     assert parse_inspect(_inspect("reg/vllm:v0.23.0", None), "h", "vllm").tag == "v0.23.0"
     pinned = parse_inspect(_inspect(f"reg/vllm@{DIGEST}", {}), "h", "vllm")
-    assert pinned.tag == "" and pinned.digest == DIGEST
+    assert pinned.tag is None and pinned.digest == DIGEST
 
 
 class _Container:
     """Container access answering a fixed state (what DockerOverSSH reads over SSH)."""
 
-    def __init__(self, state: ContainerState) -> None:
+    def __init__(self, state: Container) -> None:
         self._state = state
 
     def logs(self, tail: int = 50) -> str:
         return ""
 
-    def state(self) -> ContainerState:
+    def state(self) -> Container:
         return self._state
 
 

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from fleetctl import paths
+from fleetctl.facts import probe_script
 from fleetctl.inventory import Host
-from fleetctl.status import parse_probe, probe_script, serving_target
+from fleetctl.status import parse_probe, serving_target
 from tests.role_modules import load_role_file
 
 STAND_IN = paths.project_root() / "controller" / "fleetctl" / "lab" / "assets" / "node" / "nvidia-smi"
@@ -72,8 +73,13 @@ def test_parse_probe_rejects_garbage() -> None:
 
 
 def _container(image: str, labels: dict[str, str], digest: str | None = None) -> str:
-    return json.dumps({"serving": {"container": {"name": "vllm", "image": image, "tag": "from-probe",
-                                                 "digest": digest, "running": True, "labels": labels}}})
+    """The probe's answer with a serving container (its redacted ``docker inspect`` is read)."""
+    inspect = {"Name": "/vllm", "State": {"Running": True, "Status": "running"},
+               "Config": {"Image": image, "Labels": labels}}
+    repo_digests = [f"10.78.6.1:5000/aeon-7/x@{digest}"] if digest else []
+    probed = {"name": "vllm", "image": image, "tag": "from-probe", "running": True,
+              "labels": labels, "inspect": inspect, "repo_digests": repo_digests}
+    return json.dumps({"serving": {"container": probed}})
 
 
 def test_tag_and_digest_come_from_the_rollouts_labels_not_the_digest_reference() -> None:

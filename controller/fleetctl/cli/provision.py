@@ -10,7 +10,7 @@ from rich.markup import escape
 
 from fleetctl import inventory as inv
 from fleetctl.ansible import PlaybookResult
-from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, fit_table, json_option, pass_ctx, to_jsonable
 from fleetctl.errors import ExitCode
 from fleetctl.provision import host_facts, provision
 
@@ -27,7 +27,7 @@ def result_json(r: PlaybookResult) -> dict[str, Any]:
                 "unreachable": h.unreachable, "skipped": h.skipped, "message": h.message,
                 "failures": [{"task": f.task, "message": f.message} for f in h.failures],
                 "warnings": list(h.warnings),
-                "facts": host_facts(h).__dict__,
+                "facts": to_jsonable(host_facts(h)),
                 "diffs": [{"task": d.task, "diff": d.diff} for d in h.diffs],
             }
             for name, h in r.hosts.items()

@@ -67,7 +67,7 @@ def _tag_of(container: ContainerAccess | None) -> tuple[str, str]:
         st = container.state()
     except FleetError:
         return "", ""
-    return st.tag, st.digest
+    return st.tag or "", st.digest or ""
 
 
 def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | None, profile: str | None,

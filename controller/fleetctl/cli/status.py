@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from fleetctl import inventory as inv
 from fleetctl import ssh
-from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx, to_jsonable
 from fleetctl.errors import ExitCode
 from fleetctl.status import DEFAULT_TIMEOUT, HostStatus, front_door_view, probe_fleet
 
@@ -76,7 +76,7 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                 serving = "[dim]none[/]"
                 digest = ""
             else:
-                state = "" if c.running else f" [red]({escape(c.state or 'stopped')})[/]"
+                state = "" if c.running else f" [red]({escape(c.status or 'stopped')})[/]"
                 serving = escape(f"{c.recipe or c.name}:{c.tag or c.image}") + state
                 digest = escape((c.digest or "?").replace("sha256:", "")[:12])
             gpu_ok = st.gpu == "NVIDIA GB10"
@@ -139,6 +139,18 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
     return render
 
 
+def status_json(statuses: Mapping[str, HostStatus]) -> dict[str, Any]:
+    """``--json``: host name -> its status; a container also keeps the keys ``state`` (its
+    ``status``) and ``restarts`` (its ``restart_count``) that scripts read before the one model."""
+    out: dict[str, Any] = to_jsonable(dict(statuses))
+    for st in out.values():
+        c = st.get("container")
+        if isinstance(c, dict):
+            c.setdefault("state", c.get("status"))
+            c.setdefault("restarts", c.get("restart_count"))
+    return out
+
+
 @click.command("status")
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
 @click.option("--timeout", type=Duration(1, 300), metavar="D", default=DEFAULT_TIMEOUT, show_default=True,
@@ -161,7 +173,7 @@ def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:
             statuses = {n: dataclasses.replace(st, front_door=doors.get(n)) for n, st in statuses.items()}
     finally:
         ssh.close_all()
-    ctx.emit(statuses, render_status(statuses))
+    ctx.emit(status_json(statuses), render_status(statuses))
     if any(not st.reachable for st in statuses.values()):
         raise click.exceptions.Exit(int(ExitCode.FAILED))
 

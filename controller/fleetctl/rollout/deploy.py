@@ -100,7 +100,7 @@ class DeployOutcome:
     """
 
     retired: bool
-    before: remote.Serving | None = None
+    before: remote.Container | None = None
     error: FleetError | None = None
     #: Where the run's artifacts are (ansible-runner's job events), when it went through Ansible.
     artifacts: str | None = None
@@ -248,13 +248,14 @@ class BatchedHostOps:
     def facts(self, recipe: Recipe, ref: str) -> remote.Facts:
         return self.inner.facts(recipe, ref)
 
-    def inspect(self, name: str) -> remote.Serving | None:
+    def inspect(self, name: str) -> remote.Container | None:
         return self.inner.inspect(name)
 
     def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
         return self.inner.pull(ref, on_line)
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> remote.Serving | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> remote.Container | None:
         if (name, rollout_id, target_digest) != (self.request.name, self.request.rollout_id, self.request.digest):
             raise FleetError(f"deploy step asked to retire {name} for {rollout_id}, not what the step was planned for",
                              host=self.host.name, fix="report this as a bug in fleetctl")
@@ -263,7 +264,7 @@ class BatchedHostOps:
             raise self.outcome.error or FleetError("the deploy did not retire the old container", host=self.host.name)
         return self.outcome.before
 
-    def swap(self, name: str) -> remote.Serving | None:
+    def swap(self, name: str) -> remote.Container | None:
         return self.inner.swap(name)
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
@@ -276,7 +277,7 @@ class BatchedHostOps:
         if self.outcome.error is not None:
             raise self.outcome.error
 
-    def restore(self, name: str) -> remote.Serving | None:
+    def restore(self, name: str) -> remote.Container | None:
         return self.inner.restore(name)
 
     def kill(self, name: str) -> None:
@@ -328,19 +329,18 @@ class BatchedHostOps:
         return self.inner.staged_bytes(paths)
 
 
-def serving_from_report(c: Mapping[str, object] | None) -> remote.Serving | None:
-    """The module's redacted container summary as the engine's :class:`~fleetctl.rollout.host.Serving`."""
+def serving_from_report(c: Mapping[str, object] | None) -> remote.Container | None:
+    """The module's redacted container summary as a :class:`~fleetctl.container.Container`."""
     if not c:
         return None
     labels = {str(k): str(v) for k, v in dict(c.get("labels") or {}).items()}  # type: ignore[call-overload]
     settings = {k: c.get(k) for k in ("image", "entrypoint", "cmd", "env_names", "binds", "network_mode",
                                       "ipc_mode", "gpus")}
     settings["labels"] = labels
-    return remote.Serving(
+    return remote.Container(
         name=str(c.get("name") or ""), running=bool(c.get("running")), status=str(c.get("status") or ""),
         image=str(c.get("image") or ""), digest=labels.get(remote.LABEL_DIGEST), tag=labels.get(remote.LABEL_TAG),
-        recipe=labels.get(remote.LABEL_RECIPE), rollout=labels.get(remote.LABEL_ROLLOUT), settings=settings,
-        fingerprint=labels.get(remote.LABEL_FINGERPRINT))
+        labels={k: v for k, v in labels.items() if k.startswith("fleetctl.")}, settings=settings)
 
 
 class AnsibleDeployer:

@@ -13,23 +13,30 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Protocol
 
 from fleetctl import bandwidth, secretenv, serving, ssh, stage, warmcache
-from fleetctl.errors import FleetError
+from fleetctl import facts as probe
+from fleetctl.container import LABEL_DIGEST as LABEL_DIGEST
+from fleetctl.container import LABEL_FINGERPRINT as LABEL_FINGERPRINT
+from fleetctl.container import LABEL_IMAGE as LABEL_IMAGE
+from fleetctl.container import LABEL_RECIPE as LABEL_RECIPE
+from fleetctl.container import LABEL_ROLLOUT as LABEL_ROLLOUT
+from fleetctl.container import LABEL_TAG as LABEL_TAG
+
+# The rollout's engine names what a host operation returns through this module (remote.Container).
+from fleetctl.container import Container as Container
+from fleetctl.facts import Facts as Facts
 from fleetctl.inventory import Host
 from fleetctl.recipes import STAGED_MARKER, MemberLaunch, Recipe
 from fleetctl.rollout import imagetree
 from fleetctl.rollout.host_ssh import SshHostCommands
-from fleetctl.serving import container_name
+from fleetctl.serving import container_name, inspect
 from fleetctl.state import hoststate
 
 PREV_SUFFIX = ".prev"
-LABEL_RECIPE, LABEL_TAG, LABEL_DIGEST, LABEL_ROLLOUT, LABEL_IMAGE, LABEL_FINGERPRINT = (
-    "fleetctl.recipe", "fleetctl.tag", "fleetctl.digest", "fleetctl.rollout", "fleetctl.image",
-    "fleetctl.fingerprint")
 _PULL_TIMEOUT = 1800.0
 #: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
 GB10 = "NVIDIA GB10"
@@ -58,129 +65,6 @@ def fingerprint(recipe: Recipe) -> str:
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-@dataclass(frozen=True)
-class Serving:
-    """A serving container as ``docker inspect`` shows it (env values removed)."""
-
-    name: str
-    running: bool
-    status: str
-    image: str
-    digest: str | None
-    tag: str | None
-    recipe: str | None
-    rollout: str | None
-    #: Redacted settings: image, entrypoint, cmd, env NAMES, binds, network/ipc mode, labels.
-    settings: dict[str, Any] = field(default_factory=dict)
-    #: The ``fleetctl.fingerprint`` label (None on a container fleetctl did not start, or an older one).
-    fingerprint: str | None = None
-    #: Docker's container ID: a container replaced under the same name has another.
-    id: str = ""
-    #: How many times Docker's restart policy restarted it.
-    restarts: int = 0
-
-
-def _serving_from_inspect(c: Mapping[str, Any], repo_digests: Sequence[str]) -> Serving:
-    cfg = c.get("Config") or {}
-    hc = c.get("HostConfig") or {}
-    labels = dict(cfg.get("Labels") or {})
-    image_ref = str(cfg.get("Image") or "")
-    digest = labels.get(LABEL_DIGEST)
-    if not digest:
-        if "@" in image_ref:
-            digest = image_ref.split("@", 1)[1]
-        elif repo_digests:
-            digest = repo_digests[0].split("@", 1)[1]
-    tag = labels.get(LABEL_TAG)
-    if not tag:
-        last = image_ref.split("@", 1)[0].rsplit("/", 1)[-1]
-        tag = last.split(":", 1)[1] if ":" in last else None
-    state = c.get("State") or {}
-    settings = {
-        "image": image_ref,
-        "entrypoint": cfg.get("Entrypoint"),
-        "cmd": cfg.get("Cmd"),
-        "env_names": sorted(str(e).split("=", 1)[0] for e in cfg.get("Env") or []),
-        "binds": hc.get("Binds"),
-        "network_mode": hc.get("NetworkMode"),
-        "ipc_mode": hc.get("IpcMode"),
-        "gpus": bool(hc.get("DeviceRequests")),
-        "restart": (hc.get("RestartPolicy") or {}).get("Name") or "no",
-        "labels": labels,
-    }
-    return Serving(
-        name=str(c.get("Name", "")).lstrip("/"), running=serving.is_running(state),
-        status=str(state.get("Status", "")), image=image_ref, digest=digest, tag=tag,
-        recipe=labels.get(LABEL_RECIPE), rollout=labels.get(LABEL_ROLLOUT), settings=settings,
-        fingerprint=labels.get(LABEL_FINGERPRINT), id=str(c.get("Id") or ""),
-        restarts=int(c.get("RestartCount") or 0),
-    )
-
-
-#: One round trip: inspect a container and its image's repo digests; prints JSON or nothing.
-_INSPECT = """c=$(docker inspect --type container {name} 2>/dev/null) || exit 0
-img=$(printf '%s' "$c" | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Image"])')
-d=$(docker image inspect --format '{{{{json .RepoDigests}}}}' "$img" 2>/dev/null || echo '[]')
-printf '{{"c": %s, "d": %s}}' "$c" "$d"
-"""
-
-
-def inspect(host: Host, name: str, timeout: float = 30.0) -> Serving | None:
-    """The container ``name`` on ``host`` (running or not), or None when there is none."""
-    r = ssh.docker(host, _INSPECT.format(name=shlex.quote(name)), timeout=timeout)
-    r.check(f"docker inspect {name}")
-    if not r.stdout.strip():
-        return None
-    data = json.loads(r.stdout)
-    return _serving_from_inspect(data["c"][0], data["d"] or [])
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What preflight learns about a host in one round trip."""
-
-    host: str
-    gpu: str
-    nvidia_runtime: bool
-    free_gb: float
-    #: Each weight set not staged and verified for the recipe, with why (see unstaged_weights).
-    missing_weights: tuple[str, ...]
-    serving: Serving | None
-    previous: Serving | None
-    has_image: bool
-
-
-_FACTS = r"""
-import json, os, shutil, subprocess, sys
-a = json.loads(sys.argv[1])
-def run(*cmd):
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-        return p.returncode, p.stdout.strip()
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return 127, str(e)
-rc, gpu = run("nvidia-smi", "--query-gpu=name", "--format=csv,noheader")
-gpu = gpu.splitlines()[0] if rc == 0 and gpu else ("(nvidia-smi failed: %s)" % (gpu.splitlines() or ["not found"])[-1])
-rc, rt = run("docker", "info", "--format", "{{json .Runtimes}}")
-rc2, root = run("docker", "info", "--format", "{{.DockerRootDir}}")
-try:
-    free = shutil.disk_usage(root if rc2 == 0 and root else "/").free / 1e9
-except OSError:
-    free = -1.0
-markers = {}
-for w in a["weights"]:
-    try:
-        with open(os.path.join(w, a["marker"])) as f:
-            markers[w] = json.load(f)
-    except FileNotFoundError:
-        markers[w] = None
-    except (OSError, ValueError) as e:
-        markers[w] = "unreadable: %s" % e
-rc3, _ = run("docker", "image", "inspect", a["ref"])
-print(json.dumps({"gpu": gpu, "nvidia": rc == 0 and '"nvidia"' in rt, "free": free, "markers": markers, "has_image": rc3 == 0}))
-"""
-
-
 def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str, ...]:
     """Each weight set of ``recipe`` not staged and verified for it, with why.
 
@@ -203,18 +87,18 @@ def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str
 
 
 def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
-    """GPU name, toolkit runtime, free disk, weights present, current and previous container."""
-    arg = json.dumps({"weights": [w.path for w in recipe.weights], "ref": ref, "marker": STAGED_MARKER})
-    r = ssh.run(host, ["python3", "-c", _FACTS, arg], timeout=timeout, become=True).check("preflight probe")
-    try:
-        d = json.loads(r.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise FleetError(f"preflight probe printed no result: {r.stdout[-200:]!r}", host=host.name,
-                         fix="check that python3 runs on the host") from None
+    """The host's facts for a rollout to ``ref``, in one round trip: the facts probe
+    (fleetctl.facts) with ``--image`` (present, Docker's runtimes, free disk), the recipe's
+    weights' stage markers and the serving container and its ``.prev``; ``serving``,
+    ``previous`` and ``missing_weights`` set."""
     name = container_name(host)
-    return Facts(host.name, str(d["gpu"]), bool(d["nvidia"]), float(d["free"]),
-                 unstaged_weights(recipe, d["markers"]),
-                 inspect(host, name), inspect(host, name + PREV_SUFFIX), bool(d["has_image"]))
+    argv = probe.argv(image=ref, weights=[w.path for w in recipe.weights], marker=STAGED_MARKER,
+                      inspect=[name, name + PREV_SUFFIX])
+    r = ssh.run(host, argv, timeout=timeout, stdin=probe.probe_script(), become=True)
+    r.check("preflight probe", fix="check that python3 runs on the host")
+    f = probe.parse(host.name, r.stdout)
+    return replace(f, serving=f.containers.get(name), previous=f.containers.get(name + PREV_SUFFIX),
+                   missing_weights=unstaged_weights(recipe, f.weights))
 
 
 def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT, on_line: Callable[[str], None] | None = None) -> float:
@@ -227,7 +111,8 @@ def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT, on_line: Callable
     return r.seconds
 
 
-def retire(host: Host, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
+def retire(host: Host, name: str, rollout_id: str, target_digest: str,
+           grace: int = 30) -> Container | None:
     """Make way for the new container; return the version to go back to (None if nothing).
 
     A running serving container is stopped and kept as ``<name>.prev`` (an
@@ -323,7 +208,7 @@ def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollou
     r.check(f"docker run {name}", fix="see the error above; the previous container is kept as " + name + PREV_SUFFIX)
 
 
-def restore(host: Host, name: str) -> Serving | None:
+def restore(host: Host, name: str) -> Container | None:
     """Put the ``.prev`` container back as the serving one; None when there is no ``.prev``.
 
     The container in ``name``'s place (judged bad, or half-started) is killed,
@@ -338,7 +223,7 @@ def restore(host: Host, name: str) -> Serving | None:
     return prev
 
 
-def swap(host: Host, name: str) -> Serving | None:
+def swap(host: Host, name: str) -> Container | None:
     """Kill the serving container and exchange it with ``.prev``, which is started; None without a ``.prev``.
 
     Nothing is removed: the abandoned container becomes ``.prev``, so that the
@@ -383,7 +268,7 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         """Preflight facts: GPU, runtime, disk, staged weights, current and previous container."""
         ...
 
-    def inspect(self, name: str) -> Serving | None:
+    def inspect(self, name: str) -> Container | None:
         """The container ``name`` (running or not), or None."""
         ...
 
@@ -391,11 +276,12 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         """Pull ``ref``; seconds taken. ``on_line`` gets docker's progress lines (see :func:`pull`)."""
         ...
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> Container | None:
         """Stop the serving container and keep it as ``.prev`` (see :func:`retire`)."""
         ...
 
-    def swap(self, name: str) -> Serving | None:
+    def swap(self, name: str) -> Container | None:
         """Exchange the serving container with ``.prev`` (see :func:`swap`)."""
         ...
 
@@ -413,7 +299,7 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         """``docker start name`` (see :func:`start_again`)."""
         ...
 
-    def restore(self, name: str) -> Serving | None:
+    def restore(self, name: str) -> Container | None:
         """Kill what is in ``name``'s place and start ``.prev`` there again (see :func:`restore`)."""
         ...
 
@@ -434,16 +320,17 @@ class SshHostOps(SshHostCommands):
     def facts(self, recipe: Recipe, ref: str) -> Facts:
         return facts(self.host, recipe, ref)
 
-    def inspect(self, name: str) -> Serving | None:
+    def inspect(self, name: str) -> Container | None:
         return inspect(self.host, name)
 
     def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
         return pull(self.host, ref, on_line=on_line)
 
-    def retire(self, name: str, rollout_id: str, target_digest: str, grace: int = 30) -> Serving | None:
+    def retire(self, name: str, rollout_id: str, target_digest: str,
+               grace: int = 30) -> Container | None:
         return retire(self.host, name, rollout_id, target_digest, grace)
 
-    def swap(self, name: str) -> Serving | None:
+    def swap(self, name: str) -> Container | None:
         return swap(self.host, name)
 
     def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
@@ -457,7 +344,7 @@ class SshHostOps(SshHostCommands):
     def start_again(self, name: str) -> None:
         start_again(self.host, name)
 
-    def restore(self, name: str) -> Serving | None:
+    def restore(self, name: str) -> Container | None:
         return restore(self.host, name)
 
     def kill(self, name: str) -> None:

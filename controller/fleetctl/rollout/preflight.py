@@ -56,15 +56,17 @@ class Planning(Session):
             out[h.name] = f
             need = float(h.vars.get("fleetctl_image_free_gb", DEFAULT_IMAGE_FREE_GB))
             if f.gpu != GB10:
-                problems.append(f"{h.name}: GPU is {f.gpu!r}, not {GB10}: the images are built for sm_121a only")
+                problems.append(f"{h.name}: GPU is {f.gpu_or_why!r}, not {GB10}: "
+                                "the images are built for sm_121a only")
             if not f.nvidia_runtime:
                 problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit missing)"
                                 " - run `fleetctl provision`")
             for why in f.missing_weights:
                 problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe {self._recipe_of(h, recipe).name} "
                                 f"--limit {h.name}`")
-            if not f.has_image and f.free_gb < need:
-                problems.append(f"{h.name}: {f.free_gb:.1f} GB free for the image, needs {need:.0f} GB")
+            if not f.has_image and (f.image_free_gb or 0.0) < need:
+                problems.append(f"{h.name}: {f.image_free_gb or 0.0:.1f} GB free for the image, "
+                                f"needs {need:.0f} GB")
             self._emit("preflight", "ok" if not problems else "checked", h.name)
         if problems:
             raise FleetError("preflight refused the rollout before any change:\n  " + "\n  ".join(problems),
@@ -110,7 +112,7 @@ class Planning(Session):
         img = self.resolve(recipe, opts.tag or "")
         ref = registry.pull_ref(recipe.image, img.digest, self.mirrors)
         facts = self._preflight(hosts, recipe, ref)
-        self.gpus.update({n: f.gpu for n, f in facts.items()})
+        self.gpus.update({n: f.gpu_or_why for n, f in facts.items()})
         names = [h.name for h in hosts]
         current = {n: (f.serving.tag, f.serving.digest) if f.serving and f.serving.running else (None, None)
                    for n, f in facts.items()}

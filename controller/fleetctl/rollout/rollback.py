@@ -227,7 +227,7 @@ class Rollback(Forward, UnitRollback):
             # Killed while putting back what served before: finish that.
             self._undo_rollback(rid, recipe, h, ops, rec.error or "the target failed", show)
             return
-        def wanted(s: remote.Serving | None) -> bool:
+        def wanted(s: remote.Container | None) -> bool:
             return s is not None and same_version(digest, fingerprint, s.digest, s.fingerprint)
 
         if not wanted(cur) and not wanted(prev) and fingerprint and fingerprint != remote.fingerprint(recipe):

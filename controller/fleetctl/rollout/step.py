@@ -72,13 +72,14 @@ class HostSteps(DoorSteps):
         if v.outcome.value != "pass":
             raise FleetError(f"the restored {tag} failed its smoke test: {gate.failed_checks_text(v)}", host=h.name)
 
-    def _keep_known_good(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host, now: remote.Serving | None) -> None:
+    def _keep_known_good(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host,
+                         now: remote.Container | None) -> None:
         """``p``'s version passed on ``h``: a known-good of the host (with the container's settings)."""
         self.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest, fingerprint=remote.fingerprint(recipe),
                                    settings=now.settings if now else None, source="gate", rollout_id=rid)
 
     def _passed(self, rid: str, recipe: Recipe, p: wave_plan.Plan, h: Host, detail: str, show: Mapping[str, Any],
-                verdict: Any, summary: Mapping[str, Any], now: remote.Serving | None) -> None:
+                verdict: Any, summary: Mapping[str, Any], now: remote.Container | None) -> None:
         """``h`` passed its gate: known-good first, then done (a kill between them leaves a host to re-check,
         never a lost intent), and its state file's last known-good."""
         self._keep_known_good(rid, recipe, p, h, now)
@@ -95,7 +96,8 @@ class HostSteps(DoorSteps):
                     error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
 
     def _after_restore(self, rid: str, h: Host, why: str, detail: str, back: Mapping[str, Any], judged: bool,
-                       prev: remote.Serving | None, prev_tag: str | None, summary: Mapping[str, Any]) -> None:
+                       prev: remote.Container | None, prev_tag: str | None,
+                       summary: Mapping[str, Any]) -> None:
         """``h`` serves its previous version again: rolled back (a verdict), or restored and left pending for
         --resume (``judged`` False: Ctrl-C is no verdict on the version)."""
         if not judged:
@@ -200,7 +202,7 @@ class HostSteps(DoorSteps):
             self.held.record(h.name, last_known_good=hoststate.Version(p.tag, p.digest, rid, time.time()))
 
     def _deploy_and_gate(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, h: Host, ops: remote.HostOps,
-                         cur: remote.Serving | None, show: Mapping[str, Any], t: dict[str, float],
+                         cur: remote.Container | None, show: Mapping[str, Any], t: dict[str, float],
                          before_tag: str | None) -> None:
         """Start the target (unless already this rollout's), wait for it, soak it; record the verdict."""
         if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):

@@ -51,7 +51,7 @@ class MemberWatch:
 
     def _look(self, h: Host) -> tuple[str, bool, int] | None:
         c = self.ops(h).inspect(container_name(h))
-        return None if c is None else (c.id, c.running, c.restarts)
+        return None if c is None else (c.id, c.running, c.restart_count)
 
     def __enter__(self) -> MemberWatch:
         self._thread.start()
@@ -347,7 +347,7 @@ class UnitRollback(UnitSteps):
             self._undo_unit(rid, recipe, unit, "the target failed before the controller died", show)
             return
 
-        def wanted(s: remote.Serving | None) -> bool:
+        def wanted(s: remote.Container | None) -> bool:
             return s is not None and s.digest == digest and (fingerprint is None or s.fingerprint in (fingerprint, None))
 
         looks = self._each(members, lambda h: (self.ops(h).inspect(container_name(h)),
@@ -424,7 +424,7 @@ class UnitRollback(UnitSteps):
                                                    self.ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
                                "inspect")
 
-            def is_before(h: Host, s: remote.Serving | None) -> bool:
+            def is_before(h: Host, s: remote.Container | None) -> bool:
                 r = recs[h.name]
                 return s is not None and r is not None and s.digest == r.before_digest
 

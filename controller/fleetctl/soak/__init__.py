@@ -20,7 +20,6 @@ from fleetctl.soak.run import run_soak, smoke_check
 from fleetctl.soak.verdict import (
     CheckResult,
     ContainerAccess,
-    ContainerState,
     Outcome,
     Readiness,
     SoakTarget,
@@ -30,7 +29,6 @@ from fleetctl.soak.verdict import (
 __all__ = [
     "CheckResult",
     "ContainerAccess",
-    "ContainerState",
     "Outcome",
     "Readiness",
     "SoakConfig",

@@ -21,12 +21,12 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from fleetctl.container import Container
 from fleetctl.soak import metrics, prompts
 from fleetctl.soak.config import CHECKS, CheckSpec, SoakConfig
 from fleetctl.soak.loops import find_loop
 from fleetctl.soak.verdict import (
     CheckResult,
-    ContainerState,
     LevelSummary,
     Measurement,
     Outcome,
@@ -131,8 +131,8 @@ class Evidence:
     load_ran: bool = False
     #: Non-empty when the server crashed during the soak: what happened, with the log's cause.
     crash: str = ""
-    container_before: ContainerState | None = None
-    container_after: ContainerState | None = None
+    container_before: Container | None = None
+    container_after: Container | None = None
     #: Why container state could not be read (empty when it was, or when there is no access).
     container_error: str = ""
     has_container: bool = False

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import checks, metrics, prompts
@@ -31,7 +32,6 @@ from fleetctl.soak.readiness import (
     container_state,
 )
 from fleetctl.soak.verdict import (
-    ContainerState,
     LevelSummary,
     Readiness,
     Sample,
@@ -161,8 +161,8 @@ class SoakState:
     ident: Identity | None = None
     smoke: list[SmokeResult] = field(default_factory=list)
     load_ran: bool = False
-    container_before: ContainerState | None = None
-    container_after: ContainerState | None = None
+    container_before: Container | None = None
+    container_after: Container | None = None
     container_error: str = ""
     #: Requests that got no token for the liveness bound while /health answered.
     wedges: list[Wedge] = field(default_factory=list)

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.soak import secrets
 from fleetctl.soak.client import Client, Probe
 from fleetctl.soak.verdict import (
-    ContainerState,
     Outcome,
     Readiness,
     SoakTarget,
@@ -77,9 +77,10 @@ async def container_call(target: SoakTarget, fn: Callable[[SoakTarget], Any]) ->
     return await asyncio.to_thread(fn, target)
 
 
-async def container_state(target: SoakTarget) -> ContainerState:
+async def container_state(target: SoakTarget) -> Container:
     assert target.container is not None
-    st: ContainerState = await container_call(target, lambda t: t.container.state())  # type: ignore[union-attr]
+    st: Container = await container_call(
+        target, lambda t: t.container.state())  # type: ignore[union-attr]
     return st
 
 

@@ -22,9 +22,10 @@ from collections.abc import Collection, Mapping
 from typing import Any, TypeVar
 
 from fleetctl import secretenv
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
-from fleetctl.soak.verdict import ContainerAccess, ContainerState, SoakTarget
+from fleetctl.soak.verdict import ContainerAccess, SoakTarget
 
 #: What a credential is replaced with.
 REDACTED = "<redacted>"
@@ -141,7 +142,7 @@ class _ScrubbedContainer:
     def logs(self, tail: int = 50) -> str:
         return self.scrub(self.inner.logs(tail))
 
-    def state(self) -> ContainerState:
+    def state(self) -> Container:
         return self.inner.state()
 
 

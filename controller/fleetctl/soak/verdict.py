@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
+from fleetctl.container import Container
+
 #: Version of the verdict's JSON shape; a newer one is refused when loading a baseline.
 SCHEMA_VERSION = 1
 
@@ -36,23 +38,6 @@ class Outcome(enum.StrEnum):
     SKIPPED = "skipped"
 
 
-@dataclass(frozen=True)
-class ContainerState:
-    """The serving container as Docker sees it."""
-
-    exists: bool
-    running: bool = False
-    status: str = ""
-    exit_code: int | None = None
-    restart_count: int = 0
-    started_at: str = ""
-    image: str = ""
-    #: The tag it serves (the rollout's ``fleetctl.tag`` label, else the reference's ``:tag``) and its
-    #: digest (``fleetctl.digest``, else the reference's ``@sha256:...``): empty when unknown.
-    tag: str = ""
-    digest: str = ""
-
-
 class ContainerAccess(Protocol):
     """Optional access to the container behind an endpoint (e.g. over SSH).
 
@@ -64,8 +49,8 @@ class ContainerAccess(Protocol):
         """The container's last ``tail`` log lines (stdout and stderr)."""
         ...
 
-    def state(self) -> ContainerState:
-        """The container's current state."""
+    def state(self) -> Container:
+        """The container's current state (``exists=False`` when it is gone)."""
         ...
 
 

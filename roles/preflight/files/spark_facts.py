@@ -13,6 +13,10 @@ exists for it, the Docker and nvidia-container-toolkit versions, free disk
 under a path (``/opt``) and uptime. With ``--serving``: the serving container
 (label ``fleetctl.recipe``, else ``--container NAME``) with its image, digest
 and fleetctl labels, and ``/health`` of ``--port`` on the host itself.
+For a rollout's preflight: ``--image REF`` (present, Docker's runtimes, free disk
+under Docker's root), ``--weights PATH`` (repeated; each set's ``--marker`` file)
+and ``--inspect NAME`` (repeated; each container's ``docker inspect``). Env values
+of an inspected container never leave the host: only their names.
 A fact that cannot be read is ``null`` with the reason under ``errors``.
 """
 
@@ -159,14 +163,14 @@ def toolkit() -> str | None:
     return m.group(1) if m else None
 
 
-def disk(path: str) -> dict[str, object] | None:
+def disk(path: str, key: str = "disk") -> dict[str, object] | None:
     p = path
     while p and not os.path.exists(p):  # a not yet created /opt/x is on its parent's filesystem
         p = os.path.dirname(p.rstrip("/")) or "/"
     try:
         st = os.statvfs(p)
     except OSError as e:
-        ERRORS["disk"] = f"{path}: {e.strerror}"
+        ERRORS[key] = f"{path}: {e.strerror}"
         return None
     return {"path": path, "free_gb": round(st.f_bavail * st.f_frsize / 1e9, 2),
             "total_gb": round(st.f_blocks * st.f_frsize / 1e9, 2)}
@@ -230,7 +234,7 @@ def serving(container: str | None, port: int) -> dict[str, object]:
                 "repo_digests": digests, "running": up(c), "status": state.get("Status"),
                 "started_at": state.get("StartedAt"), "restarts": c.get("RestartCount", 0),
                 "labels": {k: v for k, v in labels.items() if k.startswith("fleetctl.")},
-                "others": len(items) - 1,
+                "others": len(items) - 1, "inspect": redacted(c),
             }
     t0 = time.monotonic()
     url = f"http://127.0.0.1:{port}/health"
@@ -245,6 +249,68 @@ def serving(container: str | None, port: int) -> dict[str, object]:
         code, err_s = None, str(reason)
     out["health"] = {"url": f":{port}/health", "status": code, "error": err_s,
                      "seconds": round(time.monotonic() - t0, 3)}
+    return out
+
+
+def redacted(c: dict) -> dict:
+    """A ``docker inspect`` object without its env values (names kept): secrets stay on the host."""
+    cfg = dict(c.get("Config") or {})
+    cfg["Env"] = [str(e).split("=", 1)[0] for e in cfg.get("Env") or []]
+    return {**c, "Config": cfg}
+
+
+def containers(names: list[str]) -> dict[str, object]:
+    """Each container named (``--inspect``): its redacted inspect and image RepoDigests, or None."""
+    out: dict[str, object] = {}
+    for name in names:
+        rc, text, err = run(["docker", "inspect", "--type", "container", name])
+        try:
+            c = json.loads(text)[0] if rc == 0 else None
+        except (ValueError, IndexError):
+            c = None
+        if c is None:
+            if rc != 0 and "no such" not in (err + text).lower():
+                ERRORS["containers"] = first_line(err) or f"docker inspect exited {rc}"
+            out[name] = None
+            continue
+        rc, dtext, _ = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}",
+                            c.get("Image", "")])
+        try:
+            digests = (json.loads(dtext) if rc == 0 else None) or []
+        except ValueError:
+            digests = []
+        out[name] = {"inspect": redacted(c), "repo_digests": digests}
+    return out
+
+
+def image_store(ref: str) -> dict[str, object]:
+    """For ``--image REF``: whether REF is present, Docker's runtimes, free disk under its root."""
+    rc, out, err = run(["docker", "info", "--format", "{{json .Runtimes}}\t{{.DockerRootDir}}"])
+    runtimes, root = None, None
+    if rc == 0 and "\t" in out:
+        raw, root = out.strip().split("\t", 1)
+        try:
+            runtimes = sorted(json.loads(raw) or {})
+        except ValueError:
+            runtimes = None
+    if runtimes is None:
+        ERRORS["docker_runtimes"] = first_line(err) or first_line(out) or f"docker info exited {rc}"
+    rc_img, _, _ = run(["docker", "image", "inspect", "--format", "{{.Id}}", ref])
+    return {"ref": ref, "present": rc_img == 0, "runtimes": runtimes,
+            "disk": disk(root or "/", "image_disk")}
+
+
+def weight_markers(paths: list[str], marker: str) -> dict[str, object]:
+    """For ``--weights PATH``: each set's stage marker (``--marker``) as JSON, None when absent."""
+    out: dict[str, object] = {}
+    for w in paths:
+        try:
+            with open(os.path.join(w, marker), encoding="utf-8") as f:
+                out[w] = json.load(f)
+        except FileNotFoundError:
+            out[w] = None
+        except (OSError, ValueError) as e:
+            out[w] = f"unreadable: {e}"
     return out
 
 
@@ -266,6 +332,9 @@ def fleetctl_state(path: str) -> object:
 
 def main(argv: list[str]) -> int:
     path, want_serving, container, port, state_file = "/opt", False, None, 8000, None
+    image, marker = None, ".fleetctl-staged.json"
+    weights: list[str] = []
+    inspect: list[str] = []
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -279,6 +348,14 @@ def main(argv: list[str]) -> int:
             port, i = int(argv[i + 1]), i + 1
         elif a == "--state-file":
             state_file, i = argv[i + 1], i + 1
+        elif a == "--image":
+            image, i = argv[i + 1], i + 1
+        elif a == "--marker":
+            marker, i = argv[i + 1], i + 1
+        elif a == "--weights":
+            weights, i = [*weights, argv[i + 1]], i + 1
+        elif a == "--inspect":
+            inspect, i = [*inspect, argv[i + 1]], i + 1
         else:
             sys.stderr.write(f"spark_facts: unknown option {a}\n")
             return 2
@@ -292,6 +369,12 @@ def main(argv: list[str]) -> int:
         facts["serving"] = serving(container, port)
     if state_file:
         facts["fleetctl_state"] = fleetctl_state(state_file)
+    if image:
+        facts["image"] = image_store(image)
+    if weights:
+        facts["weights"] = weight_markers(weights, marker)
+    if inspect:
+        facts["containers"] = containers(inspect)
     facts["errors"] = ERRORS
     json.dump(facts, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
