@@ -275,49 +275,20 @@ def load_config(
         value = src.get(key, default if default is not None else d.get(key))
         return _scalar(value, kind, f"{where}.{label or key}")
 
-    sustained_raw = raw.get("sustained", {})
-    if not isinstance(sustained_raw, Mapping):
-        raise SoakConfigError(f"{where}.sustained must be a mapping",
-                              fix="e.g. sustained: {duration: 10m, concurrency: 16, window: 60s}")
-    _unknown(sustained_raw, _SUSTAINED_KEYS, f"{where}.sustained")
+    sustained_raw = _sustained(raw.get("sustained", {}), f"{where}.sustained")
     sd = d["sustained"]
-
-    concurrency = raw.get("concurrency", d["concurrency"])
-    if (not isinstance(concurrency, Sequence) or isinstance(concurrency, str) or not concurrency
-            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in concurrency)):
-        raise SoakConfigError(f"{where}.concurrency {concurrency!r} is not a list of positive integers",
-                              fix="e.g. concurrency: [1, 4, 16, 32, 64]")
-    if list(concurrency) != sorted(set(concurrency)):
-        raise SoakConfigError(f"{where}.concurrency {list(concurrency)} must rise strictly",
-                              fix="list each level once, smallest first, e.g. [1, 4, 16, 32, 64]")
-
-    classes = raw.get("classes", d["classes"])
-    if (not isinstance(classes, Sequence) or isinstance(classes, str)
-            or any(c not in CLASSES for c in classes)):
-        raise SoakConfigError(f"{where}.classes {classes!r} names an unknown prompt class",
-                              fix=f"choose from: {', '.join(CLASSES)}")
-
-    spec_raw = raw.get("speculative", speculative)
-    if spec_raw is not None and not isinstance(spec_raw, bool):
-        raise SoakConfigError(f"{where}.speculative {spec_raw!r} is not true/false",
-                              fix="leave it out to follow the recipe's --speculative-config")
-    thinking = raw.get("thinking", d.get("thinking", False))
-    if not isinstance(thinking, bool):
-        raise SoakConfigError(f"{where}.thinking {thinking!r} is not true/false",
-                              fix="thinking: false (the reference figures' setting) or true")
-    rates = raw.get("request_rates", d.get("request_rates", []))
-    if (not isinstance(rates, Sequence) or isinstance(rates, str)
-            or any(isinstance(r, bool) or not isinstance(r, int | float) or r <= 0 for r in rates)):
-        raise SoakConfigError(f"{where}.request_rates {rates!r} is not a list of positive rates",
-                              fix="requests per second, e.g. request_rates: [2, 8]")
-    slo_raw = raw.get("slo") or {}
-    if not isinstance(slo_raw, Mapping) or set(slo_raw) - {"ttft_ms", "tpot_ms", "e2el_ms"}:
-        raise SoakConfigError(f"{where}.slo must map ttft_ms, tpot_ms and/or e2el_ms to milliseconds",
-                              fix="e.g. slo: {ttft_ms: 500, tpot_ms: 60, e2el_ms: 20000}")
-    slo = {str(k): float(_scalar(v, "number", f"{where}.slo.{k}")) for k, v in slo_raw.items()}
+    concurrency = _concurrency(raw.get("concurrency", d["concurrency"]), f"{where}.concurrency")
+    classes = _classes(raw.get("classes", d["classes"]), f"{where}.classes")
+    spec_raw = _flag(raw.get("speculative", speculative), f"{where}.speculative",
+                     "leave it out to follow the recipe's --speculative-config")
+    thinking = _flag(raw.get("thinking", d.get("thinking", False)), f"{where}.thinking",
+                     "thinking: false (the reference figures' setting) or true", optional=False)
+    rates = _rates(raw.get("request_rates", d.get("request_rates", [])), f"{where}.request_rates")
+    slo = _slo(raw.get("slo") or {}, f"{where}.slo")
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
-        raise SoakConfigError(f"{where}.model must be a served model name", fix="e.g. model: qwen36-fast")
+        raise SoakConfigError(f"{where}.model must be a served model name",
+                              fix="e.g. model: qwen36-fast")
 
     return SoakConfig(
         profile=prof,
@@ -330,11 +301,11 @@ def load_config(
         request_timeout=num("request_timeout", "duration"),
         max_tokens=num("max_tokens", "count"),
         temperature=num("temperature"),
-        concurrency=tuple(concurrency),
+        concurrency=concurrency,
         requests_per_level=num("requests_per_level", "count"),
         min_requests_per_level=num("min_requests_per_level", "count"),
         level_timeout=num("level_timeout", "duration"),
-        classes=tuple(classes),
+        classes=classes,
         class_requests=num("class_requests", "count"),
         long_context_tokens=num("long_context_tokens", "count"),
         smoke_max_tokens=num("smoke_max_tokens", "count"),
@@ -349,11 +320,11 @@ def load_config(
         turns=max(1, num("turns", "count", sustained_raw, sd["turns"], "sustained.turns")),
         checks=_load_checks(raw.get("checks", {}), d["checks"], f"{where}.checks"),
         recipe=recipe,
-        thinking=thinking,
+        thinking=thinking is True,
         slo=slo,
         trials=max(1, num("trials", "count")),
         stagger=num("stagger"),
-        request_rates=tuple(float(r) for r in rates),
+        request_rates=rates,
         deadline=num("deadline", "duration", default=0.0) if "deadline" in raw else 0.0,
     )
 
@@ -369,6 +340,60 @@ def from_recipe(recipe: Any, *, profile: str | None = None) -> SoakConfig:
         speculative=spec,
         recipe=str(getattr(recipe, "name", "")),
     )
+
+
+def _sustained(raw: Any, where: str) -> Mapping[str, Any]:
+    """The ``sustained:`` mapping, its keys checked."""
+    if not isinstance(raw, Mapping):
+        raise SoakConfigError(f"{where} must be a mapping",
+                              fix="e.g. sustained: {duration: 10m, concurrency: 16, window: 60s}")
+    _unknown(raw, _SUSTAINED_KEYS, where)
+    return raw
+
+
+def _concurrency(value: Any, where: str) -> tuple[int, ...]:
+    """The sweep's levels: positive integers, rising strictly."""
+    if (not isinstance(value, Sequence) or isinstance(value, str) or not value
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in value)):
+        raise SoakConfigError(f"{where} {value!r} is not a list of positive integers",
+                              fix="e.g. concurrency: [1, 4, 16, 32, 64]")
+    if list(value) != sorted(set(value)):
+        raise SoakConfigError(f"{where} {list(value)} must rise strictly",
+                              fix="list each level once, smallest first, e.g. [1, 4, 16, 32, 64]")
+    return tuple(value)
+
+
+def _classes(value: Any, where: str) -> tuple[str, ...]:
+    """Prompt classes, each one of :data:`CLASSES`."""
+    if (not isinstance(value, Sequence) or isinstance(value, str)
+            or any(c not in CLASSES for c in value)):
+        raise SoakConfigError(f"{where} {value!r} names an unknown prompt class",
+                              fix=f"choose from: {', '.join(CLASSES)}")
+    return tuple(value)
+
+
+def _flag(value: Any, where: str, fix: str, optional: bool = True) -> bool | None:
+    """True, false, or (``optional``) left out: None."""
+    if not (isinstance(value, bool) or (optional and value is None)):
+        raise SoakConfigError(f"{where} {value!r} is not true/false", fix=fix)
+    return value
+
+
+def _rates(value: Any, where: str) -> tuple[float, ...]:
+    """Open-loop request rates: positive numbers."""
+    if (not isinstance(value, Sequence) or isinstance(value, str)
+            or any(isinstance(r, bool) or not isinstance(r, int | float) or r <= 0 for r in value)):
+        raise SoakConfigError(f"{where} {value!r} is not a list of positive rates",
+                              fix="requests per second, e.g. request_rates: [2, 8]")
+    return tuple(float(r) for r in value)
+
+
+def _slo(value: Any, where: str) -> dict[str, float]:
+    """The goodput SLO: ``ttft_ms``, ``tpot_ms`` and/or ``e2el_ms`` in milliseconds."""
+    if not isinstance(value, Mapping) or set(value) - {"ttft_ms", "tpot_ms", "e2el_ms"}:
+        raise SoakConfigError(f"{where} must map ttft_ms, tpot_ms and/or e2el_ms to milliseconds",
+                              fix="e.g. slo: {ttft_ms: 500, tpot_ms: 60, e2el_ms: 20000}")
+    return {str(k): float(_scalar(v, "number", f"{where}.{k}")) for k, v in value.items()}
 
 
 def _unknown(raw: Mapping[str, Any], known: Sequence[str], where: str) -> None:
@@ -388,6 +413,11 @@ def _scalar(value: Any, kind: str, where: str) -> Any:
         if not isinstance(value, bool):
             raise SoakConfigError(f"{where} {value!r} is not true/false", fix="write true or false")
         return value
+    return _number(value, kind, where)
+
+
+def _number(value: Any, kind: str, where: str) -> Any:
+    """A count (a whole number), a fraction (0 to 1) or any other number >= 0."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SoakConfigError(f"{where} {value!r} is not a number", fix="write a plain number")
     if kind == "count":
@@ -448,30 +478,9 @@ def _load_checks(raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str
 
 def _check_param(value: Any, kind: str, where: str) -> Any:
     if kind == "levels":
-        if not isinstance(value, Mapping) or not value:
-            raise SoakConfigError(f"{where} must map concurrency levels to bounds",
-                                  fix="e.g. {1: 500, 16: 2000, 64: 15000}")
-        table: dict[int, float] = {}
-        for k, v in value.items():
-            try:
-                level = int(k)
-            except (TypeError, ValueError):
-                raise SoakConfigError(f"{where} key {k!r} is not a concurrency level",
-                                      fix="use whole numbers like 1, 16, 64 as keys") from None
-            if level < 1:
-                raise SoakConfigError(f"{where} key {k!r} is not a concurrency level >= 1", fix="use 1, 4, 16 ...")
-            table[level] = _scalar(v, "number", f"{where}.{k}")
-        return table
+        return _level_bounds(value, where)
     if kind == "classes":
-        if not isinstance(value, Mapping):
-            raise SoakConfigError(f"{where} must map prompt classes to floors", fix="e.g. {coding: 0.15}")
-        floors: dict[str, float] = {}
-        for k, v in value.items():
-            if k not in CLASSES:
-                raise SoakConfigError(f"{where} names unknown prompt class {k!r}",
-                                      fix=f"choose from: {', '.join(CLASSES)}")
-            floors[str(k)] = _scalar(v, "fraction", f"{where}.{k}")
-        return floors
+        return _class_floors(value, where)
     if kind == "counts":
         if (not isinstance(value, Sequence) or isinstance(value, str)
                 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)):
@@ -479,3 +488,35 @@ def _check_param(value: Any, kind: str, where: str) -> Any:
                                   fix="e.g. [32768, 65536, 131072] (or [] for none)")
         return [int(v) for v in value]
     return _scalar(value, kind, where)
+
+
+def _level_bounds(value: Any, where: str) -> dict[int, float]:
+    """A bound per concurrency level (``{1: 500, 16: 2000}``)."""
+    if not isinstance(value, Mapping) or not value:
+        raise SoakConfigError(f"{where} must map concurrency levels to bounds",
+                              fix="e.g. {1: 500, 16: 2000, 64: 15000}")
+    table: dict[int, float] = {}
+    for k, v in value.items():
+        try:
+            level = int(k)
+        except (TypeError, ValueError):
+            raise SoakConfigError(f"{where} key {k!r} is not a concurrency level",
+                                  fix="use whole numbers like 1, 16, 64 as keys") from None
+        if level < 1:
+            raise SoakConfigError(f"{where} key {k!r} is not a concurrency level >= 1",
+                                  fix="use 1, 4, 16 ...")
+        table[level] = _scalar(v, "number", f"{where}.{k}")
+    return table
+
+
+def _class_floors(value: Any, where: str) -> dict[str, float]:
+    """A floor per prompt class (``{coding: 0.15}``)."""
+    if not isinstance(value, Mapping):
+        raise SoakConfigError(f"{where} must map prompt classes to floors", fix="e.g. {coding: 0.15}")
+    floors: dict[str, float] = {}
+    for k, v in value.items():
+        if k not in CLASSES:
+            raise SoakConfigError(f"{where} names unknown prompt class {k!r}",
+                                  fix=f"choose from: {', '.join(CLASSES)}")
+        floors[str(k)] = _scalar(v, "fraction", f"{where}.{k}")
+    return floors
