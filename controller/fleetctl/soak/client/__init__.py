@@ -276,32 +276,12 @@ class Client:
                             feed(chunk, clock())
                         if parser.pending:
                             parser.feed(b"\n", clock())
-        except aiohttp.ClientConnectorError as e:
-            kind, error = "connect", _conn_text(e)
-        except TimeoutError:
-            if stalled:
-                waited = stalled[0]
-                kind, error = "stall", (f"no token for {waited:.0f}s " + (
-                    f"after {len(parser.stamps)} token read(s)" if parser.stamps else "before the first token"))
-            else:
-                kind, error = "timeout", f"no complete answer within {limit:.0f}s"
-        except StreamTooLongError as e:
-            kind, error = "protocol", str(e)
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            kind, error = "disconnect", f"connection broke mid-stream: {type(e).__name__}: {e}"
-        except aiohttp.ClientError as e:
-            kind, error = "protocol", f"{type(e).__name__}: {e}"
-        except LineTooLongError as e:
-            kind, error = "protocol", str(e)
+        except _TRANSPORT_ERRORS as e:
+            kind, error = _failure(e, parser, stalled, limit)
         finally:
             if watchdog is not None:
                 watchdog()
         end = time.monotonic()
-        if not kind:
-            if parser.error:
-                kind, error = "stream_error", f"error event in HTTP 200 stream: {parser.error}"
-            elif not parser.done:
-                kind, error = "disconnect", "stream ended before data: [DONE]"
         usage = parser.usage or {}
         out_tokens = usage.get("completion_tokens")
         gaps = sorted(b - a for a, b in zip(parser.stamps, parser.stamps[1:], strict=False))
@@ -309,25 +289,8 @@ class Client:
         tpot = None
         if parser.first_content_at is not None and isinstance(out_tokens, int) and out_tokens > 1:
             tpot = (end - parser.first_content_at) / (out_tokens - 1)
-        if not kind and not usage:
-            # Asked for include_usage: a stream without it cannot be measured (TPOT, tokens).
-            kind, error = "protocol", "stream had no usage chunk (stream_options.include_usage ignored)"
-        check = parser.check
-        garbage, excerpt = check.reason, check.excerpt
-        if not kind:
-            kind, error = validate_answer(req, parser.finish_reason, usage,
-                                          parser.first_content_at is not None)
-            if kind == "empty":
-                # Not a transport failure (its timings stand): degenerate output, judged with
-                # garbage by the correctness check, so it is counted and shown, never dropped.
-                garbage, kind, error = error, "", ""
-        loop_text, loop_start, chars = "", None, 0
-        if check.parts and not garbage:
-            whole = "".join(check.parts)
-            chars = len(whole)
-            if isinstance(out_tokens, int) and out_tokens >= MIN_WORDS and (found := find_loop(whole)) is not None:
-                loop_text, loop_start = found.describe(), found.start
-                excerpt = whole[-EXCERPT_CHARS:]
+        kind, error, garbage = _judged(req, parser, kind, error)
+        loop_text, loop_start, chars, excerpt = _looped(parser.check, out_tokens, garbage)
         scrub = self.scrub
         return Sample(
             phase=phase, cls=cls, concurrency=concurrency, start=start - t0, ok=not kind,
@@ -339,6 +302,62 @@ class Client:
             garbage=scrub(garbage), excerpt=scrub(excerpt), loop=scrub(loop_text), loop_start=loop_start,
             text_chars=chars, delta_ends=tuple(parser.ends) if parser.ends else (),
         )
+
+
+#: What can end a request before its answer is complete (each mapped by :func:`_failure`).
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, StreamTooLongError, LineTooLongError)
+
+
+def _failure(e: BaseException, parser: StreamParser, stalled: list[float],
+             limit: float) -> tuple[str, str]:
+    """``(kind, message)`` of a request that ended in ``e`` (one of :data:`_TRANSPORT_ERRORS`)."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "connect", _conn_text(e)
+    if isinstance(e, TimeoutError):
+        if not stalled:
+            return "timeout", f"no complete answer within {limit:.0f}s"
+        reads = (f"after {len(parser.stamps)} token read(s)" if parser.stamps
+                 else "before the first token")
+        return "stall", f"no token for {stalled[0]:.0f}s {reads}"
+    if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError
+                  | aiohttp.ClientOSError):
+        return "disconnect", f"connection broke mid-stream: {type(e).__name__}: {e}"
+    if isinstance(e, aiohttp.ClientError):
+        return "protocol", f"{type(e).__name__}: {e}"
+    return "protocol", str(e)  # StreamTooLongError, LineTooLongError
+
+
+def _judged(req: ChatRequest, parser: StreamParser, kind: str, error: str) -> tuple[str, str, str]:
+    """``(kind, message, garbage)`` of a request whose transport gave ``kind`` ("" when it ended
+    well): the stream's own error event, a missing [DONE] or usage, a wrong-shaped answer."""
+    garbage = parser.check.reason
+    if kind:
+        return kind, error, garbage
+    usage = parser.usage or {}
+    if parser.error:
+        return "stream_error", f"error event in HTTP 200 stream: {parser.error}", garbage
+    if not parser.done:
+        return "disconnect", "stream ended before data: [DONE]", garbage
+    if not usage:
+        # Asked for include_usage: a stream without it cannot be measured (TPOT, tokens).
+        return "protocol", "stream had no usage chunk (stream_options.include_usage ignored)", garbage
+    kind, error = validate_answer(req, parser.finish_reason, usage, parser.first_content_at is not None)
+    if kind == "empty":
+        # Not a transport failure (its timings stand): degenerate output, judged with
+        # garbage by the correctness check, so it is counted and shown, never dropped.
+        return "", "", error
+    return kind, error, garbage
+
+
+def _looped(check: TextCheck, out_tokens: Any, garbage: str) -> tuple[str, int | None, int, str]:
+    """``(loop, where it starts, characters, excerpt)`` of an answer without garbage that ends
+    in a phrase loop (the excerpt then shows its end)."""
+    if not check.parts or garbage:
+        return "", None, 0, check.excerpt
+    whole = "".join(check.parts)
+    if isinstance(out_tokens, int) and out_tokens >= MIN_WORDS and (found := find_loop(whole)) is not None:
+        return found.describe(), found.start, len(whole), whole[-EXCERPT_CHARS:]
+    return "", None, len(whole), check.excerpt
 
 
 def _watch(deadline: asyncio.Timeout, parser: StreamParser, start: float, stall: float,

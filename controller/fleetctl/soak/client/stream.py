@@ -76,7 +76,6 @@ class StreamParser:
         self.pending = lines.pop()
         if len(self.pending) > MAX_LINE_BYTES:
             raise LineTooLongError(f"an SSE line grew past {MAX_LINE_BYTES} bytes without ending")
-        scan = _scan
         texts: list[str] = []
         events = 0
         for line in lines:
@@ -96,44 +95,51 @@ class StreamParser:
                 self.done = True
                 continue
             events += 1
-            try:
-                obj, end = scan(payload, 0)
-            except (StopIteration, ValueError):
-                obj, end = None, -1
-            if end != len(payload) and (end < 0 or payload[end:].strip()):
-                self.error = self.error or f"undecodable stream event: {payload[:120]!r}"
-                continue
-            if type(obj) is not dict:
-                continue
-            err = obj.get("error")
-            if err is not None:
-                self.error = self.error or error_text(err)
-                continue
-            choices = obj.get("choices")
-            if choices:
-                choice = choices[0]
-                delta = choice.get("delta")
-                if delta:
-                    content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                    if content:
-                        if self.first_content_at is None:
-                            self.first_content_at = now
-                        texts.append(content)
-                        if self.keep_text and delta.get("content"):
-                            self.parts.append(delta["content"])
-                            if self.ends is not None:
-                                self.ends.append((self.ends[-1] if self.ends else 0) + len(delta["content"]))
-                reason = choice.get("finish_reason")
-                if reason:
-                    self.finish_reason = reason
-            usage = obj.get("usage")
-            if usage:
-                self.usage = usage
+            self._event(payload, now, texts)
         self.events += events
         if texts:
             self.stamps.append(now)
             self.last_at = now
             self._check(texts)
+
+    def _event(self, payload: str, now: float, texts: list[str]) -> None:
+        """One ``data:`` event: decoded, its error, choice and usage taken."""
+        try:
+            obj, end = _scan(payload, 0)
+        except (StopIteration, ValueError):
+            obj, end = None, -1
+        if end != len(payload) and (end < 0 or payload[end:].strip()):
+            self.error = self.error or f"undecodable stream event: {payload[:120]!r}"
+            return
+        if type(obj) is not dict:
+            return
+        err = obj.get("error")
+        if err is not None:
+            self.error = self.error or error_text(err)
+            return
+        choices = obj.get("choices")
+        if choices:
+            self._choice(choices[0], now, texts)
+        usage = obj.get("usage")
+        if usage:
+            self.usage = usage
+
+    def _choice(self, choice: dict[str, Any], now: float, texts: list[str]) -> None:
+        """An event's choice: its content (the first one's arrival is the TTFT) and finish reason."""
+        delta = choice.get("delta")
+        if delta:
+            content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            if content:
+                if self.first_content_at is None:
+                    self.first_content_at = now
+                texts.append(content)
+                if self.keep_text and delta.get("content"):
+                    self.parts.append(delta["content"])
+                    if self.ends is not None:
+                        self.ends.append((self.ends[-1] if self.ends else 0) + len(delta["content"]))
+        reason = choice.get("finish_reason")
+        if reason:
+            self.finish_reason = reason
 
     @property
     def text(self) -> str:
