@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleetctl.soak import prompts
-from fleetctl.soak.checks.evidence import Evidence, LoopResult
+from fleetctl.soak.checks.evidence import CanaryResult, Evidence, LoopResult
 from fleetctl.soak.checks.judge import INC, F, P, decide, garbage, skipped, snippet
 from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.loops import find_loop
@@ -41,24 +41,7 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
         out.append(Measurement(
             _where(s), F, f"{host}{_where(s)}: garbage in a {s.cls} answer started at +{s.start:.1f}s "
             f"({s.garbage}): {snippet(s.excerpt, 80)}", s.excerpt, "no garbage"))
-    for c in ev.canaries:
-        s, text = c.sample, c.sample.text or ""
-        where = f"{host}canary {c.name} at {c.level}"
-        if not s.ok:
-            out.append(Measurement(c.level, F, f"{where}: request failed: {s.error}", s.error_kind, c.expect))
-        elif s.garbage:
-            out.append(Measurement(c.level, F, f"{where}: garbage ({s.garbage}): {snippet(s.excerpt, 80)}",
-                                   s.excerpt, c.expect))
-        elif c.expect.lower() not in text.lower():
-            out.append(Measurement(c.level, F, f"{where}: answer lacks {c.expect!r}: {snippet(text, 80)}",
-                                   snippet(text), c.expect))
-        elif c.reference is not None and not same_answer(text, c.reference):
-            # Greedy decoding of the same prompt: a different answer under load is corruption
-            # (or a batch-variant kernel worth knowing about), even when it still holds the fact.
-            out.append(Measurement(c.level, F, f"{where}: answer {snippet(text, 50)} differs from its c=1 "
-                                   f"answer {snippet(c.reference, 50)}", snippet(text), snippet(c.reference)))
-        else:
-            out.append(Measurement(c.level, P, f"{where}: ok", snippet(text), c.expect))
+    out += [_judge_canary(c, host) for c in ev.canaries]
     out += [_judge_loop(lr, host) for lr in ev.loops]
     if ev.loops_unjudged:
         # Reported, not counted: the first looping prompts were judged, and a server that loops
@@ -79,6 +62,26 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
     return decide(spec, out, ok_message=f"{ev.streams_checked} streamed answers clean, {right} canaries right"
                   + (f", long decode of {ld.output_tokens} tokens clean" if ld is not None and ld.ok else ""),
                   no_data="no streamed answer was checked")
+
+
+def _judge_canary(c: CanaryResult, host: str) -> Measurement:
+    """A canary's answer: right, and equal to its c=1 answer."""
+    s, text = c.sample, c.sample.text or ""
+    where = f"{host}canary {c.name} at {c.level}"
+    if not s.ok:
+        return Measurement(c.level, F, f"{where}: request failed: {s.error}", s.error_kind, c.expect)
+    if s.garbage:
+        return Measurement(c.level, F, f"{where}: garbage ({s.garbage}): {snippet(s.excerpt, 80)}",
+                           s.excerpt, c.expect)
+    if c.expect.lower() not in text.lower():
+        return Measurement(c.level, F, f"{where}: answer lacks {c.expect!r}: {snippet(text, 80)}",
+                           snippet(text), c.expect)
+    if c.reference is not None and not same_answer(text, c.reference):
+        # Greedy decoding of the same prompt: a different answer under load is corruption
+        # (or a batch-variant kernel worth knowing about), even when it still holds the fact.
+        return Measurement(c.level, F, f"{where}: answer {snippet(text, 50)} differs from its c=1 "
+                           f"answer {snippet(c.reference, 50)}", snippet(text), snippet(c.reference))
+    return Measurement(c.level, P, f"{where}: ok", snippet(text), c.expect)
 
 
 def _judge_loop(lr: LoopResult, host: str) -> Measurement:
@@ -164,27 +167,31 @@ def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Chec
     window = int(spec.params.get("window_tokens", 2048) or 2048)
     offset = 0
     for a, b, win in long_decode_windows(text, got, window, ld.delta_ends):
-        label = f"tokens {a}-{b}"
-        bad = win.count("\ufffd")
-        if bad >= 3:
-            out.append(Measurement(label, F, f"{host}long decode, {label}: {bad} U+FFFD replacement characters: "
-                                   f"{snippet(win[win.index(chr(0xfffd)):], 80)}", bad, 2))
-        elif why := garbage(win):
-            out.append(Measurement(label, F, f"{host}long decode, {label}: garbage ({why}): {snippet(win, 80)}",
-                                   snippet(win), "no garbage"))
-        elif (loop := find_loop(win)) is not None and (end_at is None or offset + loop.start < end_at):
-            # Before the needle (or without one): loops are judged against the reference by the
-            # correctness check; here they are shown where they start.
-            out.append(Measurement(label, P, f"long decode, {label}: ends in a loop ({loop.describe()}); "
-                                   "judged against its reference by the correctness check", loop.phrase, None))
-        else:
-            out.append(Measurement(label, P, f"long decode, {label}: clean", None, None))
+        out.append(_judge_window(f"tokens {a}-{b}", win, offset, end_at, host))
         offset += len(win)
     windows = sum(1 for m in out if m.label.startswith("tokens "))
     needle = next((m for m in out if m.label == "needle"), None)
     return decide(spec, out, ok_message=f"{got} tokens in {windows} windows of {window} free of garbage and "
                   "U+FFFD" + ("; the needle at the model's end intact" if needle else
                               "; no needle (the model had not ended)"), no_data="the long decode had no text")
+
+
+def _judge_window(label: str, win: str, offset: int, end_at: int | None, host: str) -> Measurement:
+    """One window of the long decode's text (starting at character ``offset``; the model's end, the
+    needle, at ``end_at``): free of U+FFFD and garbage; a loop before the end is shown."""
+    bad = win.count("\ufffd")
+    if bad >= 3:
+        return Measurement(label, F, f"{host}long decode, {label}: {bad} U+FFFD replacement characters: "
+                           f"{snippet(win[win.index(chr(0xfffd)):], 80)}", bad, 2)
+    if why := garbage(win):
+        return Measurement(label, F, f"{host}long decode, {label}: garbage ({why}): {snippet(win, 80)}",
+                           snippet(win), "no garbage")
+    if (loop := find_loop(win)) is not None and (end_at is None or offset + loop.start < end_at):
+        # Before the needle (or without one): loops are judged against the reference by the
+        # correctness check; here they are shown where they start.
+        return Measurement(label, P, f"long decode, {label}: ends in a loop ({loop.describe()}); "
+                           "judged against its reference by the correctness check", loop.phrase, None)
+    return Measurement(label, P, f"long decode, {label}: clean", None, None)
 
 
 def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
