@@ -162,39 +162,10 @@ async def sustained(client: Client, st: SoakState, ident: Identity) -> None:
     if first is not None:
         scrapes.append(first)
     done = asyncio.Event()
-
-    async def scraper() -> None:
-        n = 0
-        while not done.is_set():
-            with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
-                await asyncio.wait_for(done.wait(), timeout=cfg.window)
-            if done.is_set():
-                return
-            n += 1
-            s = await scrape(client, st, f"sustained-{n}")
-            if s is None:
-                continue
-            if scrapes:
-                w = metrics.window(scrapes[-1], s, f"sustained #{len(st.windows) + 1}", "sustained")
-                st.windows.append(w)
-                if w.acceptance_rate is not None:
-                    st.last_acceptance = w.acceptance_rate
-            scrapes.append(s)
-
-    context = ""
     if first is not None:
         st.cache_block_tokens = metrics.cache_block_tokens(first)
-    tokens = shared_prefix_tokens(cfg.shared_prefix_tokens, st.cache_block_tokens, ident.max_model_len,
-                                  cfg.max_tokens, cfg.turns)
-    if tokens:
-        chars, got, how = await sized(client, st, tokens, context_text)
-        context = context_text(chars)
-        if how == "tokenize":
-            st.prompt_sizes["shared_prefix"] = (tokens, got, how)
-        raised = (f", raised from {cfg.shared_prefix_tokens} past the server's {st.cache_block_tokens}-token "
-                  "cache block" if tokens != cfg.shared_prefix_tokens else "")
-        st.emit("sustained", f"conversations share a {tokens}-token context (sized by {how}{raised})")
-    task = asyncio.create_task(scraper())
+    context = await _shared_context(client, st, ident)
+    task = asyncio.create_task(_scrape_windows(client, st, scrapes, done))
     probes = asyncio.create_task(trickle(client, st, done))
     try:
         await run_requests(client, st, phase="sustained", label="sustained",
@@ -209,6 +180,44 @@ async def sustained(client: Client, st: SoakState, ident: Identity) -> None:
     rest = [w for w in st.windows if w.phase != "sustained"]
     sus = [replace(w, label=f"sustained #{i + 1}") for i, w in enumerate(w for w in st.windows if w.phase == "sustained")]
     st.windows[:] = rest + sus
+
+
+async def _scrape_windows(client: Client, st: SoakState, scrapes: list[metrics.Scrape],
+                          done: asyncio.Event) -> None:
+    """Scrape /metrics every window of the sustained phase until ``done``: one Window per pair."""
+    n = 0
+    while not done.is_set():
+        with contextlib.suppress(TimeoutError, asyncio.TimeoutError):
+            await asyncio.wait_for(done.wait(), timeout=st.config.window)
+        if done.is_set():
+            return
+        n += 1
+        s = await scrape(client, st, f"sustained-{n}")
+        if s is None:
+            continue
+        if scrapes:
+            w = metrics.window(scrapes[-1], s, f"sustained #{len(st.windows) + 1}", "sustained")
+            st.windows.append(w)
+            if w.acceptance_rate is not None:
+                st.last_acceptance = w.acceptance_rate
+        scrapes.append(s)
+
+
+async def _shared_context(client: Client, st: SoakState, ident: Identity) -> str:
+    """The context the sustained phase's conversations share ("" for none), sized in tokens past
+    the server's prefix-cache block."""
+    cfg = st.config
+    tokens = shared_prefix_tokens(cfg.shared_prefix_tokens, st.cache_block_tokens, ident.max_model_len,
+                                  cfg.max_tokens, cfg.turns)
+    if not tokens:
+        return ""
+    chars, got, how = await sized(client, st, tokens, context_text)
+    if how == "tokenize":
+        st.prompt_sizes["shared_prefix"] = (tokens, got, how)
+    raised = (f", raised from {cfg.shared_prefix_tokens} past the server's {st.cache_block_tokens}-token "
+              "cache block" if tokens != cfg.shared_prefix_tokens else "")
+    st.emit("sustained", f"conversations share a {tokens}-token context (sized by {how}{raised})")
+    return context_text(chars)
 
 
 #: Tokens a liveness probe asks for: enough to see tokens flow, too few to weigh on the load.
