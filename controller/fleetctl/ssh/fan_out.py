@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -58,13 +58,34 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
         return fn(h)
 
     futures = {pool.submit(call, h): h for h in hosts}
+    late, waiting = _wait(futures, starts, timeout, workers)
+    for f, h in futures.items():
+        took = time.monotonic() - starts.get(h.name, time.monotonic())
+        if f in late:
+            out[h.name] = Outcome(h.name, error=HostUnreachable(
+                f"no answer within {timeout:.0f}s", host=h.name,
+                fix="check the host; it is reported as unreachable and left as it is"), seconds=took)
+        elif f in waiting:
+            out[h.name] = Outcome(h.name, error=HostUnreachable(
+                f"not started: all {workers} workers were held by hosts that did not answer within "
+                f"{timeout:.0f}s", host=h.name,
+                fix="retry without the hosts reported unreachable (--limit '!NAME')"))
+        else:
+            out[h.name] = _finished(h, f, took)
+    pool.shutdown(wait=False, cancel_futures=True)
+    return {h.name: out[h.name] for h in hosts}
+
+
+def _wait(futures: Mapping[Future[T], Host], starts: Mapping[str, float], timeout: float | None,
+          workers: int) -> tuple[set[Future[T]], set[Future[T]]]:
+    """Wait for the calls: (those still running past their host's ``timeout``, those never
+    started because every worker was held by such a host)."""
     waiting = set(futures)
     late: set[Future[T]] = set()
+    if timeout is None:
+        wait(waiting)
+        return late, set()
     while waiting:
-        if timeout is None:
-            wait(waiting)
-            waiting = set()
-            break
         now = time.monotonic()
         for f in waiting:
             s = starts.get(futures[f].name)
@@ -77,24 +98,14 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
         nap = max(0.01, min(deadlines) - now) if deadlines else timeout
         done, _ = wait(waiting, timeout=nap, return_when=FIRST_COMPLETED)
         waiting -= done
-    for f, h in futures.items():
-        took = time.monotonic() - starts.get(h.name, time.monotonic())
-        if f in late:
-            out[h.name] = Outcome(h.name, error=HostUnreachable(
-                f"no answer within {timeout:.0f}s", host=h.name,
-                fix="check the host; it is reported as unreachable and left as it is"), seconds=took)
-            continue
-        if f in waiting:
-            out[h.name] = Outcome(h.name, error=HostUnreachable(
-                f"not started: all {workers} workers were held by hosts that did not answer within {timeout:.0f}s",
-                host=h.name, fix="retry without the hosts reported unreachable (--limit '!NAME')"))
-            continue
-        exc = f.exception()
-        if exc is None:
-            out[h.name] = Outcome(h.name, value=f.result(), seconds=took)
-        elif isinstance(exc, FleetError):
-            out[h.name] = Outcome(h.name, error=exc, seconds=took)
-        else:
-            out[h.name] = Outcome(h.name, error=FleetError(f"{type(exc).__name__}: {exc}", host=h.name), seconds=took)
-    pool.shutdown(wait=False, cancel_futures=True)
-    return {h.name: out[h.name] for h in hosts}
+    return late, waiting
+
+
+def _finished(h: Host, f: Future[T], took: float) -> Outcome[T]:
+    """The outcome of a call that returned or raised: a FleetError as it is, anything else named."""
+    exc = f.exception()
+    if exc is None:
+        return Outcome(h.name, value=f.result(), seconds=took)
+    if isinstance(exc, FleetError):
+        return Outcome(h.name, error=exc, seconds=took)
+    return Outcome(h.name, error=FleetError(f"{type(exc).__name__}: {exc}", host=h.name), seconds=took)
