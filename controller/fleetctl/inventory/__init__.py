@@ -117,6 +117,26 @@ class Inventory:
             return ", ".join(names[:most]) + more if names else "(none)"
         return f"hosts: {cut(list(self.hosts))}; groups: {cut(list(self.groups))}"
 
+    def _check_limit(self, limit: str, patterns: list[str]) -> None:
+        """Refuse a ``--limit`` that Ansible would read otherwise than written."""
+        if not [p for p in patterns if p.strip("!&")]:
+            # Ansible reads an empty pattern as "all": for a rollout that is the whole fleet.
+            raise InventoryError(f"--limit {limit!r} is empty", fix=f"name hosts or groups: {self._names()}")
+        if limit.count("[") != limit.count("]"):
+            # Ansible reads "[" as the start of a subscript and drops what it cannot parse
+            # ("~spark-[" becomes "~spark-"): a typo would select other hosts than written.
+            raise InventoryError(f"--limit {limit!r} is not a valid pattern (unbalanced brackets)",
+                                 fix="close the bracket: a subscript is g[0], g[0:2] or g[1:]")
+        for pat in patterns:
+            body = pat.lstrip("!&")
+            if body.startswith("~"):
+                try:
+                    re.compile(body[1:])
+                except re.error as e:
+                    # Ansible would otherwise match such a pattern as a plain name, or fail inside.
+                    raise InventoryError(f"--limit {pat!r} is not a valid regular expression ({e})",
+                                         fix="write a Python regex after ~, e.g. --limit '~spark-0[1-3]'") from None
+
     def select(self, limit: str | None = None) -> list[Host]:
         """The hosts matching an Ansible ``--limit`` pattern, in inventory order.
 
@@ -137,23 +157,7 @@ class Inventory:
         from ansible.inventory.manager import split_host_pattern
 
         patterns = split_host_pattern(limit) if limit.strip() else []
-        if not [p for p in patterns if p.strip("!&")]:
-            # Ansible reads an empty pattern as "all": for a rollout that is the whole fleet.
-            raise InventoryError(f"--limit {limit!r} is empty", fix=f"name hosts or groups: {self._names()}")
-        if limit.count("[") != limit.count("]"):
-            # Ansible reads "[" as the start of a subscript and drops what it cannot parse
-            # ("~spark-[" becomes "~spark-"): a typo would select other hosts than written.
-            raise InventoryError(f"--limit {limit!r} is not a valid pattern (unbalanced brackets)",
-                                 fix="close the bracket: a subscript is g[0], g[0:2] or g[1:]")
-        for pat in patterns:
-            body = pat.lstrip("!&")
-            if body.startswith("~"):
-                try:
-                    re.compile(body[1:])
-                except re.error as e:
-                    # Ansible would otherwise match such a pattern as a plain name, or fail inside.
-                    raise InventoryError(f"--limit {pat!r} is not a valid regular expression ({e})",
-                                         fix="write a Python regex after ~, e.g. --limit '~spark-0[1-3]'") from None
+        self._check_limit(limit, patterns)
         with ansible_warnings():  # "could not match": reported below as an error
             for pat in patterns:
                 if pat[:1] in ("!", "&"):

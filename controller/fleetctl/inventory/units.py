@@ -133,6 +133,13 @@ def units_of(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, tuple[s
     ``declared`` is each group's own ``fleetctl_unit`` (without Ansible's precedence), so that a host
     placed in two units through two groups is refused, where Ansible would keep one silently.
     """
+    members = _members(path, hosts)
+    _one_unit_each(path, hosts, groups, declared)
+    return {unit: _unit(path, unit, names, hosts) for unit, names in members.items()}
+
+
+def _members(path: Path, hosts: Mapping[str, Host]) -> dict[str, list[str]]:
+    """Each unit's members in inventory order, from their ``fleetctl_unit``."""
     members: dict[str, list[str]] = {}
     for name, h in hosts.items():
         value = h.vars.get(UNIT_VAR)
@@ -142,6 +149,12 @@ def units_of(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, tuple[s
             raise InventoryError(f"{path}: {UNIT_VAR} {value!r} is not a unit name", host=name,
                                  fix="name the unit with letters, digits and . _ -, e.g. fleetctl_unit: pair-a")
         members.setdefault(value, []).append(name)
+    return members
+
+
+def _one_unit_each(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, tuple[str, ...]],
+                   declared: Mapping[str, Any]) -> None:
+    """Refuse a host placed in two units through two groups (Ansible would keep one silently)."""
     for group, value in declared.items():
         for name in groups.get(group, ()):
             mine = hosts[name].vars.get(UNIT_VAR) if name in hosts else None
@@ -151,26 +164,29 @@ def units_of(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, tuple[s
                 raise InventoryError(
                     f"{path}: the host is in two units: {value!r} (group {group}) and {mine!r} ({where})", host=name,
                     fix="a host serves in one unit: remove it from one of the groups, or drop the other fleetctl_unit")
-    out: dict[str, Unit] = {}
-    for unit, names in members.items():
-        if len(names) < 2:
-            raise InventoryError(f"{path}: unit {unit!r} has one member", host=names[0],
-                                 fix=f"add its other members to the unit, or remove {UNIT_VAR} from this host")
-        names = _ranked(path, unit, names, hosts)
-        fabric = {n: _fabric(path, unit, hosts[n]) for n in names}
-        seen: dict[str, str] = {}
-        for n, f in fabric.items():
-            for a in f.addresses:
-                if a in seen:
-                    raise InventoryError(f"{path}: fabric address {a} of unit {unit!r} is also {seen[a]}'s", host=n,
-                                         fix=f"give each member its own address on the link ({FABRIC_VAR}.addresses)")
-                seen[a] = n
-        floor = hosts[names[0]].vars.get(FLOOR_VAR, SPARK_PAIR_BUSBW_FLOOR_GBS)
-        if isinstance(floor, bool) or not isinstance(floor, int | float) or floor <= 0:
-            raise InventoryError(f"{path}: {FLOOR_VAR} {floor!r} is not a bandwidth in GB/s", host=names[0],
-                                 fix=f"e.g. {FLOOR_VAR}: {SPARK_PAIR_BUSBW_FLOOR_GBS} (a Spark pair measures ~23.7)")
-        out[unit] = Unit(unit, tuple(names), fabric, float(floor))
-    return out
+
+
+def _unit(path: Path, unit: str, names: list[str], hosts: Mapping[str, Host]) -> Unit:
+    """One unit, checked: at least two members, ranked, each with its own fabric address, a floor."""
+    if len(names) < 2:
+        raise InventoryError(f"{path}: unit {unit!r} has one member", host=names[0],
+                             fix=f"add its other members to the unit, or remove {UNIT_VAR} from this host")
+    names = _ranked(path, unit, names, hosts)
+    fabric = {n: _fabric(path, unit, hosts[n]) for n in names}
+    seen: dict[str, str] = {}
+    for n, f in fabric.items():
+        for a in f.addresses:
+            if a in seen:
+                raise InventoryError(
+                    f"{path}: fabric address {a} of unit {unit!r} is also {seen[a]}'s", host=n,
+                    fix=f"give each member its own address on the link ({FABRIC_VAR}.addresses)")
+            seen[a] = n
+    floor = hosts[names[0]].vars.get(FLOOR_VAR, SPARK_PAIR_BUSBW_FLOOR_GBS)
+    if isinstance(floor, bool) or not isinstance(floor, int | float) or floor <= 0:
+        raise InventoryError(
+            f"{path}: {FLOOR_VAR} {floor!r} is not a bandwidth in GB/s", host=names[0],
+            fix=f"e.g. {FLOOR_VAR}: {SPARK_PAIR_BUSBW_FLOOR_GBS} (a Spark pair measures ~23.7)")
+    return Unit(unit, tuple(names), fabric, float(floor))
 
 
 def _ranked(path: Path, unit: str, names: list[str], hosts: Mapping[str, Host]) -> list[str]:
@@ -218,7 +234,20 @@ def _fabric(path: Path, unit: str, h: Host) -> Fabric:
 
     interfaces = names("interfaces", SPARK_INTERFACES, _IFNAME)
     hcas = names("hcas", SPARK_HCAS, _HCA)
-    addresses = raw.get("addresses")
+    addresses = _fabric_addresses(path, unit, h, raw.get("addresses"), interfaces, example)
+    out: dict[str, int] = {}
+    for key, default, low, high in (("mtu", FABRIC_MTU, 1280, 9216), ("rate_gbps", SPARK_HCA_RATE_GBPS, 1, 800)):
+        v = raw.get(key, default)
+        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+            raise InventoryError(f"{path}: {FABRIC_VAR}.{key} {v!r} is not a number from {low} to {high}",
+                                 host=h.name, fix=f"leave it out for a Spark's {default}")
+        out[key] = v
+    return Fabric(interfaces, addresses, hcas, out["mtu"], out["rate_gbps"])
+
+
+def _fabric_addresses(path: Path, unit: str, h: Host, addresses: Any, interfaces: tuple[str, ...],
+                      example: str) -> tuple[str, ...]:
+    """A member's addresses on the link: at most one per interface, none its management address."""
     if not addresses:
         raise InventoryError(f"{path}: member of unit {unit!r} has no fabric address ({FABRIC_VAR}.addresses)",
                              host=h.name, fix=f"set {example}")
@@ -236,11 +265,4 @@ def _fabric(path: Path, unit: str, h: Host) -> Fabric:
             f"{path}: fabric address {h.address} is the host's management address (ansible_host): NCCL would run "
             f"over the management network at a tenth of the link's bandwidth", host=h.name,
             fix=f"give {FABRIC_VAR}.addresses the address of {interfaces[0]} on the QSFP link")
-    out: dict[str, int] = {}
-    for key, default, low, high in (("mtu", FABRIC_MTU, 1280, 9216), ("rate_gbps", SPARK_HCA_RATE_GBPS, 1, 800)):
-        v = raw.get(key, default)
-        if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-            raise InventoryError(f"{path}: {FABRIC_VAR}.{key} {v!r} is not a number from {low} to {high}",
-                                 host=h.name, fix=f"leave it out for a Spark's {default}")
-        out[key] = v
-    return Fabric(interfaces, tuple(str(a) for a in addresses), hcas, out["mtu"], out["rate_gbps"])
+    return tuple(str(a) for a in addresses)
