@@ -18,7 +18,7 @@ from fleetctl.lab.models.kinds import (
     VARIANTS,
     ModelKind,
 )
-from fleetctl.lab.models.safetensors import tensors_for, write_safetensors
+from fleetctl.lab.models.safetensors import Tensor, tensors_for, write_safetensors
 
 
 # --- writing a model directory ------------------------------------------------------------
@@ -54,13 +54,7 @@ def write_model(
     bytes (throughput benchmarks); ``date`` overrides the revision date. Returns the directory.
     """
     canonical = canonical_variant(variant)
-    if kind not in KINDS:
-        raise FleetError(f"unknown model kind {kind!r}", fix=f"use one of: {', '.join(KINDS)}")
-    spec = KINDS[kind]
-    if canonical == "stale-drafter" and spec.role != "drafter":
-        raise FleetError(f"variant stale-drafter needs a drafter kind, not {kind!r}")
-    if canonical in ("misnested-vision", "v1-keys") and spec.vision != "qwen":
-        raise FleetError(f"variant {canonical} needs a Qwen multimodal body kind, not {kind!r}")
+    spec = _kind(kind, canonical)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     if any(out.iterdir()):
@@ -77,15 +71,7 @@ def write_model(
     )
     for name, content in tokenizer_files(spec).items():
         (out / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n")
-    if spec.role == "drafter":
-        files = {"model.safetensors": tensors}
-    else:
-        n = max(1, shards)
-        files = {}
-        per = -(-len(tensors) // n)
-        for i in range(n):
-            files[f"model-{i + 1:05d}-of-{n:05d}.safetensors"] = tensors[i * per : (i + 1) * per]
-        files = {k: v for k, v in files.items() if v}
+    files = _files(spec, tensors, shards)
     for fname, group in files.items():
         write_safetensors(out / fname, group)
     if spec.role != "drafter":
@@ -96,6 +82,29 @@ def write_model(
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     _break(out, canonical, list(files))
     return out
+
+
+def _kind(kind: str, variant: str) -> ModelKind:
+    """The model kind named ``kind``, refused where ``variant`` does not apply to it."""
+    if kind not in KINDS:
+        raise FleetError(f"unknown model kind {kind!r}", fix=f"use one of: {', '.join(KINDS)}")
+    spec = KINDS[kind]
+    if variant == "stale-drafter" and spec.role != "drafter":
+        raise FleetError(f"variant stale-drafter needs a drafter kind, not {kind!r}")
+    if variant in ("misnested-vision", "v1-keys") and spec.vision != "qwen":
+        raise FleetError(f"variant {variant} needs a Qwen multimodal body kind, not {kind!r}")
+    return spec
+
+
+def _files(spec: ModelKind, tensors: list[Tensor], shards: int) -> dict[str, list[Tensor]]:
+    """The tensors by file: a drafter's one ``model.safetensors``, a body's ``shards`` shards."""
+    if spec.role == "drafter":
+        return {"model.safetensors": tensors}
+    n = max(1, shards)
+    per = -(-len(tensors) // n)
+    files = {f"model-{i + 1:05d}-of-{n:05d}.safetensors": tensors[i * per : (i + 1) * per]
+             for i in range(n)}
+    return {k: v for k, v in files.items() if v}
 
 
 def _break(out: Path, variant: str, shard_names: list[str]) -> None:

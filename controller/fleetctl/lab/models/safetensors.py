@@ -83,22 +83,7 @@ def _qwen_vision(prefix: str) -> list[Tensor]:
 def tensors_for(kind: ModelKind, variant: str = "good", embed_rows: int = 8) -> list[Tensor]:
     """Every tensor of a tiny model of ``kind`` in ``variant``'s layout."""
     if kind.role == "drafter":
-        out = [
-            Tensor("fc.weight", "BF16", (4, 4)),
-            _norm("hidden_norm.weight"),
-            _norm("norm.weight"),
-        ]
-        for n in range(kind.layers):
-            p = f"layers.{n}"
-            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                out += _linear(f"{p}.self_attn.{proj}", None)
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                out += _linear(f"{p}.mlp.{proj}", None)
-            out += [
-                _norm(f"{p}.input_layernorm.weight"),
-                _norm(f"{p}.post_attention_layernorm.weight"),
-            ]
-        return out
+        return _drafter_tensors(kind)
     text = "model.layers" if variant == "v1-keys" else "model.language_model.layers"
     root = "model" if variant == "v1-keys" else "model.language_model"
     out = [
@@ -107,54 +92,89 @@ def tensors_for(kind: ModelKind, variant: str = "good", embed_rows: int = 8) -> 
         Tensor("lm_head.weight", "BF16", (4, 4)),
     ]
     for n in range(kind.layers):
-        p = f"{text}.{n}"
-        if kind.linear_attention and n % 4 != 3:
-            # Gated DeltaNet layers stay BF16 in every AEON checkpoint.
-            for proj in ("in_proj_qkvz", "in_proj_ba", "out_proj"):
-                out += _linear(f"{p}.linear_attn.{proj}", None)
-            out += [
-                Tensor(f"{p}.linear_attn.conv1d.weight", "BF16", (4, 1, 4)),
-                Tensor(f"{p}.linear_attn.A_log", "F32", (4,)),
-                Tensor(f"{p}.linear_attn.dt_bias", "BF16", (4,)),
-                _norm(f"{p}.linear_attn.norm.weight"),
-            ]
-        else:
-            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                out += _linear(f"{p}.self_attn.{proj}", kind.quant)
-            out += [_norm(f"{p}.self_attn.q_norm.weight"), _norm(f"{p}.self_attn.k_norm.weight")]
-        if kind.moe:
-            out.append(Tensor(f"{p}.mlp.gate.weight", "BF16", (4, 4)))
-            # Two experts stand for all of them: 122,880 expert tensors would make the model 10 MB.
-            for e in range(2):
-                for proj in ("gate_proj", "up_proj", "down_proj"):
-                    out += _linear(f"{p}.mlp.experts.{e}.{proj}", kind.quant)
-            if kind.model_type.startswith("qwen"):
-                out.append(Tensor(f"{p}.mlp.shared_expert_gate.weight", "BF16", (1, 4)))
-                for proj in ("gate_proj", "up_proj", "down_proj"):
-                    out += _linear(f"{p}.mlp.shared_expert.{proj}", kind.quant)
-        else:
-            for proj in ("gate_proj", "up_proj", "down_proj"):
-                out += _linear(f"{p}.mlp.{proj}", kind.quant)
-        out += [_norm(f"{p}.input_layernorm.weight"), _norm(f"{p}.post_attention_layernorm.weight")]
+        out += _layer_tensors(kind, f"{text}.{n}", n)
     if kind.mtp:
         out += [Tensor("mtp.fc.weight", "BF16", (4, 8)), _norm("mtp.norm.weight")]
         for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
             out += _linear(f"mtp.layers.0.self_attn.{proj}", None)
+    return out + _vision_tensors(kind, variant)
+
+
+def _drafter_tensors(kind: ModelKind) -> list[Tensor]:
+    """A drafter's tensors (z-lab's layout: one ``model.safetensors``)."""
+    out = [
+        Tensor("fc.weight", "BF16", (4, 4)),
+        _norm("hidden_norm.weight"),
+        _norm("norm.weight"),
+    ]
+    for n in range(kind.layers):
+        p = f"layers.{n}"
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out += _linear(f"{p}.self_attn.{proj}", None)
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            out += _linear(f"{p}.mlp.{proj}", None)
+        out += [
+            _norm(f"{p}.input_layernorm.weight"),
+            _norm(f"{p}.post_attention_layernorm.weight"),
+        ]
+    return out
+
+
+def _layer_tensors(kind: ModelKind, p: str, n: int) -> list[Tensor]:
+    """Decoder layer ``n`` of a body, under the prefix ``p``: its attention and its MLP."""
+    out: list[Tensor] = []
+    if kind.linear_attention and n % 4 != 3:
+        # Gated DeltaNet layers stay BF16 in every AEON checkpoint.
+        for proj in ("in_proj_qkvz", "in_proj_ba", "out_proj"):
+            out += _linear(f"{p}.linear_attn.{proj}", None)
+        out += [
+            Tensor(f"{p}.linear_attn.conv1d.weight", "BF16", (4, 1, 4)),
+            Tensor(f"{p}.linear_attn.A_log", "F32", (4,)),
+            Tensor(f"{p}.linear_attn.dt_bias", "BF16", (4,)),
+            _norm(f"{p}.linear_attn.norm.weight"),
+        ]
+    else:
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            out += _linear(f"{p}.self_attn.{proj}", kind.quant)
+        out += [_norm(f"{p}.self_attn.q_norm.weight"), _norm(f"{p}.self_attn.k_norm.weight")]
+    out += _mlp_tensors(kind, p)
+    out += [_norm(f"{p}.input_layernorm.weight"), _norm(f"{p}.post_attention_layernorm.weight")]
+    return out
+
+
+def _mlp_tensors(kind: ModelKind, p: str) -> list[Tensor]:
+    """A layer's MLP: dense, or experts (two stand for all) with Qwen's shared expert."""
+    out: list[Tensor] = []
+    if not kind.moe:
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            out += _linear(f"{p}.mlp.{proj}", kind.quant)
+        return out
+    out.append(Tensor(f"{p}.mlp.gate.weight", "BF16", (4, 4)))
+    # Two experts stand for all of them: 122,880 expert tensors would make the model 10 MB.
+    for e in range(2):
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            out += _linear(f"{p}.mlp.experts.{e}.{proj}", kind.quant)
+    if kind.model_type.startswith("qwen"):
+        out.append(Tensor(f"{p}.mlp.shared_expert_gate.weight", "BF16", (1, 4)))
+        for proj in ("gate_proj", "up_proj", "down_proj"):
+            out += _linear(f"{p}.mlp.shared_expert.{proj}", kind.quant)
+    return out
+
+
+def _vision_tensors(kind: ModelKind, variant: str) -> list[Tensor]:
+    """The vision tower's tensors (Qwen's or Gemma's; none for a text-only kind)."""
     if kind.vision == "qwen":
-        out += _qwen_vision(
+        return _qwen_vision(
             "model.language_model.visual" if variant == "misnested-vision" else "model.visual"
         )
-    elif kind.vision == "gemma":
-        for b in range(4):
-            for proj in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                out.append(
-                    Tensor(
-                        f"model.vision_tower.encoder.layers.{b}.self_attn.{proj}.weight",
-                        "BF16",
-                        (4, 4),
-                    )
-                )
-        out.append(Tensor("model.embed_vision.embedding_projection.weight", "BF16", (4, 4)))
+    if kind.vision != "gemma":
+        return []
+    out = [
+        Tensor(f"model.vision_tower.encoder.layers.{b}.self_attn.{proj}.weight", "BF16", (4, 4))
+        for b in range(4)
+        for proj in ("q_proj", "k_proj", "v_proj", "o_proj")
+    ]
+    out.append(Tensor("model.embed_vision.embedding_projection.weight", "BF16", (4, 4)))
     return out
 
 
