@@ -105,23 +105,34 @@ def build_topology(raw: Any, args: Sequence[str], env: Mapping[str, str],
         if flag is not None and flag != value:
             bad(f"topology.{key}", f"{value} disagrees with vllm_args' {flag}",
                 "drop the flag from vllm_args (fleetctl renders it from the topology), or make them equal")
-    launch = raw.get("launch", "native")
-    if launch not in LAUNCH_MODES:
-        bad("topology.launch", f"{launch!r} is not a launch mode",
-            "use native (vLLM's --nnodes/--node-rank/--master-addr, headless workers) or ray (a Ray head and workers)")
-        launch = "native"
+    launch = _launch(raw.get("launch", "native"), bad)
     master_port, ray_port = number("master_port", 29501, 65535), number("ray_port", 6379, 65535)
     if tp * pp != nodes:
         bad("topology", f"tensor_parallel_size {tp} x pipeline_parallel_size {pp} needs {tp * pp} GPUs, but "
             f"{nodes} node(s) have {nodes} (one GB10 each)",
             f"make tensor_parallel_size x pipeline_parallel_size equal nodes (e.g. {nodes} x 1)")
     if nodes > 1:
-        for own in _MEMBER_FLAGS:
-            if has_flag(args, own):
-                bad(f"vllm_args {own}", "differs per member of a unit: fleetctl renders it from the topology "
-                    "and the fabric", f"remove {own} from vllm_args")
-        for name in FABRIC_ENV:
-            if name in env:
-                bad(f"env.{name}", "is rendered from each member's fabric (fleetctl_fabric in the inventory)",
-                    f"remove {name} from env; set the member's interfaces/hcas/addresses in fleetctl_fabric instead")
+        _no_member_settings(args, env, bad)
     return Topology(nodes, tp, pp, str(launch), master_port, ray_port)
+
+
+def _launch(launch: Any, bad: Callable[[str, str, str], None]) -> str:
+    """The launch mode, native when it names none."""
+    if launch not in LAUNCH_MODES:
+        bad("topology.launch", f"{launch!r} is not a launch mode",
+            "use native (vLLM's --nnodes/--node-rank/--master-addr, headless workers) or ray (a Ray head and workers)")
+        return "native"
+    return str(launch)
+
+
+def _no_member_settings(args: Sequence[str], env: Mapping[str, str],
+                        bad: Callable[[str, str, str], None]) -> None:
+    """Refuse, in a multi-node recipe, the flags and environment fleetctl renders per member."""
+    for own in _MEMBER_FLAGS:
+        if has_flag(args, own):
+            bad(f"vllm_args {own}", "differs per member of a unit: fleetctl renders it from the topology "
+                "and the fabric", f"remove {own} from vllm_args")
+    for name in FABRIC_ENV:
+        if name in env:
+            bad(f"env.{name}", "is rendered from each member's fabric (fleetctl_fabric in the inventory)",
+                f"remove {name} from env; set the member's interfaces/hcas/addresses in fleetctl_fabric instead")

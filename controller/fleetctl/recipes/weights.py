@@ -123,71 +123,12 @@ def build_caches(raw: object, weight_mounts: Sequence[str], bad: Callable[[str, 
 
 
 def build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None]) -> list[WeightSet]:
+    """The recipe's weight sets, each checked; a set with a problem is left out (and reported)."""
     if not isinstance(raw, list) or not raw:
         if present:
             bad("weights", "must be a non-empty list of weight sets", "give at least the body: - {role: body, repo: ..., ...}")
         return []
-    out: list[WeightSet] = []
-    for i, w in enumerate(raw):
-        where = f"weights[{i}]"
-        if not isinstance(w, Mapping):
-            bad(where, "must be a mapping", "give role, repo, revision, path, mount and format")
-            continue
-        n_bad = 0
-
-        def wbad(fld: str, problem: str, fix: str, where: str = where) -> None:
-            nonlocal n_bad
-            n_bad += 1
-            bad(f"{where}.{fld}", problem, fix)
-
-        for key in sorted(set(w) - _WEIGHT_KEYS):
-            wbad(str(key), "unknown field", f"use one of: {', '.join(sorted(_WEIGHT_KEYS))}")
-        for key in _REQUIRED_WEIGHT_KEYS:
-            if not isinstance(w.get(key), str) or not w.get(key):
-                wbad(key, "is missing or not a string", f"add {key}: to the weight set")
-        role, repo, path, mount, fmt = (str(w.get(k, "")) for k in ("role", "repo", "path", "mount", "format"))
-        if role and role not in ROLES:
-            wbad("role", f"{role!r} is not a weight role", f"use one of: {', '.join(ROLES)}")
-        if repo and not _REPO.match(repo):
-            wbad("repo", f"{repo!r} is not a hub repository", "write owner/name, e.g. z-lab/Qwen3.6-35B-A3B-DFlash")
-        if path and (not path.startswith(WEIGHTS_ROOT) or ".." in path.split("/") or path.rstrip("/") + "/" == WEIGHTS_ROOT):
-            wbad("path", f"{path!r} is not a directory under {WEIGHTS_ROOT}", "use e.g. /opt/qwen36/qwen36-nvfp4")
-        elif path and not _SAFE_PATH.match(path):
-            wbad("path", f"{path!r} has characters other than letters, digits and . _ + - /",
-                 "name the directory plainly, e.g. /opt/qwen36/qwen36-nvfp4")
-        if mount and (not mount.startswith("/") or mount == "/" or ".." in mount.split("/")):
-            wbad("mount", f"{mount!r} is not an absolute container path", "use e.g. /model or /drafter")
-        elif mount and not _SAFE_PATH.match(mount):
-            wbad("mount", f"{mount!r} has characters other than letters, digits and . _ + - / "
-                 "(':' or ',' would add docker mount options)", "use e.g. /model or /drafter")
-        pin = w.get("manifest_sha256")
-        if pin is not None and not (isinstance(pin, str) and re.fullmatch(r"[0-9a-f]{64}", pin)):
-            wbad("manifest_sha256", f"{pin!r} is not a sha256 (64 lowercase hex digits)",
-                 "copy it from `sha256sum manifest.json` of the mirror's copy you verified")
-        rev = w.get("revision")
-        if isinstance(rev, str) and rev and (not _REVISION.match(rev) or ".." in rev):
-            wbad("revision", f"{rev!r} is not a git revision (a commit sha, tag or branch)",
-                 "pin the commit sha from the model's page on the hub (40 hex digits)")
-        if fmt and fmt not in FORMAT_QUANTIZATION:
-            wbad("format", f"{fmt!r} is not a known checkpoint format", f"use one of: {', '.join(FORMAT_QUANTIZATION)}")
-        min_date: date | None = None
-        md = w.get("min_date")
-        if isinstance(md, date):
-            min_date = md
-        elif md is not None:
-            try:
-                min_date = date.fromisoformat(str(md))
-            except ValueError:
-                wbad("min_date", f"{md!r} is not a date", "write YYYY-MM-DD, e.g. 2026-04-19")
-        size = w.get("size_gb", 0)
-        if isinstance(size, bool) or not isinstance(size, int | float) or size < 0:
-            wbad("size_gb", f"{size!r} is not a size in GB", "e.g. size_gb: 22")
-            size = 0
-        if n_bad:
-            continue
-        out.append(WeightSet(role=role, repo=repo, revision=str(w["revision"]), path=path.rstrip("/"),
-                             mount=mount.rstrip("/"), format=fmt, min_date=min_date, size_gb=float(size),
-                             manifest_sha256=pin if isinstance(pin, str) else None))
+    out = [ws for i, w in enumerate(raw) if (ws := _weight_set(w, f"weights[{i}]", bad)) is not None]
     paths = [w.path for w in out]
     mounts = [w.mount for w in out]
     if len(set(paths)) != len(paths):
@@ -197,3 +138,89 @@ def build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None])
     if sum(w.role == "drafter" for w in out) > 1:
         bad("weights", "has more than one drafter", "keep one weight set with role: drafter")
     return out
+
+
+Bad = Callable[[str, str, str], None]
+
+
+def _weight_set(w: Any, where: str, bad: Bad) -> WeightSet | None:
+    """One weight set, or None when it has a problem (each reported through ``bad``)."""
+    if not isinstance(w, Mapping):
+        bad(where, "must be a mapping", "give role, repo, revision, path, mount and format")
+        return None
+    n_bad = 0
+
+    def wbad(fld: str, problem: str, fix: str) -> None:
+        nonlocal n_bad
+        n_bad += 1
+        bad(f"{where}.{fld}", problem, fix)
+
+    _check_fields(w, wbad)
+    role, repo, path, mount, fmt = (str(w.get(k, "")) for k in ("role", "repo", "path", "mount", "format"))
+    _check_paths(path, mount, wbad)
+    _check_pins(w, wbad)
+    pin = w.get("manifest_sha256")
+    min_date = _min_date(w.get("min_date"), wbad)
+    size = w.get("size_gb", 0)
+    if isinstance(size, bool) or not isinstance(size, int | float) or size < 0:
+        wbad("size_gb", f"{size!r} is not a size in GB", "e.g. size_gb: 22")
+        size = 0
+    if n_bad:
+        return None
+    return WeightSet(role=role, repo=repo, revision=str(w["revision"]), path=path.rstrip("/"),
+                     mount=mount.rstrip("/"), format=fmt, min_date=min_date, size_gb=float(size),
+                     manifest_sha256=pin if isinstance(pin, str) else None)
+
+
+def _check_fields(w: Mapping[str, Any], wbad: Bad) -> None:
+    """A weight set's fields: known, the required ones given, role and repo valid."""
+    for key in sorted(set(w) - _WEIGHT_KEYS):
+        wbad(str(key), "unknown field", f"use one of: {', '.join(sorted(_WEIGHT_KEYS))}")
+    for key in _REQUIRED_WEIGHT_KEYS:
+        if not isinstance(w.get(key), str) or not w.get(key):
+            wbad(key, "is missing or not a string", f"add {key}: to the weight set")
+    role, repo = str(w.get("role", "")), str(w.get("repo", ""))
+    if role and role not in ROLES:
+        wbad("role", f"{role!r} is not a weight role", f"use one of: {', '.join(ROLES)}")
+    if repo and not _REPO.match(repo):
+        wbad("repo", f"{repo!r} is not a hub repository", "write owner/name, e.g. z-lab/Qwen3.6-35B-A3B-DFlash")
+
+
+def _check_pins(w: Mapping[str, Any], wbad: Bad) -> None:
+    """What a weight set is pinned to: its manifest's sha256, its revision, its format."""
+    pin = w.get("manifest_sha256")
+    if pin is not None and not (isinstance(pin, str) and re.fullmatch(r"[0-9a-f]{64}", pin)):
+        wbad("manifest_sha256", f"{pin!r} is not a sha256 (64 lowercase hex digits)",
+             "copy it from `sha256sum manifest.json` of the mirror's copy you verified")
+    fmt = str(w.get("format", ""))
+    rev = w.get("revision")
+    if isinstance(rev, str) and rev and (not _REVISION.match(rev) or ".." in rev):
+        wbad("revision", f"{rev!r} is not a git revision (a commit sha, tag or branch)",
+             "pin the commit sha from the model's page on the hub (40 hex digits)")
+    if fmt and fmt not in FORMAT_QUANTIZATION:
+        wbad("format", f"{fmt!r} is not a known checkpoint format", f"use one of: {', '.join(FORMAT_QUANTIZATION)}")
+
+
+def _check_paths(path: str, mount: str, wbad: Bad) -> None:
+    """The host directory (under /opt) and the container mount: plain absolute paths."""
+    if path and (not path.startswith(WEIGHTS_ROOT) or ".." in path.split("/") or path.rstrip("/") + "/" == WEIGHTS_ROOT):
+        wbad("path", f"{path!r} is not a directory under {WEIGHTS_ROOT}", "use e.g. /opt/qwen36/qwen36-nvfp4")
+    elif path and not _SAFE_PATH.match(path):
+        wbad("path", f"{path!r} has characters other than letters, digits and . _ + - /",
+             "name the directory plainly, e.g. /opt/qwen36/qwen36-nvfp4")
+    if mount and (not mount.startswith("/") or mount == "/" or ".." in mount.split("/")):
+        wbad("mount", f"{mount!r} is not an absolute container path", "use e.g. /model or /drafter")
+    elif mount and not _SAFE_PATH.match(mount):
+        wbad("mount", f"{mount!r} has characters other than letters, digits and . _ + - / "
+             "(':' or ',' would add docker mount options)", "use e.g. /model or /drafter")
+
+
+def _min_date(md: Any, wbad: Bad) -> date | None:
+    """The oldest acceptable revision date (a date, or YYYY-MM-DD)."""
+    if isinstance(md, date) or md is None:
+        return md
+    try:
+        return date.fromisoformat(str(md))
+    except ValueError:
+        wbad("min_date", f"{md!r} is not a date", "write YYYY-MM-DD, e.g. 2026-04-19")
+        return None
