@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from fleetctl.errors import RecipeError
+
+#: How a check reports a problem of a recipe: ``bad(field, problem, fix)``.
+Bad = Callable[[str, str, str], None]
 
 
 @dataclass(frozen=True)

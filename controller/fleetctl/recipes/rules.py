@@ -11,7 +11,7 @@ from fleetctl import secretenv
 from fleetctl.errors import RecipeError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.recipes.argv import has_flag
-from fleetctl.recipes.problems import RecipeProblem
+from fleetctl.recipes.problems import Bad, RecipeProblem
 from fleetctl.recipes.recipe import Recipe
 from fleetctl.recipes.weights import FORMAT_QUANTIZATION
 
@@ -26,10 +26,26 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
     def bad(fld: str, problem: str, fix: str) -> None:
         out.append(RecipeProblem(r.name, fld, problem, fix))
 
+    _trust_remote_code(r, bad)
+    _gpu_memory(r, bad)
+    _api_key(r, bad)
+    _port(r, bad)
+    _drafter(r, _speculative_config(r, bad), bad)
+    _quantization(r, bad)
+    return out
+
+
+
+def _trust_remote_code(r: Recipe, bad: Bad) -> None:
+    """Remote code runs only where the recipe says it was reviewed."""
     if has_flag(r.vllm_args, "--trust-remote-code") and not r.trust_remote_code:
         bad("vllm_args --trust-remote-code", "lets the model's repository run its own Python code on every host",
             "drop the flag (most architectures need none), or review the repository's code at the pinned revision "
             "and set trust_remote_code: true in the recipe")
+
+
+def _gpu_memory(r: Recipe, bad: Bad) -> None:
+    """--gpu-memory-utilization: a fraction above 0, at most GB10's bound."""
     gmu = r.flag("--gpu-memory-utilization")
     if gmu is not None:
         try:
@@ -45,6 +61,9 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
                     f"{gmu} is above {MAX_GPU_MEMORY_UTILIZATION}: GB10's unified memory thrashes",
                     f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the published recipes use 0.60-0.80)")
 
+
+def _api_key(r: Recipe, bad: Bad) -> None:
+    """No API key on the command line."""
     if has_flag(r.vllm_args, "--api-key"):
         bad("vllm_args --api-key",
             "puts the API key on the command line, where `ps`, `docker inspect`, the ledger and "
@@ -52,10 +71,16 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
             f"remove --api-key and its value, list {secretenv.API_KEY_ENV} in secret_env and set "
             f"${secretenv.API_KEY_ENV} (or ${secretenv.file_var(secretenv.API_KEY_ENV)}, a 0600 file) on the controller")
 
+
+def _port(r: Recipe, bad: Bad) -> None:
+    """--port agrees with the recipe's port."""
     port_flag = r.flag("--port")
     if port_flag is not None and port_flag != str(r.port):
         bad("vllm_args --port", f"--port {port_flag} disagrees with port: {r.port}", "set one of them to match the other")
 
+
+def _speculative_config(r: Recipe, bad: Bad) -> dict[str, Any] | None:
+    """The --speculative-config JSON object (None when absent or invalid)."""
     spec: dict[str, Any] | None = None
     raw_spec = r.flag("--speculative-config")
     if raw_spec is not None:
@@ -69,7 +94,12 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
                 spec = parsed
             else:
                 bad("vllm_args --speculative-config", "must be a JSON object", "write {\"method\": ..., ...}")
+    return spec
 
+
+def _drafter(r: Recipe, spec: dict[str, Any] | None, bad: Bad) -> None:
+    """DFlash's needs (scheduler budgets, KV dtype, a drafter at the config's model), and a drafter
+    only where a speculative config uses it."""
     kv = r.flag("--kv-cache-dtype")
     drafter = r.drafter
     if spec is not None and str(spec.get("method", "")).lower() == "dflash":
@@ -91,6 +121,9 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
         bad("weights", "a drafter is staged but no speculative config uses it",
             "add --speculative-config with \"model\" set to the drafter's mount, or drop the drafter")
 
+
+def _quantization(r: Recipe, bad: Bad) -> None:
+    """--quantization matches the body's checkpoint format."""
     quant = r.flag("--quantization")
     fmt = r.body.format
     expected = FORMAT_QUANTIZATION.get(fmt)
@@ -100,7 +133,6 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
     elif quant is not None and quant != expected:
         bad("vllm_args --quantization", f"--quantization {quant} does not match the body's {fmt} checkpoint: it fails at load",
             f"use --quantization {expected} (or correct weights[body].format)")
-    return out
 
 
 def placement_problems(inventory: Inventory, recipes: Mapping[str, Recipe]) -> list[RecipeError]:

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from datetime import date
 from typing import Any
 
+from fleetctl.recipes.problems import Bad
+
 #: Checkpoint formats a weight set can declare, and the ``--quantization`` each needs.
 FORMAT_QUANTIZATION: Mapping[str, str | None] = {
     "compressed-tensors": "compressed-tensors",
@@ -139,8 +141,6 @@ def build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None])
         bad("weights", "has more than one drafter", "keep one weight set with role: drafter")
     return out
 
-
-Bad = Callable[[str, str, str], None]
 
 
 def _weight_set(w: Any, where: str, bad: Bad) -> WeightSet | None:
