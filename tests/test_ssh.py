@@ -224,10 +224,12 @@ def test_sudo_command_lines_never_carry_the_password() -> None:
     from fleetctl.access import Become, Secret
 
     host = Host("h", "10.0.0.1", user="nvidia", become=Become(user="root", password=Secret("p@ss 'x")))
-    cmd, stdin = access_probe.sudo_command(host, "cat > /var/lib/fleetctl/x", "body\n", ssh.SUDO_PASSWORD)
+    cmd, stdin = access_probe.sudo_command(host, "cat > /var/lib/fleetctl/x", "body\n",
+                                           ssh.SUDO_PASSWORD)
     assert cmd == "sudo -k -S -p '' -u root -- sh -c 'cat > /var/lib/fleetctl/x'"
     assert stdin == "p@ss 'x\nbody\n"  # sudo takes the first line; the command gets the rest
-    assert access_probe.sudo_command(host, "id -u", None, ssh.SUDO_NOPASSWD) == ("sudo -n -u root -- sh -c 'id -u'", None)
+    assert access_probe.sudo_command(host, "id -u", None, ssh.SUDO_NOPASSWD) == (
+        "sudo -n -u root -- sh -c 'id -u'", None)
     bad = Host("h", "10.0.0.1", user="nvidia", become=Become(password=Secret("a\nb")))
     with pytest.raises(FleetError, match="line break") as e:
         access_probe.sudo_command(bad, "true", None, ssh.SUDO_PASSWORD)

@@ -213,5 +213,11 @@ def load(path: str | os.PathLike[str] | None = None, *,
     groups = {name: tuple(x.name for x in g.get_hosts()) for name, g in manager.groups.items()
               if name != "ungrouped"}
     units = units_of(p, hosts, groups, declared_units(manager, hosts, vault))
-    return Inventory(path=p, hosts=placed(hosts, units), groups=groups,
-                     vars=group_vars(manager, manager.groups["all"], vault), _ansible=manager, units=units)
+    return Inventory(
+        path=p,
+        hosts=placed(hosts, units),
+        groups=groups,
+        vars=group_vars(manager, manager.groups["all"], vault),
+        _ansible=manager,
+        units=units,
+    )

@@ -137,7 +137,8 @@ def _internal_vars() -> frozenset[str]:
                                                   "ansible_play_name", "environment", "vars", "hostvars"}
 
 
-def ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = None) -> tuple[Any, Any, str | None]:
+def ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = None
+                 ) -> tuple[Any, Any, str | None]:
     """ansible-core's InventoryManager and VariableManager over ``p``, and the vault password file used."""
     from ansible import constants as C
     from ansible.errors import AnsibleError
@@ -332,6 +333,11 @@ def declared_units(manager: Any, hosts: Mapping[str, Host], vault: str | None) -
     """Each group's own ``fleetctl_unit`` (without Ansible's precedence), for the groups holding a
     unit member: read only when there are members (no cost without units)."""
     members = {n for n, h in hosts.items() if h.vars.get(UNIT_VAR)}
-    return {name: v for name, g in manager.groups.items() if members and name not in ("all", "ungrouped")
-            and members.intersection(x.name for x in g.get_hosts())
-            and (v := group_vars(manager, g, vault).get(UNIT_VAR)) is not None}
+    return {
+        name: v
+        for name, g in manager.groups.items()
+        if members
+        and name not in ("all", "ungrouped")
+        and members.intersection(x.name for x in g.get_hosts())
+        and (v := group_vars(manager, g, vault).get(UNIT_VAR)) is not None
+    }

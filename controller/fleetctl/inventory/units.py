@@ -167,7 +167,7 @@ def _one_unit_each(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, t
 
 
 def _unit(path: Path, unit: str, names: list[str], hosts: Mapping[str, Host]) -> Unit:
-    """One unit, checked: at least two members, ranked, each with its own fabric address, a floor."""
+    """One unit, checked: two members or more, ranked, each with its own fabric address; a floor."""
     if len(names) < 2:
         raise InventoryError(f"{path}: unit {unit!r} has one member", host=names[0],
                              fix=f"add its other members to the unit, or remove {UNIT_VAR} from this host")

@@ -83,10 +83,22 @@ def build_recipe(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe 
     if not _one_body(weights, len(problems) > n0, bad):
         return None
     return Recipe(
-        name=name, image=image, served_model_names=tuple(names), port=port, weights=tuple(weights),
-        vllm_args=tuple(args), env=env, secret_env=tuple(secret_env), docker_args=tuple(docker_args),
-        soak=dict(soak), min_free_gb=min_free, source=source, description=str(body.get("description", "")),
-        trust_remote_code=trust, topology=topology, compile_cache=caches,
+        name=name,
+        image=image,
+        served_model_names=tuple(names),
+        port=port,
+        weights=tuple(weights),
+        vllm_args=tuple(args),
+        env=env,
+        secret_env=tuple(secret_env),
+        docker_args=tuple(docker_args),
+        soak=dict(soak),
+        min_free_gb=min_free,
+        source=source,
+        description=str(body.get("description", "")),
+        trust_remote_code=trust,
+        topology=topology,
+        compile_cache=caches,
     )
 
 
@@ -179,7 +191,8 @@ def _str_list(body: Mapping[str, Any], key: str, bad: Bad, problem: str, fix: st
               pattern: re.Pattern[str] | None = None) -> list[str]:
     """A list of strings (each matching ``pattern``), empty when absent or refused."""
     value = body.get(key) or []
-    if not _is_str_list(value) or (pattern is not None and not all(pattern.match(s) for s in value)):
+    matches = pattern is None or all(pattern.match(s) for s in value)
+    if not _is_str_list(value) or not matches:
         bad(key, problem, fix)
         return []
     return list(value)

@@ -94,7 +94,7 @@ class CacheDir:
 _CACHE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 
 
-def build_caches(raw: object, weight_mounts: Sequence[str], bad: Callable[[str, str, str], None]) -> tuple[CacheDir, ...]:
+def build_caches(raw: object, weight_mounts: Sequence[str], bad: Bad) -> tuple[CacheDir, ...]:
     """``compile_cache: [{name: vllm, mount: /root/.cache/vllm}, ...]``: unique names and container paths."""
     if raw is None:
         return ()
@@ -130,7 +130,8 @@ def build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None])
         if present:
             bad("weights", "must be a non-empty list of weight sets", "give at least the body: - {role: body, repo: ..., ...}")
         return []
-    out = [ws for i, w in enumerate(raw) if (ws := _weight_set(w, f"weights[{i}]", bad)) is not None]
+    sets = (_weight_set(w, f"weights[{i}]", bad) for i, w in enumerate(raw))
+    out = [ws for ws in sets if ws is not None]
     paths = [w.path for w in out]
     mounts = [w.mount for w in out]
     if len(set(paths)) != len(paths):

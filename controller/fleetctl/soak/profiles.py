@@ -18,7 +18,8 @@ PROFILES = ("spark", "lab")
 WORKLOAD_VERSION = 3
 
 
-COMMON_PARAMS = ("enabled", "observe_only", "failure_limit", "inconclusive_limit", "consecutive_error_limit")
+COMMON_PARAMS = ("enabled", "observe_only", "failure_limit", "inconclusive_limit",
+                 "consecutive_error_limit")
 
 
 #: THE declaration of the soak's checks: each check's name and its own parameters with their kinds

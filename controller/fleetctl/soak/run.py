@@ -189,7 +189,8 @@ _CHECKED_PHASES = ("canary", "classes", "sweep", "long_decode", "sustained")
 
 async def _load(client: Client, st: SoakState, ident: Identity) -> None:
     """The load phases in order, until one crashes the server or halts the soak."""
-    steps = (_references, _classes, _long_context, _sweep, _rates, long_decode, long_prompts, sustained)
+    steps = (_references, _classes, _long_context, _sweep, _rates, long_decode, long_prompts,
+             sustained)
     for step in steps:
         await step(client, st, ident)
         if st.crash or st.halt:
@@ -229,8 +230,11 @@ async def _long_context(client: Client, st: SoakState, ident: Identity) -> None:
         client, st, phase="classes", label="long_context", concurrency=1, requests=cfg.class_requests,
         seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
     measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
-    st.prompt_sizes["long_context"] = (tokens, int(statistics.median(measured)) if measured else None,
-                                       how)
+    st.prompt_sizes["long_context"] = (
+        tokens,
+        int(statistics.median(measured)) if measured else None,
+        how,
+    )
 
 
 async def _sweep(client: Client, st: SoakState, ident: Identity) -> None:

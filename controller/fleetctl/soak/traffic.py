@@ -208,9 +208,15 @@ def _errors_of(t: Traffic, pooled_err: float | None, limits: Limits) -> Measurem
         return Measurement(t.host, INC, f"{t.host}: no request counts "
                            f"({why or 'no vllm:request_success_total'})")
     if not t.finished or t.finished < limits.min_requests:
-        return Measurement(t.host, INC, f"{t.host}: {t.finished:.0f} request(s) finished in "
-                           f"{t.seconds:.0f}s, fewer than {limits.min_requests}: too little traffic "
-                           "to judge", t.finished, limits.min_requests)
+        return Measurement(
+            t.host,
+            INC,
+            f"{t.host}: {t.finished:.0f} request(s) finished in "
+            f"{t.seconds:.0f}s, fewer than {limits.min_requests}: too little traffic "
+            "to judge",
+            t.finished,
+            limits.min_requests,
+        )
     rate = t.error_rate or 0.0
     if pooled_err is not None:
         bound = pooled_err + limits.error_rate_margin
@@ -219,9 +225,14 @@ def _errors_of(t: Traffic, pooled_err: float | None, limits: Limits) -> Measurem
         bound = limits.max_error_rate
         against = "bound (no old host to compare with)"
     bad = rate > bound and (t.errors or 0) >= limits.min_errors
-    return Measurement(t.host, F if bad else P,
-                       f"{t.host}: {t.errors:.0f} of {t.finished:.0f} requests failed ({pct(rate)}) "
-                       f"{'>' if bad else '<='} {pct(bound)} ({against})", round(rate, 4), round(bound, 4))
+    return Measurement(
+        t.host,
+        F if bad else P,
+        f"{t.host}: {t.errors:.0f} of {t.finished:.0f} requests failed ({pct(rate)}) "
+        f"{'>' if bad else '<='} {pct(bound)} ({against})",
+        round(rate, 4),
+        round(bound, 4),
+    )
 
 
 def _latency_of(t: Traffic, ref: Mapping[str, float | None], limits: Limits) -> list[Measurement]:
@@ -234,8 +245,15 @@ def _latency_of(t: Traffic, ref: Mapping[str, float | None], limits: Limits) -> 
             continue
         lim = base * limits.latency_ratio + limits.latency_slack
         if got is None:
-            out.append(Measurement(f"{t.host} {label}", INC, f"{t.host}: no {label} (histogram missing "
-                                   f"or reset{': ' + why if why else ''})", None, round(lim * 1000, 1)))
+            out.append(
+                Measurement(
+                    f"{t.host} {label}",
+                    INC,
+                    f"{t.host}: no {label} (histogram missing or reset{': ' + why if why else ''})",
+                    None,
+                    round(lim * 1000, 1),
+                )
+            )
             continue
         out.append(Measurement(f"{t.host} {label}", F if got > lim else P,
                                f"{t.host}: {label} {ms(got)} {'>' if got > lim else '<='} {ms(lim)} "
@@ -252,13 +270,23 @@ def _acceptance_of(t: Traffic, base: float, limits: Limits) -> Measurement | str
         return f"{t.host}: {t.drafted:.0f} drafted tokens"
     if t.acceptance is None:
         why = "; ".join(t.problems)
-        return Measurement(t.host, INC, f"{t.host}: no acceptance figure"
-                           + (f" ({why})" if why else " (no spec-decode counters)"), None, round(lim, 4))
+        return Measurement(
+            t.host,
+            INC,
+            f"{t.host}: no acceptance figure"
+            + (f" ({why})" if why else " (no spec-decode counters)"),
+            None,
+            round(lim, 4),
+        )
     low = t.acceptance < lim
-    return Measurement(t.host, F if low else P,
-                       f"{t.host}: acceptance {pct(t.acceptance)} {'<' if low else '>='} {pct(lim)} "
-                       f"(old hosts' median {pct(base)} x {limits.acceptance_ratio:g})",
-                       round(t.acceptance, 4), round(lim, 4))
+    return Measurement(
+        t.host,
+        F if low else P,
+        f"{t.host}: acceptance {pct(t.acceptance)} {'<' if low else '>='} {pct(lim)} "
+        f"(old hosts' median {pct(base)} x {limits.acceptance_ratio:g})",
+        round(t.acceptance, 4),
+        round(lim, 4),
+    )
 
 
 def fetch(base_url: str, t: float, timeout: float = 10.0) -> metrics.Scrape | str:

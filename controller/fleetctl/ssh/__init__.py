@@ -123,8 +123,15 @@ def docker(host: Host, command: str | list[str], timeout: float = 60.0,
         return exec_command(host, cmd, cmd, stdin, timeout, connect_timeout, on_line)
     if how == DOCKER_SUDO_DOCKER:
         # a shell function stands in for the binary in every `docker` of the script
-        return exec_command(host, cmd, f'docker() {{ sudo -n -- docker "$@"; }}\n{cmd}', stdin, timeout, connect_timeout,
-                     on_line)
+        return exec_command(
+            host,
+            cmd,
+            f'docker() {{ sudo -n -- docker "$@"; }}\n{cmd}',
+            stdin,
+            timeout,
+            connect_timeout,
+            on_line,
+        )
     return run(host, cmd, timeout=timeout, connect_timeout=connect_timeout, stdin=stdin, become=True,
                on_line=on_line)
 

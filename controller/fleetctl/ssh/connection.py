@@ -93,7 +93,8 @@ class _Connection(fabric.Connection):  # type: ignore[misc]
             timeout=self.open_timeout)
 
 
-def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None, timeout: float) -> fabric.Connection:
+def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
+            timeout: float) -> fabric.Connection:
     """An open connection to ``hop`` (through ``gateway``), its host key verified; errors name the hop."""
     target = hop == host.hop()
     what = f"{hop.address}:{hop.port}" if target else f"jump host {hop.label}"

@@ -108,4 +108,5 @@ def _finished(h: Host, f: Future[T], took: float) -> Outcome[T]:
         return Outcome(h.name, value=f.result(), seconds=took)
     if isinstance(exc, FleetError):
         return Outcome(h.name, error=exc, seconds=took)
-    return Outcome(h.name, error=FleetError(f"{type(exc).__name__}: {exc}", host=h.name), seconds=took)
+    error = FleetError(f"{type(exc).__name__}: {exc}", host=h.name)
+    return Outcome(h.name, error=error, seconds=took)

@@ -382,15 +382,13 @@ class Ledger:
         """Every host fleetctl took out of rotation and has not put back."""
         with self._read() as db:
             rows = db.all("SELECT * FROM out_of_rotation ORDER BY host")
-        return {r["host"]: OutOfRotation(r["host"], r["rollout_id"], r["reason"], from_json(r["memo"]) or {}, r["at"])
-                for r in rows}
+        return {r["host"]: OutOfRotation.from_row(r) for r in rows}
 
     def known_good(self, host: str) -> list[KnownGood]:
         """The host's known-good versions, newest first."""
         with self._read() as db:
             rows = db.all(f"SELECT * FROM known_good WHERE host=? ORDER BY at DESC, {self._db.seq} DESC", (host,))
-        return [KnownGood(r["host"], r["tag"], r["digest"], r["fingerprint"], from_json(r["settings"]), r["source"],
-                          r["rollout_id"], r["at"]) for r in rows]
+        return [KnownGood.from_row(r) for r in rows]
 
     # -- soak baselines -----------------------------------------------------------------
 

@@ -40,6 +40,11 @@ class OutOfRotation:
     memo: dict[str, Any]
     at: float
 
+    @classmethod
+    def from_row(cls, r: Mapping[str, Any]) -> OutOfRotation:
+        """The record an ``out_of_rotation`` row holds."""
+        return cls(r["host"], r["rollout_id"], r["reason"], from_json(r["memo"]) or {}, r["at"])
+
 
 @dataclass(frozen=True)
 class PhaseRecord:
@@ -130,6 +135,12 @@ class KnownGood:
     rollout_id: str | None
     at: float
 
+    @classmethod
+    def from_row(cls, r: Mapping[str, Any]) -> KnownGood:
+        """The record a ``known_good`` row holds."""
+        return cls(r["host"], r["tag"], r["digest"], r["fingerprint"], from_json(r["settings"]),
+                   r["source"], r["rollout_id"], r["at"])
+
 
 @dataclass(frozen=True)
 class BaselineRow:
@@ -157,7 +168,8 @@ class LockHolder:
     @classmethod
     def from_row(cls, row: Mapping[str, Any], live: bool | None) -> LockHolder:
         """The holder a lock row names."""
-        return cls(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"], row["acquired_at"], live)
+        return cls(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"],
+                   row["acquired_at"], live)
 
     @property
     def alive(self) -> bool:

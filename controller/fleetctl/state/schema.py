@@ -83,7 +83,8 @@ def migrate(backend: Backend, db: Tx) -> None:
     version = backend.version(db)
     if version > SCHEMA_VERSION:
         raise FleetError(
-            f"ledger {backend.where} has schema version {version}, newer than this fleetctl's {SCHEMA_VERSION}",
+            f"ledger {backend.where} has schema version {version}, newer than this fleetctl's "
+            f"{SCHEMA_VERSION}",
             fix="upgrade fleetctl (a newer one wrote this ledger); do not edit or delete the ledger",
             exit_code=ExitCode.INCONCLUSIVE,
         )

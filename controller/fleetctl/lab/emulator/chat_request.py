@@ -130,7 +130,9 @@ def parse_request(info: ModelInfo, raw: bytes, *, chat: bool) -> ParsedChat:
         keys, key_tokens = (), ()
         thinking = False
     max_tokens = output_budget(
-        info.max_model_len, prompt_tokens, body.get("max_completion_tokens") or body.get("max_tokens")
+        info.max_model_len,
+        prompt_tokens,
+        body.get("max_completion_tokens") or body.get("max_tokens"),
     )
     try:
         temperature = float(

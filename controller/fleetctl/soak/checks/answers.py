@@ -69,7 +69,8 @@ def _judge_canary(c: CanaryResult, host: str) -> Measurement:
     s, text = c.sample, c.sample.text or ""
     where = f"{host}canary {c.name} at {c.level}"
     if not s.ok:
-        return Measurement(c.level, F, f"{where}: request failed: {s.error}", s.error_kind, c.expect)
+        return Measurement(c.level, F, f"{where}: request failed: {s.error}", s.error_kind,
+                           c.expect)
     if s.garbage:
         return Measurement(c.level, F, f"{where}: garbage ({s.garbage}): {snippet(s.excerpt, 80)}",
                            s.excerpt, c.expect)
@@ -79,8 +80,14 @@ def _judge_canary(c: CanaryResult, host: str) -> Measurement:
     if c.reference is not None and not same_answer(text, c.reference):
         # Greedy decoding of the same prompt: a different answer under load is corruption
         # (or a batch-variant kernel worth knowing about), even when it still holds the fact.
-        return Measurement(c.level, F, f"{where}: answer {snippet(text, 50)} differs from its c=1 "
-                           f"answer {snippet(c.reference, 50)}", snippet(text), snippet(c.reference))
+        return Measurement(
+            c.level,
+            F,
+            f"{where}: answer {snippet(text, 50)} differs from its c=1 "
+            f"answer {snippet(c.reference, 50)}",
+            snippet(text),
+            snippet(c.reference),
+        )
     return Measurement(c.level, P, f"{where}: ok", snippet(text), c.expect)
 
 
@@ -102,9 +109,15 @@ def _judge_loop(lr: LoopResult, host: str) -> Measurement:
         return Measurement(f"{lr.where} loop", P, f"{what} loops from character {s.loop_start}, past where its "
                            f"reference stopped by itself ({len(ref_text)} characters): writing past the "
                            "model's natural end under ignore_eos", s.loop, len(ref_text))
-    return Measurement(f"{lr.where} loop", F, f"{what} degenerates into a loop where its c=1 greedy reference "
-                       f"does not: {s.loop}; {shown}; reference ({ref.finish_reason}, {len(ref_text)} characters) "
-                       f"…{snippet(ref_text[-EXCERPT_REF:], 100)}", s.loop, "no loop (as the reference)")
+    return Measurement(
+        f"{lr.where} loop",
+        F,
+        f"{what} degenerates into a loop where its c=1 greedy reference "
+        f"does not: {s.loop}; {shown}; reference ({ref.finish_reason}, {len(ref_text)} characters) "
+        f"…{snippet(ref_text[-EXCERPT_REF:], 100)}",
+        s.loop,
+        "no loop (as the reference)",
+    )
 
 
 #: Characters of a reference answer shown beside a looping sample.
@@ -161,9 +174,16 @@ def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Chec
     if mark >= 0:
         tail = text[mark:mark + len(prompts.NEEDLE_MARK) + len(prompts.NEEDLE) + 16]
         ok = prompts.NEEDLE in tail
-        out.append(Measurement("needle", P if ok else F, f"{host}long decode: the needle at the model's end "
-                               f"(character {mark}) is " + ("intact" if ok else f"garbled: {snippet(tail)}"),
-                               snippet(tail), prompts.NEEDLE))
+        out.append(
+            Measurement(
+                "needle",
+                P if ok else F,
+                f"{host}long decode: the needle at the model's end "
+                f"(character {mark}) is " + ("intact" if ok else f"garbled: {snippet(tail)}"),
+                snippet(tail),
+                prompts.NEEDLE,
+            )
+        )
     window = int(spec.params.get("window_tokens", 2048) or 2048)
     offset = 0
     for a, b, win in long_decode_windows(text, got, window, ld.delta_ends):
@@ -181,16 +201,33 @@ def _judge_window(label: str, win: str, offset: int, end_at: int | None, host: s
     needle, at ``end_at``): free of U+FFFD and garbage; a loop before the end is shown."""
     bad = win.count("\ufffd")
     if bad >= 3:
-        return Measurement(label, F, f"{host}long decode, {label}: {bad} U+FFFD replacement characters: "
-                           f"{snippet(win[win.index(chr(0xfffd)):], 80)}", bad, 2)
+        return Measurement(
+            label,
+            F,
+            f"{host}long decode, {label}: {bad} U+FFFD replacement characters: "
+            f"{snippet(win[win.index(chr(0xFFFD)) :], 80)}",
+            bad,
+            2,
+        )
     if why := garbage(win):
-        return Measurement(label, F, f"{host}long decode, {label}: garbage ({why}): {snippet(win, 80)}",
-                           snippet(win), "no garbage")
+        return Measurement(
+            label,
+            F,
+            f"{host}long decode, {label}: garbage ({why}): {snippet(win, 80)}",
+            snippet(win),
+            "no garbage",
+        )
     if (loop := find_loop(win)) is not None and (end_at is None or offset + loop.start < end_at):
         # Before the needle (or without one): loops are judged against the reference by the
         # correctness check; here they are shown where they start.
-        return Measurement(label, P, f"long decode, {label}: ends in a loop ({loop.describe()}); "
-                           "judged against its reference by the correctness check", loop.phrase, None)
+        return Measurement(
+            label,
+            P,
+            f"long decode, {label}: ends in a loop ({loop.describe()}); "
+            "judged against its reference by the correctness check",
+            loop.phrase,
+            None,
+        )
     return Measurement(label, P, f"long decode, {label}: clean", None, None)
 
 
@@ -215,14 +252,29 @@ def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
             out.append(Measurement(label, F, f"{host}long prompt of {size}: request failed: {s.error}",
                                    s.error_kind, lp.tokens))
         elif s.garbage:
-            out.append(Measurement(label, F, f"{host}long prompt of {size}: garbage ({s.garbage}): "
-                                   f"{snippet(s.excerpt, 80)}", snippet(s.excerpt), prompts.VAULT_CODE))
+            out.append(
+                Measurement(
+                    label,
+                    F,
+                    f"{host}long prompt of {size}: garbage ({s.garbage}): {snippet(s.excerpt, 80)}",
+                    snippet(s.excerpt),
+                    prompts.VAULT_CODE,
+                )
+            )
         elif prompts.VAULT_CODE.lower() not in text.lower():
-            out.append(Measurement(label, F, f"{host}long prompt of {size}: the answer lacks the code stated in "
-                                   f"the prompt's middle ({prompts.VAULT_CODE!r}): {snippet(text, 80)}",
-                                   snippet(text), prompts.VAULT_CODE))
+            out.append(
+                Measurement(
+                    label,
+                    F,
+                    f"{host}long prompt of {size}: the answer lacks the code stated in "
+                    f"the prompt's middle ({prompts.VAULT_CODE!r}): {snippet(text, 80)}",
+                    snippet(text),
+                    prompts.VAULT_CODE,
+                )
+            )
         else:
-            out.append(Measurement(label, P, f"long prompt of {size}: answered", snippet(text), prompts.VAULT_CODE))
+            out.append(Measurement(label, P, f"long prompt of {size}: answered", snippet(text),
+                                   prompts.VAULT_CODE))
         if lp.how.startswith("estimate ("):
             out.append(Measurement(f"{label} size", INC, f"long prompt of {label}: {lp.how}", lp.how, lp.tokens))
     ran = [m.label for m in out if m.outcome is P and m.measured is not None]

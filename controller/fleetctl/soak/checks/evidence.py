@@ -1,4 +1,5 @@
-"""What one soak observed, as the checks read it: the engine builds an Evidence, the checks judge it."""
+"""What one soak observed, as the checks read it: the engine builds an Evidence, the checks
+judge it."""
 
 from __future__ import annotations
 

@@ -66,23 +66,46 @@ def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
         if not s.ok:
             out.append(Measurement(sr.name, F, f"{sr.name}: request failed: {s.error}", s.error_kind, sr.expect))
         elif why := garbage(text):
-            out.append(Measurement(sr.name, F, f"{sr.name}: garbage output ({why}): {snippet(text)}",
-                                   snippet(text), sr.expect))
+            out.append(
+                Measurement(
+                    sr.name,
+                    F,
+                    f"{sr.name}: garbage output ({why}): {snippet(text)}",
+                    snippet(text),
+                    sr.expect,
+                )
+            )
         elif sr.expect in text[:ANSWER_WINDOW]:
-            out.append(Measurement(sr.name, P, f"{sr.name}: answer contains {sr.expect}", snippet(text), sr.expect))
+            out.append(Measurement(sr.name, P, f"{sr.name}: answer contains {sr.expect}",
+                                   snippet(text), sr.expect))
         elif sr.expect in text:
             # A model emitting nonsense for 2048 tokens can hit "391" by chance: with thinking
             # off a healthy model answers near the start.
-            out.append(Measurement(sr.name, F, f"{sr.name}: {sr.expect} only appears after {ANSWER_WINDOW} characters "
-                                   f"of a {len(text)}-character reply: {snippet(text)}", snippet(text), sr.expect))
+            out.append(
+                Measurement(
+                    sr.name,
+                    F,
+                    f"{sr.name}: {sr.expect} only appears after {ANSWER_WINDOW} characters "
+                    f"of a {len(text)}-character reply: {snippet(text)}",
+                    snippet(text),
+                    sr.expect,
+                )
+            )
         elif not text.strip() and s.finish_reason == "length":
             # docs/domain.md#health (5): with thinking on, max_tokens < ~1500 gives content null + length: not a crash.
             out.append(Measurement(sr.name, INC, f"{sr.name}: no content (finish_reason length at "
                                    f"max_tokens {sr.max_tokens}): the model ran out of tokens, not a crash",
                                    "null", sr.expect))
         else:
-            out.append(Measurement(sr.name, F, f"{sr.name}: answer lacks {sr.expect!r}: {snippet(text)}",
-                                   snippet(text), sr.expect))
+            out.append(
+                Measurement(
+                    sr.name,
+                    F,
+                    f"{sr.name}: answer lacks {sr.expect!r}: {snippet(text)}",
+                    snippet(text),
+                    sr.expect,
+                )
+            )
     return decide(spec, out, ok_message=f"{len(out)} smoke prompt(s) answered correctly")
 
 

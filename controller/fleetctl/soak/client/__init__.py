@@ -340,8 +340,10 @@ def _judged(req: ChatRequest, parser: StreamParser, kind: str, error: str) -> tu
         return "disconnect", "stream ended before data: [DONE]", garbage
     if not usage:
         # Asked for include_usage: a stream without it cannot be measured (TPOT, tokens).
-        return "protocol", "stream had no usage chunk (stream_options.include_usage ignored)", garbage
-    kind, error = validate_answer(req, parser.finish_reason, usage, parser.first_content_at is not None)
+        return ("protocol", "stream had no usage chunk (stream_options.include_usage ignored)",
+                garbage)
+    has_text = parser.first_content_at is not None
+    kind, error = validate_answer(req, parser.finish_reason, usage, has_text)
     if kind == "empty":
         # Not a transport failure (its timings stand): degenerate output, judged with
         # garbage by the correctness check, so it is counted and shown, never dropped.

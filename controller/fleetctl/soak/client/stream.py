@@ -125,7 +125,7 @@ class StreamParser:
             self.usage = usage
 
     def _choice(self, choice: dict[str, Any], now: float, texts: list[str]) -> None:
-        """An event's choice: its content (the first one's arrival is the TTFT) and finish reason."""
+        """An event's choice: its content (the first one's arrival is the TTFT), finish reason."""
         delta = choice.get("delta")
         if delta:
             content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")

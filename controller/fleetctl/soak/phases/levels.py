@@ -136,7 +136,8 @@ class _Level:
                 return False
         return True
 
-    async def _send(self, i: int, wid: int, history: list[tuple[str, str]]) -> tuple[Sample, ChatRequest]:
+    async def _send(self, i: int, wid: int,
+                    history: list[tuple[str, str]]) -> tuple[Sample, ChatRequest]:
         """Request ``i`` of worker ``wid``, a turn of its conversation when there is a context."""
         st, cfg, context = self.st, self.st.config, self.context
         cls = self.classes[(i + wid) % len(self.classes)]
@@ -146,16 +147,23 @@ class _Level:
         req = ChatRequest(st.model, prompts.prompt_for(cls, i, self.long_chars), cfg.max_tokens,
                           cfg.temperature, thinking=cfg.thinking, ignore_eos=True, history=convo)
         left = max(self.deadline - time.monotonic(), 1.0)
-        s = await self.client.chat(req, phase=self.phase, cls=cls, concurrency=self.concurrency,
-                                   t0=st.t0, timeout=min(cfg.request_timeout, left + cfg.request_timeout),
-                                   keep_text=bool(context), stall=cfg.token_timeout())
+        s = await self.client.chat(
+            req,
+            phase=self.phase,
+            cls=cls,
+            concurrency=self.concurrency,
+            t0=st.t0,
+            timeout=min(cfg.request_timeout, left + cfg.request_timeout),
+            keep_text=bool(context),
+            stall=cfg.token_timeout(),
+        )
         if context:
             history += [("user", req.prompt), ("assistant", s.text or "")]
             s = replace(s, text=None)
         return s, req
 
     def _record(self, s: Sample, req: ChatRequest, first: bool) -> None:
-        """One answer into the level, the soak and its artifacts (a worker's first one is its warm-up)."""
+        """One answer into the level, the soak and its artifacts (a worker's first: its warm-up)."""
         self.samples.append(s)
         self.st.samples.append(s)
         self.st.looped(s, req, self.where)
@@ -187,10 +195,24 @@ class _Level:
             probe = await self.client.get("/health", timeout=5.0)
             if not probe.ok:
                 self.stopped = f"/health {probe.state} after errors"
-                st.crash = st.crash or await diagnose_crash(self.client, st, self.concurrency, self.label)
+                crash = await diagnose_crash(self.client, st, self.concurrency, self.label)
+                st.crash = st.crash or crash
         stopped = self.stopped or self.gave_up
-        st.levels.append(replace(summarize(self.phase, self.label, self.concurrency, level, elapsed, stopped,
-                                           st.config.slo, st.warm), canaries=self.canaries))
+        st.levels.append(
+            replace(
+                summarize(
+                    self.phase,
+                    self.label,
+                    self.concurrency,
+                    level,
+                    elapsed,
+                    stopped,
+                    st.config.slo,
+                    st.warm,
+                ),
+                canaries=self.canaries,
+            )
+        )
         if level and not any(x.ok for x in level) and not st.crash:
             st.stop(f"every request of {self.label} failed ({level[0].error})")
 
