@@ -37,28 +37,21 @@ from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.soak import checks, prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks import Evidence, Identity, SmokeResult
+from fleetctl.soak.checks.evidence import Evidence, Identity, SmokeResult
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.phases import (
-    SoakState,
     canary_references,
-    diagnose_crash,
-    estimate_chars_per_token,
     identity,
     long_decode,
     long_prompts,
-    long_text,
     loop_references,
-    merge_trials,
-    open_loop,
-    planned_phases,
-    run_requests,
-    sized,
-    stall_seen,
     sustained,
     windowed,
 )
+from fleetctl.soak.phases.levels import merge_trials, open_loop, run_requests
+from fleetctl.soak.phases.sizing import estimate_chars_per_token, long_text, sized
+from fleetctl.soak.phases.soak_state import SoakState, diagnose_crash, planned_phases, stall_seen
 from fleetctl.soak.readiness import (
     await_ready,
     container_state,

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.soak import metrics
-from fleetctl.soak.checks import decide, ms, pct, skipped
+from fleetctl.soak.checks.judge import decide, ms, pct, skipped
 from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.verdict import CheckResult, Measurement, Outcome
 

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from fleetctl.soak import metrics, prompts
-from fleetctl.soak.checks import Identity, LongPrompt, LoopResult
+from fleetctl.soak.checks.evidence import Identity, LongPrompt, LoopResult
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.phases.levels import (
     OPEN_LOOP_MAX_IN_FLIGHT,

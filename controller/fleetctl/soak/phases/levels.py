@@ -10,7 +10,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
-from fleetctl.soak import checks, prompts
+from fleetctl.soak import prompts
+from fleetctl.soak.checks.judge import pct
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.phases.soak_state import (
     SoakState,
@@ -92,7 +93,7 @@ class _Level:
         what = label if label == f"c={concurrency}" else f"{label} c={concurrency}"
         st.emit(self.phase, f"{what} {len(self.samples)}/{self.requests} req {tok_s:.0f} tok/s "
                             f"errors {errors}", concurrency=concurrency, tok_s=round(tok_s),
-                errors=errors, acceptance=checks.pct(st.last_acceptance), level=label,
+                errors=errors, acceptance=pct(st.last_acceptance), level=label,
                 requests=len(self.samples), planned_requests=self.requests, level_elapsed=round(el),
                 level_seconds=round(self.seconds), baseline=st.baseline_tok_s.get(label),
                 acceptance_rate=st.last_acceptance)

@@ -13,7 +13,14 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import prompts
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks import CanaryResult, Identity, LongPrompt, LoopResult, SmokeResult, Wedge
+from fleetctl.soak.checks.evidence import (
+    CanaryResult,
+    Identity,
+    LongPrompt,
+    LoopResult,
+    SmokeResult,
+    Wedge,
+)
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import (
