@@ -220,8 +220,8 @@ class SoakConfig:
             "sweep": len(self.concurrency) * self.trials * per_level + len(self.request_rates) * per_level,
             "long decode": max(self.request_timeout, long_decode / 10) if long_decode else 0.0,
             "long prompts": self.long_prompt_seconds(),
-            # Up to 3 looping prompts re-run as references (soak/phases.py MAX_LOOP_REFERENCES): two
-            # load prompts and the long decode at most.
+            # Up to 3 looping prompts re-run as references (MAX_LOOP_REFERENCES in
+            # soak/phases/soak_state.py): two load prompts and the long decode at most.
             "loop references": 2 * self.request_timeout + (max(self.request_timeout, long_decode / 10)
                                                             if long_decode else 0.0),
             "sustained": self.sustained_duration + self.request_timeout if self.sustained_duration else 0.0,
