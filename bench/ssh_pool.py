@@ -40,6 +40,7 @@ from rich.table import Table
 from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl import inventory, ssh
 from fleetctl.inventory import Host
+from fleetctl.ssh import pool
 
 
 def cpu() -> float:
@@ -65,7 +66,7 @@ def measure(hosts: list[Host], rounds: int, idle: float) -> dict[str, float]:
         c0, t0 = cpu(), time.monotonic()
         time.sleep(idle)
         held.append((cpu() - c0) / (time.monotonic() - t0) / len(hosts))
-    gateways = ssh._POOL.gateways()
+    gateways = pool.POOL.gateways()
     ssh.close_all()
     return {"connect_cpu_ms": 1000 * statistics.median(connect),
             "command_on_pooled_cpu_ms": 1000 * statistics.median(reuse),

@@ -12,6 +12,7 @@ import pytest
 from fleetctl import ssh
 from fleetctl.errors import FleetError, HostUnreachable
 from fleetctl.inventory import Host
+from fleetctl.ssh import access_probe, connection, pool, session
 
 
 class _StuckClient(paramiko.SSHClient):
@@ -30,7 +31,7 @@ class _StuckClient(paramiko.SSHClient):
 def test_a_stuck_close_is_abandoned_and_the_others_still_close() -> None:
     stuck, fine = _StuckClient(), _StuckClient()
     fine.release.set()
-    ssh._close_bounded([stuck, fine], timeout=0.2)
+    connection.close_bounded([stuck, fine], timeout=0.2)
     # Returned although one close never finished; the other one did close.
     assert fine.closed.is_set()
     assert not stuck.closed.is_set()
@@ -112,7 +113,7 @@ class _SshServer:
 def test_a_pooled_connection_that_stops_opening_channels_is_replaced(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     srv = _SshServer(tmp_path)
-    monkeypatch.setattr(ssh, "CHANNEL_OPEN_TIMEOUT", 0.5)
+    monkeypatch.setattr(session, "CHANNEL_OPEN_TIMEOUT", 0.5)
     host = srv.host()
     try:
         assert ssh.run(host, "first", timeout=10).stdout == "ran: first"
@@ -127,12 +128,12 @@ def test_a_pooled_connection_that_stops_opening_channels_is_replaced(
 def test_the_pool_keeps_at_most_max_pooled_idle_connections(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     srv = _SshServer(tmp_path)
-    monkeypatch.setattr(ssh, "MAX_POOLED", 2)
+    monkeypatch.setattr(pool, "MAX_POOLED", 2)
     hosts = [srv.host(f"u{i}") for i in range(5)]
     try:
         for h in hosts:
             assert ssh.run(h, "x", timeout=10).stdout == "ran: x"
-            assert ssh._POOL.size() <= 2
+            assert pool.POOL.size() <= 2
         # The evicted connections are closed, not only forgotten: two stay open on the server.
         assert len(srv.transports) == 5
         # The server sees a close a moment after the client made it.
@@ -151,16 +152,16 @@ def test_the_pool_keeps_at_most_max_pooled_idle_connections(
 
 def test_a_connection_in_use_is_never_evicted(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     srv = _SshServer(tmp_path)
-    monkeypatch.setattr(ssh, "MAX_POOLED", 1)
+    monkeypatch.setattr(pool, "MAX_POOLED", 1)
     busy = srv.host("busy")
     try:
-        held = ssh._POOL.client(busy, 5.0)  # a command running on it (counted in use until done)
+        held = pool.POOL.client(busy, 5.0)  # a command running on it (counted in use until done)
         for i in range(3):
             ssh.run(srv.host(f"u{i}"), "x", timeout=10)
         transport = held.transport
         assert transport is not None and transport.is_active()
-        ssh._POOL.done(busy)
-        assert ssh._POOL.size() <= 1
+        pool.POOL.done(busy)
+        assert pool.POOL.size() <= 1
     finally:
         srv.close()
 
@@ -223,11 +224,13 @@ def test_sudo_command_lines_never_carry_the_password() -> None:
     from fleetctl.access import Become, Secret
 
     host = Host("h", "10.0.0.1", user="nvidia", become=Become(user="root", password=Secret("p@ss 'x")))
-    cmd, stdin = ssh._sudo(host, "cat > /var/lib/fleetctl/x", "body\n", ssh.SUDO_PASSWORD)
+    cmd, stdin = access_probe.sudo_command(host, "cat > /var/lib/fleetctl/x", "body\n",
+                                           ssh.SUDO_PASSWORD)
     assert cmd == "sudo -k -S -p '' -u root -- sh -c 'cat > /var/lib/fleetctl/x'"
     assert stdin == "p@ss 'x\nbody\n"  # sudo takes the first line; the command gets the rest
-    assert ssh._sudo(host, "id -u", None, ssh.SUDO_NOPASSWD) == ("sudo -n -u root -- sh -c 'id -u'", None)
+    assert access_probe.sudo_command(host, "id -u", None, ssh.SUDO_NOPASSWD) == (
+        "sudo -n -u root -- sh -c 'id -u'", None)
     bad = Host("h", "10.0.0.1", user="nvidia", become=Become(password=Secret("a\nb")))
     with pytest.raises(FleetError, match="line break") as e:
-        ssh._sudo(bad, "true", None, ssh.SUDO_PASSWORD)
+        access_probe.sudo_command(bad, "true", None, ssh.SUDO_PASSWORD)
     assert "a\nb" not in str(e.value)

@@ -27,6 +27,7 @@ import yaml
 from fleetctl import ansible, inventory, ssh
 from fleetctl.errors import FleetError, HostUnreachable
 from fleetctl.inventory import Host
+from fleetctl.ssh import connection, pool
 from tests import sshd
 
 USER = "fleetctl-test"
@@ -121,14 +122,14 @@ def test_proxyjump_reaches_the_target_through_the_bastion_and_shares_it(fleet: F
     assert f"target 127.0.0.2 port {fleet.target.port}" in fleet.bastion.log.read_text()
     other = inventory.load(fleet.tmp / "hosts.yml").host("spark-02")
     assert ssh.run(other, "true", timeout=20).ok
-    assert (ssh._POOL.size(), ssh._POOL.gateways()) == (2, 1), "two hosts, one bastion connection"
+    assert (pool.POOL.size(), pool.POOL.gateways()) == (2, 1), "two hosts, one bastion connection"
     # the bastion connection drops (a bastion reboot): the hosts behind it reconnect through a new one
-    for g in list(ssh._POOL._gateways.values()):
+    for g in list(pool.POOL._gateways.values()):
         g.close()
     assert ssh.run(host, "true", timeout=20).ok and ssh.run(other, "true", timeout=20).ok
-    assert (ssh._POOL.size(), ssh._POOL.gateways()) == (2, 1)
+    assert (pool.POOL.size(), pool.POOL.gateways()) == (2, 1)
     ssh.close_all()
-    assert ssh._POOL.gateways() == 0
+    assert pool.POOL.gateways() == 0
 
 
 def test_a_jump_host_that_does_not_forward_stops_the_connection(fleet: Fleet) -> None:
@@ -159,8 +160,8 @@ def test_nested_jumps(fleet: Fleet) -> None:
     # the bastion jumps to itself, then to the target: ProxyJump a,b
     jump = f"{USER}@127.0.0.1:{fleet.bastion.port},{USER}@127.0.0.1:{fleet.bastion.port}"
     assert ssh.run(fleet.inventory(jump=jump), "true", timeout=20).ok
-    chain = ssh._chain(next(iter(ssh._POOL._gateways.values())))
-    assert len(chain) == 2 and all(ssh._alive(c) for c in chain)
+    chain = connection.chain(next(iter(pool.POOL._gateways.values())))
+    assert len(chain) == 2 and all(connection.alive(c) for c in chain)
     ssh.close_all()  # closes both hops, not only the last
     assert not any(c.is_connected for c in chain)
 

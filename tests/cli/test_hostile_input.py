@@ -236,7 +236,7 @@ def test_vault_tagged_values_pass_the_check(tmp_path: Path) -> None:
     (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    s1: {}\n")
     (tmp_path / "host_vars").mkdir()
     (tmp_path / "host_vars" / "s1.yml").write_text("secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  3031\n")
-    inventory._check_var_files(tmp_path / "hosts.yml")  # a tag is kept as a tag: no error
+    inventory.files.check_var_files(tmp_path / "hosts.yml")  # a tag is kept as a tag: no error
 
 
 def test_recipes_refuses_a_host_whose_recipe_does_not_exist(fleet: tuple[Path, Listener],

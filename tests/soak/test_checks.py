@@ -206,13 +206,17 @@ def test_regression_is_judged_against_the_baselines_spread() -> None:
 
 def test_a_prompt_far_from_its_target_is_doubtful_only_when_the_server_sized_it() -> None:
     ev = Evidence(readiness=READY, prompt_sizes={"long_context": (3000, 6478, "tokenize")})
-    m = checks._size_measurements(ev, "long_context")[0]
+    m = checks.size_measurements(ev, "long_context")[0]
     assert m.outcome is Outcome.INCONCLUSIVE and "not what the check assumes" in m.message
-    est = checks._size_measurements(dataclasses.replace(ev, prompt_sizes={"long_context": (3000, 6478, "estimate")}),
-                                    "long_context")[0]
+    est = checks.size_measurements(
+        dataclasses.replace(ev, prompt_sizes={"long_context": (3000, 6478, "estimate")}),
+        "long_context",
+    )[0]
     assert est.outcome is Outcome.PASS and "no /tokenize" in est.message
-    near = checks._size_measurements(dataclasses.replace(ev, prompt_sizes={"long_context": (3000, 3050, "tokenize")}),
-                                     "long_context")[0]
+    near = checks.size_measurements(
+        dataclasses.replace(ev, prompt_sizes={"long_context": (3000, 3050, "tokenize")}),
+        "long_context",
+    )[0]
     assert near.outcome is Outcome.PASS and near.measured == 3050 and near.bound == 3000
 
 

@@ -82,7 +82,7 @@ class Backend:
             self.state_dir / fleet_ledger.LEDGER_NAME)
         with db.write() as tx:
             assert db.version(tx) == 0
-            for stmt in db.ddl(fleet_ledger._MIGRATIONS[0]):
+            for stmt in db.ddl(fleet_ledger.MIGRATIONS[0]):
                 tx.run(stmt)
             db.set_version(tx, 1)
         db.close()

@@ -36,7 +36,8 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Inventory
 from fleetctl.soak.verdict import SCHEMA_VERSION, Outcome, Verdict, from_dict, to_dict
 from fleetctl.state import ledger as fleet_ledger
-from fleetctl.state.ledger import BaselineRow, Ledger
+from fleetctl.state.ledger import Ledger
+from fleetctl.state.records import BaselineRow
 
 #: Passing runs a window keeps.
 WINDOW = 5

@@ -17,8 +17,8 @@ Every check takes ``enabled``, ``observe_only``, ``failure_limit``,
 analysis), plus its own bounds. Unknown keys are errors, so a typo never
 silently weakens a gate.
 
-Why one file of ~500 lines: the profiles' defaults are data, kept beside the validation that
-reads them so that a new key is declared, defaulted and checked in one place.
+The profiles' defaults, the prompt classes and the checks' parameters are data, in
+``profiles.py``; their public names stay reachable here (``config.CHECKS``).
 """
 
 from __future__ import annotations
@@ -33,169 +33,29 @@ from typing import Any
 
 from fleetctl.durations import DurationError, parse_duration
 from fleetctl.errors import FleetError
+from fleetctl.soak.profiles import (
+    CHECK_PARAMS,
+    CHECKS,
+    CLASSES,
+    COMMON_PARAMS,
+    DEFAULTS,
+    PROFILES,
+    WORKLOAD_VERSION,
+)
 
-#: Prompt classes in the order the per-class phase runs them (long_context last: it is slow).
-CLASSES = ("coding", "math", "reasoning", "prose", "natural_language", "extraction", "long_context")
+# The profiles' public names, reachable as config.NAME as when they were here.
+__all__ = [
+    "CHECKS",
+    "CLASSES",
+    "PROFILES",
+    "WORKLOAD_VERSION",
+    "CheckSpec",
+    "SoakConfig",
+    "SoakConfigError",
+    "from_recipe",
+    "load_config",
+]
 
-PROFILES = ("spark", "lab")
-
-#: Bumped whenever prompts or phases change what a level measures: older baselines stop comparing.
-WORKLOAD_VERSION = 3
-
-_COMMON = ("enabled", "observe_only", "failure_limit", "inconclusive_limit", "consecutive_error_limit")
-
-#: THE declaration of the soak's checks: each check's name and its own parameters with their kinds
-#: (validated by :func:`_check_param`), in the order reports show them. ``CHECKS`` is derived from it,
-#: a profile's defaults give values only where a check has parameters, and ``checks.evaluate``
-#: has one evaluator per name here (a test holds it to that).
-_PARAMS: dict[str, dict[str, str]] = {
-    "readiness": {},
-    "identity": {},
-    "smoke": {},
-    # After errors: a crash's summary leads with the crash, not with the canaries it broke.
-    "errors": {"max_error_rate": "fraction"},
-    # A request in flight that gets no token for token_timeout seconds while /health answers is a
-    # wedged engine (vLLM #41725, MiaAI-Lab #87); the sustained phase sends a probe every half of it.
-    "liveness": {"token_timeout": "number"},
-    "correctness": {"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
-    # The deep long-decode probe (corruption that starts ~12k tokens into a sequence): its length,
-    # capped by max_model_len, and the windows its text is checked in. It replaces the correctness
-    # check's long decode (long_decode_tokens) when enabled; disable it to save its minutes.
-    "long_decode": {"tokens": "count", "window_tokens": "count"},
-    # Long-prompt probes: one request per size (tokens, by the server's /tokenize) whose answer is a
-    # fact hidden in the middle of the prompt; sizes past max_model_len are skipped. Each size costs
-    # its prefill (a 128k-token prompt: about a minute on a Spark): a CI soak lists what it can afford.
-    "long_prompts": {"tokens": "counts"},
-    "server_errors": {},
-    "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
-    "throughput": {"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
-    "acceptance": {"floor": "classes", "phase_floor": "fraction", "min_ratio": "fraction"},
-    "acceptance_decay": {"max_drop": "fraction", "min_windows": "count", "min_z": "number"},
-    "long_context": {"floor": "fraction", "min_ratio": "fraction"},
-    "preemptions": {"max_per_minute": "number"},
-    "container": {},
-}
-#: Checks in the order they appear in reports.
-CHECKS = tuple(_PARAMS)
-
-# The published figures for the Qwen3.6-35B-A3B on one Spark, with headroom (docs/domain.md#health):
-# single stream 75-124 tok/s (min 41), TTFT 88-145 ms; c=4 191 ms / 48 tok/s per request;
-# c=16 ~500 ms / 19 tok/s; c=64 p95 11.2 s / 7 tok/s, ~313 tok/s aggregate on the older
-# image and 430-800 on 0.23/0.24; DFlash acceptance 32-78% (position 0) short context,
-# 41-58% at 16-32K; prose/creative classes far lower (~11-27%).
-_SPARK: dict[str, Any] = {
-    # What a model's load is expected to take (docs/domain.md: 3-5 minutes): the rollout's plan
-    # estimates its wall time from it. Not a bound: readiness_timeout is.
-    "load_time": 240.0,
-    "readiness_timeout": 600.0,
-    "readiness_poll": 2.0,
-    "request_timeout": 180.0,
-    "max_tokens": 256,
-    "temperature": 0.0,
-    # The published reference figures (throughput and acceptance floors) were measured with
-    # thinking off; Qwen3.6's template turns it on by default.
-    "thinking": False,
-    "concurrency": [1, 4, 16, 32, 64],
-    # Enough requests for stable percentiles (a p95 of 4 requests is their maximum), and three
-    # trials per sweep level whose median tok/s is the level's: one slow trial does not flap a gate.
-    "requests_per_level": 4,
-    "min_requests_per_level": 32,
-    "trials": 3,
-    # Workers start this far apart (seconds) instead of in lockstep; each one's first request
-    # is warm-up (kept in the error and correctness checks, out of the latency percentiles).
-    "stagger": 0.05,
-    # Open-loop levels (requests/s, Poisson arrivals) after the concurrency sweep; none by default.
-    "request_rates": [],
-    "level_timeout": 300.0,
-    "classes": list(CLASSES),
-    "class_requests": 2,
-    "long_context_tokens": 16000,
-    "smoke_max_tokens": 2048,
-    # Multi-turn conversations sharing a context longer than a hybrid model's attention block
-    # (~2k tokens on Qwen3.5/3.6): without whole-block prefix-cache hits the known decay (rejected
-    # drafts written into the drafter's cached KV) is never exercised.
-    "sustained": {"duration": 600.0, "concurrency": 16, "window": 60.0, "max_requests": 20000,
-                  "shared_prefix_tokens": 2560, "turns": 4},
-    "checks": {
-        # Every 8th load request is a greedy canary; one long decode per soak (thousands of
-        # tokens: corruption that starts deep in a sequence), capped by max_model_len.
-        "correctness": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 4096},
-        # 16384 tokens, past the ~12k where corruption was reported (eugr/spark-vllm-docker #349):
-        # at a Spark's single-stream 41-124 tok/s it costs 2.2-6.7 minutes of the soak.
-        "long_decode": {"tokens": 16384, "window_tokens": 2048},
-        "long_prompts": {"tokens": [32768, 65536, 131072]},
-        "errors": {"max_error_rate": 0.0},
-        # Past the slowest prefill a Spark does in this soak (a 16k-token prompt: seconds) and the
-        # c=64 TTFT p95 (11.2 s published) with room: a gap of two minutes is no queue, it is a wedge.
-        "liveness": {"token_timeout": 120.0},
-        "latency": {
-            "ttft_p95_ms": {1: 500, 4: 1000, 16: 2000, 32: 6000, 64: 15000},
-            "tpot_p50_ms": {1: 30, 4: 60, 16: 100, 32: 200, 64: 300},
-        },
-        "throughput": {"tolerance": 0.15, "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250}},
-        # Position-0 acceptance, about half the lowest published figure per class.
-        "acceptance": {"floor": {"coding": 0.16, "math": 0.24, "reasoning": 0.22, "prose": 0.05,
-                                 "natural_language": 0.1, "extraction": 0.14, "long_context": 0.2},
-                       # Every sweep and sustained window: a collapse that happens outside the
-                       # per-class phase (or a decay that plateaus low) must not pass.
-                       "phase_floor": 0.03,
-                       # Sustained median against the run's own classes and the baseline's
-                       # sustained phase: a drop to half is a decay, whatever the floors say.
-                       "min_ratio": 0.5},
-        "acceptance_decay": {"max_drop": 0.5, "min_windows": 3},
-        "long_context": {"floor": 0.2, "min_ratio": 0.5},
-        "preemptions": {"max_per_minute": 10.0},
-    },
-}
-
-
-def _lab_profile() -> dict[str, Any]:
-    # The lab's emulator runs on two cores shared by the controller and every test, at
-    # a fraction of a Spark's speed: same phases and checks, seconds instead of minutes,
-    # latency bounds ~20x looser and throughput floors that only catch a stall.
-    lab = copy.deepcopy(_SPARK)
-    lab.update({
-        "load_time": 5.0,
-        "readiness_timeout": 120.0,
-        "readiness_poll": 0.5,
-        "request_timeout": 60.0,
-        "max_tokens": 48,
-        "requests_per_level": 1,
-        "min_requests_per_level": 2,
-        "trials": 1,
-        # No ramp in the lab: its requests last a fraction of a second, so workers started apart
-        # never all run at once and a crash that needs K concurrent requests would not happen at K.
-        "stagger": 0.0,
-        "level_timeout": 60.0,
-        "class_requests": 2,
-        "long_context_tokens": 3000,
-        "smoke_max_tokens": 2048,
-        "sustained": {"duration": 15.0, "concurrency": 8, "window": 3.0, "max_requests": 2000,
-                      "shared_prefix_tokens": 2560, "turns": 4},
-    })
-    checks = lab["checks"]
-    checks["latency"] = {
-        "ttft_p95_ms": {1: 5000, 4: 8000, 16: 15000, 32: 25000, 64: 40000},
-        "tpot_p50_ms": {1: 500, 4: 800, 16: 1500, 32: 2500, 64: 4000},
-    }
-    # Two short requests at c=1 on a shared 2-core box swing by ~30% run to run: a looser
-    # tolerance and one noisy level forgiven; a 30% slower image still fails the other levels.
-    checks["throughput"] = {"tolerance": 0.2, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}}
-    checks["preemptions"] = {"max_per_minute": 60.0}
-    # The emulator's slowest request in the lab profile lasts seconds.
-    checks["liveness"] = {"token_timeout": 20.0}
-    checks["correctness"] = {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 192}
-    # The emulator decodes a 256-token probe in about a second at EMU_SPEED 4 (bench/soak_client.py
-    # measures it): windows of 64 tokens.
-    checks["long_decode"] = {"tokens": 256, "window_tokens": 64}
-    checks["long_prompts"] = {"tokens": [6000]}
-    # Few short requests per class: floors that only catch a collapse, not a class's mix.
-    checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5}
-    checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
-    return lab
-
-
-_DEFAULTS: dict[str, dict[str, Any]] = {"spark": _SPARK, "lab": _lab_profile()}
 
 _TOP_KEYS = (
     "profile", "model", "speculative", "load_time", "readiness_timeout", "readiness_poll", "request_timeout",
@@ -360,8 +220,8 @@ class SoakConfig:
             "sweep": len(self.concurrency) * self.trials * per_level + len(self.request_rates) * per_level,
             "long decode": max(self.request_timeout, long_decode / 10) if long_decode else 0.0,
             "long prompts": self.long_prompt_seconds(),
-            # Up to 3 looping prompts re-run as references (soak/phases.py MAX_LOOP_REFERENCES): two
-            # load prompts and the long decode at most.
+            # Up to 3 looping prompts re-run as references (MAX_LOOP_REFERENCES in
+            # soak/phases/soak_state.py): two load prompts and the long decode at most.
             "loop references": 2 * self.request_timeout + (max(self.request_timeout, long_decode / 10)
                                                             if long_decode else 0.0),
             "sustained": self.sustained_duration + self.request_timeout if self.sustained_duration else 0.0,
@@ -404,10 +264,10 @@ def load_config(
                               fix="write soak: as key: value pairs (see README.md, Soak gates)")
     _unknown(raw, _TOP_KEYS, where)
     prof = profile or raw.get("profile") or "spark"
-    if prof not in _DEFAULTS:
+    if prof not in DEFAULTS:
         raise SoakConfigError(f"{where}.profile {prof!r} is not a profile",
                               fix=f"use one of: {', '.join(PROFILES)}")
-    d = copy.deepcopy(_DEFAULTS[prof])
+    d = copy.deepcopy(DEFAULTS[prof])
 
     def num(key: str, kind: str = "number", src: Mapping[str, Any] | None = None,
             default: Any = None, label: str | None = None) -> Any:
@@ -415,49 +275,20 @@ def load_config(
         value = src.get(key, default if default is not None else d.get(key))
         return _scalar(value, kind, f"{where}.{label or key}")
 
-    sustained_raw = raw.get("sustained", {})
-    if not isinstance(sustained_raw, Mapping):
-        raise SoakConfigError(f"{where}.sustained must be a mapping",
-                              fix="e.g. sustained: {duration: 10m, concurrency: 16, window: 60s}")
-    _unknown(sustained_raw, _SUSTAINED_KEYS, f"{where}.sustained")
+    sustained_raw = _sustained(raw.get("sustained", {}), f"{where}.sustained")
     sd = d["sustained"]
-
-    concurrency = raw.get("concurrency", d["concurrency"])
-    if (not isinstance(concurrency, Sequence) or isinstance(concurrency, str) or not concurrency
-            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in concurrency)):
-        raise SoakConfigError(f"{where}.concurrency {concurrency!r} is not a list of positive integers",
-                              fix="e.g. concurrency: [1, 4, 16, 32, 64]")
-    if list(concurrency) != sorted(set(concurrency)):
-        raise SoakConfigError(f"{where}.concurrency {list(concurrency)} must rise strictly",
-                              fix="list each level once, smallest first, e.g. [1, 4, 16, 32, 64]")
-
-    classes = raw.get("classes", d["classes"])
-    if (not isinstance(classes, Sequence) or isinstance(classes, str)
-            or any(c not in CLASSES for c in classes)):
-        raise SoakConfigError(f"{where}.classes {classes!r} names an unknown prompt class",
-                              fix=f"choose from: {', '.join(CLASSES)}")
-
-    spec_raw = raw.get("speculative", speculative)
-    if spec_raw is not None and not isinstance(spec_raw, bool):
-        raise SoakConfigError(f"{where}.speculative {spec_raw!r} is not true/false",
-                              fix="leave it out to follow the recipe's --speculative-config")
-    thinking = raw.get("thinking", d.get("thinking", False))
-    if not isinstance(thinking, bool):
-        raise SoakConfigError(f"{where}.thinking {thinking!r} is not true/false",
-                              fix="thinking: false (the reference figures' setting) or true")
-    rates = raw.get("request_rates", d.get("request_rates", []))
-    if (not isinstance(rates, Sequence) or isinstance(rates, str)
-            or any(isinstance(r, bool) or not isinstance(r, int | float) or r <= 0 for r in rates)):
-        raise SoakConfigError(f"{where}.request_rates {rates!r} is not a list of positive rates",
-                              fix="requests per second, e.g. request_rates: [2, 8]")
-    slo_raw = raw.get("slo") or {}
-    if not isinstance(slo_raw, Mapping) or set(slo_raw) - {"ttft_ms", "tpot_ms", "e2el_ms"}:
-        raise SoakConfigError(f"{where}.slo must map ttft_ms, tpot_ms and/or e2el_ms to milliseconds",
-                              fix="e.g. slo: {ttft_ms: 500, tpot_ms: 60, e2el_ms: 20000}")
-    slo = {str(k): float(_scalar(v, "number", f"{where}.slo.{k}")) for k, v in slo_raw.items()}
+    concurrency = _concurrency(raw.get("concurrency", d["concurrency"]), f"{where}.concurrency")
+    classes = _classes(raw.get("classes", d["classes"]), f"{where}.classes")
+    spec_raw = _flag(raw.get("speculative", speculative), f"{where}.speculative",
+                     "leave it out to follow the recipe's --speculative-config")
+    thinking = _flag(raw.get("thinking", d.get("thinking", False)), f"{where}.thinking",
+                     "thinking: false (the reference figures' setting) or true", optional=False)
+    rates = _rates(raw.get("request_rates", d.get("request_rates", [])), f"{where}.request_rates")
+    slo = _slo(raw.get("slo") or {}, f"{where}.slo")
     model = raw.get("model")
     if model is not None and not isinstance(model, str):
-        raise SoakConfigError(f"{where}.model must be a served model name", fix="e.g. model: qwen36-fast")
+        raise SoakConfigError(f"{where}.model must be a served model name",
+                              fix="e.g. model: qwen36-fast")
 
     return SoakConfig(
         profile=prof,
@@ -470,11 +301,11 @@ def load_config(
         request_timeout=num("request_timeout", "duration"),
         max_tokens=num("max_tokens", "count"),
         temperature=num("temperature"),
-        concurrency=tuple(concurrency),
+        concurrency=concurrency,
         requests_per_level=num("requests_per_level", "count"),
         min_requests_per_level=num("min_requests_per_level", "count"),
         level_timeout=num("level_timeout", "duration"),
-        classes=tuple(classes),
+        classes=classes,
         class_requests=num("class_requests", "count"),
         long_context_tokens=num("long_context_tokens", "count"),
         smoke_max_tokens=num("smoke_max_tokens", "count"),
@@ -489,11 +320,11 @@ def load_config(
         turns=max(1, num("turns", "count", sustained_raw, sd["turns"], "sustained.turns")),
         checks=_load_checks(raw.get("checks", {}), d["checks"], f"{where}.checks"),
         recipe=recipe,
-        thinking=thinking,
+        thinking=thinking is True,
         slo=slo,
         trials=max(1, num("trials", "count")),
         stagger=num("stagger"),
-        request_rates=tuple(float(r) for r in rates),
+        request_rates=rates,
         deadline=num("deadline", "duration", default=0.0) if "deadline" in raw else 0.0,
     )
 
@@ -509,6 +340,60 @@ def from_recipe(recipe: Any, *, profile: str | None = None) -> SoakConfig:
         speculative=spec,
         recipe=str(getattr(recipe, "name", "")),
     )
+
+
+def _sustained(raw: Any, where: str) -> Mapping[str, Any]:
+    """The ``sustained:`` mapping, its keys checked."""
+    if not isinstance(raw, Mapping):
+        raise SoakConfigError(f"{where} must be a mapping",
+                              fix="e.g. sustained: {duration: 10m, concurrency: 16, window: 60s}")
+    _unknown(raw, _SUSTAINED_KEYS, where)
+    return raw
+
+
+def _concurrency(value: Any, where: str) -> tuple[int, ...]:
+    """The sweep's levels: positive integers, rising strictly."""
+    if (not isinstance(value, Sequence) or isinstance(value, str) or not value
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in value)):
+        raise SoakConfigError(f"{where} {value!r} is not a list of positive integers",
+                              fix="e.g. concurrency: [1, 4, 16, 32, 64]")
+    if list(value) != sorted(set(value)):
+        raise SoakConfigError(f"{where} {list(value)} must rise strictly",
+                              fix="list each level once, smallest first, e.g. [1, 4, 16, 32, 64]")
+    return tuple(value)
+
+
+def _classes(value: Any, where: str) -> tuple[str, ...]:
+    """Prompt classes, each one of :data:`CLASSES`."""
+    if (not isinstance(value, Sequence) or isinstance(value, str)
+            or any(c not in CLASSES for c in value)):
+        raise SoakConfigError(f"{where} {value!r} names an unknown prompt class",
+                              fix=f"choose from: {', '.join(CLASSES)}")
+    return tuple(value)
+
+
+def _flag(value: Any, where: str, fix: str, optional: bool = True) -> bool | None:
+    """True, false, or (``optional``) left out: None."""
+    if not (isinstance(value, bool) or (optional and value is None)):
+        raise SoakConfigError(f"{where} {value!r} is not true/false", fix=fix)
+    return value
+
+
+def _rates(value: Any, where: str) -> tuple[float, ...]:
+    """Open-loop request rates: positive numbers."""
+    if (not isinstance(value, Sequence) or isinstance(value, str)
+            or any(isinstance(r, bool) or not isinstance(r, int | float) or r <= 0 for r in value)):
+        raise SoakConfigError(f"{where} {value!r} is not a list of positive rates",
+                              fix="requests per second, e.g. request_rates: [2, 8]")
+    return tuple(float(r) for r in value)
+
+
+def _slo(value: Any, where: str) -> dict[str, float]:
+    """The goodput SLO: ``ttft_ms``, ``tpot_ms`` and/or ``e2el_ms`` in milliseconds."""
+    if not isinstance(value, Mapping) or set(value) - {"ttft_ms", "tpot_ms", "e2el_ms"}:
+        raise SoakConfigError(f"{where} must map ttft_ms, tpot_ms and/or e2el_ms to milliseconds",
+                              fix="e.g. slo: {ttft_ms: 500, tpot_ms: 60, e2el_ms: 20000}")
+    return {str(k): float(_scalar(v, "number", f"{where}.{k}")) for k, v in value.items()}
 
 
 def _unknown(raw: Mapping[str, Any], known: Sequence[str], where: str) -> None:
@@ -528,6 +413,11 @@ def _scalar(value: Any, kind: str, where: str) -> Any:
         if not isinstance(value, bool):
             raise SoakConfigError(f"{where} {value!r} is not true/false", fix="write true or false")
         return value
+    return _number(value, kind, where)
+
+
+def _number(value: Any, kind: str, where: str) -> Any:
+    """A count (a whole number), a fraction (0 to 1) or any other number >= 0."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise SoakConfigError(f"{where} {value!r} is not a number", fix="write a plain number")
     if kind == "count":
@@ -560,10 +450,10 @@ def _load_checks(raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str
             raise SoakConfigError(f"{where}.{name} must be a mapping",
                                   fix=f"e.g. {name}: {{observe_only: true}}")
         here = f"{where}.{name}"
-        _unknown(given, (*_COMMON, *_PARAMS[name]), here)
+        _unknown(given, (*COMMON_PARAMS, *CHECK_PARAMS[name]), here)
         base = defaults.get(name, {})
-        params = {k: v for k, v in base.items() if k not in _COMMON}
-        for key, kind in _PARAMS[name].items():
+        params = {k: v for k, v in base.items() if k not in COMMON_PARAMS}
+        for key, kind in CHECK_PARAMS[name].items():
             if key in given:
                 value = _check_param(given[key], kind, f"{here}.{key}")
                 if kind == "classes":  # a partial floor table overrides only the classes it names
@@ -588,30 +478,9 @@ def _load_checks(raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str
 
 def _check_param(value: Any, kind: str, where: str) -> Any:
     if kind == "levels":
-        if not isinstance(value, Mapping) or not value:
-            raise SoakConfigError(f"{where} must map concurrency levels to bounds",
-                                  fix="e.g. {1: 500, 16: 2000, 64: 15000}")
-        table: dict[int, float] = {}
-        for k, v in value.items():
-            try:
-                level = int(k)
-            except (TypeError, ValueError):
-                raise SoakConfigError(f"{where} key {k!r} is not a concurrency level",
-                                      fix="use whole numbers like 1, 16, 64 as keys") from None
-            if level < 1:
-                raise SoakConfigError(f"{where} key {k!r} is not a concurrency level >= 1", fix="use 1, 4, 16 ...")
-            table[level] = _scalar(v, "number", f"{where}.{k}")
-        return table
+        return _level_bounds(value, where)
     if kind == "classes":
-        if not isinstance(value, Mapping):
-            raise SoakConfigError(f"{where} must map prompt classes to floors", fix="e.g. {coding: 0.15}")
-        floors: dict[str, float] = {}
-        for k, v in value.items():
-            if k not in CLASSES:
-                raise SoakConfigError(f"{where} names unknown prompt class {k!r}",
-                                      fix=f"choose from: {', '.join(CLASSES)}")
-            floors[str(k)] = _scalar(v, "fraction", f"{where}.{k}")
-        return floors
+        return _class_floors(value, where)
     if kind == "counts":
         if (not isinstance(value, Sequence) or isinstance(value, str)
                 or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in value)):
@@ -619,3 +488,35 @@ def _check_param(value: Any, kind: str, where: str) -> Any:
                                   fix="e.g. [32768, 65536, 131072] (or [] for none)")
         return [int(v) for v in value]
     return _scalar(value, kind, where)
+
+
+def _level_bounds(value: Any, where: str) -> dict[int, float]:
+    """A bound per concurrency level (``{1: 500, 16: 2000}``)."""
+    if not isinstance(value, Mapping) or not value:
+        raise SoakConfigError(f"{where} must map concurrency levels to bounds",
+                              fix="e.g. {1: 500, 16: 2000, 64: 15000}")
+    table: dict[int, float] = {}
+    for k, v in value.items():
+        try:
+            level = int(k)
+        except (TypeError, ValueError):
+            raise SoakConfigError(f"{where} key {k!r} is not a concurrency level",
+                                  fix="use whole numbers like 1, 16, 64 as keys") from None
+        if level < 1:
+            raise SoakConfigError(f"{where} key {k!r} is not a concurrency level >= 1",
+                                  fix="use 1, 4, 16 ...")
+        table[level] = _scalar(v, "number", f"{where}.{k}")
+    return table
+
+
+def _class_floors(value: Any, where: str) -> dict[str, float]:
+    """A floor per prompt class (``{coding: 0.15}``)."""
+    if not isinstance(value, Mapping):
+        raise SoakConfigError(f"{where} must map prompt classes to floors", fix="e.g. {coding: 0.15}")
+    floors: dict[str, float] = {}
+    for k, v in value.items():
+        if k not in CLASSES:
+            raise SoakConfigError(f"{where} names unknown prompt class {k!r}",
+                                  fix=f"choose from: {', '.join(CLASSES)}")
+        floors[str(k)] = _scalar(v, "fraction", f"{where}.{k}")
+    return floors

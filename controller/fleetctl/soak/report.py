@@ -20,7 +20,7 @@ from pathlib import Path
 
 from fleetctl import paths, serving
 from fleetctl.errors import FleetError
-from fleetctl.soak.checks import ms, pct
+from fleetctl.soak.checks.judge import ms, pct
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 
 COLORS = {"pass": "#1a7f37", "fail": "#cf222e", "inconclusive": "#9a6700", "error": "#8250df",

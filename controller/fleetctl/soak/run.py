@@ -37,28 +37,21 @@ from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.soak import checks, prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks import Evidence, Identity, SmokeResult
+from fleetctl.soak.checks.evidence import Evidence, Identity, SmokeResult
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.phases import (
-    SoakState,
     canary_references,
-    diagnose_crash,
-    estimate_chars_per_token,
     identity,
     long_decode,
     long_prompts,
-    long_text,
     loop_references,
-    merge_trials,
-    open_loop,
-    planned_phases,
-    run_requests,
-    sized,
-    stall_seen,
     sustained,
     windowed,
 )
+from fleetctl.soak.phases.levels import merge_trials, open_loop, run_requests
+from fleetctl.soak.phases.sizing import estimate_chars_per_token, long_text, sized
+from fleetctl.soak.phases.soak_state import SoakState, diagnose_crash, planned_phases, stall_seen
 from fleetctl.soak.readiness import (
     await_ready,
     container_state,
@@ -188,35 +181,58 @@ _CHECKED_PHASES = ("canary", "classes", "sweep", "long_decode", "sustained")
 
 
 async def _load(client: Client, st: SoakState, ident: Identity) -> None:
-    cfg = st.config
+    """The load phases in order, until one crashes the server or halts the soak."""
+    steps = (_references, _classes, _long_context, _sweep, _rates, long_decode, long_prompts,
+             sustained)
+    for step in steps:
+        await step(client, st, ident)
+        if st.crash or st.halt:
+            return
+
+
+async def _references(client: Client, st: SoakState, ident: Identity) -> None:
+    """The canaries' c=1 answers, which the canaries under load must repeat."""
     await canary_references(client, st)
-    if st.crash or st.halt:
-        return
-    # 4. one class at a time at c=1: per-class acceptance needs a window of its own.
-    short = [c for c in cfg.classes if c != "long_context"]
-    for cls in short:
+
+
+async def _classes(client: Client, st: SoakState, ident: Identity) -> None:
+    """4. one class at a time at c=1: per-class acceptance needs a window of its own."""
+    cfg = st.config
+    for cls in (c for c in cfg.classes if c != "long_context"):
         await windowed(client, st, cls, "classes", lambda cls=cls: run_requests(  # type: ignore[misc]
             client, st, phase="classes", label=cls, concurrency=1, requests=cfg.class_requests,
             seconds=cfg.level_timeout, classes=(cls,)))
         if st.crash or st.halt:
             return
-    if "long_context" in cfg.classes:
-        st.chars_per_token = estimate_chars_per_token(
-            [s for s in st.samples if s.phase == "classes"],
-            lambda s: prompts.prompt_for(s.cls, 0))
-        tokens = cfg.long_context_tokens
-        if ident.max_model_len:
-            # Room for the answer and the chat template: the prompt must never overflow the model.
-            tokens = min(tokens, ident.max_model_len - cfg.max_tokens - 64)
-        chars, _, how = await sized(client, st, tokens, long_text)
-        await windowed(client, st, "long_context", "classes", lambda: run_requests(
-            client, st, phase="classes", label="long_context", concurrency=1, requests=cfg.class_requests,
-            seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
-        measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
-        st.prompt_sizes["long_context"] = (tokens, int(statistics.median(measured)) if measured else None, how)
-        if st.crash or st.halt:
-            return
-    # 5. the concurrency sweep.
+
+
+async def _long_context(client: Client, st: SoakState, ident: Identity) -> None:
+    """The long-context class at c=1, its prompt sized in tokens to fit the model."""
+    cfg = st.config
+    if "long_context" not in cfg.classes:
+        return
+    st.chars_per_token = estimate_chars_per_token(
+        [s for s in st.samples if s.phase == "classes"],
+        lambda s: prompts.prompt_for(s.cls, 0))
+    tokens = cfg.long_context_tokens
+    if ident.max_model_len:
+        # Room for the answer and the chat template: the prompt must never overflow the model.
+        tokens = min(tokens, ident.max_model_len - cfg.max_tokens - 64)
+    chars, _, how = await sized(client, st, tokens, long_text)
+    await windowed(client, st, "long_context", "classes", lambda: run_requests(
+        client, st, phase="classes", label="long_context", concurrency=1, requests=cfg.class_requests,
+        seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
+    measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
+    st.prompt_sizes["long_context"] = (
+        tokens,
+        int(statistics.median(measured)) if measured else None,
+        how,
+    )
+
+
+async def _sweep(client: Client, st: SoakState, ident: Identity) -> None:
+    """5. the concurrency sweep, each level in its trials (merged into one)."""
+    cfg = st.config
     for c in cfg.concurrency:
         for _trial in range(cfg.trials):
             await windowed(client, st, f"c={c}", "sweep", lambda c=c: run_requests(  # type: ignore[misc]
@@ -227,19 +243,16 @@ async def _load(client: Client, st: SoakState, ident: Identity) -> None:
         merge_trials(st, f"c={c}", c)
         if st.crash or st.halt:
             return
+
+
+async def _rates(client: Client, st: SoakState, ident: Identity) -> None:
+    """Open-loop arrivals at each of the configured request rates."""
+    cfg = st.config
     for rate in cfg.request_rates:
         await windowed(client, st, f"r={rate:g}/s", "rate", lambda rate=rate: open_loop(  # type: ignore[misc]
             client, st, rate, requests=cfg.level_requests(max(1, round(rate))), seconds=cfg.level_timeout))
         if st.crash or st.halt:
             return
-    await long_decode(client, st, ident)
-    if st.crash or st.halt:
-        return
-    await long_prompts(client, st, ident)
-    if st.crash or st.halt:
-        return
-    # 6. the sustained phase.
-    await sustained(client, st, ident)
 
 
 def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,

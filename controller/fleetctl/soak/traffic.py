@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.soak import metrics
-from fleetctl.soak.checks import decide, ms, pct, skipped
+from fleetctl.soak.checks.judge import decide, ms, pct, skipped
 from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.verdict import CheckResult, Measurement, Outcome
 
@@ -175,53 +175,18 @@ def compare(new: Sequence[Traffic], old: Sequence[Traffic], limits: Limits = Lim
     acc_ms: list[Measurement] = []
     thin_acc: list[str] = []  # hosts whose drafts are too few to judge acceptance
     for t in new:
-        thin = not t.finished or t.finished < limits.min_requests
-        why = "; ".join(t.problems)
-        if t.finished is None or t.errors is None:
-            err_ms.append(Measurement(t.host, INC, f"{t.host}: no request counts ({why or 'no vllm:request_success_total'})"))
+        judged = _errors_of(t, pooled_err, limits)
+        err_ms.append(judged)
+        # Without request counts, or with too little traffic, nothing else of the host is judged.
+        if judged.outcome is INC or not old_ok:
             continue
-        if thin:
-            err_ms.append(Measurement(t.host, INC, f"{t.host}: {t.finished:.0f} request(s) finished in "
-                                      f"{t.seconds:.0f}s, fewer than {limits.min_requests}: too little traffic to judge",
-                                      t.finished, limits.min_requests))
-            continue
-        rate = t.error_rate or 0.0
-        if pooled_err is not None:
-            bound = pooled_err + limits.error_rate_margin
-            against = f"old hosts {pct(pooled_err)} + {pct(limits.error_rate_margin)}"
-        else:
-            bound = limits.max_error_rate
-            against = "bound (no old host to compare with)"
-        bad = rate > bound and (t.errors or 0) >= limits.min_errors
-        err_ms.append(Measurement(t.host, F if bad else P,
-                                  f"{t.host}: {t.errors:.0f} of {t.finished:.0f} requests failed ({pct(rate)}) "
-                                  f"{'>' if bad else '<='} {pct(bound)} ({against})", round(rate, 4), round(bound, 4)))
-        if not old_ok:
-            continue
-        for label, got, base in (("TTFT p95", t.ttft_p95, ref["ttft_p95"]), ("TPOT p50", t.tpot_p50, ref["tpot_p50"])):
-            if base is None:
-                continue
-            lim = base * limits.latency_ratio + limits.latency_slack
-            if got is None:
-                lat_ms.append(Measurement(f"{t.host} {label}", INC, f"{t.host}: no {label} (histogram missing "
-                                          f"or reset{': ' + why if why else ''})", None, round(lim * 1000, 1)))
-                continue
-            lat_ms.append(Measurement(f"{t.host} {label}", F if got > lim else P,
-                                      f"{t.host}: {label} {ms(got)} {'>' if got > lim else '<='} {ms(lim)} "
-                                      f"(old hosts' median {ms(base)} x {limits.latency_ratio:g} + "
-                                      f"{ms(limits.latency_slack)})", round(got * 1000, 1), round(lim * 1000, 1)))
+        lat_ms += _latency_of(t, ref, limits)
         if ref["acceptance"] is not None:
-            lim = ref["acceptance"] * limits.acceptance_ratio
-            if t.drafted is not None and t.drafted < limits.min_draft_tokens:
-                thin_acc.append(f"{t.host}: {t.drafted:.0f} drafted tokens")
-            elif t.acceptance is None:
-                acc_ms.append(Measurement(t.host, INC, f"{t.host}: no acceptance figure"
-                                          + (f" ({why})" if why else " (no spec-decode counters)"), None, round(lim, 4)))
+            acc = _acceptance_of(t, ref["acceptance"], limits)
+            if isinstance(acc, str):
+                thin_acc.append(acc)
             else:
-                acc_ms.append(Measurement(t.host, F if t.acceptance < lim else P,
-                                          f"{t.host}: acceptance {pct(t.acceptance)} {'<' if t.acceptance < lim else '>='} "
-                                          f"{pct(lim)} (old hosts' median {pct(ref['acceptance'])} x "
-                                          f"{limits.acceptance_ratio:g})", round(t.acceptance, 4), round(lim, 4)))
+                acc_ms.append(acc)
     checks = [decide(spec["bake_errors"], err_ms, ok_message="; ".join(m.message for m in err_ms[:3]),
                      no_data="no new host to judge")]
     no_old = "no host on the old version took traffic to compare with"
@@ -233,6 +198,95 @@ def compare(new: Sequence[Traffic], old: Sequence[Traffic], limits: Limits = Lim
                                          f"({', '.join(thin_acc[:3])})" if thin_acc else
                                          "no speculative decoding on the old hosts"))
     return Comparison(tuple(checks), tuple(new), tuple(old), ref)
+
+
+def _errors_of(t: Traffic, pooled_err: float | None, limits: Limits) -> Measurement:
+    """A new host's error rate against the old hosts' pooled rate + margin (or the bound without
+    old hosts); inconclusive without request counts or with too little traffic."""
+    why = "; ".join(t.problems)
+    if t.finished is None or t.errors is None:
+        return Measurement(t.host, INC, f"{t.host}: no request counts "
+                           f"({why or 'no vllm:request_success_total'})")
+    if not t.finished or t.finished < limits.min_requests:
+        return Measurement(
+            t.host,
+            INC,
+            f"{t.host}: {t.finished:.0f} request(s) finished in "
+            f"{t.seconds:.0f}s, fewer than {limits.min_requests}: too little traffic "
+            "to judge",
+            t.finished,
+            limits.min_requests,
+        )
+    rate = t.error_rate or 0.0
+    if pooled_err is not None:
+        bound = pooled_err + limits.error_rate_margin
+        against = f"old hosts {pct(pooled_err)} + {pct(limits.error_rate_margin)}"
+    else:
+        bound = limits.max_error_rate
+        against = "bound (no old host to compare with)"
+    bad = rate > bound and (t.errors or 0) >= limits.min_errors
+    return Measurement(
+        t.host,
+        F if bad else P,
+        f"{t.host}: {t.errors:.0f} of {t.finished:.0f} requests failed ({pct(rate)}) "
+        f"{'>' if bad else '<='} {pct(bound)} ({against})",
+        round(rate, 4),
+        round(bound, 4),
+    )
+
+
+def _latency_of(t: Traffic, ref: Mapping[str, float | None], limits: Limits) -> list[Measurement]:
+    """A new host's TTFT p95 and TPOT p50 against the old hosts' medians x ratio + slack."""
+    why = "; ".join(t.problems)
+    out: list[Measurement] = []
+    for label, got, base in (("TTFT p95", t.ttft_p95, ref["ttft_p95"]),
+                             ("TPOT p50", t.tpot_p50, ref["tpot_p50"])):
+        if base is None:
+            continue
+        lim = base * limits.latency_ratio + limits.latency_slack
+        if got is None:
+            out.append(
+                Measurement(
+                    f"{t.host} {label}",
+                    INC,
+                    f"{t.host}: no {label} (histogram missing or reset{': ' + why if why else ''})",
+                    None,
+                    round(lim * 1000, 1),
+                )
+            )
+            continue
+        out.append(Measurement(f"{t.host} {label}", F if got > lim else P,
+                               f"{t.host}: {label} {ms(got)} {'>' if got > lim else '<='} {ms(lim)} "
+                               f"(old hosts' median {ms(base)} x {limits.latency_ratio:g} + "
+                               f"{ms(limits.latency_slack)})", round(got * 1000, 1), round(lim * 1000, 1)))
+    return out
+
+
+def _acceptance_of(t: Traffic, base: float, limits: Limits) -> Measurement | str:
+    """A new host's acceptance against the old hosts' median x ratio; a str when its drafts are
+    too few to judge (the host and its count)."""
+    lim = base * limits.acceptance_ratio
+    if t.drafted is not None and t.drafted < limits.min_draft_tokens:
+        return f"{t.host}: {t.drafted:.0f} drafted tokens"
+    if t.acceptance is None:
+        why = "; ".join(t.problems)
+        return Measurement(
+            t.host,
+            INC,
+            f"{t.host}: no acceptance figure"
+            + (f" ({why})" if why else " (no spec-decode counters)"),
+            None,
+            round(lim, 4),
+        )
+    low = t.acceptance < lim
+    return Measurement(
+        t.host,
+        F if low else P,
+        f"{t.host}: acceptance {pct(t.acceptance)} {'<' if low else '>='} {pct(lim)} "
+        f"(old hosts' median {pct(base)} x {limits.acceptance_ratio:g})",
+        round(t.acceptance, 4),
+        round(lim, 4),
+    )
 
 
 def fetch(base_url: str, t: float, timeout: float = 10.0) -> metrics.Scrape | str:

@@ -29,10 +29,11 @@ from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.soak import metrics, prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks import decide, ms, pct, same_answer
+from fleetctl.soak.checks.answers import same_answer
+from fleetctl.soak.checks.judge import decide, ms, pct
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import CheckSpec, SoakConfig
-from fleetctl.soak.phases import summarize
+from fleetctl.soak.phases.summary import summarize
 from fleetctl.soak.traffic import Traffic, traffic
 from fleetctl.soak.verdict import (
     CheckResult,

@@ -35,271 +35,97 @@ transaction), ``get``/``ids``/``latest``/``history`` (reads),
 ``known_good``/``add_known_good`` (per-host intent), ``baseline``/``baselines``/
 ``update_baseline``/``delete_baseline`` (soak baselines), ``close``.
 
-Why one file of ~600 lines: the ledger's records, its lock and its queries are one
-transactional interface over the two backends; the SQL dialects are apart in ``backends.py``.
+What the ledger holds is in ``records.py`` (the records and statuses), its schema and migrations
+in ``schema.py``; their public names stay reachable here (``ledger.RUNNING``,
+``ledger.HostRecord``). The SQL dialects are apart in ``backends.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import getpass
 import json
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fleetctl.errors import ExitCode, FleetError, LockedError
-from fleetctl.runids import new_run_id
+from fleetctl.errors import FleetError, LockedError
 from fleetctl.state.backends import Backend, PostgresBackend, SqliteBackend, Tx
 from fleetctl.state.lock import proc_start
+from fleetctl.state.records import (
+    ABORTED,
+    ACTIVE,
+    COMPLETED,
+    COMPLETED_WITH_FAILURES,
+    DONE,
+    FAILED,
+    HOST_FAILED,
+    HOST_PAUSED,
+    IN_PROGRESS,
+    PAUSED,
+    PENDING,
+    ROLLED_BACK,
+    RUNNING,
+    SKIPPED,
+    BaselineRow,
+    HostRecord,
+    KnownGood,
+    LedgerInfo,
+    LockHolder,
+    OutOfRotation,
+    PhaseRecord,
+    RolloutRecord,
+    WaveRecord,
+    from_json,
+    host_record,
+    new_id,
+    started_by,
+)
+from fleetctl.state.schema import MIGRATIONS, SCHEMA_VERSION, migrate
+
+# The records' and the schema's public names, reachable as ledger.NAME as when they were here.
+__all__ = [
+    "ABORTED",
+    "ACTIVE",
+    "COMPLETED",
+    "COMPLETED_WITH_FAILURES",
+    "DONE",
+    "FAILED",
+    "HOST_FAILED",
+    "HOST_PAUSED",
+    "IN_PROGRESS",
+    "LEDGER_NAME",
+    "MIGRATIONS",
+    "PAUSED",
+    "PENDING",
+    "ROLLED_BACK",
+    "RUNNING",
+    "SCHEMA_VERSION",
+    "SKIPPED",
+    "BaselineRow",
+    "HostRecord",
+    "KnownGood",
+    "Ledger",
+    "LedgerInfo",
+    "LockHolder",
+    "OutOfRotation",
+    "PhaseRecord",
+    "RolloutRecord",
+    "WaveRecord",
+    "ledger_url",
+    "new_id",
+    "open_for",
+    "open_ledger",
+    "started_by",
+]
 
 if TYPE_CHECKING:
     from fleetctl.inventory import Inventory
 
-#: 1: rollouts, waves, hosts, phases, lock. 2: known_good. 3: out_of_rotation (the front door).
-#: 4: baselines (the soak's, shared by every controller on the ledger).
-SCHEMA_VERSION = 4
 LEDGER_NAME = "ledger.sqlite3"
-
-#: Rollout statuses. ``running`` with a stale lock means the controller died.
-RUNNING, PAUSED, COMPLETED, FAILED, ABORTED = "running", "paused", "completed", "failed", "aborted"
-#: Every wave went through, with host failures inside the failure budget (rolled back or down).
-COMPLETED_WITH_FAILURES = "completed-with-failures"
-ACTIVE = (RUNNING, PAUSED)
-#: Host statuses.
-PENDING, IN_PROGRESS, DONE, SKIPPED, ROLLED_BACK, HOST_FAILED, HOST_PAUSED = (
-    "pending", "in-progress", "done", "skipped", "rolled-back", "failed", "paused")
-
-_SCHEMA = """
-CREATE TABLE rollouts (
-  id TEXT PRIMARY KEY,
-  kind TEXT NOT NULL,                 -- rollout | rollback
-  status TEXT NOT NULL,
-  recipe TEXT, requested TEXT, tag TEXT, digest TEXT, image TEXT,
-  parent TEXT,                        -- the rollout a rollback undoes
-  options TEXT NOT NULL DEFAULT '{}', -- JSON: waves, max_unavailable, soak, ...
-  started_by TEXT NOT NULL, command TEXT NOT NULL,
-  started_at REAL NOT NULL, finished_at REAL, error TEXT
-);
-CREATE TABLE waves (
-  rollout_id TEXT NOT NULL REFERENCES rollouts(id), idx INTEGER NOT NULL,
-  hosts TEXT NOT NULL, status TEXT NOT NULL, started_at REAL, finished_at REAL,
-  PRIMARY KEY (rollout_id, idx)
-);
-CREATE TABLE hosts (
-  rollout_id TEXT NOT NULL REFERENCES rollouts(id), host TEXT NOT NULL,
-  wave INTEGER NOT NULL, step INTEGER NOT NULL,
-  phase TEXT NOT NULL, status TEXT NOT NULL,
-  before_tag TEXT, before_digest TEXT, before TEXT,   -- before: JSON container settings, env values removed
-  after_tag TEXT, after_digest TEXT,
-  target_tag TEXT, target_digest TEXT,
-  verdict TEXT, artifacts TEXT, error TEXT,
-  started_at REAL, updated_at REAL NOT NULL, finished_at REAL,
-  PRIMARY KEY (rollout_id, host)
-);
-CREATE TABLE phases (
-  id INTEGER PRIMARY KEY AUTOINCREMENT,
-  rollout_id TEXT NOT NULL, host TEXT, phase TEXT NOT NULL, at REAL NOT NULL, detail TEXT
-);
-CREATE INDEX phases_by_host ON phases (rollout_id, host);
-CREATE TABLE lock (
-  fleet TEXT PRIMARY KEY, rollout_id TEXT NOT NULL, pid INTEGER NOT NULL, hostname TEXT NOT NULL,
-  proc_start TEXT NOT NULL, acquired_at REAL NOT NULL
-);
-"""
-#: Each schema version's statements after the previous one (index 0: version 1 from nothing).
-_MIGRATIONS = (_SCHEMA, """
-CREATE TABLE known_good (
-  host TEXT NOT NULL, digest TEXT NOT NULL, fingerprint TEXT NOT NULL DEFAULT '',
-  tag TEXT, settings TEXT,             -- settings: JSON container settings, env values removed
-  source TEXT NOT NULL,                -- gate | found (before fleetctl first touched the host) | served
-  rollout_id TEXT, at REAL NOT NULL,
-  PRIMARY KEY (host, digest, fingerprint)
-);
-""", """
-CREATE TABLE out_of_rotation (
-  host TEXT PRIMARY KEY,               -- a host fleetctl took out of the front door's rotation
-  rollout_id TEXT, reason TEXT,
-  memo TEXT NOT NULL DEFAULT '{}',     -- JSON: what the door needs to put it back (no secrets)
-  at REAL NOT NULL
-);
-""", """
-CREATE TABLE baselines (
-  host TEXT NOT NULL, tag TEXT NOT NULL,
-  pinned INTEGER NOT NULL DEFAULT 0,
-  runs TEXT NOT NULL,                  -- JSON list: the window's passing soak verdicts, oldest first
-  updated_at REAL NOT NULL,
-  PRIMARY KEY (host, tag)
-);
-""")
-
-
-@dataclass(frozen=True)
-class OutOfRotation:
-    """A host fleetctl drained at its front door and has not re-admitted yet."""
-
-    host: str
-    rollout_id: str | None
-    reason: str | None
-    memo: dict[str, Any]
-    at: float
-
-
-@dataclass(frozen=True)
-class PhaseRecord:
-    """One phase a host (or the rollout, host None) entered, and when."""
-
-    host: str | None
-    phase: str
-    at: float
-    detail: str | None
-
-
-@dataclass(frozen=True)
-class HostRecord:
-    """One host's course through a rollout: where it was, where it went, the gate's verdict."""
-
-    host: str
-    wave: int
-    step: int
-    phase: str
-    status: str
-    before_tag: str | None
-    before_digest: str | None
-    before: dict[str, Any] | None
-    target_tag: str | None
-    target_digest: str | None
-    after_tag: str | None
-    after_digest: str | None
-    verdict: dict[str, Any] | None
-    artifacts: str | None
-    error: str | None
-    started_at: float | None
-    updated_at: float
-    finished_at: float | None
-
-
-@dataclass(frozen=True)
-class WaveRecord:
-    """One wave: its hosts and how it went."""
-
-    idx: int
-    hosts: tuple[str, ...]
-    status: str
-    started_at: float | None
-    finished_at: float | None
-
-
-@dataclass(frozen=True)
-class RolloutRecord:
-    """A rollout or rollback as the ledger knows it."""
-
-    id: str
-    kind: str
-    status: str
-    recipe: str | None
-    requested: str | None
-    tag: str | None
-    digest: str | None
-    image: str | None
-    parent: str | None
-    options: dict[str, Any]
-    started_by: str
-    command: str
-    started_at: float
-    finished_at: float | None
-    error: str | None
-    waves: tuple[WaveRecord, ...]
-    hosts: tuple[HostRecord, ...]
-    phases: tuple[PhaseRecord, ...]
-
-    def host(self, name: str) -> HostRecord | None:
-        """The record of one host, if it took part."""
-        return next((h for h in self.hosts if h.host == name), None)
-
-
-@dataclass(frozen=True)
-class KnownGood:
-    """A version a host is known to serve well: it passed a full gate there, or served before fleetctl came."""
-
-    host: str
-    tag: str | None
-    digest: str
-    #: The container settings' fingerprint (see ``rollout.host.fingerprint``); "" when unknown.
-    fingerprint: str
-    settings: dict[str, Any] | None
-    #: ``gate`` (passed a full gate here), ``found`` (served before fleetctl first touched the host)
-    #: or ``served`` (was serving, running, when a rollout moved the host away from it).
-    source: str
-    rollout_id: str | None
-    at: float
-
-
-@dataclass(frozen=True)
-class BaselineRow:
-    """One stored baseline window: ``runs`` are the soak verdicts as JSON documents, oldest first."""
-
-    host: str
-    tag: str
-    pinned: bool
-    runs: tuple[dict[str, Any], ...]
-    updated_at: float = 0.0
-
-
-@dataclass(frozen=True)
-class LockHolder:
-    """Who holds a fleet's lock."""
-
-    rollout_id: str
-    pid: int
-    hostname: str
-    proc_start: str
-    acquired_at: float
-    #: Known from the database's own lock (PostgreSQL, any machine); None: judged from the pid below.
-    live: bool | None = None
-
-    @property
-    def alive(self) -> bool:
-        """True unless the holder is provably gone (its database session ended; or, on SQLite, it ran on
-        this machine and its pid is dead or reused)."""
-        if self.live is not None:
-            return self.live
-        if self.hostname != socket.gethostname():
-            return True  # another controller machine: we cannot tell, so we must assume it lives
-        return proc_start(self.pid) == self.proc_start
-
-
-@dataclass(frozen=True)
-class LedgerInfo:
-    """Which ledger a fleet uses and who holds its lock (``fleetctl ledger``)."""
-
-    backend: str
-    #: A path, or a PostgreSQL conninfo without its password.
-    where: str
-    fleet: str
-    schema_version: int
-    rollouts: int
-    holder: LockHolder | None
-
-
-def started_by() -> str:
-    """``user@host`` of this controller (``$SUDO_USER`` first: the human behind sudo)."""
-    user = os.environ.get("SUDO_USER") or getpass.getuser()
-    return f"{user}@{socket.gethostname()}"
-
-
-def new_id(kind: str = "rollout") -> str:
-    """A rollout's id: ``ro-20260701T120000Z-3f9a1c`` (``rb-`` for a rollback)."""
-    return new_run_id("rb" if kind == "rollback" else "ro")
-
-
-def _loads(text: str | None) -> Any:
-    return json.loads(text) if text else None
 
 
 class Ledger:
@@ -343,24 +169,7 @@ class Ledger:
 
     def _migrate(self) -> None:
         with self._tx() as db:
-            version = self._db.version(db)
-            if version > SCHEMA_VERSION:
-                raise FleetError(
-                    f"ledger {self.where} has schema version {version}, newer than this fleetctl's {SCHEMA_VERSION}",
-                    fix="upgrade fleetctl (a newer one wrote this ledger); do not edit or delete the ledger",
-                    exit_code=ExitCode.INCONCLUSIVE,
-                )
-            if version == 0 and self._db.foreign(db):
-                raise FleetError(f"{self.where} is not a fleetctl ledger (unversioned tables)",
-                                 fix="move the file away or set FLEETCTL_STATE_DIR (PostgreSQL: drop that "
-                                     "fleet's schema or name the fleet differently with fleetctl_fleet)")
-            # Statement by statement inside this transaction (executescript would commit early),
-            # so that two controllers creating or upgrading the ledger at once cannot both do it.
-            for script in _MIGRATIONS[version:]:
-                for stmt in self._db.ddl(script):
-                    db.run(stmt)
-            if version < SCHEMA_VERSION:
-                self._db.set_version(db, SCHEMA_VERSION)
+            migrate(self._db, db)
 
     def info(self) -> LedgerInfo:
         """Where this ledger is, its schema version, how many rollouts it holds, who holds the lock."""
@@ -372,10 +181,6 @@ class Ledger:
 
     # -- the lock ------------------------------------------------------------------------
 
-    def _holder(self, row: Mapping[str, Any], live: bool | None) -> LockHolder:
-        return LockHolder(row["rollout_id"], row["pid"], row["hostname"], row["proc_start"], row["acquired_at"],
-                          live)
-
     def holder(self) -> LockHolder | None:
         """Who holds this fleet's lock, if anybody (alive or not)."""
         with self._read() as db:
@@ -383,7 +188,7 @@ class Ledger:
             if row is None:
                 return None
             live = self._db.lock_live()
-        return self._holder(row, live)
+        return LockHolder.from_row(row, live)
 
     def acquire(self, rollout_id: str) -> LockHolder | None:
         """Take the fleet's lock for ``rollout_id``; return the stale holder taken over, if any.
@@ -399,14 +204,14 @@ class Ledger:
             if not self._db.try_lock():
                 with self._read() as db:
                     row = db.one("SELECT * FROM lock WHERE fleet=?", (self.fleet,))
-                raise self._locked(self._holder(row, True) if row else None)
+                raise self._locked(LockHolder.from_row(row, True) if row else None)
             try:
                 with self._tx() as db:
                     row = db.one("SELECT * FROM lock WHERE fleet=?", (self.fleet,))
                     stale: LockHolder | None = None
                     if row is not None:
                         # Taking the database's lock just now proves its last holder's session is gone.
-                        h = self._holder(row, None if not self._db.real_lock else had)
+                        h = LockHolder.from_row(row, None if not self._db.real_lock else had)
                         if h.pid == me.pid and h.hostname == me.hostname and h.proc_start == me.proc_start:
                             stale = None  # re-entrant: this process already holds it
                         elif h.alive:
@@ -577,15 +382,13 @@ class Ledger:
         """Every host fleetctl took out of rotation and has not put back."""
         with self._read() as db:
             rows = db.all("SELECT * FROM out_of_rotation ORDER BY host")
-        return {r["host"]: OutOfRotation(r["host"], r["rollout_id"], r["reason"], _loads(r["memo"]) or {}, r["at"])
-                for r in rows}
+        return {r["host"]: OutOfRotation.from_row(r) for r in rows}
 
     def known_good(self, host: str) -> list[KnownGood]:
         """The host's known-good versions, newest first."""
         with self._read() as db:
             rows = db.all(f"SELECT * FROM known_good WHERE host=? ORDER BY at DESC, {self._db.seq} DESC", (host,))
-        return [KnownGood(r["host"], r["tag"], r["digest"], r["fingerprint"], _loads(r["settings"]), r["source"],
-                          r["rollout_id"], r["at"]) for r in rows]
+        return [KnownGood.from_row(r) for r in rows]
 
     # -- soak baselines -----------------------------------------------------------------
 
@@ -645,7 +448,7 @@ class Ledger:
             started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
             waves=tuple(WaveRecord(w["idx"], tuple(json.loads(w["hosts"])), w["status"], w["started_at"],
                                    w["finished_at"]) for w in waves),
-            hosts=tuple(_host_record(h) for h in hosts),
+            hosts=tuple(host_record(h) for h in hosts),
             phases=tuple(PhaseRecord(p["host"], p["phase"], p["at"], p["detail"]) for p in phases),
         )
 
@@ -658,7 +461,7 @@ class Ledger:
                 " SELECT id FROM rollouts WHERE recipe=? AND kind='rollout'"
                 f" ORDER BY started_at DESC, {self._db.seq} DESC LIMIT ?)"
                 " ORDER BY finished_at DESC LIMIT ?", (DONE, recipe, rollouts, limit))
-        out = [_loads(r["verdict"]) for r in rows]
+        out = [from_json(r["verdict"]) for r in rows]
         return [v for v in out if isinstance(v, dict) and v.get("outcome") == "pass"
                 and isinstance(v.get("timings"), dict)]
 
@@ -667,7 +470,7 @@ class Ledger:
         phase: ``get(...).host(...)`` read every host and phase of the rollout, O(hosts) each time."""
         with self._read() as db:
             row = db.one("SELECT * FROM hosts WHERE rollout_id=? AND host=?", (rollout_id, host))
-        return _host_record(row) if row is not None else None
+        return host_record(row) if row is not None else None
 
     def ids(self, kind: str | None = None, statuses: Sequence[str] | None = None, limit: int = 50) -> list[str]:
         """Rollout ids, newest first, optionally of one kind and in some statuses."""
@@ -692,16 +495,6 @@ class Ledger:
     def history(self, limit: int = 50) -> list[RolloutRecord]:
         """Every rollout and rollback, newest first."""
         return [self.get(i) for i in self.ids(limit=limit)]
-
-
-def _host_record(h: Mapping[str, Any]) -> HostRecord:
-    return HostRecord(
-        host=h["host"], wave=h["wave"], step=h["step"], phase=h["phase"], status=h["status"],
-        before_tag=h["before_tag"], before_digest=h["before_digest"], before=_loads(h["before"]),
-        target_tag=h["target_tag"], target_digest=h["target_digest"],
-        after_tag=h["after_tag"], after_digest=h["after_digest"], verdict=_loads(h["verdict"]),
-        artifacts=h["artifacts"], error=h["error"], started_at=h["started_at"], updated_at=h["updated_at"],
-        finished_at=h["finished_at"])
 
 
 def open_ledger(state_dir: Path, fleet: str = "fleet", url: str | None = None) -> Ledger:

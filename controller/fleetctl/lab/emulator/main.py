@@ -15,11 +15,12 @@ from typing import Any
 
 from . import compile_cache, multinode, perf
 from .args import ServeArgs, UsageError, parse
+from .chat_request import ModelInfo
 from .engine_core import Engine, Request
 from .http_server import HttpServer
 from .knobs import Knobs, from_env
 from .metrics import Metrics
-from .openai_api import ModelInfo, OpenAIApi
+from .openai_api import OpenAIApi
 from .weights import BootError, LoadedWeights, invalid_model_message, load_weights, read_config
 
 DEFAULT_MAX_MODEL_LEN = 32768

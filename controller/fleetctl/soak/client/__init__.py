@@ -21,129 +21,58 @@ bounded: an SSE line longer than :data:`MAX_LINE_BYTES` ends the request at once
 64 MB line would otherwise cost seconds of the one CPU every host's soak shares), error
 and probe bodies are read up to a cap, and every request has an overall deadline.
 
-Why one file of ~500 lines: the streaming client and its per-event checks (garbage, repeats,
-error events, usage) share one parser state; splitting it would split the stream.
+The stream's parser and its bounds are in ``stream.py``, the garbage check of its text in
+``text_check.py``; their public names stay reachable here (``client.TextCheck``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import codecs
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from fleetctl.soak.client.stream import (
+    MAX_LINE_BYTES,
+    STREAM_BYTES_PER_TOKEN,
+    STREAM_FIXED_BYTES,
+    LineTooLongError,
+    StreamParser,
+    StreamTooLongError,
+    error_text,
+    stream_cap,
+)
+from fleetctl.soak.client.text_check import EXCERPT_CHARS, TextCheck
 from fleetctl.soak.loops import MIN_WORDS, find_loop
 from fleetctl.soak.verdict import Sample
 
-# The JSON scanner itself (C), called directly: JSONDecoder.decode wraps it in two Python
-# frames and two whitespace regex matches per event, a fifth of the client's parse time.
-_scan = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[attr-defined]
+# The parts' public names, reachable as client.NAME as when they were all in one module.
+__all__ = [
+    "EXCERPT_CHARS",
+    "MAX_BODY_BYTES",
+    "MAX_LINE_BYTES",
+    "STREAM_BYTES_PER_TOKEN",
+    "STREAM_FIXED_BYTES",
+    "ChatRequest",
+    "Client",
+    "LineTooLongError",
+    "Probe",
+    "StreamParser",
+    "StreamTooLongError",
+    "TextCheck",
+    "chat_body",
+    "error_text",
+    "stream_cap",
+    "validate_answer",
+]
 
-#: The longest SSE line accepted. vLLM's chunks are ~300 bytes (a spec-decode step of a
-#: few tokens); 1 MiB is generous and still parses in about a millisecond.
-MAX_LINE_BYTES = 1 << 20
+
 #: The most read of an error or probe body (/metrics of a big server is ~100-300 KB).
 MAX_BODY_BYTES = 8 << 20
-#: A stream may carry at most this many bytes per token asked for, plus :data:`STREAM_FIXED_BYTES`:
-#: vLLM's chunk for one token is ~250-400 bytes (id, model, delta, finish_reason, token_ids), a
-#: speculative step carries several tokens in one. A server streaming valid events forever (never
-#: ``[DONE]``) is cut there instead of growing the controller until MemoryError.
-STREAM_BYTES_PER_TOKEN = 1024
-STREAM_FIXED_BYTES = 64 << 10
-#: Characters of text kept around a garbage finding for the verdict.
-EXCERPT_CHARS = 160
-
-#: Runs of one character that are garbage: ``!`` and U+FFFD are what broken
-#: weights and broken detokenizers emit; other punctuation rarely repeats 32 times; letters,
-#: digits and separator lines (``----``, ``====`` in markdown) get more room.
-_RUN_LIMITS = {"!": 16, "\ufffd": 16}
-_PUNCT_RUN = 32
-_OTHER_RUN = 96
-#: Blank runs (indentation, blank lines) are garbage only when absurdly long.
-_SPACE_RUN = 512
-#: The same token (one event's text) repeated this many times in a row is a degenerate loop.
-_TOKEN_REPEATS = 32
-#: Replacement characters in one answer before it is garbage (one can be a split byte).
-_MAX_REPLACEMENTS = 3
-
-
-class TextCheck:
-    """Incremental garbage detector over a stream's text deltas (content and reasoning).
-
-    ``feed_all(deltas)`` costs a comparison, a strip and a substring test per event; the
-    first finding is kept (``reason``, ``excerpt``) and checking stops there.
-    """
-
-    __slots__ = ("excerpt", "last", "parts", "prev", "reason", "replacements", "run", "same")
-
-    def __init__(self) -> None:
-        self.prev = ""
-        self.same = 0
-        self.last = ""
-        self.run = 0
-        self.replacements = 0
-        self.reason = ""
-        self.excerpt = ""
-        self.parts: list[str] = []
-
-    def feed(self, s: str) -> None:
-        """Check the next delta ``s`` (non-empty)."""
-        self.feed_all((s,))
-
-    def feed_all(self, deltas: Sequence[str]) -> None:
-        """Check the next deltas in order (one call per received chunk: the state lives in
-        locals for the loop, which halves the per-event cost of attribute access)."""
-        if self.reason:
-            return
-        # The whole answer is kept (one answer is at most max_tokens deltas) so the excerpt can
-        # show what came before the garbage.
-        parts = self.parts
-        base = len(parts)
-        parts.extend(deltas)
-        prev, same, last, run = self.prev, self.same, self.last, self.run
-        for i, s in enumerate(deltas):
-            if s != prev:
-                prev = s
-                same = 1
-            else:
-                same += 1
-            c = s[-1]
-            k = len(s) - len(s.rstrip(c))
-            # Blanks between the characters of a run (" !" tokens) do not break it.
-            if c == last and (k == len(s) or s[:len(s) - k].isspace()):
-                run += k
-            else:
-                run = k
-                last = c
-            reason = ""
-            if run >= 16 and run >= _run_limit(last):
-                reason = f"a run of {run} {last!r}"
-            elif same >= _TOKEN_REPEATS and not s.isspace():
-                reason = f"the token {s!r} repeated {same} times in a row"
-            elif "\ufffd" in s:
-                self.replacements += s.count("\ufffd")
-                if self.replacements >= _MAX_REPLACEMENTS:
-                    reason = f"{self.replacements} U+FFFD replacement characters (undecodable output)"
-            if reason:
-                del parts[base + i + 1:]
-                self.reason = reason
-                self.excerpt = "".join(parts)[-EXCERPT_CHARS:]
-                break
-        self.prev, self.same, self.last, self.run = prev, same, last, run
-
-def _run_limit(c: str) -> int:
-    if c in _RUN_LIMITS:
-        return _RUN_LIMITS[c]
-    if c.isspace():
-        return _SPACE_RUN
-    if c.isalnum() or c in "-=_*#.`~":
-        return _OTHER_RUN
-    return _PUNCT_RUN
 
 
 @dataclass(frozen=True)
@@ -196,130 +125,6 @@ def chat_body(req: ChatRequest) -> bytes:
     return json.dumps(body).encode()
 
 
-class StreamParser:
-    """Incremental SSE parser for one chat completion stream.
-
-    Feed it the raw bytes as they arrive with the arrival time; it keeps the
-    timing of the first non-empty content, the finish reason, the usage chunk
-    and any error event. Every ``data:`` event is JSON-decoded.
-    """
-
-    __slots__ = ("_check", "_utf8", "check", "done", "ends", "error", "events", "finish_reason",
-                 "first_content_at", "keep_text", "last_at", "parts", "pending", "stamps", "usage")
-
-    def __init__(self, keep_text: bool = False, delta_ends: bool = False) -> None:
-        # Decoding each chunk once to str (incrementally: a chunk may end mid-character) and
-        # parsing str events is ~2x faster than json.loads on bytes, which sniffs the encoding
-        # of every event.
-        self._utf8 = codecs.getincrementaldecoder("utf-8")("replace")
-        self.pending = ""
-        self.events = 0
-        self.first_content_at: float | None = None
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
-        self.error: str = ""
-        self.done = False
-        self.keep_text = keep_text
-        self.parts: list[str] = []
-        #: When each read carrying content arrived: the inter-token latencies are their gaps.
-        self.stamps: list[float] = []
-        self.check = TextCheck()
-        self._check = self.check.feed_all
-        #: When the last token (a read carrying content) arrived: the liveness watchdog reads it.
-        self.last_at: float | None = None
-        #: With ``delta_ends`` (and ``keep_text``): the kept text's length after each content delta,
-        #: so that a long answer can be cut into windows of tokens, not of characters.
-        self.ends: list[int] | None = [] if delta_ends else None
-
-    def feed(self, chunk: bytes, now: float) -> None:
-        """Consume ``chunk`` (any split of the stream), received at ``now``.
-
-        Raises :class:`LineTooLongError` when a line grows past :data:`MAX_LINE_BYTES`.
-        """
-        text = self._utf8.decode(chunk)
-        data = self.pending + text if self.pending else text
-        lines = data.split("\n")
-        self.pending = lines.pop()
-        if len(self.pending) > MAX_LINE_BYTES:
-            raise LineTooLongError(f"an SSE line grew past {MAX_LINE_BYTES} bytes without ending")
-        scan = _scan
-        texts: list[str] = []
-        events = 0
-        for line in lines:
-            # Every other line is a blank separator: the cheapest test first.
-            if not line:
-                continue
-            # vLLM writes "data: {...}"; other servers may omit the space or end lines with \r.
-            if line.startswith("data: "):
-                payload = line[6:]
-            elif line.startswith("data:"):
-                payload = line[5:]
-            else:
-                continue  # comments (": ping"), event: lines
-            if payload.endswith("\r") or payload.startswith(" "):
-                payload = payload.strip()
-            if payload == "[DONE]":
-                self.done = True
-                continue
-            events += 1
-            try:
-                obj, end = scan(payload, 0)
-            except (StopIteration, ValueError):
-                obj, end = None, -1
-            if end != len(payload) and (end < 0 or payload[end:].strip()):
-                self.error = self.error or f"undecodable stream event: {payload[:120]!r}"
-                continue
-            if type(obj) is not dict:
-                continue
-            err = obj.get("error")
-            if err is not None:
-                self.error = self.error or _error_text(err)
-                continue
-            choices = obj.get("choices")
-            if choices:
-                choice = choices[0]
-                delta = choice.get("delta")
-                if delta:
-                    content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                    if content:
-                        if self.first_content_at is None:
-                            self.first_content_at = now
-                        texts.append(content)
-                        if self.keep_text and delta.get("content"):
-                            self.parts.append(delta["content"])
-                            if self.ends is not None:
-                                self.ends.append((self.ends[-1] if self.ends else 0) + len(delta["content"]))
-                reason = choice.get("finish_reason")
-                if reason:
-                    self.finish_reason = reason
-            usage = obj.get("usage")
-            if usage:
-                self.usage = usage
-        self.events += events
-        if texts:
-            self.stamps.append(now)
-            self.last_at = now
-            self._check(texts)
-
-    @property
-    def text(self) -> str:
-        """The generated content (only when ``keep_text``)."""
-        return "".join(self.parts)
-
-
-class LineTooLongError(Exception):
-    """The server sent an SSE line longer than :data:`MAX_LINE_BYTES`."""
-
-
-class StreamTooLongError(Exception):
-    """The server sent more bytes than the tokens asked for can take (:data:`STREAM_BYTES_PER_TOKEN`)."""
-
-
-def stream_cap(max_tokens: int) -> int:
-    """The most bytes a stream asked for ``max_tokens`` tokens may carry."""
-    return STREAM_FIXED_BYTES + STREAM_BYTES_PER_TOKEN * max(max_tokens, 1)
-
-
 def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str, Any],
                     has_text: bool) -> tuple[str, str]:
     """``(kind, message)`` when a complete 200 answer is wrong in shape, else ``("", "")``.
@@ -341,14 +146,6 @@ def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str
     if not has_text:
         return "empty", f"the answer had no text ({out} completion tokens, finish_reason {finish_reason})"
     return "", ""
-
-
-def _error_text(err: Any) -> str:
-    if isinstance(err, dict):
-        msg = err.get("message") or err.get("type") or json.dumps(err)
-        code = err.get("code")
-        return f"{msg} (code {code})" if code else str(msg)
-    return str(err)
 
 
 class Client:
@@ -479,32 +276,12 @@ class Client:
                             feed(chunk, clock())
                         if parser.pending:
                             parser.feed(b"\n", clock())
-        except aiohttp.ClientConnectorError as e:
-            kind, error = "connect", _conn_text(e)
-        except TimeoutError:
-            if stalled:
-                waited = stalled[0]
-                kind, error = "stall", (f"no token for {waited:.0f}s " + (
-                    f"after {len(parser.stamps)} token read(s)" if parser.stamps else "before the first token"))
-            else:
-                kind, error = "timeout", f"no complete answer within {limit:.0f}s"
-        except StreamTooLongError as e:
-            kind, error = "protocol", str(e)
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-            kind, error = "disconnect", f"connection broke mid-stream: {type(e).__name__}: {e}"
-        except aiohttp.ClientError as e:
-            kind, error = "protocol", f"{type(e).__name__}: {e}"
-        except LineTooLongError as e:
-            kind, error = "protocol", str(e)
+        except _TRANSPORT_ERRORS as e:
+            kind, error = _failure(e, parser, stalled, limit)
         finally:
             if watchdog is not None:
                 watchdog()
         end = time.monotonic()
-        if not kind:
-            if parser.error:
-                kind, error = "stream_error", f"error event in HTTP 200 stream: {parser.error}"
-            elif not parser.done:
-                kind, error = "disconnect", "stream ended before data: [DONE]"
         usage = parser.usage or {}
         out_tokens = usage.get("completion_tokens")
         gaps = sorted(b - a for a, b in zip(parser.stamps, parser.stamps[1:], strict=False))
@@ -512,25 +289,8 @@ class Client:
         tpot = None
         if parser.first_content_at is not None and isinstance(out_tokens, int) and out_tokens > 1:
             tpot = (end - parser.first_content_at) / (out_tokens - 1)
-        if not kind and not usage:
-            # Asked for include_usage: a stream without it cannot be measured (TPOT, tokens).
-            kind, error = "protocol", "stream had no usage chunk (stream_options.include_usage ignored)"
-        check = parser.check
-        garbage, excerpt = check.reason, check.excerpt
-        if not kind:
-            kind, error = validate_answer(req, parser.finish_reason, usage,
-                                          parser.first_content_at is not None)
-            if kind == "empty":
-                # Not a transport failure (its timings stand): degenerate output, judged with
-                # garbage by the correctness check, so it is counted and shown, never dropped.
-                garbage, kind, error = error, "", ""
-        loop_text, loop_start, chars = "", None, 0
-        if check.parts and not garbage:
-            whole = "".join(check.parts)
-            chars = len(whole)
-            if isinstance(out_tokens, int) and out_tokens >= MIN_WORDS and (found := find_loop(whole)) is not None:
-                loop_text, loop_start = found.describe(), found.start
-                excerpt = whole[-EXCERPT_CHARS:]
+        kind, error, garbage = _judged(req, parser, kind, error)
+        loop_text, loop_start, chars, excerpt = _looped(parser.check, out_tokens, garbage)
         scrub = self.scrub
         return Sample(
             phase=phase, cls=cls, concurrency=concurrency, start=start - t0, ok=not kind,
@@ -542,6 +302,64 @@ class Client:
             garbage=scrub(garbage), excerpt=scrub(excerpt), loop=scrub(loop_text), loop_start=loop_start,
             text_chars=chars, delta_ends=tuple(parser.ends) if parser.ends else (),
         )
+
+
+#: What can end a request before its answer is complete (each mapped by :func:`_failure`).
+_TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, StreamTooLongError, LineTooLongError)
+
+
+def _failure(e: BaseException, parser: StreamParser, stalled: list[float],
+             limit: float) -> tuple[str, str]:
+    """``(kind, message)`` of a request that ended in ``e`` (one of :data:`_TRANSPORT_ERRORS`)."""
+    if isinstance(e, aiohttp.ClientConnectorError):
+        return "connect", _conn_text(e)
+    if isinstance(e, TimeoutError):
+        if not stalled:
+            return "timeout", f"no complete answer within {limit:.0f}s"
+        reads = (f"after {len(parser.stamps)} token read(s)" if parser.stamps
+                 else "before the first token")
+        return "stall", f"no token for {stalled[0]:.0f}s {reads}"
+    if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError
+                  | aiohttp.ClientOSError):
+        return "disconnect", f"connection broke mid-stream: {type(e).__name__}: {e}"
+    if isinstance(e, aiohttp.ClientError):
+        return "protocol", f"{type(e).__name__}: {e}"
+    return "protocol", str(e)  # StreamTooLongError, LineTooLongError
+
+
+def _judged(req: ChatRequest, parser: StreamParser, kind: str, error: str) -> tuple[str, str, str]:
+    """``(kind, message, garbage)`` of a request whose transport gave ``kind`` ("" when it ended
+    well): the stream's own error event, a missing [DONE] or usage, a wrong-shaped answer."""
+    garbage = parser.check.reason
+    if kind:
+        return kind, error, garbage
+    usage = parser.usage or {}
+    if parser.error:
+        return "stream_error", f"error event in HTTP 200 stream: {parser.error}", garbage
+    if not parser.done:
+        return "disconnect", "stream ended before data: [DONE]", garbage
+    if not usage:
+        # Asked for include_usage: a stream without it cannot be measured (TPOT, tokens).
+        return ("protocol", "stream had no usage chunk (stream_options.include_usage ignored)",
+                garbage)
+    has_text = parser.first_content_at is not None
+    kind, error = validate_answer(req, parser.finish_reason, usage, has_text)
+    if kind == "empty":
+        # Not a transport failure (its timings stand): degenerate output, judged with
+        # garbage by the correctness check, so it is counted and shown, never dropped.
+        return "", "", error
+    return kind, error, garbage
+
+
+def _looped(check: TextCheck, out_tokens: Any, garbage: str) -> tuple[str, int | None, int, str]:
+    """``(loop, where it starts, characters, excerpt)`` of an answer without garbage that ends
+    in a phrase loop (the excerpt then shows its end)."""
+    if not check.parts or garbage:
+        return "", None, 0, check.excerpt
+    whole = "".join(check.parts)
+    if isinstance(out_tokens, int) and out_tokens >= MIN_WORDS and (found := find_loop(whole)) is not None:
+        return found.describe(), found.start, len(whole), whole[-EXCERPT_CHARS:]
+    return "", None, len(whole), check.excerpt
 
 
 def _watch(deadline: asyncio.Timeout, parser: StreamParser, start: float, stall: float,
@@ -591,7 +409,7 @@ def _http_error(body: bytes) -> str:
         return text.strip()[:300] or "(empty body)"
     if isinstance(obj, dict):
         if "error" in obj:
-            return _error_text(obj["error"])
+            return error_text(obj["error"])
         if "message" in obj:
             return str(obj["message"])
         if "detail" in obj:

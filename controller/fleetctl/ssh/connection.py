@@ -1,0 +1,155 @@
+"""One SSH connection to one hop (Fabric over paramiko), its host key checked against its
+known_hosts file, errors naming the hop; and closing connections with a bounded wait."""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from collections.abc import Sequence
+from typing import Protocol
+
+import fabric
+import paramiko
+
+from fleetctl.access import Hop
+from fleetctl.errors import FleetError, HostUnreachable
+from fleetctl.inventory import Host
+
+DEFAULT_CONNECT_TIMEOUT = 5.0
+
+
+
+#: How long closing connections may take before they are abandoned.
+CLOSE_TIMEOUT = 5.0
+
+
+class _Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_bounded(clients: Sequence[_Closable], timeout: float = CLOSE_TIMEOUT) -> None:
+    """Close connections in daemon threads, waiting at most ``timeout`` seconds for all of them.
+
+    paramiko's ``Transport.close`` can deadlock (seen in ``Channel._unlink``) while
+    another thread still reads a channel of that transport, e.g. a fan-out worker
+    left behind by a timed-out host. A stuck close must never hang the controller:
+    it is abandoned to its daemon thread, which dies with the process.
+    """
+    threads = [threading.Thread(target=c.close, daemon=True, name="fleetctl-ssh-close") for c in clients]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+
+
+def chain(c: fabric.Connection) -> list[fabric.Connection]:
+    """A jump host's connection and those in front of it (Fabric's close closes only the first)."""
+    out = []
+    while c:
+        out.append(c)
+        c = c.gateway
+    return out
+
+
+class ChainClose:
+    """Closes a jump chain innermost first, in one thread: an inner close still sends on the
+    transport in front of it, which must not be closing at the same time."""
+
+    def __init__(self, gateway: fabric.Connection) -> None:
+        self.hops = chain(gateway)
+
+    def close(self) -> None:
+        for c in self.hops:
+            c.close()
+
+
+def alive(c: fabric.Connection) -> bool:
+    t = c.transport
+    return t is not None and t.is_active()
+
+
+#: Fabric's defaults only: no ssh_config lookup (fleetctl.access resolved the route with Ansible's
+#: precedence, which Fabric's would not apply) and no /etc/fabric.yaml or ~/.fabric.yaml (lazy),
+#: whose connect_kwargs would add keys behind the inventory's back.
+_FABRIC_CONFIG = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
+
+
+class _Connection(fabric.Connection):  # type: ignore[misc]
+    """Fabric's connection whose ProxyJump channel open is bounded (Fabric waits paramiko's hour)
+    and whose ProxyCommand is taken as given (Fabric re-expands it with port 22 and the local user)."""
+
+    open_timeout: float = DEFAULT_CONNECT_TIMEOUT
+
+    def open_gateway(self) -> paramiko.Channel | paramiko.ProxyCommand:
+        if isinstance(self.gateway, str):
+            # through a shell, as ssh runs it (pipes, quoting, ~ in paths)
+            return paramiko.ProxyCommand(shlex.join(["/bin/sh", "-c", "exec " + self.gateway]))
+        self.gateway.open()
+        transport: paramiko.Transport = self.gateway.transport
+        return transport.open_channel(
+            kind="direct-tcpip", dest_addr=(self.host, int(self.port)), src_addr=("", 0),
+            timeout=self.open_timeout)
+
+
+def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
+            timeout: float) -> fabric.Connection:
+    """An open connection to ``hop`` (through ``gateway``), its host key verified; errors name the hop."""
+    target = hop == host.hop()
+    what = f"{hop.address}:{hop.port}" if target else f"jump host {hop.label}"
+    via = (f" via ProxyCommand {gateway!r}" if isinstance(gateway, str) else
+           f" via {gateway.user}@{gateway.host}:{gateway.port}" if gateway is not None else "")
+    login = f"{hop.user}@{what}" if target else what
+    known = hop.known_hosts_path()
+    if not known.exists():
+        raise FleetError(
+            f"known_hosts file {known} does not exist, so the host key of {what} cannot be verified",
+            host=host.name,
+            fix="set fleetctl_known_hosts for the host (the lab writes one) or ssh-keyscan it after checking the fingerprint",
+        )
+    keys = list(hop.key_files)
+    c = _Connection(hop.address, user=hop.user, port=hop.port, config=_FABRIC_CONFIG,
+                    gateway=gateway if gateway is not None else False,
+                    connect_kwargs={"key_filename": keys or None, "timeout": timeout, "banner_timeout": timeout,
+                                    "auth_timeout": timeout, "look_for_keys": not keys,
+                                    # as ssh: the agent's keys after the files (an encrypted key file
+                                    # unlocked in the agent), unless IdentitiesOnly
+                                    "allow_agent": not (keys and hop.identities_only)})
+    c.open_timeout = timeout
+    # Fabric's client adds unknown host keys (AutoAddPolicy) and loads none: every hop, jump
+    # hosts included, is checked against its known_hosts file and an unknown key refused.
+    c.client.load_host_keys(str(known))
+    c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    try:
+        try:
+            c.open()
+        except BaseException:
+            # paramiko leaves the transport of a refused connect running (e.g. after a bad host key)
+            c.client.close()
+            raise
+    except paramiko.BadHostKeyException:
+        raise FleetError(
+            f"host key of {what} does not match {known}",
+            host=host.name,
+            fix="if the host was reinstalled, verify its new fingerprint and update known_hosts",
+        ) from None
+    except paramiko.ChannelException as e:
+        raise HostUnreachable(f"{getattr(gateway, 'host', 'the jump host')} cannot reach {what} ({e})",
+                              host=host.name, fix="check that the host is up and reachable from the jump host") from None
+    except paramiko.SSHException as e:
+        if "not found in known_hosts" in str(e):
+            raise FleetError(
+                f"host key of {what} is not in {known}",
+                host=host.name,
+                fix="add the host's verified key to that known_hosts file",
+            ) from None
+        raise HostUnreachable(f"SSH to {login}{via} failed: {e}", host=host.name,
+                              fix="check that sshd runs and the key is authorised") from None
+    except (TimeoutError, OSError, EOFError) as e:
+        raise HostUnreachable(
+            f"cannot reach {what}{via} over SSH ({e or type(e).__name__})",
+            host=host.name,
+            fix="check that the host is up and on the network, or leave it out with --limit '!NAME'",
+        ) from None
+    return c
