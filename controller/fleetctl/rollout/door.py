@@ -69,10 +69,9 @@ class DoorSteps:
             if undo is not None and self._never_took_it_out(h):
                 self.s.ledger.mark_in(h.name)
                 undo = None
-            raise FleetError(f"the {self.door.kind} front door could not drain it: {e.cause}; the "
-                             f"host was left "
-                             "serving, untouched" + (f" ({undo})" if undo else ""), host=h.name,
-                             fix=e.fix) from None
+            raise FleetError(f"the {self.door.kind} front door could not drain it: {e.cause}; "
+                             "the host was left serving, untouched"
+                             + (f" ({undo})" if undo else ""), host=h.name, fix=e.fix) from None
         if drained.memo:
             self.s.ledger.mark_out(h.name, run.id, reason, drained.memo)
         w = wait_drained(self.door, h, lambda: self.in_flight(h, recipe), self.s.drain_timeout)
@@ -140,13 +139,11 @@ class DoorSteps:
                 time.sleep(delay)
                 delay = min(delay * 2, 15.0)
         raise FrontDoorError(f"still out of {self.door.kind} rotation after {attempts} "
-                             f"re-admission(s) in "
-                             f"{time.monotonic() - t0:.0f}s: {last.cause}", host=h.name,
+                             f"re-admission(s) in {time.monotonic() - t0:.0f}s: {last.cause}",
+                             host=h.name,
                              fix=f"{last.fix}; once the door can take it, `fleetctl rollout "
-                                 f"--resume` re-admits "
-                                 f"{h.name} (it serves a version that passed its gate; `fleetctl "
-                                 f"status` shows "
-                                 "it held out)")
+                                 f"--resume` re-admits {h.name} (it serves a version that passed "
+                                 "its gate; `fleetctl status` shows it held out)")
 
     def wait_capacity(self, pool: Sequence[Host], step: Sequence[str], floor: int,
                       poll: float = 1.0) -> None:
@@ -167,10 +164,8 @@ class DoorSteps:
             staying = [n for n in in_rot if n not in step]
             if len(staying) >= floor:
                 if last:
-                    self.s.emit("capacity",
-                                f"{len(in_rot)} of {len(pool)} in rotation, floor {floor}: going "
-                                f"on "
-                                           f"after {time.monotonic() - t0:.0f}s")
+                    self.s.emit("capacity", f"{len(in_rot)} of {len(pool)} in rotation, floor "
+                                            f"{floor}: going on after {time.monotonic() - t0:.0f}s")
                 return
             waiting = (f"{len(in_rot)} of {len(pool)} in rotation, floor {floor}"
                        + (f", {len(in_rot) - len(staying)} of them in this step"
@@ -182,8 +177,8 @@ class DoorSteps:
                     f"{hosts} not taken out: after {self.s.capacity_timeout:.0f}s {waiting}",
                     fix="bring the hosts out of rotation back in (or fix their health check), then "
                         "`fleetctl rollout --resume`; or lower the floor (--min-available, "
-                        "fleetctl_min_available) "
-                        "in a new rollout; fleetctl_capacity_timeout sets the wait").message())
+                        "fleetctl_min_available) in a new rollout; fleetctl_capacity_timeout sets "
+                        "the wait").message())
             if waiting != last:
                 self.s.emit("capacity-wait", f"waiting: {waiting}")
                 last = waiting

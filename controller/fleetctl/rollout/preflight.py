@@ -63,9 +63,8 @@ class Preflight:
                 problems.append(f"{h.name}: GPU is {f.gpu!r}, not {GB10}: the images are built for "
                                 f"sm_121a only")
             if not f.nvidia_runtime:
-                problems.append(f"{h.name}: Docker has no nvidia runtime (nvidia-container-toolkit "
-                                f"missing)"
-                                " - run `fleetctl provision`")
+                problems.append(f"{h.name}: Docker has no nvidia runtime "
+                                "(nvidia-container-toolkit missing) - run `fleetctl provision`")
             for why in f.missing_weights:
                 problems.append(f"{h.name}: {why} - run `fleetctl stage --recipe "
                                 f"{self.recipe_of(h, recipe).name} "

@@ -339,14 +339,12 @@ class Rollback:
             # serving.
             raise FleetError(
                 f"its known-good {tag} ran with other container settings (fingerprint "
-                f"{fingerprint[:12]}) than "
-                f"recipe {recipe.name} renders now ({remote.fingerprint(recipe)[:12]}), and that "
-                f"container is gone",
+                f"{fingerprint[:12]}) than recipe {recipe.name} renders now "
+                f"({remote.fingerprint(recipe)[:12]}), and that container is gone",
                 host=h.name,
                 fix=f"restore the recipe as it was, then `fleetctl rollout --tag {tag} --limit "
-                    f"{h.name}`"
-                                 f"; or `fleetctl rollback --to {tag} --limit {h.name}` for {tag} "
-                                 f"with today's recipe")
+                    f"{h.name}`; or `fleetctl rollback --to {tag} --limit {h.name}` for {tag} "
+                    "with today's recipe")
         if cur is not None and rec is not None and rec.before_digest is None and not wanted(cur):
             run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_ledger.IN_PROGRESS,
                                   before_tag=cur.tag, before_digest=cur.digest, before=cur.settings)
