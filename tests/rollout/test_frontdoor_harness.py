@@ -8,7 +8,7 @@ import re
 import shutil
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,15 +89,18 @@ class Watched(SimOps):
         return super().swap(name)
 
 
-def _engine(fleet: SimFleet, d: Door, state: Path, progress: Progress = NULL) -> Engine:
-    class DoorEngine(Engine):
-        def _vllm_in_flight(self, h: Host, recipe: Recipe) -> int | None:
-            return d.backends[h.name].running if h.name in d.backends else 0
+def _in_flight(d: Door) -> Callable[[Host, Recipe], int | None]:
+    """What the fake door's backends hold in flight, standing in for each vLLM's /metrics."""
+    return lambda h, recipe: d.backends[h.name].running if h.name in d.backends else 0
 
+
+def _engine(fleet: SimFleet, d: Door, state: Path, progress: Progress = NULL) -> Engine:
     Watched.door = d
     inv = inventory.load(d.inv_dir / "hosts.yml")
-    return DoorEngine(inv, progress, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
-                      resolve=fleet.resolve)
+    eng = Engine(inv, progress, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet),
+                 gates=SimGates(fleet), resolve=fleet.resolve)
+    eng.door.in_flight = _in_flight(d)
+    return eng
 
 
 def _rollout(fleet: SimFleet, d: Door, state: Path, tag: str, progress: Progress = NULL) -> RolloutResult:
@@ -408,26 +411,21 @@ def _bake_engine(fleet: SimFleet, d: Door, state: Path, errors: dict[str, int],
     at the bake's first scrape (once)."""
     from fleetctl.soak import metrics
 
-    class BakeEngine(Engine):
-        def _vllm_in_flight(self, h: Host, recipe: Recipe) -> int | None:
-            return d.backends[h.name].running if h.name in d.backends else 0
+    def scrape(urls: Any, t: float) -> Any:
+        if die and die[0]:
+            die[0] = False
+            fleet.dead = True
+            raise Killed("bake")
+        out = {}
+        for h in urls:
+            n, e = (40, errors.get(h, 0)) if t > 0 else (0, 0)
+            out[h] = metrics.parse(f'vllm:request_success_total{{finished_reason="length"}} {n - e}\n'
+                                   f'vllm:request_success_total{{finished_reason="error"}} {e}\n', t)
+        return out
 
-        def _scrape(self, urls: Any, t: float) -> Any:
-            if die and die[0]:
-                die[0] = False
-                fleet.dead = True
-                raise Killed("bake")
-            out = {}
-            for h in urls:
-                n, e = (40, errors.get(h, 0)) if t > 0 else (0, 0)
-                out[h] = metrics.parse(f'vllm:request_success_total{{finished_reason="length"}} {n - e}\n'
-                                       f'vllm:request_success_total{{finished_reason="error"}} {e}\n', t)
-            return out
-
-    Watched.door = d
-    inv = inventory.load(d.inv_dir / "hosts.yml")
-    return BakeEngine(inv, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
-                      resolve=fleet.resolve)
+    eng = _engine(fleet, d, state)
+    eng.bake.scrape = scrape
+    return eng
 
 
 def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(tmp_path: Path, door: Door) -> None:

@@ -84,7 +84,7 @@ def test_a_bad_webhook_or_a_missing_api_key_is_refused_before_any_host_is_touche
         assert "whitespace" in e.value.cause
         recipe = next(iter(load_recipes(lab_inventory).values()))
         with pytest.raises(FleetError) as e:
-            eng._check_recipe(dataclasses.replace(recipe, secret_env=("VLLM_API_KEY",)))
+            eng.session.check_recipe(dataclasses.replace(recipe, secret_env=("VLLM_API_KEY",)))
         assert "requires VLLM_API_KEY" in e.value.cause
     finally:
         eng.close()

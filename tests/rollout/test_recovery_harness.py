@@ -297,7 +297,7 @@ def test_a_recipe_only_change_rolls_out_through_the_canary_and_gates(tmp_path: P
     assert {h.status for h in again.hosts} == {fleet_ledger.SKIPPED}, "same image, same settings: nothing to do"
     eng = _engine(fleet, tmp_path)
     changed = dataclasses.replace(eng.recipe(), docker_args=(*eng.recipe().docker_args, "--shm-size=32g"))
-    eng.recipe = lambda name=None: changed  # type: ignore[method-assign]
+    eng.session.recipe = lambda name=None: changed  # type: ignore[method-assign]
     fleet.hosts["spark-01"].behaviour[digest_of(B)] = SOAKFAIL  # the new settings fail the canary's soak
     try:
         r = eng.rollout(_opts(B))
@@ -325,7 +325,7 @@ def _with_recipe_change(fleet: SimFleet, state: Path) -> tuple[Engine, str, str]
     eng = _engine(fleet, state)
     old = eng.recipe()
     changed = dataclasses.replace(old, docker_args=(*old.docker_args, "--shm-size=32g"))
-    eng.recipe = lambda name=None: changed  # type: ignore[method-assign]
+    eng.session.recipe = lambda name=None: changed  # type: ignore[method-assign]
     return eng, remote.fingerprint(old), remote.fingerprint(changed)
 
 

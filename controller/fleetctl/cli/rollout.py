@@ -118,6 +118,15 @@ def render_result(r: RolloutResult, con: Console) -> None:
         con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
 
 
+class _NothingToDo(Exception):
+    """Raised by the rollout's confirmation when its plan changes no host: the CLI says so,
+    nothing is recorded."""
+
+    def __init__(self, plan: Plan) -> None:
+        super().__init__("nothing to do")
+        self.plan = plan
+
+
 @contextmanager
 def _watched(ctx: Ctx, title: str, take_over: bool) -> Iterator[Engine]:
     """The engine of the command, reporting to its event log and to the live view (or plain lines)."""
@@ -202,24 +211,27 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
     nothing: dict[str, Any] | None = None
+
+    def confirm(p: Plan) -> None:
+        # The engine's one plan (one preflight), shown under the locks before anything is recorded.
+        render_plan(p, ctx.err)
+        changing = [h for h in p.hosts if h.action != "skip"]
+        if not changing:
+            ctx.drop_live()
+            ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
+                          f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
+                          highlight=False, markup=False)
+            raise _NothingToDo(p)
+        ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
+
     with _watched(ctx, "rollout", take_over) as eng:
-        if resume or dry_run:
-            r = eng.resume(opts) if resume else eng.rollout(opts)
+        if resume:
+            r = eng.resume(opts)
         else:
-            if not yes:
-                p, *_ = eng.plan(opts)
-                render_plan(p, ctx.err)
-                changing = [h for h in p.hosts if h.action != "skip"]
-                if not changing:
-                    ctx.drop_live()
-                    ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
-                                  f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
-                                  highlight=False, markup=False)
-                    nothing = {"status": NOTHING_TO_DO, "plan": p}
-                else:
-                    ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
-            if nothing is None:
-                r = eng.rollout(opts)
+            try:
+                r = eng.rollout(opts, confirm=None if yes or dry_run else confirm)
+            except _NothingToDo as e:
+                nothing = {"status": NOTHING_TO_DO, "plan": e.plan}
     # The result after the event stream's end (with --events -, stdout's last line).
     if nothing is not None:
         ctx.emit(nothing, lambda con: None)

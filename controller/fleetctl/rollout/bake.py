@@ -1,22 +1,24 @@
-"""The bake (``rollout --bake D``): a wave back in rotation is watched under live traffic before the next one.
+"""The bake (``rollout --bake D``): a wave back in rotation is watched under live traffic before the
+next one.
 
-For ``D`` seconds after a wave's hosts passed their gates and went back into the front door's rotation,
-their /metrics are compared with those of hosts still on the old version (the plan's pending hosts)
-under the same users' traffic: error rate, TTFT p95 / TPOT p50 and spec-decode acceptance from each
-host's counter and histogram deltas (``soak/traffic.py``). A breach drains the wave, rolls each host
-back (restore, readiness, smoke), re-admits it and stops the rollout, with the figures in the ledger's
-verdict and in ``runs/<rollout>/bake-wave<N>/``. Inconclusive (too little traffic, no counters) is
-treated as an inconclusive gate: ``--on-inconclusive pause`` pauses, ``fail`` rolls back.
+For ``D`` seconds after a wave's hosts passed their gates and went back into the front door's
+rotation, their /metrics are compared with those of hosts still on the old version (the plan's
+pending hosts) under the same users' traffic: error rate, TTFT p95 / TPOT p50 and spec-decode
+acceptance from each host's counter and histogram deltas (``soak/traffic.py``). A breach drains the
+wave, rolls each host back (restore, readiness, smoke), re-admits it and stops the rollout, with the
+figures in the ledger's verdict and in ``runs/<rollout>/bake-wave<N>/``. Inconclusive (too little
+traffic, no counters) is treated as an inconclusive gate: ``--on-inconclusive pause`` pauses,
+``fail`` rolls back.
 
-Crash safety: each baked host's ledger phase is ``baking`` for the whole bake (its status stays done),
-and a wave is marked done only after its bake; ``--resume`` finds a wave whose hosts are all done but
-still ``baking`` (or ``bake-paused``) and bakes it again, whole. See docs/watch.md.
+Crash safety: each baked host's ledger phase is ``baking`` for the whole bake (its status stays
+done), and a wave is marked done only after its bake; ``--resume`` finds a wave whose hosts are all
+done but still ``baking`` (or ``bake-paused``) and bakes it again, whole. See docs/watch.md.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from fleetctl.durations import parse_duration
@@ -26,11 +28,13 @@ from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
+from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.results import Options
-from fleetctl.rollout.session import StopRollout
+from fleetctl.rollout.run import Group, Run
+from fleetctl.rollout.session import Session, StopRollout
+from fleetctl.rollout.step import HostStep
 from fleetctl.rollout.unit import unit_recipe
-from fleetctl.rollout.unit_step import UnitSteps
-from fleetctl.rollout.webhook import Webhook
+from fleetctl.rollout.unit_step import UnitStep
 from fleetctl.soak import metrics
 from fleetctl.soak.traffic import (
     Comparison,
@@ -44,7 +48,8 @@ from fleetctl.soak.traffic import (
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 from fleetctl.state import ledger as fleet_ledger
 
-#: Hosts on the old version scraped for the comparison at most (a sample: the fleet's rest is alike).
+#: Hosts on the old version scraped for the comparison at most (a sample: the fleet's rest is
+# alike).
 MAX_OLD = 32
 #: Seconds between the bake's progress lines.
 TICK = 5.0
@@ -52,157 +57,210 @@ TICK = 5.0
 BAKE_PHASES = ("baking", "bake-paused")
 
 
-class BakeSteps(UnitSteps):
-    """The post-promotion bake of a wave, between its last step and the next wave."""
+class Bake:
+    """The post-promotion bake of a wave, between its last step and the next wave; a breach undoes
+    the wave through the host's and the unit's steps (:meth:`HostStep.fail`,
+    :meth:`UnitStep.fail`)."""
 
-    def _bake_seconds(self, opts: Options) -> float:
+    def __init__(self, session: Session, door: DoorSteps, hosts: HostStep, units: UnitStep) -> None:
+        self.s = session
+        self.door = door
+        self.hosts = hosts
+        self.units = units
+        #: Every host's /metrics (host -> base URL), bounded in parallel; a host's failure as
+        #: text. The harness stands in scrapes of its own.
+        self.scrape: Callable[[Mapping[str, str], float],
+                              Mapping[str, metrics.Scrape | str]] = fetch_all
+
+    def seconds(self, opts: Options) -> float:
         """``--bake``, else the inventory's ``fleetctl_bake`` (a duration), else 0 (off)."""
         if opts.bake is not None:
             return opts.bake
-        raw = self.inv.vars.get("fleetctl_bake")
-        return parse_duration(raw, f"fleetctl_bake in {self.inv.path}") if raw not in (None, "", 0) else 0.0
+        raw = self.s.inv.vars.get("fleetctl_bake")
+        return parse_duration(raw, f"fleetctl_bake in {self.s.inv.path}") if raw not in (None, "",
+                                                                                         0) else 0.0
 
-    def _bake_limits(self) -> Limits:
-        """The inventory's ``fleetctl_bake_limits`` (see soak.traffic.Limits), checked before any host is touched."""
-        return Limits.from_mapping(self.inv.vars.get("fleetctl_bake_limits"), f"fleetctl_bake_limits in {self.inv.path}")
+    def limits(self) -> Limits:
+        """The inventory's ``fleetctl_bake_limits`` (see soak.traffic.Limits), checked before any
+        host is touched."""
+        return Limits.from_mapping(self.s.inv.vars.get("fleetctl_bake_limits"),
+                                   f"fleetctl_bake_limits in {self.s.inv.path}")
 
-    def _bake_prometheus(self) -> dict[str, str] | None:
-        """The inventory's ``fleetctl_bake_prometheus`` (``url``, ``label``, ``instance``), checked; None: scrape hosts."""
-        raw = self.inv.vars.get("fleetctl_bake_prometheus")
+    def prometheus(self) -> dict[str, str] | None:
+        """The inventory's ``fleetctl_bake_prometheus`` (``url``, ``label``, ``instance``), checked;
+        None: scrape hosts."""
+        raw = self.s.inv.vars.get("fleetctl_bake_prometheus")
         if not raw:
             return None
-        where = f"fleetctl_bake_prometheus in {self.inv.path}"
+        where = f"fleetctl_bake_prometheus in {self.s.inv.path}"
         if not isinstance(raw, Mapping) or not isinstance(raw.get("url"), str) or \
                 not str(raw["url"]).startswith(("http://", "https://")):
-            raise FleetError(f"{where} needs url: http(s)://HOST:PORT of a Prometheus-compatible API",
-                             fix="e.g. {url: http://prometheus:9090, label: instance, instance: '{address}:{port}'}")
+            raise FleetError(f"{where} needs url: http(s)://HOST:PORT of a Prometheus-compatible "
+                             f"API",
+                             fix="e.g. {url: http://prometheus:9090, label: instance, instance: "
+                                 "'{address}:{port}'}")
         unknown = sorted(set(raw) - {"url", "label", "instance"})
         if unknown:
-            raise FleetError(f"{where}: unknown key(s) {', '.join(unknown)}", fix="use url, label, instance")
+            raise FleetError(f"{where}: unknown key(s) {', '.join(unknown)}",
+                             fix="use url, label, instance")
         return {"url": str(raw["url"]), "label": str(raw.get("label", "instance")),
                 "instance": str(raw.get("instance", "{address}:{port}"))}
 
-    def _scrape(self, urls: Mapping[str, str], t: float) -> Mapping[str, metrics.Scrape | str]:
-        """Every host's /metrics (host -> base URL), bounded in parallel; a host's failure as text."""
-        return fetch_all(urls, t)
-
-    def _bake_due(self, rid: str, members: Sequence[str]) -> bool:
-        """A wave whose hosts are done but whose bake did not finish (a killed controller, or a paused bake)."""
-        rec = self.ledger.get(rid)
-        return any((r := rec.host(h)) is not None and r.status == fleet_ledger.DONE and r.phase in BAKE_PHASES
+    def due(self, run: Run, members: Sequence[str]) -> bool:
+        """A wave whose hosts are done but whose bake did not finish (a killed controller, or a
+        paused bake)."""
+        rec = run.ledger.get(run.id)
+        return any((r := rec.host(h)) is not None and r.status == fleet_ledger.DONE
+                   and r.phase in BAKE_PHASES
                    for h in members)
 
-    def _bake(self, rid: str, recipe: Recipe, opts: Options, p: wave_plan.Plan, w: int, members: Sequence[str],
-              hosts: Mapping[str, Host], hook: Webhook, seconds: float) -> None:
-        """Bake wave ``w``; raises StopRollout on a breach (after rolling the wave back) or a paused bake."""
-        rec = self.ledger.get(rid)
-        done = [hosts[h] for h in members if (r := rec.host(h)) is not None and r.status == fleet_ledger.DONE]
-        new = unit_plan.slots(self.inv, done)
+    def bake(self, run: Run, group: Group, w: int, members: Sequence[str], seconds: float) -> None:
+        """Bake wave ``w``; raises StopRollout on a breach (after rolling the wave back) or a paused
+        bake."""
+        recipe, p, hosts = group.recipe, group.p, group.hosts
+        rec = run.ledger.get(run.id)
+        done = [hosts[h] for h in members
+                if (r := rec.host(h)) is not None and r.status == fleet_ledger.DONE]
+        new = unit_plan.slots(self.s.inv, done)
         if not new or seconds <= 0:
             return
         pending = [hosts[hp.host] for hp in p.hosts if hp.action == "deploy" and hp.host in hosts
                    and (r := rec.host(hp.host)) is not None and r.status == fleet_ledger.PENDING]
-        old = unit_plan.slots(self.inv, pending)[:MAX_OLD]
+        old = unit_plan.slots(self.s.inv, pending)[:MAX_OLD]
         show = {"wave": w + 1, "tag": p.tag, "digest": p.digest}
-        against = f"{len(old)} host(s) on the old version" if old else "absolute bounds (no host on the old version left)"
+        against = (f"{len(old)} host(s) on the old version" if old
+                   else "absolute bounds (no host on the old version left)")
         for h in done:
-            self._phase(rid, h, "baking", f"{seconds:.0f}s under live traffic, against {against}",
+            run.phase(h, "baking", f"{seconds:.0f}s under live traffic, against {against}",
                         {**show, "health": "baking", "bake_s": round(seconds)})
-        hook.send("bake", wave=w + 1, hosts=[h.name for h in new], seconds=seconds, against=[h.name for h in old])
-        urls = {h.name: gate.target(h, recipe, "").base_url for h in (*new, *old)}
+        run.send("bake", wave=w + 1, hosts=[h.name for h in new], seconds=seconds,
+                 against=[h.name for h in old])
         t0 = time.monotonic()
         started = datetime.now(UTC)
-        first = self._scrape(urls, 0.0)
+        cmp = self._watch(recipe, w, done, new, old, seconds, show, against)
+        verdict = self._verdict(run, p, w, cmp, started, time.monotonic() - t0)
+        summary = gate.summarise(verdict, {"bake": round(time.monotonic() - t0, 1)})
+        summary["traffic"] = {"new": [to_dict(t) for t in cmp.new],
+                              "old": [to_dict(t) for t in cmp.old],
+                              "reference": dict(cmp.reference)}
+        self._conclude(run, recipe, w, done, cmp, verdict, summary, show)
+
+    def _watch(self, recipe: Recipe, w: int, done: Sequence[Host], new: Sequence[Host],
+               old: Sequence[Host],
+               seconds: float, show: Mapping[str, object], against: str) -> Comparison:
+        """``seconds`` under live traffic, then the wave's figures compared with the old version's
+        (or with absolute bounds): from each host's /metrics, or from the fleet's Prometheus."""
+        urls = {h.name: gate.target(h, recipe, "").base_url for h in (*new, *old)}
+        t0 = time.monotonic()
+        first = self.scrape(urls, 0.0)
         end = t0 + seconds
         while (left := end - time.monotonic()) > 0:
-            # Each baked host's row shows a bar (waited/timeout), the line under the table what is left.
+            # Each baked host's row shows a bar (waited/timeout), the line under the table what is
+            # left.
             for h in done:
-                self._emit("baking", f"under live traffic, against {against}", h.name,
-                           **show, health="baking", waited=round(seconds - left), timeout=round(seconds))
-            self._emit("baking", f"wave {w + 1}: {left:.0f}s left under live traffic, against {against}")
+                self.s.emit("baking", f"under live traffic, against {against}", h.name,
+                            **show, health="baking", waited=round(seconds - left),
+                            timeout=round(seconds))
+            self.s.emit("baking",
+                        f"wave {w + 1}: {left:.0f}s left under live traffic, against {against}")
             time.sleep(min(left, TICK))
-        last = self._scrape(urls, time.monotonic() - t0)
+        last = self.scrape(urls, time.monotonic() - t0)
 
         def figures(names: Sequence[Host]) -> list[Traffic]:
             out = []
             for h in names:
                 a, b = first[h.name], last[h.name]
                 if isinstance(a, str) or isinstance(b, str):
-                    out.append(Traffic(h.name, seconds, problems=(a if isinstance(a, str) else str(b),)))
+                    out.append(Traffic(h.name, seconds,
+                                       problems=(a if isinstance(a, str) else str(b),)))
                 else:
                     out.append(traffic(h.name, a, b))
             return out
 
-        prom = self._bake_prometheus()
-        if prom is not None:
-            # The same figures from the fleet's Prometheus (docs/watch.md), over the bake's window.
-            values = {h.name: prom["instance"].format(address=h.address, port=recipe.port, host=h.name)
-                      for h in (*new, *old)}
-            got = from_prometheus(prom["url"], values, time.monotonic() - t0, time.time(), prom["label"])
-            cmp = compare([got[h.name] for h in new], [got[h.name] for h in old], self._bake_limits())
-        else:
-            cmp = compare(figures(new), figures(old), self._bake_limits())
-        verdict = self._bake_verdict(rid, p, w, cmp, started, time.monotonic() - t0)
-        summary = gate.summarise(verdict, {"bake": round(time.monotonic() - t0, 1)})
-        summary["traffic"] = {"new": [to_dict(t) for t in cmp.new], "old": [to_dict(t) for t in cmp.old],
-                              "reference": dict(cmp.reference)}
+        prom = self.prometheus()
+        if prom is None:
+            return compare(figures(new), figures(old), self.limits())
+        # The same figures from the fleet's Prometheus (docs/watch.md), over the bake's window.
+        values = {h.name: prom["instance"].format(address=h.address, port=recipe.port, host=h.name)
+                  for h in (*new, *old)}
+        got = from_prometheus(prom["url"], values, time.monotonic() - t0, time.time(),
+                              prom["label"])
+        return compare([got[h.name] for h in new], [got[h.name] for h in old], self.limits())
+
+    def _conclude(self, run: Run, recipe: Recipe, w: int, done: Sequence[Host], cmp: Comparison,
+                  verdict: Verdict, summary: Mapping[str, object],
+                  show: Mapping[str, object]) -> None:
+        """A pass marks the wave's hosts baked; an inconclusive bake pauses (``--on-inconclusive
+        pause``); anything else rolls the wave back. Raises StopRollout unless it passed."""
         outcome = cmp.outcome
         if outcome is Outcome.PASS:
             for h in done:
-                r = self.ledger.get(rid).host(h.name)
-                self._phase(rid, h, "done", f"baked: {cmp.summary()}", {**show, "health": "ok"},
-                            verdict={**((r.verdict if r is not None else None) or {}), "bake": summary})
-            hook.send("bake", wave=w + 1, outcome="pass", summary=cmp.summary())
+                r = run.ledger.get(run.id).host(h.name)
+                run.phase(h, "done", f"baked: {cmp.summary()}", {**show, "health": "ok"},
+                          verdict={**((r.verdict if r is not None else None) or {}),
+                                   "bake": summary})
+            run.send("bake", wave=w + 1, outcome="pass", summary=cmp.summary())
             return
         why = f"bake {cmp.summary()}"
-        hook.send("bake", wave=w + 1, outcome=outcome.value, summary=cmp.summary())
-        if outcome is Outcome.INCONCLUSIVE and opts.on_inconclusive == "pause":
+        run.send("bake", wave=w + 1, outcome=outcome.value, summary=cmp.summary())
+        if outcome is Outcome.INCONCLUSIVE and run.opts.on_inconclusive == "pause":
             for h in done:
-                self._phase(rid, h, "bake-paused", why, {**show, "health": "?"})
-            raise StopRollout(fleet_ledger.PAUSED, f"inconclusive bake of wave {w + 1}: {cmp.summary()}")
-        self._unbake(rid, recipe, done, why, verdict, show)
-        self.ledger.set_wave(rid, w, fleet_ledger.FAILED)
-        rolled = [h.name for h in done if (r := self.ledger.get(rid).host(h.name)) is not None
+                run.phase(h, "bake-paused", why, {**show, "health": "?"})
+            raise StopRollout(fleet_ledger.PAUSED,
+                              f"inconclusive bake of wave {w + 1}: {cmp.summary()}")
+        self._unbake(run, recipe, done, why, verdict, show)
+        run.ledger.set_wave(run.id, w, fleet_ledger.FAILED)
+        rolled = [h.name for h in done if (r := run.ledger.get(run.id).host(h.name)) is not None
                   and r.status == fleet_ledger.ROLLED_BACK]
-        hook.send("rollback", hosts=rolled, error=why)
-        raise StopRollout(fleet_ledger.FAILED, f"wave {w + 1} rolled back after its bake: {cmp.summary()}")
+        run.send("rollback", hosts=rolled, error=why)
+        raise StopRollout(fleet_ledger.FAILED,
+                          f"wave {w + 1} rolled back after its bake: {cmp.summary()}")
 
-    def _unbake(self, rid: str, recipe: Recipe, done: Sequence[Host], why: str, verdict: Verdict,
+    def _unbake(self, run: Run, recipe: Recipe, done: Sequence[Host], why: str, verdict: Verdict,
                 show: Mapping[str, object]) -> None:
-        """Drain the baked wave, roll each slot back (restore, readiness, smoke), re-admit it: as a failed gate."""
+        """Drain the baked wave, roll each slot back (restore, readiness, smoke), re-admit it: as a
+        failed gate."""
         def undo(h: Host) -> None:
             t: dict[str, float] = {}
-            unit = self.inv.unit_of(h.name)
+            unit = self.s.inv.unit_of(h.name)
             if unit is None:
-                self._door_out(rid, h, recipe, show, t, reason="bake")
-                self._fail_host(rid, recipe, h, why, verdict, show, t)
+                self.door.out(run, h, recipe, show, t, reason="bake")
+                self.hosts.fail(run, recipe, h, why, verdict, show, t)
             else:
-                for m in self._members(unit):
-                    self._door_out(rid, m, recipe, show, t, reason="bake")
-                self._fail_unit(rid, unit_recipe(self.inv, unit, recipe), unit, why, verdict, show, t)
+                for m in unit_plan.members(self.s.inv, unit):
+                    self.door.out(run, m, recipe, show, t, reason="bake")
+                self.units.fail(run, unit_recipe(self.s.inv, unit, recipe), unit, why, verdict,
+                                show, t)
 
-        outs = self._parallel(unit_plan.slots(self.inv, list(done)), undo)
+        outs = self.s.parallel(unit_plan.slots(self.s.inv, list(done)), undo)
         for name, err in outs.items():
             if err is not None:
-                self.ledger.host_phase(rid, name, "error", detail=err.message(), status=fleet_ledger.HOST_FAILED,
+                run.ledger.host_phase(run.id, name, "error", detail=err.message(),
+                                      status=fleet_ledger.HOST_FAILED,
                                        error=err.message())
 
-    def _bake_verdict(self, rid: str, p: wave_plan.Plan, w: int, cmp: Comparison, started: datetime,
+    def _verdict(self, run: Run, p: wave_plan.Plan, w: int, cmp: Comparison, started: datetime,
                       seconds: float) -> Verdict:
-        """The bake as a soak verdict (its checks, the outcome, the summary), written under the run's artifacts."""
+        """The bake as a soak verdict (its checks, the outcome, the summary), written under the
+        run's artifacts."""
         from fleetctl import paths
         from fleetctl.soak.artifacts import Artifacts
 
-        root = self.state_dir / "runs" / rid / f"bake-wave{w + 1}"
+        root = self.s.state_dir / "runs" / run.id / f"bake-wave{w + 1}"
         paths.private_dir(root.parent)
-        v = Verdict(run_id=f"{rid}/bake-wave{w + 1}", target=f"wave {w + 1}", base_url="", outcome=cmp.outcome,
+        v = Verdict(run_id=f"{run.id}/bake-wave{w + 1}", target=f"wave {w + 1}", base_url="",
+                    outcome=cmp.outcome,
                     summary=cmp.summary(), started=started.isoformat(timespec="seconds"),
-                    finished=datetime.now(UTC).isoformat(timespec="seconds"), seconds=round(seconds, 2),
-                    tag=p.tag, digest=p.digest, profile="bake", artifacts_dir=str(root), checks=cmp.checks)
+                    finished=datetime.now(UTC).isoformat(timespec="seconds"),
+                    seconds=round(seconds, 2),
+                    tag=p.tag, digest=p.digest, profile="bake", artifacts_dir=str(root),
+                    checks=cmp.checks)
         art = Artifacts(root)
         try:
             art.write_json("verdict.json", to_dict(v))
-            art.write_json("traffic.json", {"new": [to_dict(t) for t in cmp.new], "old": [to_dict(t) for t in cmp.old],
+            art.write_json("traffic.json",
+                           {"new": [to_dict(t) for t in cmp.new],
+                            "old": [to_dict(t) for t in cmp.old],
                                             "reference": dict(cmp.reference)})
         finally:
             art.close()

@@ -1,18 +1,18 @@
-"""The rollout state machine: plan, preflight, prefetch, then per host stop -> start -> ready -> gate.
+"""A rollout command's session: the seams every collaborator of the rollout shares.
 
-Each host goes ``planned -> stopping -> starting -> loading -> soak -> done``;
-a failed gate goes ``-> rolling-back -> rolled-back`` (the previous container,
-kept as ``<name>.prev``, is started again and checked with readiness + smoke).
-Every phase is committed to the ledger before it is acted on, and every step
-starts from the host's real state (``docker inspect`` over SSH), so that a
-controller killed at any point leaves a ledger that ``--resume`` continues
-from, or ``rollback`` undoes.
+A rollout goes plan, preflight, prefetch, then per host stop -> start -> ready -> gate. Each host
+goes ``planned -> stopping -> starting -> loading -> soak -> done``; a failed gate goes
+``-> rolling-back -> rolled-back`` (the previous container, kept as ``<name>.prev``, is started
+again and checked with readiness + smoke). Every phase is committed to the ledger before it is
+acted on, and every step starts from the host's real state (``docker inspect`` over SSH), so that a
+controller killed at any point leaves a ledger that ``--resume`` continues from, or ``rollback``
+undoes.
 
-This module holds the shared core (``Session``); each verb is its own module, stacked in this order
-(each a subclass of the one before, so that mypy sees every method it calls):
-``preflight`` (plan, preflight, prefetch) -> ``step`` (one host's step and its undo) ->
-``forward`` (canary + waves) -> ``rollback`` (rollback, abort) -> ``resume``; ``api.Engine`` is the
-whole, and ``results`` holds what they return.
+:class:`Session` lives as long as one ``Engine``: the inventory, the ledger, the seams to hosts
+(``ops``), gates, registry and front door, the progress sink, Ctrl-C, and the bounded fan-out of
+host steps. What one run carries (its id, options, groups, locks, webhook) is the run context,
+:class:`fleetctl.rollout.run.Run`, handed to each collaborator explicitly; docs/design.md draws
+who calls whom.
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import re
 import shlex
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
@@ -36,10 +35,9 @@ from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress, Relay
 from fleetctl.recipes import Recipe, recipe_for
-from fleetctl.rollout import deploy, gate, imagetree, pulls
+from fleetctl.rollout import deploy, gate, imagetree
 from fleetctl.rollout import host as remote
-from fleetctl.rollout import plan as wave_plan
-from fleetctl.rollout.results import RolloutResult, host_outcome
+from fleetctl.rollout.plan import MIN_AVAILABLE_VAR
 from fleetctl.rollout.webhook import Webhook
 from fleetctl.soak import baselines
 from fleetctl.state import hoststate
@@ -49,14 +47,14 @@ from fleetctl.state import ledger as fleet_ledger
 #: A controller that is killed outright (SIGKILL; in the tests a BaseException of its own) is not:
 #: it leaves the ledger for ``--resume``, ``abort`` or ``rollback``.
 RECOVERABLE = (Exception, KeyboardInterrupt)
-#: Concurrent host steps at most, whatever --max-unavailable allows: each is a thread, an SSH session
+#: Concurrent host steps at most, whatever --max-unavailable allows: each is a thread, an SSH
+# session
 #: and a soak gate (an event loop with up to the largest level + 8 connections, its samples in
-#: memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the controller.
+#: memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the
+# controller.
 MAX_WORKERS = 32
 #: Environment variables whose values are kept out of webhook bodies.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|_KEY$|API_KEY|CREDENTIAL", re.I)
-#: Seconds between two ``pull`` events of one host at least (docker prints a few lines per layer).
-PULL_EVENT_INTERVAL = 1.0
 
 
 class StopRollout(Exception):
@@ -68,11 +66,16 @@ class StopRollout(Exception):
         self.error = error
 
 
-#: What a soak's or readiness's progress events carry through to a rollout's live views and event log
-#: (soak.phases.SoakState.emit, run_requests, readiness.await_ready): phase k of n, time so far, the level's
-#: requests against its plan, errors, tok/s against the baseline's, acceptance; readiness's wait and timeout.
-LIVE_FIGURES = frozenset({"step", "steps", "elapsed", "level", "concurrency", "requests", "planned_requests", "errors", "tok_s",
-                          "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited", "timeout"})
+#: What a soak's or readiness's progress events carry through to a rollout's live views and event
+# log
+#: (soak.phases.SoakState.emit, run_requests, readiness.await_ready): phase k of n, time so far, the
+# level's
+#: requests against its plan, errors, tok/s against the baseline's, acceptance; readiness's wait and
+# timeout.
+LIVE_FIGURES = frozenset({"step", "steps", "elapsed", "level", "concurrency", "requests",
+                          "planned_requests", "errors", "tok_s",
+                          "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited",
+                          "timeout"})
 
 
 def command_line() -> str:
@@ -94,202 +97,210 @@ def command_line() -> str:
     return shlex.join(out)
 
 
-
-
-def same_version(digest: str, fingerprint: str | None, digest2: str | None, fingerprint2: str | None) -> bool:
-    """The same container version: same digest, and same settings when both fingerprints are known."""
-    return digest == digest2 and (not fingerprint or not fingerprint2 or fingerprint == fingerprint2)
-
+def same_version(digest: str, fingerprint: str | None, digest2: str | None,
+                 fingerprint2: str | None) -> bool:
+    """The same container version: same digest, and same settings when both fingerprints are
+    known."""
+    return digest == digest2 and (not fingerprint or not fingerprint2
+                                  or fingerprint == fingerprint2)
 
 
 def readmit_attempts(inventory: Inventory) -> int:
-    """``fleetctl_readmit_attempts`` (default 3): a whole number from 1 to 10, else one clear refusal."""
+    """``fleetctl_readmit_attempts`` (default 3): a whole number from 1 to 10, else one clear
+    refusal."""
     raw = inventory.vars.get("fleetctl_readmit_attempts", 3)
     if isinstance(raw, bool) or not isinstance(raw, int) or not 1 <= raw <= 10:
-        raise FleetError(f"fleetctl_readmit_attempts in {inventory.path} is {raw!r}, not a whole number from 1 to 10",
-                         fix="set fleetctl_readmit_attempts: 3 (re-admissions tried before a host is reported out)")
+        raise FleetError(f"fleetctl_readmit_attempts in {inventory.path} is {raw!r}, not a whole "
+                         f"number from 1 to 10",
+                         fix="set fleetctl_readmit_attempts: 3 (re-admissions tried before a host "
+                             "is reported out)")
     return raw
 
 
 class Session:
-    """The shared core of every rollout command: the inventory, the ledger, the hosts' locks, the seams
-    to hosts, gates and registry, progress, and the bounded fan-out of host steps."""
+    """The seams one ``Engine`` shares with every collaborator of its runs: the inventory, the
+    ledger, the hosts (``ops``), gates, registry and front door, progress, Ctrl-C and the hosts'
+    fan-out."""
 
     def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
                  secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
-                 ops: Callable[[Host], remote.HostOps] | None = None, gates: gate.Gates | None = None,
-                 resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None,
+                 ops: Callable[[Host], remote.HostOps] | None = None,
+                 gates: gate.Gates | None = None,
+                 resolve: Callable[[str, str, Mapping[str, str]],
+                                   registry.ResolvedImage] | None = None,
                  take_over: bool = False, host_store: hoststate.Store | None = None,
-                 deployer: deploy.Deployer | None = None, door: frontdoor.FrontDoor | None = None) -> None:
-        """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the registry
-        (default: SSH, the soak engine, the registry's API); the unit tests pass a simulated fleet.
-        ``host_store`` holds the hosts' lock files (default: on the hosts, through ``ops``).
+                 deployer: deploy.Deployer | None = None,
+                 door: frontdoor.FrontDoor | None = None) -> None:
+        """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the
+        registry (default: SSH, the soak engine, the registry's API); the unit tests pass a
+        simulated fleet.
+        ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with
+        ``ops``).
         ``deployer`` does a rollout's deploy step (retire + start) for the hosts whose
-        ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default: the vllm_serve
-        role through ansible-runner; none with a simulated fleet unless given): see :mod:`.deploy`."""
+        ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default: the
+        vllm_serve role through ansible-runner; none with a simulated fleet unless given): see
+        :mod:`.deploy`."""
         self.inv = inventory
         self.secrets = dict(os.environ if secrets is None else secrets)
-        #: Token services besides the registry's own host that may receive its credentials (https only).
-        self.auth_hosts: tuple[str, ...] = tuple(str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
+        #: Token services besides the registry's own host that may receive its credentials (https
+        # only).
+        self.auth_hosts: tuple[str, ...] = tuple(
+            str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
         self.ops = ops or remote.SshHostOps
         self.gates: gate.Gates = gates or gate.SoakGates(self.secrets)
-        self._resolve = resolve or functools.partial(registry.resolve, auth_hosts=self.auth_hosts)
-        #: An image's layer sizes for the pulls' bytes (none asked of a registry with a simulated fleet).
-        self._layer_sizes: Callable[[str, str, Mapping[str, str]], list[dict[str, int]]] = (
+        self.resolve_image = resolve or functools.partial(registry.resolve,
+                                                          auth_hosts=self.auth_hosts)
+        #: An image's layer sizes for the pulls' bytes (none asked of a registry with a simulated
+        # fleet).
+        self.layer_sizes: Callable[[str, str, Mapping[str, str]], list[dict[str, int]]] = (
             functools.partial(registry.layer_sizes, auth_hosts=self.auth_hosts) if ops is None
             else (lambda image, digest, mirrors: []))
-        self._layers: dict[str, list[dict[str, int]]] = {}
-        self._layers_lock = threading.Lock()
         #: Set on Ctrl-C: every worker restores its host at its next phase boundary, then stops.
-        self._cancel = threading.Event()
-        #: The command's sink, and its webhook's while one posts (:meth:`_webhook`).
-        self._relay = Relay(progress)
-        self.progress: Progress = self._relay
+        self.cancel = threading.Event()
+        #: The command's sink, and its webhook's while one posts (:meth:`webhook`).
+        self.relay = Relay(progress)
+        self.progress: Progress = self.relay
         self.state_dir = state_dir or paths.state_dir(inventory.path)
         self.ledger = fleet_ledger.open_for(inventory, self.state_dir)
         # Baselines kept in files by an older fleetctl join the ledger's, once.
         baselines.import_files(self.state_dir, self.ledger)
-        self.mirrors: dict[str, str] = {str(k): str(v) for k, v in
-                                        (inventory.vars.get("fleetctl_registry_mirrors") or {}).items()}
-        #: How the prefetch reaches many hosts (:mod:`.imagetree`); with a simulated fleet, never a tree.
-        self.image_tree = (imagetree.config(inventory.vars.get(imagetree.VAR), str(inventory.path)) if ops is None
-                           else imagetree.TreeConfig(enabled=False))
-        #: Where this run's prefetch got the image on each host (RolloutResult.pull_via).
-        self.pull_via: dict[str, str] = {}
+        mirrors = inventory.vars.get("fleetctl_registry_mirrors") or {}
+        self.mirrors: dict[str, str] = {str(k): str(v) for k, v in mirrors.items()}
+        #: How the prefetch reaches many hosts (:mod:`.imagetree`); with a simulated fleet, never a
+        # tree.
+        self.image_tree = (imagetree.config(inventory.vars.get(imagetree.VAR), str(inventory.path))
+                           if ops is None else imagetree.TreeConfig(enabled=False))
         self.deployer: deploy.Deployer | None = deployer or (
-            deploy.AnsibleDeployer(inventory, self.mirrors, progress=self.progress) if ops is None else None)
+            deploy.AnsibleDeployer(inventory, self.mirrors,
+                                   progress=self.progress) if ops is None else None)
         # The lock and intent on the hosts: the local lock only covers this state dir.
         self.take_over = take_over
         self.host_store: hoststate.Store = host_store or hoststate.OpsStore(self.ops)
-        self.held: hoststate.HostLocks | None = None
-        #: The fleet's front door (``door``, else ``fleetctl_front_door``; None: none), checked before any host.
-        self.door: frontdoor.FrontDoor | None = door if door is not None else frontdoor.from_inventory(inventory)
+        #: The fleet's front door (``door``, else ``fleetctl_front_door``; None: none), checked
+        # before any host.
+        self.door: frontdoor.FrontDoor | None = (door if door is not None
+                                                 else frontdoor.from_inventory(inventory))
+        where = str(inventory.path)
         self.drain_timeout = parse_duration(inventory.vars.get("fleetctl_drain_timeout", 120),
-                                            f"fleetctl_drain_timeout in {inventory.path}")
+                                            f"fleetctl_drain_timeout in {where}")
         self.readmit_timeout = parse_duration(inventory.vars.get("fleetctl_readmit_timeout", 60),
-                                              f"fleetctl_readmit_timeout in {inventory.path}")
-        #: How long a step waits for the door to have enough hosts in rotation before it refuses (pauses).
+                                              f"fleetctl_readmit_timeout in {where}")
+        #: How long a step waits for the door to have enough hosts in rotation before it refuses
+        # (pauses).
         self.capacity_timeout = parse_duration(inventory.vars.get("fleetctl_capacity_timeout", 600),
-                                               f"fleetctl_capacity_timeout in {inventory.path}")
+                                               f"fleetctl_capacity_timeout in {where}")
         #: Re-admissions tried (with backoff) before a host is reported still out of rotation.
         self.readmit_attempts = readmit_attempts(inventory)
-        #: (image, requested tag) -> what the registry answered, asked once per command.
-        self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
         #: Each host's GPU model as its preflight saw it (a part of its compile-cache key).
         self.gpus: dict[str, str] = {}
-
-    def cache_key(self, h: Host, recipe: Recipe, digest: str) -> str | None:
-        """``h``'s compile-cache key for ``recipe`` at ``digest`` (None when the recipe declares no cache).
-
-        The GPU is the preflight's; a resumed run that did not look yet takes the one GPU a rollout
-        accepts (preflight refuses any other)."""
-        if not recipe.compile_cache:
-            return None
-        return warmcache.cache_key(digest, remote.fingerprint(recipe), self.gpus.get(h.name, remote.GB10))
 
     def close(self) -> None:
         """Close the ledger and SSH connections."""
         self.ledger.close()
 
-    # -- helpers ---------------------------------------------------------------------------
-
-    def _emit(self, phase: str, message: str = "", host: str | None = None, **data: Any) -> None:
+    def emit(self, phase: str, message: str = "", host: str | None = None, **data: Any) -> None:
+        """Show an event (nothing recorded)."""
         self.progress(Event(phase, message, host, data))
 
-    def _platform_layers(self, image: str, digest: str) -> list[dict[str, int]]:
-        """``image@digest``'s layer sizes per platform, asked of the registry once per digest (a registry that
-        cannot say: none, and a ``pull`` event saying so)."""
-        with self._layers_lock:
-            if digest not in self._layers:
-                try:
-                    self._layers[digest] = self._layer_sizes(image, digest, self.mirrors)
-                except (FleetError, OSError, ValueError) as e:
-                    self._emit("pull", f"layer sizes unknown ({e}): counting layers only")
-                    self._layers[digest] = []
-            return self._layers[digest]
-
-    def _pull(self, ops: remote.HostOps, image: str, ref: str) -> float:
-        """Pull ``ref`` on ``ops``'s host, reporting ``pull`` events with the bytes done of the image's
-        (:mod:`.pulls`); seconds taken. The layer sizes are asked of the registry once per image; a
-        registry that cannot say leaves the layers counted, never the pull failed."""
-        meter = pulls.PullMeter(self._platform_layers(image, ref.rsplit("@", 1)[-1]))
-        name = ops.host.name
-        last = [0.0]
-
-        def on_line(line: str) -> None:
-            # A line per layer and state: at most one event a second per host, and the last layer's.
-            if meter.feed(line):
-                f = meter.figures()
-                now = time.monotonic()
-                if now - last[0] >= PULL_EVENT_INTERVAL or f["layers"] == f["layers_total"]:
-                    last[0] = now
-                    self._emit("pull", meter.message(), name, **f)
-
-        return ops.pull(ref, on_line)
-
-    def _webhook(self, rid: str, url: str | None, *, check_only: bool = False) -> Webhook:
-        """The run's webhook; constructing it validates the URL (call it before touching any host).
-        Unless ``check_only``, it watches the run's progress until :meth:`Webhook.close`."""
-        u = url or os.environ.get("FLEETCTL_WEBHOOK_URL") or self.inv.vars.get("fleetctl_webhook_url")
-        allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
-        hook = Webhook(str(u) if u else None, rid, str(self.inv.path), self._relay.sink, allow_http=allow_http,
-                       secrets=self._secret_values(),
-                       on_close=lambda h: self._relay.remove(h.watch))
-        if hook.url and not check_only:
-            # The hosts' progress too (throttled and batched by the webhook): the same events as every view.
-            self._relay.add(hook.watch)
-        return hook
-
-    def _secret_values(self) -> list[str]:
-        """Values no webhook body may carry: the hosts' become passwords and every secret-looking variable of
-        the environment (a token, key, password or secret), container secrets included."""
-        values = [h.become.password.reveal() for h in self.inv.hosts.values() if h.become.password is not None]
-        values += [v for k, v in self.secrets.items() if SECRET_NAME.search(k)]
-        return values
+    def check_cancel(self) -> None:
+        """Raise KeyboardInterrupt in a worker once Ctrl-C was pressed (its host is then
+        restored)."""
+        if self.cancel.is_set():
+            raise KeyboardInterrupt
 
     def recipe(self, name: str | None = None) -> Recipe:
         """The recipe ``name`` (default: the inventory's ``fleetctl_recipe``)."""
         return recipe_for(self.inv, name)
 
-    def _container_secrets(self, recipe: Recipe) -> dict[str, str]:
+    def cache_key(self, h: Host, recipe: Recipe, digest: str) -> str | None:
+        """``h``'s compile-cache key for ``recipe`` at ``digest`` (None when the recipe declares no
+        cache).
+
+        The GPU is the preflight's; a resumed run that did not look yet takes the one GPU a rollout
+        accepts (preflight refuses any other)."""
+        if not recipe.compile_cache:
+            return None
+        return warmcache.cache_key(digest, remote.fingerprint(recipe),
+                                   self.gpus.get(h.name, remote.GB10))
+
+    def container_secrets(self, recipe: Recipe) -> dict[str, str]:
         """The values of the recipe's container secrets, from the environment or ``NAME_FILE``."""
         return secretenv.resolve(secretenv.container_secrets(recipe.secret_env), self.secrets)
 
-    def _check_recipe(self, recipe: Recipe) -> None:
+    def check_recipe(self, recipe: Recipe) -> None:
         """Refuse a recipe whose required secrets are missing; show its security warnings."""
-        self._container_secrets(recipe)
+        self.container_secrets(recipe)
         secretenv.api_key(recipe.secret_env, self.secrets, recipe=recipe.name)
         for w in recipe.warnings:
-            self._emit("warning", w)
+            self.emit("warning", w)
 
-    def _hold(self, rid: str, kind: str, hosts: Sequence[Host]) -> None:
-        """Claim ``hosts`` in their own state files, all or nothing (LockedError names the holder)."""
+    def min_available(self) -> object:
+        """The inventory's floor (``fleetctl_min_available`` in group ``all``), or None."""
+        return self.inv.vars.get(MIN_AVAILABLE_VAR)
+
+    def webhook(self, rid: str, url: str | None, *, check_only: bool = False) -> Webhook:
+        """The run's webhook; constructing it validates the URL (call it before touching any host).
+        Unless ``check_only``, it watches the run's progress until :meth:`Webhook.close`."""
+        u = (url or os.environ.get("FLEETCTL_WEBHOOK_URL")
+             or self.inv.vars.get("fleetctl_webhook_url"))
+        allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
+        hook = Webhook(str(u) if u else None, rid, str(self.inv.path), self.relay.sink,
+                       allow_http=allow_http,
+                       secrets=self.secret_values(), on_close=lambda h: self.relay.remove(h.watch))
+        if hook.url and not check_only:
+            # The hosts' progress too (throttled and batched by the webhook): the same events as
+            # every view.
+            self.relay.add(hook.watch)
+        return hook
+
+    def secret_values(self) -> list[str]:
+        """Values no webhook body may carry: the hosts' become passwords and every secret-looking
+        variable of the environment (a token, key, password or secret), container secrets
+        included."""
+        values = [h.become.password.reveal() for h in self.inv.hosts.values()
+                  if h.become.password is not None]
+        values += [v for k, v in self.secrets.items() if SECRET_NAME.search(k)]
+        return values
+
+    def hold(self, rid: str, kind: str, hosts: Sequence[Host]) -> hoststate.HostLocks:
+        """Claim ``hosts`` in their own state files, all or nothing (LockedError names the
+        holder)."""
         locks = hoststate.HostLocks(self.host_store, hosts, rid, kind, take_over=self.take_over,
                                     stale_after=float(self.inv.vars.get("fleetctl_lock_stale_after",
                                                                         hoststate.STALE_AFTER)),
-                                    notify=lambda msg, host: self._emit("lock", msg, host))
+                                    notify=lambda msg, host: self.emit("lock", msg, host))
         locks.claim()
-        self.held = locks
+        return locks
 
-    def _unhold(self) -> None:
-        if self.held is not None:
-            self.held.release()
-            self.held = None
-
-    def _check_idle(self, allow: str | None = None) -> None:
+    def check_idle(self) -> None:
         """Refuse when another rollout is running (live lock) or left active (paused, or killed)."""
         for rec_id in self.ledger.ids(statuses=fleet_ledger.ACTIVE, limit=5):
-            if rec_id == allow:
-                continue
             rec = self.ledger.get(rec_id)
-            verb = "is paused" if rec.status == fleet_ledger.PAUSED else "was interrupted (its controller died)"
+            verb = ("is paused" if rec.status == fleet_ledger.PAUSED
+                    else "was interrupted (its controller died)")
             raise FleetError(
                 f"{rec.kind} {rec.id} to {rec.tag} {verb}",
-                fix="`fleetctl rollout --resume` to continue it, or `fleetctl rollout abort` / `fleetctl rollback` to undo it",
+                fix="`fleetctl rollout --resume` to continue it, or `fleetctl rollout abort` / "
+                    "`fleetctl rollback` to undo it",
             )
 
+    def live(self, h: Host, show: Mapping[str, Any], phase: str,
+             cancellable: bool = True) -> Progress:
+        """Soak/readiness events as rows of the live table (phase kept, figures picked out).
 
-    def _parallel(self, hosts: Sequence[Host], fn: Callable[[Host], None]) -> dict[str, FleetError | None]:
+        A cancellable one raises KeyboardInterrupt after Ctrl-C, so that a long soak stops at its
+        next event."""
+        def forward(event: Event) -> None:
+            if cancellable:
+                self.check_cancel()
+            data = {**show, "health": phase, **gate.table_figures(event.data),
+                    **{k: v for k, v in event.data.items() if k in LIVE_FIGURES},
+                    "soak_phase": event.phase}
+            self.progress(Event(phase, event.message or event.phase, h.name, data))
+        return forward
+
+    def parallel(self, hosts: Sequence[Host],
+                 fn: Callable[[Host], None]) -> dict[str, FleetError | None]:
         """Run ``fn`` on every host at once (bounded); what each raised, as data.
 
         Nothing returns before every worker has stopped, so that the lock is
@@ -314,9 +325,10 @@ class Session:
             except BaseException as e:
                 out[h.name] = FleetError(f"interrupted ({type(e).__name__})", host=h.name)
                 raised.append(e)
-                self._cancel.set()
+                self.cancel.set()
 
-        pool = ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(hosts)), thread_name_prefix="fleetctl-step")
+        pool = ThreadPoolExecutor(max_workers=min(MAX_WORKERS, len(hosts)),
+                                  thread_name_prefix="fleetctl-step")
         futures = [pool.submit(call, h) for h in hosts]
         interrupted = False
         while True:
@@ -325,8 +337,8 @@ class Session:
                 break
             except KeyboardInterrupt:
                 interrupted = True
-                self._cancel.set()
-                self._emit("interrupt", "Ctrl-C: restoring the hosts being changed, then stopping")
+                self.cancel.set()
+                self.emit("interrupt", "Ctrl-C: restoring the hosts being changed, then stopping")
         pool.shutdown(wait=True)
         kills = [e for e in raised if not isinstance(e, KeyboardInterrupt)]
         if kills:
@@ -334,59 +346,3 @@ class Session:
         if interrupted or raised:
             raise KeyboardInterrupt
         return {h.name: out.get(h.name) for h in hosts}
-
-
-    # -- results -------------------------------------------------------------------------------
-
-    def _result(self, rid: str, p: wave_plan.Plan | None = None, seconds: float = 0.0, prefetch: float = 0.0,
-                waves: tuple[float, ...] = (), pulls: Mapping[str, float] | None = None) -> RolloutResult:
-        rec = self.ledger.get(rid)
-        return RolloutResult(
-            rec.id, rec.kind, rec.status, rec.recipe or "", rec.tag, rec.digest, rec.image,
-            tuple(host_outcome(h) for h in rec.hosts), plan=p, error=rec.error, seconds=seconds,
-            prefetch_seconds=prefetch, pull_seconds=dict(pulls or {}), wave_seconds=waves,
-            pull_via=dict(self.pull_via))
-
-
-    # -- one host ----------------------------------------------------------------------------
-
-    def _phase(self, rid: str, h: Host, phase: str, detail: str | None = None, data: Mapping[str, Any] | None = None,
-               **fields: Any) -> None:
-        """Commit the phase to the ledger, then show it."""
-        self.ledger.host_phase(rid, h.name, phase, detail, **fields)
-        self._emit(phase, detail or "", h.name, **dict(data or {}))
-
-    def _check_cancel(self) -> None:
-        """Raise KeyboardInterrupt in a worker once Ctrl-C was pressed (its host is then restored)."""
-        if self._cancel.is_set():
-            raise KeyboardInterrupt
-
-
-    def _artifacts(self, rid: str, h: Host) -> Path:
-        """``state_dir/runs/<rollout id>/soak-<host>``: the gate's samples, scrapes and verdict.json,
-        plus a failed container's log and the rollback's smoke check; the ledger records it."""
-        return self.state_dir / "runs" / rid / f"soak-{h.name}"
-
-    def _forward(self, h: Host, show: Mapping[str, Any], phase: str, cancellable: bool = True) -> Progress:
-        """Soak/readiness events as rows of the live table (phase kept, figures picked out).
-
-        A cancellable one raises KeyboardInterrupt after Ctrl-C, so that a long soak stops at its next event."""
-        def forward(event: Event) -> None:
-            if cancellable:
-                self._check_cancel()
-            data = {**show, "health": phase, **gate.table_figures(event.data),
-                    **{k: v for k, v in event.data.items() if k in LIVE_FIGURES}, "soak_phase": event.phase}
-            self.progress(Event(phase, event.message or event.phase, h.name, data))
-        return forward
-
-
-    def _save_logs(self, rid: str, h: Host, ops: remote.HostOps, name: str) -> str | None:
-        """Keep the failed container's log in the run's artifacts (the container itself is removed); the
-        log's text (None when it could not be read)."""
-        try:
-            text = ops.logs(name, 300)
-        except FleetError:
-            return None
-        d = paths.private_dir(self._artifacts(rid, h))
-        paths.write_private(d / "failed-container.log", text)
-        return text

@@ -17,6 +17,7 @@ from fleetctl import bandwidth, ssh, status
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.recipes import Recipe, recipe_for
+from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.host import SshHostOps
 from fleetctl.state import ledger as fleet_ledger
@@ -187,6 +188,18 @@ def expand(inv: Inventory, p: wave_plan.Plan, names: Sequence[str],
         hosts.append(wave_plan.HostPlan(n, head.wave, head.step, tag, digest, head.action, head.reason))
     waves = tuple(tuple(m for s in wave for m in _members_of(inv, s)) for wave in p.waves)
     return replace(p, waves=waves, hosts=tuple(hosts))
+
+
+def members(inv: Inventory, unit: Unit) -> list[Host]:
+    """The unit's members as hosts, its head first."""
+    return [inv.host(m) for m in unit.members]
+
+
+def fingerprint_for(inv: Inventory, h: Host, recipe: Recipe) -> str:
+    """The container settings ``h`` must run in a rollout of ``recipe`` (a unit's member: its
+    unit's)."""
+    unit = inv.unit_of(h.name)
+    return remote.fingerprint(recipe if unit is None else unit_recipe(inv, unit, recipe))
 
 
 def _members_of(inv: Inventory, name: str) -> tuple[str, ...]:
