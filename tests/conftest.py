@@ -28,12 +28,16 @@ import os
 import pytest
 
 pytest_plugins = ["tests.plugins.lab", "tests.plugins.provision", "tests.plugins.stage", "tests.plugins.serving",
-                  "tests.plugins.postgres", "tests.plugins.emulator", "tests.plugins.webhook"]
+                  "tests.plugins.postgres", "tests.plugins.emulator", "tests.plugins.webhook", "tests.plugins.units"]
 
 #: The lab test modules of the second half (``lab-2``), about half of the lab's time (measured in CI): the front
 #: door, the units, the live view, the collection and the loopback soak on the lab.
 LAB_2 = ("tests/cli/test_live_lab.py", "tests/collection/test_collection_lab.py", "tests/lab/test_units_lab.py",
          "tests/rollout/test_frontdoor_lab.py", "tests/rollout/test_unit_rollout_lab.py", "tests/soak/test_lab.py")
+
+#: The lab test modules that use the session's unit (``lab_unit``: two more nodes made one, kept until the session
+#: ends): run after every other test of the session, so that no test expecting only single hosts sees it.
+UNIT_MODULES = ("tests/lab/test_units_lab.py", "tests/rollout/test_unit_rollout_lab.py")
 
 #: Test modules that change the machine itself (real users, sudoers): one group, never beside each other.
 MACHINE_WIDE = ("tests/test_ssh_access.py",)
@@ -54,6 +58,13 @@ def pytest_itemcollected(item: pytest.Item) -> None:
     group = group_of(item)
     if group is not None:
         item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The unit's modules last (in file order among themselves); every worker orders its collection alike.
+    last = [i for i in items if i.nodeid.split("::")[0] in UNIT_MODULES]
+    if last:
+        items[:] = [i for i in items if i.nodeid.split("::")[0] not in UNIT_MODULES] + last
 
 
 def worker_lab(worker: str, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
