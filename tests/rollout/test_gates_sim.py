@@ -152,3 +152,21 @@ def test_an_inconclusive_gate_with_on_inconclusive_fail_is_a_failed_gate(fleet: 
     assert r.status == "failed" and r.exit_code == 1, r
     assert r.hosts[0].status == "rolled-back" and [h.status for h in r.hosts[1:]] == ["pending"] * 3, r.hosts
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, NEW)
+
+
+def test_a_rollback_to_an_image_that_exits_at_start_leaves_every_host_as_it_was_and_names_the_cause(
+        fleet: SimFleet, tmp_path: Path) -> None:
+    """The lab's ``rollback --to`` an image whose entrypoint exits 1 (tests/rollout/test_recovery_lab.py once;
+    an image docker cannot start at all: tests/rollout/test_recovery_harness.py)."""
+    before = _container_ids(fleet)
+    eng = _engine(fleet, tmp_path)
+    try:
+        r = eng.rollback(to=BOOTFAIL, limit=",".join(HOSTS))
+    finally:
+        eng.close()
+    assert r.status == "failed" and r.exit_code == 1, r
+    assert BOOT_CAUSE in (r.error or ""), r.error
+    assert fleet.serving_tags() == dict.fromkeys(HOSTS, NEW)
+    after = _container_ids(fleet)
+    # the hosts it never reached still run the very container they ran
+    assert all(after[h.host] == before[h.host] for h in r.hosts if h.status != "rolled-back"), r.hosts
