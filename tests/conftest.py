@@ -11,11 +11,14 @@ file order, as in a serial run:
   it, each brought up, provisioned and staged by the first test that needs it. A half runs on one
   worker in file order, as in a serial run with the other half's modules left out, so its tests see
   each other's state (a rollout's tag, a staged set) as they were written to; were both halves put
-  on one worker, they run one after the other on its lab.
+  on one worker, they run one after the other on its lab. The unit's modules (``UNIT_MODULES``) run
+  last, on one unit made once a session (tests/plugins/units.py).
 - ``machine``: tests that change this machine itself (they add and remove a real Unix user).
 - ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while).
 
-Everything else is spread over both workers. The groups are set when each test is collected
+Everything else is spread over both workers: xdist gives a worker more only when its group is nearly
+done, so the rest goes to whichever half ends first. Only what needs real SSH, Docker and sshd is a lab
+test; the engine's logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The groups are set when each test is collected
 (``pytest_itemcollected``), before xdist reads them to place the tests. ``FLEETCTL_TEST_WORKERS=0``
 runs everything in one process, on one lab.
 """
