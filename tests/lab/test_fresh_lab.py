@@ -115,7 +115,8 @@ def fresh_labs(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFactory
     base = tmp_path_factory.mktemp("fresh")
     cache = _cold_cache(base / "cache")
     first = _free_subnet()
-    labs = [Fresh(base / "lab", first, cache), Fresh(base / "lab2", _free_subnet((first,)), cache)]
+    # Neither directory a prefix of the other's: what is left of one is looked for by its path.
+    labs = [Fresh(base / "lab-a", first, cache), Fresh(base / "lab-b", _free_subnet((first,)), cache)]
     try:
         _up_at_once(labs)  # cold: the apt key is made once, by one of them
         assert (cache / "apt-key" / "ready").exists()
