@@ -26,3 +26,11 @@ def test_the_second_labs_modules_exist() -> None:
     from tests.conftest import LAB_2
 
     assert all((paths.project_root() / m).is_file() for m in LAB_2), LAB_2
+
+
+def test_the_unit_modules_exist_and_run_last() -> None:
+    """A renamed unit module would run among the tests that expect only single hosts: each one named is there."""
+    from fleetctl import paths
+    from tests.conftest import UNIT_MODULES
+
+    assert all((paths.project_root() / m).is_file() for m in UNIT_MODULES), UNIT_MODULES

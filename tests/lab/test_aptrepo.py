@@ -8,11 +8,14 @@ import json
 import os
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from importlib import resources
 from pathlib import Path
 
 import pytest
 
+from fleetctl.errors import FleetError
 from fleetctl.lab import aptrepo
 
 
@@ -113,6 +116,46 @@ def test_nvidia_ctk_creates_a_missing_config_and_refuses_bad_input(tmp_path: Pat
 def test_signing_key_is_made_once(repo: aptrepo.AptRepo) -> None:
     home = aptrepo.signing_home()
     assert aptrepo.signing_home() == home
-    assert (repo.directory / "gpgkey").read_bytes() == subprocess.run(
-        ["gpg", "--batch", "--homedir", str(home), "--armor", "--export"], capture_output=True, check=True,
-        env={**os.environ}).stdout
+    # The published key is the cache's key, read (as gpg exports it) in a private home, never in the cache's own.
+    with aptrepo.private_home() as private:
+        assert private != home
+        exported = subprocess.run(["gpg", "--batch", "--homedir", str(private), "--armor", "--export"],
+                                  capture_output=True, check=True, env={**os.environ}).stdout
+        listed = subprocess.run(["gpg", "--batch", "--homedir", str(private), "--with-colons", "--list-keys"],
+                                capture_output=True, text=True, check=True).stdout
+    assert not private.exists()
+    assert (repo.directory / "gpgkey").read_bytes() == exported == aptrepo.public_key()
+    assert aptrepo.key_fingerprint() == next(ln.split(":")[9] for ln in listed.splitlines() if ln.startswith("fpr:"))
+
+
+def _build_at_once(n: int, out: Path) -> list[str]:
+    """``n`` repositories built at the same moment (as n labs brought up at once sign theirs): their errors."""
+    start = threading.Barrier(n)
+
+    def one(i: int) -> str:
+        start.wait()
+        try:
+            aptrepo.build(out / f"repo{i}")
+        except FleetError as e:
+            return str(e)
+        return ""
+
+    with ThreadPoolExecutor(n) as pool:
+        return [e for e in pool.map(one, range(n)) if e]
+
+
+def test_labs_signing_at_once_share_no_gpg_home_or_agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cold cache (the key is made by one of them, the others wait), then the warm one, several rounds: once
+    # every build signed in the cache's home with its agent, and one's `gpgconf --kill` broke another's signing
+    # (CI's whole second lab errored: `gpg --digest-algo failed: gpg: keydb_search failed: Broken pipe`).
+    monkeypatch.setenv("FLEETCTL_CACHE_DIR", str(tmp_path / "cache"))
+    assert aptrepo.key_fingerprint() is None
+    for rnd in range(4):
+        assert _build_at_once(4, tmp_path / f"round{rnd}") == []
+    fpr = aptrepo.key_fingerprint()
+    assert fpr is not None
+    for d in (tmp_path / "round3").iterdir():
+        assert (d / "gpgkey").read_bytes() == aptrepo.public_key()
+        assert (d / "InRelease").read_text().startswith("-----BEGIN PGP SIGNED MESSAGE-----")
+    # Nothing of a private home is left, nor an agent in the cache's.
+    assert sorted(p.name for p in (tmp_path / "cache" / "apt-key").iterdir() if p.name.startswith("S.")) == []

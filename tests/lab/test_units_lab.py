@@ -11,7 +11,7 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -30,24 +30,9 @@ PAIR_TAG = "cu130-nightly"
 
 
 @pytest.fixture(scope="module")
-def unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """A lab unit (name, members), provisioned (the bandwidth probe runs with --gpus all): the lab's first,
-    or two more nodes made one for this module and removed after it (so that the other lab tests find the
-    fleet of single hosts they expect)."""
-    del provisioned
-    if lab.units:
-        yield next(iter(lab.units.items()))
-        return
-    nodes = len(lab.nodes)
-    st = fleetlab.up(nodes=nodes + 2, units=1)
-    try:
-        name, members = next(iter(st.units.items()))
-        code, doc = fleetctl("provision", "--limit", ",".join(members))
-        assert code == 0, doc
-        yield name, members
-    finally:
-        ssh.close_all()
-        fleetlab.up(nodes=nodes, units=0)
+def unit(lab_unit: tuple[str, tuple[str, ...]]) -> tuple[str, tuple[str, ...]]:
+    """The lab's unit (name, members), provisioned: the session's (tests/plugins/units.py)."""
+    return lab_unit
 
 
 def fleetctl(*argv: str) -> tuple[int, Any]:

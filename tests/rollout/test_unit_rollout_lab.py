@@ -2,7 +2,7 @@
 
 "Checked over SSH": the ``vllm`` container on each member runs, with the image ID of the expected tag's
 digest on that node, and with its own rank's command line (the worker ``--headless``); independently of the
-ledger. The unit is `lab up --units`' (tests/lab/test_units_lab.py's fixture makes one when the lab has none).
+ledger. The unit is `lab up --units`' (tests/plugins/units.py makes one, once a session, when the lab has none).
 """
 
 from __future__ import annotations
@@ -35,18 +35,11 @@ SOAK = "3s"
 
 
 @pytest.fixture(scope="module")
-def unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """The lab's first unit (two more nodes made one if it has none), provisioned, its weights staged,
+def unit(lab_unit: tuple[str, tuple[str, ...]]) -> Iterator[tuple[str, tuple[str, ...]]]:
+    """The session's lab unit (tests/plugins/units.py: made and provisioned once), its weights staged,
     serving BASE, and the test tags pushed."""
-    del provisioned
-    made = not lab.units
-    nodes = len(lab.nodes)
-    st = fleetlab.up(nodes=nodes + 2, units=1) if made else lab
-    name, members = next(iter(st.units.items()))
+    name, members = lab_unit
     try:
-        if made:
-            code, doc = fleetctl("provision", "--limit", ",".join(members))
-            assert code == 0, doc
         code, doc = fleetctl("stage", "--recipe", PAIR, "--limit", ",".join(members))
         assert code == 0, doc
         fleetlab.add_image(NEW, {"EMU_VERSION": "0.25.1", "EMU_LOAD_SECONDS": "3"}, repository=STOCK_REPOSITORY,
@@ -60,8 +53,6 @@ def unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple
         yield name, members
     finally:
         ssh.close_all()
-        if made:
-            fleetlab.up(nodes=nodes, units=0)
 
 
 def fleetctl(*argv: str) -> tuple[int, Any]:

@@ -4,6 +4,15 @@ A flat repository (``deb [signed-by=...] http://<gw>:8080/apt /``) laid out as
 NVIDIA's is used: packages plus ``Packages``, ``Release``, ``InRelease`` and
 ``Release.gpg`` signed by a lab key, and the armored public key at
 ``/apt/gpgkey``. The key is generated once into the cache and shared by all labs.
+
+No two gpg processes ever share a GnuPG home or agent: the cache's home (the key's
+master copy) is touched only under its file lock (made once, its fingerprint and
+public key written beside it as files), and each build signs in a private home of
+its own, a copy of the key made under that lock, with an agent of its own that is
+stopped and removed with it. Two labs brought up at once (the tests' two workers,
+two users) sign at the same moment without meeting: they once shared the cache's
+home and agent, and one's ``gpgconf --kill`` broke the other's signing
+(``keydb_search failed: Broken pipe``).
 """
 
 from __future__ import annotations
@@ -14,6 +23,8 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from email.utils import formatdate
 from importlib import resources
@@ -49,37 +60,87 @@ def _gpg(home: Path, *args: str, input: bytes | None = None) -> bytes:
     return proc.stdout
 
 
+def _kill_agent(home: Path) -> None:
+    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+
+
+def _cache_home() -> Path:
+    return paths.cache_dir() / "apt-key"
+
+
+def _cache_lock() -> Path:
+    return paths.cache_dir() / "apt-key.lock"
+
+
 def signing_home(progress: Progress = NULL) -> Path:
-    """The GnuPG home holding the lab's signing key (made once, shared by every lab)."""
+    """The GnuPG home holding the master copy of the lab's signing key (made once, shared by every lab).
+
+    Read it only through :func:`private_home` (or under its lock): a gpg run in it starts an agent
+    there that another process's run would share.
+    """
     if shutil.which("gpg") is None:
         raise FleetError("gpg is not installed", fix="run scripts/bootstrap.sh (apt-get install gnupg)")
-    home = paths.cache_dir() / "apt-key"
-    with file_lock(paths.cache_dir() / "apt-key.lock", "the lab's apt signing key", progress):
-        if (home / "ready").exists():
-            return home
-        if home.exists():
-            shutil.rmtree(home)
-        home.mkdir(mode=0o700, parents=True)
-        progress(Event("building", "apt signing key (ed25519)"))
-        try:
-            _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
-        finally:
-            subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
-        (home / "ready").write_text("")
+    home = _cache_home()
+    with file_lock(_cache_lock(), "the lab's apt signing key", progress):
+        if not (home / "ready").exists():
+            if home.exists():
+                shutil.rmtree(home)
+            home.mkdir(mode=0o700, parents=True)
+            progress(Event("building", "apt signing key (ed25519)"))
+            try:
+                _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+            finally:
+                _kill_agent(home)
+            (home / "ready").write_text("")
+        if not (home / "fingerprint").exists() or not (home / "public.asc").exists():
+            # Written once (also into a cache an older fleetctl made): readers need no gpg, no agent.
+            try:
+                out = _gpg(home, "--with-colons", "--list-keys").decode()
+                public = _gpg(home, "--armor", "--export")
+            finally:
+                _kill_agent(home)
+            fprs = [ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:")]
+            if not fprs:
+                raise FleetError(f"the lab's apt key in {home} has no fingerprint",
+                                 fix=f"delete {home} to regenerate the lab's apt key")
+            (home / "public.asc").write_bytes(public)
+            (home / "fingerprint").write_text(fprs[0] + "\n")
     return home
 
 
 def key_fingerprint() -> str | None:
     """The lab signing key's fingerprint (what the lab inventory pins), None before the key exists."""
-    home = paths.cache_dir() / "apt-key"
+    home = _cache_home()
     if not (home / "ready").exists():
         return None
+    if not (home / "fingerprint").exists():
+        signing_home()
+    return (home / "fingerprint").read_text().strip() or None
+
+
+def public_key() -> bytes:
+    """The lab signing key, armored (what ``/apt/gpgkey`` serves); made first if need be."""
+    return (signing_home() / "public.asc").read_bytes()
+
+
+@contextmanager
+def private_home(progress: Progress = NULL) -> Iterator[Path]:
+    """A GnuPG home of this caller's own holding a copy of the lab's key; its agent stopped and the home removed
+    on the way out. The copy is taken under the cache's lock, so that it never sees a key half made."""
+    master = signing_home(progress)
+    # Short and private (mkdtemp: 0700): gpg-agent's sockets go in it unless /run/user/UID/gnupg exists.
+    home = Path(tempfile.mkdtemp(prefix="fleetctl-gpg-"))
     try:
-        out = _gpg(home, "--with-colons", "--list-keys").decode()
+        with file_lock(_cache_lock(), "the lab's apt signing key", progress):
+            for name in ("pubring.kbx", "trustdb.gpg"):
+                if (master / name).exists():
+                    shutil.copy2(master / name, home / name)
+            shutil.copytree(master / "private-keys-v1.d", home / "private-keys-v1.d",
+                            ignore=shutil.ignore_patterns("*.lock", ".#*"))
+        yield home
     finally:
-        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
-    fprs = [ln.split(":")[9] for ln in out.splitlines() if ln.startswith("fpr:")]
-    return fprs[0] if fprs else None
+        _kill_agent(home)
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _asset_dir() -> Path:
@@ -139,12 +200,8 @@ def _control(deb: Path) -> str:
 
 def build(directory: Path, progress: Progress = NULL) -> AptRepo:
     """Write the packages, indexes and signatures of the repository into ``directory``."""
-    home = signing_home(progress)
-    try:
+    with private_home(progress) as home:
         return _build(directory, home, progress)
-    finally:
-        # gpg leaves an agent daemon behind; the lab must not leave processes behind.
-        subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
 
 
 def _build(directory: Path, home: Path, progress: Progress) -> AptRepo:
@@ -180,6 +237,6 @@ def _build(directory: Path, home: Path, progress: Progress) -> AptRepo:
         _gpg(home, "--digest-algo", "SHA512", "--clearsign", "--output", "-", input=release))
     (directory / "Release.gpg").write_bytes(
         _gpg(home, "--digest-algo", "SHA512", "--armor", "--detach-sign", "--output", "-", input=release))
-    (directory / "gpgkey").write_bytes(_gpg(home, "--armor", "--export"))
+    (directory / "gpgkey").write_bytes(public_key())
     os.chmod(directory, 0o755)
     return AptRepo(directory=directory, packages=tuple(names))
