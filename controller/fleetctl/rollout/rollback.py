@@ -11,7 +11,7 @@ from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import gate
+from fleetctl.rollout import gate, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
@@ -79,6 +79,7 @@ class Rollback(Forward, UnitRollback):
             skips: dict[str, str] = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                                      if n not in selected and parent is not None}
             self._hold(rid, "rollback", [self.inv.host(n) for n in selected])
+            imagetree.sweep_relays([self.inv.host(n) for n in selected], self.ops)
             name = {n: container_name(self.inv.host(n)) for n in selected}
             looks = ssh.fan_out([self.inv.host(n) for n in selected], lambda h: self.ops(h).inspect(name[h.name]),
                                 timeout=120)
