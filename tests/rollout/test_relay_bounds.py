@@ -12,9 +12,15 @@ daemon needed); the sweep and the rollback run on the simulated fleet.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -156,3 +162,101 @@ def test_rollback_removes_a_relay_a_killed_prefetch_left(tmp_path: Path) -> None
     assert _run(fleet, tmp_path, "rollback").status == fleet_ledger.COMPLETED
     assert fleet.hosts[HOSTS[1]].relay is None and fleet.relays == {}
     assert f"{HOSTS[1]}:relay-remove" in fleet.points
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(url: str, data: bytes | None = None, method: str = "GET") -> urllib.request.Request:
+    return urllib.request.Request(url, data=data, method=method, headers={
+        "Accept": MANIFEST, "Content-Type": MANIFEST if "/manifests/" in url else "application/x"})
+
+
+MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+
+
+@pytest.mark.skipif(not shutil.which("docker-registry"), reason="needs docker-registry "
+                    "(distribution 2.8: scripts/bootstrap.sh installs it)")
+def test_the_peers_registry_serves_the_store_the_local_one_filled(tmp_path: Path) -> None:
+    """SERVE with the real distribution: the host's relay fills through 127.0.0.1; a peer reading
+    the fleet address (127.0.0.2 here) gets the same bytes from the same store, upstream unread."""
+    up_port, port = _free_port(), _free_port()
+    base = f"http://127.0.0.1:{up_port}/v2/r"
+    cfg = tmp_path / "config.yml"
+    cfg.write_text("version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: /var/empty\n")
+    env = {**os.environ, "REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY": str(tmp_path / "up"),
+           "REGISTRY_HTTP_ADDR": f"127.0.0.1:{up_port}"}
+    upstream = subprocess.Popen(["docker-registry", "serve", str(cfg)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    relay = None
+    try:
+        _wait(f"http://127.0.0.1:{up_port}/v2/")
+
+        def push(data: bytes) -> tuple[str, int]:
+            d = "sha256:" + hashlib.sha256(data).hexdigest()
+            started = urllib.request.urlopen(_http(base + "/blobs/uploads/", b"", "POST"))
+            loc = started.headers["Location"]
+            loc = loc if loc.startswith("http") else f"http://127.0.0.1:{up_port}{loc}"
+            sep = "&" if "?" in loc else "?"
+            urllib.request.urlopen(_http(f"{loc}{sep}digest={d}", data, "PUT"))
+            return d, len(data)
+
+        layer, size = push(os.urandom(1 << 20))
+        rootfs = {"rootfs": {"type": "layers", "diff_ids": [layer]}}
+        conf, conf_size = push(json.dumps(rootfs).encode())
+        manifest = json.dumps({"schemaVersion": 2, "mediaType": MANIFEST, "config": {
+            "mediaType": "application/vnd.docker.container.image.v1+json", "size": conf_size,
+            "digest": conf}, "layers": [{"size": size, "digest": layer, "mediaType":
+                                         "application/vnd.docker.image.rootfs.diff.tar.gzip"}]}
+                              ).encode()
+        digest = "sha256:" + hashlib.sha256(manifest).hexdigest()
+        urllib.request.urlopen(_http(f"{base}/manifests/{digest}", manifest, "PUT"))
+        env = {**os.environ, "REGISTRY_STORAGE_FILESYSTEM_ROOTDIRECTORY": str(tmp_path / "relay"),
+               "REGISTRY_PROXY_REMOTEURL": f"http://127.0.0.1:{up_port}",
+               "FLEETCTL_RELAY_ADDR": "127.0.0.2", "FLEETCTL_RELAY_PORT": str(port),
+               "FLEETCTL_RELAY_LIFETIME": "60"}
+        relay = subprocess.Popen(["/bin/sh", "-c", imagetree.SERVE, "relay", "docker-registry",
+                                  "serve", str(cfg)], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
+        for addr in ("127.0.0.1", "127.0.0.2"):
+            _wait(f"http://{addr}:{port}/v2/")
+        # the host's fill (fill_script: each blob asked for once, through 127.0.0.1)
+        urllib.request.urlopen(_http(f"http://127.0.0.1:{port}/v2/r/manifests/{digest}")).read()
+        urllib.request.urlopen(_http(f"http://127.0.0.1:{port}/v2/r/blobs/{layer}")).read()
+        h = layer.split(":")[1]
+        _wait_for(tmp_path / f"relay/docker/registry/v2/blobs/sha256/{h[:2]}/{h}/data")
+        time.sleep(0.5)
+        upstream.terminate()  # from here on, nothing may need the upstream registry
+        upstream.wait(timeout=10)
+        peer = f"http://127.0.0.2:{port}/v2/r"
+        assert json.loads(urllib.request.urlopen(_http(f"{peer}/manifests/{digest}")).read())
+        got = urllib.request.urlopen(_http(f"{peer}/blobs/{layer}")).read()
+        assert "sha256:" + hashlib.sha256(got).hexdigest() == layer
+    finally:
+        if relay is not None:
+            os.killpg(relay.pid, signal.SIGTERM)
+            relay.wait(timeout=10)
+        upstream.kill()
+        upstream.wait(timeout=10)
+
+
+def _wait(url: str) -> None:
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + 15
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.1)
