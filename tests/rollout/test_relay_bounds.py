@@ -29,9 +29,9 @@ from fleetctl import inventory
 from fleetctl.inventory import Host
 from fleetctl.rollout import imagetree
 from fleetctl.state import ledger as fleet_ledger
-from tests.rollout.sim import OK, SimFleet
+from tests.rollout.sim import OK, Killed, SimFleet
 from tests.rollout.sim_hostside import Relay
-from tests.rollout.test_recovery_harness import HOSTS, INV, B, _fleet, _run
+from tests.rollout.test_recovery_harness import HOSTS, INV, B, C, _fleet, _run
 
 REGISTRY = "/fake/registry"
 #: docker as the start script uses it: each call's argv in $LOG (words end in \x1f, calls in \x1e);
@@ -155,11 +155,19 @@ def test_sweep_relays_removes_every_relay_left_and_names_the_hosts_it_could_not_
     assert imagetree.sweep_relays([], fleet.ops) == {}
 
 
-def test_rollback_removes_a_relay_a_killed_prefetch_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("then", ["rollback", "abort", "rollout"])
+def test_rollback_abort_and_the_next_rollout_remove_a_relay_a_killed_prefetch_left(
+        tmp_path: Path, then: str) -> None:
     fleet = _fleet()
     assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_ledger.COMPLETED
+    if then == "abort":  # a rollout to C killed halfway: abort has something to undo
+        fleet.kill_at = len(fleet.points) + 20
+        with pytest.raises(Killed):
+            _run(fleet, tmp_path, "rollout", tag=C)
+        fleet.revive()
     _leave_relay(fleet, inventory.load(INV).host(HOSTS[1]))
-    assert _run(fleet, tmp_path, "rollback").status == fleet_ledger.COMPLETED
+    r = _run(fleet, tmp_path, then, tag=C if then == "rollout" else None)
+    assert r.status == fleet_ledger.COMPLETED, r
     assert fleet.hosts[HOSTS[1]].relay is None and fleet.relays == {}
     assert f"{HOSTS[1]}:relay-remove" in fleet.points
 

@@ -28,11 +28,11 @@ which its own host pulls through (Docker talks plain http to a loopback registry
 the host's fleet address (``Host.address``: its ``ansible_host``, a name resolved on the host),
 which the hosts it serves read; never on the host's other networks. Its life is bounded on the
 host itself: it stops serving :data:`RELAY_LIFETIME` after it started, even when the controller
-was SIGKILLed, and the next tree prefetch, ``rollback`` and ``rollout abort`` remove what is
-left (:func:`sweep_relays`). What it serves is the image the hosts are about to run, pulled
-anonymously. A registry that wants credentials is read by the seed's relay anonymously: it
-answers 401, the seed pulls directly, and the tree stands down (give such a fleet a local
-mirror, ``fleetctl_registry_mirrors``, and the relays read the mirror).
+was SIGKILLed, and the next prefetch, ``rollback`` and ``rollout abort`` remove what is left
+(:func:`sweep_relays`, :func:`holds_image`). What it serves is the image the hosts are about to
+run, pulled anonymously. A registry that wants credentials is read by the seed's relay
+anonymously: it answers 401, the seed pulls directly, and the tree stands down (give such a
+fleet a local mirror, ``fleetctl_registry_mirrors``, and the relays read the mirror).
 """
 
 from __future__ import annotations
@@ -320,8 +320,9 @@ def remove_relays(hosts: Sequence[Host], ops: Callable[[Host], RelayOps]) -> dic
 
 def sweep_relays(hosts: Sequence[Host], ops: Callable[[Host], RelayOps]) -> dict[str, str]:
     """Remove any relay a killed or failed prefetch left on ``hosts`` (``rollback``, ``rollout
-    abort``: the fleet's lock is held, so no prefetch is running); host -> why it could not be
-    (an unreachable host: its relay stops by itself :data:`RELAY_LIFETIME` after it started)."""
+    abort``, a prefetch without the tree: the fleet's lock is held, so no prefetch is running);
+    host -> why it could not be (an unreachable host: its relay stops by itself
+    :data:`RELAY_LIFETIME` after it started)."""
     return remove_relays(hosts, ops) if hosts else {}
 
 

@@ -147,6 +147,7 @@ class Planning(Session):
             self._emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
         tree = self._image_tree(hosts, ref, image)
         if tree is None:
+            imagetree.sweep_relays(hosts, self.ops)  # relays a killed prefetch left
             outs = self._direct_pulls(hosts, ref, image)
         else:
             tree_hosts, present = tree
