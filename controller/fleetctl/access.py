@@ -288,6 +288,15 @@ def parse_jump(spec: str, *, host: str) -> tuple[str | None, str, int | None]:
                              fix="write the jump host as [user@]host[:port]") from None
 
 
+class _SshConfig(paramiko.SSHConfig):
+    """paramiko's ssh_config, with ProxyCommand's tokens left for :func:`expand_proxy_command`:
+    paramiko would put in ssh_config's port (22, not ``ansible_port``) and the name unquoted."""
+
+    TOKENS_BY_CONFIG_KEY = {  # noqa: RUF012 (paramiko's own attribute, read only)
+        k: list(v) for k, v in paramiko.SSHConfig.TOKENS_BY_CONFIG_KEY.items()
+        if k != "proxycommand"}
+
+
 _CONFIGS: dict[tuple[str, float], paramiko.SSHConfig] = {}
 
 
@@ -304,11 +313,11 @@ def ssh_config(path: str | None, *, host: str) -> paramiko.SSHConfig:
         if path:
             raise InventoryError(f"ssh config file {p} (-F) does not exist", host=host,
                                  fix="fix the -F path in ansible_ssh_common_args") from None
-        return paramiko.SSHConfig()
+        return _SshConfig()
     key = (str(p), mtime)
     if key not in _CONFIGS:
         try:
-            _CONFIGS[key] = paramiko.SSHConfig.from_path(str(p))
+            _CONFIGS[key] = _SshConfig.from_path(str(p))
         except (OSError, ValueError) as e:
             raise InventoryError(f"cannot read ssh config {p}: {e}", host=host, fix="correct the file") from None
     return _CONFIGS[key]
@@ -342,9 +351,48 @@ def _lookup(conf: paramiko.SSHConfig, alias: str, host: str, *, jump: bool = Fal
 
 
 def expand_proxy_command(command: str, hop: Hop) -> str:
-    """A ProxyCommand with ssh's ``%h``, ``%p``, ``%r`` and ``%%`` replaced for ``hop``."""
-    return re.sub(r"%[hpr%]", lambda m: {"%h": hop.address, "%p": str(hop.port), "%r": hop.user, "%%": "%"}[m[0]],
-                  command)
+    """A ProxyCommand with ssh's ``%h``, ``%p``, ``%r`` and ``%%`` replaced for ``hop``.
+
+    The command runs through /bin/sh: each value goes in shell-quoted (a no-op for the names
+    :func:`check_name` lets through), so no part of a host or user name is read by the shell.
+    """
+    values = {"%h": shlex.quote(hop.address), "%p": str(hop.port), "%r": shlex.quote(hop.user)}
+    return re.sub(r"%[hpr%]", lambda m: values.get(m[0], "%"), command)
+
+
+#: What OpenSSH (9.6 and later) refuses in a host name: a leading '-', a quote, a shell
+#: metacharacter, a comma, a space or a control character (misc.c, valid_hostname).
+_BAD_HOST = re.compile(r"""^-|['`"$\\;&<>|(){},\s\x00-\x1f\x7f]""")
+#: ... and in a user name (valid_ruser): a leading '-', a quote, a metacharacter other than
+#: '$' and '\\', a control character, a space before a '-', a '\\' at the end.
+_BAD_USER = re.compile(r"""^-|['`";&<>|(){}\x00-\x1f\x7f]|\s-|\\$""")
+
+
+def check_name(value: str, *, what: str, host: str, user: bool = False) -> str:
+    """``value`` when OpenSSH would take it as a host name (a user name if ``user``), else one
+    InventoryError naming the host, the variable (``what``), the cause and the fix.
+
+    A ProxyCommand (and ssh_config's ``Match exec``) hands these names to a shell: an
+    ``ansible_host`` of ``10.0.0.5 `id```, taken as it is, would run ``id`` on the controller.
+    """
+    bad = (_BAD_USER if user else _BAD_HOST).search(value)
+    if value and not bad:
+        return value
+    if not bad:
+        why = "is empty"
+    elif bad.start() == 0 and bad[0] == "-":
+        why = "starts with '-'"
+    elif len(bad[0]) == 2:
+        why = "has a space before a '-'"
+    elif bad[0] == "\\" and bad.end() == len(value):
+        why = "ends with '\\'"
+    else:
+        why = f"contains {bad[0]!r}"
+    kind, fix = ("user name", "the login name") if user else (
+        "host name", "the host's DNS name or address")
+    raise InventoryError(
+        f"{what} {value!r} is not a valid {kind}: it {why}, which OpenSSH refuses too "
+        "(a ProxyCommand would hand it to a shell)", host=host, fix=f"set {what} to {fix}")
 
 
 #: Each connection variable and its older names, which Ansible still honours.
@@ -366,7 +414,9 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
     common = parse_ssh_args(str(v.get("ansible_ssh_common_args") or ""), host=name)
     extra = parse_ssh_args(str(v.get("ansible_ssh_extra_args") or ""), host=name, var="ansible_ssh_extra_args")
     conf = ssh_config(common.config_file or extra.config_file, host=name)
-    alias = str(ansible_var(v, "host") or name)
+    host_var = "ansible_host" if ansible_var(v, "host") else "the inventory name"
+    # before ssh_config is read: its Match exec runs a command with the name in it
+    alias = check_name(str(ansible_var(v, "host") or name), what=host_var, host=name)
     c = _lookup(conf, alias, name)
     port_var = ansible_var(v, "port")
     try:
@@ -382,9 +432,13 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
     known = (str(Path(str(known_var)).expanduser()) if known_var else None) or _first(
         common.known_hosts or extra.known_hosts) or _first(c.get("userknownhostsfile"))
     target = Hop(
-        address=str(common.hostname or extra.hostname or c.get("hostname") or alias),
+        address=check_name(str(common.hostname or extra.hostname or c.get("hostname") or alias),
+                           what="HostName", host=name),
         port=port,
-        user=str(ansible_var(v, "user") or common.user or extra.user or c.get("user") or local_user()),
+        user=check_name(str(ansible_var(v, "user") or common.user or extra.user or c.get("user")
+                            or local_user()),
+                        what="ansible_user" if ansible_var(v, "user") else "User", host=name,
+                        user=True),
         key_files=keys,
         known_hosts=known,
         identities_only=_first_set(common.identities_only, extra.identities_only,
@@ -396,9 +450,7 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
         spec, command = extra.proxy_jump, extra.proxy_command
     else:  # ssh_config: paramiko does not say which came first; ProxyJump is the usual one
         spec = c.get("proxyjump")
-        # paramiko's lookup has expanded its tokens already, with ssh_config's own values
-        configured = None if spec else c.get("proxycommand")
-        command = None if configured is None else str(configured).replace("%", "%%")
+        command = None if spec else c.get("proxycommand")  # its %-tokens as written (_SshConfig)
     jumps = _jumps(str(spec), conf, target, name, 0) if spec and str(spec).lower() != "none" else ()
     proxy = expand_proxy_command(str(command), target) if command and str(command).lower() != "none" else None
     return Route(target, jumps, proxy)
@@ -416,15 +468,17 @@ def _jumps(spec: str, conf: paramiko.SSHConfig, target: Hop, name: str, depth: i
     hops: list[Hop] = []
     for i, part in enumerate(p for p in spec.split(",") if p.strip()):
         user, alias, port = parse_jump(part, host=name)
-        c = _lookup(conf, alias, name, jump=True)
+        c = _lookup(conf, check_name(alias, what="ProxyJump host", host=name), name, jump=True)
         front = c.get("proxyjump")
         if i == 0 and front and str(front).lower() != "none":
             hops.extend(_jumps(str(front), conf, target, name, depth + 1))
         keys = tuple(str(Path(k).expanduser()) for k in c.get("identityfile") or ()) or target.key_files
         hops.append(Hop(
-            address=str(c.get("hostname") or alias),
+            address=check_name(str(c.get("hostname") or alias), what="ProxyJump HostName",
+                               host=name),
             port=int(port or c.get("port") or 22),
-            user=str(user or c.get("user") or local_user()),
+            user=check_name(str(user or c.get("user") or local_user()), what="ProxyJump user",
+                            host=name, user=True),
             key_files=keys,
             known_hosts=_first(c.get("userknownhostsfile")) or target.known_hosts,
             identities_only=str(c.get("identitiesonly", "no")).lower() == "yes" or target.identities_only,

@@ -46,7 +46,7 @@ class SshHostCommands:
     # -- the image tree's relay (decision 0018) ----------------------------------------------
 
     def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
-        script = imagetree.start_script(port, relay_image_ref, upstream)
+        script = imagetree.start_script(port, relay_image_ref, upstream, self.host.address)
         r = ssh.docker(self.host, script, timeout=180)
         if r.rc != 0:
             raise FleetError(f"its image relay did not start: {_tail(r)}", host=self.host.name)

@@ -23,16 +23,22 @@ registry is read once:
   from the registry (as without the tree) and serves no one; only a failed direct pull fails it.
   Every relay is removed at the end (``docker rm -f``, its cached layers with it).
 
-Where it runs: the relays listen on ``PORT`` (default 5555) on every address of the host for the
-prefetch's few minutes; what they serve is the image the hosts are about to run. A registry that
-wants credentials is read by the seed's relay anonymously: it answers 401, the seed pulls
-directly, and the tree stands down (give such a fleet a local mirror, ``fleetctl_registry_mirrors``,
-and the relays read the mirror).
+Where it runs: a relay listens on ``PORT`` (default 5555) on two addresses only: 127.0.0.1,
+which its own host pulls through (Docker talks plain http to a loopback registry only), and
+the host's fleet address (``Host.address``: its ``ansible_host``, a name resolved on the host),
+which the hosts it serves read; never on the host's other networks. Its life is bounded on the
+host itself: it stops serving :data:`RELAY_LIFETIME` after it started, even when the controller
+was SIGKILLed, and the next prefetch, ``rollback`` and ``rollout abort`` remove what is left
+(:func:`sweep_relays`, :func:`holds_image`). What it serves is the image the hosts are about to
+run, pulled anonymously. A registry that wants credentials is read by the seed's relay
+anonymously: it answers 401, the seed pulls directly, and the tree stands down (give such a
+fleet a local mirror, ``fleetctl_registry_mirrors``, and the relays read the mirror).
 """
 
 from __future__ import annotations
 
 import functools
+import ipaddress
 import shlex
 import threading
 import time
@@ -55,6 +61,9 @@ DEFAULTS: Mapping[str, object] = {"min_hosts": 4, "min_mb": 512, "fanout": 2, "p
 RELAY_READY_TIMEOUT = 30.0
 #: Seconds of one pull through a relay (a Spark image is ~20 GB; the slow link is the limit).
 PULL_TIMEOUT = 3600.0
+#: Seconds a relay serves at most: its container stops itself then, controller or not (a relay
+#: fills in at most PULL_TIMEOUT, then serves the rounds after it).
+RELAY_LIFETIME = 2 * PULL_TIMEOUT
 
 
 @dataclass(frozen=True)
@@ -152,8 +161,9 @@ class RelayOps(Protocol):
         ...
 
     def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
-        """A fresh relay (:data:`RELAY_NAME`) on ``port`` reading ``upstream``, answering as a
-        registry (:func:`start_script`); raises naming why it did not start."""
+        """A fresh relay (:data:`RELAY_NAME`) on ``port`` of 127.0.0.1 and the host's address,
+        reading ``upstream``, answering as a registry for :data:`RELAY_LIFETIME` at most
+        (:func:`start_script`); raises naming why it did not start."""
         ...
 
     def fill_relay(self, pull_ref: str, port: int) -> None:
@@ -166,34 +176,75 @@ class RelayOps(Protocol):
         ...
 
 
-def start_script(port: int, relay_image_ref: str, upstream: str) -> str:
-    """Start a fresh relay on the host network and wait until it answers ``/v2/`` as a registry (python3:
-    Sparks and the lab have it); a relay that exits (its port taken, a bad image) fails at once, with its log."""
+#: The relay container's command (``sh -c``; the image's own entrypoint and command in "$@"): the
+#: registry on 127.0.0.1 and a second one, on the same store, on the fleet address (one registry
+#: listens on one address); when either exits or FLEETCTL_RELAY_LIFETIME seconds have passed, the
+#: shell (the container's first process) ends, and the container with it.
+SERVE = """end=$(( $(date +%s) + FLEETCTL_RELAY_LIFETIME ))
+REGISTRY_HTTP_ADDR=127.0.0.1:$FLEETCTL_RELAY_PORT "$@" & a=$!
+b=$a
+if [ "$FLEETCTL_RELAY_ADDR" != 127.0.0.1 ]; then
+  REGISTRY_HTTP_ADDR=$FLEETCTL_RELAY_ADDR:$FLEETCTL_RELAY_PORT "$@" & b=$!
+fi
+while kill -0 $a 2>/dev/null && kill -0 $b 2>/dev/null && [ "$(date +%s)" -lt $end ]; do
+  sleep 1
+done
+kill $a $b 2>/dev/null
+"""
+
+
+def _bind(address: str) -> str:
+    """Shell setting ``addr`` to the address the relay serves its peers on: ``address`` when it is
+    an IP address ([v6] bracketed), else the first IPv4 address, not loopback, it resolves to
+    there."""
+    try:
+        ip = ipaddress.ip_address(address.partition("%")[0])
+    except ValueError:
+        name = shlex.quote(address)
+        return (f"addr=$(getent ahostsv4 {name} | awk '$1 !~ /^127[.]/ {{print $1; exit}}')\n"
+                f"[ -n \"$addr\" ] || {{ echo 'its fleet address '{name}' resolves to no IPv4 "
+                "address here but loopback' >&2; exit 1; }\n")
+    return "addr=" + shlex.quote(f"[{address}]" if ip.version == 6 else address) + "\n"
+
+
+def start_script(port: int, relay_image_ref: str, upstream: str, address: str) -> str:
+    """Start a fresh relay on the host network, listening on 127.0.0.1 and ``address`` (the host's
+    fleet address) only, for :data:`RELAY_LIFETIME` at most, and wait until it answers ``/v2/`` as
+    a registry on both (python3: Sparks and the lab have it); a relay that exits (its port taken, an
+    address not of this host, a bad image) fails at once, with its log."""
+    expires = f"$(( $(date +%s) + {RELAY_LIFETIME:.0f} ))"
     run = ["docker", "run", "-d", "--name", RELAY_NAME, "--network", "host",
            "--label", "fleetctl.role=image-relay",
-           "-e", f"REGISTRY_HTTP_ADDR=0.0.0.0:{port}",
            "-e", f"REGISTRY_PROXY_REMOTEURL={upstream}",
-           relay_image_ref]
+           "-e", f"FLEETCTL_RELAY_PORT={port}",
+           "-e", f"FLEETCTL_RELAY_LIFETIME={RELAY_LIFETIME:.0f}",
+           "--entrypoint", "/bin/sh", relay_image_ref, "-c", SERVE, "relay"]
     probe = ("import sys,urllib.request\n"
              "try:\n"
-             f"  r=urllib.request.urlopen('http://127.0.0.1:{port}/v2/',timeout=2)\n"
-             "  sys.exit(0 if r.headers.get('Docker-Distribution-Api-Version') else 1)\n"
+             "  for a in sys.argv[1:]:\n"
+             f"    r=urllib.request.urlopen('http://%s:{port}/v2/' % a,timeout=2)\n"
+             "    if not r.headers.get('Docker-Distribution-Api-Version'): sys.exit(1)\n"
              "except Exception:\n"
              "  sys.exit(1)\n")
     tries = int(RELAY_READY_TIMEOUT / 0.3)
     img = shlex.quote(relay_image_ref)
-    return (f"docker rm -f {RELAY_NAME} >/dev/null 2>&1\n"
+    # the image's own entrypoint and command (registry:2's /entrypoint.sh, its config): SERVE's "$@"
+    own = "{{join .Config.Entrypoint \" \"}} {{join .Config.Cmd \" \"}}"
+    return (f"docker rm -f -v {RELAY_NAME} >/dev/null 2>&1\n"
             f"docker image inspect {img} >/dev/null 2>&1 || docker pull -q {img} >/dev/null || exit 1\n"
-            f"{shlex.join(run)} >/dev/null || exit 1\n"
+            + _bind(address) +
+            f"own=$(docker image inspect -f {shlex.quote(own)} {img}) || exit 1\n"
+            f"{shlex.join(run[:5])} --label fleetctl.relay-expires={expires} "
+            f"-e FLEETCTL_RELAY_ADDR=$addr {shlex.join(run[5:])} $own >/dev/null || exit 1\n"
             f"for i in $(seq {tries}); do\n"
             f"  if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {RELAY_NAME})\" != true ]; then\n"
             f"    echo 'the relay exited:' >&2; docker logs --tail 3 {RELAY_NAME} >&2; exit 1\n"
             f"  fi\n"
-            f"  python3 -c {shlex.quote(probe)} && exit 0\n"
+            f"  python3 -c {shlex.quote(probe)} 127.0.0.1 \"$addr\" && exit 0\n"
             f"  sleep 0.3\n"
             f"done\n"
-            f"echo 'the relay did not answer on port {port} within "
-            f"{RELAY_READY_TIMEOUT:.0f}s' >&2; exit 1\n")
+            f"echo \"the relay did not answer on 127.0.0.1 and $addr port {port} within "
+            f"{RELAY_READY_TIMEOUT:.0f}s\" >&2; exit 1\n")
 
 
 #: Run on the host with the RootFS layers of its images on stdin (one JSON list per image): which blobs of the
@@ -265,6 +316,14 @@ def remove_relays(hosts: Sequence[Host], ops: Callable[[Host], RelayOps]) -> dic
     """Remove the relay (and what it cached) from every host; host -> why it could not be removed."""
     outs = ssh.fan_out(hosts, lambda h: ops(h).remove_relay(), timeout=90)
     return {n: o.error.cause for n, o in outs.items() if o.error is not None}
+
+
+def sweep_relays(hosts: Sequence[Host], ops: Callable[[Host], RelayOps]) -> dict[str, str]:
+    """Remove any relay a killed or failed prefetch left on ``hosts`` (``rollback``, ``rollout
+    abort``, a prefetch without the tree: the fleet's lock is held, so no prefetch is running);
+    host -> why it could not be (an unreachable host: its relay stops by itself
+    :data:`RELAY_LIFETIME` after it started)."""
+    return remove_relays(hosts, ops) if hosts else {}
 
 
 def holds_image(ops: RelayOps, ref: str) -> bool:

@@ -72,6 +72,7 @@ class Prefetch:
             run.emit("pull", ref.rsplit("@", 1)[0].rsplit("/", 1)[-1], h.name)
         tree = self._image_tree(hosts, ref, image)
         if tree is None:
+            imagetree.sweep_relays(hosts, self.s.ops)  # relays a killed prefetch left
             outs = self._direct_pulls(run, hosts, ref, image)
         else:
             tree_hosts, present = tree

@@ -18,7 +18,7 @@ from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import gate
+from fleetctl.rollout import gate, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
@@ -112,6 +112,7 @@ class Rollback:
             skips = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                      if n not in selected and parent is not None}
             run.held = s.hold(rid, "rollback", [s.inv.host(n) for n in selected])
+            imagetree.sweep_relays([s.inv.host(n) for n in selected], s.ops)
             run.groups.append(Group(recipe, {n: s.inv.host(n) for n in selected}))
             current = self._look(selected)
             choice = Choice(skips=skips)
