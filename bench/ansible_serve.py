@@ -1,4 +1,5 @@
-"""Benchmark: one host's deploy and rollback through the vllm_serve role vs the controller's paramiko path.
+"""Benchmark: one host's deploy and rollback through the vllm_serve role vs the controller's
+paramiko path.
 
 Run (lab up, provisioned and staged; FLEETCTL_LAB_DIR etc. set)::
 
@@ -52,8 +53,13 @@ class Lab:
         self.inv = inventory.load(None)
         self.host: Host = self.inv.hosts[node or next(iter(self.inv.hosts))]
         self.recipe: Recipe = recipe_for(self.inv, host=self.host)
-        self.mirrors = {str(k): str(v) for k, v in (self.inv.vars.get("fleetctl_registry_mirrors") or {}).items()}
-        self.digest = {t: registry.resolve(self.recipe.image, t, self.mirrors).digest for t in (OLD, NEW)}
+        self.mirrors = {
+            str(k): str(v)
+            for k, v in (self.inv.vars.get("fleetctl_registry_mirrors") or {}).items()
+        }
+        self.digest = {
+            t: registry.resolve(self.recipe.image, t, self.mirrors).digest for t in (OLD, NEW)
+        }
         self.cfg = gate.config(self.recipe, None, self.host)
         self.name = remote.container_name(self.host)
 
@@ -63,20 +69,42 @@ class Lab:
     # ---- ansible ---------------------------------------------------------------------------------
 
     def playbook(self, name: str, *extra: str) -> float:
-        env = {**os.environ, "ANSIBLE_ROLES_PATH": str(paths.roles_dir()), "ANSIBLE_PIPELINING": "True"}
+        env = {
+            **os.environ,
+            "ANSIBLE_ROLES_PATH": str(paths.roles_dir()),
+            "ANSIBLE_PIPELINING": "True",
+        }
         t0 = time.monotonic()
-        p = subprocess.run(["ansible-playbook", "-i", str(self.inv.path), str(paths.playbooks_dir() / f"{name}.yml"),
-                            "--limit", self.host.name, "-e", f"vllm_serve_ready_delay={self.cfg.readiness_poll}",
-                            *extra], env=env, capture_output=True, text=True, timeout=600, check=False)
+        p = subprocess.run(
+            [
+                "ansible-playbook",
+                "-i",
+                str(self.inv.path),
+                str(paths.playbooks_dir() / f"{name}.yml"),
+                "--limit",
+                self.host.name,
+                "-e",
+                f"vllm_serve_ready_delay={self.cfg.readiness_poll}",
+                *extra,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
         seconds = time.monotonic() - t0
         if p.returncode != 0:
             raise SystemExit(f"{name}.yml failed on {self.host.name}:\n{p.stdout[-2000:]}")
         return seconds
 
     def ansible_deploy(self, tag: str) -> float:
-        return self.playbook("deploy", "-e", f"vllm_serve_tag={tag}", "-e", f"vllm_serve_digest={self.digest[tag]}")
+        return self.playbook(
+            "deploy", "-e", f"vllm_serve_tag={tag}", "-e", f"vllm_serve_digest={self.digest[tag]}"
+        )
 
-    # ---- paramiko (the controller's host operations) -----------------------------------------------
+    # ---- paramiko (the controller's host operations)
+    # -----------------------------------------------
 
     def _ready(self, tag: str) -> None:
         r = gate.wait(gate.target(self.host, self.recipe, tag), self.cfg, None, NULL)
@@ -89,7 +117,15 @@ class Lab:
         remote.facts(self.host, self.recipe, ref)
         remote.pull(self.host, ref)
         remote.retire(self.host, self.name, "bench", self.digest[tag])
-        remote.start(self.host, self.recipe, ref, tag=tag, digest=self.digest[tag], rollout_id="bench", secrets={})
+        remote.start(
+            self.host,
+            self.recipe,
+            ref,
+            tag=tag,
+            digest=self.digest[tag],
+            rollout_id="bench",
+            secrets={},
+        )
         self._ready(tag)
         return time.monotonic() - t0
 
@@ -106,7 +142,9 @@ class Lab:
         return time.monotonic() - t0
 
 
-def _median(fn: Callable[[], float], before: Callable[[], object], n: int) -> tuple[float, list[float]]:
+def _median(
+    fn: Callable[[], float], before: Callable[[], object], n: int
+) -> tuple[float, list[float]]:
     runs = []
     for _ in range(n):
         before()
@@ -119,11 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3, help="runs per step (the median is reported)")
     ap.add_argument("--node", help="lab node (default: the first)")
-    ap.add_argument("--json", default="bench/results/ansible_serve.json", help="where to write the figures")
+    ap.add_argument(
+        "--json", default="bench/results/ansible_serve.json", help="where to write the figures"
+    )
     a = ap.parse_args(argv)
     con = Console()
     lab = Lab(a.node)
-    con.print(f"node {lab.host.name}; readiness poll {lab.cfg.readiness_poll}s; preparing (not measured)")
+    con.print(
+        f"node {lab.host.name}; readiness poll {lab.cfg.readiness_poll}s; preparing (not measured)"
+    )
     for t in (OLD, NEW):  # both images on the host: neither path measures the registry
         remote.pull(lab.host, lab.ref(t))
     lab.ansible_deploy(OLD)

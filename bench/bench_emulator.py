@@ -1,11 +1,13 @@
-"""How well the vLLM emulator holds its performance model under concurrency, and what it costs in CPU.
+"""How well the vLLM emulator holds its performance model under concurrency, and what it costs in
+CPU.
 
 Starts the emulator on loopback (one process, EMU_SPEED=1) and, per concurrency level, runs that
 many streaming chat requests of one prompt class at once; reports aggregate tok/s against what
 :mod:`fleetctl.lab.emulator.perf` predicts (a ratio, so machines compare), TTFT p50 and the
 emulator's CPU use. A ratio near 1.0 at c=64/128 means one core keeps up with the streams.
 
-    .venv/bin/python bench/bench_emulator.py [--levels 1,8,32,64,128] [--tokens 256] [--json out.json]
+    .venv/bin/python bench/bench_emulator.py [--levels 1,8,32,64,128] [--tokens 256] [--json
+    out.json]
 """
 
 from __future__ import annotations
@@ -145,11 +147,13 @@ def main() -> int:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
     print(
-        f"{'c':>5} {'agg tok/s':>10} {'model':>8} {'ratio':>6} {'TTFT p50 ms':>12} {'emu CPU %':>10}"
+        f"{'c':>5} {'agg tok/s':>10} {'model':>8} {'ratio':>6} {'TTFT p50 ms':>12} "
+        f"{'emu CPU %':>10}"
     )
     for r in rows:
         print(
-            f"{r['concurrency']:>5} {r['agg_tok_s']:>10.1f} {r['model_agg_tok_s']:>8.1f} {r['ratio']:>6.2f} "
+            f"{r['concurrency']:>5} {r['agg_tok_s']:>10.1f} {r['model_agg_tok_s']:>8.1f} "
+            f"{r['ratio']:>6.2f} "
             f"{r['ttft_p50_ms']:>12.0f} {r['emulator_cpu_pct']:>10.1f}"
         )
     Path(opts.json).write_text(

@@ -90,12 +90,14 @@ def _rss_kb(pid: int) -> int:
     return 0
 
 
-#: In the command line of the ProxyJump ``ssh -W`` processes of the bench's hosts (its ssh_config's path).
+#: In the command line of the ProxyJump ``ssh -W`` processes of the bench's hosts (its ssh_config's
+#: path).
 JUMP_MARKER: list[str] = []
 
 
 def ssh_processes(controls: set[Path]) -> tuple[int, int, int, int]:
-    """(masters, ssh processes, RSS kB, PSS kB): masters with sockets in ``controls``, plus their children
+    """(masters, ssh processes, RSS kB, PSS kB): masters with sockets in ``controls``, plus their
+    children
     and the jump processes carrying their connections (a master's ProxyJump ``ssh -W``, which leaves
     the master's process tree when ssh detaches it)."""
     masters: set[int] = set()
@@ -108,12 +110,21 @@ def ssh_processes(controls: set[Path]) -> tuple[int, int, int, int]:
             args = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             stat = (d / "stat").read_text()
             parents[int(d.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-            if args.startswith("ssh: ") and "[mux]" in args and Path(args[5:].split()[0]).parent in controls:
+            if (
+                args.startswith("ssh: ")
+                and "[mux]" in args
+                and Path(args[5:].split()[0]).parent in controls
+            ):
                 masters.add(int(d.name))
             elif args.startswith("ssh ") and " -W " in args and any(m in args for m in JUMP_MARKER):
                 jumps.add(int(d.name))
     procs = masters | jumps | {p for p, pp in parents.items() if pp in masters}
-    return (len(masters), len(procs), sum(_rss_kb(p) for p in procs), sum(_pss_kb(p) for p in procs))
+    return (
+        len(masters),
+        len(procs),
+        sum(_rss_kb(p) for p in procs),
+        sum(_pss_kb(p) for p in procs),
+    )
 
 
 class Sampler:
@@ -150,21 +161,34 @@ def local_fleet(n: int, direct: bool) -> Iterator[tuple[inventory.Inventory, Pat
             common: dict[str, Any] = {
                 "ansible_user": "root", "ansible_ssh_private_key_file": str(tmp / "id"),
                 "fleetctl_known_hosts": str(tmp / "known_hosts")}
-            if not direct:  # as the lab does: the jump's own ssh reads the bastion's settings from -F
-                cfg = sshd.jump_config(tmp / "ssh_config", "bench-bastion", bastion, "root", tmp / "id",
-                                       tmp / "known_hosts")
+            if (
+                not direct
+            ):  # as the lab does: the jump's own ssh reads the bastion's settings from -F
+                cfg = sshd.jump_config(
+                    tmp / "ssh_config",
+                    "bench-bastion",
+                    bastion,
+                    "root",
+                    tmp / "id",
+                    tmp / "known_hosts",
+                )
                 common["ansible_ssh_common_args"] = f"-F {cfg} -o ProxyJump=bench-bastion"
                 JUMP_MARKER.append(str(cfg))
             hosts = {f"h-{i + 1:03d}": {"ansible_host": "127.0.0.2", "ansible_port": p}
                      for i, p in enumerate(p for t in targets for p in t.ports)}
-            (tmp / "hosts.yml").write_text(yaml.safe_dump({"all": {"vars": common, "hosts": hosts}}))
+            (tmp / "hosts.yml").write_text(
+                yaml.safe_dump({"all": {"vars": common, "hosts": hosts}})
+            )
             (tmp / "play.yml").write_text(PLAY)
             os.environ["FLEETCTL_STATE_DIR"] = str(tmp / "state")
             yield inventory.load(tmp / "hosts.yml"), tmp / "play.yml"
 
 
-def rollout_shape(inv: inventory.Inventory, play: Path, gap: float, controls: set[Path]) -> dict[str, Any]:
-    """Run the plan's steps one after the other; the peak and leftover ssh processes of ``controls``."""
+def rollout_shape(
+    inv: inventory.Inventory, play: Path, gap: float, controls: set[Path]
+) -> dict[str, Any]:
+    """Run the plan's steps one after the other; the peak and leftover ssh processes of
+    ``controls``."""
     names = [h.name for h in inv.select(None)]
     t0 = time.monotonic()
     failed = 0
@@ -179,9 +203,17 @@ def rollout_shape(inv: inventory.Inventory, play: Path, gap: float, controls: se
     time.sleep(1.0)
     left = ssh_processes(controls)
     masters, procs, rss, pss = s.peak
-    return {"steps": steps(len(names)), "failed_hosts": failed, "wall_s": round(wall, 1),
-            "peak_masters": masters, "peak_processes": procs, "peak_rss_mb": round(rss / 1024, 1),
-            "peak_pss_mb": round(pss / 1024, 1), "masters_left": left[0], "rss_left_mb": round(left[2] / 1024, 1)}
+    return {
+        "steps": steps(len(names)),
+        "failed_hosts": failed,
+        "wall_s": round(wall, 1),
+        "peak_masters": masters,
+        "peak_processes": procs,
+        "peak_rss_mb": round(rss / 1024, 1),
+        "peak_pss_mb": round(pss / 1024, 1),
+        "masters_left": left[0],
+        "rss_left_mb": round(left[2] / 1024, 1),
+    }
 
 
 def kept(inv: inventory.Inventory, play: Path, gap: float) -> dict[str, Any]:
@@ -212,7 +244,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--hosts", type=int, default=64)
     ap.add_argument("--gap", type=float, default=2.0, help="seconds between steps (the soak)")
-    ap.add_argument("--direct", action="store_true", help="no bastion: the hosts are reached directly")
+    ap.add_argument(
+        "--direct", action="store_true", help="no bastion: the hosts are reached directly"
+    )
     ap.add_argument("--json", default="bench/results/control_persist.json")
     a = ap.parse_args()
     with local_fleet(a.hosts, a.direct) as (inv, play):
@@ -229,7 +263,9 @@ def main() -> None:
     con.print(t)
     k, c = runs["kept (before)"], runs["closed per run"]
     ratio = c["peak_pss_mb"] / k["peak_pss_mb"] if k["peak_pss_mb"] else float("nan")
-    con.print(f"peak PSS closed/kept: {ratio:.2f}; wall closed/kept: {c['wall_s'] / k['wall_s']:.2f}")
+    con.print(
+        f"peak PSS closed/kept: {ratio:.2f}; wall closed/kept: {c['wall_s'] / k['wall_s']:.2f}"
+    )
     write_figures(con, a.json, {"hosts": a.hosts, "gap_s": a.gap, "via": via, "runs": runs,
                                 "pss_ratio": ratio, "cpu_count": os.cpu_count()})
 

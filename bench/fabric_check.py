@@ -1,4 +1,5 @@
-"""What the fabric check costs per unit: the probe over SSH (one round trip per member) and its judging.
+"""What the fabric check costs per unit: the probe over SSH (one round trip per member) and its
+judging.
 
 For each unit the controller runs ``fleetctl.status.probe_fabric`` on every member in parallel (the
 fabric probe script over the member's SSH connection, parsed and judged by ``fleetctl.fabric``),
@@ -9,7 +10,8 @@ tests/fixtures/fabric).
 
 Without a lab, as root, against one local sshd with a port per member (tests/sshd.py)::
 
-    .venv/bin/python bench/fabric_check.py --units 4 [--rounds 3] [--json bench/results/fabric_check.json]
+    .venv/bin/python bench/fabric_check.py --units 4 [--rounds 3] [--json
+    bench/results/fabric_check.json]
 
 Figures are medians of ``--rounds``; wall time per unit is the whole check's wall time divided by
 the number of units (members of every unit are probed at once, within ssh.FAN_OUT_WORKERS).
@@ -50,17 +52,37 @@ def local_units(n: int) -> Iterator[list[tuple[Unit, list[Host]]]]:
         tmp = Path(d)
         sshd.keygen(tmp / "id")
         (tmp / "authorized_keys").write_text((tmp / "id.pub").read_text())
-        server = sshd.start(tmp, "members", "127.0.0.2", forwarding=False, allow_user="root", ports=2 * n,
-                            authorized_keys=tmp / "authorized_keys")
+        server = sshd.start(
+            tmp,
+            "members",
+            "127.0.0.2",
+            forwarding=False,
+            allow_user="root",
+            ports=2 * n,
+            authorized_keys=tmp / "authorized_keys",
+        )
         try:
             (tmp / "known_hosts").write_text(server.known())
             units = []
             for u in range(n):
                 names = [f"spark-{2 * u + 1:02d}", f"spark-{2 * u + 2:02d}"]
-                hosts = [Host(name, "127.0.0.2", port=server.ports[2 * u + i], user="root", key_file=str(tmp / "id"),
-                              known_hosts=str(tmp / "known_hosts"), unit=f"pair-{u}", unit_rank=i)
-                         for i, name in enumerate(names)]
-                fab = {name: Fabric(addresses=(f"127.0.{u + 10}.{i + 1}",)) for i, name in enumerate(names)}
+                hosts = [
+                    Host(
+                        name,
+                        "127.0.0.2",
+                        port=server.ports[2 * u + i],
+                        user="root",
+                        key_file=str(tmp / "id"),
+                        known_hosts=str(tmp / "known_hosts"),
+                        unit=f"pair-{u}",
+                        unit_rank=i,
+                    )
+                    for i, name in enumerate(names)
+                ]
+                fab = {
+                    name: Fabric(addresses=(f"127.0.{u + 10}.{i + 1}",))
+                    for i, name in enumerate(names)
+                }
                 units.append((Unit(f"pair-{u}", tuple(names), fab), hosts))
             yield units
         finally:
@@ -69,7 +91,8 @@ def local_units(n: int) -> Iterator[list[tuple[Unit, list[Host]]]]:
 
 
 def check_all(units: list[tuple[Unit, list[Host]]]) -> float:
-    """Wall seconds of the fabric check of every unit (all members at once, bounded by the fan-out)."""
+    """Wall seconds of the fabric check of every unit (all members at once, bounded by the
+    fan-out)."""
     unit_of = {h.name: u for u, hosts in units for h in hosts}
     hosts = [h for _, hs in units for h in hs]
     t0 = time.perf_counter()
@@ -83,18 +106,31 @@ def check_all(units: list[tuple[Unit, list[Host]]]) -> float:
 
 def judge_cpu(rounds: int) -> float:
     """Controller CPU (s) of parsing and judging one member's tools' output (the fixtures)."""
-    unit = Unit("u", ("a", "b"), {"a": Fabric(addresses=("192.168.177.11",)), "b": Fabric(addresses=("192.168.177.12",))})
-    texts = {k: (FIX / f).read_text() for k, f in (("ibdev", "ibdev2netdev-half-down.txt"),
-                                                     ("ibstat", "ibstat-half-down.txt"), ("ip", "ip-addr-mtu1500.json"),
-                                                     ("route", "ip-route-get-mgmt.json"))}
+    unit = Unit(
+        "u",
+        ("a", "b"),
+        {"a": Fabric(addresses=("192.168.177.11",)), "b": Fabric(addresses=("192.168.177.12",))},
+    )
+    texts = {
+        k: (FIX / f).read_text()
+        for k, f in (
+            ("ibdev", "ibdev2netdev-half-down.txt"),
+            ("ibstat", "ibstat-half-down.txt"),
+            ("ip", "ip-addr-mtu1500.json"),
+            ("route", "ip-route-get-mgmt.json"),
+        )
+    }
     n = 200
     out = []
     for _ in range(rounds):
         c0 = time.process_time()
         for _ in range(n):
-            facts = fabric.MemberFabric(fabric.parse_ibdev2netdev(texts["ibdev"]), fabric.parse_ibstat(texts["ibstat"]),
-                                        fabric.parse_ip_links(texts["ip"]),
-                                        {"192.168.177.12": fabric.parse_route_get(texts["route"])})
+            facts = fabric.MemberFabric(
+                fabric.parse_ibdev2netdev(texts["ibdev"]),
+                fabric.parse_ibstat(texts["ibstat"]),
+                fabric.parse_ip_links(texts["ip"]),
+                {"192.168.177.12": fabric.parse_route_get(texts["route"])},
+            )
             fabric.check_member(unit, "a", facts)
         out.append((time.process_time() - c0) / n)
     return statistics.median(out)
@@ -112,14 +148,24 @@ def main() -> None:
             ssh.close_all()
             cold.append(check_all(units) / a.units)
             warm.append(check_all(units) / a.units)
-    figures = {"units": a.units, "members_per_unit": 2, "where": "one local sshd, a port per member",
-               "wall_per_unit_new_connections_s": statistics.median(cold),
-               "wall_per_unit_pooled_s": statistics.median(warm),
-               "judge_cpu_per_member_ms": 1000 * judge_cpu(a.rounds), "rounds": a.rounds,
-               "fan_out_workers": ssh.FAN_OUT_WORKERS, "cpu_count": os.cpu_count()}
+    figures = {
+        "units": a.units,
+        "members_per_unit": 2,
+        "where": "one local sshd, a port per member",
+        "wall_per_unit_new_connections_s": statistics.median(cold),
+        "wall_per_unit_pooled_s": statistics.median(warm),
+        "judge_cpu_per_member_ms": 1000 * judge_cpu(a.rounds),
+        "rounds": a.rounds,
+        "fan_out_workers": ssh.FAN_OUT_WORKERS,
+        "cpu_count": os.cpu_count(),
+    }
     con = Console(width=80)
-    t = Table("per unit of 2", "figure", title=f"fabric check, {a.units} units (median of {a.rounds})")
-    t.add_row("probe + judge, new SSH", f"{figures['wall_per_unit_new_connections_s'] * 1000:.0f} ms wall")
+    t = Table(
+        "per unit of 2", "figure", title=f"fabric check, {a.units} units (median of {a.rounds})"
+    )
+    t.add_row(
+        "probe + judge, new SSH", f"{figures['wall_per_unit_new_connections_s'] * 1000:.0f} ms wall"
+    )
     t.add_row("probe + judge, pooled", f"{figures['wall_per_unit_pooled_s'] * 1000:.0f} ms wall")
     t.add_row("judging one member", f"{figures['judge_cpu_per_member_ms']:.2f} ms CPU")
     con.print(t)

@@ -1,25 +1,36 @@
 """What the front door costs a rollout step, and what it saves users.
 
-1. Overhead (no lab; a real haproxy on loopback, two tiny HTTP backends): a host with ``--held`` requests in
-   flight, released ``--release`` seconds after the drain. Per round: the drain call, the wait until both counts
-   are 0 minus the requests' own ``--release`` time (the poll's lateness), the re-admission until HAProxy
+1. Overhead (no lab; a real haproxy on loopback, two tiny HTTP backends): a host with ``--held``
+requests in
+   flight, released ``--release`` seconds after the drain. Per round: the drain call, the wait
+   until both counts
+   are 0 minus the requests' own ``--release`` time (the poll's lateness), the re-admission until
+   HAProxy
    sees the host in rotation. Goal: drain + re-admit add at most 1 s to a step::
 
-       .venv/bin/python bench/frontdoor.py overhead [--rounds 10] [--json bench/results/frontdoor.json]
+       .venv/bin/python bench/frontdoor.py overhead [--rounds 10] [--json
+       bench/results/frontdoor.json]
 
-2. Failed user requests (the lab, serving; FLEETCTL_LAB_DIR/FLEETCTL_LAB_SUBNET set): a rollout of every node
-   to ``--tag`` under ``fleetctl lab traffic --rate R``, once with fleetctl driving the lab's HAProxy
-   (``lab door on``) and once with the same HAProxy alone (``lab door off``: its own health checks and
+2. Failed user requests (the lab, serving; FLEETCTL_LAB_DIR/FLEETCTL_LAB_SUBNET set): a rollout of
+every node
+   to ``--tag`` under ``fleetctl lab traffic --rate R``, once with fleetctl driving the lab's
+   HAProxy
+   (``lab door on``) and once with the same HAProxy alone (``lab door off``: its own health checks
+   and
    redispatch only); the traffic runs from 2 s before the rollout to 2 s after it::
 
-       .venv/bin/python bench/frontdoor.py lab [--rate 4] [--repeat 1] [--json bench/results/frontdoor_lab.json]
+       .venv/bin/python bench/frontdoor.py lab [--rate 4] [--repeat 1] [--json
+       bench/results/frontdoor_lab.json]
 
-   Each measured rollout starts from every node on ``--back`` (a smoke-gated ``rollback --to``, no traffic).
+   Each measured rollout starts from every node on ``--back`` (a smoke-gated ``rollback --to``, no
+   traffic).
 
-3. The floor check before each step (no lab; a real haproxy with ``--pool`` servers): fleetctl's bulk read of
+3. The floor check before each step (no lab; a real haproxy with ``--pool`` servers): fleetctl's
+bulk read of
    the door's view against one ``state`` per host, in the same run::
 
-       .venv/bin/python bench/frontdoor.py floor [--rounds 10] [--pool 200] [--json bench/results/frontdoor_floor.json]
+       .venv/bin/python bench/frontdoor.py floor [--rounds 10] [--pool 200] [--json
+       bench/results/frontdoor_floor.json]
 """
 
 from __future__ import annotations
@@ -92,13 +103,21 @@ def _free_port() -> int:
 @contextmanager
 def _haproxy(d: Path, servers: dict[str, int], check: bool = True) -> Iterator[tuple[str, int]]:
     sock, port = d / "admin.sock", _free_port()
-    lines = "\n".join(f"  server {n} 127.0.0.1:{p}{' check inter 1s' if check else ''}" for n, p in servers.items())
-    (d / "h.cfg").write_text(f"global\n  stats socket {sock} mode 600 level admin\ndefaults\n  mode http\n"
-                             "  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n"
-                             f"frontend fe\n  bind 127.0.0.1:{port}\n  default_backend vllm\n"
-                             f"backend vllm\n  option httpchk GET /health\n{lines}\n")
-    p = subprocess.Popen([shutil.which("haproxy") or "/usr/sbin/haproxy", "-f", str(d / "h.cfg"), "-db"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lines = "\n".join(
+        f"  server {n} 127.0.0.1:{p}{' check inter 1s' if check else ''}"
+        for n, p in servers.items()
+    )
+    (d / "h.cfg").write_text(
+        f"global\n  stats socket {sock} mode 600 level admin\ndefaults\n  mode http\n"
+        "  timeout connect 2s\n  timeout client 60s\n  timeout server 60s\n"
+        f"frontend fe\n  bind 127.0.0.1:{port}\n  default_backend vllm\n"
+        f"backend vllm\n  option httpchk GET /health\n{lines}\n"
+    )
+    p = subprocess.Popen(
+        [shutil.which("haproxy") or "/usr/sbin/haproxy", "-f", str(d / "h.cfg"), "-db"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         while not sock.exists():
             time.sleep(0.02)
@@ -114,8 +133,10 @@ def overhead(rounds: int, held: int, release: float) -> dict[str, Any]:
     a, b = Held(), Held()
     host = Host("spark-01", "127.0.0.1")
     rows: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory() as tmp, _haproxy(Path(tmp), {"spark-01": a.port, "spark-02": b.port}) as (
-            sock, port):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _haproxy(Path(tmp), {"spark-01": a.port, "spark-02": b.port}) as (sock, port),
+    ):
         door = HAProxy("vllm", sock)
         wait_in_rotation(door, host, 30)
         for _ in range(rounds):
@@ -152,11 +173,17 @@ def overhead(rounds: int, held: int, release: float) -> dict[str, Any]:
 
 def _traffic(rate: float, duration: float) -> subprocess.Popen[str]:
     exe = str(Path(sys.executable).parent / "fleetctl")
-    return subprocess.Popen([exe, "lab", "traffic", "--rate", str(rate), "--duration", str(duration), "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    return subprocess.Popen(
+        [exe, "lab", "traffic", "--rate", str(rate), "--duration", str(duration), "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
 
 
-def lab_rollout(door_on: bool, tag: str, rate: float, duration: float, soak: float) -> dict[str, Any]:
+def lab_rollout(
+    door_on: bool, tag: str, rate: float, duration: float, soak: float
+) -> dict[str, Any]:
     from fleetctl import inventory, ssh
     from fleetctl.lab.frontdoor import LabFrontDoor
     from fleetctl.lab.layout import current
@@ -178,10 +205,18 @@ def lab_rollout(door_on: bool, tag: str, rate: float, duration: float, soak: flo
     traffic.terminate()  # stops the sending; the requests in flight are waited for and reported
     out, _ = traffic.communicate(timeout=300)
     rep = json.loads(out)
-    return {"door": door_on, "status": r.status, "rollout_s": round(seconds, 1), "sent": rep["sent"],
-            "ok": rep["ok"], "failed": rep["failed"], "p95_s": rep["p95_s"], "causes": rep["causes"],
-            "steps_drain_s": {h.host: round(h.timings.get("drain", 0.0), 3) for h in r.hosts},
-            "steps_readmit_s": {h.host: round(h.timings.get("readmit", 0.0), 3) for h in r.hosts}}
+    return {
+        "door": door_on,
+        "status": r.status,
+        "rollout_s": round(seconds, 1),
+        "sent": rep["sent"],
+        "ok": rep["ok"],
+        "failed": rep["failed"],
+        "p95_s": rep["p95_s"],
+        "causes": rep["causes"],
+        "steps_drain_s": {h.host: round(h.timings.get("drain", 0.0), 3) for h in r.hosts},
+        "steps_readmit_s": {h.host: round(h.timings.get("readmit", 0.0), 3) for h in r.hosts},
+    }
 
 
 def _reset(tag: str) -> None:
@@ -200,13 +235,18 @@ def _reset(tag: str) -> None:
 
 
 def floor_read(rounds: int, pool: int) -> dict[str, Any]:
-    """A step's floor check (the door's view of every selected host) on a backend of ``pool`` servers: the
-    bulk read fleetctl makes (``frontdoor.states_of``: one ``show servers state`` + one ``show stat``)
-    against asking the door host by host (``state`` per host: two commands each), in the same run."""
+    """A step's floor check (the door's view of every selected host) on a backend of ``pool``
+    servers: the
+    bulk read fleetctl makes (``frontdoor.states_of``: one ``show servers state`` + one ``show
+    stat``)
+    against asking the door host by host (``state`` per host: two commands each), in the same
+    run."""
     hosts = [Host(f"spark-{i:03d}", "127.0.0.1") for i in range(1, pool + 1)]
     rows: list[dict[str, float]] = []
-    with tempfile.TemporaryDirectory() as tmp, _haproxy(Path(tmp), {h.name: 9 for h in hosts}, check=False) as (
-            sock, _port):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _haproxy(Path(tmp), {h.name: 9 for h in hosts}, check=False) as (sock, _port),
+    ):
         door = HAProxy("vllm", sock)
         for _ in range(rounds):
             t0 = time.monotonic()
@@ -222,14 +262,21 @@ def floor_read(rounds: int, pool: int) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("what", choices=["overhead", "lab", "floor"])
     ap.add_argument("--pool", type=int, default=200, help="floor: servers in the backend")
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--held", type=int, default=4)
     ap.add_argument("--release", type=float, default=1.0)
     ap.add_argument("--rate", type=float, default=4.0)
-    ap.add_argument("--duration", type=float, default=1800.0, help="traffic seconds at most (stopped with the rollout)")
+    ap.add_argument(
+        "--duration",
+        type=float,
+        default=1800.0,
+        help="traffic seconds at most (stopped with the rollout)",
+    )
     ap.add_argument("--tag", default="v0.24.0")
     ap.add_argument("--back", default="v0.23.0")
     ap.add_argument("--soak", type=float, default=3.0)
@@ -245,7 +292,9 @@ def main() -> None:
         for k in ("drain_call", "wait_late", "readmit", "added"):
             t.add_row(k, f"{figs[k]['median']:.4f}", f"{figs[k]['max']:.4f}")
         con.print(t)
-        con.print("added = drain call + wait beyond the requests' own time + re-admit until in rotation")
+        con.print(
+            "added = drain call + wait beyond the requests' own time + re-admit until in rotation"
+        )
     elif a.what == "floor":
         figs = floor_read(a.rounds, a.pool)
         t = Table(title=f"a step's floor check, {a.pool} servers (median of {a.rounds}), s")
@@ -264,8 +313,15 @@ def main() -> None:
         for c in ("door", "tag", "sent", "ok", "failed", "p95 s", "rollout s"):
             t.add_column(c)
         for r in runs:
-            t.add_row("fleetctl" if r["door"] else "haproxy alone", r["tag"], str(r["sent"]), str(r["ok"]),
-                      str(r["failed"]), str(r["p95_s"]), str(r["rollout_s"]))
+            t.add_row(
+                "fleetctl" if r["door"] else "haproxy alone",
+                r["tag"],
+                str(r["sent"]),
+                str(r["ok"]),
+                str(r["failed"]),
+                str(r["p95_s"]),
+                str(r["rollout_s"]),
+            )
         con.print(t)
     if a.json_path:
         write_figures(con, a.json_path, figs)

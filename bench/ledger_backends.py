@@ -1,8 +1,10 @@
-"""Benchmark of the ledger's bookkeeping on SQLite vs PostgreSQL: what one host transition costs the controller.
+"""Benchmark of the ledger's bookkeeping on SQLite vs PostgreSQL: what one host transition costs
+the controller.
 
 Run (Debian's postgresql and fleetctl[postgres] installed: scripts/bootstrap.sh)::
 
-    .venv/bin/python bench/ledger_backends.py [--hosts 16,256] [--repeat 5] [--json bench/results/ledger_backends.json]
+    .venv/bin/python bench/ledger_backends.py [--hosts 16,256] [--repeat 5] [--json
+    bench/results/ledger_backends.json]
 
 The PostgreSQL server is a local one started for the run (``fleetctl.lab.pgserver``:
 unix socket, fsync on as in production), so the figures are the ledger's own cost with no network
@@ -50,19 +52,54 @@ def _rollout(led: fleet_ledger.Ledger, n: int, rid: str) -> dict[str, float]:
     hosts = [f"spark-{i:03d}" for i in range(n)]
     t0 = time.perf_counter()
     led.acquire(rid)
-    led.create(rid, kind="rollout", recipe="qwen", requested="v0.24.0", tag="t", digest=D, image="img",
-               options={}, command="fleetctl rollout", waves=[hosts],
-               hosts=[{"host": h, "wave": 0, "step": 0, "before_tag": "old", "before_digest": "sha256:old",
-                       "target_tag": "t", "target_digest": D} for h in hosts])
+    led.create(
+        rid,
+        kind="rollout",
+        recipe="qwen",
+        requested="v0.24.0",
+        tag="t",
+        digest=D,
+        image="img",
+        options={},
+        command="fleetctl rollout",
+        waves=[hosts],
+        hosts=[
+            {
+                "host": h,
+                "wave": 0,
+                "step": 0,
+                "before_tag": "old",
+                "before_digest": "sha256:old",
+                "target_tag": "t",
+                "target_digest": D,
+            }
+            for h in hosts
+        ],
+    )
     led.set_wave(rid, 0, fleet_ledger.RUNNING)
     t1 = time.perf_counter()
     for h in hosts:
         led.host_record(rid, h)
         for ph in PHASES:
             led.host_phase(rid, h, ph, status=fleet_ledger.IN_PROGRESS)
-        led.host_phase(rid, h, "done", status=fleet_ledger.DONE, after_tag="t", after_digest=D, verdict={"outcome": "pass"})
-        led.add_known_good(h, tag="t", digest=D, fingerprint="f", settings={"image": "img"}, source="gate",
-                           rollout_id=rid)
+        led.host_phase(
+            rid,
+            h,
+            "done",
+            status=fleet_ledger.DONE,
+            after_tag="t",
+            after_digest=D,
+            verdict={"outcome": "pass"},
+        )
+        led.add_known_good(
+            h,
+            tag="t",
+            digest=D,
+            fingerprint="f",
+            settings={"image": "img"},
+            source="gate",
+            rollout_id=rid,
+        )
     t2 = time.perf_counter()
     led.set_wave(rid, 0, fleet_ledger.DONE)
     led.set_status(rid, fleet_ledger.COMPLETED)
@@ -80,13 +117,17 @@ def _median_ms(fn: Callable[[], object], k: int) -> float:
     return statistics.median(times) * 1000
 
 
-def measure(open_ledger: Callable[[str], fleet_ledger.Ledger], n: int, repeat: int) -> dict[str, float]:
+def measure(
+    open_ledger: Callable[[str], fleet_ledger.Ledger], n: int, repeat: int
+) -> dict[str, float]:
     """Medians over ``repeat`` fresh fleets of size n."""
     runs: list[dict[str, float]] = []
     for _ in range(repeat):
         with open_ledger(f"bench-{uuid.uuid4().hex[:8]}") as led:
             r = _rollout(led, n, "ro-bench")
-            r["host_phase_ms"] = _median_ms(lambda: led.host_phase("ro-bench", "spark-000", "soak", detail="x"), 50)
+            r["host_phase_ms"] = _median_ms(
+                lambda: led.host_phase("ro-bench", "spark-000", "soak", detail="x"), 50
+            )
             r["get_ms"] = _median_ms(lambda: led.get("ro-bench"), 20)
             r["lock_ms"] = _median_ms(lambda: (led.acquire("ro-x"), led.release("ro-x")), 20)
             runs.append(r)
@@ -97,8 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print a table, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", default="16,256", help="fleet sizes, comma-separated")
-    ap.add_argument("--repeat", type=int, default=5, help="fresh fleets per size and backend (medians over them)")
-    ap.add_argument("--json", default="bench/results/ledger_backends.json", help="where to write the figures")
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=5,
+        help="fresh fleets per size and backend (medians over them)",
+    )
+    ap.add_argument(
+        "--json", default="bench/results/ledger_backends.json", help="where to write the figures"
+    )
     a = ap.parse_args(argv)
     sizes = [int(x) for x in a.hosts.split(",")]
     con = Console(width=100)
@@ -109,14 +157,21 @@ def main(argv: list[str] | None = None) -> int:
             "postgresql": lambda fleet: fleet_ledger.open_ledger(Path(tmp), fleet, server.url()),
         }
         for n in sizes:
-            figures["sizes"][str(n)] = {name: measure(op, n, a.repeat) for name, op in backends.items()}
+            figures["sizes"][str(n)] = {
+                name: measure(op, n, a.repeat) for name, op in backends.items()
+            }
     t = Table(title="ledger bookkeeping, medians (PostgreSQL local, unix socket)")
     for col in ("hosts", "figure", "SQLite", "PostgreSQL", "PG/SQLite"):
         t.add_column(col, justify="right")
     for n, by in figures["sizes"].items():
         sq, pg = by["sqlite"], by["postgresql"]
-        for key, label in (("per_host_ms", "per host, ms"), ("host_phase_ms", "host_phase, ms"),
-                           ("get_ms", "get, ms"), ("lock_ms", "lock+unlock, ms"), ("rollout_s", "rollout, s")):
+        for key, label in (
+            ("per_host_ms", "per host, ms"),
+            ("host_phase_ms", "host_phase, ms"),
+            ("get_ms", "get, ms"),
+            ("lock_ms", "lock+unlock, ms"),
+            ("rollout_s", "rollout, s"),
+        ):
             t.add_row(n, label, f"{sq[key]:.2f}", f"{pg[key]:.2f}", f"{pg[key] / sq[key]:.2f}x")
     con.print(t)
     write_figures(con, a.json, figures)

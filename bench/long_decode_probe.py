@@ -1,4 +1,5 @@
-"""What the soak's deep long-decode probe costs on the lab emulator, and what judging it costs the controller.
+"""What the soak's deep long-decode probe costs on the lab emulator, and what judging it costs the
+controller.
 
 Starts the emulator on loopback (one process, EMU_SPEED=1, as in the lab) and runs the probe as
 the soak does (``fleetctl.soak.client.Client.chat`` with the probe's prompt, ``ignore_eos``, its
@@ -8,7 +9,8 @@ milliseconds of the window checks.
 
     .venv/bin/python bench/long_decode_probe.py [--tokens 256] [--window 64] [--json out.json]
 
-The lab profile's probe is 256 tokens in windows of 64; the spark profile's, 16384 in windows of 2048
+The lab profile's probe is 256 tokens in windows of 64; the spark profile's, 16384 in windows of
+2048
 (on a Spark at 41-124 tok/s single stream: 2.2-6.7 minutes).
 """
 
@@ -37,9 +39,22 @@ from fleetctl.soak.loops import find_loop
 async def _probe(url: str, tokens: int) -> tuple[float, int, str, tuple[int, ...]]:
     async with Client(url, request_timeout=max(600.0, tokens / 5)) as c:
         t0 = time.monotonic()
-        s = await c.chat(ChatRequest("qwen36-fast", prompts.LONG_DECODE_PROMPT, tokens, 0.0, thinking=False,
-                                     ignore_eos=True), phase="long_decode", cls="prose", concurrency=1,
-                         t0=t0, keep_text=True, delta_ends=True)
+        s = await c.chat(
+            ChatRequest(
+                "qwen36-fast",
+                prompts.LONG_DECODE_PROMPT,
+                tokens,
+                0.0,
+                thinking=False,
+                ignore_eos=True,
+            ),
+            phase="long_decode",
+            cls="prose",
+            concurrency=1,
+            t0=t0,
+            keep_text=True,
+            delta_ends=True,
+        )
         if not s.ok:
             raise SystemExit(f"the probe failed: {s.error}")
         return time.monotonic() - t0, s.output_tokens or 0, s.text or "", s.delta_ends
@@ -50,7 +65,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--window", type=int, default=64)
-    ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "long_decode_probe.json"))
+    ap.add_argument(
+        "--json", default=str(Path(__file__).parent / "results" / "long_decode_probe.json")
+    )
     opts = ap.parse_args()
     con = Console()
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,10 +76,25 @@ def main() -> int:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetctl.lab.emulator", "serve", str(body), "--port", str(port),
-             "--host", "127.0.0.1", "--served-model-name", "qwen36-fast", "--max-model-len", "262144"],
+            [
+                sys.executable,
+                "-m",
+                "fleetctl.lab.emulator",
+                "serve",
+                str(body),
+                "--port",
+                str(port),
+                "--host",
+                "127.0.0.1",
+                "--served-model-name",
+                "qwen36-fast",
+                "--max-model-len",
+                "262144",
+            ],
             env={**os.environ, "EMU_LOAD_SECONDS": "0.2", "EMU_SPEED": "1"},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         url = f"http://127.0.0.1:{port}"
         try:
             for _ in range(400):
@@ -83,11 +115,19 @@ def main() -> int:
         checks.garbage(win)
         find_loop(win)
     judge_ms = (time.process_time() - cpu0) * 1000
-    figures = {"tokens": got, "window_tokens": opts.window, "windows": len(windows), "decode_s": round(wall, 2),
-               "tok_s": round(got / wall, 1) if wall else None, "judge_cpu_ms": round(judge_ms, 2),
-               "emu_speed": 1}
-    con.print(f"long-decode probe: {got} tokens in {wall:.1f} s ({got / wall:.0f} tok/s) on the emulator "
-              f"at EMU_SPEED=1; {len(windows)} windows judged in {judge_ms:.1f} ms of controller CPU")
+    figures = {
+        "tokens": got,
+        "window_tokens": opts.window,
+        "windows": len(windows),
+        "decode_s": round(wall, 2),
+        "tok_s": round(got / wall, 1) if wall else None,
+        "judge_cpu_ms": round(judge_ms, 2),
+        "emu_speed": 1,
+    }
+    con.print(
+        f"long-decode probe: {got} tokens in {wall:.1f} s ({got / wall:.0f} tok/s) on the emulator "
+        f"at EMU_SPEED=1; {len(windows)} windows judged in {judge_ms:.1f} ms of controller CPU"
+    )
     write_figures(con, opts.json, figures)
     return 0
 

@@ -1,12 +1,15 @@
-"""Benchmark: no-op re-provision and ``fleetctl status`` on 1 node vs every lab node, in the same run.
+"""Benchmark: no-op re-provision and ``fleetctl status`` on 1 node vs every lab node, in the same
+run.
 
 Goals (issue 3): no-op re-provision of 8 nodes <= 1.5x one node; status on 8
 nodes <= 1.3x one node. On the lab (whose nodes are reached through its bastion) the status of
-every node is also measured with the nodes reached directly, for the bastion's cost. Ratios against the 1-node baseline measured in the same
+every node is also measured with the nodes reached directly, for the bastion's cost. Ratios against
+the 1-node baseline measured in the same
 run, so the machine's speed cancels out. Uses the lab (``fleetctl lab up``;
 ``--nodes N`` grows it first) or, with ``-i``, a real fleet. Prints a table and writes JSON.
 
-    FLEETCTL_LAB_DIR=... FLEETCTL_LAB_SUBNET=... .venv/bin/python bench/provision_status.py --nodes 8
+    FLEETCTL_LAB_DIR=... FLEETCTL_LAB_SUBNET=... .venv/bin/python bench/provision_status.py --nodes
+    8
 """
 
 from __future__ import annotations
@@ -45,12 +48,23 @@ def _timed(fn: Callable[[], Any], repeat: int) -> list[float]:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; exit 0 (a benchmark reports, it does not gate)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=0, help="grow the lab to this many nodes first (0: as it is)")
-    ap.add_argument("--inventory", "-i", help="a real fleet's inventory instead of the lab (every host is used)")
-    ap.add_argument("--repeat", type=int, default=2, help="runs of each no-op provision (median kept)")
-    ap.add_argument("--status-repeat", type=int, default=5, help="runs of each status probe (median kept)")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "provision_status.json"),
-                    help="JSON output ('-': stdout)")
+    ap.add_argument(
+        "--nodes", type=int, default=0, help="grow the lab to this many nodes first (0: as it is)"
+    )
+    ap.add_argument(
+        "--inventory", "-i", help="a real fleet's inventory instead of the lab (every host is used)"
+    )
+    ap.add_argument(
+        "--repeat", type=int, default=2, help="runs of each no-op provision (median kept)"
+    )
+    ap.add_argument(
+        "--status-repeat", type=int, default=5, help="runs of each status probe (median kept)"
+    )
+    ap.add_argument(
+        "--out",
+        default=str(Path(__file__).parent / "results" / "provision_status.json"),
+        help="JSON output ('-': stdout)",
+    )
     args = ap.parse_args(argv)
 
     if args.inventory:
@@ -62,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
         st = fleetlab.status()
         names = [n.name for n in st.nodes if n.state == "running" and not n.faults]
         if not st.up or not names:
-            print("the lab is not up (or has no healthy node): run `fleetctl lab up`", file=sys.stderr)
+            print(
+                "the lab is not up (or has no healthy node): run `fleetctl lab up`", file=sys.stderr
+            )
             return 2
         inventory = inv.load(st.inventory)
     one, every = names[0], ",".join(names)
@@ -70,7 +86,10 @@ def main(argv: list[str] | None = None) -> int:
     # Bring every node to the provisioned state (not timed), then warm SSH masters for both cases.
     first = provision(inventory, limit=every)
     if not first.ok:
-        print(f"provisioning failed on {first.failed_hosts}: see {first.artifacts_dir}", file=sys.stderr)
+        print(
+            f"provisioning failed on {first.failed_hosts}: see {first.artifacts_dir}",
+            file=sys.stderr,
+        )
         return 2
     results: dict[str, Any] = {}
 
@@ -78,7 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         r = provision(inventory, limit=limit)
         changed = {n: h.changed for n, h in r.hosts.items() if h.changed}
         if not r.ok or changed:
-            raise SystemExit(f"a no-op re-provision was not a no-op: failed={r.failed_hosts} changed={changed}")
+            raise SystemExit(
+                f"a no-op re-provision was not a no-op: failed={r.failed_hosts} changed={changed}"
+            )
 
     prov_one = _timed(lambda: noop(one), args.repeat)
     prov_all = _timed(lambda: noop(every), args.repeat)
@@ -127,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
         "nodes": names, "first_provision_s": round(first.elapsed, 2), "results": results,
     }
 
-    print(f"{'measure':<16}{'1 node':>10}{f'{n} nodes':>10}{'ratio':>8}{'goal (8)':>10}{'per node':>10}")
+    print(
+        f"{'measure':<16}{'1 node':>10}{f'{n} nodes':>10}"
+        f"{'ratio':>8}{'goal (8)':>10}{'per node':>10}"
+    )
     for key, r in results.items():
         if key == "status_via_bastion":
             continue

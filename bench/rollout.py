@@ -1,8 +1,10 @@
-"""Benchmark of the rollout on the lab: 1 node vs all nodes, critical path, controller overhead, rollback.
+"""Benchmark of the rollout on the lab: 1 node vs all nodes, critical path, controller overhead,
+rollback.
 
 Run (lab up, provisioned and staged; FLEETCTL_LAB_DIR etc. set)::
 
-    .venv/bin/python bench/rollout.py [--soak 5] [--json bench/results/rollout.json] [--rollback-only]
+    .venv/bin/python bench/rollout.py [--soak 5] [--json bench/results/rollout.json]
+    [--rollback-only]
 
 In one run:
 1. every node back on v0.23.0 (smoke-gated ``rollback --to``, not measured);
@@ -28,7 +30,8 @@ path leaves out). The total is timed from the start of ``rollout()``. Goals
 wave or step flags (the default plan: the canary, then steps as large as the 75 % capacity floor
 allows), same soak, each after every node is back on v0.23.0 without v0.24.0's image. Figures: all /
 one (goals: <= 5x at 16 nodes, <= 5.5x at 8), the plan's steps, and all / (one x steps): how much a
-step of several hosts costs over a step of one (1.0 when hosts in a step never slow each other; on the
+step of several hosts costs over a step of one (1.0 when hosts in a step never slow each other; on
+the
 lab they share the machine's cores).
 
 ``--deploy-compare [--repeat 3]`` (issue 12) compares the deploy step through the vllm_serve role
@@ -103,12 +106,14 @@ def _rollout(tag: str, soak: float, via: str = "ansible", **kw: Any) -> RolloutR
 
 
 def _deploy_seconds(t: Mapping[str, float]) -> float:
-    """One host's retire + start: the role's run ("deploy") or the controller's "stop" and "start"."""
+    """One host's retire + start: the role's run ("deploy") or the controller's "stop" and
+    "start"."""
     return t["deploy"] if "deploy" in t else t.get("stop", 0.0) + t.get("start", 0.0)
 
 
 def critical_path(r: RolloutResult) -> dict[str, float]:
-    """The slowest pull plus, per wave, the slowest host's ready + soak; and the overhead above it."""
+    """The slowest pull plus, per wave, the slowest host's ready + soak; and the overhead above
+    it."""
     pull = max(r.pull_seconds.values(), default=0.0)
     waves: dict[int, float] = {}
     restart: dict[int, float] = {}
@@ -131,7 +136,8 @@ def critical_path(r: RolloutResult) -> dict[str, float]:
 
 
 def _restored_load_seconds(node: str) -> float:
-    """The load time of the container now serving on ``node``: its image's ``EMU_LOAD_SECONDS`` plus the
+    """The load time of the container now serving on ``node``: its image's ``EMU_LOAD_SECONDS``
+    plus the
     compile its log says this start took (cold or warm, when the recipe mounts a compile cache).
 
     What a rollback cannot go below; the emulator's default (1 s) is not it: the lab's tags load in
@@ -139,7 +145,11 @@ def _restored_load_seconds(node: str) -> float:
     """
     host = inventory.load(None).host(node)
     name = serving.container_name(host)
-    env = json.loads(ssh.docker(host, ["docker", "inspect", "-f", "{{json .Config.Env}}", name], timeout=30).stdout)
+    env = json.loads(
+        ssh.docker(
+            host, ["docker", "inspect", "-f", "{{json .Config.Env}}", name], timeout=30
+        ).stdout
+    )
     knobs = from_env(dict(e.split("=", 1) for e in env if "=" in e))
     log = serving.logs(host, name, 200)
     compiled = re.findall(r"compile cache (?:hit|miss) .*compiling takes ([0-9.]+) s", log)
@@ -147,7 +157,8 @@ def _restored_load_seconds(node: str) -> float:
 
 
 def _rollback_after_boot_failure(node: str, soak: float, via: str = "ansible") -> dict[str, Any]:
-    """A tag that never boots, on ``node``: seconds from the failed gate to the previous version healthy."""
+    """A tag that never boots, on ``node``: seconds from the failed gate to the previous version
+    healthy."""
     fleetlab.add_image(BOOT_FAIL_TAG, {"EMU_BOOT_FAIL": "RuntimeError: bench boot failure"})
     failed = _rollout(BOOT_FAIL_TAG, soak, via, limit=node)
     canary = failed.hosts[0]
@@ -158,7 +169,8 @@ def _rollback_after_boot_failure(node: str, soak: float, via: str = "ansible") -
 
 
 def _rollback_only(con: Console, nodes: list[str], a: argparse.Namespace) -> int:
-    """Step 4 alone, three times on the first node: median overhead over the previous version's load."""
+    """Step 4 alone, three times on the first node: median overhead over the previous version's
+    load."""
     eng = _engine()
     try:
         eng.rollback(to=NEW, limit=nodes[0])
@@ -166,28 +178,39 @@ def _rollback_only(con: Console, nodes: list[str], a: argparse.Namespace) -> int
         eng.close()
     runs = [_rollback_after_boot_failure(nodes[0], a.soak) for _ in range(3)]
     over = sorted(r["overhead_s"] for r in runs)
-    figures = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "rollback_runs": runs,
-               "rollback_overhead_median_s": over[len(over) // 2], "goal_s": 2.0, "cpu_count": os.cpu_count()}
+    figures = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "rollback_runs": runs,
+        "rollback_overhead_median_s": over[len(over) // 2],
+        "goal_s": 2.0,
+        "cpu_count": os.cpu_count(),
+    }
     t = Table("run", "status", "healthy", "load", "overhead", "+smoke",
               title="rollback after a failed gate (lab; seconds)")
     for i, r in enumerate(runs, 1):
         t.add_row(str(i), r["status"], f"{r['healthy_after_s']:.1f}", f"{r['load_seconds']:.1f}",
                   f"{r['overhead_s']:.1f}", f"{r['with_smoke_s'] or 0:.1f}")
     con.print(t)
-    con.print(f"median rollback overhead over the previous version's load: {figures['rollback_overhead_median_s']:.1f}s"
-              " (goal <= 2s)")
+    con.print(
+        "median rollback overhead over the previous version's load: "
+        f"{figures['rollback_overhead_median_s']:.1f}s"
+        " (goal <= 2s)"
+    )
     write_figures(con, a.json, figures)
     ssh.close_all()
     return 0
 
 
 def _deploy_compare(con: Console, nodes: list[str], a: argparse.Namespace) -> int:
-    """The deploy step via the role and via SSH, alternating, ``--repeat`` times; medians and ratios."""
+    """The deploy step via the role and via SSH, alternating, ``--repeat`` times; medians and
+    ratios."""
     runs: dict[str, list[dict[str, Any]]] = {"ansible": [], "ssh": []}
     for i in range(a.repeat):
         for via in ("ansible", "ssh") if i % 2 == 0 else ("ssh", "ansible"):
             _serve_old()
-            r = _rollout(NEW, a.soak, via, waves="1,100%", max_unavailable=str(max(1, len(nodes) - 1)))
+            r = _rollout(
+                NEW, a.soak, via, waves="1,100%", max_unavailable=str(max(1, len(nodes) - 1))
+            )
             if r.status != "completed":
                 con.print(f"[red]{via} rollout {r.status}: {r.error}")
                 return 1
@@ -196,8 +219,13 @@ def _deploy_compare(con: Console, nodes: list[str], a: argparse.Namespace) -> in
                 if h.wave >= 0:
                     waves[h.wave] = max(waves.get(h.wave, 0.0), _deploy_seconds(h.timings))
             rb = _rollback_after_boot_failure(nodes[0], a.soak, via)
-            runs[via].append({"wave_deploy_s": [waves[w] for w in sorted(waves)], "total_s": r.seconds,
-                              "rollback": rb})
+            runs[via].append(
+                {
+                    "wave_deploy_s": [waves[w] for w in sorted(waves)],
+                    "total_s": r.seconds,
+                    "rollback": rb,
+                }
+            )
             con.print(f"{i + 1}/{a.repeat} {via}: deploy per wave "
                       f"{', '.join(f'{v:.1f}s' for v in runs[via][-1]['wave_deploy_s'])}; "
                       f"rollback overhead {rb['overhead_s']:.1f}s ({rb['status']})")
@@ -208,21 +236,35 @@ def _deploy_compare(con: Console, nodes: list[str], a: argparse.Namespace) -> in
     summary: dict[str, dict[str, float]] = {}
     for via, rs in runs.items():
         nw = min(len(x["wave_deploy_s"]) for x in rs)
-        summary[via] = {**{f"wave{w + 1}_deploy_s": med([x["wave_deploy_s"][w] for x in rs]) for w in range(nw)},
-                        "total_s": med([x["total_s"] for x in rs]),
-                        "rollback_overhead_s": med([x["rollback"]["overhead_s"] for x in rs])}
-    ratios = {k: summary["ansible"][k] / summary["ssh"][k] for k in summary["ssh"] if summary["ssh"][k]}
+        summary[via] = {
+            **{
+                f"wave{w + 1}_deploy_s": med([x["wave_deploy_s"][w] for x in rs]) for w in range(nw)
+            },
+            "total_s": med([x["total_s"] for x in rs]),
+            "rollback_overhead_s": med([x["rollback"]["overhead_s"] for x in rs]),
+        }
+    ratios = {
+        k: summary["ansible"][k] / summary["ssh"][k] for k in summary["ssh"] if summary["ssh"][k]
+    }
     figures = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": len(nodes),
                "soak_seconds": a.soak, "repeat": a.repeat, "runs": runs, "medians": summary,
                "ansible_over_ssh": ratios, "goals": {"rollback_overhead_s_max": 2.0},
                "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
-    t = Table("median", "ansible", "ssh", "ratio", title=f"deploy step: vllm_serve role vs SSH ({a.repeat} runs)")
+    t = Table(
+        "median",
+        "ansible",
+        "ssh",
+        "ratio",
+        title=f"deploy step: vllm_serve role vs SSH ({a.repeat} runs)",
+    )
     for k in summary["ssh"]:
         t.add_row(k, f"{summary['ansible'][k]:.1f}", f"{summary['ssh'][k]:.1f}",
                   f"{ratios[k]:.2f}x" if k in ratios else "-")
     con.print(t)
     worst = max(summary["ansible"]["rollback_overhead_s"], summary["ssh"]["rollback_overhead_s"])
-    con.print(f"rollback overhead over the previous version's load: {worst:.1f}s at most (goal <= 2s)")
+    con.print(
+        f"rollback overhead over the previous version's load: {worst:.1f}s at most (goal <= 2s)"
+    )
     write_figures(con, a.json, figures)
     _serve_old()
     ssh.close_all()
@@ -230,7 +272,8 @@ def _deploy_compare(con: Console, nodes: list[str], a: argparse.Namespace) -> in
 
 
 def _default_plan(con: Console, nodes: list[str], a: argparse.Namespace) -> int:
-    """One node, then every node on the default plan; the ratio, the steps and the cost of a wide step."""
+    """One node, then every node on the default plan; the ratio, the steps and the cost of a wide
+    step."""
     _serve_old()
     _drop_new_image()
     one = _rollout(NEW, a.soak, limit=nodes[0])
@@ -245,16 +288,33 @@ def _default_plan(con: Console, nodes: list[str], a: argparse.Namespace) -> int:
     steps = len(many.plan.steps())
     ratio = many.seconds / one.seconds
     goal = 5.0 if len(nodes) >= 16 else 5.5 if len(nodes) >= 8 else float(steps)
-    figures = {"when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": len(nodes),
-               "soak_seconds": a.soak, "one_node_s": one.seconds, "default_plan_s": many.seconds,
-               "steps": steps, "max_unavailable": many.plan.max_unavailable, "all_over_one": round(ratio, 2),
-               "step_cost_over_one": round(ratio / steps, 2), "goal_all_over_one": goal,
-               "pull_via": dict(many.pull_via), "cpu_count": os.cpu_count(), "load_average": os.getloadavg()}
-    t = Table("run", "seconds", "steps", title=f"default plan vs one node (lab, {len(nodes)} nodes, soak {a.soak:.0f}s)")
+    figures = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "nodes": len(nodes),
+        "soak_seconds": a.soak,
+        "one_node_s": one.seconds,
+        "default_plan_s": many.seconds,
+        "steps": steps,
+        "max_unavailable": many.plan.max_unavailable,
+        "all_over_one": round(ratio, 2),
+        "step_cost_over_one": round(ratio / steps, 2),
+        "goal_all_over_one": goal,
+        "pull_via": dict(many.pull_via),
+        "cpu_count": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
+    t = Table(
+        "run",
+        "seconds",
+        "steps",
+        title=f"default plan vs one node (lab, {len(nodes)} nodes, soak {a.soak:.0f}s)",
+    )
     t.add_row("1 node", f"{one.seconds:.1f}", "1")
     t.add_row(f"{len(nodes)} nodes", f"{many.seconds:.1f}", str(steps))
     con.print(t)
-    con.print(f"all / one: {ratio:.2f}x (goal <= {goal}x); per step: {ratio / steps:.2f}x one node's")
+    con.print(
+        f"all / one: {ratio:.2f}x (goal <= {goal}x); per step: {ratio / steps:.2f}x one node's"
+    )
     write_figures(con, a.json, figures)
     _serve_old()
     ssh.close_all()
@@ -265,13 +325,23 @@ def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; print a table, write JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--soak", type=float, default=5.0, help="sustained soak seconds per host")
-    ap.add_argument("--json", default="bench/results/rollout.json", help="where to write the figures")
-    ap.add_argument("--rollback-only", action="store_true", help="only the rollback after a failed gate")
-    ap.add_argument("--deploy-compare", action="store_true",
-                    help="the deploy step through the vllm_serve role vs over SSH, and the rollback after each")
+    ap.add_argument(
+        "--json", default="bench/results/rollout.json", help="where to write the figures"
+    )
+    ap.add_argument(
+        "--rollback-only", action="store_true", help="only the rollback after a failed gate"
+    )
+    ap.add_argument(
+        "--deploy-compare",
+        action="store_true",
+        help="the deploy step through the vllm_serve role vs over SSH, and the rollback after each",
+    )
     ap.add_argument("--repeat", type=int, default=3, help="repeats of --deploy-compare (medians)")
-    ap.add_argument("--default-plan", action="store_true",
-                    help="one node vs every node on the default plan (the capacity floor), same soak")
+    ap.add_argument(
+        "--default-plan",
+        action="store_true",
+        help="one node vs every node on the default plan (the capacity floor), same soak",
+    )
     a = ap.parse_args(argv)
     con = Console()
     nodes = list(inventory.load(None).hosts)
@@ -281,7 +351,10 @@ def main(argv: list[str] | None = None) -> int:
         return _deploy_compare(con, nodes, a)
     if a.default_plan:
         return _default_plan(con, nodes, a)
-    con.print(f"lab: {len(nodes)} nodes ({', '.join(nodes)}); soak {a.soak:.0f}s; preparing (not measured)")
+    con.print(
+        f"lab: {len(nodes)} nodes ({', '.join(nodes)}); soak {a.soak:.0f}s; preparing (not "
+        "measured)"
+    )
     _serve_old()
     _drop_new_image()
     one = _rollout(NEW, a.soak, limit=nodes[0])
@@ -299,25 +372,46 @@ def main(argv: list[str] | None = None) -> int:
     rb_healthy, load = rb["healthy_after_s"], rb["load_seconds"]
     r1, rn = critical_path(one), critical_path(many)
     figures = {
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "nodes": len(nodes), "soak_seconds": a.soak,
-        "one_node": r1, "all_nodes": rn, "all_over_one": rn["total"] / r1["total"],
+        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "nodes": len(nodes),
+        "soak_seconds": a.soak,
+        "one_node": r1,
+        "all_nodes": rn,
+        "all_over_one": rn["total"] / r1["total"],
         "rollback": rb,
         "goals": {"overhead_pct_max": 5.0, "all_over_one_max": 2.1, "rollback_overhead_s_max": 2.0},
-        "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
+        "cpu_count": os.cpu_count(),
+        "python": sys.version.split()[0],
     }
     # Short headers, explained below the table: it must stay readable at 80 columns (a CI log).
     t = Table("run", "total", "critical", "pull", "overhead", "ovh %", "stop+run", "ctl %",
               title="rollout benchmark (lab; seconds)")
     for name, r in (("1 node", r1), (f"{len(nodes)} nodes", rn)):
-        t.add_row(name, f"{r['total']:.1f}", f"{r['critical_path']:.1f}", f"{r['pull']:.1f}", f"{r['overhead']:.1f}",
-                  f"{r['overhead_pct']:.1f}", f"{r['docker_stop_start']:.1f}", f"{r['controller_only_pct']:.1f}")
+        t.add_row(
+            name,
+            f"{r['total']:.1f}",
+            f"{r['critical_path']:.1f}",
+            f"{r['pull']:.1f}",
+            f"{r['overhead']:.1f}",
+            f"{r['overhead_pct']:.1f}",
+            f"{r['docker_stop_start']:.1f}",
+            f"{r['controller_only_pct']:.1f}",
+        )
     con.print(t)
-    con.print(f"{len(nodes)} nodes ran waves 1,100%. critical: slowest pull + each wave's slowest ready + soak; "
-              "overhead: total - critical (ovh %: of critical); stop+run: docker stop + run within the overhead; "
-              "ctl %: overhead - stop+run, of critical", highlight=False)
+    con.print(
+        f"{len(nodes)} nodes ran waves 1,100%. critical: slowest pull + each wave's slowest ready "
+        "+ soak; "
+        "overhead: total - critical (ovh %: of critical); stop+run: docker stop + run within the "
+        "overhead; "
+        "ctl %: overhead - stop+run, of critical",
+        highlight=False,
+    )
     con.print(f"all nodes / one node: {figures['all_over_one']:.2f}x (goal <= 2.1x)")
-    con.print(f"rollback from failed gate to previous healthy: {rb_healthy:.1f}s, minus load {load:.1f}s = "
-              f"{rb_healthy - load:.1f}s overhead (goal <= 2s); with smoke {rb['with_smoke_s'] or 0:.1f}s")
+    con.print(
+        f"rollback from failed gate to previous healthy: {rb_healthy:.1f}s, minus load {load:.1f}s "
+        "= "
+        f"{rb_healthy - load:.1f}s overhead (goal <= 2s); with smoke {rb['with_smoke_s'] or 0:.1f}s"
+    )
     write_figures(con, a.json, figures)
     _serve_old()
     ssh.close_all()

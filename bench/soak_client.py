@@ -45,9 +45,20 @@ FIRST_EVENT_DELAY = 0.020
 
 
 def _event(i: int, finish: str | None = None) -> bytes:
-    chunk = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "bench",
-             "choices": [{"index": 0, "delta": {"content": f" tok{i % 97}"}, "logprobs": None,
-                          "finish_reason": finish}]}
+    chunk = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "bench",
+        "choices": [
+            {
+                "index": 0,
+                "delta": {"content": f" tok{i % 97}"},
+                "logprobs": None,
+                "finish_reason": finish,
+            }
+        ],
+    }
     return b"data: " + json.dumps(chunk).encode() + b"\n\n"
 
 
@@ -57,8 +68,14 @@ def _body(events: int) -> bytes:
     for i in range(events):
         ev = _event(i, "length" if i == events - 1 else None)
         parts.append(b"%x\r\n%s\r\n" % (len(ev), ev))
-    usage = {"id": "chatcmpl-bench", "object": "chat.completion.chunk", "created": 1, "model": "bench",
-             "choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": events, "total_tokens": events + 10}}
+    usage = {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion.chunk",
+        "created": 1,
+        "model": "bench",
+        "choices": [],
+        "usage": {"prompt_tokens": 10, "completion_tokens": events, "total_tokens": events + 10},
+    }
     for ev in (b"data: " + json.dumps(usage).encode() + b"\n\n", b"data: [DONE]\n\n"):
         parts.append(b"%x\r\n%s\r\n" % (len(ev), ev))
     parts.append(b"0\r\n\r\n")
@@ -120,8 +137,13 @@ async def _fleetctl(url: str, streams: int, per_stream: int, ttft: bool) -> tupl
         async def one() -> None:
             nonlocal events
             for _ in range(per_stream):
-                s = await c.chat(ChatRequest("bench", "hi", _TOKENS["n"], ignore_eos=True), phase="bench",
-                                 cls="bench", concurrency=streams, t0=0.0)
+                s = await c.chat(
+                    ChatRequest("bench", "hi", _TOKENS["n"], ignore_eos=True),
+                    phase="bench",
+                    cls="bench",
+                    concurrency=streams,
+                    t0=0.0,
+                )
                 if not s.ok or s.garbage:
                     raise RuntimeError(s.error or s.garbage)
                 events += s.events
@@ -136,7 +158,9 @@ async def _aiohttp(url: str, streams: int, per_stream: int, ttft: bool) -> tuple
     events = 0
     ttfts: list[float] = []
     conn = aiohttp.TCPConnector(limit=streams + 4)
-    async with aiohttp.ClientSession(connector=conn, headers={"X-Delay": "1" if ttft else "0"}) as s:
+    async with aiohttp.ClientSession(
+        connector=conn, headers={"X-Delay": "1" if ttft else "0"}
+    ) as s:
 
         async def one() -> None:
             nonlocal events
@@ -159,14 +183,18 @@ async def _httpx(url: str, streams: int, per_stream: int, ttft: bool) -> tuple[i
     events = 0
     ttfts: list[float] = []
     limits = httpx.Limits(max_connections=streams + 4, max_keepalive_connections=streams + 4)
-    async with httpx.AsyncClient(limits=limits, timeout=60, headers={"X-Delay": "1" if ttft else "0"}) as c:
+    async with httpx.AsyncClient(
+        limits=limits, timeout=60, headers={"X-Delay": "1" if ttft else "0"}
+    ) as c:
 
         async def one() -> None:
             nonlocal events
             for _ in range(per_stream):
                 t0 = time.monotonic()
                 first = True
-                async with c.stream("POST", url + "/v1/chat/completions", content=b'{"model":"bench"}') as resp:
+                async with c.stream(
+                    "POST", url + "/v1/chat/completions", content=b'{"model":"bench"}'
+                ) as resp:
                     async for line in resp.aiter_lines():
                         if line.startswith("data:"):
                             events += 1
@@ -237,20 +265,41 @@ def main() -> int:
         r["vs_bare_aiohttp"] = r["events_per_cpu_s"] / base if base else 0.0
     # A Spark peaks at ~800 tok/s; with speculative decoding an event carries >= 1 token.
     sparks = results["fleetctl"]["events_per_cpu_s"] / 800.0
-    print(f"{'client':<14} {'events/s':>10} {'events/CPU-s':>13} {'vs bare aiohttp':>16} {'TTFT overhead p50':>18}")
+    print(
+        f"{'client':<14} {'events/s':>10} {'events/CPU-s':>13} {'vs bare aiohttp':>16} "
+        f"{'TTFT overhead p50':>18}"
+    )
     for name, r in results.items():
-        print(f"{name:<14} {r['events_per_s']:>10.0f} {r['events_per_cpu_s']:>13.0f} {r['vs_bare_aiohttp']:>15.2f}x "
-              f"{r['ttft_overhead_ms_p50']:>15.2f} ms")
-    print(f"one controller core keeps up with ~{sparks:.0f} Sparks streaming 800 tok/s (1 token per event, worst case)")
+        print(
+            f"{name:<14} {r['events_per_s']:>10.0f} {r['events_per_cpu_s']:>13.0f} "
+            f"{r['vs_bare_aiohttp']:>15.2f}x "
+            f"{r['ttft_overhead_ms_p50']:>15.2f} ms"
+        )
+    print(
+        f"one controller core keeps up with ~{sparks:.0f} Sparks streaming 800 tok/s (1 token per "
+        "event, worst case)"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "machine": {"python": platform.python_version(), "cpus": os.cpu_count(), "platform": platform.platform()},
-        "settings": vars(args), "results": results, "sparks_at_800_tok_s_per_core": sparks,
-        "goal": "fleetctl (text checks on) >= 0.85x bare aiohttp events per CPU second",
-        "goal_met": results["fleetctl"]["vs_bare_aiohttp"] >= 0.85,
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "machine": {
+                    "python": platform.python_version(),
+                    "cpus": os.cpu_count(),
+                    "platform": platform.platform(),
+                },
+                "settings": vars(args),
+                "results": results,
+                "sparks_at_800_tok_s_per_core": sparks,
+                "goal": "fleetctl (text checks on) >= 0.85x bare aiohttp events per CPU second",
+                "goal_met": results["fleetctl"]["vs_bare_aiohttp"] >= 0.85,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
     return 0
 

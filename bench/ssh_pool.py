@@ -55,7 +55,9 @@ def measure(hosts: list[Host], rounds: int, idle: float) -> dict[str, float]:
     for _ in range(rounds):
         ssh.close_all()
         c0 = cpu()
-        outs = ssh.fan_out(hosts, lambda h: ssh.run(h, "true", timeout=30).rc, timeout=60, max_workers=4)
+        outs = ssh.fan_out(
+            hosts, lambda h: ssh.run(h, "true", timeout=30).rc, timeout=60, max_workers=4
+        )
         connect.append((cpu() - c0) / len(hosts))
         bad = {n: str(o.error) for n, o in outs.items() if not o.ok}
         if bad:
@@ -98,31 +100,49 @@ def lab_hosts() -> Iterator[tuple[list[Host], Host]]:
 
     routed = inventory.load(None).select(None)
     if not routed[0].jumps:
-        raise SystemExit("the lab's inventory names no bastion (ProxyJump): `fleetctl lab down` and up again")
+        raise SystemExit(
+            "the lab's inventory names no bastion (ProxyJump): `fleetctl lab down` and up again"
+        )
     bastion = routed[0].jumps[0]
     with lab.direct_ssh():
-        yield ([dataclasses.replace(h, jumps=()) for h in routed],
-               Host("bastion", bastion.address, port=bastion.port, user=bastion.user, key_file=bastion.key_files[0],
-                    known_hosts=bastion.known_hosts))
+        yield (
+            [dataclasses.replace(h, jumps=()) for h in routed],
+            Host(
+                "bastion",
+                bastion.address,
+                port=bastion.port,
+                user=bastion.user,
+                key_file=bastion.key_files[0],
+                known_hosts=bastion.known_hosts,
+            ),
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--idle", type=float, default=10.0, help="seconds to hold the connections idle")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--local", type=int, metavar="N", help="N local sshd hosts instead of the lab (root)")
+    ap.add_argument(
+        "--local", type=int, metavar="N", help="N local sshd hosts instead of the lab (root)"
+    )
     ap.add_argument("--json", default="bench/results/ssh_pool.json")
     a = ap.parse_args()
     with local_hosts(a.local) if a.local else lab_hosts() as (hosts, bastion):
         jumped = [dataclasses.replace(h, jumps=(bastion.hop(),)) for h in hosts]
         direct = measure(hosts, a.rounds, a.idle)
         via = measure(jumped, a.rounds, a.idle)
-    where = f"{len(hosts)} local sshd hosts" if a.local else f"{len(hosts)} lab nodes (bastion: the lab's)"
+    where = (
+        f"{len(hosts)} local sshd hosts"
+        if a.local
+        else f"{len(hosts)} lab nodes (bastion: the lab's)"
+    )
     figures = {"hosts": len(hosts), "where": where, "direct": direct, "via_jump": via,
                "max_pooled": ssh.MAX_POOLED, "rounds": a.rounds, "cpu_count": os.cpu_count()}
     con = Console(width=90)
     t = Table("per host", "direct", "via jump host", title=f"SSH to {where} (median of {a.rounds})")
-    t.add_row("connect + `true`", f"{direct['connect_cpu_ms']:.1f} ms", f"{via['connect_cpu_ms']:.1f} ms")
+    t.add_row(
+        "connect + `true`", f"{direct['connect_cpu_ms']:.1f} ms", f"{via['connect_cpu_ms']:.1f} ms"
+    )
     t.add_row("`true` on a pooled one", f"{direct['command_on_pooled_cpu_ms']:.1f} ms",
               f"{via['command_on_pooled_cpu_ms']:.1f} ms")
     t.add_row("held idle", f"{direct['idle_cpu_ms_per_s']:.2f} ms per second",

@@ -13,7 +13,8 @@ fan-out wall time against (controller push time x number of hosts).
 
     FLEETCTL_LAB_DIR=... .venv/bin/python bench/stage_throughput.py [--mb 256]
 
-Needs a lab that is up (`fleetctl lab up`). Prints a table and writes bench/results/stage_throughput.json.
+Needs a lab that is up (`fleetctl lab up`). Prints a table and writes
+bench/results/stage_throughput.json.
 """
 
 from __future__ import annotations
@@ -41,9 +42,18 @@ PATH = "/opt/fleetctl-bench/body"
 
 def _recipe(revision: str) -> dict[str, Any]:
     return {
-        "image": "vllm/vllm-openai", "served_model_names": ["bench"],
-        "weights": [{"role": "body", "repo": REPO, "revision": revision, "path": PATH, "mount": "/model",
-                     "format": "bf16"}],
+        "image": "vllm/vllm-openai",
+        "served_model_names": ["bench"],
+        "weights": [
+            {
+                "role": "body",
+                "repo": REPO,
+                "revision": revision,
+                "path": PATH,
+                "mount": "/model",
+                "format": "bf16",
+            }
+        ],
         "vllm_args": ["--max-model-len", "4096"],
     }
 
@@ -59,7 +69,8 @@ def _task_durations(artifacts: Path, task: str) -> dict[str, float]:
 
 
 def bench_set(st: fleetlab.LabStatus, mb: int) -> tuple[inventory.Inventory, int, Path]:
-    """A body of ``mb`` MB on the lab's mirror, and a copy of the lab's inventory whose recipe stages it.
+    """A body of ``mb`` MB on the lab's mirror, and a copy of the lab's inventory whose recipe
+    stages it.
 
     Returns (the inventory, the set's bytes, a temporary directory for the caller to remove)."""
     mirror = Path(st.directory) / "www" / "weights"
@@ -70,7 +81,9 @@ def bench_set(st: fleetlab.LabStatus, mb: int) -> tuple[inventory.Inventory, int
         manifest = json.loads((target / "manifest.json").read_text())
     else:
         models.write_model(tmp / "m", "qwen35-35b-a3b-bf16", size_bytes=mb * 1_000_000)
-        manifest = models.manifest_for(tmp / "m", repo=REPO, revision=rev, revision_date="2026-07-01")
+        manifest = models.manifest_for(
+            tmp / "m", repo=REPO, revision=rev, revision_date="2026-07-01"
+        )
         (tmp / "m" / "manifest.json").write_text(json.dumps(manifest))
         shutil.copytree(tmp / "m", target)
     size = sum(int(f["size"]) for f in manifest["files"])
@@ -84,7 +97,9 @@ def bench_set(st: fleetlab.LabStatus, mb: int) -> tuple[inventory.Inventory, int
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", type=int, default=256, help="size of the body in MB")
-    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "stage_throughput.json"))
+    ap.add_argument(
+        "--out", default=str(Path(__file__).parent / "results" / "stage_throughput.json")
+    )
     args = ap.parse_args()
     st = fleetlab.status()
     if not st.up:
@@ -103,12 +118,31 @@ def main() -> int:
         fan_wall = time.monotonic() - t0
         assert fan.ok, [h.message for h in fan.hosts.values()]
         rsyncs = {h.name: h.seconds for h in fan.hosts.values() if not h.seed and h.seconds}
-        rows.append({"phase": "seed fetch (HTTP from mirror)", "host": fan.seed, "seconds": fan.fetch_seconds,
-                     "mb_per_s": size / 1e6 / fan.fetch_seconds})
+        rows.append(
+            {
+                "phase": "seed fetch (HTTP from mirror)",
+                "host": fan.seed,
+                "seconds": fan.fetch_seconds,
+                "mb_per_s": size / 1e6 / fan.fetch_seconds,
+            }
+        )
         for host, secs in sorted(rsyncs.items()):
-            rows.append({"phase": "rsync from its source (LAN)", "host": host, "seconds": secs, "mb_per_s": size / 1e6 / secs})
-        rows.append({"phase": f"fan-out wall ({len(nodes)} hosts, fleetctl stage)", "host": "-", "seconds": fan_wall,
-                     "mb_per_s": size * len(nodes) / 1e6 / fan_wall})
+            rows.append(
+                {
+                    "phase": "rsync from its source (LAN)",
+                    "host": host,
+                    "seconds": secs,
+                    "mb_per_s": size / 1e6 / secs,
+                }
+            )
+        rows.append(
+            {
+                "phase": f"fan-out wall ({len(nodes)} hosts, fleetctl stage)",
+                "host": "-",
+                "seconds": fan_wall,
+                "mb_per_s": size * len(nodes) / 1e6 / fan_wall,
+            }
+        )
 
         one = nodes[-1]
         ssh.run(inv.host(one), clean, timeout=60)
@@ -116,9 +150,19 @@ def main() -> int:
         relay = stage(inv, "bench", limit=one, source="local", local_dir=mirror)
         relay_wall = time.monotonic() - t0
         assert relay.ok, relay.hosts[one].message
-        push = _task_durations(relay.artifacts_dir, "Push each weight set from the controller to the seed host with rsync")
+        push = _task_durations(
+            relay.artifacts_dir,
+            "Push each weight set from the controller to the seed host with rsync",
+        )
         secs = push.get(one, relay_wall)
-        rows.append({"phase": "controller push (rsync)", "host": one, "seconds": secs, "mb_per_s": size / 1e6 / secs})
+        rows.append(
+            {
+                "phase": "controller push (rsync)",
+                "host": one,
+                "seconds": secs,
+                "mb_per_s": size / 1e6 / secs,
+            }
+        )
         rows.append({"phase": "controller relay wall, 1 host", "host": one, "seconds": relay_wall,
                      "mb_per_s": size / 1e6 / relay_wall})
     finally:
@@ -135,7 +179,11 @@ def main() -> int:
     print(f"fan-out wall / (controller relay wall x {len(nodes)} hosts) = {ratio:.2f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"size_bytes": size, "nodes": nodes, "rows": rows, "fanout_vs_relay": ratio}, indent=2))
+    out.write_text(
+        json.dumps(
+            {"size_bytes": size, "nodes": nodes, "rows": rows, "fanout_vs_relay": ratio}, indent=2
+        )
+    )
     print(f"wrote {out}")
     return 0
 

@@ -1,16 +1,23 @@
-"""Does a real vLLM (the CPU build the conformance test uses) pick up its own compile cache? (issue 19)
+"""Does a real vLLM (the CPU build the conformance test uses) pick up its own compile cache? (issue
+19)
 
-A warm start (docs/warm-start.md) copies the canary's compile-cache directories to the wave's hosts and
-mounts them where the server compiles into. This measures, on the real server, what that is worth: the
+A warm start (docs/warm-start.md) copies the canary's compile-cache directories to the wave's hosts
+and
+mounts them where the server compiles into. This measures, on the real server, what that is worth:
+the
 same tiny model served twice with the same ``VLLM_CACHE_ROOT`` (the first start with it empty, the
 second with what the first left), and once more with a fresh empty root as the cold baseline of the
-same moment. Per start: seconds from launch to /health 200, the compile lines vLLM logs (its "torch.compile
-takes ... in total", a "load the compiled graph ... from the cache" line), and the files the cache root
+same moment. Per start: seconds from launch to /health 200, the compile lines vLLM logs (its
+"torch.compile
+takes ... in total", a "load the compiled graph ... from the cache" line), and the files the cache
+root
 holds after it. Needs the venv of scripts/install-vllm-cpu.sh (installed on first use)::
 
-    .venv/bin/python bench/vllm_compile_cache.py [--rounds 2] [--json bench/results/vllm_compile_cache.json]
+    .venv/bin/python bench/vllm_compile_cache.py [--rounds 2] [--json
+    bench/results/vllm_compile_cache.json]
 
-The ratio is warm / cold time to ready, medians of the rounds (cold = each round's fresh-root start).
+The ratio is warm / cold time to ready, medians of the rounds (cold = each round's fresh-root
+start).
 """
 
 from __future__ import annotations
@@ -37,13 +44,20 @@ from fleetctl import paths
 
 ROOT = paths.project_root()
 #: Lines of vLLM's log that say what its compile did (quoted in the figures as they are).
-COMPILE_LINES = re.compile(r"torch\.compile|compiled graph|compile(d)? .*cache|cache.*compil|Compiling a graph",
-                           re.IGNORECASE)
+COMPILE_LINES = re.compile(
+    r"torch\.compile|compiled graph|compile(d)? .*cache|cache.*compil|Compiling a graph",
+    re.IGNORECASE,
+)
 
 
 def vllm_python() -> Path:
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "install-vllm-cpu.sh")], capture_output=True, text=True,
-                       timeout=3600, env={**os.environ, "FLEETCTL_CACHE_DIR": str(paths.cache_dir())})
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install-vllm-cpu.sh")],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "FLEETCTL_CACHE_DIR": str(paths.cache_dir())},
+    )
     if r.returncode != 0:
         raise SystemExit(f"install-vllm-cpu.sh failed:\n{r.stderr[-3000:]}")
     return Path(r.stdout.strip().splitlines()[-1])
@@ -67,21 +81,42 @@ def files_under(root: Path) -> tuple[int, int]:
     return n, size
 
 
-def start(py: Path, model: Path, cache_root: Path, log: Path, timeout: float = 900.0) -> dict[str, Any]:
-    """One start of the server with ``cache_root``: seconds to /health 200, its compile lines, then stopped."""
+def start(
+    py: Path, model: Path, cache_root: Path, log: Path, timeout: float = 900.0
+) -> dict[str, Any]:
+    """One start of the server with ``cache_root``: seconds to /health 200, its compile lines, then
+    stopped."""
     port = free_port()
-    argv = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--served-model-name",
-            "tiny", "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
-            "--gpu-memory-utilization", "0.1"]
+    argv = [
+        str(py),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "2048",
+        "--gpu-memory-utilization",
+        "0.1",
+    ]
     env = {**os.environ, "VLLM_CACHE_ROOT": str(cache_root)}
     t0 = time.monotonic()
     with log.open("wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     ready = None
     try:
         while time.monotonic() - t0 < timeout:
             if proc.poll() is not None:
-                raise SystemExit(f"vLLM exited {proc.returncode} before it was ready; its log: {log}")
+                raise SystemExit(
+                    f"vLLM exited {proc.returncode} before it was ready; its log: {log}"
+                )
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     if r.status == 200:
@@ -100,14 +135,24 @@ def start(py: Path, model: Path, cache_root: Path, log: Path, timeout: float = 9
                 proc.wait()
     if ready is None:
         raise SystemExit(f"vLLM was not ready in {timeout:.0f} s; its log: {log}")
-    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if COMPILE_LINES.search(ln)]
+    lines = [
+        ln.strip()
+        for ln in log.read_text(errors="replace").splitlines()
+        if COMPILE_LINES.search(ln)
+    ]
     n, size = files_under(cache_root)
-    return {"ready_s": round(ready, 1), "compile_lines": [ln[-200:] for ln in lines], "cache_files": n,
-            "cache_bytes": size}
+    return {
+        "ready_s": round(ready, 1),
+        "compile_lines": [ln[-200:] for ln in lines],
+        "cache_files": n,
+        "cache_bytes": size,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", help="write the figures here")
     a = ap.parse_args(argv)
@@ -115,8 +160,12 @@ def main(argv: list[str] | None = None) -> int:
     py = vllm_python()
     work = Path(tempfile.mkdtemp(prefix="vllm-compile-cache-"))
     model = work / "tiny"
-    r = subprocess.run([str(py), str(ROOT / "tests" / "soak" / "tiny_llama.py"), str(model)], capture_output=True,
-                       text=True, timeout=600)
+    r = subprocess.run(
+        [str(py), str(ROOT / "tests" / "soak" / "tiny_llama.py"), str(model)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if r.returncode != 0:
         raise SystemExit(r.stderr[-3000:])
     rounds: list[dict[str, Any]] = []
@@ -126,14 +175,20 @@ def main(argv: list[str] | None = None) -> int:
         second = start(py, model, shared, work / f"second-{i}.log")
         cold = start(py, model, work / f"cold-{i}", work / f"cold-{i}.log")
         rounds.append({"first": first, "warm": second, "cold": cold})
-        con.print(f"round {i + 1}: first {first['ready_s']} s, warm {second['ready_s']} s, cold {cold['ready_s']} s")
+        con.print(
+            f"round {i + 1}: first {first['ready_s']} s, warm {second['ready_s']} s, cold "
+            f"{cold['ready_s']} s"
+        )
     warm = statistics.median(x["warm"]["ready_s"] for x in rounds)
     cold = statistics.median(x["cold"]["ready_s"] for x in rounds)
     t = Table(title="real vLLM (CPU build): time to /health 200, medians")
     for c in ("start", "seconds", "cache files after"):
         t.add_column(c)
-    t.add_row("first (empty cache root)", f"{statistics.median(x['first']['ready_s'] for x in rounds):.1f}",
-              str(rounds[-1]["first"]["cache_files"]))
+    t.add_row(
+        "first (empty cache root)",
+        f"{statistics.median(x['first']['ready_s'] for x in rounds):.1f}",
+        str(rounds[-1]["first"]["cache_files"]),
+    )
     t.add_row("second (the first's cache)", f"{warm:.1f}", str(rounds[-1]["warm"]["cache_files"]))
     t.add_row("cold (fresh empty root)", f"{cold:.1f}", str(rounds[-1]["cold"]["cache_files"]))
     con.print(t)
@@ -142,8 +197,15 @@ def main(argv: list[str] | None = None) -> int:
         con.print(f"{what}'s compile lines:", highlight=False)
         for ln in rounds[-1][what]["compile_lines"][-4:] or ["(none)"]:
             con.print(f"  {ln}", highlight=False, markup=False)
-    figures = {"rounds": rounds, "warm_s": warm, "cold_s": cold, "ratio": round(warm / cold, 3), "goal": 0.4,
-               "python": sys.version.split()[0], "logs": str(work)}
+    figures = {
+        "rounds": rounds,
+        "warm_s": warm,
+        "cold_s": cold,
+        "ratio": round(warm / cold, 3),
+        "goal": 0.4,
+        "python": sys.version.split()[0],
+        "logs": str(work),
+    }
     if a.json:
         write_figures(con, a.json, figures)
     print(json.dumps({k: figures[k] for k in ("warm_s", "cold_s", "ratio")}))

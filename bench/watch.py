@@ -1,13 +1,17 @@
 """What ``fleetctl watch`` costs the controller per host and interval, against a bare aiohttp loop.
 
-A loopback server (its own process) answers like a vLLM: /health, /v1/models, /version, a /metrics of
-the size a real one has (~300 series, histograms included) and streamed chat completions of 16 chunks.
+A loopback server (its own process) answers like a vLLM: /health, /v1/models, /version, a /metrics
+of
+the size a real one has (~300 series, histograms included) and streamed chat completions of 16
+chunks.
 ``--hosts`` targets (the same server under different names) are watched for ``--seconds`` at
 ``--interval``, ``--parallel`` at a time. In the same run, with the same server:
 
-- ``fleetctl watch``: ``soak.watch.run_watch`` (a canary and a stream per host-interval, the /metrics
+- ``fleetctl watch``: ``soak.watch.run_watch`` (a canary and a stream per host-interval, the
+/metrics
   scrape parsed and judged, samples and scrapes written to disk, the verdicts at the end);
-- ``bare aiohttp``: per host-interval the same two streamed requests (lines counted) and the /metrics
+- ``bare aiohttp``: per host-interval the same two streamed requests (lines counted) and the
+/metrics
   GET (body read, not parsed), the same semaphore.
 
 Reported: host-intervals done, controller CPU seconds per 1000 host-intervals, and the ratio; the
@@ -48,13 +52,28 @@ def _metrics_text(n: int) -> str:
              f'vllm:request_success_total{{model_name="{MODEL}",finished_reason="error"}} 0',
              f'vllm:num_preemptions_total{{model_name="{MODEL}"}} 0',
              f'vllm:generation_tokens_total{{model_name="{MODEL}"}} {16 * n}']
-    for name in ("time_to_first_token_seconds", "request_time_per_output_token_seconds", "e2e_request_latency_seconds",
-                 "inter_token_latency_seconds", "request_queue_time_seconds", "request_prefill_time_seconds"):
+    for name in (
+        "time_to_first_token_seconds",
+        "request_time_per_output_token_seconds",
+        "e2e_request_latency_seconds",
+        "inter_token_latency_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+    ):
         bounds = [0.001 * 2 ** i for i in range(24)]
-        lines += [f'vllm:{name}_bucket{{model_name="{MODEL}",le="{b:g}"}} {n if b > 0.05 else 0}' for b in bounds]
-        lines += [f'vllm:{name}_bucket{{model_name="{MODEL}",le="+Inf"}} {n}', f'vllm:{name}_count{{model_name="{MODEL}"}} {n}',
-                  f'vllm:{name}_sum{{model_name="{MODEL}"}} {0.08 * n}']
-    lines += [f'vllm:request_params_max_tokens_bucket{{model_name="{MODEL}",le="{2 ** i}"}} {n}' for i in range(14)]
+        lines += [
+            f'vllm:{name}_bucket{{model_name="{MODEL}",le="{b:g}"}} {n if b > 0.05 else 0}'
+            for b in bounds
+        ]
+        lines += [
+            f'vllm:{name}_bucket{{model_name="{MODEL}",le="+Inf"}} {n}',
+            f'vllm:{name}_count{{model_name="{MODEL}"}} {n}',
+            f'vllm:{name}_sum{{model_name="{MODEL}"}} {0.08 * n}',
+        ]
+    lines += [
+        f'vllm:request_params_max_tokens_bucket{{model_name="{MODEL}",le="{2**i}"}} {n}'
+        for i in range(14)
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -74,11 +93,34 @@ def _server(port: int) -> None:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(r)
         for w in words:
-            await resp.write(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": w + " "},
-                                                                  "finish_reason": None}]}).encode() + b"\n\n")
-        await resp.write(b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n')
-        await resp.write(b"data: " + json.dumps({"choices": [], "usage": {
-            "prompt_tokens": 12, "completion_tokens": len(words), "total_tokens": 12 + len(words)}}).encode() + b"\n\n")
+            await resp.write(
+                b"data: "
+                + json.dumps(
+                    {
+                        "choices": [
+                            {"index": 0, "delta": {"content": w + " "}, "finish_reason": None}
+                        ]
+                    }
+                ).encode()
+                + b"\n\n"
+            )
+        await resp.write(
+            b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n'
+        )
+        await resp.write(
+            b"data: "
+            + json.dumps(
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 12,
+                        "completion_tokens": len(words),
+                        "total_tokens": 12 + len(words),
+                    },
+                }
+            ).encode()
+            + b"\n\n"
+        )
         await resp.write(b"data: [DONE]\n\n")
         served[0] += 1
         return resp
@@ -110,7 +152,12 @@ def _bare(url: str, hosts: int, seconds: float, interval: float, parallel: int) 
     done = [0]
 
     async def stream(s: aiohttp.ClientSession, prompt: str) -> None:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16, "stream": True}
+        body = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": 16,
+            "stream": True,
+        }
         async with s.post(url + "/v1/chat/completions", json=body) as resp:
             async for line in resp.content:
                 if line.startswith(b"data:"):
@@ -137,9 +184,14 @@ def _bare(url: str, hosts: int, seconds: float, interval: float, parallel: int) 
     return done[0]
 
 
-def _watch(url: str, hosts: int, seconds: float, interval: float, parallel: int, tmp: Path) -> tuple[int, str]:
+def _watch(
+    url: str, hosts: int, seconds: float, interval: float, parallel: int, tmp: Path
+) -> tuple[int, str]:
     cfg = load_config({}, profile="lab", served_model_names=(MODEL,))
-    targets = [WatchTarget(SoakTarget(f"host-{i:03d}", url), cfg, tmp / f"h{i}", f"watch-{i}") for i in range(hosts)]
+    targets = [
+        WatchTarget(SoakTarget(f"host-{i:03d}", url), cfg, tmp / f"h{i}", f"watch-{i}")
+        for i in range(hosts)
+    ]
     vs = run_watch(targets, WatchSettings(duration=seconds, interval=interval, parallel=parallel))
     outcomes = {v.outcome.value for v in vs}
     return sum(v.levels[0].requests // 2 for v in vs), ",".join(sorted(outcomes))
@@ -166,13 +218,26 @@ def main() -> None:
     try:
         c0 = _cpu()
         n = _bare(url, a.hosts, a.seconds, a.interval, a.parallel)
-        rows.append({"client": "bare aiohttp", "host_intervals": n, "cpu_s": round(_cpu() - c0, 3), "outcomes": "-"})
+        rows.append(
+            {
+                "client": "bare aiohttp",
+                "host_intervals": n,
+                "cpu_s": round(_cpu() - c0, 3),
+                "outcomes": "-",
+            }
+        )
         rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         with tempfile.TemporaryDirectory() as tmp:
             c0 = _cpu()
             n, outcomes = _watch(url, a.hosts, a.seconds, a.interval, a.parallel, Path(tmp))
-            rows.append({"client": "fleetctl watch", "host_intervals": n, "cpu_s": round(_cpu() - c0, 3),
-                         "outcomes": outcomes})
+            rows.append(
+                {
+                    "client": "fleetctl watch",
+                    "host_intervals": n,
+                    "cpu_s": round(_cpu() - c0, 3),
+                    "outcomes": outcomes,
+                }
+            )
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     finally:
         srv.terminate()
@@ -180,16 +245,35 @@ def main() -> None:
         r["cpu_ms_per_host_interval"] = round(1000 * r["cpu_s"] / max(1, r["host_intervals"]), 2)
     ratio = rows[1]["cpu_ms_per_host_interval"] / max(rows[0]["cpu_ms_per_host_interval"], 1e-9)
     print(f"{a.hosts} hosts, every {a.interval:g}s for {a.seconds:g}s, {a.parallel} at a time")
-    print(f"{'client':<16} {'host-intervals':>14} {'CPU s':>8} {'CPU ms/host-interval':>21}  outcomes")
+    print(
+        f"{'client':<16} {'host-intervals':>14} {'CPU s':>8} {'CPU ms/host-interval':>21}  outcomes"
+    )
     for r in rows:
-        print(f"{r['client']:<16} {r['host_intervals']:>14} {r['cpu_s']:>8.2f} {r['cpu_ms_per_host_interval']:>21.2f}  "
-              f"{r['outcomes']}")
-    print(f"fleetctl / bare CPU per host-interval: {ratio:.2f}x; peak RSS grew {(rss1 - rss0) / 1024:.1f} MiB "
-          f"during the watch ({(rss1 - rss0) / max(1, a.hosts):.0f} KiB per host)")
+        print(
+            f"{r['client']:<16} {r['host_intervals']:>14} {r['cpu_s']:>8.2f} "
+            f"{r['cpu_ms_per_host_interval']:>21.2f}  "
+            f"{r['outcomes']}"
+        )
+    print(
+        f"fleetctl / bare CPU per host-interval: {ratio:.2f}x; peak RSS grew "
+        f"{(rss1 - rss0) / 1024:.1f} MiB "
+        f"during the watch ({(rss1 - rss0) / max(1, a.hosts):.0f} KiB per host)"
+    )
     out = Path(__file__).parent / "results" / "watch.json"
     out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps({"args": vars(a), "rows": rows, "ratio": round(ratio, 3),
-                               "rss_growth_kib": rss1 - rss0, "python": sys.version.split()[0]}, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(a),
+                "rows": rows,
+                "ratio": round(ratio, 3),
+                "rss_growth_kib": rss1 - rss0,
+                "python": sys.version.split()[0],
+            },
+            indent=2,
+        )
+        + "\n"
+    )
     print(f"wrote {out}")
 
 

@@ -17,8 +17,10 @@ file order, as in a serial run:
 - ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while).
 
 Everything else is spread over both workers: xdist gives a worker more only when its group is nearly
-done, so the rest goes to whichever half ends first. Only what needs real SSH, Docker and sshd is a lab
-test; the engine's logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The groups are set when each test is collected
+done, so the rest goes to whichever half ends first. Only what needs real SSH, Docker and sshd is a
+lab
+test; the engine's logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The
+groups are set when each test is collected
 (``pytest_itemcollected``), before xdist reads them to place the tests. ``FLEETCTL_TEST_WORKERS=0``
 runs everything in one process, on one lab.
 """
@@ -30,21 +32,36 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.plugins.lab", "tests.plugins.provision", "tests.plugins.stage", "tests.plugins.serving",
-                  "tests.plugins.postgres", "tests.plugins.emulator", "tests.plugins.webhook", "tests.plugins.units"]
+pytest_plugins = [
+    "tests.plugins.lab",
+    "tests.plugins.provision",
+    "tests.plugins.stage",
+    "tests.plugins.serving",
+    "tests.plugins.postgres",
+    "tests.plugins.emulator",
+    "tests.plugins.webhook",
+    "tests.plugins.units",
+]
 
-#: The lab test modules of the second half (``lab-2``), about half of the lab's time: the front door, the units,
-#: the live view and the soak on the lab. Measured (pytest --durations, both halves at once on one machine)
-#: after the engine's cases left the first half for the simulated fleet: the collection's test moved to the
-#: first to even them.
-LAB_2 = ("tests/cli/test_live_lab.py", "tests/lab/test_units_lab.py", "tests/rollout/test_frontdoor_lab.py",
-         "tests/rollout/test_unit_rollout_lab.py", "tests/soak/test_lab.py")
+#: The lab test modules of the second half (``lab-2``), about half of the lab's time: the front
+#: door, the units, the live view and the soak on the lab. Measured (pytest --durations, both
+#: halves at once on one machine) after the engine's cases left the first half for the simulated
+#: fleet: the collection's test moved to the first to even them.
+LAB_2 = (
+    "tests/cli/test_live_lab.py",
+    "tests/lab/test_units_lab.py",
+    "tests/rollout/test_frontdoor_lab.py",
+    "tests/rollout/test_unit_rollout_lab.py",
+    "tests/soak/test_lab.py",
+)
 
-#: The lab test modules that use the session's unit (``lab_unit``: two more nodes made one, kept until the session
-#: ends): run after every other test of the session, so that no test expecting only single hosts sees it.
+#: The lab test modules that use the session's unit (``lab_unit``: two more nodes made one, kept
+#: until the session ends): run after every other test of the session, so that no test expecting
+#: only single hosts sees it.
 UNIT_MODULES = ("tests/lab/test_units_lab.py", "tests/rollout/test_unit_rollout_lab.py")
 
-#: Test modules that change the machine itself (real users, sudoers): one group, never beside each other.
+#: Test modules that change the machine itself (real users, sudoers): one group, never beside each
+#: other.
 MACHINE_WIDE = ("tests/test_ssh_access.py",)
 
 
@@ -66,15 +83,18 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    # The unit's modules last (in file order among themselves); every worker orders its collection alike.
+    # The unit's modules last (in file order among themselves); every worker orders its collection
+    # alike.
     last = [i for i in items if i.nodeid.split("::")[0] in UNIT_MODULES]
     if last:
         items[:] = [i for i in items if i.nodeid.split("::")[0] not in UNIT_MODULES] + last
 
 
 def worker_lab(worker: str, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
-    """The lab settings of xdist worker ``worker`` (``gw0``, ``gw1``, ...): none for the first (the lab the
-    environment selects), and for worker k a directory beside it and a subnet 128 /24s away (the fresh-lab
+    """The lab settings of xdist worker ``worker`` (``gw0``, ``gw1``, ...): none for the first (the
+    lab the
+    environment selects), and for worker k a directory beside it and a subnet 128 /24s away (the
+    fresh-lab
     test takes 10.78.200-254, helpers' labs count up from 10.78.1)."""
     k = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
     if k == 0:

@@ -1,4 +1,5 @@
-"""Load an Ansible role's Python files (custom modules, probe scripts) as modules, for unit tests."""
+"""Load an Ansible role's Python files (custom modules, probe scripts) as modules, for unit
+tests."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from fleetctl import paths
 
 
 def load_role_file(role: str, relpath: str) -> ModuleType:
-    """Import ``roles/<role>/<relpath>`` under a test-only name (registered, so dataclasses work)."""
+    """Import ``roles/<role>/<relpath>`` under a test-only name (registered, so dataclasses
+    work)."""
     path = paths.roles_dir() / role / relpath
     name = f"fleetctl_test_{role}_{path.stem}"
     spec = importlib.util.spec_from_file_location(name, path)

@@ -68,7 +68,8 @@ class Sshd:
 
 def start(tmp: pathlib.Path, name: str, addr: str, *, forwarding: bool, allow_user: str,
           ports: int = 1, authorized_keys: pathlib.Path | None = None) -> Sshd:
-    """Start sshd ``name`` on ``ports`` free ports of ``addr``, accepting keys of ``allow_user`` only.
+    """Start sshd ``name`` on ``ports`` free ports of ``addr``, accepting keys of ``allow_user``
+    only.
 
     ``authorized_keys`` replaces the user's ~/.ssh/authorized_keys (a root login needs no home
     to be touched); ``forwarding`` says whether it may serve as a ProxyJump host.
@@ -120,8 +121,17 @@ def root_fleet(tmp: pathlib.Path, n: int) -> Iterator[tuple[Sshd, list[Sshd]]]:
                      authorized_keys=tmp / "authorized_keys")]
     try:
         for i in range(0, n, MAX_PORTS):
-            servers.append(start(tmp, f"target{i // MAX_PORTS}", "127.0.0.2", forwarding=False, allow_user="root",
-                                 ports=min(MAX_PORTS, n - i), authorized_keys=tmp / "authorized_keys"))
+            servers.append(
+                start(
+                    tmp,
+                    f"target{i // MAX_PORTS}",
+                    "127.0.0.2",
+                    forwarding=False,
+                    allow_user="root",
+                    ports=min(MAX_PORTS, n - i),
+                    authorized_keys=tmp / "authorized_keys",
+                )
+            )
         (tmp / "known_hosts").write_text("".join(s.known() for s in servers))
         yield servers[0], servers[1:]
     finally:
@@ -131,9 +141,12 @@ def root_fleet(tmp: pathlib.Path, n: int) -> Iterator[tuple[Sshd, list[Sshd]]]:
 
 def jump_config(path: pathlib.Path, alias: str, bastion: Sshd, user: str, key: pathlib.Path,
                 known_hosts: pathlib.Path) -> pathlib.Path:
-    """Write an ssh_config naming ``bastion`` as ``alias``, for ``-F path -o ProxyJump=alias``: OpenSSH's
+    """Write an ssh_config naming ``bastion`` as ``alias``, for ``-F path -o ProxyJump=alias``:
+    OpenSSH's
     jump runs a second ssh that reads only ssh_config, not the first one's ``-o`` options."""
-    path.write_text(f"Host {alias}\n  HostName {bastion.addr}\n  Port {bastion.port}\n  User {user}\n"
-                    f"  IdentityFile {key}\n  IdentitiesOnly yes\n"
-                    f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n")
+    path.write_text(
+        f"Host {alias}\n  HostName {bastion.addr}\n  Port {bastion.port}\n  User {user}\n"
+        f"  IdentityFile {key}\n  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {known_hosts}\n  StrictHostKeyChecking yes\n"
+    )
     return path

@@ -1,4 +1,5 @@
-"""fleetctl.access: the inventory's ssh options, ssh_config and become read as Ansible's ssh would."""
+"""fleetctl.access: the inventory's ssh options, ssh_config and become read as Ansible's ssh
+would."""
 
 from __future__ import annotations
 
@@ -16,13 +17,19 @@ from fleetctl.errors import FleetError, InventoryError
 
 
 def test_ssh_options_fleetctl_honours() -> None:
-    a = parse_ssh_args("-o ProxyJump=admin@bastion:2222 -o UserKnownHostsFile=/k/known -o StrictHostKeyChecking=yes"
-                       " -oUser=nvidia -p 2200 -i ~/.ssh/a -o 'IdentityFile /b' -F /cfg -o ForwardAgent=no -C -q",
-                       host="h")
+    a = parse_ssh_args(
+        "-o ProxyJump=admin@bastion:2222 -o UserKnownHostsFile=/k/known -o "
+        "StrictHostKeyChecking=yes"
+        " -oUser=nvidia -p 2200 -i ~/.ssh/a -o 'IdentityFile /b' -F /cfg -o ForwardAgent=no -C -q",
+        host="h",
+    )
     assert (a.proxy_jump, a.known_hosts, a.user, a.port, a.config_file) == (
         "admin@bastion:2222", "/k/known", "nvidia", 2200, "/cfg")
     assert a.key_files == ("~/.ssh/a", "/b") and a.identities_only is None
-    assert parse_ssh_args("-o IdentitiesOnly=yes -o IdentitiesOnly=no", host="h").identities_only is True
+    assert (
+        parse_ssh_args("-o IdentitiesOnly=yes -o IdentitiesOnly=no", host="h").identities_only
+        is True
+    )
     # ssh keeps the first value of an option; -J is ProxyJump
     assert parse_ssh_args("-J a,b -o ProxyJump=c -l u -o User=v", host="h").proxy_jump == "a,b"
     assert parse_ssh_args("-Jjump", host="h").proxy_jump == "jump"
@@ -46,8 +53,15 @@ def test_ssh_options_it_cannot_honour_are_refused_with_one_message(args: str, sa
 
 
 def test_proxycommand_or_proxyjump_whichever_comes_first(tmp_path: pathlib.Path) -> None:
-    r = resolve_route("h", {"ansible_host": "10.0.0.5", "ansible_user": "nvidia", "ansible_port": 2200,
-                            "ansible_ssh_common_args": "-o ProxyCommand='ssh -W %h:%p -q admin@bastion' -J other"})
+    r = resolve_route(
+        "h",
+        {
+            "ansible_host": "10.0.0.5",
+            "ansible_user": "nvidia",
+            "ansible_port": 2200,
+            "ansible_ssh_common_args": "-o ProxyCommand='ssh -W %h:%p -q admin@bastion' -J other",
+        },
+    )
     assert (r.jumps, r.proxy_command) == ((), "ssh -W 10.0.0.5:2200 -q admin@bastion")
     assert access.expand_proxy_command("x %h %p %r %%h", r.target) == "x 10.0.0.5 2200 nvidia %h"
     r = resolve_route("h", {"ansible_ssh_common_args": "-J other -o ProxyCommand='ssh -W %h:%p b'"})
@@ -89,28 +103,65 @@ def test_precedence_is_ansible_vars_then_options_then_ssh_config(tmp_path: pathl
             HostName 192.0.2.9
             Port 2022
     """))
-    r = resolve_route("spark-04", {"ansible_ssh_common_args": f"-F {cfg} -o UserKnownHostsFile={tmp_path}/known"})
-    assert r.target == Hop("10.9.0.4", 2204, "cfguser", (f"{tmp_path}/cfgkey",), f"{tmp_path}/known")
+    r = resolve_route(
+        "spark-04", {"ansible_ssh_common_args": f"-F {cfg} -o UserKnownHostsFile={tmp_path}/known"}
+    )
+    assert r.target == Hop(
+        "10.9.0.4", 2204, "cfguser", (f"{tmp_path}/cfgkey",), f"{tmp_path}/known"
+    )
     # the first jump's own ProxyJump (ssh_config) goes in front of it; hops without their own
     # IdentityFile/UserKnownHostsFile use the target's
-    assert [h.label for h in r.jumps] == [f"{access.local_user()}@192.0.2.9:2022", "jumper@192.0.2.1:22"]
-    assert r.jumps[0].known_hosts == f"{tmp_path}/known" and r.jumps[1].known_hosts == f"{tmp_path}/jump_known"
+    assert [h.label for h in r.jumps] == [
+        f"{access.local_user()}@192.0.2.9:2022",
+        "jumper@192.0.2.1:22",
+    ]
+    assert (
+        r.jumps[0].known_hosts == f"{tmp_path}/known"
+        and r.jumps[1].known_hosts == f"{tmp_path}/jump_known"
+    )
     assert r.jumps[0].key_files == (f"{tmp_path}/cfgkey",)
     # ansible_* beat the options, the options beat ssh_config, and -J replaces the configured jump
-    r = resolve_route("spark-04", {"ansible_ssh_common_args": f"-F {cfg} -l optuser -p 2300 -J admin@b2:2",
-                                   "ansible_user": "nvidia", "ansible_port": 22,
-                                   "ansible_ssh_private_key_file": "/k/id"})
-    assert (r.target.user, r.target.port, r.target.key_files) == ("nvidia", 22, ("/k/id", f"{tmp_path}/cfgkey"))
+    r = resolve_route(
+        "spark-04",
+        {
+            "ansible_ssh_common_args": f"-F {cfg} -l optuser -p 2300 -J admin@b2:2",
+            "ansible_user": "nvidia",
+            "ansible_port": 22,
+            "ansible_ssh_private_key_file": "/k/id",
+        },
+    )
+    assert (r.target.user, r.target.port, r.target.key_files) == (
+        "nvidia",
+        22,
+        ("/k/id", f"{tmp_path}/cfgkey"),
+    )
     assert [h.label for h in r.jumps] == ["admin@b2:2"]
-    r = resolve_route("spark-04", {"ansible_ssh_common_args": f"-F {cfg} -l optuser -o ProxyJump=none"})
+    r = resolve_route(
+        "spark-04", {"ansible_ssh_common_args": f"-F {cfg} -l optuser -o ProxyJump=none"}
+    )
     assert (r.target.user, r.jumps) == ("optuser", ())
 
 
 def test_the_older_names_of_connection_variables() -> None:
-    r = resolve_route("h", {"ansible_ssh_host": "10.0.0.9", "ansible_ssh_port": "2222", "ansible_ssh_user": "admin",
-                            "ansible_private_key_file": "/k/id"})
+    r = resolve_route(
+        "h",
+        {
+            "ansible_ssh_host": "10.0.0.9",
+            "ansible_ssh_port": "2222",
+            "ansible_ssh_user": "admin",
+            "ansible_private_key_file": "/k/id",
+        },
+    )
     assert r.target == Hop("10.0.0.9", 2222, "admin", ("/k/id",), None)
-    r = resolve_route("h", {"ansible_host": "a", "ansible_ssh_host": "b", "ansible_user": "u", "ansible_ssh_user": "v"})
+    r = resolve_route(
+        "h",
+        {
+            "ansible_host": "a",
+            "ansible_ssh_host": "b",
+            "ansible_user": "u",
+            "ansible_ssh_user": "v",
+        },
+    )
     assert (r.target.address, r.target.user) == ("a", "u")
 
 
@@ -151,8 +202,18 @@ def test_only_sudo_can_become() -> None:
 def _vault_encrypt(tmp_path: pathlib.Path, value: str) -> str:
     pw = tmp_path / "vault-pass"
     pw.write_text("correct horse\n")
-    out = subprocess.run([str(pathlib.Path(sys.executable).with_name("ansible-vault")), "encrypt_string", "--vault-password-file", str(pw), value],
-                         check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [
+            str(pathlib.Path(sys.executable).with_name("ansible-vault")),
+            "encrypt_string",
+            "--vault-password-file",
+            str(pw),
+            value,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     return out.split("\n", 1)[1]  # the indented ciphertext block after "!vault |"
 
 
@@ -187,7 +248,10 @@ def test_a_vaulted_become_password_is_decrypted_and_never_shown(
 
     wrong = tmp_path / "wrong"
     wrong.write_text("nope\n")
-    assert "cannot be decrypted" in _reveal_error(inventory.load(inv, vault_password_file=wrong).host("spark-04")).cause
+    assert (
+        "cannot be decrypted"
+        in _reveal_error(inventory.load(inv, vault_password_file=wrong).host("spark-04")).cause
+    )
 
 
 def test_a_become_password_naming_a_vaulted_variable_is_rendered(
@@ -201,7 +265,10 @@ def test_a_become_password_naming_a_vaulted_variable_is_rendered(
     pw = loaded.host("h1").become.password
     assert pw is not None and pw.reveal() == "s3cret-pw"
     # the variable it names stays out of the vars too
-    assert "vault_become_password" not in loaded.host("h1").vars and "vault_become_password" not in loaded.vars
+    assert (
+        "vault_become_password" not in loaded.host("h1").vars
+        and "vault_become_password" not in loaded.vars
+    )
     assert "no vault password" in _reveal_error(inventory.load(inv).host("h1")).cause
 
 
@@ -221,7 +288,11 @@ def test_connection_variables_that_are_templates_are_rendered(tmp_path: pathlib.
     """))
     loaded = inventory.load(inv)
     h = loaded.host("spark-01")
-    assert (h.address, h.user, [j.label for j in h.jumps]) == ("spark-01.lan", "nvidia", ["nvidia@bastion.example:2222"])
+    assert (h.address, h.user, [j.label for j in h.jumps]) == (
+        "spark-01.lan",
+        "nvidia",
+        ["nvidia@bastion.example:2222"],
+    )
     bad = loaded.host("spark-02")
     assert bad.route_error is not None and "nowhere" in bad.route_error.cause
     with pytest.raises(InventoryError, match="cannot be rendered"):
@@ -230,7 +301,8 @@ def test_connection_variables_that_are_templates_are_rendered(tmp_path: pathlib.
 
 def test_inventory_host_carries_the_route(tmp_path: pathlib.Path) -> None:
     inv = tmp_path / "hosts.yml"
-    inv.write_text(textwrap.dedent("""\
+    inv.write_text(
+        textwrap.dedent("""\
         all:
           vars:
             ansible_user: nvidia
@@ -238,7 +310,8 @@ def test_inventory_host_carries_the_route(tmp_path: pathlib.Path) -> None:
             ansible_become_method: sudo
           hosts:
             spark-01: {ansible_host: 10.0.0.1}
-    """))
+    """)  # noqa: E501 (data: lines as the program reads them)
+    )
     h = inventory.load(inv).host("spark-01")
     assert (h.address, h.user, h.port) == ("10.0.0.1", "nvidia", 22)
     assert [j.label for j in h.jumps] == ["admin@bastion.example:2222"]
@@ -248,7 +321,11 @@ def test_inventory_host_carries_the_route(tmp_path: pathlib.Path) -> None:
     assert (h.address, h.user) == ("10.0.0.1", "nvidia")
     with pytest.raises(InventoryError) as e:
         ssh.run(h, "true")
-    assert e.value.host == "spark-01" and str(inv) in e.value.cause and "unknown host key" in e.value.cause
+    assert (
+        e.value.host == "spark-01"
+        and str(inv) in e.value.cause
+        and "unknown host key" in e.value.cause
+    )
 
 
 def test_cli_vault_password_file_reaches_the_inventory_and_ansible(
@@ -262,7 +339,9 @@ def test_cli_vault_password_file_reaches_the_inventory_and_ansible(
     monkeypatch.delenv("ANSIBLE_VAULT_PASSWORD_FILE")
     block = textwrap.indent(_vault_encrypt(tmp_path, "s3cret-pw"), "    ")
     inv = tmp_path / "hosts.yml"
-    inv.write_text("all:\n  vars:\n    ansible_become_password: !vault |\n" + block + "  hosts:\n    h1:\n")
+    inv.write_text(
+        "all:\n  vars:\n    ansible_become_password: !vault |\n" + block + "  hosts:\n    h1:\n"
+    )
     seen: list[str] = []
 
     @click.command("probe-become")
@@ -276,5 +355,9 @@ def test_cli_vault_password_file_reaches_the_inventory_and_ansible(
     assert cli_main.main(["-i", str(inv), "--vault-password-file", str(tmp_path / "vault-pass"),
                           "probe-become"]) == 0
     assert seen == ["s3cret-pw"]
-    assert cli_main.main(["-i", str(inv), "--vault-password-file", str(tmp_path / "none"), "probe-become"]) == 3
-
+    assert (
+        cli_main.main(
+            ["-i", str(inv), "--vault-password-file", str(tmp_path / "none"), "probe-become"]
+        )
+        == 3
+    )

@@ -1,7 +1,8 @@
 """fleetctl's all_reduce probe (fleetctl/allreduce_probe.py).
 
 The TCP path (no torch here): each rank a process, the ring's traffic between 127.0.0.1 and
-127.0.0.2 (or two ranks on one address), the head's table read by the same parser and check a rollout's
+127.0.0.2 (or two ranks on one address), the head's table read by the same parser and check a
+rollout's
 preflight uses. The NCCL path: its ranks as threads over a stand-in of torch (tests/fake_torch.py),
 and the tables it printed on a real host of two NVIDIA GPUs (tests/fixtures/gpu/).
 """
@@ -44,8 +45,12 @@ def run_pair(*extra: str, addrs: str = "127.0.0.1,127.0.0.2",
              ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     port = str(free_port())
     common = ["--addrs", addrs, "--port", port, "--max-bytes", str(4 << 20), "--tcp", *extra]
-    worker = subprocess.Popen([sys.executable, "-c", bandwidth.probe_script(), "--rank", "1", *common],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    worker = subprocess.Popen(
+        [sys.executable, "-c", bandwidth.probe_script(), "--rank", "1", *common],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     head = subprocess.run([sys.executable, "-c", bandwidth.probe_script(), "--rank", "0", *common],
                           capture_output=True, text=True, timeout=120)
     out, err = worker.communicate(timeout=120)
@@ -55,12 +60,18 @@ def run_pair(*extra: str, addrs: str = "127.0.0.1,127.0.0.2",
 def test_two_ranks_measure_the_link_in_the_nccl_tests_table() -> None:
     head, worker = run_pair()
     assert head.returncode == 0 and worker.returncode == 0, (head.stderr, worker.stderr)
-    assert head.stdout.startswith("# fleetctl all_reduce probe: TCP (no CUDA/NCCL in the image), 2 ranks")
+    assert head.stdout.startswith(
+        "# fleetctl all_reduce probe: TCP (no CUDA/NCCL in the image), 2 ranks"
+    )
     result = fabric.parse_all_reduce(head.stdout)
     assert [r[0] for r in result.rows] == [1 << 20, 4 << 20]
     assert result.wrong == 0 and result.peak_busbw_gbs > 0 and result.avg_busbw_gbs is not None
-    assert {(a, b) for a, b, _ in result.links} == {("127.0.0.1", "127.0.0.2"), ("127.0.0.2", "127.0.0.1")}
-    # below an impossible floor: the finding names the slowest link's sender, the figure and the floor
+    assert {(a, b) for a, b, _ in result.links} == {
+        ("127.0.0.1", "127.0.0.2"),
+        ("127.0.0.2", "127.0.0.1"),
+    }
+    # below an impossible floor: the finding names the slowest link's sender, the figure and the
+    # floor
     found = fabric.check_bandwidth(UNIT, result)
     slowest = {"127.0.0.1": "head", "127.0.0.2": "worker"}[result.links[0][0]]
     assert [f.host for f in found] == [slowest]
@@ -70,10 +81,24 @@ def test_two_ranks_measure_the_link_in_the_nccl_tests_table() -> None:
 def test_a_rank_whose_peer_never_comes_says_so() -> None:
     port = str(free_port())
     # the join timeout is a minute: one second here
-    r = subprocess.run([sys.executable, "-c",
-                        "import sys; from fleetctl import allreduce_probe as p; p.JOIN_TIMEOUT = 1.0; "
-                        "sys.exit(p.main(sys.argv[1:]))", "--rank", "0", "--addrs", "127.0.0.1,127.0.0.2",
-                        "--port", port, "--tcp"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from fleetctl import allreduce_probe as p; p.JOIN_TIMEOUT = 1.0; "
+            "sys.exit(p.main(sys.argv[1:]))",
+            "--rank",
+            "0",
+            "--addrs",
+            "127.0.0.1,127.0.0.2",
+            "--port",
+            port,
+            "--tcp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr.startswith("rank 0 (127.0.0.1): "), r.stderr
 
@@ -93,7 +118,15 @@ def test_two_tcp_ranks_on_one_address_each_listen_on_their_own_port() -> None:
 
 def test_tcp_ranks_on_opposite_sides_of_the_budget_end_on_rank_0s_size() -> None:
     port = str(free_port())
-    common = ["--addrs", "127.0.0.1,127.0.0.2", "--port", port, "--max-bytes", str(4 << 20), "--tcp"]
+    common = [
+        "--addrs",
+        "127.0.0.1,127.0.0.2",
+        "--port",
+        port,
+        "--max-bytes",
+        str(4 << 20),
+        "--tcp",
+    ]
     probe = [sys.executable, "-c", bandwidth.probe_script()]
     worker = subprocess.Popen([*probe, "--rank", "1", *common, "--budget", "0"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

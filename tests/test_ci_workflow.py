@@ -1,4 +1,5 @@
-"""The scheduled-soak workflow handed to operators: no expression pasted into a shell, actions pinned."""
+"""The scheduled-soak workflow handed to operators: no expression pasted into a shell, actions
+pinned."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The inventory reader (ansible-core underneath): INI, YAML, scripts, variable precedence, --limit patterns, errors."""
+"""The inventory reader (ansible-core underneath): INI, YAML, scripts, variable precedence, --limit
+patterns, errors."""
 
 from __future__ import annotations
 
@@ -83,7 +84,9 @@ def test_malformed_inventory_is_one_clear_error(tmp_path: Path, text: str, match
     assert str(tmp_path / "hosts.yml") in e.value.message()
 
 
-def test_missing_inventory_points_at_lab_up(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_inventory_points_at_lab_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FLEETCTL_INVENTORY", raising=False)
     monkeypatch.setenv("FLEETCTL_LAB_DIR", str(tmp_path / "nolab"))
     with pytest.raises(InventoryError, match="fleetctl lab up"):
@@ -132,7 +135,9 @@ all:
 def ansible_inventory_list(source: Path) -> dict[str, Any]:
     """What the real `ansible-inventory --list` says about ``source``."""
     exe = Path(sys.executable).with_name("ansible-inventory")
-    out = subprocess.run([str(exe), "-i", str(source), "--list"], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [str(exe), "-i", str(source), "--list"], check=True, capture_output=True, text=True
+    )
     data: dict[str, Any] = json.loads(out.stdout)
     return data
 
@@ -146,10 +151,14 @@ def members(tree: dict[str, Any], group: str) -> set[str]:
 
 
 @pytest.mark.parametrize(("name", "text"), [("hosts.ini", INI), ("hosts.yml", NESTED_YAML)])
-def test_same_hosts_groups_and_vars_as_ansible_inventory(tmp_path: Path, name: str, text: str) -> None:
+def test_same_hosts_groups_and_vars_as_ansible_inventory(
+    tmp_path: Path, name: str, text: str
+) -> None:
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "canary.yml").write_text("fleetctl_recipe: canary\n")
-    (tmp_path / "group_vars" / "all.yml").write_text("fleetctl_recipe: base\nfleetctl_weights_mirror: m\n")
+    (tmp_path / "group_vars" / "all.yml").write_text(
+        "fleetctl_recipe: base\nfleetctl_weights_mirror: m\n"
+    )
     (tmp_path / "host_vars").mkdir()
     (tmp_path / "host_vars" / "s2.yml").write_text("ansible_port: 2200\n")
     src = tmp_path / name
@@ -162,7 +171,10 @@ def test_same_hosts_groups_and_vars_as_ansible_inventory(tmp_path: Path, name: s
     for g in ("sparks", "canary", "rack2", "dc"):
         assert set(inv.groups[g]) == members(ref, g), g
     # precedence: host_vars > inventory host > child group > parent group > all
-    assert (inv.host("s1").vars["fleetctl_recipe"], inv.host("s2").vars["fleetctl_recipe"]) == ("canary", "base")
+    assert (inv.host("s1").vars["fleetctl_recipe"], inv.host("s2").vars["fleetctl_recipe"]) == (
+        "canary",
+        "base",
+    )
     assert inv.host("s3").vars["fleetctl_recipe"] == "small"
     assert inv.host("s2").port == 2200 and inv.host("s3").user == "ops"
     assert inv.vars["fleetctl_weights_mirror"] == "m"
@@ -179,7 +191,7 @@ else:
         "sparks": {{"hosts": ["d1", "d2"], "vars": {{"ansible_user": "ops"}}}},
         "_meta": {{"hostvars": {{"d1": {{"ansible_host": "10.1.0.1"}}, "d2": {{"ansible_host": "10.1.0.2"}}}}}},
     }}))
-""")
+""")  # noqa: E501 (data: lines as the program reads them)
     script.chmod(0o755)
     inv = inventory.load(script)
     assert [(h.name, h.address, h.user) for h in inv.select("sparks")] == [
@@ -205,6 +217,8 @@ def test_limit_has_ansible_semantics(tmp_path: Path) -> None:
 
 def test_directory_of_sources(tmp_path: Path) -> None:
     (tmp_path / "a.ini").write_text("[sparks]\ns1 ansible_host=10.0.0.1\n")
-    (tmp_path / "b.yml").write_text("all:\n  children:\n    sparks:\n      hosts:\n        s2: {ansible_host: 10.0.0.2}\n")
+    (tmp_path / "b.yml").write_text(
+        "all:\n  children:\n    sparks:\n      hosts:\n        s2: {ansible_host: 10.0.0.2}\n"
+    )
     inv = inventory.load(tmp_path)
     assert set(inv.groups["sparks"]) == {"s1", "s2"}

@@ -1,14 +1,18 @@
-"""The package's arrows point one way: each part imports only parts below it (cli -> verbs -> core), and no
+"""The package's arrows point one way: each part imports only parts below it (cli -> verbs ->
+core), and no
 modules import each other in a circle, inside a part either.
 
-Every import of one top-level part of ``fleetctl`` by another is read from the source with ``ast`` and
+Every import of one top-level part of ``fleetctl`` by another is read from the source with ``ast``
+and
 checked against the layers below; a new part must be given its layer here, which is the point: the
 place of each concept is a decision, not an accident.
 
 Inside a part the modules have no layers written down, but their imports must not run in a circle
 (``cli/live.py -> cli/ui.py -> cli/live.py``): every import of one module of the package by another
-counts, at the top of the file, inside a function (an import deferred to call time still ties the two:
-neither can be read, tested or moved without the other; deferring only hides the circle from Python's
+counts, at the top of the file, inside a function (an import deferred to call time still ties the
+two:
+neither can be read, tested or moved without the other; deferring only hides the circle from
+Python's
 loader) or under ``if TYPE_CHECKING``. One kind of arrow is left out: a package's ``__init__``
 importing a module inside that package (``frontdoor/__init__.py`` picking a backend in
 ``frontdoor/haproxy.py``), because Python runs a package's ``__init__`` before any of its modules
@@ -49,7 +53,8 @@ def _tree(path: Path) -> ast.Module:
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every ``fleetctl`` import in the file, ``from fleetctl import x`` as ``fleetctl.x``."""
+    """(line, module) of every ``fleetctl`` import in the file, ``from fleetctl import x`` as
+    ``fleetctl.x``."""
     out: list[tuple[int, str]] = []
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -72,10 +77,13 @@ def _modules(package: Path = PACKAGE) -> list[tuple[Path, str]]:
 
 
 def _module_graph(package: Path = PACKAGE) -> dict[str, dict[str, tuple[Path, int]]]:
-    """module -> {module it imports: (file, line of the first such import)}, for the modules of ``package``.
+    """module -> {module it imports: (file, line of the first such import)}, for the modules of
+    ``package``.
 
-    ``from a.b import c`` is an arrow to ``a.b.c`` when that is a module, else to ``a.b``; relative imports
-    are resolved; arrows from a package's ``__init__`` to modules inside it are left out (module docstring).
+    ``from a.b import c`` is an arrow to ``a.b.c`` when that is a module, else to ``a.b``; relative
+    imports
+    are resolved; arrows from a package's ``__init__`` to modules inside it are left out (module
+    docstring).
     """
     modules = {name: path for path, name in _modules(package)}
     graph: dict[str, dict[str, tuple[Path, int]]] = {}
@@ -93,7 +101,10 @@ def _module_graph(package: Path = PACKAGE) -> dict[str, dict[str, tuple[Path, in
                     anchor = name.split(".")
                     anchor = anchor[:len(anchor) - node.level + (1 if is_package else 0)]
                     base = ".".join([*anchor, base] if base else anchor)
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                    for a in node.names
+                ]
             for target in targets:
                 if target not in modules or target == name:
                     continue
@@ -104,7 +115,8 @@ def _module_graph(package: Path = PACKAGE) -> dict[str, dict[str, tuple[Path, in
 
 
 def _circles(graph: dict[str, dict[str, tuple[Path, int]]]) -> list[list[str]]:
-    """The modules that import each other in a loop: each strongly connected set of two or more, sorted."""
+    """The modules that import each other in a loop: each strongly connected set of two or more,
+    sorted."""
     index: dict[str, int] = {}
     low: dict[str, int] = {}
     stack: list[str] = []
@@ -149,9 +161,11 @@ def _explain(graph: dict[str, dict[str, tuple[Path, int]]], circle: list[str], r
 def test_no_import_circles() -> None:
     graph = _module_graph()
     circles = _circles(graph)
-    assert not circles, ("modules of fleetctl that import each other in a circle (an import inside a function "
-                         "counts; move what both need into a module below them):\n"
-                         + "\n".join(_explain(graph, c, PACKAGE.parent) for c in circles))
+    assert not circles, (
+        "modules of fleetctl that import each other in a circle (an import inside a function "
+        "counts; move what both need into a module below them):\n"
+        + "\n".join(_explain(graph, c, PACKAGE.parent) for c in circles)
+    )
 
 
 def test_the_checker_sees_a_circle_inside_a_part(tmp_path: Path) -> None:
@@ -165,12 +179,16 @@ def test_the_checker_sees_a_circle_inside_a_part(tmp_path: Path) -> None:
     (pkg / "cli" / "table.py").write_text("from . import live\n")
     (pkg / "cli" / "alone.py").write_text("from fleetctl.cli import ui\n")
     # a package's face picking its backend: no circle (Python loads the two as one)
-    (pkg / "door" / "__init__.py").write_text("def build():\n    from fleetctl.door import haproxy\n")
+    (pkg / "door" / "__init__.py").write_text(
+        "def build():\n    from fleetctl.door import haproxy\n"
+    )
     (pkg / "door" / "haproxy.py").write_text("from fleetctl.door import build\n")
     graph = _module_graph(pkg)
     assert graph["fleetctl.cli.live"] == {"fleetctl.cli.ui": (pkg / "cli" / "live.py", 2)}
     assert _circles(graph) == [["fleetctl.cli.live", "fleetctl.cli.table", "fleetctl.cli.ui"]]
-    assert "cli/live.py:2: fleetctl.cli.live imports fleetctl.cli.ui" in _explain(graph, _circles(graph)[0], tmp_path)
+    assert "cli/live.py:2: fleetctl.cli.live imports fleetctl.cli.ui" in _explain(
+        graph, _circles(graph)[0], tmp_path
+    )
 
 
 def test_every_part_has_a_layer() -> None:
@@ -187,13 +205,22 @@ def test_imports_point_down_the_layers() -> None:
             if it == me or it not in RANK or me not in RANK:
                 continue
             if RANK[it] >= RANK[me]:
-                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module} imports {imported} "
-                             f"({me!r} is layer {RANK[me]}, {it!r} layer {RANK[it]})")
+                wrong.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{line}: {module} imports {imported} "
+                    f"({me!r} is layer {RANK[me]}, {it!r} layer {RANK[it]})"
+                )
     assert not wrong, "imports that point up or sideways:\n" + "\n".join(wrong)
 
 
 def test_the_checker_sees_an_upward_import(tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
-    bad.write_text("from fleetctl.rollout import host\nfrom fleetctl import cli\nimport fleetctl.state.ledger\n")
-    assert [m for _, m in _imports(bad)] == ["fleetctl.rollout", "fleetctl.cli", "fleetctl.state.ledger"]
+    bad.write_text(
+        "from fleetctl.rollout import host\nfrom fleetctl import cli\nimport "
+        "fleetctl.state.ledger\n"
+    )
+    assert [m for _, m in _imports(bad)] == [
+        "fleetctl.rollout",
+        "fleetctl.cli",
+        "fleetctl.state.ledger",
+    ]
     assert RANK[_part("fleetctl.rollout.host")] > RANK[_part("fleetctl.soak.run")]

@@ -1,9 +1,13 @@
-"""README.md's Layout names every part of the house: each folder of the repository, each package folder
-of ``controller/fleetctl/`` and each module of its top level on a line of its own, and each module of a
-subpackage in its folder's lines. A new module or folder fails this test until it is given its words.
+"""README.md's Layout names every part of the house: each folder of the repository, each package
+folder
+of ``controller/fleetctl/`` and each module of its top level on a line of its own, and each module
+of a
+subpackage in its folder's lines. A new module or folder fails this test until it is given its
+words.
 
 The Layout is an indented block; a line that starts with a name (``cli/``, ``access.py``) opens that
-name's entry, nested under the entry above it that is less indented, and the lines after it that start
+name's entry, nested under the entry above it that is less indented, and the lines after it that
+start
 in the description column carry on its text::
 
     controller/fleetctl/     the Python controller
@@ -23,7 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path("controller/fleetctl")
 
-#: A line that opens an entry: indentation, one name (a folder with ``/`` or a ``.py``), then the text.
+#: A line that opens an entry: indentation, one name (a folder with ``/`` or a ``.py``), then the
+#: text.
 ENTRY = re.compile(r"^( {4,})([\w.-]+(?:/[\w.-]+)*/|[\w.-]+\.py)(?: {2,}(.*))?$")
 #: A module named in an entry's text: ``plan.py``, not ``soak/plan.py`` nor ``x.plan.py``.
 MODULE = re.compile(r"(?<![\w./-])(\w+\.py)\b")
@@ -31,7 +36,8 @@ MODULE = re.compile(r"(?<![\w./-])(\w+\.py)\b")
 
 @dataclass
 class Entry:
-    path: str  # from the repository's root: "controller/fleetctl/rollout/", "controller/fleetctl/access.py"
+    #: From the repository's root: "controller/fleetctl/rollout/", "controller/fleetctl/access.py".
+    path: str
     text: list[str] = field(default_factory=list)
 
 
@@ -65,9 +71,12 @@ def entries(section: str) -> list[Entry]:
 
 
 def repo_folders(root: Path) -> set[str]:
-    """The repository's top-level folders that git tracks (those on disk where git cannot say), hidden ones aside."""
+    """The repository's top-level folders that git tracks (those on disk where git cannot say),
+    hidden ones aside."""
     try:
-        files = subprocess.run(["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True).stdout
+        files = subprocess.run(
+            ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True
+        ).stdout
         tops = {f.split("/")[0] for f in files.splitlines() if "/" in f}
     except (OSError, subprocess.CalledProcessError):
         tops = {p.name for p in root.iterdir() if p.is_dir()}
@@ -94,14 +103,21 @@ def not_named(root: Path, readme: str) -> list[str]:
             if module.name.startswith("__") or path in got:
                 continue
             if d == pkg:
-                wrong.append(f"{path}: a module of the package's top level: give it a line of its own")
+                wrong.append(
+                    f"{path}: a module of the package's top level: give it a line of its own"
+                )
             elif module.name not in named:
                 wrong.append(f"{path}: name {module.name} in the lines of {folder}")
         for name in sorted(named - {m.name for m in d.glob("*.py")}):
-            wrong.append(f"{folder}{name}: named in the lines of {folder}, but there is no such module")
+            wrong.append(
+                f"{folder}{name}: named in the lines of {folder}, but there is no such module"
+            )
     for path in sorted(got):
         if not (root / path).exists():
-            wrong.append(f"{path}: has a line, but there is no such {'folder' if path.endswith('/') else 'file'}")
+            wrong.append(
+                f"{path}: has a line, but there is no such "
+                f"{'folder' if path.endswith('/') else 'file'}"
+            )
     return wrong
 
 
@@ -114,9 +130,21 @@ def test_the_layout_check_sees_what_is_missing(tmp_path: Path) -> None:
     pkg = tmp_path / PACKAGE
     for d in ("rollout/deeper", "soak", "cli"):
         (pkg / d).mkdir(parents=True)
-    for f in ("__init__.py", "access.py", "paths.py", "rollout/__init__.py", "rollout/plan.py",
-              "rollout/step.py", "rollout/bake.py", "rollout/deeper/__init__.py", "rollout/deeper/x.py", "soak/__init__.py",
-              "soak/run.py", "cli/__init__.py", "cli/main.py"):
+    for f in (
+        "__init__.py",
+        "access.py",
+        "paths.py",
+        "rollout/__init__.py",
+        "rollout/plan.py",
+        "rollout/step.py",
+        "rollout/bake.py",
+        "rollout/deeper/__init__.py",
+        "rollout/deeper/x.py",
+        "soak/__init__.py",
+        "soak/run.py",
+        "cli/__init__.py",
+        "cli/main.py",
+    ):
         (pkg / f).write_text("")
     (tmp_path / "docs").mkdir()
     (tmp_path / "docs" / "a.md").write_text("")
@@ -136,9 +164,12 @@ def test_the_layout_check_sees_what_is_missing(tmp_path: Path) -> None:
 """
     assert not_named(tmp_path, readme) == [
         "docs/: a folder of the repository: give it a line of its own",
-        "controller/fleetctl/paths.py: a module of the package's top level: give it a line of its own",
-        "controller/fleetctl/rollout/bake.py: name bake.py in the lines of controller/fleetctl/rollout/",
-        "controller/fleetctl/rollout/gone.py: named in the lines of controller/fleetctl/rollout/, but there is no such module",
+        "controller/fleetctl/paths.py: a module of the package's top level: give it a line of its "
+        "own",
+        "controller/fleetctl/rollout/bake.py: name bake.py in the lines of "
+        "controller/fleetctl/rollout/",
+        "controller/fleetctl/rollout/gone.py: named in the lines of controller/fleetctl/rollout/, "
+        "but there is no such module",
         "controller/fleetctl/soak/: a package folder: give it a line of its own",
         "controller/fleetctl/old.py: has a line, but there is no such file",
     ]

@@ -64,14 +64,28 @@ def test_every_seed_recipe_loads_and_validates() -> None:
 def test_seed_flags_are_verbatim_from_the_compose() -> None:
     r = parse_recipes(seed_raw()["fleetctl_recipes"])["qwen36-35b-heretic"]
     argv = r.serve_argv()
-    assert argv[:6] == ["serve", "/models/qwen36", "--served-model-name", "qwen36-35b-heretic", "qwen36-fast", "qwen36-deep"]
+    assert argv[:6] == [
+        "serve",
+        "/models/qwen36",
+        "--served-model-name",
+        "qwen36-35b-heretic",
+        "qwen36-fast",
+        "qwen36-deep",
+    ]
     assert r.flag("--gpu-memory-utilization") == "0.70"
     assert r.flag("--max-num-seqs") == "64"
     assert r.flag("--quantization") == "compressed-tensors"
-    assert r.speculative_config() == {"method": "dflash", "model": "/models/qwen36-dflash", "num_speculative_tokens": 11}
+    assert r.speculative_config() == {
+        "method": "dflash",
+        "model": "/models/qwen36-dflash",
+        "num_speculative_tokens": 11,
+    }
     assert argv.count("--port") == 1  # the compose sets it; fleetctl does not add a second one
     assert r.drafter is not None and str(r.drafter.min_date) == "2026-04-19"
-    assert r.mounts() == [("/opt/qwen36/qwen36-nvfp4", "/models/qwen36"), ("/opt/qwen36/qwen36-dflash", "/models/qwen36-dflash")]
+    assert r.mounts() == [
+        ("/opt/qwen36/qwen36-nvfp4", "/models/qwen36"),
+        ("/opt/qwen36/qwen36-dflash", "/models/qwen36-dflash"),
+    ]
 
 
 def test_serve_argv_adds_the_port_when_the_flags_do_not() -> None:
@@ -116,7 +130,10 @@ def test_quantization_must_match_the_checkpoint_format() -> None:
     body["vllm_args"] = set_flag(body["vllm_args"], "--quantization", "modelopt")
     (p,) = problems_of(body)
     assert p.field == "vllm_args --quantization"
-    assert "compressed-tensors checkpoint" in p.problem and "--quantization compressed-tensors" in p.fix
+    assert (
+        "compressed-tensors checkpoint" in p.problem
+        and "--quantization compressed-tensors" in p.fix
+    )
 
 
 def test_bf16_body_takes_no_quantization() -> None:
@@ -144,7 +161,13 @@ def test_all_problems_are_collected_not_only_the_first() -> None:
     with pytest.raises(RecipeValidationError) as e:
         parse_recipes({"bad": body, "good": heretic()})
     fields = sorted(p.field for p in e.value.problems)
-    assert fields == ["colour", "env.HF_TOKEN", "image", "vllm_args --gpu-memory-utilization", "vllm_args --max-num-seqs"]
+    assert fields == [
+        "colour",
+        "env.HF_TOKEN",
+        "image",
+        "vllm_args --gpu-memory-utilization",
+        "vllm_args --max-num-seqs",
+    ]
     assert all(p.recipe == "bad" for p in e.value.problems)
     msg = e.value.message()
     assert msg.startswith("5 problems") and msg.count("\n  - recipe 'bad'") == 5
@@ -158,10 +181,18 @@ def test_all_problems_are_collected_not_only_the_first() -> None:
         (lambda b: b.update(port="8000x"), "port", "not a TCP port"),
         (lambda b: b.update(served_model_names=[]), "served_model_names", "non-empty"),
         (lambda b: b["weights"][0].update(path="/srv/model"), "weights[0].path", "under /opt/"),
-        (lambda b: b["weights"][0].update(format="gguf"), "weights[0].format", "not a known checkpoint format"),
+        (
+            lambda b: b["weights"][0].update(format="gguf"),
+            "weights[0].format",
+            "not a known checkpoint format",
+        ),
         (lambda b: b["weights"][1].update(min_date="April"), "weights[1].min_date", "not a date"),
         (lambda b: b["weights"][1].update(role="helper"), "weights[1].role", "not a weight role"),
-        (lambda b: b["weights"][0].update(repo="no-owner"), "weights[0].repo", "not a hub repository"),
+        (
+            lambda b: b["weights"][0].update(repo="no-owner"),
+            "weights[0].repo",
+            "not a hub repository",
+        ),
         (lambda b: b.update(vllm_args=["serve", "/model"]), "vllm_args", "starts with 'serve'"),
         (lambda b: b.update(source="ftp"), "source", "not a weights source"),
     ],
@@ -193,7 +224,10 @@ def test_lookup_and_default_from_an_inventory(tmp_path: Path) -> None:
     assert recipes.recipe_for(inv, host=inv.host("spark-02")).name == "gemma4-26b-a4b"
     with pytest.raises(RecipeError) as e:
         recipes.get_recipe(rs, "llama")
-    assert "no recipe 'llama'" in e.value.message() and "gemma4-26b-a4b, qwen35-35b-bf16" in e.value.message()
+    assert (
+        "no recipe 'llama'" in e.value.message()
+        and "gemma4-26b-a4b, qwen35-35b-bf16" in e.value.message()
+    )
 
 
 def test_inventory_without_recipes_says_where_to_add_them(tmp_path: Path) -> None:
@@ -228,7 +262,9 @@ def test_weight_fields_that_would_inject_are_refused(field: str, value: str, sai
     assert found and said in found[0].problem, problems_of(body)
 
 
-@pytest.mark.parametrize("image", ["ghcr.io/Aeon-7/X", "ghcr.io/aeon-7/x y", "ghcr.io//x", "registry:5000/a/$(id)"])
+@pytest.mark.parametrize(
+    "image", ["ghcr.io/Aeon-7/X", "ghcr.io/aeon-7/x y", "ghcr.io//x", "registry:5000/a/$(id)"]
+)
 def test_an_image_outside_the_oci_grammar_is_refused(image: str) -> None:
     body = heretic()
     body["image"] = image

@@ -46,7 +46,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return False
         realm = self.server.realm or f"http://127.0.0.1:{self.server.server_port}/token"
-        self.send_header("WWW-Authenticate", f'Bearer realm="{realm}",service="test-reg",scope="repository:aeon-7/vllm:pull"')
+        self.send_header(
+            "WWW-Authenticate",
+            f'Bearer realm="{realm}",service="test-reg",scope="repository:aeon-7/vllm:pull"',
+        )
         self.end_headers()
         return False
 
@@ -96,7 +99,9 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             if len(rest) > n:
-                self.send_header("Link", f'</v2/aeon-7/vllm/tags/list?n={n}&last={page[-1]}>; rel="next"')
+                self.send_header(
+                    "Link", f'</v2/aeon-7/vllm/tags/list?n={n}&last={page[-1]}>; rel="next"'
+                )
             body = json.dumps({"name": "aeon-7/vllm", "tags": page}).encode()
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -204,14 +209,35 @@ def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """A self-signed certificate for 127.0.0.1 and localhost (one server, two host names)."""
     d = tmp_path_factory.mktemp("tls")
     cert, key = d / "cert.pem", d / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=lo",
-                    "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout", str(key), "-out", str(cert)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=lo",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
     return cert, key
 
 
 @pytest.fixture
-def tls_server(server: _Server, tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> _Server:
+def tls_server(
+    server: _Server, tls_cert: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> _Server:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(*tls_cert)
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
@@ -236,7 +262,9 @@ def test_credentials_go_over_https_to_the_registrys_own_realm_only(tls_server: _
     registry.Registry("ghcr.io", mirror, env=CREDS).digest("aeon-7/vllm", "latest")
     assert _token_auth(tls_server)[-1] is None
     # ... unless the inventory lists it as this registry's token service.
-    registry.Registry("ghcr.io", mirror, env=CREDS, auth_hosts=["localhost"]).digest("aeon-7/vllm", "latest")
+    registry.Registry("ghcr.io", mirror, env=CREDS, auth_hosts=["localhost"]).digest(
+        "aeon-7/vllm", "latest"
+    )
     assert (_token_auth(tls_server)[-1] or "").startswith("Basic ")
     # An https registry naming a plain-http realm on its own host name: asked anonymously.
     plain = _Server(("127.0.0.1", 0), _Handler)
@@ -274,7 +302,9 @@ def test_missing_repository_and_unreachable_registry(server: _Server) -> None:
     server.shutdown()
     server.server_close()
     with pytest.raises(FleetError, match="cannot reach registry"):
-        registry.resolve("ghcr.io/aeon-7/vllm", "latest", {"ghcr.io": f"127.0.0.1:{port}"}, timeout=2)
+        registry.resolve(
+            "ghcr.io/aeon-7/vllm", "latest", {"ghcr.io": f"127.0.0.1:{port}"}, timeout=2
+        )
 
 
 @pytest.mark.parametrize(("wanted", "tag"), [
@@ -299,12 +329,20 @@ def test_ambiguous_and_missing_tags_list_candidates() -> None:
         registry.resolve_tag("v0.24.0", ["2026-07-01-v0.24.0", "2026-07-05-v0.24.0"])
     with pytest.raises(FleetError) as e:
         registry.resolve_tag("v9.9.9", TAGS, "ghcr.io/x")
-    assert "no tag 'v9.9.9' in ghcr.io/x" in e.value.message() and "2026-07-01-v0.24.0" in e.value.message()
+    assert (
+        "no tag 'v9.9.9' in ghcr.io/x" in e.value.message()
+        and "2026-07-01-v0.24.0" in e.value.message()
+    )
 
 
 def test_an_unknown_tag_lists_the_versions_newest_first_and_the_closest_matches() -> None:
     # A real registry: hundreds of test builds and nightlies besides the versions.
-    tags = [*TAGS, *(f"nightly-2026{i:04d}" for i in range(300)), "2026-05-01-v0.9.1", "zz-test-image"]
+    tags = [
+        *TAGS,
+        *(f"nightly-2026{i:04d}" for i in range(300)),
+        "2026-05-01-v0.9.1",
+        "zz-test-image",
+    ]
     with pytest.raises(FleetError) as e:
         registry.resolve_tag("v0.24.1", tags)
     fix = e.value.fix or ""
@@ -316,13 +354,21 @@ def test_an_unknown_tag_lists_the_versions_newest_first_and_the_closest_matches(
         registry.resolve_tag("v1", ["latest", "nightly"])
 
 
-@pytest.mark.parametrize(("image", "reg", "repo", "ref"), [
-    ("ghcr.io/aeon-7/aeon-vllm-ultimate", "ghcr.io", "aeon-7/aeon-vllm-ultimate", "ghcr.io/aeon-7/aeon-vllm-ultimate"),
-    ("vllm/vllm-openai", "docker.io", "vllm/vllm-openai", "vllm/vllm-openai"),
-    ("ubuntu:24.04", "docker.io", "library/ubuntu", "ubuntu"),
-    ("10.78.6.1:5000/aeon-7/x:tag", "10.78.6.1:5000", "aeon-7/x", "10.78.6.1:5000/aeon-7/x"),
-    ("localhost/x@sha256:ab", "localhost", "x", "localhost/x"),
-])
+@pytest.mark.parametrize(
+    ("image", "reg", "repo", "ref"),
+    [
+        (
+            "ghcr.io/aeon-7/aeon-vllm-ultimate",
+            "ghcr.io",
+            "aeon-7/aeon-vllm-ultimate",
+            "ghcr.io/aeon-7/aeon-vllm-ultimate",
+        ),
+        ("vllm/vllm-openai", "docker.io", "vllm/vllm-openai", "vllm/vllm-openai"),
+        ("ubuntu:24.04", "docker.io", "library/ubuntu", "ubuntu"),
+        ("10.78.6.1:5000/aeon-7/x:tag", "10.78.6.1:5000", "aeon-7/x", "10.78.6.1:5000/aeon-7/x"),
+        ("localhost/x@sha256:ab", "localhost", "x", "localhost/x"),
+    ],
+)
 def test_image_name_parse(image: str, reg: str, repo: str, ref: str) -> None:
     n = registry.ImageName.parse(image)
     assert (n.registry, n.repository, n.ref) == (reg, repo, ref)
@@ -339,18 +385,27 @@ def test_endpoints_and_pull_refs() -> None:
     assert registry.pull_ref("ghcr.io/aeon-7/x", d) == f"ghcr.io/aeon-7/x@{d}"
 
 
-@pytest.mark.parametrize("wanted", ["v0.24.0; rm -rf /", "-v1", ".v1", "v1/../x", "a" * 129, "", "v1\n"])
-def test_a_tag_outside_the_oci_grammar_is_refused_before_any_request(server: _Server, wanted: str) -> None:
+@pytest.mark.parametrize(
+    "wanted", ["v0.24.0; rm -rf /", "-v1", ".v1", "v1/../x", "a" * 129, "", "v1\n"]
+)
+def test_a_tag_outside_the_oci_grammar_is_refused_before_any_request(
+    server: _Server, wanted: str
+) -> None:
     with pytest.raises(FleetError, match="is not an image tag"):
         registry.resolve("ghcr.io/aeon-7/vllm", wanted, mirrors(server))
     assert server.seen == []
 
 
-def test_tags_outside_the_grammar_listed_by_a_registry_are_never_candidates(server: _Server) -> None:
+def test_tags_outside_the_grammar_listed_by_a_registry_are_never_candidates(
+    server: _Server,
+) -> None:
     server.tags = ["2026-07-01-v0.24.0", "$(reboot)-v0.25.0"]
     with pytest.raises(FleetError, match=r"no tag 'v0\.25\.0'"):
         registry.resolve("ghcr.io/aeon-7/vllm", "v0.25.0", mirrors(server))
-    assert registry.resolve("ghcr.io/aeon-7/vllm", "v0.24.0", mirrors(server)).tag == "2026-07-01-v0.24.0"
+    assert (
+        registry.resolve("ghcr.io/aeon-7/vllm", "v0.24.0", mirrors(server)).tag
+        == "2026-07-01-v0.24.0"
+    )
 
 
 def _put(s: _Server, media: str, doc: dict[str, Any]) -> str:
@@ -361,27 +416,54 @@ def _put(s: _Server, media: str, doc: dict[str, Any]) -> str:
 
 
 def _image(s: _Server, sizes: list[int], salt: str) -> str:
-    layers = [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip", "size": n,
-               "digest": "sha256:" + hashlib.sha256(f"{salt}{i}".encode()).hexdigest()} for i, n in enumerate(sizes)]
-    return _put(s, "application/vnd.oci.image.manifest.v1+json",
-                {"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json", "layers": layers})
+    layers = [
+        {
+            "mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+            "size": n,
+            "digest": "sha256:" + hashlib.sha256(f"{salt}{i}".encode()).hexdigest(),
+        }
+        for i, n in enumerate(sizes)
+    ]
+    return _put(
+        s,
+        "application/vnd.oci.image.manifest.v1+json",
+        {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "layers": layers,
+        },
+    )
 
 
 def test_layer_sizes_of_each_platform_of_an_index(server: _Server) -> None:
-    """An index's platforms each give their layers' sizes (what a pull's bytes are counted against); its
+    """An index's platforms each give their layers' sizes (what a pull's bytes are counted
+    against); its
     attestation entry is not read; behind a bearer challenge, as ghcr.io answers."""
     server.bearer = True
     arm = _image(server, [40_000_000, 2_500_000_000, 1_000], "arm")
     amd = _image(server, [41_000_000, 2_400_000_000], "amd")
     att = _image(server, [900], "att")
-    index = _put(server, "application/vnd.oci.image.index.v1+json", {"schemaVersion": 2, "manifests": [
-        {"digest": arm, "platform": {"os": "linux", "architecture": "arm64"}},
-        {"digest": amd, "platform": {"os": "linux", "architecture": "amd64"}},
-        {"digest": att, "platform": {"os": "unknown", "architecture": "unknown"}}]})
+    index = _put(
+        server,
+        "application/vnd.oci.image.index.v1+json",
+        {
+            "schemaVersion": 2,
+            "manifests": [
+                {"digest": arm, "platform": {"os": "linux", "architecture": "arm64"}},
+                {"digest": amd, "platform": {"os": "linux", "architecture": "amd64"}},
+                {"digest": att, "platform": {"os": "unknown", "architecture": "unknown"}},
+            ],
+        },
+    )
     sets = registry.layer_sizes("ghcr.io/aeon-7/vllm", index, mirrors(server))
-    assert [sorted(p.values()) for p in sets] == [[1_000, 40_000_000, 2_500_000_000], [41_000_000, 2_400_000_000]]
+    assert [sorted(p.values()) for p in sets] == [
+        [1_000, 40_000_000, 2_500_000_000],
+        [41_000_000, 2_400_000_000],
+    ]
     assert not any(path.endswith(att) for _, path, _ in server.seen)
     # A single-platform image is its own one set.
-    assert [sum(p.values()) for p in registry.layer_sizes("ghcr.io/aeon-7/vllm", amd, mirrors(server))] == [2_441_000_000]
+    assert [
+        sum(p.values()) for p in registry.layer_sizes("ghcr.io/aeon-7/vllm", amd, mirrors(server))
+    ] == [2_441_000_000]
     with pytest.raises(FleetError, match="not sha256"):
         registry.layer_sizes("ghcr.io/aeon-7/vllm", "sha256:../../x", mirrors(server))

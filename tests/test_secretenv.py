@@ -1,4 +1,5 @@
-"""Secret values of recipes (environment or 0600 file), the --api-key refusal and the security warnings."""
+"""Secret values of recipes (environment or 0600 file), the --api-key refusal and the security
+warnings."""
 
 from __future__ import annotations
 
@@ -25,7 +26,10 @@ def test_value_from_the_environment_first_then_from_a_private_file(tmp_path: Pat
     f = tmp_path / "key"
     f.write_text("from-file-key\n")
     f.chmod(0o600)
-    assert secretenv.lookup("VLLM_API_KEY", {"VLLM_API_KEY": "env-key", "VLLM_API_KEY_FILE": str(f)}) == "env-key"
+    assert (
+        secretenv.lookup("VLLM_API_KEY", {"VLLM_API_KEY": "env-key", "VLLM_API_KEY_FILE": str(f)})
+        == "env-key"
+    )
     assert secretenv.lookup("VLLM_API_KEY", {"VLLM_API_KEY_FILE": str(f)}) == "from-file-key"
     assert secretenv.lookup("VLLM_API_KEY", {}) is None
     assert secretenv.resolve(["A", "B"], {"A": "x"}) == {"A": "x"}
@@ -36,8 +40,9 @@ def test_value_from_the_environment_first_then_from_a_private_file(tmp_path: Pat
     ("", 0o600, "exactly one line"),
     ("a\nb\n", 0o600, "exactly one line"),
 ])
-def test_a_secret_file_others_can_read_or_that_is_not_one_line_is_refused(tmp_path: Path, content: str,
-                                                                         mode: int, why: str) -> None:
+def test_a_secret_file_others_can_read_or_that_is_not_one_line_is_refused(
+    tmp_path: Path, content: str, mode: int, why: str
+) -> None:
     f = tmp_path / "key"
     f.write_text(content)
     f.chmod(mode)
@@ -57,7 +62,9 @@ def test_a_recipe_that_requires_the_api_key_is_refused_without_one() -> None:
     assert secretenv.api_key(["VLLM_API_KEY"], {"VLLM_API_KEY": "k1234"}) == "k1234"
     with pytest.raises(FleetError) as e:
         secretenv.api_key(["VLLM_API_KEY"], {}, recipe="r")
-    assert "recipe 'r' requires VLLM_API_KEY" in e.value.cause and "VLLM_API_KEY_FILE" in (e.value.fix or "")
+    assert "recipe 'r' requires VLLM_API_KEY" in e.value.cause and "VLLM_API_KEY_FILE" in (
+        e.value.fix or ""
+    )
 
 
 def test_the_hub_token_is_never_a_container_secret() -> None:

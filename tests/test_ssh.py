@@ -40,7 +40,8 @@ def test_a_stuck_close_is_abandoned_and_the_others_still_close() -> None:
 
 
 class _Server(paramiko.ServerInterface):
-    """An SSH server that answers `exec` with the command's text; it can go silent on channel opens."""
+    """An SSH server that answers `exec` with the command's text; it can go silent on channel
+    opens."""
 
     def __init__(self, silent: threading.Event) -> None:
         self.silent = silent
@@ -100,8 +101,14 @@ class _SshServer:
         threading.Thread(target=serve, daemon=True).start()
 
     def host(self, user: str = "u") -> Host:
-        return Host(f"node-{user}", "127.0.0.1", port=self.port, user=user, key_file=str(self.tmp / "id_rsa"),
-                    known_hosts=str(self.tmp / "known_hosts"))
+        return Host(
+            f"node-{user}",
+            "127.0.0.1",
+            port=self.port,
+            user=user,
+            key_file=str(self.tmp / "id_rsa"),
+            known_hosts=str(self.tmp / "known_hosts"),
+        )
 
     def close(self) -> None:
         ssh.close_all()
@@ -150,7 +157,9 @@ def test_the_pool_keeps_at_most_max_pooled_idle_connections(
         srv.close()
 
 
-def test_a_connection_in_use_is_never_evicted(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_connection_in_use_is_never_evicted(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     srv = _SshServer(tmp_path)
     monkeypatch.setattr(pool, "MAX_POOLED", 1)
     busy = srv.host("busy")
@@ -223,7 +232,9 @@ def test_fan_out_runs_at_most_max_workers_at_once() -> None:
 def test_sudo_command_lines_never_carry_the_password() -> None:
     from fleetctl.access import Become, Secret
 
-    host = Host("h", "10.0.0.1", user="nvidia", become=Become(user="root", password=Secret("p@ss 'x")))
+    host = Host(
+        "h", "10.0.0.1", user="nvidia", become=Become(user="root", password=Secret("p@ss 'x"))
+    )
     cmd, stdin = access_probe.sudo_command(host, "cat > /var/lib/fleetctl/x", "body\n",
                                            ssh.SUDO_PASSWORD)
     assert cmd == "sudo -k -S -p '' -u root -- sh -c 'cat > /var/lib/fleetctl/x'"

@@ -1,6 +1,8 @@
-"""fleetctl.ssh against real OpenSSH servers: a bastion and a target behind it, a real user, real sudo.
+"""fleetctl.ssh against real OpenSSH servers: a bastion and a target behind it, a real user, real
+sudo.
 
-System ``sshd`` run on loopback from a temp dir (tests/sshd.py): the bastion on 127.0.0.1 (forwarding
+System ``sshd`` run on loopback from a temp dir (tests/sshd.py): the bastion on 127.0.0.1
+(forwarding
 allowed, its log at DEBUG1 to see each forwarded connection) and the target on 127.0.0.2
 (forwarding off). A third, a bastion that refuses forwarding, shows that a jumped host is
 reached only through its jump. The login is a real local user ``fleetctl-test`` whose rights
@@ -36,8 +38,10 @@ SUDOERS = pathlib.Path("/etc/sudoers.d/fleetctl-test")
 COMMENT = "fleetctl direct-SSH tests"
 DOCKER = shutil.which("docker") or "/usr/bin/docker"
 
-pytestmark = pytest.mark.skipif(not sshd.available() or not shutil.which("sudo"),
-                                reason="needs root, openssh-server and sudo (scripts/bootstrap.sh installs them)")
+pytestmark = pytest.mark.skipif(
+    not sshd.available() or not shutil.which("sudo"),
+    reason="needs root, openssh-server and sudo (scripts/bootstrap.sh installs them)",
+)
 
 
 @dataclass
@@ -47,18 +51,38 @@ class Fleet:
     target: sshd.Sshd  # two ports: two "hosts" behind the same bastion
     closed: sshd.Sshd  # a bastion that does not forward
 
-    def inventory(self, *, known: str | None = None, jump: str | None = None, **host_vars: object) -> Host:
-        """Host ``spark-01`` read through fleetctl.inventory from a hosts.yml like a real fleet's."""
-        (self.tmp / "known_hosts").write_text(known if known is not None else
-                                              self.bastion.known() + self.target.known() + self.closed.known())
+    def inventory(
+        self, *, known: str | None = None, jump: str | None = None, **host_vars: object
+    ) -> Host:
+        """Host ``spark-01`` read through fleetctl.inventory from a hosts.yml like a real
+        fleet's."""
+        (self.tmp / "known_hosts").write_text(
+            known
+            if known is not None
+            else self.bastion.known() + self.target.known() + self.closed.known()
+        )
         jump = jump or f"{USER}@127.0.0.1:{self.bastion.port}"
         v = {"ansible_host": "127.0.0.2", "ansible_port": self.target.port, **host_vars}
         inv = self.tmp / "hosts.yml"
-        inv.write_text(yaml.safe_dump({"all": {
-            "vars": {"ansible_user": USER, "ansible_ssh_private_key_file": str(self.tmp / "id"),
-                     "fleetctl_known_hosts": str(self.tmp / "known_hosts"),
-                     "ansible_ssh_common_args": f"-o ProxyJump={jump} -o StrictHostKeyChecking=yes"},
-            "hosts": {"spark-01": v, "spark-02": {**v, "ansible_port": self.target.ports[1]}}}}))
+        inv.write_text(
+            yaml.safe_dump(
+                {
+                    "all": {
+                        "vars": {
+                            "ansible_user": USER,
+                            "ansible_ssh_private_key_file": str(self.tmp / "id"),
+                            "fleetctl_known_hosts": str(self.tmp / "known_hosts"),
+                            "ansible_ssh_common_args": f"-o ProxyJump={jump} -o "
+                                                       "StrictHostKeyChecking=yes",
+                        },
+                        "hosts": {
+                            "spark-01": v,
+                            "spark-02": {**v, "ansible_port": self.target.ports[1]},
+                        },
+                    }
+                }
+            )
+        )
         return inventory.load(inv).host("spark-01")
 
 
@@ -82,9 +106,14 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
         sshd.keygen(tmp / "id")
         (home / "authorized_keys").write_text((tmp / "id.pub").read_text())
         _run("chown", "-R", f"{USER}:{USER}", str(home))
-        for name, addr, forwarding, ports in (("bastion", "127.0.0.1", True, 1), ("target", "127.0.0.2", False, 2),
-                                              ("closed", "127.0.0.1", False, 1)):
-            servers.append(sshd.start(tmp, name, addr, forwarding=forwarding, allow_user=USER, ports=ports))
+        for name, addr, forwarding, ports in (
+            ("bastion", "127.0.0.1", True, 1),
+            ("target", "127.0.0.2", False, 2),
+            ("closed", "127.0.0.1", False, 1),
+        ):
+            servers.append(
+                sshd.start(tmp, name, addr, forwarding=forwarding, allow_user=USER, ports=ports)
+            )
         yield Fleet(tmp, *servers)
     finally:
         ssh.close_all()
@@ -123,7 +152,8 @@ def test_proxyjump_reaches_the_target_through_the_bastion_and_shares_it(fleet: F
     other = inventory.load(fleet.tmp / "hosts.yml").host("spark-02")
     assert ssh.run(other, "true", timeout=20).ok
     assert (pool.POOL.size(), pool.POOL.gateways()) == (2, 1), "two hosts, one bastion connection"
-    # the bastion connection drops (a bastion reboot): the hosts behind it reconnect through a new one
+    # the bastion connection drops (a bastion reboot): the hosts behind it reconnect through a new
+    # one
     for g in list(pool.POOL._gateways.values()):
         g.close()
     assert ssh.run(host, "true", timeout=20).ok and ssh.run(other, "true", timeout=20).ok
@@ -141,14 +171,22 @@ def test_a_jump_host_that_does_not_forward_stops_the_connection(fleet: Fleet) ->
 
 def test_a_proxycommand_through_the_bastion(fleet: Fleet) -> None:
     # the OpenSSH client as the ProxyCommand, as older inventories reach a bastion
-    proxy = (f"ssh -i {fleet.tmp}/id -o UserKnownHostsFile={fleet.tmp}/known_hosts -o StrictHostKeyChecking=yes"
-             f" -o BatchMode=yes -p {fleet.bastion.port} -W %h:%p {USER}@127.0.0.1")
+    proxy = (
+        f"ssh -i {fleet.tmp}/id -o UserKnownHostsFile={fleet.tmp}/known_hosts -o "
+        "StrictHostKeyChecking=yes"
+        f" -o BatchMode=yes -p {fleet.bastion.port} -W %h:%p {USER}@127.0.0.1"
+    )
     before = fleet.bastion.log.read_text().count(f"target 127.0.0.2 port {fleet.target.port}")
     # host vars beat the group's ProxyJump: ansible_ssh_common_args of the host itself
     host = fleet.inventory(ansible_ssh_common_args=f"-o ProxyCommand='{proxy}'")
-    assert host.jumps == () and host.proxy_command == proxy.replace("%h:%p", f"127.0.0.2:{fleet.target.port}")
+    assert host.jumps == () and host.proxy_command == proxy.replace(
+        "%h:%p", f"127.0.0.2:{fleet.target.port}"
+    )
     assert ssh.run(host, "id -un", timeout=20).stdout.strip() == USER
-    assert fleet.bastion.log.read_text().count(f"target 127.0.0.2 port {fleet.target.port}") == before + 1
+    assert (
+        fleet.bastion.log.read_text().count(f"target 127.0.0.2 port {fleet.target.port}")
+        == before + 1
+    )
     # the target's key is still checked by fleetctl
     ssh.close_all()
     (fleet.tmp / "known_hosts").write_text(fleet.bastion.known())
@@ -171,11 +209,18 @@ def test_every_hops_host_key_is_verified_and_never_added(fleet: Fleet) -> None:
     jump = f"jump host {USER}@127.0.0.1:{fleet.bastion.port}"
     cases = {
         "no bastion key": (fleet.target.known(), f"host key of {jump} is not in"),
-        "changed bastion key": (fleet.bastion.known().replace(fleet.bastion.key, wrong_key) + fleet.target.known(),
-                                f"host key of {jump} does not match"),
-        "no target key": (fleet.bastion.known(), f"host key of 127.0.0.2:{fleet.target.port} is not in"),
-        "changed target key": (fleet.bastion.known() + fleet.target.known().replace(fleet.target.key, wrong_key),
-                               f"host key of 127.0.0.2:{fleet.target.port} does not match"),
+        "changed bastion key": (
+            fleet.bastion.known().replace(fleet.bastion.key, wrong_key) + fleet.target.known(),
+            f"host key of {jump} does not match",
+        ),
+        "no target key": (
+            fleet.bastion.known(),
+            f"host key of 127.0.0.2:{fleet.target.port} is not in",
+        ),
+        "changed target key": (
+            fleet.bastion.known() + fleet.target.known().replace(fleet.target.key, wrong_key),
+            f"host key of 127.0.0.2:{fleet.target.port} does not match",
+        ),
     }
     for case, (known, says) in cases.items():
         ssh.close_all()
@@ -187,7 +232,9 @@ def test_every_hops_host_key_is_verified_and_never_added(fleet: Fleet) -> None:
     ssh.close_all()
     # a refused connect leaves no transport running (paramiko keeps it unless closed)
     time.sleep(0.2)
-    assert not [t for t in threading.enumerate() if isinstance(t, paramiko.Transport) and t.is_active()]
+    assert not [
+        t for t in threading.enumerate() if isinstance(t, paramiko.Transport) and t.is_active()
+    ]
 
 
 def test_an_ssh_config_alias_with_its_own_proxyjump(fleet: Fleet) -> None:
@@ -206,8 +253,10 @@ def test_an_ssh_config_alias_with_its_own_proxyjump(fleet: Fleet) -> None:
     """))
     (fleet.tmp / "known_hosts").write_text(fleet.bastion.known() + fleet.target.known())
     inv = fleet.tmp / "alias.yml"
-    inv.write_text(f"all:\n  hosts:\n    spark-alias:\n      fleetctl_known_hosts: {fleet.tmp}/known_hosts\n"
-                   f"      ansible_ssh_common_args: -F {cfg}\n")
+    inv.write_text(
+        f"all:\n  hosts:\n    spark-alias:\n      fleetctl_known_hosts: {fleet.tmp}/known_hosts\n"
+        f"      ansible_ssh_common_args: -F {cfg}\n"
+    )
     host = inventory.load(inv).host("spark-alias")
     assert (host.address, host.user, [j.label for j in host.jumps]) == (
         "127.0.0.2", USER, [f"{USER}@127.0.0.1:{fleet.bastion.port}"])
@@ -226,7 +275,11 @@ def test_sudo_without_password(fleet: Fleet) -> None:
     acc = ssh.check_access(host)
     assert (acc.user, acc.sudo, acc.docker) == (USER, ssh.SUDO_NOPASSWD, ssh.DOCKER_SUDO)
     # a script that execs docker with a variable it exported (as the rollout's container start does)
-    r = ssh.docker(host, 'eval "$(cat)"; exec sh -c \'echo "$SECRET_X $(id -u)"\'', stdin="SECRET_X=s1\nexport SECRET_X\n")
+    r = ssh.docker(
+        host,
+        'eval "$(cat)"; exec sh -c \'echo "$SECRET_X $(id -u)"\'',
+        stdin="SECRET_X=s1\nexport SECRET_X\n",
+    )
     assert r.stdout.split() == ["s1", "0"]
 
 
@@ -244,9 +297,15 @@ def test_sudo_with_the_become_password_on_stdin(fleet: Fleet) -> None:
     # the password never shows on a command line on the host
     seen = ssh.run(host, "ps -eo args", become=True).stdout
     assert PASSWORD not in seen
-    assert (ssh.check_access(host).sudo, ssh.check_access(host).docker) == (ssh.SUDO_PASSWORD, ssh.DOCKER_SUDO)
-    # docker through sudo (the user is not in the docker group), the password on stdin before the script's
-    r = ssh.docker(host, 'eval "$(cat)"; docker --version; echo "$X"', stdin="X=after-the-password\n")
+    assert (ssh.check_access(host).sudo, ssh.check_access(host).docker) == (
+        ssh.SUDO_PASSWORD,
+        ssh.DOCKER_SUDO,
+    )
+    # docker through sudo (the user is not in the docker group), the password on stdin before the
+    # script's
+    r = ssh.docker(
+        host, 'eval "$(cat)"; docker --version; echo "$X"', stdin="X=after-the-password\n"
+    )
     assert r.stdout.startswith("Docker version") and r.stdout.split()[-1] == "after-the-password"
 
 
@@ -269,7 +328,11 @@ def test_docker_through_sudo_for_docker_only(fleet: Fleet) -> None:
     host = fleet.inventory()
     # each docker of a script goes through `sudo -n docker`; nothing else runs as root
     r = ssh.docker(host, "docker --version >/dev/null && docker --version && id -u")
-    assert r.ok and r.stdout.splitlines()[0].startswith("Docker version") and r.stdout.splitlines()[1] != "0"
+    assert (
+        r.ok
+        and r.stdout.splitlines()[0].startswith("Docker version")
+        and r.stdout.splitlines()[1] != "0"
+    )
     assert ssh.check_access(host, sudo=False).docker == ssh.DOCKER_SUDO_DOCKER
     with pytest.raises(FleetError, match="ansible_become_password is not set"):
         ssh.run(host, "true", become=True)
@@ -290,7 +353,9 @@ def test_no_rights_is_one_error_naming_the_host_user_and_both_fixes(fleet: Fleet
     assert msg.startswith("spark-01: ") and f"logged in as {USER}" in msg
     assert "docker" in e.value.cause and "sudo" in e.value.cause
     assert f"usermod -aG docker {USER}" in (e.value.fix or "")
-    assert "/etc/sudoers.d/fleetctl" in (e.value.fix or "") and f"NOPASSWD: {DOCKER}'" in (e.value.fix or "")
+    assert "/etc/sudoers.d/fleetctl" in (e.value.fix or "") and f"NOPASSWD: {DOCKER}'" in (
+        e.value.fix or ""
+    )
 
 
 def test_become_method_other_than_sudo_is_refused(fleet: Fleet) -> None:
@@ -301,11 +366,19 @@ def test_become_method_other_than_sudo_is_refused(fleet: Fleet) -> None:
 def test_a_root_login_needs_no_sudo(fleet: Fleet) -> None:
     keys = fleet.tmp / "root_authorized_keys"
     keys.write_text((fleet.tmp / "id.pub").read_text())
-    server = sshd.start(fleet.tmp, "rootd", "127.0.0.1", forwarding=False, allow_user="root", authorized_keys=keys)
+    server = sshd.start(
+        fleet.tmp, "rootd", "127.0.0.1", forwarding=False, allow_user="root", authorized_keys=keys
+    )
     try:
         (fleet.tmp / "root_known").write_text(server.known())
-        host = Host("lab-node", "127.0.0.1", port=server.port, user="root", key_file=str(fleet.tmp / "id"),
-                    known_hosts=str(fleet.tmp / "root_known"))
+        host = Host(
+            "lab-node",
+            "127.0.0.1",
+            port=server.port,
+            user="root",
+            key_file=str(fleet.tmp / "id"),
+            known_hosts=str(fleet.tmp / "root_known"),
+        )
         # the command's parent is the login's session, not a sudo
         cmd = "id -u; tr '\\0' ' ' < /proc/$PPID/cmdline"
         r = ssh.run(host, cmd, become=True)
@@ -321,9 +394,13 @@ def test_a_root_login_needs_no_sudo(fleet: Fleet) -> None:
         server.stop()
 
 
-def test_an_encrypted_key_file_unlocked_in_the_agent(fleet: Fleet, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_encrypted_key_file_unlocked_in_the_agent(
+    fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
     enc = fleet.tmp / "id_enc"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "passphrase", "-f", str(enc)], check=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "passphrase", "-f", str(enc)], check=True
+    )
     home = pathlib.Path(f"/home/{USER}/.ssh/authorized_keys")
     home.write_text(home.read_text() + enc.with_suffix(".pub").read_text())
     sock = fleet.tmp / "agent.sock"
@@ -334,21 +411,37 @@ def test_an_encrypted_key_file_unlocked_in_the_agent(fleet: Fleet, monkeypatch: 
                 break
             time.sleep(0.05)
         monkeypatch.setenv("SSH_AUTH_SOCK", str(sock))
-        subprocess.run(["ssh-add", "-q", str(enc)], input="passphrase\n", text=True, check=True,
-                       env={**os.environ, "SSH_ASKPASS_REQUIRE": "never"}, capture_output=True, start_new_session=True)
+        subprocess.run(
+            ["ssh-add", "-q", str(enc)],
+            input="passphrase\n",
+            text=True,
+            check=True,
+            env={**os.environ, "SSH_ASKPASS_REQUIRE": "never"},
+            capture_output=True,
+            start_new_session=True,
+        )
         # as ssh: the key file cannot be opened without its passphrase, the agent's copy logs in
-        assert ssh.run(fleet.inventory(ansible_ssh_private_key_file=str(enc)), "true", timeout=20).ok
+        assert ssh.run(
+            fleet.inventory(ansible_ssh_private_key_file=str(enc)), "true", timeout=20
+        ).ok
         ssh.close_all()
         with pytest.raises(HostUnreachable, match="SSH to"):
-            ssh.run(fleet.inventory(ansible_ssh_private_key_file=str(enc),
-                                    ansible_ssh_extra_args="-o IdentitiesOnly=yes"), "true", timeout=20)
+            ssh.run(
+                fleet.inventory(
+                    ansible_ssh_private_key_file=str(enc),
+                    ansible_ssh_extra_args="-o IdentitiesOnly=yes",
+                ),
+                "true",
+                timeout=20,
+            )
     finally:
         agent.terminate()
         agent.wait(10)
 
 
 def _masters(control: pathlib.Path) -> list[str]:
-    """Command lines of live ssh processes that name a socket under ``control`` (masters show it)."""
+    """Command lines of live ssh processes that name a socket under ``control`` (masters show
+    it)."""
     out = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True, check=True).stdout
     return [ln for ln in out.splitlines() if ln.startswith("ssh") and str(control) in ln]
 
@@ -359,9 +452,17 @@ def test_a_playbook_run_keeps_one_master_per_host_and_closes_them_when_it_ends(
     from fleetctl.progress import Event
 
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
-    cfg = sshd.jump_config(tmp_path / "ssh_config", "test-bastion", fleet.bastion, USER, fleet.tmp / "id",
-                           fleet.tmp / "known_hosts")
-    fleet.inventory(ansible_ssh_common_args=f"-F {cfg} -o ProxyJump=test-bastion")  # writes hosts.yml
+    cfg = sshd.jump_config(
+        tmp_path / "ssh_config",
+        "test-bastion",
+        fleet.bastion,
+        USER,
+        fleet.tmp / "id",
+        fleet.tmp / "known_hosts",
+    )
+    fleet.inventory(
+        ansible_ssh_common_args=f"-F {cfg} -o ProxyJump=test-bastion"
+    )  # writes hosts.yml
     inv = inventory.load(fleet.tmp / "hosts.yml")
     (tmp_path / "play.yml").write_text(textwrap.dedent("""\
         - hosts: all

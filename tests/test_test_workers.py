@@ -1,4 +1,5 @@
-"""The test suite's own placement (tests/conftest.py): each xdist worker's lab, and the lab tests' groups."""
+"""The test suite's own placement (tests/conftest.py): each xdist worker's lab, and the lab tests'
+groups."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ def test_the_first_worker_keeps_the_selected_lab_and_the_second_gets_one_beside_
     assert worker_lab("gw0", env) == {} and worker_lab("", env) == {}
     assert worker_lab("gw1", env) == {"FLEETCTL_LAB_DIR": f"{tmp_path}/lab-gw1",
                                       "FLEETCTL_LAB_SUBNET": "10.78.163.0/24"}
-    # the default subnet: the second lab clear of helpers' labs (10.78.1 up) and the fresh-lab test's (200 up)
+    # the default subnet: the second lab clear of helpers' labs (10.78.1 up) and the fresh-lab
+    # test's (200 up)
     assert worker_lab("gw1", {})["FLEETCTL_LAB_SUBNET"] == "10.78.128.0/24"
 
 
@@ -29,7 +31,8 @@ def test_the_second_labs_modules_exist() -> None:
 
 
 def test_the_unit_modules_exist_and_run_last() -> None:
-    """A renamed unit module would run among the tests that expect only single hosts: each one named is there."""
+    """A renamed unit module would run among the tests that expect only single hosts: each one
+    named is there."""
     from fleetctl import paths
     from tests.conftest import UNIT_MODULES
 

@@ -27,7 +27,8 @@ all:
 
 
 def write(tmp: Path, text: str, group_vars: dict[str, str] | None = None) -> Path:
-    # a new directory per inventory: ansible-core remembers, per process, a group_vars/ it found missing
+    # a new directory per inventory: ansible-core remembers, per process, a group_vars/ it found
+    # missing
     tmp = Path(tempfile.mkdtemp(dir=tmp))
     p = tmp / "hosts.yml"
     p.write_text(text)
@@ -47,9 +48,16 @@ def test_a_group_per_unit_with_spark_defaults(tmp_path: Path) -> None:
     inv = inventory.load(write(tmp_path, PAIR, {"unit_pair_a": "fleetctl_unit: pair-a\n"}))
     assert list(inv.units) == ["pair-a"]
     u = inv.units["pair-a"]
-    assert u.members == ("spark-07", "spark-08") and u.head == "spark-07" and u.workers == ("spark-08",)
+    assert (
+        u.members == ("spark-07", "spark-08")
+        and u.head == "spark-07"
+        and u.workers == ("spark-08",)
+    )
     f = u.fabric["spark-08"]
-    assert f.interfaces == ("enp1s0f1np1", "enP2p1s0f1np1") and f.hcas == ("rocep1s0f1", "roceP2p1s0f1")
+    assert f.interfaces == ("enp1s0f1np1", "enP2p1s0f1np1") and f.hcas == (
+        "rocep1s0f1",
+        "roceP2p1s0f1",
+    )
     assert (f.address, f.interface, f.mtu) == ("192.168.177.18", "enp1s0f1np1", 9000)
     assert u.busbw_floor_gbs == inventory.SPARK_PAIR_BUSBW_FLOOR_GBS
     assert (inv.host("spark-08").unit, inv.host("spark-08").unit_rank) == ("pair-a", 1)
@@ -59,8 +67,9 @@ def test_a_group_per_unit_with_spark_defaults(tmp_path: Path) -> None:
 
 def test_rank_order_from_the_variable(tmp_path: Path) -> None:
     gv = {"unit_pair_a": "fleetctl_unit: pair-a\nfleetctl_fabric_floor_gbs: 18\n"}
-    text = PAIR.replace("spark-07: {fleetctl_fabric", "spark-07: {fleetctl_unit_rank: 1, fleetctl_fabric") \
-               .replace("spark-08: {fleetctl_fabric", "spark-08: {fleetctl_unit_rank: 0, fleetctl_fabric")
+    text = PAIR.replace(
+        "spark-07: {fleetctl_fabric", "spark-07: {fleetctl_unit_rank: 1, fleetctl_fabric"
+    ).replace("spark-08: {fleetctl_fabric", "spark-08: {fleetctl_unit_rank: 0, fleetctl_fabric")
     u = inventory.load(write(tmp_path, text, gv)).units["pair-a"]
     assert u.members == ("spark-08", "spark-07") and u.busbw_floor_gbs == 18.0
 
@@ -71,19 +80,27 @@ def test_a_host_in_two_units_is_refused(tmp_path: Path) -> None:
             spark-08:
             spark-01: {fleetctl_fabric: {addresses: [192.168.177.11]}}
 """
-    e = refusal(tmp_path, text, {"unit_pair_a": "fleetctl_unit: pair-a\n", "unit_pair_b": "fleetctl_unit: pair-b\n"})
+    e = refusal(
+        tmp_path,
+        text,
+        {"unit_pair_a": "fleetctl_unit: pair-a\n", "unit_pair_b": "fleetctl_unit: pair-b\n"},
+    )
     assert e.host == "spark-08" and "two units" in e.cause
     assert "unit_pair_a" in e.cause and "unit_pair_b" in e.cause and e.fix
 
 
 def test_a_host_var_against_its_group_is_two_units(tmp_path: Path) -> None:
-    text = PAIR.replace("spark-08: {fleetctl_fabric", "spark-08: {fleetctl_unit: other, fleetctl_fabric")
+    text = PAIR.replace(
+        "spark-08: {fleetctl_fabric", "spark-08: {fleetctl_unit: other, fleetctl_fabric"
+    )
     e = refusal(tmp_path, text, {"unit_pair_a": "fleetctl_unit: pair-a\n"})
     assert e.host == "spark-08" and "'other' (its host vars)" in e.cause
 
 
 def test_a_member_without_a_fabric_address_is_refused(tmp_path: Path) -> None:
-    text = PAIR.replace("spark-08: {fleetctl_fabric: {addresses: [192.168.177.18, 192.168.178.18]}}", "spark-08:")
+    text = PAIR.replace(
+        "spark-08: {fleetctl_fabric: {addresses: [192.168.177.18, 192.168.178.18]}}", "spark-08:"
+    )
     e = refusal(tmp_path, text, {"unit_pair_a": "fleetctl_unit: pair-a\n"})
     assert e.host == "spark-08" and "no fabric address" in e.cause
     assert e.fix is not None and "fleetctl_fabric" in e.fix and "enp1s0f1np1" in e.fix
@@ -114,10 +131,14 @@ def test_bad_fabric_fields(tmp_path: Path, fabric: str, words: str) -> None:
 
 
 def test_a_unit_of_one_and_partial_ranks_are_refused(tmp_path: Path) -> None:
-    one = PAIR.replace("spark-07: {fleetctl_fabric", "spark-07: {fleetctl_unit: solo, fleetctl_fabric")
+    one = PAIR.replace(
+        "spark-07: {fleetctl_fabric", "spark-07: {fleetctl_unit: solo, fleetctl_fabric"
+    )
     e = refusal(tmp_path, one)
     assert e.host == "spark-07" and "unit 'solo' has one member" in e.cause
-    ranks = PAIR.replace("spark-07: {fleetctl_fabric", "spark-07: {fleetctl_unit_rank: 0, fleetctl_fabric")
+    ranks = PAIR.replace(
+        "spark-07: {fleetctl_fabric", "spark-07: {fleetctl_unit_rank: 0, fleetctl_fabric"
+    )
     e = refusal(tmp_path, ranks, {"unit_pair_a": "fleetctl_unit: pair-a\n"})
     assert "not on spark-08" in e.cause
     dup = PAIR.replace("{fleetctl_fabric", "{fleetctl_unit_rank: 1, fleetctl_fabric")

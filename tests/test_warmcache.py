@@ -32,9 +32,24 @@ GB10 = "NVIDIA GB10"
 
 
 def _raw(**extra: Any) -> dict[str, Any]:
-    return {"r": {"image": "vllm/vllm-openai", "served_model_names": ["m"], "vllm_args": ["--port", "8000"],
-                  "weights": [{"role": "body", "repo": "o/m", "revision": "main", "path": "/opt/m", "mount": "/model",
-                               "format": "bf16"}], **extra}}
+    return {
+        "r": {
+            "image": "vllm/vllm-openai",
+            "served_model_names": ["m"],
+            "vllm_args": ["--port", "8000"],
+            "weights": [
+                {
+                    "role": "body",
+                    "repo": "o/m",
+                    "revision": "main",
+                    "path": "/opt/m",
+                    "mount": "/model",
+                    "format": "bf16",
+                }
+            ],
+            **extra,
+        }
+    }
 
 
 RECIPE = parse_recipes(_raw(compile_cache=[{"name": "vllm", "mount": "/root/.cache/vllm"},
@@ -90,8 +105,14 @@ class LocalHosts:
         i = argv.index("-c")
         self.calls.append((h.name, argv[i + 2]))
         self.root(h).mkdir(exist_ok=True)
-        r = subprocess.run([sys.executable, *argv[i:]], input=stdin, capture_output=True, text=True, check=False,
-                           env={**os.environ, "FLEETCTL_CACHE_DIR": str(self.root(h))})
+        r = subprocess.run(
+            [sys.executable, *argv[i:]],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+            env={**os.environ, "FLEETCTL_CACHE_DIR": str(self.root(h))},
+        )
         if r.returncode != 0:
             raise FleetError(r.stderr.strip()[-300:], host=h.name)
         return r.stdout
@@ -119,9 +140,14 @@ class LocalCacheOps:
 
 
 def _compile_on(hosts: LocalHosts, h: Host, key: str) -> None:
-    """What a cold start leaves: the emulator's artefacts in the ``vllm`` cache, and an empty triton dir."""
+    """What a cold start leaves: the emulator's artefacts in the ``vllm`` cache, and an empty
+    triton dir."""
     top = hosts.root(h) / key
-    c = compile_cache.plan(top / "vllm", key, 6.0, 0.3) if (top / "vllm").mkdir(parents=True) is None else None
+    c = (
+        compile_cache.plan(top / "vllm", key, 6.0, 0.3)
+        if (top / "vllm").mkdir(parents=True) is None
+        else None
+    )
     assert c is not None and not c.warm
     compile_cache.write(c)
     (top / "triton").mkdir()
@@ -129,13 +155,17 @@ def _compile_on(hosts: LocalHosts, h: Host, key: str) -> None:
 
 def test_share_copies_the_canarys_cache_verified_and_only_on_the_same_key(tmp_path: Path) -> None:
     hosts = LocalHosts(tmp_path)
-    canary, a, b, c = (Host(n, "10.0.0.1") for n in ("spark-01", "spark-02", "spark-03", "spark-04"))
+    canary, a, b, c = (
+        Host(n, "10.0.0.1") for n in ("spark-01", "spark-02", "spark-03", "spark-04")
+    )
     key = warmcache.cache_key(D1, "f", GB10)
     _compile_on(hosts, canary, key)
     other = warmcache.cache_key(D1, "f", "NVIDIA H100 80GB HBM3")
     # b holds a stale cache under the right key (compiled for another): replaced, not trusted.
     (hosts.root(b) / key / "vllm" / compile_cache.SUBDIR).mkdir(parents=True)
-    (hosts.root(b) / key / "vllm" / compile_cache.SUBDIR / "compiled.json").write_text('{"key": "stale"}')
+    (hosts.root(b) / key / "vllm" / compile_cache.SUBDIR / "compiled.json").write_text(
+        '{"key": "stale"}'
+    )
     out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key, b: key, c: other}, ops=hosts)
     assert out["spark-02"].warm and out["spark-03"].warm and not out["spark-04"].warm
     assert "differs" in out["spark-04"].detail and out["spark-02"].files == 2
@@ -172,7 +202,9 @@ def test_a_tampered_copy_is_found_and_the_host_starts_cold(tmp_path: Path) -> No
     out = warmcache.share(RECIPE, "img@" + D1, canary, key, {a: key},
                           ops=lambda h: LocalCacheOps(h, corrupt))
     assert not out["spark-02"].warm and "did not verify" in out["spark-02"].detail
-    assert not (hosts.root(a) / key).exists()  # nothing half-written left where the container mounts
+    assert not (
+        hosts.root(a) / key
+    ).exists()  # nothing half-written left where the container mounts
     ok, why = warmcache.verify(RECIPE, "img", hosts(a), key)
     assert not ok and why is not None and "no manifest" in why
 
@@ -190,7 +222,9 @@ def test_nothing_to_share_and_a_cache_over_the_bound_leave_hosts_cold(tmp_path: 
 
 def test_the_emulator_compiles_cold_then_warm_and_a_damaged_cache_is_cold(tmp_path: Path) -> None:
     key = "k" * 32
-    assert compile_cache.plan(tmp_path / "absent", key, 6.0, 0.3).directory is None  # no cache mounted
+    assert (
+        compile_cache.plan(tmp_path / "absent", key, 6.0, 0.3).directory is None
+    )  # no cache mounted
     first = compile_cache.plan(tmp_path, key, 6.0, 0.3)
     assert (first.warm, first.seconds) == (False, 6.0)
     compile_cache.write(first)
@@ -202,4 +236,7 @@ def test_the_emulator_compiles_cold_then_warm_and_a_damaged_cache_is_cold(tmp_pa
 
 
 def test_cache_dir_type() -> None:
-    assert RECIPE.compile_cache == (CacheDir("vllm", "/root/.cache/vllm"), CacheDir("triton", "/root/.triton"))
+    assert RECIPE.compile_cache == (
+        CacheDir("vllm", "/root/.cache/vllm"),
+        CacheDir("triton", "/root/.triton"),
+    )

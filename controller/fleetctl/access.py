@@ -33,7 +33,8 @@ MAX_HOPS = 8
 
 
 class Secret:
-    """A value that must never be shown: repr/str/format give ``<redacted>``; :meth:`reveal` gives it."""
+    """A value that must never be shown: repr/str/format give ``<redacted>``; :meth:`reveal` gives
+    it."""
 
     __slots__ = ("_missing", "_value")
 
@@ -43,7 +44,8 @@ class Secret:
         self._missing = missing
 
     def reveal(self) -> str:
-        """The value itself (only ever written to a channel's stdin), or the FleetError saying why not."""
+        """The value itself (only ever written to a channel's stdin), or the FleetError saying why
+        not."""
         if self._value is None:
             raise self._missing or FleetError("the secret has no value")
         return self._value
@@ -70,12 +72,14 @@ class Secret:
 
 @dataclass(frozen=True)
 class Hop:
-    """One SSH connection of a route: where, as whom, with which keys, verified against which file."""
+    """One SSH connection of a route: where, as whom, with which keys, verified against which
+    file."""
 
     address: str
     port: int = 22
     user: str = "root"
-    #: Private keys to offer (then the agent's, as ssh does); empty: the agent and the default ~/.ssh keys.
+    #: Private keys to offer (then the agent's, as ssh does); empty: the agent and the default
+    #: ~/.ssh keys.
     key_files: tuple[str, ...] = ()
     #: known_hosts file the host key must be in (None: ~/.ssh/known_hosts).
     known_hosts: str | None = None
@@ -107,8 +111,10 @@ class Become:
         """Raise unless the method is sudo, the one the direct SSH path can drive."""
         if self.method != "sudo":
             raise FleetError(
-                f"ansible_become_method is {self.method!r}; fleetctl's direct SSH steps escalate with sudo only",
-                host=host, fix="give the admin user sudo and set ansible_become_method: sudo",
+                f"ansible_become_method is {self.method!r}; fleetctl's direct SSH steps escalate "
+                "with sudo only",
+                host=host,
+                fix="give the admin user sudo and set ansible_become_method: sudo",
             )
 
 
@@ -124,7 +130,8 @@ class Route:
 
 @dataclass(frozen=True)
 class SshArgs:
-    """What ``ansible_ssh_common_args`` + ``ansible_ssh_extra_args`` say, first value of each kept."""
+    """What ``ansible_ssh_common_args`` + ``ansible_ssh_extra_args`` say, first value of each
+    kept."""
 
     user: str | None = None
     port: int | None = None
@@ -171,8 +178,10 @@ _IGNORED_FLAGS = set("46ACTqtvxan")
 #: ssh flags taking an argument that fleetctl honours.
 _VALUE_FLAGS = {"o", "J", "F", "i", "l", "p"}
 
-_FIX_ARGS = ("keep to ProxyJump/-J, User/-l, Port/-p, IdentityFile/-i, UserKnownHostsFile, "
-             "StrictHostKeyChecking=yes and -F in ansible_ssh_common_args, or put the rest in ~/.ssh/config")
+_FIX_ARGS = (
+    "keep to ProxyJump/-J, User/-l, Port/-p, IdentityFile/-i, UserKnownHostsFile, "
+    "StrictHostKeyChecking=yes and -F in ansible_ssh_common_args, or put the rest in ~/.ssh/config"
+)
 
 
 def parse_ssh_args(text: str, *, host: str, var: str = "ansible_ssh_common_args") -> SshArgs:
@@ -180,7 +189,9 @@ def parse_ssh_args(text: str, *, host: str, var: str = "ansible_ssh_common_args"
     try:
         words = shlex.split(text or "")
     except ValueError as e:
-        raise InventoryError(f"{var} is not a valid shell word list ({e})", host=host, fix=_FIX_ARGS) from None
+        raise InventoryError(
+            f"{var} is not a valid shell word list ({e})", host=host, fix=_FIX_ARGS
+        ) from None
     got: dict[str, Any] = {"identityfile": []}
     i = 0
     while i < len(words):
@@ -203,10 +214,17 @@ def parse_ssh_args(text: str, *, host: str, var: str = "ansible_ssh_common_args"
             continue
         raise InventoryError(f"{var}: fleetctl's direct SSH cannot honour the ssh option {w!r}",
                              host=host, fix=_FIX_ARGS)
-    return SshArgs(user=got.get("user"), port=got.get("port"), hostname=got.get("hostname"),
-                   key_files=tuple(got["identityfile"]), known_hosts=got.get("userknownhostsfile"),
-                   proxy_jump=_proxy(got, "jump"), proxy_command=_proxy(got, "command"), config_file=got.get("-F"),
-                   identities_only=got.get("identitiesonly"))
+    return SshArgs(
+        user=got.get("user"),
+        port=got.get("port"),
+        hostname=got.get("hostname"),
+        key_files=tuple(got["identityfile"]),
+        known_hosts=got.get("userknownhostsfile"),
+        proxy_jump=_proxy(got, "jump"),
+        proxy_command=_proxy(got, "command"),
+        config_file=got.get("-F"),
+        identities_only=got.get("identitiesonly"),
+    )
 
 
 def _proxy(got: dict[str, Any], kind: str) -> str | None:
@@ -228,7 +246,8 @@ def _split_option(text: str, host: str, var: str) -> tuple[str, str]:
 
 
 def _option(key: str, value: str, got: dict[str, Any], host: str, var: str) -> None:
-    """Record one option in ``got`` (ssh keeps the first value of each; IdentityFile accumulates)."""
+    """Record one option in ``got`` (ssh keeps the first value of each; IdentityFile
+    accumulates)."""
     if key in ("user", "hostname", "-F"):
         got.setdefault(key, value)
     elif key in ("proxyjump", "proxycommand"):
@@ -241,13 +260,17 @@ def _option(key: str, value: str, got: dict[str, Any], host: str, var: str) -> N
         try:
             got.setdefault("port", int(value))
         except ValueError:
-            raise InventoryError(f"{var}: port {value!r} is not a number", host=host, fix=_FIX_ARGS) from None
+            raise InventoryError(
+                f"{var}: port {value!r} is not a number", host=host, fix=_FIX_ARGS
+            ) from None
     elif key == "userknownhostsfile":
         files = value.split()
         if len(files) != 1:
             raise InventoryError(
-                f"{var}: UserKnownHostsFile names {len(files)} files; fleetctl verifies against one",
-                host=host, fix="merge them into one file, or set fleetctl_known_hosts",
+                f"{var}: UserKnownHostsFile names {len(files)} files; fleetctl verifies against "
+                "one",
+                host=host,
+                fix="merge them into one file, or set fleetctl_known_hosts",
             )
         got.setdefault(key, files[0])
     elif key == "stricthostkeychecking":
@@ -262,7 +285,9 @@ def _strict(value: str, host: str, where: str) -> None:
         raise InventoryError(
             f"{where}: StrictHostKeyChecking {value} would accept an unknown host key; "
             "fleetctl always verifies host keys and never adds one",
-            host=host, fix="remove the option (or set it to yes) and put the hosts' verified keys in known_hosts",
+            host=host,
+            fix="remove the option (or set it to yes) and put the hosts' verified keys in "
+                "known_hosts",
         )
 
 
@@ -279,8 +304,11 @@ def parse_jump(spec: str, *, host: str) -> tuple[str | None, str, int | None]:
     else:
         addr = hostport
     if not addr:
-        raise InventoryError(f"ProxyJump {spec!r} names no host", host=host,
-                             fix="write the jump host as [user@]host[:port], several separated by commas")
+        raise InventoryError(
+            f"ProxyJump {spec!r} names no host",
+            host=host,
+            fix="write the jump host as [user@]host[:port], several separated by commas",
+        )
     try:
         return user or None, addr, int(port) if port else None
     except ValueError:
@@ -319,12 +347,15 @@ def ssh_config(path: str | None, *, host: str) -> paramiko.SSHConfig:
         try:
             _CONFIGS[key] = _SshConfig.from_path(str(p))
         except (OSError, ValueError) as e:
-            raise InventoryError(f"cannot read ssh config {p}: {e}", host=host, fix="correct the file") from None
+            raise InventoryError(
+                f"cannot read ssh config {p}: {e}", host=host, fix="correct the file"
+            ) from None
     return _CONFIGS[key]
 
 
 def local_user() -> str:
-    """The controller's login name: ssh's user when neither the inventory nor ssh_config names one."""
+    """The controller's login name: ssh's user when neither the inventory nor ssh_config names
+    one."""
     return os.environ.get("USER") or getpass.getuser()
 
 
@@ -339,14 +370,24 @@ def _first_set(*values: bool | None) -> bool:
     return next((v for v in values if v is not None), False)
 
 
-def _lookup(conf: paramiko.SSHConfig, alias: str, host: str, *, jump: bool = False) -> dict[str, Any]:
+def _lookup(
+    conf: paramiko.SSHConfig, alias: str, host: str, *, jump: bool = False
+) -> dict[str, Any]:
     c: dict[str, Any] = dict(conf.lookup(alias))
     if "stricthostkeychecking" in c:
         _strict(str(c["stricthostkeychecking"]), host, f"ssh_config for {alias}")
-    if jump and "proxycommand" in c and str(c["proxycommand"]).lower() != "none" and "proxyjump" not in c:
-        raise InventoryError(f"ssh_config reaches jump host {alias} by a ProxyCommand, which fleetctl's "
-                             "direct SSH runs only for the host itself",
-                             host=host, fix="reach the jump host with ProxyJump instead of ProxyCommand")
+    if (
+        jump
+        and "proxycommand" in c
+        and str(c["proxycommand"]).lower() != "none"
+        and "proxyjump" not in c
+    ):
+        raise InventoryError(
+            f"ssh_config reaches jump host {alias} by a ProxyCommand, which fleetctl's "
+            "direct SSH runs only for the host itself",
+            host=host,
+            fix="reach the jump host with ProxyJump instead of ProxyCommand",
+        )
     return c
 
 
@@ -405,14 +446,18 @@ _ALIASES = {
 
 
 def ansible_var(v: Mapping[str, Any], what: str) -> Any:
-    """The value of connection variable ``what`` (``host``, ``port``, ``user``, ``private_key_file``)."""
+    """The value of connection variable ``what`` (``host``, ``port``, ``user``,
+    ``private_key_file``)."""
     return next((v[k] for k in _ALIASES[what] if v.get(k) not in (None, "")), None)
 
 
 def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
-    """The route to inventory host ``name`` from its variables (ansible_* > ssh options > ssh_config)."""
+    """The route to inventory host ``name`` from its variables (ansible_* > ssh options >
+    ssh_config)."""
     common = parse_ssh_args(str(v.get("ansible_ssh_common_args") or ""), host=name)
-    extra = parse_ssh_args(str(v.get("ansible_ssh_extra_args") or ""), host=name, var="ansible_ssh_extra_args")
+    extra = parse_ssh_args(
+        str(v.get("ansible_ssh_extra_args") or ""), host=name, var="ansible_ssh_extra_args"
+    )
     conf = ssh_config(common.config_file or extra.config_file, host=name)
     host_var = "ansible_host" if ansible_var(v, "host") else "the inventory name"
     # before ssh_config is read: its Match exec runs a command with the name in it
@@ -420,14 +465,25 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
     c = _lookup(conf, alias, name)
     port_var = ansible_var(v, "port")
     try:
-        port = int(port_var if port_var not in (None, "") else (common.port or extra.port or c.get("port") or 22))
+        port = int(
+            port_var
+            if port_var not in (None, "")
+            else (common.port or extra.port or c.get("port") or 22)
+        )
     except (TypeError, ValueError):
-        raise InventoryError(f"ansible_port {port_var!r} is not a number", host=name,
-                             fix="set ansible_port: 22") from None
+        raise InventoryError(
+            f"ansible_port {port_var!r} is not a number", host=name, fix="set ansible_port: 22"
+        ) from None
     key_var = ansible_var(v, "private_key_file")
-    keys = tuple(dict.fromkeys(str(Path(str(k)).expanduser()) for k in
-                               ([key_var] if key_var else []) + list(common.key_files) + list(extra.key_files)
-                               + list(c.get("identityfile") or [])))
+    keys = tuple(
+        dict.fromkeys(
+            str(Path(str(k)).expanduser())
+            for k in ([key_var] if key_var else [])
+            + list(common.key_files)
+            + list(extra.key_files)
+            + list(c.get("identityfile") or [])
+        )
+    )
     known_var = v.get("fleetctl_known_hosts")
     known = (str(Path(str(known_var)).expanduser()) if known_var else None) or _first(
         common.known_hosts or extra.known_hosts) or _first(c.get("userknownhostsfile"))
@@ -452,11 +508,17 @@ def resolve_route(name: str, v: Mapping[str, Any]) -> Route:
         spec = c.get("proxyjump")
         command = None if spec else c.get("proxycommand")  # its %-tokens as written (_SshConfig)
     jumps = _jumps(str(spec), conf, target, name, 0) if spec and str(spec).lower() != "none" else ()
-    proxy = expand_proxy_command(str(command), target) if command and str(command).lower() != "none" else None
+    proxy = (
+        expand_proxy_command(str(command), target)
+        if command and str(command).lower() != "none"
+        else None
+    )
     return Route(target, jumps, proxy)
 
 
-def _jumps(spec: str, conf: paramiko.SSHConfig, target: Hop, name: str, depth: int) -> tuple[Hop, ...]:
+def _jumps(
+    spec: str, conf: paramiko.SSHConfig, target: Hop, name: str, depth: int
+) -> tuple[Hop, ...]:
     """The hops of a ProxyJump list; the first one's own ProxyJump (ssh_config) goes in front of it.
 
     A hop without its own IdentityFile or UserKnownHostsFile in ssh_config uses the target's:
@@ -472,17 +534,28 @@ def _jumps(spec: str, conf: paramiko.SSHConfig, target: Hop, name: str, depth: i
         front = c.get("proxyjump")
         if i == 0 and front and str(front).lower() != "none":
             hops.extend(_jumps(str(front), conf, target, name, depth + 1))
-        keys = tuple(str(Path(k).expanduser()) for k in c.get("identityfile") or ()) or target.key_files
-        hops.append(Hop(
-            address=check_name(str(c.get("hostname") or alias), what="ProxyJump HostName",
-                               host=name),
-            port=int(port or c.get("port") or 22),
-            user=check_name(str(user or c.get("user") or local_user()), what="ProxyJump user",
-                            host=name, user=True),
-            key_files=keys,
-            known_hosts=_first(c.get("userknownhostsfile")) or target.known_hosts,
-            identities_only=str(c.get("identitiesonly", "no")).lower() == "yes" or target.identities_only,
-        ))
+        keys = (
+            tuple(str(Path(k).expanduser()) for k in c.get("identityfile") or ())
+            or target.key_files
+        )
+        hops.append(
+            Hop(
+                address=check_name(
+                    str(c.get("hostname") or alias), what="ProxyJump HostName", host=name
+                ),
+                port=int(port or c.get("port") or 22),
+                user=check_name(
+                    str(user or c.get("user") or local_user()),
+                    what="ProxyJump user",
+                    host=name,
+                    user=True,
+                ),
+                key_files=keys,
+                known_hosts=_first(c.get("userknownhostsfile")) or target.known_hosts,
+                identities_only=str(c.get("identitiesonly", "no")).lower() == "yes"
+                or target.identities_only,
+            )
+        )
     return tuple(hops)
 
 

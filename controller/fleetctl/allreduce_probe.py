@@ -1,12 +1,16 @@
-"""The all_reduce bandwidth probe fleetctl runs inside a recipe's image on every member of a unit at once.
+"""The all_reduce bandwidth probe fleetctl runs inside a recipe's image on every member of a unit
+at once.
 
-Standalone (python3's standard library, torch when the image has it): fleetctl passes this file's text
+Standalone (python3's standard library, torch when the image has it): fleetctl passes this file's
+text
 to ``python3 -c`` in ``docker run --network host --gpus all`` with the member's fabric environment
 (``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ...) and ``--rank R --addrs A0,A1,... --port P``. Rank 0
 prints the NCCL tests' ``all_reduce_perf`` table, which ``fleetctl.fabric.parse_all_reduce`` reads:
 
-- with torch and a CUDA device (every vLLM image on a Spark): torch.distributed's NCCL all_reduce over
-  the members, the collective vLLM's tensor parallelism runs, timed per message size (1 MiB to 1 GiB);
+- with torch and a CUDA device (every vLLM image on a Spark): torch.distributed's NCCL all_reduce
+over
+  the members, the collective vLLM's tensor parallelism runs, timed per message size (1 MiB to 1
+  GiB);
   bus bandwidth is nccl-tests' ``algbw * 2(n-1)/n``; each rank on its own GPU (its local rank:
   ``LOCAL_RANK``, else its place among the ranks of its address; or the one GPU it sees); both timed
   runs of each size are checked on every rank (each starts from rank+1, every element must read the
@@ -16,9 +20,11 @@ prints the NCCL tests' ``all_reduce_perf`` table, which ``fleetctl.fabric.parse_
   the next rank while receiving as many from the previous, every chunk's bytes checked), the same
   formula: a real figure of the link, named ``TCP`` in the table's first line.
 
-Every rank waits ``--join-timeout`` (``JOIN_TIMEOUT``) for the others and then names the missing ones;
+Every rank waits ``--join-timeout`` (``JOIN_TIMEOUT``) for the others and then names the missing
+ones;
 after each size rank 0's decision to stop (a slow link ends early, ``--budget``) reaches every rank,
-so that all end on the same size. Exit status 0 with the table, else 1 with one line on stderr saying
+so that all end on the same size. Exit status 0 with the table, else 1 with one line on stderr
+saying
 why (a peer that never joined, NCCL's own error), the last line of stderr.
 """
 
@@ -42,9 +48,13 @@ NCCL_MAX_BYTES = 1 << 30
 TCP_MAX_BYTES = 64 << 20
 _HEADER = (
     "#\n"
-    "#                                                              out-of-place                       in-place\n"
-    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw   busbw #wrong\n"
-    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us)  (GB/s)  (GB/s)")
+    "#                                                              out-of-place                   "
+    "    in-place\n"
+    "#       size         count      type   redop    root     time   algbw   busbw #wrong     time "
+    "  algbw   busbw #wrong\n"
+    "#        (B)    (elements)                               (us)  (GB/s)  (GB/s)            (us) "
+    " (GB/s)  (GB/s)"
+)
 
 
 def bus_factor(n: int) -> float:
@@ -53,12 +63,18 @@ def bus_factor(n: int) -> float:
 
 
 def row(size: int, n: int, first: tuple[float, int], second: tuple[float, int]) -> str:
-    """One line of the table: a size, then (seconds, wrong) of two timed runs (nccl-tests' out-of-place and
+    """One line of the table: a size, then (seconds, wrong) of two timed runs (nccl-tests'
+    out-of-place and
     in-place columns; both runs of this probe are in place)."""
     cols = [f"{size:12d}", f"{size // 4:14d}", f"{'float':>9}", f"{'sum':>7}", f"{-1:7d}"]
     for seconds, wrong in (first, second):
         algbw = size / seconds / 1e9 if seconds > 0 else 0.0
-        cols += [f"{seconds * 1e6:8.1f}", f"{algbw:7.2f}", f"{algbw * bus_factor(n):7.2f}", f"{wrong:6d}"]
+        cols += [
+            f"{seconds * 1e6:8.1f}",
+            f"{algbw:7.2f}",
+            f"{algbw * bus_factor(n):7.2f}",
+            f"{wrong:6d}",
+        ]
     return " ".join(cols)
 
 
@@ -70,7 +86,8 @@ def _sizes(low: int, high: int, factor: int) -> list[int]:
     return out
 
 
-# ---- NCCL through torch.distributed ----------------------------------------------------------------------------
+# ---- NCCL through torch.distributed
+# ----------------------------------------------------------------------------
 
 
 def nccl_available() -> bool:
@@ -148,9 +165,17 @@ def _join(dist: Any, rank: int, addrs: Sequence[str], port: int, timeout: float)
         time.sleep(0.05)
 
 
-def run_nccl(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], iters: int, budget: float,
-             emit: Callable[[str], None], join_timeout: float | None = None,
-             env: Mapping[str, str] | None = None) -> tuple[float, int]:
+def run_nccl(
+    rank: int,
+    addrs: Sequence[str],
+    port: int,
+    sizes: Sequence[int],
+    iters: int,
+    budget: float,
+    emit: Callable[[str], None],
+    join_timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[float, int]:
     """Time torch.distributed's NCCL all_reduce per size; returns the average bus bandwidth and
     the wrong results.
 
@@ -170,8 +195,11 @@ def run_nccl(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], i
 
     dist.init_process_group("nccl", store=store, rank=rank, world_size=n,
                             timeout=timedelta(seconds=timeout))
-    emit(f"# fleetctl all_reduce probe: NCCL {'.'.join(map(str, torch.cuda.nccl.version()))} through "
-         f"torch.distributed, {n} ranks, 1 GPU each")
+    emit(
+        f"# fleetctl all_reduce probe: NCCL {'.'.join(map(str, torch.cuda.nccl.version()))} "
+        "through "
+        f"torch.distributed, {n} ranks, 1 GPU each"
+    )
     emit(_HEADER)
     expect = expected_sum(n, iters)
     total, bad, done = 0.0, 0, 0
@@ -210,7 +238,8 @@ def run_nccl(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], i
     return total / max(1, done), bad
 
 
-# ---- the same ring's traffic over TCP ---------------------------------------------------------------------------
+# ---- the same ring's traffic over TCP
+# ---------------------------------------------------------------------------
 
 
 def _connect(addr: str, port: int, deadline: float, who: str, timeout: float) -> socket.socket:
@@ -257,9 +286,18 @@ def _tune(s: socket.socket) -> None:
         s.setsockopt(socket.SOL_SOCKET, opt, 4 << 20)
 
 
-def run_tcp(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], iters: int, budget: float,
-            emit: Callable[[str], None], join_timeout: float | None = None) -> tuple[float, int]:
-    """The ring all-reduce's traffic between the members' fabric addresses, timed per size; returns the
+def run_tcp(
+    rank: int,
+    addrs: Sequence[str],
+    port: int,
+    sizes: Sequence[int],
+    iters: int,
+    budget: float,
+    emit: Callable[[str], None],
+    join_timeout: float | None = None,
+) -> tuple[float, int]:
+    """The ring all-reduce's traffic between the members' fabric addresses, timed per size; returns
+    the
     average bus bandwidth and the chunks that arrived wrong (every rank's, summed around the
     ring)."""
     n = len(addrs)
@@ -308,8 +346,11 @@ def run_tcp(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], it
             nxt.sendall(b"B")
 
     if rank == 0:
-        emit(f"# fleetctl all_reduce probe: TCP (no CUDA/NCCL in the image), {n} ranks, the ring all-reduce's "
-             f"traffic over {', '.join(addrs)}")
+        emit(
+            f"# fleetctl all_reduce probe: TCP (no CUDA/NCCL in the image), {n} ranks, the ring "
+            "all-reduce's "
+            f"traffic over {', '.join(addrs)}"
+        )
         emit(_HEADER)
     total, bad, done, last = 0.0, 0, 0, sizes[0]
     for size in sizes:
@@ -362,10 +403,18 @@ def run_tcp(rank: int, addrs: Sequence[str], port: int, sizes: Sequence[int], it
     return total / max(1, done), bad
 
 
-def _links(rank: int, addrs: Sequence[str], nxt: socket.socket, prev: socket.socket, barrier: Callable[[], None],
-           size: int) -> list[tuple[str, str, float]]:
-    """Every link of the ring on its own: each rank sends ``size`` bytes to the next at once, the receiver
-    times its inbound link; the figures go around the ring to rank 0 as (sender, receiver, GB/s), so a
+def _links(
+    rank: int,
+    addrs: Sequence[str],
+    nxt: socket.socket,
+    prev: socket.socket,
+    barrier: Callable[[], None],
+    size: int,
+) -> list[tuple[str, str, float]]:
+    """Every link of the ring on its own: each rank sends ``size`` bytes to the next at once, the
+    receiver
+    times its inbound link; the figures go around the ring to rank 0 as (sender, receiver, GB/s),
+    so a
     slow member (its traffic leaving through the management network) is named, not just the unit."""
     n = len(addrs)
     data, inbox = bytes(size), bytearray(size)
@@ -405,7 +454,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Parse the arguments, run the NCCL or the TCP probe, print the table on rank 0."""
     ap = argparse.ArgumentParser(prog="fleetctl-allreduce-probe")
     ap.add_argument("--rank", type=int, required=True)
-    ap.add_argument("--addrs", required=True, help="every rank's fabric address, comma-separated, rank order")
+    ap.add_argument(
+        "--addrs", required=True, help="every rank's fabric address, comma-separated, rank order"
+    )
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--min-bytes", type=int, default=1 << 20)
     ap.add_argument("--max-bytes", type=int, default=None,
@@ -413,8 +464,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"a 200 Gb/s link saturates; {TCP_MAX_BYTES >> 20} MiB over TCP)")
     ap.add_argument("--factor", type=int, default=4)
     ap.add_argument("--iters", type=int, default=2)
-    ap.add_argument("--budget", type=float, default=2.0,
-                    help="no larger size once one size's runs took this many seconds (a slow link ends early)")
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=2.0,
+        help="no larger size once one size's runs took this many seconds (a slow link ends early)",
+    )
     ap.add_argument("--join-timeout", type=float, default=JOIN_TIMEOUT,
                     help="seconds every rank waits for the others to appear")
     ap.add_argument("--tcp", action="store_true", help="the TCP probe even when NCCL is there")

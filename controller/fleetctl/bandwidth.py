@@ -1,6 +1,8 @@
-"""A unit's measured all_reduce bus bandwidth: the probe run in the recipe's image on every member at once.
+"""A unit's measured all_reduce bus bandwidth: the probe run in the recipe's image on every member
+at once.
 
-:func:`measure` starts ``fleetctl/allreduce_probe.py`` in ``docker run --rm --network host --gpus all`` from
+:func:`measure` starts ``fleetctl/allreduce_probe.py`` in ``docker run --rm --network host --gpus
+all`` from
 the recipe's image on each member of a unit, in parallel (each member's
 ``HostOps.bandwidth_probe``: one SSH session, bounded by ``ssh.fan_out``), with the member's fabric
 environment as the serving container gets it (``Recipe.launch``: ``NCCL_SOCKET_IFNAME``,
@@ -11,7 +13,8 @@ where the image has torch and a GPU, else the same ring's traffic over TCP), whi
 (``fleetctl_fabric_floor_gbs``, a Spark pair's reference by default).
 
 Each measurement is kept per unit in the fleet's state directory (:func:`record`, :func:`last`), for
-``fleetctl status`` (the last measured bandwidth of each unit, and when). A rollout's preflight calls
+``fleetctl status`` (the last measured bandwidth of each unit, and when). A rollout's preflight
+calls
 :func:`measure_units` before any change (``rollout/preflight.py``).
 """
 
@@ -33,7 +36,8 @@ from fleetctl.fabric import Finding
 from fleetctl.inventory import Host, Inventory, Unit
 from fleetctl.recipes import Recipe
 
-#: The port every rank's probe listens on (its fabric address; the serving container keeps its own ports).
+#: The port every rank's probe listens on (its fabric address; the serving container keeps its own
+#: ports).
 PROBE_PORT = 29590
 #: Seconds one member's probe may take (the members wait up to a minute for each other).
 PROBE_TIMEOUT = 150.0
@@ -67,7 +71,9 @@ class Measurement:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; findings as their one-line messages and checks."""
         d = asdict(self)
-        d["findings"] = [{"host": f.host, "check": f.check, "message": f.message()} for f in self.findings]
+        d["findings"] = [
+            {"host": f.host, "check": f.check, "message": f.message()} for f in self.findings
+        ]
         d["links"] = [{"from": a, "to": b, "gbs": g} for a, b, g in self.links]
         d["ok"] = self.ok
         return d
@@ -79,10 +85,23 @@ def probe_script() -> str:
 
 
 def probe_command(unit: Unit, recipe: Recipe, ref: str, host: str, port: int = PROBE_PORT) -> str:
-    """The shell command one member runs: any leftover probe container removed, then the probe as rank R."""
+    """The shell command one member runs: any leftover probe container removed, then the probe as
+    rank R."""
     launch = recipe.launch(unit, host)
     name = f"fleetctl-bandwidth-{unit.name}-{launch.rank}"
-    argv = ["docker", "run", "--rm", "--name", name, "--network", "host", "--ipc", "host", "--gpus", "all"]
+    argv = [
+        "docker",
+        "run",
+        "--rm",
+        "--name",
+        name,
+        "--network",
+        "host",
+        "--ipc",
+        "host",
+        "--gpus",
+        "all",
+    ]
     for k, v in launch.env.items():
         argv += ["-e", f"{k}={v}"]
     argv += ["--entrypoint", "python3", ref, "-c", probe_script(), "--rank", str(launch.rank),
@@ -128,9 +147,13 @@ def measure(inv: Inventory, unit: Unit, recipe: Recipe, ref: str, ops: Callable[
             failed.append((h.name, o.error.cause if o.error is not None else "no answer"))
     if failed:
         who, why = failed[0]
-        raise FleetError(f"the all_reduce bandwidth probe of unit {unit.name!r} failed in {ref}: {why}", host=who,
-                         fix="fix the member's fabric first (`fleetctl status` lists its findings); the probe waits "
-                             f"a minute for every member on port {PROBE_PORT} of its fabric address")
+        raise FleetError(
+            f"the all_reduce bandwidth probe of unit {unit.name!r} failed in {ref}: {why}",
+            host=who,
+            fix="fix the member's fabric first (`fleetctl status` lists its findings); the probe "
+                "waits "
+            f"a minute for every member on port {PROBE_PORT} of its fabric address",
+        )
     head = outs[unit.head].value
     assert head is not None
     result = fabric.parse_all_reduce(head)
@@ -145,7 +168,8 @@ def measure(inv: Inventory, unit: Unit, recipe: Recipe, ref: str, ops: Callable[
 
 def measure_units(inv: Inventory, units: Sequence[Unit], recipes: Mapping[str, Recipe], ref: str,
                   ops: Callable[[Host], ProbeOps]) -> dict[str, Measurement | FleetError]:
-    """:func:`measure` for each unit (``recipes``: unit name -> the recipe it serves), the units in parallel;
+    """:func:`measure` for each unit (``recipes``: unit name -> the recipe it serves), the units in
+    parallel;
     each outcome recorded (:func:`record`) when it is a measurement."""
     by_head = {u.head: u for u in units}
     # one call per unit, keyed by its head (the fan-out's bound holds for units as for hosts)

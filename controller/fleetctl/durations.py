@@ -1,4 +1,5 @@
-"""Durations as operators write them (``90``, ``90s``, ``10m``, ``1h``, ``1m30s``): one parser for the
+"""Durations as operators write them (``90``, ``90s``, ``10m``, ``1h``, ``1m30s``): one parser for
+the
 command line, recipes and soak configs."""
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ def parse_duration(value: Any, what: str = "duration") -> float:
     text = str(value).strip().lower()
     if text.startswith("-"):
         raise DurationError(f"{what} {value!r} is negative", fix="write e.g. 90s, 10m or 1h")
-    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?", text)
+    m = re.fullmatch(
+        r"(?:(\d+(?:\.\d+)?)h)?\s*(?:(\d+(?:\.\d+)?)m)?\s*(?:(\d+(?:\.\d+)?)s?)?", text
+    )
     if not text or m is None or not any(m.groups()):
         raise DurationError(f"{what} {value!r} is not a duration", fix="write e.g. 90s, 10m or 1h")
     h, mi, s = (float(g) if g else 0.0 for g in m.groups())

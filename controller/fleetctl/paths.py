@@ -38,7 +38,11 @@ def roles_dir() -> Path:
 def cache_dir() -> Path:
     """Reusable downloads and builds (rootfs tarballs, wheels); safe to delete."""
     env = os.environ.get("FLEETCTL_CACHE_DIR")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fleetctl"
+    base = (
+        Path(env)
+        if env
+        else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fleetctl"
+    )
     base.mkdir(parents=True, exist_ok=True)
     return base
 
@@ -51,7 +55,11 @@ def lab_dir() -> Path:
     env = os.environ.get("FLEETCTL_LAB_DIR")
     if env:
         return Path(env).resolve()
-    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state")) / "fleetctl" / "lab"
+    return (
+        Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+        / "fleetctl"
+        / "lab"
+    )
 
 
 def lab_inventory() -> Path:
@@ -78,7 +86,8 @@ def state_dir(inventory: Path) -> Path:
 
 
 def private_dir(path: Path) -> Path:
-    """``path`` created if need be and made 0700: the ledger, verdicts and logs in it are the operator's.
+    """``path`` created if need be and made 0700: the ledger, verdicts and logs in it are the
+    operator's.
 
     An existing directory is tightened, not refused: it is this user's own state
     (an older fleetctl made it 0755).
@@ -90,7 +99,8 @@ def private_dir(path: Path) -> Path:
 
 
 def write_private(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically, mode 0600, through a temp file of an unpredictable name.
+    """Write ``text`` to ``path`` atomically, mode 0600, through a temp file of an unpredictable
+    name.
 
     The temp file is made by ``mkstemp`` (``O_EXCL``: a symlink planted at its
     name is never followed) in the same directory, then renamed over ``path``.

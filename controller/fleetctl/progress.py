@@ -67,7 +67,8 @@ class Tee:
 
 
 class Relay:
-    """Every event to ``sink``, then to the listeners added since (a command's webhook, for its life)."""
+    """Every event to ``sink``, then to the listeners added since (a command's webhook, for its
+    life)."""
 
     def __init__(self, sink: Progress) -> None:
         self.sink = sink
@@ -89,29 +90,40 @@ class Relay:
 
 
 def event_json(event: Event, t: float) -> dict[str, Any]:
-    """One event as a line of an event log: ``t`` (seconds since the run started), then its fields."""
+    """One event as a line of an event log: ``t`` (seconds since the run started), then its
+    fields."""
     return {"t": round(t, 3), "phase": event.phase, "message": event.message, "host": event.host,
             "data": event.data}
 
 
 def event_from_json(line: dict[str, Any]) -> tuple[float, Event]:
     """The inverse of :func:`event_json`."""
-    return float(line.get("t") or 0.0), Event(str(line.get("phase") or ""), str(line.get("message") or ""),
-                                              line.get("host"), dict(line.get("data") or {}))
+    return float(line.get("t") or 0.0), Event(
+        str(line.get("phase") or ""),
+        str(line.get("message") or ""),
+        line.get("host"),
+        dict(line.get("data") or {}),
+    )
 
 
-#: The event stream's format: the first line's ``schema`` (a change a reader must know of raises it).
+#: The event stream's format: the first line's ``schema`` (a change a reader must know of raises
+#: it).
 SCHEMA = 1
 
 
 class EventLog:
-    """Appends every event as a JSON line to ``path`` (created 0600), or to ``stream`` (``--events -``):
-    what a second process (``fleetctl ui``, a script) watches a run through. The first line says when the
-    run started and what it is (``{"t": 0, "started": <epoch>, "schema": 1, "title": "rollout"}``), the last
+    """Appends every event as a JSON line to ``path`` (created 0600), or to ``stream`` (``--events
+    -``):
+    what a second process (``fleetctl ui``, a script) watches a run through. The first line says
+    when the
+    run started and what it is (``{"t": 0, "started": <epoch>, "schema": 1, "title": "rollout"}``),
+    the last
     that it ended (``{"t": ..., "ended": true}``); a value JSON cannot hold is written as its text.
     Thread-safe."""
 
-    def __init__(self, path: str | os.PathLike[str] | None, title: str = "", *, stream: TextIO | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike[str] | None, title: str = "", *, stream: TextIO | None = None
+    ) -> None:
         self.path = os.fspath(path) if path is not None else None
         self.t0 = time.monotonic()
         self._lock = threading.Lock()
@@ -132,7 +144,8 @@ class EventLog:
                     self._file.write(text + "\n")
                     self._file.flush()
                 except (OSError, ValueError):
-                    # A reader that went away (``--events - | head``) ends the stream, never the run.
+                    # A reader that went away (``--events - | head``) ends the stream, never the
+                    # run.
                     self._closed = True
 
     def __call__(self, event: Event) -> None:

@@ -34,7 +34,8 @@ def provision(
     tags: Collection[str] | None = None,
     timeout: int | None = None,
 ) -> PlaybookResult:
-    """Provision the hosts matching ``limit``; ``strict`` makes a next kernel without an nvidia module an error.
+    """Provision the hosts matching ``limit``; ``strict`` makes a next kernel without an nvidia
+    module an error.
 
     ``check``/``diff`` are Ansible's ``--check``/``--diff``: with ``check``
     nothing on the hosts changes and ``changed`` counts what would. ``tags``

@@ -1,4 +1,5 @@
-"""A small client of the OCI distribution API: list tags, resolve a version to a tag, find its digest.
+"""A small client of the OCI distribution API: list tags, resolve a version to a tag, find its
+digest.
 
 Works against ghcr.io (bearer tokens from the ``WWW-Authenticate`` challenge,
 anonymous or with credentials from the environment), Docker Hub and plain
@@ -59,19 +60,25 @@ _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}\Z")
 
 
 def check_tag(wanted: str, what: str = "tag") -> str:
-    """``wanted`` if it is a tag by the OCI grammar (a version like v0.24.0 is one); else one clear refusal.
+    """``wanted`` if it is a tag by the OCI grammar (a version like v0.24.0 is one); else one clear
+    refusal.
 
     Tags reach shell lines, container labels and URLs: anything else is refused
     before it is used anywhere.
     """
     if not _TAG.match(wanted):
-        raise FleetError(f"{what} {wanted!r} is not an image tag (letters, digits, '_', '.' and '-', at most 128, "
-                         "not starting with '.' or '-')", fix="pass a version like v0.24.0 or a full tag")
+        raise FleetError(
+            f"{what} {wanted!r} is not an image tag (letters, digits, '_', '.' and '-', at most "
+            "128, "
+            "not starting with '.' or '-')",
+            fix="pass a version like v0.24.0 or a full tag",
+        )
     return wanted
 
 
 def check_digest(digest: str, where: str = "") -> str:
-    """``digest`` if it is ``sha256:`` and 64 lowercase hex digits; else a refusal naming ``where`` it came from."""
+    """``digest`` if it is ``sha256:`` and 64 lowercase hex digits; else a refusal naming ``where``
+    it came from."""
     if not _DIGEST.match(digest):
         raise FleetError(f"{where or 'the'} digest {digest[:80]!r} is not sha256:<64 hex digits>",
                          fix="check the registry (or the ledger record) it came from")
@@ -100,7 +107,8 @@ class ImageName:
 
     @classmethod
     def parse(cls, image: str) -> ImageName:
-        """``ghcr.io/aeon-7/x`` -> (ghcr.io, aeon-7/x); ``vllm/vllm-openai`` -> (docker.io, vllm/vllm-openai)."""
+        """``ghcr.io/aeon-7/x`` -> (ghcr.io, aeon-7/x); ``vllm/vllm-openai`` -> (docker.io,
+        vllm/vllm-openai)."""
         name = image.split("@", 1)[0]
         last = name.rsplit("/", 1)[-1]
         if ":" in last:  # a tag on the last component, not a registry port
@@ -172,7 +180,8 @@ def pull_ref(image: str, digest: str, mirrors: Mapping[str, str] | None = None) 
 
 
 def resolve_tag(wanted: str, tags: list[str], image: str = "") -> str:
-    """The one tag ``wanted`` names: itself if it exists, else the one tag it is the version suffix of.
+    """The one tag ``wanted`` names: itself if it exists, else the one tag it is the version suffix
+    of.
 
     ``v0.24.0`` -> ``2026-07-01-v0.24.0`` (tags end with ``-<version>``); failing
     a suffix, a tag holding it as a whole dash-separated part
@@ -200,15 +209,18 @@ _VERSION = re.compile(r"^v?(\d+(?:\.\d+)+)$")
 def versions(tags: list[str]) -> list[tuple[str, str]]:
     """(version, the tag it names) for every version ``resolve_tag`` understands, newest first.
 
-    A version is a dash-separated part like ``v0.24.0``; a registry also holds test builds, nightlies
+    A version is a dash-separated part like ``v0.24.0``; a registry also holds test builds,
+    nightlies
     and other tags, which are left out (a real one holds hundreds).
     """
     found: dict[str, str] = {}
     for t in sorted(tags):
         for part in t.split("-"):
             # Several tags of one version: the one it resolves to (ending in it) is shown.
-            if _VERSION.match(part) and (part not in found or (t.endswith(f"-{part}")
-                                                              and not found[part].endswith(f"-{part}"))):
+            if _VERSION.match(part) and (
+                part not in found
+                or (t.endswith(f"-{part}") and not found[part].endswith(f"-{part}"))
+            ):
                 found[part] = t
     def key(item: tuple[str, str]) -> tuple[int, ...]:
         m = _VERSION.match(item[0])
@@ -218,13 +230,20 @@ def versions(tags: list[str]) -> list[tuple[str, str]]:
 
 
 def _unknown_tag_fix(wanted: str, tags: list[str]) -> str:
-    """What to type instead: the versions the registry holds (newest first) and the tags closest to ``wanted``."""
+    """What to type instead: the versions the registry holds (newest first) and the tags closest to
+    ``wanted``."""
     if not tags:
         return "the repository has no tags: push the image first"
     vs = versions(tags)
-    shown = ", ".join(f"{v} ({t})" if v != t else v for v, t in vs[:8]) + (" ..." if len(vs) > 8 else "")
+    shown = ", ".join(f"{v} ({t})" if v != t else v for v, t in vs[:8]) + (
+        " ..." if len(vs) > 8 else ""
+    )
     close = difflib.get_close_matches(wanted, [v for v, _ in vs] + list(tags), n=3, cutoff=0.6)
-    parts = [f"versions, newest first: {shown}" if vs else f"no tag here names a version; {len(tags)} other tag(s)"]
+    parts = [
+        f"versions, newest first: {shown}"
+        if vs
+        else f"no tag here names a version; {len(tags)} other tag(s)"
+    ]
     if close:
         parts.append(f"closest to {wanted!r}: {', '.join(close)}")
     return "; ".join(parts)
@@ -244,9 +263,15 @@ class ResolvedImage:
 class Registry:
     """One registry's API, with a bearer token cached per scope for the client's life."""
 
-    def __init__(self, registry: str, mirrors: Mapping[str, str] | None = None, timeout: float = 15.0,
-                 env: Mapping[str, str] | None = None, auth_hosts: Collection[str] = (),
-                 deadline: float = REQUEST_DEADLINE) -> None:
+    def __init__(
+        self,
+        registry: str,
+        mirrors: Mapping[str, str] | None = None,
+        timeout: float = 15.0,
+        env: Mapping[str, str] | None = None,
+        auth_hosts: Collection[str] = (),
+        deadline: float = REQUEST_DEADLINE,
+    ) -> None:
         self.registry = registry
         self.endpoint = endpoint(registry, mirrors)
         self.timeout = timeout
@@ -271,14 +296,20 @@ class Registry:
                 raise FleetError(f"repository {repository} does not exist on {self.endpoint.host}",
                                  fix="check the recipe's image and fleetctl_registry_mirrors")
             data = _json(body, url)
-            # A tag outside the OCI grammar is the registry's error: never a candidate for a rollout.
-            out.extend(str(t) for t in data.get("tags") or [] if isinstance(t, str) and _TAG.match(t))
+            # A tag outside the OCI grammar is the registry's error: never a candidate for a
+            # rollout.
+            out.extend(
+                str(t) for t in data.get("tags") or [] if isinstance(t, str) and _TAG.match(t)
+            )
             url = _next_link(headers.get("link"), url)
-        raise FleetError(f"{self.endpoint.host} returned more than {_MAX_PAGES} pages of tags for {repository}",
-                         fix="report this registry's pagination behaviour")
+        raise FleetError(
+            f"{self.endpoint.host} returned more than {_MAX_PAGES} pages of tags for {repository}",
+            fix="report this registry's pagination behaviour",
+        )
 
     def digest(self, repository: str, tag: str) -> tuple[str, str]:
-        """``(digest, media type)`` of ``repository:tag``'s manifest (HEAD, GET if HEAD lacks it)."""
+        """``(digest, media type)`` of ``repository:tag``'s manifest (HEAD, GET if HEAD lacks
+        it)."""
         url = f"{self.endpoint.base}/v2/{repository}/manifests/{urllib.parse.quote(tag, safe='')}"
         headers = {"Accept": ", ".join(MANIFEST_TYPES)}
         status, h, _ = self._request("HEAD", url, repository, headers)
@@ -299,8 +330,10 @@ class Registry:
         return digest, media
 
     def layer_sizes(self, repository: str, digest: str) -> list[dict[str, int]]:
-        """The size (bytes as pulled, compressed) of each layer of ``repository@digest``, by layer digest: one
-        mapping per platform, since an index lists several and a host pulls the one of its own (attestation
+        """The size (bytes as pulled, compressed) of each layer of ``repository@digest``, by layer
+        digest: one
+        mapping per platform, since an index lists several and a host pulls the one of its own
+        (attestation
         entries, platform ``unknown``, are left out; at most :data:`MAX_PLATFORMS`)."""
         check_digest(digest)
         data = self._manifest(repository, digest)
@@ -310,15 +343,20 @@ class Registry:
         for m in data["manifests"][:MAX_PLATFORMS]:
             plat = m.get("platform") if isinstance(m, dict) else None
             sub = m.get("digest") if isinstance(m, dict) else None
-            if not isinstance(sub, str) or not _DIGEST.match(sub) or (isinstance(plat, dict)
-                                                                      and plat.get("os") == "unknown"):
+            if (
+                not isinstance(sub, str)
+                or not _DIGEST.match(sub)
+                or (isinstance(plat, dict) and plat.get("os") == "unknown")
+            ):
                 continue
             out.append(_layers(self._manifest(repository, sub)))
         return out
 
     def _manifest(self, repository: str, digest: str) -> dict[str, Any]:
         url = f"{self.endpoint.base}/v2/{repository}/manifests/{digest}"
-        status, _, body = self._request("GET", url, repository, {"Accept": ", ".join(MANIFEST_TYPES)})
+        status, _, body = self._request(
+            "GET", url, repository, {"Accept": ", ".join(MANIFEST_TYPES)}
+        )
         if status == 404:
             raise FleetError(f"no manifest {digest[:19]} in {repository} on {self.endpoint.host}",
                              fix="push the image again")
@@ -349,11 +387,15 @@ class Registry:
         if status == 401:
             raise FleetError(
                 f"{self.endpoint.host} refused access to {repository} (HTTP 401)",
-                fix="set FLEETCTL_REGISTRY_USER and FLEETCTL_REGISTRY_PASSWORD (for ghcr.io: a token with read:packages)",
+                fix="set FLEETCTL_REGISTRY_USER and FLEETCTL_REGISTRY_PASSWORD (for ghcr.io: a "
+                    "token with read:packages)",
             )
         if status >= 400 and status != 404:
-            raise FleetError(f"{self.endpoint.host}: {method} {urllib.parse.urlsplit(url).path} returned HTTP {status}",
-                             fix="check the registry's health and the image name")
+            raise FleetError(
+                f"{self.endpoint.host}: {method} {urllib.parse.urlsplit(url).path} returned HTTP "
+                f"{status}",
+                fix="check the registry's health and the image name",
+            )
         return status, h, body
 
     def _authorise(self, challenge: str, scope: str) -> str:
@@ -370,31 +412,47 @@ class Registry:
                                  fix="reach the registry over https (write the mirror as https://host)")
             return "Basic " + base64.b64encode(f"{self._user}:{self._password}".encode()).decode()
         if kind.lower() != "bearer" or "realm" not in params:
-            raise FleetError(f"{self.endpoint.host} sent an authentication challenge fleetctl cannot answer: {kind!r}",
-                             fix="use a registry with bearer-token or basic auth, or a mirror")
+            raise FleetError(
+                f"{self.endpoint.host} sent an authentication challenge fleetctl cannot answer: "
+                f"{kind!r}",
+                fix="use a registry with bearer-token or basic auth, or a mirror",
+            )
         query = {"scope": params.get("scope", scope)}
         if "service" in params:
             query["service"] = params["service"]
-        url = params["realm"] + ("&" if "?" in params["realm"] else "?") + urllib.parse.urlencode(query)
+        url = (
+            params["realm"]
+            + ("&" if "?" in params["realm"] else "?")
+            + urllib.parse.urlencode(query)
+        )
         hdrs: dict[str, str] = {}
         why = self._why_not_credentials(url) if self._user and self._password else None
         if self._user and self._password and not why:
-            hdrs["Authorization"] = "Basic " + base64.b64encode(f"{self._user}:{self._password}".encode()).decode()
+            hdrs["Authorization"] = (
+                "Basic " + base64.b64encode(f"{self._user}:{self._password}".encode()).decode()
+            )
         status, _, body = self._raw("GET", url, hdrs)
         if status != 200:
             realm = urllib.parse.urlsplit(url)
             if why:
                 raise FleetError(
-                    f"token service {realm.scheme}://{realm.netloc} answered HTTP {status} to an anonymous request; "
+                    f"token service {realm.scheme}://{realm.netloc} answered HTTP {status} to an "
+                    "anonymous request; "
                     f"the registry credentials were not sent because {why}",
                     fix=f"if {realm.hostname} is this registry's own token service, add it to "
-                        "fleetctl_registry_auth_hosts in the inventory (it must be https)")
-            raise FleetError(f"token service {realm.netloc} answered HTTP {status} for {query['scope']}",
-                             fix="check FLEETCTL_REGISTRY_USER/FLEETCTL_REGISTRY_PASSWORD, or that the image is public")
+                    "fleetctl_registry_auth_hosts in the inventory (it must be https)",
+                )
+            raise FleetError(
+                f"token service {realm.netloc} answered HTTP {status} for {query['scope']}",
+                fix="check FLEETCTL_REGISTRY_USER/FLEETCTL_REGISTRY_PASSWORD, or that the image is "
+                    "public",
+            )
         data = _json(body, urllib.parse.urlsplit(url).netloc)
         token = data.get("token") or data.get("access_token")
         if not isinstance(token, str) or not token:
-            raise FleetError("the registry's token service returned no token", fix="check the registry")
+            raise FleetError(
+                "the registry's token service returned no token", fix="check the registry"
+            )
         return f"Bearer {token}"
 
     def _why_not_credentials(self, url: str) -> str | None:
@@ -406,7 +464,9 @@ class Registry:
             return f"{u.hostname} is not the registry's host (nor in fleetctl_registry_auth_hosts)"
         return None
 
-    def _raw(self, method: str, url: str, headers: Mapping[str, str]) -> tuple[int, dict[str, str], bytes]:
+    def _raw(
+        self, method: str, url: str, headers: Mapping[str, str]
+    ) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(url, method=method, headers=dict(headers))
         opener = urllib.request.build_opener(_NoRedirectAuth())
         end = time.monotonic() + self.deadline
@@ -417,10 +477,18 @@ class Registry:
             return e.code, _lower(e.headers.items()), self._read(e, url, end)
         except FleetError:
             raise
-        except (urllib.error.URLError, TimeoutError, OSError, http.client.HTTPException, ValueError) as e:
+        except (
+            urllib.error.URLError,
+            TimeoutError,
+            OSError,
+            http.client.HTTPException,
+            ValueError,
+        ) as e:
             reason = getattr(e, "reason", e)
-            raise FleetError(f"cannot reach registry {self.endpoint.base}: {reason}",
-                             fix="check the network, or fleetctl_registry_mirrors in the inventory") from None
+            raise FleetError(
+                f"cannot reach registry {self.endpoint.base}: {reason}",
+                fix="check the network, or fleetctl_registry_mirrors in the inventory",
+            ) from None
 
     def _read(self, resp: Any, url: str, end: float) -> bytes:
         """The body, at most MAX_BODY bytes and by the request's overall deadline."""
@@ -444,7 +512,8 @@ class Registry:
 
 
 class _NoRedirectAuth(urllib.request.HTTPRedirectHandler):
-    """Follow redirects (blob stores, token realms) but never carry the Authorization header along."""
+    """Follow redirects (blob stores, token realms) but never carry the Authorization header
+    along."""
 
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
                          headers: Any, newurl: str) -> urllib.request.Request | None:
@@ -467,7 +536,9 @@ def _json(body: bytes, where: str) -> dict[str, Any]:
     try:
         data = json.loads(body)
     except ValueError:
-        raise FleetError(f"{where} answered with something that is not JSON", fix="check the registry URL") from None
+        raise FleetError(
+            f"{where} answered with something that is not JSON", fix="check the registry URL"
+        ) from None
     if not isinstance(data, dict):
         raise FleetError(f"{where} answered with unexpected JSON", fix="check the registry URL")
     return data
@@ -488,19 +559,33 @@ def _layers(manifest: Mapping[str, Any]) -> dict[str, int]:
     """Layer digest -> size of one image manifest."""
     out: dict[str, int] = {}
     for layer in manifest.get("layers") or []:
-        if isinstance(layer, dict) and isinstance(layer.get("digest"), str) and isinstance(layer.get("size"), int):
+        if (
+            isinstance(layer, dict)
+            and isinstance(layer.get("digest"), str)
+            and isinstance(layer.get("size"), int)
+        ):
             out[layer["digest"]] = max(0, int(layer["size"]))
     return out
 
 
-def layer_sizes(image: str, digest: str, mirrors: Mapping[str, str] | None = None, timeout: float = 15.0,
-                auth_hosts: Collection[str] = ()) -> list[dict[str, int]]:
-    """:meth:`Registry.layer_sizes` of ``image@digest`` (through the mirrors, as the hosts pull it)."""
+def layer_sizes(
+    image: str,
+    digest: str,
+    mirrors: Mapping[str, str] | None = None,
+    timeout: float = 15.0,
+    auth_hosts: Collection[str] = (),
+) -> list[dict[str, int]]:
+    """:meth:`Registry.layer_sizes` of ``image@digest`` (through the mirrors, as the hosts pull
+    it)."""
     name = ImageName.parse(image)
-    return Registry(name.registry, mirrors, timeout, auth_hosts=auth_hosts).layer_sizes(name.repository, digest)
+    return Registry(name.registry, mirrors, timeout, auth_hosts=auth_hosts).layer_sizes(
+        name.repository, digest
+    )
 
 
 def resolve(image: str, wanted: str, mirrors: Mapping[str, str] | None = None,
             timeout: float = 15.0, auth_hosts: Collection[str] = ()) -> ResolvedImage:
     """Resolve ``wanted`` (a version or a full tag) of ``image`` to its tag and digest."""
-    return Registry(ImageName.parse(image).registry, mirrors, timeout, auth_hosts=auth_hosts).resolve(image, wanted)
+    return Registry(
+        ImageName.parse(image).registry, mirrors, timeout, auth_hosts=auth_hosts
+    ).resolve(image, wanted)

@@ -31,7 +31,8 @@ def file_var(name: str) -> str:
 
 
 def lookup(name: str, environ: Mapping[str, str]) -> str | None:
-    """The value of secret ``name`` (``$NAME``, else the file ``$NAME_FILE``), or None if neither is set."""
+    """The value of secret ``name`` (``$NAME``, else the file ``$NAME_FILE``), or None if neither
+    is set."""
     value = environ.get(name)
     if value:
         return value
@@ -42,18 +43,26 @@ def lookup(name: str, environ: Mapping[str, str]) -> str | None:
     try:
         st = p.stat()
         if not stat.S_ISREG(st.st_mode):
-            raise FleetError(f"${file_var(name)} ({p}) is not a regular file",
-                             fix=f"point {file_var(name)} at a file holding only the value of {name}")
+            raise FleetError(
+                f"${file_var(name)} ({p}) is not a regular file",
+                fix=f"point {file_var(name)} at a file holding only the value of {name}",
+            )
         if st.st_mode & 0o077:
-            raise FleetError(f"${file_var(name)} ({p}) is readable by other users (mode {st.st_mode & 0o777:o})",
-                             fix=f"chmod 600 {p}")
+            raise FleetError(
+                f"${file_var(name)} ({p}) is readable by other users (mode {st.st_mode & 0o777:o})",
+                fix=f"chmod 600 {p}",
+            )
         if st.st_size > _MAX_FILE_BYTES:
-            raise FleetError(f"${file_var(name)} ({p}) is {st.st_size} bytes, too large for a secret",
-                             fix=f"point {file_var(name)} at a file holding only the value of {name}")
+            raise FleetError(
+                f"${file_var(name)} ({p}) is {st.st_size} bytes, too large for a secret",
+                fix=f"point {file_var(name)} at a file holding only the value of {name}",
+            )
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise FleetError(f"cannot read ${file_var(name)} ({p}): {exc.strerror or exc}",
-                         fix=f"set {file_var(name)} to a readable file, or set {name} itself") from None
+        raise FleetError(
+            f"cannot read ${file_var(name)} ({p}): {exc.strerror or exc}",
+            fix=f"set {file_var(name)} to a readable file, or set {name} itself",
+        ) from None
     # One trailing newline is what `echo KEY > file` leaves; the key itself has none.
     value = text.rstrip("\r\n")
     if not value or "\n" in value:
@@ -74,13 +83,15 @@ def resolve(names: Collection[str], environ: Mapping[str, str] | None = None) ->
 
 
 def container_secrets(names: Collection[str]) -> tuple[str, ...]:
-    """The secrets that go into a serving container: all but the hub token (weights are staged before)."""
+    """The secrets that go into a serving container: all but the hub token (weights are staged
+    before)."""
     return tuple(n for n in names if n != HUB_TOKEN_ENV)
 
 
 def api_key(names: Collection[str], environ: Mapping[str, str] | None = None, *,
             recipe: str = "") -> str | None:
-    """The serving API key when the recipe requires one (``VLLM_API_KEY`` in its secret_env), else None.
+    """The serving API key when the recipe requires one (``VLLM_API_KEY`` in its secret_env), else
+    None.
 
     A recipe that lists the key but whose value is nowhere is refused: vLLM would start
     with its API open, which is exactly what listing it meant to prevent.
@@ -94,6 +105,7 @@ def api_key(names: Collection[str], environ: Mapping[str, str] | None = None, *,
         raise FleetError(
             f"{what} requires {API_KEY_ENV} (secret_env) but neither ${API_KEY_ENV} nor "
             f"${file_var(API_KEY_ENV)} is set on the controller",
-            fix=f"export {file_var(API_KEY_ENV)}=/path/to/0600-file (or {API_KEY_ENV}=...) before running fleetctl",
+            fix=f"export {file_var(API_KEY_ENV)}=/path/to/0600-file (or {API_KEY_ENV}=...) before "
+                "running fleetctl",
         )
     return value

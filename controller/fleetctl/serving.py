@@ -61,5 +61,6 @@ def inspect(host: Host, name: str, timeout: float = 30.0) -> Container | None:
 
 
 def short_digest(digest: str | None) -> str:
-    """``sha256:0123456789abcdef...`` -> ``0123456789ab`` (as ``fleetctl status`` shows a digest)."""
+    """``sha256:0123456789abcdef...`` -> ``0123456789ab`` (as ``fleetctl status`` shows a
+    digest)."""
     return (digest or "").replace("sha256:", "")[:12]

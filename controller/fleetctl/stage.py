@@ -64,7 +64,8 @@ class SetOutcome:
     repo: str
     revision: str
     path: str
-    #: current (already staged, nothing copied), staged, refused (verification failed) or not staged.
+    #: current (already staged, nothing copied), staged, refused (verification failed) or not
+    #: staged.
     state: str
     bytes: int = 0
     reason: str = ""
@@ -88,7 +89,8 @@ class HostStage:
     seed: bool = False
     free_bytes: int | None = None
     message: str = ""
-    #: The host this one copied from (the seed, or any host that verified the set in an earlier round).
+    #: The host this one copied from (the seed, or any host that verified the set in an earlier
+    #: round).
     copied_from: str | None = None
     #: ``lan`` (management network) or ``fabric`` (the QSFP link between members of a unit).
     via: str | None = None
@@ -103,7 +105,11 @@ class HostStage:
     @property
     def mb_per_s(self) -> float | None:
         """Transfer rate of this host's copy in MB/s, when it copied anything."""
-        return round(self.bytes_copied / 1e6 / self.seconds, 1) if self.seconds > 0 and self.bytes_copied else None
+        return (
+            round(self.bytes_copied / 1e6 / self.seconds, 1)
+            if self.seconds > 0 and self.bytes_copied
+            else None
+        )
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,8 @@ class StageResult:
 
 
 def source_for(recipe: Recipe, inventory: Inventory) -> str:
-    """``mirror`` or ``hub``: the recipe's own choice, else the mirror when the inventory has one."""
+    """``mirror`` or ``hub``: the recipe's own choice, else the mirror when the inventory has
+    one."""
     if recipe.source:
         return recipe.source
     return "mirror" if inventory.vars.get("fleetctl_weights_mirror") else "hub"
@@ -263,12 +270,19 @@ class _ByteMeter:
         while not self.stop.wait(POLL_SECONDS):
             outcomes = ssh.fan_out(self.hosts, self._measure, timeout=15)
             for name, o in outcomes.items():
-                # Zero = nothing staged yet, or the set was already swapped into place (its staging dir is gone).
+                # Zero = nothing staged yet, or the set was already swapped into place (its staging
+                # dir is gone).
                 if not o.ok or not o.value or o.value == self.seen.get(name, 0):
                     continue
                 self.seen[name] = o.value
-                self.progress(Event("transfer", f"{human_bytes(o.value)} of {human_bytes(self.total)}", host=name,
-                                    data={"bytes": o.value, "total": self.total}))
+                self.progress(
+                    Event(
+                        "transfer",
+                        f"{human_bytes(o.value)} of {human_bytes(self.total)}",
+                        host=name,
+                        data={"bytes": o.value, "total": self.total},
+                    )
+                )
 
     def __enter__(self) -> _ByteMeter:
         self.thread.start()
@@ -294,7 +308,8 @@ def stage(
     timeout: int | None = None,
     ops: Callable[[Host], StagingOps] = SshStaging,
 ) -> StageResult:
-    """Stage ``recipe_name`` on the hosts matching ``limit`` (default: the ``fleetctl_recipe`` they share).
+    """Stage ``recipe_name`` on the hosts matching ``limit`` (default: the ``fleetctl_recipe`` they
+    share).
 
     ``source`` overrides where the bytes come from: ``mirror``, ``hub``, or
     ``local`` (``local_dir`` on the controller, laid out like the mirror:
@@ -322,21 +337,28 @@ def stage(
     else:
         progress(Event("source", f"mirror {inventory.vars.get('fleetctl_weights_mirror')}"))
     totals = expected_bytes(recipe, inventory, source)
-    evars: dict[str, Any] = {"weights_recipe": recipe.name, "weights_run": run_id, "weights_checksums": checksums,
-                             "weights_source": source, "weights_source_forced": True}
+    evars: dict[str, Any] = {
+        "weights_recipe": recipe.name,
+        "weights_run": run_id,
+        "weights_checksums": checksums,
+        "weights_source": source,
+        "weights_source_forced": True,
+    }
     if local_dir is not None:
         evars["weights_local_dir"] = str(Path(local_dir).resolve())
     if headroom_gb is not None:
         evars["weights_headroom_gb"] = headroom_gb
     evars.update(extravars or {})
     secrets = {"weights_hf_token": token} if token else {}
-    # The fleet's lock (the rollout's): a second stage would delete this run's staging directories as
-    # a killed run's leftovers, and a rollout must not find weights half-swapped (exit 4 when held).
+    # The fleet's lock (the rollout's): a second stage would delete this run's staging directories
+    # as a killed run's leftovers, and a rollout must not find weights half-swapped (exit 4 when
+    # held).
     state = paths.state_dir(inventory.path)
     with open_for(inventory, state) as ledger:
         ledger.acquire(run_id)
-        # The run's copy key is made in the private state dir, not /tmp, and removed whatever happens;
-        # a killed controller's key is removed by the next stage (it holds the fleet lock now).
+        # The run's copy key is made in the private state dir, not /tmp, and removed whatever
+        # happens; a killed controller's key is removed by the next stage (it holds the fleet lock
+        # now).
         for stale in state.glob(f"runs/*/{KEY_DIR}"):
             shutil.rmtree(stale, ignore_errors=True)
         keys = paths.private_dir(state / "runs" / run_id / KEY_DIR)
@@ -344,8 +366,14 @@ def stage(
         try:
             with _ByteMeter(hosts, recipe, run_id, totals, progress, ops):
                 result = ansible.run_playbook(
-                    PLAYBOOK, inventory, limit=limit, extravars=evars, secrets=secrets, progress=progress,
-                    run_id=run_id, timeout=timeout,
+                    PLAYBOOK,
+                    inventory,
+                    limit=limit,
+                    extravars=evars,
+                    secrets=secrets,
+                    progress=progress,
+                    run_id=run_id,
+                    timeout=timeout,
                 )
         finally:
             shutil.rmtree(keys, ignore_errors=True)
@@ -361,7 +389,8 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 
 
 def _check_pinned(recipe: Recipe, inventory: Inventory) -> None:
-    """Refuse a weight set pinned to a branch or tag, unless the inventory allows it (a lab or a test).
+    """Refuse a weight set pinned to a branch or tag, unless the inventory allows it (a lab or a
+    test).
 
     A branch moves: hosts staged on different days would serve different bytes, and
     what a gate passed is not what the next host gets.
@@ -371,28 +400,41 @@ def _check_pinned(recipe: Recipe, inventory: Inventory) -> None:
     for w in recipe.weights:
         if not _COMMIT.fullmatch(w.revision):
             raise FleetError(
-                f"recipe {recipe.name} stages its {w.role} {w.repo} at revision {w.revision!r}, a name the hub can "
+                f"recipe {recipe.name} stages its {w.role} {w.repo} at revision {w.revision!r}, a "
+                "name the hub can "
                 "move: hosts staged at different times would serve different bytes",
-                fix="pin the commit sha (40 hex digits, from the model page's history) in the weight set's "
-                    "revision; a lab or test inventory may set fleetctl_allow_unpinned_revisions: true")
+                fix="pin the commit sha (40 hex digits, from the model page's history) in the "
+                    "weight set's "
+                "revision; a lab or test inventory may set fleetctl_allow_unpinned_revisions: true",
+            )
 
 
 def _check_mirror_channel(recipe: Recipe, inventory: Inventory) -> None:
-    """A plain-http mirror serves the manifest (every file's sha256) over the same channel as the bytes:
-    anyone on the path can swap both. It is trusted only with the manifest's sha256 pinned in the recipe,
-    or with the inventory's explicit ``fleetctl_weights_mirror_insecure: true`` (the lab's own mirror).
+    """A plain-http mirror serves the manifest (every file's sha256) over the same channel as the
+    bytes:
+    anyone on the path can swap both. It is trusted only with the manifest's sha256 pinned in the
+    recipe,
+    or with the inventory's explicit ``fleetctl_weights_mirror_insecure: true`` (the lab's own
+    mirror).
     """
     mirror = str(inventory.vars.get("fleetctl_weights_mirror") or "")
-    if not mirror.startswith("http://") or inventory.vars.get("fleetctl_weights_mirror_insecure") is True:
+    if (
+        not mirror.startswith("http://")
+        or inventory.vars.get("fleetctl_weights_mirror_insecure") is True
+    ):
         return
     unpinned = [w for w in recipe.weights if not w.manifest_sha256]
     if unpinned:
         w = unpinned[0]
         raise FleetError(
-            f"the weights mirror {mirror} is plain http and recipe {recipe.name}'s {w.role} set pins no "
-            "manifest_sha256: the manifest that checks every file would come over the same unauthenticated channel",
-            fix="serve the mirror over https, or pin each set's manifest_sha256 (sha256sum of its verified "
-                "manifest.json) in the recipe")
+            f"the weights mirror {mirror} is plain http and recipe {recipe.name}'s {w.role} set "
+            "pins no "
+            "manifest_sha256: the manifest that checks every file would come over the same "
+            "unauthenticated channel",
+            fix="serve the mirror over https, or pin each set's manifest_sha256 (sha256sum of its "
+                "verified "
+            "manifest.json) in the recipe",
+        )
 
 
 def _common_recipe(inventory: Inventory, hosts: list[Host]) -> str:
@@ -407,7 +449,9 @@ def _common_recipe(inventory: Inventory, hosts: list[Host]) -> str:
     return next(iter(by)) if by else default_recipe_name(inventory)
 
 
-def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: list[Host]) -> StageResult:
+def fold(
+    result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: list[Host]
+) -> StageResult:
     """Turn the playbook's per-host reports into a StageResult."""
     out: dict[str, HostStage] = {}
     seed: str | None = None
@@ -416,7 +460,9 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
     for h in hosts:
         hr = result.hosts.get(h.name)
         if hr is None:
-            out[h.name] = HostStage(h.name, "failed", False, (), message="the playbook never reached this host")
+            out[h.name] = HostStage(
+                h.name, "failed", False, (), message="the playbook never reached this host"
+            )
             continue
         rep = hr.reports
         pre = rep.get("preflight") or {}
@@ -436,8 +482,16 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
             v = rep.get(f"verify_{w.role}") or {}
             problems = tuple(f"{x.get('path')}: {x.get('problem')} (fix: {x.get('fix')})"
                              for x in v.get("problems", []) if isinstance(x, dict))
-            files = tuple(FileReport(str(f.get("path")), int(f.get("size", 0)), str(f.get("status")), f.get("tensors"))
-                          for f in v.get("files", []) if isinstance(f, dict))
+            files = tuple(
+                FileReport(
+                    str(f.get("path")),
+                    int(f.get("size", 0)),
+                    str(f.get("status")),
+                    f.get("tensors"),
+                )
+                for f in v.get("files", [])
+                if isinstance(f, dict)
+            )
             if w.role in swapped:
                 state, nbytes = "staged", int(swapped[w.role].get("bytes", 0))
                 copied += nbytes
@@ -447,27 +501,57 @@ def fold(result: ansible.PlaybookResult, recipe: Recipe, source: str, hosts: lis
                 state, nbytes = "refused", int(v.get("bytes", 0))
             else:
                 state, nbytes = "not staged", int(p.get("bytes", 0))
-            sets.append(SetOutcome(w.role, w.repo, w.revision, w.path, state, nbytes, str(p.get("reason", "")),
-                                   problems, files))
+            sets.append(
+                SetOutcome(
+                    w.role,
+                    w.repo,
+                    w.revision,
+                    w.path,
+                    state,
+                    nbytes,
+                    str(p.get("reason", "")),
+                    problems,
+                    files,
+                )
+            )
         moved = fetch or received
         if moved:
-            copied = sum(int(f.get("bytes", 0)) for f in moved)  # the bytes that crossed the network
+            copied = sum(
+                int(f.get("bytes", 0)) for f in moved
+            )  # the bytes that crossed the network
         seconds = sum(float(f.get("seconds", 0.0)) for f in moved)
         status = hr.status
         if status == "ok" and any(s.state not in ("staged", "current") for s in sets):
             status = "failed"
         message = str(rep.get("receive_failed") or hr.message)
         if status == "failed" and not message:
-            message = "the playbook stopped before this host's weights were in place (see the run's artifacts)"
+            message = ("the playbook stopped before this host's weights were in place (see the "
+                       "run's artifacts)")
         out[h.name] = HostStage(
-            h.name, status, any(s.state == "staged" for s in sets), tuple(sets), bytes_copied=copied,
-            seconds=round(seconds, 3), seed=is_seed, free_bytes=pre.get("free_bytes"), message=message,
+            h.name,
+            status,
+            any(s.state == "staged" for s in sets),
+            tuple(sets),
+            bytes_copied=copied,
+            seconds=round(seconds, 3),
+            seed=is_seed,
+            free_bytes=pre.get("free_bytes"),
+            message=message,
             copied_from=str(received[0]["from"]) if received and received[0].get("from") else None,
             via=str(received[0].get("via") or "lan") if received else None,
             round=int(received[0]["round"]) if received and received[0].get("round") else None,
         )
-    return StageResult(run_id=result.run_id, recipe=recipe.name, source=source, hosts=out, elapsed=result.elapsed,
-                       artifacts_dir=result.artifacts_dir, seed=seed, fetched_bytes=fetched, fetch_seconds=fetch_secs)
+    return StageResult(
+        run_id=result.run_id,
+        recipe=recipe.name,
+        source=source,
+        hosts=out,
+        elapsed=result.elapsed,
+        artifacts_dir=result.artifacts_dir,
+        seed=seed,
+        fetched_bytes=fetched,
+        fetch_seconds=fetch_secs,
+    )
 
 
 def human_bytes(n: float) -> str:
@@ -480,14 +564,28 @@ def human_bytes(n: float) -> str:
 
 
 def require_ok(result: StageResult) -> StageResult:
-    """Return the result, or raise a FleetError naming the first failed host (for callers that need all)."""
+    """Return the result, or raise a FleetError naming the first failed host (for callers that need
+    all)."""
     for h in result.hosts.values():
         if not h.ok:
-            raise FleetError(f"weights of {result.recipe} not staged: {h.message}", host=h.name,
-                             fix=f"fix the cause, then `fleetctl stage --recipe {result.recipe} --limit {h.name}`")
+            raise FleetError(
+                f"weights of {result.recipe} not staged: {h.message}",
+                host=h.name,
+                fix=f"fix the cause, then `fleetctl stage --recipe {result.recipe} --limit "
+                    f"{h.name}`",
+            )
     return result
 
 
-__all__ = ["FileReport", "HostStage", "SetOutcome", "StageResult", "fold", "human_bytes", "require_ok",
-           "source_for", "stage"]
+__all__ = [
+    "FileReport",
+    "HostStage",
+    "SetOutcome",
+    "StageResult",
+    "fold",
+    "human_bytes",
+    "require_ok",
+    "source_for",
+    "stage",
+]
 

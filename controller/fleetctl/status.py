@@ -1,4 +1,5 @@
-"""What every host is doing now: reachable, GPU, driver, toolkit, Docker, serving container, /health.
+"""What every host is doing now: reachable, GPU, driver, toolkit, Docker, serving container,
+/health.
 
 :func:`probe_fleet` opens one SSH session per host, in parallel, and runs ONE
 composite probe there (the facts probe, :mod:`fleetctl.facts`, with ``--serving``:
@@ -9,7 +10,8 @@ The rollout reuses :func:`probe_fleet` to read what each host serves.
 
 A member of a serving unit gets a second round trip on the same connection: the fabric probe
 (``fleetctl.fabric.member_probe_script``), judged by the fabric checks, and once every member
-answered, the unit's parity (driver, kernel, DGX OS, Docker, toolkit, image digest against the head).
+answered, the unit's parity (driver, kernel, DGX OS, Docker, toolkit, image digest against the
+head).
 """
 
 from __future__ import annotations
@@ -37,13 +39,15 @@ DEFAULT_PORT = 8000
 
 @dataclass(frozen=True)
 class FabricStatus:
-    """A unit member's fabric and parity as probed: every failed check (none: as the inventory says)."""
+    """A unit member's fabric and parity as probed: every failed check (none: as the inventory
+    says)."""
 
     findings: tuple[Finding, ...] = ()
     #: Why the fabric probe could not run (the host answered its status probe, not this one).
     error: str | None = None
-    #: The unit's last measured all_reduce bus bandwidth (``fleetctl.bandwidth``: busbw_gbs, floor_gbs, at,
-    #: method, image, links, findings), None when it was never measured; measured by a rollout's preflight.
+    #: The unit's last measured all_reduce bus bandwidth (``fleetctl.bandwidth``: busbw_gbs,
+    #: floor_gbs, at, method, image, links, findings), None when it was never measured; measured by
+    #: a rollout's preflight.
     bandwidth: Mapping[str, Any] | None = None
 
     @property
@@ -54,7 +58,8 @@ class FabricStatus:
 
 @dataclass(frozen=True)
 class HostStatus:
-    """One host's state as probed; when ``reachable`` is False only ``error`` and ``seconds`` say anything."""
+    """One host's state as probed; when ``reachable`` is False only ``error`` and ``seconds`` say
+    anything."""
 
     name: str
     address: str
@@ -81,7 +86,8 @@ class HostStatus:
     port: int = DEFAULT_PORT
     #: Facts the probe could not read: name -> reason.
     problems: Mapping[str, str] = field(default_factory=dict)
-    #: Who holds the host's fleetctl lock (``rollout ro-... by user@machine (pid N), ...``), None when free.
+    #: Who holds the host's fleetctl lock (``rollout ro-... by user@machine (pid N), ...``), None
+    #: when free.
     lock: str | None = None
     #: The host's recorded last known-good tag (from its state file), None when none is recorded.
     last_known_good: str | None = None
@@ -91,7 +97,8 @@ class HostStatus:
     unit_rank: int | None = None
     #: The fabric and parity checks of a unit member (None for a single host or when unreachable).
     fabric: FabricStatus | None = None
-    #: The host as the fleet's front door sees it (``admin``, ``healthy``, ``in_flight``, ``detail``,
+    #: The host as the fleet's front door sees it (``admin``, ``healthy``, ``in_flight``,
+    #: ``detail``,
     #: ``held_by``: the rollout that drained it and has not re-admitted it); None: no front door.
     front_door: Mapping[str, Any] | None = None
 
@@ -102,7 +109,8 @@ class HostStatus:
 
 
 def serving_target(host: Host) -> tuple[str | None, int]:
-    """The container name and port the host's recipe serves on (recipe name, port; 8000 by default)."""
+    """The container name and port the host's recipe serves on (recipe name, port; 8000 by
+    default)."""
     recipe = host.vars.get("fleetctl_recipe")
     recipes = host.vars.get("fleetctl_recipes")
     port = DEFAULT_PORT
@@ -148,18 +156,30 @@ def from_facts(host: Host, f: facts.Facts, seconds: float, port: int) -> HostSta
 
 
 def probe_host(host: Host, timeout: float = DEFAULT_TIMEOUT) -> HostStatus:
-    """Probe one host over SSH (raises :class:`~fleetctl.errors.HostUnreachable` when it does not answer)."""
+    """Probe one host over SSH (raises :class:`~fleetctl.errors.HostUnreachable` when it does not
+    answer)."""
     name, port = serving_target(host)
     argv = facts.argv(serving=(name, port), state_file=hoststate.state_file(host))
-    r = ssh.run(host, argv, timeout=timeout, connect_timeout=min(timeout, ssh.DEFAULT_CONNECT_TIMEOUT),
-                stdin=facts.probe_script(), become=True)
+    r = ssh.run(
+        host,
+        argv,
+        timeout=timeout,
+        connect_timeout=min(timeout, ssh.DEFAULT_CONNECT_TIMEOUT),
+        stdin=facts.probe_script(),
+        become=True,
+    )
     r.check("the status probe", fix="check that python3 runs on the host")
     return parse_probe(host, r.stdout, r.seconds, port)
 
 
-def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeout: float = DEFAULT_TIMEOUT,
-                progress: Progress = NULL) -> dict[str, HostStatus]:
-    """Probe ``hosts`` (default: all) in parallel; host name -> :class:`HostStatus`, in inventory order.
+def probe_fleet(
+    inventory: Inventory,
+    hosts: Iterable[Host] | None = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    progress: Progress = NULL,
+) -> dict[str, HostStatus]:
+    """Probe ``hosts`` (default: all) in parallel; host name -> :class:`HostStatus`, in inventory
+    order.
 
     Never raises for a host: one that cannot be reached within ``timeout``
     seconds is ``reachable=False`` with the reason in ``error``.
@@ -185,13 +205,23 @@ def probe_fleet(inventory: Inventory, hosts: Iterable[Host] | None = None, timeo
         else:
             cause = o.error.cause if o.error is not None else "no answer"
             progress(Event("unreachable", cause, host=h.name))
-            out[h.name] = HostStatus(name=h.name, address=h.address, reachable=False, seconds=round(o.seconds, 3),
-                                     error=cause, unit=h.unit, unit_rank=h.unit_rank)
+            out[h.name] = HostStatus(
+                name=h.name,
+                address=h.address,
+                reachable=False,
+                seconds=round(o.seconds, 3),
+                error=cause,
+                unit=h.unit,
+                unit_rank=h.unit_rank,
+            )
     return with_bandwidth(inventory, with_parity(inventory, out))
 
 
-def with_bandwidth(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dict[str, HostStatus]:
-    """Each unit member's fabric status with its unit's last measured bandwidth (from the state directory)."""
+def with_bandwidth(
+    inventory: Inventory, statuses: Mapping[str, HostStatus]
+) -> dict[str, HostStatus]:
+    """Each unit member's fabric status with its unit's last measured bandwidth (from the state
+    directory)."""
     measured = bandwidth.last(inventory)
     out = dict(statuses)
     for name, st in statuses.items():
@@ -202,24 +232,39 @@ def with_bandwidth(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> 
 
 
 def probe_fabric(host: Host, unit: Unit, timeout: float = DEFAULT_TIMEOUT) -> FabricStatus:
-    """One member's fabric, probed over SSH (one round trip) and judged by :func:`fleetctl.fabric.check_member`."""
-    r = ssh.run(host, ["sh", "-s"], timeout=timeout, stdin=fabric.member_probe_script(unit, host.name))
+    """One member's fabric, probed over SSH (one round trip) and judged by
+    :func:`fleetctl.fabric.check_member`."""
+    r = ssh.run(
+        host, ["sh", "-s"], timeout=timeout, stdin=fabric.member_probe_script(unit, host.name)
+    )
     if not r.ok and "fleetctl-fabric" not in r.stdout:
-        return FabricStatus(error=(r.stderr.strip().splitlines() or [f"exit status {r.rc}"])[-1][:200])
+        return FabricStatus(
+            error=(r.stderr.strip().splitlines() or [f"exit status {r.rc}"])[-1][:200]
+        )
     facts = fabric.parse_member_probe(r.stdout)
-    return FabricStatus(tuple(fabric.check_member(unit, host.name, facts, mgmt_address=host.address)))
+    return FabricStatus(
+        tuple(fabric.check_member(unit, host.name, facts, mgmt_address=host.address))
+    )
 
 
 def parity_facts(st: HostStatus) -> dict[str, str | None]:
-    """What members of a unit must agree on, as the status probe read it (see fleetctl.fabric.PARITY_FIELDS)."""
-    return {"driver": st.driver, "kernel": st.kernel, "dgx_release": st.dgx_release, "docker": st.docker,
-            "toolkit": st.toolkit, "image_digest": st.container.digest if st.container else None}
+    """What members of a unit must agree on, as the status probe read it (see
+    fleetctl.fabric.PARITY_FIELDS)."""
+    return {
+        "driver": st.driver,
+        "kernel": st.kernel,
+        "dgx_release": st.dgx_release,
+        "docker": st.docker,
+        "toolkit": st.toolkit,
+        "image_digest": st.container.digest if st.container else None,
+    }
 
 
 def with_parity(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dict[str, HostStatus]:
     """Each probed unit member's fabric status, with the unit's parity findings about it added.
 
-    Parity is judged once every member of the unit answered (an unreachable member makes it unknowable);
+    Parity is judged once every member of the unit answered (an unreachable member makes it
+    unknowable);
     a host without a container is not held to the head's image digest.
     """
     out = dict(statuses)
@@ -227,7 +272,11 @@ def with_parity(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dic
         members = [out[m] for m in unit.members if m in out]
         if len(members) != unit.size or not all(m.reachable for m in members):
             continue
-        fields = [f for f in fabric.PARITY_FIELDS if f != "image_digest" or all(m.container for m in members)]
+        fields = [
+            f
+            for f in fabric.PARITY_FIELDS
+            if f != "image_digest" or all(m.container for m in members)
+        ]
         found = fabric.check_parity(unit, {m.name: parity_facts(m) for m in members}, fields)
         for m in members:
             mine = tuple(f for f in found if f.host == m.name)
@@ -237,11 +286,15 @@ def with_parity(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dic
     return out
 
 
-def front_door_view(inventory: Inventory, hosts: Iterable[Host]) -> dict[str, dict[str, Any]] | None:
-    """Each host as the inventory's front door sees it, and which ones a rollout holds out (from the ledger).
+def front_door_view(
+    inventory: Inventory, hosts: Iterable[Host]
+) -> dict[str, dict[str, Any]] | None:
+    """Each host as the inventory's front door sees it, and which ones a rollout holds out (from
+    the ledger).
 
     None when no front door is configured. A door that can read its whole pool at once (HAProxy) is
-    read once; another is asked one host at a time, each call bounded by the door's own timeout; once it
+    read once; another is asked one host at a time, each call bounded by the door's own timeout;
+    once it
     fails, the other hosts get the same cause instead of a wait each.
     """
     door = frontdoor.from_inventory(inventory)
@@ -257,7 +310,8 @@ def front_door_view(inventory: Inventory, hosts: Iterable[Host]) -> dict[str, di
     hosts = list(hosts)
     bulk: dict[str, frontdoor.DoorState] = {}
     if callable(getattr(door, "states", None)):
-        # One read of the whole pool (HAProxy: two commands for hundreds of hosts, bench/frontdoor.py floor).
+        # One read of the whole pool (HAProxy: two commands for hundreds of hosts,
+        # bench/frontdoor.py floor).
         try:
             bulk = frontdoor.states_of(door, hosts)
         except FleetError as e:
@@ -269,7 +323,13 @@ def front_door_view(inventory: Inventory, hosts: Iterable[Host]) -> dict[str, di
             except FleetError as e:
                 broken = e.message()
         if broken is not None:
-            row = {"host": h.name, "admin": "?", "healthy": None, "in_flight": None, "detail": broken}
+            row = {
+                "host": h.name,
+                "admin": "?",
+                "healthy": None,
+                "in_flight": None,
+                "detail": broken,
+            }
         row["door"] = door.kind
         row["held_by"] = held[h.name].rollout_id if h.name in held else None
         out[h.name] = row

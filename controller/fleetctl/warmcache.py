@@ -50,11 +50,15 @@ HELPER_TIMEOUT = 600.0
 
 
 def cache_key(digest: str, fingerprint: str, gpu: str) -> str:
-    """The key a compile cache is valid for: the image digest, the recipe's fingerprint and the GPU model.
+    """The key a compile cache is valid for: the image digest, the recipe's fingerprint and the GPU
+    model.
 
     Pure: the same three always give the same 32 hex digits; any one differing gives another key."""
-    doc = json.dumps({"digest": digest, "fingerprint": fingerprint, "gpu": gpu.strip()}, sort_keys=True,
-                     separators=(",", ":"))
+    doc = json.dumps(
+        {"digest": digest, "fingerprint": fingerprint, "gpu": gpu.strip()},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
     return hashlib.sha256(doc.encode()).hexdigest()[:32]
 
 
@@ -64,7 +68,8 @@ def key_dir(recipe: Recipe, key: str) -> str:
 
 
 def binds(recipe: Recipe, key: str | None) -> list[tuple[str, str]]:
-    """``(host path, container path)`` read-write mounts of the recipe's caches for ``key`` (none without)."""
+    """``(host path, container path)`` read-write mounts of the recipe's caches for ``key`` (none
+    without)."""
     if key is None:
         return []
     return [(f"{key_dir(recipe, key)}/{c.name}", c.mount) for c in recipe.compile_cache]
@@ -75,12 +80,13 @@ def env(recipe: Recipe, key: str | None) -> dict[str, str]:
     return {KEY_ENV: key} if key is not None and recipe.compile_cache else {}
 
 
-#: Runs in the target image's python3 with the recipe's cache root at /c (``$FLEETCTL_CACHE_DIR`` elsewhere,
-#: as the unit tests run it). argv: op key [max_bytes].
+#: Runs in the target image's python3 with the recipe's cache root at /c (``$FLEETCTL_CACHE_DIR``
+#: elsewhere, as the unit tests run it). argv: op key [max_bytes].
 #: ``export``: one JSON line (the manifest, or why nothing is shared), then the base64 of a tar.
-#: ``import``: reads that from stdin, unpacks beside the key directory, checks, swaps; one JSON line.
+#: ``import``: reads that from stdin, unpacks beside the key directory, checks, swaps; one JSON
+#: line.
 #: ``verify``: whether the key directory holds exactly what its manifest says; one JSON line.
-_SCRIPT = r'''
+_SCRIPT = r"""
 import base64, hashlib, io, json, os, shutil, sys, tarfile
 op, key = sys.argv[1], sys.argv[2]
 root = os.environ.get("FLEETCTL_CACHE_DIR", "/c"); d = os.path.join(root, key); MAN = ".fleetctl-cache.json"
@@ -161,7 +167,7 @@ elif op == "import":
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         print(json.dumps({"ok": False, "why": "%s: %s" % (e.__class__.__name__, e)}))
-'''
+"""  # noqa: E501 (data: lines as the program reads them)
 
 
 def helper_command(recipe: Recipe, ref: str, op: str, key: str, *args: str) -> str:
@@ -173,7 +179,8 @@ def helper_command(recipe: Recipe, ref: str, op: str, key: str, *args: str) -> s
 
 @dataclass(frozen=True)
 class Seeded:
-    """What the warm start did for one host: ``warm`` when its key directory holds the canary's cache."""
+    """What the warm start did for one host: ``warm`` when its key directory holds the canary's
+    cache."""
 
     host: str
     key: str
@@ -224,10 +231,12 @@ def _first_json(out: str) -> dict[str, object]:
 def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapping[Host, str],
           ops: Callable[[Host], CacheOps], max_bytes: int = MAX_BYTES,
           fan_out: int = FAN_OUT) -> dict[str, Seeded]:
-    """Copy ``source``'s cache for ``source_key`` to every target whose key is the same; one result per target.
+    """Copy ``source``'s cache for ``source_key`` to every target whose key is the same; one result
+    per target.
     ``ops(host)``: the host's cache operations (the rollout's HostOps).
 
-    Never raises for a host: a target whose key differs, whose copy fails or does not verify is reported
+    Never raises for a host: a target whose key differs, whose copy fails or does not verify is
+    reported
     cold with why (it compiles at its start as it would have without warm start)."""
     if not recipe.compile_cache or not targets:
         return {}
@@ -235,8 +244,12 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
     same = [h for h, k in targets.items() if k == source_key]
     for h, k in targets.items():
         if k != source_key:
-            out[h.name] = Seeded(h.name, k, False, "its cache key differs from the canary's (another GPU or "
-                                                  "settings): starts cold")
+            out[h.name] = Seeded(
+                h.name,
+                k,
+                False,
+                "its cache key differs from the canary's (another GPU or settings): starts cold",
+            )
     if not same:
         return out
     t0 = time.monotonic()
@@ -246,12 +259,24 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
         man = json.loads(man_line)
     except (FleetError, ValueError) as e:
         why = e.message() if isinstance(e, FleetError) else f"unreadable export ({e})"
-        return {**out, **{h.name: Seeded(h.name, source_key, False, f"the canary's cache was not read: {why}")
-                          for h in same}}
+        return {
+            **out,
+            **{
+                h.name: Seeded(h.name, source_key, False, f"the canary's cache was not read: {why}")
+                for h in same
+            },
+        }
     if not man.get("files"):
         why = str(man.get("why") or "empty")
-        return {**out, **{h.name: Seeded(h.name, source_key, False, f"the canary has no cache to share ({why})")
-                          for h in same}}
+        return {
+            **out,
+            **{
+                h.name: Seeded(
+                    h.name, source_key, False, f"the canary has no cache to share ({why})"
+                )
+                for h in same
+            },
+        }
     read_s = time.monotonic() - t0
     stdin = man_line + "\n" + payload
 
@@ -260,21 +285,54 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
         try:
             have = _first_json(ops(h).verify_cache(recipe, ref, source_key))
             if have.get("ok"):
-                return Seeded(h.name, source_key, True, "already held the canary's cache (verified)",
-                              len(man["files"]), int(man.get("bytes", 0)), time.monotonic() - t)
+                return Seeded(
+                    h.name,
+                    source_key,
+                    True,
+                    "already held the canary's cache (verified)",
+                    len(man["files"]),
+                    int(man.get("bytes", 0)),
+                    time.monotonic() - t,
+                )
             res = _first_json(ops(h).import_cache(recipe, ref, source_key, stdin))
         except (FleetError, ValueError) as e:
             why = e.message() if isinstance(e, FleetError) else f"unreadable answer ({e})"
-            return Seeded(h.name, source_key, False, f"copy failed, starts cold: {why}", seconds=time.monotonic() - t)
+            return Seeded(
+                h.name,
+                source_key,
+                False,
+                f"copy failed, starts cold: {why}",
+                seconds=time.monotonic() - t,
+            )
         if not res.get("ok"):
-            return Seeded(h.name, source_key, False, f"copy did not verify, starts cold: {res.get('why')}",
-                          seconds=time.monotonic() - t)
-        return Seeded(h.name, source_key, True, "copied from the canary, every file's sha256 checked",
-                      int(str(res.get("files", 0))), int(str(res.get("bytes", 0))), read_s + time.monotonic() - t)
+            return Seeded(
+                h.name,
+                source_key,
+                False,
+                f"copy did not verify, starts cold: {res.get('why')}",
+                seconds=time.monotonic() - t,
+            )
+        return Seeded(
+            h.name,
+            source_key,
+            True,
+            "copied from the canary, every file's sha256 checked",
+            int(str(res.get("files", 0))),
+            int(str(res.get("bytes", 0))),
+            read_s + time.monotonic() - t,
+        )
 
     for name, o in ssh.fan_out(same, one, timeout=None, max_workers=fan_out).items():
-        out[name] = o.value if o.value is not None else Seeded(
-            name, source_key, False, f"copy failed, starts cold: {o.error.message() if o.error else '?'}")
+        out[name] = (
+            o.value
+            if o.value is not None
+            else Seeded(
+                name,
+                source_key,
+                False,
+                f"copy failed, starts cold: {o.error.message() if o.error else '?'}",
+            )
+        )
     return out
 
 
@@ -286,7 +344,8 @@ def verify(recipe: Recipe, ref: str, ops: CacheOps, key: str) -> tuple[bool, str
 
 
 def summary(seeded: Sequence[Seeded]) -> str:
-    """``3 of 4 host(s) warm (12 files, 4.2 MB each)`` for the progress line and the ledger's note."""
+    """``3 of 4 host(s) warm (12 files, 4.2 MB each)`` for the progress line and the ledger's
+    note."""
     warm = [s for s in seeded if s.warm]
     size = f" ({warm[0].files} files, {warm[0].bytes / 1e6:.1f} MB each)" if warm else ""
     return f"{len(warm)} of {len(seeded)} host(s) warm{size}"

@@ -1,4 +1,5 @@
-"""fleetctl.ansible: the run wrapper against a real ansible-playbook on localhost, and its pure helpers."""
+"""fleetctl.ansible: the run wrapper against a real ansible-playbook on localhost, and its pure
+helpers."""
 
 from __future__ import annotations
 
@@ -62,19 +63,28 @@ def local(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[inv.Inventor
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "out").mkdir()
     (tmp_path / "hosts.yml").write_text(
-        "all:\n  vars:\n    ansible_connection: local\n    ansible_python_interpreter: '{{ ansible_playbook_python }}'\n"
+        "all:\n  vars:\n    ansible_connection: local\n    ansible_python_interpreter: '{{ "
+        "ansible_playbook_python }}'\n"
         "  hosts:\n    alpha: {}\n    beta: {must_fail: true}\n"
     )
     (tmp_path / "play.yml").write_text(PLAYBOOK)
     return inv.load(tmp_path / "hosts.yml"), tmp_path
 
 
-def test_run_folds_results_per_host_and_keeps_secrets_out(local: tuple[inv.Inventory, Path]) -> None:
+def test_run_folds_results_per_host_and_keeps_secrets_out(
+    local: tuple[inv.Inventory, Path],
+) -> None:
     inventory, tmp = local
     rec = Recorder()
     extravars = {"out_dir": str(tmp / "out"), "value": "one"}
-    r = run_playbook(str(tmp / "play.yml"), inventory, extravars=extravars, secrets={"token": SECRET},
-                     progress=rec, collect=("probe:",))
+    r = run_playbook(
+        str(tmp / "play.yml"),
+        inventory,
+        extravars=extravars,
+        secrets={"token": SECRET},
+        progress=rec,
+        collect=("probe:",),
+    )
     assert list(r.hosts) == ["alpha", "beta"]
     a, b = r.hosts["alpha"], r.hosts["beta"]
     assert a.succeeded and a.changed == 1 and a.failed == 0
@@ -97,12 +107,20 @@ def test_run_folds_results_per_host_and_keeps_secrets_out(local: tuple[inv.Inven
         if f.is_file():
             assert SECRET not in f.read_text(errors="replace"), f
     command = json.loads((r.artifacts_dir / "command").read_text())
-    assert all(k.startswith(("ANSIBLE_", "LANG", "LC_")) or k in {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "AWX_ISOLATED_DATA_DIR"}
-               for k in command["env"])
+    assert all(
+        k.startswith(("ANSIBLE_", "LANG", "LC_"))
+        or k in {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "AWX_ISOLATED_DATA_DIR"}
+        for k in command["env"]
+    )
 
     # A second run changes nothing; --check with a new value reports the change without making it.
-    again = run_playbook(str(tmp / "play.yml"), inventory, extravars=extravars, secrets={"token": SECRET},
-                         limit="alpha")
+    again = run_playbook(
+        str(tmp / "play.yml"),
+        inventory,
+        extravars=extravars,
+        secrets={"token": SECRET},
+        limit="alpha",
+    )
     assert list(again.hosts) == ["alpha"] and again.hosts["alpha"].changed == 0 and again.ok
     checked = run_playbook(str(tmp / "play.yml"), inventory, limit="alpha", check=True, diff=True,
                            extravars={**extravars, "value": "two"}, secrets={"token": SECRET})
@@ -111,19 +129,28 @@ def test_run_folds_results_per_host_and_keeps_secrets_out(local: tuple[inv.Inven
     assert any("+value=two" in d.diff for d in checked.hosts["alpha"].diffs)
 
 
-def test_forks_one_per_host_up_to_the_cap_the_inventory_may_set(local: tuple[inv.Inventory, Path]) -> None:
+def test_forks_one_per_host_up_to_the_cap_the_inventory_may_set(
+    local: tuple[inv.Inventory, Path],
+) -> None:
     inventory, _ = local
     assert [ansible.forks(inventory, n) for n in (0, 1, 16, 64, 256)] == [1, 1, 16, 64, 64]
     bigger = dataclasses.replace(inventory, vars={**inventory.vars, "fleetctl_ansible_forks": 128})
     assert ansible.forks(bigger, 256) == 128 and ansible.forks(bigger, 16) == 16
     for bad in (0, "many", True):
         with pytest.raises(AnsibleError, match="fleetctl_ansible_forks"):
-            ansible.forks(dataclasses.replace(inventory, vars={**inventory.vars, "fleetctl_ansible_forks": bad}), 8)
+            ansible.forks(
+                dataclasses.replace(
+                    inventory, vars={**inventory.vars, "fleetctl_ansible_forks": bad}
+                ),
+                8,
+            )
 
 
 def test_a_playbook_that_cannot_run_raises(local: tuple[inv.Inventory, Path]) -> None:
     inventory, tmp = local
-    (tmp / "bad.yml").write_text("- hosts: all\n  tasks:\n    - name: x\n      no_such_module_here: {}\n")
+    (tmp / "bad.yml").write_text(
+        "- hosts: all\n  tasks:\n    - name: x\n      no_such_module_here: {}\n"
+    )
     with pytest.raises(AnsibleError, match=r"could not run bad\.yml"):
         run_playbook(str(tmp / "bad.yml"), inventory)
     with pytest.raises(AnsibleError, match="not found"):
@@ -144,17 +171,25 @@ def test_ansible_cfg_is_safe_and_sized_for_the_fleet(local: tuple[inv.Inventory,
 
 
 def test_failure_messages_are_readable() -> None:
-    assert failure_message({"msg": "GPU is an H100, not a GB10", "failed": True}) == "GPU is an H100, not a GB10"
+    assert (
+        failure_message({"msg": "GPU is an H100, not a GB10", "failed": True})
+        == "GPU is an H100, not a GB10"
+    )
     cmd = {"rc": 2, "cmd": ["docker", "run", "x"], "stderr": "warn\nError: no such image\n",
            "msg": "non-zero return code"}
     assert failure_message(cmd) == "`docker run x` exited 2: Error: no such image"
-    loop = {"msg": "One or more items failed", "results": [{"failed": False}, {"failed": True, "msg": "bad item"}]}
+    loop = {
+        "msg": "One or more items failed",
+        "results": [{"failed": False}, {"failed": True, "msg": "bad item"}],
+    }
     assert failure_message(loop) == "bad item"
     assert "no_log" in failure_message({"censored": "hidden"})
 
 
 def test_format_diff_of_before_after() -> None:
-    text = format_diff({"before": "a\n", "after": "b\n", "before_header": "/etc/x", "after_header": "/etc/x"})
+    text = format_diff(
+        {"before": "a\n", "after": "b\n", "before_header": "/etc/x", "after_header": "/etc/x"}
+    )
     assert "-a" in text and "+b" in text
     assert format_diff([{"before": "same", "after": "same"}]) == ""
 
@@ -164,11 +199,31 @@ def test_event_folder_counts_from_recorded_events() -> None:
     folder = EventFolder(rec)
     events = [
         {"event": "runner_on_start", "event_data": {"host": "h1", "task": "Install the toolkit"}},
-        {"event": "runner_on_ok", "event_data": {"host": "h1", "task": "Install the toolkit", "res": {"changed": True}}},
-        {"event": "runner_on_unreachable", "event_data": {"host": "h2", "task": "Gather",
-                                                          "res": {"msg": "ssh: connect to host 10.0.0.2 port 22: Connection timed out", "unreachable": True}}},
-        {"event": "playbook_on_stats", "event_data": {"ok": {"h1": 1}, "changed": {"h1": 1}, "dark": {"h2": 1},
-                                                      "failures": {}, "processed": {"h1": 1, "h2": 1}}},
+        {
+            "event": "runner_on_ok",
+            "event_data": {"host": "h1", "task": "Install the toolkit", "res": {"changed": True}},
+        },
+        {
+            "event": "runner_on_unreachable",
+            "event_data": {
+                "host": "h2",
+                "task": "Gather",
+                "res": {
+                    "msg": "ssh: connect to host 10.0.0.2 port 22: Connection timed out",
+                    "unreachable": True,
+                },
+            },
+        },
+        {
+            "event": "playbook_on_stats",
+            "event_data": {
+                "ok": {"h1": 1},
+                "changed": {"h1": 1},
+                "dark": {"h2": 1},
+                "failures": {},
+                "processed": {"h1": 1, "h2": 1},
+            },
+        },
     ]
     for e in events:
         assert folder(e) is True
@@ -188,22 +243,36 @@ run_playbook(str(tmp / "slow.yml"), inv.load(tmp / "hosts.yml"), run_id="killed"
 """
 
 
-def test_a_controller_killed_mid_run_leaves_no_secret_of_its_environment(local: tuple[inv.Inventory, Path]) -> None:
-    """ansible-runner records its environment when it starts: only a minimal one may be there, SIGKILL or not."""
+def test_a_controller_killed_mid_run_leaves_no_secret_of_its_environment(
+    local: tuple[inv.Inventory, Path],
+) -> None:
+    """ansible-runner records its environment when it starts: only a minimal one may be there,
+    SIGKILL or not."""
     _, tmp = local
-    (tmp / "slow.yml").write_text("- hosts: alpha\n  gather_facts: false\n  tasks:\n"
-                                  "    - name: Wait to be killed\n      ansible.builtin.command: sleep 60\n")
-    secrets = {"HF_TOKEN": SECRET, "VLLM_API_KEY": "sk-" + SECRET[::-1], "FLEETCTL_REGISTRY_PASSWORD": "pw-" + SECRET,
-               "FLEETCTL_WEBHOOK_URL": f"https://hooks.example/{SECRET}x"}
+    (tmp / "slow.yml").write_text(
+        "- hosts: alpha\n  gather_facts: false\n  tasks:\n"
+        "    - name: Wait to be killed\n      ansible.builtin.command: sleep 60\n"
+    )
+    secrets = {
+        "HF_TOKEN": SECRET,
+        "VLLM_API_KEY": "sk-" + SECRET[::-1],
+        "FLEETCTL_REGISTRY_PASSWORD": "pw-" + SECRET,
+        "FLEETCTL_WEBHOOK_URL": f"https://hooks.example/{SECRET}x",
+    }
     env = {**os.environ, **secrets, "FLEETCTL_STATE_DIR": str(tmp / "state")}
-    p = subprocess.Popen([sys.executable, "-c", KILLED_RUN, str(tmp)], env=env, start_new_session=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", KILLED_RUN, str(tmp)], env=env, start_new_session=True
+    )
     run = tmp / "state" / "runs" / "killed"
     try:
         deadline = time.monotonic() + 120
-        # Killed once the task runs: ansible-runner has written `command` and the first events by then.
+        # Killed once the task runs: ansible-runner has written `command` and the first events by
+        # then.
         while not any("Wait to be killed" in f.read_text(errors="replace")
                       for f in run.glob("ansible/slow/job_events/*.json")):
-            assert p.poll() is None and time.monotonic() < deadline, "the playbook never started its task"
+            assert p.poll() is None and time.monotonic() < deadline, (
+                "the playbook never started its task"
+            )
             time.sleep(0.2)
     finally:
         os.killpg(p.pid, signal.SIGKILL)

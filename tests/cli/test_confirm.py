@@ -1,4 +1,5 @@
-"""rollback and abort confirm like rollout: without a terminal and without --yes they refuse, changing nothing."""
+"""rollback and abort confirm like rollout: without a terminal and without --yes they refuse,
+changing nothing."""
 
 from __future__ import annotations
 
@@ -18,8 +19,12 @@ EXAMPLE_INVENTORY = Path(__file__).resolve().parents[2] / "inventory" / "example
     (["rollback", "--to", "v0.23.0"], "roll back to v0.23.0"),
     (["rollout", "abort"], "abort the rollout"),
 ])
-def test_refused_without_yes_when_not_a_terminal(argv: list[str], what: str, tmp_path: Path) -> None:
-    r = CliRunner().invoke(cli, ["-i", str(EXAMPLE_INVENTORY), *argv], env={"FLEETCTL_STATE_DIR": str(tmp_path)})
+def test_refused_without_yes_when_not_a_terminal(
+    argv: list[str], what: str, tmp_path: Path
+) -> None:
+    r = CliRunner().invoke(
+        cli, ["-i", str(EXAMPLE_INVENTORY), *argv], env={"FLEETCTL_STATE_DIR": str(tmp_path)}
+    )
     assert isinstance(r.exception, FleetError), r.output
     assert f"refusing to {what}" in r.exception.cause and r.exception.fix == "pass --yes"
     # Refused before the engine opened anything: no ledger was created.

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class Listener:
-    """A TCP listener on 127.0.0.1 that accepts and counts connections (an SSH server would answer)."""
+    """A TCP listener on 127.0.0.1 that accepts and counts connections (an SSH server would
+    answer)."""
 
     def __init__(self) -> None:
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -69,7 +70,8 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Path, Listener]]:
 @pytest.fixture
 def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str]]:
-    """``fleetctl -i HOSTS ARGV...`` in this process, as the installed command runs it: exit code, stdout, stderr."""
+    """``fleetctl -i HOSTS ARGV...`` in this process, as the installed command runs it: exit code,
+    stdout, stderr."""
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.setenv("COLUMNS", "1000")
 
@@ -91,9 +93,15 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     ("spark-09", "matches no host or group"),
 ])
 def test_a_limit_that_would_select_the_wrong_hosts_is_refused(
-        fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], limit: str, says: str) -> None:
+    fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], limit: str, says: str
+) -> None:
     hosts, listener = fleet
-    for argv in (["rollout", "--tag", "v0.24.0", "--dry-run"], ["status"], ["stage"], ["rollback", "--yes"]):
+    for argv in (
+        ["rollout", "--tag", "v0.24.0", "--dry-run"],
+        ["status"],
+        ["stage"],
+        ["rollback", "--yes"],
+    ):
         code, _, err = run(hosts, *argv, "--limit", limit)
         assert code == 2, (argv, limit, err)
         assert says in err and f"--limit {limit!r}" in err, err
@@ -120,35 +128,100 @@ def test_json_errors_are_json_on_stdout(fleet: tuple[Path, Listener],
     assert listener.accepted == 0
 
 
-def test_json_errors_without_an_inventory(tmp_path: Path, run: Callable[..., tuple[int, str, str]]) -> None:
+def test_json_errors_without_an_inventory(
+    tmp_path: Path, run: Callable[..., tuple[int, str, str]]
+) -> None:
     code, out, _ = run(tmp_path / "missing.yml", "status", "--json")
     assert code == 2 and json.loads(out)["error"]["cause"]
 
 
-@pytest.mark.parametrize("argv, says", [
-    (["rollout", "--tag", "v1 ; id", "--yes"], "is not an image tag"),
-    (["rollout", "--tag", "v0.24.0", "--waves", "0,200%", "--yes"], "wave size '0' is out of range"),
-    (["rollout", "--tag", "v0.24.0", "--waves", "1,200%", "--yes"], "wave size '200%' is out of range"),
-    (["rollout", "--tag", "v0.24.0", "--max-unavailable", "0", "--yes"], "--max-unavailable '0' is out of range"),
-    (["rollout", "--tag", "v0.24.0", "--failure-budget", "x", "--yes"], "--failure-budget 'x' is not a count"),
-    (["rollback", "--to", "$(id)", "--yes"], "--to '$(id)' is not an image tag"),
-    (["rollback", "--max-unavailable", "-1", "--yes"], "--max-unavailable '-1' is not a count"),
-    # The capacity floor: 0, above 100 %, every selected host or more, or beside --max-unavailable.
-    (["rollout", "--tag", "v0.24.0", "--min-available", "0", "--yes"], "--min-available '0' is out of range"),
-    (["rollout", "--tag", "v0.24.0", "--min-available", "101%", "--yes"], "--min-available '101%' is out of range"),
-    (["rollout", "--tag", "v0.24.0", "--min-available", "100%", "--yes"], "--min-available 100% keeps every host"),
-    (["rollout", "--tag", "v0.24.0", "--min-available", "5", "--yes"],
-     "--min-available 5 keeps 5 host(s) serving, but only 4 are selected"),
-    (["rollout", "--tag", "v0.24.0", "--min-available", "2", "--limit", "spark-01:spark-02", "--yes"],
-     "--min-available 2 keeps 2 host(s) serving, but only 2 are selected"),
-    (["rollout", "--tag", "v0.24.0", "--min-available", "2", "--max-unavailable", "1", "--yes"],
-     "--max-unavailable 1 and --min-available 2 both given"),
-    (["rollout", "--tag", "v0.24.0", "--min-available", "50%", "--max-unavailable", "1", "--dry-run"],
-     "--max-unavailable 1 and --min-available 50% both given"),
-    (["rollback", "--min-available", "0", "--yes"], "--min-available '0' is out of range"),
-    (["rollback", "--min-available", "9", "--yes"], "--min-available 9 keeps 9 host(s) serving, but only 4"),
-    (["rollback", "--min-available", "75%", "--max-unavailable", "2", "--yes"], "both given"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (["rollout", "--tag", "v1 ; id", "--yes"], "is not an image tag"),
+        (
+            ["rollout", "--tag", "v0.24.0", "--waves", "0,200%", "--yes"],
+            "wave size '0' is out of range",
+        ),
+        (
+            ["rollout", "--tag", "v0.24.0", "--waves", "1,200%", "--yes"],
+            "wave size '200%' is out of range",
+        ),
+        (
+            ["rollout", "--tag", "v0.24.0", "--max-unavailable", "0", "--yes"],
+            "--max-unavailable '0' is out of range",
+        ),
+        (
+            ["rollout", "--tag", "v0.24.0", "--failure-budget", "x", "--yes"],
+            "--failure-budget 'x' is not a count",
+        ),
+        (["rollback", "--to", "$(id)", "--yes"], "--to '$(id)' is not an image tag"),
+        (["rollback", "--max-unavailable", "-1", "--yes"], "--max-unavailable '-1' is not a count"),
+        # The capacity floor: 0, above 100 %, every selected host or more, or beside
+        # --max-unavailable.
+        (
+            ["rollout", "--tag", "v0.24.0", "--min-available", "0", "--yes"],
+            "--min-available '0' is out of range",
+        ),
+        (
+            ["rollout", "--tag", "v0.24.0", "--min-available", "101%", "--yes"],
+            "--min-available '101%' is out of range",
+        ),
+        (
+            ["rollout", "--tag", "v0.24.0", "--min-available", "100%", "--yes"],
+            "--min-available 100% keeps every host",
+        ),
+        (
+            ["rollout", "--tag", "v0.24.0", "--min-available", "5", "--yes"],
+            "--min-available 5 keeps 5 host(s) serving, but only 4 are selected",
+        ),
+        (
+            [
+                "rollout",
+                "--tag",
+                "v0.24.0",
+                "--min-available",
+                "2",
+                "--limit",
+                "spark-01:spark-02",
+                "--yes",
+            ],
+            "--min-available 2 keeps 2 host(s) serving, but only 2 are selected",
+        ),
+        (
+            [
+                "rollout",
+                "--tag",
+                "v0.24.0",
+                "--min-available",
+                "2",
+                "--max-unavailable",
+                "1",
+                "--yes",
+            ],
+            "--max-unavailable 1 and --min-available 2 both given",
+        ),
+        (
+            [
+                "rollout",
+                "--tag",
+                "v0.24.0",
+                "--min-available",
+                "50%",
+                "--max-unavailable",
+                "1",
+                "--dry-run",
+            ],
+            "--max-unavailable 1 and --min-available 50% both given",
+        ),
+        (["rollback", "--min-available", "0", "--yes"], "--min-available '0' is out of range"),
+        (
+            ["rollback", "--min-available", "9", "--yes"],
+            "--min-available 9 keeps 9 host(s) serving, but only 4",
+        ),
+        (["rollback", "--min-available", "75%", "--max-unavailable", "2", "--yes"], "both given"),
+    ],
+)
 def test_options_and_tags_are_refused_before_the_registry_and_the_hosts(
         fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], tmp_path: Path,
         argv: list[str], says: str) -> None:
@@ -161,15 +234,25 @@ def test_options_and_tags_are_refused_before_the_registry_and_the_hosts(
     assert code == 0 and json.loads(out) == []  # nothing was recorded, no lock was taken
 
 
-@pytest.mark.parametrize("value, says", [
-    ("9", "inventory variable fleetctl_min_available 9 keeps 9 host(s) serving, but only 4 are selected"),
-    ("'0%'", "inventory variable fleetctl_min_available '0%' is out of range"),
-    ("lots", "inventory variable fleetctl_min_available 'lots' is not a count or a percentage"),
-])
+@pytest.mark.parametrize(
+    "value, says",
+    [
+        (
+            "9",
+            "inventory variable fleetctl_min_available 9 keeps 9 host(s) serving, but only 4 are "
+            "selected",
+        ),
+        ("'0%'", "inventory variable fleetctl_min_available '0%' is out of range"),
+        ("lots", "inventory variable fleetctl_min_available 'lots' is not a count or a percentage"),
+    ],
+)
 def test_a_bad_floor_in_the_inventory_is_refused_naming_the_variable(
-        fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], value: str, says: str) -> None:
+    fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], value: str, says: str
+) -> None:
     hosts, listener = fleet
-    (hosts.parent / "group_vars" / "all" / "capacity.yml").write_text(f"fleetctl_min_available: {value}\n")
+    (hosts.parent / "group_vars" / "all" / "capacity.yml").write_text(
+        f"fleetctl_min_available: {value}\n"
+    )
     for argv in (["rollout", "--tag", "v0.24.0", "--yes"], ["rollback", "--yes"]):
         code, _, err = run(hosts, *argv)
         assert code == 2 and says in err, err
@@ -178,12 +261,17 @@ def test_a_bad_floor_in_the_inventory_is_refused_naming_the_variable(
     assert listener.accepted == 0
 
 
-def test_an_inventory_without_hosts_is_refused(tmp_path: Path, run: Callable[..., tuple[int, str, str]]) -> None:
+def test_an_inventory_without_hosts_is_refused(
+    tmp_path: Path, run: Callable[..., tuple[int, str, str]]
+) -> None:
     empty = tmp_path / "hosts.yml"
     empty.write_text("all:\n  hosts: {}\n")
     for argv in (["status"], ["stage"], ["provision"], ["rollout", "--tag", "v1", "--dry-run"]):
         code, _, err = run(empty, *argv)
-        assert code == 2 and ("has no hosts" in err or "defines no fleetctl_recipes" in err), (argv, err)
+        assert code == 2 and ("has no hosts" in err or "defines no fleetctl_recipes" in err), (
+            argv,
+            err,
+        )
 
 
 @pytest.mark.parametrize("port", [99999, -5, 0])
@@ -192,7 +280,11 @@ def test_a_port_out_of_range_names_the_host_and_file(tmp_path: Path, port: int) 
     src.write_text(yaml.safe_dump({"all": {"hosts": {"spark-07": {"ansible_port": port}}}}))
     with pytest.raises(InventoryError) as e:
         inventory.load(src)
-    assert e.value.host == "spark-07" and str(src) in e.value.cause and f"ansible_port {port} is not a TCP port" in e.value.cause
+    assert (
+        e.value.host == "spark-07"
+        and str(src) in e.value.cause
+        and f"ansible_port {port} is not a TCP port" in e.value.cause
+    )
 
 
 def _bomb() -> str:
@@ -202,15 +294,30 @@ def _bomb() -> str:
     return "\n".join(lines) + "\n"
 
 
-@pytest.mark.parametrize("where, text, says", [
-    ("group_vars/all/recipes.yml", "fleetctl_recipes:\n  x: [1, 2\n", "not valid YAML at line 3, column 1"),
-    ("host_vars/s1.yml", "ansible_port: 22\n  bad: indent\n", "not valid YAML at line 2"),
-    ("group_vars/all/list.yml", "- 1\n- 2\n", "variables must be a mapping (name: value), not a sequence"),
-    ("group_vars/sparks", "a: [1\n", "not valid YAML"),
-    ("group_vars/all/bomb.yml", _bomb(), "expands to more than 2000000 values"),
-])
-def test_a_broken_vars_file_is_one_message_with_its_file(tmp_path: Path, where: str, text: str, says: str) -> None:
-    (tmp_path / "hosts.yml").write_text("all:\n  children:\n    sparks:\n      hosts:\n        s1: {}\n")
+@pytest.mark.parametrize(
+    "where, text, says",
+    [
+        (
+            "group_vars/all/recipes.yml",
+            "fleetctl_recipes:\n  x: [1, 2\n",
+            "not valid YAML at line 3, column 1",
+        ),
+        ("host_vars/s1.yml", "ansible_port: 22\n  bad: indent\n", "not valid YAML at line 2"),
+        (
+            "group_vars/all/list.yml",
+            "- 1\n- 2\n",
+            "variables must be a mapping (name: value), not a sequence",
+        ),
+        ("group_vars/sparks", "a: [1\n", "not valid YAML"),
+        ("group_vars/all/bomb.yml", _bomb(), "expands to more than 2000000 values"),
+    ],
+)
+def test_a_broken_vars_file_is_one_message_with_its_file(
+    tmp_path: Path, where: str, text: str, says: str
+) -> None:
+    (tmp_path / "hosts.yml").write_text(
+        "all:\n  children:\n    sparks:\n      hosts:\n        s1: {}\n"
+    )
     f = tmp_path / where
     f.parent.mkdir(parents=True, exist_ok=True)
     f.write_text(text)
@@ -235,12 +342,15 @@ def test_a_binary_hosts_file_and_a_huge_one_are_refused(tmp_path: Path) -> None:
 def test_vault_tagged_values_pass_the_check(tmp_path: Path) -> None:
     (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    s1: {}\n")
     (tmp_path / "host_vars").mkdir()
-    (tmp_path / "host_vars" / "s1.yml").write_text("secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  3031\n")
+    (tmp_path / "host_vars" / "s1.yml").write_text(
+        "secret: !vault |\n  $ANSIBLE_VAULT;1.1;AES256\n  3031\n"
+    )
     inventory.files.check_var_files(tmp_path / "hosts.yml")  # a tag is kept as a tag: no error
 
 
-def test_recipes_refuses_a_host_whose_recipe_does_not_exist(fleet: tuple[Path, Listener],
-                                                           run: Callable[..., tuple[int, str, str]]) -> None:
+def test_recipes_refuses_a_host_whose_recipe_does_not_exist(
+    fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]]
+) -> None:
     hosts, listener = fleet
     data = yaml.safe_load(hosts.read_text())
     data["all"]["children"]["sparks"]["hosts"]["spark-03"]["fleetctl_recipe"] = "nope"
@@ -250,7 +360,9 @@ def test_recipes_refuses_a_host_whose_recipe_does_not_exist(fleet: tuple[Path, L
     assert listener.accepted == 0
 
 
-def test_a_hanging_inventory_script_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_hanging_inventory_script_is_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = tmp_path / "fleet.sh"
     script.write_text("#!/bin/sh\nsleep 30\n")
     script.chmod(0o755)
@@ -259,7 +371,9 @@ def test_a_hanging_inventory_script_is_cut_off(tmp_path: Path, monkeypatch: pyte
         inventory.load(script)  # (the script sleeps 30 s: without the bound this would wait it out)
 
 
-def test_recipe_problems_name_the_group_vars_file_and_a_name_given_twice_is_refused(tmp_path: Path) -> None:
+def test_recipe_problems_name_the_group_vars_file_and_a_name_given_twice_is_refused(
+    tmp_path: Path,
+) -> None:
     from fleetctl.recipes import RecipeValidationError, load_recipes
 
     (tmp_path / "hosts.yml").write_text("all:\n  hosts:\n    s1: {}\n")
@@ -272,4 +386,7 @@ def test_recipe_problems_name_the_group_vars_file_and_a_name_given_twice_is_refu
     (gv / "recipes.yml").write_text("fleetctl_recipes:\n  a: {}\n  b: {}\n  a: {}\n")
     with pytest.raises(RecipeValidationError) as e:
         load_recipes(inventory.load(tmp_path / "hosts.yml"))
-    assert "defined twice (lines 2 and 4)" in e.value.cause and str(gv / "recipes.yml") in e.value.cause
+    assert (
+        "defined twice (lines 2 and 4)" in e.value.cause
+        and str(gv / "recipes.yml") in e.value.cause
+    )

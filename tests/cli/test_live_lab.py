@@ -1,7 +1,10 @@
-"""On the lab: a rollout driven through tmux in an 80x30 terminal, its screen read mid-soak (the phase, the
+"""On the lab: a rollout driven through tmux in an 80x30 terminal, its screen read mid-soak (the
+phase, the
 soak's progress and the time left), the question answered at its prompt, and the web view loaded in
-headless chromium during the same rollout (every host's phase, no console errors), served by the rollout
-itself (``--ui PORT``); the same run's ``--events`` stream (its schema, the pulls' bytes) and the per-host
+headless chromium during the same rollout (every host's phase, no console errors), served by the
+rollout
+itself (``--ui PORT``); the same run's ``--events`` stream (its schema, the pulls' bytes) and the
+per-host
 progress its webhook posted to a loopback receiver."""
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ SESSION = f"fleetctl-live-{os.getpid()}"
 
 
 def screen() -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", SESSION], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", SESSION], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def wait_for(pattern: str, deadline: float) -> str:
@@ -52,7 +56,8 @@ def wait_for(pattern: str, deadline: float) -> str:
 
 @pytest.fixture
 def webhook(receiver: Receiver) -> Iterator[tuple[str, Receiver]]:
-    """A loopback receiver, and the lab inventory allowing its plain-http URL for the test's length."""
+    """A loopback receiver, and the lab inventory allowing its plain-http URL for the test's
+    length."""
     allow = inventory.load(None).path.parent / "group_vars" / "all" / "zz-test-webhook.yml"
     allow.write_text("fleetctl_webhook_allow_http: true\n")
     try:
@@ -62,11 +67,14 @@ def webhook(receiver: Receiver) -> Iterator[tuple[str, Receiver]]:
 
 
 def drop_image(tag: str) -> None:
-    """Remove ``tag``'s image from every node where no container uses it, so that the rollout pulls its bytes."""
+    """Remove ``tag``'s image from every node where no container uses it, so that the rollout pulls
+    its bytes."""
     eng = engine()
     try:
         image = eng.recipe(None).image
-        ref = registry.pull_ref(image, registry.resolve(image, tag, eng.mirrors).digest, eng.mirrors)
+        ref = registry.pull_ref(
+            image, registry.resolve(image, tag, eng.mirrors).digest, eng.mirrors
+        )
         for h in eng.inv.hosts.values():
             ssh.docker(h, f"docker rmi {shlex.quote(ref)} >/dev/null 2>&1; true", timeout=120)
     finally:
@@ -74,23 +82,33 @@ def drop_image(tag: str) -> None:
         ssh.close_all()
 
 
-#: Two hosts (spark-02 asks a vaulted sudo password): the canary, then one step measured for the time left.
+#: Two hosts (spark-02 asks a vaulted sudo password): the canary, then one step measured for the
+#: time left.
 LIMIT = "spark-01,spark-02"
 
 
 @pytest.mark.skipif(TMUX is None, reason="needs tmux")
-def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp_path: Path,
-                                                              webhook: tuple[str, Receiver]) -> None:
+def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(
+    serving: Any, tmp_path: Path, webhook: tuple[str, Receiver]
+) -> None:
     del serving
     done = tmp_path / "rc"
     events = tmp_path / "events.jsonl"
     port = free_port()
     hook_url, receiver = webhook
-    cmd = (f"{FLEETCTL} rollout --tag v0.24.0 --limit {LIMIT} --max-unavailable 1 --soak 30s --ui {port} --events {events}; echo $? > {done};"
-           " sleep 600")
-    subprocess.run(["tmux", "new-session", "-d", "-s", SESSION, "-x", "80", "-y", "30", cmd], check=True,
-                   env={**os.environ, "TERM": "xterm-256color", "FLEETCTL_WEBHOOK_URL": hook_url})
-    ui = subprocess.Popen([FLEETCTL, "ui", "--port", "0", "--json"], stdout=subprocess.PIPE, text=True)
+    cmd = (
+        f"{FLEETCTL} rollout --tag v0.24.0 --limit {LIMIT} --max-unavailable 1 --soak 30s --ui "
+        f"{port} --events {events}; echo $? > {done};"
+        " sleep 600"
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", SESSION, "-x", "80", "-y", "30", cmd],
+        check=True,
+        env={**os.environ, "TERM": "xterm-256color", "FLEETCTL_WEBHOOK_URL": hook_url},
+    )
+    ui = subprocess.Popen(
+        [FLEETCTL, "ui", "--port", "0", "--json"], stdout=subprocess.PIPE, text=True
+    )
     drop_image("v0.24.0")
     try:
         end = time.monotonic() + 900
@@ -117,7 +135,8 @@ def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp
             if line.rstrip() == "}":
                 break
         url = json.loads(text)["url"]
-        # The second host may still be starting when the header first shows the time left: wait for its soak.
+        # The second host may still be starting when the header first shows the time left: wait for
+        # its soak.
         while True:
             live = json.loads(urllib.request.urlopen(url + "api/live", timeout=30).read())
             if any(h["phase"] == "soak" for h in live["hosts"]) or time.monotonic() > end:
@@ -128,31 +147,58 @@ def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp
         mine = json.loads(urllib.request.urlopen(own + "api/live", timeout=30).read())
         assert mine["log"] == live["log"] and any(h["phase"] == "soak" for h in mine["hosts"]), mine
         if CHROMIUM is not None:
-            r = subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                                "--v=0", "--virtual-time-budget=3000", "--dump-dom", own],
-                               capture_output=True, text=True, timeout=120, check=False)
+            r = subprocess.run(
+                [
+                    CHROMIUM,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--enable-logging=stderr",
+                    "--v=0",
+                    "--virtual-time-budget=3000",
+                    "--dump-dom",
+                    own,
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                check=False,
+            )
             assert not [ln for ln in r.stderr.splitlines() if ":CONSOLE" in ln], r.stderr[-2000:]
             for h in live["hosts"]:
                 assert f'data-host="{h["host"]}"' in r.stdout
         while not done.exists() and time.monotonic() < end:
             time.sleep(1)
-        # The --events stream: a header with its schema, every event in the documented shape, the end.
+        # The --events stream: a header with its schema, every event in the documented shape, the
+        # end.
         head, *lines, tail = [json.loads(ln) for ln in events.read_text().splitlines()]
         assert head["schema"] == 1 and head["title"] == "rollout" and tail["ended"] is True
         assert all(set(ln) == {"t", "phase", "message", "host", "data"} for ln in lines)
-        pulls = [ln["data"] for ln in lines if ln["phase"] == "pull" and ln["host"] and "bytes_total" in ln["data"]]
-        assert pulls and all(p["bytes_total"] > 1_000_000 for p in pulls), "the registry's layer sizes"
-        assert any(p["bytes"] == p["bytes_total"] for p in pulls), "each pull ends with all its bytes"
+        pulls = [
+            ln["data"]
+            for ln in lines
+            if ln["phase"] == "pull" and ln["host"] and "bytes_total" in ln["data"]
+        ]
+        assert pulls and all(p["bytes_total"] > 1_000_000 for p in pulls), (
+            "the registry's layer sizes"
+        )
+        assert any(p["bytes"] == p["bytes_total"] for p in pulls), (
+            "each pull ends with all its bytes"
+        )
         # A role-driven step streams its Ansible tasks into the host's row.
-        assert any(ln["phase"] == "deploying" and ln["data"].get("task") for ln in lines), "the role's tasks"
-        # The webhook: the coarse events, and the hosts' progress batched (no token anywhere in a body).
+        assert any(ln["phase"] == "deploying" and ln["data"].get("task") for ln in lines), (
+            "the role's tasks"
+        )
+        # The webhook: the coarse events, and the hosts' progress batched (no token anywhere in a
+        # body).
         kinds = [b["event"] for b in receiver.bodies]
         assert "start" in kinds and ("completion" in kinds or "failure" in kinds), kinds
         progress = [h for b in receiver.bodies if b["event"] == "progress" for h in b["hosts"]]
         assert "soak" in {h["phase"] for h in progress}, progress
         assert {h["host"] for h in progress} == {h["host"] for h in live["hosts"]}, progress
         assert "T0KEN-s3cr3t" not in json.dumps(receiver.bodies)
-        # Last: a gate may fail on a loaded machine (exit 1); the stream and the receiver are checked first.
+        # Last: a gate may fail on a loaded machine (exit 1); the stream and the receiver are
+        # checked first.
         assert done.read_text().strip() in ("0", "5"), screen()
     finally:
         ui.terminate()
@@ -163,6 +209,8 @@ def test_a_rollout_on_an_80_column_terminal_and_in_the_browser(serving: Any, tmp
             stop = time.monotonic() + 300
             while not done.exists() and time.monotonic() < stop:
                 time.sleep(1)
-            subprocess.run([FLEETCTL, "rollout", "abort", "--yes"], capture_output=True, check=False)
+            subprocess.run(
+                [FLEETCTL, "rollout", "abort", "--yes"], capture_output=True, check=False
+            )
         subprocess.run(["tmux", "kill-session", "-t", SESSION], check=False)
         serve(BASE_TAG)

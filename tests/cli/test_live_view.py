@@ -1,6 +1,9 @@
-"""The rollout's live view drawn from a recorded event stream (tests/cli/fixtures), at 80 and 200 columns:
-nothing wraps or overflows, the message keeps at least 30 cells, short tags, the soak's phase k of n and
-its running figures, a header with the time so far and the time left; a tall fleet shows its failed and
+"""The rollout's live view drawn from a recorded event stream (tests/cli/fixtures), at 80 and 200
+columns:
+nothing wraps or overflows, the message keeps at least 30 cells, short tags, the soak's phase k of
+n and
+its running figures, a header with the time so far and the time left; a tall fleet shows its failed
+and
 busy hosts first."""
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ import re
 import socket
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rich.console import Console
@@ -51,7 +55,12 @@ def test_the_recorded_rollout_fits_and_says_what_is_happening(width: int) -> Non
     text = draw(livemodel.replay(FIXTURE.read_text().splitlines(), "rollout"), width)
     assert all(len(ln) <= width for ln in text.splitlines()), text
     rows = table_rows(text)
-    assert [r.split("│")[1].strip() for r in rows] == ["spark-01", "spark-02", "spark-03", "spark-04"], text
+    assert [r.split("│")[1].strip() for r in rows] == [
+        "spark-01",
+        "spark-02",
+        "spark-03",
+        "spark-04",
+    ], text
     assert column_width(text, "message") >= live.MESSAGE_MIN
     # The header: elapsed since the start, hosts done and failed, an estimate of what is left.
     head = text.splitlines()[0]
@@ -93,7 +102,10 @@ def test_a_role_driven_step_streams_its_ansible_tasks_into_the_message() -> None
     model.fold(Event("deploying", "ansible: vllm_serve : pull the image (ok)", "spark-01",
                      {"task": "vllm_serve : pull the image", "ansible": "ok"}), 2.0)
     row = model.snapshot()["hosts"][0]
-    assert row["phase"] == "stopping" and row["cells"]["message"] == "ansible: vllm_serve : pull the image (ok)"
+    assert (
+        row["phase"] == "stopping"
+        and row["cells"]["message"] == "ansible: vllm_serve : pull the image (ok)"
+    )
     model.fold(Event("starting", "", "spark-01", {}), 3.0)
     assert model.snapshot()["hosts"][0]["cells"]["message"] == ""
 
@@ -101,8 +113,18 @@ def test_a_role_driven_step_streams_its_ansible_tasks_into_the_message() -> None
 def test_a_tall_fleet_shows_its_failed_and_busy_hosts_first_and_counts_the_rest() -> None:
     model = livemodel.LiveModel("rollout")
     for i in range(256):
-        phase = "soak" if i % 16 == 5 else "rolled-back" if i == 200 else "done" if i < 100 else "planned"
-        model.fold(Event(phase, "x" * 120, f"sim-{i + 1:03d}", {"wave": 3, "tag": FULL_TAG}), float(i))
+        phase = (
+            "soak"
+            if i % 16 == 5
+            else "rolled-back"
+            if i == 200
+            else "done"
+            if i < 100
+            else "planned"
+        )
+        model.fold(
+            Event(phase, "x" * 120, f"sim-{i + 1:03d}", {"wave": 3, "tag": FULL_TAG}), float(i)
+        )
     text = draw(model, 80, height=30)
     lines = text.splitlines()
     assert len(lines) <= 30 and all(len(ln) <= 80 for ln in lines), text
@@ -122,8 +144,13 @@ def test_the_event_log_replays_to_what_the_live_model_saw(tmp_path: Path) -> Non
         model.fold(event, t)
     log.close()
     assert (tmp_path / "run.jsonl").stat().st_mode & 0o777 == 0o600
-    replayed = livemodel.replay([*(tmp_path / "run.jsonl").read_text().splitlines(), '{"t": 1, "pha'], "rollout")
-    strip = lambda s: [{k: h[k] for k in ("host", "phase", "message", "tag", "figures")} for h in s["hosts"]]  # noqa: E731
+    replayed = livemodel.replay(
+        [*(tmp_path / "run.jsonl").read_text().splitlines(), '{"t": 1, "pha'], "rollout"
+    )
+    def strip(s: dict[str, Any]) -> list[dict[str, Any]]:
+        return [{k: h[k] for k in ("host", "phase", "message", "tag", "figures")}
+                for h in s["hosts"]]
+
     assert strip(replayed.snapshot()) == strip(model.snapshot())
 
 
@@ -155,15 +182,44 @@ def test_before_any_step_is_measured_the_sustained_phase_bounds_the_time_left() 
         model.fold(Event("planned", "", h, {"wave": 1}), 0.0)
     model.fold(Event("stopping", "", "spark-01", {}), 1.0)
     model.fold(Event("soak", "600s sustained", "spark-01", {"sustained_s": 600}), 11.0)
-    # Quick phases first: 4 of 8 phases done after 10 s says nothing of the 600 s sustained phase ahead.
-    model.fold(Event("soak", "c=4", "spark-01", {"step": 5, "steps": 8, "level": "c=4", "requests": 4,
-                                                   "planned_requests": 4, "soak_phase": "sweep"}), 21.0)
+    # Quick phases first: 4 of 8 phases done after 10 s says nothing of the 600 s sustained phase
+    # ahead.
+    model.fold(
+        Event(
+            "soak",
+            "c=4",
+            "spark-01",
+            {
+                "step": 5,
+                "steps": 8,
+                "level": "c=4",
+                "requests": 4,
+                "planned_requests": 4,
+                "soak_phase": "sweep",
+            },
+        ),
+        21.0,
+    )
     left = model.snapshot()["left"]
     # spark-01: 20 s so far + 600 s to come; spark-02 then takes as long.
     assert left == pytest.approx(600 + 620, abs=2)
-    model.fold(Event("soak", "sustained", "spark-01", {"step": 8, "steps": 8, "level": "sustained",
-                                                        "level_elapsed": 300, "level_seconds": 600,
-                                                        "planned_requests": 2000, "requests": 10}), 321.0)
+    model.fold(
+        Event(
+            "soak",
+            "sustained",
+            "spark-01",
+            {
+                "step": 8,
+                "steps": 8,
+                "level": "sustained",
+                "level_elapsed": 300,
+                "level_seconds": 600,
+                "planned_requests": 2000,
+                "requests": 10,
+            },
+        ),
+        321.0,
+    )
     assert model.snapshot()["left"] == pytest.approx(300 + 620, abs=2)
 
 
@@ -173,41 +229,69 @@ PULLS = Path(__file__).parent / "fixtures" / "pull-events.jsonl"
 @pytest.mark.parametrize("width", [80, 200])
 def test_a_recorded_pull_shows_its_bytes_done_of_the_images(width: int) -> None:
     lines = PULLS.read_text().splitlines()
-    # Mid-pull: spark-04 has its bytes in and one layer of two extracted; spark-03 has not started reporting.
-    mid = [ln for ln in lines if json.loads(ln).get("t", 0) <= 9.59 and not json.loads(ln).get("ended")]
+    # Mid-pull: spark-04 has its bytes in and one layer of two extracted; spark-03 has not started
+    # reporting.
+    mid = [
+        ln for ln in lines if json.loads(ln).get("t", 0) <= 9.59 and not json.loads(ln).get("ended")
+    ]
     text = draw(livemodel.replay(mid, "rollout"), width)
     assert all(len(ln) <= width for ln in text.splitlines()), text
     assert column_width(text, "message") >= live.MESSAGE_MIN
     row = next(r for r in table_rows(text) if "spark-04" in r)
     assert "42.8 MB/42.9 MB" in row, text
     if width == 200:
-        assert "█████ 42.8 MB/42.9 MB" in row and "42.8 MB of 42.9 MB, 1/2 layers extracted" in row, text
+        assert (
+            "█████ 42.8 MB/42.9 MB" in row and "42.8 MB of 42.9 MB, 1/2 layers extracted" in row
+        ), text
     snap = livemodel.replay(mid, "rollout").snapshot()
     pulled = {h["host"]: h for h in snap["hosts"]}
     assert pulled["spark-04"]["fraction"] == pytest.approx(42_811_397 / 42_851_403)
     assert pulled["spark-03"]["fraction"] is None and pulled["spark-03"]["state"] == "quiet"
     # Done: the whole image on both.
-    done = draw(livemodel.replay([ln for ln in lines if json.loads(ln).get("t", 0) <= 10.4], "rollout"), width)
+    done = draw(
+        livemodel.replay([ln for ln in lines if json.loads(ln).get("t", 0) <= 10.4], "rollout"),
+        width,
+    )
     assert sum("42.9 MB/42.9 MB" in r for r in table_rows(done)) == 2, done
 
 
 def test_bytes_in_but_layers_still_unpacking_say_extracting() -> None:
     model = livemodel.LiveModel("rollout")
-    model.fold(Event("pull", "", "spark-01", {"bytes": 10, "bytes_total": 10, "layers": 3, "layers_total": 7}), 1.0)
+    model.fold(
+        Event(
+            "pull", "", "spark-01", {"bytes": 10, "bytes_total": 10, "layers": 3, "layers_total": 7}
+        ),
+        1.0,
+    )
     assert model.snapshot()["hosts"][0]["cells"]["progress"] == "█████ extracting 3/7"
     # A registry that gave no sizes: the layers alone.
-    model.fold(Event("pull", "", "spark-02", {"bytes": None, "bytes_total": None, "layers": 1, "layers_total": 4}), 2.0)
+    model.fold(
+        Event(
+            "pull",
+            "",
+            "spark-02",
+            {"bytes": None, "bytes_total": None, "layers": 1, "layers_total": 4},
+        ),
+        2.0,
+    )
     assert model.snapshot()["hosts"][1]["cells"]["figures"] == "1/4 layers"
 
 
 EXAMPLE_INVENTORY = Path(__file__).resolve().parents[2] / "inventory" / "example" / "hosts.yml"
 
 
-def test_a_run_without_a_terminal_streams_its_events_to_a_file_and_serves_its_page(tmp_path: Path) -> None:
-    """--events FILE and --ui PORT: the same events as the run's event log, and the `fleetctl ui` page of this
+def test_a_run_without_a_terminal_streams_its_events_to_a_file_and_serves_its_page(
+    tmp_path: Path,
+) -> None:
+    """--events FILE and --ui PORT: the same events as the run's event log, and the `fleetctl ui`
+    page of this
     run on loopback while it runs (no terminal: a CI job)."""
     err = io.StringIO()
-    ctx = Ctx(err=Console(file=err, width=80, color_system=None), events=str(tmp_path / "events.jsonl"), ui_port=0)
+    ctx = Ctx(
+        err=Console(file=err, width=80, color_system=None),
+        events=str(tmp_path / "events.jsonl"),
+        ui_port=0,
+    )
     recorded = [event_from_json(json.loads(ln))[1] for ln in PULLS.read_text().splitlines()[1:-1]]
     with live.watch(ctx, "rollout", tmp_path, inventory.load(str(EXAMPLE_INVENTORY))) as prog:
         for e in recorded:
@@ -216,7 +300,10 @@ def test_a_run_without_a_terminal_streams_its_events_to_a_file_and_serves_its_pa
         assert m is not None, err.getvalue()
         url = m.group(1)
         snap = json.loads(urllib.request.urlopen(url + "api/live", timeout=30).read())
-        assert {h["host"]: h["phase"] for h in snap["hosts"]} == {"spark-03": "pulled", "spark-04": "pulled"}
+        assert {h["host"]: h["phase"] for h in snap["hosts"]} == {
+            "spark-03": "pulled",
+            "spark-04": "pulled",
+        }
         assert snap["log"].startswith("rollout-") and not snap["ended"]
         page = urllib.request.urlopen(url, timeout=30).read().decode()
         assert "<script" in page
@@ -225,20 +312,32 @@ def test_a_run_without_a_terminal_streams_its_events_to_a_file_and_serves_its_pa
     stream = [json.loads(ln) for ln in (tmp_path / "events.jsonl").read_text().splitlines()]
     log = next(livemodel.events_dir(tmp_path).glob("rollout-*.jsonl"))
     kept = [json.loads(ln) for ln in log.read_text().splitlines()]
-    assert stream[0]["schema"] == 1 and stream[0]["title"] == "rollout" and stream[-1]["ended"] is True
-    drop_t = lambda lines: [{k: v for k, v in ln.items() if k not in ("t", "started")} for ln in lines]  # noqa: E731
+    assert (
+        stream[0]["schema"] == 1 and stream[0]["title"] == "rollout" and stream[-1]["ended"] is True
+    )
+    def drop_t(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [{k: v for k, v in ln.items() if k not in ("t", "started")} for ln in lines]
+
     assert drop_t(stream) == drop_t(kept), "one stream: the file holds what the event log holds"
-    assert [(e["phase"], e["host"], e["data"]) for e in stream[1:-1]] == [(e.phase, e.host, e.data) for e in recorded]
+    assert [(e["phase"], e["host"], e["data"]) for e in stream[1:-1]] == [
+        (e.phase, e.host, e.data) for e in recorded
+    ]
     assert (tmp_path / "events.jsonl").stat().st_mode & 0o777 == 0o600
 
 
-def test_events_on_stdout_with_json_keep_every_line_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_events_on_stdout_with_json_keep_every_line_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     ctx = Ctx(err=Console(file=io.StringIO(), width=80), json=True, events="-")
     with live.streams(ctx, "soak", tmp_path) as sink:
         sink(Event("soak", "c=4", "spark-01", {"step": 3, "steps": 8}))
     ctx.emit({"status": "completed"}, lambda con: None)
     lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
-    assert lines[0]["schema"] == 1 and lines[1]["data"] == {"step": 3, "steps": 8} and lines[2]["ended"] is True
+    assert (
+        lines[0]["schema"] == 1
+        and lines[1]["data"] == {"step": 3, "steps": 8}
+        and lines[2]["ended"] is True
+    )
     assert lines[-1] == {"result": {"status": "completed"}}
     # --json alone is unchanged: one indented object.
     Ctx(json=True).emit({"status": "completed"}, lambda con: None)
@@ -247,7 +346,10 @@ def test_events_on_stdout_with_json_keep_every_line_json(tmp_path: Path, capsys:
 
 def test_an_events_path_that_is_a_directory_is_refused_before_anything(tmp_path: Path) -> None:
     ctx = Ctx(err=Console(file=io.StringIO(), width=80), events=str(tmp_path))
-    with pytest.raises(FleetError, match="not a regular file"), live.watch(ctx, "rollout", tmp_path):
+    with (
+        pytest.raises(FleetError, match="not a regular file"),
+        live.watch(ctx, "rollout", tmp_path),
+    ):
         pass
     assert not livemodel.events_dir(tmp_path).exists()
 
@@ -257,7 +359,10 @@ def test_a_ui_port_in_use_is_refused_before_anything(tmp_path: Path) -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         ctx = Ctx(err=Console(file=io.StringIO(), width=80), ui_port=taken.getsockname()[1])
-        with pytest.raises(FleetError, match=r"cannot listen on 127\.0\.0\.1"), live.watch(ctx, "rollout", tmp_path):
+        with (
+            pytest.raises(FleetError, match=r"cannot listen on 127\.0\.0\.1"),
+            live.watch(ctx, "rollout", tmp_path),
+        ):
             pass
     assert not list(livemodel.events_dir(tmp_path).glob("*.jsonl"))
 
@@ -265,13 +370,36 @@ def test_a_ui_port_in_use_is_refused_before_anything(tmp_path: Path) -> None:
 def test_a_baking_wave_shows_a_bar_per_host_and_the_time_left_under_the_table() -> None:
     model = livemodel.LiveModel("rollout")
     model.fold(Event("done", "pass", "spark-01", {"wave": 1, "tag": FULL_TAG, "health": "ok"}), 1.0)
-    model.fold(Event("baking", "600s under live traffic, against 3 host(s) on the old version", "spark-01",
-                     {"wave": 1, "health": "baking", "bake_s": 600}), 2.0)
-    model.fold(Event("baking", "under live traffic, against 3 host(s) on the old version", "spark-01",
-                     {"wave": 1, "health": "baking", "waited": 240, "timeout": 600}), 242.0)
-    model.fold(Event("baking", "wave 1: 360s left under live traffic, against 3 host(s) on the old version"), 242.0)
+    model.fold(
+        Event(
+            "baking",
+            "600s under live traffic, against 3 host(s) on the old version",
+            "spark-01",
+            {"wave": 1, "health": "baking", "bake_s": 600},
+        ),
+        2.0,
+    )
+    model.fold(
+        Event(
+            "baking",
+            "under live traffic, against 3 host(s) on the old version",
+            "spark-01",
+            {"wave": 1, "health": "baking", "waited": 240, "timeout": 600},
+        ),
+        242.0,
+    )
+    model.fold(
+        Event(
+            "baking", "wave 1: 360s left under live traffic, against 3 host(s) on the old version"
+        ),
+        242.0,
+    )
     snap = model.snapshot()
     row = snap["hosts"][0]
-    assert row["phase"] == "baking" and row["health"] == "baking" and row["fraction"] == pytest.approx(0.4)
+    assert (
+        row["phase"] == "baking"
+        and row["health"] == "baking"
+        and row["fraction"] == pytest.approx(0.4)
+    )
     assert "240/600s" in row["cells"]["progress"]
     assert "360s left" in model.fleet_line

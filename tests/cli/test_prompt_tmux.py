@@ -1,4 +1,5 @@
-"""In a real terminal (tmux, 80x30): a question asked while the live view runs comes under what was printed
+"""In a real terminal (tmux, 80x30): a question asked while the live view runs comes under what was
+printed
 before it, keeps its answer on screen, and the live view starts again below it (not over it)."""
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ print("FINISHED", file=sys.stderr)
 
 
 def screen(session: str) -> str:
-    return subprocess.run(["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["tmux", "capture-pane", "-p", "-t", session], capture_output=True, text=True, check=True
+    ).stdout
 
 
 def wait_for(session: str, text: str) -> str:
@@ -52,16 +54,28 @@ def test_the_question_stays_between_the_plan_and_the_live_view(tmp_path: Path) -
     session = f"fleetctl-ask-{os.getpid()}"
     (tmp_path / "ask.py").write_text(SCRIPT)
     cmd = f"{sys.executable} {tmp_path / 'ask.py'} {tmp_path / 'state'}; sleep 120"
-    subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "30", cmd], check=True,
-                   env={**os.environ, "TERM": "xterm-256color"})
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "80", "-y", "30", cmd],
+        check=True,
+        env={**os.environ, "TERM": "xterm-256color"},
+    )
     try:
         wait_for(session, "[y/N]")
         subprocess.run(["tmux", "send-keys", "-t", session, "y", "Enter"], check=True)
         lines = wait_for(session, "FINISHED").splitlines()
-        at = {name: next(i for i, ln in enumerate(lines) if ln.startswith(name))
-              for name in ("PLAN LINE 1", "PLAN LINE 2", "Roll out 4 host(s) to v0.24.0? [y/N] y", "rollout ")}
+        at = {
+            name: next(i for i, ln in enumerate(lines) if ln.startswith(name))
+            for name in (
+                "PLAN LINE 1",
+                "PLAN LINE 2",
+                "Roll out 4 host(s) to v0.24.0? [y/N] y",
+                "rollout ",
+            )
+        }
         assert list(at.values()) == sorted(at.values()), "\n".join(lines)
-        assert sum(ln.startswith("rollout ") for ln in lines) == 1, "one live view, none left behind"
+        assert sum(ln.startswith("rollout ") for ln in lines) == 1, (
+            "one live view, none left behind"
+        )
         assert any(ln.startswith("│ spark-01 │") and "stopping" in ln for ln in lines)
     finally:
         subprocess.run(["tmux", "kill-session", "-t", session], check=False)

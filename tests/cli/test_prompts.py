@@ -1,4 +1,5 @@
-"""Confirmation prompts read like other tools' (``Roll out 4 host(s) to v0.24.0? [y/N]``), default to no,
+"""Confirmation prompts read like other tools' (``Roll out 4 host(s) to v0.24.0? [y/N]``), default
+to no,
 and short tags replace the dated ones in what people read."""
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ def _asks() -> None:
     click.echo("went ahead")
 
 
-@pytest.mark.parametrize("answer, goes", [("y\n", True), ("yes\n", True), ("\n", False), ("n\n", False)])
+@pytest.mark.parametrize(
+    "answer, goes", [("y\n", True), ("yes\n", True), ("\n", False), ("n\n", False)]
+)
 def test_the_prompt_shows_its_default_and_only_yes_goes_ahead(answer: str, goes: bool) -> None:
     r = CliRunner().invoke(_asks, input=answer)
     assert "Roll out 4 host(s) to v0.24.0? [y/N] " in r.output
@@ -56,10 +59,24 @@ def test_rollback_question_names_the_hosts_and_the_target() -> None:
 
 
 def test_a_result_that_changed_no_host_says_nothing_to_do() -> None:
-    hosts = tuple(HostOutcome(h, -1, fleet_ledger.SKIPPED, "skipped", "v1", None, None, None,
-                              verdict="skipped: already there (serving v1)") for h in ("spark-01", "spark-02"))
+    hosts = tuple(
+        HostOutcome(
+            h,
+            -1,
+            fleet_ledger.SKIPPED,
+            "skipped",
+            "v1",
+            None,
+            None,
+            None,
+            verdict="skipped: already there (serving v1)",
+        )
+        for h in ("spark-01", "spark-02")
+    )
     out = io.StringIO()
-    render_result(RolloutResult("rb-1", "rollback", fleet_ledger.COMPLETED, "r", None, None, None, hosts),
-                  Console(file=out, width=80, color_system=None))
+    render_result(
+        RolloutResult("rb-1", "rollback", fleet_ledger.COMPLETED, "r", None, None, None, hosts),
+        Console(file=out, width=80, color_system=None),
+    )
     assert "rollback: nothing to do (2 host(s) skipped" in out.getvalue()
     assert "spark-02: skipped: already there (serving v1)" in out.getvalue()

@@ -1,4 +1,5 @@
-"""``fleetctl soak baseline show|pin|reset`` on a state dir whose ledger holds baselines (both backends:
+"""``fleetctl soak baseline show|pin|reset`` on a state dir whose ledger holds baselines (both
+backends:
 tests/soak/test_baselines.py)."""
 
 from __future__ import annotations
@@ -29,8 +30,19 @@ def _run(tmp_path: Path, *argv: str) -> tuple[int, str]:
 
 def test_show_pin_and_reset(tmp_path: Path) -> None:
     for i, tok in enumerate((400.0, 410.0, 395.0)):
-        v = Verdict(f"run-{i}", "spark-01", "http://x", Outcome.PASS, "pass", "t0", f"2026-07-0{i + 1}T12:00:00",
-                    1.0, tag=TAG, fingerprint="fp", levels=(LevelSummary("sweep", "c=32", 32, 64, 0, 9.0, tok_s=tok),))
+        v = Verdict(
+            f"run-{i}",
+            "spark-01",
+            "http://x",
+            Outcome.PASS,
+            "pass",
+            "t0",
+            f"2026-07-0{i + 1}T12:00:00",
+            1.0,
+            tag=TAG,
+            fingerprint="fp",
+            levels=(LevelSummary("sweep", "c=32", 32, 64, 0, 9.0, tok_s=tok),),
+        )
         with fleet_ledger.open_ledger(tmp_path) as led:
             baselines.save(led, "spark-01", TAG, v)
     code, out = _run(tmp_path, "show")
@@ -39,9 +51,16 @@ def test_show_pin_and_reset(tmp_path: Path) -> None:
     assert "spark-01" in out and "400 (c=32)" in out
     code, out = _run(tmp_path, "show", "--json")
     shown = json.loads(out)
-    assert shown == [{"host": "spark-01", "tag": TAG, "pinned": False, "runs": ["run-0", "run-1", "run-2"],
-                      "fingerprint": "fp", "levels": {"c=32": {"tok_s": 400.0, "spread": shown[0]["levels"]["c=32"]
-                                                               ["spread"]}}}]
+    assert shown == [
+        {
+            "host": "spark-01",
+            "tag": TAG,
+            "pinned": False,
+            "runs": ["run-0", "run-1", "run-2"],
+            "fingerprint": "fp",
+            "levels": {"c=32": {"tok_s": 400.0, "spread": shown[0]["levels"]["c=32"]["spread"]}},
+        }
+    ]
     code, out = _run(tmp_path, "pin", "--limit", "spark-01", "--tag", TAG, "--json")
     assert code == 0 and json.loads(out)[0]["pinned"] is True, out
     code, out = _run(tmp_path, "pin", "--limit", "spark-02", "--tag", TAG)

@@ -1,5 +1,7 @@
-"""``fleetctl ui`` over real HTTP on loopback: the page and its assets from the package, the run in progress
-from its event log (the same model as the terminal's view), the hosts, the history and a soak report with
+"""``fleetctl ui`` over real HTTP on loopback: the page and its assets from the package, the run in
+progress
+from its event log (the same model as the terminal's view), the hosts, the history and a soak
+report with
 its charts; read-only, and nothing outside the state dir's run artifacts is served."""
 
 from __future__ import annotations
@@ -35,18 +37,57 @@ HOSTS = ("spark-01", "spark-02", "spark-03", "spark-04")
 
 
 def make_state(state: Path) -> None:
-    """A ledger with one rollout, the gate's verdict of spark-01, and the recorded run as the newest event log."""
+    """A ledger with one rollout, the gate's verdict of spark-01, and the recorded run as the
+    newest event log."""
     with fleet_ledger.open_ledger(state) as led:
-        led.create(RID, kind="rollout", recipe="qwen36-35b-heretic", requested="v0.24.0", tag=TAG, digest=DIGEST,
-                   image="img", options={}, command="fleetctl rollout --tag v0.24.0", waves=[list(HOSTS)],
-                   hosts=[{"host": h, "wave": 0, "step": 0, "status": fleet_ledger.PENDING, "before_tag": OLD_TAG,
-                           "before_digest": DIGEST, "target_tag": TAG, "target_digest": DIGEST} for h in HOSTS])
-        led.host_phase(RID, "spark-01", "done", "pass", status=fleet_ledger.DONE, after_tag=TAG, after_digest=DIGEST)
+        led.create(
+            RID,
+            kind="rollout",
+            recipe="qwen36-35b-heretic",
+            requested="v0.24.0",
+            tag=TAG,
+            digest=DIGEST,
+            image="img",
+            options={},
+            command="fleetctl rollout --tag v0.24.0",
+            waves=[list(HOSTS)],
+            hosts=[
+                {
+                    "host": h,
+                    "wave": 0,
+                    "step": 0,
+                    "status": fleet_ledger.PENDING,
+                    "before_tag": OLD_TAG,
+                    "before_digest": DIGEST,
+                    "target_tag": TAG,
+                    "target_digest": DIGEST,
+                }
+                for h in HOSTS
+            ],
+        )
+        led.host_phase(
+            RID,
+            "spark-01",
+            "done",
+            "pass",
+            status=fleet_ledger.DONE,
+            after_tag=TAG,
+            after_digest=DIGEST,
+        )
     soak = state / "runs" / RID / "soak-spark-01"
     soak.mkdir(parents=True)
-    v = Verdict("soak-1", "spark-01", "http://10.0.0.1:8000", Outcome.PASS, "pass: 220 requests, 0 errors",
-                "2026-07-01T12:00:00Z", "2026-07-01T12:01:00Z", 60.0, tag=TAG,
-                checks=(CheckResult("errors", Outcome.PASS, "0 of 220 requests failed"),))
+    v = Verdict(
+        "soak-1",
+        "spark-01",
+        "http://10.0.0.1:8000",
+        Outcome.PASS,
+        "pass: 220 requests, 0 errors",
+        "2026-07-01T12:00:00Z",
+        "2026-07-01T12:01:00Z",
+        60.0,
+        tag=TAG,
+        checks=(CheckResult("errors", Outcome.PASS, "0 of 220 requests failed"),),
+    )
     (soak / "verdict.json").write_text(json.dumps(to_dict(v)))
     events = livemodel.events_dir(state)
     events.mkdir(parents=True)
@@ -83,7 +124,9 @@ def get(url: str) -> tuple[int, str, str]:
 def test_the_page_and_its_assets_come_from_the_package(served: Served) -> None:
     status, ctype, page = get(served.url + "/")
     assert status == 200 and ctype.startswith("text/html")
-    assert '<script src="/app.js">' in page and "http" not in page.replace('"http-equiv', ""), "no CDN"
+    assert '<script src="/app.js">' in page and "http" not in page.replace('"http-equiv', ""), (
+        "no CDN"
+    )
     assert get(served.url + "/app.js")[1].startswith("text/javascript")
     assert get(served.url + "/style.css")[1].startswith("text/css")
 
@@ -104,11 +147,20 @@ def test_hosts_history_and_a_soak_report(served: Served) -> None:
     hosts = json.loads(get(served.url + "/api/hosts")[2])
     assert [h["host"] for h in hosts] == list(inventory.load(str(EXAMPLE_INVENTORY)).hosts)
     first = next(h for h in hosts if h["host"] == "spark-01")
-    assert first["last"]["run"] == RID and first["last"]["status"] == fleet_ledger.DONE and first["last"]["tag"] == TAG
+    assert (
+        first["last"]["run"] == RID
+        and first["last"]["status"] == fleet_ledger.DONE
+        and first["last"]["tag"] == TAG
+    )
     history = json.loads(get(served.url + "/api/history")[2])
     assert [r["id"] for r in history] == [RID] and len(history[0]["hosts"]) == 4
     status, ctype, page = get(f"{served.url}/report/{RID}/spark-01")
-    assert status == 200 and ctype.startswith("text/html") and "fleetctl soak" in page and "spark-01" in page
+    assert (
+        status == 200
+        and ctype.startswith("text/html")
+        and "fleetctl soak" in page
+        and "spark-01" in page
+    )
     assert get(f"{served.url}/report/{RID}/spark-02")[0] == 404, "no verdict: no report"
     assert get(f"{served.url}/report/ro-nope/spark-01")[0] == 404
 
@@ -130,8 +182,22 @@ def test_a_state_dir_without_runs_says_so(tmp_path: Path) -> None:
 def test_the_command_prints_its_url_as_json_and_serves_on_loopback(tmp_path: Path) -> None:
     make_state(tmp_path)
     env = {**os.environ, "FLEETCTL_STATE_DIR": str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-m", "fleetctl.cli.main", "-i", str(EXAMPLE_INVENTORY), "ui",
-                             "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fleetctl.cli.main",
+            "-i",
+            str(EXAMPLE_INVENTORY),
+            "ui",
+            "--port",
+            "0",
+            "--json",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
     try:
         assert proc.stdout is not None
         text = b""

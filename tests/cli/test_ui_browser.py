@@ -1,5 +1,7 @@
-"""The web view in a real browser (Debian's ``chromium``, headless): every host's phase is on the page, the
-page updates itself as the run's event log grows, a screenshot is drawn, and the console has no errors."""
+"""The web view in a real browser (Debian's ``chromium``, headless): every host's phase is on the
+page, the
+page updates itself as the run's event log grows, a screenshot is drawn, and the console has no
+errors."""
 
 from __future__ import annotations
 
@@ -20,11 +22,14 @@ from fleetctl.progress import Event, event_json
 from .test_ui import EXAMPLE_INVENTORY, HOSTS, make_state
 
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (scripts/bootstrap.sh installs it)")
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="needs Debian's chromium (scripts/bootstrap.sh installs it)"
+)
 
 
 class MovingFleet(ui.Fleet):
-    """The real Fleet; after the page's first look at the run, the run moves on: spark-04's step starts
+    """The real Fleet; after the page's first look at the run, the run moves on: spark-04's step
+    starts
     (one more line in the event log, as the rollout would write it)."""
 
     def __init__(self, *a: Any) -> None:
@@ -37,7 +42,12 @@ class MovingFleet(ui.Fleet):
         if self.looks == 1:
             log = next(livemodel.events_dir(self.state_dir).glob("*.jsonl"))
             with log.open("a") as f:
-                f.write(json.dumps(event_json(Event("stopping", "v0.23.0", "spark-04", {"wave": 2}), 300.0)) + "\n")
+                f.write(
+                    json.dumps(
+                        event_json(Event("stopping", "v0.23.0", "spark-04", {"wave": 2}), 300.0)
+                    )
+                    + "\n"
+                )
         return out
 
 
@@ -57,11 +67,26 @@ def page(tmp_path: Path) -> Iterator[tuple[str, MovingFleet]]:
 
 def chromium(*args: str) -> subprocess.CompletedProcess[str]:
     assert CHROMIUM is not None
-    return subprocess.run([CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr",
-                           "--v=0", *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--enable-logging=stderr",
+            "--v=0",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
 
 
-def test_the_page_shows_every_host_and_updates_as_the_run_moves(page: tuple[str, MovingFleet]) -> None:
+def test_the_page_shows_every_host_and_updates_as_the_run_moves(
+    page: tuple[str, MovingFleet],
+) -> None:
     url, fleet = page
     # Five seconds of the page's own time: it polls the run every second.
     r = chromium("--virtual-time-budget=5000", "--dump-dom", url)
@@ -86,4 +111,6 @@ def test_a_screenshot_is_drawn(page: tuple[str, MovingFleet], tmp_path: Path) ->
                  f"--screenshot={shot}", url)
     assert r.returncode == 0, r.stderr[-2000:]
     data = shot.read_bytes()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, "a page with content, not a blank one"
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, (
+        "a page with content, not a blank one"
+    )

@@ -1,4 +1,5 @@
-"""`fleetctl recipes` and `fleetctl status --json` on an inventory with a unit (a copy of the example, in tmp)."""
+"""`fleetctl recipes` and `fleetctl status --json` on an inventory with a unit (a copy of the
+example, in tmp)."""
 
 from __future__ import annotations
 
@@ -42,7 +43,9 @@ def fleet(tmp_path: Path) -> Callable[..., Path]:
                 h["fleetctl_fabric"] = {"addresses": [f"192.168.177.{11 + i}"]}
         hosts["all"]["children"]["unit_pair_a"] = {"hosts": {m: None for m in members}}
         # in group_vars/, not the hosts file's vars: Ansible ranks group_vars/all above those
-        (inv / "group_vars" / "unit_pair_a.yml").write_text("fleetctl_unit: pair-a\nfleetctl_recipe: glm-pair\n")
+        (inv / "group_vars" / "unit_pair_a.yml").write_text(
+            "fleetctl_unit: pair-a\nfleetctl_recipe: glm-pair\n"
+        )
         if edit:
             edit(hosts)
         (inv / "hosts.yml").write_text(yaml.safe_dump(hosts))
@@ -79,28 +82,47 @@ def test_recipes_lists_the_unit_and_its_topology(fleet: Callable[..., Path],
     assert doc["recipes"]["glm-pair"]["topology"]["nodes"] == 2
     assert doc["recipes"]["qwen35-35b-bf16"]["topology"]["nodes"] == 1
     unit = doc["units"]["pair-a"]
-    assert unit["members"] == ["spark-03", "spark-04"] and unit["head"] == "spark-03" and unit["recipe"] == "glm-pair"
+    assert (
+        unit["members"] == ["spark-03", "spark-04"]
+        and unit["head"] == "spark-03"
+        and unit["recipe"] == "glm-pair"
+    )
     assert unit["fabric"]["spark-04"]["addresses"] == ["192.168.177.14"]
     assert unit["fabric"]["spark-04"]["hcas"] == ["rocep1s0f1", "roceP2p1s0f1"]
     launch = {m["host"]: m for m in unit["launch"]}
-    assert [m["host"] for m in unit["launch"]] == ["spark-04", "spark-03"]  # native: the worker first
-    assert launch["spark-04"]["argv"][-1] == "--headless" and launch["spark-04"]["env"]["VLLM_HOST_IP"] == "192.168.177.14"
-    assert launch["spark-03"]["env"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1" and launch["spark-03"]["role"] == "head"
+    assert [m["host"] for m in unit["launch"]] == [
+        "spark-04",
+        "spark-03",
+    ]  # native: the worker first
+    assert (
+        launch["spark-04"]["argv"][-1] == "--headless"
+        and launch["spark-04"]["env"]["VLLM_HOST_IP"] == "192.168.177.14"
+    )
+    assert (
+        launch["spark-03"]["env"]["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
+        and launch["spark-03"]["role"] == "head"
+    )
     code, out, _ = run(hosts, "recipes")
     assert code == 0 and "unit pair-a: spark-03, spark-04 (head spark-03), recipe glm-pair" in out
     assert max(len(line) for line in out.splitlines()) <= 80
 
 
-def test_a_recipe_of_another_size_than_its_unit_is_refused(fleet: Callable[..., Path],
-                                                           run: Callable[..., tuple[int, str, str]]) -> None:
+def test_a_recipe_of_another_size_than_its_unit_is_refused(
+    fleet: Callable[..., Path], run: Callable[..., tuple[int, str, str]]
+) -> None:
     code, _out, err = run(fleet(recipe_nodes=4), "recipes")
     assert code == 2
-    assert "spark-03: recipe 'glm-pair' spans 4 node(s) but unit 'pair-a' has 2 members (spark-03, spark-04)" in err
+    assert (
+        "spark-03: recipe 'glm-pair' spans 4 node(s) but unit 'pair-a' has 2 members (spark-03, "
+        "spark-04)"
+        in err
+    )
     assert "topology: {nodes: 2}" in err
 
 
-def test_a_unit_recipe_on_a_single_host_is_refused(fleet: Callable[..., Path],
-                                                   run: Callable[..., tuple[int, str, str]]) -> None:
+def test_a_unit_recipe_on_a_single_host_is_refused(
+    fleet: Callable[..., Path], run: Callable[..., tuple[int, str, str]]
+) -> None:
     def single(hosts: dict[str, Any]) -> None:
         hosts["all"]["children"]["sparks"]["hosts"]["spark-01"]["fleetctl_recipe"] = "glm-pair"
     code, _, err = run(fleet(edit=single), "recipes", "--json")
@@ -108,20 +130,32 @@ def test_a_unit_recipe_on_a_single_host_is_refused(fleet: Callable[..., Path],
     assert "spark-01: recipe 'glm-pair' spans 2 nodes but the host is in no unit" in err
 
 
-def test_members_with_different_recipes_are_refused(fleet: Callable[..., Path],
-                                                    run: Callable[..., tuple[int, str, str]]) -> None:
+def test_members_with_different_recipes_are_refused(
+    fleet: Callable[..., Path], run: Callable[..., tuple[int, str, str]]
+) -> None:
     def split(hosts: dict[str, Any]) -> None:
-        hosts["all"]["children"]["sparks"]["hosts"]["spark-04"]["fleetctl_recipe"] = "gemma4-26b-a4b"
+        hosts["all"]["children"]["sparks"]["hosts"]["spark-04"]["fleetctl_recipe"] = (
+            "gemma4-26b-a4b"
+        )
+
     code, _, err = run(fleet(edit=split), "recipes")
-    assert code == 2 and "members of unit 'pair-a' serve different recipes" in err and "spark-04" in err
+    assert (
+        code == 2
+        and "members of unit 'pair-a' serve different recipes" in err
+        and "spark-04" in err
+    )
 
 
-def test_a_host_in_two_units_is_refused_by_every_command(fleet: Callable[..., Path],
-                                                         run: Callable[..., tuple[int, str, str]]) -> None:
+def test_a_host_in_two_units_is_refused_by_every_command(
+    fleet: Callable[..., Path], run: Callable[..., tuple[int, str, str]]
+) -> None:
     def two(hosts: dict[str, Any]) -> None:
         hosts["all"]["children"]["unit_pair_b"] = {"hosts": {"spark-04": None, "spark-02": None},
                                                    "vars": {"fleetctl_unit": "pair-b"}}
-        hosts["all"]["children"]["sparks"]["hosts"]["spark-02"]["fleetctl_fabric"] = {"addresses": ["192.168.177.9"]}
+        hosts["all"]["children"]["sparks"]["hosts"]["spark-02"]["fleetctl_fabric"] = {
+            "addresses": ["192.168.177.9"]
+        }
+
     hosts = fleet(edit=two)
     for argv in (["recipes"], ["status"]):
         code, out, _err = run(hosts, *argv, "--json")
@@ -136,7 +170,11 @@ def test_status_json_carries_each_hosts_unit(fleet: Callable[..., Path],
     assert code == 1  # every host is unreachable (a closed port): reported, not raised
     doc = json.loads(out)
     assert {n: (s["unit"], s["unit_rank"]) for n, s in doc.items()} == {
-        "spark-01": (None, None), "spark-02": (None, None), "spark-03": ("pair-a", 0), "spark-04": ("pair-a", 1)}
+        "spark-01": (None, None),
+        "spark-02": (None, None),
+        "spark-03": ("pair-a", 0),
+        "spark-04": ("pair-a", 1),
+    }
     assert all(not s["reachable"] for s in doc.values())
     code, out, _ = run(fleet(), "status", "--timeout", "3")
     assert "unit pair-a: spark-03 (head), spark-04" in out
@@ -144,11 +182,22 @@ def test_status_json_carries_each_hosts_unit(fleet: Callable[..., Path],
 
 def test_a_pair_recipe_on_single_hosts_is_refused_before_any_change(
         fleet: Callable[..., Path], run: Callable[..., tuple[int, str, str]]) -> None:
-    """Refused before a lock, a registry call or a host is touched (every host here is a closed port and
+    """Refused before a lock, a registry call or a host is touched (every host here is a closed
+    port and
     there is no registry: anything further would fail otherwise)."""
     hosts = fleet()
-    code, out, _ = run(hosts, "rollout", "--tag", "v0.24.0", "--limit", "spark-01,spark-02", "--recipe", "glm-pair",
-                       "--yes", "--json")
+    code, out, _ = run(
+        hosts,
+        "rollout",
+        "--tag",
+        "v0.24.0",
+        "--limit",
+        "spark-01,spark-02",
+        "--recipe",
+        "glm-pair",
+        "--yes",
+        "--json",
+    )
     assert code == 2
     error = json.loads(out)["error"]
     assert "recipe 'glm-pair' refused before any change: it spans 2 nodes" in error["cause"], error
@@ -157,10 +206,13 @@ def test_a_pair_recipe_on_single_hosts_is_refused_before_any_change(
     assert code == 0 and json.loads(out) == []  # nothing was recorded: no rollout began
 
 
-def test_a_hand_run_soak_and_its_baselines_take_a_unit_as_one(fleet: Callable[..., Path], tmp_path: Path,
-                                                              run: Callable[..., tuple[int, str, str]]) -> None:
-    """`fleetctl soak` on a unit's member soaks the unit once, through its head, against the unit's own
-    baseline (the key the rollout's gate keeps it under); `soak baseline` shows and resets the unit's."""
+def test_a_hand_run_soak_and_its_baselines_take_a_unit_as_one(
+    fleet: Callable[..., Path], tmp_path: Path, run: Callable[..., tuple[int, str, str]]
+) -> None:
+    """`fleetctl soak` on a unit's member soaks the unit once, through its head, against the unit's
+    own
+    baseline (the key the rollout's gate keeps it under); `soak baseline` shows and resets the
+    unit's."""
     from fleetctl import inventory as inv_mod
     from fleetctl import paths
     from fleetctl.cli import soak as soak_cli
@@ -169,16 +221,27 @@ def test_a_hand_run_soak_and_its_baselines_take_a_unit_as_one(fleet: Callable[..
 
     hosts = fleet()
     inv = inv_mod.load(hosts)
-    assert [h.name for h in soak_cli.unit_heads(inv, inv.select("spark-04,spark-01"))] == ["spark-01", "spark-03"]
-    assert [h.name for h in soak_cli.unit_heads(inv, inv.select("spark-04,spark-03"))] == ["spark-03"]
+    assert [h.name for h in soak_cli.unit_heads(inv, inv.select("spark-04,spark-01"))] == [
+        "spark-01",
+        "spark-03",
+    ]
+    assert [h.name for h in soak_cli.unit_heads(inv, inv.select("spark-04,spark-03"))] == [
+        "spark-03"
+    ]
     assert soak_cli.baseline_keys(inv, "spark-04,spark-02,spark-03") == ["spark-02", "unit:pair-a"]
     with baselines.open_for(inv, paths.state_dir(inv.path)) as store:
-        baselines.save(store, baselines.unit_key("pair-a"), "v1", sweep("r1", 120.0, host="spark-03"))
+        baselines.save(
+            store, baselines.unit_key("pair-a"), "v1", sweep("r1", 120.0, host="spark-03")
+        )
         baselines.save(store, "spark-03", "v1", sweep("r2", 60.0, host="spark-03"))
     code, out, err = run(hosts, "soak", "baseline", "show", "--limit", "spark-04", "--json")
     assert code == 0, err
-    assert [(w["host"], w["tag"], w["runs"]) for w in json.loads(out)] == [("unit:pair-a", "v1", ["r1"])]
-    code, out, err = run(hosts, "soak", "baseline", "reset", "--limit", "spark-03", "--tag", "v1", "--json")
+    assert [(w["host"], w["tag"], w["runs"]) for w in json.loads(out)] == [
+        ("unit:pair-a", "v1", ["r1"])
+    ]
+    code, out, err = run(
+        hosts, "soak", "baseline", "reset", "--limit", "spark-03", "--tag", "v1", "--json"
+    )
     assert code == 0 and json.loads(out) == {"unit:pair-a": True}, err
     with baselines.open_for(inv, paths.state_dir(inv.path)) as store:
         assert baselines.windows(store, "spark-03") and not baselines.windows(store, "unit:pair-a")

@@ -30,7 +30,9 @@ def test_the_execution_environment_installs_the_tarball_the_build_writes() -> No
     ee = _yaml("execution-environment.yml")
     assert isinstance(ee, dict) and ee["version"] == 3
     assert [f["src"] for f in ee["additional_build_files"]] == [f"dist/{tarball}"]
-    assert [c["name"] for c in ee["dependencies"]["galaxy"]["collections"]] == [f"/build/collections/{tarball}"]
+    assert [c["name"] for c in ee["dependencies"]["galaxy"]["collections"]] == [
+        f"/build/collections/{tarball}"
+    ]
     # The collection needs nothing from Galaxy; requirements.yml and galaxy.yml say so together.
     req = _yaml("requirements.yml")
     assert isinstance(req, dict) and req["collections"] == [] and galaxy["dependencies"] == {}
@@ -52,6 +54,8 @@ def test_the_build_leaves_out_everything_but_ansible_content() -> None:
     assert isinstance(galaxy, dict)
     ignored = set(galaxy["build_ignore"])
     kept = {"roles", "playbooks", "plugins", "meta", "docs", "galaxy.yml"}
-    tracked_top = {p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name in {".ci"}} - {"dist", "build"}
+    tracked_top = {
+        p.name for p in ROOT.iterdir() if not p.name.startswith(".") or p.name in {".ci"}
+    } - {"dist", "build"}
     assert not tracked_top - kept - ignored, sorted(tracked_top - kept - ignored)
     assert Path(ROOT / str(galaxy["readme"])).is_file()

@@ -17,7 +17,8 @@ from fleetctl.frontdoor.haproxy import HAProxy
 
 
 class Backend:
-    """An HTTP server on 127.0.0.1: /health answers 200, /hold waits until released, /metrics counts them
+    """An HTTP server on 127.0.0.1: /health answers 200, /hold waits until released, /metrics
+    counts them
     as vLLM's ``vllm:num_requests_running`` does."""
 
     def __init__(self, port: int = 0) -> None:
@@ -80,8 +81,11 @@ def free_port() -> int:
 
 
 @contextmanager
-def haproxy(tmp: Path, servers: dict[str, int], backend: str = "vllm") -> Iterator[tuple[Path, int]]:
-    """A real haproxy in the foreground (-db) with an admin stats socket; yields (socket path, frontend port)."""
+def haproxy(
+    tmp: Path, servers: dict[str, int], backend: str = "vllm"
+) -> Iterator[tuple[Path, int]]:
+    """A real haproxy in the foreground (-db) with an admin stats socket; yields (socket path,
+    frontend port)."""
     exe = shutil.which("haproxy") or "/usr/sbin/haproxy"
     sock = tmp / "admin.sock"
     port = free_port()
@@ -104,7 +108,9 @@ backend {backend}
   option httpchk GET /health
 {lines}
 """)
-    proc = subprocess.Popen([exe, "-f", str(cfg), "-db"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [exe, "-f", str(cfg), "-db"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
     try:
         deadline = time.monotonic() + 30
         while not sock.exists():
@@ -124,7 +130,8 @@ backend {backend}
 
 @dataclass
 class Pool:
-    """A real haproxy on loopback whose backend ``vllm`` has one server per host name, each a :class:`Backend`."""
+    """A real haproxy on loopback whose backend ``vllm`` has one server per host name, each a
+    :class:`Backend`."""
 
     door: HAProxy
     backends: dict[str, Backend]
@@ -140,7 +147,8 @@ class Pool:
 
 @contextmanager
 def loopback_pool(tmp: Path, names: Sequence[str]) -> Iterator[Pool]:
-    """:func:`haproxy` before one :class:`Backend` per name, every server in rotation; all closed after."""
+    """:func:`haproxy` before one :class:`Backend` per name, every server in rotation; all closed
+    after."""
     from fleetctl.frontdoor.drain import wait_in_rotation
     from fleetctl.inventory import Host
 

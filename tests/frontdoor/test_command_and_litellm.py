@@ -1,5 +1,7 @@
-"""The command-hook front door (a real shell script keeping a pool file) and the LiteLLM front door against
-a loopback server speaking LiteLLM's documented management API (LiteLLM's proxy keeps added models only in
+"""The command-hook front door (a real shell script keeping a pool file) and the LiteLLM front door
+against
+a loopback server speaking LiteLLM's documented management API (LiteLLM's proxy keeps added models
+only in
 its Prisma database, whose engine cannot be installed here: see docs/frontdoor.md)."""
 
 from __future__ import annotations
@@ -30,10 +32,12 @@ case "$FLEETCTL_FD_ACTION" in
   state)   if grep -qx "$FLEETCTL_FD_HOST" "$pool.out"; then echo "drain healthy"; else echo "ready healthy"; fi ;;
   *) echo "unknown action $FLEETCTL_FD_ACTION" >&2; exit 3 ;;
 esac
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 
-def test_command_hook_gets_host_address_and_action(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_command_hook_gets_host_address_and_action(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     script = tmp_path / "pool.sh"
     script.write_text(HOOK)
     script.chmod(0o755)
@@ -54,23 +58,39 @@ def test_command_hook_failure_names_host_action_and_stderr(tmp_path: Path) -> No
     with pytest.raises(FrontDoorError) as e:
         door.drain(A)
     msg = e.value.message()
-    assert msg.startswith("spark-01:") and "drain" in msg and "exit 4" in msg and "pool web not found" in msg
+    assert (
+        msg.startswith("spark-01:")
+        and "drain" in msg
+        and "exit 4" in msg
+        and "pool web not found" in msg
+    )
     bad = build({"type": "command", "command": "echo lots"})
     with pytest.raises(FrontDoorError, match="not a whole number"):
         bad.in_flight(A)
 
 
-@pytest.mark.parametrize(("raw", "words"), [
-    ({"type": "nginx"}, ["type is 'nginx'", "haproxy, litellm or command"]),
-    ({"type": "haproxy", "backend": "vllm"}, ["exactly one of socket and address"]),
-    ({"type": "haproxy", "backend": "vllm", "address": "lb:port"}, ["address is 'lb:port'", "HOST:PORT"]),
-    ({"type": "haproxy", "socket": "/s"}, ["backend is missing"]),
-    ({"type": "haproxy", "socket": "/s", "backend": "b", "timeout": 0}, ["timeout is 0"]),
-    ({"type": "haproxy", "socket": "/s", "backend": "b", "sever": {}}, ["unknown field(s) sever"]),
-    ({"type": "litellm", "url": "proxy:4000", "model_name": "q"}, ["url is 'proxy:4000'"]),
-    ({"type": "command"}, ["command is missing"]),
-])
-def test_settings_mistakes_are_one_message_naming_the_field(raw: dict[str, Any], words: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("raw", "words"),
+    [
+        ({"type": "nginx"}, ["type is 'nginx'", "haproxy, litellm or command"]),
+        ({"type": "haproxy", "backend": "vllm"}, ["exactly one of socket and address"]),
+        (
+            {"type": "haproxy", "backend": "vllm", "address": "lb:port"},
+            ["address is 'lb:port'", "HOST:PORT"],
+        ),
+        ({"type": "haproxy", "socket": "/s"}, ["backend is missing"]),
+        ({"type": "haproxy", "socket": "/s", "backend": "b", "timeout": 0}, ["timeout is 0"]),
+        (
+            {"type": "haproxy", "socket": "/s", "backend": "b", "sever": {}},
+            ["unknown field(s) sever"],
+        ),
+        ({"type": "litellm", "url": "proxy:4000", "model_name": "q"}, ["url is 'proxy:4000'"]),
+        ({"type": "command"}, ["command is missing"]),
+    ],
+)
+def test_settings_mistakes_are_one_message_naming_the_field(
+    raw: dict[str, Any], words: list[str]
+) -> None:
     with pytest.raises(FrontDoorError) as e:
         build(raw)
     msg = e.value.message()
@@ -80,7 +100,8 @@ def test_settings_mistakes_are_one_message_naming_the_field(raw: dict[str, Any],
 
 
 class FakeLiteLLM:
-    """LiteLLM proxy's management endpoints as its API reference documents them, in memory, on loopback."""
+    """LiteLLM proxy's management endpoints as its API reference documents them, in memory, on
+    loopback."""
 
     def __init__(self, key: str) -> None:
         self.models: list[dict[str, Any]] = []
@@ -108,15 +129,29 @@ class FakeLiteLLM:
                 if self.path == "/model/info":
                     self._reply(200, {"data": proxy.models})
                 elif self.path.startswith("/health"):
-                    eps = [{"model": m["litellm_params"]["model"], "api_base": m["litellm_params"]["api_base"]}
-                           for m in proxy.models]
-                    self._reply(200, {"healthy_endpoints": [e for e in eps if e["api_base"] in proxy.healthy],
-                                      "unhealthy_endpoints": [e for e in eps if e["api_base"] not in proxy.healthy]})
+                    eps = [
+                        {
+                            "model": m["litellm_params"]["model"],
+                            "api_base": m["litellm_params"]["api_base"],
+                        }
+                        for m in proxy.models
+                    ]
+                    self._reply(
+                        200,
+                        {
+                            "healthy_endpoints": [e for e in eps if e["api_base"] in proxy.healthy],
+                            "unhealthy_endpoints": [
+                                e for e in eps if e["api_base"] not in proxy.healthy
+                            ],
+                        },
+                    )
                 else:
                     self._reply(404, {"detail": "Not Found"})
 
             def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                body = json.loads(
+                    self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}"
+                )
                 proxy.calls.append(f"POST {self.path}")
                 if not self._authorised():
                     return
@@ -128,8 +163,13 @@ class FakeLiteLLM:
                         return
                     self._reply(200, {"message": f"Model: {body['id']} deleted successfully"})
                 elif self.path == "/model/new":
-                    proxy.models.append({"model_name": body["model_name"], "litellm_params": body["litellm_params"],
-                                         "model_info": body.get("model_info") or {"id": "generated"}})
+                    proxy.models.append(
+                        {
+                            "model_name": body["model_name"],
+                            "litellm_params": body["litellm_params"],
+                            "model_info": body.get("model_info") or {"id": "generated"},
+                        }
+                    )
                     self._reply(200, {"model_id": body.get("model_info", {}).get("id")})
                 else:
                     self._reply(404, {"detail": "Not Found"})
@@ -146,17 +186,29 @@ def proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeLiteLLM]:
     p = FakeLiteLLM("sk-test-master")
     for h in (A, B):
         base = f"http://{h.address}:8000/v1"
-        p.models.append({"model_name": "qwen3", "litellm_params": {"model": "hosted_vllm/qwen3", "api_base": base,
-                                                                   "api_key": "sk-vllm-secret"},
-                         "model_info": {"id": f"dep-{h.name}"}})
+        p.models.append(
+            {
+                "model_name": "qwen3",
+                "litellm_params": {
+                    "model": "hosted_vllm/qwen3",
+                    "api_base": base,
+                    "api_key": "sk-vllm-secret",
+                },
+                "model_info": {"id": f"dep-{h.name}"},
+            }
+        )
         p.healthy.add(base)
     yield p
     p.server.shutdown()
     p.server.server_close()
 
 
-def test_litellm_drain_deletes_the_hosts_deployment_and_readmit_adds_it_back(proxy: FakeLiteLLM) -> None:
-    door = build({"type": "litellm", "url": proxy.url, "model_name": "qwen3", "api_key_env": "VLLM_KEY"})
+def test_litellm_drain_deletes_the_hosts_deployment_and_readmit_adds_it_back(
+    proxy: FakeLiteLLM,
+) -> None:
+    door = build(
+        {"type": "litellm", "url": proxy.url, "model_name": "qwen3", "api_key_env": "VLLM_KEY"}
+    )
     assert isinstance(door, LiteLLM)
     st = door.state(A)
     assert (st.admin, st.healthy, st.in_flight) == (READY, True, None)
@@ -179,8 +231,9 @@ def test_litellm_drain_deletes_the_hosts_deployment_and_readmit_adds_it_back(pro
     assert door.state(B).healthy is False
 
 
-def test_litellm_without_the_master_key_says_which_variable(proxy: FakeLiteLLM,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_litellm_without_the_master_key_says_which_variable(
+    proxy: FakeLiteLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("LITELLM_MASTER_KEY")
     door = build({"type": "litellm", "url": proxy.url, "model_name": "qwen3"})
     with pytest.raises(FrontDoorError) as e:
@@ -193,7 +246,8 @@ def test_the_inventory_configures_the_door(tmp_path: Path) -> None:
     from fleetctl.frontdoor import from_inventory
 
     def fleet(name: str, text: str | None) -> inventory.Inventory:
-        # A new directory each time: ansible-core caches a directory's vars files within one process.
+        # A new directory each time: ansible-core caches a directory's vars files within one
+        # process.
         d = tmp_path / name
         (d / "group_vars" / "all").mkdir(parents=True)
         (d / "hosts.yml").write_text("all:\n  hosts:\n    spark-01: {ansible_host: 10.1.0.11}\n")

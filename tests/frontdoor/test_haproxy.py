@@ -30,7 +30,9 @@ def _state_column(door: HAProxy, server: str, column: str) -> str:
     return door.servers_state()[server][column]
 
 
-def test_drain_sets_admin_state_8_and_ready_clears_it(fleet: tuple[HAProxy, dict[str, Backend], int]) -> None:
+def test_drain_sets_admin_state_8_and_ready_clears_it(
+    fleet: tuple[HAProxy, dict[str, Backend], int],
+) -> None:
     door, backends, port = fleet
     assert door.state(A).admin == READY and door.state(A).healthy is True
     door.drain(A)
@@ -80,8 +82,9 @@ def test_in_flight_sessions_are_counted_and_the_drain_waits_for_them(
     assert wait_in_rotation(door, A, 30).in_rotation and wait_in_rotation(door, B, 30).in_rotation
 
 
-def test_unknown_server_and_dead_socket_are_one_message(fleet: tuple[HAProxy, dict[str, Backend], int],
-                                                        tmp_path: Path) -> None:
+def test_unknown_server_and_dead_socket_are_one_message(
+    fleet: tuple[HAProxy, dict[str, Backend], int], tmp_path: Path
+) -> None:
     door, _, _ = fleet
     ghost = Host("spark-09", "127.0.0.9")
     with pytest.raises(FrontDoorError) as e:

@@ -33,7 +33,8 @@ READY_TIMEOUT = 120.0
 def _fetch_script(mirror: str, repo: str, revision: str, dest: str) -> str:
     """Shell that copies one revision from the weights mirror, file by file from its manifest."""
     base = f"{mirror}/{repo}/{revision}"
-    listing = 'python3 -c \'import json,sys; print(" ".join(f["path"] for f in json.load(sys.stdin)["files"]))\''
+    listing = ('python3 -c \'import json,sys; print(" ".join(f["path"] for f in '
+               'json.load(sys.stdin)["files"]))\'')
     return (
         f"set -e; rm -rf {dest}; mkdir -p {dest}; "
         f"for f in $(curl -fsS {base}/manifest.json | {listing}); do "
@@ -51,14 +52,21 @@ def node(provisioned: Any, lab: fleetlab.LabStatus) -> Iterator[tuple[inventory.
     script = "; ".join(
         _fetch_script(mirror, w.repo, w.revision, f"{WORK}{w.mount}") for w in recipe.weights
     )
-    ssh.run(host, script, timeout=180, become=True).check("fetching the tiny models from the weights mirror")
+    ssh.run(host, script, timeout=180, become=True).check(
+        "fetching the tiny models from the weights mirror"
+    )
     # The rollout tests may serve on :8000 at the same time; then this test uses another port.
     busy = ssh.run(host, "ss -ltnH 'sport = :8000' | wc -l", timeout=20).stdout.strip()
     port = 8000 if busy == "0" else 8100
     try:
         yield host, recipe, port
     finally:
-        ssh.run(host, f"docker rm -f {CONTAINER} >/dev/null 2>&1; rm -rf {WORK}", timeout=60, become=True)
+        ssh.run(
+            host,
+            f"docker rm -f {CONTAINER} >/dev/null 2>&1; rm -rf {WORK}",
+            timeout=60,
+            become=True,
+        )
 
 
 def _start(host: inventory.Host, recipe: Recipe, image: str, port: int, env: dict[str, str]) -> str:
@@ -146,7 +154,7 @@ def test_a_node_serves_every_endpoint_from_a_registry_tag(
         in metrics
     )
     assert (
-        'vllm:request_success_total{engine="0",finished_reason="length",model_name="qwen36-35b-heretic"} 1.0'
+        'vllm:request_success_total{engine="0",finished_reason="length",model_name="qwen36-35b-heretic"} 1.0'  # noqa: E501 (an exposition line as vLLM prints it)
         in metrics
     )
     # docker stop = SIGTERM: a clean exit.

@@ -1,5 +1,7 @@
-"""The lab fabric's pure parts (no lab needed): its subnets and names, the stand-in ibdev2netdev/ibstat run
-for real against a fake sysfs and judged by fleetctl's own fabric checks, and the via-management script."""
+"""The lab fabric's pure parts (no lab needed): its subnets and names, the stand-in
+ibdev2netdev/ibstat run
+for real against a fake sysfs and judged by fleetctl's own fabric checks, and the via-management
+script."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ def test_fabric_networks_and_addresses() -> None:
     a, b = lab_fabric.halves(layout())
     assert (str(a.subnet), str(b.subnet)) == ("10.178.116.0/24", "10.179.116.0/24")
     assert (a.netdev, b.netdev) == ("enp1s0f1np1", "enP2p1s0f1np1")
-    assert a.network != b.network and all(len(h.bridge) <= 15 for h in (a, b)) and a.bridge != b.bridge
+    assert (
+        a.network != b.network and all(len(h.bridge) <= 15 for h in (a, b)) and a.bridge != b.bridge
+    )
     assert lab_fabric.member_addresses(layout(), 1) == ["10.178.116.11", "10.179.116.11"]
     assert lab_fabric.member_addresses(layout(), 4) == ["10.178.116.14", "10.179.116.14"]
 
@@ -36,7 +40,9 @@ def run_tool(tmp: Path, name: str, sysfs: Path, *args: str) -> str:
     if not link.exists():
         link.symlink_to(TOOL)
     env = {**os.environ, "FLEETCTL_LAB_SYSFS_NET": str(sysfs)}
-    return subprocess.run([str(link), *args], capture_output=True, text=True, env=env, timeout=30, check=True).stdout
+    return subprocess.run(
+        [str(link), *args], capture_output=True, text=True, env=env, timeout=30, check=True
+    ).stdout
 
 
 def test_stand_in_tools_answer_like_a_spark_and_follow_the_netdevs(tmp_path: Path) -> None:
@@ -44,20 +50,37 @@ def test_stand_in_tools_answer_like_a_spark_and_follow_the_netdevs(tmp_path: Pat
     for dev, state in (("enp1s0f1np1", "up"), ("enP2p1s0f1np1", "up"), ("eth0", "up")):
         (sysfs / dev).mkdir(parents=True)
         (sysfs / dev / "operstate").write_text(state + "\n")
-    unit = Unit("pair-a", ("spark-03", "spark-04"), {
-        "spark-03": Fabric(addresses=("10.178.116.13",)), "spark-04": Fabric(addresses=("10.178.116.14",))})
+    unit = Unit(
+        "pair-a",
+        ("spark-03", "spark-04"),
+        {
+            "spark-03": Fabric(addresses=("10.178.116.13",)),
+            "spark-04": Fabric(addresses=("10.178.116.14",)),
+        },
+    )
 
     def judged() -> list[str]:
-        facts = fabric.MemberFabric(fabric.parse_ibdev2netdev(run_tool(tmp_path, "ibdev2netdev", sysfs)),
-                                    fabric.parse_ibstat(run_tool(tmp_path, "ibstat", sysfs)))
+        facts = fabric.MemberFabric(
+            fabric.parse_ibdev2netdev(run_tool(tmp_path, "ibdev2netdev", sysfs)),
+            fabric.parse_ibstat(run_tool(tmp_path, "ibstat", sysfs)),
+        )
         # the netdevs' own checks need `ip -j addr` (not faked here): the HCAs' are judged
-        return [f.what for f in fabric.check_member(unit, "spark-03", facts) if f.check in ("hca", "rate")]
+        return [
+            f.what
+            for f in fabric.check_member(unit, "spark-03", facts)
+            if f.check in ("hca", "rate")
+        ]
 
-    assert run_tool(tmp_path, "ibdev2netdev", sysfs).splitlines()[1] == "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)"
+    assert (
+        run_tool(tmp_path, "ibdev2netdev", sysfs).splitlines()[1]
+        == "rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)"
+    )
     assert judged() == []
     (sysfs / "enP2p1s0f1np1" / "operstate").write_text("down\n")  # lab node --fabric-down
-    assert judged() == ["roceP2p1s0f1 (enP2p1s0f1np1) is Disabled, expected Active/LinkUp: NCCL gets half the "
-                        "port's bandwidth or falls back to sockets"]
+    assert judged() == [
+        "roceP2p1s0f1 (enP2p1s0f1np1) is Disabled, expected Active/LinkUp: NCCL gets half the "
+        "port's bandwidth or falls back to sockets"
+    ]
     one = fabric.parse_ibstat(run_tool(tmp_path, "ibstat", sysfs, "rocep1s0f1"))
     assert list(one) == ["rocep1s0f1"] and one["rocep1s0f1"].rate_gbps == 200
 

@@ -1,4 +1,5 @@
-"""The lab against itself: nodes reachable with host-key checking, GPU stand-ins, faults, the toolkit, down.
+"""The lab against itself: nodes reachable with host-key checking, GPU stand-ins, faults, the
+toolkit, down.
 
 Every test that changes a node puts it back (faults through ``lab_fault``,
 the hand-installed toolkit purged and daemon.json restored), because the
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.lab
 
 H100 = "NVIDIA H100 80GB HBM3"
 Fault = Callable[..., AbstractContextManager[fleetlab.LabNode]]
-GPU_QUERY = "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"
+GPU_QUERY = (
+    "nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader"
+)
 
 
 def _host(st: fleetlab.LabStatus, name: str) -> inventory.Host:
@@ -36,7 +39,8 @@ def _host(st: fleetlab.LabStatus, name: str) -> inventory.Host:
 
 def _ssh_cli(st: fleetlab.LabStatus, address: str, command: str, known_hosts: Path | None = None,
              timeout: float = 30, user: str = "nvidia") -> subprocess.CompletedProcess[str]:
-    # As an operator reaches a Spark behind a bastion: the admin user, ProxyJump, the lab's ssh_config.
+    # As an operator reaches a Spark behind a bastion: the admin user, ProxyJump, the lab's
+    # ssh_config.
     return subprocess.run(
         ["ssh", "-F", str(st.ssh_config), "-J", "bastion", "-i", str(st.ssh_key),
          "-o", f"UserKnownHostsFile={known_hosts or st.known_hosts}",
@@ -46,11 +50,15 @@ def _ssh_cli(st: fleetlab.LabStatus, address: str, command: str, known_hosts: Pa
     )
 
 
-def test_every_node_answers_ssh_with_host_key_checking(lab: fleetlab.LabStatus, tmp_path: Path) -> None:
+def test_every_node_answers_ssh_with_host_key_checking(
+    lab: fleetlab.LabStatus, tmp_path: Path
+) -> None:
     inv = inventory.load(lab.inventory)
     assert list(inv.groups["sparks"]) == [n.name for n in lab.nodes]
     assert inv.groups["canary"] == ("spark-01",)
-    results = ssh.fan_out(inv.select("sparks"), lambda h: ssh.run(h, "hostname; cat /etc/dgx-release", timeout=20))
+    results = ssh.fan_out(
+        inv.select("sparks"), lambda h: ssh.run(h, "hostname; cat /etc/dgx-release", timeout=20)
+    )
     for name, outcome in results.items():
         assert outcome.ok, outcome.error
         assert outcome.value is not None
@@ -63,17 +71,27 @@ def test_every_node_answers_ssh_with_host_key_checking(lab: fleetlab.LabStatus, 
     empty.write_text("")
     refused = _ssh_cli(lab, node.address, "true", known_hosts=empty)
     assert refused.returncode == 255 and "Host key verification failed" in refused.stderr
-    other = next(line for line in lab.known_hosts.read_text().splitlines() if line.startswith(lab.nodes[1].address))
+    other = next(
+        line
+        for line in lab.known_hosts.read_text().splitlines()
+        if line.startswith(lab.nodes[1].address)
+    )
     swapped = tmp_path / "swapped"
-    swapped.write_text(other.replace(f"{lab.nodes[1].address},{lab.nodes[1].name}", node.address) + "\n")
+    swapped.write_text(
+        other.replace(f"{lab.nodes[1].address},{lab.nodes[1].name}", node.address) + "\n"
+    )
     assert _ssh_cli(lab, node.address, "true", known_hosts=swapped).returncode == 255
 
 
 def test_nodes_look_like_sparks(lab: fleetlab.LabStatus) -> None:
     host = _host(lab, "spark-01")
-    r = ssh.run(host, f"{GPU_QUERY}; nvidia-smi -L; docker version --format '{{{{.Server.Version}}}}'; "
-                      "python3 --version; rsync --version | head -1; "
-                      "df -h --output=fstype,size /opt | tail -1; ls /boot /lib/modules/*/kernel/nvidia-580", timeout=30)
+    r = ssh.run(
+        host,
+        f"{GPU_QUERY}; nvidia-smi -L; docker version --format '{{{{.Server.Version}}}}'; "
+        "python3 --version; rsync --version | head -1; "
+        "df -h --output=fstype,size /opt | tail -1; ls /boot /lib/modules/*/kernel/nvidia-580",
+        timeout=30,
+    )
     assert r.ok, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "NVIDIA GB10, 580.95.05, [N/A], 12.1"
@@ -96,9 +114,22 @@ def test_status_json(lab: fleetlab.LabStatus) -> None:
     assert data["up"] is True
     assert data["registry"] == f"{lab.gateway}:5000"
     assert data["apt_url"] == f"http://{lab.gateway}:8080/apt"
-    assert [n["name"] for n in data["nodes"]][:4] == ["spark-01", "spark-02", "spark-03", "spark-04"]
+    assert [n["name"] for n in data["nodes"]][:4] == [
+        "spark-01",
+        "spark-02",
+        "spark-03",
+        "spark-04",
+    ]
     for n in data["nodes"]:
-        assert {"address", "ssh_user", "key_path", "known_hosts", "state", "containers", "faults"} <= set(n)
+        assert {
+            "address",
+            "ssh_user",
+            "key_path",
+            "known_hosts",
+            "state",
+            "containers",
+            "faults",
+        } <= set(n)
         assert n["state"] == "running"
     lab_vars = inventory.load(lab.inventory).vars
     assert lab_vars["fleetctl_registry_mirrors"]["ghcr.io"] == lab.registry
@@ -107,12 +138,23 @@ def test_status_json(lab: fleetlab.LabStatus) -> None:
 
 def test_wrong_gpu_old_driver_and_kernel_faults(lab: fleetlab.LabStatus, lab_fault: Fault) -> None:
     host = _host(lab, "spark-03")
-    with lab_fault("spark-03", gpu=H100, driver="535.183.01", next_kernel_without_nvidia=True) as node:
-        assert node.faults == {"gpu": H100, "driver": "535.183.01", "next_kernel_without_nvidia": True}
-        r = ssh.run(host, f"{GPU_QUERY}; nvidia-smi --version | tail -1; "
-                          "cat $(python3 -c 'import json; print(json.load(open(\"/etc/fleetctl-lab/gpu.json\"))[\"proc_version_path\"])'); "
-                          "ls /boot; test -d /lib/modules/6.11.0-1018-nvidia && echo modules-dir; "
-                          "find /lib/modules -name 'nvidia*.ko'", timeout=20)
+    with lab_fault(
+        "spark-03", gpu=H100, driver="535.183.01", next_kernel_without_nvidia=True
+    ) as node:
+        assert node.faults == {
+            "gpu": H100,
+            "driver": "535.183.01",
+            "next_kernel_without_nvidia": True,
+        }
+        r = ssh.run(
+            host,
+            f"{GPU_QUERY}; nvidia-smi --version | tail -1; "
+            'cat $(python3 -c \'import json; '
+            'print(json.load(open("/etc/fleetctl-lab/gpu.json"))["proc_version_path"])\'); '
+            "ls /boot; test -d /lib/modules/6.11.0-1018-nvidia && echo modules-dir; "
+            "find /lib/modules -name 'nvidia*.ko'",
+            timeout=20,
+        )
         assert r.stdout.splitlines()[0] == "NVIDIA H100 80GB HBM3, 535.183.01, 81559 MiB, 9.0"
         assert "CUDA Version        : 12.2" in r.stdout
         assert "  535.183.01  Release Build" in r.stdout
@@ -127,12 +169,17 @@ def test_wrong_gpu_old_driver_and_kernel_faults(lab: fleetlab.LabStatus, lab_fau
 
 def test_small_disk_keeps_contents(lab: fleetlab.LabStatus, lab_fault: Fault) -> None:
     host = _host(lab, "spark-03")
-    ssh.run(host, "mkdir -p /opt/keep && echo data > /opt/keep/file", timeout=20, become=True).check("writing /opt")
+    ssh.run(
+        host, "mkdir -p /opt/keep && echo data > /opt/keep/file", timeout=20, become=True
+    ).check("writing /opt")
     try:
         with lab_fault("spark-03", disk_gb=2):
             r = ssh.run(host, "df -B1G --output=size /opt | tail -1; cat /opt/keep/file; "
                               "fallocate -l 3G /opt/big || echo full", timeout=30, become=True)
-            assert r.stdout.split() == ["2", "data", "full"] or r.stdout.split()[:2] == ["2", "data"]
+            assert r.stdout.split() == ["2", "data", "full"] or r.stdout.split()[:2] == [
+                "2",
+                "data",
+            ]
             assert "full" in r.stdout
         r = ssh.run(host, "df -B1G --output=size /opt | tail -1", timeout=20)
         assert r.stdout.strip() == "64"
@@ -141,15 +188,20 @@ def test_small_disk_keeps_contents(lab: fleetlab.LabStatus, lab_fault: Fault) ->
 
 
 @pytest.mark.parametrize("fault", ["paused", "disconnected"])
-def test_node_that_stops_answering_comes_back(lab: fleetlab.LabStatus, lab_fault: Fault, fault: str) -> None:
+def test_node_that_stops_answering_comes_back(
+    lab: fleetlab.LabStatus, lab_fault: Fault, fault: str
+) -> None:
     host = _host(lab, "spark-04")
     with lab_fault("spark-04", **{fault: True}) as node:
         assert node.state == fault
         ssh.close_all()
         with pytest.raises(HostUnreachable):
             ssh.run(host, "true", timeout=5, connect_timeout=3)
-        others = ssh.fan_out([_host(lab, "spark-01"), host], lambda h: ssh.run(h, "true", timeout=5, connect_timeout=3),
-                             timeout=15)
+        others = ssh.fan_out(
+            [_host(lab, "spark-01"), host],
+            lambda h: ssh.run(h, "true", timeout=5, connect_timeout=3),
+            timeout=15,
+        )
         assert others["spark-01"].ok and not others["spark-04"].ok
     assert fleetlab.status().node("spark-04").state == "running"
     assert ssh.run(host, "hostname", timeout=20).stdout.strip() == "spark-04"
@@ -160,13 +212,17 @@ def test_unknown_node_is_a_clear_error(lab: fleetlab.LabStatus) -> None:
         fleetlab.set_node("spark-99", gpu=H100)
 
 
-def test_image_tags_share_layers_and_any_directory_can_be_an_image(lab: fleetlab.LabStatus, tmp_path: Path) -> None:
+def test_image_tags_share_layers_and_any_directory_can_be_an_image(
+    lab: fleetlab.LabStatus, tmp_path: Path
+) -> None:
     a = fleetlab.add_image("lab-test-a", {"EMU_CRASH_AT_CONCURRENCY": "8"})
     b = fleetlab.add_image("lab-test-b", {"EMU_GARBAGE": "1"})
     env = fleetlab.docker_env()
 
     def inspect(ref: str) -> dict[str, object]:
-        out = subprocess.run(["docker", "image", "inspect", ref], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            ["docker", "image", "inspect", ref], env=env, capture_output=True, text=True, check=True
+        )
         data: dict[str, object] = json.loads(out.stdout)[0]
         return data
 
@@ -176,9 +232,23 @@ def test_image_tags_share_layers_and_any_directory_can_be_an_image(lab: fleetlab
     app = tmp_path / "app"
     app.mkdir()
     (app / "hello.py").write_text("import os\nprint('hello from', os.environ['GREETING'])\n")
-    out = CliRunner().invoke(lab_group, ["image", "--tag", "hello", "--repository", "lab-test/hello",
-                                         "--from-dir", str(app), "--cmd", "python3 /app/hello.py",
-                                         "--set", "GREETING=the lab", "--json"])
+    out = CliRunner().invoke(
+        lab_group,
+        [
+            "image",
+            "--tag",
+            "hello",
+            "--repository",
+            "lab-test/hello",
+            "--from-dir",
+            str(app),
+            "--cmd",
+            "python3 /app/hello.py",
+            "--set",
+            "GREETING=the lab",
+            "--json",
+        ],
+    )
     assert out.exit_code == 0, out.output
     ref = json.loads(out.stdout)["ref"]
     assert ref == f"{lab.registry}/lab-test/hello:hello"
@@ -191,12 +261,21 @@ def test_image_tags_share_layers_and_any_directory_can_be_an_image(lab: fleetlab
 
 def test_node_command_sets_and_resets_faults(lab: fleetlab.LabStatus) -> None:
     try:
-        out = CliRunner().invoke(lab_group, ["node", "spark-03", "--driver", "535.183.01", "--disk-gb", "8", "--json"])
+        out = CliRunner().invoke(
+            lab_group, ["node", "spark-03", "--driver", "535.183.01", "--disk-gb", "8", "--json"]
+        )
         assert out.exit_code == 0, out.output
         node = json.loads(out.stdout)
-        assert node["faults"] == {"driver": "535.183.01", "disk_gb": 8} and node["driver"] == "535.183.01"
-        r = ssh.run(_host(lab, "spark-03"), "nvidia-smi --query-gpu=driver_version --format=csv,noheader; "
-                                             "df -B1G --output=size /opt | tail -1", timeout=20)
+        assert (
+            node["faults"] == {"driver": "535.183.01", "disk_gb": 8}
+            and node["driver"] == "535.183.01"
+        )
+        r = ssh.run(
+            _host(lab, "spark-03"),
+            "nvidia-smi --query-gpu=driver_version --format=csv,noheader; "
+            "df -B1G --output=size /opt | tail -1",
+            timeout=20,
+        )
         assert r.stdout.split() == ["535.183.01", "8"]
         bad = CliRunner().invoke(lab_group, ["node", "spark-03", "--disk-gb", "0"])
         assert bad.exit_code != 0
@@ -205,16 +284,25 @@ def test_node_command_sets_and_resets_faults(lab: fleetlab.LabStatus) -> None:
     assert out.exit_code == 0 and json.loads(out.stdout)["faults"] == {}
 
 
-def test_status_through_an_ini_inventory_of_the_lab(lab: fleetlab.LabStatus, tmp_path: Path) -> None:
+def test_status_through_an_ini_inventory_of_the_lab(
+    lab: fleetlab.LabStatus, tmp_path: Path
+) -> None:
     """Any source ansible-core reads is a fleet: the lab as INI, its access in ``[sparks:vars]``.
 
     The admin user, become and the bastion (ProxyJump) come from the group's vars, the vaulted
     become password from host_vars beside it; fleetctl and ``ansible-inventory --list`` agree on
-    every host's address, user, port and become, and fleetctl reaches every host through the bastion.
+    every host's address, user, port and become, and fleetctl reaches every host through the
+    bastion.
     """
     yml = inventory.load(lab.inventory)
-    common = ("ansible_user", "ansible_become", "ansible_ssh_private_key_file", "fleetctl_known_hosts",
-              "ansible_ssh_common_args", "ansible_python_interpreter")
+    common = (
+        "ansible_user",
+        "ansible_become",
+        "ansible_ssh_private_key_file",
+        "fleetctl_known_hosts",
+        "ansible_ssh_common_args",
+        "ansible_python_interpreter",
+    )
     lines = ["[sparks]", *(f"{h.name} ansible_host={h.address}" for h in yml.hosts.values()),
              "", "[canary]", *yml.groups["canary"], "", "[sparks:vars]",
              *(f"{k}='{yml.vars[k]}'" for k in common)]
@@ -238,7 +326,11 @@ def test_status_through_an_ini_inventory_of_the_lab(lab: fleetlab.LabStatus, tmp
     assert sorted(hostvars) == sorted(ini_inv.hosts)
     for name, v in hostvars.items():
         h = ini_inv.host(name)
-        assert (h.address, h.user, h.port) == (v["ansible_host"], v["ansible_user"], int(v.get("ansible_port", 22)))
+        assert (h.address, h.user, h.port) == (
+            v["ansible_host"],
+            v["ansible_user"],
+            int(v.get("ansible_port", 22)),
+        )
         assert h.become.enabled == (str(v["ansible_become"]).lower() == "true")
         assert h.jumps and h.jumps[0].address == lab.bastion.partition("@")[2]
         assert h.vars["ansible_ssh_common_args"] == v["ansible_ssh_common_args"]
@@ -253,11 +345,31 @@ def test_nodes_refuse_root_logins_and_the_controller_reaches_them_only_through_t
     root = _ssh_cli(lab, node.address, "true", user="root")
     assert root.returncode == 255 and "Permission denied" in root.stderr, root.stderr
     direct = subprocess.run(
-        ["ssh", "-F", "/dev/null", "-i", str(lab.ssh_key), "-o", f"UserKnownHostsFile={lab.known_hosts}",
-         "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
-         f"nvidia@{node.address}", "true"], capture_output=True, text=True, timeout=30, check=False)
+        [
+            "ssh",
+            "-F",
+            "/dev/null",
+            "-i",
+            str(lab.ssh_key),
+            "-o",
+            f"UserKnownHostsFile={lab.known_hosts}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "ConnectTimeout=5",
+            f"nvidia@{node.address}",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     assert direct.returncode == 255 and "Connection refused" in direct.stderr, direct.stderr
-    # while its HTTP side (the vLLM port, here any other port) is not filtered, and the bastion answers
+    # while its HTTP side (the vLLM port, here any other port) is not filtered, and the bastion
+    # answers
     bastion = lab.bastion.partition("@")[2]
     with socket.create_connection((bastion, 22), timeout=5) as s:
         assert s.recv(64).startswith(b"SSH-2.0-")

@@ -50,11 +50,14 @@ def test_deep_lab_dirs_keep_sockets_short(tmp_path: Path) -> None:
         too_deep.check()
 
 
-def test_inventory_is_readable_by_fleetctl_and_links_repo_vars(tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_inventory_is_readable_by_fleetctl_and_links_repo_vars(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     repo = tmp_path / "repo"
     (repo / "inventory" / "lab" / "group_vars" / "all").mkdir(parents=True)
-    (repo / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml").write_text("fleetctl_recipes: {a: 1}\n")
+    (repo / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml").write_text(
+        "fleetctl_recipes: {a: 1}\n"
+    )
     monkeypatch.setenv("FLEETCTL_HOME", str(repo))
     lay = _layout(tmp_path / "lab")
     monkeypatch.setenv("ANSIBLE_VAULT_PASSWORD_FILE", str(lay.vault_password_file))
@@ -70,21 +73,32 @@ def test_inventory_is_readable_by_fleetctl_and_links_repo_vars(tmp_path: Path,
     assert [hop.address for hop in h.jumps] == ["10.78.1.10"]
     assert h.jumps[0].user == "nvidia" and h.become.enabled
     assert "ProxyJump=bastion" in h.vars["ansible_ssh_common_args"]
-    # spark-02's sudo asks for the password: vault-encrypted on disk, opened with the vault password.
+    # spark-02's sudo asks for the password: vault-encrypted on disk, opened with the vault
+    # password.
     become = (lay.inventory_dir / "host_vars" / "spark-02" / "become.yml").read_text()
     assert "$ANSIBLE_VAULT;1.1;AES256" in become and access.become_password(lay) not in become
-    assert h.become.password is not None and h.become.password.reveal() == access.become_password(lay)
+    assert h.become.password is not None and h.become.password.reveal() == access.become_password(
+        lay
+    )
     assert inv.host("spark-01").become.password is None
     assert h.vars["ansible_python_interpreter"] == "/usr/bin/python3"
     assert "StrictHostKeyChecking=yes" in h.vars["ansible_ssh_common_args"]
     assert h.vars["fleetctl_recipes"] == {"a": 1}
-    assert h.vars["fleetctl_registry_mirrors"] == {"ghcr.io": "10.78.1.1:5000", "docker.io": "10.78.1.1:5000",
-                                                   "nvcr.io": "10.78.1.1:5000"}
-    assert h.vars["container_toolkit_verify_image"] == "10.78.1.1:5000/nvidia/cuda:13.0.0-base-ubuntu24.04"
+    assert h.vars["fleetctl_registry_mirrors"] == {
+        "ghcr.io": "10.78.1.1:5000",
+        "docker.io": "10.78.1.1:5000",
+        "nvcr.io": "10.78.1.1:5000",
+    }
+    assert (
+        h.vars["container_toolkit_verify_image"]
+        == "10.78.1.1:5000/nvidia/cuda:13.0.0-base-ubuntu24.04"
+    )
     link = lay.inventory_dir / "group_vars" / "all" / "recipes.yml"
     assert link.is_symlink()
     # An edit in the repository is seen at once; a file removed there disappears at the next write.
-    (repo / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml").write_text("fleetctl_recipes: {b: 2}\n")
+    (repo / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml").write_text(
+        "fleetctl_recipes: {b: 2}\n"
+    )
     assert fleet_inventory.load(path).vars["fleetctl_recipes"] == {"b": 2}
     (repo / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml").unlink()
     inventory.write(lay, ["spark-01"])
@@ -92,7 +106,9 @@ def test_inventory_is_readable_by_fleetctl_and_links_repo_vars(tmp_path: Path,
     assert list(fleet_inventory.load(path).hosts) == ["spark-01"]
 
 
-def test_a_lab_keeps_the_subnet_it_was_made_on(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_lab_keeps_the_subnet_it_was_made_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from fleetctl import lab
 
     monkeypatch.setenv("FLEETCTL_LAB_DIR", str(tmp_path))

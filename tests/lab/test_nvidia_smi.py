@@ -33,7 +33,9 @@ def run(cfg: dict[str, object], tmp_path: Path, *args: str) -> subprocess.Comple
     path = tmp_path / "gpu.json"
     path.write_text(json.dumps(cfg))
     env = {**os.environ, "FLEETCTL_LAB_GPU_JSON": str(path)}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, check=False)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, check=False
+    )
 
 
 @pytest.fixture
@@ -55,13 +57,27 @@ def test_table_matches_fixture(h100: dict[str, object], tmp_path: Path) -> None:
     ("section", "args"),
     [
         (1, ["-L"]),
-        (2, ["--query-gpu=name,driver_version,memory.total,memory.used,compute_cap,pci.bus_id,uuid", "--format=csv"]),
-        (3, ["--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader,nounits"]),
+        (
+            2,
+            [
+                "--query-gpu=name,driver_version,memory.total,memory.used,compute_cap,pci.bus_id,uuid",
+                "--format=csv",
+            ],
+        ),
+        (
+            3,
+            [
+                "--query-gpu=name,driver_version,memory.total,compute_cap",
+                "--format=csv,noheader,nounits",
+            ],
+        ),
         (4, ["--query-gpu=name,driver_version", "--format=csv,noheader"]),
         (6, ["--version"]),
     ],
 )
-def test_queries_match_fixture(h100: dict[str, object], tmp_path: Path, section: int, args: list[str]) -> None:
+def test_queries_match_fixture(
+    h100: dict[str, object], tmp_path: Path, section: int, args: list[str]
+) -> None:
     out = run(h100, tmp_path, *args)
     assert out.returncode == 0, out.stderr
     assert out.stdout == _sections()[section]
@@ -85,16 +101,27 @@ def test_proc_version_has_the_real_layout() -> None:
     real = _sections()[5].splitlines()
     ours = gpus.proc_version("580.159.04").splitlines()
     assert len(ours) == len(real) == 2
-    assert ours[0].startswith("NVRM version: NVIDIA UNIX Open Kernel Module for ") and "  580.159.04  Release Build  (" in ours[0]
+    assert (
+        ours[0].startswith("NVRM version: NVIDIA UNIX Open Kernel Module for ")
+        and "  580.159.04  Release Build  (" in ours[0]
+    )
     assert ours[1].startswith("GCC version:  gcc version ")
 
 
 def test_gb10_defaults_read_like_a_spark(tmp_path: Path) -> None:
-    out = run(gpus.DEFAULT, tmp_path, "--query-gpu=name,driver_version,memory.total,memory.used,compute_cap",
-              "--format=csv,noheader")
+    out = run(
+        gpus.DEFAULT,
+        tmp_path,
+        "--query-gpu=name,driver_version,memory.total,memory.used,compute_cap",
+        "--format=csv,noheader",
+    )
     assert out.stdout == "NVIDIA GB10, 580.95.05, [N/A], [N/A], 12.1\n"
     table = run(gpus.DEFAULT, tmp_path).stdout.splitlines()
-    assert table[2] == "| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0     |"
+    assert (
+        table[2]
+        == "| NVIDIA-SMI 580.95.05              Driver Version: 580.95.05      CUDA Version: 13.0  "
+           "   |"
+    )
     assert "| Not Supported          |" in table[9]
     # Every line of the table keeps the real width.
     assert {len(line) for line in table[1:] if line} == {91}

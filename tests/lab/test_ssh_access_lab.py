@@ -1,4 +1,5 @@
-"""fleetctl.ssh against lab nodes in a real fleet's shape: a login with one kind of right, behind a bastion.
+"""fleetctl.ssh against lab nodes in a real fleet's shape: a login with one kind of right, behind a
+bastion.
 
 spark-04 gets a second user (removed at the end), created by the lab's admin user with sudo and
 reached through the lab's bastion as every node is; each test gives that user one kind of right
@@ -27,36 +28,50 @@ SUDOERS = "/etc/sudoers.d/fleetctl-lab-test"
 
 @pytest.fixture
 def admin(lab: fleetlab.LabStatus) -> Iterator[tuple[Host, Host]]:
-    """(spark-04 as the test user, spark-04 as the lab's admin user, who has sudo), both through the bastion."""
+    """(spark-04 as the test user, spark-04 as the lab's admin user, who has sudo), both through
+    the bastion."""
     inv = inventory.load(lab.inventory)
     root = inv.host("spark-04")
     assert root.jumps, "the lab reaches its nodes through its bastion"
     pub = Path(f"{lab.ssh_key}.pub").read_text()
-    ssh.run(root, f"id {ADMIN} >/dev/null 2>&1 || useradd -m -s /bin/sh {ADMIN}; usermod -p '*' {ADMIN}; "
-                  f"install -d -m 700 -o {ADMIN} -g {ADMIN} /home/{ADMIN}/.ssh && "
-                  f"cat > /home/{ADMIN}/.ssh/authorized_keys && chown {ADMIN}: /home/{ADMIN}/.ssh/authorized_keys",
-            stdin=pub, timeout=60, become=True).check("creating the admin user")
+    ssh.run(
+        root,
+        f"id {ADMIN} >/dev/null 2>&1 || useradd -m -s /bin/sh {ADMIN}; usermod -p '*' {ADMIN}; "
+        f"install -d -m 700 -o {ADMIN} -g {ADMIN} /home/{ADMIN}/.ssh && "
+        f"cat > /home/{ADMIN}/.ssh/authorized_keys && chown {ADMIN}: "
+        f"/home/{ADMIN}/.ssh/authorized_keys",
+        stdin=pub,
+        timeout=60,
+        become=True,
+    ).check("creating the admin user")
     ssh.close_all()
     try:
         yield dataclasses.replace(root, user=ADMIN), root
     finally:
         ssh.close_all()
-        ssh.run(root, f"rm -f {SUDOERS} /root/fleetctl-lab-access-test; userdel -r {ADMIN} 2>/dev/null; true",
-                timeout=60, become=True).check("removing the admin user")
+        ssh.run(
+            root,
+            f"rm -f {SUDOERS} /root/fleetctl-lab-access-test; userdel -r {ADMIN} 2>/dev/null; true",
+            timeout=60,
+            become=True,
+        ).check("removing the admin user")
         ssh.close_all()
 
 
 def _grant(root: Host, sudoers: str | None = None, docker_group: bool = False) -> None:
     script = f"rm -f {SUDOERS}; gpasswd -d {ADMIN} docker >/dev/null 2>&1; "
     if sudoers:
-        script += f"printf '%s\\n' {sudoers!r} > {SUDOERS}.tmp && chmod 440 {SUDOERS}.tmp && mv {SUDOERS}.tmp {SUDOERS}; "
+        script += (f"printf '%s\\n' {sudoers!r} > {SUDOERS}.tmp && chmod 440 {SUDOERS}.tmp && mv "
+                   f"{SUDOERS}.tmp {SUDOERS}; ")
     if docker_group:
         script += f"usermod -aG docker {ADMIN}; "
     ssh.run(root, script + "true", timeout=30, become=True).check("granting rights")
     ssh.close_all()  # the rights a login has are read once per connection and process
 
 
-def test_the_admin_is_reached_through_the_bastion(admin: tuple[Host, Host], lab: fleetlab.LabStatus) -> None:
+def test_the_admin_is_reached_through_the_bastion(
+    admin: tuple[Host, Host], lab: fleetlab.LabStatus
+) -> None:
     host, _ = admin
     r = ssh.run(host, 'id -un; echo "$SSH_CONNECTION"', timeout=30)
     user, conn = r.stdout.splitlines()
@@ -87,7 +102,11 @@ def test_sudo_for_everything_writes_root_state(admin: tuple[Host, Host]) -> None
     acc = ssh.check_access(host)
     assert (acc.sudo, acc.docker) == (ssh.SUDO_NOPASSWD, ssh.DOCKER_SUDO)
     ssh.put_text(host, "/root/fleetctl-lab-access-test", '{"v": 1}\n', become=True)
-    r = ssh.run(root, "stat -c %U:%a /root/fleetctl-lab-access-test; cat /root/fleetctl-lab-access-test", become=True)
+    r = ssh.run(
+        root,
+        "stat -c %U:%a /root/fleetctl-lab-access-test; cat /root/fleetctl-lab-access-test",
+        become=True,
+    )
     assert r.stdout.splitlines() == ["root:644", '{"v": 1}']
     assert ssh.docker(host, ["docker", "ps", "-q"], timeout=60).ok
 

@@ -1,4 +1,5 @@
-"""`fleetctl lab traffic`'s client against a loopback server that streams as vLLM does, cuts a stream, refuses
+"""`fleetctl lab traffic`'s client against a loopback server that streams as vLLM does, cuts a
+stream, refuses
 with 503, or sends an error event: each request is counted ok or failed with its cause."""
 
 from __future__ import annotations
@@ -68,7 +69,11 @@ def test_every_request_is_ok_or_failed_with_its_cause(server: tuple[str, list[st
     modes[:] = ["ok", "cut", "503", "error"]
     rep = traffic.run(url, "m", rate=40, duration=1)
     assert (rep.sent, rep.ok, rep.failed) == (40, 10, 30)
-    assert rep.causes == {"stream cut before [DONE]": 10, "HTTP 503": 10, "error event in the stream": 10}
+    assert rep.causes == {
+        "stream cut before [DONE]": 10,
+        "HTTP 503": 10,
+        "error event in the stream": 10,
+    }
     d = rep.to_dict()
     assert {"sent", "ok", "failed", "p95_s"} <= d.keys() and len(d["failures"]) == 30
 

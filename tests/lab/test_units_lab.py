@@ -1,7 +1,10 @@
-"""Units on the lab: `lab up --units` wiring, and each fabric fault refused at a rollout's preflight.
+"""Units on the lab: `lab up --units` wiring, and each fabric fault refused at a rollout's
+preflight.
 
-The faults act on a member's real network state (its fabric netdev's MTU, its second half down, its peers
-routed over the management network); the refusal is read from `fleetctl rollout --json` as an operator
+The faults act on a member's real network state (its fabric netdev's MTU, its second half down, its
+peers
+routed over the management network); the refusal is read from `fleetctl rollout --json` as an
+operator
 would, and must name the member, the figure measured, the expected one and the fix.
 """
 
@@ -25,7 +28,8 @@ from fleetctl.errors import FleetError
 pytestmark = pytest.mark.lab
 
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
-#: The lab registry's tag of the pair recipe's image (vllm/vllm-openai, the emulator in multi-node mode).
+#: The lab registry's tag of the pair recipe's image (vllm/vllm-openai, the emulator in multi-node
+#: mode).
 PAIR_TAG = "cu130-nightly"
 
 
@@ -36,7 +40,9 @@ def unit(lab_unit: tuple[str, tuple[str, ...]]) -> tuple[str, tuple[str, ...]]:
 
 
 def fleetctl(*argv: str) -> tuple[int, Any]:
-    r = subprocess.run([FLEETCTL, *argv, "--json"], capture_output=True, text=True, timeout=600, env=os.environ)
+    r = subprocess.run(
+        [FLEETCTL, *argv, "--json"], capture_output=True, text=True, timeout=600, env=os.environ
+    )
     return r.returncode, json.loads(r.stdout) if r.stdout.strip() else None
 
 
@@ -52,16 +58,29 @@ def test_the_unit_is_in_the_inventory_and_status(unit: tuple[str, tuple[str, ...
     for host, st in doc.items():
         assert st["unit"] == (name if host in members else None), st
     for m in members:
-        fabric_checks = [f for f in doc[m]["fabric"]["findings"] if not f["check"].startswith("parity")]
+        fabric_checks = [
+            f for f in doc[m]["fabric"]["findings"] if not f["check"].startswith("parity")
+        ]
         assert doc[m]["fabric"]["error"] is None and fabric_checks == [], doc[m]["fabric"]
 
 
 #: fault setting -> (what the refusal says about the member, the fix's words)
 FAULTS: dict[str, tuple[dict[str, Any], str, str]] = {
-    "mtu": ({"fabric_mtu": 1500}, "enp1s0f1np1 MTU 1500, expected 9000", "set mtu 9000 in its netplan"),
-    "half down": ({"fabric_down": True}, "enP2p1s0f1np1 is DOWN, expected UP", "check the QSFP cable"),
-    "via mgmt": ({"fabric_via_mgmt": True}, "leaves through eth0 (the management network), not enp1s0f1np1",
-                 "remove the route through eth0"),
+    "mtu": (
+        {"fabric_mtu": 1500},
+        "enp1s0f1np1 MTU 1500, expected 9000",
+        "set mtu 9000 in its netplan",
+    ),
+    "half down": (
+        {"fabric_down": True},
+        "enP2p1s0f1np1 is DOWN, expected UP",
+        "check the QSFP cable",
+    ),
+    "via mgmt": (
+        {"fabric_via_mgmt": True},
+        "leaves through eth0 (the management network), not enp1s0f1np1",
+        "remove the route through eth0",
+    ),
 }
 
 
@@ -80,16 +99,29 @@ def test_each_fabric_fault_is_refused_at_preflight(
         assert code == 2, doc
         cause = doc["error"]["cause"]
         assert cause.startswith("preflight refused the rollout before any change"), cause
-        line = next((x.strip() for x in cause.splitlines() if x.strip().startswith(f"{worker}: ") and what in x), None)
+        line = next(
+            (
+                x.strip()
+                for x in cause.splitlines()
+                if x.strip().startswith(f"{worker}: ") and what in x
+            ),
+            None,
+        )
         assert line is not None, cause
         assert fix in line, line
         if fault == "via mgmt":
-            # measured, not only read from the route: the bandwidth probe over the shaped management path
+            # measured, not only read from the route: the bandwidth probe over the shaped
+            # management path
             floor = inventory.load(None).units[_name].busbw_floor_gbs
-            line = next((x.strip() for x in cause.splitlines() if "all_reduce bus bandwidth" in x), None)
+            line = next(
+                (x.strip() for x in cause.splitlines() if "all_reduce bus bandwidth" in x), None
+            )
             assert line is not None, cause
             assert line.startswith(f"{worker}: all_reduce bus bandwidth "), line
-            assert f"expected at least {floor}" in line and f"the slowest link {worker} -> {members[0]}" in line
+            assert (
+                f"expected at least {floor}" in line
+                and f"the slowest link {worker} -> {members[0]}" in line
+            )
             assert "not the management network" in line, line
             code, doc = fleetctl("status", "--limit", ",".join(members))
             bw = doc[worker]["fabric"]["bandwidth"]
@@ -97,13 +129,17 @@ def test_each_fabric_fault_is_refused_at_preflight(
     assert {m: _container(m) for m in members} == before  # nothing was changed on either member
 
 
-def test_a_healthy_unit_passes_preflight_and_is_planned_as_one(unit: tuple[str, tuple[str, ...]]) -> None:
+def test_a_healthy_unit_passes_preflight_and_is_planned_as_one(
+    unit: tuple[str, tuple[str, ...]],
+) -> None:
     _name, members = unit
     code, doc = fleetctl("rollout", "--tag", PAIR_TAG, "--recipe", "qwen35-35b-bf16-pair",
                          "--limit", members[1], "--dry-run")
     if code == 2:  # a lab not provisioned or staged: preflight names that, never the fabric
         cause = doc["error"]["cause"]
-        assert "MTU" not in cause and "management network" not in cause and "DOWN" not in cause, cause
+        assert "MTU" not in cause and "management network" not in cause and "DOWN" not in cause, (
+            cause
+        )
         return
     assert code == 0, doc
     rows = {h["host"]: h for h in doc["hosts"]}
@@ -114,13 +150,21 @@ def test_a_healthy_unit_passes_preflight_and_is_planned_as_one(unit: tuple[str, 
     assert len({(rows[m]["wave"], rows[m].get("step")) for m in members}) == 1, rows
 
 
-def test_fabric_faults_and_kill_worker_are_for_members_only(unit: tuple[str, tuple[str, ...]]) -> None:
+def test_fabric_faults_and_kill_worker_are_for_members_only(
+    unit: tuple[str, tuple[str, ...]],
+) -> None:
     _name, members = unit
-    single = next(n for n in inventory.load(None).hosts if n not in members and inventory.load(None).unit_of(n) is None)
+    single = next(
+        n
+        for n in inventory.load(None).hosts
+        if n not in members and inventory.load(None).unit_of(n) is None
+    )
     for kw in ({"fabric_mtu": 1500}, {"kill_worker": True}):
         with pytest.raises(FleetError) as e:
             fleetlab.set_node(single, **kw)
-        assert e.value.host == single and "the node is in no unit" in e.value.cause, e.value.message()
+        assert e.value.host == single and "the node is in no unit" in e.value.cause, (
+            e.value.message()
+        )
     with pytest.raises(FleetError) as e:
         fleetlab.set_node(members[1], fabric_mtu=80)
     assert "--fabric-mtu 80 is not an MTU" in e.value.cause

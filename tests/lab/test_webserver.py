@@ -1,4 +1,5 @@
-"""The lab's HTTP server on loopback: whole files, byte ranges (resumable weight downloads), errors."""
+"""The lab's HTTP server on loopback: whole files, byte ranges (resumable weight downloads),
+errors."""
 
 from __future__ import annotations
 
@@ -37,7 +38,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, int]
     proc.wait(timeout=10)
 
 
-def get(server: tuple[str, int], path: str, headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+def get(
+    server: tuple[str, int], path: str, headers: dict[str, str] | None = None
+) -> tuple[int, dict[str, str], bytes]:
     conn = http.client.HTTPConnection(*server, timeout=10)
     conn.request("GET", path, headers=headers or {})
     r = conn.getresponse()
@@ -54,7 +57,12 @@ def test_whole_file(server: tuple[str, int]) -> None:
 
 @pytest.mark.parametrize(
     ("spec", "start", "end"),
-    [("bytes=0-99", 0, 99), ("bytes=10000-", 10000, 10239), ("bytes=-40", 10200, 10239), ("bytes=10230-99999", 10230, 10239)],
+    [
+        ("bytes=0-99", 0, 99),
+        ("bytes=10000-", 10000, 10239),
+        ("bytes=-40", 10200, 10239),
+        ("bytes=10230-99999", 10230, 10239),
+    ],
 )
 def test_ranges(server: tuple[str, int], spec: str, start: int, end: int) -> None:
     status, headers, body = get(server, "/weights/repo/model.safetensors", {"Range": spec})

@@ -1,4 +1,5 @@
-"""The emulator's fixtures shared by its own tests and the soak's: a model directory and a process launcher."""
+"""The emulator's fixtures shared by its own tests and the soak's: a model directory and a process
+launcher."""
 
 from __future__ import annotations
 

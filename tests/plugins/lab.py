@@ -1,4 +1,5 @@
-"""The ``lab`` session fixture: a simulated fleet, brought up once per test session, and node faults.
+"""The ``lab`` session fixture: a simulated fleet, brought up once per test session, and node
+faults.
 
 Honours ``$FLEETCTL_LAB_DIR`` / ``$FLEETCTL_LAB_SUBNET`` (one private lab per
 developer). A lab that was already up is reused and left as it was found; a lab
@@ -30,7 +31,9 @@ def lab() -> Iterator[fleetlab.LabStatus]:
     before = fleetlab.status()
     started = False
     if not before.up or len(before.nodes) < LAB_NODES:
-        fleetlab.up(nodes=max(LAB_NODES, len(before.nodes)), units=len(before.units))  # its units kept
+        fleetlab.up(
+            nodes=max(LAB_NODES, len(before.nodes)), units=len(before.units)
+        )  # its units kept
         started = not before.up
     # A session killed inside a fault block leaves the fault behind: start healthy.
     for node in fleetlab.status().nodes:
@@ -44,8 +47,11 @@ def lab() -> Iterator[fleetlab.LabStatus]:
 
 
 @pytest.fixture
-def lab_fault(lab: fleetlab.LabStatus) -> Iterator[Callable[..., AbstractContextManager[fleetlab.LabNode]]]:
-    """``with lab_fault("spark-02", gpu="NVIDIA H100 80GB HBM3") as node: ...``: the fault is always undone."""
+def lab_fault(
+    lab: fleetlab.LabStatus,
+) -> Iterator[Callable[..., AbstractContextManager[fleetlab.LabNode]]]:
+    """``with lab_fault("spark-02", gpu="NVIDIA H100 80GB HBM3") as node: ...``: the fault is
+    always undone."""
     touched: dict[str, dict[str, Any]] = {}
 
     @contextmanager

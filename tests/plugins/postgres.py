@@ -1,4 +1,5 @@
-"""A real PostgreSQL server for the ledger's tests, from Debian's ``postgresql`` package (session-scoped).
+"""A real PostgreSQL server for the ledger's tests, from Debian's ``postgresql`` package
+(session-scoped).
 
 ``fleetctl.lab.pgserver`` starts it (initdb in /tmp, unix socket only, as the
 ``postgres`` user under root) and removes it at the end. Missing binaries or a
@@ -30,7 +31,8 @@ def pg_server() -> Iterator[PgServer]:
         with running((PW_USER, PW_PASSWORD)) as server:
             yield server
     except PgUnavailable as e:
-        msg = f"{e}; run scripts/bootstrap.sh (it installs Debian's postgresql and fleetctl[postgres])"
+        msg = (f"{e}; run scripts/bootstrap.sh (it installs Debian's postgresql and "
+               "fleetctl[postgres])")
         if os.environ.get("CI"):
             pytest.fail(msg, pytrace=False)
         pytest.skip(msg)

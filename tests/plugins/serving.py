@@ -31,13 +31,18 @@ def engine(progress: Progress = NULL) -> Engine:
 
 
 def serve(tag: str = BASE_TAG) -> RolloutResult | None:
-    """Make every node serve ``tag`` (readiness + smoke), unless it already does; None if nothing to do."""
+    """Make every node serve ``tag`` (readiness + smoke), unless it already does; None if nothing
+    to do."""
     eng = engine()
     try:
         recipe = eng.recipe(None)
         img = registry.resolve(recipe.image, tag, eng.mirrors)
-        if all((s := remote.inspect(h, remote.container_name(h))) is not None and s.running and s.digest == img.digest
-               for h in eng.inv.hosts.values()):
+        if all(
+            (s := remote.inspect(h, remote.container_name(h))) is not None
+            and s.running
+            and s.digest == img.digest
+            for h in eng.inv.hosts.values()
+        ):
             return None
         return eng.rollback(to=tag, max_unavailable="100%")
     finally:
@@ -58,11 +63,17 @@ def serving(staged: Any) -> RolloutResult:
     eng = engine()
     try:
         hosts = list(eng.inv.hosts.values())
-        serving_now = [h for h in hosts if (s := remote.inspect(h, remote.container_name(h))) is not None and s.running]
+        serving_now = [
+            h
+            for h in hosts
+            if (s := remote.inspect(h, remote.container_name(h))) is not None and s.running
+        ]
         if serving_now:
             r = eng.rollback(to=BASE_TAG, max_unavailable="100%")
         else:
-            r = eng.rollout(Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK))
+            r = eng.rollout(
+                Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK)
+            )
     finally:
         eng.close()
         ssh.close_all()

@@ -1,4 +1,5 @@
-"""The ``staged`` session fixture: the default recipe's weights staged on every running lab node, once."""
+"""The ``staged`` session fixture: the default recipe's weights staged on every running lab node,
+once."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from fleetctl.stage import StageResult, stage
 
 @pytest.fixture(scope="session")
 def staged(request: pytest.FixtureRequest, lab: fleetlab.LabStatus) -> StageResult:
-    """The result of staging the inventory's default recipe to every running node (after provisioning, if any)."""
+    """The result of staging the inventory's default recipe to every running node (after
+    provisioning, if any)."""
     # Provision first when this checkout has the fixture; weights alone do not need Docker.
     with contextlib.suppress(pytest.FixtureLookupError):
         request.getfixturevalue("provisioned")

@@ -1,8 +1,12 @@
-"""The ``lab_unit`` session fixture: a two-node unit on the lab, made and provisioned once for every unit test.
+"""The ``lab_unit`` session fixture: a two-node unit on the lab, made and provisioned once for
+every unit test.
 
-The lab's first unit; on a lab without one, two more nodes made one (``lab up --units 1``) and provisioned,
-kept until the session ends, then removed (so that a lab reused by a later session has the fleet of single
-hosts it had). The unit's test modules run last in their group (tests/conftest.py, ``UNIT_MODULES``), so no
+The lab's first unit; on a lab without one, two more nodes made one (``lab up --units 1``) and
+provisioned,
+kept until the session ends, then removed (so that a lab reused by a later session has the fleet of
+single
+hosts it had). The unit's test modules run last in their group (tests/conftest.py,
+``UNIT_MODULES``), so no
 test that expects only single hosts runs while it exists; they used to make and remove a unit each.
 """
 
@@ -26,7 +30,8 @@ FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 
 @pytest.fixture(scope="session")
 def lab_unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, tuple[str, ...]]]:
-    """(name, members, head first) of a provisioned lab unit (the bandwidth probe runs with --gpus all)."""
+    """(name, members, head first) of a provisioned lab unit (the bandwidth probe runs with --gpus
+    all)."""
     del provisioned
     now = fleetlab.status()
     if now.units:
@@ -36,8 +41,13 @@ def lab_unit(lab: fleetlab.LabStatus, provisioned: Any) -> Iterator[tuple[str, t
     st = fleetlab.up(nodes=nodes + 2, units=1)
     try:
         name, members = next(iter(st.units.items()))
-        r = subprocess.run([FLEETCTL, "provision", "--limit", ",".join(members), "--json"], capture_output=True,
-                           text=True, timeout=900, env=os.environ)
+        r = subprocess.run(
+            [FLEETCTL, "provision", "--limit", ",".join(members), "--json"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=os.environ,
+        )
         assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
         json.loads(r.stdout)
         yield name, members

@@ -1,4 +1,5 @@
-"""The ``receiver`` fixture: a real loopback HTTP server that keeps every JSON body POSTed to it (a webhook's
+"""The ``receiver`` fixture: a real loopback HTTP server that keeps every JSON body POSTed to it (a
+webhook's
 receiver); ``reply_json`` for other loopback servers standing for an API."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""``fleetctl provision`` on the lab: fresh run, idempotence, faulty nodes, daemon.json merge, check mode."""
+"""``fleetctl provision`` on the lab: fresh run, idempotence, faulty nodes, daemon.json merge,
+check mode."""
 
 from __future__ import annotations
 
@@ -28,7 +29,11 @@ def _inventory(lab: fleetlab.LabStatus) -> inv.Inventory:
 
 def _sh(lab: fleetlab.LabStatus, host: str, command: str, timeout: float = 60) -> str:
     # What an admin does by hand on the node: as root, through the lab admin's sudo.
-    return ssh.run(_inventory(lab).host(host), command, timeout=timeout, become=True).check(command).stdout
+    return (
+        ssh.run(_inventory(lab).host(host), command, timeout=timeout, become=True)
+        .check(command)
+        .stdout
+    )
 
 
 def _daemon_json(lab: fleetlab.LabStatus, host: str) -> dict[str, Any]:
@@ -37,12 +42,16 @@ def _daemon_json(lab: fleetlab.LabStatus, host: str) -> dict[str, Any]:
 
 
 @contextmanager
-def _daemon_json_edited(lab: fleetlab.LabStatus, host: str, edit: Callable[[dict[str, Any]], None]) -> Iterator[str]:
+def _daemon_json_edited(
+    lab: fleetlab.LabStatus, host: str, edit: Callable[[dict[str, Any]], None]
+) -> Iterator[str]:
     """Edit the node's daemon.json for the block; its original text is written back afterwards."""
     original = _sh(lab, host, f"cat {DAEMON_JSON}")
     data = json.loads(original)
     edit(data)
-    ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n", become=True)
+    ssh.put_text(
+        _inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n", become=True
+    )
     try:
         yield original
     finally:
@@ -102,7 +111,9 @@ def test_daemon_json_keys_set_before_provisioning_survive(provisioned: PlaybookR
         assert any(b.startswith("daemon.json.") and b.endswith("~") for b in backups), backups
 
 
-def test_check_mode_reports_but_changes_nothing(provisioned: PlaybookResult, lab: fleetlab.LabStatus) -> None:
+def test_check_mode_reports_but_changes_nothing(
+    provisioned: PlaybookResult, lab: fleetlab.LabStatus
+) -> None:
     host = next(iter(provisioned.hosts))
     registries = _inventory(lab).host(host).vars["docker_insecure_registries"]
 
@@ -164,25 +175,41 @@ def test_next_kernel_without_nvidia_module_warns_and_fails_under_strict(
     assert facts.next_kernel and facts.kernel and facts.next_kernel != facts.kernel
     assert loose.ok
     [warning] = loose.hosts[host].warnings
-    assert facts.next_kernel in warning and facts.kernel in warning and "no nvidia module" in warning
+    assert (
+        facts.next_kernel in warning and facts.kernel in warning and "no nvidia module" in warning
+    )
     assert not strict.ok
-    assert "no nvidia module" in strict.hosts[host].message and facts.next_kernel in strict.hosts[host].message
+    assert (
+        "no nvidia module" in strict.hosts[host].message
+        and facts.next_kernel in strict.hosts[host].message
+    )
 
 
-def test_a_removed_toolkit_is_reported_by_check_mode_and_reinstalled(provisioned: PlaybookResult,
-                                                                    lab: fleetlab.LabStatus) -> None:
+def test_a_removed_toolkit_is_reported_by_check_mode_and_reinstalled(
+    provisioned: PlaybookResult, lab: fleetlab.LabStatus
+) -> None:
     host = list(provisioned.hosts)[-1]
     # Undo provisioning on the node: package removed (not purged), source, keyring and runtime gone.
-    _sh(lab, host, "dpkg -r nvidia-container-toolkit >/dev/null && rm -f /etc/apt/sources.list.d/nvidia-container-toolkit.list "
-                   "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg", timeout=120)
+    _sh(
+        lab,
+        host,
+        "dpkg -r nvidia-container-toolkit >/dev/null && rm -f "
+        "/etc/apt/sources.list.d/nvidia-container-toolkit.list "
+        "/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg",
+        timeout=120,
+    )
     data = _daemon_json(lab, host)
     data.pop("runtimes", None)
-    ssh.put_text(_inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n", become=True)
+    ssh.put_text(
+        _inventory(lab).host(host), DAEMON_JSON, json.dumps(data, indent=4) + "\n", become=True
+    )
 
     checked = provision(_inventory(lab), limit=host, check=True)
     h = checked.hosts[host]
     assert checked.ok and h.changed >= 2
-    assert "1.18.0-1" not in _sh(lab, host, "dpkg-query -W -f='${db:Status-Status}' nvidia-container-toolkit || true")
+    assert "1.18.0-1" not in _sh(
+        lab, host, "dpkg-query -W -f='${db:Status-Status}' nvidia-container-toolkit || true"
+    )
     assert "nvidia" not in _daemon_json(lab, host).get("runtimes", {})
 
     fixed = provision(_inventory(lab), limit=host)

@@ -65,13 +65,24 @@ def _serve(handler: Any) -> Iterator[str]:
 @pytest.fixture
 def mirror(tmp_path: Path) -> Iterator[str]:
     root = tmp_path / "www"
-    models.populate_mirror(root, [models.MirrorSpec(REPO, "r1", "qwen36-35b-a3b-nvfp4"),
-                                  models.MirrorSpec(REPO, "r2", "qwen36-35b-a3b-nvfp4", date="2026-07-01")])
+    models.populate_mirror(
+        root,
+        [
+            models.MirrorSpec(REPO, "r1", "qwen36-35b-a3b-nvfp4"),
+            models.MirrorSpec(REPO, "r2", "qwen36-35b-a3b-nvfp4", date="2026-07-01"),
+        ],
+    )
     yield from _serve(partial(_Quiet, directory=str(root)))
 
 
 def _set(tmp_path: Path, revision: str) -> dict[str, Any]:
-    return {"role": "body", "repo": REPO, "revision": revision, "path": str(tmp_path / "opt" / "body"), "size_gb": 0}
+    return {
+        "role": "body",
+        "repo": REPO,
+        "revision": revision,
+        "path": str(tmp_path / "opt" / "body"),
+        "size_gb": 0,
+    }
 
 
 def _stage(s: dict[str, Any], run: str, mirror: str) -> dict[str, Any]:
@@ -84,7 +95,9 @@ def _stage(s: dict[str, Any], run: str, mirror: str) -> dict[str, Any]:
     return result
 
 
-def test_fetch_swap_then_current_then_a_new_revision_replaces_it(tmp_path: Path, mirror: str) -> None:
+def test_fetch_swap_then_current_then_a_new_revision_replaces_it(
+    tmp_path: Path, mirror: str
+) -> None:
     s1 = _set(tmp_path, "r1")
     first = _stage(s1, "run1", mirror)
     assert first["sets"][0]["state"] == "stage" and first["need_bytes"] > 0
@@ -112,15 +125,22 @@ def test_a_file_removed_after_staging_makes_the_set_stale(tmp_path: Path, mirror
     _stage(s, "run1", mirror)
     next(Path(s["path"]).glob("*.safetensors")).unlink()
     report, _ = ws.preflight([s], "run2", "mirror", mirror, "https://hub.invalid", None, 0)
-    assert report["sets"][0]["state"] == "stage" and "missing or changed" in report["sets"][0]["reason"]
+    assert (
+        report["sets"][0]["state"] == "stage"
+        and "missing or changed" in report["sets"][0]["reason"]
+    )
 
 
-def test_preflight_removes_a_killed_runs_staging_and_checks_the_disk_first(tmp_path: Path, mirror: str) -> None:
+def test_preflight_removes_a_killed_runs_staging_and_checks_the_disk_first(
+    tmp_path: Path, mirror: str
+) -> None:
     s = _set(tmp_path, "r1")
     stale = Path(s["path"] + ".staging-killed")
     stale.mkdir(parents=True)
     (stale / "half.safetensors").write_bytes(b"x" * 100)
-    report, problem = ws.preflight([s], "run9", "mirror", mirror, "https://hub.invalid", None, 10**9)
+    report, problem = ws.preflight(
+        [s], "run9", "mirror", mirror, "https://hub.invalid", None, 10**9
+    )
     assert report["removed"] == [str(stale)] and not stale.exists()
     assert problem is not None and "not enough disk" in problem and "headroom" in problem
     assert not Path(s["path"]).exists()
@@ -167,7 +187,9 @@ class _Endless(http.server.BaseHTTPRequestHandler):
         del args
 
 
-def test_an_endless_or_dripping_mirror_is_cut_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_endless_or_dripping_mirror_is_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for base in _serve(_Endless):
         with pytest.raises(ws.StageError, match="more than the 1000000 bytes"):
             ws._download(f"{base}/big", str(tmp_path / "big"), 1_000_000, None)
@@ -183,7 +205,11 @@ def test_hub_revision_api_gives_the_commit_and_date_and_needs_the_token(tmp_path
     s = {**_set(tmp_path, "main"), "size_gb": 0.5}
     for hub in _serve(_Hub):
         info = ws.source_info(s, "hub", None, hub, "hf_test_token")
-        assert info["commit"] == "abc123" and info["revision_date"] == "2026-06-20" and info["bytes"] == 500_000_000
+        assert (
+            info["commit"] == "abc123"
+            and info["revision_date"] == "2026-06-20"
+            and info["bytes"] == 500_000_000
+        )
         with pytest.raises(ws.StageError, match="HTTP 401") as e:
             ws.source_info(s, "hub", None, hub, None)
         assert "hf_test_token" not in str(e.value)
@@ -264,16 +290,25 @@ def test_a_redirect_to_another_scheme_is_refused() -> None:
         ws._KeepTokenHome().redirect_request(req, None, 302, "Found", {}, "ftp://files.example/x")
 
 
-def test_a_manifest_pinned_in_the_recipe_must_match_the_mirrors(tmp_path: Path, mirror: str) -> None:
+def test_a_manifest_pinned_in_the_recipe_must_match_the_mirrors(
+    tmp_path: Path, mirror: str
+) -> None:
     s = _set(tmp_path, "r1")
     raw = urllib.request.urlopen(f"{mirror}/{REPO}/r1/manifest.json").read()
     good = ws.hashlib.sha256(raw).hexdigest()
-    assert ws.source_info({**s, "manifest_sha256": good}, "mirror", mirror, "", None)["manifest_sha256"] == good
+    assert (
+        ws.source_info({**s, "manifest_sha256": good}, "mirror", mirror, "", None)[
+            "manifest_sha256"
+        ]
+        == good
+    )
     with pytest.raises(ws.StageError, match="not the recipe's manifest_sha256"):
         ws.source_info({**s, "manifest_sha256": "0" * 64}, "mirror", mirror, "", None)
 
 
-def test_receive_removes_a_killed_runs_key_and_its_own(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_receive_removes_a_killed_runs_key_and_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a receive SIGKILLed with its controller left its key behind; the next receive removes it
     monkeypatch.setattr(ws, "KEY_BASE", str(tmp_path))
     stale = tmp_path / "fleetctl-stage-old"

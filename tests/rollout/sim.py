@@ -1,4 +1,5 @@
-"""A simulated fleet for the rollout engine's state machine: hosts with Docker's container semantics.
+"""A simulated fleet for the rollout engine's state machine: hosts with Docker's container
+semantics.
 
 Each host keeps containers by unique name, and implements the engine's
 :class:`~fleetctl.rollout.host.HostOps` with what the docker CLI would do:
@@ -117,10 +118,12 @@ class SimFleet:
         self.dead = False
         #: Raise KeyboardInterrupt (Ctrl-C) in the soak of this host.
         self.ctrl_c_in_soak: str | None = None
-        #: Serving units: head -> every member, the head first. A head serves (ready, soak, smoke) only
-        #: while every member runs the head's version, as a multi-node engine whose ranks all joined.
+        #: Serving units: head -> every member, the head first. A head serves (ready, soak, smoke)
+        #: only while every member runs the head's version, as a multi-node engine whose ranks all
+        #: joined.
         self.units: dict[str, list[str]] = {}
-        #: Stop this member's container when the soak of its unit's head begins (a worker dying mid-soak).
+        #: Stop this member's container when the soak of its unit's head begins (a worker dying
+        #: mid-soak).
         self.kill_in_soak: str | None = None
         #: Relays by (address, port), for a relay whose upstream is another host's.
         self.relays: dict[tuple[str, int], str] = {}
@@ -179,7 +182,9 @@ class SimFleet:
         return c.digest if c is not None else None
 
     def serving_tags(self) -> dict[str, str | None]:
-        return {n: (c.tag if (c := h.serving()) is not None else None) for n, h in self.hosts.items()}
+        return {
+            n: (c.tag if (c := h.serving()) is not None else None) for n, h in self.hosts.items()
+        }
 
     # -- seams for the engine ---------------------------------------------------------------
 
@@ -189,7 +194,9 @@ class SimFleet:
     def resolve(self, image: str, tag: str, mirrors: Mapping[str, str]) -> ResolvedImage:
         if tag not in self.tags:
             raise FleetError(f"no tag {tag} in {image}", fix="pick a tag that exists")
-        return ResolvedImage(image, tag, tag, digest_of(tag), "application/vnd.oci.image.index.v1+json")
+        return ResolvedImage(
+            image, tag, tag, digest_of(tag), "application/vnd.oci.image.index.v1+json"
+        )
 
 
 @dataclass
@@ -290,7 +297,9 @@ class SimOps(SimHostSide):
             prev = h.containers.get(name + remote.PREV_SUFFIX)
             if cur is None:
                 return self._serving(prev)
-            if prev is not None and (not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)):
+            if prev is not None and (
+                not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)
+            ):
                 self._rm_f(h, name)
                 self._done("retire")
                 return self._serving(prev)
@@ -320,8 +329,18 @@ class SimOps(SimHostSide):
             self._start_then(h, name, "swap")
             return before
 
-    def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
+    def start(
+        self,
+        recipe: Recipe,
+        ref: str,
+        *,
+        tag: str,
+        digest: str,
+        rollout_id: str,
+        secrets: Mapping[str, str],
+        cache_key: str | None = None,
+        launch: MemberLaunch | None = None,
+    ) -> None:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
@@ -401,7 +420,8 @@ class SimGates:
                 return c, "down"
             b = c.labels.get(BEHAVIOUR_LABEL) or self.fleet.behaves(h, c.digest)
             for m in self.fleet.units.get(host.name, [])[1:]:
-                # a unit's head serves only while every rank runs its version (else: wedged, no token)
+                # a unit's head serves only while every rank runs its version (else: wedged, no
+                # token)
                 mh = self.fleet.hosts[m]
                 mc = mh.containers.get(NAME)
                 if mc is None or not mc.running or mc.digest != c.digest:
@@ -415,12 +435,26 @@ class SimGates:
         c, b = self._state(host)
         if b in (OK, SOAKFAIL):
             return Readiness(Outcome.PASS, "ready", 0.0)
-        return Readiness(Outcome.FAIL, f"container {c.status if c else 'missing'}", 0.0, cause="exited with code 1")
+        return Readiness(
+            Outcome.FAIL,
+            f"container {c.status if c else 'missing'}",
+            0.0,
+            cause="exited with code 1",
+        )
 
     def _verdict(self, host: Host, tag: str, ok: bool, artifacts: Path | None) -> Verdict:
-        return Verdict(f"sim/{host.name}", host.name, f"http://{host.address}", Outcome.PASS if ok else Outcome.FAIL,
-                       "pass" if ok else "fail: decode tok/s dropped 60%", "", "", 0.0, tag=tag,
-                       artifacts_dir=str(artifacts) if artifacts else None)
+        return Verdict(
+            f"sim/{host.name}",
+            host.name,
+            f"http://{host.address}",
+            Outcome.PASS if ok else Outcome.FAIL,
+            "pass" if ok else "fail: decode tok/s dropped 60%",
+            "",
+            "",
+            0.0,
+            tag=tag,
+            artifacts_dir=str(artifacts) if artifacts else None,
+        )
 
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
@@ -438,13 +472,16 @@ class SimGates:
         _c, b = self._state(host)
         return self._verdict(host, tag, b == OK, artifacts)
 
-    def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
+    def smoke(
+        self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path
+    ) -> Verdict:
         _c, b = self._state(host)
         return self._verdict(host, tag, b in (OK, SOAKFAIL), artifacts)
 
 
 class SimDeployer:
-    """The vllm_serve role's deploy run (:class:`fleetctl.rollout.deploy.Deployer`) on the simulated fleet.
+    """The vllm_serve role's deploy run (:class:`fleetctl.rollout.deploy.Deployer`) on the
+    simulated fleet.
 
     Each host goes through what the role's ``vllm_container`` module does: nothing when the
     container already runs the digest and settings; otherwise its retire decision (the module's
@@ -481,7 +518,9 @@ class SimDeployer:
 
     def _step(self, ops: SimOps, r: DeployRequest, step: str) -> None:
         if self.fail_at.get(r.host.name) == step:
-            raise FleetError(f"docker {step} failed", host=r.host.name, fix="see the docker daemon's log")
+            raise FleetError(
+                f"docker {step} failed", host=r.host.name, fix="see the docker daemon's log"
+            )
 
     def _one(self, r: DeployRequest) -> remote.Container | None:
         with self.fleet.mu:
@@ -491,14 +530,24 @@ class SimDeployer:
             name, prev_name = r.name, r.name + remote.PREV_SUFFIX
             fp = remote.fingerprint(r.recipe)
             cur, prev = h.containers.get(name), h.containers.get(prev_name)
-            if cur is not None and cur.digest == r.digest and cur.labels.get(remote.LABEL_FINGERPRINT) == fp:
+            if (
+                cur is not None
+                and cur.digest == r.digest
+                and cur.labels.get(remote.LABEL_FINGERPRINT) == fp
+            ):
                 if cur.running:
                     return ops._serving(prev)
                 if prev is None:  # the module starts a stopped container that is already right
                     ops._start_then(h, name, "start")
                     return None
-            plan = self.module.retire_plan(None if cur is None else cur.running, cur.rollout if cur else None,
-                                           cur.digest if cur else None, prev is not None, r.rollout_id, r.digest)
+            plan = self.module.retire_plan(
+                None if cur is None else cur.running,
+                cur.rollout if cur else None,
+                cur.digest if cur else None,
+                prev is not None,
+                r.rollout_id,
+                r.digest,
+            )
             if plan == "remove":
                 self._step(ops, r, "rm")
                 ops._rm_f(h, name)

@@ -26,19 +26,35 @@ Fault = Callable[..., AbstractContextManager[fleetlab.LabNode]]
 
 
 def _serving_id(name: str) -> str:
-    """The image ID of the node's serving container, read without SSH (its rights are what is tested)."""
-    r = fleetlab.node_exec(name, ["sh", "-c", "docker ps --filter name=vllm --format '{{.Image}} {{.ID}}'; "
-                                              "docker inspect --format '{{.Image}}' $(docker ps -q --filter name=vllm)"])
+    """The image ID of the node's serving container, read without SSH (its rights are what is
+    tested)."""
+    r = fleetlab.node_exec(
+        name,
+        [
+            "sh",
+            "-c",
+            "docker ps --filter name=vllm --format '{{.Image}} {{.ID}}'; "
+            "docker inspect --format '{{.Image}}' $(docker ps -q --filter name=vllm)",
+        ],
+    )
     assert r.returncode == 0 and r.stdout.strip(), r.stderr
     return r.stdout.strip()
 
 
 def _rollout(env: dict[str, str], name: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLEETCTL, "rollout", "--tag", "v0.24.0", "--limit", name, "--soak", "3s", "--yes"],
-                          env=env, capture_output=True, text=True, timeout=600, check=False)
+    return subprocess.run(
+        [FLEETCTL, "rollout", "--tag", "v0.24.0", "--limit", name, "--soak", "3s", "--yes"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
 
 
-def test_a_user_without_sudo_or_docker_is_refused_at_preflight(serving: Any, lab_fault: Fault) -> None:
+def test_a_user_without_sudo_or_docker_is_refused_at_preflight(
+    serving: Any, lab_fault: Fault
+) -> None:
     del serving
     before = _serving_id("spark-04")
     with lab_fault("spark-04", revoked_access=True):
@@ -46,16 +62,24 @@ def test_a_user_without_sudo_or_docker_is_refused_at_preflight(serving: Any, lab
         after = _serving_id("spark-04")
     assert r.returncode != 0, r.stdout
     err = " ".join(r.stderr.split())
-    # Without a sudoers line sudo still asks for a password (it never tells who may use it before that).
-    assert "spark-04" in err and "sudo asks nvidia for a password" in err and "nothing was changed" in err, err
+    # Without a sudoers line sudo still asks for a password (it never tells who may use it before
+    # that).
+    assert (
+        "spark-04" in err
+        and "sudo asks nvidia for a password" in err
+        and "nothing was changed" in err
+    ), err
     assert "can run docker neither as a member of the docker group nor through sudo" in err, err
     # the fix names the sudoers line and the group, for this user
-    assert "NOPASSWD: ALL' > /etc/sudoers.d/fleetctl" in err and "usermod -aG docker nvidia" in err, err
+    assert (
+        "NOPASSWD: ALL' > /etc/sudoers.d/fleetctl" in err and "usermod -aG docker nvidia" in err
+    ), err
     assert after == before
 
 
 def test_a_vaulted_become_password_needs_the_vault_password(serving: Any) -> None:
-    """spark-02's sudo asks for the password: without the vault password the rollout says so and changes nothing."""
+    """spark-02's sudo asks for the password: without the vault password the rollout says so and
+    changes nothing."""
     del serving
     before = _serving_id("spark-02")
     env = {k: v for k, v in os.environ.items() if k != "ANSIBLE_VAULT_PASSWORD_FILE"}

@@ -90,7 +90,9 @@ def test_a_keyed_recipe_serves_only_with_the_key_and_stores_it_nowhere(
     written = [p for p in state.rglob("*") if p.is_file() and KEY.encode() in p.read_bytes()]
     assert written == []
     # By name only on the host: not in the container's command line nor any process's arguments.
-    cmd = ssh.docker(h, "docker inspect vllm --format '{{json .Config.Cmd}} {{json .Args}}'", timeout=30)
+    cmd = ssh.docker(
+        h, "docker inspect vllm --format '{{json .Config.Cmd}} {{json .Args}}'", timeout=30
+    )
     assert cmd.ok and KEY not in cmd.stdout
     ps = ssh.run(h, ["ps", "-eo", "args"], timeout=30)
     assert ps.ok and KEY not in ps.stdout

@@ -1,5 +1,7 @@
-"""The capacity floor through the engine, on the simulated fleet: the plan a dry run prints (floor, steps,
-expected time from the recipe's soak config), the steps a rollout and a rollback really take, and the
+"""The capacity floor through the engine, on the simulated fleet: the plan a dry run prints (floor,
+steps,
+expected time from the recipe's soak config), the steps a rollout and a rollback really take, and
+the
 inventory's fleetctl_min_available."""
 
 from __future__ import annotations
@@ -22,13 +24,21 @@ def _inventory(tmp_path: Path, floor: str | None = None) -> Path:
     inv = tmp_path / "inv"
     shutil.copytree(paths.project_root() / "inventory" / "example", inv, dirs_exist_ok=True)
     if floor is not None:
-        (inv / "group_vars" / "all" / "capacity.yml").write_text(f"fleetctl_min_available: {floor!r}\n")
+        (inv / "group_vars" / "all" / "capacity.yml").write_text(
+            f"fleetctl_min_available: {floor!r}\n"
+        )
     return inv / "hosts.yml"
 
 
 def _engine(tmp_path: Path, fleet: SimFleet, floor: str | None = None) -> Engine:
-    return Engine(inventory.load(_inventory(tmp_path, floor)), state_dir=tmp_path / "state", secrets={},
-                  ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+    return Engine(
+        inventory.load(_inventory(tmp_path, floor)),
+        state_dir=tmp_path / "state",
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+    )
 
 
 def _steps(r: RolloutResult, tmp_path: Path) -> list[int]:
@@ -51,7 +61,11 @@ def test_dry_run_plan_shows_the_floor_the_steps_and_the_expected_time(tmp_path: 
     assert (p.capacity.per_step, p.capacity.source, p.max_unavailable) == (1, "default", 1)
     assert [len(s) for s in p.estimate.steps] == [1, 1, 1]
     # The example recipe's profile is a Spark's: a 4 min load; --soak 90s.
-    assert (p.estimate.load_seconds, p.estimate.soak_seconds, p.estimate.seconds) == (240.0, 90.0, 3 * 330.0)
+    assert (p.estimate.load_seconds, p.estimate.soak_seconds, p.estimate.seconds) == (
+        240.0,
+        90.0,
+        3 * 330.0,
+    )
 
 
 def test_the_inventorys_floor_sets_the_steps_of_a_rollout_and_a_rollback(tmp_path: Path) -> None:
@@ -90,9 +104,14 @@ def test_the_next_plan_learns_its_estimate_from_the_steps_that_passed(tmp_path: 
     with fleet_ledger.open_ledger(tmp_path / "state") as led:
         passed = led.passed_steps(r.plan.recipe if r.plan else "")
     # every passed step recorded its timings and the sustained seconds it was asked for
-    assert len(passed) == 3 and all(v["sustained_s"] == 1.0 and "ready" in v["timings"] for v in passed)
+    assert len(passed) == 3 and all(
+        v["sustained_s"] == 1.0 and "ready" in v["timings"] for v in passed
+    )
     e = r.plan.estimate if r.plan else None
-    assert e is not None and e.basis == "load: median of 3 past steps; soak: sustained + median extra of 3"
-    # the simulated hosts load at once, not in the recipe's 4 min; the soak is this run's 90 s plus what the
-    # simulated gates took beyond their 1 s (nothing: they return at once)
+    assert (
+        e is not None
+        and e.basis == "load: median of 3 past steps; soak: sustained + median extra of 3"
+    )
+    # the simulated hosts load at once, not in the recipe's 4 min; the soak is this run's 90 s plus
+    # what the simulated gates took beyond their 1 s (nothing: they return at once)
     assert e.load_seconds < 5 and e.soak_seconds == 90.0

@@ -1,15 +1,22 @@
-"""A rollout with the default plan keeps the capacity floor on the lab: never more nodes out of service than
-``fleetctl_min_available`` allows, as seen over SSH on every node while the rollout runs; and its later
+"""A rollout with the default plan keeps the capacity floor on the lab: never more nodes out of
+service than
+``fleetctl_min_available`` allows, as seen over SSH on every node while the rollout runs; and its
+later
 steps start warm from the canary's compile cache, while a stale cache is ignored.
 
-The floor comes from the inventory (no --max-unavailable, no --min-available): 50 % of the lab's 4 nodes, so
+The floor comes from the inventory (no --max-unavailable, no --min-available): 50 % of the lab's 4
+nodes, so
 the canary goes alone, then two nodes at a time. A watcher asks every node, over and over during the
-rollout, whether its serving container runs and answers /health; the most nodes it ever saw out at once
+rollout, whether its serving container runs and answers /health; the most nodes it ever saw out at
+once
 must be within the floor.
 
-Warm start (docs/warm-start.md), in the same rollout: before it, every node's cache directory for the
-target's key holds a *stale* compile (made for another key). The canary must ignore it (a cold compile,
-its gate passes); the nodes after it must get the canary's cache (the ledger says warm, the manifest read
+Warm start (docs/warm-start.md), in the same rollout: before it, every node's cache directory for
+the
+target's key holds a *stale* compile (made for another key). The canary must ignore it (a cold
+compile,
+its gate passes); the nodes after it must get the canary's cache (the ledger says warm, the
+manifest read
 from the node names the key) and the emulator on them must log a compile-cache hit for that key.
 """
 
@@ -39,7 +46,8 @@ pytestmark = pytest.mark.lab
 
 @pytest.fixture(scope="module", autouse=True)
 def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A ledger of this module's own: its gates compare throughput with no baseline measured under other load
+    """A ledger of this module's own: its gates compare throughput with no baseline measured under
+    other load
     (two soaks at once and the watcher's SSH on two shared cores are slower than one soak alone)."""
     d = tmp_path_factory.mktemp("capacity-state")
     with pytest.MonkeyPatch.context() as mp:
@@ -49,8 +57,10 @@ def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 @pytest.fixture
 def floor_in_inventory(serving: RolloutResult) -> Iterator[Path]:
-    """``fleetctl_min_available: 50%`` in the lab inventory's group_vars for this test only, and the image
-    tree from 2 hosts and any size (its defaults: 4 hosts needing the image, 512 MB; the lab's is 112 MB)."""
+    """``fleetctl_min_available: 50%`` in the lab inventory's group_vars for this test only, and
+    the image
+    tree from 2 hosts and any size (its defaults: 4 hosts needing the image, 512 MB; the lab's is
+    112 MB)."""
     del serving
     f = inventory.load(None).path.parent / "group_vars" / "all" / "capacity-test.yml"
     f.write_text(f"{MIN_AVAILABLE_VAR}: 50%\n{imagetree.VAR}: {{min_hosts: 2, min_mb: 0}}\n")
@@ -68,8 +78,12 @@ class Watcher:
         inv = inventory.load(None)
         self.hosts = list(inv.hosts.values())
         port = recipe_for(inv, None).port
-        self.cmd = {h.name: f"docker inspect -f '{{{{.State.Running}}}}' {container_name(h)} | grep -qx true && "
-                            f"curl -sf -m 3 -o /dev/null http://127.0.0.1:{port}/health" for h in self.hosts}
+        self.cmd = {
+            h.name: f"docker inspect -f '{{{{.State.Running}}}}' {container_name(h)} | grep -qx "
+                    "true && "
+            f"curl -sf -m 3 -o /dev/null http://127.0.0.1:{port}/health"
+            for h in self.hosts
+        }
         self.most_out = 0
         self.rounds = 0
         self.seen_out: set[str] = set()
@@ -78,12 +92,16 @@ class Watcher:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            outs = ssh.fan_out(self.hosts, lambda h: ssh.docker(h, self.cmd[h.name], timeout=20).rc, timeout=30)
+            outs = ssh.fan_out(
+                self.hosts, lambda h: ssh.docker(h, self.cmd[h.name], timeout=20).rc, timeout=30
+            )
             down = {n for n, o in outs.items() if o.error is not None or o.value != 0}
             self.seen_out |= down
             self.most_out = max(self.most_out, len(down))
             self.rounds += 1
-            self._stop.wait(0.3)  # a breath between rounds: the controller and the soaks share two cores
+            self._stop.wait(
+                0.3
+            )  # a breath between rounds: the controller and the soaks share two cores
 
     def __enter__(self) -> Watcher:
         self._t.start()
@@ -95,21 +113,46 @@ class Watcher:
 
 
 def _in_cache(h: Host, recipe: Recipe, ref: str, script: str) -> str:
-    """Run python ``script`` in a throw-away container of ``ref`` with the node's recipe cache root at /c."""
-    r = ssh.docker(h, shlex.join(["docker", "run", "--rm", "--network", "none", "--entrypoint", "python3", "-v",
-                                  f"{warmcache.ROOT}/{recipe.name}:/c", ref, "-c", script]), timeout=120)
+    """Run python ``script`` in a throw-away container of ``ref`` with the node's recipe cache root
+    at /c."""
+    r = ssh.docker(
+        h,
+        shlex.join(
+            [
+                "docker",
+                "run",
+                "--rm",
+                "--network",
+                "none",
+                "--entrypoint",
+                "python3",
+                "-v",
+                f"{warmcache.ROOT}/{recipe.name}:/c",
+                ref,
+                "-c",
+                script,
+            ]
+        ),
+        timeout=120,
+    )
     r.check("cache script")
     return r.stdout
 
 
 def _forget_image(hosts: list[Host], ref: str) -> None:
-    """No node holds ``ref`` (a kept ``.prev`` container of it goes too): the rollout's prefetch must fetch it."""
+    """No node holds ``ref`` (a kept ``.prev`` container of it goes too): the rollout's prefetch
+    must fetch it."""
+
     def forget(h: Host) -> None:
         prev = container_name(h) + remote.PREV_SUFFIX
-        ssh.docker(h, f"s=$(docker inspect -f '{{{{.Image}}}}' {prev} 2>/dev/null); "
-                      f"i=$(docker image inspect -f '{{{{.Id}}}}' {ref} 2>/dev/null); "
-                      f"if [ -n \"$i\" ] && [ \"$s\" = \"$i\" ]; then docker rm -f {prev} >/dev/null; fi; "
-                      f"docker image rm {ref} >/dev/null 2>&1; true", timeout=60).check("forget the image")
+        ssh.docker(
+            h,
+            f"s=$(docker inspect -f '{{{{.Image}}}}' {prev} 2>/dev/null); "
+            f"i=$(docker image inspect -f '{{{{.Id}}}}' {ref} 2>/dev/null); "
+            f'if [ -n "$i" ] && [ "$s" = "$i" ]; then docker rm -f {prev} >/dev/null; fi; '
+            f"docker image rm {ref} >/dev/null 2>&1; true",
+            timeout=60,
+        ).check("forget the image")
         assert ssh.docker(h, ["docker", "image", "inspect", ref], timeout=30).rc != 0, h.name
 
     outs = ssh.fan_out(hosts, forget, timeout=120)
@@ -119,9 +162,11 @@ def _forget_image(hosts: list[Host], ref: str) -> None:
 def _plant_stale(hosts: list[Host], recipe: Recipe, ref: str, key: str) -> None:
     """Every node's cache directory for ``key`` holds the emulator's artefacts of another key."""
     d = f"/c/{key}/vllm/torch_compile_cache/fleetctl-emulator"
-    script = (f"import os, shutil; shutil.rmtree('/c/{key}', ignore_errors=True); os.makedirs('{d}'); "
-              f"open('{d}/kernels.bin', 'wb').write(b'old'); "
-              f"open('{d}/compiled.json', 'w').write('{{\"key\": \"stale\", \"sha256\": \"x\"}}')")
+    script = (
+        f"import os, shutil; shutil.rmtree('/c/{key}', ignore_errors=True); os.makedirs('{d}'); "
+        f"open('{d}/kernels.bin', 'wb').write(b'old'); "
+        f'open(\'{d}/compiled.json\', \'w\').write(\'{{"key": "stale", "sha256": "x"}}\')'
+    )
     outs = ssh.fan_out(hosts, lambda h: _in_cache(h, recipe, ref, script), timeout=180)
     assert all(o.error is None for o in outs.values()), outs
 
@@ -138,7 +183,9 @@ def test_the_default_plan_keeps_the_floor(floor_in_inventory: Path) -> None:
     _forget_image(list(inv.hosts.values()), ref)
     with Watcher() as w:
         before = w.rounds
-        while w.rounds == before:  # every node answers before the rollout starts (the baseline of the count)
+        while (
+            w.rounds == before
+        ):  # every node answers before the rollout starts (the baseline of the count)
             threading.Event().wait(0.2)
         assert w.most_out == 0, "a node was out of service before the rollout"
         r = run_rollout(NEW)
@@ -148,16 +195,25 @@ def test_the_default_plan_keeps_the_floor(floor_in_inventory: Path) -> None:
         rec = led.get(r.id)
     # The plan the inventory's floor made: 2 of 4 kept serving, so the canary, then steps of 2.
     assert rec.options["max_unavailable"] == 2, rec.options
-    assert "2 of 4 kept serving" in rec.options["capacity"] and "in the inventory" in rec.options["capacity"]
+    assert (
+        "2 of 4 kept serving" in rec.options["capacity"]
+        and "in the inventory" in rec.options["capacity"]
+    )
     steps = sorted({(h.wave, h.step) for h in rec.hosts})
     assert [sum(1 for h in rec.hosts if (h.wave, h.step) == s) for s in steps] == [1, 2, 1]
-    # The prefetch went through the image tree: the seed from the registry, the other three through relays.
-    assert sorted(r.pull_via.values())[-1].startswith("relay:") and list(r.pull_via.values()).count("registry") == 1, \
-        r.pull_via
-    assert any(p.phase == "prefetch" and "3 through relays" in (p.detail or "") for p in rec.phases), rec.phases
+    # The prefetch went through the image tree: the seed from the registry, the other three through
+    # relays.
+    assert (
+        sorted(r.pull_via.values())[-1].startswith("relay:")
+        and list(r.pull_via.values()).count("registry") == 1
+    ), r.pull_via
+    assert any(
+        p.phase == "prefetch" and "3 through relays" in (p.detail or "") for p in rec.phases
+    ), rec.phases
     # What the nodes said over SSH while it ran: never more than 2 out at once.
     assert w.rounds > 1 and w.most_out <= 2, (w.most_out, w.seen_out)
-    # Warm start: the canary compiled cold over the stale cache, every later node started warm on its key.
+    # Warm start: the canary compiled cold over the stale cache, every later node started warm on
+    # its key.
     canary = rec.waves[0].hosts[0]
     warm = {p.host: json.loads(p.detail or "{}") for p in rec.phases
             if p.host and p.phase in ("warm-start", "cold-start")}
@@ -166,9 +222,14 @@ def test_the_default_plan_keeps_the_floor(floor_in_inventory: Path) -> None:
                                          for v in warm.values()), warm
     check = (f"import json; print(json.load(open('/c/{key}/{warmcache.MANIFEST}'))['key'])")
     for h in inv.hosts.values():
-        log = ssh.docker(h, f"docker logs {container_name(h)} 2>&1 | grep 'compile cache' | tail -1", timeout=30)
+        log = ssh.docker(
+            h, f"docker logs {container_name(h)} 2>&1 | grep 'compile cache' | tail -1", timeout=30
+        )
         if h.name == canary:
-            assert f"compile cache miss (key {key}): the cache was compiled for key stale" in log.stdout, log.stdout
+            assert (
+                f"compile cache miss (key {key}): the cache was compiled for key stale"
+                in log.stdout
+            ), log.stdout
         else:
             assert f"compile cache hit (key {key})" in log.stdout, (h.name, log.stdout)
             assert _in_cache(h, recipe, ref, check).strip() == key

@@ -1,4 +1,5 @@
-"""The rollout engine on the shared PostgreSQL ledger: a controller killed mid-rollout, then another recovers.
+"""The rollout engine on the shared PostgreSQL ledger: a controller killed mid-rollout, then
+another recovers.
 
 The same simulated fleet as the recovery harness (tests/rollout/sim.py), with
 the ledger in a real PostgreSQL server (tests/plugins/postgres.py) chosen the
@@ -35,10 +36,24 @@ def _inventory(pg_server: PgServer) -> inventory.Inventory:
                                           "fleetctl_fleet": fleet})
 
 
-def _run(fleet: SimFleet, inv: inventory.Inventory, state: Path, what: str, tag: str = B) -> RolloutResult:
-    eng = Engine(inv, state_dir=state, secrets={}, ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+def _run(
+    fleet: SimFleet, inv: inventory.Inventory, state: Path, what: str, tag: str = B
+) -> RolloutResult:
+    eng = Engine(
+        inv,
+        state_dir=state,
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+    )
     fleet.watch(eng.ledger)
-    return run_command(eng, what, Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0), ",".join(HOSTS))
+    return run_command(
+        eng,
+        what,
+        Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0),
+        ",".join(HOSTS),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +65,12 @@ def points(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> int
     return len(fleet.points)
 
 
-@pytest.mark.parametrize(("where", "how"), [(0.25, "resume"), (0.5, "abort"), (0.75, "resume"), (0.9, "abort")])
-def test_a_killed_rollout_is_recovered_by_another_controller(pg_server: PgServer, tmp_path: Path, points: int,
-                                                             where: float, how: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "how"), [(0.25, "resume"), (0.5, "abort"), (0.75, "resume"), (0.9, "abort")]
+)
+def test_a_killed_rollout_is_recovered_by_another_controller(
+    pg_server: PgServer, tmp_path: Path, points: int, where: float, how: str
+) -> None:
     inv = _inventory(pg_server)
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK, SOAKBAD: SOAKFAIL})
     fleet.kill_at = max(1, int(points * where))
@@ -67,7 +85,8 @@ def test_a_killed_rollout_is_recovered_by_another_controller(pg_server: PgServer
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, want)
     with fleet_ledger.open_for(inv, tmp_path) as led:
         assert led.ids(statuses=fleet_ledger.ACTIVE) == [] and led.holder() is None
-        # Each host's known-good went to the shared database: a rollback from here undoes the rollout.
+        # Each host's known-good went to the shared database: a rollback from here undoes the
+        # rollout.
         assert all(led.known_good(h) for h in HOSTS)
     if how == "resume":
         rb = _run(fleet, inv, tmp_path, "rollback")

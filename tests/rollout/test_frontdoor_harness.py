@@ -1,5 +1,7 @@
-"""The rollout engine with a real HAProxy as the fleet's front door: the simulated fleet's hosts are the
-servers of a real haproxy on loopback (tiny HTTP backends standing for their vLLM), driven through its
+"""The rollout engine with a real HAProxy as the fleet's front door: the simulated fleet's hosts
+are the
+servers of a real haproxy on loopback (tiny HTTP backends standing for their vLLM), driven through
+its
 admin socket. What each host looked like to the door is recorded at every host operation."""
 
 from __future__ import annotations
@@ -103,7 +105,9 @@ def _engine(fleet: SimFleet, d: Door, state: Path, progress: Progress = NULL) ->
     return eng
 
 
-def _rollout(fleet: SimFleet, d: Door, state: Path, tag: str, progress: Progress = NULL) -> RolloutResult:
+def _rollout(
+    fleet: SimFleet, d: Door, state: Path, tag: str, progress: Progress = NULL
+) -> RolloutResult:
     eng = _engine(fleet, d, state, progress)
     try:
         return eng.rollout(Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", soak=1.0))
@@ -124,7 +128,9 @@ def _out_of_rotation(state: Path) -> dict[str, Any]:
         return dict(led.out_of_rotation())
 
 
-def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(tmp_path: Path, door: Door) -> None:
+def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(
+    tmp_path: Path, door: Door
+) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     # Two requests in flight on the canary when the rollout begins: its stop waits for them.
     door.haproxy.drain(Host("spark-02", "x"))
@@ -173,7 +179,9 @@ def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(tmp_pa
     assert in_flight_at_drain == [2]  # the stop came after the two requests ended
 
 
-def test_a_canary_failing_its_gate_is_never_readmitted_on_the_bad_version(tmp_path: Path, door: Door) -> None:
+def test_a_canary_failing_its_gate_is_never_readmitted_on_the_bad_version(
+    tmp_path: Path, door: Door
+) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, SOAKBAD: SOAKFAIL})
     r = _rollout(fleet, door, tmp_path / "state", SOAKBAD)
     assert r.status == fleet_ledger.FAILED
@@ -186,8 +194,9 @@ def test_a_canary_failing_its_gate_is_never_readmitted_on_the_bad_version(tmp_pa
 
 
 @pytest.mark.parametrize("then", ["resume", "abort", "rollback"])
-def test_a_controller_killed_while_a_host_is_drained_leaves_it_recorded_and_the_next_command_readmits_it(
-        tmp_path: Path, door: Door, then: str) -> None:
+def test_a_controller_killed_while_a_host_is_drained_is_recorded_and_the_next_command_readmits_it(
+    tmp_path: Path, door: Door, then: str
+) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     state = tmp_path / "state"
     Watched.die_at = ("spark-01", "retire")
@@ -259,7 +268,9 @@ def test_the_command_hook_through_a_rollout(tmp_path: Path, monkeypatch: pytest.
     assert (tmp_path / "pool.out").read_text().split() == []
 
 
-def test_the_litellm_backend_through_a_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_litellm_backend_through_a_rollout(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from tests.frontdoor.test_command_and_litellm import FakeLiteLLM
 
     monkeypatch.setenv("LITELLM_MASTER_KEY", "sk-m")
@@ -269,15 +280,24 @@ def test_the_litellm_backend_through_a_rollout(tmp_path: Path, monkeypatch: pyte
     inv = inventory.load(inv_dir / "hosts.yml")
     for n in HOSTS:
         base = f"http://{inv.host(n).address}:8000/v1"
-        proxy.models.append({"model_name": "qwen3", "litellm_params": {"model": "hosted_vllm/qwen3", "api_base": base},
-                             "model_info": {"id": f"dep-{n}"}})
+        proxy.models.append(
+            {
+                "model_name": "qwen3",
+                "litellm_params": {"model": "hosted_vllm/qwen3", "api_base": base},
+                "model_info": {"id": f"dep-{n}"},
+            }
+        )
         proxy.healthy.add(base)
     (inv_dir / "group_vars" / "all" / "frontdoor.yml").write_text(
         f"fleetctl_front_door: {{type: litellm, url: '{proxy.url}', model_name: qwen3}}\n")
 
     class Deployed(Door):
         def admin(self, name: str) -> str:
-            return "ready" if any(m["model_info"]["id"] == f"dep-{name}" for m in proxy.models) else "maint"
+            return (
+                "ready"
+                if any(m["model_info"]["id"] == f"dep-{name}" for m in proxy.models)
+                else "maint"
+            )
 
     d = Deployed(HAProxy("unused", "/nonexistent"), {}, 0, inv_dir, [])
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, SOAKBAD: SOAKFAIL})
@@ -288,13 +308,20 @@ def test_the_litellm_backend_through_a_rollout(tmp_path: Path, monkeypatch: pyte
         proxy.server.server_close()
     assert r.status == fleet_ledger.FAILED
     assert [(h, op, admin) for h, op, admin, _ in d.seen] == [
-        ("spark-01", "retire", "maint"), ("spark-01", "start", "maint"), ("spark-01", "restore", "maint")]
+        ("spark-01", "retire", "maint"),
+        ("spark-01", "start", "maint"),
+        ("spark-01", "restore", "maint"),
+    ]
     assert sorted(m["model_info"]["id"] for m in proxy.models) == [f"dep-{n}" for n in HOSTS]
 
 
-def test_a_door_that_refuses_the_drain_leaves_the_host_serving_untouched(tmp_path: Path, door: Door) -> None:
+def test_a_door_that_refuses_the_drain_leaves_the_host_serving_untouched(
+    tmp_path: Path, door: Door
+) -> None:
     f = door.inv_dir / "group_vars" / "all" / "frontdoor.yml"
-    f.write_text(f.read_text().replace("backend: vllm}", "backend: vllm, servers: {spark-01: nosuch}}"))
+    f.write_text(
+        f.read_text().replace("backend: vllm}", "backend: vllm, servers: {spark-01: nosuch}}")
+    )
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     r = _rollout(fleet, door, tmp_path / "state", B)
     assert r.status == fleet_ledger.FAILED
@@ -327,14 +354,17 @@ def test_a_host_the_door_does_not_see_healthy_after_its_gate_stays_out_and_resum
     assert [e.phase for e in events if e.host == "spark-01"].count("readmit-retry") == 1
     assert list(_out_of_rotation(tmp_path / "state")) == ["spark-01"]
     assert [h.status for h in r.hosts[1:]] == [fleet_ledger.PENDING] * 2
-    # The door mended (the server's check passes again): --resume re-admits it without a new gate, then goes on.
+    # The door mended (the server's check passes again): --resume re-admits it without a new gate,
+    # then goes on.
     door.seen.clear()
     door.pool.revive("spark-01")  # type: ignore[union-attr]
     r2 = _resume(fleet, door, tmp_path / "state")
     assert r2.status == fleet_ledger.COMPLETED, r2.error
     assert r2.hosts[0].status == fleet_ledger.DONE
     assert [s[1] for s in door.seen if s[0] == "spark-01"] == []  # never stopped or started again
-    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(tmp_path / "state") == {}
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(
+        tmp_path / "state"
+    ) == {}
 
 
 def test_a_readmission_the_door_refuses_at_first_is_tried_again(tmp_path: Path, door: Door) -> None:
@@ -345,19 +375,26 @@ def test_a_readmission_the_door_refuses_at_first_is_tried_again(tmp_path: Path, 
 
     def progress(e: Event) -> None:
         events.append(e)
-        if e.phase == "readmit-retry" and e.host == "spark-01" and door.backends["spark-01"].server.socket.fileno() < 0:
+        if (
+            e.phase == "readmit-retry"
+            and e.host == "spark-01"
+            and door.backends["spark-01"].server.socket.fileno() < 0
+        ):
             door.pool.revive("spark-01")  # type: ignore[union-attr]
 
     r = _rollout(fleet, door, tmp_path / "state", B, progress)
     assert r.status == fleet_ledger.COMPLETED, r.error
     retries = [e.message for e in events if e.phase == "readmit-retry"]
     assert len(retries) == 1 and retries[0].startswith("re-admission 1 of 3 failed:"), retries
-    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(tmp_path / "state") == {}
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(
+        tmp_path / "state"
+    ) == {}
 
 
 def test_a_step_waits_for_a_host_drained_outside_fleetctl_and_refuses_at_the_timeout(
         tmp_path: Path, door: Door) -> None:
-    # 3 hosts, the default floor (75 %: one host out at a time, 2 kept in rotation); spark-03 drained by someone else.
+    # 3 hosts, the default floor (75 %: one host out at a time, 2 kept in rotation); spark-03
+    # drained by someone else.
     _set_vars(door, fleetctl_capacity_timeout=1)
     door.haproxy.drain(Host("spark-03", "x"))
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
@@ -365,11 +402,14 @@ def test_a_step_waits_for_a_host_drained_outside_fleetctl_and_refuses_at_the_tim
     r = _rollout(fleet, door, tmp_path / "state", B, events.append)
     assert r.status == fleet_ledger.PAUSED, r.error
     waits = [e.message for e in events if e.phase == "capacity-wait"]
-    # (a loaded machine can fail another server's health check for a moment: that host is then named too)
+    # (a loaded machine can fail another server's health check for a moment: that host is then
+    # named too)
     assert waits and all(w.startswith("waiting: ") and ", floor 2, 1 of them in this step; " in w
                          and "spark-03 drained outside fleetctl" in w for w in waits), waits
     assert waits[-1].startswith("waiting: 2 of 3 in rotation") or "health check" in waits[-1], waits
-    assert "spark-01 not taken out" in (r.error or "") and "spark-03 drained outside fleetctl" in (r.error or "")
+    assert "spark-01 not taken out" in (r.error or "") and "spark-03 drained outside fleetctl" in (
+        r.error or ""
+    )
     assert "--resume" in (r.error or "") and "--min-available" in (r.error or "")
     # Nothing was touched: no stop, no drain, the ledger holds no host out.
     assert door.seen == [] and fleet.serving_tags() == dict.fromkeys(HOSTS, A)
@@ -397,17 +437,27 @@ def test_a_step_goes_on_once_the_host_out_is_back(tmp_path: Path, door: Door) ->
     r = _rollout(fleet, door, tmp_path / "state", B, progress)
     assert r.status == fleet_ledger.COMPLETED, r.error
     waits = [e.message for e in events if e.phase == "capacity-wait"]
-    assert waits and "spark-02 in maintenance outside fleetctl" in waits[0] and ", floor 2, " in waits[0], waits
+    assert (
+        waits
+        and "spark-02 in maintenance outside fleetctl" in waits[0]
+        and ", floor 2, " in waits[0]
+    ), waits
     went_on = [e.message for e in events if e.phase == "capacity"]
-    assert len(went_on) == 1 and went_on[0].startswith("3 of 3 in rotation, floor 2: going on after"), went_on
+    assert len(went_on) == 1 and went_on[0].startswith(
+        "3 of 3 in rotation, floor 2: going on after"
+    ), went_on
 
 
-# --- the bake: live traffic's /metrics stood for by scrapes the test writes -------------------------------
+# --- the bake: live traffic's /metrics stood for by scrapes the test writes
+# -------------------------------
+
 
 def _bake_engine(fleet: SimFleet, d: Door, state: Path, errors: dict[str, int],
                  die: list[bool] | None = None) -> Engine:
-    """An engine whose bake reads scrapes the test writes: each host finished 40 requests between the
-    bake's two scrapes, ``errors[host]`` of them with reason error. ``die``: [True] kills the controller
+    """An engine whose bake reads scrapes the test writes: each host finished 40 requests between
+    the
+    bake's two scrapes, ``errors[host]`` of them with reason error. ``die``: [True] kills the
+    controller
     at the bake's first scrape (once)."""
     from fleetctl.soak import metrics
 
@@ -419,8 +469,11 @@ def _bake_engine(fleet: SimFleet, d: Door, state: Path, errors: dict[str, int],
         out = {}
         for h in urls:
             n, e = (40, errors.get(h, 0)) if t > 0 else (0, 0)
-            out[h] = metrics.parse(f'vllm:request_success_total{{finished_reason="length"}} {n - e}\n'
-                                   f'vllm:request_success_total{{finished_reason="error"}} {e}\n', t)
+            out[h] = metrics.parse(
+                f'vllm:request_success_total{{finished_reason="length"}} {n - e}\n'
+                f'vllm:request_success_total{{finished_reason="error"}} {e}\n',
+                t,
+            )
         return out
 
     eng = _engine(fleet, d, state)
@@ -428,7 +481,9 @@ def _bake_engine(fleet: SimFleet, d: Door, state: Path, errors: dict[str, int],
     return eng
 
 
-def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(tmp_path: Path, door: Door) -> None:
+def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(
+    tmp_path: Path, door: Door
+) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     eng = _bake_engine(fleet, door, tmp_path / "state", {"spark-01": 12})
     try:
@@ -436,23 +491,39 @@ def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(tmp
         rec = eng.ledger.get(r.id or "")
     finally:
         eng.close()
-    assert r.status == fleet_ledger.FAILED and "rolled back after its bake" in (r.error or ""), r.error
-    assert "12 of 40 requests failed (30.0%)" in (r.error or "") and "old hosts 0.0%" in (r.error or "")
+    assert r.status == fleet_ledger.FAILED and "rolled back after its bake" in (r.error or ""), (
+        r.error
+    )
+    assert "12 of 40 requests failed (30.0%)" in (r.error or "") and "old hosts 0.0%" in (
+        r.error or ""
+    )
     canary = [(op, admin) for h, op, admin, _ in door.seen if h == "spark-01"]
-    # Out for its step, in rotation for the bake, out again for its rollback (the restore), back at the end.
+    # Out for its step, in rotation for the bake, out again for its rollback (the restore), back at
+    # the end.
     assert canary == [("retire", "drain"), ("start", "drain"), ("restore", "drain")], canary
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
-    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(tmp_path / "state") == {}
+    assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(
+        tmp_path / "state"
+    ) == {}
     h1 = rec.host("spark-01")
     assert h1 is not None and h1.status == fleet_ledger.ROLLED_BACK and h1.verdict is not None
-    assert h1.verdict["outcome"] == "fail" and h1.verdict["failed_checks"][0].startswith("bake_errors")
+    assert h1.verdict["outcome"] == "fail" and h1.verdict["failed_checks"][0].startswith(
+        "bake_errors"
+    )
     phases = [p.phase for p in rec.phases if p.host == "spark-01"]
-    assert phases.index("done") < phases.index("baking") < phases.index("draining", phases.index("baking")) \
-        < phases.index("rolling-back") and phases[-1] == "rolled-back", phases
+    assert (
+        phases.index("done")
+        < phases.index("baking")
+        < phases.index("draining", phases.index("baking"))
+        < phases.index("rolling-back")
+        and phases[-1] == "rolled-back"
+    ), phases
     assert all(rec.host(n).status == fleet_ledger.PENDING for n in HOSTS[1:])  # type: ignore[union-attr]
 
 
-def test_a_controller_killed_mid_bake_leaves_the_wave_to_bake_again_on_resume(tmp_path: Path, door: Door) -> None:
+def test_a_controller_killed_mid_bake_leaves_the_wave_to_bake_again_on_resume(
+    tmp_path: Path, door: Door
+) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     state = tmp_path / "state"
     eng = _bake_engine(fleet, door, state, {}, die=[True])
@@ -474,6 +545,10 @@ def test_a_controller_killed_mid_bake_leaves_the_wave_to_bake_again_on_resume(tm
         eng.close()
     assert r.status == fleet_ledger.COMPLETED, r.error
     assert [p.phase for p in rec.phases if p.host == "spark-01"].count("baking") == 2
-    assert all((h := rec.host(n)) is not None and h.verdict is not None and h.verdict["bake"]["outcome"] == "pass"
-               for n in HOSTS)
+    assert all(
+        (h := rec.host(n)) is not None
+        and h.verdict is not None
+        and h.verdict["bake"]["outcome"] == "pass"
+        for n in HOSTS
+    )
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)

@@ -1,7 +1,9 @@
-"""Rollouts under users' traffic through the lab's real HAProxy (`fleetctl lab traffic`, the same command
+"""Rollouts under users' traffic through the lab's real HAProxy (`fleetctl lab traffic`, the same
+command
 an operator runs), with fleetctl driving the door (`fleetctl_front_door`) and without it.
 
-HAProxy's own view is sampled through its admin socket every 0.2 s during each rollout: who was out of
+HAProxy's own view is sampled through its admin socket every 0.2 s during each rollout: who was out
+of
 rotation, and when.
 """
 
@@ -66,9 +68,14 @@ class Sampler:
 
 @contextmanager
 def traffic_and_sampler(door: LabFrontDoor) -> Iterator[tuple[dict[str, Any], Sampler]]:
-    """`fleetctl lab traffic` from 2 s before to 2 s after the body; its --json report filled in at the end."""
-    proc = subprocess.Popen([FLEETCTL, "lab", "traffic", "--rate", str(RATE), "--duration", "1800", "--json"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """`fleetctl lab traffic` from 2 s before to 2 s after the body; its --json report filled in at
+    the end."""
+    proc = subprocess.Popen(
+        [FLEETCTL, "lab", "traffic", "--rate", str(RATE), "--duration", "1800", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     sampler = Sampler(door)
     report: dict[str, Any] = {}
     sampler.thread.start()
@@ -88,7 +95,9 @@ def traffic_and_sampler(door: LabFrontDoor) -> Iterator[tuple[dict[str, Any], Sa
 def rollout(tag: str, limit: str | None = None) -> RolloutResult:
     eng = engine()
     try:
-        return eng.rollout(Options(tag=tag, waves="1,100%", max_unavailable="1", soak=LAB_SOAK, limit=limit))
+        return eng.rollout(
+            Options(tag=tag, waves="1,100%", max_unavailable="1", soak=LAB_SOAK, limit=limit)
+        )
     finally:
         eng.close()
 
@@ -129,8 +138,9 @@ def test_a_rollout_under_traffic_through_the_door_fails_no_request(door: LabFron
         [h.timings for h in r.hosts]
 
 
-#: An operator's hook for a door fleetctl has no backend for: here the lab's HAProxy again, through its admin
-#: socket from the shell (as `socat` would; python3 because the lab has no socat), and a log of each call.
+#: An operator's hook for a door fleetctl has no backend for: here the lab's HAProxy again, through
+#: its admin socket from the shell (as `socat` would; python3 because the lab has no socat), and a
+#: log of each call.
 HOOK = r"""#!/bin/sh
 set -eu
 echo "$FLEETCTL_FD_HOST $FLEETCTL_FD_ACTION" >> "$HOOK_LOG"
@@ -149,12 +159,15 @@ case "$FLEETCTL_FD_ACTION" in
       print st, ($6 == 2 ? "healthy" : "unhealthy") }' ;;
   *) echo "unknown action $FLEETCTL_FD_ACTION" >&2; exit 2 ;;
 esac
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 
 @pytest.fixture
-def hook_door(door: LabFrontDoor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """The lab's inventory with the `command` front door: :data:`HOOK` driving the lab's HAProxy; yields its log."""
+def hook_door(
+    door: LabFrontDoor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """The lab's inventory with the `command` front door: :data:`HOOK` driving the lab's HAProxy;
+    yields its log."""
     import yaml
 
     hook, log = tmp_path / "lb-pool", tmp_path / "hook.log"
@@ -162,8 +175,9 @@ def hook_door(door: LabFrontDoor, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     hook.chmod(0o755)
     monkeypatch.setenv("HOOK_LOG", str(log))
     monkeypatch.setenv("HAPROXY_SOCK", str(door.socket))
-    door.inventory_file().write_text(yaml.safe_dump({"fleetctl_front_door": {"type": "command",
-                                                                             "command": str(hook)}}))
+    door.inventory_file().write_text(
+        yaml.safe_dump({"fleetctl_front_door": {"type": "command", "command": str(hook)}})
+    )
     log.write_text("")
     try:
         yield log
@@ -173,14 +187,16 @@ def hook_door(door: LabFrontDoor, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
 
 def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad_version(
         door: LabFrontDoor, hook_door: Path) -> None:
-    """Through the `command` backend: a shell hook drains and re-admits at the lab's HAProxy (the runtime-API
+    """Through the `command` backend: a shell hook drains and re-admits at the lab's HAProxy (the
+    runtime-API
     backend has the other lab tests), so the hook is proven on a real rollout and a real door."""
     with traffic_and_sampler(door) as (report, sampler):
         r = rollout(CRASH)
     assert r.status == fleet_ledger.FAILED
     canary = r.hosts[0]
     assert canary.host == "spark-01" and canary.status == fleet_ledger.ROLLED_BACK, canary
-    # Out from before its stop until its restored version passed readiness and smoke, then back once.
+    # Out from before its stop until its restored version passed readiness and smoke, then back
+    # once.
     assert sampler.course("spark-01") == ["ready", "drain", "ready"], sampler.course("spark-01")
     assert all(sampler.course(n) == ["ready"] for n in NODES[1:])
     assert report["failed"] == 0, report
@@ -201,23 +217,32 @@ def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad
 
 
 def test_without_the_door_fleetctl_leaves_haproxy_alone(serving: Any) -> None:
-    """The baseline: the same traffic and rollout with fleetctl not driving the door (its figure: bench/frontdoor.py)."""
+    """The baseline: the same traffic and rollout with fleetctl not driving the door (its figure:
+    bench/frontdoor.py)."""
     d = LabFrontDoor(current())
     serve(OLD)
     d.use_in_inventory(False)
     try:
         with traffic_and_sampler(d) as (report, sampler):
-            r = rollout(NEW, limit="spark-01,spark-02")  # two steps show it (and save two soaks of CI time)
+            r = rollout(
+                NEW, limit="spark-01,spark-02"
+            )  # two steps show it (and save two soaks of CI time)
         assert len(r.hosts) == 2 and all("drain" not in sampler.course(n) for n in NODES)
         assert report["sent"] >= RATE * 10
         assert all("drain" not in h.timings for h in r.hosts)
-        print(f"without the door: {r.status}, {report['failed']} of {report['sent']} failed {report['causes']}")
+        print(
+            f"without the door: {r.status}, {report['failed']} of {report['sent']} failed "
+            f"{report['causes']}"
+        )
     finally:
         serve(OLD)
 
 
-def _kill_when_drained(argv: list[str], node: str, led: fleet_ledger.Ledger, sampler: Sampler) -> None:
-    """Run `fleetctl ARGV` and SIGKILL it once ``node`` is loading or soaking, drained at HAProxy."""
+def _kill_when_drained(
+    argv: list[str], node: str, led: fleet_ledger.Ledger, sampler: Sampler
+) -> None:
+    """Run `fleetctl ARGV` and SIGKILL it once ``node`` is loading or soaking, drained at
+    HAProxy."""
     import os
     import signal
 
@@ -228,8 +253,12 @@ def _kill_when_drained(argv: list[str], node: str, led: fleet_ledger.Ledger, sam
         while time.monotonic() < deadline:
             assert p.poll() is None, f"`fleetctl {' '.join(argv)}` ended before it could be killed"
             rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
-            if (rec is not None and (h := rec.host(node)) is not None and h.phase in ("loading", "soak")
-                    and sampler.admin()[node] == "drain"):
+            if (
+                rec is not None
+                and (h := rec.host(node)) is not None
+                and h.phase in ("loading", "soak")
+                and sampler.admin()[node] == "drain"
+            ):
                 break
             time.sleep(0.2)
         p.send_signal(signal.SIGKILL)
@@ -242,8 +271,10 @@ def _kill_when_drained(argv: list[str], node: str, led: fleet_ledger.Ledger, sam
 
 def test_a_controller_killed_while_a_host_is_drained_then_resume_killed_again_then_abort(
         door: LabFrontDoor) -> None:
-    """SIGKILL while the canary is drained; `--resume` re-admits it after its gate and is itself killed
-    while the next host is drained; `rollout abort` puts both back on the old version: all in rotation."""
+    """SIGKILL while the canary is drained; `--resume` re-admits it after its gate and is itself
+    killed
+    while the next host is drained; `rollout abort` puts both back on the old version: all in
+    rotation."""
     import os
 
     from fleetctl import inventory, paths
@@ -251,29 +282,54 @@ def test_a_controller_killed_while_a_host_is_drained_then_resume_killed_again_th
     sampler = Sampler(door)
     led = fleet_ledger.open_ledger(paths.state_dir(inventory.load(None).path))
     try:
-        _kill_when_drained(["rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s", "--waves", "1,100%",
-                            "--max-unavailable", "1"], "spark-01", led, sampler)
+        _kill_when_drained(
+            [
+                "rollout",
+                "--tag",
+                NEW,
+                "--yes",
+                "--soak",
+                f"{LAB_SOAK:.0f}s",
+                "--waves",
+                "1,100%",
+                "--max-unavailable",
+                "1",
+            ],
+            "spark-01",
+            led,
+            sampler,
+        )
         assert sampler.admin()["spark-01"] == "drain"
         assert list(led.out_of_rotation()) == ["spark-01"]
         _kill_when_drained(["rollout", "--resume", "--yes"], "spark-02", led, sampler)
-        # The canary passed its gate in the resume and went back in; spark-02 is the one left drained now.
+        # The canary passed its gate in the resume and went back in; spark-02 is the one left
+        # drained now.
         assert sampler.admin()["spark-01"] == "ready" and sampler.admin()["spark-02"] == "drain"
         assert list(led.out_of_rotation()) == ["spark-02"]
-        after = subprocess.run([FLEETCTL, "rollout", "abort", "--yes", "--json"], capture_output=True, text=True,
-                               timeout=900, env=os.environ.copy())
+        after = subprocess.run(
+            [FLEETCTL, "rollout", "abort", "--yes", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=os.environ.copy(),
+        )
         assert after.returncode == 0, after.stderr[-2000:]
         assert sampler.admin() == dict.fromkeys(NODES, "ready")
         assert led.out_of_rotation() == {}
         hosts = {h["host"]: h for h in json.loads(after.stdout)["hosts"]}
-        assert {n for n, h in hosts.items() if h["status"] == "done"} >= {"spark-01", "spark-02"}, hosts
+        assert {n for n, h in hosts.items() if h["status"] == "done"} >= {"spark-01", "spark-02"}, (
+            hosts
+        )
     finally:
         led.close()
 
 
-# --- the bake (rollout --bake) and fleetctl watch, under the same users' traffic -------------------------
+# --- the bake (rollout --bake) and fleetctl watch, under the same users' traffic
+# -------------------------
 
-#: A version whose streams fail only when they came through the front door (EMU_FORWARDED_ERROR_RATE): its
-#: soak, out of rotation, passes; users' traffic after its re-admission does not.
+#: A version whose streams fail only when they came through the front door
+#: (EMU_FORWARDED_ERROR_RATE): its soak, out of rotation, passes; users' traffic after its
+#: re-admission does not.
 ERRS = "2026-07-02-errors-under-traffic"
 BAKE = 10.0
 BAKED = NODES[:2]
@@ -283,7 +339,9 @@ BAKED = NODES[:2]
 def errors_under_traffic(serving: Any) -> str:
     from fleetctl import lab as fleetlab
 
-    fleetlab.add_image(ERRS, {"EMU_VERSION": "0.24.1", "EMU_LOAD_SECONDS": "3", "EMU_FORWARDED_ERROR_RATE": "0.7"})
+    fleetlab.add_image(
+        ERRS, {"EMU_VERSION": "0.24.1", "EMU_LOAD_SECONDS": "3", "EMU_FORWARDED_ERROR_RATE": "0.7"}
+    )
     return ERRS
 
 
@@ -291,8 +349,16 @@ def baked_rollout(tag: str) -> tuple[RolloutResult, fleet_ledger.RolloutRecord]:
     eng = engine()
     try:
         # Two hosts (a canary and a wave of one), as few as a bake against an old version needs.
-        r = eng.rollout(Options(tag=tag, limit=",".join(BAKED), waves="1,100%", max_unavailable="1", soak=LAB_SOAK,
-                                bake=BAKE))
+        r = eng.rollout(
+            Options(
+                tag=tag,
+                limit=",".join(BAKED),
+                waves="1,100%",
+                max_unavailable="1",
+                soak=LAB_SOAK,
+                bake=BAKE,
+            )
+        )
         assert r.id is not None, r.error
         return r, eng.ledger.get(r.id)
     finally:
@@ -311,27 +377,50 @@ def test_a_bake_rolls_back_a_canary_whose_errors_rise_only_under_live_traffic(
         r, rec = baked_rollout(errors_under_traffic)
     assert r.status == fleet_ledger.FAILED, r.error
     canary, rest = r.hosts[0], r.hosts[1:]
-    assert canary.status == fleet_ledger.ROLLED_BACK and canary.after_tag == canary.before_tag, canary
+    assert canary.status == fleet_ledger.ROLLED_BACK and canary.after_tag == canary.before_tag, (
+        canary
+    )
     # Its gate passed out of rotation; the bake under users' traffic failed it, with the numbers.
-    assert "bake fail" in (canary.error or "") and "bake_errors" in (canary.error or ""), canary.error
+    assert "bake fail" in (canary.error or "") and "bake_errors" in (canary.error or ""), (
+        canary.error
+    )
     phases = [p.phase for p in rec.phases if p.host == canary.host]
     assert phases.index("done") < phases.index("baking") < phases.index("rolling-back"), phases
     bake = verdict_of(rec, canary.host)
     assert bake["outcome"] == "fail" and any(c["name"] == "bake_errors" and c["outcome"] == "fail"
                                              for c in bake["checks"]), bake
     # In rotation on the new version for the bake only, drained before its rollback, back after it.
-    assert sampler.course(canary.host) == ["ready", "drain", "ready", "drain", "ready"], sampler.course(canary.host)
+    assert sampler.course(canary.host) == ["ready", "drain", "ready", "drain", "ready"], (
+        sampler.course(canary.host)
+    )
     assert all(sampler.course(h.host) == ["ready"] for h in rest)
     assert all(h.status == fleet_ledger.PENDING for h in rest)
-    assert report["failed"] > 0, report  # users saw the errors the bake caught (and no more after it)
+    assert report["failed"] > 0, (
+        report
+    )  # users saw the errors the bake caught (and no more after it)
 
 
-def test_a_bake_passes_a_healthy_rollout_and_fleetctl_watch_passes_its_hosts(door: LabFrontDoor) -> None:
+def test_a_bake_passes_a_healthy_rollout_and_fleetctl_watch_passes_its_hosts(
+    door: LabFrontDoor,
+) -> None:
     with traffic_and_sampler(door) as (report, _sampler):
         r, rec = baked_rollout(NEW)
-        watch = subprocess.run([FLEETCTL, "watch", "--limit", ",".join(BAKED), "--duration", "4s", "--interval", "1s",
-                                "--json"],
-                               capture_output=True, text=True, timeout=120)
+        watch = subprocess.run(
+            [
+                FLEETCTL,
+                "watch",
+                "--limit",
+                ",".join(BAKED),
+                "--duration",
+                "4s",
+                "--interval",
+                "1s",
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert r.status == fleet_ledger.COMPLETED, r.error
     for h in r.hosts:
         assert verdict_of(rec, h.host)["bake"]["outcome"] == "pass", verdict_of(rec, h.host)

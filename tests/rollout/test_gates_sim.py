@@ -1,18 +1,24 @@
-"""What the rollout engine does with each kind of failed or undecided gate, on the simulated fleet (tests/rollout/sim.py).
+"""What the rollout engine does with each kind of failed or undecided gate, on the simulated fleet
+(tests/rollout/sim.py).
 
 These cases once ran on the lab, each a real rollout to the canary with its own image and soak
-(tests/rollout/test_rollout_lab.py). What in them needs real SSH, Docker and sshd is still checked there
-or on loopback; the engine's part (which hosts are touched, what they serve after, what the result and
+(tests/rollout/test_rollout_lab.py). What in them needs real SSH, Docker and sshd is still checked
+there
+or on loopback; the engine's part (which hosts are touched, what they serve after, what the result
+and
 the ledger say) is checked here, against ``Engine``'s verbs only:
 
-- a canary that cannot boot (readiness fails with the cause from its logs): rolled back, the cause in its
+- a canary that cannot boot (readiness fails with the cause from its logs): rolled back, the cause
+in its
   error, the other hosts never touched. The cause's extraction from a real container's logs:
   tests/soak/test_lab.py (a lab node over SSH) and tests/soak/test_engine_loopback.py.
 - a canary that fails its soak (acceptance decaying under load was the lab's case): rolled back, the
-  others never touched. The decay check itself: tests/soak/test_engine_loopback.py (the emulator with
+  others never touched. The decay check itself: tests/soak/test_engine_loopback.py (the emulator
+  with
   EMU_ACCEPT_DECAY_PER_MIN) and tests/soak/test_checks.py; a failed gate rolled back on real nodes:
   the lab's crash-at-32 case, which stays.
-- an inconclusive gate: the rollout pauses (exit 2) with the canary on the new version, a new rollout is
+- an inconclusive gate: the rollout pauses (exit 2) with the canary on the new version, a new
+rollout is
   refused naming the paused one, and ``abort`` puts every host back. Why a 1 s sustained phase is
   inconclusive: tests/soak/test_checks.py.
 """
@@ -38,17 +44,26 @@ from .sim import EXIT1, OK, SOAKFAIL, SimFleet, SimGates, digest_of
 
 INV = paths.project_root() / "inventory" / "example"
 HOSTS = ["spark-01", "spark-02", "spark-03", "spark-04"]
-OLD, NEW, BOOTFAIL, DECAY, UNSURE = "v0.23.0", "v0.24.0", "2026-07-02-bootfail", "2026-07-02-decay", "v-unsure"
+OLD, NEW, BOOTFAIL, DECAY, UNSURE = (
+    "v0.23.0",
+    "v0.24.0",
+    "2026-07-02-bootfail",
+    "2026-07-02-decay",
+    "v-unsure",
+)
 TAGS = {OLD: OK, NEW: OK, BOOTFAIL: EXIT1, DECAY: SOAKFAIL, UNSURE: OK}
 
 
-#: What the soak's readiness says of the lab's boot-failure image (its cause read from the container's log).
+#: What the soak's readiness says of the lab's boot-failure image (its cause read from the
+#: container's log).
 BOOT_CAUSE = "ValueError: max_num_scheduled_tokens is set to -512"
 
 
 class Gates(SimGates):
-    """The simulated gates; a container that exits names its boot failure's cause, as the soak's readiness
-    reads it from the container's log, and a soak of ``UNSURE`` cannot judge (one window: no trend to see)."""
+    """The simulated gates; a container that exits names its boot failure's cause, as the soak's
+    readiness
+    reads it from the container's log, and a soak of ``UNSURE`` cannot judge (one window: no trend
+    to see)."""
 
     def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,
              progress: Progress) -> Readiness:
@@ -60,17 +75,34 @@ class Gates(SimGates):
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
              baseline_key: str | None = None) -> Verdict:
-        v = super().soak(host, recipe, tag, cfg, store, baseline_tag, artifacts, run_id, progress, baseline_key)
+        v = super().soak(
+            host, recipe, tag, cfg, store, baseline_tag, artifacts, run_id, progress, baseline_key
+        )
         if tag == UNSURE:
-            return Verdict(v.run_id, v.target, v.base_url, Outcome.INCONCLUSIVE,
-                           "inconclusive: acceptance decay: one window, no trend", "", "", 0.0, tag=tag,
-                           artifacts_dir=v.artifacts_dir)
+            return Verdict(
+                v.run_id,
+                v.target,
+                v.base_url,
+                Outcome.INCONCLUSIVE,
+                "inconclusive: acceptance decay: one window, no trend",
+                "",
+                "",
+                0.0,
+                tag=tag,
+                artifacts_dir=v.artifacts_dir,
+            )
         return v
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    return Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops, gates=Gates(fleet),
-                  resolve=fleet.resolve)
+    return Engine(
+        inventory.load(INV),
+        state_dir=state,
+        secrets={},
+        ops=fleet.ops,
+        gates=Gates(fleet),
+        resolve=fleet.resolve,
+    )
 
 
 def _rollout(fleet: SimFleet, state: Path, tag: str) -> RolloutResult:
@@ -99,9 +131,11 @@ def fleet() -> SimFleet:
     return SimFleet(dict.fromkeys(HOSTS, NEW), TAGS)
 
 
-@pytest.mark.parametrize(("tag", "cause"), [(BOOTFAIL, f"readiness fail: container exited: {BOOT_CAUSE}"),
-                                           (DECAY, "soak fail")],
-                         ids=["boot-failure", "failed-soak"])
+@pytest.mark.parametrize(
+    ("tag", "cause"),
+    [(BOOTFAIL, f"readiness fail: container exited: {BOOT_CAUSE}"), (DECAY, "soak fail")],
+    ids=["boot-failure", "failed-soak"],
+)
 def test_a_canary_failing_its_gate_is_rolled_back_and_no_other_host_is_touched(
         fleet: SimFleet, tmp_path: Path, tag: str, cause: str) -> None:
     before = _container_ids(fleet)
@@ -125,7 +159,9 @@ def test_a_canary_failing_its_gate_is_rolled_back_and_no_other_host_is_touched(
         assert led.get(r.id).status == fleet_ledger.FAILED and led.holder() is None
 
 
-def test_an_inconclusive_gate_pauses_then_abort_puts_every_host_back(fleet: SimFleet, tmp_path: Path) -> None:
+def test_an_inconclusive_gate_pauses_then_abort_puts_every_host_back(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
     r = _rollout(fleet, tmp_path, UNSURE)
     assert r.status == "paused" and r.exit_code == 2, r
     assert r.id is not None
@@ -143,20 +179,27 @@ def test_an_inconclusive_gate_pauses_then_abort_puts_every_host_back(fleet: SimF
         assert led.get(r.id).status == fleet_ledger.ABORTED and led.holder() is None
 
 
-def test_an_inconclusive_gate_with_on_inconclusive_fail_is_a_failed_gate(fleet: SimFleet, tmp_path: Path) -> None:
+def test_an_inconclusive_gate_with_on_inconclusive_fail_is_a_failed_gate(
+    fleet: SimFleet, tmp_path: Path
+) -> None:
     eng = _engine(fleet, tmp_path)
     try:
-        r = eng.rollout(Options(tag=UNSURE, limit=",".join(HOSTS), soak=1.0, on_inconclusive="fail"))
+        r = eng.rollout(
+            Options(tag=UNSURE, limit=",".join(HOSTS), soak=1.0, on_inconclusive="fail")
+        )
     finally:
         eng.close()
     assert r.status == "failed" and r.exit_code == 1, r
-    assert r.hosts[0].status == "rolled-back" and [h.status for h in r.hosts[1:]] == ["pending"] * 3, r.hosts
+    assert (
+        r.hosts[0].status == "rolled-back" and [h.status for h in r.hosts[1:]] == ["pending"] * 3
+    ), r.hosts
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, NEW)
 
 
 def test_a_rollback_to_an_image_that_exits_at_start_leaves_every_host_as_it_was_and_names_the_cause(
         fleet: SimFleet, tmp_path: Path) -> None:
-    """The lab's ``rollback --to`` an image whose entrypoint exits 1 (tests/rollout/test_recovery_lab.py once;
+    """The lab's ``rollback --to`` an image whose entrypoint exits 1
+    (tests/rollout/test_recovery_lab.py once;
     an image docker cannot start at all: tests/rollout/test_recovery_harness.py)."""
     before = _container_ids(fleet)
     eng = _engine(fleet, tmp_path)
@@ -169,4 +212,6 @@ def test_a_rollback_to_an_image_that_exits_at_start_leaves_every_host_as_it_was_
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, NEW)
     after = _container_ids(fleet)
     # the hosts it never reached still run the very container they ran
-    assert all(after[h.host] == before[h.host] for h in r.hosts if h.status != "rolled-back"), r.hosts
+    assert all(after[h.host] == before[h.host] for h in r.hosts if h.status != "rolled-back"), (
+        r.hosts
+    )

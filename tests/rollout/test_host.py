@@ -25,12 +25,16 @@ def lab_inventory(tmp_path: Path) -> inventory.Inventory:
     return inventory.load(tmp_path / "hosts.yml")
 
 
-def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(lab_inventory: inventory.Inventory) -> None:
+def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(
+    lab_inventory: inventory.Inventory,
+) -> None:
     recipe = next(iter(load_recipes(lab_inventory).values()))
     recipe = dataclasses.replace(recipe, secret_env=("HF_TOKEN", "VLLM_API_KEY"))
     h = lab_inventory.host("s1")
     ref = f"10.0.0.1:5000/aeon-7/x@{DIGEST}"
-    argv = remote.run_argv(h, recipe, ref, tag="2026-07-01-v0.24.0", digest=DIGEST, rollout_id="ro-1", name="vllm")
+    argv = remote.run_argv(
+        h, recipe, ref, tag="2026-07-01-v0.24.0", digest=DIGEST, rollout_id="ro-1", name="vllm"
+    )
     assert argv[:5] == ["docker", "run", "-d", "--name", "vllm"]
     for flag in (["--gpus", "all"], ["--ipc", "host"], ["--network", "host"]):
         i = argv.index(flag[0])
@@ -42,7 +46,9 @@ def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(lab_inven
     i = argv.index("--entrypoint")
     assert argv[i:i + 3] == ["--entrypoint", "vllm", ref] and argv[i + 3:] == recipe.serve_argv()
     # the secret is passed by name: docker takes the value from the environment the command runs in
-    assert argv[argv.index("VLLM_API_KEY") - 1] == "-e" and not any("VLLM_API_KEY=" in a for a in argv)
+    assert argv[argv.index("VLLM_API_KEY") - 1] == "-e" and not any(
+        "VLLM_API_KEY=" in a for a in argv
+    )
     # the hub token never enters a serving container: weights are staged before
     assert not any("HF_TOKEN" in a for a in argv)
 
@@ -62,8 +68,15 @@ def test_weights_count_as_staged_only_with_the_stage_marker_for_the_recipes_repo
     assert remote.unstaged_weights(recipe, good) == ()
     first = recipe.weights[0]
     absent = remote.unstaged_weights(recipe, {**good, first.path: None})
-    assert len(absent) == 1 and first.role in absent[0] and first.path in absent[0] and MARKER in absent[0]
-    older = remote.unstaged_weights(recipe, {**good, first.path: {"repo": first.repo, "revision": "0ld"}})
+    assert (
+        len(absent) == 1
+        and first.role in absent[0]
+        and first.path in absent[0]
+        and MARKER in absent[0]
+    )
+    older = remote.unstaged_weights(
+        recipe, {**good, first.path: {"repo": first.repo, "revision": "0ld"}}
+    )
     assert len(older) == 1 and "@0ld instead" in older[0]
     broken = remote.unstaged_weights(recipe, {**good, first.path: "unreadable: Expecting value"})
     assert len(broken) == 1 and "unreadable" in broken[0]
@@ -71,7 +84,8 @@ def test_weights_count_as_staged_only_with_the_stage_marker_for_the_recipes_repo
 
 
 def test_a_bad_webhook_or_a_missing_api_key_is_refused_before_any_host_is_touched(
-        lab_inventory: inventory.Inventory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    lab_inventory: inventory.Inventory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FLEETCTL_WEBHOOK_URL", raising=False)
     eng = api.Engine(lab_inventory, secrets={}, state_dir=tmp_path / "state")
     try:
@@ -90,8 +104,9 @@ def test_a_bad_webhook_or_a_missing_api_key_is_refused_before_any_host_is_touche
         eng.close()
 
 
-_FAKE_DOCKER = r'''#!/bin/bash
-# A docker CLI over a directory: a file per container holding its state; `refuse-rm` names one rm cannot remove.
+_FAKE_DOCKER = r"""#!/bin/bash
+# A docker CLI over a directory: a file per container holding its state; `refuse-rm` names one rm
+# cannot remove.
 d=$DOCKER_STATE
 case "$1" in
   rm) n=${@: -1}; [ -f "$d/$n" ] || exit 0; [ "$(cat "$d/refuse-rm" 2>/dev/null)" = "$n" ] && exit 1; rm "$d/$n";;
@@ -100,11 +115,13 @@ case "$1" in
   rename) [ -f "$d/$2" ] && [ ! -f "$d/$3" ] && mv "$d/$2" "$d/$3";;
   *) exit 2;;
 esac
-'''
+"""  # noqa: E501 (data: lines as the program reads them)
 
 
 @pytest.mark.parametrize("refuse", [False, True])
-def test_the_retire_shell_never_leaves_the_serving_version_stopped_in_place(tmp_path: Path, refuse: bool) -> None:
+def test_the_retire_shell_never_leaves_the_serving_version_stopped_in_place(
+    tmp_path: Path, refuse: bool
+) -> None:
     import os
     import subprocess
     bin_dir, state = tmp_path / "bin", tmp_path / "state"
@@ -117,11 +134,15 @@ def test_the_retire_shell_never_leaves_the_serving_version_stopped_in_place(tmp_
     if refuse:
         (state / "refuse-rm").write_text("vllm.prev")
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "DOCKER_STATE": str(state)}
-    r = subprocess.run(["bash", "-c", remote.retire_script("vllm", 0)], env=env, capture_output=True, text=True)
+    r = subprocess.run(
+        ["bash", "-c", remote.retire_script("vllm", 0)], env=env, capture_output=True, text=True
+    )
     if refuse:
         # Nothing changed: the serving version still runs under its name; the error says why.
         assert r.returncode != 0 and "could not remove the older vllm.prev" in r.stderr
         assert (state / "vllm").read_text() == "serving running"
     else:
         assert r.returncode == 0, r.stderr
-        assert not (state / "vllm").exists() and (state / "vllm.prev").read_text() == "serving exited"
+        assert (
+            not (state / "vllm").exists() and (state / "vllm.prev").read_text() == "serving exited"
+        )

@@ -1,4 +1,5 @@
-"""``SshHostOps``' operations besides the container's, over real SSH to a local sshd (tests/sshd.py).
+"""``SshHostOps``' operations besides the container's, over real SSH to a local sshd
+(tests/sshd.py).
 
 The host's state file (read, compare-and-swap under flock, mode 0600), the fleet's lock taken and
 released through it, and a stage's bytes: the scripts ``fleetctl.rollout.host_ssh`` runs, run by a

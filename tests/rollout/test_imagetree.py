@@ -1,4 +1,5 @@
-"""The image tree's pure parts: the inventory's settings, a round's receiver -> source plan, its depth."""
+"""The image tree's pure parts: the inventory's settings, a round's receiver -> source plan, its
+depth."""
 
 from __future__ import annotations
 
@@ -51,11 +52,18 @@ def test_rounds_grow_with_the_log_of_the_fleet(n: int) -> None:
         have += list(plan)
         pending = [h for h in pending if h not in plan]
         rounds += 1
-    assert rounds == imagetree.rounds_for(n, 2) == (math.ceil(math.log(n, 3) - 1e-9) if n > 1 else 0)
+    assert (
+        rounds == imagetree.rounds_for(n, 2) == (math.ceil(math.log(n, 3) - 1e-9) if n > 1 else 0)
+    )
     assert seed_uploads <= 2 * rounds
 
 
 def test_relay_reference_keeps_the_repository_and_digest() -> None:
     d = "sha256:" + "a" * 64
-    assert imagetree.relay_ref(5555, f"10.0.0.1:5000/aeon-7/vllm@{d}") == f"127.0.0.1:5555/aeon-7/vllm@{d}"
-    assert imagetree.relay_ref(5555, f"ghcr.io/aeon-7/vllm@{d}") == f"127.0.0.1:5555/aeon-7/vllm@{d}"
+    assert (
+        imagetree.relay_ref(5555, f"10.0.0.1:5000/aeon-7/vllm@{d}")
+        == f"127.0.0.1:5555/aeon-7/vllm@{d}"
+    )
+    assert (
+        imagetree.relay_ref(5555, f"ghcr.io/aeon-7/vllm@{d}") == f"127.0.0.1:5555/aeon-7/vllm@{d}"
+    )

@@ -1,4 +1,5 @@
-"""Rollout planning from data: Ansible-serial waves, max-unavailable steps, failure budget, skips."""
+"""Rollout planning from data: Ansible-serial waves, max-unavailable steps, failure budget,
+skips."""
 
 from __future__ import annotations
 
@@ -42,9 +43,16 @@ def test_steps_respect_max_unavailable() -> None:
 
 
 def build(**kw: object) -> plan.Plan:
-    args: dict[str, object] = dict(recipe="r", image="ghcr.io/x/y", requested="v2", tag="t-v2", digest=D_NEW,
-                                   pull_ref=f"m/x/y@{D_NEW}", hosts=HOSTS[:4],
-                                   current={h: ("t-v1", D_OLD) for h in HOSTS[:4]})
+    args: dict[str, object] = dict(
+        recipe="r",
+        image="ghcr.io/x/y",
+        requested="v2",
+        tag="t-v2",
+        digest=D_NEW,
+        pull_ref=f"m/x/y@{D_NEW}",
+        hosts=HOSTS[:4],
+        current={h: ("t-v1", D_OLD) for h in HOSTS[:4]},
+    )
     args.update(kw)
     return plan.build(**args)  # type: ignore[arg-type]
 
@@ -53,7 +61,12 @@ def test_default_plan_is_canary_then_rest_one_at_a_time() -> None:
     p = build()
     assert p.waves == (("s01",), ("s02", "s03", "s04"))
     assert p.max_unavailable == 1 and p.failure_budget == 0
-    assert [(h.host, h.wave, h.step) for h in p.hosts] == [("s01", 0, 0), ("s02", 1, 0), ("s03", 1, 1), ("s04", 1, 2)]
+    assert [(h.host, h.wave, h.step) for h in p.hosts] == [
+        ("s01", 0, 0),
+        ("s02", 1, 0),
+        ("s03", 1, 1),
+        ("s04", 1, 2),
+    ]
     assert all(h.current_tag == "t-v1" for h in p.hosts)
 
 
@@ -84,8 +97,11 @@ def test_same_image_with_other_container_settings_is_deployed() -> None:
     fps = {"s01": "fp-new", "s02": "fp-old", "s03": None, "s04": "fp-new"}
     p = build(current=cur, fingerprint="fp-new", current_fingerprints=fps)
     assert [(h.host, h.action, h.reason) for h in p.hosts] == [
-        ("s01", "skip", "already there"), ("s02", "deploy", "settings"), ("s03", "deploy", "settings"),
-        ("s04", "skip", "already there")]
+        ("s01", "skip", "already there"),
+        ("s02", "deploy", "settings"),
+        ("s03", "deploy", "settings"),
+        ("s04", "skip", "already there"),
+    ]
     assert p.waves == (("s02",), ("s03",))
 
 
@@ -93,10 +109,16 @@ def test_fingerprint_is_pure_and_follows_every_rendered_setting() -> None:
     r = recipe_for(inventory.load(paths.project_root() / "inventory" / "example"), None)
     assert fingerprint(r) == fingerprint(replace(r))
     assert len(fingerprint(r)) == 64
-    for change in ({"docker_args": (*r.docker_args, "--shm-size=32g")}, {"env": {**r.env, "X": "1"}},
-                   {"vllm_args": (*r.vllm_args, "--max-num-seqs", "8")}, {"secret_env": (*r.secret_env, "K")}):
+    for change in (
+        {"docker_args": (*r.docker_args, "--shm-size=32g")},
+        {"env": {**r.env, "X": "1"}},
+        {"vllm_args": (*r.vllm_args, "--max-num-seqs", "8")},
+        {"secret_env": (*r.secret_env, "K")},
+    ):
         assert fingerprint(replace(r, **change)) != fingerprint(r), change  # type: ignore[arg-type]
-    assert fingerprint(replace(r, image="other/image")) == fingerprint(r), "the image is the digest's business"
+    assert fingerprint(replace(r, image="other/image")) == fingerprint(r), (
+        "the image is the digest's business"
+    )
 
 
 # The capacity floor: without --max-unavailable, a step takes out as many hosts as --min-available
@@ -116,7 +138,11 @@ def test_default_steps_keep_75_percent(n: int, per_step: int, steps: list[int]) 
     hosts = fleet(n)
     p = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts})
     assert p.max_unavailable == per_step
-    assert p.capacity is not None and p.capacity.rule == "min-available" and p.capacity.source == "default"
+    assert (
+        p.capacity is not None
+        and p.capacity.rule == "min-available"
+        and p.capacity.source == "default"
+    )
     assert [len(s) for s in p.steps()] == steps
     assert [h for s in p.steps() for h in s] == hosts
     # Never more hosts out at once than the floor allows (a fleet of one has no floor to keep).
@@ -128,7 +154,9 @@ def test_default_steps_keep_75_percent(n: int, per_step: int, steps: list[int]) 
     (2, "75%", 1), (3, "75%", 1), (8, "75%", 2), (10, "75%", 2),  # a percentage floor rounds up
     (10, "50%", 5), (10, "1%", 9), (10, "99%", 1), (10, "3", 7), (10, "9", 1),
 ])
-def test_floor_rounds_up_and_steps_are_as_large_as_it_allows(n: int, floor: str, per_step: int) -> None:
+def test_floor_rounds_up_and_steps_are_as_large_as_it_allows(
+    n: int, floor: str, per_step: int
+) -> None:
     cap = plan.capacity(n, min_available=floor)
     assert cap.per_step == per_step and cap.floor == n - per_step and cap.source == "flag"
 
@@ -145,15 +173,21 @@ def test_inventory_floor_is_used_and_flags_win() -> None:
     assert plan.capacity(4, max_unavailable="9").per_step == 4  # never more than the hosts
 
 
-@pytest.mark.parametrize(("kw", "says"), [
-    ({"min_available": "0"}, "--min-available '0' is out of range"),
-    ({"min_available": "120%"}, "--min-available '120%' is out of range"),
-    ({"min_available": "100%"}, "keeps every host serving"),
-    ({"min_available": "16"}, "keeps 16 host(s) serving, but only 16 are selected"),
-    ({"min_available": "17"}, "keeps 17 host(s) serving, but only 16 are selected"),
-    ({"min_available": "4", "max_unavailable": "4"}, "both given"),
-    ({"inventory_min_available": "x%"}, "inventory variable fleetctl_min_available 'x%' is not a count"),
-])
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        ({"min_available": "0"}, "--min-available '0' is out of range"),
+        ({"min_available": "120%"}, "--min-available '120%' is out of range"),
+        ({"min_available": "100%"}, "keeps every host serving"),
+        ({"min_available": "16"}, "keeps 16 host(s) serving, but only 16 are selected"),
+        ({"min_available": "17"}, "keeps 17 host(s) serving, but only 16 are selected"),
+        ({"min_available": "4", "max_unavailable": "4"}, "both given"),
+        (
+            {"inventory_min_available": "x%"},
+            "inventory variable fleetctl_min_available 'x%' is not a count",
+        ),
+    ],
+)
 def test_bad_floors_are_refused_with_the_fix(kw: dict[str, str], says: str) -> None:
     with pytest.raises(FleetError) as e:
         plan.capacity(16, **kw)  # type: ignore[arg-type]
@@ -182,30 +216,45 @@ def test_estimate_is_steps_times_load_and_soak() -> None:
     assert e is not None
     assert [len(s) for s in e.steps] == [1, 4, 4, 4, 3]
     assert (e.step_seconds, e.seconds) == (840.0, 5 * 840.0)
-    one = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts}, max_unavailable="1").with_estimate(240, 600)
+    one = build(
+        hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts}, max_unavailable="1"
+    ).with_estimate(240, 600)
     assert one.estimate is not None and one.estimate.seconds == 16 * 840.0
     assert plan.Plan.__dataclass_fields__["estimate"].default is None  # a resumed plan has none
 
 
 def test_the_estimate_learns_load_and_the_soaks_other_phases_from_passed_steps() -> None:
     def v(ready: float, soak: float, sustained: float, **more: float) -> dict[str, object]:
-        return {"outcome": "pass", "timings": {"stop": 1.0, "start": 0.5, "ready": ready, "soak": soak, **more},
-                "sustained_s": sustained}
+        return {
+            "outcome": "pass",
+            "timings": {"stop": 1.0, "start": 0.5, "ready": ready, "soak": soak, **more},
+            "sustained_s": sustained,
+        }
 
     # no history: the recipe's figures, the soak's sustained phase alone
     load, soak, basis = plan.learned([], 240, 600)
-    assert (load, soak) == (240.0, 600.0) and basis == "load: recipe's load_time; soak: sustained only, no past soaks"
+    assert (load, soak) == (
+        240.0,
+        600.0,
+    ) and basis == "load: recipe's load_time; soak: sustained only, no past soaks"
     # two steps are not enough to trust
     assert plan.learned([v(10, 45, 5), v(12, 47, 5)], 240, 600)[:2] == (240.0, 600.0)
-    # three: the median load (stop + start + ready), and this run's sustained seconds plus the median of
-    # what the soaks took beyond the sustained seconds they were asked for (40, 42, 60; a re-admission counts)
+    # three: the median load (stop + start + ready), and this run's sustained seconds plus the
+    # median of what the soaks took beyond the sustained seconds they were asked for (40, 42, 60; a
+    # re-admission counts)
     hist = [v(10, 45, 5), v(12, 47, 5), v(30, 620, 560, readmit=0.5)]
     load, soak, basis = plan.learned(hist, 240, 600)
     assert load == 13.5 and soak == 600 + 42.0
     assert basis == "load: median of 3 past steps; soak: sustained + median extra of 3"
     # a verdict from before sustained_s was recorded teaches the load only
-    load, soak, _ = plan.learned([{"outcome": "pass", "timings": {"ready": 5.0, "soak": 50.0}}] * 3, 240, 10)
+    load, soak, _ = plan.learned(
+        [{"outcome": "pass", "timings": {"ready": 5.0, "soak": 50.0}}] * 3, 240, 10
+    )
     assert (load, soak) == (5.0, 10.0)
     hosts = [f"s{i}" for i in range(8)]
-    e = build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts}).with_estimate(load, soak, basis).estimate
+    e = (
+        build(hosts=hosts, current={h: ("t-v1", D_OLD) for h in hosts})
+        .with_estimate(load, soak, basis)
+        .estimate
+    )
     assert e is not None and e.basis == basis

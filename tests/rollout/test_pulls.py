@@ -1,4 +1,5 @@
-"""A pull's bytes: docker's own lines (as a lab node printed them) against the registry's layer sizes."""
+"""A pull's bytes: docker's own lines (as a lab node printed them) against the registry's layer
+sizes."""
 
 from __future__ import annotations
 
@@ -28,7 +29,12 @@ def test_the_bytes_grow_a_layer_at_a_time_to_the_images_size() -> None:
             seen.append((f["bytes"], f["layers"]))
     # Bytes as layers are downloaded; then the layers as they are extracted.
     assert seen == [(0, 0), (0, 0), (40_006, 0), (42_851_403, 0), (42_851_403, 1), (42_851_403, 2)]
-    assert meter.figures() == {"bytes": 42_851_403, "bytes_total": 42_851_403, "layers": 2, "layers_total": 2}
+    assert meter.figures() == {
+        "bytes": 42_851_403,
+        "bytes_total": 42_851_403,
+        "layers": 2,
+        "layers_total": 2,
+    }
     assert meter.message() == "42.9 MB of 42.9 MB, 2/2 layers extracted"
 
 
@@ -38,7 +44,12 @@ def test_layers_already_there_count_and_an_image_up_to_date_is_whole() -> None:
     assert meter.figures()["bytes"] == 42_811_397 and meter.figures()["layers"] == 1
     up = PullMeter([{A: 42_811_397, B: 40_006}])
     assert up.feed("Status: Image is up to date for 10.78.36.1:5000/vllm/vllm-openai@sha256:50e8")
-    assert up.figures() == {"bytes": 42_851_403, "bytes_total": 42_851_403, "layers": 2, "layers_total": 2}
+    assert up.figures() == {
+        "bytes": 42_851_403,
+        "bytes_total": 42_851_403,
+        "layers": 2,
+        "layers_total": 2,
+    }
 
 
 def test_the_platform_is_the_one_whose_layers_the_pull_names() -> None:

@@ -1,4 +1,5 @@
-"""Fault injection for the rollout engine's state machine, on a simulated fleet (tests/rollout/sim.py).
+"""Fault injection for the rollout engine's state machine, on a simulated fleet
+(tests/rollout/sim.py).
 
 The controller is killed at every ledger transition and after every remote
 side effect of a run; a new controller then runs ``--resume``, ``abort`` or
@@ -54,7 +55,14 @@ def _fleet() -> SimFleet:
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
     inv = inventory.load(INV)
-    eng = Engine(inv, state_dir=state, secrets={}, ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+    eng = Engine(
+        inv,
+        state_dir=state,
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+    )
     fleet.watch(eng.ledger)
     return eng
 
@@ -64,21 +72,28 @@ def _opts(tag: str, **kw: str) -> Options:
                    failure_budget=kw.get("failure_budget"), soak=1.0)
 
 
-def _run(fleet: SimFleet, state: Path, what: str, tag: str | None = None, **kw: str) -> RolloutResult:
+def _run(
+    fleet: SimFleet, state: Path, what: str, tag: str | None = None, **kw: str
+) -> RolloutResult:
     # Only a rollout takes the case's options; a resume reads them from its record.
     opts = _opts(tag or B, **kw) if what == "rollout" else _opts(tag or B)
     return run_command(_engine(fleet, state), what, opts, ",".join(HOSTS), to=tag)
 
 
 def _assert_known(fleet: SimFleet, allowed: set[str], state: Path) -> None:
-    """Every host serves an allowed version, or the ledger reports it down with the command that fixes it."""
+    """Every host serves an allowed version, or the ledger reports it down with the command that
+    fixes it."""
     for n, h in fleet.hosts.items():
         d = fleet.serving_digest(n)
         if d in {digest_of(t) for t in allowed}:
             continue
         with fleet_ledger.open_ledger(state) as led:
             recs = [r.host(n) for r in led.history()]
-        reported = [r for r in recs if r is not None and r.status == fleet_ledger.HOST_FAILED and "fix:" in (r.error or "")]
+        reported = [
+            r
+            for r in recs
+            if r is not None and r.status == fleet_ledger.HOST_FAILED and "fix:" in (r.error or "")
+        ]
         assert reported, f"{n} serves {d} ({h.containers}) and is not reported down with a fix"
 
 
@@ -110,13 +125,16 @@ def _not_wedged(fleet: SimFleet, state: Path) -> None:
     assert_not_wedged(fleet, state, lambda tag: _run(fleet, state, "rollout", tag=tag), C)
 
 
-KILL_POINTS = [(B, k) for k in range(1, N_GOOD + 1)] + [(SOAKBAD, k) for k in range(1, N_FAILING + 1)]
+KILL_POINTS = [(B, k) for k in range(1, N_GOOD + 1)] + [
+    (SOAKBAD, k) for k in range(1, N_FAILING + 1)
+]
 
 
 @pytest.mark.parametrize("how", ["resume", "abort", "rollback"])
 @pytest.mark.parametrize(("tag", "k"), KILL_POINTS)
 def test_kill_anywhere_in_a_rollout(tmp_path: Path, tag: str, k: int, how: str) -> None:
-    """A good rollout (v2), and one whose canary fails its soak (never left serving: it did not pass)."""
+    """A good rollout (v2), and one whose canary fails its soak (never left serving: it did not
+    pass)."""
     fleet = _fleet()
     _kill_then(fleet, tmp_path, k, tag)
     _recover(fleet, tmp_path, how)
@@ -140,7 +158,9 @@ def test_kill_anywhere_in_a_rollback_to_an_unstartable_image(tmp_path: Path, k: 
 
 
 @pytest.mark.parametrize(("tag", "why"), [(BAD, "device driver"), (EXIT, "readiness")])
-def test_a_canary_that_cannot_start_or_become_ready_is_undone(tmp_path: Path, tag: str, why: str) -> None:
+def test_a_canary_that_cannot_start_or_become_ready_is_undone(
+    tmp_path: Path, tag: str, why: str
+) -> None:
     fleet = _fleet()
     r = _run(fleet, tmp_path, "rollout", tag=tag)
     assert r.status == fleet_ledger.FAILED and r.exit_code == ExitCode.FAILED
@@ -211,7 +231,9 @@ def test_failure_budget_is_carried_across_resumes(tmp_path: Path) -> None:
         _run(fleet, tmp_path, "rollout", tag=B, waves="1,1,1", failure_budget="1")
     fleet.revive()
     r = _run(fleet, tmp_path, "resume")
-    assert r.status == fleet_ledger.FAILED, "the second failure is over the budget carried from before the kill"
+    assert r.status == fleet_ledger.FAILED, (
+        "the second failure is over the budget carried from before the kill"
+    )
     assert fleet.serving_tags() == {"spark-01": B, "spark-02": A, "spark-03": A}
 
 
@@ -279,7 +301,10 @@ def test_rollback_skips_a_first_deploy_and_hosts_not_in_the_last_rollout(tmp_pat
     del fleet.hosts["spark-03"].containers["vllm"]
     eng = _engine(fleet, tmp_path)
     try:
-        assert eng.rollout(Options(tag=B, limit="spark-01,spark-02,spark-03", soak=1.0)).status == fleet_ledger.COMPLETED
+        assert (
+            eng.rollout(Options(tag=B, limit="spark-01,spark-02,spark-03", soak=1.0)).status
+            == fleet_ledger.COMPLETED
+        )
         r = eng.rollback()
     finally:
         eng.close()
@@ -294,19 +319,28 @@ def test_a_recipe_only_change_rolls_out_through_the_canary_and_gates(tmp_path: P
     fleet = _fleet()
     assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_ledger.COMPLETED
     again = _run(fleet, tmp_path, "rollout", tag=B)
-    assert {h.status for h in again.hosts} == {fleet_ledger.SKIPPED}, "same image, same settings: nothing to do"
+    assert {h.status for h in again.hosts} == {fleet_ledger.SKIPPED}, (
+        "same image, same settings: nothing to do"
+    )
     eng = _engine(fleet, tmp_path)
-    changed = dataclasses.replace(eng.recipe(), docker_args=(*eng.recipe().docker_args, "--shm-size=32g"))
+    changed = dataclasses.replace(
+        eng.recipe(), docker_args=(*eng.recipe().docker_args, "--shm-size=32g")
+    )
     eng.session.recipe = lambda name=None: changed  # type: ignore[method-assign]
-    fleet.hosts["spark-01"].behaviour[digest_of(B)] = SOAKFAIL  # the new settings fail the canary's soak
+    fleet.hosts["spark-01"].behaviour[digest_of(B)] = (
+        SOAKFAIL  # the new settings fail the canary's soak
+    )
     try:
         r = eng.rollout(_opts(B))
     finally:
         eng.close()
     assert r.plan is not None and [h.reason for h in r.plan.hosts] == ["settings"] * 3
     assert r.status == fleet_ledger.FAILED
-    assert fleet.hosts["spark-01"].containers["vllm"].labels[remote.LABEL_FINGERPRINT] == remote.fingerprint(
-        _engine(fleet, tmp_path).recipe()), "the canary is back on the old settings"
+    assert fleet.hosts["spark-01"].containers["vllm"].labels[
+        remote.LABEL_FINGERPRINT
+    ] == remote.fingerprint(_engine(fleet, tmp_path).recipe()), (
+        "the canary is back on the old settings"
+    )
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
@@ -317,7 +351,11 @@ def test_what_served_when_a_rollout_moved_a_host_away_is_known_good(tmp_path: Pa
     assert _run(fleet, tmp_path, "rollback").status == fleet_ledger.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, C)
     with fleet_ledger.open_ledger(tmp_path) as led:
-        assert [(k.tag, k.source) for k in led.known_good("spark-01")] == [(B, "gate"), (C, "served"), (A, "found")]
+        assert [(k.tag, k.source) for k in led.known_good("spark-01")] == [
+            (B, "gate"),
+            (C, "served"),
+            (A, "found"),
+        ]
 
 
 def _with_recipe_change(fleet: SimFleet, state: Path) -> tuple[Engine, str, str]:
@@ -330,11 +368,14 @@ def _with_recipe_change(fleet: SimFleet, state: Path) -> tuple[Engine, str, str]
 
 
 def _fingerprints(fleet: SimFleet) -> dict[str, str]:
-    return {n: h.containers["vllm"].labels[remote.LABEL_FINGERPRINT] for n, h in fleet.hosts.items()}
+    return {
+        n: h.containers["vllm"].labels[remote.LABEL_FINGERPRINT] for n, h in fleet.hosts.items()
+    }
 
 
 def _changed_everywhere(fleet: SimFleet, state: Path) -> tuple[str, str]:
-    """B rolled out, then a recipe-only change of B that passed on every host; the old and new fingerprints."""
+    """B rolled out, then a recipe-only change of B that passed on every host; the old and new
+    fingerprints."""
     assert _run(fleet, state, "rollout", tag=B).status == fleet_ledger.COMPLETED
     eng, old_fp, new_fp = _with_recipe_change(fleet, state)
     try:
@@ -364,7 +405,9 @@ def test_rollback_of_a_recipe_only_change_restores_the_old_settings(tmp_path: Pa
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
-def test_abort_of_an_interrupted_recipe_only_change_restores_the_old_settings(tmp_path: Path) -> None:
+def test_abort_of_an_interrupted_recipe_only_change_restores_the_old_settings(
+    tmp_path: Path,
+) -> None:
     def change(fleet: SimFleet, state: Path, kill_at: int | None) -> None:
         assert _run(fleet, state, "rollout", tag=B).status == fleet_ledger.COMPLETED
         fleet.revive()
@@ -393,7 +436,9 @@ def test_abort_of_an_interrupted_recipe_only_change_restores_the_old_settings(tm
     assert _fingerprints(fleet) == dict.fromkeys(HOSTS, old_fp)
 
 
-def test_a_known_good_whose_settings_are_gone_is_refused_and_the_host_left_alone(tmp_path: Path) -> None:
+def test_a_known_good_whose_settings_are_gone_is_refused_and_the_host_left_alone(
+    tmp_path: Path,
+) -> None:
     fleet = _fleet()
     _old, new_fp = _changed_everywhere(fleet, tmp_path)
     for h in fleet.hosts.values():  # somebody cleaned up the kept containers
@@ -402,14 +447,18 @@ def test_a_known_good_whose_settings_are_gone_is_refused_and_the_host_left_alone
     assert r.status == fleet_ledger.FAILED and r.exit_code != ExitCode.OK
     assert _fingerprints(fleet) == dict.fromkeys(HOSTS, new_fp), "no host was touched"
     for h in r.hosts:
-        assert h.error and "other container settings" in h.error and "fleetctl rollout" in h.error, h.error
+        assert (
+            h.error and "other container settings" in h.error and "fleetctl rollout" in h.error
+        ), h.error
 
 
 def test_a_rollback_to_old_settings_that_fail_is_undone_to_the_new_ones(tmp_path: Path) -> None:
     fleet = _fleet()
     _old, new_fp = _changed_everywhere(fleet, tmp_path)
     # The kept container with the old settings no longer starts (its mount went away, say).
-    fleet.hosts["spark-01"].containers["vllm" + remote.PREV_SUFFIX].labels[BEHAVIOUR_LABEL] = NOSTART
+    fleet.hosts["spark-01"].containers["vllm" + remote.PREV_SUFFIX].labels[BEHAVIOUR_LABEL] = (
+        NOSTART
+    )
     r = _rollback_changed(fleet, tmp_path, limit="spark-01")
     assert r.status == fleet_ledger.FAILED
     assert [h.status for h in r.hosts if h.host == "spark-01"] == [fleet_ledger.ROLLED_BACK]
@@ -417,15 +466,21 @@ def test_a_rollback_to_old_settings_that_fail_is_undone_to_the_new_ones(tmp_path
 
 
 @pytest.mark.parametrize("how", ["resume", "abort"])
-def test_killed_right_after_restoring_a_failed_canary_the_restored_version_is_kept(tmp_path: Path, how: str) -> None:
+def test_killed_right_after_restoring_a_failed_canary_the_restored_version_is_kept(
+    tmp_path: Path, how: str
+) -> None:
     """The restore had happened (the host serves v1 again, no .prev left) when the controller died:
-    finishing the rollback checks v1 where it runs; restoring again would remove it with nothing to start."""
+    finishing the rollback checks v1 where it runs; restoring again would remove it with nothing to
+    start."""
     fleet = _fleet()
     probe = _fleet()
     with tempfile.TemporaryDirectory() as d:
         _run(probe, Path(d), "rollout", tag=SOAKBAD)
     _kill_then(fleet, tmp_path, probe.points.index("spark-01:restore") + 1, SOAKBAD)
-    assert fleet.serving_tags()["spark-01"] == A and "vllm.prev" not in fleet.hosts["spark-01"].containers
+    assert (
+        fleet.serving_tags()["spark-01"] == A
+        and "vllm.prev" not in fleet.hosts["spark-01"].containers
+    )
     _recover(fleet, tmp_path, how)
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
     if how == "resume":

@@ -1,4 +1,5 @@
-"""The rollout's deploy step through the vllm_serve role (fleetctl.rollout.deploy), on the simulated fleet.
+"""The rollout's deploy step through the vllm_serve role (fleetctl.rollout.deploy), on the
+simulated fleet.
 
 The deployer here is tests/rollout/sim.py's SimDeployer: the role module's own
 retire decision and its docker steps one by one, each a kill point. The
@@ -56,11 +57,24 @@ def _fleet() -> tuple[SimFleet, SimDeployer]:
 
 def _run(fleet: SimFleet, dep: SimDeployer, state: Path, what: str, tag: str = B,
          budget: str | None = None) -> RolloutResult:
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops, gates=SimGates(fleet),
-                 resolve=fleet.resolve, deployer=dep)
+    eng = Engine(
+        inventory.load(INV),
+        state_dir=state,
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+        deployer=dep,
+    )
     fleet.watch(eng.ledger)
-    opts = Options(tag=tag, limit=",".join(HOSTS), waves="1,100%", max_unavailable="2", failure_budget=budget,
-                   soak=1.0)
+    opts = Options(
+        tag=tag,
+        limit=",".join(HOSTS),
+        waves="1,100%",
+        max_unavailable="2",
+        failure_budget=budget,
+        soak=1.0,
+    )
     return run_command(eng, what, opts, ",".join(HOSTS))
 
 
@@ -100,7 +114,9 @@ def test_a_wave_is_deployed_by_one_run_per_step_and_ends_on_the_new_version(tmp_
 @pytest.mark.parametrize("how", ["resume", "abort", "rollback"])
 @pytest.mark.parametrize(("tag", "k"), [(B, k) for k in range(1, len(GOOD_POINTS) + 1)]
                          + [(SOAKBAD, k) for k in range(1, len(FAILING_POINTS) + 1)])
-def test_kill_anywhere_in_a_rollout_deployed_by_the_role(tmp_path: Path, tag: str, k: int, how: str) -> None:
+def test_kill_anywhere_in_a_rollout_deployed_by_the_role(
+    tmp_path: Path, tag: str, k: int, how: str
+) -> None:
     fleet, dep = _fleet()
     fleet.kill_at = k
     with pytest.raises(Killed):
@@ -130,7 +146,9 @@ def _killed_at(what: str, state: Path) -> tuple[SimFleet, SimDeployer]:
 
 
 @pytest.mark.parametrize("how", ["resume", "abort"])
-def test_killed_inside_the_role_run_after_the_retire_before_the_start(tmp_path: Path, how: str) -> None:
+def test_killed_inside_the_role_run_after_the_retire_before_the_start(
+    tmp_path: Path, how: str
+) -> None:
     fleet, dep = _killed_at("spark-01:retire", tmp_path)
     h = fleet.hosts["spark-01"]
     # The module stopped the old one and kept it as .prev, as the controller's retire does.
@@ -171,17 +189,21 @@ def test_a_host_whose_start_fails_in_the_run_is_restored_the_other_goes_on(tmp_p
 
 
 @pytest.mark.parametrize("step", ["rm-prev", "stop"])
-def test_a_retire_that_fails_in_the_run_restores_nothing_and_keeps_the_old_container(tmp_path: Path,
-                                                                                     step: str) -> None:
+def test_a_retire_that_fails_in_the_run_restores_nothing_and_keeps_the_old_container(
+    tmp_path: Path, step: str
+) -> None:
     fleet, dep = _fleet()
-    _run(fleet, dep, tmp_path, "rollout")  # every host now has a .prev (A) to be removed by the next deploy
+    _run(
+        fleet, dep, tmp_path, "rollout"
+    )  # every host now has a .prev (A) to be removed by the next deploy
     dep.fail_at["spark-01"] = step
     r = _run(fleet, dep, tmp_path, "rollout", C)
     assert r.status == fleet_ledger.FAILED
     o1 = next(o for o in r.hosts if o.host == "spark-01")
     assert o1.status == fleet_ledger.HOST_FAILED and f"docker {step} failed" in (o1.error or "")
     assert "not retired by this deploy" in (o1.error or "")
-    # Never stopped by this deploy: it still serves B, and its .prev is whatever the failed step left.
+    # Never stopped by this deploy: it still serves B, and its .prev is whatever the failed step
+    # left.
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
@@ -214,7 +236,8 @@ def test_the_deploy_run_gets_the_recipes_container_secrets(tmp_path: Path) -> No
 
 
 def _inventory_with(tmp_path: Path, host_vars: dict[str, dict[str, str]]) -> inventory.Inventory:
-    """The example inventory with ``host_vars/<host>.yml`` added (Ansible's own precedence applies)."""
+    """The example inventory with ``host_vars/<host>.yml`` added (Ansible's own precedence
+    applies)."""
     d = tmp_path / "inv"
     shutil.copytree(INV, d)
     (d / "host_vars").mkdir(exist_ok=True)
@@ -226,22 +249,40 @@ def _inventory_with(tmp_path: Path, host_vars: dict[str, dict[str, str]]) -> inv
 def test_a_bad_deploy_via_is_refused_naming_the_host_before_any_change(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = _inventory_with(tmp_path, {"spark-02": {"fleetctl_deploy_via": "paramiko"}})
-    eng = Engine(inv, state_dir=tmp_path / "state", secrets={}, ops=fleet.ops, gates=SimGates(fleet),
-                 resolve=fleet.resolve, deployer=dep)
+    eng = Engine(
+        inv,
+        state_dir=tmp_path / "state",
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+        deployer=dep,
+    )
     try:
         with pytest.raises(FleetError) as e:
             eng.rollout(Options(tag=B, limit=",".join(HOSTS), soak=1.0))
     finally:
         eng.close()
-    assert e.value.host == "spark-02" and "fleetctl_deploy_via" in e.value.cause and "ansible" in (e.value.fix or "")
+    assert (
+        e.value.host == "spark-02"
+        and "fleetctl_deploy_via" in e.value.cause
+        and "ansible" in (e.value.fix or "")
+    )
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A) and dep.runs == []
 
 
 def test_hosts_set_to_ssh_deploy_with_the_controllers_commands(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = _inventory_with(tmp_path, {"spark-02": {"fleetctl_deploy_via": "ssh"}})
-    eng = Engine(inv, state_dir=tmp_path / "state", secrets={}, ops=fleet.ops, gates=SimGates(fleet),
-                 resolve=fleet.resolve, deployer=dep)
+    eng = Engine(
+        inv,
+        state_dir=tmp_path / "state",
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+        deployer=dep,
+    )
     try:
         r = eng.rollout(Options(tag=B, limit=",".join(HOSTS), max_unavailable="2", soak=1.0))
     finally:
@@ -251,7 +292,8 @@ def test_hosts_set_to_ssh_deploy_with_the_controllers_commands(tmp_path: Path) -
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
-# ---- the step's barrier ------------------------------------------------------------------------------
+# ---- the step's barrier
+# ------------------------------------------------------------------------------
 
 
 class _Recorder:
@@ -269,7 +311,9 @@ class _Recorder:
 
 def _req(name: str) -> deploy.DeployRequest:
     inv = inventory.load(INV)
-    return deploy.DeployRequest(inv.hosts[name], NAME, recipe_for(inv), "img@" + digest_of(B), B, digest_of(B), "r-1")
+    return deploy.DeployRequest(
+        inv.hosts[name], NAME, recipe_for(inv), "img@" + digest_of(B), B, digest_of(B), "r-1"
+    )
 
 
 def test_the_batch_runs_once_when_every_member_joined_or_left(tmp_path: Path) -> None:
@@ -301,9 +345,12 @@ def test_a_batch_everyone_left_never_runs(tmp_path: Path) -> None:
 
 def test_a_deployer_that_breaks_leaves_each_host_judged_by_looking_at_it(tmp_path: Path) -> None:
     fleet, _dep = _fleet()
-    batch = deploy.StepBatch(_Recorder(RuntimeError("runner crashed")), ["spark-01"], {}, tmp_path, fleet.ops)
+    batch = deploy.StepBatch(
+        _Recorder(RuntimeError("runner crashed")), ["spark-01"], {}, tmp_path, fleet.ops
+    )
     out = batch.join(_req("spark-01"))
-    # Nothing was retired (spark-01 still serves v1): the failure is the retire's, nothing to restore.
+    # Nothing was retired (spark-01 still serves v1): the failure is the retire's, nothing to
+    # restore.
     assert not out.retired and out.error is not None and "runner crashed" in out.error.cause
 
 
@@ -327,40 +374,79 @@ def test_a_kill_inside_the_run_reaches_every_joiner(tmp_path: Path) -> None:
 
 
 def test_the_modules_report_becomes_the_engines_serving() -> None:
-    s = deploy.serving_from_report({
-        "name": "vllm.prev", "running": False, "status": "exited", "image": "reg/x@" + digest_of(A),
-        "entrypoint": ["vllm"], "cmd": ["serve"], "env_names": ["A"], "binds": [], "network_mode": "host",
-        "ipc_mode": "host", "gpus": True,
-        "labels": {remote.LABEL_DIGEST: digest_of(A), remote.LABEL_TAG: A, remote.LABEL_ROLLOUT: "r-0",
-                   remote.LABEL_RECIPE: "q", remote.LABEL_FINGERPRINT: "f" * 64}})
+    s = deploy.serving_from_report(
+        {
+            "name": "vllm.prev",
+            "running": False,
+            "status": "exited",
+            "image": "reg/x@" + digest_of(A),
+            "entrypoint": ["vllm"],
+            "cmd": ["serve"],
+            "env_names": ["A"],
+            "binds": [],
+            "network_mode": "host",
+            "ipc_mode": "host",
+            "gpus": True,
+            "labels": {
+                remote.LABEL_DIGEST: digest_of(A),
+                remote.LABEL_TAG: A,
+                remote.LABEL_ROLLOUT: "r-0",
+                remote.LABEL_RECIPE: "q",
+                remote.LABEL_FINGERPRINT: "f" * 64,
+            },
+        }
+    )
     assert s is not None
     assert (s.name, s.running, s.digest, s.tag, s.rollout, s.recipe, s.fingerprint) == (
         "vllm.prev", False, digest_of(A), A, "r-0", "q", "f" * 64)
-    assert set(s.settings) == {"image", "entrypoint", "cmd", "env_names", "binds", "network_mode", "ipc_mode",
-                               "gpus", "labels"}
+    assert set(s.settings) == {
+        "image",
+        "entrypoint",
+        "cmd",
+        "env_names",
+        "binds",
+        "network_mode",
+        "ipc_mode",
+        "gpus",
+        "labels",
+    }
     assert deploy.serving_from_report(None) is None
 
 
-@pytest.mark.parametrize("cur", [None, "running", "stopped", "running-this-run", "stopped-this-run"])
+@pytest.mark.parametrize(
+    "cur", [None, "running", "stopped", "running-this-run", "stopped-this-run"]
+)
 @pytest.mark.parametrize("prev", [False, True])
 def test_the_modules_retire_rule_is_the_controllers(cur: str | None, prev: bool) -> None:
-    """Whatever the serving name and .prev hold, the module keeps and removes what the controller's retire does."""
+    """Whatever the serving name and .prev hold, the module keeps and removes what the controller's
+    retire does."""
     fleet, dep = _fleet()
     h = fleet.hosts["spark-01"]
     h.containers.clear()
     if cur is not None:
         mine = cur.endswith("this-run")
-        h.containers[NAME] = Container(NAME, digest_of(B if mine else A), B if mine else A, "r-1" if mine else "r-0",
-                                       cur.startswith("running"), "running" if cur.startswith("running") else "exited")
+        h.containers[NAME] = Container(
+            NAME,
+            digest_of(B if mine else A),
+            B if mine else A,
+            "r-1" if mine else "r-0",
+            cur.startswith("running"),
+            "running" if cur.startswith("running") else "exited",
+        )
     if prev:
         h.containers[PREV] = Container(PREV, digest_of(C), C, "r-old", False, "exited")
     before = {n: (c.digest, c.running) for n, c in h.containers.items()}
     inv = inventory.load(INV)
     fleet.ops(inv.hosts["spark-01"]).retire(NAME, "r-1", digest_of(B))
     controller = {n: c.digest for n, c in h.containers.items()}
-    plan = dep.module.retire_plan(None if cur is None else cur.startswith("running"),
-                                  None if cur is None else ("r-1" if cur.endswith("this-run") else "r-0"),
-                                  None if cur is None else before[NAME][0], prev, "r-1", digest_of(B))
+    plan = dep.module.retire_plan(
+        None if cur is None else cur.startswith("running"),
+        None if cur is None else ("r-1" if cur.endswith("this-run") else "r-0"),
+        None if cur is None else before[NAME][0],
+        prev,
+        "r-1",
+        digest_of(B),
+    )
     module = {n: d for n, (d, _r) in before.items()}
     if plan == "remove":
         module.pop(NAME)

@@ -1,4 +1,5 @@
-"""The rollout's deploy step through the vllm_serve role (the default) and over SSH (``fleetctl_deploy_via: ssh``).
+"""The rollout's deploy step through the vllm_serve role (the default) and over SSH
+(``fleetctl_deploy_via: ssh``).
 
 Both on the lab's spark-01, each checked against the node's real container
 (``docker inspect`` over SSH): the same container the controller's own
@@ -45,8 +46,11 @@ def _digest(inv: inventory.Inventory, tag: str) -> str:
         eng.close()
 
 
-def _rollout_on_node(inv: inventory.Inventory, state: Path) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
-    """Roll NEW out to NODE; the rollout id, the node's container and its .prev as docker shows them."""
+def _rollout_on_node(
+    inv: inventory.Inventory, state: Path
+) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """Roll NEW out to NODE; the rollout id, the node's container and its .prev as docker shows
+    them."""
     eng = Engine(inv, state_dir=state)
     try:
         r = eng.rollout(Options(tag=NEW, limit=NODE, soak=LAB_SOAK))
@@ -61,14 +65,28 @@ def _rollout_on_node(inv: inventory.Inventory, state: Path) -> tuple[str, dict[s
     # What the controller's own `docker run` sets: the role must render the very same container.
     ref = registry.pull_ref(recipe.image, r.digest or "", inv.vars.get("fleetctl_registry_mirrors"))
     # The lab's nodes report a GB10, so the rollout mounted the caches under that key.
-    key = warmcache.cache_key(r.digest or "", remote.fingerprint(recipe), remote.GB10) if recipe.compile_cache else None
-    argv = remote.run_argv(h, recipe, ref, tag=r.tag or "", digest=r.digest or "", rollout_id=r.id or "",
-                           name=remote.container_name(h), cache_key=key)
+    key = (
+        warmcache.cache_key(r.digest or "", remote.fingerprint(recipe), remote.GB10)
+        if recipe.compile_cache
+        else None
+    )
+    argv = remote.run_argv(
+        h,
+        recipe,
+        ref,
+        tag=r.tag or "",
+        digest=r.digest or "",
+        rollout_id=r.id or "",
+        name=remote.container_name(h),
+        cache_key=key,
+    )
     labels = dict(v.split("=", 1) for k, v in itertools.pairwise(argv) if k == "--label")
     assert {k: v for k, v in c["Config"]["Labels"].items() if k.startswith("fleetctl.")} == labels
     assert c["Config"]["Image"] == ref and c["Config"]["Entrypoint"] == ["vllm"]
     assert c["Config"]["Cmd"] == argv[argv.index(ref) + 1:]
-    assert sorted(c["HostConfig"]["Binds"]) == sorted(v for k, v in itertools.pairwise(argv) if k == "-v")
+    assert sorted(c["HostConfig"]["Binds"]) == sorted(
+        v for k, v in itertools.pairwise(argv) if k == "-v"
+    )
     prev = _inspect(h, remote.container_name(h) + remote.PREV_SUFFIX)
     return r.id or "", c, prev
 
@@ -79,13 +97,17 @@ def test_the_rollout_deploys_through_the_role_by_default(serving: Any, tmp_path:
     assert "fleetctl_deploy_via" not in inv.host(NODE).vars
     try:
         rid, _c, prev = _rollout_on_node(inv, tmp_path / "state")
-        assert prev is not None and prev["Config"]["Labels"]["fleetctl.digest"] == _digest(inv, BASE_TAG)
+        assert prev is not None and prev["Config"]["Labels"]["fleetctl.digest"] == _digest(
+            inv, BASE_TAG
+        )
         events = [json.loads(f.read_text()) for f in (tmp_path / "state" / "runs" / rid).glob(
             "ansible/deploy-*/job_events/*.json")]
         ran = [e["event_data"] for e in events if e.get("event") == "runner_on_ok"
                and e["event_data"].get("host") == NODE
                and str(e["event_data"].get("resolved_action", "")).endswith("vllm_container")]
-        assert len(ran) == 1, "no vllm_container task ran for the node in the rollout's ansible-runner events"
+        assert len(ran) == 1, (
+            "no vllm_container task ran for the node in the rollout's ansible-runner events"
+        )
         res = ran[0]["res"]
         assert res["changed"] and res["container"]["rollout"] == rid
         assert "stop vllm and keep it as vllm.prev" in res["actions"]
@@ -105,8 +127,12 @@ def test_deploy_via_ssh_keeps_the_controllers_own_commands(serving: Any, tmp_pat
     assert inv.host(NODE).vars["fleetctl_deploy_via"] == "ssh"
     try:
         rid, _c, prev = _rollout_on_node(inv, tmp_path / "state")
-        assert prev is not None and prev["Config"]["Labels"]["fleetctl.digest"] == _digest(inv, BASE_TAG)
-        assert not list((tmp_path / "state" / "runs" / rid).glob("ansible")), "the ssh path ran a playbook"
+        assert prev is not None and prev["Config"]["Labels"]["fleetctl.digest"] == _digest(
+            inv, BASE_TAG
+        )
+        assert not list((tmp_path / "state" / "runs" / rid).glob("ansible")), (
+            "the ssh path ran a playbook"
+        )
     finally:
         serve(BASE_TAG)
         ssh.close_all()

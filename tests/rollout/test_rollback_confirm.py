@@ -1,4 +1,5 @@
-"""``rollback``'s question is asked once the targets are known, before anything is recorded or changed,
+"""``rollback``'s question is asked once the targets are known, before anything is recorded or
+changed,
 and not at all when no host would change (the CLI then says "nothing to do")."""
 
 from __future__ import annotations
@@ -22,8 +23,14 @@ A, B, BAD = "v1", "v2", "v-soakfail"
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops, gates=SimGates(fleet),
-                 resolve=fleet.resolve)
+    eng = Engine(
+        inventory.load(INV),
+        state_dir=state,
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+    )
     fleet.watch(eng.ledger)
     return eng
 
@@ -32,7 +39,10 @@ def _rolled_out(state: Path) -> SimFleet:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     eng = _engine(fleet, state)
     try:
-        assert eng.rollout(Options(tag=B, limit=",".join(HOSTS), soak=1.0)).status == fleet_ledger.COMPLETED
+        assert (
+            eng.rollout(Options(tag=B, limit=",".join(HOSTS), soak=1.0)).status
+            == fleet_ledger.COMPLETED
+        )
     finally:
         eng.close()
     return fleet
@@ -55,11 +65,15 @@ def test_refusing_the_question_changes_and_records_nothing(tmp_path: Path) -> No
     assert asked == [dict.fromkeys(HOSTS, A)], "asked once, each host with the tag it goes back to"
     assert {fleet.serving_digest(h) for h in HOSTS} == {digest_of(B)}, "nothing was changed"
     with fleet_ledger.open_ledger(tmp_path) as led:
-        assert [r.kind for r in led.history(10)] == ["rollout"], "the refused rollback left no record"
+        assert [r.kind for r in led.history(10)] == ["rollout"], (
+            "the refused rollback left no record"
+        )
         assert not led.ids(statuses=fleet_ledger.ACTIVE)
     eng = _engine(fleet, tmp_path)
     try:
-        assert eng.rollback(confirm=lambda t: None).status == fleet_ledger.COMPLETED, "the lock was let go"
+        assert eng.rollback(confirm=lambda t: None).status == fleet_ledger.COMPLETED, (
+            "the lock was let go"
+        )
     finally:
         eng.close()
     assert {fleet.serving_digest(h) for h in HOSTS} == {digest_of(A)}
@@ -70,7 +84,10 @@ def test_no_question_when_no_host_would_change(tmp_path: Path) -> None:
     eng = _engine(fleet, tmp_path)
     try:
         # The canary fails its gate and goes back to v1: every host serves v1, nothing to roll back.
-        assert eng.rollout(Options(tag=BAD, limit=",".join(HOSTS), soak=1.0)).status == fleet_ledger.FAILED
+        assert (
+            eng.rollout(Options(tag=BAD, limit=",".join(HOSTS), soak=1.0)).status
+            == fleet_ledger.FAILED
+        )
         asked: list[object] = []
         again = eng.rollback(confirm=asked.append)
     finally:

@@ -50,7 +50,8 @@ def resolve(tag: str) -> registry.ResolvedImage:
 
 
 def real_state() -> dict[str, dict[str, Any]]:
-    """Per node: is ``vllm`` running, its image ID, its container ID and start time (docker inspect over SSH)."""
+    """Per node: is ``vllm`` running, its image ID, its container ID and start time (docker inspect
+    over SSH)."""
     inv = inventory.load(None)
     out: dict[str, dict[str, Any]] = {}
     for h in inv.hosts.values():
@@ -65,7 +66,8 @@ def real_state() -> dict[str, dict[str, Any]]:
 
 
 def image_ids(tag: str) -> dict[str, str | None]:
-    """Per node: the local image ID of the resolved digest of ``tag`` (None if the node lacks it)."""
+    """Per node: the local image ID of the resolved digest of ``tag`` (None if the node lacks
+    it)."""
     img = resolve(tag)
     inv = inventory.load(None)
     ref = registry.pull_ref(img.image, img.digest, inv.vars.get("fleetctl_registry_mirrors"))
@@ -88,10 +90,14 @@ def ledger() -> fleet_ledger.Ledger:
 
 
 def cli(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([FLEETCTL, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy())
+    return subprocess.run(
+        [FLEETCTL, *args], capture_output=True, text=True, timeout=timeout, env=os.environ.copy()
+    )
 
 
-def run_rollout(tag: str, progress: Callable[[Event], None] | None = None, **kw: Any) -> RolloutResult:
+def run_rollout(
+    tag: str, progress: Callable[[Event], None] | None = None, **kw: Any
+) -> RolloutResult:
     eng = engine(progress) if progress else engine()
     kw.setdefault("soak", LAB_SOAK)
     try:
@@ -130,7 +136,9 @@ def test_unknown_tag_is_refused_before_any_change(serving: RolloutResult) -> Non
     r = cli("rollout", "--tag", "v9.9.9", "--yes")
     assert r.returncode == 2, r.stderr
     # The versions the lab's registry holds are named, whatever other test tags it holds.
-    assert "no tag 'v9.9.9'" in r.stderr and "v0.24.0 (2026-07-01-v0.24.0)" in " ".join(r.stderr.split())
+    assert "no tag 'v9.9.9'" in r.stderr and "v0.24.0 (2026-07-01-v0.24.0)" in " ".join(
+        r.stderr.split()
+    )
     assert real_state() == before and len(ledger().ids()) == n
 
 
@@ -148,12 +156,16 @@ def test_wrong_gpu_node_and_unverified_weights_are_refused_before_any_change(
     # present-looking weights that were never verified must not be served.
     node2 = inventory.load(None).host("spark-02")
     marker = f"{w.path}/{MARKER}"
-    ssh.run(node2, ["mv", marker, marker + ".away"], timeout=30, become=True).check("hide the stage marker")
+    ssh.run(node2, ["mv", marker, marker + ".away"], timeout=30, become=True).check(
+        "hide the stage marker"
+    )
     try:
         with lab_fault("spark-03", gpu="NVIDIA H100 80GB HBM3"), pytest.raises(FleetError) as e:
             run_rollout(NEW)
     finally:
-        ssh.run(node2, ["mv", marker + ".away", marker], timeout=30, become=True).check("restore the stage marker")
+        ssh.run(node2, ["mv", marker + ".away", marker], timeout=30, become=True).check(
+            "restore the stage marker"
+        )
     msg = e.value.message()
     assert "spark-03" in msg and "H100" in msg and "before any change" in msg
     assert f"spark-02: weight set {w.role}" in msg and MARKER in msg
@@ -190,8 +202,15 @@ def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResu
     # the live table filled in: every host went through the phases, with wave and tag columns
     for h in r.hosts:
         phases = [e.phase for e in events if e.host == h.host]
-        assert phases.index("stopping") < phases.index("loading") < phases.index("soak") < phases.index("done")
-    assert any(e.data.get("wave") == 2 and e.data.get("tag") == "2026-07-01-v0.24.0" for e in events)
+        assert (
+            phases.index("stopping")
+            < phases.index("loading")
+            < phases.index("soak")
+            < phases.index("done")
+        )
+    assert any(
+        e.data.get("wave") == 2 and e.data.get("tag") == "2026-07-01-v0.24.0" for e in events
+    )
     # each gate's artifacts are kept where the ledger says, and its pass is the new tag's baseline
     state = paths.state_dir(inventory.load(None).path)
     for h in r.hosts:
@@ -215,13 +234,16 @@ def test_rollout_completes_then_rollback_returns_every_node(serving: RolloutResu
     entries = json.loads(hist.stdout)
     assert [e["kind"] for e in entries[:2]] == ["rollback", "rollout"]
     assert entries[0]["parent"] == r.id and entries[1]["id"] == r.id
-    assert {h["host"]: h["status"] for h in entries[1]["hosts"]} == {f"spark-0{i}": "done" for i in range(1, 5)}
+    assert {h["host"]: h["status"] for h in entries[1]["hosts"]} == {
+        f"spark-0{i}": "done" for i in range(1, 5)
+    }
 
 
 # -- gates catch the bad tags on the canary ------------------------------------------------------
-# One bad tag end to end on the real nodes (the crash at 32 concurrent streams). The engine's part of a boot
-# failure, a failed soak and an inconclusive gate (pause, then abort) is tests/rollout/test_gates_sim.py; the
-# soak's detection of each, tests/soak/test_engine_loopback.py and test_checks.py.
+# One bad tag end to end on the real nodes (the crash at 32 concurrent streams). The engine's part
+# of a boot failure, a failed soak and an inconclusive gate (pause, then abort) is
+# tests/rollout/test_gates_sim.py; the soak's detection of each, tests/soak/test_engine_loopback.py
+# and test_checks.py.
 
 
 def _gate_fails_on_canary(tag: str, **kw: Any) -> RolloutResult:
@@ -251,16 +273,31 @@ def test_crash_at_32_tag_fails_on_canary(at_new: None) -> None:
 def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
     serve(OLD)
     led = ledger()
-    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
-                          "--max-unavailable", "3"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    p = subprocess.Popen(
+        [
+            FLEETCTL,
+            "rollout",
+            "--tag",
+            NEW,
+            "--yes",
+            "--soak",
+            f"{LAB_SOAK:.0f}s",
+            "--max-unavailable",
+            "3",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ.copy(),
+    )
     try:
         rec = None
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert p.poll() is None, "the rollout ended before it could be killed"
             rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
-            if rec is not None and any(h.wave == 1 and h.phase in ("starting", "loading", "soak") for h in rec.hosts):
+            if rec is not None and any(
+                h.wave == 1 and h.phase in ("starting", "loading", "soak") for h in rec.hosts
+            ):
                 break
             time.sleep(0.2)
         assert rec is not None
@@ -273,7 +310,9 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
         if p.poll() is None:
             p.kill()
     killed = led.get(rec.id)
-    assert killed.status == fleet_ledger.RUNNING and any(h.status == fleet_ledger.IN_PROGRESS for h in killed.hosts)
+    assert killed.status == fleet_ledger.RUNNING and any(
+        h.status == fleet_ledger.IN_PROGRESS for h in killed.hosts
+    )
     # a new rollout refuses to start over an interrupted one
     fresh = cli("rollout", "--tag", NEW, "--yes")
     assert fresh.returncode == 2 and "interrupted" in fresh.stderr and rec.id in fresh.stderr
@@ -282,7 +321,9 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
     assert json.loads(resumed.stdout)["status"] == "completed"
     assert all(serving_tag(NEW).values()), real_state()
     final = led.get(rec.id)
-    assert final.status == fleet_ledger.COMPLETED and {h.status for h in final.hosts} == {fleet_ledger.DONE}
+    assert final.status == fleet_ledger.COMPLETED and {h.status for h in final.hosts} == {
+        fleet_ledger.DONE
+    }
     assert {w.status for w in final.waves} == {fleet_ledger.DONE}
     assert any(ph.phase == "resumed" for ph in final.phases) and led.holder() is None
     led.close()
@@ -322,22 +363,43 @@ def _power_loss(pid: int) -> None:
             os.kill(victim, signal.SIGKILL)
 
 
-def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(serving: RolloutResult) -> None:
+def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(
+    serving: RolloutResult,
+) -> None:
     # The controller and its ansible-playbook die together (SIGKILL to both: a laptop losing
     # power), while the vllm_serve role is retiring and starting containers of a 3-host step.
     serve(OLD)
     before = real_state()
     led = ledger()
-    p = subprocess.Popen([FLEETCTL, "rollout", "--tag", NEW, "--yes", "--soak", f"{LAB_SOAK:.0f}s",
-                          "--waves", "1,100%", "--max-unavailable", "3"],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    p = subprocess.Popen(
+        [
+            FLEETCTL,
+            "rollout",
+            "--tag",
+            NEW,
+            "--yes",
+            "--soak",
+            f"{LAB_SOAK:.0f}s",
+            "--waves",
+            "1,100%",
+            "--max-unavailable",
+            "3",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=os.environ.copy(),
+    )
     try:
         deadline = time.monotonic() + 300
         rec = None
         while time.monotonic() < deadline:
             assert p.poll() is None, "the rollout ended before it could be killed"
             rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
-            if rec is not None and any(h.wave == 1 and h.phase == "stopping" for h in rec.hosts) and _role_run_of(p.pid):
+            if (
+                rec is not None
+                and any(h.wave == 1 and h.phase == "stopping" for h in rec.hosts)
+                and _role_run_of(p.pid)
+            ):
                 break
             time.sleep(0.1)
         assert rec is not None and _role_run_of(p.pid), "no role run of wave 2 was seen"
@@ -347,10 +409,22 @@ def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(serving:
         inv = inventory.load(None)
         while True:
             assert _role_run_of(p.pid), "the role run ended before a change was seen"
-            now = ssh.fan_out([inv.host(n) for n in step], lambda h: ssh.run(
-                h, "docker inspect vllm --format '{{.Id}} {{.State.Running}}' 2>/dev/null; true", timeout=10).stdout,
-                timeout=15)
-            if any(o.value is not None and o.value.split() != [before[n]["id"], "true"] for n, o in now.items()):
+            now = ssh.fan_out(
+                [inv.host(n) for n in step],
+                lambda h: (
+                    ssh.run(
+                        h,
+                        "docker inspect vllm --format '{{.Id}} {{.State.Running}}' 2>/dev/null; "
+                        "true",
+                        timeout=10,
+                    ).stdout
+                ),
+                timeout=15,
+            )
+            if any(
+                o.value is not None and o.value.split() != [before[n]["id"], "true"]
+                for n, o in now.items()
+            ):
                 break
         _power_loss(p.pid)
         p.wait(30)

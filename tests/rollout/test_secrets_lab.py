@@ -31,14 +31,17 @@ SECRETS = {
     "VLLM_API_KEY": f"sk-{TOKEN}b",
     "FLEETCTL_REGISTRY_USER": "robot",
     "FLEETCTL_REGISTRY_PASSWORD": f"pw-{TOKEN}c",
-    # Unreachable on purpose: events fail, the rollout does not, and the URL's token is never written.
+    # Unreachable on purpose: events fail, the rollout does not, and the URL's token is never
+    # written.
     "FLEETCTL_WEBHOOK_URL": f"https://127.0.0.1:9/hooks/{TOKEN}d",
 }
 FLEETCTL = str(Path(sys.executable).parent / "fleetctl")
 VALUES = {k: v for k, v in SECRETS.items() if k != "FLEETCTL_REGISTRY_USER"}
 
 
-def _fleetctl(env: dict[str, str], *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def _fleetctl(
+    env: dict[str, str], *args: str, timeout: float = 600
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run([FLEETCTL, *args], env=env, capture_output=True, text=True,
                           timeout=timeout, check=False)
 
@@ -63,17 +66,40 @@ def test_secrets_of_the_environment_are_written_nowhere(serving: Any, tmp_path: 
     values = {**VALUES, "ansible_become_password": access.become_password(layout.current())}
     state = tmp_path / "state"
     reports = tmp_path / "reports"
-    env = {**os.environ, **SECRETS, "FLEETCTL_STATE_DIR": str(state), "FLEETCTL_INVENTORY": str(inv.path)}
+    env = {
+        **os.environ,
+        **SECRETS,
+        "FLEETCTL_STATE_DIR": str(state),
+        "FLEETCTL_INVENTORY": str(inv.path),
+    }
     try:
         st = _fleetctl(env, "stage", "--limit", name)
         assert st.returncode == 0, st.stderr[-2000:]
-        so = _fleetctl(env, "soak", "--limit", name, "--duration", "3s", "--json-report", str(reports / "soak.json"),
-                       "--junit", str(reports / "soak.xml"), "--html", str(reports / "soak.html"))
+        so = _fleetctl(
+            env,
+            "soak",
+            "--limit",
+            name,
+            "--duration",
+            "3s",
+            "--json-report",
+            str(reports / "soak.json"),
+            "--junit",
+            str(reports / "soak.xml"),
+            "--html",
+            str(reports / "soak.html"),
+        )
         assert so.returncode == 0, so.stderr[-2000:]
-        # A rollout SIGKILLed while its canary soaks: nothing cleans up after it, so nothing may be there.
-        p = subprocess.Popen([FLEETCTL, "rollout", "--tag", "v0.24.0", "--limit", name,
-                              "--soak", "60s", "--yes"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True, start_new_session=True)
+        # A rollout SIGKILLed while its canary soaks: nothing cleans up after it, so nothing may be
+        # there.
+        p = subprocess.Popen(
+            [FLEETCTL, "rollout", "--tag", "v0.24.0", "--limit", name, "--soak", "60s", "--yes"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 300
         while not list(state.glob("runs/ro-*/**/samples.jsonl")):
             assert p.poll() is None, p.communicate()[0][-2000:]
@@ -89,8 +115,12 @@ def test_secrets_of_the_environment_are_written_nowhere(serving: Any, tmp_path: 
         assert not _leaks(reports, values), _leaks(reports, values)
         assert not _leaks(Path(inv.path).parent, values), _leaks(Path(inv.path).parent, values)
         # On the host: its fleetctl state file, and what `docker inspect` shows of its container.
-        on_host = ssh.run(h, f"cat {hoststate.state_file(h)}; docker inspect {remote.container_name(h)}",
-                          timeout=30, become=True).stdout
+        on_host = ssh.run(
+            h,
+            f"cat {hoststate.state_file(h)}; docker inspect {remote.container_name(h)}",
+            timeout=30,
+            become=True,
+        ).stdout
         assert on_host.strip() and not [k for k, v in values.items() if v in on_host]
     finally:
         serve(BASE_TAG)

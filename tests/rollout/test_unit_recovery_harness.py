@@ -1,13 +1,21 @@
-"""The recovery harness on a fleet with a serving unit (tests/rollout/sim.py): one single host and a unit of two.
+"""The recovery harness on a fleet with a serving unit (tests/rollout/sim.py): one single host and
+a unit of two.
 
-The controller is killed at every ledger transition and after every remote side effect of a rollout that
-steps the single host (the canary) and then the unit, both when the unit passes its gate and when it fails
-it; a new controller then runs ``--resume``, ``abort`` or ``rollback``. For every kill point the unit's two
-members serve one version (what they served before, or the new tag once the unit passed its gate), never
-two; every host serves a known version or is reported down with the command that fixes it; the ledger
-holds no active record; and a later rollout takes every host, the unit's members together, to a new tag.
+The controller is killed at every ledger transition and after every remote side effect of a rollout
+that
+steps the single host (the canary) and then the unit, both when the unit passes its gate and when
+it fails
+it; a new controller then runs ``--resume``, ``abort`` or ``rollback``. For every kill point the
+unit's two
+members serve one version (what they served before, or the new tag once the unit passed its gate),
+never
+two; every host serves a known version or is reported down with the command that fixes it; the
+ledger
+holds no active record; and a later rollout takes every host, the unit's members together, to a new
+tag.
 
-The simulated unit behaves as the lab's emulator does: its head answers readiness, soak and smoke only
+The simulated unit behaves as the lab's emulator does: its head answers readiness, soak and smoke
+only
 while every member runs the head's version (a lost rank wedges the engine).
 """
 
@@ -46,7 +54,8 @@ TAGS = {A: OK, B: OK, C: OK}
 
 
 def _inventory(root: Path) -> Path:
-    """The example inventory cut to spark-01 (alone, the canary) and unit pair-a (spark-03 + spark-04) on the
+    """The example inventory cut to spark-01 (alone, the canary) and unit pair-a (spark-03 +
+    spark-04) on the
     two-node recipe; the single host on the one-node recipe of the same image."""
     inv = root / "inv"
     shutil.copytree(paths.project_root() / "inventory" / "example", inv)
@@ -76,7 +85,8 @@ INV = _inventory(Path(_INV_DIR))
 
 
 def _fleet(unit_fails: bool = False) -> SimFleet:
-    """Every host on A; with ``unit_fails``, B fails the unit's soak (its worker's image behaves so there)."""
+    """Every host on A; with ``unit_fails``, B fails the unit's soak (its worker's image behaves so
+    there)."""
     fleet = SimFleet(dict.fromkeys(HOSTS, A), TAGS)
     fleet.units = {HEAD: list(UNIT)}
     if unit_fails:
@@ -85,8 +95,14 @@ def _fleet(unit_fails: bool = False) -> SimFleet:
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops, gates=SimGates(fleet),
-                 resolve=fleet.resolve)
+    eng = Engine(
+        inventory.load(INV),
+        state_dir=state,
+        secrets={},
+        ops=fleet.ops,
+        gates=SimGates(fleet),
+        resolve=fleet.resolve,
+    )
     fleet.watch(eng.ledger)
     return eng
 
@@ -97,12 +113,15 @@ def _run(fleet: SimFleet, state: Path, what: str, tag: str | None = None) -> Rol
 
 
 def _assert_known(fleet: SimFleet, allowed: dict[str, set[str]]) -> None:
-    """Each host serves an allowed version, and the unit's two members serve ONE. Stricter than the single
+    """Each host serves an allowed version, and the unit's two members serve ONE. Stricter than the
+    single
     hosts' harness (which accepts a host reported down with its fix): here every host always has a
     previous version to go back to, so nothing may end down."""
     tags = fleet.serving_tags()
     for n in HOSTS:
-        assert tags[n] in allowed[n], f"{n} serves {tags[n]} ({fleet.hosts[n].containers}); allowed {allowed[n]}"
+        assert tags[n] in allowed[n], (
+            f"{n} serves {tags[n]} ({fleet.hosts[n].containers}); allowed {allowed[n]}"
+        )
     assert tags[HEAD] == tags[WORKER], f"the unit's members serve two versions: {tags}"
 
 
@@ -117,7 +136,9 @@ def _clean_points(unit_fails: bool) -> int:
 
 N_GOOD = _clean_points(False)
 N_FAILING = _clean_points(True)
-KILL_POINTS = [(False, k) for k in range(1, N_GOOD + 1)] + [(True, k) for k in range(1, N_FAILING + 1)]
+KILL_POINTS = [(False, k) for k in range(1, N_GOOD + 1)] + [
+    (True, k) for k in range(1, N_FAILING + 1)
+]
 
 
 def _not_wedged(fleet: SimFleet, state: Path) -> None:
@@ -135,7 +156,8 @@ def test_kill_anywhere_in_a_rollout_of_a_host_and_a_unit(tmp_path: Path, unit_fa
         _run(fleet, tmp_path, "rollout", tag=B)
     fleet.revive()
     recover(lambda what: _run(fleet, tmp_path, what), tmp_path, how)
-    # the unit never keeps B when B fails its gate; the single host may keep B (it passed as the canary)
+    # the unit never keeps B when B fails its gate; the single host may keep B (it passed as the
+    # canary)
     _assert_known(fleet, {SINGLE: {A, B}, HEAD: {A} if unit_fails else {A, B},
                           WORKER: {A} if unit_fails else {A, B}})
     if how == "resume" and not unit_fails:
@@ -178,7 +200,9 @@ def test_a_worker_dying_mid_soak_puts_both_members_back(tmp_path: Path) -> None:
     _not_wedged(fleet, tmp_path)
 
 
-def test_ctrl_c_in_the_units_soak_restores_both_members_then_resume_finishes(tmp_path: Path) -> None:
+def test_ctrl_c_in_the_units_soak_restores_both_members_then_resume_finishes(
+    tmp_path: Path,
+) -> None:
     fleet = _fleet()
     fleet.ctrl_c_in_soak = HEAD
     with pytest.raises(KeyboardInterrupt):
@@ -190,8 +214,10 @@ def test_ctrl_c_in_the_units_soak_restores_both_members_then_resume_finishes(tmp
 
 
 def test_members_left_on_two_versions_by_a_power_loss_are_put_on_one(tmp_path: Path) -> None:
-    """A kill between the two members' starts, then the worker's host lost power and came back with its
-    container stopped: the next command sees it from the hosts and finishes the job on both members."""
+    """A kill between the two members' starts, then the worker's host lost power and came back with
+    its
+    container stopped: the next command sees it from the hosts and finishes the job on both
+    members."""
     probe = _fleet()
     with tempfile.TemporaryDirectory() as d:
         _run(probe, Path(d), "rollout", tag=B)

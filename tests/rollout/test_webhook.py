@@ -25,7 +25,9 @@ from .test_capacity_harness import HOSTS, LIMIT, _inventory
 
 
 def test_events_are_posted_as_json(receiver: Receiver) -> None:
-    hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", allow_http=True)
+    hook = Webhook(
+        f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", allow_http=True
+    )
     hook.send("start", tag="2026-07-01-v0.24.0", hosts=["a", "b"])
     hook.send("wave", wave=1, of=2)
     hook.send("completion", tag="t")
@@ -48,8 +50,14 @@ def test_failed_delivery_is_reported_without_the_url(receiver: Receiver) -> None
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    hook2 = Webhook(f"http://127.0.0.1:{dead}/x/T0KEN-PATH?token=s3cret", "ro-1", "lab", rec, timeout=2,
-                    allow_http=True)
+    hook2 = Webhook(
+        f"http://127.0.0.1:{dead}/x/T0KEN-PATH?token=s3cret",
+        "ro-1",
+        "lab",
+        rec,
+        timeout=2,
+        allow_http=True,
+    )
     hook2.send("pause")
     (d2,) = hook2.close()
     assert d2.status is None and d2.error
@@ -114,7 +122,9 @@ def test_a_stalled_receiver_never_blocks_the_sender_and_close_has_a_deadline() -
     threading.Thread(target=s.serve_forever, daemon=True).start()
     try:
         rec = Recorder()
-        hook = Webhook(f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", rec, timeout=20, allow_http=True)
+        hook = Webhook(
+            f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", rec, timeout=20, allow_http=True
+        )
         for ev in ("start", "wave", "completion"):
             hook.send(ev)  # returns at once: the POST happens on the background thread
         got = hook.close(deadline=0.5)
@@ -144,17 +154,26 @@ def test_a_redirect_is_not_followed() -> None:
 FIXTURE = Path(__file__).parents[1] / "cli" / "fixtures" / "rollout-events.jsonl"
 
 
-def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(receiver: Receiver,
-                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    """A recorded rollout's events (the ones every view gets) reach the receiver as ``progress`` events: one
-    post per interval whatever the number of events, at most PROGRESS_HOSTS hosts in one, each host's latest
+def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(
+    receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A recorded rollout's events (the ones every view gets) reach the receiver as ``progress``
+    events: one
+    post per interval whatever the number of events, at most PROGRESS_HOSTS hosts in one, each
+    host's latest
     phase and figures, no secret value and no part of the URL's token."""
     monkeypatch.setattr(webhook, "PROGRESS_HOSTS", 3)
     url = f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-0123456789abcdef"
     hook = Webhook(url, "ro-1", "lab", allow_http=True, secrets=["hunter2-sudo"], interval=3600)
     events = [event_from_json(json.loads(ln))[1] for ln in FIXTURE.read_text().splitlines()]
-    events.append(Event("failed", "sudo said hunter2-sudo is wrong; see T0KEN-0123456789abcdef", "spark-05",
-                        {"tag": "v0.24.0", "soak_phase": "internal", "bytes": 5, "bytes_total": 10}))
+    events.append(
+        Event(
+            "failed",
+            "sudo said hunter2-sudo is wrong; see T0KEN-0123456789abcdef",
+            "spark-05",
+            {"tag": "v0.24.0", "soak_phase": "internal", "bytes": 5, "bytes_total": 10},
+        )
+    )
     for e in events:
         hook.watch(e)
     assert len(receiver.bodies) <= 1, "one post per interval, whatever the number of events"
@@ -169,17 +188,25 @@ def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(receiv
     assert {h: e["phase"] for h, e in last.items()} == {h: e.phase for h, e in expected.items()}
     assert last["spark-05"]["bytes"] == 5 and "soak_phase" not in last["spark-05"]
     text = json.dumps(receiver.bodies)
-    assert "hunter2-sudo" not in text and "T0KEN-0123456789abcdef" not in text and "<redacted by fleetctl>" in text
+    assert (
+        "hunter2-sudo" not in text
+        and "T0KEN-0123456789abcdef" not in text
+        and "<redacted by fleetctl>" in text
+    )
 
 
-def test_a_rollout_posts_each_hosts_progress_once_from_one_webhook(receiver: Receiver, tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through the engine (simulated fleet): the run's events reach the webhook as progress, the last state
+def test_a_rollout_posts_each_hosts_progress_once_from_one_webhook(
+    receiver: Receiver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through the engine (simulated fleet): the run's events reach the webhook as progress, the
+    last state
     of every host once at the end; the webhook checked before the plan is not a second watcher."""
     monkeypatch.delenv("FLEETCTL_WEBHOOK_URL", raising=False)
     fleet = SimFleet(dict.fromkeys(HOSTS, "v1"), {"v1": OK, "v2": OK})
     inv = inventory.load(_inventory(tmp_path))
-    (inv.path.parent / "group_vars" / "all" / "hook.yml").write_text("fleetctl_webhook_allow_http: true\n")
+    (inv.path.parent / "group_vars" / "all" / "hook.yml").write_text(
+        "fleetctl_webhook_allow_http: true\n"
+    )
     eng = Engine(inventory.load(inv.path), state_dir=tmp_path / "state", secrets={}, ops=fleet.ops,
                  gates=SimGates(fleet), resolve=fleet.resolve)
     try:
@@ -190,8 +217,8 @@ def test_a_rollout_posts_each_hosts_progress_once_from_one_webhook(receiver: Rec
     assert r.status == "completed", r.error
     kinds = [b["event"] for b in receiver.bodies]
     assert "start" in kinds and "completion" in kinds
-    # One watcher: its first post at the first event, then (the run is shorter than the interval) the rest at
-    # the end, every host's last state once.
+    # One watcher: its first post at the first event, then (the run is shorter than the interval)
+    # the rest at the end, every host's last state once.
     posts = [b for b in receiver.bodies if b["event"] == "progress"]
     assert len(posts) == 2, kinds
     last = posts[-1]["hosts"]

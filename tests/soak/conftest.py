@@ -74,25 +74,48 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def emulator(model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]:
-    """Factory: ``emulator(EMU_GARBAGE="1", spec=True)`` -> a Served emulator (stopped after the test)."""
+    """Factory: ``emulator(EMU_GARBAGE="1", spec=True)`` -> a Served emulator (stopped after the
+    test)."""
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(spec: bool = True, wait: bool = True, **knobs: str) -> Served:
         port = free_port()
         log = tmp_path / f"emulator-{port}.log"
         env = {**os.environ, "EMU_LOAD_SECONDS": "0.5", **knobs}
-        argv = [sys.executable, "-m", "fleetctl.lab.emulator", "serve", str(model_dir), "--host", "127.0.0.1",
-                "--port", str(port), "--served-model-name", *SERVED,
-                "--max-num-seqs", "64", "--max-num-batched-tokens", "8192"]
+        argv = [
+            sys.executable,
+            "-m",
+            "fleetctl.lab.emulator",
+            "serve",
+            str(model_dir),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            *SERVED,
+            "--max-num-seqs",
+            "64",
+            "--max-num-batched-tokens",
+            "8192",
+        ]
         if spec:
             drafter = model_dir.parent / "drafter"
-            argv += ["--speculative-config",
-                     json.dumps({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4})]
+            argv += [
+                "--speculative-config",
+                json.dumps(
+                    {"method": "dflash", "model": str(drafter), "num_speculative_tokens": 4}
+                ),
+            ]
         with log.open("wb") as out:
             proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
         procs.append(proc)
-        served = Served(SoakTarget("emulator", f"http://127.0.0.1:{port}", LocalProcess(proc, log), "test"),
-                        proc, log, port)
+        served = Served(
+            SoakTarget("emulator", f"http://127.0.0.1:{port}", LocalProcess(proc, log), "test"),
+            proc,
+            log,
+            port,
+        )
         if wait:
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and proc.poll() is None:

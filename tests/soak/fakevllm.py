@@ -23,11 +23,56 @@ from fleetctl.soak import prompts
 
 MODEL = "fake-model"
 WORDS = (
-    "amber", "river", "quiet", "falcon", "stone", "harbor", "lantern", "meadow", "copper", "signal",
-    "orchard", "basin", "cedar", "violet", "summit", "ember", "glacier", "willow", "canyon", "prairie",
-    "tundra", "coral", "thistle", "marble", "beacon", "compass", "saddle", "granite", "pepper",
-    "walnut", "juniper", "saffron", "cobalt", "raven", "heron", "badger", "otter", "maple", "birch",
-    "aspen", "spruce", "lichen", "moss", "fern", "clover", "pebble", "dune", "reef", "lagoon", "delta"
+    "amber",
+    "river",
+    "quiet",
+    "falcon",
+    "stone",
+    "harbor",
+    "lantern",
+    "meadow",
+    "copper",
+    "signal",
+    "orchard",
+    "basin",
+    "cedar",
+    "violet",
+    "summit",
+    "ember",
+    "glacier",
+    "willow",
+    "canyon",
+    "prairie",
+    "tundra",
+    "coral",
+    "thistle",
+    "marble",
+    "beacon",
+    "compass",
+    "saddle",
+    "granite",
+    "pepper",
+    "walnut",
+    "juniper",
+    "saffron",
+    "cobalt",
+    "raven",
+    "heron",
+    "badger",
+    "otter",
+    "maple",
+    "birch",
+    "aspen",
+    "spruce",
+    "lichen",
+    "moss",
+    "fern",
+    "clover",
+    "pebble",
+    "dune",
+    "reef",
+    "lagoon",
+    "delta",
 )
 
 Chat = Callable[["FakeVLLM", web.Request, dict[str, Any]], Awaitable[web.StreamResponse]]
@@ -112,10 +157,13 @@ def _json(obj: Any, status: int = 200) -> web.Response:
 
 
 def default_metrics(f: FakeVLLM) -> str:
-    return (f'vllm:request_success_total{{model_name="{MODEL}",finished_reason="length"}} {f.finished}\n'
-            f'vllm:generation_tokens_total{{model_name="{MODEL}"}} {f.generated}\n'
-            f'vllm:prompt_tokens_total{{model_name="{MODEL}"}} {f.prompt_tokens}\n'
-            f'vllm:num_preemptions_total{{model_name="{MODEL}"}} 0\n')
+    return (
+        f'vllm:request_success_total{{model_name="{MODEL}",finished_reason="length"}} '
+        f'{f.finished}\n'
+        f'vllm:generation_tokens_total{{model_name="{MODEL}"}} {f.generated}\n'
+        f'vllm:prompt_tokens_total{{model_name="{MODEL}"}} {f.prompt_tokens}\n'
+        f'vllm:num_preemptions_total{{model_name="{MODEL}"}} 0\n'
+    )
 
 
 async def sse_start(r: web.Request) -> web.StreamResponse:
@@ -124,9 +172,16 @@ async def sse_start(r: web.Request) -> web.StreamResponse:
     return resp
 
 
-def event(content: str | None = None, finish: str | None = None, usage: dict[str, int] | None = None) -> bytes:
-    obj: dict[str, Any] = {"choices": [] if usage else [{"index": 0, "delta": {"content": content} if content
-                                                          else {}, "finish_reason": finish}]}
+def event(
+    content: str | None = None, finish: str | None = None, usage: dict[str, int] | None = None
+) -> bytes:
+    obj: dict[str, Any] = {
+        "choices": []
+        if usage
+        else [
+            {"index": 0, "delta": {"content": content} if content else {}, "finish_reason": finish}
+        ]
+    }
     if usage:
         obj["usage"] = usage
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
@@ -144,7 +199,9 @@ async def stream_tokens(f: FakeVLLM, r: web.Request, body: dict[str, Any], token
     finish = "length" if n >= int(body.get("max_tokens", 16)) else "stop"
     await resp.write(event(finish=finish))
     ptoks = max(1, len(json.dumps(body.get("messages", []))) // 4)
-    await resp.write(event(usage={"prompt_tokens": ptoks, "completion_tokens": n, "total_tokens": ptoks + n}))
+    await resp.write(
+        event(usage={"prompt_tokens": ptoks, "completion_tokens": n, "total_tokens": ptoks + n})
+    )
     await resp.write(b"data: [DONE]\n\n")
     f.finished += 1
     f.generated += n

@@ -1,4 +1,5 @@
-"""The serving API key end to end on loopback: the emulator enforces it like vLLM, the soak sends it.
+"""The serving API key end to end on loopback: the emulator enforces it like vLLM, the soak sends
+it.
 
 vLLM with ``$VLLM_API_KEY`` answers 401 on every ``/v1`` path without ``Authorization:
 Bearer <key>`` and leaves /health and /metrics open; the gate must pass only with the key.
@@ -35,7 +36,9 @@ def test_emulator_enforces_the_key_like_vllm(emulator: Callable[..., Served]) ->
     assert bare.status_code == 401 and bare.json() == {"error": "Unauthorized"}
     wrong = httpx.get(url + "/v1/models", headers={"Authorization": "Bearer nope"}, timeout=10)
     assert wrong.status_code == 401
-    post = httpx.post(url + "/v1/chat/completions", json={"model": SERVED[0], "messages": []}, timeout=10)
+    post = httpx.post(
+        url + "/v1/chat/completions", json={"model": SERVED[0], "messages": []}, timeout=10
+    )
     assert post.status_code == 401
     good = httpx.get(url + "/v1/models", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
     assert good.status_code == 200 and {m["id"] for m in good.json()["data"]} >= set(SERVED)
@@ -44,8 +47,11 @@ def test_emulator_enforces_the_key_like_vllm(emulator: Callable[..., Served]) ->
 def test_the_gate_passes_only_with_the_key_and_stores_it_nowhere(emulator: Callable[..., Served],
                                                                   tmp_path: Path) -> None:
     served = emulator(spec=False, VLLM_API_KEY=KEY)
-    cfg = load_config({"readiness_timeout": 20, "max_tokens": 16}, profile="lab", served_model_names=SERVED)
-    # Readiness is /health, which vLLM leaves open: a missing key shows up at identity, not as a hang.
+    cfg = load_config(
+        {"readiness_timeout": 20, "max_tokens": 16}, profile="lab", served_model_names=SERVED
+    )
+    # Readiness is /health, which vLLM leaves open: a missing key shows up at identity, not as a
+    # hang.
     assert wait_ready(served.target, 20, 0.2).ready
     without = smoke_check(served.target, cfg, artifacts_dir=tmp_path / "without")
     assert without.outcome is not Outcome.PASS

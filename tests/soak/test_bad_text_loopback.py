@@ -1,4 +1,5 @@
-"""Text from servers and hubs is data, never markup or raw XML: a real boot failure whose log carries
+"""Text from servers and hubs is data, never markup or raw XML: a real boot failure whose log
+carries
 ANSI colours and rich markup ends in valid JUnit and renders in every table; the CLI's error
 handler prints a cause with ``[/x]`` in it literally."""
 
@@ -56,8 +57,9 @@ def test_a_boot_failure_with_control_characters_gives_valid_junit_and_renders(
     assert max(len(line) for line in out.getvalue().splitlines()) <= 80
 
 
-def test_the_error_handler_prints_a_cause_with_markup_literally(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_error_handler_prints_a_cause_with_markup_literally(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     missing = tmp_path / "fleet-[/x]" / "hosts.yml"
     code = cli_main.main(["--inventory", str(missing), "status"])
     assert code == 2

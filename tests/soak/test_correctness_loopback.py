@@ -19,26 +19,36 @@ from .test_engine_loopback import fast_config
 
 
 def _caught(v: Verdict, tmp_path: Path) -> list[str]:
-    """Assert the correctness check failed with a '!' sample everywhere it is reported; its labels."""
+    """Assert the correctness check failed with a '!' sample everywhere it is reported; its
+    labels."""
     assert v.outcome is Outcome.FAIL, v.summary
     corr = v.check("correctness")
     assert corr.outcome is Outcome.FAIL, corr.message
     assert "'!'" in corr.message and "emulator" in corr.message, corr.message
     bad = [m for m in corr.measurements if m.outcome is Outcome.FAIL]
-    # A canary whose short answer turned mid-sentence shows only a few: 'The capital of France is!!'.
-    assert bad and all("!!" in str(m.measured) or "!!" in m.message for m in bad), [m for m in bad if "!!" not in m.message + str(m.measured)]
+    # A canary whose short answer turned mid-sentence shows only a few: 'The capital of France
+    # is!!'.
+    assert bad and all("!!" in str(m.measured) or "!!" in m.message for m in bad), [
+        m for m in bad if "!!" not in m.message + str(m.measured)
+    ]
     assert v.check("smoke").outcome is Outcome.PASS  # it passed the pre-flight probe
     report.write_junit(tmp_path / "r.xml", [v])
     report.write_html(tmp_path / "r.html", [v])
-    assert "!!!!" in (tmp_path / "r.xml").read_text() and "!!!!" in (tmp_path / "r.html").read_text()
+    assert (
+        "!!!!" in (tmp_path / "r.xml").read_text() and "!!!!" in (tmp_path / "r.html").read_text()
+    )
     assert v.artifacts_dir is not None
-    samples = [json.loads(ln) for ln in (Path(v.artifacts_dir) / "samples.jsonl").read_text().splitlines()]
+    samples = [
+        json.loads(ln) for ln in (Path(v.artifacts_dir) / "samples.jsonl").read_text().splitlines()
+    ]
     flagged = [s for s in samples if s["garbage"]]
     assert flagged and all("!!!!" in s["excerpt"] for s in flagged)
     return [m.label for m in bad]
 
 
-def test_garbage_after_n_tokens_is_caught_under_load(emulator: Callable[..., Served], tmp_path: Path) -> None:
+def test_garbage_after_n_tokens_is_caught_under_load(
+    emulator: Callable[..., Served], tmp_path: Path
+) -> None:
     # The smoke prompt and the canaries' references take ~30 tokens; the classes phase passes 300.
     served = emulator(EMU_GARBAGE_AFTER_TOKENS="300", EMU_SPEED="4")
     v = run_soak(served.target, fast_config(), None, artifacts_dir=tmp_path / "run")
@@ -52,8 +62,11 @@ def test_bangs_after_seconds_of_uptime_with_health_200_are_caught(emulator: Call
     # The issue's case: "!!!!" after some seconds of uptime passed a gate (878 requests, 0 errors).
     # The smoke prompt runs in the first second; the sustained phase alone outlasts the 6 s.
     served = emulator(EMU_GARBAGE_AFTER_SECONDS="6")
-    cfg = fast_config(concurrency=[1, 4], classes=["coding"], sustained={"duration": 10, "concurrency": 4,
-                                                                         "window": 2})
+    cfg = fast_config(
+        concurrency=[1, 4],
+        classes=["coding"],
+        sustained={"duration": 10, "concurrency": 4, "window": 2},
+    )
     v = run_soak(served.target, cfg, None, artifacts_dir=tmp_path / "run")
     labels = _caught(v, tmp_path)
     assert "sustained" in labels

@@ -40,14 +40,29 @@ def outcomes(v: Verdict) -> dict[str, Outcome]:
     return {c.name: c.outcome for c in v.checks}
 
 
-def test_healthy_server_passes_and_saves_artifacts(emulator: Callable[..., Served], tmp_path: Path) -> None:
+def test_healthy_server_passes_and_saves_artifacts(
+    emulator: Callable[..., Served], tmp_path: Path
+) -> None:
     served = emulator(EMU_SPEED="4")
     rec = Recorder()
     v = run_soak(served.target, fast_config(), None, rec, artifacts_dir=tmp_path / "run")
     assert v.outcome is Outcome.PASS, v.summary
     got = outcomes(v)
-    for name in ("readiness", "identity", "smoke", "correctness", "errors", "server_errors", "latency", "throughput",
-                 "acceptance", "acceptance_decay", "long_context", "preemptions", "container"):
+    for name in (
+        "readiness",
+        "identity",
+        "smoke",
+        "correctness",
+        "errors",
+        "server_errors",
+        "latency",
+        "throughput",
+        "acceptance",
+        "acceptance_decay",
+        "long_context",
+        "preemptions",
+        "container",
+    ):
         assert got[name] is Outcome.PASS, (name, v.check(name).message)
     assert v.version and set(SERVED) <= set(v.served_models)
     sweep = [lv for lv in v.levels if lv.phase == "sweep"]
@@ -66,21 +81,30 @@ def test_healthy_server_passes_and_saves_artifacts(emulator: Callable[..., Serve
     run = tmp_path / "run"
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     # + the smoke prompt, the canaries' c=1 references, the long decode, the sustained phase's
-    # liveness probes, the long-prompt probe and the c=1 references of looping answers (the emulator's filler cycles
-    # every 54 words, so its 256-token long decode loops, as does its reference: no finding)
+    # liveness probes, the long-prompt probe and the c=1 references of looping answers (the
+    # emulator's filler cycles every 54 words, so its 256-token long decode loops, as does its
+    # reference: no finding)
     extra = [s for s in samples if s["phase"] in ("probe", "reference", "long_prompt")]
-    assert len(samples) == sum(lv.requests + lv.canaries for lv in v.levels) + 1 + 3 + 1 + len(extra)
+    assert len(samples) == sum(lv.requests + lv.canaries for lv in v.levels) + 1 + 3 + 1 + len(
+        extra
+    )
     assert any(s["phase"] == "reference" for s in extra)
-    assert any("as its c=1 reference does" in m.message for m in v.check("correctness").measurements)
+    assert any(
+        "as its c=1 reference does" in m.message for m in v.check("correctness").measurements
+    )
     long = [s for s in samples if s["phase"] == "long_decode"]
-    assert len(long) == 1 and long[0]["output_tokens"] == 256 and not long[0]["garbage"]  # the lab probe
+    assert (
+        len(long) == 1 and long[0]["output_tokens"] == 256 and not long[0]["garbage"]
+    )  # the lab probe
     assert "canaries right" in v.check("correctness").message
     assert len(list((run / "scrapes").glob("*.prom"))) >= 2 * len(v.levels)
     assert from_dict(Verdict, json.loads((run / "verdict.json").read_text())) == v
     assert "sweep" in rec.phases("emulator") and "sustained" in rec.phases("emulator")
 
 
-def test_crash_at_32_fails_the_c32_level_and_names_the_crash(emulator: Callable[..., Served]) -> None:
+def test_crash_at_32_fails_the_c32_level_and_names_the_crash(
+    emulator: Callable[..., Served],
+) -> None:
     served = emulator(EMU_CRASH_AT_CONCURRENCY="32", EMU_SPEED="4")
     v = run_soak(served.target, fast_config(concurrency=[1, 16, 32, 64]), None)
     assert v.outcome is Outcome.FAIL
@@ -95,13 +119,19 @@ def test_crash_at_32_fails_the_c32_level_and_names_the_crash(emulator: Callable[
     assert lv16 is not None and lv16.errors == 0
 
 
-def test_acceptance_decay_fails_the_decay_check_without_errors(emulator: Callable[..., Served]) -> None:
+def test_acceptance_decay_fails_the_decay_check_without_errors(
+    emulator: Callable[..., Served],
+) -> None:
     # 2.5/min: acceptance reaches 0 about 24 s after boot. The phases before the sustained one take
     # 3-20 s depending on the machine's load, so the sustained phase lasts 30 s: its last third is
     # always past the zero point, its first third before it (a 12 s phase once started so late that
     # the drop measured 48 %, under the 50 % bound).
     served = emulator(EMU_ACCEPT_DECAY_PER_MIN="2.5")
-    cfg = fast_config(concurrency=[1], classes=["coding"], sustained={"duration": 30, "concurrency": 4, "window": 3})
+    cfg = fast_config(
+        concurrency=[1],
+        classes=["coding"],
+        sustained={"duration": 30, "concurrency": 4, "window": 3},
+    )
     v = run_soak(served.target, cfg, None)
     decay = v.check("acceptance_decay")
     assert decay.outcome is Outcome.FAIL, decay.message
@@ -122,7 +152,9 @@ def test_garbage_fails_the_smoke_and_skips_the_load(emulator: Callable[..., Serv
 
 
 def test_boot_failure_fails_readiness_with_the_logs_cause(emulator: Callable[..., Served]) -> None:
-    served = emulator(wait=False, EMU_BOOT_FAIL="ValueError: max_num_scheduled_tokens is set to -512")
+    served = emulator(
+        wait=False, EMU_BOOT_FAIL="ValueError: max_num_scheduled_tokens is set to -512"
+    )
     r = wait_ready(served.target, timeout=20, poll=0.2)
     assert r.outcome is Outcome.FAIL
     assert "max_num_scheduled_tokens is set to -512" in r.cause
@@ -144,8 +176,9 @@ def test_slower_server_fails_against_its_baseline_but_passes_without(
     assert stored == base
     healthy.proc.terminate()
 
-    # A 4x slowdown: far outside any band the baseline allows (max(tolerance, k x spread)) however loaded
-    # the machine is while either run is measured; 0.7 sat close enough to the band to flap under load.
+    # A 4x slowdown: far outside any band the baseline allows (max(tolerance, k x spread)) however
+    # loaded the machine is while either run is measured; 0.7 sat close enough to the band to flap
+    # under load.
     slow = emulator(EMU_THROUGHPUT_SCALE="0.25")
     against = run_soak(slow.target, cfg, stored)
     tp = against.check("throughput")
@@ -190,7 +223,9 @@ def test_mid_stream_error_events_are_counted_as_errors(emulator: Callable[..., S
     errors = v.check("errors")
     assert errors.outcome is Outcome.FAIL
     assert "error event in HTTP 200 stream" in errors.message
-    assert v.check("server_errors").outcome is Outcome.FAIL  # vLLM counts them as finished_reason=error
+    assert (
+        v.check("server_errors").outcome is Outcome.FAIL
+    )  # vLLM counts them as finished_reason=error
 
 
 class _Tags(html.parser.HTMLParser):
@@ -228,7 +263,8 @@ def test_reports_parse(emulator: Callable[..., Served], tmp_path: Path) -> None:
 
 
 def test_a_second_soak_into_the_same_directory_keeps_the_first_ones_scrapes(tmp_path: Path) -> None:
-    """A resumed rollout gates a host again into the same artifacts directory: nothing is overwritten."""
+    """A resumed rollout gates a host again into the same artifacts directory: nothing is
+    overwritten."""
     from fleetctl.soak.artifacts import Artifacts
 
     for text in ("first", "second"):

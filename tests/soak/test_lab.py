@@ -45,29 +45,47 @@ def node(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFactory) -> I
     root = tmp_path_factory.mktemp("soak-models")
     models.write_model(root / "body", "qwen36-35b-a3b-nvfp4")
     models.write_model(root / "drafter", "qwen36-35b-a3b-dflash")
-    r = fleetlab.node_exec(host_name, ["sh", "-c", "mkdir -p /opt/soak-test && tar -x -C /opt/soak-test"],
-                           input=_tar(root))
+    r = fleetlab.node_exec(
+        host_name,
+        ["sh", "-c", "mkdir -p /opt/soak-test && tar -x -C /opt/soak-test"],
+        input=_tar(root),
+    )
     assert r.returncode == 0, r.stderr
     host = inventory.load(lab.inventory).host(host_name)
     yield host
-    ssh.run(host, f"docker rm -f {NAME} >/dev/null 2>&1; rm -rf /opt/soak-test", timeout=60, become=True)
+    ssh.run(
+        host, f"docker rm -f {NAME} >/dev/null 2>&1; rm -rf /opt/soak-test", timeout=60, become=True
+    )
     ssh.close_all()
 
 
 def _serve(lab: fleetlab.LabStatus, host: Any, tag: str, env: str = "") -> SoakTarget:
     ref = f"{lab.registry}/{AEON_REPOSITORY}:{tag}"
     spec = json.dumps({"method": "dflash", "model": "/models/drafter", "num_speculative_tokens": 4})
-    cmd = (f"docker rm -f {NAME} >/dev/null 2>&1; docker run -d --name {NAME} --network host {env} "
-           f"-v /opt/soak-test:/models:ro {ref} serve /models/body --served-model-name {' '.join(SERVED)} "
-           f"--port {PORT} --max-num-seqs 64 --max-num-batched-tokens 8192 --speculative-config '{spec}'")
+    cmd = (
+        f"docker rm -f {NAME} >/dev/null 2>&1; docker run -d --name {NAME} --network host {env} "
+        f"-v /opt/soak-test:/models:ro {ref} serve /models/body --served-model-name "
+        f"{' '.join(SERVED)} "
+        f"--port {PORT} --max-num-seqs 64 --max-num-batched-tokens 8192 --speculative-config "
+        f"'{spec}'"
+    )
     ssh.docker(host, cmd, timeout=300).check(f"starting {ref}")
     return SoakTarget(host.name, f"http://{host.address}:{PORT}", DockerOverSSH(host, NAME), tag)
 
 
 def _config() -> Any:
-    return load_config({"concurrency": [1, 8, 32], "classes": ["coding", "long_context"], "max_tokens": 24,
-                        "long_context_tokens": 1200, "sustained": {"duration": 3, "concurrency": 4, "window": 1}},
-                       profile="lab", served_model_names=SERVED, speculative=True)
+    return load_config(
+        {
+            "concurrency": [1, 8, 32],
+            "classes": ["coding", "long_context"],
+            "max_tokens": 24,
+            "long_context_tokens": 1200,
+            "sustained": {"duration": 3, "concurrency": 4, "window": 1},
+        },
+        profile="lab",
+        served_model_names=SERVED,
+        speculative=True,
+    )
 
 
 def test_healthy_tag_passes_on_a_node(lab: fleetlab.LabStatus, node: Any) -> None:
@@ -84,13 +102,17 @@ def test_crash_tag_fails_at_c32_with_the_crash_named(lab: fleetlab.LabStatus, no
     v = run_soak(target, _config(), None)
     assert v.outcome is Outcome.FAIL
     errors = v.check("errors")
-    assert [m.label for m in errors.measurements if m.outcome is Outcome.FAIL] == ["c=32"], errors.message
+    assert [m.label for m in errors.measurements if m.outcome is Outcome.FAIL] == ["c=32"], (
+        errors.message
+    )
     assert "block_table" in errors.message
     container = v.check("container")
     assert container.outcome is Outcome.FAIL and "exited with exit code 1" in container.message
 
 
-def test_boot_failure_fails_readiness_with_the_cause_from_docker_logs(lab: fleetlab.LabStatus, node: Any) -> None:
+def test_boot_failure_fails_readiness_with_the_cause_from_docker_logs(
+    lab: fleetlab.LabStatus, node: Any
+) -> None:
     # The healthy image with the boot-failure knob set at `docker run` time.
     env = "-e 'EMU_BOOT_FAIL=ValueError: max_num_scheduled_tokens is set to -512'"
     target = _serve(lab, node, "2026-06-18-v0.23.0-dflashfix", env)

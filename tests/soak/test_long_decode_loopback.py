@@ -1,5 +1,6 @@
 """The deep long-decode probe on loopback: corruption that starts deep in a sequence is found in its
-window, a garbled needle fails, and a healthy model that ends with the needle and loops after it passes."""
+window, a garbled needle fails, and a healthy model that ends with the needle and loops after it
+passes."""
 
 from __future__ import annotations
 
@@ -38,14 +39,25 @@ def _corrupt_after_200(n: int, ignore_eos: bool) -> list[str]:
 
 
 def _garbled_needle(n: int, ignore_eos: bool) -> list[str]:
-    return [*words("deep", 100), f"{prompts.NEEDLE_MARK} ", "cobalt ", "heron ", "44l7 ", *words("after", n)]
+    return [
+        *words("deep", 100),
+        f"{prompts.NEEDLE_MARK} ",
+        "cobalt ",
+        "heron ",
+        "44l7 ",
+        *words("after", n),
+    ]
 
 
 def _healthy_ending(n: int, ignore_eos: bool) -> list[str]:
-    end = words("deep", 100) + [f"{prompts.NEEDLE_MARK} "] + [w + " " for w in prompts.NEEDLE.split()]
+    end = (
+        words("deep", 100) + [f"{prompts.NEEDLE_MARK} "] + [w + " " for w in prompts.NEEDLE.split()]
+    )
     if not ignore_eos:
         return end  # the model stops by itself after the needle
-    return end + ["I ", "can ", "help ", "with ", "that. "] * n  # and loops past its end under ignore_eos
+    return (
+        end + ["I ", "can ", "help ", "with ", "that. "] * n
+    )  # and loops past its end under ignore_eos
 
 
 def test_corruption_deep_in_the_sequence_fails_its_window(tmp_path: Path) -> None:
@@ -62,7 +74,11 @@ def test_a_garbled_needle_fails(tmp_path: Path) -> None:
     with serve(FakeVLLM(chat=_decoder(_garbled_needle))) as fake:
         v = soak(fake, _cfg(), tmp_path)
     ld = v.check("long_decode")
-    assert ld.outcome is Outcome.FAIL and "needle at the model's end" in ld.message and "garbled" in ld.message
+    assert (
+        ld.outcome is Outcome.FAIL
+        and "needle at the model's end" in ld.message
+        and "garbled" in ld.message
+    )
 
 
 def test_a_model_that_ends_with_the_needle_and_loops_after_it_passes(tmp_path: Path) -> None:
@@ -70,12 +86,17 @@ def test_a_model_that_ends_with_the_needle_and_loops_after_it_passes(tmp_path: P
         v = soak(fake, _cfg(), tmp_path)
     ld, c = v.check("long_decode"), v.check("correctness")
     assert ld.outcome is Outcome.PASS, ld.message
-    assert f"{TOKENS} tokens in 4 windows" in ld.message and "needle at the model's end intact" in ld.message
+    assert (
+        f"{TOKENS} tokens in 4 windows" in ld.message
+        and "needle at the model's end intact" in ld.message
+    )
     assert c.outcome is Outcome.PASS, c.message
     assert any("past where its reference stopped by itself" in m.message for m in c.measurements)
 
 
-def test_the_probe_replaces_the_correctness_long_decode_and_is_capped_by_max_model_len(tmp_path: Path) -> None:
+def test_the_probe_replaces_the_correctness_long_decode_and_is_capped_by_max_model_len(
+    tmp_path: Path,
+) -> None:
     asked: list[int] = []
 
     async def chat(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
@@ -99,7 +120,9 @@ def test_long_prompt_probes_find_the_fact_hidden_mid_prompt(tmp_path: Path) -> N
         ["64000 tokens: not run (max_model_len 8192)"]
 
 
-async def _forgets_the_middle(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+async def _forgets_the_middle(
+    f: FakeVLLM, r: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
     if prompts.NEEDLE_QUESTION in prompt_of(body):
         return await stream_tokens(f, r, body, ["I ", "do ", "not ", "know. "])
     return await good_chat(f, r, body)
@@ -107,16 +130,29 @@ async def _forgets_the_middle(f: FakeVLLM, r: web.Request, body: dict[str, Any])
 
 def test_a_server_that_loses_the_middle_of_a_long_prompt_fails(tmp_path: Path) -> None:
     with serve(FakeVLLM(chat=_forgets_the_middle)) as fake:
-        v = soak(fake, quick(checks={"long_prompts": {"tokens": [6000]}, "correctness": {"long_decode_tokens": 0}}),
-                 tmp_path)
+        v = soak(
+            fake,
+            quick(
+                checks={
+                    "long_prompts": {"tokens": [6000]},
+                    "correctness": {"long_decode_tokens": 0},
+                }
+            ),
+            tmp_path,
+        )
     lp = v.check("long_prompts")
     assert lp.outcome is Outcome.FAIL and v.outcome is Outcome.FAIL
-    assert "long prompt of 6000 tokens" in lp.message and "lacks the code stated in the prompt's middle" in lp.message
+    assert (
+        "long prompt of 6000 tokens" in lp.message
+        and "lacks the code stated in the prompt's middle" in lp.message
+    )
 
 
 def test_the_emulator_answers_the_long_prompt_probe_as_a_model_would() -> None:
     from fleetctl.lab.emulator import text as emulator_text
 
-    assert emulator_text.NEEDLE_QUESTION == prompts.NEEDLE_QUESTION  # the emulator keeps its own copy
+    assert (
+        emulator_text.NEEDLE_QUESTION == prompts.NEEDLE_QUESTION
+    )  # the emulator keeps its own copy
     answer = "".join(emulator_text.answer_tokens(prompts.needle_prompt(20000), temperature=0.0))
     assert prompts.VAULT_CODE in answer

@@ -1,5 +1,6 @@
 """Phrase loops: the detector on its own, and the soak judging a looping server against the same
-prompt's c=1 reference on loopback (no finding when the reference loops too, or past its natural end)."""
+prompt's c=1 reference on loopback (no finding when the reference loops too, or past its natural
+end)."""
 
 from __future__ import annotations
 
@@ -49,7 +50,9 @@ def _tokens(phrase: str, n: int) -> list[str]:
     return [ws[i % len(ws)] + " " for i in range(n)]
 
 
-async def _loops_under_load_only(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+async def _loops_under_load_only(
+    f: FakeVLLM, r: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
     prompt, n = prompt_of(body), int(body.get("max_tokens", 16))
     if (right := answer_for(prompt)) is not None:
         return await stream_tokens(f, r, body, [w + " " for w in right.split()])
@@ -65,7 +68,9 @@ async def _always_loops(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> we
     return await stream_tokens(f, r, body, _tokens(LOOP, n))
 
 
-async def _loops_past_its_end(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+async def _loops_past_its_end(
+    f: FakeVLLM, r: web.Request, body: dict[str, Any]
+) -> web.StreamResponse:
     prompt, n = prompt_of(body), int(body.get("max_tokens", 16))
     if (right := answer_for(prompt)) is not None:
         return await stream_tokens(f, r, body, [w + " " for w in right.split()])
@@ -79,7 +84,9 @@ def _cfg() -> Any:
     return quick(max_tokens=48, checks={"correctness": {"long_decode_tokens": 0}})
 
 
-def test_a_server_that_loops_where_its_reference_does_not_fails_with_both_samples(tmp_path: Path) -> None:
+def test_a_server_that_loops_where_its_reference_does_not_fails_with_both_samples(
+    tmp_path: Path,
+) -> None:
     with serve(FakeVLLM(chat=_loops_under_load_only)) as fake:
         v = soak(fake, _cfg(), tmp_path)
     c = v.check("correctness")

@@ -15,7 +15,7 @@ CRASH_LOG = """\
 (APIServer pid=1) ERROR 11-22 04:37:49 [serving.py:929] EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.
 (APIServer pid=1) ERROR 11-22 04:37:51 [api_server.py:1610] Engine core died; shutting down the API server.
 INFO:     Shutting down
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 BOOT_LOG = """\
 Traceback (most recent call last):
@@ -27,13 +27,28 @@ ValueError: max_num_scheduled_tokens is set to -512 based on the speculative dec
 
 def test_the_root_cause_wins_over_generic_lines() -> None:
     assert boot_failure_cause(CRASH_LOG).startswith("RuntimeError: block_table must have shape")
-    assert boot_failure_cause(BOOT_LOG).startswith("ValueError: max_num_scheduled_tokens is set to -512")
+    assert boot_failure_cause(BOOT_LOG).startswith(
+        "ValueError: max_num_scheduled_tokens is set to -512"
+    )
     assert boot_failure_cause("INFO all good\nINFO: Application startup complete.") == ""
 
 
 def test_summarize_counts_errors_and_percentiles() -> None:
-    ok = [Sample("sweep", "coding", 4, 0.0, True, 200, ttft=0.1 * i, e2e=1.0, tpot=0.01, output_tokens=100)
-          for i in range(1, 5)]
+    ok = [
+        Sample(
+            "sweep",
+            "coding",
+            4,
+            0.0,
+            True,
+            200,
+            ttft=0.1 * i,
+            e2e=1.0,
+            tpot=0.01,
+            output_tokens=100,
+        )
+        for i in range(1, 5)
+    ]
     bad = Sample("sweep", "coding", 4, 0.0, False, 200, error_kind="stream_error", error="boom")
     lv = summarize("sweep", "c=4", 4, [*ok, bad], seconds=2.0)
     assert (lv.requests, lv.errors, lv.output_tokens, lv.first_error) == (5, 1, 400, "boom")
@@ -47,18 +62,40 @@ def test_run_ids_are_safe_and_unique() -> None:
 
 
 def test_goodput_counts_the_requests_meeting_every_slo_and_e2el_has_percentiles() -> None:
-    samples = [Sample("sweep", "coding", 4, 0.0, True, 200, ttft=0.1 * (i + 1), e2e=1.0 + i, tpot=0.02,
-                      output_tokens=50) for i in range(10)]
-    samples.append(Sample("sweep", "coding", 4, 0.0, False, 200, error_kind="stream_error", error="boom"))
+    samples = [
+        Sample(
+            "sweep",
+            "coding",
+            4,
+            0.0,
+            True,
+            200,
+            ttft=0.1 * (i + 1),
+            e2e=1.0 + i,
+            tpot=0.02,
+            output_tokens=50,
+        )
+        for i in range(10)
+    ]
+    samples.append(
+        Sample("sweep", "coding", 4, 0.0, False, 200, error_kind="stream_error", error="boom")
+    )
     lv = summarize("sweep", "c=4", 4, samples, 10.0, slo={"ttft_ms": 500, "e2el_ms": 4500})
-    # ttft <= 0.5 s: i = 0..4; e2el <= 4.5 s: i = 0..3 -> 4 of 11 requests (the failed one never counts).
+    # ttft <= 0.5 s: i = 0..4; e2el <= 4.5 s: i = 0..3 -> 4 of 11 requests (the failed one never
+    # counts).
     assert lv.slo_met == 4 / 11 and lv.goodput_rps == 0.4
-    assert lv.e2e_p50 == 5.5 and lv.e2e_p95 is not None and lv.e2e_p99 is not None and lv.e2e_p95 < lv.e2e_p99
+    assert (
+        lv.e2e_p50 == 5.5
+        and lv.e2e_p95 is not None
+        and lv.e2e_p99 is not None
+        and lv.e2e_p95 < lv.e2e_p99
+    )
     assert summarize("sweep", "c=4", 4, samples, 10.0).goodput_rps is None  # no SLOs, no goodput
 
 
 def test_the_shared_context_grows_past_the_servers_cache_block() -> None:
-    # Longer than the block already, or no shared context asked for, or no block known: as configured.
+    # Longer than the block already, or no shared context asked for, or no block known: as
+    # configured.
     assert shared_prefix_tokens(2560, 2048, 262144, 1024, 4) == 2560
     assert shared_prefix_tokens(0, 2048, 262144, 1024, 4) == 0
     assert shared_prefix_tokens(512, None, 262144, 1024, 4) == 512

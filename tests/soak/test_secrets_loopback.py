@@ -31,28 +31,60 @@ async def _echo_stream(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web
     """Text quoting the key and the hub token, then an error event echoing the request's headers."""
     resp = await sse_start(r)
     await resp.write(event(f"I was called with {r.headers.get('Authorization')} and {HF} "))
-    await resp.write(b"data: " + json.dumps({"error": {"message": f"denied: headers {dict(r.headers)}",
-                                                       "code": 401}}).encode() + b"\n\n")
+    await resp.write(
+        b"data: "
+        + json.dumps(
+            {"error": {"message": f"denied: headers {dict(r.headers)}", "code": 401}}
+        ).encode()
+        + b"\n\n"
+    )
     await resp.write(b"data: [DONE]\n\n")
     return resp
 
 
 async def _echo_401(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-    return web.Response(status=401, text=json.dumps({"error": f"bad key {r.headers.get('Authorization')}"}))
+    return web.Response(
+        status=401, text=json.dumps({"error": f"bad key {r.headers.get('Authorization')}"})
+    )
 
 
 def _leaks(root: Path, *needles: str) -> list[str]:
-    return [f"{p}: {n}" for p in root.rglob("*") if p.is_file() for n in needles if n.encode() in p.read_bytes()]
+    return [
+        f"{p}: {n}"
+        for p in root.rglob("*")
+        if p.is_file()
+        for n in needles
+        if n.encode() in p.read_bytes()
+    ]
 
 
-@pytest.mark.parametrize("chat", [_echo_stream, _echo_401], ids=["sse-error-event", "http-401-body"])
-def test_a_server_echoing_the_key_gets_it_quoted_nowhere(chat: Any, tmp_path: Path,
-                                                         capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    "chat", [_echo_stream, _echo_401], ids=["sse-error-event", "http-401-body"]
+)
+def test_a_server_echoing_the_key_gets_it_quoted_nowhere(
+    chat: Any, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     with serve(FakeVLLM(chat=chat)) as fake:
         out = tmp_path / "out"
-        code = main(["soak", "--endpoint", fake.url, "--profile", "lab", "--model", MODEL, "--smoke-only",
-                     "--json", "--json-report", str(out / "soak.json"), "--junit", str(out / "soak.xml"),
-                     "--html", str(out / "soak.html")])
+        code = main(
+            [
+                "soak",
+                "--endpoint",
+                fake.url,
+                "--profile",
+                "lab",
+                "--model",
+                MODEL,
+                "--smoke-only",
+                "--json",
+                "--json-report",
+                str(out / "soak.json"),
+                "--junit",
+                str(out / "soak.xml"),
+                "--html",
+                str(out / "soak.html"),
+            ]
+        )
         # The key was sent: the server saw it (so the echo really contained it).
         assert any(h.get("Authorization") == f"Bearer {KEY}" for h in fake.seen_headers)
     captured = capfd.readouterr()
@@ -68,15 +100,29 @@ def test_a_server_echoing_the_key_gets_it_quoted_nowhere(chat: Any, tmp_path: Pa
 
 def test_an_endpoint_with_user_and_password_is_refused_without_showing_the_password(
         tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
-    code = main(["soak", "--endpoint", "http://ops:hunter2secret@127.0.0.1:9/", "--profile", "lab", "--smoke-only"])
+    code = main(
+        [
+            "soak",
+            "--endpoint",
+            "http://ops:hunter2secret@127.0.0.1:9/",
+            "--profile",
+            "lab",
+            "--smoke-only",
+        ]
+    )
     err = capfd.readouterr().err
     assert code == 2
     assert "hunter2secret" not in err and "user name or password" in err and "VLLM_API_KEY" in err
-    assert not (tmp_path / "state" / "runs").exists() or _leaks(tmp_path / "state", "hunter2secret") == []
+    assert (
+        not (tmp_path / "state" / "runs").exists()
+        or _leaks(tmp_path / "state", "hunter2secret") == []
+    )
 
 
 def test_the_scrubber_replaces_known_values_and_credential_shapes() -> None:
-    scrub = Scrubber(known_secrets("sk-target-key-123", "http://u:p4ssw0rd@h:1", environ={"HF_TOKEN": HF}))
+    scrub = Scrubber(
+        known_secrets("sk-target-key-123", "http://u:p4ssw0rd@h:1", environ={"HF_TOKEN": HF})
+    )
     s = scrub(f"Authorization: Bearer sk-target-key-123 {HF} p4ssw0rd https://a:b@x/y "
               "authorization=opaque-value bearer abcdef123456")
     for secret in ("sk-target-key-123", HF, "p4ssw0rd", "a:b@", "opaque-value", "abcdef123456"):
@@ -88,7 +134,14 @@ def test_the_scrubber_replaces_known_values_and_credential_shapes() -> None:
 
 def _inventory(tmp_path: Path, soak_yaml: str) -> Path:
     """A one-host inventory whose recipes are the lab's, the first recipe's soak: replaced."""
-    src = Path(__file__).resolve().parents[2] / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
+    src = (
+        Path(__file__).resolve().parents[2]
+        / "inventory"
+        / "lab"
+        / "group_vars"
+        / "all"
+        / "recipes.yml"
+    )
     inv = tmp_path / "inv"
     (inv / "group_vars" / "all").mkdir(parents=True)
     text = src.read_text().replace("    soak: {}\n", f"    soak: {soak_yaml}\n", 1)
@@ -103,16 +156,48 @@ def test_endpoint_with_recipe_applies_the_recipes_gate(tmp_path: Path) -> None:
     inv = _inventory(tmp_path, "{checks: {identity: {observe_only: true}}}")
     with serve(FakeVLLM()) as fake:
         out = tmp_path / "soak.json"
-        code = main(["-i", str(inv), "soak", "--endpoint", fake.url, "--recipe", "qwen36-35b-heretic",
-                     "--profile", "lab", "--smoke-only", "--json-report", str(out)])
+        code = main(
+            [
+                "-i",
+                str(inv),
+                "soak",
+                "--endpoint",
+                fake.url,
+                "--recipe",
+                "qwen36-35b-heretic",
+                "--profile",
+                "lab",
+                "--smoke-only",
+                "--json-report",
+                str(out),
+            ]
+        )
     (v,) = json.loads(out.read_text())["verdicts"]
     ident = next(c for c in v["checks"] if c["name"] == "identity")
-    assert ident["outcome"] == "fail" and ident["observe_only"] and "qwen36-35b-heretic" in ident["message"]
-    # Observe-only: reported, not counted; without the recipe this soak would have had no names to check.
+    assert (
+        ident["outcome"] == "fail"
+        and ident["observe_only"]
+        and "qwen36-35b-heretic" in ident["message"]
+    )
+    # Observe-only: reported, not counted; without the recipe this soak would have had no names to
+    # check.
     assert code == 0 and v["outcome"] == "pass"
 
 
-def test_endpoint_with_an_unknown_recipe_is_refused(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_endpoint_with_an_unknown_recipe_is_refused(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     inv = _inventory(tmp_path, "{}")
-    code = main(["-i", str(inv), "soak", "--endpoint", "http://127.0.0.1:9", "--recipe", "nope", "--smoke-only"])
+    code = main(
+        [
+            "-i",
+            str(inv),
+            "soak",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--recipe",
+            "nope",
+            "--smoke-only",
+        ]
+    )
     assert code == 2 and "--recipe 'nope' is not a recipe" in capfd.readouterr().err

@@ -1,4 +1,5 @@
-"""The bake's comparison and the histogram quantile, from data (soak/traffic.py, soak/metrics.py)."""
+"""The bake's comparison and the histogram quantile, from data (soak/traffic.py,
+soak/metrics.py)."""
 
 from __future__ import annotations
 
@@ -12,11 +13,21 @@ from tests.plugins.webhook import reply_json
 P, F, INC, SKIP = Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.SKIPPED
 
 
-def scrape(t: float, ok: float, err: float, ttft: dict[str, float], drafts: float = 0, dt: float = 0,
-           acc: float = 0) -> metrics.Scrape:
+def scrape(
+    t: float,
+    ok: float,
+    err: float,
+    ttft: dict[str, float],
+    drafts: float = 0,
+    dt: float = 0,
+    acc: float = 0,
+) -> metrics.Scrape:
     lines = [f'vllm:request_success_total{{model_name="m",finished_reason="length"}} {ok}',
              f'vllm:request_success_total{{model_name="m",finished_reason="error"}} {err}']
-    lines += [f'vllm:time_to_first_token_seconds_bucket{{model_name="m",le="{le}"}} {c}' for le, c in ttft.items()]
+    lines += [
+        f'vllm:time_to_first_token_seconds_bucket{{model_name="m",le="{le}"}} {c}'
+        for le, c in ttft.items()
+    ]
     if drafts:
         lines += [f'vllm:spec_decode_num_drafts_total{{model_name="m"}} {drafts}',
                   f'vllm:spec_decode_num_draft_tokens_total{{model_name="m"}} {dt}',
@@ -50,8 +61,14 @@ def test_traffic_reads_finished_errors_latency_and_acceptance_deltas() -> None:
     assert r.finished is None and r.errors is None and r.problems
 
 
-def t_(host: str, finished: float, errors: float, ttft: float | None = 0.2, tpot: float | None = 0.05,
-       acc: float | None = None) -> Traffic:
+def t_(
+    host: str,
+    finished: float,
+    errors: float,
+    ttft: float | None = 0.2,
+    tpot: float | None = 0.05,
+    acc: float | None = None,
+) -> Traffic:
     return Traffic(host, 60.0, finished, errors, ttft_p95=ttft, tpot_p50=tpot, acceptance=acc)
 
 
@@ -61,7 +78,9 @@ def test_a_new_host_failing_more_than_the_old_ones_fails_the_bake_with_the_numbe
     errs = c.checks[0]
     assert errs.name == "bake_errors" and errs.outcome is F
     assert "12 of 40 requests failed (30.0%)" in errs.message and "old hosts 1.2%" in errs.message
-    assert errs.measurements[0].measured == 0.3 and errs.measurements[0].bound == pytest.approx(0.0225)
+    assert errs.measurements[0].measured == 0.3 and errs.measurements[0].bound == pytest.approx(
+        0.0225
+    )
     assert c.reference["error_rate"] == pytest.approx(1 / 80)
 
 
@@ -73,7 +92,11 @@ def test_equal_hosts_pass_and_one_error_is_no_trend() -> None:
 
 
 def test_latency_and_acceptance_are_held_to_the_old_hosts_median() -> None:
-    old = [t_("b", 40, 0, ttft=0.2, acc=0.6), t_("c", 40, 0, ttft=0.3, acc=0.7), t_("d", 40, 0, ttft=0.25, acc=0.65)]
+    old = [
+        t_("b", 40, 0, ttft=0.2, acc=0.6),
+        t_("c", 40, 0, ttft=0.3, acc=0.7),
+        t_("d", 40, 0, ttft=0.25, acc=0.65),
+    ]
     slow = compare([t_("a", 40, 0, ttft=0.5, acc=0.64)], old)
     lat = next(x for x in slow.checks if x.name == "bake_latency")
     assert lat.outcome is F and "TTFT p95 500 ms > 425 ms" in lat.message
@@ -86,7 +109,10 @@ def test_latency_and_acceptance_are_held_to_the_old_hosts_median() -> None:
 def test_too_little_traffic_is_inconclusive_never_a_pass() -> None:
     c = compare([t_("a", 3, 0)], [t_("b", 40, 0)])
     assert c.outcome is INC and "too little traffic" in c.checks[0].message
-    assert compare([Traffic("a", 10, None, None, problems=("counters went backwards",))], []).outcome is INC
+    assert (
+        compare([Traffic("a", 10, None, None, problems=("counters went backwards",))], []).outcome
+        is INC
+    )
 
 
 def test_with_no_old_host_errors_are_judged_against_the_absolute_bound() -> None:
@@ -97,7 +123,10 @@ def test_with_no_old_host_errors_are_judged_against_the_absolute_bound() -> None
 
 
 def test_limits_from_a_mapping_refuse_unknown_keys_and_bad_values() -> None:
-    assert Limits.from_mapping({"min_requests": 10, "latency_ratio": 2}, "recipe r").latency_ratio == 2.0
+    assert (
+        Limits.from_mapping({"min_requests": 10, "latency_ratio": 2}, "recipe r").latency_ratio
+        == 2.0
+    )
     from fleetctl.soak.config import SoakConfigError
 
     with pytest.raises(SoakConfigError, match="unknown bake setting"):
@@ -107,7 +136,8 @@ def test_limits_from_a_mapping_refuse_unknown_keys_and_bad_values() -> None:
 
 
 class _Prometheus:
-    """A Prometheus-compatible query API on loopback: answers each of the bake's queries from a table."""
+    """A Prometheus-compatible query API on loopback: answers each of the bake's queries from a
+    table."""
 
     def __init__(self, table: dict[str, dict[str, float]], broken: str = "") -> None:
         import threading
@@ -127,7 +157,11 @@ class _Prometheus:
                 outer.queries.append(q)
                 name = _which(q["query"])
                 if u.path != "/api/v1/query" or name == broken:
-                    body = {"status": "error", "errorType": "bad_data", "error": f"cannot parse {name}"}
+                    body = {
+                        "status": "error",
+                        "errorType": "bad_data",
+                        "error": f"cannot parse {name}",
+                    }
                     code = 400
                 else:
                     body = {"status": "success", "data": {"resultType": "vector", "result": [
@@ -147,8 +181,12 @@ class _Prometheus:
 
 def _which(q: str) -> str:
     """Which of the bake's queries ``q`` is."""
-    for marker, name in (("histogram_quantile(0.95", "ttft_p95"), ("histogram_quantile(0.5", "tpot_p50"),
-                         ("accepted", "acceptance"), ('finished_reason="error"', "errors")):
+    for marker, name in (
+        ("histogram_quantile(0.95", "ttft_p95"),
+        ("histogram_quantile(0.5", "tpot_p50"),
+        ("accepted", "acceptance"),
+        ('finished_reason="error"', "errors"),
+    ):
         if marker in q:
             return name
     return "finished"
@@ -165,12 +203,20 @@ def test_the_same_figures_come_from_a_prometheus_query_api() -> None:
         got = from_prometheus(prom.url, hosts, 600, 1_780_000_000.0)
     finally:
         prom.close()
-    assert (got["spark-01"].finished, got["spark-01"].errors, got["spark-01"].ttft_p95) == (40, 12, 0.3)
+    assert (got["spark-01"].finished, got["spark-01"].errors, got["spark-01"].ttft_p95) == (
+        40,
+        12,
+        0.3,
+    )
     assert got["spark-02"].errors == 0.0 and got["spark-02"].acceptance == 0.6
     assert got["spark-01"].acceptance is None  # NaN (no drafts) is no figure
-    assert len(prom.queries) == len(PROM_QUERIES) and all(q["time"] == "1780000000.000" for q in prom.queries)
-    assert '[600s]' in prom.queries[0]["query"] and 'instance=~"10\\.0\\.0\\.11:8000|10\\.0\\.0\\.12:8000"' in \
-        prom.queries[0]["query"]
+    assert len(prom.queries) == len(PROM_QUERIES) and all(
+        q["time"] == "1780000000.000" for q in prom.queries
+    )
+    assert (
+        "[600s]" in prom.queries[0]["query"]
+        and 'instance=~"10\\.0\\.0\\.11:8000|10\\.0\\.0\\.12:8000"' in prom.queries[0]["query"]
+    )
     c = compare([got["spark-01"]], [got["spark-02"]])
     assert c.outcome is F and "12 of 40 requests failed" in c.checks[0].message
 
@@ -182,5 +228,9 @@ def test_a_failing_prometheus_query_leaves_its_figure_missing_never_a_pass() -> 
     finally:
         prom.close()
     t = got["spark-01"]
-    assert t.finished is None and t.errors is None and "Prometheus query finished failed" in t.problems[0]
+    assert (
+        t.finished is None
+        and t.errors is None
+        and "Prometheus query finished failed" in t.problems[0]
+    )
     assert compare([t], []).outcome is INC

@@ -1,4 +1,5 @@
-"""The soak names versions as people (and ``fleetctl status``) do: a digest-pinned container's tag is
+"""The soak names versions as people (and ``fleetctl status``) do: a digest-pinned container's tag
+is
 its ``fleetctl.tag`` label, never the digest's hex; baselines are keyed by that tag; the HTML report
 shows the tag and the short digest."""
 
@@ -28,8 +29,11 @@ def _inspect(image: str, labels: dict[str, str] | None) -> dict[str, Any]:
 
 
 def test_a_digest_pinned_container_is_named_by_its_fleetctl_tag_label() -> None:
-    st = parse_inspect(_inspect(f"10.0.0.1:5000/vllm@{DIGEST}", {"fleetctl.tag": TAG, "fleetctl.digest": DIGEST}),
-                       "spark-01", "vllm")
+    st = parse_inspect(
+        _inspect(f"10.0.0.1:5000/vllm@{DIGEST}", {"fleetctl.tag": TAG, "fleetctl.digest": DIGEST}),
+        "spark-01",
+        "vllm",
+    )
     assert st.running and st.tag == TAG and st.digest == DIGEST
 
 
@@ -59,14 +63,24 @@ def test_the_soak_keys_baselines_by_the_tag_not_the_digest() -> None:
 
 
 def _verdict(tag: str, digest: str) -> Verdict:
-    return Verdict(run_id="soak-x", target="spark-01", base_url="http://h:8000", outcome=Outcome.PASS, summary="pass",
-                   started="2026-07-01T00:00:00+00:00", finished="2026-07-01T00:10:00+00:00", seconds=600.0,
-                   tag=tag, digest=digest)
+    return Verdict(
+        run_id="soak-x",
+        target="spark-01",
+        base_url="http://h:8000",
+        outcome=Outcome.PASS,
+        summary="pass",
+        started="2026-07-01T00:00:00+00:00",
+        finished="2026-07-01T00:10:00+00:00",
+        seconds=600.0,
+        tag=tag,
+        digest=digest,
+    )
 
 
 def test_the_html_report_shows_the_tag_and_the_short_digest() -> None:
     page = report.to_html([_verdict(TAG, DIGEST)])
     assert f"{TAG} @0123456789ab" in page and DIGEST not in page and DIGEST[7:] not in page
-    # A verdict made before soaks read the label carries the hex as its tag: shortened, not shown whole.
+    # A verdict made before soaks read the label carries the hex as its tag: shortened, not shown
+    # whole.
     old = report.to_html([_verdict(DIGEST[7:], "")])
     assert "@0123456789ab" in old and DIGEST[7:] not in old

@@ -1,4 +1,5 @@
-"""``fleetctl watch`` against loopback servers: the emulator passes, a server that goes bad fails and pages."""
+"""``fleetctl watch`` against loopback servers: the emulator passes, a server that goes bad fails
+and pages."""
 
 from __future__ import annotations
 
@@ -18,26 +19,36 @@ from tests.soak.conftest import Served
 from tests.soak.fakevllm import FakeVLLM, answer_for, good_chat, prompt_of, serve, stream_tokens
 
 
-def test_a_healthy_emulator_passes_a_watch_of_a_few_intervals(emulator: Callable[..., Served], tmp_path: Path) -> None:
+def test_a_healthy_emulator_passes_a_watch_of_a_few_intervals(
+    emulator: Callable[..., Served], tmp_path: Path
+) -> None:
     served = emulator()
     cfg = load_config({}, profile="lab", served_model_names=("qwen36-35b-heretic",))
     events: list[str] = []
-    [v] = run_watch([WatchTarget(served.target, cfg, tmp_path / "run", "watch-1")],
-                    WatchSettings(duration=3.5, interval=1.0, min_draft_tokens=40), lambda e: events.append(e.phase))
+    [v] = run_watch(
+        [WatchTarget(served.target, cfg, tmp_path / "run", "watch-1")],
+        WatchSettings(duration=3.5, interval=1.0, min_draft_tokens=40),
+        lambda e: events.append(e.phase),
+    )
     assert v.outcome is Outcome.PASS, v.summary
     assert v.levels[0].requests >= 6 and v.levels[0].errors == 0
     outcomes = {c.name: c.outcome for c in v.checks}
     assert outcomes["canary"] is Outcome.PASS and outcomes["server_errors"] is Outcome.PASS
-    # The emulator drafts: acceptance is judged over blocks of >= 40 drafted tokens, the first the reference.
+    # The emulator drafts: acceptance is judged over blocks of >= 40 drafted tokens, the first the
+    # reference.
     assert outcomes["acceptance"] is Outcome.PASS and "first block" in v.check("acceptance").message
     # The soak's artifacts: samples streamed to disk, every scrape, the verdict.
-    assert len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == v.levels[0].requests
+    assert (
+        len((tmp_path / "run" / "samples.jsonl").read_text().splitlines()) == v.levels[0].requests
+    )
     assert json.loads((tmp_path / "run" / "verdict.json").read_text())["outcome"] == "pass"
     assert len(list((tmp_path / "run" / "scrapes").iterdir())) >= 3
     assert "done" in events
 
 
-def test_a_server_that_goes_bad_fails_the_watch_and_pages_the_webhook(receiver: Receiver, tmp_path: Path) -> None:
+def test_a_server_that_goes_bad_fails_the_watch_and_pages_the_webhook(
+    receiver: Receiver, tmp_path: Path
+) -> None:
     """After its first answers the server changes its canaries' greedy answers and fails streams."""
     served: list[int] = []
 
@@ -47,7 +58,9 @@ def test_a_server_that_goes_bad_fails_the_watch_and_pages_the_webhook(receiver: 
             return await good_chat(f, r, body)
         right = answer_for(prompt_of(body))
         if right is not None:  # still right, but not the same greedy answer as before
-            return await stream_tokens(f, r, body, [w + " " for w in f"Hmm. {right} I think.".split()])
+            return await stream_tokens(
+                f, r, body, [w + " " for w in f"Hmm. {right} I think.".split()]
+            )
         from aiohttp import web
 
         return web.Response(status=500, text='{"error": "engine broke"}')
@@ -56,17 +69,39 @@ def test_a_server_that_goes_bad_fails_the_watch_and_pages_the_webhook(receiver: 
     inv.parent.mkdir()
     inv.write_text("all:\n  vars:\n    fleetctl_webhook_allow_http: true\n  hosts: {}\n")
     with serve(FakeVLLM(chat=going_bad)) as fake:
-        r = CliRunner().invoke(cli, [
-            "-i", str(inv), "watch", "--endpoint", fake.url, "--model", "fake-model", "--profile", "lab",
-            "--duration", "7s", "--interval", "1s", "--json", "--json-report", str(tmp_path / "report.json"),
-            "--webhook", f"http://127.0.0.1:{receiver.server_port}/page"],
-            env={"FLEETCTL_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "80"})
+        r = CliRunner().invoke(
+            cli,
+            [
+                "-i",
+                str(inv),
+                "watch",
+                "--endpoint",
+                fake.url,
+                "--model",
+                "fake-model",
+                "--profile",
+                "lab",
+                "--duration",
+                "7s",
+                "--interval",
+                "1s",
+                "--json",
+                "--json-report",
+                str(tmp_path / "report.json"),
+                "--webhook",
+                f"http://127.0.0.1:{receiver.server_port}/page",
+            ],
+            env={"FLEETCTL_STATE_DIR": str(tmp_path / "state"), "COLUMNS": "80"},
+        )
     assert r.exit_code == 1, r.output
     out = json.loads(r.stdout)
     assert out["outcome"] == "fail"
     [v] = out["verdicts"]
     checks = {c["name"]: c for c in v["checks"]}
-    assert checks["canary"]["outcome"] == "fail" and "changed its greedy answer" in checks["canary"]["message"]
+    assert (
+        checks["canary"]["outcome"] == "fail"
+        and "changed its greedy answer" in checks["canary"]["message"]
+    )
     assert checks["probes"]["outcome"] == "fail" and "HTTP 500" in checks["probes"]["message"]
     pages = [b for b in receiver.bodies if b["event"] == "breach"]
     assert {p["check"] for p in pages} == {"canary", "probes"}
@@ -75,7 +110,9 @@ def test_a_server_that_goes_bad_fails_the_watch_and_pages_the_webhook(receiver: 
 
 
 def test_watch_options_are_checked_before_anything_runs() -> None:
-    r = CliRunner().invoke(cli, ["watch", "--endpoint", "http://127.0.0.1:9", "--duration", "5s", "--interval", "10s"])
+    r = CliRunner().invoke(
+        cli, ["watch", "--endpoint", "http://127.0.0.1:9", "--duration", "5s", "--interval", "10s"]
+    )
     assert r.exit_code == 2 and "--interval 10s must be > 0 and at most --duration 5s" in r.output
     r = CliRunner().invoke(cli, ["soak", "--watch"])
     assert r.exit_code == 2 and "fleetctl watch" in r.output
@@ -83,7 +120,8 @@ def test_watch_options_are_checked_before_anything_runs() -> None:
 
 def test_the_forwarded_error_knob_fails_only_requests_that_came_through_a_proxy(
         emulator: Callable[..., Served]) -> None:
-    """EMU_FORWARDED_ERROR_RATE: what a bake catches and a soak (direct, out of rotation) cannot see."""
+    """EMU_FORWARDED_ERROR_RATE: what a bake catches and a soak (direct, out of rotation) cannot
+    see."""
     import urllib.error
     import urllib.request
 
@@ -91,9 +129,18 @@ def test_the_forwarded_error_knob_fails_only_requests_that_came_through_a_proxy(
     base = served.target.base_url
 
     def chat(forwarded: bool) -> int:
-        body = json.dumps({"model": "qwen36-35b-heretic", "max_tokens": 48, "stream": True,
-                           "messages": [{"role": "user", "content": "Describe a thunderstorm."}]}).encode()
-        headers = {"Content-Type": "application/json", **({"X-Forwarded-For": "10.0.0.7"} if forwarded else {})}
+        body = json.dumps(
+            {
+                "model": "qwen36-35b-heretic",
+                "max_tokens": 48,
+                "stream": True,
+                "messages": [{"role": "user", "content": "Describe a thunderstorm."}],
+            }
+        ).encode()
+        headers = {
+            "Content-Type": "application/json",
+            **({"X-Forwarded-For": "10.0.0.7"} if forwarded else {}),
+        }
         req = urllib.request.Request(base + "/v1/chat/completions", body, headers)
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
@@ -106,7 +153,10 @@ def test_the_forwarded_error_knob_fails_only_requests_that_came_through_a_proxy(
         from fleetctl.soak import metrics
 
         with urllib.request.urlopen(base + "/metrics", timeout=10) as r:
-            return metrics.parse(r.read().decode()).value(metrics.SUCCESS, finished_reason="error") or 0.0
+            return (
+                metrics.parse(r.read().decode()).value(metrics.SUCCESS, finished_reason="error")
+                or 0.0
+            )
 
     assert [chat(False) for _ in range(3)] == [200, 200, 200] and errors() == 0
     assert [chat(True) for _ in range(3)] == [500, 500, 500] and errors() == 3

@@ -1,4 +1,5 @@
-"""Build a tiny random-weight Llama for the real-vLLM conformance test (run with the vLLM venv's python).
+"""Build a tiny random-weight Llama for the real-vLLM conformance test (run with the vLLM venv's
+python).
 
     python tiny_llama.py OUT_DIR
 
@@ -36,13 +37,25 @@ def build(out: Path) -> None:
     trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=["<s>", "</s>", "<unk>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator([line * 3 for line in CORPUS] * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(out)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(fast), hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=4, head_dim=32, max_position_embeddings=4096,
-                      bos_token_id=0, eos_token_id=1, torch_dtype="float32")
+    cfg = LlamaConfig(
+        vocab_size=len(fast),
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        head_dim=32,
+        max_position_embeddings=4096,
+        bos_token_id=0,
+        eos_token_id=1,
+        torch_dtype="float32",
+    )
     LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
 
 

@@ -24,8 +24,9 @@ time.sleep(60)
 """
 
 
-def test_stage_is_refused_while_another_process_holds_the_fleet_lock(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stage_is_refused_while_another_process_holds_the_fleet_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = tmp_path / "state"
     state.mkdir()
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(state))
@@ -35,7 +36,9 @@ def test_stage_is_refused_while_another_process_holds_the_fleet_lock(tmp_path: P
     # An address nobody answers on: the lock must refuse before any connection is tried.
     (tmp_path / "hosts.yml").write_text("all:\n  vars: {fleetctl_allow_unpinned_revisions: true}\n"
                                         "  hosts:\n    spark-01: {ansible_host: 192.0.2.1}\n")
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(state)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD, str(state)], stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
         with pytest.raises(LockedError) as e:
@@ -45,25 +48,31 @@ def test_stage_is_refused_while_another_process_holds_the_fleet_lock(tmp_path: P
     finally:
         holder.kill()
         holder.wait()
-    # Once the holder is gone, its lock is stale: stage takes it over (and only then meets the dead address).
+    # Once the holder is gone, its lock is stale: stage takes it over (and only then meets the dead
+    # address).
     with open_ledger(state) as led:
         held = led.holder()
         assert held is not None and not held.alive
 
 
-def test_hosts_with_different_default_recipes_need_an_explicit_recipe(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_hosts_with_different_default_recipes_need_an_explicit_recipe(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
     inv = inventory.load(paths.project_root() / "inventory" / "example" / "hosts.yml")
     with pytest.raises(FleetError) as e:
         stage(inv)
     msg = e.value.message()
-    assert "gemma4-26b-a4b: spark-04" in msg and "qwen36-35b-heretic: spark-01, spark-02, spark-03" in msg
+    assert (
+        "gemma4-26b-a4b: spark-04" in msg
+        and "qwen36-35b-heretic: spark-01, spark-02, spark-03" in msg
+    )
     assert "--recipe" in msg
 
 
-def test_a_weight_set_on_a_branch_is_refused_before_any_host_is_touched(tmp_path: Path,
-                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_weight_set_on_a_branch_is_refused_before_any_host_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "group_vars" / "all").mkdir(parents=True)
     seed = paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"
@@ -76,7 +85,9 @@ def test_a_weight_set_on_a_branch_is_refused_before_any_host_is_touched(tmp_path
     assert not (tmp_path / "state" / "runs").exists(), "no playbook ran"
 
 
-def test_a_plain_http_mirror_needs_pinned_manifests(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_plain_http_mirror_needs_pinned_manifests(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(tmp_path / "state"))
     (tmp_path / "group_vars" / "all").mkdir(parents=True)
     seed = paths.project_root() / "inventory" / "lab" / "group_vars" / "all" / "recipes.yml"

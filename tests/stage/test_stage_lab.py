@@ -1,4 +1,5 @@
-"""``fleetctl stage`` on the lab: from the mirror to several nodes, reruns, refusals, full disks, kills.
+"""``fleetctl stage`` on the lab: from the mirror to several nodes, reruns, refusals, full disks,
+kills.
 
 Broken weight sets live on the lab's mirror under test-only repositories
 (``fleetctl-test/...``), written with fleetctl.lab.models; the tests stage them
@@ -47,10 +48,11 @@ BROKEN = {
     "v1-keys": ("body", "v1 key layout"),
     "stale-drafter": ("drafter", "older than 2026-04-19"),
 }
-#: The variants staged on a lab node, end to end: one file of the body (through a controller directory that keeps
-#: links, with the per-file report) and the drafter's set. What is variant-specific (the verifier's message for
-#: each of BROKEN) is checked without a lab, in tests/roles/test_weights_verify.py; what the lab adds (a refused
-#: set leaves the previous weights and no staging behind) is the same for every variant.
+#: The variants staged on a lab node, end to end: one file of the body (through a controller
+#: directory that keeps links, with the per-file report) and the drafter's set. What is
+#: variant-specific (the verifier's message for each of BROKEN) is checked without a lab, in
+#: tests/roles/test_weights_verify.py; what the lab adds (a refused set leaves the previous weights
+#: and no staging behind) is the same for every variant.
 ON_LAB = ("escaping-symlink", "stale-drafter")
 
 
@@ -59,33 +61,66 @@ def _recipe(body_rev: str, drafter_rev: str = "good") -> dict[str, Any]:
         "image": "ghcr.io/aeon-7/aeon-vllm-ultimate",
         "served_model_names": ["fleetctl-test"],
         "weights": [
-            {"role": "body", "repo": "fleetctl-test/body", "revision": body_rev, "path": BODY_PATH,
-             "mount": "/model", "format": "compressed-tensors"},
-            {"role": "drafter", "repo": "fleetctl-test/drafter", "revision": drafter_rev, "path": DRAFTER_PATH,
-             "mount": "/drafter", "format": "bf16", "min_date": "2026-04-19"},
+            {
+                "role": "body",
+                "repo": "fleetctl-test/body",
+                "revision": body_rev,
+                "path": BODY_PATH,
+                "mount": "/model",
+                "format": "compressed-tensors",
+            },
+            {
+                "role": "drafter",
+                "repo": "fleetctl-test/drafter",
+                "revision": drafter_rev,
+                "path": DRAFTER_PATH,
+                "mount": "/drafter",
+                "format": "bf16",
+                "min_date": "2026-04-19",
+            },
         ],
-        "vllm_args": ["--quantization", "compressed-tensors", "--max-num-seqs", "8", "--max-num-batched-tokens",
-                      "8192", "--speculative-config", '{"method":"dflash","model":"/drafter","num_speculative_tokens":4}'],
+        "vllm_args": [
+            "--quantization",
+            "compressed-tensors",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "8192",
+            "--speculative-config",
+            '{"method":"dflash","model":"/drafter","num_speculative_tokens":4}',
+        ],
     }
 
 
 @pytest.fixture(scope="module")
-def test_inventory(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Inventory]:
-    """A copy of the lab's inventory whose recipes stage test-only sets, and those sets on the mirror."""
+def test_inventory(
+    lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Inventory]:
+    """A copy of the lab's inventory whose recipes stage test-only sets, and those sets on the
+    mirror."""
     mirror = Path(lab.directory) / "www" / "weights"
     specs = [models.MirrorSpec("fleetctl-test/body", "good", BODY_KIND),
              models.MirrorSpec("fleetctl-test/drafter", "good", DRAFTER_KIND)]
-    # The revision the kill test interrupts weighs 32 MB, so that the kill lands while bytes still move.
+    # The revision the kill test interrupts weighs 32 MB, so that the kill lands while bytes still
+    # move.
     good2 = mirror / "fleetctl-test" / "body" / "good2"
     if not (good2 / "manifest.json").exists():
         tmp = tmp_path_factory.mktemp("good2") / "m"
         models.write_model(tmp, BODY_KIND, size_bytes=32_000_000, date="2026-07-01")
-        manifest = models.manifest_for(tmp, repo="fleetctl-test/body", revision="good2", revision_date="2026-07-01")
+        manifest = models.manifest_for(
+            tmp, repo="fleetctl-test/body", revision="good2", revision_date="2026-07-01"
+        )
         (tmp / "manifest.json").write_text(json.dumps(manifest))
         shutil.copytree(tmp, good2)
     for variant, (role, _) in BROKEN.items():
-        specs.append(models.MirrorSpec(f"fleetctl-test/{role}", variant, BODY_KIND if role == "body" else DRAFTER_KIND,
-                                       variant=variant))
+        specs.append(
+            models.MirrorSpec(
+                f"fleetctl-test/{role}",
+                variant,
+                BODY_KIND if role == "body" else DRAFTER_KIND,
+                variant=variant,
+            )
+        )
     models.populate_mirror(mirror, specs)
     d = tmp_path_factory.mktemp("stage-inventory")
     shutil.copytree(Path(lab.inventory).parent, d, dirs_exist_ok=True)
@@ -105,7 +140,11 @@ def test_inventory(lab: fleetlab.LabStatus, tmp_path_factory: pytest.TempPathFac
 
 def checksums(inv: Inventory, host: str, path: str) -> dict[str, str]:
     """sha256 of every file under path on a host, over SSH (the marker included)."""
-    r = ssh.run(inv.host(host), f"cd {path} && find . -type f -print0 | sort -z | xargs -0 sha256sum", timeout=30)
+    r = ssh.run(
+        inv.host(host),
+        f"cd {path} && find . -type f -print0 | sort -z | xargs -0 sha256sum",
+        timeout=30,
+    )
     assert r.ok, r.stderr
     return {line.split()[1]: line.split()[0] for line in r.stdout.splitlines()}
 
@@ -118,17 +157,24 @@ def marker(inv: Inventory, host: str, path: str) -> dict[str, Any]:
 
 
 def leftovers(inv: Inventory, host: str) -> list[str]:
-    r = ssh.run(inv.host(host), "ls -d /opt/fleetctl-test/*.staging-* /opt/fleetctl-test/*.old-* 2>/dev/null || true",
-                timeout=10)
+    r = ssh.run(
+        inv.host(host),
+        "ls -d /opt/fleetctl-test/*.staging-* /opt/fleetctl-test/*.old-* 2>/dev/null || true",
+        timeout=10,
+    )
     return r.stdout.split()
 
 
-def test_default_recipe_staged_on_every_node_from_the_mirror(staged: StageResult, lab: fleetlab.LabStatus) -> None:
+def test_default_recipe_staged_on_every_node_from_the_mirror(
+    staged: StageResult, lab: fleetlab.LabStatus
+) -> None:
     inv = inventory.load(lab.inventory)
     assert staged.source == "mirror" and staged.ok
     assert len(staged.hosts) >= 3
     seeds = [h for h in staged.hosts.values() if h.seed]
-    assert len(seeds) <= 1  # fetched from the mirror once at most (none when an earlier run staged it all)
+    assert (
+        len(seeds) <= 1
+    )  # fetched from the mirror once at most (none when an earlier run staged it all)
     mirror = Path(lab.directory) / "www" / "weights"
     recipe = load_recipes(inv)[staged.recipe]
     for name in staged.hosts:
@@ -141,7 +187,8 @@ def test_default_recipe_staged_on_every_node_from_the_mirror(staged: StageResult
 
 
 def _node_logins(name: str, nodes: dict[str, str]) -> list[str]:
-    """The lab nodes' logins sshd accepted on ``name``, from its own log (not fleetctl's bookkeeping)."""
+    """The lab nodes' logins sshd accepted on ``name``, from its own log (not fleetctl's
+    bookkeeping)."""
     r = fleetlab.node_exec(name, ["cat", "/var/log/sshd.log"])
     assert r.returncode == 0, r.stderr
     by_address = {a: n for n, a in nodes.items()}
@@ -153,9 +200,11 @@ def _node_logins(name: str, nodes: dict[str, str]) -> list[str]:
     return out
 
 
-def test_tree_stage_uploads_log_n_times_from_the_seed_and_each_copy_is_verified(test_inventory: Inventory,
-                                                                                 lab: fleetlab.LabStatus) -> None:
-    """Every host that verified the weights serves the next ones: the seed's uploads, counted in each
+def test_tree_stage_uploads_log_n_times_from_the_seed_and_each_copy_is_verified(
+    test_inventory: Inventory, lab: fleetlab.LabStatus
+) -> None:
+    """Every host that verified the weights serves the next ones: the seed's uploads, counted in
+    each
     host's sshd log, are ceil(log2 N) at fanout 1 (N - 1 with one seed serving all)."""
     nodes = {n.name: n.address for n in fleetlab.status().nodes if n.state == "running"}
     assert len(nodes) >= 4
@@ -163,26 +212,40 @@ def test_tree_stage_uploads_log_n_times_from_the_seed_and_each_copy_is_verified(
         fleetlab.node_exec(n, ["rm", "-rf", "/opt/fleetctl-test"])
     try:
         before = {n: len(_node_logins(n, nodes)) for n in nodes}
-        r = stage(test_inventory, "t-good", limit=",".join(nodes), extravars={"weights_tree_fanout": 1})
+        r = stage(
+            test_inventory, "t-good", limit=",".join(nodes), extravars={"weights_tree_fanout": 1}
+        )
         assert r.ok, [(h.name, h.message) for h in r.hosts.values() if not h.ok]
         sets = 2  # body and drafter: one rsync (one SSH login) each
         uploads = {n: (len(_node_logins(n, nodes)) - before[n]) / sets for n in nodes}
         tree = load_role_file("weights", "filter_plugins/weights_tree.py")
         assert r.seed is not None
-        assert uploads[r.seed] == tree.rounds_for(len(nodes), 1) == math.ceil(math.log2(len(nodes))), uploads
+        assert (
+            uploads[r.seed] == tree.rounds_for(len(nodes), 1) == math.ceil(math.log2(len(nodes)))
+        ), uploads
         assert uploads[r.seed] < len(nodes) - 1
         assert sum(uploads.values()) == len(nodes) - 1, uploads  # each receiver copied once
-        assert len([n for n, u in uploads.items() if u and n != r.seed]) >= 1, "no receiver served another"
-        assert {n: u for n, u in uploads.items() if u} == r.uploads(), "the hosts' logs and the result disagree"
+        assert len([n for n, u in uploads.items() if u and n != r.seed]) >= 1, (
+            "no receiver served another"
+        )
+        assert {n: u for n, u in uploads.items() if u} == r.uploads(), (
+            "the hosts' logs and the result disagree"
+        )
         mirror = Path(lab.directory) / "www" / "weights"
         for n in nodes:
-            for path, repo in ((BODY_PATH, "fleetctl-test/body"), (DRAFTER_PATH, "fleetctl-test/drafter")):
+            for path, repo in (
+                (BODY_PATH, "fleetctl-test/body"),
+                (DRAFTER_PATH, "fleetctl-test/drafter"),
+            ):
                 manifest = json.loads((mirror / repo / "good" / "manifest.json").read_text())
                 on_host = checksums(test_inventory, n, path)
-                assert {f"./{f['path']}": f["sha256"] for f in manifest["files"]}.items() <= on_host.items(), (n, path)
+                assert {
+                    f"./{f['path']}": f["sha256"] for f in manifest["files"]
+                }.items() <= on_host.items(), (n, path)
                 assert marker(test_inventory, n, path)["revision"] == "good"
             assert leftovers(test_inventory, n) == []
-    finally:  # the later tests start from hosts without the test sets (a disk check sees nothing staged)
+    # The later tests start from hosts without the test sets (a disk check sees nothing staged).
+    finally:
         for n in nodes:
             fleetlab.node_exec(n, ["rm", "-rf", "/opt/fleetctl-test"])
 
@@ -196,8 +259,9 @@ def test_rerun_copies_nothing(staged: StageResult, lab: fleetlab.LabStatus) -> N
         assert not h.changed and all(s.state == "current" for s in h.sets), h
 
 
-def test_each_broken_variant_is_refused_and_the_previous_weights_stay(test_inventory: Inventory,
-                                                                      lab: fleetlab.LabStatus) -> None:
+def test_each_broken_variant_is_refused_and_the_previous_weights_stay(
+    test_inventory: Inventory, lab: fleetlab.LabStatus
+) -> None:
     host = "spark-01"
     first = stage(test_inventory, "t-good", limit=host)
     assert first.ok, first.hosts[host].message
@@ -207,7 +271,9 @@ def test_each_broken_variant_is_refused_and_the_previous_weights_stay(test_inven
         role, words = BROKEN[variant]
         # The mirror serves a symlink's target like a file, so only a copy that keeps links (a
         # controller directory, as an operator's own download would be) can carry an escaping one.
-        kw: dict[str, Any] = {"source": "local", "local_dir": local} if variant == "escaping-symlink" else {}
+        kw: dict[str, Any] = (
+            {"source": "local", "local_dir": local} if variant == "escaping-symlink" else {}
+        )
         r = stage(test_inventory, f"t-{variant}", limit=host, **kw)
         h = r.hosts[host]
         assert not r.ok and h.status == "failed", variant
@@ -216,7 +282,9 @@ def test_each_broken_variant_is_refused_and_the_previous_weights_stay(test_inven
         assert [s.role for s in refused] == [role], (variant, h.sets)
         # The per-file report names the bad file when the problem is one file's.
         if variant in ("lfs-pointer", "escaping-symlink", "corrupt-header"):
-            assert [f.path for f in refused[0].files if f.status == "bad"] == ["model-00003-of-00003.safetensors"]
+            assert [f.path for f in refused[0].files if f.status == "bad"] == [
+                "model-00003-of-00003.safetensors"
+            ]
         after = {p: checksums(test_inventory, host, p) for p in (BODY_PATH, DRAFTER_PATH)}
         assert after == before, f"{variant} changed the staged weights"
         assert leftovers(test_inventory, host) == [], variant
@@ -231,7 +299,9 @@ def test_disk_too_small_is_refused_before_copying(
         h = r.hosts[host]
         assert not r.ok and "not enough disk" in h.message and "headroom" in h.message, h.message
         assert h.bytes_copied == 0 and all(s.state == "not staged" for s in h.sets)
-        probe = ssh.run(test_inventory.host(host), "ls -A /opt/fleetctl-test 2>/dev/null | wc -l", timeout=10)
+        probe = ssh.run(
+            test_inventory.host(host), "ls -A /opt/fleetctl-test 2>/dev/null | wc -l", timeout=10
+        )
         assert probe.stdout.strip() == "0", "bytes moved before the disk check"
     ssh.close_all()
 
@@ -252,7 +322,9 @@ def _ansible_pids(run_id: str) -> list[int]:
     return out
 
 
-def test_staging_killed_halfway_leaves_the_old_weights_and_the_next_run_completes(test_inventory: Inventory) -> None:
+def test_staging_killed_halfway_leaves_the_old_weights_and_the_next_run_completes(
+    test_inventory: Inventory,
+) -> None:
     hosts = "spark-02,spark-03"
     first = stage(test_inventory, "t-good", limit=hosts)
     assert first.ok, [h.message for h in first.hosts.values()]
@@ -261,8 +333,13 @@ def test_staging_killed_halfway_leaves_the_old_weights_and_the_next_run_complete
     run_id = "stage-killtest-" + os.urandom(3).hex()
 
     def killer(ev: Event) -> None:
-        # Kill ansible-playbook (its whole process group) as the seed starts downloading the new set.
-        if killed.is_set() or ev.phase != "task" or not ev.message.startswith("Download the weight sets"):
+        # Kill ansible-playbook (its whole process group) as the seed starts downloading the new
+        # set.
+        if (
+            killed.is_set()
+            or ev.phase != "task"
+            or not ev.message.startswith("Download the weight sets")
+        ):
             return
         for pid in _ansible_pids(run_id):
             try:
@@ -275,16 +352,22 @@ def test_staging_killed_halfway_leaves_the_old_weights_and_the_next_run_complete
     assert killed.is_set(), "the fetch task never started"
     assert not r.ok
     for h in hosts.split(","):
-        assert checksums(test_inventory, h, BODY_PATH) == before[h], f"{h}: old weights changed by a killed run"
+        assert checksums(test_inventory, h, BODY_PATH) == before[h], (
+            f"{h}: old weights changed by a killed run"
+        )
         assert marker(test_inventory, h, BODY_PATH)["revision"] == "good"
     again = stage(test_inventory, "t-good2", limit=hosts)
     assert again.ok, [h.message for h in again.hosts.values()]
     for h in hosts.split(","):
         assert marker(test_inventory, h, BODY_PATH)["revision"] == "good2"
-        assert leftovers(test_inventory, h) == [], f"{h}: a killed run's staging directory was left behind"
+        assert leftovers(test_inventory, h) == [], (
+            f"{h}: a killed run's staging directory was left behind"
+        )
 
 
-def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(test_inventory: Inventory) -> None:
+def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(
+    test_inventory: Inventory,
+) -> None:
     """The seed-to-host key can run nothing but a read-only rsync under the weights' directory."""
     hosts = "spark-02,spark-03"
     assert stage(test_inventory, "t-good2", limit=hosts).ok
@@ -305,9 +388,16 @@ def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(te
     assert key and not r.ok and r.seed is not None
     seed = test_inventory.host(r.seed)
     receiver = test_inventory.host(next(h for h in hosts.split(",") if h != r.seed))
-    assert not list(state.glob(f"runs/{run_id}/{KEY_DIR}")), "the controller's copy of the key is gone"
-    line = ssh.run(seed, f"grep ' fleetctl-stage-{run_id}$' ~/.ssh/authorized_keys", timeout=10).stdout
-    assert line.startswith('command="') and f' -ro /opt/fleetctl-test",restrict,from="{receiver.address}" ' in line
+    assert not list(state.glob(f"runs/{run_id}/{KEY_DIR}")), (
+        "the controller's copy of the key is gone"
+    )
+    line = ssh.run(
+        seed, f"grep ' fleetctl-stage-{run_id}$' ~/.ssh/authorized_keys", timeout=10
+    ).stdout
+    assert (
+        line.startswith('command="')
+        and f' -ro /opt/fleetctl-test",restrict,from="{receiver.address}" ' in line
+    )
 
     # As the receiver's login (not root), from its home: the key's restrictions are what is tested.
     ssh.put_text(receiver, "copykey", key[0], mode=0o600)
@@ -317,16 +407,24 @@ def test_the_copy_key_reads_the_weights_only_and_a_killed_runs_key_is_removed(te
     try:
         shell = ssh.run(receiver, f"ssh {opts} {to} id", timeout=30)
         assert shell.rc != 0 and "uid=" not in shell.stdout and "rrsync" in shell.stderr, shell
-        read = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:{staging}/ copykey-read/", timeout=60)
+        read = ssh.run(
+            receiver, f"rsync -a -e 'ssh {opts}' {to}:{staging}/ copykey-read/", timeout=60
+        )
         assert read.ok, read.stderr
-        write = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' /etc/hostname {to}:{staging}/", timeout=60)
+        write = ssh.run(
+            receiver, f"rsync -a -e 'ssh {opts}' /etc/hostname {to}:{staging}/", timeout=60
+        )
         assert not write.ok and "read-only" in write.stderr, write
-        escape = ssh.run(receiver, f"rsync -a -e 'ssh {opts}' {to}:../../etc/ copykey-esc/", timeout=60)
+        escape = ssh.run(
+            receiver, f"rsync -a -e 'ssh {opts}' {to}:../../etc/ copykey-esc/", timeout=60
+        )
         assert not escape.ok, escape
     finally:
         ssh.run(receiver, "rm -rf copykey copykey-read copykey-esc", timeout=10)
     # The next run removes the killed run's line (and its own when it ends).
     assert stage(test_inventory, "t-good", limit=hosts).ok
-    left = ssh.run(seed, "grep -c fleetctl-stage- ~/.ssh/authorized_keys || true", timeout=10).stdout.strip()
+    left = ssh.run(
+        seed, "grep -c fleetctl-stage- ~/.ssh/authorized_keys || true", timeout=10
+    ).stdout.strip()
     assert left == "0"
 

@@ -1,4 +1,5 @@
-"""The weights role's tree fan-out planner (roles/weights/filter_plugins/weights_tree.py), for 1..300 hosts."""
+"""The weights role's tree fan-out planner (roles/weights/filter_plugins/weights_tree.py), for
+1..300 hosts."""
 
 from __future__ import annotations
 
@@ -11,8 +12,14 @@ from tests.role_modules import load_role_file
 tree = load_role_file("weights", "filter_plugins/weights_tree.py")
 
 
-def _simulate(n: int, fanout: int, *, bad: frozenset[str] = frozenset(), units: dict[str, str] | None = None,
-              attempts: int = 3) -> tuple[int, dict[str, int], dict[str, str], set[str]]:
+def _simulate(
+    n: int,
+    fanout: int,
+    *,
+    bad: frozenset[str] = frozenset(),
+    units: dict[str, str] | None = None,
+    attempts: int = 3,
+) -> tuple[int, dict[str, int], dict[str, str], set[str]]:
     """Run the planner round by round as the role does; ``bad`` sources fail every copy they serve.
 
     Returns (rounds, uploads per source, receiver -> its source, hosts given up)."""
@@ -47,15 +54,19 @@ def _simulate(n: int, fanout: int, *, bad: frozenset[str] = frozenset(), units: 
     return rounds, uploads, got, given_up
 
 
-@pytest.mark.parametrize(("fanout", "sizes"), [(2, range(1, 301)), (1, range(1, 301, 7)), (3, range(1, 301, 11))])
-def test_every_fleet_from_1_to_300_hosts_is_served_in_log_rounds_with_bounded_uploads(fanout: int,
-                                                                                     sizes: range) -> None:
+@pytest.mark.parametrize(
+    ("fanout", "sizes"), [(2, range(1, 301)), (1, range(1, 301, 7)), (3, range(1, 301, 11))]
+)
+def test_every_fleet_from_1_to_300_hosts_is_served_in_log_rounds_with_bounded_uploads(
+    fanout: int, sizes: range
+) -> None:
     for n in sizes:
         rounds, uploads, got, given_up = _simulate(n, fanout)
         assert not given_up and len(got) == n - 1, n
         expected = 0 if n == 1 else math.ceil(math.log(n) / math.log(fanout + 1) - 1e-9)
         assert rounds == tree.rounds_for(n, fanout) == expected, (n, fanout, rounds)
-        # The seed uploads at most fanout a round: O(log N), where one seed serving all uploaded N - 1 times.
+        # The seed uploads at most fanout a round: O(log N), where one seed serving all uploaded N
+        # - 1 times.
         assert uploads.get("h000", 0) <= fanout * rounds
         assert all(u <= fanout * rounds for u in uploads.values())
 
@@ -80,8 +91,11 @@ def test_a_receiver_is_given_up_after_its_attempts_and_never_retried_from_a_fail
     plan = tree.plan_round(["a", "b", "c"], ["r"], 1, failed={"r": ["a", "b"]})
     assert plan == {"r": "c"}
     assert tree.plan_round(["a", "b"], ["r"], 1, failed={"r": ["a", "b"]}) == {}
-    # Simulated with every source but the seed bad, at 1 attempt: the seed's receivers get it, the rest give up.
-    _, _, got, given_up = _simulate(9, 1, bad=frozenset({f"h{i:03d}" for i in range(1, 9)}), attempts=1)
+    # Simulated with every source but the seed bad, at 1 attempt: the seed's receivers get it, the
+    # rest give up.
+    _, _, got, given_up = _simulate(
+        9, 1, bad=frozenset({f"h{i:03d}" for i in range(1, 9)}), attempts=1
+    )
     assert set(got.values()) == {"h000"} and given_up
 
 
@@ -91,7 +105,8 @@ def test_unit_members_copy_from_each_other_over_their_link() -> None:
     plan = tree.plan_round(["seed", "a1"], ["a2", "b1", "b2"], 2, units=units)
     assert plan["a2"] == "a1"
     assert plan["b1"] in ("seed", "a1") and plan["b2"] in ("seed", "a1")
-    # Simulated on 40 hosts of 20 pairs: a member whose peer held the set before it copied from that peer.
+    # Simulated on 40 hosts of 20 pairs: a member whose peer held the set before it copied from
+    # that peer.
     units = {f"h{i:03d}": f"u{i // 2}" for i in range(40)}
     hosts = sorted(units)
     ready, have = ["h000"], {"h000"}
@@ -116,21 +131,53 @@ def test_a_source_must_hold_every_set_the_receiver_needs() -> None:
 
 def test_the_filter_reads_hostvars_and_copies_over_the_fabric_between_members() -> None:
     hv = {
-        "s1": {"ansible_host": "10.0.0.1", "ansible_user": "nvidia", "_weights_serves": True, "_weights_have": True,
-               "_weights_needs": ["body"], "_weights_holds": ["body"], "fleetctl_unit": "pair-a",
-               "fleetctl_fabric": {"addresses": ["192.168.177.1"]}},
-        "s2": {"ansible_host": "10.0.0.2", "ansible_port": 2222, "_weights_needs": ["body"],
-               "fleetctl_unit": "pair-a", "fleetctl_fabric": {"addresses": ["192.168.177.2"]}},
+        "s1": {
+            "ansible_host": "10.0.0.1",
+            "ansible_user": "nvidia",
+            "_weights_serves": True,
+            "_weights_have": True,
+            "_weights_needs": ["body"],
+            "_weights_holds": ["body"],
+            "fleetctl_unit": "pair-a",
+            "fleetctl_fabric": {"addresses": ["192.168.177.1"]},
+        },
+        "s2": {
+            "ansible_host": "10.0.0.2",
+            "ansible_port": 2222,
+            "_weights_needs": ["body"],
+            "fleetctl_unit": "pair-a",
+            "fleetctl_fabric": {"addresses": ["192.168.177.2"]},
+        },
         "s3": {"ansible_host": "10.0.0.3", "_weights_needs": ["body"], "_weights_failed_from": []},
-        "s4": {"ansible_host": "10.0.0.4", "_weights_needs": ["body"], "_weights_failed_from": ["s1"]},
+        "s4": {
+            "ansible_host": "10.0.0.4",
+            "_weights_needs": ["body"],
+            "_weights_failed_from": ["s1"],
+        },
     }
     plan = tree.weights_tree_round(["s1", "s2", "s3", "s4"], hv, 2, 3)
-    assert plan["s2"] == {"host": "s1", "address": "192.168.177.1", "via": "fabric", "host_key_alias": "10.0.0.1",
-                          "port": 22, "user": "nvidia"}
-    assert plan["s3"] == {"host": "s1", "address": "10.0.0.1", "via": "lan", "host_key_alias": "", "port": 22,
-                          "user": "nvidia"}
+    assert plan["s2"] == {
+        "host": "s1",
+        "address": "192.168.177.1",
+        "via": "fabric",
+        "host_key_alias": "10.0.0.1",
+        "port": 22,
+        "user": "nvidia",
+    }
+    assert plan["s3"] == {
+        "host": "s1",
+        "address": "10.0.0.1",
+        "via": "lan",
+        "host_key_alias": "",
+        "port": 22,
+        "user": "nvidia",
+    }
     assert "s4" not in plan  # its only source failed it
-    assert tree.weights_tree_addresses(["s2", "s3"], hv) == ["10.0.0.2", "192.168.177.2", "10.0.0.3"]
+    assert tree.weights_tree_addresses(["s2", "s3"], hv) == [
+        "10.0.0.2",
+        "192.168.177.2",
+        "10.0.0.3",
+    ]
 
 
 def test_a_fanout_below_one_is_refused() -> None:

@@ -1,4 +1,5 @@
-"""The hosts' lock and intent (fleetctl.state.hoststate): claim rules, all-or-nothing, CAS, the file format.
+"""The hosts' lock and intent (fleetctl.state.hoststate): claim rules, all-or-nothing, CAS, the
+file format.
 
 The files live in memory here (a Store with the same compare-and-swap contract
 as the hosts'); the SSH store on real hosts is covered by
@@ -21,7 +22,8 @@ from fleetctl.state import hoststate, lock
 
 
 class MemoryStore(hoststate.MemoryStore):
-    """The in-memory store, able to let "another controller" write between a read and the next swap."""
+    """The in-memory store, able to let "another controller" write between a read and the next
+    swap."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -39,10 +41,20 @@ class MemoryStore(hoststate.MemoryStore):
 HOSTS = [Host(f"spark-{i}", f"10.0.0.{i}") for i in range(1, 5)]
 
 
-def other_owner(*, controller: str = "laptop", pid: int = 4242, heartbeat: float | None = None) -> hoststate.Owner:
+def other_owner(
+    *, controller: str = "laptop", pid: int = 4242, heartbeat: float | None = None
+) -> hoststate.Owner:
     now = time.time()
-    return hoststate.Owner("ro-20260701-120000-beef", "rollout", controller, "bob", pid, "1", now - 600,
-                    now if heartbeat is None else heartbeat)
+    return hoststate.Owner(
+        "ro-20260701-120000-beef",
+        "rollout",
+        controller,
+        "bob",
+        pid,
+        "1",
+        now - 600,
+        now if heartbeat is None else heartbeat,
+    )
 
 
 def dead_local_pid() -> int:
@@ -53,8 +65,11 @@ def dead_local_pid() -> int:
 
 
 def test_state_round_trips_and_a_damaged_file_names_its_fix() -> None:
-    s = hoststate.HostState(lock=other_owner(), target=hoststate.Version("t2", "sha256:b", "ro-x", 2.0),
-                     last_known_good=hoststate.Version("t1", "sha256:a", None, 1.0))
+    s = hoststate.HostState(
+        lock=other_owner(),
+        target=hoststate.Version("t2", "sha256:b", "ro-x", 2.0),
+        last_known_good=hoststate.Version("t1", "sha256:a", None, 1.0),
+    )
     assert hoststate.HostState.from_json(s.to_json()) == s
     assert hoststate.HostState.from_json("") == hoststate.HostState()
     with pytest.raises(FleetError) as e:
@@ -65,7 +80,9 @@ def test_state_round_trips_and_a_damaged_file_names_its_fix() -> None:
 def test_a_live_holder_on_another_controller_is_refused_even_with_take_over() -> None:
     mine = hoststate.me("ro-mine", "rollout")
     with pytest.raises(LockedError) as e:
-        hoststate.claim_state("spark-1", hoststate.HostState(lock=other_owner()), mine, time.time(), take_over=True)
+        hoststate.claim_state(
+            "spark-1", hoststate.HostState(lock=other_owner()), mine, time.time(), take_over=True
+        )
     assert e.value.exit_code == ExitCode.LOCKED
     assert e.value.host == "spark-1"
     assert "ro-20260701-120000-beef by bob@laptop (pid 4242)" in e.value.cause
@@ -86,21 +103,28 @@ def test_a_silent_remote_holder_needs_take_over() -> None:
 
 def test_a_dead_pid_on_this_controller_is_taken_over_without_asking() -> None:
     mine = hoststate.me("ro-mine", "rollout")
-    dead = dataclasses.replace(mine, rollout_id="ro-killed", pid=dead_local_pid(), proc_start="12345")
-    new, note = hoststate.claim_state("spark-1", hoststate.HostState(lock=dead), mine, time.time(), take_over=False)
+    dead = dataclasses.replace(
+        mine, rollout_id="ro-killed", pid=dead_local_pid(), proc_start="12345"
+    )
+    new, note = hoststate.claim_state(
+        "spark-1", hoststate.HostState(lock=dead), mine, time.time(), take_over=False
+    )
     assert new.lock is not None and new.lock.rollout_id == "ro-mine"
     assert note is not None and "is gone" in note
 
 
 def test_a_live_process_on_this_controller_is_refused() -> None:
-    """Two checkouts (separate state dirs) on one machine: the other process is alive, so refused."""
+    """Two checkouts (separate state dirs) on one machine: the other process is alive, so
+    refused."""
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
         mine = hoststate.me("ro-mine", "rollout")
         theirs = dataclasses.replace(hoststate.me("ro-theirs", "rollback"), pid=other.pid,
                                      proc_start=lock.proc_start(other.pid))
         with pytest.raises(LockedError):
-            hoststate.claim_state("spark-1", hoststate.HostState(lock=theirs), mine, time.time(), take_over=True)
+            hoststate.claim_state(
+                "spark-1", hoststate.HostState(lock=theirs), mine, time.time(), take_over=True
+            )
     finally:
         other.kill()
         other.wait()
@@ -128,9 +152,13 @@ def test_claim_release_and_record_intent() -> None:
     locks = hoststate.HostLocks(store, HOSTS, "ro-mine", "rollout")
     locks.claim()
     try:
-        assert all((s := store.state(h.name).lock) is not None and s.rollout_id == "ro-mine" for h in HOSTS)
+        assert all(
+            (s := store.state(h.name).lock) is not None and s.rollout_id == "ro-mine" for h in HOSTS
+        )
         a, b = hoststate.Version("t1", "sha256:a"), hoststate.Version("t2", "sha256:b", "ro-mine")
-        store.files["spark-2"] = dataclasses.replace(store.state("spark-2"), last_known_good=a).to_json()
+        store.files["spark-2"] = dataclasses.replace(
+            store.state("spark-2"), last_known_good=a
+        ).to_json()
         locks.seed({h.name: (b, hoststate.Version("t0", "sha256:0")) for h in HOSTS})
         # Seeding records what served before fleetctl came only where nothing is recorded yet.
         assert store.state("spark-1").last_known_good == hoststate.Version("t0", "sha256:0")
@@ -158,7 +186,8 @@ def test_release_leaves_a_lock_taken_over_meanwhile() -> None:
 
 
 def test_a_write_that_lost_a_race_is_redone_on_the_new_content() -> None:
-    """Compare-and-swap: another controller's write between our read and our swap is not overwritten."""
+    """Compare-and-swap: another controller's write between our read and our swap is not
+    overwritten."""
     store = MemoryStore()
     store.between["spark-1"] = hoststate.HostState(lock=other_owner()).to_json()
     with pytest.raises(LockedError) as e:
@@ -171,7 +200,9 @@ def test_a_write_that_lost_a_race_is_redone_on_the_new_content() -> None:
 def test_a_lock_this_process_left_behind_is_taken_over() -> None:
     """A release that could not reach a host leaves this process's lock there: not a live holder."""
     store = MemoryStore()
-    store.files["spark-1"] = hoststate.HostState(lock=hoststate.me("ro-earlier", "rollout")).to_json()
+    store.files["spark-1"] = hoststate.HostState(
+        lock=hoststate.me("ro-earlier", "rollout")
+    ).to_json()
     locks = hoststate.HostLocks(store, HOSTS[:1], "ro-mine", "rollout")
     locks.claim()
     try:

@@ -1,4 +1,5 @@
-"""The ledger on both backends: schema versioning, the fleet lock (live, stale after kill -9), records, history.
+"""The ledger on both backends: schema versioning, the fleet lock (live, stale after kill -9),
+records, history.
 
 Every test that takes ``backend`` runs on SQLite (a file per fleet) and on a
 real PostgreSQL server (``tests/plugins/postgres.py``), each test with a fleet
@@ -74,7 +75,11 @@ class Backend:
         return int(self.sql("SELECT version FROM schema_version")[0][0])
 
     def set_version(self, v: int) -> None:
-        self.sql(f"PRAGMA user_version={v}" if self.server is None else f"UPDATE schema_version SET version={v}")
+        self.sql(
+            f"PRAGMA user_version={v}"
+            if self.server is None
+            else f"UPDATE schema_version SET version={v}"
+        )
 
     def make_v1(self) -> None:
         """A ledger as fleetctl's schema version 1 left it."""
@@ -94,18 +99,38 @@ class Backend:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    server: PgServer | None = request.getfixturevalue("pg_server") if request.param == "postgresql" else None
+    server: PgServer | None = (
+        request.getfixturevalue("pg_server") if request.param == "postgresql" else None
+    )
     return Backend(request.param, tmp_path, f"test-{uuid.uuid4().hex[:8]}", server)
 
 
 def make(led: fleet_ledger.Ledger, rid: str = "ro-1") -> None:
-    led.create(rid, kind="rollout", recipe="qwen", requested="v0.24.0", tag="2026-07-01-v0.24.0", digest=D,
-               image="ghcr.io/a/b", options={"waves": "1,100%"}, command="fleetctl rollout --tag v0.24.0",
-               waves=[["s1"], ["s2", "s3"]],
-               hosts=[{"host": h, "wave": w, "step": 0, "before_tag": "old", "before_digest": "sha256:old",
-                       "before": {"image": "x", "env": ["HF_TOKEN"]}, "target_tag": "2026-07-01-v0.24.0",
-                       "target_digest": D}
-                      for h, w in (("s1", 0), ("s2", 1), ("s3", 1))])
+    led.create(
+        rid,
+        kind="rollout",
+        recipe="qwen",
+        requested="v0.24.0",
+        tag="2026-07-01-v0.24.0",
+        digest=D,
+        image="ghcr.io/a/b",
+        options={"waves": "1,100%"},
+        command="fleetctl rollout --tag v0.24.0",
+        waves=[["s1"], ["s2", "s3"]],
+        hosts=[
+            {
+                "host": h,
+                "wave": w,
+                "step": 0,
+                "before_tag": "old",
+                "before_digest": "sha256:old",
+                "before": {"image": "x", "env": ["HF_TOKEN"]},
+                "target_tag": "2026-07-01-v0.24.0",
+                "target_digest": D,
+            }
+            for h, w in (("s1", 0), ("s2", 1), ("s3", 1))
+        ],
+    )
 
 
 def test_records_phases_and_history(backend: Backend) -> None:
@@ -114,12 +139,24 @@ def test_records_phases_and_history(backend: Backend) -> None:
         led.set_wave("ro-1", 0, fleet_ledger.RUNNING)
         led.host_phase("ro-1", "s1", "starting", status=fleet_ledger.IN_PROGRESS)
         led.host_phase("ro-1", "s1", "soak", detail="30s")
-        led.host_phase("ro-1", "s1", "done", status=fleet_ledger.DONE, after_tag="2026-07-01-v0.24.0", after_digest=D,
-                       verdict={"outcome": "pass"}, artifacts="/x/runs/1")
+        led.host_phase(
+            "ro-1",
+            "s1",
+            "done",
+            status=fleet_ledger.DONE,
+            after_tag="2026-07-01-v0.24.0",
+            after_digest=D,
+            verdict={"outcome": "pass"},
+            artifacts="/x/runs/1",
+        )
         led.set_wave("ro-1", 0, fleet_ledger.DONE)
         led.set_status("ro-1", fleet_ledger.COMPLETED)
         r = led.get("ro-1")
-    assert r.status == fleet_ledger.COMPLETED and r.finished_at is not None and r.started_by.count("@") == 1
+    assert (
+        r.status == fleet_ledger.COMPLETED
+        and r.finished_at is not None
+        and r.started_by.count("@") == 1
+    )
     s1 = r.host("s1")
     assert s1 is not None and s1.status == fleet_ledger.DONE and s1.verdict == {"outcome": "pass"}
     assert s1.before == {"image": "x", "env": ["HF_TOKEN"]} and s1.finished_at is not None
@@ -127,7 +164,9 @@ def test_records_phases_and_history(backend: Backend) -> None:
     assert r.waves[0].status == fleet_ledger.DONE and r.waves[1].hosts == ("s2", "s3")
     # Timestamps keep sub-second precision (PostgreSQL's REAL would round them to ~100 s).
     assert r.finished_at is not None and abs(r.finished_at - time.time()) < 3600
-    assert s1.started_at is not None and s1.finished_at is not None and s1.started_at <= s1.finished_at
+    assert (
+        s1.started_at is not None and s1.finished_at is not None and s1.started_at <= s1.finished_at
+    )
     with backend.open() as led:  # reopening reads the same (committed) data
         assert [x.id for x in led.history()] == ["ro-1"]
         assert led.latest(statuses=fleet_ledger.ACTIVE) is None
@@ -141,7 +180,14 @@ def test_one_host_record_is_the_same_as_in_the_whole_record(backend: Backend) ->
     with backend.open() as led:
         make(led)
         make(led, "ro-2")
-        led.host_phase("ro-1", "s2", "done", status=fleet_ledger.DONE, verdict={"outcome": "pass"}, after_tag="t")
+        led.host_phase(
+            "ro-1",
+            "s2",
+            "done",
+            status=fleet_ledger.DONE,
+            verdict={"outcome": "pass"},
+            after_tag="t",
+        )
         whole = led.get("ro-1")
         for h in ("s1", "s2", "s3"):
             assert led.host_record("ro-1", h) == whole.host(h)
@@ -150,16 +196,28 @@ def test_one_host_record_is_the_same_as_in_the_whole_record(backend: Backend) ->
         assert led.host_record("nope", "s1") is None
 
 
-def test_passed_steps_are_the_passed_verdicts_of_the_recipes_recent_rollouts(backend: Backend) -> None:
+def test_passed_steps_are_the_passed_verdicts_of_the_recipes_recent_rollouts(
+    backend: Backend,
+) -> None:
     def passed(t: float) -> dict[str, Any]:
         return {"outcome": "pass", "timings": {"ready": t, "soak": 40.0}, "sustained_s": 5.0}
 
     with backend.open() as led:
         make(led, "ro-old")
         make(led, "ro-new")
-        led.create("ro-other", kind="rollout", recipe="other", requested="x", tag="x", digest=D, image="i",
-                   options={}, command="c", waves=[["s1"]],
-                   hosts=[{"host": "s1", "wave": 0, "step": 0, "target_tag": "x", "target_digest": D}])
+        led.create(
+            "ro-other",
+            kind="rollout",
+            recipe="other",
+            requested="x",
+            tag="x",
+            digest=D,
+            image="i",
+            options={},
+            command="c",
+            waves=[["s1"]],
+            hosts=[{"host": "s1", "wave": 0, "step": 0, "target_tag": "x", "target_digest": D}],
+        )
         led.host_phase("ro-old", "s1", "done", status=fleet_ledger.DONE, verdict=passed(1.0))
         led.host_phase("ro-new", "s1", "done", status=fleet_ledger.DONE, verdict=passed(2.0))
         led.host_phase("ro-new", "s2", "done", status=fleet_ledger.DONE, verdict=passed(3.0))
@@ -194,7 +252,10 @@ def test_newer_schema_is_refused(backend: Backend) -> None:
     backend.set_version(fleet_ledger.SCHEMA_VERSION + 1)
     with pytest.raises(FleetError) as e:
         backend.open()
-    assert "newer than this fleetctl" in e.value.message() and e.value.exit_code == ExitCode.INCONCLUSIVE
+    assert (
+        "newer than this fleetctl" in e.value.message()
+        and e.value.exit_code == ExitCode.INCONCLUSIVE
+    )
 
 
 def test_foreign_database_is_refused(backend: Backend) -> None:
@@ -217,14 +278,18 @@ HOLDER = textwrap.dedent("""
 
 
 def _hold(backend: Backend, *hostname: str) -> subprocess.Popen[str]:
-    p = subprocess.Popen([sys.executable, "-c", HOLDER, *backend.argv(), *hostname], stdout=subprocess.PIPE,
-                         text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, *backend.argv(), *hostname],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert p.stdout is not None and p.stdout.readline().strip() == "locked"
     return p
 
 
 def _wait_free(led: fleet_ledger.Ledger) -> fleet_ledger.LockHolder | None:
-    """The holder once the database has noticed its death (a server ends a session on the socket's EOF,
+    """The holder once the database has noticed its death (a server ends a session on the socket's
+    EOF,
     a moment after the process died); bounded, not timed: it must happen."""
     deadline = time.monotonic() + 60
     h = led.holder()
@@ -265,20 +330,28 @@ def test_lock_refuses_live_holder_and_takes_over_after_kill_9(backend: Backend) 
 
 
 def test_lock_held_from_another_machine(backend: Backend) -> None:
-    """Two controllers on different machines: the second is refused naming the first; after the first is
-    killed, PostgreSQL knows its lock died with its session; SQLite cannot tell, and keeps refusing."""
+    """Two controllers on different machines: the second is refused naming the first; after the
+    first is
+    killed, PostgreSQL knows its lock died with its session; SQLite cannot tell, and keeps
+    refusing."""
     p = _hold(backend, "controller-b")
     try:
         with backend.open() as led:
             with pytest.raises(LockedError) as e:
                 led.acquire("ro-second")
             msg = e.value.message()
-            assert "rollout ro-first is in progress" in msg and "controller-b" in msg and f"pid {p.pid}" in msg
+            assert (
+                "rollout ro-first is in progress" in msg
+                and "controller-b" in msg
+                and f"pid {p.pid}" in msg
+            )
             p.send_signal(signal.SIGKILL)
             p.wait(10)
             if backend.kind == "sqlite":
                 h = led.holder()
-                assert h is not None and h.alive  # presumed alive: another machine's pid is unknowable here
+                assert (
+                    h is not None and h.alive
+                )  # presumed alive: another machine's pid is unknowable here
                 with pytest.raises(LockedError, match="abort --force"):
                     led.acquire("ro-second")
                 return
@@ -301,8 +374,11 @@ def test_hosts_out_of_rotation_are_kept_until_put_back(backend: Backend) -> None
     with backend.open() as led:
         out = led.out_of_rotation()
         assert sorted(out) == ["s1", "s2"]
-        assert (out["s1"].rollout_id, out["s1"].reason, out["s1"].memo) == ("ro-2", "rollback",
-                                                                           {"deployments": [{"id": "d1"}]})
+        assert (out["s1"].rollout_id, out["s1"].reason, out["s1"].memo) == (
+            "ro-2",
+            "rollback",
+            {"deployments": [{"id": "d1"}]},
+        )
         led.mark_in("s1")
         assert list(led.out_of_rotation()) == ["s2"]
 
@@ -314,25 +390,69 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_records(backend: Backend) 
     with backend.open() as led:
         assert led.get("ro-1").hosts[0].before_digest == "sha256:old"
         assert led.known_good("s1") == []
-        led.add_known_good("s1", tag="old", digest="sha256:old", fingerprint=None, settings={"env": ["HF_TOKEN"]},
-                           source="found", rollout_id=None, only_if_none=True)
-        led.add_known_good("s1", tag="x", digest="sha256:x", fingerprint=None, settings=None, source="found",
-                           rollout_id=None, only_if_none=True)
-        led.add_known_good("s1", tag="new", digest=D, fingerprint="f1", settings=None, source="gate",
-                           rollout_id="ro-1")
-        assert [(k.tag, k.source) for k in led.known_good("s1")] == [("new", "gate"), ("old", "found")]
+        led.add_known_good(
+            "s1",
+            tag="old",
+            digest="sha256:old",
+            fingerprint=None,
+            settings={"env": ["HF_TOKEN"]},
+            source="found",
+            rollout_id=None,
+            only_if_none=True,
+        )
+        led.add_known_good(
+            "s1",
+            tag="x",
+            digest="sha256:x",
+            fingerprint=None,
+            settings=None,
+            source="found",
+            rollout_id=None,
+            only_if_none=True,
+        )
+        led.add_known_good(
+            "s1",
+            tag="new",
+            digest=D,
+            fingerprint="f1",
+            settings=None,
+            source="gate",
+            rollout_id="ro-1",
+        )
+        assert [(k.tag, k.source) for k in led.known_good("s1")] == [
+            ("new", "gate"),
+            ("old", "found"),
+        ]
         # Recorded again: the upsert keeps a gate source and the settings, and makes it the newest.
-        led.add_known_good("s1", tag="old2", digest="sha256:old", fingerprint=None, settings=None, source="served",
-                           rollout_id="ro-1")
-        led.add_known_good("s1", tag="new", digest=D, fingerprint="f1", settings=None, source="served",
-                           rollout_id=None)
+        led.add_known_good(
+            "s1",
+            tag="old2",
+            digest="sha256:old",
+            fingerprint=None,
+            settings=None,
+            source="served",
+            rollout_id="ro-1",
+        )
+        led.add_known_good(
+            "s1",
+            tag="new",
+            digest=D,
+            fingerprint="f1",
+            settings=None,
+            source="served",
+            rollout_id=None,
+        )
         kg = led.known_good("s1")
-        assert [(k.tag, k.source, k.rollout_id) for k in kg] == [("new", "gate", "ro-1"), ("old2", "served", "ro-1")]
+        assert [(k.tag, k.source, k.rollout_id) for k in kg] == [
+            ("new", "gate", "ro-1"),
+            ("old2", "served", "ro-1"),
+        ]
         assert kg[1].settings == {"env": ["HF_TOKEN"]}
     assert backend.version() == fleet_ledger.SCHEMA_VERSION == 4
 
 
-# -- PostgreSQL only: what a shared database adds ---------------------------------------------------------
+# -- PostgreSQL only: what a shared database adds
+# ---------------------------------------------------------
 
 
 @pytest.fixture
@@ -340,7 +460,9 @@ def pg(pg_server: PgServer, tmp_path: Path) -> Backend:
     return Backend("postgresql", tmp_path, f"test-{uuid.uuid4().hex[:8]}", pg_server)
 
 
-def test_two_fleets_share_one_database_not_their_history_or_lock(pg: Backend, pg_server: PgServer) -> None:
+def test_two_fleets_share_one_database_not_their_history_or_lock(
+    pg: Backend, pg_server: PgServer
+) -> None:
     other = Backend("postgresql", pg.state_dir, pg.fleet + "-b", pg_server)
     with pg.open() as a, other.open() as b, pg.open() as a2:
         make(a, "ro-a")
@@ -355,15 +477,22 @@ def test_two_fleets_share_one_database_not_their_history_or_lock(pg: Backend, pg
         a2.release("ro-a2")
 
 
-def test_a_controller_that_lost_its_session_writes_nothing_more(pg: Backend, pg_server: PgServer) -> None:
+def test_a_controller_that_lost_its_session_writes_nothing_more(
+    pg: Backend, pg_server: PgServer
+) -> None:
     with pg.open() as led:
         make(led)
         led.acquire("ro-1")
         h = led.holder()
         assert h is not None and h.alive
-        with pg_server.admin() as conn:  # the server ends the lock's session (a restart, a network cut)
-            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype='advisory' AND pid IN"
-                         " (SELECT pid FROM pg_stat_activity WHERE application_name='fleetctl')")
+        with (
+            pg_server.admin() as conn
+        ):  # the server ends the lock's session (a restart, a network cut)
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype='advisory' AND pid "
+                "IN"
+                " (SELECT pid FROM pg_stat_activity WHERE application_name='fleetctl')"
+            )
         h = _wait_free(led)
         assert h is not None and not h.alive
         with pytest.raises(FleetError, match="lost the fleet's lock"):
@@ -378,16 +507,24 @@ def _dump(server: PgServer, fleet: str) -> str:
     schema = backends.schema_name(fleet)
     out = []
     with server.admin() as conn:
-        tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname=%s", (schema,))]
+        tables = [
+            r[0]
+            for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname=%s", (schema,))
+        ]
         for t in tables:
-            out += [json.dumps(r, default=str) for r in conn.execute(f'SELECT * FROM "{schema}"."{t}"')]
+            out += [
+                json.dumps(r, default=str) for r in conn.execute(f'SELECT * FROM "{schema}"."{t}"')
+            ]
     return "\n".join(out)
 
 
 def test_password_is_never_shown_and_bad_logins_are_clear(pg: Backend, pg_server: PgServer,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     url = pg_server.url(PW_USER, PW_PASSWORD)
-    with fleet_ledger.open_ledger(pg.state_dir, pg.fleet, url) as led, fleet_ledger.open_ledger(pg.state_dir, pg.fleet, url) as led2:
+    with (
+        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, url) as led,
+        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, url) as led2,
+    ):
         assert PW_PASSWORD not in led.where and PW_USER in led.where
         make(led)
         led.acquire("ro-1")
@@ -408,15 +545,21 @@ def test_password_is_never_shown_and_bad_logins_are_clear(pg: Backend, pg_server
     with pytest.raises(FleetError) as e3:
         fleet_ledger.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER))
     msg = e3.value.message()
-    assert "refused the login" in msg and "password authentication failed" in msg and ".pgpass" in msg
+    assert (
+        "refused the login" in msg and "password authentication failed" in msg and ".pgpass" in msg
+    )
     assert PW_PASSWORD not in msg
     monkeypatch.delenv("PGPASSWORD")
     with pytest.raises(FleetError) as e4:
-        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, pg_server.url(PW_USER, "wrong-" + PW_PASSWORD))
+        fleet_ledger.open_ledger(
+            pg.state_dir, pg.fleet, pg_server.url(PW_USER, "wrong-" + PW_PASSWORD)
+        )
     assert "refused the login" in e4.value.message() and PW_PASSWORD not in e4.value.message()
     # A malformed URL: libpq's parse error would quote it, password and all.
     with pytest.raises(FleetError, match="not a valid PostgreSQL connection string") as e5:
-        fleet_ledger.open_ledger(pg.state_dir, pg.fleet, f"host=/tmp password={PW_PASSWORD} port=notaport =")
+        fleet_ledger.open_ledger(
+            pg.state_dir, pg.fleet, f"host=/tmp password={PW_PASSWORD} port=notaport ="
+        )
     assert PW_PASSWORD not in e5.value.message()
 
 
@@ -432,19 +575,26 @@ def test_missing_driver_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.M
     monkeypatch.setitem(sys.modules, "psycopg.conninfo", None)
     with pytest.raises(FleetError) as e:
         fleet_ledger.open_ledger(tmp_path, "f", "postgresql://u:pw-123@db.example/fleetctl")
-    assert "psycopg is not installed" in e.value.message() and "fleetctl[postgres]" in e.value.message()
+    assert (
+        "psycopg is not installed" in e.value.message()
+        and "fleetctl[postgres]" in e.value.message()
+    )
     assert "pw-123" not in e.value.message()
 
 
 def _inventory(tmp_path: Path, **all_vars: str) -> inventory.Inventory:
     lines = "".join(f"    {k}: {v!r}\n" for k, v in all_vars.items())
-    (tmp_path / "hosts.yml").write_text(f"all:\n  hosts:\n    s1:\n      ansible_host: 10.0.0.1\n  vars:\n{lines}"
-                                        if lines else "all:\n  hosts:\n    s1:\n      ansible_host: 10.0.0.1\n")
+    (tmp_path / "hosts.yml").write_text(
+        f"all:\n  hosts:\n    s1:\n      ansible_host: 10.0.0.1\n  vars:\n{lines}"
+        if lines
+        else "all:\n  hosts:\n    s1:\n      ansible_host: 10.0.0.1\n"
+    )
     return inventory.load(tmp_path / "hosts.yml")
 
 
-def test_the_inventory_or_the_environment_chooses_the_backend(pg_server: PgServer, tmp_path: Path,
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_inventory_or_the_environment_chooses_the_backend(
+    pg_server: PgServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FLEETCTL_LEDGER_URL", raising=False)
     with fleet_ledger.open_for(_inventory(tmp_path), tmp_path) as led:
         assert led.where == str(tmp_path / fleet_ledger.LEDGER_NAME)
@@ -479,7 +629,9 @@ def test_the_ledger_command_shows_backend_and_holder_without_the_password(
         assert data["backend"] == "postgresql" and data["fleet"] == fleet and data["rollouts"] == 1
         assert data["lock"]["rollout_id"] == "ro-1" and data["lock"]["alive"] is True
         assert PW_USER in data["where"] and data["schema_version"] == fleet_ledger.SCHEMA_VERSION
-    r = runner.invoke(cli, ["-i", str(inv.path), "ledger"])  # closed: its session, and so its lock, is gone
+    r = runner.invoke(
+        cli, ["-i", str(inv.path), "ledger"]
+    )  # closed: its session, and so its lock, is gone
     assert "lock: left by a dead controller" in r.output and "ro-1" in r.output, r.output
     monkeypatch.setenv("PGPASSWORD", "wrong")
     r = runner.invoke(cli, ["-i", str(inv.path), "ledger", "--json"])
@@ -487,7 +639,11 @@ def test_the_ledger_command_shows_backend_and_holder_without_the_password(
     assert r.exit_code == 0  # the URL's password wins over $PGPASSWORD
     plain = _inventory(tmp_path)
     data = json.loads(runner.invoke(cli, ["-i", str(plain.path), "ledger", "--json"]).output)
-    assert data["backend"] == "sqlite" and data["lock"] is None and data["where"].endswith(fleet_ledger.LEDGER_NAME)
+    assert (
+        data["backend"] == "sqlite"
+        and data["lock"] is None
+        and data["where"].endswith(fleet_ledger.LEDGER_NAME)
+    )
 
 
 def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backend) -> None:
@@ -521,7 +677,8 @@ def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backe
 
 def test_a_role_given_only_its_fleets_schema_works_and_one_given_nothing_is_told_what_to_ask(
         pg: Backend, pg_server: PgServer) -> None:
-    role = f"r_{uuid.uuid4().hex[:8]}"  # no CREATE on the database (PUBLIC has none since PostgreSQL 15)
+    # No CREATE on the database (PUBLIC has none since PostgreSQL 15).
+    role = f"r_{uuid.uuid4().hex[:8]}"
     schema = backends.schema_name(pg.fleet)
     with pg_server.admin() as conn:
         conn.execute(f"CREATE ROLE {role} LOGIN")

@@ -1,4 +1,5 @@
-"""Soak artifacts, JSON output and replaced symlinks are private too (issue 11 item 9; test_private_state.py has the rest)."""
+"""Soak artifacts, JSON output and replaced symlinks are private too (issue 11 item 9;
+test_private_state.py has the rest)."""
 
 from __future__ import annotations
 

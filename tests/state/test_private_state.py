@@ -1,4 +1,5 @@
-"""State on the controller is the operator's: directories 0700, files 0600, no predictable temp names."""
+"""State on the controller is the operator's: directories 0700, files 0600, no predictable temp
+names."""
 
 from __future__ import annotations
 
@@ -17,8 +18,9 @@ def _mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
 
 
-def test_the_state_dir_is_private_and_an_old_open_one_is_tightened(tmp_path: Path,
-                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_state_dir_is_private_and_an_old_open_one_is_tightened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.delenv("FLEETCTL_STATE_DIR", raising=False)
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     inv = tmp_path / "inv" / "hosts.yml"
@@ -30,9 +32,19 @@ def test_the_state_dir_is_private_and_an_old_open_one_is_tightened(tmp_path: Pat
 
 def test_the_ledger_and_its_wal_are_0600(tmp_path: Path) -> None:
     with fleet_ledger.open_ledger(tmp_path) as led:
-        led.create("ro-1", kind="rollout", recipe="r", requested="v1", tag="v1", digest="sha256:" + "0" * 64,
-                   image="img", options={}, command="fleetctl rollout", waves=[["h1"]],
-                   hosts=[{"host": "h1", "wave": 0, "step": 0}])
+        led.create(
+            "ro-1",
+            kind="rollout",
+            recipe="r",
+            requested="v1",
+            tag="v1",
+            digest="sha256:" + "0" * 64,
+            image="img",
+            options={},
+            command="fleetctl rollout",
+            waves=[["h1"]],
+            hosts=[{"host": "h1", "wave": 0, "step": 0}],
+        )
         files = [p for p in tmp_path.iterdir() if p.name.startswith(fleet_ledger.LEDGER_NAME)]
         assert len(files) >= 2, files  # the database and its write-ahead log
         assert {p.name: _mode(p) for p in files} == {p.name: 0o600 for p in files}

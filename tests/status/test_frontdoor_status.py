@@ -1,4 +1,5 @@
-"""`fleetctl status` shows each host as the front door sees it (a real haproxy on loopback), and which ones
+"""`fleetctl status` shows each host as the front door sees it (a real haproxy on loopback), and
+which ones
 a rollout holds out of rotation (from the ledger)."""
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from fleetctl.status import HostStatus, front_door_view
 from tests.frontdoor.servers import loopback_pool
 
 
-def test_status_shows_the_doors_view_and_the_hosts_a_rollout_holds_out(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_status_shows_the_doors_view_and_the_hosts_a_rollout_holds_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     state = tmp_path / "state"
     monkeypatch.setenv("FLEETCTL_STATE_DIR", str(state))
     with loopback_pool(tmp_path, ["spark-01", "spark-02", "spark-03", "spark-04"]) as pool:
@@ -36,7 +38,10 @@ def test_status_shows_the_doors_view_and_the_hosts_a_rollout_holds_out(tmp_path:
     assert view is not None
     assert view["spark-02"]["admin"] == "drain" and view["spark-02"]["held_by"] == "rollout-x"
     assert view["spark-01"]["admin"] == "ready" and view["spark-01"]["held_by"] is None
-    statuses = {n: dataclasses.replace(HostStatus(n, "10.0.0.1", True, 0.1), front_door=view[n]) for n in view}
+    statuses = {
+        n: dataclasses.replace(HostStatus(n, "10.0.0.1", True, 0.1), front_door=view[n])
+        for n in view
+    }
     buf = io.StringIO()
     render_status(statuses)(Console(file=buf, width=80, color_system=None))
     text = buf.getvalue()
@@ -45,4 +50,6 @@ def test_status_shows_the_doors_view_and_the_hosts_a_rollout_holds_out(tmp_path:
 
 
 def test_no_front_door_no_view(tmp_path: Path) -> None:
-    assert front_door_view(inventory.load(paths.project_root() / "inventory" / "example"), []) is None
+    assert (
+        front_door_view(inventory.load(paths.project_root() / "inventory" / "example"), []) is None
+    )

@@ -78,11 +78,15 @@ MAX_FORKS = 64
 
 
 def forks(inventory: Inventory, hosts: int) -> int:
-    """Forks for a run on ``hosts`` hosts: one per host, at most ``fleetctl_ansible_forks`` or :data:`MAX_FORKS`."""
+    """Forks for a run on ``hosts`` hosts: one per host, at most ``fleetctl_ansible_forks`` or
+    :data:`MAX_FORKS`."""
     cap = inventory.vars.get("fleetctl_ansible_forks", MAX_FORKS)
     if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-        raise AnsibleError(f"fleetctl_ansible_forks is {cap!r}, not a whole number of forks",
-                           fix="set fleetctl_ansible_forks to a number >= 1 (default 64) in the inventory's all vars")
+        raise AnsibleError(
+            f"fleetctl_ansible_forks is {cap!r}, not a whole number of forks",
+            fix="set fleetctl_ansible_forks to a number >= 1 (default 64) in the inventory's all "
+                "vars",
+        )
     return max(1, min(hosts, cap))
 #: Seconds to wait for a host's SSH connection before it counts as unreachable.
 CONNECT_TIMEOUT = 10
@@ -101,20 +105,23 @@ def control_path_dir() -> Path:
     d.mkdir(mode=0o700, exist_ok=True)
     if d.stat().st_uid != os.getuid() or d.stat().st_mode & 0o077:
         raise AnsibleError(
-            f"{d} is not a private directory of this user, so SSH control sockets cannot be kept there",
+            f"{d} is not a private directory of this user, so SSH control sockets cannot be kept "
+            "there",
             fix=f"remove {d} (or chmod 700 it if it is yours)",
         )
     return d
 
 
-#: A run's control directory left empty this long (a killed controller's) is removed by the next run.
+#: A run's control directory left empty this long (a killed controller's) is removed by the next
+#: run.
 STALE_CONTROL_DIR = 6 * 3600
 #: ``ssh -O exit`` commands in flight at once when a run closes its masters.
 CLOSE_FAN_OUT = 32
 
 
 def run_control_dir() -> Path:
-    """A new directory for one run's SSH masters (see the module docstring); sweeps old empty ones."""
+    """A new directory for one run's SSH masters (see the module docstring); sweeps old empty
+    ones."""
     parent = control_path_dir()
     now = time.time()
     for old in parent.iterdir():
@@ -137,10 +144,15 @@ def close_masters(control_dir: Path) -> int:
     except FileNotFoundError:
         return 0
     for i in range(0, len(sockets), CLOSE_FAN_OUT):
-        procs = [subprocess.Popen(["ssh", "-o", f"ControlPath={s}", "-O", "exit", "fleetctl-master"],
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
-                 for s in sockets[i:i + CLOSE_FAN_OUT]]
+        procs = [
+            subprocess.Popen(
+                ["ssh", "-o", f"ControlPath={s}", "-O", "exit", "fleetctl-master"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for s in sockets[i : i + CLOSE_FAN_OUT]
+        ]
         for proc in procs:
             try:
                 proc.wait(5)
@@ -162,11 +174,17 @@ def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: i
     known: list[str] = []
     for name in hosts:
         h = inventory.host(name)
-        path = str(Path(h.known_hosts).expanduser()) if h.known_hosts else str(Path("~/.ssh/known_hosts").expanduser())
+        path = (
+            str(Path(h.known_hosts).expanduser())
+            if h.known_hosts
+            else str(Path("~/.ssh/known_hosts").expanduser())
+        )
         if any(c.isspace() for c in path):
             raise AnsibleError(
-                f"known_hosts path {path!r} contains whitespace, which ssh's UserKnownHostsFile cannot take",
-                host=name, fix="move the known_hosts file to a path without spaces",
+                f"known_hosts path {path!r} contains whitespace, which ssh's UserKnownHostsFile "
+                "cannot take",
+                host=name,
+                fix="move the known_hosts file to a path without spaces",
             )
         if path not in known:
             known.append(path)

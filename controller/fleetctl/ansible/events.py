@@ -44,7 +44,8 @@ class TaskFailure:
 
 @dataclass(frozen=True)
 class TaskResult:
-    """The whole result of one collected task on one host (see ``collect`` in :func:`fleetctl.ansible.run_playbook`)."""
+    """The whole result of one collected task on one host (see ``collect`` in
+    :func:`fleetctl.ansible.run_playbook`)."""
 
     task: str
     action: str
@@ -145,15 +146,23 @@ def failure_message(res: Mapping[str, Any]) -> str:
         msg = "; ".join(str(m) for m in msg)
     msg = str(msg).strip() if msg else ""
     rc = res.get("rc")
-    if rc not in (None, 0) and (not msg or msg.startswith("non-zero return code") or msg == "MODULE FAILURE"):
+    if rc not in (None, 0) and (
+        not msg or msg.startswith("non-zero return code") or msg == "MODULE FAILURE"
+    ):
         cmd = res.get("cmd")
         cmd_s = shlex.join(cmd) if isinstance(cmd, list) else str(cmd or "")
-        tail = _last_line(str(res.get("stderr") or "")) or _last_line(str(res.get("stdout") or "")) \
+        tail = (
+            _last_line(str(res.get("stderr") or ""))
+            or _last_line(str(res.get("stdout") or ""))
             or _last_line(str(res.get("module_stderr") or ""))
+        )
         head = f"`{_short(cmd_s)}` exited {rc}" if cmd_s else f"exit code {rc}"
         return f"{head}: {tail}" if tail else head
     if not msg:
-        msg = _last_line(str(res.get("stderr") or res.get("module_stderr") or "")) or "failed (no message)"
+        msg = (
+            _last_line(str(res.get("stderr") or res.get("module_stderr") or ""))
+            or "failed (no message)"
+        )
     return msg
 
 
@@ -174,10 +183,15 @@ def format_diff(diff: Any) -> str:
         before_s, after_s = str(before or ""), str(after or "")
         if before_s == after_s:
             continue
-        out.extend(line.rstrip("\n") for line in difflib.unified_diff(
-            before_s.splitlines(keepends=True), after_s.splitlines(keepends=True),
-            fromfile=str(d.get("before_header", "before")), tofile=str(d.get("after_header", "after")),
-        ))
+        out.extend(
+            line.rstrip("\n")
+            for line in difflib.unified_diff(
+                before_s.splitlines(keepends=True),
+                after_s.splitlines(keepends=True),
+                fromfile=str(d.get("before_header", "before")),
+                tofile=str(d.get("after_header", "after")),
+            )
+        )
     return "\n".join(out)
 
 
@@ -187,8 +201,15 @@ class _Host:
     def __init__(self, name: str) -> None:
         self.name = name
         self.task = ""
-        self.counts = {"ok": 0, "changed": 0, "failed": 0, "unreachable": 0, "skipped": 0, "rescued": 0,
-                       "ignored": 0}
+        self.counts = {
+            "ok": 0,
+            "changed": 0,
+            "failed": 0,
+            "unreachable": 0,
+            "skipped": 0,
+            "rescued": 0,
+            "ignored": 0,
+        }
         self.failures: list[TaskFailure] = []
         self.warnings: list[str] = []
         self.reports: dict[str, Any] = {}
@@ -197,12 +218,23 @@ class _Host:
 
     def freeze(self) -> HostResult:
         # A failure inside a block that was rescued is not a failure of the host.
-        failures = tuple(self.failures) if (self.counts["failed"] or self.counts["unreachable"]) else ()
+        failures = (
+            tuple(self.failures) if (self.counts["failed"] or self.counts["unreachable"]) else ()
+        )
         return HostResult(
-            name=self.name, ok=self.counts["ok"], changed=self.counts["changed"], failed=self.counts["failed"],
-            unreachable=self.counts["unreachable"], skipped=self.counts["skipped"], rescued=self.counts["rescued"],
-            ignored=self.counts["ignored"], failures=failures, warnings=tuple(self.warnings),
-            reports=dict(self.reports), results=tuple(self.results), diffs=tuple(self.diffs),
+            name=self.name,
+            ok=self.counts["ok"],
+            changed=self.counts["changed"],
+            failed=self.counts["failed"],
+            unreachable=self.counts["unreachable"],
+            skipped=self.counts["skipped"],
+            rescued=self.counts["rescued"],
+            ignored=self.counts["ignored"],
+            failures=failures,
+            warnings=tuple(self.warnings),
+            reports=dict(self.reports),
+            results=tuple(self.results),
+            diffs=tuple(self.diffs),
         )
 
 
@@ -286,11 +318,15 @@ class EventFolder:
         elif kind == "runner_on_unreachable":
             h.task = task
             h.counts["unreachable"] += 1
-            h.failures.append(TaskFailure(task, failure_message(res) or "unreachable", unreachable=True))
+            h.failures.append(
+                TaskFailure(task, failure_message(res) or "unreachable", unreachable=True)
+            )
             self._take_result(h, task, data, res, "unreachable")
             self._emit(h, "unreachable", failure_message(res))
 
-    def _take_result(self, h: _Host, task: str, data: Mapping[str, Any], res: Mapping[str, Any], status: str) -> None:
+    def _take_result(
+        self, h: _Host, task: str, data: Mapping[str, Any], res: Mapping[str, Any], status: str
+    ) -> None:
         report = res.get(REPORT_KEY)
         facts = res.get("ansible_facts")
         if report is None and isinstance(facts, dict):
@@ -301,8 +337,14 @@ class EventFolder:
                 h.warnings.extend(str(w) for w in warns if w and str(w) not in h.warnings)
             h.reports.update({k: v for k, v in report.items() if k != "warnings"})
         if self.collect and task.startswith(self.collect):
-            h.results.append(TaskResult(task, str(data.get("resolved_action") or data.get("task_action") or ""),
-                                        status, dict(res)))
+            h.results.append(
+                TaskResult(
+                    task,
+                    str(data.get("resolved_action") or data.get("task_action") or ""),
+                    status,
+                    dict(res),
+                )
+            )
         if status == "changed" and res.get("diff"):
             text = format_diff(res["diff"])
             if text:
@@ -322,13 +364,21 @@ class EventFolder:
             for src, dst in keys.items():
                 v = data.get(src)
                 h.counts[dst] = int(v.get(name, 0)) if isinstance(v, dict) else 0
-            phase = "unreachable" if h.counts["unreachable"] else "failed" if h.counts["failed"] else "done"
+            phase = (
+                "unreachable"
+                if h.counts["unreachable"]
+                else "failed"
+                if h.counts["failed"]
+                else "done"
+            )
             self._emit(h, phase, h.failures[0].message if h.failures and phase != "done" else "")
 
     def results(self, order: Collection[str]) -> dict[str, HostResult]:
         """Per-host results, in ``order`` first (inventory order) then any others."""
         with self._lock:
-            names = [n for n in order if n in self.hosts] + [n for n in self.hosts if n not in order]
+            names = [n for n in order if n in self.hosts] + [
+                n for n in self.hosts if n not in order
+            ]
             return {n: self.hosts[n].freeze() for n in names}
 
 

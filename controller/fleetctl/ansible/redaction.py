@@ -25,8 +25,19 @@ from typing import Any
 
 #: Environment variables that ansible-runner may keep in its ``command`` artifact.
 _ENV_KEPT_PREFIXES = ("ANSIBLE_", "LANG", "LC_")
-_ENV_KEPT = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "AWX_ISOLATED_DATA_DIR", "TMPDIR",
-                       "SSH_AUTH_SOCK"})
+_ENV_KEPT = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "TERM",
+        "AWX_ISOLATED_DATA_DIR",
+        "TMPDIR",
+        "SSH_AUTH_SOCK",
+    }
+)
 #: What a secret value is replaced with in events, ``stdout`` and ``command``.
 REDACTED = "<redacted by fleetctl>"
 
@@ -46,7 +57,8 @@ class Redactor:
         return s
 
     def tree(self, obj: Any) -> Any:
-        """Redact every string in ``obj`` (an ansible-runner event), in place where it is mutable."""
+        """Redact every string in ``obj`` (an ansible-runner event), in place where it is
+        mutable."""
         if not self.values:
             return obj
         if isinstance(obj, str):
@@ -75,8 +87,10 @@ class Redactor:
 
 
 def minimal_env(env: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
-    """``env`` without what it inherited from ``inherited`` (the controller's environment), except the
-    variables Ansible and ssh need (PATH, HOME, locale, ``ANSIBLE_*``, the ssh agent's socket, TMPDIR).
+    """``env`` without what it inherited from ``inherited`` (the controller's environment), except
+    the
+    variables Ansible and ssh need (PATH, HOME, locale, ``ANSIBLE_*``, the ssh agent's socket,
+    TMPDIR).
 
     What ansible-runner and fleetctl set themselves (a value not inherited) is kept.
     """
@@ -94,7 +108,9 @@ def scrub_command_env(path: Path, redactor: Redactor) -> None:
         return
     env = data.get("env")
     if isinstance(env, dict):
-        data["env"] = {k: v for k, v in env.items() if k in _ENV_KEPT or k.startswith(_ENV_KEPT_PREFIXES)}
+        data["env"] = {
+            k: v for k, v in env.items() if k in _ENV_KEPT or k.startswith(_ENV_KEPT_PREFIXES)
+        }
     tmp = path.with_name(path.name + ".scrub")
     tmp.write_text(redactor.text(json.dumps(data)))
     tmp.chmod(0o600)

@@ -50,7 +50,8 @@ def run_playbook(
     task_timeout: int | None = None,
     timeout: int | None = None,
 ) -> PlaybookResult:
-    """Run ``playbook`` on the hosts of ``inventory`` matching ``limit``; never raises for a host's failure.
+    """Run ``playbook`` on the hosts of ``inventory`` matching ``limit``; never raises for a host's
+    failure.
 
     ``extravars`` and ``secrets`` are both passed as extra variables; the values
     of ``secrets`` (and the strings in ``redact``, for secrets nested in an extra
@@ -76,7 +77,9 @@ def run_playbook(
     cfg = artifacts_dir / "ansible.cfg"
     control_dir = run_control_dir()
     try:
-        cfg.write_text(ansible_cfg(inventory, selected, task_timeout=task_timeout, control_dir=control_dir))
+        cfg.write_text(
+            ansible_cfg(inventory, selected, task_timeout=task_timeout, control_dir=control_dir)
+        )
     except BaseException:
         close_masters(control_dir)  # none yet: removes the directory
         raise
@@ -104,10 +107,11 @@ def run_playbook(
     with private_vars_file(all_vars) as vars_file:
         cmdline += ["-e", f"@{vars_file}"]
         try:
-            # init_runner + run is what ansible_runner.run does; in between, the environment ansible-runner
-            # seeded from ours (HF_TOKEN, registry and webhook secrets...) is cut down to what Ansible needs,
-            # before ansible-runner records it in the `command` artifact: a SIGKILL of the controller then
-            # leaves no secret behind (the scrub in `finally` never runs after a SIGKILL).
+            # init_runner + run is what ansible_runner.run does; in between, the environment
+            # ansible-runner seeded from ours (HF_TOKEN, registry and webhook secrets...) is cut
+            # down to what Ansible needs, before ansible-runner records it in the `command`
+            # artifact: a SIGKILL of the controller then leaves no secret behind (the scrub in
+            # `finally` never runs after a SIGKILL).
             r = init_runner(
                 private_data_dir=str(artifacts_dir),
                 artifact_dir=str(artifacts_dir.parent),
@@ -142,8 +146,16 @@ def run_playbook(
             fix=f"see {artifacts_dir / 'stdout'}; `ansible-playbook --syntax-check` helps",
         )
     progress(Event("end", f"{path.name} {status} in {elapsed:.1f}s", data={"run_id": run_id}))
-    return PlaybookResult(run_id=run_id, playbook=str(path), artifacts_dir=artifacts_dir, hosts=hosts,
-                          elapsed=elapsed, status=status, rc=rc, check=check)
+    return PlaybookResult(
+        run_id=run_id,
+        playbook=str(path),
+        artifacts_dir=artifacts_dir,
+        hosts=hosts,
+        elapsed=elapsed,
+        status=status,
+        rc=rc,
+        check=check,
+    )
 
 
 def _error_lines(stdout: Path) -> list[str]:
@@ -151,5 +163,7 @@ def _error_lines(stdout: Path) -> list[str]:
         lines = [ln.strip() for ln in stdout.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         return []
-    errs = [ln for ln in lines if ln.startswith(("ERROR!", "[ERROR]", "[WARNING]: Could not match"))]
+    errs = [
+        ln for ln in lines if ln.startswith(("ERROR!", "[ERROR]", "[WARNING]: Could not match"))
+    ]
     return (errs or lines)[-3:]

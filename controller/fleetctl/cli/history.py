@@ -10,22 +10,47 @@ from typing import Any
 from fleetctl.state import ledger as fleet_ledger
 
 
-def history_json(rec: fleet_ledger.RolloutRecord, units: Mapping[str, str] | None = None) -> dict[str, Any]:
+def history_json(
+    rec: fleet_ledger.RolloutRecord, units: Mapping[str, str] | None = None
+) -> dict[str, Any]:
     """``units``: host -> its unit's name today (the inventory's; a host of no unit is left out)."""
     units = units or {}
     return {
-        "id": rec.id, "kind": rec.kind, "status": rec.status, "recipe": rec.recipe, "requested": rec.requested,
-        "tag": rec.tag, "digest": rec.digest, "image": rec.image, "parent": rec.parent,
-        "started_by": rec.started_by, "command": rec.command,
-        "started_at": _iso(rec.started_at), "finished_at": _iso(rec.finished_at), "error": rec.error,
+        "id": rec.id,
+        "kind": rec.kind,
+        "status": rec.status,
+        "recipe": rec.recipe,
+        "requested": rec.requested,
+        "tag": rec.tag,
+        "digest": rec.digest,
+        "image": rec.image,
+        "parent": rec.parent,
+        "started_by": rec.started_by,
+        "command": rec.command,
+        "started_at": _iso(rec.started_at),
+        "finished_at": _iso(rec.finished_at),
+        "error": rec.error,
         "options": rec.options,
-        "waves": [{"wave": w.idx + 1, "hosts": list(w.hosts), "status": w.status} for w in rec.waves],
-        "hosts": [{"host": h.host, "unit": units.get(h.host), "wave": h.wave + 1 if h.wave >= 0 else None,
-                   "status": h.status,
-                   "phase": h.phase, "before": {"tag": h.before_tag, "digest": h.before_digest},
-                   "after": {"tag": h.after_tag, "digest": h.after_digest}, "error": h.error,
-                   "verdict": h.verdict, "artifacts": h.artifacts,
-                   "started_at": _iso(h.started_at), "finished_at": _iso(h.finished_at)} for h in rec.hosts],
+        "waves": [
+            {"wave": w.idx + 1, "hosts": list(w.hosts), "status": w.status} for w in rec.waves
+        ],
+        "hosts": [
+            {
+                "host": h.host,
+                "unit": units.get(h.host),
+                "wave": h.wave + 1 if h.wave >= 0 else None,
+                "status": h.status,
+                "phase": h.phase,
+                "before": {"tag": h.before_tag, "digest": h.before_digest},
+                "after": {"tag": h.after_tag, "digest": h.after_digest},
+                "error": h.error,
+                "verdict": h.verdict,
+                "artifacts": h.artifacts,
+                "started_at": _iso(h.started_at),
+                "finished_at": _iso(h.finished_at),
+            }
+            for h in rec.hosts
+        ],
     }
 
 

@@ -1,4 +1,5 @@
-"""``fleetctl ledger``: which ledger this fleet uses (local SQLite or a shared PostgreSQL) and who holds its lock."""
+"""``fleetctl ledger``: which ledger this fleet uses (local SQLite or a shared PostgreSQL) and who
+holds its lock."""
 
 from __future__ import annotations
 
@@ -16,11 +17,20 @@ def info_json(info: fleet_ledger.LedgerInfo) -> dict[str, Any]:
     """The ``--json`` form (the holder with its liveness, times in UTC)."""
     h = info.holder
     return {
-        "backend": info.backend, "where": info.where, "fleet": info.fleet,
-        "schema_version": info.schema_version, "rollouts": info.rollouts,
-        "lock": None if h is None else {
-            "rollout_id": h.rollout_id, "pid": h.pid, "hostname": h.hostname, "since": when(h.acquired_at, utc=True),
-            "alive": h.alive},
+        "backend": info.backend,
+        "where": info.where,
+        "fleet": info.fleet,
+        "schema_version": info.schema_version,
+        "rollouts": info.rollouts,
+        "lock": None
+        if h is None
+        else {
+            "rollout_id": h.rollout_id,
+            "pid": h.pid,
+            "hostname": h.hostname,
+            "since": when(h.acquired_at, utc=True),
+            "alive": h.alive,
+        },
     }
 
 
@@ -35,15 +45,23 @@ def ledger_cmd(ctx: Ctx) -> None:
 
     def render(con: Console) -> None:
         con.print(f"ledger: {info.backend} {info.where}", highlight=False, markup=False)
-        con.print(f"fleet: {info.fleet}; schema {info.schema_version}; {info.rollouts} rollout(s) recorded",
-                  highlight=False, markup=False)
+        con.print(
+            f"fleet: {info.fleet}; schema {info.schema_version}; {info.rollouts} rollout(s) "
+            "recorded",
+            highlight=False,
+            markup=False,
+        )
         h = info.holder
         if h is None:
             con.print("lock: free", highlight=False, markup=False)
             return
         state = "held" if h.alive else "left by a dead controller (the next rollout takes it over)"
-        con.print(f"lock: {state}: rollout {h.rollout_id}, controller pid {h.pid} on {h.hostname}, since "
-                  f"{when(h.acquired_at, utc=True)}", highlight=False, markup=False)
+        con.print(
+            f"lock: {state}: rollout {h.rollout_id}, controller pid {h.pid} on {h.hostname}, since "
+            f"{when(h.acquired_at, utc=True)}",
+            highlight=False,
+            markup=False,
+        )
 
     ctx.emit(info_json(info), render)
 

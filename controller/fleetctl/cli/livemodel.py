@@ -1,12 +1,17 @@
-"""The live view's model: one model folded from the core's progress events, which the terminal's live view
+"""The live view's model: one model folded from the core's progress events, which the terminal's
+live view
 (:mod:`fleetctl.cli.live`) and the web view (``fleetctl ui``, :mod:`fleetctl.cli.ui`) both draw.
 
-:class:`LiveModel` folds :class:`~fleetctl.progress.Event` s (the same events the line log, the event log
+:class:`LiveModel` folds :class:`~fleetctl.progress.Event` s (the same events the line log, the
+event log
 and ``--json`` runs get) into one row per host: its phase, a progress figure for the long phases
-(readiness: waited of timeout; soak: phase k of n, the sustained phase's seconds of its length; a role
+(readiness: waited of timeout; soak: phase k of n, the sustained phase's seconds of its length; a
+role
 step: its Ansible task), the gate's running figures (requests, errors, tok/s against the baseline's,
-acceptance), and the time so far and an estimate of the time left (the plan's hosts still to do times
-the measured steps). :func:`replay` folds a run's event log (``<state dir>/events``, :func:`events_dir`).
+acceptance), and the time so far and an estimate of the time left (the plan's hosts still to do
+times
+the measured steps). :func:`replay` folds a run's event log (``<state dir>/events``,
+:func:`events_dir`).
 """
 
 from __future__ import annotations
@@ -24,14 +29,19 @@ from fleetctl.cli.output import short_digest, short_tag
 from fleetctl.progress import Event, event_from_json
 from fleetctl.stage import human_bytes
 
-#: Phases of a host with nothing going on: the first rows to give way when the fleet is taller than the screen.
-QUIET = frozenset({"planned", "skip", "pull", "pulled", "done", "ok", "checked", "restored", "preflight"})
+#: Phases of a host with nothing going on: the first rows to give way when the fleet is taller than
+#: the screen.
+QUIET = frozenset(
+    {"planned", "skip", "pull", "pulled", "done", "ok", "checked", "restored", "preflight"}
+)
 #: Phases of a host that needs the operator's eyes: shown first.
 TROUBLE = frozenset({"failed", "rolled-back", "paused", "rolling-back", "undoing"})
 #: Phases a host ends its step in (its step's time is then measured).
 FINISHED = frozenset({"done", "failed", "rolled-back", "paused", "restored"})
 #: Phases of a host's step (from stopping the old container to its gate's verdict).
-STEP = frozenset({"stopping", "starting", "deploying", "loading", "soak", "rolling-back", "undoing"})
+STEP = frozenset(
+    {"stopping", "starting", "deploying", "loading", "soak", "rolling-back", "undoing"}
+)
 
 
 @dataclass
@@ -45,7 +55,8 @@ class HostRow:
     tag: str = ""
     digest: str = ""
     health: str = ""
-    #: Seconds (from the start of the run) when the current phase began, the step began and it ended.
+    #: Seconds (from the start of the run) when the current phase began, the step began and it
+    #: ended.
     since: float = 0.0
     started: float | None = None
     finished: float | None = None
@@ -81,7 +92,8 @@ class LiveModel:
         #: The most hosts seen in a step at once (the rollout's real --max-unavailable).
         self.parallel = 1
         self.last_t = 0.0
-        #: From an event log (:func:`replay`): when the run started (epoch seconds) and whether it ended.
+        #: From an event log (:func:`replay`): when the run started (epoch seconds) and whether it
+        #: ended.
         self.started: float | None = None
         self.ended = False
 
@@ -94,7 +106,9 @@ class LiveModel:
             self.last_t = max(self.last_t, t)
             if event.host is None:
                 if event.phase not in ("start", "end", "play"):  # an Ansible run's own lines
-                    self.fleet_line = f"{event.phase}: {event.message}" if event.message else event.phase
+                    self.fleet_line = (
+                        f"{event.phase}: {event.message}" if event.message else event.phase
+                    )
                 return
             row = self.rows.get(event.host)
             if row is None:
@@ -123,15 +137,21 @@ class LiveModel:
                 row.started, row.finished = t, None
             if event.phase in FINISHED and row.started is not None and row.finished is None:
                 row.finished = t
-            busy = sum(1 for r in self.rows.values() if r.started is not None and r.finished is None)
+            busy = sum(
+                1 for r in self.rows.values() if r.started is not None and r.finished is None
+            )
             self.parallel = max(self.parallel, busy)
 
-    # -- what is shown ----------------------------------------------------------------------------------
+    # -- what is shown
+    # ----------------------------------------------------------------------------------
 
     def snapshot(self) -> dict[str, Any]:
-        """Everything a view shows, as JSON: header figures and one dict per host (with its cells)."""
+        """Everything a view shows, as JSON: header figures and one dict per host (with its
+        cells)."""
         with self.lock:
-            rows = [HostRow(**{**asdict(r), "figures": dict(r.figures)}) for r in self.rows.values()]
+            rows = [
+                HostRow(**{**asdict(r), "figures": dict(r.figures)}) for r in self.rows.values()
+            ]
             fleet_line, now = self.fleet_line, max(self.clock(), self.last_t)
             parallel = self.parallel
         left = time_left(rows, now, parallel)
@@ -139,17 +159,46 @@ class LiveModel:
         finished = [r for r in planned if r.finished is not None and r.phase in FINISHED]
         done = [r for r in finished if r.phase in ("done", "restored")]
         return {
-            "title": self.title, "elapsed": round(now), "left": None if left is None else round(left),
-            "hosts_done": len(done), "hosts_failed": len(finished) - len(done), "hosts_planned": len(planned),
-            "fleet": fleet_line, "started": self.started, "ended": self.ended,
-            "hosts": [{**asdict(r), "state": r.state, "fraction": _fraction(r), "cells": cells(r, now)}
-                      for r in rows],
+            "title": self.title,
+            "elapsed": round(now),
+            "left": None if left is None else round(left),
+            "hosts_done": len(done),
+            "hosts_failed": len(finished) - len(done),
+            "hosts_planned": len(planned),
+            "fleet": fleet_line,
+            "started": self.started,
+            "ended": self.ended,
+            "hosts": [
+                {**asdict(r), "state": r.state, "fraction": _fraction(r), "cells": cells(r, now)}
+                for r in rows
+            ],
         }
 
 
-_FIGURES = frozenset({"sustained_s", "step", "steps", "elapsed", "level", "requests", "planned_requests", "errors", "tok_s",
-                      "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited", "timeout",
-                      "concurrency", "bytes", "bytes_total", "layers", "layers_total"})
+_FIGURES = frozenset(
+    {
+        "sustained_s",
+        "step",
+        "steps",
+        "elapsed",
+        "level",
+        "requests",
+        "planned_requests",
+        "errors",
+        "tok_s",
+        "baseline",
+        "acceptance_rate",
+        "level_elapsed",
+        "level_seconds",
+        "waited",
+        "timeout",
+        "concurrency",
+        "bytes",
+        "bytes_total",
+        "layers",
+        "layers_total",
+    }
+)
 
 
 def _fraction(r: HostRow) -> float | None:
@@ -172,10 +221,14 @@ def _fraction(r: HostRow) -> float | None:
 
 
 def time_left(rows: list[HostRow], now: float, parallel: int) -> float | None:
-    """Seconds the run still needs: the plan's hosts not yet finished, ``parallel`` at a time, each taking
-    the mean measured step (or, before any step has finished, what the busy hosts' progress implies);
+    """Seconds the run still needs: the plan's hosts not yet finished, ``parallel`` at a time, each
+    taking
+    the mean measured step (or, before any step has finished, what the busy hosts' progress
+    implies);
     None when nothing has been measured yet."""
-    steps = [r.finished - r.started for r in rows if r.started is not None and r.finished is not None]
+    steps = [
+        r.finished - r.started for r in rows if r.started is not None and r.finished is not None
+    ]
     busy = [r for r in rows if r.started is not None and r.finished is None]
     waiting = [r for r in rows if r.planned and r.started is None]
     if steps:
@@ -192,7 +245,11 @@ def time_left(rows: list[HostRow], now: float, parallel: int) -> float | None:
             # The sustained phase is most of a soak: what is left of it bounds the step from below.
             sustained = r.figures.get("sustained_s")
             if sustained:
-                done = float(r.figures.get("level_elapsed") or 0) if r.figures.get("level") == "sustained" else 0.0
+                done = (
+                    float(r.figures.get("level_elapsed") or 0)
+                    if r.figures.get("level") == "sustained"
+                    else 0.0
+                )
                 guesses.append(so_far + max(0.0, float(sustained) - done))
         if not guesses:
             return None
@@ -209,12 +266,20 @@ def _bar(frac: float, cells: int = 5) -> str:
 def human_secs(s: float) -> str:
     """``41s``, ``2m03s``, ``1h05m``: a phase's or a run's time in a cell."""
     s = int(s)
-    return f"{s}s" if s < 100 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return (
+        f"{s}s"
+        if s < 100
+        else f"{s // 60}m{s % 60:02d}s"
+        if s < 3600
+        else f"{s // 3600}h{s % 3600 // 60:02d}m"
+    )
 
 
 def progress_cell(r: HostRow, now: float, bar: bool = True) -> str:
-    """A bar and its figure for the long phases: a pull ``██░░░ 8.1 GB/18.4 GB`` (then ``extracting 3/7``
-    layers; its layers alone when the registry gave no sizes: ``3/7 layers``), readiness ``██░░░ 41/600s``, soak ``███░░ 7/9 2m03s``
+    """A bar and its figure for the long phases: a pull ``██░░░ 8.1 GB/18.4 GB`` (then ``extracting
+    3/7``
+    layers; its layers alone when the registry gave no sizes: ``3/7 layers``), readiness ``██░░░
+    41/600s``, soak ``███░░ 7/9 2m03s``
     (phase 7 of 9), the sustained phase ``████░ 9/9 48/60s``; the phase's time otherwise. Without
     ``bar`` (a narrow terminal) the figures alone."""
     f = r.figures
@@ -226,7 +291,8 @@ def progress_cell(r: HostRow, now: float, bar: bool = True) -> str:
             return f"{drawn}{layers} layers"
         if frac >= 1.0 and f.get("layers", 0) < f["layers_total"]:
             return f"{drawn}extracting {layers}"  # every byte is in; the layers are being unpacked
-        return f"{drawn}{human_bytes(float(f.get('bytes') or 0))}/{human_bytes(float(f['bytes_total']))}"
+        done = human_bytes(float(f.get("bytes") or 0))
+        return f"{drawn}{done}/{human_bytes(float(f['bytes_total']))}"
     if frac is not None and f.get("steps"):
         if f.get("level") == "sustained" and f.get("level_seconds"):
             figure = f"{f.get('level_elapsed', 0)}/{f['level_seconds']}s"
@@ -245,11 +311,17 @@ def message_cell(r: HostRow) -> str:
     (what matters at 3 a.m. first: errors, then tok/s against the baseline, then acceptance)."""
     f = r.figures
     if "planned_requests" in f and r.phase == "soak":
-        # ``c=4 0/136 err 520 tok/s (100% base) acc 23%``: the level (a class's name first), errors of the
-        # requests so far, throughput against the baseline's at the same level, acceptance.
+        # ``c=4 0/136 err 520 tok/s (100% base) acc 23%``: the level (a class's name first), errors
+        # of the requests so far, throughput against the baseline's at the same level, acceptance.
         level = str(f.get("level") or "")
         conc = f"c={f['concurrency']}" if f.get("concurrency") else ""
-        what = level if level.startswith("c=") else conc if level == "sustained" else f"{level} {conc}".strip()
+        what = (
+            level
+            if level.startswith("c=")
+            else conc
+            if level == "sustained"
+            else f"{level} {conc}".strip()
+        )
         out = f"{what} {f.get('errors', 0)}/{f.get('requests', 0)} err"
         if f.get("tok_s") is not None:
             out += f" {float(f['tok_s']):.0f} tok/s"
@@ -262,12 +334,20 @@ def message_cell(r: HostRow) -> str:
 
 
 def cells(r: HostRow, now: float) -> dict[str, str]:
-    """The row's cells by column name (the terminal table and the web page show the same); ``figures``:
+    """The row's cells by column name (the terminal table and the web page show the same);
+    ``figures``:
     the progress without its bar, for a narrow terminal."""
-    return {"host": r.host, "wave": r.wave, "phase": r.phase, "tag": short_tag(r.tag) if r.tag else "",
-            "digest": short_digest(r.digest) if r.digest else "", "health": r.health,
-            "progress": progress_cell(r, now), "figures": progress_cell(r, now, bar=False),
-            "message": message_cell(r)}
+    return {
+        "host": r.host,
+        "wave": r.wave,
+        "phase": r.phase,
+        "tag": short_tag(r.tag) if r.tag else "",
+        "digest": short_digest(r.digest) if r.digest else "",
+        "health": r.health,
+        "progress": progress_cell(r, now),
+        "figures": progress_cell(r, now, bar=False),
+        "message": message_cell(r),
+    }
 
 
 def events_dir(state_dir: Path) -> Path:
@@ -276,9 +356,11 @@ def events_dir(state_dir: Path) -> Path:
 
 
 def replay(lines: Iterable[str], title: str, now: float | None = None) -> LiveModel:
-    """A model folded from an event log's lines (a line cut short by a writer still writing is skipped).
+    """A model folded from an event log's lines (a line cut short by a writer still writing is
+    skipped).
 
-    Its clock stands at ``now`` (seconds since the run started; default: its last event). ``started``
+    Its clock stands at ``now`` (seconds since the run started; default: its last event).
+    ``started``
     (epoch seconds) and ``ended`` are set from the log's first and last lines when it has them.
     """
     model = LiveModel(title)

@@ -20,7 +20,17 @@ from fleetctl.cli.output import Ctx
 from fleetctl.errors import ExitCode, FleetError
 
 #: Each name is a module ``fleetctl.cli.<name>`` exposing ``commands``: a list of click commands.
-COMMAND_MODULES = ("lab", "provision", "status", "stage", "soak", "watch", "rollout", "ledger", "ui")
+COMMAND_MODULES = (
+    "lab",
+    "provision",
+    "status",
+    "stage",
+    "soak",
+    "watch",
+    "rollout",
+    "ledger",
+    "ui",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -58,27 +68,31 @@ _register()
 
 
 def _save_traceback() -> Path:
-    # A traceback can quote local values: 0600 in a 0700 directory, or an O_EXCL mkstemp file in /tmp
-    # (never a predictable name there, which a planted symlink could redirect).
+    # A traceback can quote local values: 0600 in a 0700 directory, or an O_EXCL mkstemp file in
+    # /tmp (never a predictable name there, which a planted symlink could redirect).
     try:
         d = paths.private_dir(paths.cache_dir() / "crash")
     except OSError:
         d = Path(tempfile.gettempdir())
-    fd, name = tempfile.mkstemp(prefix=f"fleetctl-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt", dir=d)
+    fd, name = tempfile.mkstemp(
+        prefix=f"fleetctl-{time.strftime('%Y%m%d-%H%M%S')}-", suffix=".txt", dir=d
+    )
     with os.fdopen(fd, "w") as f:
         f.write(traceback.format_exc())
     return Path(name)
 
 
-#: Open files the controller asks for (its soft limit is raised up to the hard one). Debian's default
-#: soft limit, 1024, is below what a rollout of a large fleet holds at once: up to 32 concurrent soak
-#: gates (rollout.session.MAX_WORKERS) with the largest sweep level + 8 connections each (72 on the
-#: spark profile: 2304), the SSH pool (ssh.MAX_POOLED, 64) and Ansible's forks' pipes (MAX_FORKS, 64).
+#: Open files the controller asks for (its soft limit is raised up to the hard one). Debian's
+#: default soft limit, 1024, is below what a rollout of a large fleet holds at once: up to 32
+#: concurrent soak gates (rollout.session.MAX_WORKERS) with the largest sweep level + 8 connections
+#: each (72 on the spark profile: 2304), the SSH pool (ssh.MAX_POOLED, 64) and Ansible's forks'
+#: pipes (MAX_FORKS, 64).
 FD_WANTED = 65536
 
 
 def raise_fd_limit(wanted: int = FD_WANTED) -> int:
-    """Raise this process's soft limit of open files to ``wanted`` (at most the hard limit); the new soft limit."""
+    """Raise this process's soft limit of open files to ``wanted`` (at most the hard limit); the
+    new soft limit."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
     if soft != resource.RLIM_INFINITY and soft < target:
@@ -103,7 +117,11 @@ def main(argv: list[str] | None = None) -> int:
         code = int(e.exit_code)
         if "--json" in (sys.argv[1:] if argv is None else argv):
             # A script that asked for JSON gets JSON on stdout, also when the command failed.
-            print(json.dumps({"error": {"cause": e.cause, "host": e.host, "fix": e.fix, "exit_code": code}}))
+            print(
+                json.dumps(
+                    {"error": {"cause": e.cause, "host": e.host, "fix": e.fix, "exit_code": code}}
+                )
+            )
     except click.exceptions.Exit as e:
         code = int(e.exit_code)
     except click.exceptions.Abort:
@@ -117,11 +135,18 @@ def main(argv: list[str] | None = None) -> int:
         code = 130
     except Exception as e:  # the one place that catches everything
         where = _save_traceback()
-        err.print(f"[bold red]internal error:[/] {escape(f'{type(e).__name__}: {e} (traceback saved to {where})')}",
-                  highlight=False)
+        err.print(
+            "[bold red]internal error:[/] "
+            f"{escape(f'{type(e).__name__}: {e} (traceback saved to {where})')}",
+            highlight=False,
+        )
         code = int(ExitCode.INTERNAL)
     else:
-        code = returned if isinstance(returned, int) and not isinstance(returned, bool) else int(ExitCode.OK)
+        code = (
+            returned
+            if isinstance(returned, int) and not isinstance(returned, bool)
+            else int(ExitCode.OK)
+        )
     if argv is None:
         sys.exit(code)
     return code

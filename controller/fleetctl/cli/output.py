@@ -56,11 +56,13 @@ class Ctx:
     live: Live | None = None
     #: ``--events FILE|-``: where a long command also writes its event stream (JSON lines).
     events: str | None = None
-    #: ``--ui PORT``: the port a long command serves its live web page on (127.0.0.1), while it runs.
+    #: ``--ui PORT``: the port a long command serves its live web page on (127.0.0.1), while it
+    #: runs.
     ui_port: int | None = None
 
     def ask(self, question: str) -> None:
-        """``Question? [y/N]`` on stderr, like apt or terraform: anything but y/yes aborts (no is the default).
+        """``Question? [y/N]`` on stderr, like apt or terraform: anything but y/yes aborts (no is
+        the default).
 
         The live view, if one is showing, stops for the question and starts again after it.
         """
@@ -70,22 +72,26 @@ class Ctx:
             live.transient = True
             live.stop()
             live.transient = False
-            # Started again below the question, not over it: rich would move up by the erased height.
+            # Started again below the question, not over it: rich would move up by the erased
+            # height.
             live._live_render._shape = None
         click.confirm(question, default=False, abort=True, err=True, prompt_suffix=" ")
         if live is not None:
             live.start()
 
     def drop_live(self) -> None:
-        """Erase the live view and stop it (a command that ends before doing anything: "nothing to do")."""
+        """Erase the live view and stop it (a command that ends before doing anything: "nothing to
+        do")."""
         live = self.live
         if live is not None:
             live.transient = True
             live.stop()
 
     def emit(self, result: Any, render: Callable[[Console], None]) -> None:
-        """Print ``result`` as JSON (with --json) or through ``render`` on stdout. When the event stream
-        also goes to stdout (``--events -``), every line there is one JSON object: the result is the last,
+        """Print ``result`` as JSON (with --json) or through ``render`` on stdout. When the event
+        stream
+        also goes to stdout (``--events -``), every line there is one JSON object: the result is
+        the last,
         ``{"result": ...}`` on one line."""
         if self.json and self.events == "-":
             click.echo(json.dumps({"result": to_jsonable(result)}))
@@ -95,7 +101,9 @@ class Ctx:
             render(self.out)
 
     @contextmanager
-    def progress(self, title: str, columns: tuple[str, ...] = ("phase", "message")) -> Iterator[Progress]:
+    def progress(
+        self, title: str, columns: tuple[str, ...] = ("phase", "message")
+    ) -> Iterator[Progress]:
         """A progress sink for the core: a live host table on a terminal, log lines otherwise."""
         if not self.err.is_terminal:
             yield _LineProgress(self.err)
@@ -129,9 +137,12 @@ def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 class Duration(click.types.FloatParamType):
-    """The type of every option that takes a length of time (a duration, an interval, a timeout): ``90``,
-    ``90s``, ``3m``, ``1h``, ``1m30s``, read by the one parser (:func:`fleetctl.durations.parse_duration`)
-    into seconds; a bare number is seconds. ``low`` and ``high`` bound it (seconds) where the command
+    """The type of every option that takes a length of time (a duration, an interval, a timeout):
+    ``90``,
+    ``90s``, ``3m``, ``1h``, ``1m30s``, read by the one parser
+    (:func:`fleetctl.durations.parse_duration`)
+    into seconds; a bare number is seconds. ``low`` and ``high`` bound it (seconds) where the
+    command
     needs bounds. (A float type: what click hands the command is a number of seconds.)"""
 
     name = "duration"
@@ -142,12 +153,20 @@ class Duration(click.types.FloatParamType):
     def __repr__(self) -> str:
         return "DURATION"
 
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         try:
             seconds = parse_duration(value, "duration")
         except DurationError:
-            self.fail(f"{value!r} is not a duration (write e.g. 90s, 3m or 1h; a bare number is seconds)", param, ctx)
-        if (self.low is not None and seconds < self.low) or (self.high is not None and seconds > self.high):
+            self.fail(
+                f"{value!r} is not a duration (write e.g. 90s, 3m or 1h; a bare number is seconds)",
+                param,
+                ctx,
+            )
+        if (self.low is not None and seconds < self.low) or (
+            self.high is not None and seconds > self.high
+        ):
             said = str(value).strip()
             shown = said if said in (f"{seconds:g}", f"{seconds:g}s") else f"{said} ({seconds:g}s)"
             self.fail(f"{shown} is not within {self._range()}", param, ctx)
@@ -160,7 +179,8 @@ class Duration(click.types.FloatParamType):
 
 
 def stream_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--events FILE|-`` and ``--ui PORT`` of the long commands (rollout, rollback, abort, soak, stage)."""
+    """``--events FILE|-`` and ``--ui PORT`` of the long commands (rollout, rollback, abort, soak,
+    stage)."""
 
     def events_cb(ctx: click.Context, _p: click.Parameter, value: str | None) -> str | None:
         if value is not None:
@@ -172,13 +192,25 @@ def stream_options(f: Callable[..., Any]) -> Callable[..., Any]:
             ctx.ensure_object(Ctx).ui_port = value
         return value
 
-    f = click.option("--ui", "ui_port", type=click.IntRange(0, 65535), metavar="PORT", expose_value=False,
-                     callback=ui_cb,
-                     help="While it runs, serve the live web page (as `fleetctl ui`) on 127.0.0.1:PORT (0: any "
-                          "free port; the URL goes to stderr).")(f)
-    return click.option("--events", "events", metavar="FILE|-", expose_value=False, callback=events_cb,
-                        help="Also write the event stream as JSON lines to FILE (created 0600), or to stdout "
-                             "with '-' (then --json's result is its last line, {\"result\": ...}).")(f)
+    f = click.option(
+        "--ui",
+        "ui_port",
+        type=click.IntRange(0, 65535),
+        metavar="PORT",
+        expose_value=False,
+        callback=ui_cb,
+        help="While it runs, serve the live web page (as `fleetctl ui`) on 127.0.0.1:PORT (0: any "
+        "free port; the URL goes to stderr).",
+    )(f)
+    return click.option(
+        "--events",
+        "events",
+        metavar="FILE|-",
+        expose_value=False,
+        callback=events_cb,
+        help="Also write the event stream as JSON lines to FILE (created 0600), or to stdout "
+        "with '-' (then --json's result is its last line, {\"result\": ...}).",
+    )(f)
 
 
 class _LineProgress:
@@ -199,13 +231,17 @@ class _LineProgress:
             who = f"{event.host}: " if event.host else ""
             msg = f" {event.message}" if event.message else ""
             self.console.print(
-                f"[{time.monotonic() - self.t0:6.1f}s] {who}{event.phase}{msg}", markup=False, highlight=False
+                f"[{time.monotonic() - self.t0:6.1f}s] {who}{event.phase}{msg}",
+                markup=False,
+                highlight=False,
             )
 
 
 #: Phases of a host with nothing going on: the first rows to give way when the fleet is taller than
 #: the terminal (a host being changed, failed or paused is always shown first).
-_QUIET_PHASES = frozenset({"planned", "skip", "pull", "pulled", "done", "ok", "checked", "restored"})
+_QUIET_PHASES = frozenset(
+    {"planned", "skip", "pull", "pulled", "done", "ok", "checked", "restored"}
+)
 
 
 class _LiveTable:
@@ -228,7 +264,9 @@ class _LiveTable:
     def __call__(self, event: Event) -> None:
         with self.lock:
             if event.host is None:
-                self.fleet_line = f"{event.phase}: {event.message}" if event.message else event.phase
+                self.fleet_line = (
+                    f"{event.phase}: {event.message}" if event.message else event.phase
+                )
             else:
                 row = self.rows.setdefault(event.host, {})
                 row["phase"] = event.phase
@@ -258,13 +296,22 @@ class _LiveTable:
             for i, (_h, row) in enumerate(items):
                 if i not in shown:
                     counts[row.get("phase", "?")] = counts.get(row.get("phase", "?"), 0) + 1
-            hidden = ", ".join(f"{n} {phase}" for phase, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-            caption = f"{len(items) - len(shown)} more hosts: {hidden}" + (f" | {fleet_line}" if fleet_line else "")
+            hidden = ", ".join(
+                f"{n} {phase}" for phase, n in sorted(counts.items(), key=lambda kv: -kv[1])
+            )
+            caption = f"{len(items) - len(shown)} more hosts: {hidden}" + (
+                f" | {fleet_line}" if fleet_line else ""
+            )
             items = [it for i, it in enumerate(items) if i in shown]
         cols = [Col("host"), *(_LIVE_COLUMNS.get(c, Col(c)) for c in self.columns)]
         rows = [[Text(host), *(Text(row.get(c, "")) for c in self.columns)] for host, row in items]
-        return fit_table(width, cols, rows, caption=Text(caption, no_wrap=True, overflow="ellipsis"),
-                         title=f"{self.title}  [dim]{time.monotonic() - self.t0:.0f}s[/dim]")
+        return fit_table(
+            width,
+            cols,
+            rows,
+            caption=Text(caption, no_wrap=True, overflow="ellipsis"),
+            title=f"{self.title}  [dim]{time.monotonic() - self.t0:.0f}s[/dim]",
+        )
 
 
 @dataclass(frozen=True)
@@ -289,7 +336,8 @@ _COL_OVERHEAD = 3
 
 def fit_table(width: int, columns: Sequence[Col | str], rows: Iterable[Sequence[Any]],
               **table_kw: Any) -> Table:
-    """A rich Table of ``rows`` (markup strings or Text) no wider than ``width``: columns dropped, free text cut."""
+    """A rich Table of ``rows`` (markup strings or Text) no wider than ``width``: columns dropped,
+    free text cut."""
     cols = [c if isinstance(c, Col) else Col(c) for c in columns]
     texts = [[c if isinstance(c, Text) else Text.from_markup(str(c)) for c in row] for row in rows]
     natural = [max([len(c.name), *(r[i].cell_len for r in texts)]) for i, c in enumerate(cols)]
@@ -308,7 +356,8 @@ def fit_table(width: int, columns: Sequence[Col | str], rows: Iterable[Sequence[
     # Still too wide with every droppable column gone: the widest whole column is cut too.
     while need(keep, flex) > width and any(i not in flex for i in keep):
         flex.add(max((i for i in keep if i not in flex), key=lambda i: natural[i]))
-    # The room left is shared by the cut columns, narrowest first (each takes no more than it needs).
+    # The room left is shared by the cut columns, narrowest first (each takes no more than it
+    # needs).
     room = width - sum(natural[i] for i in keep if i not in flex) - _COL_OVERHEAD * len(keep) - 1
     caps: dict[int, int] = {}
     cut = sorted((i for i in keep if i in flex), key=lambda i: natural[i])
@@ -338,8 +387,10 @@ _VERSION_PART = re.compile(r"^v?\d+(?:\.\d+)+$")
 
 
 def short_tag(tag: str | None) -> str:
-    """A tag as people say it: its version part (``2026-07-01-v0.24.0-dflashfix`` -> ``v0.24.0``), else the tag
-    without its leading date; ``-`` when unknown. The full tag and the digest are in ``--json`` and history."""
+    """A tag as people say it: its version part (``2026-07-01-v0.24.0-dflashfix`` -> ``v0.24.0``),
+    else the tag
+    without its leading date; ``-`` when unknown. The full tag and the digest are in ``--json`` and
+    history."""
     if not tag:
         return "-"
     for part in tag.split("-"):
@@ -349,7 +400,8 @@ def short_tag(tag: str | None) -> str:
 
 
 def short_digest(digest: str | None) -> str:
-    """``sha256:4eb9270da69e...`` -> ``4eb9270da69e`` (12 hex digits, as docker prints image ids); ``-`` if unknown."""
+    """``sha256:4eb9270da69e...`` -> ``4eb9270da69e`` (12 hex digits, as docker prints image ids);
+    ``-`` if unknown."""
     return digest.split(":", 1)[-1][:12] if digest else "-"
 
 
@@ -363,7 +415,8 @@ def write_json(path: str | Path, data: Any) -> None:
 
 
 def when(ts: float | None, *, utc: bool = False) -> str:
-    """A timestamp for people: local time in tables, ISO 8601 UTC (``...Z``) for JSON; ``-`` if unknown."""
+    """A timestamp for people: local time in tables, ISO 8601 UTC (``...Z``) for JSON; ``-`` if
+    unknown."""
     if not ts:
         return "-"
     if utc:

@@ -1,4 +1,5 @@
-"""``fleetctl provision``: run the provision playbook with live per-host progress, then a table per host."""
+"""``fleetctl provision``: run the provision playbook with live per-host progress, then a table per
+host."""
 
 from __future__ import annotations
 
@@ -44,7 +45,13 @@ def render_result(r: PlaybookResult, show_diff: bool) -> Any:
                 for d in h.diffs:
                     out.print(f"[bold]{escape(name)}[/]: {escape(d.task)}")
                     for line in d.diff.splitlines():
-                        style = "green" if line.startswith("+") else "red" if line.startswith("-") else "dim"
+                        style = (
+                            "green"
+                            if line.startswith("+")
+                            else "red"
+                            if line.startswith("-")
+                            else "dim"
+                        )
                         out.print(f"  [{style}]{escape(line)}[/]", highlight=False)
         title = "provision (check mode: nothing was changed)" if r.check else "provision"
         rows = []
@@ -54,15 +61,42 @@ def render_result(r: PlaybookResult, show_diff: bool) -> Any:
             gpu = f"{f.gpu or '?'} / {f.driver or '?'}" if f.gpu or f.driver else "-"
             changed = f"[yellow]{h.changed}[/]" if h.changed else "0"
             msg = h.message or ("; ".join(f"warning: {w}" for w in h.warnings))
-            rows.append([name, f"[{colour}]{h.status}[/]", str(h.ok), changed, str(h.failed), str(h.unreachable),
-                         escape(gpu), escape(msg)])
-        out.print(fit_table(out.width, ["host", "result", "ok", "changed", "failed", Col("unreachable", drop=1),
-                                        Col("GPU / driver", drop=2), Col("message", flex=True)], rows,
-                            title=title, caption=f"run {r.run_id}  {r.elapsed:.1f}s  artifacts {r.artifacts_dir}"))
+            rows.append(
+                [
+                    name,
+                    f"[{colour}]{h.status}[/]",
+                    str(h.ok),
+                    changed,
+                    str(h.failed),
+                    str(h.unreachable),
+                    escape(gpu),
+                    escape(msg),
+                ]
+            )
+        out.print(
+            fit_table(
+                out.width,
+                [
+                    "host",
+                    "result",
+                    "ok",
+                    "changed",
+                    "failed",
+                    Col("unreachable", drop=1),
+                    Col("GPU / driver", drop=2),
+                    Col("message", flex=True),
+                ],
+                rows,
+                title=title,
+                caption=f"run {r.run_id}  {r.elapsed:.1f}s  artifacts {r.artifacts_dir}",
+            )
+        )
         failed = r.failed_hosts
         if failed:
-            out.print(f"[red]{len(failed)} of {len(r.hosts)} host(s) failed:[/] {', '.join(failed)}; "
-                      f"the others finished. Fix them and re-run with --limit {','.join(failed)}")
+            out.print(
+                f"[red]{len(failed)} of {len(r.hosts)} host(s) failed:[/] {', '.join(failed)}; "
+                f"the others finished. Fix them and re-run with --limit {','.join(failed)}"
+            )
         for name, h in r.hosts.items():
             if h.message:
                 for w in h.warnings:
@@ -72,8 +106,17 @@ def render_result(r: PlaybookResult, show_diff: bool) -> Any:
 
 
 @click.command("provision")
-@click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern: host, group, glob, !exclude).")
-@click.option("--check", is_flag=True, help="Dry run (Ansible --check): report what would change, change nothing.")
+@click.option(
+    "--limit",
+    "-l",
+    metavar="PATTERN",
+    help="Only these hosts (Ansible pattern: host, group, glob, !exclude).",
+)
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Dry run (Ansible --check): report what would change, change nothing.",
+)
 @click.option("--diff", is_flag=True, help="Show what changed in files (Ansible --diff).")
 @click.option("--strict", is_flag=True,
               help="Fail a host whose next kernel has no nvidia module (a warning otherwise).")
@@ -86,7 +129,9 @@ def provision_cmd(ctx: Ctx, limit: str | None, check: bool, diff: bool, strict: 
     """
     inventory = inv.load(ctx.inventory)
     with ctx.progress("provision", ("phase", "task", "ok", "changed", "failed")) as progress:
-        result = provision(inventory, limit=limit, check=check, diff=diff, strict=strict, progress=progress)
+        result = provision(
+            inventory, limit=limit, check=check, diff=diff, strict=strict, progress=progress
+        )
     ctx.emit(result_json(result), render_result(result, diff))
     if not result.ok:
         raise click.exceptions.Exit(int(ExitCode.FAILED))

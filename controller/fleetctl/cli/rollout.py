@@ -1,4 +1,5 @@
-"""``fleetctl rollout``, ``rollout abort``, ``rollback`` and ``history``: parsing and rendering only."""
+"""``fleetctl rollout``, ``rollout abort``, ``rollback`` and ``history``: parsing and rendering
+only."""
 
 from __future__ import annotations
 
@@ -59,24 +60,53 @@ def step_sizes(steps: list[list[str]] | tuple[tuple[str, ...], ...]) -> str:
 
 
 def render_plan(p: Plan, con: Console) -> None:
-    """The plan (dry run, and before confirmation): the pinned tag and digest, how many hosts go at once
-    and why, the steps and the expected wall time, then what each host runs now and its wave and step."""
+    """The plan (dry run, and before confirmation): the pinned tag and digest, how many hosts go at
+    once
+    and why, the steps and the expected wall time, then what each host runs now and its wave and
+    step."""
     con.print(f"[bold]plan[/]: recipe {p.recipe}, {p.image}:{p.tag} ({p.digest})")
     con.print(f"  requested {p.requested!r}; pulled as {p.pull_ref}")
     con.print(f"  {len(p.waves)} wave(s), failure budget {p.failure_budget}", highlight=False)
-    con.print(f"  {p.capacity.describe() if p.capacity else f'{p.max_unavailable} at a time'}", highlight=False)
+    con.print(
+        f"  {p.capacity.describe() if p.capacity else f'{p.max_unavailable} at a time'}",
+        highlight=False,
+    )
     steps = p.steps()
     con.print(f"  steps: {step_sizes(steps) or '-'} host(s)", highlight=False)
     if p.estimate is not None:
         e = p.estimate
-        con.print(f"  expected {_span(e.seconds)}: {len(steps)} step(s) x ({_span(e.load_seconds)} load + "
-                  f"{_span(e.soak_seconds)} soak), after the pulls", highlight=False)
+        con.print(
+            f"  expected {_span(e.seconds)}: {len(steps)} step(s) x ({_span(e.load_seconds)} load "
+            "+ "
+            f"{_span(e.soak_seconds)} soak), after the pulls",
+            highlight=False,
+        )
         con.print(f"    ({e.basis})", highlight=False)
-    rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", str(h.step + 1) if h.step >= 0 else "-",
-             short_tag(h.current_tag) if h.current_tag else "(nothing)", _short(h.current_digest), h.action]
-            for h in p.hosts]
-    con.print(fit_table(con.width, ["host", "wave", Col("step", drop=1), "serves now", Col("digest now", drop=2),
-                                    "action"], rows))
+    rows = [
+        [
+            h.host,
+            str(h.wave + 1) if h.wave >= 0 else "-",
+            str(h.step + 1) if h.step >= 0 else "-",
+            short_tag(h.current_tag) if h.current_tag else "(nothing)",
+            _short(h.current_digest),
+            h.action,
+        ]
+        for h in p.hosts
+    ]
+    con.print(
+        fit_table(
+            con.width,
+            [
+                "host",
+                "wave",
+                Col("step", drop=1),
+                "serves now",
+                Col("digest now", drop=2),
+                "action",
+            ],
+            rows,
+        )
+    )
 
 
 def render_result(r: RolloutResult, con: Console) -> None:
@@ -84,20 +114,57 @@ def render_result(r: RolloutResult, con: Console) -> None:
     if r.status == "planned" and r.plan is not None:
         render_plan(r.plan, con)
         return
-    rows = [[h.host, str(h.wave + 1) if h.wave >= 0 else "-", h.status, h.phase, h.before_tag or "-",
-             h.after_tag or "-", Text(h.error or h.verdict or "")] for h in r.hosts]
+    rows = [
+        [
+            h.host,
+            str(h.wave + 1) if h.wave >= 0 else "-",
+            h.status,
+            h.phase,
+            h.before_tag or "-",
+            h.after_tag or "-",
+            Text(h.error or h.verdict or ""),
+        ]
+        for h in r.hosts
+    ]
     # At 80 columns the phase (the status says as much), the wave and the previous tag give way;
     # the error is cut, and printed whole below with each failed check.
-    con.print(fit_table(con.width, ["host", Col("wave", drop=2), "status", Col("phase", drop=3),
-                                    Col("before", drop=1), "after", Col("verdict / error", flex=True, min=16)],
-                        rows, title=f"{r.kind} {r.id}: {r.status}"))
-    colour = {fleet_ledger.COMPLETED: "green", fleet_ledger.PAUSED: "yellow", fleet_ledger.COMPLETED_WITH_FAILURES: "yellow"}.get(r.status, "red")
-    if r.status == fleet_ledger.COMPLETED and r.hosts and all(h.status == fleet_ledger.SKIPPED for h in r.hosts):
-        con.print(f"{r.kind}: nothing to do ({count_hosts(len(r.hosts))} skipped, why below)", highlight=False,
-                  markup=False)
+    con.print(
+        fit_table(
+            con.width,
+            [
+                "host",
+                Col("wave", drop=2),
+                "status",
+                Col("phase", drop=3),
+                Col("before", drop=1),
+                "after",
+                Col("verdict / error", flex=True, min=16),
+            ],
+            rows,
+            title=f"{r.kind} {r.id}: {r.status}",
+        )
+    )
+    colour = {
+        fleet_ledger.COMPLETED: "green",
+        fleet_ledger.PAUSED: "yellow",
+        fleet_ledger.COMPLETED_WITH_FAILURES: "yellow",
+    }.get(r.status, "red")
+    if (
+        r.status == fleet_ledger.COMPLETED
+        and r.hosts
+        and all(h.status == fleet_ledger.SKIPPED for h in r.hosts)
+    ):
+        con.print(
+            f"{r.kind}: nothing to do ({count_hosts(len(r.hosts))} skipped, why below)",
+            highlight=False,
+            markup=False,
+        )
     else:
-        con.print(f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
-                  + (f": {escape(r.error)}" if r.error else ""), highlight=False)
+        con.print(
+            f"[{colour}]{r.kind} {r.status}[/] {r.tag or ''} {_short(r.digest)} in {r.seconds:.0f}s"
+            + (f": {escape(r.error)}" if r.error else ""),
+            highlight=False,
+        )
     for h in r.hosts:
         for c in h.failed_checks:
             con.print(f"  {h.host}: {c}", highlight=False, markup=False)
@@ -105,12 +172,18 @@ def render_result(r: RolloutResult, con: Console) -> None:
     for h in r.hosts:
         if h.status == fleet_ledger.SKIPPED and h.verdict:
             con.print(f"  {h.host}: {h.verdict}", highlight=False, markup=False)
-    failed = [h.host for h in r.hosts if h.status in (fleet_ledger.HOST_FAILED, fleet_ledger.ROLLED_BACK)]
+    failed = [
+        h.host for h in r.hosts if h.status in (fleet_ledger.HOST_FAILED, fleet_ledger.ROLLED_BACK)
+    ]
     if r.status == fleet_ledger.PAUSED:
         con.print("  continue with `fleetctl rollout --resume`, undo with `fleetctl rollout abort`")
     elif r.status == fleet_ledger.COMPLETED_WITH_FAILURES:
-        con.print(f"  every wave went through; {len(failed)} host(s) failed within the failure budget "
-                  f"(rolled back, or down as said above): {', '.join(failed)}", highlight=False, markup=False)
+        con.print(
+            f"  every wave went through; {len(failed)} host(s) failed within the failure budget "
+            f"(rolled back, or down as said above): {', '.join(failed)}",
+            highlight=False,
+            markup=False,
+        )
         if r.tag:
             con.print(f"  once fixed: `fleetctl rollout --tag {r.tag} --limit {':'.join(failed)}`",
                       highlight=False, markup=False)
@@ -129,7 +202,8 @@ class _NothingToDo(Exception):
 
 @contextmanager
 def _watched(ctx: Ctx, title: str, take_over: bool) -> Iterator[Engine]:
-    """The engine of the command, reporting to its event log and to the live view (or plain lines)."""
+    """The engine of the command, reporting to its event log and to the live view (or plain
+    lines)."""
     inv = inventory.load(ctx.inventory)
     with live.watch(ctx, title, paths.state_dir(inv.path), inv) as prog:
         eng = Engine(inv, prog, take_over=take_over)
@@ -140,7 +214,8 @@ def _watched(ctx: Ctx, title: str, take_over: bool) -> Iterator[Engine]:
 
 
 def _need_terminal(ctx: Ctx, yes: bool, what: str) -> None:
-    """Without a terminal, refuse unless --yes (a CI job must say so): checked before anything is opened."""
+    """Without a terminal, refuse unless --yes (a CI job must say so): checked before anything is
+    opened."""
     if not yes and not ctx.err.is_terminal:
         raise FleetError(f"refusing to {what} without confirmation", fix="pass --yes")
 
@@ -150,9 +225,14 @@ def count_hosts(n: int) -> str:
 
 
 def _rollback_question(targets: Mapping[str, str | None], to: str | None) -> str:
-    """``Roll back 3 host(s) to v0.23.0?``, or ``to their last known-good`` when the targets differ."""
+    """``Roll back 3 host(s) to v0.23.0?``, or ``to their last known-good`` when the targets
+    differ."""
     tags = {short_tag(t) for t in targets.values()}
-    where = f"to {short_tag(to)}" if to else (f"to {tags.pop()}" if len(tags) == 1 else "to their last known-good")
+    where = (
+        f"to {short_tag(to)}"
+        if to
+        else (f"to {tags.pop()}" if len(tags) == 1 else "to their last known-good")
+    )
     return f"Roll back {count_hosts(len(targets))} ({', '.join(targets)}) {where}?"
 
 
@@ -168,46 +248,113 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 
 
 @click.group("rollout", invoke_without_command=True)
-@click.option("--tag", "-t", help="Version or full tag to roll out (v0.24.0 -> 2026-07-01-v0.24.0).")
+@click.option(
+    "--tag", "-t", help="Version or full tag to roll out (v0.24.0 -> 2026-07-01-v0.24.0)."
+)
 @click.option("--recipe", "-r", help="Recipe to serve (default: fleetctl_recipe).")
 @click.option("--limit", "-l", help="Ansible-style host pattern.")
-@click.option("--waves", help="Wave sizes like Ansible's serial: 1,25%,100% (default: canary, then all).")
-@click.option("--max-unavailable", help="Hosts out of service at once, count or % (default: from --min-available).")
-@click.option("--min-available", help="Hosts kept serving, count or % of the selected hosts; each step moves as "
-              "many as it allows (default: fleetctl_min_available, else 75%).")
-@click.option("--failure-budget", help="Hosts that may fail (and be rolled back) after the canary (default 0).")
-@click.option("--soak", "soak", type=Duration(), metavar="D",
-              help="Sustained soak length per host (90s, 10m; a bare number is seconds); default: the recipe's.")
-@click.option("--on-inconclusive", type=click.Choice(["pause", "fail"]), default="pause", show_default=True,
-              help="What an inconclusive gate does.")
-@click.option("--bake", "bake", type=Duration(), metavar="D",
-              help="Watch each wave under live traffic for D once back in rotation, against hosts still on the old "
-                   "version (10m; 0: off; a bare number is seconds); default: fleetctl_bake, else off.")
-@click.option("--ready-timeout", type=Duration(), metavar="D",
-              help="How long a server may take to become ready (90s, 10m; a bare number is seconds).")
-@click.option("--webhook", help="https URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
+@click.option(
+    "--waves", help="Wave sizes like Ansible's serial: 1,25%,100% (default: canary, then all)."
+)
+@click.option(
+    "--max-unavailable",
+    help="Hosts out of service at once, count or % (default: from --min-available).",
+)
+@click.option(
+    "--min-available",
+    help="Hosts kept serving, count or % of the selected hosts; each step moves as "
+    "many as it allows (default: fleetctl_min_available, else 75%).",
+)
+@click.option(
+    "--failure-budget",
+    help="Hosts that may fail (and be rolled back) after the canary (default 0).",
+)
+@click.option(
+    "--soak",
+    "soak",
+    type=Duration(),
+    metavar="D",
+    help="Sustained soak length per host (90s, 10m; a bare number is seconds); default: the "
+         "recipe's.",
+)
+@click.option(
+    "--on-inconclusive",
+    type=click.Choice(["pause", "fail"]),
+    default="pause",
+    show_default=True,
+    help="What an inconclusive gate does.",
+)
+@click.option(
+    "--bake",
+    "bake",
+    type=Duration(),
+    metavar="D",
+    help="Watch each wave under live traffic for D once back in rotation, against hosts still on "
+         "the old "
+    "version (10m; 0: off; a bare number is seconds); default: fleetctl_bake, else off.",
+)
+@click.option(
+    "--ready-timeout",
+    type=Duration(),
+    metavar="D",
+    help="How long a server may take to become ready (90s, 10m; a bare number is seconds).",
+)
+@click.option(
+    "--webhook",
+    help="https URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).",
+)
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
-@click.option("--resume", is_flag=True, help="Continue the paused or interrupted rollout from each host's real state.")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue the paused or interrupted rollout from each host's real state.",
+)
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
 @stream_options
 @json_option
 @pass_ctx
 @click.pass_context
-def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, limit: str | None,
-            waves: str | None, max_unavailable: str | None, min_available: str | None,
-            failure_budget: str | None, soak: str | None,
-            on_inconclusive: str, bake: str | None, ready_timeout: float | None, webhook: str | None, dry_run: bool, resume: bool,
-            yes: bool, take_over: bool) -> None:
+def rollout(
+    cctx: click.Context,
+    ctx: Ctx,
+    tag: str | None,
+    recipe: str | None,
+    limit: str | None,
+    waves: str | None,
+    max_unavailable: str | None,
+    min_available: str | None,
+    failure_budget: str | None,
+    soak: str | None,
+    on_inconclusive: str,
+    bake: str | None,
+    ready_timeout: float | None,
+    webhook: str | None,
+    dry_run: bool,
+    resume: bool,
+    yes: bool,
+    take_over: bool,
+) -> None:
     """Roll a tag across the fleet: canary, then waves, each host gated by a soak."""
     if cctx.invoked_subcommand is not None:
         return
     if not tag and not resume:
         raise click.UsageError("give --tag TAG (or --resume)")
-    opts = Options(tag=tag, recipe=recipe, limit=limit, waves=waves, max_unavailable=max_unavailable,
-                   min_available=min_available, failure_budget=failure_budget, soak=parse_duration(soak, "--soak") if soak is not None else None,
-                   on_inconclusive=on_inconclusive, ready_timeout=ready_timeout, webhook=webhook, dry_run=dry_run,
-                   bake=parse_duration(bake, "--bake") if bake is not None else None)
+    opts = Options(
+        tag=tag,
+        recipe=recipe,
+        limit=limit,
+        waves=waves,
+        max_unavailable=max_unavailable,
+        min_available=min_available,
+        failure_budget=failure_budget,
+        soak=parse_duration(soak, "--soak") if soak is not None else None,
+        on_inconclusive=on_inconclusive,
+        ready_timeout=ready_timeout,
+        webhook=webhook,
+        dry_run=dry_run,
+        bake=parse_duration(bake, "--bake") if bake is not None else None,
+    )
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
     nothing: dict[str, Any] | None = None
@@ -240,8 +387,11 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
 
 
 @rollout.command("abort")
-@click.option("--force", is_flag=True, help="Also drop a lock held by a controller on another machine "
-              "(implies --take-over).")
+@click.option(
+    "--force",
+    is_flag=True,
+    help="Also drop a lock held by a controller on another machine (implies --take-over).",
+)
 @click.option("--webhook", help="https URL receiving JSON events.")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 @take_over_option
@@ -249,7 +399,8 @@ def rollout(cctx: click.Context, ctx: Ctx, tag: str | None, recipe: str | None, 
 @json_option
 @pass_ctx
 def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool) -> None:
-    """Undo the paused or interrupted rollout: every host it touched back to its previous version."""
+    """Undo the paused or interrupted rollout: every host it touched back to its previous
+    version."""
     what = "abort the rollout and return its hosts"
     _need_terminal(ctx, yes, what)
     if force and not yes:
@@ -258,7 +409,11 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 
     def confirm(targets: Mapping[str, str | None]) -> None:
         if not yes and not force:
-            ctx.ask(_rollback_question(targets, None).replace("Roll back", "Abort the rollout: return", 1))
+            ctx.ask(
+                _rollback_question(targets, None).replace(
+                    "Roll back", "Abort the rollout: return", 1
+                )
+            )
 
     with _watched(ctx, "abort", take_over) as eng:
         r = eng.abort(webhook=webhook, force=force, confirm=confirm)
@@ -266,10 +421,14 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 
 
 @click.command("rollback")
-@click.option("--to", "to", help="Tag to go to (default: what each host served before the last rollout).")
+@click.option(
+    "--to", "to", help="Tag to go to (default: what each host served before the last rollout)."
+)
 @click.option("--limit", "-l", help="Ansible-style host pattern.")
 @click.option("--recipe", "-r", help="Recipe (default: the last rollout's).")
-@click.option("--max-unavailable", help="Hosts restarted at once, count or % (default: from --min-available).")
+@click.option(
+    "--max-unavailable", help="Hosts restarted at once, count or % (default: from --min-available)."
+)
 @click.option("--min-available", help="Hosts kept serving, count or % of the selected hosts "
               "(default: fleetctl_min_available, else 75%).")
 @click.option("--webhook", help="https URL receiving JSON events.")
@@ -278,8 +437,17 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 @stream_options
 @json_option
 @pass_ctx
-def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, max_unavailable: str | None,
-             min_available: str | None, webhook: str | None, yes: bool, take_over: bool) -> None:
+def rollback(
+    ctx: Ctx,
+    to: str | None,
+    limit: str | None,
+    recipe: str | None,
+    max_unavailable: str | None,
+    min_available: str | None,
+    webhook: str | None,
+    yes: bool,
+    take_over: bool,
+) -> None:
     """Return hosts to their previous version (readiness + smoke, no full soak)."""
     _need_terminal(ctx, yes, f"roll back to {to}" if to else "roll back")
 
@@ -295,7 +463,15 @@ def rollback(ctx: Ctx, to: str | None, limit: str | None, recipe: str | None, ma
 
 @click.command("history")
 @click.argument("rollout_id", required=False)
-@click.option("--limit", "-n", "count", type=click.IntRange(min=1), default=20, show_default=True, help="How many to list.")
+@click.option(
+    "--limit",
+    "-n",
+    "count",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    help="How many to list.",
+)
 @json_option
 @pass_ctx
 def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
@@ -309,28 +485,76 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
     def render(con: Console) -> None:
         if rollout_id:
             r = recs[0]
-            con.print(f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})")
-            con.print(f"  by {r.started_by}: {r.command}\n  {when(r.started_at)} .. {when(r.finished_at)}"
-                      + (f"\n  error: {r.error}" if r.error else ""), highlight=False, markup=False)
-            rows = [[h.host + (f" ({units[h.host]})" if h.host in units else ""), str(h.wave + 1) if h.wave >= 0 else "-",
-                     h.status, h.before_tag or "-",
-                     h.after_tag or "-", Text(h.error or (h.verdict or {}).get("summary", "")),
-                     " > ".join(p.phase for p in r.phases if p.host == h.host)] for h in r.hosts]
-            con.print(fit_table(con.width, ["host", Col("wave", drop=2), "status", Col("before", drop=1), "after",
-                                            Col("verdict / error", flex=True, min=16),
-                                            Col("phases", drop=3, flex=True)], rows))
+            con.print(
+                f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})"
+            )
+            con.print(
+                f"  by {r.started_by}: {r.command}\n  {when(r.started_at)} .. {when(r.finished_at)}"
+                + (f"\n  error: {r.error}" if r.error else ""),
+                highlight=False,
+                markup=False,
+            )
+            rows = [
+                [
+                    h.host + (f" ({units[h.host]})" if h.host in units else ""),
+                    str(h.wave + 1) if h.wave >= 0 else "-",
+                    h.status,
+                    h.before_tag or "-",
+                    h.after_tag or "-",
+                    Text(h.error or (h.verdict or {}).get("summary", "")),
+                    " > ".join(p.phase for p in r.phases if p.host == h.host),
+                ]
+                for h in r.hosts
+            ]
+            con.print(
+                fit_table(
+                    con.width,
+                    [
+                        "host",
+                        Col("wave", drop=2),
+                        "status",
+                        Col("before", drop=1),
+                        "after",
+                        Col("verdict / error", flex=True, min=16),
+                        Col("phases", drop=3, flex=True),
+                    ],
+                    rows,
+                )
+            )
             return
         rows = []
         for r in recs:
             counts: dict[str, int] = {}
             for h in r.hosts:
                 counts[h.status] = counts.get(h.status, 0) + 1
-            rows.append([r.kind, r.status, r.tag or r.requested or "-", when(r.started_at), r.started_by,
-                         ", ".join(f"{n} {s}" for s, n in counts.items()), r.id])
-        # The id is whole (an operator copies it into `history ID`) and holds the start time and the kind
-        # (ro-/rb-), so at 80 columns those columns give way first.
-        con.print(fit_table(con.width, [Col("kind", drop=1), "status", "tag", Col("started", drop=2),
-                                         Col("by", drop=3), Col("hosts", flex=True, min=12), "id"], rows))
+            rows.append(
+                [
+                    r.kind,
+                    r.status,
+                    r.tag or r.requested or "-",
+                    when(r.started_at),
+                    r.started_by,
+                    ", ".join(f"{n} {s}" for s, n in counts.items()),
+                    r.id,
+                ]
+            )
+        # The id is whole (an operator copies it into `history ID`) and holds the start time and
+        # the kind (ro-/rb-), so at 80 columns those columns give way first.
+        con.print(
+            fit_table(
+                con.width,
+                [
+                    Col("kind", drop=1),
+                    "status",
+                    "tag",
+                    Col("started", drop=2),
+                    Col("by", drop=3),
+                    Col("hosts", flex=True, min=12),
+                    "id",
+                ],
+                rows,
+            )
+        )
 
     ctx.emit(data, render)
 

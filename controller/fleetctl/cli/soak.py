@@ -34,7 +34,13 @@ from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
 
-_STYLE = {"pass": "green", "fail": "red", "inconclusive": "yellow", "error": "magenta", "skipped": "dim"}
+_STYLE = {
+    "pass": "green",
+    "fail": "red",
+    "inconclusive": "yellow",
+    "error": "magenta",
+    "skipped": "dim",
+}
 
 #: Hosts soaked at once (a thread and an event loop each, with up to the largest level + 8
 #: connections): as many as the rollout's gates run together (rollout.session.MAX_WORKERS).
@@ -50,17 +56,21 @@ class _Job:
     run_id: str
     #: Where its baseline is kept (the fleet's ledger); None for an --endpoint (no baseline).
     store: baselines.Store | None = None
-    #: The key its baseline is kept under: the host's name, or a unit's own (``unit:NAME``) for a unit.
+    #: The key its baseline is kept under: the host's name, or a unit's own (``unit:NAME``) for a
+    #: unit.
     baseline_key: str = ""
 
 
 def _exit_code(outcome: Outcome) -> ExitCode:
-    return {Outcome.PASS: ExitCode.OK, Outcome.FAIL: ExitCode.FAILED}.get(outcome, ExitCode.INCONCLUSIVE)
+    return {Outcome.PASS: ExitCode.OK, Outcome.FAIL: ExitCode.FAILED}.get(
+        outcome, ExitCode.INCONCLUSIVE
+    )
 
 
 def _tag_of(container: ContainerAccess | None) -> tuple[str, str]:
     """The (tag, digest) the container serves, as ``fleetctl status`` names them: a digest-pinned
-    container's tag is its ``fleetctl.tag`` label, never the digest's hex (baselines are keyed by it)."""
+    container's tag is its ``fleetctl.tag`` label, never the digest's hex (baselines are keyed by
+    it)."""
     if container is None:
         return "", ""
     try:
@@ -70,9 +80,18 @@ def _tag_of(container: ContainerAccess | None) -> tuple[str, str]:
     return st.tag or "", st.digest or ""
 
 
-def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | None, profile: str | None,
-               duration: float | None, smoke_only: bool, ready_timeout: float | None,
-               baseline_tag: str | None, stack: contextlib.ExitStack) -> list[_Job]:
+def _host_jobs(
+    ctx: Ctx,
+    inv: Inventory,
+    limit: str | None,
+    recipe_name: str | None,
+    profile: str | None,
+    duration: float | None,
+    smoke_only: bool,
+    ready_timeout: float | None,
+    baseline_tag: str | None,
+    stack: contextlib.ExitStack,
+) -> list[_Job]:
     from fleetctl.recipes import load_recipes
 
     hosts = inv.select(limit)
@@ -89,14 +108,19 @@ def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | N
             raise FleetError("no recipe to soak with", host=h.name,
                              fix="set fleetctl_recipe for the host or pass --recipe NAME")
         if name not in recipes:
-            raise FleetError(f"unknown recipe {name!r}", host=h.name, fix=f"use one of: {', '.join(recipes)}")
+            raise FleetError(
+                f"unknown recipe {name!r}", host=h.name, fix=f"use one of: {', '.join(recipes)}"
+            )
         recipe = recipes[name]
         cfg = _adjust(fleet.host_config(recipe, h, profile), duration, smoke_only, ready_timeout)
         container = DockerOverSSH(h, container_name(h))
         tag, digest = _tag_of(container)
-        target = dataclasses.replace(fleet.host_target(h, recipe, tag,
-                                                       secretenv.api_key(recipe.secret_env, recipe=recipe.name)),
-                                     digest=digest)
+        target = dataclasses.replace(
+            fleet.host_target(
+                h, recipe, tag, secretenv.api_key(recipe.secret_env, recipe=recipe.name)
+            ),
+            digest=digest,
+        )
         tag = target.tag
         base = baselines.load(store, key, baseline_tag or tag) if not smoke_only else None
         jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name), store, key))
@@ -104,7 +128,8 @@ def _host_jobs(ctx: Ctx, inv: Inventory, limit: str | None, recipe_name: str | N
 
 
 def unit_heads(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
-    """``hosts`` with each unit's members replaced by its head, once: a unit serves its API on its head only
+    """``hosts`` with each unit's members replaced by its head, once: a unit serves its API on its
+    head only
     (its workers are headless), and its throughput is the whole unit's."""
     out: list[Host] = []
     for h in hosts:
@@ -116,13 +141,15 @@ def unit_heads(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
 
 
 def baseline_key(inv: Inventory, host: str) -> str:
-    """The key ``host``'s soaks are judged and kept under: its name, or its unit's (``unit:NAME``)."""
+    """The key ``host``'s soaks are judged and kept under: its name, or its unit's
+    (``unit:NAME``)."""
     unit = inv.unit_of(host)
     return host if unit is None else baselines.unit_key(unit.name)
 
 
 def baseline_keys(inv: Inventory, limit: str | None) -> list[str]:
-    """The baselines' keys of the selected hosts: a single host's name, a unit member's unit (once)."""
+    """The baselines' keys of the selected hosts: a single host's name, a unit member's unit
+    (once)."""
     keys: list[str] = []
     for h in inv.select(limit):
         key = baseline_key(inv, h.name)
@@ -131,9 +158,16 @@ def baseline_keys(inv: Inventory, limit: str | None) -> list[str]:
     return keys
 
 
-def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, duration: float | None,
-                   smoke_only: bool, ready_timeout: float | None, models: tuple[str, ...],
-                   recipe_name: str | None = None) -> list[_Job]:
+def _endpoint_jobs(
+    ctx: Ctx,
+    endpoints: tuple[str, ...],
+    profile: str | None,
+    duration: float | None,
+    smoke_only: bool,
+    ready_timeout: float | None,
+    models: tuple[str, ...],
+    recipe_name: str | None = None,
+) -> list[_Job]:
     from fleetctl import inventory as inv_mod
 
     state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
@@ -157,7 +191,9 @@ def _endpoint_jobs(ctx: Ctx, endpoints: tuple[str, ...], profile: str | None, du
         cfg = _adjust(base, duration, smoke_only, ready_timeout)
         name = url.split("://", 1)[1].rstrip("/")
         # Any vLLM behind --endpoint may require a key: $VLLM_API_KEY (or its _FILE) when set.
-        target = SoakTarget(name, url.rstrip("/"), api_key=secretenv.lookup(secretenv.API_KEY_ENV, os.environ))
+        target = SoakTarget(
+            name, url.rstrip("/"), api_key=secretenv.lookup(secretenv.API_KEY_ENV, os.environ)
+        )
         jobs.append(_Job(target, cfg, None, state, new_run_id("soak", name)))
     return jobs
 
@@ -176,7 +212,9 @@ def _refuse_query(url: str) -> None:
                 "(or $VLLM_API_KEY_FILE), sent as Authorization: Bearer")
 
 
-def _adjust(cfg: SoakConfig, duration: float | None, smoke_only: bool, ready_timeout: float | None) -> SoakConfig:
+def _adjust(
+    cfg: SoakConfig, duration: float | None, smoke_only: bool, ready_timeout: float | None
+) -> SoakConfig:
     if duration is not None:
         cfg = cfg.with_duration(duration)
     if ready_timeout is not None:
@@ -188,7 +226,9 @@ def _levels(text: str) -> tuple[int, ...]:
     try:
         levels = tuple(int(x) for x in text.replace(" ", "").split(",") if x)
     except ValueError:
-        raise click.UsageError(f"--concurrency {text!r} is not a list of whole numbers (e.g. 1,4,16)") from None
+        raise click.UsageError(
+            f"--concurrency {text!r} is not a list of whole numbers (e.g. 1,4,16)"
+        ) from None
     if not levels or any(c < 1 for c in levels) or list(levels) != sorted(set(levels)):
         raise click.UsageError(f"--concurrency {text!r} must list rising levels >= 1 (e.g. 1,4,16)")
     return levels
@@ -197,7 +237,14 @@ def _levels(text: str) -> tuple[int, ...]:
 def _run(job: _Job, progress: Progress) -> Verdict:
     artifacts = job.state_dir / "runs" / job.run_id
     try:
-        return run_soak(job.target, job.config, job.baseline, progress, artifacts_dir=artifacts, run_id=job.run_id)
+        return run_soak(
+            job.target,
+            job.config,
+            job.baseline,
+            progress,
+            artifacts_dir=artifacts,
+            run_id=job.run_id,
+        )
     except FleetError as e:  # e.g. the artifacts dir cannot be written: the soak could not run
         progress(Event("error", e.message(), host=job.target.name))
         raise
@@ -214,13 +261,35 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
             why = "; ".join(f"{c.name}: {c.message}" for c in v.checks
                             if c.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE)
                             and not c.observe_only)
-            rows.append([v.target, f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]", v.tag or "-",
-                         f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
-                         str(sum(lv.requests for lv in v.levels)), str(sum(lv.errors for lv in v.levels)),
-                         pct(sum(acc) / sum(dt)) if sum(dt) else "-", Text(why or v.summary)])
-        out.print(fit_table(out.width, ["host", "outcome", Col("tag", drop=2), Col("peak tok/s", drop=1),
-                                        Col("requests", drop=4), Col("errors", drop=3), "acceptance",
-                                        Col("why", flex=True)], rows, title="soak"))
+            rows.append(
+                [
+                    v.target,
+                    f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]",
+                    v.tag or "-",
+                    f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
+                    str(sum(lv.requests for lv in v.levels)),
+                    str(sum(lv.errors for lv in v.levels)),
+                    pct(sum(acc) / sum(dt)) if sum(dt) else "-",
+                    Text(why or v.summary),
+                ]
+            )
+        out.print(
+            fit_table(
+                out.width,
+                [
+                    "host",
+                    "outcome",
+                    Col("tag", drop=2),
+                    Col("peak tok/s", drop=1),
+                    Col("requests", drop=4),
+                    Col("errors", drop=3),
+                    "acceptance",
+                    Col("why", flex=True),
+                ],
+                rows,
+                title="soak",
+            )
+        )
         for v in verdicts:
             if v.artifacts_dir:
                 out.print(f"[dim]{v.target}: artifacts in {v.artifacts_dir}[/]")
@@ -229,33 +298,89 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 
 
 @click.group("soak", invoke_without_command=True)
-@click.option("--limit", "-l", metavar="HOSTS", help="Hosts to soak (Ansible pattern); default: every host.")
+@click.option(
+    "--limit", "-l", metavar="HOSTS", help="Hosts to soak (Ansible pattern); default: every host."
+)
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
               help="Soak this OpenAI-compatible endpoint instead of inventory hosts (repeatable).")
 @click.option("--duration", "-d", type=Duration(), metavar="D",
               help="Length of the sustained phase (90s, 10m, 1h; a bare number is seconds).")
-@click.option("--recipe", metavar="NAME", help="Recipe whose gate to apply (default: each host's fleetctl_recipe).")
-@click.option("--profile", type=click.Choice(PROFILES), help="Gate profile (default: the recipe's, else spark).")
-@click.option("--model", "models", multiple=True, metavar="NAME",
-              help="With --endpoint: served model names to expect (the first is used for requests).")
-@click.option("--concurrency", metavar="LIST", help="Sweep levels, e.g. 1,4,16 (default: the recipe's).")
+@click.option(
+    "--recipe",
+    metavar="NAME",
+    help="Recipe whose gate to apply (default: each host's fleetctl_recipe).",
+)
+@click.option(
+    "--profile",
+    type=click.Choice(PROFILES),
+    help="Gate profile (default: the recipe's, else spark).",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="NAME",
+    help="With --endpoint: served model names to expect (the first is used for requests).",
+)
+@click.option(
+    "--concurrency", metavar="LIST", help="Sweep levels, e.g. 1,4,16 (default: the recipe's)."
+)
 @click.option("--smoke-only", is_flag=True, help="Readiness, identity and smoke only (no load).")
-@click.option("--ready-timeout", type=Duration(), metavar="D",
-              help="How long to wait for /health 200 (90s, 10m; a bare number is seconds; default: the profile's).")
-@click.option("--baseline-tag", metavar="TAG", help="Compare with this tag's baseline (default: the serving tag).")
-@click.option("--no-save-baseline", is_flag=True, help="Do not keep a passing soak as the host's new baseline.")
+@click.option(
+    "--ready-timeout",
+    type=Duration(),
+    metavar="D",
+    help="How long to wait for /health 200 (90s, 10m; a bare number is seconds; default: the "
+         "profile's).",
+)
+@click.option(
+    "--baseline-tag",
+    metavar="TAG",
+    help="Compare with this tag's baseline (default: the serving tag).",
+)
+@click.option(
+    "--no-save-baseline",
+    is_flag=True,
+    help="Do not keep a passing soak as the host's new baseline.",
+)
 @stream_options
-@click.option("--watch", "watch_flag", is_flag=True, help="Refused: the continuous probe is `fleetctl watch`.")
+@click.option(
+    "--watch", "watch_flag", is_flag=True, help="Refused: the continuous probe is `fleetctl watch`."
+)
 @json_option
-@click.option("--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F.")
-@click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
-@click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report with charts to F.")
+@click.option(
+    "--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F."
+)
+@click.option(
+    "--junit",
+    "junit_file",
+    metavar="F",
+    help="Write JUnit XML (a test case per host and check) to F.",
+)
+@click.option(
+    "--html", "html_file", metavar="F", help="Write a self-contained HTML report with charts to F."
+)
 @pass_ctx
 @click.pass_context
-def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: float | None, recipe: str | None,
-         profile: str | None, models: tuple[str, ...], concurrency: str | None, smoke_only: bool, ready_timeout: float | None,
-         baseline_tag: str | None, no_save_baseline: bool, watch_flag: bool, json_file: str | None,
-         junit_file: str | None, html_file: str | None) -> None:
+def soak(
+    cctx: click.Context,
+    ctx: Ctx,
+    limit: str | None,
+    endpoints: tuple[str, ...],
+    duration: float | None,
+    recipe: str | None,
+    profile: str | None,
+    models: tuple[str, ...],
+    concurrency: str | None,
+    smoke_only: bool,
+    ready_timeout: float | None,
+    baseline_tag: str | None,
+    no_save_baseline: bool,
+    watch_flag: bool,
+    json_file: str | None,
+    junit_file: str | None,
+    html_file: str | None,
+) -> None:
     """Soak serving hosts (or endpoints) in parallel and gate on the verdict.
 
     Exit 0 when every soak passed, 1 when one failed, 2 when one was
@@ -265,43 +390,91 @@ def soak(cctx: click.Context, ctx: Ctx, limit: str | None, endpoints: tuple[str,
     if cctx.invoked_subcommand is not None:
         return
     if watch_flag:
-        # --duration here is the sustained phase and there is no interval: the watch's options mean other
-        # things, so it is its own command rather than a soak mode.
-        raise click.UsageError("soak --watch is `fleetctl watch` (e.g. `fleetctl watch --limit HOSTS --duration 8h "
-                               "--interval 60s`): a watch's --duration is the whole watch and it takes --interval")
+        # --duration here is the sustained phase and there is no interval: the watch's options mean
+        # other things, so it is its own command rather than a soak mode.
+        raise click.UsageError(
+            "soak --watch is `fleetctl watch` (e.g. `fleetctl watch --limit HOSTS --duration 8h "
+            "--interval 60s`): a watch's --duration is the whole watch and it takes --interval"
+        )
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
     # Before any traffic: a report that cannot be written would end a finished soak as an internal
     # error.
     report.check_report_paths(json_file, junit_file, html_file)
     with contextlib.ExitStack() as stack:
-        _soak(ctx, stack, limit, endpoints, duration, recipe, profile, models, concurrency, smoke_only, ready_timeout,
-              baseline_tag, no_save_baseline, json_file, junit_file, html_file)
+        _soak(
+            ctx,
+            stack,
+            limit,
+            endpoints,
+            duration,
+            recipe,
+            profile,
+            models,
+            concurrency,
+            smoke_only,
+            ready_timeout,
+            baseline_tag,
+            no_save_baseline,
+            json_file,
+            junit_file,
+            html_file,
+        )
 
 
-def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: tuple[str, ...], dur: float | None,
-          recipe: str | None, profile: str | None, models: tuple[str, ...], concurrency: str | None,
-          smoke_only: bool, ready: float | None, baseline_tag: str | None, no_save_baseline: bool,
-          json_file: str | None, junit_file: str | None, html_file: str | None) -> None:
+def _soak(
+    ctx: Ctx,
+    stack: contextlib.ExitStack,
+    limit: str | None,
+    endpoints: tuple[str, ...],
+    dur: float | None,
+    recipe: str | None,
+    profile: str | None,
+    models: tuple[str, ...],
+    concurrency: str | None,
+    smoke_only: bool,
+    ready: float | None,
+    baseline_tag: str | None,
+    no_save_baseline: bool,
+    json_file: str | None,
+    junit_file: str | None,
+    html_file: str | None,
+) -> None:
     inv: Inventory | None = None
     if endpoints:
         if baseline_tag:
-            raise click.UsageError("--baseline-tag needs inventory hosts: an --endpoint soak keeps no baseline")
+            raise click.UsageError(
+                "--baseline-tag needs inventory hosts: an --endpoint soak keeps no baseline"
+            )
         jobs = _endpoint_jobs(ctx, endpoints, profile, dur, smoke_only, ready, models, recipe)
     else:
         inv = inventory.load(ctx.inventory)
-        jobs = _host_jobs(ctx, inv, limit, recipe, profile, dur, smoke_only, ready, baseline_tag, stack)
+        jobs = _host_jobs(
+            ctx, inv, limit, recipe, profile, dur, smoke_only, ready, baseline_tag, stack
+        )
     if concurrency:
         levels = _levels(concurrency)
-        jobs = [dataclasses.replace(j, config=dataclasses.replace(j.config, concurrency=levels)) for j in jobs]
+        jobs = [
+            dataclasses.replace(j, config=dataclasses.replace(j.config, concurrency=levels))
+            for j in jobs
+        ]
 
     verdicts: list[Verdict] = []
     try:
-        # An endpoint soak keeps its event log where it keeps its artifacts (the default inventory's state).
-        state = paths.state_dir(inv.path if inv is not None else inventory.default_inventory_path(ctx.inventory))
-        with live.streams(ctx, "soak", state, inv) as sink, \
-                ctx.progress("soak", ("phase", "concurrency", "tok_s", "acceptance", "errors", "message")) as shown, \
-                ThreadPoolExecutor(max_workers=min(len(jobs), MAX_PARALLEL_SOAKS), thread_name_prefix="soak") as pool:
+        # An endpoint soak keeps its event log where it keeps its artifacts (the default
+        # inventory's state).
+        state = paths.state_dir(
+            inv.path if inv is not None else inventory.default_inventory_path(ctx.inventory)
+        )
+        with (
+            live.streams(ctx, "soak", state, inv) as sink,
+            ctx.progress(
+                "soak", ("phase", "concurrency", "tok_s", "acceptance", "errors", "message")
+            ) as shown,
+            ThreadPoolExecutor(
+                max_workers=min(len(jobs), MAX_PARALLEL_SOAKS), thread_name_prefix="soak"
+            ) as pool,
+        ):
             progress = Tee(sink, shown)
             futures = [pool.submit(_run, j, progress) for j in jobs]
             verdicts = [f.result() for f in futures]
@@ -309,15 +482,28 @@ def _soak(ctx: Ctx, stack: contextlib.ExitStack, limit: str | None, endpoints: t
         ssh.close_all()
 
     for job, v in zip(jobs, verdicts, strict=True):
-        if not no_save_baseline and job.store is not None and job.target.container is not None and not smoke_only:
+        if (
+            not no_save_baseline
+            and job.store is not None
+            and job.target.container is not None
+            and not smoke_only
+        ):
             baselines.save(job.store, job.baseline_key or job.target.name, job.target.tag, v)
     base_map = {j.target.name: j.baseline for j in jobs if j.baseline is not None}
     finish(ctx, verdicts, _summary(verdicts), json_file, junit_file, html_file, base_map)
 
 
-def finish(ctx: Ctx, verdicts: list[Verdict], summary: Callable[[Console], None], json_file: str | None,
-           junit_file: str | None, html_file: str | None, base_map: dict[str, Verdict] | None = None) -> None:
-    """Write the requested reports, print the verdicts (JSON or ``summary``) and exit as the worst one says."""
+def finish(
+    ctx: Ctx,
+    verdicts: list[Verdict],
+    summary: Callable[[Console], None],
+    json_file: str | None,
+    junit_file: str | None,
+    html_file: str | None,
+    base_map: dict[str, Verdict] | None = None,
+) -> None:
+    """Write the requested reports, print the verdicts (JSON or ``summary``) and exit as the worst
+    one says."""
     if json_file:
         report.write_json(Path(json_file), verdicts)
     if junit_file:
@@ -341,9 +527,11 @@ def baseline() -> None:
     """Show, pin or reset the hosts' baselines (the last passing soaks a soak is compared with)."""
 
 
-def _windows(ctx: Ctx, limit: str | None, tag: str | None,
-             stack: contextlib.ExitStack) -> tuple[baselines.Store, list[str], list[baselines.Window]]:
-    """The fleet's baseline store (its ledger, either backend), the selected hosts and their windows."""
+def _windows(
+    ctx: Ctx, limit: str | None, tag: str | None, stack: contextlib.ExitStack
+) -> tuple[baselines.Store, list[str], list[baselines.Window]]:
+    """The fleet's baseline store (its ledger, either backend), the selected hosts and their
+    windows."""
     from fleetctl import inventory as inv_mod
 
     inv = inv_mod.load(ctx.inventory)
@@ -359,36 +547,67 @@ def _render_windows(ws: list[baselines.Window]) -> Callable[[Console], None]:
         for w in ws:
             b = w.baseline
             assert b is not None
-            peak = max((lv for lv in b.levels if lv.phase == "sweep" and lv.tok_s), key=lambda lv: lv.tok_s or 0.0,
-                       default=None)
+            peak = max(
+                (lv for lv in b.levels if lv.phase == "sweep" and lv.tok_s),
+                key=lambda lv: lv.tok_s or 0.0,
+                default=None,
+            )
             spread = b.baseline_spread.get(peak.label) if peak else None
             rows.append([w.host, w.tag, str(len(w.runs)), "yes" if w.pinned else "no",
                          f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
                          f"{spread:.1f}" if spread is not None else "-", w.runs[-1].finished[:19]])
-        out.print(fit_table(out.width, ["host", Col("tag", flex=True, min=12), "runs", "pinned",
-                                        Col("peak tok/s", drop=2), Col("spread", drop=1), Col("newest", drop=3)],
-                            rows, title="soak baselines"))
+        out.print(
+            fit_table(
+                out.width,
+                [
+                    "host",
+                    Col("tag", flex=True, min=12),
+                    "runs",
+                    "pinned",
+                    Col("peak tok/s", drop=2),
+                    Col("spread", drop=1),
+                    Col("newest", drop=3),
+                ],
+                rows,
+                title="soak baselines",
+            )
+        )
         if not ws:
-            out.print("no baseline recorded: a passing `fleetctl soak` (or rollout gate) records one")
+            out.print(
+                "no baseline recorded: a passing `fleetctl soak` (or rollout gate) records one"
+            )
 
     return render
 
 
 def _window_json(w: baselines.Window) -> dict[str, object]:
     b = w.baseline
-    return {"host": w.host, "tag": w.tag, "pinned": w.pinned, "runs": [r.run_id for r in w.runs],
-            "fingerprint": w.runs[-1].fingerprint if w.runs else None,
-            "levels": {} if b is None else {lv.label: {"tok_s": lv.tok_s, "spread": b.baseline_spread.get(lv.label)}
-                                            for lv in b.levels if lv.phase == "sweep"}}
+    return {
+        "host": w.host,
+        "tag": w.tag,
+        "pinned": w.pinned,
+        "runs": [r.run_id for r in w.runs],
+        "fingerprint": w.runs[-1].fingerprint if w.runs else None,
+        "levels": {}
+        if b is None
+        else {
+            lv.label: {"tok_s": lv.tok_s, "spread": b.baseline_spread.get(lv.label)}
+            for lv in b.levels
+            if lv.phase == "sweep"
+        },
+    }
 
 
 @baseline.command("show")
-@click.option("--limit", "-l", metavar="HOSTS", help="Hosts (Ansible pattern); default: every host.")
+@click.option(
+    "--limit", "-l", metavar="HOSTS", help="Hosts (Ansible pattern); default: every host."
+)
 @click.option("--tag", metavar="TAG", help="Only this tag's baselines.")
 @json_option
 @pass_ctx
 def baseline_show(ctx: Ctx, limit: str | None, tag: str | None) -> None:
-    """Each host's baseline per tag: how many passing runs it combines, pinned or not, its figures."""
+    """Each host's baseline per tag: how many passing runs it combines, pinned or not, its
+    figures."""
     with contextlib.ExitStack() as stack:
         _store, _hosts, ws = _windows(ctx, limit, tag, stack)
     ctx.emit([_window_json(w) for w in ws], _render_windows(ws))
@@ -414,7 +633,8 @@ def baseline_pin(ctx: Ctx, limit: str, tag: str, unpin: bool) -> None:
 @json_option
 @pass_ctx
 def baseline_reset(ctx: Ctx, limit: str, tag: str) -> None:
-    """Forget a baseline (after a hardware change, or a lucky run): the next passing soak starts a new one."""
+    """Forget a baseline (after a hardware change, or a lucky run): the next passing soak starts a
+    new one."""
     with contextlib.ExitStack() as stack:
         store, hosts, _ws = _windows(ctx, limit, tag, stack)
         gone = {h: baselines.reset(store, h, tag) for h in hosts}

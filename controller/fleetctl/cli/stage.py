@@ -1,4 +1,5 @@
-"""``fleetctl stage`` (weights into /opt) and ``fleetctl recipes`` (list and validate the recipes)."""
+"""``fleetctl stage`` (weights into /opt) and ``fleetctl recipes`` (list and validate the
+recipes)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,12 @@ def _render_stage(r: StageResult) -> Any:
         rows = []
         for h in r.hosts.values():
             colour = "green" if h.ok else "red"
-            sets = ", ".join(f"{s.role} [{_STATE_COLOUR.get(s.state, 'white')}]{s.state}[/]" for s in h.sets) or "-"
+            sets = (
+                ", ".join(
+                    f"{s.role} [{_STATE_COLOUR.get(s.state, 'white')}]{s.state}[/]" for s in h.sets
+                )
+                or "-"
+            )
             who = f"{h.name} (seed)" if h.seed else h.name
             copied = human_bytes(h.bytes_copied) if h.bytes_copied else "-"
             if h.copied_from:
@@ -43,42 +49,84 @@ def _render_stage(r: StageResult) -> Any:
             if h.mb_per_s:
                 copied += f" ({h.mb_per_s} MB/s)"
             rows.append([who, f"[{colour}]{h.status}[/]", sets, copied, Text(h.message or "")])
-        out.print(fit_table(out.width, ["host", "status", Col("sets", flex=True, min=14), Col("copied", drop=1),
-                                        Col("message", flex=True)], rows))
+        out.print(
+            fit_table(
+                out.width,
+                [
+                    "host",
+                    "status",
+                    Col("sets", flex=True, min=14),
+                    Col("copied", drop=1),
+                    Col("message", flex=True),
+                ],
+                rows,
+            )
+        )
         for h in r.hosts.values():
             for s in h.sets:
                 if s.problems:
-                    out.print(f"[red]{h.name} {s.role}[/] {escape(f'{s.repo}@{s.revision}')} refused:")
+                    out.print(
+                        f"[red]{h.name} {s.role}[/] {escape(f'{s.repo}@{s.revision}')} refused:"
+                    )
                     for p in s.problems:
                         out.print(f"  - {p}", highlight=False, markup=False)
                     bad = [f for f in s.files if f.status != "ok"]
                     if bad:
-                        out.print("    files: " + ", ".join(f"{f.path} ({f.size} B)" for f in bad), highlight=False)
+                        out.print(
+                            "    files: " + ", ".join(f"{f.path} ({f.size} B)" for f in bad),
+                            highlight=False,
+                        )
         if r.seed and r.fetch_seconds > 0:
-            out.print(f"fetched {human_bytes(r.fetched_bytes)} once on {r.seed} in {r.fetch_seconds:.1f}s "
-                      f"({r.fetched_bytes / 1e6 / r.fetch_seconds:.1f} MB/s)")
+            out.print(
+                f"fetched {human_bytes(r.fetched_bytes)} once on {r.seed} in "
+                f"{r.fetch_seconds:.1f}s "
+                f"({r.fetched_bytes / 1e6 / r.fetch_seconds:.1f} MB/s)"
+            )
         if r.rounds:
             ups = r.uploads()
-            out.print(f"copied in a tree: {r.rounds} round(s), the seed served {ups.get(r.seed or '', 0)} host(s), "
-                      f"{len(ups)} host(s) served others")
+            out.print(
+                f"copied in a tree: {r.rounds} round(s), the seed served "
+                f"{ups.get(r.seed or '', 0)} host(s), "
+                f"{len(ups)} host(s) served others"
+            )
         out.print(f"artifacts {r.artifacts_dir}")
     return render
 
 
 @click.command("stage")
-@click.option("--recipe", "-r", metavar="NAME", help="Recipe to stage (default: the inventory's fleetctl_recipe).")
+@click.option(
+    "--recipe",
+    "-r",
+    metavar="NAME",
+    help="Recipe to stage (default: the inventory's fleetctl_recipe).",
+)
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
-@click.option("--source", type=click.Choice(["mirror", "hub", "local"]),
-              help="Where the bytes come from (default: the recipe's, else the mirror if the inventory has one).")
+@click.option(
+    "--source",
+    type=click.Choice(["mirror", "hub", "local"]),
+    help="Where the bytes come from (default: the recipe's, else the mirror if the inventory has "
+         "one).",
+)
 @click.option("--local-dir", type=click.Path(file_okay=False, exists=True),
               help="With --source local: a directory holding <repo>/<revision>/ per weight set.")
-@click.option("--headroom-gb", type=click.FloatRange(0), help="Free disk to keep beyond the weights (default 5).")
+@click.option(
+    "--headroom-gb",
+    type=click.FloatRange(0),
+    help="Free disk to keep beyond the weights (default 5).",
+)
 @click.option("--checksums", is_flag=True, help="Re-hash every received file against the manifest.")
 @stream_options
 @json_option
 @pass_ctx
-def stage_cmd(ctx: Ctx, recipe: str | None, limit: str | None, source: str | None, local_dir: str | None,
-              headroom_gb: float | None, checksums: bool) -> None:
+def stage_cmd(
+    ctx: Ctx,
+    recipe: str | None,
+    limit: str | None,
+    source: str | None,
+    local_dir: str | None,
+    headroom_gb: float | None,
+    checksums: bool,
+) -> None:
     """Stage a recipe's model weights into /opt: fetched once, verified, swapped in atomically."""
     inventory = inv.load(ctx.inventory)
     with live.streams(ctx, "stage", paths.state_dir(inventory.path), inventory) as sink, \
@@ -98,10 +146,15 @@ def recipes_cmd(ctx: Ctx) -> None:
     inventory = inv.load(ctx.inventory)
     recipes = rec.load_recipes(inventory)
     default = inventory.vars.get("fleetctl_recipe")
-    # Every host's recipe (the fleet's default or its own fleetctl_recipe) must exist: a typo here is
-    # otherwise found only when a rollout reaches that host.
-    unknown = sorted({(h.name, str(h.vars.get("fleetctl_recipe"))) for h in inventory.hosts.values()
-                      if h.vars.get("fleetctl_recipe") and str(h.vars.get("fleetctl_recipe")) not in recipes})
+    # Every host's recipe (the fleet's default or its own fleetctl_recipe) must exist: a typo here
+    # is otherwise found only when a rollout reaches that host.
+    unknown = sorted(
+        {
+            (h.name, str(h.vars.get("fleetctl_recipe")))
+            for h in inventory.hosts.values()
+            if h.vars.get("fleetctl_recipe") and str(h.vars.get("fleetctl_recipe")) not in recipes
+        }
+    )
     if unknown:
         names = ", ".join(f"{host} ({name!r})" for host, name in unknown[:10])
         more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
@@ -112,18 +165,24 @@ def recipes_cmd(ctx: Ctx) -> None:
     if len(placement) == 1:
         raise placement[0]
     if placement:
-        raise FleetError(f"{len(placement)} recipes are placed on units (or hosts) of another size:\n"
-                         + "\n".join(f"  - {p.message()}" for p in placement),
-                         fix="match each recipe's topology.nodes to the hosts it is placed on")
+        raise FleetError(
+            f"{len(placement)} recipes are placed on units (or hosts) of another size:\n"
+            + "\n".join(f"  - {p.message()}" for p in placement),
+            fix="match each recipe's topology.nodes to the hosts it is placed on",
+        )
     units: dict[str, dict[str, Any]] = {}
     for u in inventory.units.values():
         name = inventory.hosts[u.head].vars.get("fleetctl_recipe", default)
         r = recipes.get(str(name)) if name else None
-        units[u.name] = {"members": list(u.members), "head": u.head, "recipe": name,
-                         "fabric": {m: to_jsonable(f) for m, f in u.fabric.items()},
-                         "busbw_floor_gbs": u.busbw_floor_gbs,
-                         # what each member runs, in the order they start: the rendered command and env
-                         "launch": [to_jsonable(r.launch(u, m)) for m in r.topology.start_order(u)] if r else []}
+        units[u.name] = {
+            "members": list(u.members),
+            "head": u.head,
+            "recipe": name,
+            "fabric": {m: to_jsonable(f) for m, f in u.fabric.items()},
+            "busbw_floor_gbs": u.busbw_floor_gbs,
+            # what each member runs, in the order they start: the rendered command and env
+            "launch": [to_jsonable(r.launch(u, m)) for m in r.topology.start_order(u)] if r else [],
+        }
 
     def render(out: Console) -> None:
         rows = []
@@ -135,11 +194,27 @@ def recipes_cmd(ctx: Ctx) -> None:
             rows.append([name, Text(r.image), Text(" ".join(r.served_model_names)), Text(weights),
                          str(len(r.vllm_args)), nodes])
         # One line per recipe: `--json` has every weight set's path and the full flags.
-        out.print(fit_table(out.width, ["recipe", Col("image", flex=True, min=16, drop=1),
-                                        Col("served names", flex=True, drop=2), Col("weights", flex=True, min=20),
-                                        "flags", Col("nodes", drop=3)], rows))
+        out.print(
+            fit_table(
+                out.width,
+                [
+                    "recipe",
+                    Col("image", flex=True, min=16, drop=1),
+                    Col("served names", flex=True, drop=2),
+                    Col("weights", flex=True, min=20),
+                    "flags",
+                    Col("nodes", drop=3),
+                ],
+                rows,
+            )
+        )
         for name, u in units.items():
-            out.print(Text(f"unit {name}: {', '.join(u['members'])} (head {u['head']}), recipe {u['recipe']}"))
+            out.print(
+                Text(
+                    f"unit {name}: {', '.join(u['members'])} (head {u['head']}), recipe "
+                    f"{u['recipe']}"
+                )
+            )
 
     ctx.emit({"default": default, "recipes": recipes, "units": units}, render)
 

@@ -40,8 +40,9 @@ def _door(st: HostStatus) -> str:
     if d is None:
         return ""
     admin = str(d.get("admin"))
-    text = {"ready": "[green]in[/]", "drain": "[yellow]drain[/]", "maint": "[yellow]out[/]"}.get(admin,
-                                                                                             f"[red]{escape(admin)}[/]")
+    text = {"ready": "[green]in[/]", "drain": "[yellow]drain[/]", "maint": "[yellow]out[/]"}.get(
+        admin, f"[red]{escape(admin)}[/]"
+    )
     if d.get("healthy") is False:
         text += " [red]down[/]"
     if d.get("held_by"):
@@ -55,8 +56,10 @@ def bandwidth_line(bw: Mapping[str, Any] | None) -> str:
         return "bandwidth: never measured (a rollout's preflight measures it)"
     at = str(bw.get("at") or "?")[:16].replace("T", " ")
     if bw.get("ok"):
-        return f"bandwidth {bw.get('busbw_gbs')} GB/s ({bw.get('method')}) >= floor {bw.get('floor_gbs')}: ok, {at}Z"
-    return f"bandwidth {bw.get('busbw_gbs')} GB/s ({bw.get('method')}) BELOW floor {bw.get('floor_gbs')}, {at}Z"
+        return (f"bandwidth {bw.get('busbw_gbs')} GB/s ({bw.get('method')}) >= floor "
+                f"{bw.get('floor_gbs')}: ok, {at}Z")
+    return (f"bandwidth {bw.get('busbw_gbs')} GB/s ({bw.get('method')}) BELOW floor "
+            f"{bw.get('floor_gbs')}, {at}Z")
 
 
 def render_status(statuses: Mapping[str, HostStatus]) -> Any:
@@ -68,8 +71,21 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
         for name, st in statuses.items():
             if not st.reachable:
                 # The cause goes in "serving": the one free-text column kept at any width.
-                rows.append([name, f"[red]no[/] ({st.seconds:.1f}s)", "", "", "", "",
-                             f"[red]{escape(st.error or '')}[/]", "", "", ""] + ([_door(st)] if doors else []))
+                rows.append(
+                    [
+                        name,
+                        f"[red]no[/] ({st.seconds:.1f}s)",
+                        "",
+                        "",
+                        "",
+                        "",
+                        f"[red]{escape(st.error or '')}[/]",
+                        "",
+                        "",
+                        "",
+                    ]
+                    + ([_door(st)] if doors else [])
+                )
                 continue
             c = st.container
             if c is None:
@@ -86,7 +102,8 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                 escape(st.driver or "?"), escape(st.toolkit or "-"), escape(st.docker or "?"),
                 serving, digest, _health(st), _uptime(st.uptime_s),
             ] + ([_door(st)] if doors else []))
-        # At 80 columns the software versions give way first (`--json` has them all), then GPU and digest.
+        # At 80 columns the software versions give way first (`--json` has them all), then GPU and
+        # digest.
         cols: list[Col | str] = ["host", "reachable", Col("GPU", drop=3), Col("driver", drop=6),
                                  Col("toolkit", drop=5), Col("docker", drop=4),
                                  Col("serving", flex=True, min=16), Col("digest", drop=2), "health",
@@ -97,14 +114,23 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
         held = [n for n, st in statuses.items() if st.front_door and st.front_door.get("held_by")]
         for n in held:
             d = statuses[n].front_door or {}
-            out.print(f"[yellow]out of rotation[/] {n}: drained by {escape(str(d.get('held_by')))} and not "
-                      f"re-admitted yet ({escape(str(d.get('detail') or ''))}); `fleetctl rollout --resume`, "
-                      "`rollout abort` or `rollback` puts it back", highlight=False)
-        warn = [n for n, st in statuses.items() if st.reachable and st.next_kernel_has_nvidia is False]
+            out.print(
+                f"[yellow]out of rotation[/] {n}: drained by {escape(str(d.get('held_by')))} and "
+                "not "
+                f"re-admitted yet ({escape(str(d.get('detail') or ''))}); `fleetctl rollout "
+                "--resume`, "
+                "`rollout abort` or `rollback` puts it back",
+                highlight=False,
+            )
+        warn = [
+            n for n, st in statuses.items() if st.reachable and st.next_kernel_has_nvidia is False
+        ]
         for n in warn:
             st = statuses[n]
-            out.print(f"[yellow]warning[/] {n}: the next kernel {st.next_kernel} has no nvidia module "
-                      f"(running {st.kernel})")
+            out.print(
+                f"[yellow]warning[/] {n}: the next kernel {st.next_kernel} has no nvidia module "
+                f"(running {st.kernel})"
+            )
         units: dict[str, list[HostStatus]] = {}
         for st in statuses.values():
             if st.unit is not None:
@@ -121,12 +147,17 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
             else:
                 state = "[green]fabric ok[/]"
             out.print(f"unit {escape(unit)}: {escape(listed)}: {state}", highlight=False)
-            bw = next((m.fabric.bandwidth for m in members if m.fabric and m.fabric.bandwidth), None)
+            bw = next(
+                (m.fabric.bandwidth for m in members if m.fabric and m.fabric.bandwidth), None
+            )
             out.print(f"  {escape(bandwidth_line(bw))}", highlight=False)
             for m in members:
                 if m.fabric and m.fabric.error:
-                    out.print(f"  [red]{escape(m.name)}: the fabric probe failed: {escape(m.fabric.error)}[/]",
-                              highlight=False)
+                    out.print(
+                        f"  [red]{escape(m.name)}: the fabric probe failed: "
+                        f"{escape(m.fabric.error)}[/]",
+                        highlight=False,
+                    )
             for f in findings:
                 out.print(f"  [red]{escape(f.message())}[/]", highlight=False)
         for n, st in statuses.items():
@@ -134,7 +165,9 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                 out.print(f"[yellow]locked[/] {n}: by {escape(st.lock)}", highlight=False)
         down = [n for n, st in statuses.items() if not st.reachable]
         if down:
-            out.print(f"[red]{len(down)} of {len(statuses)} host(s) unreachable:[/] {', '.join(down)}")
+            out.print(
+                f"[red]{len(down)} of {len(statuses)} host(s) unreachable:[/] {', '.join(down)}"
+            )
 
     return render
 
@@ -153,13 +186,21 @@ def status_json(statuses: Mapping[str, HostStatus]) -> dict[str, Any]:
 
 @click.command("status")
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
-@click.option("--timeout", type=Duration(1, 300), metavar="D", default=DEFAULT_TIMEOUT, show_default=True,
-              help="How long a host gets to answer before it is shown as unreachable (10s, 1m; a bare number is "
-                   "seconds).")
+@click.option(
+    "--timeout",
+    type=Duration(1, 300),
+    metavar="D",
+    default=DEFAULT_TIMEOUT,
+    show_default=True,
+    help="How long a host gets to answer before it is shown as unreachable (10s, 1m; a bare number "
+         "is "
+    "seconds).",
+)
 @json_option
 @pass_ctx
 def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:
-    """Show each host: reachable, GPU, driver, toolkit, Docker, serving image and digest, /health, uptime.
+    """Show each host: reachable, GPU, driver, toolkit, Docker, serving image and digest, /health,
+    uptime.
 
     Exits 1 when some host is unreachable.
     """
@@ -170,7 +211,9 @@ def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:
             statuses = probe_fleet(inventory, hosts, timeout=timeout, progress=progress)
         doors = front_door_view(inventory, hosts)
         if doors is not None:
-            statuses = {n: dataclasses.replace(st, front_door=doors.get(n)) for n, st in statuses.items()}
+            statuses = {
+                n: dataclasses.replace(st, front_door=doors.get(n)) for n, st in statuses.items()
+            }
     finally:
         ssh.close_all()
     ctx.emit(status_json(statuses), render_status(statuses))

@@ -1,10 +1,14 @@
 """``fleetctl ui``: a small read-only web page of the fleet, on 127.0.0.1 by default.
 
-It shows the inventory's hosts (with what the ledger last did to each), the rollout, rollback or abort in
+It shows the inventory's hosts (with what the ledger last did to each), the rollout, rollback or
+abort in
 progress from its event log (``<state dir>/events``: the same events and the same model as the
-terminal's live view, :mod:`fleetctl.cli.livemodel`), the history (``fleetctl history``) and each host's soak
-report with its charts (drawn from the gate's ``verdict.json`` by the soak's own HTML report). A second
-process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup). The long commands'
+terminal's live view, :mod:`fleetctl.cli.livemodel`), the history (``fleetctl history``) and each
+host's soak
+report with its charts (drawn from the gate's ``verdict.json`` by the soak's own HTML report). A
+second
+process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup). The long
+commands'
 ``--ui PORT`` serves the same page from inside the command, pinned to its own event log
 (:func:`fleetctl.cli.live.streams`), on 127.0.0.1 only, for as long as the command runs.
 
@@ -59,8 +63,11 @@ LOCAL_NAMES = frozenset({"localhost"})
 #: Rollouts and rollbacks listed in the history.
 HISTORY = 20
 DEFAULT_PORT = 8765
-ASSETS = {"/": ("index.html", "text/html; charset=utf-8"), "/app.js": ("app.js", "text/javascript; charset=utf-8"),
-          "/style.css": ("style.css", "text/css; charset=utf-8")}
+ASSETS = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/app.js": ("app.js", "text/javascript; charset=utf-8"),
+    "/style.css": ("style.css", "text/css; charset=utf-8"),
+}
 
 
 class BoundedServer(ThreadingHTTPServer):
@@ -133,25 +140,37 @@ def host_allowed(host_header: str | None, allow: frozenset[str]) -> bool:
 
 
 class Fleet:
-    """What the page reads, all of it on each request (read-only: nothing here changes a file or a host)."""
+    """What the page reads, all of it on each request (read-only: nothing here changes a file or a
+    host)."""
 
     def __init__(self, inv: Inventory | None, state_dir: Path, log: Path | None = None) -> None:
-        """``log``: the event log to show (a command's own, with ``--ui``; default: the newest run's).
+        """``log``: the event log to show (a command's own, with ``--ui``; default: the newest
+        run's).
         Without ``inv`` (a soak of bare endpoints) there are no hosts and no history to show."""
         self.inv = inv
         self.state_dir = state_dir
         self.log = log
 
     def hosts(self) -> list[dict[str, Any]]:
-        """Every inventory host: address, groups, recipe, and what the newest run that had it did to it."""
+        """Every inventory host: address, groups, recipe, and what the newest run that had it did
+        to it."""
         if self.inv is None:
             return []
         last: dict[str, dict[str, Any]] = {}
         for rec in self._history():
             for h in rec.hosts:
-                last.setdefault(h.host, {"run": rec.id, "kind": rec.kind, "status": h.status, "phase": h.phase,
-                                         "tag": h.after_tag or h.before_tag, "digest": h.after_digest or h.before_digest,
-                                         "finished_at": h.finished_at})
+                last.setdefault(
+                    h.host,
+                    {
+                        "run": rec.id,
+                        "kind": rec.kind,
+                        "status": h.status,
+                        "phase": h.phase,
+                        "tag": h.after_tag or h.before_tag,
+                        "digest": h.after_digest or h.before_digest,
+                        "finished_at": h.finished_at,
+                    },
+                )
         return [{"host": h.name, "address": h.address, "groups": list(h.groups),
                  "recipe": h.vars.get("fleetctl_recipe") or self.inv.vars.get("fleetctl_recipe"),
                  "last": last.get(h.name)} for h in self.inv.hosts.values()]
@@ -167,8 +186,14 @@ class Fleet:
 
     def live(self) -> dict[str, Any]:
         """The newest run's view, from its event log; ``{"log": None}`` before any run."""
-        logs = [self.log] if self.log is not None else sorted(livemodel.events_dir(self.state_dir).glob("*.jsonl"),
-                                                              key=lambda p: p.stat().st_mtime)
+        logs = (
+            [self.log]
+            if self.log is not None
+            else sorted(
+                livemodel.events_dir(self.state_dir).glob("*.jsonl"),
+                key=lambda p: p.stat().st_mtime,
+            )
+        )
         if not logs:
             return {"log": None}
         path = logs[-1]
@@ -180,7 +205,8 @@ class Fleet:
         return {"log": path.name, **livemodel.replay(text, title, now=now).snapshot()}
 
     def report(self, rid: str, host: str) -> str | None:
-        """The soak report (HTML, with charts) of ``host``'s gate in run ``rid``; None when there is none."""
+        """The soak report (HTML, with charts) of ``host``'s gate in run ``rid``; None when there
+        is none."""
         if self.inv is None:
             return None
         with fleet_ledger.open_for(self.inv, self.state_dir) as led:
@@ -225,8 +251,10 @@ def handler_for(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
             self.send_header("Content-Length", str(len(body)))
             self.send_header("Cache-Control", "no-store")
             self.send_header("X-Content-Type-Options", "nosniff")
-            self.send_header("Content-Security-Policy",
-                             "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:")
+            self.send_header(
+                "Content-Security-Policy",
+                "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:",
+            )
             self.end_headers()
             if self.command != "HEAD":
                 self.wfile.write(body)
@@ -254,8 +282,11 @@ def handler_for(fleet: Fleet) -> type[BaseHTTPRequestHandler]:
                     _, _, rid, host = (unquote(p) for p in path.split("/"))
                     page = fleet.report(rid, host)
                     if page is None:
-                        self._send(HTTPStatus.NOT_FOUND, f"no soak report for {host} in {rid}".encode(),
-                                   "text/plain; charset=utf-8")
+                        self._send(
+                            HTTPStatus.NOT_FOUND,
+                            f"no soak report for {host} in {rid}".encode(),
+                            "text/plain; charset=utf-8",
+                        )
                     else:
                         self._send(HTTPStatus.OK, page.encode(), "text/html; charset=utf-8")
                 else:
@@ -308,8 +339,14 @@ def url_of(server: BoundedServer) -> str:
 
 
 @click.command("ui")
-@click.option("--port", "-p", type=click.IntRange(0, 65535), default=DEFAULT_PORT, show_default=True,
-              help="TCP port (0: any free one).")
+@click.option(
+    "--port",
+    "-p",
+    type=click.IntRange(0, 65535),
+    default=DEFAULT_PORT,
+    show_default=True,
+    help="TCP port (0: any free one).",
+)
 @click.option("--bind", default="127.0.0.1", show_default=True,
               help="Address to listen on (IPv4 or IPv6; 0.0.0.0 or :: is every interface, with a "
                    "warning); the page is read-only but shows the fleet's names and history.")
@@ -326,9 +363,12 @@ def ui(ctx: Ctx, port: int, bind: str, allow_hosts: tuple[str, ...]) -> None:
     warning = exposure(server)
     if warning:
         ctx.err.print(f"warning: {warning}", highlight=False, markup=False)
-    ctx.emit({"url": url, "state_dir": str(paths.state_dir(inv.path))},
-             lambda con: con.print(f"fleetctl ui on {url} (read-only; Ctrl-C stops it)", highlight=False,
-                                   markup=False))
+    ctx.emit(
+        {"url": url, "state_dir": str(paths.state_dir(inv.path))},
+        lambda con: con.print(
+            f"fleetctl ui on {url} (read-only; Ctrl-C stops it)", highlight=False, markup=False
+        ),
+    )
     sys.stdout.flush()  # the URL reaches a script reading a pipe before the server blocks
     try:
         server.serve_forever(poll_interval=0.5)

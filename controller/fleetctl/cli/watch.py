@@ -1,6 +1,8 @@
-"""``fleetctl watch``: a cheap continuous probe of promoted hosts for hours, judged and reported like a soak.
+"""``fleetctl watch``: a cheap continuous probe of promoted hosts for hours, judged and reported
+like a soak.
 
-Hosts are chosen as ``fleetctl soak`` chooses them (``--limit`` or ``--endpoint``, with the same recipe,
+Hosts are chosen as ``fleetctl soak`` chooses them (``--limit`` or ``--endpoint``, with the same
+recipe,
 profile and key); ``soak/watch.py`` does the probing. Exit codes as ``soak``'s: 0 every host passed,
 1 one failed, 2 inconclusive or could not run.
 """
@@ -33,14 +35,39 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
         rows = []
         for v in verdicts:
             lv = v.levels[0] if v.levels else None
-            why = "; ".join(f"{c.name}: {c.message}" for c in v.checks
-                            if c.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE) and not c.observe_only)
-            rows.append([v.target, f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]", v.tag or "-",
-                         str(lv.requests if lv else 0), str(lv.errors if lv else 0),
-                         ms(lv.ttft_p95) if lv and lv.ttft_p95 is not None else "-", Text(why or v.summary)])
-        out.print(fit_table(out.width, ["host", "outcome", Col("tag", drop=2), Col("probes", drop=3),
-                                        Col("failed", drop=4), Col("TTFT p95", drop=1), Col("why", flex=True)],
-                            rows, title="watch"))
+            why = "; ".join(
+                f"{c.name}: {c.message}"
+                for c in v.checks
+                if c.outcome in (Outcome.FAIL, Outcome.ERROR, Outcome.INCONCLUSIVE)
+                and not c.observe_only
+            )
+            rows.append(
+                [
+                    v.target,
+                    f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]",
+                    v.tag or "-",
+                    str(lv.requests if lv else 0),
+                    str(lv.errors if lv else 0),
+                    ms(lv.ttft_p95) if lv and lv.ttft_p95 is not None else "-",
+                    Text(why or v.summary),
+                ]
+            )
+        out.print(
+            fit_table(
+                out.width,
+                [
+                    "host",
+                    "outcome",
+                    Col("tag", drop=2),
+                    Col("probes", drop=3),
+                    Col("failed", drop=4),
+                    Col("TTFT p95", drop=1),
+                    Col("why", flex=True),
+                ],
+                rows,
+                title="watch",
+            )
+        )
         for v in verdicts:
             if v.artifacts_dir:
                 out.print(f"[dim]{v.target}: artifacts in {v.artifacts_dir}[/]")
@@ -49,32 +76,83 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 
 
 @click.command("watch")
-@click.option("--limit", "-l", metavar="HOSTS", help="Hosts to watch (Ansible pattern); default: every host.")
+@click.option(
+    "--limit", "-l", metavar="HOSTS", help="Hosts to watch (Ansible pattern); default: every host."
+)
 @click.option("--endpoint", "endpoints", multiple=True, metavar="URL",
               help="Watch this OpenAI-compatible endpoint instead of inventory hosts (repeatable).")
 @click.option("--duration", "-d", type=Duration(), metavar="D", default="1h", show_default=True,
               help="How long to watch (30m, 8h; a bare number is seconds).")
-@click.option("--interval", type=Duration(), metavar="D", default="60s", show_default=True,
-              help="Time between one host's probes (a canary, a short stream and a /metrics scrape; 30s, 5m; "
-                   "a bare number is seconds). No -i: that is the inventory, before the command.")
+@click.option(
+    "--interval",
+    type=Duration(),
+    metavar="D",
+    default="60s",
+    show_default=True,
+    help="Time between one host's probes (a canary, a short stream and a /metrics scrape; 30s, 5m; "
+    "a bare number is seconds). No -i: that is the inventory, before the command.",
+)
 @click.option("--parallel", type=click.IntRange(1, 512), default=64, show_default=True,
               help="Hosts probed at once (the rest wait their turn).")
-@click.option("--recipe", metavar="NAME", help="Recipe whose settings apply (default: each host's fleetctl_recipe).")
-@click.option("--profile", type=click.Choice(PROFILES), help="Gate profile: the latency bounds and liveness bound.")
-@click.option("--model", "models", multiple=True, metavar="NAME", help="With --endpoint: the model name to ask for.")
-@click.option("--max-error-rate", type=click.FloatRange(0, 1), default=0.01, show_default=True,
-              help="Share of the requests a server finishes with reason error per interval (all clients).")
+@click.option(
+    "--recipe",
+    metavar="NAME",
+    help="Recipe whose settings apply (default: each host's fleetctl_recipe).",
+)
+@click.option(
+    "--profile",
+    type=click.Choice(PROFILES),
+    help="Gate profile: the latency bounds and liveness bound.",
+)
+@click.option(
+    "--model",
+    "models",
+    multiple=True,
+    metavar="NAME",
+    help="With --endpoint: the model name to ask for.",
+)
+@click.option(
+    "--max-error-rate",
+    type=click.FloatRange(0, 1),
+    default=0.01,
+    show_default=True,
+    help="Share of the requests a server finishes with reason error per interval (all clients).",
+)
 @click.option("--failure-limit", type=click.IntRange(0), default=0, show_default=True,
               help="Failing intervals a check tolerates before it fails (and pages).")
-@click.option("--webhook", help="https URL paged on a breach (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).")
+@click.option(
+    "--webhook",
+    help="https URL paged on a breach (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).",
+)
 @json_option
-@click.option("--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F.")
-@click.option("--junit", "junit_file", metavar="F", help="Write JUnit XML (a test case per host and check) to F.")
+@click.option(
+    "--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F."
+)
+@click.option(
+    "--junit",
+    "junit_file",
+    metavar="F",
+    help="Write JUnit XML (a test case per host and check) to F.",
+)
 @click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report to F.")
 @pass_ctx
-def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: float, interval: float, parallel: int,
-          recipe: str | None, profile: str | None, models: tuple[str, ...], max_error_rate: float, failure_limit: int,
-          webhook: str | None, json_file: str | None, junit_file: str | None, html_file: str | None) -> None:
+def watch(
+    ctx: Ctx,
+    limit: str | None,
+    endpoints: tuple[str, ...],
+    duration: float,
+    interval: float,
+    parallel: int,
+    recipe: str | None,
+    profile: str | None,
+    models: tuple[str, ...],
+    max_error_rate: float,
+    failure_limit: int,
+    webhook: str | None,
+    json_file: str | None,
+    junit_file: str | None,
+    html_file: str | None,
+) -> None:
     """Probe promoted hosts (or endpoints) every interval for hours; page the webhook on a breach.
 
     Each interval: one greedy canary compared with its first answer, one short streamed request,
@@ -84,7 +162,9 @@ def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: flo
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
     if interval <= 0 or duration < interval:
-        raise click.UsageError(f"--interval {interval:g}s must be > 0 and at most --duration {duration:g}s")
+        raise click.UsageError(
+            f"--interval {interval:g}s must be > 0 and at most --duration {duration:g}s"
+        )
     # Before hours of probing: a report that cannot be written would end it as an internal error.
     report.check_report_paths(json_file, junit_file, html_file)
     from fleetctl import inventory as inv_mod
@@ -94,16 +174,31 @@ def watch(ctx: Ctx, limit: str | None, endpoints: tuple[str, ...], duration: flo
         if endpoints:
             jobs = _endpoint_jobs(ctx, endpoints, profile, None, False, None, models, recipe)
         else:
-            jobs = _host_jobs(ctx, inv_mod.load(ctx.inventory), limit, recipe, profile, None, False, None, None,
-                              stack)
+            jobs = _host_jobs(
+                ctx,
+                inv_mod.load(ctx.inventory),
+                limit,
+                recipe,
+                profile,
+                None,
+                False,
+                None,
+                None,
+                stack,
+            )
         try:
-            # The webhook's settings are the inventory's, as for a rollout (an --endpoint watch may have none).
+            # The webhook's settings are the inventory's, as for a rollout (an --endpoint watch may
+            # have none).
             hook_vars = inv_mod.load(ctx.inventory).vars
         except FleetError:
             if not endpoints:
                 raise
             hook_vars = {}
-        url = webhook or os.environ.get("FLEETCTL_WEBHOOK_URL") or hook_vars.get("fleetctl_webhook_url")
+        url = (
+            webhook
+            or os.environ.get("FLEETCTL_WEBHOOK_URL")
+            or hook_vars.get("fleetctl_webhook_url")
+        )
         allow_http = hook_vars.get("fleetctl_webhook_allow_http") is True
         run = new_run_id("watch", "fleet")
         targets = []

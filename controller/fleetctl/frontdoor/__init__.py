@@ -9,7 +9,8 @@ Backends (chosen per fleet by the inventory variable ``fleetctl_front_door``, se
 
 - ``haproxy``: HAProxy's runtime API (``frontdoor/haproxy.py``);
 - ``litellm``: a LiteLLM proxy's management API (``frontdoor/litellm.py``);
-- ``command``: a shell command given the host, its address and the action (``frontdoor/command.py``).
+- ``command``: a shell command given the host, its address and the action
+(``frontdoor/command.py``).
 
 No ``fleetctl_front_door``: :func:`from_inventory` returns None and a rollout behaves as before.
 """
@@ -40,7 +41,8 @@ class DoorState:
 
     ``admin``: ``ready`` (in rotation), ``drain`` (no new requests), ``maint`` (out) or ``absent``
     (the door does not know the host); ``healthy``: the door's own health check passes (None: the
-    door has no check); ``in_flight``: requests the door has open to the host (None: it cannot tell);
+    door has no check); ``in_flight``: requests the door has open to the host (None: it cannot
+    tell);
     ``detail``: the door's own words (HAProxy's status column, LiteLLM's health entry).
     """
 
@@ -55,13 +57,19 @@ class DoorState:
         return self.admin == READY and self.healthy is not False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "admin": self.admin, "healthy": self.healthy, "in_flight": self.in_flight,
-                "detail": self.detail}
+        return {
+            "host": self.host,
+            "admin": self.admin,
+            "healthy": self.healthy,
+            "in_flight": self.in_flight,
+            "detail": self.detail,
+        }
 
 
 @dataclass(frozen=True)
 class Drained:
-    """What ``drain`` took away, enough for ``readmit`` to put it back (kept in the ledger as JSON)."""
+    """What ``drain`` took away, enough for ``readmit`` to put it back (kept in the ledger as
+    JSON)."""
 
     host: str
     memo: Mapping[str, Any] = field(default_factory=dict)
@@ -91,9 +99,11 @@ class FrontDoor(Protocol):
 
 
 def states_of(door: FrontDoor, hosts: Sequence[Host]) -> dict[str, DoorState]:
-    """Every host of ``hosts`` as the door sees it now: one read of the whole pool when the backend has
+    """Every host of ``hosts`` as the door sees it now: one read of the whole pool when the backend
+    has
     one (HAProxy: ``states``), else one ``state`` per host. A host the door does not answer about is
-    ``admin="?"`` with the door's words in ``detail`` (the caller decides what an unknown host means)."""
+    ``admin="?"`` with the door's words in ``detail`` (the caller decides what an unknown host
+    means)."""
     bulk = getattr(door, "states", None)
     if callable(bulk):
         return dict(bulk(hosts))
@@ -112,9 +122,11 @@ def settings_of(inventory: Inventory) -> Mapping[str, Any] | None:
     if raw is None:
         return None
     if not isinstance(raw, Mapping):
-        raise FrontDoorError(f"{VARIABLE} in {inventory.path} is a {type(raw).__name__}, not a mapping",
-                             fix=f"write it as {VARIABLE}: {{type: haproxy, socket: /run/haproxy/admin.sock, "
-                                 "backend: vllm}} (see docs/frontdoor.md)")
+        raise FrontDoorError(
+            f"{VARIABLE} in {inventory.path} is a {type(raw).__name__}, not a mapping",
+            fix=f"write it as {VARIABLE}: {{type: haproxy, socket: /run/haproxy/admin.sock, "
+            "backend: vllm}} (see docs/frontdoor.md)",
+        )
     return raw
 
 
@@ -134,11 +146,17 @@ def build(raw: Mapping[str, Any], where: str = VARIABLE) -> FrontDoor:
     """A front door from its settings mapping (``type`` plus the backend's fields)."""
     from fleetctl.frontdoor import command, haproxy, litellm
 
-    kinds: dict[str, Callable[[Settings], FrontDoor]] = {"haproxy": haproxy.from_settings, "litellm": litellm.from_settings, "command": command.from_settings}
+    kinds: dict[str, Callable[[Settings], FrontDoor]] = {
+        "haproxy": haproxy.from_settings,
+        "litellm": litellm.from_settings,
+        "command": command.from_settings,
+    }
     kind = raw.get("type")
     if kind not in kinds:
-        raise FrontDoorError(f"{where}: type is {kind!r}, not one of {', '.join(sorted(kinds))}",
-                             fix=f"set {VARIABLE}.type to haproxy, litellm or command (see docs/frontdoor.md)")
+        raise FrontDoorError(
+            f"{where}: type is {kind!r}, not one of {', '.join(sorted(kinds))}",
+            fix=f"set {VARIABLE}.type to haproxy, litellm or command (see docs/frontdoor.md)",
+        )
     settings = Settings(dict(raw), where, str(kind))
     door = kinds[str(kind)](settings)
     settings.refuse_unknown()
@@ -153,9 +171,13 @@ class Settings:
         self.seen = {"type"}
 
     def _bad(self, name: str, what: str, example: str) -> FrontDoorError:
-        return FrontDoorError(f"{self.where}: {name} {what}", fix=f"set {VARIABLE}.{name}, e.g. {name}: {example}")
+        return FrontDoorError(
+            f"{self.where}: {name} {what}", fix=f"set {VARIABLE}.{name}, e.g. {name}: {example}"
+        )
 
-    def text(self, name: str, example: str, default: str | None = None, required: bool = True) -> str | None:
+    def text(
+        self, name: str, example: str, default: str | None = None, required: bool = True
+    ) -> str | None:
         self.seen.add(name)
         value = self.raw.get(name, default)
         if value is None:
@@ -184,5 +206,8 @@ class Settings:
     def refuse_unknown(self) -> None:
         unknown = sorted(set(self.raw) - self.seen)
         if unknown:
-            raise FrontDoorError(f"{self.where}: unknown field(s) {', '.join(unknown)} for the {self.kind} front door",
-                                 fix=f"remove them; the {self.kind} front door reads {', '.join(sorted(self.seen))}")
+            raise FrontDoorError(
+                f"{self.where}: unknown field(s) {', '.join(unknown)} for the {self.kind} front "
+                "door",
+                fix=f"remove them; the {self.kind} front door reads {', '.join(sorted(self.seen))}",
+            )

@@ -1,4 +1,5 @@
-"""A front door driven by a shell command: for anything fleetctl has no backend for (nginx upstream edits
+"""A front door driven by a shell command: for anything fleetctl has no backend for (nginx upstream
+edits
 and a reload, a cloud load balancer's CLI).
 
 The command runs on the controller (``/bin/sh -c COMMAND``) with these environment variables:
@@ -36,17 +37,29 @@ class CommandHook:
         env = {**os.environ, "FLEETCTL_FD_ACTION": action, "FLEETCTL_FD_HOST": host.name,
                "FLEETCTL_FD_ADDRESS": host.address}
         try:
-            done = subprocess.run(["/bin/sh", "-c", self.command], env=env, capture_output=True, text=True,
-                                  timeout=self.timeout, stdin=subprocess.DEVNULL)
+            done = subprocess.run(
+                ["/bin/sh", "-c", self.command],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=self.timeout,
+                stdin=subprocess.DEVNULL,
+            )
         except subprocess.TimeoutExpired:
-            raise FrontDoorError(f"the front door's command did not finish {action} within {self.timeout:.0f}s",
-                                 host=host.name, fix="make fleetctl_front_door.command return sooner, or raise "
-                                                     "fleetctl_front_door.timeout") from None
+            raise FrontDoorError(
+                f"the front door's command did not finish {action} within {self.timeout:.0f}s",
+                host=host.name,
+                fix="make fleetctl_front_door.command return sooner, or raise "
+                "fleetctl_front_door.timeout",
+            ) from None
         if done.returncode != 0:
             err = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:300]
-            raise FrontDoorError(f"the front door's command failed {action} (exit {done.returncode}): {err}",
-                                 host=host.name, fix="run it by hand with FLEETCTL_FD_ACTION, FLEETCTL_FD_HOST and "
-                                                     "FLEETCTL_FD_ADDRESS set (see docs/frontdoor.md)")
+            raise FrontDoorError(
+                f"the front door's command failed {action} (exit {done.returncode}): {err}",
+                host=host.name,
+                fix="run it by hand with FLEETCTL_FD_ACTION, FLEETCTL_FD_HOST and "
+                "FLEETCTL_FD_ADDRESS set (see docs/frontdoor.md)",
+            )
         return done.stdout.strip()
 
     def drain(self, host: Host) -> Drained:
@@ -61,8 +74,11 @@ class CommandHook:
         if not out:
             return None
         if not out.isdigit():
-            raise FrontDoorError(f"the front door's command printed {out[:80]!r} for in-flight, not a whole number",
-                                 host=host.name, fix="print the number of requests open to the host, or nothing")
+            raise FrontDoorError(
+                f"the front door's command printed {out[:80]!r} for in-flight, not a whole number",
+                host=host.name,
+                fix="print the number of requests open to the host, or nothing",
+            )
         return int(out)
 
     def state(self, host: Host) -> DoorState:
@@ -72,13 +88,18 @@ class CommandHook:
         words = out.split()
         admin = words[0]
         if admin not in (READY, DRAIN, MAINT):
-            raise FrontDoorError(f"the front door's command printed {out[:80]!r} for state", host=host.name,
-                                 fix="print ready, drain or maint, then optionally healthy or unhealthy")
+            raise FrontDoorError(
+                f"the front door's command printed {out[:80]!r} for state",
+                host=host.name,
+                fix="print ready, drain or maint, then optionally healthy or unhealthy",
+            )
         healthy = {"healthy": True, "unhealthy": False}.get(words[1]) if len(words) > 1 else None
         return DoorState(host.name, admin, healthy, None, out[:120])
 
 
 def from_settings(s: Settings) -> CommandHook:
-    cmd = s.text("command", "'/usr/local/bin/lb-pool \"$FLEETCTL_FD_ACTION\" \"$FLEETCTL_FD_ADDRESS\"'")
+    cmd = s.text(
+        "command", '\'/usr/local/bin/lb-pool "$FLEETCTL_FD_ACTION" "$FLEETCTL_FD_ADDRESS"\''
+    )
     assert cmd is not None
     return CommandHook(cmd, s.number("timeout", 30.0, "30"))

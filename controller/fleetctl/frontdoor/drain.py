@@ -26,7 +26,8 @@ class DrainWait:
     """How the wait for in-flight requests ended."""
 
     seconds: float
-    #: Requests still open when the wait ended (0 and 0 unless it timed out); None: could not be read.
+    #: Requests still open when the wait ended (0 and 0 unless it timed out); None: could not be
+    #: read.
     door_left: int | None
     vllm_left: int | None
     timed_out: bool
@@ -36,12 +37,17 @@ class DrainWait:
         return (self.door_left or 0) + (self.vllm_left or 0)
 
     def to_dict(self) -> dict[str, object]:
-        return {"seconds": round(self.seconds, 3), "door_left": self.door_left, "vllm_left": self.vllm_left,
-                "timed_out": self.timed_out}
+        return {
+            "seconds": round(self.seconds, 3),
+            "door_left": self.door_left,
+            "vllm_left": self.vllm_left,
+            "timed_out": self.timed_out,
+        }
 
 
 def vllm_in_flight(base_url: str, timeout: float = 5.0) -> int | None:
-    """Running + waiting requests from vLLM's /metrics at ``base_url`` (None: nothing answers there)."""
+    """Running + waiting requests from vLLM's /metrics at ``base_url`` (None: nothing answers
+    there)."""
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout) as r:
             text = r.read().decode(errors="replace")
@@ -72,19 +78,24 @@ def wait_drained(door: FrontDoor, host: Host, vllm: Callable[[], int | None], ti
 
 
 def wait_in_rotation(door: FrontDoor, host: Host, timeout: float, poll: float = 0.2) -> DoorState:
-    """Poll the door until it has ``host`` in rotation and not unhealthy; the last state if not within ``timeout``.
+    """Poll the door until it has ``host`` in rotation and not unhealthy; the last state if not
+    within ``timeout``.
 
     Raises FrontDoorError when the door still does not see the host healthy after ``timeout``.
     """
     deadline = time.monotonic() + timeout
     while True:
         st = door.state(host)
-        # "unknown": a command hook that does not track state; its re-admission's exit status is the answer.
+        # "unknown": a command hook that does not track state; its re-admission's exit status is
+        # the answer.
         if st.admin in ("ready", "unknown") and st.healthy is not False:
             return st
         if time.monotonic() >= deadline:
-            raise FrontDoorError(f"the {door.kind} front door does not see the host in rotation and healthy "
-                                 f"{timeout:.0f}s after its re-admission: {st.admin}, {st.detail}", host=host.name,
-                                 fix="look at the door's health check of this host (its address and port, "
-                                     "the check's path); `fleetctl status` shows the door's view")
+            raise FrontDoorError(
+                f"the {door.kind} front door does not see the host in rotation and healthy "
+                f"{timeout:.0f}s after its re-admission: {st.admin}, {st.detail}",
+                host=host.name,
+                fix="look at the door's health check of this host (its address and port, "
+                "the check's path); `fleetctl status` shows the door's view",
+            )
         time.sleep(poll)

@@ -1,4 +1,5 @@
-"""The fleet model: hosts, groups and their variables, read by ansible-core from any inventory source.
+"""The fleet model: hosts, groups and their variables, read by ansible-core from any inventory
+source.
 
 fleetctl reads the same inventory Ansible does (``hosts.yml`` plus ``group_vars/``
 and ``host_vars/`` beside it), so that the roles stay usable with plain
@@ -121,7 +122,9 @@ class Inventory:
         """Refuse a ``--limit`` that Ansible would read otherwise than written."""
         if not [p for p in patterns if p.strip("!&")]:
             # Ansible reads an empty pattern as "all": for a rollout that is the whole fleet.
-            raise InventoryError(f"--limit {limit!r} is empty", fix=f"name hosts or groups: {self._names()}")
+            raise InventoryError(
+                f"--limit {limit!r} is empty", fix=f"name hosts or groups: {self._names()}"
+            )
         if limit.count("[") != limit.count("]"):
             # Ansible reads "[" as the start of a subscript and drops what it cannot parse
             # ("~spark-[" becomes "~spark-"): a typo would select other hosts than written.
@@ -134,8 +137,10 @@ class Inventory:
                     re.compile(body[1:])
                 except re.error as e:
                     # Ansible would otherwise match such a pattern as a plain name, or fail inside.
-                    raise InventoryError(f"--limit {pat!r} is not a valid regular expression ({e})",
-                                         fix="write a Python regex after ~, e.g. --limit '~spark-0[1-3]'") from None
+                    raise InventoryError(
+                        f"--limit {pat!r} is not a valid regular expression ({e})",
+                        fix="write a Python regex after ~, e.g. --limit '~spark-0[1-3]'",
+                    ) from None
 
     def select(self, limit: str | None = None) -> list[Host]:
         """The hosts matching an Ansible ``--limit`` pattern, in inventory order.
@@ -147,8 +152,11 @@ class Inventory:
         silently select fewer hosts.
         """
         if not self.hosts:
-            raise InventoryError(f"{self.path} has no hosts", fix="list your Sparks under a group in the inventory "
-                                 "(see inventory/example/hosts.yml), or bring the lab up: fleetctl lab up")
+            raise InventoryError(
+                f"{self.path} has no hosts",
+                fix="list your Sparks under a group in the inventory "
+                "(see inventory/example/hosts.yml), or bring the lab up: fleetctl lab up",
+            )
         if limit is None:
             return list(self.hosts.values())
         if self._ansible is None:
@@ -167,8 +175,11 @@ class Inventory:
                                          fix=self._names())
             chosen = {h.name for h in self._ansible.get_hosts(limit)}
         if not chosen.intersection(self.hosts):
-            raise InventoryError(f"--limit {limit!r} selects no host in {self.path} (its exclusions remove "
-                                 "every host its patterns match)", fix=self._names())
+            raise InventoryError(
+                f"--limit {limit!r} selects no host in {self.path} (its exclusions remove "
+                "every host its patterns match)",
+                fix=self._names(),
+            )
         return [h for name, h in self.hosts.items() if name in chosen]
 
 

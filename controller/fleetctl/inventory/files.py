@@ -36,23 +36,33 @@ def _check_script_answers(script: Path) -> None:
 
     timeout = float(os.environ.get("FLEETCTL_INVENTORY_TIMEOUT") or SCRIPT_TIMEOUT)
     try:
-        r = subprocess.run([str(script), "--list"], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        r = subprocess.run(
+            [str(script), "--list"], capture_output=True, timeout=timeout, stdin=subprocess.DEVNULL
+        )
     except subprocess.TimeoutExpired:
-        raise InventoryError(f"{script}: the dynamic inventory script did not answer --list within {timeout:.0f} s",
-                             fix="check the script (what it calls may hang), or raise FLEETCTL_INVENTORY_TIMEOUT") from None
+        raise InventoryError(
+            f"{script}: the dynamic inventory script did not answer --list within {timeout:.0f} s",
+            fix="check the script (what it calls may hang), or raise FLEETCTL_INVENTORY_TIMEOUT",
+        ) from None
     except OSError as e:
-        raise InventoryError(f"{script}: cannot run the inventory script: {e.strerror}",
-                             fix="check its #! line and permissions") from None
+        raise InventoryError(
+            f"{script}: cannot run the inventory script: {e.strerror}",
+            fix="check its #! line and permissions",
+        ) from None
     if r.returncode != 0:
-        tail = (r.stderr.decode(errors="replace").strip().splitlines() or [f"exit code {r.returncode}"])[-1]
+        tail = (
+            r.stderr.decode(errors="replace").strip().splitlines() or [f"exit code {r.returncode}"]
+        )[-1]
         raise InventoryError(f"{script}: the dynamic inventory script failed: {tail[:200]}",
                              fix="run it by hand with --list to see why")
 
 
 def check_var_files(source: Path) -> None:
-    """Every file of ``group_vars/`` and ``host_vars/`` beside ``source``: bounded, valid YAML, a mapping.
+    """Every file of ``group_vars/`` and ``host_vars/`` beside ``source``: bounded, valid YAML, a
+    mapping.
 
-    ansible-core reports these as a traceback without file or line (or, for an alias bomb, runs out of
+    ansible-core reports these as a traceback without file or line (or, for an alias bomb, runs out
+    of
     memory); each is one InventoryError here, naming the file, line and column.
     """
     base = source if source.is_dir() else source.parent
@@ -66,38 +76,54 @@ def check_var_files(source: Path) -> None:
 
 
 def _check_yaml_file(path: Path, mapping: bool) -> None:
-    """Refuse a file that is too large, not text, not YAML, expands without bound, or (``mapping``) not a mapping."""
+    """Refuse a file that is too large, not text, not YAML, expands without bound, or (``mapping``)
+    not a mapping."""
     try:
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise InventoryError(f"{path}: {size} bytes, more than an inventory file may hold ({MAX_FILE_BYTES})",
-                                 fix="split it, or check that this is the file you meant")
+            raise InventoryError(
+                f"{path}: {size} bytes, more than an inventory file may hold ({MAX_FILE_BYTES})",
+                fix="split it, or check that this is the file you meant",
+            )
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise InventoryError(f"{path}: not UTF-8 text (byte {e.start}): a binary file?",
-                             fix="point the inventory at its YAML or INI file") from None
+        raise InventoryError(
+            f"{path}: not UTF-8 text (byte {e.start}): a binary file?",
+            fix="point the inventory at its YAML or INI file",
+        ) from None
     except OSError as e:
-        raise InventoryError(f"{path}: cannot read: {e.strerror}", fix="check the path and permissions") from None
+        raise InventoryError(
+            f"{path}: cannot read: {e.strerror}", fix="check the path and permissions"
+        ) from None
     try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)  # nodes only: no value is built, tags (!vault) kept
+        node = yaml.compose(
+            text, Loader=yaml.SafeLoader
+        )  # nodes only: no value is built, tags (!vault) kept
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise InventoryError(f"{path}: not valid YAML{where}: {problem}", fix="correct the YAML syntax") from None
+        raise InventoryError(
+            f"{path}: not valid YAML{where}: {problem}", fix="correct the YAML syntax"
+        ) from None
     if node is None:
         return
     if _expanded_size(node) > MAX_YAML_VALUES:
-        raise InventoryError(f"{path}: expands to more than {MAX_YAML_VALUES} values through YAML aliases",
-                             fix="write the values out, or use fewer nested aliases (&anchor / *alias)")
+        raise InventoryError(
+            f"{path}: expands to more than {MAX_YAML_VALUES} values through YAML aliases",
+            fix="write the values out, or use fewer nested aliases (&anchor / *alias)",
+        )
     if mapping and not isinstance(node, yaml.MappingNode):
-        raise InventoryError(f"{path}: line {node.start_mark.line + 1}: variables must be a mapping "
-                             f"(name: value), not a {type(node).__name__.removesuffix('Node').lower()}",
-                             fix="write the variables as `name: value` lines")
+        raise InventoryError(
+            f"{path}: line {node.start_mark.line + 1}: variables must be a mapping "
+            f"(name: value), not a {type(node).__name__.removesuffix('Node').lower()}",
+            fix="write the variables as `name: value` lines",
+        )
 
 
 def _expanded_size(root: yaml.Node) -> int:
-    """How many values ``root`` stands for once every alias is expanded (each node counted once per use)."""
+    """How many values ``root`` stands for once every alias is expanded (each node counted once per
+    use)."""
     sizes: dict[int, int] = {}
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
     while stack:  # iterative post-order: deep nesting must not overflow Python's stack
@@ -120,7 +146,9 @@ def _expanded_size(root: yaml.Node) -> int:
 
 
 class _TagTolerantLoader(yaml.SafeLoader):
-    """SafeLoader that accepts Ansible's tags (``!vault``, ``!unsafe``): ansible-core gives them meaning."""
+    """SafeLoader that accepts Ansible's tags (``!vault``, ``!unsafe``): ansible-core gives them
+    meaning."""
+
 
 _TagTolerantLoader.add_multi_constructor("!", lambda loader, suffix, node: None)
 

@@ -12,7 +12,8 @@ from fleetctl.access import (
 )
 from fleetctl.errors import InventoryError
 
-#: Variables holding passwords: kept out of :attr:`Host.vars` (the become one goes to :attr:`Host.become`).
+#: Variables holding passwords: kept out of :attr:`Host.vars` (the become one goes to
+#: :attr:`Host.become`).
 _PASSWORD_VARS = ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass",
                   "ansible_password", "ansible_ssh_pass")
 
@@ -31,11 +32,13 @@ class Host:
     port: int = 22
     user: str = "root"
     key_file: str | None = None
-    #: known_hosts file used to verify the host key (``fleetctl_known_hosts``, else UserKnownHostsFile).
+    #: known_hosts file used to verify the host key (``fleetctl_known_hosts``, else
+    #: UserKnownHostsFile).
     known_hosts: str | None = None
     groups: tuple[str, ...] = ()
     vars: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
-    #: Every private key to offer (``key_file`` first, then -i/IdentityFile); empty: just ``key_file``.
+    #: Every private key to offer (``key_file`` first, then -i/IdentityFile); empty: just
+    #: ``key_file``.
     key_files: tuple[str, ...] = ()
     #: Jump hosts in front of the host (ProxyJump), first hop first.
     jumps: tuple[Hop, ...] = ()

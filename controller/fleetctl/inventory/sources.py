@@ -25,22 +25,31 @@ from fleetctl.errors import FleetError, InventoryError
 from fleetctl.inventory.host import _PASSWORD_VARS, Host
 from fleetctl.inventory.units import UNIT_VAR
 
-_FIX_FORMAT = (
-    "see Ansible's inventory formats (YAML: all: hosts: / children: / vars:; INI: [group] host var=value)"
+_FIX_FORMAT = ("see Ansible's inventory formats (YAML: all: hosts: / children: / vars:; INI: "
+               "[group] host var=value)")
+
+
+_NO_VAULT_FIX = (
+    "pass --vault-password-file FILE or set ANSIBLE_VAULT_PASSWORD_FILE, as for ansible-playbook"
 )
 
 
-_NO_VAULT_FIX = "pass --vault-password-file FILE or set ANSIBLE_VAULT_PASSWORD_FILE, as for ansible-playbook"
-
-
-def _become_password(name: str, v: Mapping[str, Any], vault: str | None, loader: Any) -> Secret | None:
+def _become_password(
+    name: str, v: Mapping[str, Any], vault: str | None, loader: Any
+) -> Secret | None:
     """``ansible_become_password`` as a :class:`Secret`; one that cannot be opened fails on use.
 
     The value may be vaulted, or (Ansible's usual indirection) a template naming a vaulted
     variable, ``"{{ vault_become_password }}"``: rendered as Ansible would, with the host's vars.
     """
-    raw = next((v[k] for k in ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
-                if v.get(k) is not None), None)
+    raw = next(
+        (
+            v[k]
+            for k in ("ansible_become_password", "ansible_become_pass", "ansible_sudo_pass")
+            if v.get(k) is not None
+        ),
+        None,
+    )
     if raw is None:
         return None
     templated = isinstance(raw, str) and ("{{" in raw or "{%" in raw)
@@ -52,25 +61,52 @@ def _become_password(name: str, v: Mapping[str, Any], vault: str | None, loader:
 
             return Secret(str(Templar(loader=loader, variables=v).template(raw)))
         return Secret(format(raw, ""))
-    except Exception:  # not quoted: ansible's errors may quote the template or the ciphertext's origin
+    except (
+        Exception
+    ):  # not quoted: ansible's errors may quote the template or the ciphertext's origin
         if vault is None:
-            return Secret(None, FleetError("ansible_become_password is vault-encrypted and no vault password was given",
-                                           host=name, fix=_NO_VAULT_FIX))
-        return Secret(None, FleetError(
-            f"ansible_become_password cannot be {'rendered' if templated else 'decrypted'} "
-            f"with the vault password in {vault}", host=name,
-            fix="give the vault password file the value was encrypted with, and check the variable it names"))
+            return Secret(
+                None,
+                FleetError(
+                    "ansible_become_password is vault-encrypted and no vault password was given",
+                    host=name,
+                    fix=_NO_VAULT_FIX,
+                ),
+            )
+        return Secret(
+            None,
+            FleetError(
+                f"ansible_become_password cannot be {'rendered' if templated else 'decrypted'} "
+                f"with the vault password in {vault}",
+                host=name,
+                fix="give the vault password file the value was encrypted with, and check the "
+                    "variable it names",
+            ),
+        )
 
 
 #: The variables that say how to reach a host: rendered when they are templates, as a play would.
-_CONNECTION_VARS = ("ansible_host", "ansible_ssh_host", "ansible_port", "ansible_ssh_port", "ansible_user",
-                    "ansible_ssh_user", "ansible_ssh_private_key_file", "ansible_private_key_file",
-                    "ansible_ssh_common_args", "ansible_ssh_extra_args", "ansible_become", "ansible_become_user",
-                    "ansible_become_method", "fleetctl_known_hosts")
+_CONNECTION_VARS = (
+    "ansible_host",
+    "ansible_ssh_host",
+    "ansible_port",
+    "ansible_ssh_port",
+    "ansible_user",
+    "ansible_ssh_user",
+    "ansible_ssh_private_key_file",
+    "ansible_private_key_file",
+    "ansible_ssh_common_args",
+    "ansible_ssh_extra_args",
+    "ansible_become",
+    "ansible_become_user",
+    "ansible_become_method",
+    "fleetctl_known_hosts",
+)
 
 
 def _render_connection_vars(v: Mapping[str, Any], loader: Any) -> tuple[dict[str, str], str | None]:
-    """The connection variables that are templates (``"{{ inventory_hostname }}.lan"``, ``-J {{ bastion }}``),
+    """The connection variables that are templates (``"{{ inventory_hostname }}.lan"``, ``-J {{
+    bastion }}``),
     rendered with the host's variables; or why one cannot be."""
     out: dict[str, str] = {}
     templar = None
@@ -82,8 +118,13 @@ def _render_connection_vars(v: Mapping[str, Any], loader: Any) -> tuple[dict[str
             templar = templar or Templar(loader=loader, variables=v)
             try:
                 out[k] = str(templar.template(value))
-            except Exception as e:  # undefined variable, vaulted value without the vault password...
-                return out, f"{k} {str(value)!r} cannot be rendered: {' '.join(str(e).split())[:200]}"
+            except (
+                Exception
+            ) as e:  # undefined variable, vaulted value without the vault password...
+                return (
+                    out,
+                    f"{k} {str(value)!r} cannot be rendered: {' '.join(str(e).split())[:200]}",
+                )
     return out, None
 
 
@@ -92,7 +133,9 @@ def _secret_names(v: Mapping[str, Any]) -> set[str]:
     names = set(_PASSWORD_VARS)
     for k in _PASSWORD_VARS:
         if isinstance(v.get(k), str):
-            names.update(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", " ".join(re.findall(r"{{(.*?)}}", v[k]))))
+            names.update(
+                re.findall(r"[A-Za-z_][A-Za-z0-9_]*", " ".join(re.findall(r"{{(.*?)}}", v[k])))
+            )
     return names
 
 
@@ -103,7 +146,8 @@ def _is_vaulted(value: Any) -> bool:
 
 
 def _unvault(value: Any, vault: str | None) -> Any:
-    """Vault-encrypted values decrypted (as Ansible gives them to a play), or marked when they cannot be."""
+    """Vault-encrypted values decrypted (as Ansible gives them to a play), or marked when they
+    cannot be."""
     if isinstance(value, Mapping):
         return {k: _unvault(x, vault) for k, x in value.items()}
     if isinstance(value, list | tuple):
@@ -123,23 +167,46 @@ def _internal_vars() -> frozenset[str]:
 
     # the magic variables Ansible adds per host (groups, omit, playbook_dir...) are
     # dropped exactly as `ansible-inventory --list` drops them
-    return frozenset(C.INTERNAL_STATIC_VARS) | {"groups", "group_names", "inventory_hostname",
-                                                  "inventory_hostname_short", "omit", "inventory_file",
-                                                  "inventory_dir", "playbook_dir", "ansible_playbook_python",
-                                                  "ansible_config_file", "ansible_version", "ansible_facts",
-                                                  "ansible_check_mode", "ansible_diff_mode", "ansible_forks",
-                                                  "ansible_inventory_sources", "ansible_skip_tags",
-                                                  "ansible_run_tags", "ansible_verbosity", "ansible_limit",
-                                                  "ansible_play_hosts", "ansible_play_batch",
-                                                  "ansible_play_hosts_all", "ansible_search_path",
-                                                  "ansible_collection_name", "ansible_role_names",
-                                                  "ansible_play_role_names", "ansible_dependent_role_names",
-                                                  "ansible_play_name", "environment", "vars", "hostvars"}
+    return frozenset(C.INTERNAL_STATIC_VARS) | {
+        "groups",
+        "group_names",
+        "inventory_hostname",
+        "inventory_hostname_short",
+        "omit",
+        "inventory_file",
+        "inventory_dir",
+        "playbook_dir",
+        "ansible_playbook_python",
+        "ansible_config_file",
+        "ansible_version",
+        "ansible_facts",
+        "ansible_check_mode",
+        "ansible_diff_mode",
+        "ansible_forks",
+        "ansible_inventory_sources",
+        "ansible_skip_tags",
+        "ansible_run_tags",
+        "ansible_verbosity",
+        "ansible_limit",
+        "ansible_play_hosts",
+        "ansible_play_batch",
+        "ansible_play_hosts_all",
+        "ansible_search_path",
+        "ansible_collection_name",
+        "ansible_role_names",
+        "ansible_play_role_names",
+        "ansible_dependent_role_names",
+        "ansible_play_name",
+        "environment",
+        "vars",
+        "hostvars",
+    }
 
 
 def ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = None
                  ) -> tuple[Any, Any, str | None]:
-    """ansible-core's InventoryManager and VariableManager over ``p``, and the vault password file used."""
+    """ansible-core's InventoryManager and VariableManager over ``p``, and the vault password file
+    used."""
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.inventory.manager import InventoryManager
@@ -176,21 +243,29 @@ def ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = N
 
 
 def _vault_secrets(loader: Any, explicit: str | os.PathLike[str] | None) -> str | None:
-    """Give ansible-core the vault password ``ansible-playbook`` would use; returns its file, or None."""
+    """Give ansible-core the vault password ``ansible-playbook`` would use; returns its file, or
+    None."""
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.parsing.vault import VaultSecretsContext, get_file_vault_secret
 
-    path = explicit or os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE") or C.DEFAULT_VAULT_PASSWORD_FILE
+    path = (
+        explicit or os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE") or C.DEFAULT_VAULT_PASSWORD_FILE
+    )
     secrets: list[tuple[str, Any]] = []
     if path:
         path = str(Path(path).expanduser())
         try:
-            secret = get_file_vault_secret(filename=path, vault_id=C.DEFAULT_VAULT_IDENTITY, loader=loader)
+            secret = get_file_vault_secret(
+                filename=path, vault_id=C.DEFAULT_VAULT_IDENTITY, loader=loader
+            )
             secret.load()
         except AnsibleError as e:
-            raise InventoryError(f"vault password file {path}: {' '.join(str(e).split())}",
-                                 fix="give a readable file holding the vault password (or an executable printing it)") from None
+            raise InventoryError(
+                f"vault password file {path}: {' '.join(str(e).split())}",
+                fix="give a readable file holding the vault password (or an executable printing "
+                    "it)",
+            ) from None
         secrets.append((C.DEFAULT_VAULT_IDENTITY, secret))
     loader.set_vault_secrets(secrets)
     # ansible-core reads the secrets of an encrypted value from one process-wide context, set once
@@ -237,8 +312,10 @@ def group_vars(manager: Any, group: Any, vault: str | None) -> dict[str, Any]:
     from ansible.utils.vars import combine_vars
     from ansible.vars.plugins import get_vars_from_inventory_sources
 
-    raw = combine_vars(group.get_vars(),
-                       get_vars_from_inventory_sources(manager._loader, manager._sources, [group], "all"))
+    raw = combine_vars(
+        group.get_vars(),
+        get_vars_from_inventory_sources(manager._loader, manager._sources, [group], "all"),
+    )
     secret = _secret_names(raw)
     raw = {k: x for k, x in raw.items() if k not in secret}
     out: dict[str, Any] = _plain(_unvault(raw, vault))
@@ -250,8 +327,11 @@ def _plain(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def _plain_vars(raw: Mapping[str, Any], vault: str | None, memo: dict[int, tuple[Any, Any]]) -> dict[str, Any]:
-    """:func:`_plain` of :func:`_unvault` of each variable, each shared value converted once per load.
+def _plain_vars(
+    raw: Mapping[str, Any], vault: str | None, memo: dict[int, tuple[Any, Any]]
+) -> dict[str, Any]:
+    """:func:`_plain` of :func:`_unvault` of each variable, each shared value converted once per
+    load.
 
     Ansible gives every host of a group the same objects for the group's variables (the recipes
     of group_vars/all are one dict for 10,000 hosts): converting them once, not once per host, is
@@ -274,7 +354,9 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
                password: Secret | None = None, render_error: str | None = None) -> Host:
     try:
         if render_error:
-            raise InventoryError(render_error, host=name, fix="define the variables it names for this host")
+            raise InventoryError(
+                render_error, host=name, fix="define the variables it names for this host"
+            )
         route = resolve_route(name, v)
         route_error = None
     except InventoryError as e:
@@ -284,14 +366,26 @@ def _make_host(path: Path, name: str, v: Mapping[str, Any], groups: tuple[str, .
         try:
             port = int(ansible_var(v, "port") or 22)
         except (TypeError, ValueError):
-            raise InventoryError(f"{path}: ansible_port {ansible_var(v, 'port')!r} is not a number", host=name,
-                                 fix="set ansible_port: 22") from None
-        route = Route(Hop(str(ansible_var(v, "host") or name), port, str(ansible_var(v, "user") or local_user())))
+            raise InventoryError(
+                f"{path}: ansible_port {ansible_var(v, 'port')!r} is not a number",
+                host=name,
+                fix="set ansible_port: 22",
+            ) from None
+        route = Route(
+            Hop(
+                str(ansible_var(v, "host") or name),
+                port,
+                str(ansible_var(v, "user") or local_user()),
+            )
+        )
     t = route.target
     if not 1 <= t.port <= 65535:
         # paramiko would wrap 99999 into another port (34463) and call -5 "Servname not supported".
-        raise InventoryError(f"{path}: ansible_port {t.port} is not a TCP port (1-65535)", host=name,
-                             fix="set ansible_port to the host's SSH port, usually 22")
+        raise InventoryError(
+            f"{path}: ansible_port {t.port} is not a TCP port (1-65535)",
+            host=name,
+            fix="set ansible_port to the host's SSH port, usually 22",
+        )
     return Host(
         name=name,
         address=t.address,

@@ -22,7 +22,8 @@ UNIT_VAR = "fleetctl_unit"
 RANK_VAR = "fleetctl_unit_rank"
 
 
-#: A member's fabric: ``{addresses: [...], interfaces: [...], hcas: [...], mtu: 9000, rate_gbps: 200}``.
+#: A member's fabric: ``{addresses: [...], interfaces: [...], hcas: [...], mtu: 9000, rate_gbps:
+#: 200}``.
 FABRIC_VAR = "fleetctl_fabric"
 
 
@@ -31,7 +32,8 @@ FLOOR_VAR = "fleetctl_fabric_floor_gbs"
 
 
 #: A Spark's QSFP cable port is two PCIe x4 halves, each an Ethernet netdev and a RoCE HCA
-#: (docs/domain.md#the-fabric). The defaults: the outer port (the one a single cable uses), both halves.
+#: (docs/domain.md#the-fabric). The defaults: the outer port (the one a single cable uses), both
+#: halves.
 SPARK_INTERFACES = ("enp1s0f1np1", "enP2p1s0f1np1")
 
 
@@ -79,7 +81,8 @@ class Fabric:
 
     @property
     def address(self) -> str:
-        """The member's address on the fabric (``VLLM_HOST_IP``, the head's is the master address)."""
+        """The member's address on the fabric (``VLLM_HOST_IP``, the head's is the master
+        address)."""
         return self.addresses[0]
 
     @property
@@ -128,9 +131,11 @@ def placed(hosts: Mapping[str, Host], units: Mapping[str, Unit]) -> dict[str, Ho
 
 def units_of(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, tuple[str, ...]],
              declared: Mapping[str, Any]) -> dict[str, Unit]:
-    """The serving units of an inventory, checked: each refusal names the host, the file and the fix.
+    """The serving units of an inventory, checked: each refusal names the host, the file and the
+    fix.
 
-    ``declared`` is each group's own ``fleetctl_unit`` (without Ansible's precedence), so that a host
+    ``declared`` is each group's own ``fleetctl_unit`` (without Ansible's precedence), so that a
+    host
     placed in two units through two groups is refused, where Ansible would keep one silently.
     """
     members = _members(path, hosts)
@@ -146,8 +151,11 @@ def _members(path: Path, hosts: Mapping[str, Host]) -> dict[str, list[str]]:
         if value is None or value == "":
             continue
         if not isinstance(value, str) or not _UNIT_NAME.match(value):
-            raise InventoryError(f"{path}: {UNIT_VAR} {value!r} is not a unit name", host=name,
-                                 fix="name the unit with letters, digits and . _ -, e.g. fleetctl_unit: pair-a")
+            raise InventoryError(
+                f"{path}: {UNIT_VAR} {value!r} is not a unit name",
+                host=name,
+                fix="name the unit with letters, digits and . _ -, e.g. fleetctl_unit: pair-a",
+            )
         members.setdefault(value, []).append(name)
     return members
 
@@ -162,15 +170,22 @@ def _one_unit_each(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, t
                 others = [g for g, v in declared.items() if v == mine and name in groups.get(g, ())]
                 where = f"group {others[0]}" if others else "its host vars"
                 raise InventoryError(
-                    f"{path}: the host is in two units: {value!r} (group {group}) and {mine!r} ({where})", host=name,
-                    fix="a host serves in one unit: remove it from one of the groups, or drop the other fleetctl_unit")
+                    f"{path}: the host is in two units: {value!r} (group {group}) and {mine!r} "
+                    f"({where})",
+                    host=name,
+                    fix="a host serves in one unit: remove it from one of the groups, or drop the "
+                        "other fleetctl_unit",
+                )
 
 
 def _unit(path: Path, unit: str, names: list[str], hosts: Mapping[str, Host]) -> Unit:
     """One unit, checked: two members or more, ranked, each with its own fabric address; a floor."""
     if len(names) < 2:
-        raise InventoryError(f"{path}: unit {unit!r} has one member", host=names[0],
-                             fix=f"add its other members to the unit, or remove {UNIT_VAR} from this host")
+        raise InventoryError(
+            f"{path}: unit {unit!r} has one member",
+            host=names[0],
+            fix=f"add its other members to the unit, or remove {UNIT_VAR} from this host",
+        )
     names = _ranked(path, unit, names, hosts)
     fabric = {n: _fabric(path, unit, hosts[n]) for n in names}
     seen: dict[str, str] = {}
@@ -190,15 +205,19 @@ def _unit(path: Path, unit: str, names: list[str], hosts: Mapping[str, Host]) ->
 
 
 def _ranked(path: Path, unit: str, names: list[str], hosts: Mapping[str, Host]) -> list[str]:
-    """The members in rank order: ``fleetctl_unit_rank`` when set on every member, else inventory order."""
+    """The members in rank order: ``fleetctl_unit_rank`` when set on every member, else inventory
+    order."""
     ranks = {n: hosts[n].vars.get(RANK_VAR) for n in names}
     given = [n for n, r in ranks.items() if r is not None]
     if not given:
         return names
     if len(given) != len(names):
         missing = ", ".join(n for n in names if ranks[n] is None)
-        raise InventoryError(f"{path}: unit {unit!r} sets {RANK_VAR} on some members, not on {missing}",
-                             host=given[0], fix=f"set {RANK_VAR} (0 for the head) on every member, or on none")
+        raise InventoryError(
+            f"{path}: unit {unit!r} sets {RANK_VAR} on some members, not on {missing}",
+            host=given[0],
+            fix=f"set {RANK_VAR} (0 for the head) on every member, or on none",
+        )
     numbers: dict[str, int] = {}
     for n, r in ranks.items():
         if isinstance(r, bool) or not isinstance(r, int):
@@ -206,20 +225,33 @@ def _ranked(path: Path, unit: str, names: list[str], hosts: Mapping[str, Host]) 
                                  fix=f"set {RANK_VAR}: 0 for the head, 1.. for the workers")
         numbers[n] = r
     if sorted(numbers.values()) != list(range(len(names))):
-        raise InventoryError(f"{path}: unit {unit!r} has ranks {sorted(numbers.values())}, not 0..{len(names) - 1}",
-                             host=names[0], fix=f"number the members 0 (the head) to {len(names) - 1}, each once")
+        raise InventoryError(
+            f"{path}: unit {unit!r} has ranks {sorted(numbers.values())}, not 0..{len(names) - 1}",
+            host=names[0],
+            fix=f"number the members 0 (the head) to {len(names) - 1}, each once",
+        )
     return sorted(names, key=lambda n: numbers[n])
 
 
 def _fabric(path: Path, unit: str, h: Host) -> Fabric:
-    """A member's :class:`Fabric` from ``fleetctl_fabric`` (Spark names by default); an address is required."""
+    """A member's :class:`Fabric` from ``fleetctl_fabric`` (Spark names by default); an address is
+    required."""
     raw = h.vars.get(FABRIC_VAR)
-    example = f"{FABRIC_VAR}: {{addresses: [192.168.177.11]}} in its host_vars (the address of {SPARK_INTERFACES[0]} " \
-              f"on the QSFP link: ip -br addr show {SPARK_INTERFACES[0]})"
+    example = (
+        f"{FABRIC_VAR}: {{addresses: [192.168.177.11]}} in its host_vars (the address of "
+        f"{SPARK_INTERFACES[0]} "
+        f"on the QSFP link: ip -br addr show {SPARK_INTERFACES[0]})"
+    )
     if raw is None:
-        raise InventoryError(f"{path}: member of unit {unit!r} has no fabric address", host=h.name, fix=f"set {example}")
+        raise InventoryError(
+            f"{path}: member of unit {unit!r} has no fabric address",
+            host=h.name,
+            fix=f"set {example}",
+        )
     if not isinstance(raw, Mapping):
-        raise InventoryError(f"{path}: {FABRIC_VAR} must be a mapping", host=h.name, fix=f"write {example}")
+        raise InventoryError(
+            f"{path}: {FABRIC_VAR} must be a mapping", host=h.name, fix=f"write {example}"
+        )
     for key in raw:
         if key not in _FABRIC_KEYS:
             raise InventoryError(f"{path}: {FABRIC_VAR}.{key} is not a fabric field", host=h.name,
@@ -227,20 +259,33 @@ def _fabric(path: Path, unit: str, h: Host) -> Fabric:
 
     def names(key: str, default: tuple[str, ...], pattern: re.Pattern[str]) -> tuple[str, ...]:
         value = raw.get(key, list(default))
-        if not isinstance(value, list) or not value or not all(isinstance(x, str) and pattern.match(x) for x in value):
-            raise InventoryError(f"{path}: {FABRIC_VAR}.{key} {value!r} is not a list of names", host=h.name,
-                                 fix=f"e.g. {key}: [{', '.join(default)}] (a Spark's names; see `ibdev2netdev`)")
+        if (
+            not isinstance(value, list)
+            or not value
+            or not all(isinstance(x, str) and pattern.match(x) for x in value)
+        ):
+            raise InventoryError(
+                f"{path}: {FABRIC_VAR}.{key} {value!r} is not a list of names",
+                host=h.name,
+                fix=f"e.g. {key}: [{', '.join(default)}] (a Spark's names; see `ibdev2netdev`)",
+            )
         return tuple(value)
 
     interfaces = names("interfaces", SPARK_INTERFACES, _IFNAME)
     hcas = names("hcas", SPARK_HCAS, _HCA)
     addresses = _fabric_addresses(path, unit, h, raw.get("addresses"), interfaces, example)
     out: dict[str, int] = {}
-    for key, default, low, high in (("mtu", FABRIC_MTU, 1280, 9216), ("rate_gbps", SPARK_HCA_RATE_GBPS, 1, 800)):
+    for key, default, low, high in (
+        ("mtu", FABRIC_MTU, 1280, 9216),
+        ("rate_gbps", SPARK_HCA_RATE_GBPS, 1, 800),
+    ):
         v = raw.get(key, default)
         if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-            raise InventoryError(f"{path}: {FABRIC_VAR}.{key} {v!r} is not a number from {low} to {high}",
-                                 host=h.name, fix=f"leave it out for a Spark's {default}")
+            raise InventoryError(
+                f"{path}: {FABRIC_VAR}.{key} {v!r} is not a number from {low} to {high}",
+                host=h.name,
+                fix=f"leave it out for a Spark's {default}",
+            )
         out[key] = v
     return Fabric(interfaces, addresses, hcas, out["mtu"], out["rate_gbps"])
 
@@ -249,20 +294,33 @@ def _fabric_addresses(path: Path, unit: str, h: Host, addresses: Any, interfaces
                       example: str) -> tuple[str, ...]:
     """A member's addresses on the link: at most one per interface, none its management address."""
     if not addresses:
-        raise InventoryError(f"{path}: member of unit {unit!r} has no fabric address ({FABRIC_VAR}.addresses)",
-                             host=h.name, fix=f"set {example}")
+        raise InventoryError(
+            f"{path}: member of unit {unit!r} has no fabric address ({FABRIC_VAR}.addresses)",
+            host=h.name,
+            fix=f"set {example}",
+        )
     if not isinstance(addresses, list) or len(addresses) > len(interfaces):
-        raise InventoryError(f"{path}: {FABRIC_VAR}.addresses must be a list of at most one address per interface "
-                             f"({', '.join(interfaces)})", host=h.name, fix=f"write {example}")
+        raise InventoryError(
+            f"{path}: {FABRIC_VAR}.addresses must be a list of at most one address per interface "
+            f"({', '.join(interfaces)})",
+            host=h.name,
+            fix=f"write {example}",
+        )
     for a in addresses:
         try:
             ipaddress.ip_address(str(a))
         except ValueError:
-            raise InventoryError(f"{path}: {FABRIC_VAR}.addresses: {a!r} is not an IP address", host=h.name,
-                                 fix=f"write {example}") from None
+            raise InventoryError(
+                f"{path}: {FABRIC_VAR}.addresses: {a!r} is not an IP address",
+                host=h.name,
+                fix=f"write {example}",
+            ) from None
     if h.address in {str(a) for a in addresses}:
         raise InventoryError(
-            f"{path}: fabric address {h.address} is the host's management address (ansible_host): NCCL would run "
-            f"over the management network at a tenth of the link's bandwidth", host=h.name,
-            fix=f"give {FABRIC_VAR}.addresses the address of {interfaces[0]} on the QSFP link")
+            f"{path}: fabric address {h.address} is the host's management address (ansible_host): "
+            "NCCL would run "
+            f"over the management network at a tenth of the link's bandwidth",
+            host=h.name,
+            fix=f"give {FABRIC_VAR}.addresses the address of {interfaces[0]} on the QSFP link",
+        )
     return tuple(str(a) for a in addresses)

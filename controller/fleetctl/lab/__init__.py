@@ -40,55 +40,109 @@ from fleetctl.lab.teardown import down
 from fleetctl.progress import NULL, Event, Progress
 
 __all__ = [
-    "Faults", "InnerContainer", "LabNode", "LabStatus", "add_image", "direct_ssh", "down", "node_exec", "set_node",
-    "status", "up",
+    "Faults",
+    "InnerContainer",
+    "LabNode",
+    "LabStatus",
+    "add_image",
+    "direct_ssh",
+    "down",
+    "node_exec",
+    "set_node",
+    "status",
+    "up",
 ]
 
 
-# --- faults, images, back door ----------------------------------------------------------------------
+# --- faults, images, back door
+# ----------------------------------------------------------------------
 
-def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, disk_gb: int | None = None,
-             paused: bool | None = None, disconnected: bool | None = None,
-             next_kernel_without_nvidia: bool | None = None, revoked_access: bool | None = None, reset: bool = False,
-             fabric_mtu: int | None = None, fabric_down: bool | None = None, fabric_via_mgmt: bool | None = None,
-             kill_worker: bool = False, progress: Progress = NULL) -> LabNode:
-    """Set faults on node ``name`` (None leaves a setting as it is; ``reset`` makes it healthy first).
 
-    The fabric faults (``fabric_*``) and ``kill_worker`` (its serving containers killed, as a worker that
+def set_node(
+    name: str,
+    *,
+    gpu: str | None = None,
+    driver: str | None = None,
+    disk_gb: int | None = None,
+    paused: bool | None = None,
+    disconnected: bool | None = None,
+    next_kernel_without_nvidia: bool | None = None,
+    revoked_access: bool | None = None,
+    reset: bool = False,
+    fabric_mtu: int | None = None,
+    fabric_down: bool | None = None,
+    fabric_via_mgmt: bool | None = None,
+    kill_worker: bool = False,
+    progress: Progress = NULL,
+) -> LabNode:
+    """Set faults on node ``name`` (None leaves a setting as it is; ``reset`` makes it healthy
+    first).
+
+    The fabric faults (``fabric_*``) and ``kill_worker`` (its serving containers killed, as a
+    worker that
     dies mid-soak) are for a unit's member; ``kill_worker`` is an act, not a state kept."""
     lay = existing()
     with locked(lay, progress):
         state = read_state(lay)
         if name not in state.get("nodes", []):
-            raise FleetError(f"no lab node {name!r}",
-                             fix=f"use one of: {', '.join(state.get('nodes', [])) or '(none: run `fleetctl lab up`)'}")
+            raise FleetError(
+                f"no lab node {name!r}",
+                fix="use one of: "
+                    f"{', '.join(state.get('nodes', [])) or '(none: run `fleetctl lab up`)'}",
+            )
         engine = Dockerd(lay)
         if engine.pid() is None:
             raise FleetError("the lab is down", fix="run `fleetctl lab up`")
         old = Faults.from_json(state.get("faults", {}).get(name, {}))
         new = Faults() if reset else old
-        changes: dict[str, Any] = {k: v for k, v in {
-            "gpu": gpu, "driver": driver, "disk_gb": disk_gb, "paused": paused, "disconnected": disconnected,
-            "next_kernel_without_nvidia": next_kernel_without_nvidia,
-            "revoked_access": revoked_access, "fabric_mtu": fabric_mtu, "fabric_down": fabric_down,
-            "fabric_via_mgmt": fabric_via_mgmt}.items() if v is not None}
+        changes: dict[str, Any] = {
+            k: v
+            for k, v in {
+                "gpu": gpu,
+                "driver": driver,
+                "disk_gb": disk_gb,
+                "paused": paused,
+                "disconnected": disconnected,
+                "next_kernel_without_nvidia": next_kernel_without_nvidia,
+                "revoked_access": revoked_access,
+                "fabric_mtu": fabric_mtu,
+                "fabric_down": fabric_down,
+                "fabric_via_mgmt": fabric_via_mgmt,
+            }.items()
+            if v is not None
+        }
         new = replace(new, **changes)
         peers = unit_peers(state, name)
         fabric_faults = (new.fabric_mtu, new.fabric_down, new.fabric_via_mgmt) != (
             old.fabric_mtu, old.fabric_down, old.fabric_via_mgmt)
         if (fabric_faults or kill_worker) and not peers:
-            units = ", ".join(f"{u} ({', '.join(ms)})" for u, ms in state.get("units", {}).items()) or "none"
-            raise FleetError(f"{'--kill-worker' if kill_worker else 'a fabric fault'} is for a unit's member, and "
-                             f"the node is in no unit (units: {units})", host=name,
-                             fix="pick a member, or `fleetctl lab up --nodes N --units M` to make units")
-        progress(Event("fault", ", ".join(f"{k}={v}" for k, v in new.active().items()) or "healthy", host=name))
+            units = (
+                ", ".join(f"{u} ({', '.join(ms)})" for u, ms in state.get("units", {}).items())
+                or "none"
+            )
+            raise FleetError(
+                f"{'--kill-worker' if kill_worker else 'a fabric fault'} is for a unit's member, "
+                "and "
+                f"the node is in no unit (units: {units})",
+                host=name,
+                fix="pick a member, or `fleetctl lab up --nodes N --units M` to make units",
+            )
+        progress(
+            Event(
+                "fault",
+                ", ".join(f"{k}={v}" for k, v in new.active().items()) or "healthy",
+                host=name,
+            )
+        )
         nodes.apply_faults(lay, engine, name, old, new)
         if new.fabric_mtu != old.fabric_mtu:
             fabric.set_mtu(engine, name, new.fabric_mtu)
         if new.fabric_down != old.fabric_down:
             fabric.set_half_down(engine, name, new.fabric_down)
         if new.fabric_via_mgmt != old.fabric_via_mgmt:
-            fabric.set_via_mgmt(lay, engine, name, [lay.node_index(p) for p in peers], new.fabric_via_mgmt)
+            fabric.set_via_mgmt(
+                lay, engine, name, [lay.node_index(p) for p in peers], new.fabric_via_mgmt
+            )
         if kill_worker:
             _kill_serving(engine, name, progress)
         state.setdefault("faults", {})[name] = new.active()
@@ -97,7 +151,8 @@ def set_node(name: str, *, gpu: str | None = None, driver: str | None = None, di
 
 
 def _kill_serving(engine: Dockerd, name: str, progress: Progress) -> None:
-    """SIGKILL every vLLM container on node ``name`` (the lab's images: AEON's and the stock vllm-openai),
+    """SIGKILL every vLLM container on node ``name`` (the lab's images: AEON's and the stock
+    vllm-openai),
     as a worker process that dies."""
     from fleetctl.lab.scenarios import AEON_REPOSITORY, STOCK_REPOSITORY
 
@@ -106,14 +161,25 @@ def _kill_serving(engine: Dockerd, name: str, progress: Progress) -> None:
     if not vllm:
         raise FleetError("--kill-worker: no vLLM container runs on the node", host=name,
                          fix="kill a member while its unit serves (during a soak)")
-    nodes.exec_(engine, name, ["docker", "kill", "--signal", "KILL", *vllm], what="killing the serving container")
+    nodes.exec_(
+        engine,
+        name,
+        ["docker", "kill", "--signal", "KILL", *vllm],
+        what="killing the serving container",
+    )
     progress(Event("killed", ", ".join(vllm), host=name))
 
 
-def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: str = images.VLLM_REPOSITORY,
-              from_dir: str | os.PathLike[str] | None = None, cmd: list[str] | None = None,
-              progress: Progress = NULL) -> str:
-    """Build an image (the emulator with ``settings``, or ``from_dir`` running ``cmd``), push it; return its ref."""
+def add_image(
+    tag: str,
+    settings: Mapping[str, str] | None = None,
+    repository: str = images.VLLM_REPOSITORY,
+    from_dir: str | os.PathLike[str] | None = None,
+    cmd: list[str] | None = None,
+    progress: Progress = NULL,
+) -> str:
+    """Build an image (the emulator with ``settings``, or ``from_dir`` running ``cmd``), push it;
+    return its ref."""
     lay = existing()
     engine = Dockerd(lay)
     if engine.pid() is None:
@@ -131,7 +197,8 @@ def add_image(tag: str, settings: Mapping[str, str] | None = None, repository: s
 
 @contextmanager
 def direct_ssh() -> Iterator[None]:
-    """Inside: every node's port 22 answers the controller too (not only the bastion); for benchmarks
+    """Inside: every node's port 22 answers the controller too (not only the bastion); for
+    benchmarks
     comparing a direct route with the bastion's. Closed again on the way out, also on an error."""
     lay = existing()
     engine = Dockerd(lay)

@@ -45,7 +45,10 @@ class NodeAccess:
 
     def env(self) -> dict[str, str]:
         """The settings the node's entry script reads."""
-        return {"FLEETCTL_LAB_SUDO": self.sudo, "FLEETCTL_LAB_DOCKER_GROUP": "1" if self.docker_group else "0"}
+        return {
+            "FLEETCTL_LAB_SUDO": self.sudo,
+            "FLEETCTL_LAB_DOCKER_GROUP": "1" if self.docker_group else "0",
+        }
 
 
 def node_access(index: int) -> NodeAccess:
@@ -68,7 +71,8 @@ def become_password(lay: Layout) -> str:
 
 
 def vault_encrypt(lay: Layout, plaintext: str) -> str:
-    """``plaintext`` encrypted with the lab's vault password, in the ``$ANSIBLE_VAULT;1.1`` text form."""
+    """``plaintext`` encrypted with the lab's vault password, in the ``$ANSIBLE_VAULT;1.1`` text
+    form."""
     from ansible.parsing.vault import VaultLib, VaultSecret
 
     secret = VaultSecret(lay.vault_password_file.read_text().strip().encode())
@@ -80,7 +84,8 @@ def ssh_config_text(lay: Layout) -> str:
     """The lab's ssh_config: how to reach the bastion (its alias, user, key and known_hosts)."""
     return (
         f"# Written by `fleetctl lab up` for the lab in {lay.root}.\n"
-        "# The inventory passes it with -F; the nodes are reached through the bastion (ProxyJump).\n"
+        "# The inventory passes it with -F; the nodes are reached through the bastion "
+        "(ProxyJump).\n"
         f"Host {lay.bastion_name}\n"
         f"  HostName {lay.bastion_address}\n"
         f"  User {ADMIN_USER}\n"
@@ -93,9 +98,13 @@ def ssh_config_text(lay: Layout) -> str:
 
 
 def ssh_common_args(lay: Layout) -> str:
-    """``ansible_ssh_common_args`` of the lab's inventory, as an operator with a bastion writes it."""
-    return (f"-F {lay.ssh_config} -o ProxyJump={lay.bastion_name} -o UserKnownHostsFile={lay.known_hosts} "
-            "-o StrictHostKeyChecking=yes -o ForwardAgent=no")
+    """``ansible_ssh_common_args`` of the lab's inventory, as an operator with a bastion writes
+    it."""
+    return (
+        f"-F {lay.ssh_config} -o ProxyJump={lay.bastion_name} -o "
+        f"UserKnownHostsFile={lay.known_hosts} "
+        "-o StrictHostKeyChecking=yes -o ForwardAgent=no"
+    )
 
 
 def write_ssh_config(lay: Layout) -> None:

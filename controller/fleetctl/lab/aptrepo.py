@@ -40,7 +40,12 @@ PACKAGE = "nvidia-container-toolkit"
 #: downgrade or upgrade can be tested.
 VERSIONS = ("1.18.0-1", "1.17.8-1")
 KEY_UID = "fleetctl lab apt repository <lab@fleetctl.invalid>"
-_BINARIES = ("nvidia-ctk", "nvidia-container-runtime", "nvidia-container-runtime-hook", "nvidia-container-cli")
+_BINARIES = (
+    "nvidia-ctk",
+    "nvidia-container-runtime",
+    "nvidia-container-runtime-hook",
+    "nvidia-container-cli",
+)
 
 
 @dataclass(frozen=True)
@@ -61,7 +66,9 @@ def _gpg(home: Path, *args: str, input: bytes | None = None) -> bytes:
 
 
 def _kill_agent(home: Path) -> None:
-    subprocess.run(["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False)
+    subprocess.run(
+        ["gpgconf", "--homedir", str(home), "--kill", "gpg-agent"], capture_output=True, check=False
+    )
 
 
 def _cache_home() -> Path:
@@ -73,13 +80,16 @@ def _cache_lock() -> Path:
 
 
 def signing_home(progress: Progress = NULL) -> Path:
-    """The GnuPG home holding the master copy of the lab's signing key (made once, shared by every lab).
+    """The GnuPG home holding the master copy of the lab's signing key (made once, shared by every
+    lab).
 
     Read it only through :func:`private_home` (or under its lock): a gpg run in it starts an agent
     there that another process's run would share.
     """
     if shutil.which("gpg") is None:
-        raise FleetError("gpg is not installed", fix="run scripts/bootstrap.sh (apt-get install gnupg)")
+        raise FleetError(
+            "gpg is not installed", fix="run scripts/bootstrap.sh (apt-get install gnupg)"
+        )
     home = _cache_home()
     with file_lock(_cache_lock(), "the lab's apt signing key", progress):
         if not (home / "ready").exists():
@@ -88,12 +98,15 @@ def signing_home(progress: Progress = NULL) -> Path:
             home.mkdir(mode=0o700, parents=True)
             progress(Event("building", "apt signing key (ed25519)"))
             try:
-                _gpg(home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never")
+                _gpg(
+                    home, "--passphrase", "", "--quick-gen-key", KEY_UID, "ed25519", "sign", "never"
+                )
             finally:
                 _kill_agent(home)
             (home / "ready").write_text("")
         if not (home / "fingerprint").exists() or not (home / "public.asc").exists():
-            # Written once (also into a cache an older fleetctl made): readers need no gpg, no agent.
+            # Written once (also into a cache an older fleetctl made): readers need no gpg, no
+            # agent.
             try:
                 out = _gpg(home, "--with-colons", "--list-keys").decode()
                 public = _gpg(home, "--armor", "--export")
@@ -109,7 +122,8 @@ def signing_home(progress: Progress = NULL) -> Path:
 
 
 def key_fingerprint() -> str | None:
-    """The lab signing key's fingerprint (what the lab inventory pins), None before the key exists."""
+    """The lab signing key's fingerprint (what the lab inventory pins), None before the key
+    exists."""
     home = _cache_home()
     if not (home / "ready").exists():
         return None
@@ -125,10 +139,13 @@ def public_key() -> bytes:
 
 @contextmanager
 def private_home(progress: Progress = NULL) -> Iterator[Path]:
-    """A GnuPG home of this caller's own holding a copy of the lab's key; its agent stopped and the home removed
-    on the way out. The copy is taken under the cache's lock, so that it never sees a key half made."""
+    """A GnuPG home of this caller's own holding a copy of the lab's key; its agent stopped and the
+    home removed
+    on the way out. The copy is taken under the cache's lock, so that it never sees a key half
+    made."""
     master = signing_home(progress)
-    # Short and private (mkdtemp: 0700): gpg-agent's sockets go in it unless /run/user/UID/gnupg exists.
+    # Short and private (mkdtemp: 0700): gpg-agent's sockets go in it unless /run/user/UID/gnupg
+    # exists.
     home = Path(tempfile.mkdtemp(prefix="fleetctl-gpg-"))
     try:
         with file_lock(_cache_lock(), "the lab's apt signing key", progress):
@@ -161,8 +178,9 @@ def build_deb(version: str, out_dir: Path) -> Path:
         conf = root / "etc" / "nvidia-container-runtime"
         conf.mkdir(parents=True)
         (conf / "config.toml").write_text(
-            '#accept-nvidia-visible-devices-as-volume-mounts = false\n'
-            'disable-require = false\n\n[nvidia-container-runtime]\nlog-level = "info"\nmode = "auto"\n'
+            "#accept-nvidia-visible-devices-as-volume-mounts = false\n"
+            'disable-require = false\n\n[nvidia-container-runtime]\nlog-level = "info"\nmode = '
+            '"auto"\n'
             'runtimes = ["runc", "crun"]\n'
         )
         size_kb = sum(f.stat().st_size for f in root.rglob("*") if f.is_file()) // 1024 + 1
@@ -172,7 +190,8 @@ def build_deb(version: str, out_dir: Path) -> Path:
             f"Package: {PACKAGE}\nVersion: {version}\nArchitecture: all\n"
             "Maintainer: fleetctl lab <lab@fleetctl.invalid>\n"
             f"Installed-Size: {size_kb}\nDepends: python3\n"
-            "Provides: nvidia-container-toolkit-base, nvidia-container-runtime, libnvidia-container-tools\n"
+            "Provides: nvidia-container-toolkit-base, nvidia-container-runtime, "
+            "libnvidia-container-tools\n"
             "Section: utils\nPriority: optional\nHomepage: https://github.com/NVIDIA/nvidia-container-toolkit\n"
             "Description: NVIDIA Container toolkit (fleetctl lab stand-in)\n"
             " Provides nvidia-ctk, nvidia-container-runtime and the runtime hook so that\n"
@@ -180,8 +199,11 @@ def build_deb(version: str, out_dir: Path) -> Path:
         )
         (debian / "conffiles").write_text("/etc/nvidia-container-runtime/config.toml\n")
         out = out_dir / f"{PACKAGE}_{version}_all.deb"
-        proc = subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)],
-                              capture_output=True, check=False)
+        proc = subprocess.run(
+            ["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(root), str(out)],
+            capture_output=True,
+            check=False,
+        )
         if proc.returncode != 0:
             raise FleetError(f"dpkg-deb failed: {proc.stderr.decode(errors='replace').strip()}",
                              fix="run scripts/bootstrap.sh (dpkg-dev)")
@@ -215,7 +237,8 @@ def _build(directory: Path, home: Path, progress: Progress) -> AptRepo:
         h = _hashes(data)
         stanzas.append(
             f"{_control(deb)}\nFilename: ./{deb.name}\nSize: {len(data)}\n"
-            f"MD5sum: {h['MD5Sum']}\nSHA1: {h['SHA1']}\nSHA256: {h['SHA256']}\nSHA512: {h['SHA512']}\n"
+            f"MD5sum: {h['MD5Sum']}\nSHA1: {h['SHA1']}\nSHA256: {h['SHA256']}\nSHA512: "
+            f"{h['SHA512']}\n"
         )
         names.append(deb.name)
     packages = "\n".join(stanzas).encode()
@@ -236,7 +259,17 @@ def _build(directory: Path, home: Path, progress: Progress) -> AptRepo:
     (directory / "InRelease").write_bytes(
         _gpg(home, "--digest-algo", "SHA512", "--clearsign", "--output", "-", input=release))
     (directory / "Release.gpg").write_bytes(
-        _gpg(home, "--digest-algo", "SHA512", "--armor", "--detach-sign", "--output", "-", input=release))
+        _gpg(
+            home,
+            "--digest-algo",
+            "SHA512",
+            "--armor",
+            "--detach-sign",
+            "--output",
+            "-",
+            input=release,
+        )
+    )
     (directory / "gpgkey").write_bytes(public_key())
     os.chmod(directory, 0o755)
     return AptRepo(directory=directory, packages=tuple(names))

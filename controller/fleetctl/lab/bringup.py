@@ -21,12 +21,15 @@ from fleetctl.progress import NULL, Event, Progress
 
 
 def up(nodes: int = 4, units: int = 0, progress: Progress = NULL) -> LabStatus:
-    """Bring the lab up with ``nodes`` Sparks (idempotent: what exists and runs is kept), the last ``2 * units``
+    """Bring the lab up with ``nodes`` Sparks (idempotent: what exists and runs is kept), the last
+    ``2 * units``
     of them ``units`` two-node units joined by the lab's fabric (MTU 9000)."""
     if not 1 <= nodes <= MAX_NODES:
         raise FleetError(f"--nodes {nodes} is out of range", fix=f"pass 1 to {MAX_NODES}")
     lay = current()
-    inventory.units([lay.node_name(i) for i in range(1, nodes + 1)], units)  # refused before anything is made
+    inventory.units(
+        [lay.node_name(i) for i in range(1, nodes + 1)], units
+    )  # refused before anything is made
     lay.check()
     t0 = time.monotonic()
     with locked(lay, progress):
@@ -71,7 +74,8 @@ def up(nodes: int = 4, units: int = 0, progress: Progress = NULL) -> LabStatus:
 
 
 def _fabric(lay: Layout, engine: Dockerd, state: dict[str, Any], progress: Progress) -> None:
-    """Join each unit's members by the fabric networks (MTU 9000, a Spark's netdev names) and give them the
+    """Join each unit's members by the fabric networks (MTU 9000, a Spark's netdev names) and give
+    them the
     stand-in RDMA tools; a node attached already is left as it is (its fabric faults too)."""
     members = [m for ms in state.get("units", {}).values() for m in ms]
     if not members:
@@ -88,8 +92,21 @@ def _ssh_key(lay: Layout) -> None:
     lay.ssh_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(lay.ssh_dir, 0o700)
     if not lay.ssh_key.exists():
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"fleetctl-lab@{lay.root}",
-                        "-f", str(lay.ssh_key)], check=True)
+        subprocess.run(
+            [
+                "ssh-keygen",
+                "-q",
+                "-t",
+                "ed25519",
+                "-N",
+                "",
+                "-C",
+                f"fleetctl-lab@{lay.root}",
+                "-f",
+                str(lay.ssh_key),
+            ],
+            check=True,
+        )
 
 
 def _www(lay: Layout, progress: Progress) -> None:
@@ -112,7 +129,9 @@ def _populate_weights(lay: Layout, weights: Path, progress: Progress) -> None:
     models.populate_mirror(weights, recipes)
 
 
-def _nodes(lay: Layout, engine: Dockerd, state: dict[str, Any], count: int, image: str, progress: Progress) -> None:
+def _nodes(
+    lay: Layout, engine: Dockerd, state: dict[str, Any], count: int, image: str, progress: Progress
+) -> None:
     wanted = [lay.node_name(i) for i in range(1, count + 1)]
     faults: dict[str, Any] = state.setdefault("faults", {})
     for name in list(state.get("nodes", [])):
@@ -144,13 +163,22 @@ def _nodes(lay: Layout, engine: Dockerd, state: dict[str, Any], count: int, imag
         # A paused node is a fault the user set: it is kept as it is.
     state["nodes"] = wanted
     with ThreadPoolExecutor(max_workers=max(1, min(len(started), 8))) as pool:
-        list(pool.map(lambda s: nodes.wait_ready(lay, engine, s[0], s[1], bastion=s[2], progress=progress), started))
+        list(
+            pool.map(
+                lambda s: nodes.wait_ready(
+                    lay, engine, s[0], s[1], bastion=s[2], progress=progress
+                ),
+                started,
+            )
+        )
     for name, address, _ in started:
         progress(Event("ready", address, host=name))
     _known_hosts(lay, engine, wanted, state)
 
 
-def _ensure_running(engine: Dockerd, name: str, image: str, progress: Progress, create: Any) -> bool:
+def _ensure_running(
+    engine: Dockerd, name: str, image: str, progress: Progress, create: Any
+) -> bool:
     """Create or start container ``name`` if needed; True when it was (re)started."""
     st = nodes.container_state(engine, name)
     if st is None:
@@ -170,7 +198,9 @@ def _ensure_running(engine: Dockerd, name: str, image: str, progress: Progress, 
 def _known_hosts(lay: Layout, engine: Dockerd, names: list[str], state: dict[str, Any]) -> None:
     lines = []
     cached: dict[str, list[str]] = state.setdefault("host_keys", {})
-    every = [(lay.bastion_name, lay.bastion_address)] + [(n, lay.node_address(lay.node_index(n))) for n in names]
+    every = [(lay.bastion_name, lay.bastion_address)] + [
+        (n, lay.node_address(lay.node_index(n))) for n in names
+    ]
     for name, addr in every:
         st = nodes.container_state(engine, name)
         if st is not None and st["State"]["Running"] and not st["State"]["Paused"]:

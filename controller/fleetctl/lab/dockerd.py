@@ -38,8 +38,14 @@ class Dockerd:
         env.pop("DOCKER_CONTEXT", None)
         return env
 
-    def docker(self, *args: str, check: bool = True, input: bytes | None = None,
-               timeout: float | None = 300, what: str | None = None) -> subprocess.CompletedProcess[str]:
+    def docker(
+        self,
+        *args: str,
+        check: bool = True,
+        input: bytes | None = None,
+        timeout: float | None = 300,
+        what: str | None = None,
+    ) -> subprocess.CompletedProcess[str]:
         """Run the docker CLI against the lab's engine; a FleetError naming ``what`` on failure."""
         try:
             proc = subprocess.run(
@@ -50,12 +56,16 @@ class Dockerd:
             raise FleetError(f"`docker {' '.join(args[:3])}` did not finish within {timeout:.0f}s",
                              fix=f"check the lab engine's log {self.log}") from None
         result = subprocess.CompletedProcess(
-            proc.args, proc.returncode, proc.stdout.decode(errors="replace"), proc.stderr.decode(errors="replace")
+            proc.args,
+            proc.returncode,
+            proc.stdout.decode(errors="replace"),
+            proc.stderr.decode(errors="replace"),
         )
         if check and result.returncode != 0:
             detail = (result.stderr.strip() or result.stdout.strip()).splitlines()
             raise FleetError(
-                f"{what or 'docker ' + ' '.join(args[:2])} failed: {detail[-1] if detail else result.returncode}",
+                f"{what or 'docker ' + ' '.join(args[:2])} failed: "
+                f"{detail[-1] if detail else result.returncode}",
                 fix=f"see the lab engine's log {self.log}",
             )
         return result
@@ -69,7 +79,12 @@ class Dockerd:
         if not self.layout.docker_sock.exists():
             return False
         try:
-            return self.docker("version", "--format", "{{.Server.Version}}", check=False, timeout=20).returncode == 0
+            return (
+                self.docker(
+                    "version", "--format", "{{.Server.Version}}", check=False, timeout=20
+                ).returncode
+                == 0
+            )
         except FleetError:  # timed out: a busy machine, not a verdict
             return False
 
@@ -79,7 +94,10 @@ class Dockerd:
             return
         for tool in ("dockerd", "docker", "containerd", "runc"):
             if shutil.which(tool) is None:
-                raise FleetError(f"{tool} is not installed", fix="run scripts/bootstrap.sh (apt-get install docker.io)")
+                raise FleetError(
+                    f"{tool} is not installed",
+                    fix="run scripts/bootstrap.sh (apt-get install docker.io)",
+                )
         self.layout.check()
         if self.pid() is None:
             (self.dir / "data").mkdir(parents=True, exist_ok=True)
@@ -131,8 +149,10 @@ class Dockerd:
             return
         if Path(f"/sys/class/net/{lay.bridge}").exists():
             raise FleetError(
-                f"network interface {lay.bridge} for subnet {lay.subnet} already exists: another lab uses this subnet",
-                fix="pick another FLEETCTL_LAB_SUBNET (e.g. 10.78.<k>.0/24) or `fleetctl lab down` the other lab",
+                f"network interface {lay.bridge} for subnet {lay.subnet} already exists: another "
+                "lab uses this subnet",
+                fix="pick another FLEETCTL_LAB_SUBNET (e.g. 10.78.<k>.0/24) or `fleetctl lab down` "
+                    "the other lab",
             )
         self.docker(
             "network", "create", "--driver", "bridge",

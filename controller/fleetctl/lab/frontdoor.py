@@ -1,7 +1,9 @@
-"""The lab's front door: a real HAProxy (Debian's package) before the nodes' vLLM port, as a fleet that serves
+"""The lab's front door: a real HAProxy (Debian's package) before the nodes' vLLM port, as a fleet
+that serves
 users has one.
 
-It listens on ``<gateway>:8100`` and balances over every node's ``:8000`` (``leastconn``, health check
+It listens on ``<gateway>:8100`` and balances over every node's ``:8000`` (``leastconn``, health
+check
 ``GET /health`` every second), with its runtime API on the admin socket ``<lab>/run/haproxy.sock``.
 ``fleetctl lab up`` starts it (and rewrites its config when the nodes change), ``down`` stops it.
 
@@ -51,7 +53,9 @@ class LabFrontDoor:
 
     def render(self, nodes: Sequence[str]) -> str:
         lay = self.layout
-        servers = "\n".join(f"  server {n} {lay.node_address(lay.node_index(n))}:{NODE_PORT} check" for n in nodes)
+        servers = "\n".join(
+            f"  server {n} {lay.node_address(lay.node_index(n))}:{NODE_PORT} check" for n in nodes
+        )
         return f"""# Written by `fleetctl lab up` (fleetctl/lab/frontdoor.py); rewritten when the nodes change.
 global
   stats socket {self.socket} mode 600 level admin
@@ -80,21 +84,31 @@ backend {BACKEND}
   http-check expect status 200
   default-server inter 1s fall 2 rise 2
 {servers}
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
     def start(self, nodes: Sequence[str], progress: Progress = NULL) -> None:
-        """Start HAProxy before ``nodes`` unless it runs with this config; restart it when the nodes changed."""
-        exe = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None)
+        """Start HAProxy before ``nodes`` unless it runs with this config; restart it when the
+        nodes changed."""
+        exe = shutil.which("haproxy") or (
+            "/usr/sbin/haproxy" if Path("/usr/sbin/haproxy").exists() else None
+        )
         if exe is None:
             raise FleetError("haproxy is not installed (the lab's front door)",
                              fix="run scripts/bootstrap.sh (apt-get install haproxy)")
         text = self.render(nodes)
         self.dir.mkdir(parents=True, exist_ok=True)
-        if self.running() and self.config.exists() and self.config.read_text() == text and self.socket.exists():
+        if (
+            self.running()
+            and self.config.exists()
+            and self.config.read_text() == text
+            and self.socket.exists()
+        ):
             return
         self.stop()
         self.config.write_text(text)
-        checked = subprocess.run([exe, "-c", "-f", str(self.config)], capture_output=True, text=True, check=False)
+        checked = subprocess.run(
+            [exe, "-c", "-f", str(self.config)], capture_output=True, text=True, check=False
+        )
         if checked.returncode != 0:
             raise FleetError(f"the lab's HAProxy config {self.config} is refused: "
                              f"{(checked.stderr or checked.stdout).strip()[-300:]}",
@@ -118,7 +132,8 @@ backend {BACKEND}
         return self.layout.inventory_dir / "group_vars" / "all" / "frontdoor.yml"
 
     def use_in_inventory(self, on: bool) -> Path:
-        """Make rollouts on the lab drive this HAProxy (``on``) or leave it alone; returns the vars file."""
+        """Make rollouts on the lab drive this HAProxy (``on``) or leave it alone; returns the vars
+        file."""
         import yaml
 
         f = self.inventory_file()
@@ -127,7 +142,10 @@ backend {BACKEND}
             return f
         f.parent.mkdir(parents=True, exist_ok=True)
         tmp = f.with_name(f.name + ".tmp")
-        tmp.write_text("# Written by fleetctl.lab.frontdoor: rollouts drain and re-admit hosts at the lab's HAProxy.\n"
-                       + yaml.safe_dump({"fleetctl_front_door": self.settings()}, sort_keys=False))
+        tmp.write_text(
+            "# Written by fleetctl.lab.frontdoor: rollouts drain and re-admit hosts at the lab's "
+            "HAProxy.\n"
+            + yaml.safe_dump({"fleetctl_front_door": self.settings()}, sort_keys=False)
+        )
         tmp.replace(f)
         return f

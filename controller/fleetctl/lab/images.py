@@ -162,13 +162,24 @@ def _dockerfile_env(settings: Mapping[str, str]) -> str:
     return "\n".join(lines) + ("\n" if lines else "")
 
 
-def build_tag(layout: Layout, engine: Dockerd, ref: str, settings: Mapping[str, str],
-              progress: Progress = NULL, from_dir: Path | None = None, cmd: list[str] | None = None) -> str:
-    """Build ``ref`` (a full registry reference) from the emulator base plus ``settings``, or from a directory."""
+def build_tag(
+    layout: Layout,
+    engine: Dockerd,
+    ref: str,
+    settings: Mapping[str, str],
+    progress: Progress = NULL,
+    from_dir: Path | None = None,
+    cmd: list[str] | None = None,
+) -> str:
+    """Build ``ref`` (a full registry reference) from the emulator base plus ``settings``, or from
+    a directory."""
     ctx = _context(layout, "tags/" + hashlib.sha256(ref.encode()).hexdigest()[:12])
     if from_dir is not None:
         if not from_dir.is_dir():
-            raise FleetError(f"--from-dir {from_dir} is not a directory", fix="pass a directory to copy into the image")
+            raise FleetError(
+                f"--from-dir {from_dir} is not a directory",
+                fix="pass a directory to copy into the image",
+            )
         shutil.copytree(from_dir, ctx / "app", ignore=shutil.ignore_patterns("__pycache__"))
         entry = json.dumps(cmd) if cmd else '["/bin/sh"]'
         text = f"FROM {python_base(engine, progress)}\nCOPY app/ /app/\nWORKDIR /app\n"
@@ -185,7 +196,8 @@ def build_tag(layout: Layout, engine: Dockerd, ref: str, settings: Mapping[str, 
 
 
 def cuda_image(layout: Layout, engine: Dockerd, ref: str, progress: Progress = NULL) -> str:
-    """A small stand-in of NVIDIA's CUDA base image: nvidia-smi appears only with --gpus (the hook injects it)."""
+    """A small stand-in of NVIDIA's CUDA base image: nvidia-smi appears only with --gpus (the hook
+    injects it)."""
     base = python_base(engine, progress)
     ctx = _context(layout, "cuda")
     (ctx / "Dockerfile").write_text(
@@ -204,15 +216,21 @@ RELAY_IMAGE = "library/registry:2"
 
 
 def relay_image(layout: Layout, engine: Dockerd, ref: str, progress: Progress = NULL) -> str:
-    """The image relay: this machine's ``docker-registry`` (Debian's distribution 2.8, the lab registry's
+    """The image relay: this machine's ``docker-registry`` (Debian's distribution 2.8, the lab
+    registry's
     own binary) on the python base, serving ``/var/lib/registry`` on :5000 unless told otherwise."""
     binary = shutil.which("docker-registry")
     if binary is None:
-        raise FleetError("docker-registry is not installed", fix="run scripts/bootstrap.sh (apt-get install docker-registry)")
+        raise FleetError(
+            "docker-registry is not installed",
+            fix="run scripts/bootstrap.sh (apt-get install docker-registry)",
+        )
     ctx = _context(layout, "relay")
     shutil.copy2(binary, ctx / "registry")
-    (ctx / "config.yml").write_text("version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: /var/lib/registry\n"
-                                    "http:\n  addr: :5000\n")
+    (ctx / "config.yml").write_text(
+        "version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: /var/lib/registry\n"
+        "http:\n  addr: :5000\n"
+    )
     (ctx / "Dockerfile").write_text(
         f"FROM {python_base(engine, progress)}\n"
         "COPY registry /usr/bin/registry\n"
@@ -239,7 +257,11 @@ class TagSpec:
 
 
 def default_tags() -> list[TagSpec]:
-    """The tags of the emulator's release-history table (``fleetctl.lab.scenarios.history_tags``)."""
+    """The tags of the emulator's release-history table
+    (``fleetctl.lab.scenarios.history_tags``)."""
     from fleetctl.lab import scenarios
 
-    return [TagSpec(ref=t.ref, env=dict(t.env), entrypoint=tuple(t.entrypoint)) for t in scenarios.history_tags()]
+    return [
+        TagSpec(ref=t.ref, env=dict(t.env), entrypoint=tuple(t.entrypoint))
+        for t in scenarios.history_tags()
+    ]

@@ -78,7 +78,11 @@ class LabStatus:
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise FleetError(f"no lab node {name!r}", fix=f"use one of: {', '.join(n.name for n in self.nodes) or '(none: run `fleetctl lab up`)'}")
+        raise FleetError(
+            f"no lab node {name!r}",
+            fix="use one of: "
+                f"{', '.join(n.name for n in self.nodes) or '(none: run `fleetctl lab up`)'}",
+        )
 
 
 def read_state(lay: Layout) -> dict[str, Any]:
@@ -87,10 +91,14 @@ def read_state(lay: Layout) -> dict[str, Any]:
     except FileNotFoundError:
         return {"version": _STATE_VERSION, "nodes": [], "faults": {}, "images": []}
     except ValueError as e:
-        raise FleetError(f"{lay.state_file} is not valid JSON: {e}", fix="`fleetctl lab down` and up again") from None
+        raise FleetError(
+            f"{lay.state_file} is not valid JSON: {e}", fix="`fleetctl lab down` and up again"
+        ) from None
     if int(data.get("version", 0)) > _STATE_VERSION:
-        raise FleetError(f"{lay.state_file} was written by a newer fleetctl (version {data.get('version')})",
-                         fix="use that fleetctl, or `fleetctl lab down` with it first")
+        raise FleetError(
+            f"{lay.state_file} was written by a newer fleetctl (version {data.get('version')})",
+            fix="use that fleetctl, or `fleetctl lab down` with it first",
+        )
     return data
 
 
@@ -165,13 +173,26 @@ def status() -> LabStatus:
     with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:
         node_list = tuple(pool.map(one, names))
     return LabStatus(
-        directory=lay.root, subnet=str(lay.subnet), gateway=lay.gateway,
-        up=all(services.values()) and bool(node_list) and all(n.state != "missing" for n in node_list),
-        docker_host=lay.docker_host, registry=lay.registry, http_url=lay.http_base,
-        apt_url=f"{lay.http_base}/apt", apt_key_url=f"{lay.http_base}/apt/gpgkey",
-        weights_url=f"{lay.http_base}/weights", inventory=lay.inventory, ssh_key=lay.ssh_key,
-        known_hosts=lay.known_hosts, bastion=f"{access.ADMIN_USER}@{lay.bastion_address}",
-        ssh_config=lay.ssh_config, vault_password_file=lay.vault_password_file, services=services, nodes=node_list,
+        directory=lay.root,
+        subnet=str(lay.subnet),
+        gateway=lay.gateway,
+        up=all(services.values())
+        and bool(node_list)
+        and all(n.state != "missing" for n in node_list),
+        docker_host=lay.docker_host,
+        registry=lay.registry,
+        http_url=lay.http_base,
+        apt_url=f"{lay.http_base}/apt",
+        apt_key_url=f"{lay.http_base}/apt/gpgkey",
+        weights_url=f"{lay.http_base}/weights",
+        inventory=lay.inventory,
+        ssh_key=lay.ssh_key,
+        known_hosts=lay.known_hosts,
+        bastion=f"{access.ADMIN_USER}@{lay.bastion_address}",
+        ssh_config=lay.ssh_config,
+        vault_password_file=lay.vault_password_file,
+        services=services,
+        nodes=node_list,
         images=tuple(state.get("images", [])),
         units={u: tuple(ms) for u, ms in state.get("units", {}).items()},
     )

@@ -84,7 +84,10 @@ class Layout:
         """Inverse of :meth:`node_name`; a FleetError for a name that is not a lab node."""
         prefix = "spark-"
         if not name.startswith(prefix) or not name[len(prefix):].isdigit():
-            raise FleetError(f"{name!r} is not a lab node name", fix="lab nodes are called spark-01, spark-02, ...")
+            raise FleetError(
+                f"{name!r} is not a lab node name",
+                fix="lab nodes are called spark-01, spark-02, ...",
+            )
         return int(name[len(prefix):])
 
     # --- files ----------------------------------------------------------------
@@ -105,7 +108,8 @@ class Layout:
 
     @property
     def exec_root(self) -> Path:
-        """dockerd's exec root: in the lab dir, unless containerd's sockets below it would be too long.
+        """dockerd's exec root: in the lab dir, unless containerd's sockets below it would be too
+        long.
 
         containerd puts ``containerd/containerd.sock.ttrpc`` under it; a deep lab
         directory (a pytest tmp dir) overflows sun_path, so such a lab keeps its
@@ -154,7 +158,8 @@ class Layout:
 
     @property
     def ssh_config(self) -> Path:
-        """The ssh_config the inventory passes with ``-F``: the bastion's alias, key and known_hosts."""
+        """The ssh_config the inventory passes with ``-F``: the bastion's alias, key and
+        known_hosts."""
         return self.ssh_dir / "config"
 
     @property
@@ -164,7 +169,8 @@ class Layout:
 
     @property
     def vault_password_file(self) -> Path:
-        """The Ansible Vault password the inventory's ``ansible_become_password`` is encrypted with."""
+        """The Ansible Vault password the inventory's ``ansible_become_password`` is encrypted
+        with."""
         return self.ssh_dir / "vault-password"
 
     @property
@@ -191,7 +197,8 @@ class Layout:
         """Refuse paths the kernel cannot use (a unix socket path longer than sun_path)."""
         if len(str(self.docker_sock)) > _MAX_SOCKET_PATH:
             raise FleetError(
-                f"lab directory {self.root} is too long: its engine socket path exceeds {_MAX_SOCKET_PATH} characters",
+                f"lab directory {self.root} is too long: its engine socket path exceeds "
+                f"{_MAX_SOCKET_PATH} characters",
                 fix="set FLEETCTL_LAB_DIR to a shorter path (e.g. /var/tmp/lab-NAME)",
             )
 
@@ -207,7 +214,8 @@ def current() -> Layout:
     trusted = ipaddress.IPv4Network(TRUSTED_REGISTRIES)
     if not subnet.subnet_of(trusted) or subnet.prefixlen > 26:
         raise FleetError(
-            f"FLEETCTL_LAB_SUBNET={text} must lie inside {TRUSTED_REGISTRIES} with room for the nodes (/26 or wider)",
+            f"FLEETCTL_LAB_SUBNET={text} must lie inside {TRUSTED_REGISTRIES} with room for the "
+            "nodes (/26 or wider)",
             fix="use a /24 inside 10.78.0.0/16, e.g. 10.78.1.0/24",
         )
     return Layout(root=paths.lab_dir(), subnet=subnet)

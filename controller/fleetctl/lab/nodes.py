@@ -39,8 +39,8 @@ class Faults:
     next_kernel_without_nvidia: bool = False
     #: The admin user has neither sudo nor the docker group (what a half-set-up host looks like).
     revoked_access: bool = False
-    #: The fabric faults of a unit member (``fleetctl.lab.fabric``): its first netdev's MTU, its second
-    #: half down, its peers routed over the management network.
+    #: The fabric faults of a unit member (``fleetctl.lab.fabric``): its first netdev's MTU, its
+    #: second half down, its peers routed over the management network.
     fabric_mtu: int = 9000
     fabric_down: bool = False
     fabric_via_mgmt: bool = False
@@ -66,33 +66,53 @@ def container_state(engine: Dockerd, name: str) -> dict[str, Any] | None:
     return data[0] if data else None
 
 
-def exec_(engine: Dockerd, name: str, argv: list[str], input: bytes | None = None,
-          timeout: float = 60, check: bool = True, what: str | None = None) -> subprocess.CompletedProcess[str]:
+def exec_(
+    engine: Dockerd,
+    name: str,
+    argv: list[str],
+    input: bytes | None = None,
+    timeout: float = 60,
+    check: bool = True,
+    what: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` inside node ``name`` (as root, no SSH)."""
     args = ["exec", "-i", name, *argv] if input is not None else ["exec", name, *argv]
     r = engine.docker(*args, check=False, input=input, timeout=timeout)
     if check and r.returncode != 0:
         detail = (r.stderr.strip() or r.stdout.strip()).splitlines()
-        raise FleetError(f"{what or shlex.join(argv)} failed: {detail[-1] if detail else r.returncode}", host=name,
-                         fix="see `fleetctl lab status` and the node's /var/log")
+        raise FleetError(
+            f"{what or shlex.join(argv)} failed: {detail[-1] if detail else r.returncode}",
+            host=name,
+            fix="see `fleetctl lab status` and the node's /var/log",
+        )
     return r
 
 
 def write_file(engine: Dockerd, name: str, path: str, text: str) -> None:
     """Write ``text`` to ``path`` inside the node (parent directories created, atomic rename)."""
     q = shlex.quote(path)
-    exec_(engine, name, ["sh", "-c", f"mkdir -p \"$(dirname {q})\" && cat > {q}.tmp && mv -f {q}.tmp {q}"],
-          input=text.encode(), what=f"writing {path}")
+    exec_(
+        engine,
+        name,
+        ["sh", "-c", f'mkdir -p "$(dirname {q})" && cat > {q}.tmp && mv -f {q}.tmp {q}'],
+        input=text.encode(),
+        what=f"writing {path}",
+    )
 
 
 def create(layout: Layout, engine: Dockerd, index: int, image: str) -> None:
-    """Create and start node ``index`` from ``image``, reached as the admin user through the bastion."""
+    """Create and start node ``index`` from ``image``, reached as the admin user through the
+    bastion."""
     name = layout.node_name(index)
     acc = access.node_access(index)
     extra = []
     if acc.sudo == "password":
         extra += ["-v", f"{layout.become_password_file}:/etc/fleetctl-lab/sudo-password:ro"]
-    for k, v in {**acc.env(), "FLEETCTL_LAB_ROLE": "node", "FLEETCTL_LAB_DENY_SSH_FROM": layout.gateway}.items():
+    for k, v in {
+        **acc.env(),
+        "FLEETCTL_LAB_ROLE": "node",
+        "FLEETCTL_LAB_DENY_SSH_FROM": layout.gateway,
+    }.items():
         extra += ["-e", f"{k}={v}"]
     _run(layout, engine, name, layout.node_address(index), image, [
         "--tmpfs", f"/opt:rw,exec,mode=755,size={OPT_SIZE_GB}g",
@@ -103,10 +123,19 @@ def create(layout: Layout, engine: Dockerd, index: int, image: str) -> None:
 
 def create_bastion(layout: Layout, engine: Dockerd, image: str) -> None:
     """Create and start the bastion: sshd and the admin user, nothing else."""
-    _run(layout, engine, layout.bastion_name, layout.bastion_address, image, ["-e", "FLEETCTL_LAB_ROLE=bastion"])
+    _run(
+        layout,
+        engine,
+        layout.bastion_name,
+        layout.bastion_address,
+        image,
+        ["-e", "FLEETCTL_LAB_ROLE=bastion"],
+    )
 
 
-def _run(layout: Layout, engine: Dockerd, name: str, address: str, image: str, extra: list[str]) -> None:
+def _run(
+    layout: Layout, engine: Dockerd, name: str, address: str, image: str, extra: list[str]
+) -> None:
     pub = layout.ssh_key.with_suffix(".pub")
     engine.docker(
         "run", "-d", "--name", name, "--hostname", name,
@@ -139,20 +168,40 @@ def wait_ready(layout: Layout, engine: Dockerd, name: str, address: str, *, bast
         st = container_state(engine, name)
         if st is None or not st["State"]["Running"]:
             logs = engine.docker("logs", "--tail", "5", name, check=False).stderr.strip()
-            raise FleetError(f"node container exited: {logs or (st and st['State'].get('Error'))}", host=name,
-                             fix=f"see `docker -H {layout.docker_host} logs {name}`")
-        ready = exec_(engine, name, ["sh", "-c", "test -e /run/fleetctl-lab-ready && test -s /run/sshd.pid"],
-                      check=False, timeout=10)
+            raise FleetError(
+                f"node container exited: {logs or (st and st['State'].get('Error'))}",
+                host=name,
+                fix=f"see `docker -H {layout.docker_host} logs {name}`",
+            )
+        ready = exec_(
+            engine,
+            name,
+            ["sh", "-c", "test -e /run/fleetctl-lab-ready && test -s /run/sshd.pid"],
+            check=False,
+            timeout=10,
+        )
         if ready.returncode == 0 and (not bastion or _port_open(address, 22)):
             if bastion:
                 return
-            info = exec_(engine, name, ["docker", "info", "--format", "{{.ServerVersion}}"], check=False, timeout=20)
+            info = exec_(
+                engine,
+                name,
+                ["docker", "info", "--format", "{{.ServerVersion}}"],
+                check=False,
+                timeout=20,
+            )
             if info.returncode == 0:
                 return
         if time.monotonic() > deadline:
-            tail = exec_(engine, name, ["tail", "-n", "3", "/var/log/docker.log"], check=False).stdout.strip()
-            raise FleetError(f"node not ready after {timeout:.0f}s (inner dockerd: {tail or 'no log'})", host=name,
-                             fix=f"see /var/log/docker.log on the node (`docker -H {layout.docker_host} exec {name} ...`)")
+            tail = exec_(
+                engine, name, ["tail", "-n", "3", "/var/log/docker.log"], check=False
+            ).stdout.strip()
+            raise FleetError(
+                f"node not ready after {timeout:.0f}s (inner dockerd: {tail or 'no log'})",
+                host=name,
+                fix=f"see /var/log/docker.log on the node (`docker -H {layout.docker_host} exec "
+                    f"{name} ...`)",
+            )
         time.sleep(0.5)
 
 
@@ -166,7 +215,9 @@ def _port_open(addr: str, port: int) -> bool:
 
 def host_keys(engine: Dockerd, name: str) -> list[str]:
     """The node's public host keys (``type base64``), read from inside it."""
-    r = exec_(engine, name, ["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"], what="reading the host keys")
+    r = exec_(
+        engine, name, ["sh", "-c", "cat /etc/ssh/ssh_host_*_key.pub"], what="reading the host keys"
+    )
     return [" ".join(line.split()[:2]) for line in r.stdout.splitlines() if line.strip()]
 
 
@@ -174,8 +225,13 @@ def apply_faults(layout: Layout, engine: Dockerd, name: str, old: Faults, new: F
     """Bring node ``name`` from ``old`` to ``new`` faults (only what changed)."""
     index = layout.node_index(name)
     was_paused = old.paused
-    inside_changes = (old.gpu, old.driver, old.disk_gb, old.next_kernel_without_nvidia, old.revoked_access) != (
-        new.gpu, new.driver, new.disk_gb, new.next_kernel_without_nvidia, new.revoked_access)
+    inside_changes = (
+        old.gpu,
+        old.driver,
+        old.disk_gb,
+        old.next_kernel_without_nvidia,
+        old.revoked_access,
+    ) != (new.gpu, new.driver, new.disk_gb, new.next_kernel_without_nvidia, new.revoked_access)
     if was_paused and inside_changes:
         engine.docker("unpause", name, what=f"unpausing {name}")
         was_paused = False
@@ -190,20 +246,46 @@ def apply_faults(layout: Layout, engine: Dockerd, name: str, old: Faults, new: F
     if old.next_kernel_without_nvidia != new.next_kernel_without_nvidia:
         if new.next_kernel_without_nvidia:
             # A kernel update landed, but DKMS did not build the NVIDIA module for it.
-            exec_(engine, name, ["sh", "-c",
-                                 f"printf 'fleetctl lab stand-in kernel image\\n' > /boot/vmlinuz-{NEWER_KERNEL} && "
-                                 f"mkdir -p /lib/modules/{NEWER_KERNEL}/kernel/drivers"])
+            exec_(
+                engine,
+                name,
+                [
+                    "sh",
+                    "-c",
+                    "printf 'fleetctl lab stand-in kernel image\\n' > "
+                    f"/boot/vmlinuz-{NEWER_KERNEL} && "
+                    f"mkdir -p /lib/modules/{NEWER_KERNEL}/kernel/drivers",
+                ],
+            )
         else:
-            exec_(engine, name, ["rm", "-rf", f"/boot/vmlinuz-{NEWER_KERNEL}", f"/lib/modules/{NEWER_KERNEL}"])
+            exec_(
+                engine,
+                name,
+                ["rm", "-rf", f"/boot/vmlinuz-{NEWER_KERNEL}", f"/lib/modules/{NEWER_KERNEL}"],
+            )
     if old.revoked_access != new.revoked_access:
-        _set_rights(engine, name, access.NodeAccess(sudo="none", docker_group=False) if new.revoked_access
-                    else access.node_access(index))
+        _set_rights(
+            engine,
+            name,
+            access.NodeAccess(sudo="none", docker_group=False)
+            if new.revoked_access
+            else access.node_access(index),
+        )
     if old.disconnected != new.disconnected:
         if new.disconnected:
-            engine.docker("network", "disconnect", layout.network, name, what=f"disconnecting {name}")
+            engine.docker(
+                "network", "disconnect", layout.network, name, what=f"disconnecting {name}"
+            )
         else:
-            engine.docker("network", "connect", "--ip", layout.node_address(index), layout.network, name,
-                          what=f"reconnecting {name}")
+            engine.docker(
+                "network",
+                "connect",
+                "--ip",
+                layout.node_address(index),
+                layout.network,
+                name,
+                what=f"reconnecting {name}",
+            )
     if new.paused and not was_paused:
         engine.docker("pause", name, what=f"pausing {name}")
     elif not new.paused and was_paused:
@@ -211,8 +293,21 @@ def apply_faults(layout: Layout, engine: Dockerd, name: str, old: Faults, new: F
 
 
 def set_direct_ssh(layout: Layout, engine: Dockerd, name: str, allowed: bool) -> None:
-    """Let the controller reach node ``name``'s port 22 directly, or refuse it again (the default)."""
-    rule = ["INPUT", "-p", "tcp", "--dport", "22", "-s", layout.gateway, "-j", "REJECT", "--reject-with", "tcp-reset"]
+    """Let the controller reach node ``name``'s port 22 directly, or refuse it again (the
+    default)."""
+    rule = [
+        "INPUT",
+        "-p",
+        "tcp",
+        "--dport",
+        "22",
+        "-s",
+        layout.gateway,
+        "-j",
+        "REJECT",
+        "--reject-with",
+        "tcp-reset",
+    ]
     has = exec_(engine, name, ["iptables", "-C", *rule], check=False).returncode == 0
     if allowed and has:
         exec_(engine, name, ["iptables", "-D", *rule], what="opening port 22 to the controller")
@@ -221,14 +316,23 @@ def set_direct_ssh(layout: Layout, engine: Dockerd, name: str, allowed: bool) ->
 
 
 def _set_rights(engine: Dockerd, name: str, rights: access.NodeAccess) -> None:
-    """Give the admin user of node ``name`` exactly ``rights`` (sudo, docker group), as its entry script does."""
+    """Give the admin user of node ``name`` exactly ``rights`` (sudo, docker group), as its entry
+    script does."""
     user = access.ADMIN_USER
-    sudoers = {"nopasswd": f"{user} ALL=(ALL:ALL) NOPASSWD: ALL", "password": f"{user} ALL=(ALL:ALL) ALL"}
+    sudoers = {
+        "nopasswd": f"{user} ALL=(ALL:ALL) NOPASSWD: ALL",
+        "password": f"{user} ALL=(ALL:ALL) ALL",
+    }
     line = sudoers.get(rights.sudo)
     script = "rm -f /etc/sudoers.d/90-fleetctl-lab; "
     if line:
-        script += f"echo {shlex.quote(line)} > /etc/sudoers.d/90-fleetctl-lab && chmod 440 /etc/sudoers.d/90-fleetctl-lab; "
-    script += f"usermod -aG docker {user}" if rights.docker_group else f"gpasswd -d {user} docker >/dev/null 2>&1 || true"
+        script += (f"echo {shlex.quote(line)} > /etc/sudoers.d/90-fleetctl-lab && chmod 440 "
+                   "/etc/sudoers.d/90-fleetctl-lab; ")
+    script += (
+        f"usermod -aG docker {user}"
+        if rights.docker_group
+        else f"gpasswd -d {user} docker >/dev/null 2>&1 || true"
+    )
     exec_(engine, name, ["sh", "-c", script], what=f"setting the rights of {user}")
 
 
@@ -242,7 +346,8 @@ class InnerContainer:
 
 
 def inner_containers(engine: Dockerd, name: str) -> tuple[InnerContainer, ...]:
-    """The containers running inside node ``name`` (empty when the node's dockerd does not answer)."""
+    """The containers running inside node ``name`` (empty when the node's dockerd does not
+    answer)."""
     r = exec_(engine, name, ["docker", "ps", "--format", "{{json .}}"], check=False, timeout=20)
     if r.returncode != 0:
         return ()

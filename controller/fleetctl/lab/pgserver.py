@@ -1,4 +1,5 @@
-"""A throwaway PostgreSQL server from Debian's ``postgresql`` package, for the ledger's tests and benchmark.
+"""A throwaway PostgreSQL server from Debian's ``postgresql`` package, for the ledger's tests and
+benchmark.
 
 ``initdb`` into a fresh directory under /tmp, a server listening on a unix
 socket only (no TCP port to collide with), fsync off (its data need not
@@ -27,7 +28,9 @@ class PgUnavailable(Exception):
 
 def bindir() -> Path | None:
     """The newest installed PostgreSQL's bin directory (Debian's layout), or None."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: int(p.split("/")[4]))
+    found = sorted(
+        glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: int(p.split("/")[4])
+    )
     return Path(found[-1]).parent if found else None
 
 
@@ -38,7 +41,9 @@ class PgServer:
     socket_dir: Path
     data: Path
 
-    def url(self, user: str = "postgres", password: str | None = None, dbname: str = "postgres") -> str:
+    def url(
+        self, user: str = "postgres", password: str | None = None, dbname: str = "postgres"
+    ) -> str:
         """A libpq URL (unix socket) for ``user``."""
         auth = f"{user}:{password}" if password else user
         return f"postgresql://{auth}@/{dbname}?host={self.socket_dir}"
@@ -50,9 +55,13 @@ class PgServer:
 
 
 @contextlib.contextmanager
-def running(password_role: tuple[str, str] | None = None, fsync: bool = False) -> Iterator[PgServer]:
-    """A server for the duration of the block. ``password_role``: (name, password) of a role that must
-    log in with a password (scram); every other role is trusted on the private socket. ``fsync``: commit
+def running(
+    password_role: tuple[str, str] | None = None, fsync: bool = False
+) -> Iterator[PgServer]:
+    """A server for the duration of the block. ``password_role``: (name, password) of a role that
+    must
+    log in with a password (scram); every other role is trusted on the private socket. ``fsync``:
+    commit
     durably, as a real server does (a benchmark against SQLite's ``synchronous=FULL``)."""
     try:
         import psycopg  # noqa: F401
@@ -60,9 +69,11 @@ def running(password_role: tuple[str, str] | None = None, fsync: bool = False) -
         raise PgUnavailable("psycopg (fleetctl[postgres]) is not installed") from None
     bins = bindir()
     if bins is None:
-        raise PgUnavailable("PostgreSQL's server binaries (/usr/lib/postgresql/*/bin) are not installed")
-    # Short path under /tmp: a socket's path must stay under 108 bytes, and the postgres user must be
-    # able to reach it (pytest's and mkdtemp's usual parents are root's, mode 0700).
+        raise PgUnavailable(
+            "PostgreSQL's server binaries (/usr/lib/postgresql/*/bin) are not installed"
+        )
+    # Short path under /tmp: a socket's path must stay under 108 bytes, and the postgres user must
+    # be able to reach it (pytest's and mkdtemp's usual parents are root's, mode 0700).
     root = Path(tempfile.mkdtemp(prefix="fleetctl-pg-", dir="/tmp"))
     as_user: list[str] = []
     if os.geteuid() == 0:
@@ -71,9 +82,13 @@ def running(password_role: tuple[str, str] | None = None, fsync: bool = False) -
     data = root / "data"
 
     def run(*argv: str) -> None:
-        r = subprocess.run([*as_user, *argv], capture_output=True, text=True, timeout=120, check=False)
+        r = subprocess.run(
+            [*as_user, *argv], capture_output=True, text=True, timeout=120, check=False
+        )
         if r.returncode:
-            raise RuntimeError(f"{Path(argv[0]).name} failed ({r.returncode}): {r.stdout}{r.stderr}")
+            raise RuntimeError(
+                f"{Path(argv[0]).name} failed ({r.returncode}): {r.stdout}{r.stderr}"
+            )
 
     try:
         run(str(bins / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync")
@@ -90,11 +105,20 @@ def running(password_role: tuple[str, str] | None = None, fsync: bool = False) -
             from psycopg import sql
             name, password = password_role
             with server.admin() as conn:
-                conn.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(sql.Identifier(name),
-                                                                                sql.Literal(password)))
-                conn.execute(sql.SQL("GRANT CREATE ON DATABASE postgres TO {}").format(sql.Identifier(name)))
+                conn.execute(
+                    sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(
+                        sql.Identifier(name), sql.Literal(password)
+                    )
+                )
+                conn.execute(
+                    sql.SQL("GRANT CREATE ON DATABASE postgres TO {}").format(sql.Identifier(name))
+                )
         yield server
     finally:
-        subprocess.run([*as_user, str(bins / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                       capture_output=True, timeout=60, check=False)
+        subprocess.run(
+            [*as_user, str(bins / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+            check=False,
+        )
         shutil.rmtree(root, ignore_errors=True)

@@ -24,7 +24,9 @@ def read_pid(pidfile: Path, marker: str) -> int | None:
     except (OSError, ValueError):
         return None
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        cmdline = (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
     except OSError:
         return None
     return pid if marker in cmdline else None
@@ -45,7 +47,8 @@ def spawn(argv: Sequence[str], pidfile: Path, log: Path, env: dict[str, str] | N
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str, fix: str,
                alive: Callable[[], bool] | None = None, interval: float = 0.2) -> None:
-    """Poll ``check`` until true; a FleetError naming ``what`` after ``timeout`` or if ``alive`` turns false."""
+    """Poll ``check`` until true; a FleetError naming ``what`` after ``timeout`` or if ``alive``
+    turns false."""
     deadline = time.monotonic() + timeout
     while True:
         if check():
@@ -58,7 +61,8 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str, fix: str,
 
 
 def stop(pidfile: Path, marker: str, timeout: float = 30.0) -> bool:
-    """Stop the process of ``pidfile`` (TERM, then KILL after ``timeout``); True if one was running."""
+    """Stop the process of ``pidfile`` (TERM, then KILL after ``timeout``); True if one was
+    running."""
     pid = read_pid(pidfile, marker)
     if pid is None:
         pidfile.unlink(missing_ok=True)

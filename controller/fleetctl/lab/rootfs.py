@@ -43,7 +43,9 @@ class RootfsSpec:
 
     def key(self) -> str:
         """A short hash of everything that changes the tarball's content."""
-        blob = json.dumps([_FORMAT, SUITE, MIRROR, self.name, sorted(self.packages), list(self.strip)])
+        blob = json.dumps(
+            [_FORMAT, SUITE, MIRROR, self.name, sorted(self.packages), list(self.strip)]
+        )
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -103,14 +105,28 @@ def tarball(spec: RootfsSpec, progress: Progress = NULL) -> Path:
 
 def _build(spec: RootfsSpec, target: Path, progress: Progress) -> None:
     if shutil.which("debootstrap") is None:
-        raise FleetError("debootstrap is not installed", fix="run scripts/bootstrap.sh (apt-get install debootstrap)")
+        raise FleetError(
+            "debootstrap is not installed",
+            fix="run scripts/bootstrap.sh (apt-get install debootstrap)",
+        )
     work = target.with_name(target.name + ".build")
     if work.exists():
         _rmtree(work)
     work.mkdir(parents=True)
     t0 = time.monotonic()
-    progress(Event("building", f"{spec.name} rootfs: debootstrap {SUITE} ({len(spec.packages)} packages)"))
-    cmd = ["debootstrap", "--variant=minbase", f"--include={','.join(spec.packages)}", SUITE, str(work), MIRROR]
+    progress(
+        Event(
+            "building", f"{spec.name} rootfs: debootstrap {SUITE} ({len(spec.packages)} packages)"
+        )
+    )
+    cmd = [
+        "debootstrap",
+        "--variant=minbase",
+        f"--include={','.join(spec.packages)}",
+        SUITE,
+        str(work),
+        MIRROR,
+    ]
     log = target.with_name(target.name + ".log")
     rc = _run_logged(cmd, log, spec.name, progress)
     if rc != 0:
@@ -126,15 +142,24 @@ def _build(spec: RootfsSpec, target: Path, progress: Progress) -> None:
     subprocess.run(["tar", "-C", str(work), "--numeric-owner", "-cf", str(tmp), "."], check=True)
     tmp.replace(target)
     _rmtree(work)
-    progress(Event("built", f"{spec.name} rootfs in {time.monotonic() - t0:.0f}s ({target.stat().st_size >> 20} MiB)"))
+    progress(
+        Event(
+            "built",
+            f"{spec.name} rootfs in {time.monotonic() - t0:.0f}s ({target.stat().st_size >> 20} "
+            "MiB)",
+        )
+    )
 
 
 def _run_logged(cmd: list[str], log: Path, name: str, progress: Progress) -> int:
-    """Run debootstrap into ``log``, turning its ``I: <Verb> ...`` lines into a few progress events."""
+    """Run debootstrap into ``log``, turning its ``I: <Verb> ...`` lines into a few progress
+    events."""
     seen: set[str] = set()
     last_time = 0.0
     with log.open("w") as out:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace")
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+        )
         assert proc.stdout is not None
         for line in proc.stdout:
             out.write(line)

@@ -24,8 +24,9 @@ IMAGE_PREFIX = "/opt/fleetctl-emulator"
 IMAGE_PACKAGE = "vllm_emulator"
 #: Lab images load in seconds, not the real 3-5 minutes, so that tests stay short.
 LAB_LOAD_SECONDS = "3"
-#: A cold start compiles for 3 s more, a warm one (the canary's cache, same key) 0.3 s: on a Spark the
-#: compile dominates the load after the weights (docs/warm-start.md). Only with a cache dir mounted.
+#: A cold start compiles for 3 s more, a warm one (the canary's cache, same key) 0.3 s: on a Spark
+#: the compile dominates the load after the weights (docs/warm-start.md). Only with a cache dir
+#: mounted.
 LAB_COMPILE_SECONDS, LAB_WARM_COMPILE_SECONDS = "3", "0.3"
 _LOAD = {"EMU_LOAD_SECONDS": LAB_LOAD_SECONDS, "EMU_COMPILE_SECONDS": LAB_COMPILE_SECONDS,
          "EMU_WARM_COMPILE_SECONDS": LAB_WARM_COMPILE_SECONDS}
@@ -61,7 +62,8 @@ HISTORY: tuple[ImageTag, ...] = (
             **_LOAD,
             "EMU_CRASH_AT_CONCURRENCY": "32",
         },
-        "vLLM 0.22.1 era; the DFlash drafter crashes at >= 32 concurrent requests (block_table shape)",
+        "vLLM 0.22.1 era; the DFlash drafter crashes at >= 32 concurrent requests (block_table "
+        "shape)",
     ),
     ImageTag(
         AEON_REPOSITORY,
@@ -97,7 +99,8 @@ SCENARIOS: dict[str, dict[str, str]] = {
     "garbage-tokens": {"EMU_GARBAGE_AFTER_TOKENS": "12000"},
     "garbage32": {"EMU_GARBAGE_AT_CONCURRENCY": "32"},
     "boot-failure": {
-        "EMU_BOOT_FAIL": "RuntimeError: CUDA error: no kernel image is available for execution on the device"
+        "EMU_BOOT_FAIL": "RuntimeError: CUDA error: no kernel image is available for execution on "
+                         "the device"
     },
     "slow30": {"EMU_THROUGHPUT_SCALE": "0.7"},
     "error-rate": {"EMU_ERROR_RATE": "0.2"},
@@ -128,7 +131,8 @@ def history_tag(tag: str, repository: str = AEON_REPOSITORY) -> ImageTag:
 
 
 def knob_env(settings: Mapping[str, object]) -> dict[str, str]:
-    """EMU_* environment from knob settings; keys are ``EMU_X``, ``x`` or ``x-y`` (case-insensitive).
+    """EMU_* environment from knob settings; keys are ``EMU_X``, ``x`` or ``x-y``
+    (case-insensitive).
 
     Raises FleetError naming an unknown knob or a value the emulator would refuse.
     """
@@ -159,7 +163,8 @@ def knob_env(settings: Mapping[str, object]) -> dict[str, str]:
 def scenario_env(
     name: str, base: str = "2026-07-01-v0.24.0", **overrides: object
 ) -> dict[str, str]:
-    """The env of a scenario tag: ``base``'s knobs, then the preset's, then ``overrides`` (knob names)."""
+    """The env of a scenario tag: ``base``'s knobs, then the preset's, then ``overrides`` (knob
+    names)."""
     if name not in SCENARIOS:
         raise FleetError(f"unknown scenario {name!r}", fix="use one of: " + ", ".join(SCENARIOS))
     env = dict(history_tag(base).env)
@@ -173,12 +178,14 @@ def emulator_source() -> Path:
     return Path(__file__).resolve().parent / "emulator"
 
 
-#: The emulator's commands put on PATH in its image: vLLM's, and Ray's ``ray start`` (a unit's Ray launch).
+#: The emulator's commands put on PATH in its image: vLLM's, and Ray's ``ray start`` (a unit's Ray
+#: launch).
 COMMANDS = ("vllm", "ray")
 
 
 def install_emulator(root: Path | str) -> Path:
-    """Copy the emulator into an image root filesystem and put its commands (:data:`COMMANDS`) on PATH.
+    """Copy the emulator into an image root filesystem and put its commands (:data:`COMMANDS`) on
+    PATH.
 
     Writes ``<root>/opt/fleetctl-emulator/vllm_emulator/`` (the package, Python files and the
     ``vllm`` and ``ray`` scripts only) and the symlinks ``<root>/usr/local/bin/vllm`` and ``ray``.

@@ -60,8 +60,10 @@ class Registry:
                              fix="run scripts/bootstrap.sh (apt-get install docker-registry)")
         if not self.running():
             if not _port_free(lay.gateway, REGISTRY_PORT):
-                raise FleetError(f"{lay.registry} is already taken by another process",
-                                 fix="stop it (`systemctl disable --now docker-registry`) or use another subnet")
+                raise FleetError(
+                    f"{lay.registry} is already taken by another process",
+                    fix="stop it (`systemctl disable --now docker-registry`) or use another subnet",
+                )
             (lay.registry_dir / "data").mkdir(parents=True, exist_ok=True)
             self.config.write_text(
                 "version: 0.1\n"
@@ -73,11 +75,18 @@ class Registry:
                 "  headers:\n    X-Content-Type-Options: [nosniff]\n"
             )
             progress(Event("registry", f"starting the lab registry on {lay.registry}"))
-            pid = procs.spawn(["docker-registry", "serve", str(self.config)], self.pidfile, self.log)
+            pid = procs.spawn(
+                ["docker-registry", "serve", str(self.config)], self.pidfile, self.log
+            )
         else:
             pid = procs.read_pid(self.pidfile, str(self.config)) or 0
-        procs.wait_until(lambda: _http_ok(url), timeout=30, what=f"the lab registry ({lay.registry})",
-                         fix=f"see {self.log}", alive=lambda: procs.alive(pid))
+        procs.wait_until(
+            lambda: _http_ok(url),
+            timeout=30,
+            what=f"the lab registry ({lay.registry})",
+            fix=f"see {self.log}",
+            alive=lambda: procs.alive(pid),
+        )
 
     def stop(self) -> None:
         """Stop the registry process."""
@@ -115,8 +124,13 @@ class WebServer:
             )
         else:
             pid = procs.read_pid(self.pidfile, str(self.layout.www)) or 0
-        procs.wait_until(lambda: _http_ok(url), timeout=30, what=f"the lab's HTTP server ({lay.http_base})",
-                         fix=f"see {self.log}", alive=lambda: procs.alive(pid))
+        procs.wait_until(
+            lambda: _http_ok(url),
+            timeout=30,
+            what=f"the lab's HTTP server ({lay.http_base})",
+            fix=f"see {self.log}",
+            alive=lambda: procs.alive(pid),
+        )
 
     def stop(self) -> None:
         """Stop the HTTP server."""

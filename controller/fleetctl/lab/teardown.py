@@ -65,7 +65,8 @@ def _unmount_under(root: Path) -> None:
 
 
 def leftover(lay: Layout | None = None) -> list[str]:
-    """What of the lab still exists: processes, mounts, its interface, its directory (empty when clean)."""
+    """What of the lab still exists: processes, mounts, its interface, its directory (empty when
+    clean)."""
     lay = lay or existing()
     out: list[str] = []
     for d in {lay.root, lay.exec_root}:

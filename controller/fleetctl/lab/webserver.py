@@ -29,7 +29,8 @@ class RangeHandler(SimpleHTTPRequestHandler):
         sys.stderr.write(f"{self.address_string()} {format % args}\n")
 
     def send_head(self) -> Any:
-        """Like the parent, but answer 206 with the requested slice when a Range header is present."""
+        """Like the parent, but answer 206 with the requested slice when a Range header is
+        present."""
         header = self.headers.get("Range")
         path = self.translate_path(self.path)
         if not header or os.path.isdir(path) or not os.path.isfile(path):
@@ -63,7 +64,9 @@ class RangeHandler(SimpleHTTPRequestHandler):
 
     def end_headers(self) -> None:
         """Advertise range support on every answer."""
-        if not any(h.lower().startswith(b"accept-ranges") for h in getattr(self, "_headers_buffer", [])):
+        if not any(
+            h.lower().startswith(b"accept-ranges") for h in getattr(self, "_headers_buffer", [])
+        ):
             self.send_header("Accept-Ranges", "bytes")
         super().end_headers()
 

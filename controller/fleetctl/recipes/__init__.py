@@ -103,7 +103,11 @@ def recipes_source(inventory: Inventory) -> Path | None:
     if not root.is_dir():
         return None
     for f in sorted(root.rglob("*")):
-        if not f.is_file() or f.suffix not in ("", ".yml", ".yaml", ".json") or f.name.startswith("."):
+        if (
+            not f.is_file()
+            or f.suffix not in ("", ".yml", ".yaml", ".json")
+            or f.name.startswith(".")
+        ):
             continue
         try:
             node = yaml.compose(f.read_text(), Loader=yaml.SafeLoader)
@@ -118,9 +122,19 @@ def recipes_source(inventory: Inventory) -> Path | None:
             seen: dict[str, int] = {}
             for k, _ in value.value:
                 if k.value in seen:
-                    raise RecipeValidationError([RecipeProblem(
-                        str(k.value), "(name)", f"is defined twice (lines {seen[k.value]} and {k.start_mark.line + 1})",
-                        "give each recipe its own name; only the last definition would count")], str(found))
+                    raise RecipeValidationError(
+                        [
+                            RecipeProblem(
+                                str(k.value),
+                                "(name)",
+                                f"is defined twice (lines {seen[k.value]} and "
+                                f"{k.start_mark.line + 1})",
+                                "give each recipe its own name; only the last definition would "
+                                "count",
+                            )
+                        ],
+                        str(found),
+                    )
                 seen[str(k.value)] = k.start_mark.line + 1
     return found
 
@@ -129,8 +143,16 @@ def parse_recipes(raw: Any, where: str = "the inventory") -> dict[str, Recipe]:
     """Build and validate recipes from the raw ``fleetctl_recipes`` mapping."""
     if not isinstance(raw, Mapping) or not raw:
         raise RecipeValidationError(
-            [RecipeProblem("*", "fleetctl_recipes", "must be a non-empty mapping of name: recipe",
-                           "write fleetctl_recipes: {NAME: {image: ..., weights: [...], ...}}")], where)
+            [
+                RecipeProblem(
+                    "*",
+                    "fleetctl_recipes",
+                    "must be a non-empty mapping of name: recipe",
+                    "write fleetctl_recipes: {NAME: {image: ..., weights: [...], ...}}",
+                )
+            ],
+            where,
+        )
     problems: list[RecipeProblem] = []
     recipes: dict[str, Recipe] = {}
     for name, body in raw.items():

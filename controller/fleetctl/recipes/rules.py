@@ -20,7 +20,8 @@ MAX_GPU_MEMORY_UTILIZATION = 0.88
 
 
 def check_rules(r: Recipe) -> list[RecipeProblem]:
-    """The rules of docs/domain.md#recipes a well-formed recipe must still obey, each a problem with its fix."""
+    """The rules of docs/domain.md#recipes a well-formed recipe must still obey, each a problem
+    with its fix."""
     out: list[RecipeProblem] = []
 
     def bad(fld: str, problem: str, fix: str) -> None:
@@ -39,9 +40,13 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
 def _trust_remote_code(r: Recipe, bad: Bad) -> None:
     """Remote code runs only where the recipe says it was reviewed."""
     if has_flag(r.vllm_args, "--trust-remote-code") and not r.trust_remote_code:
-        bad("vllm_args --trust-remote-code", "lets the model's repository run its own Python code on every host",
-            "drop the flag (most architectures need none), or review the repository's code at the pinned revision "
-            "and set trust_remote_code: true in the recipe")
+        bad(
+            "vllm_args --trust-remote-code",
+            "lets the model's repository run its own Python code on every host",
+            "drop the flag (most architectures need none), or review the repository's code at the "
+            "pinned revision "
+            "and set trust_remote_code: true in the recipe",
+        )
 
 
 def _gpu_memory(r: Recipe, bad: Bad) -> None:
@@ -51,32 +56,46 @@ def _gpu_memory(r: Recipe, bad: Bad) -> None:
         try:
             value = float(gmu)
         except ValueError:
-            bad("vllm_args --gpu-memory-utilization", f"{gmu!r} is not a number", "give a fraction, e.g. 0.70")
+            bad(
+                "vllm_args --gpu-memory-utilization",
+                f"{gmu!r} is not a number",
+                "give a fraction, e.g. 0.70",
+            )
         else:
             if not value > 0:
                 bad("vllm_args --gpu-memory-utilization", f"{gmu} is not a fraction above 0",
                     "give a fraction of the GPU's memory, e.g. 0.70")
             elif value > MAX_GPU_MEMORY_UTILIZATION:
-                bad("vllm_args --gpu-memory-utilization",
+                bad(
+                    "vllm_args --gpu-memory-utilization",
                     f"{gmu} is above {MAX_GPU_MEMORY_UTILIZATION}: GB10's unified memory thrashes",
-                    f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the published recipes use 0.60-0.80)")
+                    f"use at most {MAX_GPU_MEMORY_UTILIZATION} (the published recipes use "
+                    "0.60-0.80)",
+                )
 
 
 def _api_key(r: Recipe, bad: Bad) -> None:
     """No API key on the command line."""
     if has_flag(r.vllm_args, "--api-key"):
-        bad("vllm_args --api-key",
+        bad(
+            "vllm_args --api-key",
             "puts the API key on the command line, where `ps`, `docker inspect`, the ledger and "
             "vLLM's startup log show it",
             f"remove --api-key and its value, list {secretenv.API_KEY_ENV} in secret_env and set "
-            f"${secretenv.API_KEY_ENV} (or ${secretenv.file_var(secretenv.API_KEY_ENV)}, a 0600 file) on the controller")
+            f"${secretenv.API_KEY_ENV} (or ${secretenv.file_var(secretenv.API_KEY_ENV)}, a 0600 "
+            "file) on the controller",
+        )
 
 
 def _port(r: Recipe, bad: Bad) -> None:
     """--port agrees with the recipe's port."""
     port_flag = r.flag("--port")
     if port_flag is not None and port_flag != str(r.port):
-        bad("vllm_args --port", f"--port {port_flag} disagrees with port: {r.port}", "set one of them to match the other")
+        bad(
+            "vllm_args --port",
+            f"--port {port_flag} disagrees with port: {r.port}",
+            "set one of them to match the other",
+        )
 
 
 def _speculative_config(r: Recipe, bad: Bad) -> dict[str, Any] | None:
@@ -87,13 +106,20 @@ def _speculative_config(r: Recipe, bad: Bad) -> dict[str, Any] | None:
         try:
             parsed = json.loads(raw_spec)
         except json.JSONDecodeError as e:
-            bad("vllm_args --speculative-config", f"is not valid JSON ({e.msg} at column {e.colno})",
-                "quote the JSON in single quotes in YAML: '{\"method\":\"dflash\",...}'")
+            bad(
+                "vllm_args --speculative-config",
+                f"is not valid JSON ({e.msg} at column {e.colno})",
+                'quote the JSON in single quotes in YAML: \'{"method":"dflash",...}\'',
+            )
         else:
             if isinstance(parsed, dict):
                 spec = parsed
             else:
-                bad("vllm_args --speculative-config", "must be a JSON object", "write {\"method\": ..., ...}")
+                bad(
+                    "vllm_args --speculative-config",
+                    "must be a JSON object",
+                    'write {"method": ..., ...}',
+                )
     return spec
 
 
@@ -105,21 +131,36 @@ def _drafter(r: Recipe, spec: dict[str, Any] | None, bad: Bad) -> None:
     if spec is not None and str(spec.get("method", "")).lower() == "dflash":
         for needed in ("--max-num-seqs", "--max-num-batched-tokens"):
             if r.flag(needed) is None:
-                bad(f"vllm_args {needed}", "is missing: with DFlash the scheduler computes a negative token budget "
+                bad(
+                    f"vllm_args {needed}",
+                    "is missing: with DFlash the scheduler computes a negative token budget "
                     "and the server never boots (max_num_scheduled_tokens is set to -512)",
-                    f"set {needed} (the published recipes use --max-num-seqs 64 --max-num-batched-tokens 32768)")
+                    f"set {needed} (the published recipes use --max-num-seqs 64 "
+                    "--max-num-batched-tokens 32768)",
+                )
         if kv is not None and kv.lower().startswith("nvfp4"):
-            bad("vllm_args --kv-cache-dtype", "nvfp4 KV cannot pair with the non-causal DFlash drafter "
-                "(vLLM: No valid attention backend found)", "use --kv-cache-dtype fp8_e4m3 or auto, or a causal speculator")
+            bad(
+                "vllm_args --kv-cache-dtype",
+                "nvfp4 KV cannot pair with the non-causal DFlash drafter "
+                "(vLLM: No valid attention backend found)",
+                "use --kv-cache-dtype fp8_e4m3 or auto, or a causal speculator",
+            )
         if drafter is None:
             bad("weights", "the speculative config uses DFlash but no weight set has role: drafter",
                 "add the drafter: - {role: drafter, repo: z-lab/..., mount: /drafter, ...}")
         elif spec.get("model") != drafter.mount:
-            bad("vllm_args --speculative-config", f"its model {spec.get('model')!r} is not the drafter's mount {drafter.mount!r}",
-                f"set \"model\":\"{drafter.mount}\" in the speculative config")
+            bad(
+                "vllm_args --speculative-config",
+                f"its model {spec.get('model')!r} is not the drafter's mount {drafter.mount!r}",
+                f'set "model":"{drafter.mount}" in the speculative config',
+            )
     elif drafter is not None and (spec is None or "model" not in spec):
-        bad("weights", "a drafter is staged but no speculative config uses it",
-            "add --speculative-config with \"model\" set to the drafter's mount, or drop the drafter")
+        bad(
+            "weights",
+            "a drafter is staged but no speculative config uses it",
+            'add --speculative-config with "model" set to the drafter\'s mount, or drop the '
+            'drafter',
+        )
 
 
 def _quantization(r: Recipe, bad: Bad) -> None:
@@ -128,17 +169,25 @@ def _quantization(r: Recipe, bad: Bad) -> None:
     fmt = r.body.format
     expected = FORMAT_QUANTIZATION.get(fmt)
     if quant is not None and expected is None:
-        bad("vllm_args --quantization", f"--quantization {quant} on a {fmt} checkpoint fails at load",
-            "remove --quantization for an unquantized (bf16) body")
+        bad(
+            "vllm_args --quantization",
+            f"--quantization {quant} on a {fmt} checkpoint fails at load",
+            "remove --quantization for an unquantized (bf16) body",
+        )
     elif quant is not None and quant != expected:
-        bad("vllm_args --quantization", f"--quantization {quant} does not match the body's {fmt} checkpoint: it fails at load",
-            f"use --quantization {expected} (or correct weights[body].format)")
+        bad(
+            "vllm_args --quantization",
+            f"--quantization {quant} does not match the body's {fmt} checkpoint: it fails at load",
+            f"use --quantization {expected} (or correct weights[body].format)",
+        )
 
 
 def placement_problems(inventory: Inventory, recipes: Mapping[str, Recipe]) -> list[RecipeError]:
-    """Each recipe's node count against where it is placed: a unit of that many members, or a single host.
+    """Each recipe's node count against where it is placed: a unit of that many members, or a
+    single host.
 
-    One error per unit or host, naming it, the recipe, the two counts and the fix. A host's recipe that
+    One error per unit or host, naming it, the recipe, the two counts and the fix. A host's recipe
+    that
     does not exist is left to the caller (``fleetctl recipes`` names those first).
     """
     out: list[RecipeError] = []
@@ -152,21 +201,37 @@ def placement_problems(inventory: Inventory, recipes: Mapping[str, Recipe]) -> l
         names = {m: recipe_of(inventory.hosts[m]) for m in unit.members}
         if len(set(names.values())) > 1:
             listed = ", ".join(f"{m} {n!r}" for m, n in names.items())
-            out.append(RecipeError(f"the members of unit {unit.name!r} serve different recipes ({listed})",
-                                   host=unit.head, fix="set fleetctl_recipe once for the unit's group, not per member"))
+            out.append(
+                RecipeError(
+                    f"the members of unit {unit.name!r} serve different recipes ({listed})",
+                    host=unit.head,
+                    fix="set fleetctl_recipe once for the unit's group, not per member",
+                )
+            )
             continue
         name = names[unit.head]
         r = recipes.get(name) if name else None
         if r is not None and r.topology.nodes != unit.size:
-            out.append(RecipeError(
-                f"recipe {r.name!r} spans {r.topology.nodes} node(s) but unit {unit.name!r} has {unit.size} members "
-                f"({', '.join(unit.members)})", host=unit.head,
-                fix=f"give the unit a recipe with topology: {{nodes: {unit.size}}}, or change the unit's members"))
+            out.append(
+                RecipeError(
+                    f"recipe {r.name!r} spans {r.topology.nodes} node(s) but unit {unit.name!r} "
+                    f"has {unit.size} members "
+                    f"({', '.join(unit.members)})",
+                    host=unit.head,
+                    fix=f"give the unit a recipe with topology: {{nodes: {unit.size}}}, or change "
+                        "the unit's members",
+                )
+            )
     for h in inventory.hosts.values():
         name = recipe_of(h)
         r = recipes.get(name) if name else None
         if h.unit is None and r is not None and r.topology.nodes > 1:
-            out.append(RecipeError(
-                f"recipe {r.name!r} spans {r.topology.nodes} nodes but the host is in no unit", host=h.name,
-                fix=f"put it in a unit of {r.topology.nodes} hosts (fleetctl_unit), or give it a single-node recipe"))
+            out.append(
+                RecipeError(
+                    f"recipe {r.name!r} spans {r.topology.nodes} nodes but the host is in no unit",
+                    host=h.name,
+                    fix=f"put it in a unit of {r.topology.nodes} hosts (fleetctl_unit), or give it "
+                        "a single-node recipe",
+                )
+            )
     return out

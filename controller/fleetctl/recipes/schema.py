@@ -40,7 +40,8 @@ _JINJA = ("{{", "{%", "{#")
 
 
 def _templated(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
-    """(field path, text) of every string under ``value`` that Ansible would render as a template."""
+    """(field path, text) of every string under ``value`` that Ansible would render as a
+    template."""
     if isinstance(value, str):
         if any(m in value for m in _JINJA):
             yield where or "(recipe)", value
@@ -60,7 +61,11 @@ def build_recipe(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe 
         problems.append(RecipeProblem(name, fld, problem, fix))
 
     if not isinstance(body, Mapping):
-        bad("(recipe)", f"must be a mapping, not {type(body).__name__}", "give the recipe image:, weights:, vllm_args:, ...")
+        bad(
+            "(recipe)",
+            f"must be a mapping, not {type(body).__name__}",
+            "give the recipe image:, weights:, vllm_args:, ...",
+        )
         return None
     _check_keys(body, bad)
     image = _image(body, bad)
@@ -105,12 +110,20 @@ def build_recipe(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe 
 def _check_keys(body: Mapping[str, Any], bad: Bad) -> None:
     """The recipe's keys: known, no Jinja template anywhere, the required ones given."""
     for key in sorted(set(body) - _RECIPE_KEYS):
-        bad(str(key), "unknown field", f"remove it, or use one of: {', '.join(sorted(_RECIPE_KEYS))}")
+        bad(
+            str(key),
+            "unknown field",
+            f"remove it, or use one of: {', '.join(sorted(_RECIPE_KEYS))}",
+        )
     for fld, text in _templated(body):
         # fleetctl validates and uses the text as written, but Ansible would render it (and run its
         # lookups, on the controller) when a playbook gets the recipe: the two would differ.
-        bad(fld, f"holds a Jinja template ({text[:60]!r}): recipes are data, not templates",
-            "write the value out; a value that differs per host belongs in host_vars, not in a template")
+        bad(
+            fld,
+            f"holds a Jinja template ({text[:60]!r}): recipes are data, not templates",
+            "write the value out; a value that differs per host belongs in host_vars, not in a "
+            "template",
+        )
     for key in _REQUIRED_RECIPE_KEYS:
         if key not in body:
             bad(key, "is missing", f"add {key}: to the recipe")
@@ -121,12 +134,25 @@ def _image(body: Mapping[str, Any], bad: Bad) -> str:
     image = body.get("image", "")
     if not isinstance(image, str) or not image:
         if "image" in body:
-            bad("image", "must be a non-empty string", "e.g. image: ghcr.io/aeon-7/aeon-vllm-ultimate")
+            bad(
+                "image",
+                "must be a non-empty string",
+                "e.g. image: ghcr.io/aeon-7/aeon-vllm-ultimate",
+            )
     elif "@" in image or ":" in image.rsplit("/", 1)[-1]:
-        bad("image", f"{image!r} carries a tag or digest", "give the repository only; the rollout chooses the tag")
+        bad(
+            "image",
+            f"{image!r} carries a tag or digest",
+            "give the repository only; the rollout chooses the tag",
+        )
     elif not _IMAGE.match(image):
-        bad("image", f"{image!r} is not an image repository name", "lowercase letters, digits and . _ - between "
-            "slashes, after an optional registry host[:port], e.g. ghcr.io/aeon-7/aeon-vllm-ultimate")
+        bad(
+            "image",
+            f"{image!r} is not an image repository name",
+            "lowercase letters, digits and . _ - between "
+            "slashes, after an optional registry host[:port], e.g. "
+            "ghcr.io/aeon-7/aeon-vllm-ultimate",
+        )
     return str(image)
 
 
@@ -135,7 +161,11 @@ def _served_names(body: Mapping[str, Any], bad: Bad) -> list[str]:
     names = body.get("served_model_names", [])
     if not _is_str_list(names) or ("served_model_names" in body and not names):
         if "served_model_names" in body:
-            bad("served_model_names", "must be a non-empty list of strings", "e.g. served_model_names: [qwen36-fast]")
+            bad(
+                "served_model_names",
+                "must be a non-empty list of strings",
+                "e.g. served_model_names: [qwen36-fast]",
+            )
         return []
     if len(set(names)) != len(names):
         bad("served_model_names", "repeats a name", "list each alias once")
@@ -146,7 +176,11 @@ def _port(body: Mapping[str, Any], bad: Bad) -> int:
     """The server's TCP port (vLLM's 8000 by default)."""
     port = body.get("port", 8000)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
-        bad("port", f"{port!r} is not a TCP port", "use a number from 1 to 65535 (vLLM's default is 8000)")
+        bad(
+            "port",
+            f"{port!r} is not a TCP port",
+            "use a number from 1 to 65535 (vLLM's default is 8000)",
+        )
         return 8000
     return port
 
@@ -154,13 +188,23 @@ def _port(body: Mapping[str, Any], bad: Bad) -> int:
 def _vllm_args(body: Mapping[str, Any], bad: Bad) -> list[str]:
     """vLLM's flags as strings, without ``serve MODEL`` and the flags fleetctl sets itself."""
     args = body.get("vllm_args", [])
-    if not isinstance(args, list) or not all(isinstance(a, str | int | float) and not isinstance(a, bool) for a in args):
+    if not isinstance(args, list) or not all(
+        isinstance(a, str | int | float) and not isinstance(a, bool) for a in args
+    ):
         if "vllm_args" in body:
-            bad("vllm_args", "must be a list of strings (one flag or value per item)", "quote numbers: - \"0.70\"")
+            bad(
+                "vllm_args",
+                "must be a list of strings (one flag or value per item)",
+                'quote numbers: - "0.70"',
+            )
         args = []
     args = [str(a) for a in args]
     if args and args[0] == "serve":
-        bad("vllm_args", "starts with 'serve'", "leave out 'serve MODEL': fleetctl adds them from the body's mount")
+        bad(
+            "vllm_args",
+            "starts with 'serve'",
+            "leave out 'serve MODEL': fleetctl adds them from the body's mount",
+        )
     for own in _OWN_FLAGS:
         if has_flag(args, own):
             bad("vllm_args", f"sets {own}", "list the names in served_model_names instead")
@@ -172,7 +216,11 @@ def _env(body: Mapping[str, Any], bad: Bad) -> dict[str, str]:
     env_raw = body.get("env") or {}
     env: dict[str, str] = {}
     if not isinstance(env_raw, Mapping):
-        bad("env", "must be a mapping of NAME: value", "e.g. env: {VLLM_USE_FLASHINFER_SAMPLER: \"1\"}")
+        bad(
+            "env",
+            "must be a mapping of NAME: value",
+            'e.g. env: {VLLM_USE_FLASHINFER_SAMPLER: "1"}',
+        )
         return env
     for k, v in env_raw.items():
         if not isinstance(k, str) or not _ENV_NAME.match(k):
@@ -180,8 +228,12 @@ def _env(body: Mapping[str, Any], bad: Bad) -> dict[str, str]:
         elif isinstance(v, Mapping | list) or v is None:
             bad(f"env.{k}", "must be a scalar value", "quote it as a string")
         elif _SECRET_HINT.search(k):
-            bad(f"env.{k}", "looks like a secret stored in the inventory",
-                f"remove it from env and list {k} in secret_env; its value then comes from the controller's environment")
+            bad(
+                f"env.{k}",
+                "looks like a secret stored in the inventory",
+                f"remove it from env and list {k} in secret_env; its value then comes from the "
+                "controller's environment",
+            )
         else:
             env[k] = str(v).lower() if isinstance(v, bool) else str(v)
     return env
@@ -211,7 +263,11 @@ def _source(body: Mapping[str, Any], bad: Bad) -> str | None:
     """Where the weights come from (the hub or the mirror), None for the fleet's choice."""
     source = body.get("source")
     if source is not None and source not in SOURCES:
-        bad("source", f"{source!r} is not a weights source", f"use one of: {', '.join(SOURCES)} (or leave it out)")
+        bad(
+            "source",
+            f"{source!r} is not a weights source",
+            f"use one of: {', '.join(SOURCES)} (or leave it out)",
+        )
         return None
     return source
 
@@ -220,7 +276,11 @@ def _trust(body: Mapping[str, Any], bad: Bad) -> bool:
     """Whether the model's repository code was reviewed (``trust_remote_code``)."""
     trust = body.get("trust_remote_code", False)
     if not isinstance(trust, bool):
-        bad("trust_remote_code", f"{trust!r} is not true or false", "write trust_remote_code: true (or leave it out)")
+        bad(
+            "trust_remote_code",
+            f"{trust!r} is not true or false",
+            "write trust_remote_code: true (or leave it out)",
+        )
         return False
     return trust
 
@@ -230,7 +290,11 @@ def _one_body(weights: list[WeightSet], had_problems: bool, bad: Bad) -> bool:
     if had_problems and not weights:
         return False
     if weights and sum(w.role == "body" for w in weights) != 1:
-        bad("weights", f"has {sum(w.role == 'body' for w in weights)} body sets", "give exactly one weight set with role: body")
+        bad(
+            "weights",
+            f"has {sum(w.role == 'body' for w in weights)} body sets",
+            "give exactly one weight set with role: body",
+        )
         return False
     return bool(weights)
 

@@ -29,7 +29,17 @@ WEIGHTS_ROOT = "/opt/"
 SOURCES = ("hub", "mirror")
 
 
-_WEIGHT_KEYS = {"role", "repo", "revision", "path", "mount", "format", "min_date", "size_gb", "manifest_sha256"}
+_WEIGHT_KEYS = {
+    "role",
+    "repo",
+    "revision",
+    "path",
+    "mount",
+    "format",
+    "min_date",
+    "size_gb",
+    "manifest_sha256",
+}
 
 
 _REQUIRED_WEIGHT_KEYS = ("role", "repo", "revision", "path", "mount", "format")
@@ -40,11 +50,13 @@ _REPO = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
 
 #: A git revision: a commit sha, a tag or a branch (``refs/pr/1``); it becomes a directory name when
 #: staging from a local copy, so no ``..`` and nothing a shell or rsync would read.
-_REVISION = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,3}\Z")
+_REVISION = re.compile(
+    r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}(/[A-Za-z0-9][A-Za-z0-9._-]{0,127}){0,3}\Z"
+)
 
 
-#: Paths on the host and in the container: they go into ``docker -v SRC:DST:ro`` and rsync arguments,
-#: where ':' and ',' would add mount options and shell characters would be read.
+#: Paths on the host and in the container: they go into ``docker -v SRC:DST:ro`` and rsync
+#: arguments, where ':' and ',' would add mount options and shell characters would be read.
 _SAFE_PATH = re.compile(r"^/[A-Za-z0-9._+/-]+\Z")
 
 
@@ -69,7 +81,8 @@ class WeightSet:
     mount: str
     #: Checkpoint format: compressed-tensors, modelopt or bf16.
     format: str
-    #: Oldest acceptable revision date (drafters fetched before a fix crash; docs/domain.md#weights).
+    #: Oldest acceptable revision date (drafters fetched before a fix crash;
+    #: docs/domain.md#weights).
     min_date: date | None = None
     #: Expected size in GB (preflight before the exact size is known from a manifest).
     size_gb: float = 0.0
@@ -80,7 +93,8 @@ class WeightSet:
 
 @dataclass(frozen=True)
 class CacheDir:
-    """One compile-cache directory the server writes while it loads (torch.compile, Triton, FlashInfer).
+    """One compile-cache directory the server writes while it loads (torch.compile, Triton,
+    FlashInfer).
 
     Bind-mounted read-write from the host's keyed cache (fleetctl.warmcache) at ``mount``, so that a
     host started after the canary reuses the kernels the canary compiled (docs/warm-start.md)."""
@@ -95,10 +109,12 @@ _CACHE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 
 
 def build_caches(raw: object, weight_mounts: Sequence[str], bad: Bad) -> tuple[CacheDir, ...]:
-    """``compile_cache: [{name: vllm, mount: /root/.cache/vllm}, ...]``: unique names and container paths."""
+    """``compile_cache: [{name: vllm, mount: /root/.cache/vllm}, ...]``: unique names and container
+    paths."""
     if raw is None:
         return ()
-    fix = "e.g. compile_cache: [{name: vllm, mount: /root/.cache/vllm}, {name: triton, mount: /root/.triton}]"
+    fix = ("e.g. compile_cache: [{name: vllm, mount: /root/.cache/vllm}, {name: triton, mount: "
+           "/root/.triton}]")
     if not isinstance(raw, list):
         bad("compile_cache", "must be a list of {name, mount}", fix)
         return ()
@@ -110,16 +126,31 @@ def build_caches(raw: object, weight_mounts: Sequence[str], bad: Bad) -> tuple[C
             continue
         name, mount = str(c["name"]), str(c["mount"]).rstrip("/")
         if not _CACHE_NAME.match(name):
-            bad(f"{where}.name", f"{name!r} is not a short lower-case name", "use letters, digits, _ and -, e.g. triton")
+            bad(
+                f"{where}.name",
+                f"{name!r} is not a short lower-case name",
+                "use letters, digits, _ and -, e.g. triton",
+            )
         elif not mount.startswith("/") or ".." in mount.split("/") or not _SAFE_PATH.match(mount):
-            bad(f"{where}.mount", f"{mount!r} is not an absolute container path of plain characters",
-                "use e.g. /root/.cache/vllm")
+            bad(
+                f"{where}.mount",
+                f"{mount!r} is not an absolute container path of plain characters",
+                "use e.g. /root/.cache/vllm",
+            )
         elif mount in weight_mounts:
-            bad(f"{where}.mount", f"{mount!r} is a weight set's mount", "give the cache its own directory")
+            bad(
+                f"{where}.mount",
+                f"{mount!r} is a weight set's mount",
+                "give the cache its own directory",
+            )
         else:
             out.append(CacheDir(name, mount))
     if len({c.name for c in out}) != len(out) or len({c.mount for c in out}) != len(out):
-        bad("compile_cache", "two cache directories share a name or a mount", "give each its own name and mount")
+        bad(
+            "compile_cache",
+            "two cache directories share a name or a mount",
+            "give each its own name and mount",
+        )
         return ()
     return tuple(out)
 
@@ -128,16 +159,28 @@ def build_weights(raw: Any, present: bool, bad: Callable[[str, str, str], None])
     """The recipe's weight sets, each checked; a set with a problem is left out (and reported)."""
     if not isinstance(raw, list) or not raw:
         if present:
-            bad("weights", "must be a non-empty list of weight sets", "give at least the body: - {role: body, repo: ..., ...}")
+            bad(
+                "weights",
+                "must be a non-empty list of weight sets",
+                "give at least the body: - {role: body, repo: ..., ...}",
+            )
         return []
     sets = (_weight_set(w, f"weights[{i}]", bad) for i, w in enumerate(raw))
     out = [ws for ws in sets if ws is not None]
     paths = [w.path for w in out]
     mounts = [w.mount for w in out]
     if len(set(paths)) != len(paths):
-        bad("weights", "two weight sets share a host path", "give each set its own directory under /opt")
+        bad(
+            "weights",
+            "two weight sets share a host path",
+            "give each set its own directory under /opt",
+        )
     if len(set(mounts)) != len(mounts):
-        bad("weights", "two weight sets share a container mount", "mount the body at /model and the drafter at /drafter")
+        bad(
+            "weights",
+            "two weight sets share a container mount",
+            "mount the body at /model and the drafter at /drafter",
+        )
     if sum(w.role == "drafter" for w in out) > 1:
         bad("weights", "has more than one drafter", "keep one weight set with role: drafter")
     return out
@@ -157,7 +200,9 @@ def _weight_set(w: Any, where: str, bad: Bad) -> WeightSet | None:
         bad(f"{where}.{fld}", problem, fix)
 
     _check_fields(w, wbad)
-    role, repo, path, mount, fmt = (str(w.get(k, "")) for k in ("role", "repo", "path", "mount", "format"))
+    role, repo, path, mount, fmt = (
+        str(w.get(k, "")) for k in ("role", "repo", "path", "mount", "format")
+    )
     _check_paths(path, mount, wbad)
     _check_pins(w, wbad)
     pin = w.get("manifest_sha256")
@@ -184,7 +229,11 @@ def _check_fields(w: Mapping[str, Any], wbad: Bad) -> None:
     if role and role not in ROLES:
         wbad("role", f"{role!r} is not a weight role", f"use one of: {', '.join(ROLES)}")
     if repo and not _REPO.match(repo):
-        wbad("repo", f"{repo!r} is not a hub repository", "write owner/name, e.g. z-lab/Qwen3.6-35B-A3B-DFlash")
+        wbad(
+            "repo",
+            f"{repo!r} is not a hub repository",
+            "write owner/name, e.g. z-lab/Qwen3.6-35B-A3B-DFlash",
+        )
 
 
 def _check_pins(w: Mapping[str, Any], wbad: Bad) -> None:
@@ -199,13 +248,25 @@ def _check_pins(w: Mapping[str, Any], wbad: Bad) -> None:
         wbad("revision", f"{rev!r} is not a git revision (a commit sha, tag or branch)",
              "pin the commit sha from the model's page on the hub (40 hex digits)")
     if fmt and fmt not in FORMAT_QUANTIZATION:
-        wbad("format", f"{fmt!r} is not a known checkpoint format", f"use one of: {', '.join(FORMAT_QUANTIZATION)}")
+        wbad(
+            "format",
+            f"{fmt!r} is not a known checkpoint format",
+            f"use one of: {', '.join(FORMAT_QUANTIZATION)}",
+        )
 
 
 def _check_paths(path: str, mount: str, wbad: Bad) -> None:
     """The host directory (under /opt) and the container mount: plain absolute paths."""
-    if path and (not path.startswith(WEIGHTS_ROOT) or ".." in path.split("/") or path.rstrip("/") + "/" == WEIGHTS_ROOT):
-        wbad("path", f"{path!r} is not a directory under {WEIGHTS_ROOT}", "use e.g. /opt/qwen36/qwen36-nvfp4")
+    if path and (
+        not path.startswith(WEIGHTS_ROOT)
+        or ".." in path.split("/")
+        or path.rstrip("/") + "/" == WEIGHTS_ROOT
+    ):
+        wbad(
+            "path",
+            f"{path!r} is not a directory under {WEIGHTS_ROOT}",
+            "use e.g. /opt/qwen36/qwen36-nvfp4",
+        )
     elif path and not _SAFE_PATH.match(path):
         wbad("path", f"{path!r} has characters other than letters, digits and . _ + - /",
              "name the directory plainly, e.g. /opt/qwen36/qwen36-nvfp4")

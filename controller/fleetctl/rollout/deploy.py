@@ -1,4 +1,5 @@
-"""The rollout's deploy step (retire the serving container, start the new one) through the vllm_serve role.
+"""The rollout's deploy step (retire the serving container, start the new one) through the
+vllm_serve role.
 
 ``fleetctl rollout`` deploys through ``playbooks/deploy.yml`` (the ``vllm_serve``
 role and its ``vllm_container`` module) run by ansible-runner, so that what it
@@ -63,17 +64,22 @@ _TASK_TIMEOUT = 240
 
 
 def deploy_via(host: Host) -> str:
-    """How a rollout deploys on ``host``: ``ansible`` (the vllm_serve role) or ``ssh`` (the controller's docker CLI)."""
+    """How a rollout deploys on ``host``: ``ansible`` (the vllm_serve role) or ``ssh`` (the
+    controller's docker CLI)."""
     via = str(host.vars.get("fleetctl_deploy_via") or DEFAULT_VIA).strip().lower()
     if via not in (VIA_ANSIBLE, VIA_SSH):
-        raise FleetError(f"fleetctl_deploy_via is {host.vars.get('fleetctl_deploy_via')!r}", host=host.name,
-                         fix=f"set fleetctl_deploy_via to {VIA_ANSIBLE} (the vllm_serve role) or {VIA_SSH}")
+        raise FleetError(
+            f"fleetctl_deploy_via is {host.vars.get('fleetctl_deploy_via')!r}",
+            host=host.name,
+            fix=f"set fleetctl_deploy_via to {VIA_ANSIBLE} (the vllm_serve role) or {VIA_SSH}",
+        )
     return via
 
 
 @dataclass(frozen=True)
 class DeployRequest:
-    """Retire what serves on one host and start the recipe from ``ref`` (one host's part of a step)."""
+    """Retire what serves on one host and start the recipe from ``ref`` (one host's part of a
+    step)."""
 
     host: Host
     name: str
@@ -84,7 +90,8 @@ class DeployRequest:
     rollout_id: str
     #: Seconds ``docker stop`` gives the old server to drain.
     grace: int = 30
-    #: The host's compile-cache key (fleetctl.warmcache): its caches mounted, when the recipe has any.
+    #: The host's compile-cache key (fleetctl.warmcache): its caches mounted, when the recipe has
+    #: any.
     cache_key: str | None = None
 
 
@@ -111,14 +118,16 @@ class Deployer(Protocol):
 
     def deploy(self, requests: Sequence[DeployRequest], secrets: Mapping[str, str],
                run_dir: Path) -> dict[str, DeployOutcome]:
-        """Retire and start on every host of ``requests``; one outcome per host name, failures as data.
+        """Retire and start on every host of ``requests``; one outcome per host name, failures as
+        data.
 
         ``run_dir`` is the rollout's artifacts directory (``state_dir/runs/<rollout id>``)."""
         ...
 
 
 def reconcile(ops: remote.HostOps, req: DeployRequest, error: FleetError) -> DeployOutcome:
-    """After a failed deploy on one host: was the old container retired? Decided by looking at the host.
+    """After a failed deploy on one host: was the old container retired? Decided by looking at the
+    host.
 
     Still running something that is not this rollout's container, or holding the old one stopped
     under the serving name: not retired (the retire failed; nothing is restored, as when the
@@ -130,15 +139,28 @@ def reconcile(ops: remote.HostOps, req: DeployRequest, error: FleetError) -> Dep
         cur = ops.inspect(req.name)
         prev = ops.inspect(req.name + remote.PREV_SUFFIX)
     except FleetError as e:
-        return DeployOutcome(False, error=FleetError(
-            f"{error.cause}; then the host could not be looked at: {e.cause}", host=req.host.name,
-            fix=f"once the host answers, `fleetctl rollback --limit {req.host.name}` (back to its last known-good)"))
+        return DeployOutcome(
+            False,
+            error=FleetError(
+                f"{error.cause}; then the host could not be looked at: {e.cause}",
+                host=req.host.name,
+                fix=f"once the host answers, `fleetctl rollback --limit {req.host.name}` (back to "
+                    "its last known-good)",
+            ),
+        )
     if cur is not None and not (cur.rollout == req.rollout_id and cur.digest == req.digest):
         what = "still serves" if cur.running else "holds the stopped"
-        return DeployOutcome(False, error=FleetError(
-            f"{error.cause}; {req.name} {what} {cur.tag or cur.image}, not retired by this deploy",
-            host=req.host.name, fix=error.fix or f"see the error; `fleetctl rollback --limit {req.host.name}` "
-                                                 "if it does not serve"))
+        return DeployOutcome(
+            False,
+            error=FleetError(
+                f"{error.cause}; {req.name} {what} {cur.tag or cur.image}, not retired by this "
+                "deploy",
+                host=req.host.name,
+                fix=error.fix
+                or f"see the error; `fleetctl rollback --limit {req.host.name}` "
+                "if it does not serve",
+            ),
+        )
     return DeployOutcome(True, before=prev, error=error)
 
 
@@ -154,7 +176,8 @@ class StepBatch:
 
     def __init__(self, deployer: Deployer, members: Collection[str], secrets: Mapping[str, str],
                  run_dir: Path, ops: Callable[[Host], remote.HostOps]) -> None:
-        """``ops``: how to look at a host when the deployer broke as a whole (see :func:`reconcile`)."""
+        """``ops``: how to look at a host when the deployer broke as a whole (see
+        :func:`reconcile`)."""
         self._deployer = deployer
         self._ops = ops
         self._secrets = secrets
@@ -184,7 +207,11 @@ class StepBatch:
         try:
             outcomes = dict(self._deployer.deploy(reqs, self._secrets, self._run_dir))
         except Exception as e:  # a deployer that broke as a whole: each host is looked at
-            err = e if isinstance(e, FleetError) else FleetError(f"deploy run broke: {type(e).__name__}: {e}")
+            err = (
+                e
+                if isinstance(e, FleetError)
+                else FleetError(f"deploy run broke: {type(e).__name__}: {e}")
+            )
             try:
                 outcomes = {r.host.name: reconcile(self._ops(r.host), r, err) for r in reqs}
             except BaseException as e2:
@@ -221,14 +248,21 @@ class StepBatch:
                 raise self._raised
             out = self._outcomes.get(req.host.name)
         if out is None:
-            return DeployOutcome(False, error=FleetError("the deploy run reported nothing for this host",
-                                                         host=req.host.name, fix="see the run's artifacts"))
+            return DeployOutcome(
+                False,
+                error=FleetError(
+                    "the deploy run reported nothing for this host",
+                    host=req.host.name,
+                    fix="see the run's artifacts",
+                ),
+            )
         return out
 
 
 @dataclass
 class BatchedHostOps:
-    """:class:`~fleetctl.rollout.host.HostOps` whose ``retire`` and ``start`` are one deploy of a :class:`StepBatch`.
+    """:class:`~fleetctl.rollout.host.HostOps` whose ``retire`` and ``start`` are one deploy of a
+    :class:`StepBatch`.
 
     ``retire`` joins the batch (the role retires and starts in one module call)
     and returns what ``retire`` would, or raises the retire's failure; ``start``
@@ -256,23 +290,52 @@ class BatchedHostOps:
 
     def retire(self, name: str, rollout_id: str, target_digest: str,
                grace: int = 30) -> remote.Container | None:
-        if (name, rollout_id, target_digest) != (self.request.name, self.request.rollout_id, self.request.digest):
-            raise FleetError(f"deploy step asked to retire {name} for {rollout_id}, not what the step was planned for",
-                             host=self.host.name, fix="report this as a bug in fleetctl")
+        if (name, rollout_id, target_digest) != (
+            self.request.name,
+            self.request.rollout_id,
+            self.request.digest,
+        ):
+            raise FleetError(
+                f"deploy step asked to retire {name} for {rollout_id}, not what the step was "
+                "planned for",
+                host=self.host.name,
+                fix="report this as a bug in fleetctl",
+            )
         self.outcome = self.batch.join(self.request)
         if not self.outcome.retired:
-            raise self.outcome.error or FleetError("the deploy did not retire the old container", host=self.host.name)
+            raise self.outcome.error or FleetError(
+                "the deploy did not retire the old container", host=self.host.name
+            )
         return self.outcome.before
 
     def swap(self, name: str) -> remote.Container | None:
         return self.inner.swap(name)
 
-    def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
+    def start(
+        self,
+        recipe: Recipe,
+        ref: str,
+        *,
+        tag: str,
+        digest: str,
+        rollout_id: str,
+        secrets: Mapping[str, str],
+        cache_key: str | None = None,
+        launch: MemberLaunch | None = None,
+    ) -> None:
         if self.outcome is None:
-            # Not retired through the batch (a path that starts without retiring): the controller's own start.
-            self.inner.start(recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets,
-                             cache_key=cache_key, launch=launch)
+            # Not retired through the batch (a path that starts without retiring): the controller's
+            # own start.
+            self.inner.start(
+                recipe,
+                ref,
+                tag=tag,
+                digest=digest,
+                rollout_id=rollout_id,
+                secrets=secrets,
+                cache_key=cache_key,
+                launch=launch,
+            )
             return
         if self.outcome.error is not None:
             raise self.outcome.error
@@ -334,21 +397,44 @@ def serving_from_report(c: Mapping[str, object] | None) -> remote.Container | No
     if not c:
         return None
     labels = {str(k): str(v) for k, v in dict(c.get("labels") or {}).items()}  # type: ignore[call-overload]
-    settings = {k: c.get(k) for k in ("image", "entrypoint", "cmd", "env_names", "binds", "network_mode",
-                                      "ipc_mode", "gpus")}
+    settings = {
+        k: c.get(k)
+        for k in (
+            "image",
+            "entrypoint",
+            "cmd",
+            "env_names",
+            "binds",
+            "network_mode",
+            "ipc_mode",
+            "gpus",
+        )
+    }
     settings["labels"] = labels
     return remote.Container(
-        name=str(c.get("name") or ""), running=bool(c.get("running")), status=str(c.get("status") or ""),
-        image=str(c.get("image") or ""), digest=labels.get(remote.LABEL_DIGEST), tag=labels.get(remote.LABEL_TAG),
-        labels={k: v for k, v in labels.items() if k.startswith("fleetctl.")}, settings=settings)
+        name=str(c.get("name") or ""),
+        running=bool(c.get("running")),
+        status=str(c.get("status") or ""),
+        image=str(c.get("image") or ""),
+        digest=labels.get(remote.LABEL_DIGEST),
+        tag=labels.get(remote.LABEL_TAG),
+        labels={k: v for k, v in labels.items() if k.startswith("fleetctl.")},
+        settings=settings,
+    )
 
 
 class AnsibleDeployer:
-    """:class:`Deployer` through ``playbooks/deploy.yml`` (the vllm_serve role), one ansible-runner run per step."""
+    """:class:`Deployer` through ``playbooks/deploy.yml`` (the vllm_serve role), one ansible-runner
+    run per step."""
 
-    def __init__(self, inventory: Inventory, mirrors: Mapping[str, str],
-                 ops: Callable[[Host], remote.HostOps] = remote.SshHostOps, playbook: str = "deploy",
-                 progress: Progress = NULL) -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        mirrors: Mapping[str, str],
+        ops: Callable[[Host], remote.HostOps] = remote.SshHostOps,
+        playbook: str = "deploy",
+        progress: Progress = NULL,
+    ) -> None:
         self.inv = inventory
         self.mirrors = dict(mirrors)
         self.ops = ops
@@ -356,7 +442,8 @@ class AnsibleDeployer:
         self.progress = progress
 
     def _tasks(self, event: Event) -> None:
-        """Each host's Ansible task, as it starts and ends, into that host's row of the live views."""
+        """Each host's Ansible task, as it starts and ends, into that host's row of the live
+        views."""
         task = str(event.data.get("task") or "")
         if event.host is not None and task:
             self.progress(Event("deploying", f"ansible: {task} ({event.phase})", event.host,
@@ -367,31 +454,48 @@ class AnsibleDeployer:
         if not requests:
             return {}
         first = requests[0]
-        if any((r.recipe.name, r.digest, r.tag, r.rollout_id, r.grace) !=
-               (first.recipe.name, first.digest, first.tag, first.rollout_id, first.grace) for r in requests):
+        if any(
+            (r.recipe.name, r.digest, r.tag, r.rollout_id, r.grace)
+            != (first.recipe.name, first.digest, first.tag, first.rollout_id, first.grace)
+            for r in requests
+        ):
             raise FleetError("one deploy run was given hosts with different targets",
                              fix="report this as a bug in fleetctl")
         extravars = {
             "deploy_waves": ["100%"],
             # One host's failure must not stop the others of the step: each is judged by the engine.
             "deploy_max_fail_percentage": 100,
-            "vllm_serve_recipe": first.recipe.name, "vllm_serve_tag": first.tag,
-            "vllm_serve_digest": first.digest, "vllm_serve_rollout": first.rollout_id,
-            "vllm_serve_registry_mirrors": self.mirrors, "vllm_serve_stop_timeout": int(first.grace),
-            # Readiness and the gates are the engine's; the engine's preflight checked every host already.
-            "vllm_serve_wait_ready": False, "vllm_serve_preflight": False,
+            "vllm_serve_recipe": first.recipe.name,
+            "vllm_serve_tag": first.tag,
+            "vllm_serve_digest": first.digest,
+            "vllm_serve_rollout": first.rollout_id,
+            "vllm_serve_registry_mirrors": self.mirrors,
+            "vllm_serve_stop_timeout": int(first.grace),
+            # Readiness and the gates are the engine's; the engine's preflight checked every host
+            # already.
+            "vllm_serve_wait_ready": False,
+            "vllm_serve_preflight": False,
             "vllm_serve_secrets": dict(secrets),
             # Each host's compile-cache key (one per host: the key names its GPU).
-            "vllm_serve_compile_cache_keys": {r.host.name: r.cache_key for r in requests if r.cache_key},
+            "vllm_serve_compile_cache_keys": {
+                r.host.name: r.cache_key for r in requests if r.cache_key
+            },
         }
         run_id = new_run_id("deploy")
         try:
             res = ansible.run_playbook(
-                self.playbook, self.inv, limit=",".join(r.host.name for r in requests), extravars=extravars,
-                redact=list(secrets.values()), progress=self._tasks,
-                artifacts_dir=run_dir / "ansible" / run_id, run_id=run_id,
-                # As bounded as the controller's own commands (stop: 90 s, run: 120 s), plus the drain.
-                task_timeout=int(first.grace) + _TASK_TIMEOUT)
+                self.playbook,
+                self.inv,
+                limit=",".join(r.host.name for r in requests),
+                extravars=extravars,
+                redact=list(secrets.values()),
+                progress=self._tasks,
+                artifacts_dir=run_dir / "ansible" / run_id,
+                run_id=run_id,
+                # As bounded as the controller's own commands (stop: 90 s, run: 120 s), plus the
+                # drain.
+                task_timeout=int(first.grace) + _TASK_TIMEOUT,
+            )
         except FleetError as e:
             return {r.host.name: reconcile(self.ops(r.host), r, e) for r in requests}
         out: dict[str, DeployOutcome] = {}
@@ -400,8 +504,9 @@ class AnsibleDeployer:
             hr = res.hosts.get(r.host.name)
             report = dict((hr.reports if hr is not None else {}).get("serve") or {})
             if hr is not None and hr.succeeded and report:
-                out[r.host.name] = DeployOutcome(True, before=serving_from_report(report.get("previous")),
-                                                 artifacts=art)
+                out[r.host.name] = DeployOutcome(
+                    True, before=serving_from_report(report.get("previous")), artifacts=art
+                )
                 continue
             why = (hr.message if hr is not None and hr.message else
                    f"the deploy run ended {res.status} without a result for this host")

@@ -1,4 +1,5 @@
-"""The rollout's gate: the soak engine configured by the recipe, baselines, and how verdicts are shown.
+"""The rollout's gate: the soak engine configured by the recipe, baselines, and how verdicts are
+shown.
 
 The one place the rollout talks to ``fleetctl.soak``: readiness, a full
 soak after a deploy (compared with the host's baseline on the tag it served
@@ -33,7 +34,8 @@ from fleetctl.soak.verdict import Outcome
 def config(recipe: Recipe, soak_seconds: float | None, host: Host) -> SoakConfig:
     """The recipe's soak config, with ``--soak`` overriding the sustained phase's length.
 
-    The profile is the host's ``fleetctl_soak_profile`` (as for ``fleetctl soak``), else the recipe's.
+    The profile is the host's ``fleetctl_soak_profile`` (as for ``fleetctl soak``), else the
+    recipe's.
     """
     cfg = fleet.host_config(recipe, host)
     return cfg.with_duration(soak_seconds) if soak_seconds is not None else cfg
@@ -52,14 +54,23 @@ def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progre
     return wait_ready(t, timeout or cfg.readiness_timeout, cfg.readiness_poll, progress)
 
 
-def soak(t: SoakTarget, cfg: SoakConfig, store: baselines.Store, baseline_tag: str | None, artifacts: Path,
-         run_id: str, progress: Progress, baseline_key: str | None = None) -> Verdict:
+def soak(
+    t: SoakTarget,
+    cfg: SoakConfig,
+    store: baselines.Store,
+    baseline_tag: str | None,
+    artifacts: Path,
+    run_id: str,
+    progress: Progress,
+    baseline_key: str | None = None,
+) -> Verdict:
     """The full gate, compared with the host's baseline on the tag it served before.
 
     The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one
     ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
     passing soaks of ``baseline_tag`` on this host (``baseline_key``, when given: a
-    unit's own, :func:`fleetctl.soak.baselines.unit_key`, whichever member is its head). A pass joins
+    unit's own, :func:`fleetctl.soak.baselines.unit_key`, whichever member is its head). A pass
+    joins
     the window of the new tag (a failure is not kept). Samples, scrapes and verdict.json
     are written under ``artifacts``.
     """
@@ -71,7 +82,8 @@ def soak(t: SoakTarget, cfg: SoakConfig, store: baselines.Store, baseline_tag: s
 
 
 def smoke(t: SoakTarget, cfg: SoakConfig, artifacts: Path) -> Verdict:
-    """Readiness, identity and smoke only: the check after a rollback (no baseline read or written)."""
+    """Readiness, identity and smoke only: the check after a rollback (no baseline read or
+    written)."""
     return smoke_check(t, cfg, artifacts_dir=artifacts)
 
 
@@ -93,7 +105,9 @@ class Gates(Protocol):
         """The full gate (see :func:`soak`); ``store`` holds the baselines (the fleet's ledger)."""
         ...
 
-    def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
+    def smoke(
+        self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path
+    ) -> Verdict:
         """Readiness, identity and smoke (see :func:`smoke`)."""
         ...
 
@@ -119,10 +133,20 @@ class SoakGates:
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
              baseline_key: str | None = None) -> Verdict:
-        return soak(self._target(host, recipe, tag), cfg, store, baseline_tag, artifacts, run_id, progress,
-                    baseline_key)
+        return soak(
+            self._target(host, recipe, tag),
+            cfg,
+            store,
+            baseline_tag,
+            artifacts,
+            run_id,
+            progress,
+            baseline_key,
+        )
 
-    def smoke(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path) -> Verdict:
+    def smoke(
+        self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path
+    ) -> Verdict:
         return smoke(self._target(host, recipe, tag), cfg, artifacts)
 
 
@@ -165,17 +189,26 @@ def table_figures(data: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def summarise(v: Verdict | None, timings: Mapping[str, float], sustained: float | None = None) -> dict[str, Any]:
-    """What the ledger keeps of a verdict: outcome, summary, failed checks with values, run id, timings, and
+def summarise(
+    v: Verdict | None, timings: Mapping[str, float], sustained: float | None = None
+) -> dict[str, Any]:
+    """What the ledger keeps of a verdict: outcome, summary, failed checks with values, run id,
+    timings, and
     the sustained seconds the soak was asked for (``sustained_s``: a plan's estimate separates the
-    soak's fixed phases from its sustained one with it, see :func:`fleetctl.rollout.plan.learned`)."""
+    soak's fixed phases from its sustained one with it, see
+    :func:`fleetctl.rollout.plan.learned`)."""
     if v is None:
         return {"timings": dict(timings)}
     checks = []
     for c in v.checks:
-        meas = [{"label": m.label, "outcome": m.outcome.value, "measured": m.measured, "bound": m.bound}
-                for m in c.measurements if m.outcome not in (Outcome.PASS, Outcome.SKIPPED)][:5]
-        checks.append({"name": c.name, "outcome": c.outcome.value, "message": c.message, "failing": meas})
+        meas = [
+            {"label": m.label, "outcome": m.outcome.value, "measured": m.measured, "bound": m.bound}
+            for m in c.measurements
+            if m.outcome not in (Outcome.PASS, Outcome.SKIPPED)
+        ][:5]
+        checks.append(
+            {"name": c.name, "outcome": c.outcome.value, "message": c.message, "failing": meas}
+        )
     return {"outcome": v.outcome.value, "summary": v.summary, "run_id": v.run_id, "tag": v.tag,
             "failed_checks": failed_checks(v), "checks": checks, "figures": figures(v),
             "timings": dict(timings), "artifacts": v.artifacts_dir,

@@ -40,9 +40,10 @@ PREV_SUFFIX = ".prev"
 _PULL_TIMEOUT = 1800.0
 #: What a GB10 calls itself in ``nvidia-smi``; the images are built for sm_121a only.
 GB10 = "NVIDIA GB10"
-#: The serving container's restart policy, as the published recipes' own ``docker run``: a Spark that reboots
-#: (or whose dockerd restarts) serves its version again, while a container fleetctl stopped or
-#: killed (``.prev``, a version judged bad) stays down. A recipe's ``docker_args`` may override it.
+#: The serving container's restart policy, as the published recipes' own ``docker run``: a Spark
+#: that reboots (or whose dockerd restarts) serves its version again, while a container fleetctl
+#: stopped or killed (``.prev``, a version judged bad) stays down. A recipe's ``docker_args`` may
+#: override it.
 RESTART_POLICY = "unless-stopped"
 
 
@@ -62,7 +63,9 @@ def fingerprint(recipe: Recipe) -> str:
     doc = {"docker_args": list(recipe.docker_args), "entrypoint": "vllm", "env": dict(recipe.env),
            "mounts": [[src, dst] for src, dst in recipe.mounts()], "restart": RESTART_POLICY,
            "secret_env": sorted(recipe.secret_env), "serve": list(recipe.serve_argv())}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return hashlib.sha256(
+        json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    ).hexdigest()
 
 
 def unstaged_weights(recipe: Recipe, markers: Mapping[str, object]) -> tuple[str, ...]:
@@ -101,9 +104,16 @@ def facts(host: Host, recipe: Recipe, ref: str, timeout: float = 60.0) -> Facts:
                    missing_weights=unstaged_weights(recipe, f.weights))
 
 
-def pull(host: Host, ref: str, timeout: float = _PULL_TIMEOUT, on_line: Callable[[str], None] | None = None) -> float:
-    """``docker pull ref`` (a no-op when present); returns the seconds it took. With ``on_line``, docker's
-    own lines (``<layer>: Download complete``, ``<layer>: Already exists``, ...) are handed to it as they come:
+def pull(
+    host: Host,
+    ref: str,
+    timeout: float = _PULL_TIMEOUT,
+    on_line: Callable[[str], None] | None = None,
+) -> float:
+    """``docker pull ref`` (a no-op when present); returns the seconds it took. With ``on_line``,
+    docker's
+    own lines (``<layer>: Download complete``, ``<layer>: Already exists``, ...) are handed to it
+    as they come:
     what :class:`fleetctl.rollout.pulls.PullMeter` turns into bytes."""
     argv = ["docker", "pull", ref] if on_line is not None else ["docker", "pull", "-q", ref]
     r = ssh.docker(host, argv, timeout=timeout, on_line=on_line)
@@ -127,8 +137,12 @@ def retire(host: Host, name: str, rollout_id: str, target_digest: str,
     prev_c = inspect(host, name + PREV_SUFFIX)
     if cur is None:
         return prev_c
-    if prev_c is not None and (not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)):
-        ssh.docker(host, ["docker", "rm", "-f", name], timeout=60).check(f"removing the half-started {name}")
+    if prev_c is not None and (
+        not cur.running or (cur.rollout == rollout_id and cur.digest == target_digest)
+    ):
+        ssh.docker(host, ["docker", "rm", "-f", name], timeout=60).check(
+            f"removing the half-started {name}"
+        )
         return prev_c
     ssh.docker(host, retire_script(name, grace), timeout=90).check(f"stopping {name}")
     return cur
@@ -142,21 +156,31 @@ def retire_script(name: str, grace: int) -> str:
     as a failed start. So a ``.prev`` docker refuses to remove ends the retire with nothing changed.
     """
     prev, q = shlex.quote(name + PREV_SUFFIX), shlex.quote(name)
-    refused = shlex.quote(f"docker could not remove the older {name}{PREV_SUFFIX}; {name} was left serving")
-    return (f"docker rm -f {prev} >/dev/null 2>&1; "
-            f"if docker inspect --type container {prev} >/dev/null 2>&1; then echo {refused} >&2; exit 1; fi; "
-            f"docker stop -t {int(grace)} {q} >/dev/null && docker rename {q} {prev}")
+    refused = shlex.quote(
+        f"docker could not remove the older {name}{PREV_SUFFIX}; {name} was left serving"
+    )
+    return (
+        f"docker rm -f {prev} >/dev/null 2>&1; "
+        f"if docker inspect --type container {prev} >/dev/null 2>&1; then echo {refused} >&2; exit "
+        "1; fi; "
+        f"docker stop -t {int(grace)} {q} >/dev/null && docker rename {q} {prev}"
+    )
 
 
 def kill(host: Host, name: str) -> None:
     """``docker rm -f name``: a container judged bad is killed, not drained (no-op when absent)."""
-    ssh.docker(host, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(f"removing {name}")
+    ssh.docker(host, f"docker rm -f {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(
+        f"removing {name}"
+    )
 
 
 def stop(host: Host, name: str) -> None:
-    """``docker kill name``, the container kept under its name (a unit's members stopped together before any
+    """``docker kill name``, the container kept under its name (a unit's members stopped together
+    before any
     starts again); a no-op when it is absent or stopped."""
-    ssh.docker(host, f"docker kill {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(f"stopping {name}")
+    ssh.docker(host, f"docker kill {shlex.quote(name)} >/dev/null 2>&1 || true", timeout=60).check(
+        f"stopping {name}"
+    )
 
 
 def start_again(host: Host, name: str) -> None:
@@ -169,43 +193,112 @@ def logs(host: Host, name: str, tail: int = 300) -> str:
     return ssh.docker(host, serving.logs_command(name, tail), timeout=30.0).stdout
 
 
-def run_argv(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-             name: str, launch: MemberLaunch | None = None, cache_key: str | None = None) -> list[str]:
-    """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never valued); with
-    ``launch``, as that member of a unit (its entrypoint, argv and fabric environment: ``Recipe.launch``);
-    with ``cache_key``, the recipe's compile caches for that key mounted read-write (fleetctl.warmcache)."""
-    argv = ["docker", "run", "-d", "--name", name, "--gpus", "all", "--ipc", "host", "--network", "host",
-            "--restart", RESTART_POLICY, "--label", f"{LABEL_RECIPE}={recipe.name}", "--label", f"{LABEL_TAG}={tag}",
-            "--label", f"{LABEL_DIGEST}={digest}", "--label", f"{LABEL_ROLLOUT}={rollout_id}",
-            "--label", f"{LABEL_IMAGE}={recipe.image}", "--label", f"{LABEL_FINGERPRINT}={fingerprint(recipe)}",
-            *recipe.docker_args]
+def run_argv(
+    host: Host,
+    recipe: Recipe,
+    ref: str,
+    *,
+    tag: str,
+    digest: str,
+    rollout_id: str,
+    name: str,
+    launch: MemberLaunch | None = None,
+    cache_key: str | None = None,
+) -> list[str]:
+    """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never
+    valued); with
+    ``launch``, as that member of a unit (its entrypoint, argv and fabric environment:
+    ``Recipe.launch``);
+    with ``cache_key``, the recipe's compile caches for that key mounted read-write
+    (fleetctl.warmcache)."""
+    argv = [
+        "docker",
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--gpus",
+        "all",
+        "--ipc",
+        "host",
+        "--network",
+        "host",
+        "--restart",
+        RESTART_POLICY,
+        "--label",
+        f"{LABEL_RECIPE}={recipe.name}",
+        "--label",
+        f"{LABEL_TAG}={tag}",
+        "--label",
+        f"{LABEL_DIGEST}={digest}",
+        "--label",
+        f"{LABEL_ROLLOUT}={rollout_id}",
+        "--label",
+        f"{LABEL_IMAGE}={recipe.image}",
+        "--label",
+        f"{LABEL_FINGERPRINT}={fingerprint(recipe)}",
+        *recipe.docker_args,
+    ]
     for src, dst in recipe.mounts():
         argv += ["-v", f"{src}:{dst}:ro"]
     for src, dst in warmcache.binds(recipe, cache_key):
         argv += ["-v", f"{src}:{dst}"]
-    for k, v in {**(launch.env if launch is not None else recipe.env), **warmcache.env(recipe, cache_key)}.items():
+    for k, v in {
+        **(launch.env if launch is not None else recipe.env),
+        **warmcache.env(recipe, cache_key),
+    }.items():
         argv += ["-e", f"{k}={v}"]
     for k in secretenv.container_secrets(recipe.secret_env):
         argv += ["-e", k]  # docker reads the value from its own environment: set from stdin below
     if launch is not None:
-        return [*argv, "--label", f"fleetctl.unit.rank={launch.rank}", "--entrypoint", launch.entrypoint, ref,
-                *launch.argv]
+        return [
+            *argv,
+            "--label",
+            f"fleetctl.unit.rank={launch.rank}",
+            "--entrypoint",
+            launch.entrypoint,
+            ref,
+            *launch.argv,
+        ]
     return [*argv, "--entrypoint", "vllm", ref, *recipe.serve_argv()]
 
 
-def start(host: Host, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-          secrets: Mapping[str, str], launch: MemberLaunch | None = None, cache_key: str | None = None) -> None:
-    """Start the recipe's container from ``ref`` (as ``launch``, a unit's member); secret values travel on
+def start(
+    host: Host,
+    recipe: Recipe,
+    ref: str,
+    *,
+    tag: str,
+    digest: str,
+    rollout_id: str,
+    secrets: Mapping[str, str],
+    launch: MemberLaunch | None = None,
+    cache_key: str | None = None,
+) -> None:
+    """Start the recipe's container from ``ref`` (as ``launch``, a unit's member); secret values
+    travel on
     stdin, never in argv."""
     name = container_name(host)
-    argv = run_argv(host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, name=name, launch=launch,
-                    cache_key=cache_key)
+    argv = run_argv(
+        host,
+        recipe,
+        ref,
+        tag=tag,
+        digest=digest,
+        rollout_id=rollout_id,
+        name=name,
+        launch=launch,
+        cache_key=cache_key,
+    )
     present = [k for k in secretenv.container_secrets(recipe.secret_env) if k in secrets]
     script = "".join(f"{k}={shlex.quote(secrets[k])}\nexport {k}\n" for k in present)
     # `eval "$(cat)"` reads the assignments from stdin, so values never show in `ps` or logs.
     cmd = f'eval "$(cat)"; exec {shlex.join(argv)}'
     r = ssh.docker(host, cmd, timeout=120, stdin=script)
-    r.check(f"docker run {name}", fix="see the error above; the previous container is kept as " + name + PREV_SUFFIX)
+    r.check(
+        f"docker run {name}",
+        fix="see the error above; the previous container is kept as " + name + PREV_SUFFIX,
+    )
 
 
 def restore(host: Host, name: str) -> Container | None:
@@ -218,13 +311,17 @@ def restore(host: Host, name: str) -> Container | None:
     if prev is None:
         return None
     q, p = shlex.quote(name), shlex.quote(name + PREV_SUFFIX)
-    ssh.docker(host, f"docker rm -f {q} >/dev/null 2>&1; docker rename {p} {q} && docker start {q} >/dev/null",
-            timeout=90).check(f"restoring {name} from {name}{PREV_SUFFIX}")
+    ssh.docker(
+        host,
+        f"docker rm -f {q} >/dev/null 2>&1; docker rename {p} {q} && docker start {q} >/dev/null",
+        timeout=90,
+    ).check(f"restoring {name} from {name}{PREV_SUFFIX}")
     return prev
 
 
 def swap(host: Host, name: str) -> Container | None:
-    """Kill the serving container and exchange it with ``.prev``, which is started; None without a ``.prev``.
+    """Kill the serving container and exchange it with ``.prev``, which is started; None without a
+    ``.prev``.
 
     Nothing is removed: the abandoned container becomes ``.prev``, so that the
     swap is undone by :func:`restore` if the started one fails its check.
@@ -233,10 +330,14 @@ def swap(host: Host, name: str) -> Container | None:
     if prev is None:
         return None
     q, p, s = shlex.quote(name), shlex.quote(name + PREV_SUFFIX), shlex.quote(name + ".swap")
-    ssh.docker(host, f"if docker inspect --type container {q} >/dev/null 2>&1; then docker kill {q} >/dev/null 2>&1;"
-                  f" docker rm -f {s} >/dev/null 2>&1; docker rename {q} {s} && docker rename {p} {q} &&"
-                  f" docker rename {s} {p}; else docker rename {p} {q}; fi && docker start {q} >/dev/null",
-            timeout=90).check(f"swapping {name} and {name}{PREV_SUFFIX}")
+    ssh.docker(
+        host,
+        f"if docker inspect --type container {q} >/dev/null 2>&1; then docker kill {q} >/dev/null "
+        "2>&1;"
+        f" docker rm -f {s} >/dev/null 2>&1; docker rename {q} {s} && docker rename {p} {q} &&"
+        f" docker rename {s} {p}; else docker rename {p} {q}; fi && docker start {q} >/dev/null",
+        timeout=90,
+    ).check(f"swapping {name} and {name}{PREV_SUFFIX}")
     return prev
 
 
@@ -273,7 +374,8 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         ...
 
     def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
-        """Pull ``ref``; seconds taken. ``on_line`` gets docker's progress lines (see :func:`pull`)."""
+        """Pull ``ref``; seconds taken. ``on_line`` gets docker's progress lines (see
+        :func:`pull`)."""
         ...
 
     def retire(self, name: str, rollout_id: str, target_digest: str,
@@ -285,8 +387,18 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         """Exchange the serving container with ``.prev`` (see :func:`swap`)."""
         ...
 
-    def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
+    def start(
+        self,
+        recipe: Recipe,
+        ref: str,
+        *,
+        tag: str,
+        digest: str,
+        rollout_id: str,
+        secrets: Mapping[str, str],
+        cache_key: str | None = None,
+        launch: MemberLaunch | None = None,
+    ) -> None:
         """Start the recipe's container from ``ref`` under the serving name (its compile caches for
         ``cache_key`` mounted, when given; as ``launch``, a unit's member, when given)."""
         ...
@@ -300,7 +412,8 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         ...
 
     def restore(self, name: str) -> Container | None:
-        """Kill what is in ``name``'s place and start ``.prev`` there again (see :func:`restore`)."""
+        """Kill what is in ``name``'s place and start ``.prev`` there again (see
+        :func:`restore`)."""
         ...
 
     def kill(self, name: str) -> None:
@@ -333,10 +446,29 @@ class SshHostOps(SshHostCommands):
     def swap(self, name: str) -> Container | None:
         return swap(self.host, name)
 
-    def start(self, recipe: Recipe, ref: str, *, tag: str, digest: str, rollout_id: str,
-              secrets: Mapping[str, str], cache_key: str | None = None, launch: MemberLaunch | None = None) -> None:
-        start(self.host, recipe, ref, tag=tag, digest=digest, rollout_id=rollout_id, secrets=secrets,
-              cache_key=cache_key, launch=launch)
+    def start(
+        self,
+        recipe: Recipe,
+        ref: str,
+        *,
+        tag: str,
+        digest: str,
+        rollout_id: str,
+        secrets: Mapping[str, str],
+        cache_key: str | None = None,
+        launch: MemberLaunch | None = None,
+    ) -> None:
+        start(
+            self.host,
+            recipe,
+            ref,
+            tag=tag,
+            digest=digest,
+            rollout_id=rollout_id,
+            secrets=secrets,
+            cache_key=cache_key,
+            launch=launch,
+        )
 
     def stop(self, name: str) -> None:
         stop(self.host, name)

@@ -1,7 +1,8 @@
 """A rollout's image reaches the fleet through a tree of pull-through relays (decision 0018).
 
 Without it every host pulls the whole image from the fleet's registry: N hosts, N copies through
-the registry's uplink. With it (``min_hosts`` or more hosts lacking an image of ``min_mb`` or more) the
+the registry's uplink. With it (``min_hosts`` or more hosts lacking an image of ``min_mb`` or more)
+the
 registry is read once:
 
 - The seed runs a relay: a registry in pull-through mode (``distribution``'s ``proxy.remoteurl``)
@@ -52,8 +53,8 @@ from fleetctl.inventory import Host
 
 #: The relay container's name on every host (one relay per host at a time).
 RELAY_NAME = "fleetctl-image-relay"
-#: The inventory's settings (group ``all``): ``fleetctl_image_tree: {min_hosts, min_mb, fanout, port,
-#: relay_image}`` or ``false`` to pull every host from the registry.
+#: The inventory's settings (group ``all``): ``fleetctl_image_tree: {min_hosts, min_mb, fanout,
+#: port, relay_image}`` or ``false`` to pull every host from the registry.
 VAR = "fleetctl_image_tree"
 DEFAULTS: Mapping[str, object] = {"min_hosts": 4, "min_mb": 512, "fanout": 2, "port": 5555,
                                    "relay_image": "docker.io/library/registry:2"}
@@ -71,15 +72,17 @@ class TreeConfig:
     """The tree's settings from the inventory (:data:`VAR`)."""
 
     enabled: bool = True
-    #: Fewer hosts needing the image than this: every host pulls from the registry (a tree buys nothing).
+    #: Fewer hosts needing the image than this: every host pulls from the registry (a tree buys
+    #: nothing).
     min_hosts: int = 4
-    #: A smaller image (MB as pulled, its largest platform) goes straight from the registry: each round
-    #: of the tree costs a couple of seconds (relays, SSH) whatever it moves.
+    #: A smaller image (MB as pulled, its largest platform) goes straight from the registry: each
+    #: round of the tree costs a couple of seconds (relays, SSH) whatever it moves.
     min_mb: int = 512
     #: Hosts each source serves per round.
     fanout: int = 2
     port: int = 5555
-    #: The relay's image (a ``distribution`` registry), pulled through the fleet's mirrors like any image.
+    #: The relay's image (a ``distribution`` registry), pulled through the fleet's mirrors like any
+    #: image.
     relay_image: str = "docker.io/library/registry:2"
 
 
@@ -90,29 +93,41 @@ def config(value: object, where: str) -> TreeConfig:
     if value is False:
         return TreeConfig(enabled=False)
     if not isinstance(value, Mapping):
-        raise FleetError(f"{VAR} in {where} must be false or a mapping of {', '.join(DEFAULTS)}, not {value!r}",
-                         fix=f"write e.g. `{VAR}: {{min_hosts: 8, fanout: 2}}`, or `{VAR}: false`")
+        raise FleetError(
+            f"{VAR} in {where} must be false or a mapping of {', '.join(DEFAULTS)}, not {value!r}",
+            fix=f"write e.g. `{VAR}: {{min_hosts: 8, fanout: 2}}`, or `{VAR}: false`",
+        )
     unknown = sorted(set(map(str, value)) - set(DEFAULTS))
     if unknown:
         raise FleetError(f"{VAR} in {where} has unknown key(s) {', '.join(unknown)}",
                          fix=f"use only {', '.join(DEFAULTS)}")
     merged = {**DEFAULTS, **{str(k): v for k, v in value.items()}}
-    ints = {"min_hosts": (1, 100_000), "min_mb": (0, 10_000_000), "fanout": (1, 16), "port": (1024, 65535)}
+    ints = {
+        "min_hosts": (1, 100_000),
+        "min_mb": (0, 10_000_000),
+        "fanout": (1, 16),
+        "port": (1024, 65535),
+    }
     for key, (lo, hi) in ints.items():
         v = merged[key]
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise FleetError(f"{VAR}.{key} in {where} must be a whole number from {lo} to {hi}, not {v!r}",
-                             fix=f"set {VAR}.{key} to a number in that range")
+            raise FleetError(
+                f"{VAR}.{key} in {where} must be a whole number from {lo} to {hi}, not {v!r}",
+                fix=f"set {VAR}.{key} to a number in that range",
+            )
     img = merged["relay_image"]
     if not isinstance(img, str) or not img or any(c.isspace() for c in img) or "@" in img:
-        raise FleetError(f"{VAR}.relay_image in {where} must be an image name with an optional tag, not {img!r}",
-                         fix="e.g. docker.io/library/registry:2 (a distribution registry the hosts can pull)")
+        raise FleetError(
+            f"{VAR}.relay_image in {where} must be an image name with an optional tag, not {img!r}",
+            fix="e.g. docker.io/library/registry:2 (a distribution registry the hosts can pull)",
+        )
     return TreeConfig(True, int(merged["min_hosts"]), int(merged["min_mb"]),
                       int(merged["fanout"]), int(merged["port"]), img)
 
 
 def assign(sources: Sequence[str], receivers: Sequence[str], fanout: int) -> dict[str, str]:
-    """This round's receiver -> source: each source serves at most ``fanout`` receivers, spread evenly, the
+    """This round's receiver -> source: each source serves at most ``fanout`` receivers, spread
+    evenly, the
     newest sources first (the seed, which also faced the registry, serves least). Receivers beyond
     ``len(sources) * fanout`` wait for the next round."""
     out: dict[str, str] = {}
@@ -133,7 +148,8 @@ def rounds_for(n: int, fanout: int) -> int:
 
 @dataclass(frozen=True)
 class Pulled:
-    """How one host got the image: ``via`` is the host whose relay served it, ``registry`` for the seed's
+    """How one host got the image: ``via`` is the host whose relay served it, ``registry`` for the
+    seed's
     relay, None for a direct pull (the reason in ``fallback``)."""
 
     seconds: float
@@ -142,7 +158,8 @@ class Pulled:
 
 
 def relay_ref(port: int, pull_ref: str) -> str:
-    """``127.0.0.1:PORT/<repository>@<digest>``: the image as a host pulls it through its own relay."""
+    """``127.0.0.1:PORT/<repository>@<digest>``: the image as a host pulls it through its own
+    relay."""
     name = registry.ImageName.parse(pull_ref)
     return f"127.0.0.1:{port}/{name.repository}@{pull_ref.rsplit('@', 1)[-1]}"
 
@@ -230,25 +247,28 @@ def start_script(port: int, relay_image_ref: str, upstream: str, address: str) -
     img = shlex.quote(relay_image_ref)
     # the image's own entrypoint and command (registry:2's /entrypoint.sh, its config): SERVE's "$@"
     own = "{{join .Config.Entrypoint \" \"}} {{join .Config.Cmd \" \"}}"
-    return (f"docker rm -f -v {RELAY_NAME} >/dev/null 2>&1\n"
-            f"docker image inspect {img} >/dev/null 2>&1 || docker pull -q {img} >/dev/null || exit 1\n"
-            + _bind(address) +
-            f"own=$(docker image inspect -f {shlex.quote(own)} {img}) || exit 1\n"
-            f"{shlex.join(run[:5])} --label fleetctl.relay-expires={expires} "
-            f"-e FLEETCTL_RELAY_ADDR=$addr {shlex.join(run[5:])} $own >/dev/null || exit 1\n"
-            f"for i in $(seq {tries}); do\n"
-            f"  if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {RELAY_NAME})\" != true ]; then\n"
-            f"    echo 'the relay exited:' >&2; docker logs --tail 3 {RELAY_NAME} >&2; exit 1\n"
-            f"  fi\n"
-            f"  python3 -c {shlex.quote(probe)} 127.0.0.1 \"$addr\" && exit 0\n"
-            f"  sleep 0.3\n"
-            f"done\n"
-            f"echo \"the relay did not answer on 127.0.0.1 and $addr port {port} within "
-            f"{RELAY_READY_TIMEOUT:.0f}s\" >&2; exit 1\n")
+    return (
+        f"docker rm -f -v {RELAY_NAME} >/dev/null 2>&1\n"
+        f"docker image inspect {img} >/dev/null 2>&1 || docker pull -q {img} >/dev/null || exit 1\n"
+        + _bind(address)
+        + f"own=$(docker image inspect -f {shlex.quote(own)} {img}) || exit 1\n"
+        f"{shlex.join(run[:5])} --label fleetctl.relay-expires={expires} "
+        f"-e FLEETCTL_RELAY_ADDR=$addr {shlex.join(run[5:])} $own >/dev/null || exit 1\n"
+        f"for i in $(seq {tries}); do\n"
+        f"  if [ \"$(docker inspect -f '{{{{.State.Running}}}}' {RELAY_NAME})\" != true ]; then\n"
+        f"    echo 'the relay exited:' >&2; docker logs --tail 3 {RELAY_NAME} >&2; exit 1\n"
+        f"  fi\n"
+        f'  python3 -c {shlex.quote(probe)} 127.0.0.1 "$addr" && exit 0\n'
+        f"  sleep 0.3\n"
+        f"done\n"
+        f'echo "the relay did not answer on 127.0.0.1 and $addr port {port} within '
+        f'{RELAY_READY_TIMEOUT:.0f}s" >&2; exit 1\n'
+    )
 
 
-#: Run on the host with the RootFS layers of its images on stdin (one JSON list per image): which blobs of the
-#: image the host lacks, asked of its relay so that the relay fetches each once (fill_script).
+#: Run on the host with the RootFS layers of its images on stdin (one JSON list per image): which
+#: blobs of the image the host lacks, asked of its relay so that the relay fetches each once
+#: (fill_script).
 _FILL = r"""
 import json, platform, sys, urllib.request
 port, repo, digest = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -269,8 +289,8 @@ if "manifests" in m:
     m = get("/manifests/" + mine[0]["digest"])
 layers = [x["digest"] for x in m["layers"]]
 diff_ids = get("/blobs/" + m["config"]["digest"])["rootfs"]["diff_ids"]
-# Docker reuses a layer when the whole chain below it is the same: the longest prefix of diff_ids that
-# an image here starts with is present; every layer after it is fetched.
+# Docker reuses a layer when the whole chain below it is the same: the longest prefix of diff_ids
+# that an image here starts with is present; every layer after it is fetched.
 have = 0
 for line in sys.stdin:
     try:
@@ -287,33 +307,42 @@ for b in layers[have:]:
     with urllib.request.urlopen(base + "/blobs/" + b, timeout=120) as r:
         r.read(1)
     print(b)
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 
 def fill_script(port: int, pull_ref: str) -> str:
-    """Have the host's relay fetch, once each, the image's layers the host lacks, and wait until it holds them.
+    """Have the host's relay fetch, once each, the image's layers the host lacks, and wait until it
+    holds them.
 
-    A pull-through registry (distribution 2.8) reads a blob it does not hold twice from upstream when a
-    client asks for it: one stream to the client, one copy into its store. A request it is left to finish
+    A pull-through registry (distribution 2.8) reads a blob it does not hold twice from upstream
+    when a
+    client asks for it: one stream to the client, one copy into its store. A request it is left to
+    finish
     alone costs one read; Docker's pull after this is served from the relay's store.
     """
     name = registry.ImageName.parse(pull_ref)
     digest = pull_ref.rsplit("@", 1)[-1]
     store = "/var/lib/registry/docker/registry/v2/blobs/sha256"
     wait = int(PULL_TIMEOUT / 0.5)
-    waiter = ("for b in \"$@\"; do h=${b#sha256:}; f=" + store + "/$(echo $h | cut -c1-2)/$h/data; n=0; "
-              "while [ ! -f $f ]; do n=$((n+1)); "
-              f"if [ $n -gt {wait} ]; then echo \"the relay never stored $b\" >&2; exit 1; fi; "
-              "sleep 0.5; done; done")
-    return (f"blobs=$(docker image inspect -f '{{{{json .RootFS.Layers}}}}' $(docker images -q) 2>/dev/null | "
-            f"python3 -c {shlex.quote(_FILL)} {port} {shlex.quote(name.repository)} "
-            f"{shlex.quote(digest)}) "
-            "|| exit 1\n"
-            f"docker exec {RELAY_NAME} sh -c {shlex.quote(waiter)} fill $blobs\n")
+    waiter = (
+        'for b in "$@"; do h=${b#sha256:}; f=' + store + "/$(echo $h | cut -c1-2)/$h/data; n=0; "
+        "while [ ! -f $f ]; do n=$((n+1)); "
+        f'if [ $n -gt {wait} ]; then echo "the relay never stored $b" >&2; exit 1; fi; '
+        "sleep 0.5; done; done"
+    )
+    return (
+        "blobs=$(docker image inspect -f '{{json .RootFS.Layers}}' $(docker images -q) "
+        "2>/dev/null | "
+        f"python3 -c {shlex.quote(_FILL)} {port} {shlex.quote(name.repository)} "
+        f"{shlex.quote(digest)}) "
+        "|| exit 1\n"
+        f"docker exec {RELAY_NAME} sh -c {shlex.quote(waiter)} fill $blobs\n"
+    )
 
 
 def remove_relays(hosts: Sequence[Host], ops: Callable[[Host], RelayOps]) -> dict[str, str]:
-    """Remove the relay (and what it cached) from every host; host -> why it could not be removed."""
+    """Remove the relay (and what it cached) from every host; host -> why it could not be
+    removed."""
     outs = ssh.fan_out(hosts, lambda h: ops(h).remove_relay(), timeout=90)
     return {n: o.error.cause for n, o in outs.items() if o.error is not None}
 
@@ -338,12 +367,14 @@ Pull = Callable[[Host, str], float]
 
 
 class Tree:
-    """One prefetch's tree: :meth:`run` pulls ``pull_ref`` on every host and says how each got it."""
+    """One prefetch's tree: :meth:`run` pulls ``pull_ref`` on every host and says how each got
+    it."""
 
     def __init__(self, cfg: TreeConfig, pull_ref: str, origin: str, relay_image_ref: str,
                  ops: Callable[[Host], RelayOps], pull: Pull, direct: Pull, emit: Emit,
                  max_workers: int = ssh.FAN_OUT_WORKERS) -> None:
-        """``origin``: the registry's API base the hosts pull ``pull_ref`` from (``registry.endpoint``:
+        """``origin``: the registry's API base the hosts pull ``pull_ref`` from
+        (``registry.endpoint``:
         ``http://10.0.0.1:5000``, ``https://nvcr.io``), read by the seed's relay.
         ``ops(host)``: the host's relay operations (the engine's HostOps).
         ``pull(host, ref)``: a pull reporting progress (the relayed one: the bytes move there);
@@ -362,7 +393,8 @@ class Tree:
         self._lock = threading.Lock()
 
     def run(self, hosts: Sequence[Host]) -> dict[str, ssh.Outcome[Pulled]]:
-        """Every host's outcome (an error only when even the direct pull failed); the relays are gone after."""
+        """Every host's outcome (an error only when even the direct pull failed); the relays are
+        gone after."""
         by_name = {h.name: h for h in hosts}
         out: dict[str, ssh.Outcome[Pulled]] = {}
         try:
@@ -371,10 +403,14 @@ class Tree:
             started = [by_name[n] for n in sorted(self._started)]
             left = remove_relays(started, self._ops) if started else {}
             for n, why in left.items():
-                self._emit("pull", f"image relay not removed ({why}): run `docker rm -f {RELAY_NAME}`", n)
+                self._emit(
+                    "pull", f"image relay not removed ({why}): run `docker rm -f {RELAY_NAME}`", n
+                )
         return out
 
-    def _grow(self, hosts: list[Host], by_name: Mapping[str, Host], out: dict[str, ssh.Outcome[Pulled]]) -> None:
+    def _grow(
+        self, hosts: list[Host], by_name: Mapping[str, Host], out: dict[str, ssh.Outcome[Pulled]]
+    ) -> None:
         seed, pending = hosts[0], hosts[1:]
         try:
             first = ssh.Outcome(seed.name, self._one(seed, self.origin, "registry"))
@@ -385,10 +421,16 @@ class Tree:
         rnd = 0
         while pending:
             if not sources:
-                # The seed's relay failed: no tree this time; the rest pull from the registry as without one.
-                why = (first.value.fallback if first.value is not None else None) or "the seed's pull failed"
-                self._emit("pull", f"image tree off ({why}): {len(pending)} host(s) pull from the registry",
-                           seed.name)
+                # The seed's relay failed: no tree this time; the rest pull from the registry as
+                # without one.
+                why = (
+                    first.value.fallback if first.value is not None else None
+                ) or "the seed's pull failed"
+                self._emit(
+                    "pull",
+                    f"image tree off ({why}): {len(pending)} host(s) pull from the registry",
+                    seed.name,
+                )
                 out.update(ssh.fan_out(pending, functools.partial(self._fallback, why=why),
                                        timeout=None, max_workers=self.max_workers))
                 return
@@ -403,13 +445,18 @@ class Tree:
                 out[n] = o
                 if o.ok and o.value is not None and o.value.via is not None:
                     sources.append(n)
-            self._emit("pull", f"image tree round {rnd}: {len(batch)} host(s), {len(sources)} source(s) now", seed.name)
+            self._emit(
+                "pull",
+                f"image tree round {rnd}: {len(batch)} host(s), {len(sources)} source(s) now",
+                seed.name,
+            )
 
     def _relayed(self, h: Host, upstream: Mapping[str, str], plan: Mapping[str, str]) -> Pulled:
         return self._one(h, upstream[h.name], plan[h.name])
 
     def _one(self, h: Host, upstream: str, via: str) -> Pulled:
-        """Pull through a relay of ``h``'s own reading ``upstream``; on any failure of the relay, directly
+        """Pull through a relay of ``h``'s own reading ``upstream``; on any failure of the relay,
+        directly
         (a FleetError only when that fails too)."""
         t0 = time.monotonic()
         try:
@@ -422,8 +469,16 @@ class Tree:
             # The layers are here now: this reads only the manifest and config from the registry.
             self._direct(h, self.pull_ref)
             took = time.monotonic() - t0
-            self._emit("pulled", f"pulled in {took:.1f}s " + (f"through {via}'s relay" if via != "registry"
-                                                                else "from the registry (tree seed)"), h.name)
+            self._emit(
+                "pulled",
+                f"pulled in {took:.1f}s "
+                + (
+                    f"through {via}'s relay"
+                    if via != "registry"
+                    else "from the registry (tree seed)"
+                ),
+                h.name,
+            )
             return Pulled(took, via)
         except FleetError as e:
             why = e.cause

@@ -53,7 +53,9 @@ def parse_size(text: str, what: str = "size", allow_zero: bool = False) -> Size:
     pct = t.endswith("%")
     digits = t[:-1] if pct else t
     if not digits.isdigit():
-        raise FleetError(f"{what} {text!r} is not a count or a percentage", fix=f"write {what} as 3 or 25%")
+        raise FleetError(
+            f"{what} {text!r} is not a count or a percentage", fix=f"write {what} as 3 or 25%"
+        )
     v = int(digits)
     if (v == 0 and not allow_zero) or (pct and v > 100):
         raise FleetError(f"{what} {text!r} is out of range",
@@ -86,38 +88,54 @@ class Capacity:
     source: str
 
     def describe(self) -> str:
-        """One line for the plan: ``4 at a time, 12 of 16 kept serving (--min-available 75%, default)``."""
-        origin = {"flag": f"--{self.rule} {self.value}", "default": f"--{self.rule} {self.value}, default",
-                  "inventory": f"{MIN_AVAILABLE_VAR} {self.value} in the inventory"}[self.source]
+        """One line for the plan: ``4 at a time, 12 of 16 kept serving (--min-available 75%,
+        default)``."""
+        origin = {
+            "flag": f"--{self.rule} {self.value}",
+            "default": f"--{self.rule} {self.value}, default",
+            "inventory": f"{MIN_AVAILABLE_VAR} {self.value} in the inventory",
+        }[self.source]
         return f"{self.per_step} at a time, {self.floor} of {self.total} kept serving ({origin})"
 
 
 def capacity(total: int, *, max_unavailable: str | None = None, min_available: str | None = None,
              inventory_min_available: object = None) -> Capacity:
-    """The one rule for how many hosts a step restarts together (rollout, rollback, and anything else that
+    """The one rule for how many hosts a step restarts together (rollout, rollback, and anything
+    else that
     takes hosts of a fleet out of service in steps).
 
-    ``--max-unavailable`` (a count or a share of ``total``) wins when given. Otherwise a floor of hosts
+    ``--max-unavailable`` (a count or a share of ``total``) wins when given. Otherwise a floor of
+    hosts
     stays serving: ``--min-available``, else the inventory's :data:`MIN_AVAILABLE_VAR`, else
-    :data:`DEFAULT_MIN_AVAILABLE`; each step takes out as many hosts as the floor allows. A percentage
-    floor rounds up (75 % of 10 keeps 8), and still lets one host go when it would keep every host (a
+    :data:`DEFAULT_MIN_AVAILABLE`; each step takes out as many hosts as the floor allows. A
+    percentage
+    floor rounds up (75 % of 10 keeps 8), and still lets one host go when it would keep every host
+    (a
     fleet of 1-3 at 75 %): a rollout moves at least one host. A count floor is the operator's exact
     demand: one that keeps every selected host, or more, is refused. Both flags at once are refused.
     """
     if total < 1:
         raise FleetError("no hosts selected", fix="check --limit and the inventory")
     if max_unavailable is not None and min_available is not None:
-        raise FleetError(f"--max-unavailable {max_unavailable} and --min-available {min_available} both given: "
-                         "they are two ways of saying the same limit",
-                         fix="give one: --max-unavailable N (hosts out at once) or --min-available N|P% "
-                             "(hosts kept serving)")
+        raise FleetError(
+            f"--max-unavailable {max_unavailable} and --min-available {min_available} both given: "
+            "they are two ways of saying the same limit",
+            fix="give one: --max-unavailable N (hosts out at once) or --min-available N|P% "
+            "(hosts kept serving)",
+        )
     if max_unavailable is not None:
         mu = min(total, parse_size(max_unavailable, "--max-unavailable").of(total))
-        return Capacity(total, mu, total - mu, "max-unavailable", str(max_unavailable).strip(), "flag")
+        return Capacity(
+            total, mu, total - mu, "max-unavailable", str(max_unavailable).strip(), "flag"
+        )
     if min_available is not None:
         text, source, what = str(min_available).strip(), "flag", "--min-available"
     elif inventory_min_available is not None and str(inventory_min_available).strip():
-        text, source, what = str(inventory_min_available).strip(), "inventory", f"inventory variable {MIN_AVAILABLE_VAR}"
+        text, source, what = (
+            str(inventory_min_available).strip(),
+            "inventory",
+            f"inventory variable {MIN_AVAILABLE_VAR}",
+        )
     else:
         text, source, what = DEFAULT_MIN_AVAILABLE, "default", "--min-available"
     size = parse_size(text, what)
@@ -129,10 +147,13 @@ def capacity(total: int, *, max_unavailable: str | None = None, min_available: s
         per_step = max(1, total - floor)
     else:
         if size.value >= total:
-            raise FleetError(f"{what} {text} keeps {size.value} host(s) serving, but only {total} are selected: "
-                             "no host could be rolled",
-                             fix=f"use at most {total - 1} or a percentage like {DEFAULT_MIN_AVAILABLE}"
-                             if total > 1 else "with one host selected, use --max-unavailable 1")
+            raise FleetError(
+                f"{what} {text} keeps {size.value} host(s) serving, but only {total} are selected: "
+                "no host could be rolled",
+                fix=f"use at most {total - 1} or a percentage like {DEFAULT_MIN_AVAILABLE}"
+                if total > 1
+                else "with one host selected, use --max-unavailable 1",
+            )
         per_step = total - size.value
     return Capacity(total, per_step, total - per_step, "min-available", text, source)
 
@@ -140,7 +161,8 @@ def capacity(total: int, *, max_unavailable: str | None = None, min_available: s
 def check_options(waves: str | None, max_unavailable: str | None, failure_budget: str | None,
                   min_available: str | None = None, total: int | None = None,
                   inventory_min_available: object = None) -> None:
-    """Refuse bad wave, unavailability or budget options (the same rules :func:`build` applies), before
+    """Refuse bad wave, unavailability or budget options (the same rules :func:`build` applies),
+    before
     anything is resolved or any host is contacted (``total``: the selected hosts, when known)."""
     parse_waves(waves)
     if max_unavailable is not None:
@@ -183,14 +205,15 @@ class HostPlan:
     current_digest: str | None
     #: ``deploy``; or ``skip`` when it already serves the target digest with the target settings.
     action: str
-    #: Why it is deployed: ``image`` (another digest, or nothing serving) or ``settings`` (same image,
-    #: another container-settings fingerprint: a recipe-only change).
+    #: Why it is deployed: ``image`` (another digest, or nothing serving) or ``settings`` (same
+    #: image, another container-settings fingerprint: a recipe-only change).
     reason: str = "image"
 
 
 @dataclass(frozen=True)
 class Estimate:
-    """The expected wall time of a plan's steps: each step waits for its hosts' load, then their soak
+    """The expected wall time of a plan's steps: each step waits for its hosts' load, then their
+    soak
     (the hosts of one step go in parallel). Pulls come before the first step and are not counted."""
 
     #: The hosts of each step, in order (the canary's first).
@@ -218,7 +241,8 @@ def learned(verdicts: Sequence[Mapping[str, Any]], load_seconds: float, sustaine
 
     From the verdicts of steps that passed before (``Ledger.passed_steps``), when there are at least
     :data:`MIN_LEARNED`: the median load (:data:`LOAD_TIMINGS` added up), and the soak as this run's
-    sustained seconds plus the median of what the soak took beyond the sustained seconds it was asked
+    sustained seconds plus the median of what the soak took beyond the sustained seconds it was
+    asked
     for then (readiness, smoke, classes, sweep, probes, the re-admission), so a shorter or longer
     ``--soak`` than last time still counts right. Else the recipe's ``load_time`` and the sustained
     seconds alone, which leave the soak's other phases out.
@@ -230,7 +254,9 @@ def learned(verdicts: Sequence[Mapping[str, Any]], load_seconds: float, sustaine
         if "ready" in t:
             loads.append(sum(float(t[k]) for k in LOAD_TIMINGS if k in t))
         if "soak" in t and isinstance(v.get("sustained_s"), (int, float)):
-            fixed.append(max(0.0, float(t["soak"]) - float(v["sustained_s"])) + float(t.get("readmit", 0.0)))
+            fixed.append(
+                max(0.0, float(t["soak"]) - float(v["sustained_s"])) + float(t.get("readmit", 0.0))
+            )
     parts: list[str] = []
     if len(loads) >= MIN_LEARNED:
         load_seconds = statistics.median(loads)
@@ -265,7 +291,8 @@ class Plan:
     estimate: Estimate | None = None
 
     def floor(self) -> int:
-        """Hosts of the plan kept in rotation while a step runs: :func:`capacity`'s floor (for a plan read
+        """Hosts of the plan kept in rotation while a step runs: :func:`capacity`'s floor (for a
+        plan read
         back from the ledger, which keeps only the step size: the hosts minus the step size)."""
         if self.capacity is not None:
             return self.capacity.floor
@@ -275,8 +302,11 @@ class Plan:
         """Every step in order: the hosts of each wave, ``max_unavailable`` at a time."""
         return [step for w in self.waves for step in split_steps(w, self.max_unavailable)]
 
-    def with_estimate(self, load_seconds: float, soak_seconds: float, basis: str | None = None) -> Plan:
-        """This plan with its expected wall time (``basis``: where the figures come from, :func:`learned`)."""
+    def with_estimate(
+        self, load_seconds: float, soak_seconds: float, basis: str | None = None
+    ) -> Plan:
+        """This plan with its expected wall time (``basis``: where the figures come from,
+        :func:`learned`)."""
         steps = tuple(tuple(s) for s in self.steps())
         one = float(load_seconds) + float(soak_seconds)
         est = Estimate(steps, float(load_seconds), float(soak_seconds), one, one * len(steps))
@@ -317,7 +347,8 @@ def build(
     already serve the desired container are kept in the plan as ``skip`` (so a
     resumed or repeated rollout is a no-op for them) but take no wave slot.
 
-    The floor (:func:`capacity`) counts every selected host, skipped ones included: they keep serving.
+    The floor (:func:`capacity`) counts every selected host, skipped ones included: they keep
+    serving.
     """
     if not hosts:
         raise FleetError("no hosts to roll out to", fix="check --limit and the inventory")
@@ -348,5 +379,16 @@ def build(
             plans.append(HostPlan(h, -1, -1, tag_now, dig_now, "skip", "already there"))
     order = list(hosts)
     plans.sort(key=lambda p: order.index(p.host))
-    return Plan(recipe, image, requested, tag, digest, pull_ref, tuple(tuple(w) for w in wave_lists), mu,
-                budget_n, tuple(plans), capacity=cap)
+    return Plan(
+        recipe,
+        image,
+        requested,
+        tag,
+        digest,
+        pull_ref,
+        tuple(tuple(w) for w in wave_lists),
+        mu,
+        budget_n,
+        tuple(plans),
+        capacity=cap,
+    )

@@ -60,8 +60,10 @@ class Preflight:
             out[h.name] = f
             need = float(h.vars.get("fleetctl_image_free_gb", DEFAULT_IMAGE_FREE_GB))
             if f.gpu != GB10:
-                problems.append(f"{h.name}: GPU is {f.gpu_or_why!r}, not {GB10}: the images are built for "
-                                f"sm_121a only")
+                problems.append(
+                    f"{h.name}: GPU is {f.gpu_or_why!r}, not {GB10}: the images are built for "
+                    f"sm_121a only"
+                )
             if not f.nvidia_runtime:
                 problems.append(f"{h.name}: Docker has no nvidia runtime "
                                 "(nvidia-container-toolkit missing) - run `fleetctl provision`")

@@ -1,11 +1,14 @@
-"""A pull's progress in bytes: the registry's layer sizes, and the layers ``docker pull`` reports done.
+"""A pull's progress in bytes: the registry's layer sizes, and the layers ``docker pull`` reports
+done.
 
 ``docker pull`` without a terminal prints no byte counts, only one line per layer and state
 (``64641e29547f: Pulling fs layer``, ``...: Download complete``, ``...: Already exists``,
 ``...: Pull complete``). The image's manifest (:func:`fleetctl.registry.layer_sizes`) gives each
 layer's size; :class:`PullMeter` adds the sizes of the layers downloaded (or already there), so the
-bytes grow a layer at a time: on a real image of tens of layers that is a fair bar, and it needs nothing
-on the host but the docker CLI it already runs. Extracting follows downloading (``Pull complete``): the
+bytes grow a layer at a time: on a real image of tens of layers that is a fair bar, and it needs
+nothing
+on the host but the docker CLI it already runs. Extracting follows downloading (``Pull complete``):
+the
 layers count the extracted ones, so that a pull whose bytes are all in but still unpacks says so.
 """
 
@@ -30,13 +33,16 @@ _UP_TO_DATE = "Status: Image is up to date"
 class PullMeter:
     """Folds ``docker pull``'s lines into bytes done of the total; thread-safe.
 
-    ``platforms``: layer digest -> size for each platform of the image (an index has several; the one
+    ``platforms``: layer digest -> size for each platform of the image (an index has several; the
+    one
     this host pulls is the one whose layers its lines name). Empty when the registry could not say:
     then only layers are counted.
     """
 
     def __init__(self, platforms: Sequence[dict[str, int]] = ()) -> None:
-        self.platforms = [{d.split(":", 1)[-1][:12]: size for d, size in p.items()} for p in platforms if p]
+        self.platforms = [
+            {d.split(":", 1)[-1][:12]: size for d, size in p.items()} for p in platforms if p
+        ]
         self.seen: set[str] = set()
         self.downloaded: set[str] = set()
         self.extracted: set[str] = set()
@@ -70,17 +76,29 @@ class PullMeter:
         return best if self.seen & best.keys() or len(self.platforms) == 1 else None
 
     def figures(self) -> dict[str, Any]:
-        """``bytes`` downloaded of ``bytes_total`` (None when unknown), ``layers`` extracted of ``layers_total``."""
+        """``bytes`` downloaded of ``bytes_total`` (None when unknown), ``layers`` extracted of
+        ``layers_total``."""
         with self._lock:
             sizes = self._sizes()
             if sizes is None:
                 n = len(self.seen)
-                return {"bytes": None, "bytes_total": None, "layers": n if self.up_to_date else len(self.extracted),
-                        "layers_total": n}
+                return {
+                    "bytes": None,
+                    "bytes_total": None,
+                    "layers": n if self.up_to_date else len(self.extracted),
+                    "layers_total": n,
+                }
             total = sum(sizes.values())
-            done = total if self.up_to_date else sum(sizes.get(layer, 0) for layer in self.downloaded)
+            done = (
+                total if self.up_to_date else sum(sizes.get(layer, 0) for layer in self.downloaded)
+            )
             layers = len(sizes) if self.up_to_date else len(self.extracted & sizes.keys())
-            return {"bytes": done, "bytes_total": total, "layers": layers, "layers_total": len(sizes)}
+            return {
+                "bytes": done,
+                "bytes_total": total,
+                "layers": layers,
+                "layers_total": len(sizes),
+            }
 
     def message(self) -> str:
         """The pull's own words for the host's row: ``8.1 GB of 18.4 GB, 3/7 layers extracted``."""

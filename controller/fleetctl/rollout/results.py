@@ -75,14 +75,15 @@ class RolloutResult:
     prefetch_seconds: float = 0.0
     #: Seconds each host's prefetch pull took (they run in parallel).
     pull_seconds: Mapping[str, float] = field(default_factory=dict)
-    #: Where each host's prefetch got the image: ``registry``, ``relay:<host>`` (the image tree, through
-    #: that host's relay), or ``present`` (it had it already).
+    #: Where each host's prefetch got the image: ``registry``, ``relay:<host>`` (the image tree,
+    #: through that host's relay), or ``present`` (it had it already).
     pull_via: Mapping[str, str] = field(default_factory=dict)
     wave_seconds: tuple[float, ...] = ()
 
     @property
     def exit_code(self) -> ExitCode:
-        """OK when completed (or a dry run); COMPLETED_WITH_FAILURES when failures within the budget;
+        """OK when completed (or a dry run); COMPLETED_WITH_FAILURES when failures within the
+        budget;
         FAILED when a gate stopped it; INCONCLUSIVE when paused."""
         if self.status in (fleet_ledger.COMPLETED, "planned"):
             return ExitCode.OK
@@ -98,7 +99,17 @@ def host_outcome(h: fleet_ledger.HostRecord) -> HostOutcome:
     """A ledger host record as a result row."""
     v = h.verdict or {}
     return HostOutcome(
-        host=h.host, wave=h.wave, status=h.status, phase=h.phase, before_tag=h.before_tag,
-        before_digest=h.before_digest, after_tag=h.after_tag, after_digest=h.after_digest,
-        verdict=v.get("summary"), failed_checks=tuple(v.get("failed_checks") or ()), artifacts=h.artifacts,
-        error=h.error, timings=dict(v.get("timings") or {}))
+        host=h.host,
+        wave=h.wave,
+        status=h.status,
+        phase=h.phase,
+        before_tag=h.before_tag,
+        before_digest=h.before_digest,
+        after_tag=h.after_tag,
+        after_digest=h.after_digest,
+        verdict=v.get("summary"),
+        failed_checks=tuple(v.get("failed_checks") or ()),
+        artifacts=h.artifacts,
+        error=h.error,
+        timings=dict(v.get("timings") or {}),
+    )

@@ -1,4 +1,5 @@
-"""Webhook events: a JSON POST to a configured URL on start, each wave, pause, failure, rollback, completion.
+"""Webhook events: a JSON POST to a configured URL on start, each wave, pause, failure, rollback,
+completion.
 
 The URL comes from ``--webhook``, ``$FLEETCTL_WEBHOOK_URL`` or the inventory's
 ``fleetctl_webhook_url``. It is checked when the command starts (before any
@@ -41,15 +42,48 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 
 #: Event names a receiver can rely on.
-EVENTS = ("start", "wave", "pause", "failure", "rollback", "completion", "progress", "bake", "breach")
+EVENTS = (
+    "start",
+    "wave",
+    "pause",
+    "failure",
+    "rollback",
+    "completion",
+    "progress",
+    "bake",
+    "breach",
+)
 #: Seconds between two ``progress`` posts at least.
 PROGRESS_INTERVAL = 10.0
 #: Hosts in one ``progress`` post at most (the others wait for the next).
 PROGRESS_HOSTS = 100
 #: The figures of a host's progress a receiver gets (the live view's, without the internals).
-PROGRESS_FIGURES = ("wave", "tag", "digest", "health", "task", "step", "steps", "level", "concurrency", "requests",
-                    "planned_requests", "errors", "tok_s", "baseline", "acceptance_rate", "elapsed", "level_elapsed",
-                    "level_seconds", "waited", "timeout", "bytes", "bytes_total", "layers", "layers_total")
+PROGRESS_FIGURES = (
+    "wave",
+    "tag",
+    "digest",
+    "health",
+    "task",
+    "step",
+    "steps",
+    "level",
+    "concurrency",
+    "requests",
+    "planned_requests",
+    "errors",
+    "tok_s",
+    "baseline",
+    "acceptance_rate",
+    "elapsed",
+    "level_elapsed",
+    "level_seconds",
+    "waited",
+    "timeout",
+    "bytes",
+    "bytes_total",
+    "layers",
+    "layers_total",
+)
 #: A part of the URL's path or query this long is taken for a token, kept out of bodies.
 TOKEN_PART = 12
 #: A host's message is cut to this many characters in a ``progress`` post.
@@ -58,7 +92,8 @@ PROGRESS_MESSAGE = 300
 POST_TIMEOUT = 5.0
 #: Seconds :meth:`Webhook.close` waits for undelivered events at the end of a command, in all.
 CLOSE_DEADLINE = 10.0
-#: Events kept waiting at most; beyond, the oldest is dropped (a dead receiver must not grow memory).
+#: Events kept waiting at most; beyond, the oldest is dropped (a dead receiver must not grow
+#: memory).
 MAX_QUEUED = 100
 _REDACTED_PATH = "/<redacted>"
 
@@ -73,7 +108,8 @@ class Delivery:
 
 
 def redact(url: str) -> str:
-    """``scheme://host[:port]/<redacted>``: where events go, without the path or query holding a token."""
+    """``scheme://host[:port]/<redacted>``: where events go, without the path or query holding a
+    token."""
     try:
         u = urllib.parse.urlsplit(url)
         host = u.hostname or "?"
@@ -100,17 +136,22 @@ def validate(url: str, allow_http: bool = False) -> str:
         raise FleetError(f"the webhook URL {shown} has no valid host or port",
                          fix="give a full URL, e.g. https://hooks.example.com/T0/B0/XXXX")
     if u.username is not None or u.password is not None:
-        raise FleetError(f"the webhook URL {shown} carries a user name or password",
-                         fix="put the receiver's token where it expects it (path or query), not in user:pass@")
+        raise FleetError(
+            f"the webhook URL {shown} carries a user name or password",
+            fix="put the receiver's token where it expects it (path or query), not in user:pass@",
+        )
     if u.scheme == "https":
         return url
     if u.scheme == "http" and allow_http:
         return url
     if u.scheme == "http":
-        raise FleetError(f"the webhook URL {shown} is plain http: its token and the events would cross the network "
-                         "unencrypted",
-                         fix="use the receiver's https URL (for a lab receiver only: set "
-                             "fleetctl_webhook_allow_http: true in the inventory)")
+        raise FleetError(
+            f"the webhook URL {shown} is plain http: its token and the events would cross the "
+            "network "
+            "unencrypted",
+            fix="use the receiver's https URL (for a lab receiver only: set "
+            "fleetctl_webhook_allow_http: true in the inventory)",
+        )
     raise FleetError(f"the webhook URL {shown} is not an https URL",
                      fix="give the receiver's https:// URL")
 
@@ -131,10 +172,19 @@ class Webhook:
     ``url`` is validated here (see :func:`validate`); call :meth:`close` at the end.
     """
 
-    def __init__(self, url: str | None, rollout_id: str, fleet: str, progress: Progress = NULL,
-                 timeout: float = POST_TIMEOUT, *, allow_http: bool = False, secrets: Collection[str] = (),
-                 on_close: Callable[[Webhook], None] | None = None,
-                 interval: float = PROGRESS_INTERVAL) -> None:
+    def __init__(
+        self,
+        url: str | None,
+        rollout_id: str,
+        fleet: str,
+        progress: Progress = NULL,
+        timeout: float = POST_TIMEOUT,
+        *,
+        allow_http: bool = False,
+        secrets: Collection[str] = (),
+        on_close: Callable[[Webhook], None] | None = None,
+        interval: float = PROGRESS_INTERVAL,
+    ) -> None:
         self.url = validate(url, allow_http) if url else None
         parts: list[str] = []
         if self.url:
@@ -158,7 +208,8 @@ class Webhook:
         self._lock = threading.Lock()
 
     def send(self, event: str, **data: Any) -> None:
-        """Queue ``{"event", "rollout", "fleet", "at", **data}`` for posting; never blocks, never raises
+        """Queue ``{"event", "rollout", "fleet", "at", **data}`` for posting; never blocks, never
+        raises
         (an unknown event name is a bug in fleetctl: ValueError)."""
         if not self.url:
             return
@@ -176,25 +227,31 @@ class Webhook:
                     self._record(Delivery(dropped[0], None, "dropped: too many events waiting"))
             self._queue.put((event, json.dumps(body).encode()))
             if self._thread is None:
-                self._thread = threading.Thread(target=self._worker, name="fleetctl-webhook", daemon=True)
+                self._thread = threading.Thread(
+                    target=self._worker, name="fleetctl-webhook", daemon=True
+                )
                 self._thread.start()
 
     def watch(self, event: Event) -> None:
-        """A progress sink: a host's event becomes its pending progress, posted in the next ``progress``
-        event (at most one per :attr:`interval`); fleet-wide events are the coarse events' business."""
+        """A progress sink: a host's event becomes its pending progress, posted in the next
+        ``progress``
+        event (at most one per :attr:`interval`); fleet-wide events are the coarse events'
+        business."""
         if not self.url or event.host is None or self._closed:
             return
         now = time.monotonic()
         with self._lock:
             since = self._pending[event.host][0] if event.host in self._pending else now
-            # The event itself is kept; its entry is made when it is posted (most are replaced before).
+            # The event itself is kept; its entry is made when it is posted (most are replaced
+            # before).
             self._pending[event.host] = (since, (event, time.time()))
             due = now - self._last_progress >= self.interval
         if due:
             self._flush_progress(now)
 
     def _flush_progress(self, now: float) -> None:
-        """Post the hosts waiting longest (at most :data:`PROGRESS_HOSTS`) as one ``progress`` event."""
+        """Post the hosts waiting longest (at most :data:`PROGRESS_HOSTS`) as one ``progress``
+        event."""
         with self._lock:
             if not self._pending:
                 return
@@ -205,7 +262,8 @@ class Webhook:
         self.send("progress", hosts=hosts, waiting=waiting)
 
     def close(self, deadline: float = CLOSE_DEADLINE) -> list[Delivery]:
-        """Post the hosts' last progress, then wait up to ``deadline`` seconds in all for queued events;
+        """Post the hosts' last progress, then wait up to ``deadline`` seconds in all for queued
+        events;
         what was not sent is reported."""
         if self.url and not self._closed:
             while self._pending:
@@ -220,7 +278,8 @@ class Webhook:
             self._queue.put(None)
         thread.join(max(0.0, deadline))
         if thread.is_alive():
-            # The thread is a daemon: it dies with the process; the events still queued are reported.
+            # The thread is a daemon: it dies with the process; the events still queued are
+            # reported.
             left = []
             while True:
                 try:
@@ -242,8 +301,12 @@ class Webhook:
 
     def _post(self, event: str, body: bytes) -> Delivery:
         assert self.url is not None
-        req = urllib.request.Request(self.url, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "fleetctl"})
+        req = urllib.request.Request(
+            self.url,
+            data=body,
+            method="POST",
+            headers={"Content-Type": "application/json", "User-Agent": "fleetctl"},
+        )
         try:
             with _OPENER.open(req, timeout=self.timeout) as resp:
                 return Delivery(event, int(resp.status), None)
@@ -259,8 +322,11 @@ class Webhook:
         if not self.url:
             return text
         u = urllib.parse.urlsplit(self.url)
-        for part in sorted({self.url, u.path, u.query, *u.path.split("/"), *u.query.split("&")}, key=len,
-                           reverse=True):
+        for part in sorted(
+            {self.url, u.path, u.query, *u.path.split("/"), *u.query.split("&")},
+            key=len,
+            reverse=True,
+        ):
             if len(part) >= 4:
                 text = text.replace(part, "<redacted>")
         return self.redactor.text(text)
@@ -268,7 +334,12 @@ class Webhook:
     def _record(self, d: Delivery) -> None:
         self.deliveries.append(d)
         if d.error:
-            self.progress(Event("webhook", f"{d.event} event to {redact(self.url or '')} not delivered: {d.error}"))
+            self.progress(
+                Event(
+                    "webhook",
+                    f"{d.event} event to {redact(self.url or '')} not delivered: {d.error}",
+                )
+            )
 
 
 def _now(at: float | None = None) -> str:
@@ -276,10 +347,16 @@ def _now(at: float | None = None) -> str:
 
 
 def _entry(event: Event, at: float) -> dict[str, Any]:
-    """One host's part of a ``progress`` body: its latest event's phase, message (cut) and figures."""
+    """One host's part of a ``progress`` body: its latest event's phase, message (cut) and
+    figures."""
     figures = {k: event.data[k] for k in PROGRESS_FIGURES if event.data.get(k) is not None}
-    return {"host": event.host, "phase": event.phase, "message": event.message[:PROGRESS_MESSAGE], "at": _now(at),
-            **figures}
+    return {
+        "host": event.host,
+        "phase": event.phase,
+        "message": event.message[:PROGRESS_MESSAGE],
+        "at": _now(at),
+        **figures,
+    }
 
 
 def _plain(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""A soak's artifacts: samples, /metrics scrapes and the verdict, written under one private directory
+"""A soak's artifacts: samples, /metrics scrapes and the verdict, written under one private
+directory
 as the soak goes."""
 
 from __future__ import annotations
@@ -27,7 +28,11 @@ class Artifacts:
             paths.private_dir(root / "scrapes")
             # A resumed rollout gates a host again into the same directory: its scrapes number on.
             self.n = len(os.listdir(root / "scrapes"))
-            fd = os.open(root / "samples.jsonl", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            fd = os.open(
+                root / "samples.jsonl",
+                os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
+                0o600,
+            )
             self._samples = os.fdopen(fd, "a")
 
     def sample(self, s: Sample) -> None:
@@ -39,8 +44,8 @@ class Artifacts:
             return
         self.n += 1
         safe = "".join(c if c.isalnum() or c in "-_=" else "_" for c in label)
-        # A new name each time, in a directory of its own: created exclusively (never through a planted
-        # symlink), no temp file and rename needed.
+        # A new name each time, in a directory of its own: created exclusively (never through a
+        # planted symlink), no temp file and rename needed.
         fd = os.open(self.root / "scrapes" / f"{self.n:04d}-{safe}-t{t:.1f}.prom",
                      os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w") as f:
@@ -49,8 +54,8 @@ class Artifacts:
     def write_json(self, name: str, data: Any) -> None:
         if self.root is None:
             return
-        # One line (``jq .`` indents it): json's C encoder does not indent, and the Python one it falls
-        # back on cost a gate ~10 ms on a verdict with its latency samples.
+        # One line (``jq .`` indents it): json's C encoder does not indent, and the Python one it
+        # falls back on cost a gate ~10 ms on a verdict with its latency samples.
         paths.write_private(self.root / name, json.dumps(data) + "\n")
 
     def close(self) -> None:

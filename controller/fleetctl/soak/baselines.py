@@ -41,7 +41,8 @@ from fleetctl.state.records import BaselineRow
 
 #: Passing runs a window keeps.
 WINDOW = 5
-#: The old files' format: {"format", "pinned", "runs": [verdict, ...]} (a bare verdict is older still).
+#: The old files' format: {"format", "pinned", "runs": [verdict, ...]} (a bare verdict is older
+#: still).
 FORMAT = "baseline-window-1"
 #: Where the old files were, and where they go once imported.
 LEGACY_DIR, IMPORTED_DIR = "baselines", "baselines.imported"
@@ -58,8 +59,9 @@ class Store(Protocol):
 
     def baselines(self, host: str | None = None) -> list[BaselineRow]: ...
 
-    def update_baseline(self, host: str, tag: str,
-                        change: Callable[[BaselineRow | None], BaselineRow | None]) -> BaselineRow | None: ...
+    def update_baseline(
+        self, host: str, tag: str, change: Callable[[BaselineRow | None], BaselineRow | None]
+    ) -> BaselineRow | None: ...
 
     def delete_baseline(self, host: str, tag: str) -> bool: ...
 
@@ -80,8 +82,10 @@ class Window:
 
 
 def unit_key(unit: str) -> str:
-    """The baselines' key of a serving unit (``unit:pair-a``): its throughput is the unit's, not its head's
-    alone, and stays the unit's when its head changes; it never mixes with a member's single-host window."""
+    """The baselines' key of a serving unit (``unit:pair-a``): its throughput is the unit's, not
+    its head's
+    alone, and stays the unit's when its head changes; it never mixes with a member's single-host
+    window."""
     return f"unit:{unit}"
 
 
@@ -98,9 +102,12 @@ def _verdict(data: Any, where: str, host: str) -> Verdict | None:
     if not isinstance(data, dict):
         return None
     if int(data.get("schema", 0)) > SCHEMA_VERSION:
-        raise FleetError(f"baseline in {where} has schema {data.get('schema')}, newer than this fleetctl "
-                         f"understands ({SCHEMA_VERSION})", host=host,
-                         fix="upgrade fleetctl, or `fleetctl soak baseline reset` to start a new baseline")
+        raise FleetError(
+            f"baseline in {where} has schema {data.get('schema')}, newer than this fleetctl "
+            f"understands ({SCHEMA_VERSION})",
+            host=host,
+            fix="upgrade fleetctl, or `fleetctl soak baseline reset` to start a new baseline",
+        )
     try:
         return from_dict(Verdict, data)
     except (TypeError, ValueError, KeyError):
@@ -119,7 +126,8 @@ def read(store: Store, host: str, tag: str) -> Window:
 
 
 def combine(runs: tuple[Verdict, ...] | list[Verdict]) -> Verdict | None:
-    """The baseline of ``runs``: the newest run, with each sweep level's tok/s the median over the runs
+    """The baseline of ``runs``: the newest run, with each sweep level's tok/s the median over the
+    runs
     made by the newest one's config, and that median's spread in ``baseline_spread``."""
     if not runs:
         return None
@@ -137,19 +145,27 @@ def combine(runs: tuple[Verdict, ...] | list[Verdict]) -> Verdict | None:
             levels.append(dataclasses.replace(lv, tok_s=med))
         else:
             levels.append(lv)
-    return dataclasses.replace(newest, levels=tuple(levels), baseline_runs=len(same), baseline_spread=spread,
-                               run_id=f"median of {len(same)} runs up to {newest.run_id}")
+    return dataclasses.replace(
+        newest,
+        levels=tuple(levels),
+        baseline_runs=len(same),
+        baseline_spread=spread,
+        run_id=f"median of {len(same)} runs up to {newest.run_id}",
+    )
 
 
 def load(store: Store, host: str, tag: str) -> Verdict | None:
-    """The baseline of ``host`` on ``tag`` (combined from its window), or None when there is none."""
+    """The baseline of ``host`` on ``tag`` (combined from its window), or None when there is
+    none."""
     return read(store, host, tag).baseline
 
 
 def _added(runs: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]],
            by_time: bool = False) -> tuple[dict[str, Any], ...]:
-    """``runs`` with ``new`` added (a run id already there is not added twice; ``by_time``: merged in the
-    order the runs finished), only the newest one's config fingerprint kept, the last :data:`WINDOW`."""
+    """``runs`` with ``new`` added (a run id already there is not added twice; ``by_time``: merged
+    in the
+    order the runs finished), only the newest one's config fingerprint kept, the last
+    :data:`WINDOW`."""
     have = {r.get("run_id") for r in runs}
     out = list(runs) + [r for r in new if r.get("run_id") not in have]
     if by_time:
@@ -161,8 +177,10 @@ def _added(runs: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]],
 
 
 def save(store: Store, host: str, tag: str, verdict: Verdict) -> BaselineRow | None:
-    """Add a passing ``verdict`` to the window (the oldest beyond :data:`WINDOW` drops out); returns what was
-    stored (the runs as JSON documents: not read back into verdicts, which costs a gate more than the rest
+    """Add a passing ``verdict`` to the window (the oldest beyond :data:`WINDOW` drops out);
+    returns what was
+    stored (the runs as JSON documents: not read back into verdicts, which costs a gate more than
+    the rest
     of its bookkeeping), None when nothing was.
 
     A failed or inconclusive run is never kept; a pinned window is not moved; a run made by
@@ -184,8 +202,11 @@ def pin(store: Store, host: str, tag: str, pinned: bool = True) -> Window:
 
     def change(row: BaselineRow | None) -> BaselineRow | None:
         if row is None or not row.runs:
-            raise FleetError(f"no baseline recorded for tag {tag} in {store.where}", host=host,
-                             fix="run `fleetctl soak` on the host first; a passing soak becomes its baseline")
+            raise FleetError(
+                f"no baseline recorded for tag {tag} in {store.where}",
+                host=host,
+                fix="run `fleetctl soak` on the host first; a passing soak becomes its baseline",
+            )
         return dataclasses.replace(row, pinned=pinned)
 
     row = store.update_baseline(host, tag, change)
@@ -204,7 +225,8 @@ def windows(store: Store, host: str) -> list[Window]:
 
 
 def _legacy_file(p: Path, host: str) -> tuple[str, bool, list[dict[str, Any]]] | None:
-    """(tag, pinned, runs) of an old baseline file (a window, or a bare verdict), None when unreadable."""
+    """(tag, pinned, runs) of an old baseline file (a window, or a bare verdict), None when
+    unreadable."""
     try:
         data = json.loads(p.read_text())
     except (OSError, ValueError):
@@ -232,9 +254,12 @@ def open_for(inventory: Inventory, state_dir: Path) -> Ledger:
 
 
 def import_files(state_dir: Path, store: Store) -> int:
-    """Move the old per-controller baseline files (``state_dir/baselines/HOST/TAG.json``) into the ledger,
-    once: each window merged with the one the ledger has (its runs first, a run id never twice, pinned
-    if either was), then the directory renamed ``baselines.imported`` so that it is never read again.
+    """Move the old per-controller baseline files (``state_dir/baselines/HOST/TAG.json``) into the
+    ledger,
+    once: each window merged with the one the ledger has (its runs first, a run id never twice,
+    pinned
+    if either was), then the directory renamed ``baselines.imported`` so that it is never read
+    again.
     Returns how many windows were imported (0 when there was nothing to import)."""
     src = Path(state_dir) / LEGACY_DIR
     if not src.is_dir():
@@ -251,12 +276,16 @@ def import_files(state_dir: Path, store: Store) -> int:
                    runs: list[dict[str, Any]] = runs, host: str = host) -> BaselineRow:
             if row is None:
                 return BaselineRow(host, tag, pinned, _added((), runs, by_time=True))
-            return BaselineRow(host, tag, row.pinned or pinned, _added(row.runs, runs, by_time=True))
+            return BaselineRow(
+                host, tag, row.pinned or pinned, _added(row.runs, runs, by_time=True)
+            )
 
         store.update_baseline(host, tag, change)
         n += 1
     dst = Path(state_dir) / IMPORTED_DIR
-    with contextlib.suppress(FileNotFoundError):  # another controller on this state dir moved it first
+    with contextlib.suppress(
+        FileNotFoundError
+    ):  # another controller on this state dir moved it first
         if dst.exists():
             dst = Path(state_dir) / f"{IMPORTED_DIR}.{int(time.time())}"
         src.rename(dst)

@@ -1,6 +1,8 @@
-"""The soak gate's configuration: read from a recipe's ``soak:`` mapping, defaults from the published figures.
+"""The soak gate's configuration: read from a recipe's ``soak:`` mapping, defaults from the
+published figures.
 
-Defaults come from the published DGX Spark figures (docs/domain.md#health); the ``lab`` profile scales them for the simulated fleet (an emulator
+Defaults come from the published DGX Spark figures (docs/domain.md#health); the ``lab`` profile
+scales them for the simulated fleet (an emulator
 on two shared cores, soaks of seconds). A recipe overrides any key::
 
     soak:
@@ -58,13 +60,40 @@ __all__ = [
 
 
 _TOP_KEYS = (
-    "profile", "model", "speculative", "load_time", "readiness_timeout", "readiness_poll", "request_timeout",
-    "max_tokens", "temperature", "thinking", "concurrency", "requests_per_level", "min_requests_per_level",
-    "trials", "stagger", "request_rates",
-    "level_timeout", "classes", "class_requests", "long_context_tokens", "smoke_max_tokens",
-    "sustained", "checks", "slo", "deadline",
+    "profile",
+    "model",
+    "speculative",
+    "load_time",
+    "readiness_timeout",
+    "readiness_poll",
+    "request_timeout",
+    "max_tokens",
+    "temperature",
+    "thinking",
+    "concurrency",
+    "requests_per_level",
+    "min_requests_per_level",
+    "trials",
+    "stagger",
+    "request_rates",
+    "level_timeout",
+    "classes",
+    "class_requests",
+    "long_context_tokens",
+    "smoke_max_tokens",
+    "sustained",
+    "checks",
+    "slo",
+    "deadline",
 )
-_SUSTAINED_KEYS = ("duration", "concurrency", "window", "max_requests", "shared_prefix_tokens", "turns")
+_SUSTAINED_KEYS = (
+    "duration",
+    "concurrency",
+    "window",
+    "max_requests",
+    "shared_prefix_tokens",
+    "turns",
+)
 
 
 class SoakConfigError(FleetError):
@@ -143,8 +172,9 @@ class SoakConfig:
     recipe: str = ""
     #: Seconds a server is expected to take from start to ready (a plan's estimate, not a bound).
     load_time: float = 240.0
-    #: Service-level objectives (``ttft_ms``, ``tpot_ms``, ``e2el_ms``): each level reports the share
-    #: of its requests meeting all of them, and that goodput in requests/s (reported, not gated).
+    #: Service-level objectives (``ttft_ms``, ``tpot_ms``, ``e2el_ms``): each level reports the
+    #: share of its requests meeting all of them, and that goodput in requests/s (reported, not
+    #: gated).
     slo: Mapping[str, float] = field(default_factory=dict)
     #: Trials per sweep level (their median tok/s is the level's).
     trials: int = 1
@@ -152,7 +182,8 @@ class SoakConfig:
     stagger: float = 0.0
     #: Open-loop levels: requests per second with Poisson arrivals.
     request_rates: tuple[float, ...] = ()
-    #: The soak's hard overall deadline in seconds (0: derived from the phases, :meth:`hard_deadline`).
+    #: The soak's hard overall deadline in seconds (0: derived from the phases,
+    #: :meth:`hard_deadline`).
     deadline: float = 0.0
 
     def fingerprint(self) -> str:
@@ -161,12 +192,18 @@ class SoakConfig:
         A baseline made with another fingerprint is not compared (a lab-profile soak
         or one at other levels says nothing about this one's tok/s).
         """
-        key = {"profile": self.profile, "max_tokens": self.max_tokens, "levels": list(self.concurrency),
-               "thinking": self.thinking,
-               "requests": [self.requests_per_level, self.min_requests_per_level],
-               "classes": list(self.classes), "workload": WORKLOAD_VERSION,
-               "conversation": [self.shared_prefix_tokens, self.turns], "trials": self.trials,
-               "rates": list(self.request_rates)}
+        key = {
+            "profile": self.profile,
+            "max_tokens": self.max_tokens,
+            "levels": list(self.concurrency),
+            "thinking": self.thinking,
+            "requests": [self.requests_per_level, self.min_requests_per_level],
+            "classes": list(self.classes),
+            "workload": WORKLOAD_VERSION,
+            "conversation": [self.shared_prefix_tokens, self.turns],
+            "trials": self.trials,
+            "rates": list(self.request_rates),
+        }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
     def check(self, name: str) -> CheckSpec:
@@ -174,12 +211,17 @@ class SoakConfig:
         return self.checks[name]
 
     def long_decode_tokens(self) -> int:
-        """Tokens of the soak's one long decode: the long_decode probe's, else correctness' (0: none)."""
+        """Tokens of the soak's one long decode: the long_decode probe's, else correctness' (0:
+        none)."""
         probe = self.checks.get("long_decode")
         if probe is not None and probe.enabled and int(probe.params.get("tokens", 0) or 0) > 0:
             return int(probe.params["tokens"])
         spec = self.checks.get("correctness")
-        return int(spec.params.get("long_decode_tokens", 0) or 0) if spec is not None and spec.enabled else 0
+        return (
+            int(spec.params.get("long_decode_tokens", 0) or 0)
+            if spec is not None and spec.enabled
+            else 0
+        )
 
     def long_prompt_tokens(self) -> tuple[int, ...]:
         """The long-prompt probes' sizes in tokens (empty: none)."""
@@ -187,14 +229,16 @@ class SoakConfig:
         return tuple(spec.params.get("tokens", ())) if spec is not None and spec.enabled else ()
 
     def long_prompt_timeout(self, tokens: int) -> float:
-        """One long-prompt probe's deadline: the request's own plus its prefill at >= 500 tokens/s."""
+        """One long-prompt probe's deadline: the request's own plus its prefill at >= 500
+        tokens/s."""
         return self.request_timeout + tokens / 500
 
     def long_prompt_seconds(self) -> float:
         return sum(self.long_prompt_timeout(t) for t in self.long_prompt_tokens())
 
     def token_timeout(self) -> float | None:
-        """Seconds without a token before a request is a stall (None: the liveness check is disabled)."""
+        """Seconds without a token before a request is a stall (None: the liveness check is
+        disabled)."""
         spec = self.checks.get("liveness")
         if spec is None or not spec.enabled:
             return None
@@ -202,7 +246,8 @@ class SoakConfig:
         return t if t > 0 else None
 
     def hard_deadline(self) -> tuple[float, str]:
-        """The most one soak may last, and how it was derived (``deadline`` when the recipe sets it).
+        """The most one soak may last, and how it was derived (``deadline`` when the recipe sets
+        it).
 
         Every phase's own bound added up (readiness, smoke, canaries, each class and sweep trial
         bounded by ``level_timeout`` plus the request that may still be running, the long decode,
@@ -217,18 +262,25 @@ class SoakConfig:
             "readiness": self.readiness_timeout,
             "smoke and canaries": 4 * self.request_timeout,
             "classes": len(self.classes) * per_level,
-            "sweep": len(self.concurrency) * self.trials * per_level + len(self.request_rates) * per_level,
+            "sweep": len(self.concurrency) * self.trials * per_level
+            + len(self.request_rates) * per_level,
             "long decode": max(self.request_timeout, long_decode / 10) if long_decode else 0.0,
             "long prompts": self.long_prompt_seconds(),
             # Up to 3 looping prompts re-run as references (MAX_LOOP_REFERENCES in
             # soak/phases/soak_state.py): two load prompts and the long decode at most.
-            "loop references": 2 * self.request_timeout + (max(self.request_timeout, long_decode / 10)
-                                                            if long_decode else 0.0),
-            "sustained": self.sustained_duration + self.request_timeout if self.sustained_duration else 0.0,
+            "loop references": 2 * self.request_timeout
+            + (max(self.request_timeout, long_decode / 10) if long_decode else 0.0),
+            "sustained": self.sustained_duration + self.request_timeout
+            if self.sustained_duration
+            else 0.0,
             "scrapes and slack": 60.0,
         }
         if self.smoke_only:
-            parts = {k: v for k, v in parts.items() if k in ("readiness", "smoke and canaries", "scrapes and slack")}
+            parts = {
+                k: v
+                for k, v in parts.items()
+                if k in ("readiness", "smoke and canaries", "scrapes and slack")
+            }
         total = sum(parts.values())
         return total, " + ".join(f"{k} {v:.0f}s" for k, v in parts.items() if v)
 
@@ -239,7 +291,9 @@ class SoakConfig:
     def with_duration(self, seconds: float) -> SoakConfig:
         """This config with the sustained phase lasting ``seconds`` (windows shrink to fit >= 3)."""
         if seconds < 0:
-            raise SoakConfigError(f"soak duration {seconds}s is negative", fix="give a duration like 90s or 10m")
+            raise SoakConfigError(
+                f"soak duration {seconds}s is negative", fix="give a duration like 90s or 10m"
+            )
         window = min(self.window, max(seconds / 3.0, 1.0)) if seconds > 0 else self.window
         return dataclasses.replace(self, sustained_duration=float(seconds), window=window)
 
@@ -309,14 +363,23 @@ def load_config(
         class_requests=num("class_requests", "count"),
         long_context_tokens=num("long_context_tokens", "count"),
         smoke_max_tokens=num("smoke_max_tokens", "count"),
-        sustained_duration=num("duration", "duration", sustained_raw, sd["duration"], "sustained.duration"),
-        sustained_concurrency=num("concurrency", "count", sustained_raw, sd["concurrency"],
-                                  "sustained.concurrency"),
+        sustained_duration=num(
+            "duration", "duration", sustained_raw, sd["duration"], "sustained.duration"
+        ),
+        sustained_concurrency=num(
+            "concurrency", "count", sustained_raw, sd["concurrency"], "sustained.concurrency"
+        ),
         window=num("window", "duration", sustained_raw, sd["window"], "sustained.window"),
-        sustained_max_requests=num("max_requests", "count", sustained_raw, sd["max_requests"],
-                                   "sustained.max_requests"),
-        shared_prefix_tokens=num("shared_prefix_tokens", "count", sustained_raw, sd["shared_prefix_tokens"],
-                                 "sustained.shared_prefix_tokens"),
+        sustained_max_requests=num(
+            "max_requests", "count", sustained_raw, sd["max_requests"], "sustained.max_requests"
+        ),
+        shared_prefix_tokens=num(
+            "shared_prefix_tokens",
+            "count",
+            sustained_raw,
+            sd["shared_prefix_tokens"],
+            "sustained.shared_prefix_tokens",
+        ),
         turns=max(1, num("turns", "count", sustained_raw, sd["turns"], "sustained.turns")),
         checks=_load_checks(raw.get("checks", {}), d["checks"], f"{where}.checks"),
         recipe=recipe,
@@ -434,7 +497,9 @@ def _number(value: Any, kind: str, where: str) -> Any:
     return float(value)
 
 
-def _load_checks(raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str) -> dict[str, CheckSpec]:
+def _load_checks(
+    raw: Any, defaults: Mapping[str, Mapping[str, Any]], where: str
+) -> dict[str, CheckSpec]:
     if not isinstance(raw, Mapping):
         raise SoakConfigError(f"{where} must be a mapping of check name -> settings",
                               fix="e.g. checks: {latency: {observe_only: true}}")
@@ -512,7 +577,9 @@ def _level_bounds(value: Any, where: str) -> dict[int, float]:
 def _class_floors(value: Any, where: str) -> dict[str, float]:
     """A floor per prompt class (``{coding: 0.15}``)."""
     if not isinstance(value, Mapping):
-        raise SoakConfigError(f"{where} must map prompt classes to floors", fix="e.g. {coding: 0.15}")
+        raise SoakConfigError(
+            f"{where} must map prompt classes to floors", fix="e.g. {coding: 0.15}"
+        )
     floors: dict[str, float] = {}
     for k, v in value.items():
         if k not in CLASSES:

@@ -27,6 +27,7 @@ def host_config(recipe: Recipe, host: Host, profile: str | None = None) -> SoakC
 
 def host_target(host: Host, recipe: Recipe, tag: str, api_key: str | None = None) -> SoakTarget:
     """The soak target of ``host``'s serving container: its API at the recipe's port, its logs and
-    state read over SSH. ``api_key`` is sent as ``Authorization: Bearer`` when the recipe requires one."""
+    state read over SSH. ``api_key`` is sent as ``Authorization: Bearer`` when the recipe requires
+    one."""
     return SoakTarget(host.name, f"http://{host.address}:{recipe.port}",
                       DockerOverSSH(host, container_name(host)), tag, api_key=api_key)

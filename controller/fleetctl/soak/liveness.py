@@ -4,7 +4,8 @@ A serving unit whose worker died, or whose collectives hang (vLLM #41725: every 
 load until NCCL is swapped), keeps answering ``/health`` 200 on its head: readiness alone passes it.
 What tells is a token. :func:`check_liveness` sends one short streamed request and reports, as the
 unit gate must (docs/units.md), the fact: "/health 200 but no token in 30 s", never a bare timeout.
-The cause is read from the members' logs when the caller gives them (``fleetctl.fabric.collective_errors``).
+The cause is read from the members' logs when the caller gives them
+(``fleetctl.fabric.collective_errors``).
 """
 
 from __future__ import annotations
@@ -48,18 +49,39 @@ async def token_liveness(target: SoakTarget, model: str, window: float = DEFAULT
         health = await client.get("/health")
         status = health.status if health.state in ("ok", "http") else None
         if status != 200:
-            return Liveness("error", status, None,
-                            f"/health answered {status}" if status else f"/health: {health.detail or health.state}")
-        sample = await client.chat(ChatRequest(model, PROMPT, max_tokens=16, thinking=False),
-                                   phase="liveness", cls="liveness", concurrency=1, t0=0.0, timeout=window)
+            return Liveness(
+                "error",
+                status,
+                None,
+                f"/health answered {status}"
+                if status
+                else f"/health: {health.detail or health.state}",
+            )
+        sample = await client.chat(
+            ChatRequest(model, PROMPT, max_tokens=16, thinking=False),
+            phase="liveness",
+            cls="liveness",
+            concurrency=1,
+            t0=0.0,
+            timeout=window,
+        )
     if sample.ttft is not None:
-        return Liveness("pass", 200, round(sample.ttft, 3), f"first token after {sample.ttft:.1f} s")
+        return Liveness(
+            "pass", 200, round(sample.ttft, 3), f"first token after {sample.ttft:.1f} s"
+        )
     logs = member_logs() if member_logs is not None else {}
-    cause = tuple(f"{member}: {line}" for member, log in logs.items() for line in fabric.collective_errors(log)[-2:])
+    cause = tuple(
+        f"{member}: {line}"
+        for member, log in logs.items()
+        for line in fabric.collective_errors(log)[-2:]
+    )
     if sample.error_kind == "timeout":
-        detail = f"/health answers 200 but no token came in {window:.0f} s (expected one within {window:.0f} s)"
+        detail = (f"/health answers 200 but no token came in {window:.0f} s (expected one within "
+                  f"{window:.0f} s)")
         return Liveness("fail", 200, None, detail, cause)
-    return Liveness("fail", 200, None, f"/health answers 200 but the request failed: {sample.error}", cause)
+    return Liveness(
+        "fail", 200, None, f"/health answers 200 but the request failed: {sample.error}", cause
+    )
 
 
 def check_liveness(target: SoakTarget, model: str, window: float = DEFAULT_WINDOW,

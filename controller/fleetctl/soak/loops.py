@@ -47,9 +47,13 @@ class Loop:
     def describe(self) -> str:
         """One line: what repeats, how often, from where."""
         phrase = self.phrase if len(self.phrase) <= 80 else self.phrase[:79] + "…"
-        return (f"the {self.period}-word phrase {phrase!r} repeated {self.repeats:.0f} times over the last "
-                f"{self.words} of {self.total_words} words (from character {self.start}; 4-gram repetition "
-                f"{self.ngram_repetition:.0%}, compresses to {self.compression:.0%})")
+        return (
+            f"the {self.period}-word phrase {phrase!r} repeated {self.repeats:.0f} times over the "
+            "last "
+            f"{self.words} of {self.total_words} words (from character {self.start}; 4-gram "
+            "repetition "
+            f"{self.ngram_repetition:.0%}, compresses to {self.compression:.0%})"
+        )
 
 
 def find_loop(text: str, *, max_period: int = MAX_PERIOD, min_words: int = MIN_WORDS,
@@ -83,7 +87,8 @@ _EDGE = ".,;:!?\"'()[]*`"
 
 
 def ngram_repetition(words: list[str], n: int = 4) -> float:
-    """Share of the word ``n``-grams that are repeats of an earlier one (0: none, ~1: one phrase)."""
+    """Share of the word ``n``-grams that are repeats of an earlier one (0: none, ~1: one
+    phrase)."""
     grams = [tuple(words[i:i + n]) for i in range(len(words) - n + 1)]
     return 1 - len(set(grams)) / len(grams) if grams else 0.0
 

@@ -95,7 +95,12 @@ class Scrape:
 CACHE_CONFIG = "vllm:cache_config_info"
 #: The cache_config_info labels that bound which prompt prefix can be reused: prefix caching keeps
 #: and hits whole blocks, and on hybrid models vLLM aligns them to the Mamba state's page (~2k).
-_BLOCK_LABELS = ("block_size", "effective_attention_block_size", "cache_hit_alignment_tokens", "mamba_block_size")
+_BLOCK_LABELS = (
+    "block_size",
+    "effective_attention_block_size",
+    "cache_hit_alignment_tokens",
+    "mamba_block_size",
+)
 
 
 def cache_block_tokens(s: Scrape) -> int | None:
@@ -119,14 +124,18 @@ _UNESCAPE = re.compile(r"\\(.)")
 
 
 def _unescape(value: str) -> str:
-    """A label value's ``\\\\``, ``\\"`` and ``\\n`` undone (any other backslash kept, as Prometheus does)."""
+    """A label value's ``\\\\``, ``\\"`` and ``\\n`` undone (any other backslash kept, as
+    Prometheus does)."""
     if "\\" not in value:
         return value
-    return _UNESCAPE.sub(lambda m: {"n": "\n", "\\": "\\", '"': '"'}.get(m.group(1), m.group(0)), value)
+    return _UNESCAPE.sub(
+        lambda m: {"n": "\n", "\\": "\\", '"': '"'}.get(m.group(1), m.group(0)), value
+    )
 
 
 def _sample(line: str) -> tuple[str, dict[str, str], float, bool]:
-    """``name{labels} value [timestamp]`` -> (name, labels, value, has a timestamp); ValueError when malformed."""
+    """``name{labels} value [timestamp]`` -> (name, labels, value, has a timestamp); ValueError
+    when malformed."""
     m = _NAME.match(line)
     if m is None:
         raise ValueError(f"no metric name in {line[:80]!r}")
@@ -156,14 +165,16 @@ def _sample(line: str) -> tuple[str, dict[str, str], float, bool]:
 
 
 #: A series' text (``name{labels}``, as it stands before its value) -> its name and summed-over key.
-#: Every scrape of every host repeats the same few hundred series (the labels name the model, not the
-#: host), so each is parsed once per process; bounded all the same (a server could invent labels).
+#: Every scrape of every host repeats the same few hundred series (the labels name the model, not
+#: the host), so each is parsed once per process; bounded all the same (a server could invent
+#: labels).
 _SERIES: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {}
 _SERIES_MAX = 20000
 
 
 def parse(text: str, t: float = 0.0) -> Scrape:
-    """Parse Prometheus text into a :class:`Scrape` (``vllm:`` samples), summing over model_name and engine."""
+    """Parse Prometheus text into a :class:`Scrape` (``vllm:`` samples), summing over model_name
+    and engine."""
     series: dict[str, dict[tuple[tuple[str, str], ...], float]] = {}
     for n, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
@@ -208,7 +219,8 @@ def _delta(a: Scrape, b: Scrape, name: str, **labels: str) -> tuple[float | None
 
 
 def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape] = ()) -> Window:
-    """What happened between scrapes ``a`` and ``b`` (``during``: scrapes in between, for gauges)."""
+    """What happened between scrapes ``a`` and ``b`` (``during``: scrapes in between, for
+    gauges)."""
     seconds = max(b.t - a.t, 1e-9)
     reset = False
     bad: list[str] = []
@@ -219,7 +231,10 @@ def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape
         if r:
             reset = True
             where = "".join(f'{{{k}="{x}"}}' for k, x in labels.items())
-            bad.append(f"{name}{where} went backwards ({a.value(name, **labels):g} -> {b.value(name, **labels):g})")
+            bad.append(
+                f"{name}{where} went backwards ({a.value(name, **labels):g} -> "
+                f"{b.value(name, **labels):g})"
+            )
         return v
 
     gen = d(GENERATION_TOKENS)
@@ -242,20 +257,34 @@ def window(a: Scrape, b: Scrape, label: str, phase: str, during: Sequence[Scrape
         # (a verdict once said "acceptance 115.9 %"); the checks reading them say why instead.
         accepted, rate, mal, per_pos = None, None, None, []
     reasons: dict[str, float] = {}
-    for reason in sorted(set(b.by_label(SUCCESS, "finished_reason")) | set(a.by_label(SUCCESS, "finished_reason"))):
+    for reason in sorted(
+        set(b.by_label(SUCCESS, "finished_reason")) | set(a.by_label(SUCCESS, "finished_reason"))
+    ):
         v = d(SUCCESS, finished_reason=reason)
         if v is not None:
             reasons[reason] = v
     kv = [v for s in (a, *during, b) if (v := s.value(KV_USAGE)) is not None]
     return Window(
-        label=label, phase=phase, start=a.t, end=b.t,
+        label=label,
+        phase=phase,
+        start=a.t,
+        end=b.t,
         generation_tok_s=gen / seconds if gen is not None else None,
-        prompt_tokens=d(PROMPT_TOKENS), generation_tokens=gen,
-        drafts=drafts, draft_tokens=draft_tokens, accepted_tokens=accepted,
-        acceptance_rate=rate, mean_acceptance_length=mal, per_position=tuple(per_pos),
-        success_by_reason=reasons, preemptions=d(PREEMPTIONS),
-        kv_cache_usage_max=max(kv) if kv else None, counter_reset=reset,
-        prefix_cache_queries=d(PREFIX_QUERIES), prefix_cache_hits=d(PREFIX_HITS), inconsistent=tuple(bad),
+        prompt_tokens=d(PROMPT_TOKENS),
+        generation_tokens=gen,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=accepted,
+        acceptance_rate=rate,
+        mean_acceptance_length=mal,
+        per_position=tuple(per_pos),
+        success_by_reason=reasons,
+        preemptions=d(PREEMPTIONS),
+        kv_cache_usage_max=max(kv) if kv else None,
+        counter_reset=reset,
+        prefix_cache_queries=d(PREFIX_QUERIES),
+        prefix_cache_hits=d(PREFIX_HITS),
+        inconsistent=tuple(bad),
     )
 
 
@@ -275,15 +304,27 @@ def inconsistencies(drafts: float | None, draft_tokens: float | None, accepted: 
         out.append(f"{DRAFTS} grew by {drafts:g}, more than {DRAFT_TOKENS} ({draft_tokens:g})")
     for i, r in enumerate(per_pos):
         if drafts and r * drafts > drafts + _SLACK:
-            out.append(f'{ACCEPTED_PER_POS}{{position="{i}"}} grew by {r * drafts:g}, more than {DRAFTS} '
-                       f"({drafts:g}): position {i} acceptance would be {r:.1%}")
-    if drafts and accepted is not None and sum(per_pos) * drafts > accepted + _SLACK * max(len(per_pos), 1):
-        out.append(f"{ACCEPTED_PER_POS} sums to {sum(per_pos) * drafts:g}, more than {ACCEPTED} ({accepted:g})")
+            out.append(
+                f'{ACCEPTED_PER_POS}{{position="{i}"}} grew by {r * drafts:g}, more than {DRAFTS} '
+                f"({drafts:g}): position {i} acceptance would be {r:.1%}"
+            )
+    if (
+        drafts
+        and accepted is not None
+        and sum(per_pos) * drafts > accepted + _SLACK * max(len(per_pos), 1)
+    ):
+        out.append(
+            f"{ACCEPTED_PER_POS} sums to {sum(per_pos) * drafts:g}, more than {ACCEPTED} "
+            f"({accepted:g})"
+        )
     for i in range(1, len(per_pos)):
         if drafts and (per_pos[i] - per_pos[i - 1]) * drafts > _SLACK:
-            # A draft token is accepted only when every one before it was: position i never beats i-1.
-            out.append(f'{ACCEPTED_PER_POS}{{position="{i}"}} ({per_pos[i] * drafts:g}) exceeds position '
-                       f"{i - 1} ({per_pos[i - 1] * drafts:g})")
+            # A draft token is accepted only when every one before it was: position i never beats
+            # i-1.
+            out.append(
+                f'{ACCEPTED_PER_POS}{{position="{i}"}} ({per_pos[i] * drafts:g}) exceeds position '
+                f"{i - 1} ({per_pos[i - 1] * drafts:g})"
+            )
     return out
 
 
@@ -297,7 +338,11 @@ def merge_windows(windows: Iterable[Window], label: str, phase: str) -> Window |
         vals = [getattr(w, attr) for w in ws if getattr(w, attr) is not None]
         return sum(vals) if vals else None
 
-    drafts, draft_tokens, accepted = total("drafts"), total("draft_tokens"), total("accepted_tokens")
+    drafts, draft_tokens, accepted = (
+        total("drafts"),
+        total("draft_tokens"),
+        total("accepted_tokens"),
+    )
     gen = total("generation_tokens")
     seconds = sum(w.end - w.start for w in ws) or 1e-9
     reasons: dict[str, float] = {}
@@ -307,19 +352,32 @@ def merge_windows(windows: Iterable[Window], label: str, phase: str) -> Window |
     npos = max((len(w.per_position) for w in ws), default=0)
     per_pos: tuple[float, ...] = ()
     if drafts:
-        per_pos = tuple(sum((w.per_position[i] * (w.drafts or 0.0)) for w in ws if i < len(w.per_position))
-                        / drafts for i in range(npos))
+        per_pos = tuple(
+            sum((w.per_position[i] * (w.drafts or 0.0)) for w in ws if i < len(w.per_position))
+            / drafts
+            for i in range(npos)
+        )
     kv = [w.kv_cache_usage_max for w in ws if w.kv_cache_usage_max is not None]
     return Window(
-        label=label, phase=phase, start=ws[0].start, end=ws[-1].end,
+        label=label,
+        phase=phase,
+        start=ws[0].start,
+        end=ws[-1].end,
         generation_tok_s=gen / seconds if gen is not None else None,
-        prompt_tokens=total("prompt_tokens"), generation_tokens=gen, drafts=drafts,
-        draft_tokens=draft_tokens, accepted_tokens=accepted,
+        prompt_tokens=total("prompt_tokens"),
+        generation_tokens=gen,
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=accepted,
         acceptance_rate=accepted / draft_tokens if accepted is not None and draft_tokens else None,
         mean_acceptance_length=1.0 + accepted / drafts if accepted is not None and drafts else None,
-        per_position=per_pos, success_by_reason=reasons, preemptions=total("preemptions"),
-        kv_cache_usage_max=max(kv) if kv else None, counter_reset=any(w.counter_reset for w in ws),
-        prefix_cache_queries=total("prefix_cache_queries"), prefix_cache_hits=total("prefix_cache_hits"),
+        per_position=per_pos,
+        success_by_reason=reasons,
+        preemptions=total("preemptions"),
+        kv_cache_usage_max=max(kv) if kv else None,
+        counter_reset=any(w.counter_reset for w in ws),
+        prefix_cache_queries=total("prefix_cache_queries"),
+        prefix_cache_hits=total("prefix_cache_hits"),
         inconsistent=tuple(x for w in ws for x in w.inconsistent),
     )
 
@@ -332,7 +390,8 @@ TPOT = ("vllm:request_time_per_output_token_seconds", "vllm:time_per_output_toke
 def histogram_quantile(a: Scrape, b: Scrape, name: str, q: float) -> float | None:
     """The ``q`` quantile of histogram ``name`` over the observations made between ``a`` and ``b``.
 
-    Prometheus' ``histogram_quantile`` over the bucket deltas (linear within a bucket; the +Inf bucket
+    Prometheus' ``histogram_quantile`` over the bucket deltas (linear within a bucket; the +Inf
+    bucket
     answers the highest finite bound). None when nothing was observed, a bucket went backwards (a
     restart: the deltas are not the window's) or the buckets are not cumulative.
     """

@@ -23,8 +23,8 @@ COMMON_PARAMS = ("enabled", "observe_only", "failure_limit", "inconclusive_limit
 
 
 #: THE declaration of the soak's checks: each check's name and its own parameters with their kinds
-#: (validated by :func:`_check_param`), in the order reports show them. ``CHECKS`` is derived from it,
-#: a profile's defaults give values only where a check has parameters, and ``checks.evaluate``
+#: (validated by :func:`_check_param`), in the order reports show them. ``CHECKS`` is derived from
+#: it, a profile's defaults give values only where a check has parameters, and ``checks.evaluate``
 #: has one evaluator per name here (a test holds it to that).
 CHECK_PARAMS: dict[str, dict[str, str]] = {
     "readiness": {},
@@ -33,16 +33,22 @@ CHECK_PARAMS: dict[str, dict[str, str]] = {
     # After errors: a crash's summary leads with the crash, not with the canaries it broke.
     "errors": {"max_error_rate": "fraction"},
     # A request in flight that gets no token for token_timeout seconds while /health answers is a
-    # wedged engine (vLLM #41725, MiaAI-Lab #87); the sustained phase sends a probe every half of it.
+    # wedged engine (vLLM #41725, MiaAI-Lab #87); the sustained phase sends a probe every half of
+    # it.
     "liveness": {"token_timeout": "number"},
-    "correctness": {"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
+    "correctness": {
+        "canary_every": "count",
+        "canary_max_tokens": "count",
+        "long_decode_tokens": "count",
+    },
     # The deep long-decode probe (corruption that starts ~12k tokens into a sequence): its length,
     # capped by max_model_len, and the windows its text is checked in. It replaces the correctness
     # check's long decode (long_decode_tokens) when enabled; disable it to save its minutes.
     "long_decode": {"tokens": "count", "window_tokens": "count"},
     # Long-prompt probes: one request per size (tokens, by the server's /tokenize) whose answer is a
     # fact hidden in the middle of the prompt; sizes past max_model_len are skipped. Each size costs
-    # its prefill (a 128k-token prompt: about a minute on a Spark): a CI soak lists what it can afford.
+    # its prefill (a 128k-token prompt: about a minute on a Spark): a CI soak lists what it can
+    # afford.
     "long_prompts": {"tokens": "counts"},
     "server_errors": {},
     "latency": {"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
@@ -95,8 +101,14 @@ SPARK: dict[str, Any] = {
     # Multi-turn conversations sharing a context longer than a hybrid model's attention block
     # (~2k tokens on Qwen3.5/3.6): without whole-block prefix-cache hits the known decay (rejected
     # drafts written into the drafter's cached KV) is never exercised.
-    "sustained": {"duration": 600.0, "concurrency": 16, "window": 60.0, "max_requests": 20000,
-                  "shared_prefix_tokens": 2560, "turns": 4},
+    "sustained": {
+        "duration": 600.0,
+        "concurrency": 16,
+        "window": 60.0,
+        "max_requests": 20000,
+        "shared_prefix_tokens": 2560,
+        "turns": 4,
+    },
     "checks": {
         # Every 8th load request is a greedy canary; one long decode per soak (thousands of
         # tokens: corruption that starts deep in a sequence), capped by max_model_len.
@@ -107,22 +119,35 @@ SPARK: dict[str, Any] = {
         "long_prompts": {"tokens": [32768, 65536, 131072]},
         "errors": {"max_error_rate": 0.0},
         # Past the slowest prefill a Spark does in this soak (a 16k-token prompt: seconds) and the
-        # c=64 TTFT p95 (11.2 s published) with room: a gap of two minutes is no queue, it is a wedge.
+        # c=64 TTFT p95 (11.2 s published) with room: a gap of two minutes is no queue, it is a
+        # wedge.
         "liveness": {"token_timeout": 120.0},
         "latency": {
             "ttft_p95_ms": {1: 500, 4: 1000, 16: 2000, 32: 6000, 64: 15000},
             "tpot_p50_ms": {1: 30, 4: 60, 16: 100, 32: 200, 64: 300},
         },
-        "throughput": {"tolerance": 0.15, "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250}},
+        "throughput": {
+            "tolerance": 0.15,
+            "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250},
+        },
         # Position-0 acceptance, about half the lowest published figure per class.
-        "acceptance": {"floor": {"coding": 0.16, "math": 0.24, "reasoning": 0.22, "prose": 0.05,
-                                 "natural_language": 0.1, "extraction": 0.14, "long_context": 0.2},
-                       # Every sweep and sustained window: a collapse that happens outside the
-                       # per-class phase (or a decay that plateaus low) must not pass.
-                       "phase_floor": 0.03,
-                       # Sustained median against the run's own classes and the baseline's
-                       # sustained phase: a drop to half is a decay, whatever the floors say.
-                       "min_ratio": 0.5},
+        "acceptance": {
+            "floor": {
+                "coding": 0.16,
+                "math": 0.24,
+                "reasoning": 0.22,
+                "prose": 0.05,
+                "natural_language": 0.1,
+                "extraction": 0.14,
+                "long_context": 0.2,
+            },
+            # Every sweep and sustained window: a collapse that happens outside the
+            # per-class phase (or a decay that plateaus low) must not pass.
+            "phase_floor": 0.03,
+            # Sustained median against the run's own classes and the baseline's
+            # sustained phase: a drop to half is a decay, whatever the floors say.
+            "min_ratio": 0.5,
+        },
         "acceptance_decay": {"max_drop": 0.5, "min_windows": 3},
         "long_context": {"floor": 0.2, "min_ratio": 0.5},
         "preemptions": {"max_per_minute": 10.0},
@@ -171,7 +196,11 @@ def _lab_profile() -> dict[str, Any]:
     checks["long_decode"] = {"tokens": 256, "window_tokens": 64}
     checks["long_prompts"] = {"tokens": [6000]}
     # Few short requests per class: floors that only catch a collapse, not a class's mix.
-    checks["acceptance"] = {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5}
+    checks["acceptance"] = {
+        "floor": dict.fromkeys(CLASSES, 0.05),
+        "phase_floor": 0.02,
+        "min_ratio": 0.5,
+    }
     checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
     return lab
 

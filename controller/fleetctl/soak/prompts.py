@@ -12,18 +12,24 @@ from dataclasses import dataclass
 
 PROMPTS: dict[str, tuple[str, ...]] = {
     "coding": (
-        "Write a Python function that returns the n-th Fibonacci number iteratively, with a docstring and type hints.",
-        "Write a Python class implementing an LRU cache with get and put in O(1), using OrderedDict.",
-        "Write a bash script that finds the ten largest files under a directory and prints their sizes.",
+        "Write a Python function that returns the n-th Fibonacci number iteratively, with a "
+        "docstring and type hints.",
+        "Write a Python class implementing an LRU cache with get and put in O(1), using "
+        "OrderedDict.",
+        "Write a bash script that finds the ten largest files under a directory and prints their "
+        "sizes.",
     ),
     "math": (
-        "Solve step by step: a train travels 180 km in 2.5 hours. What is its average speed in km/h?",
+        "Solve step by step: a train travels 180 km in 2.5 hours. What is its average speed in "
+        "km/h?",
         "Compute the sum of the integers from 1 to 200, showing the formula you use.",
         "Find all real solutions of x^2 - 5x + 6 = 0 and verify each one.",
     ),
     "reasoning": (
-        "Alice is older than Bob. Bob is older than Carol. Is Carol older than Alice? Explain your reasoning.",
-        "A farmer has 17 sheep; all but 9 run away. How many are left? Explain the trick in the question.",
+        "Alice is older than Bob. Bob is older than Carol. Is Carol older than Alice? Explain your "
+        "reasoning.",
+        "A farmer has 17 sheep; all but 9 run away. How many are left? Explain the trick in the "
+        "question.",
         "If every blorp is a snip and no snip is a glint, can a blorp be a glint? Reason it out.",
     ),
     "prose": (
@@ -37,14 +43,19 @@ PROMPTS: dict[str, tuple[str, ...]] = {
         "Summarise the causes of the French Revolution in a few sentences.",
     ),
     "extraction": (
-        'Extract the fields as JSON {"name", "age", "city"} from: "Maria Lopez, 34, lives in Valencia."',
-        'Return JSON with keys "product", "price", "currency" for: "The ACME drill costs 89.90 EUR."',
-        'Convert to a JSON list of {"date", "event"}: "On 3 May we shipped v1; on 9 June, v2 went live."',
+        'Extract the fields as JSON {"name", "age", "city"} from: "Maria Lopez, 34, lives in '
+        'Valencia."',
+        'Return JSON with keys "product", "price", "currency" for: "The ACME drill costs 89.90 '
+        'EUR."',
+        'Convert to a JSON list of {"date", "event"}: "On 3 May we shipped v1; on 9 June, v2 went '
+        'live."',
     ),
 }
 
 #: Question asked after the long document (its answer is in the document, so it can be drafted).
-LONG_CONTEXT_QUESTION = "\n\nWhich service logged the most ERROR lines above, and how many? Then list them."
+LONG_CONTEXT_QUESTION = (
+    "\n\nWhich service logged the most ERROR lines above, and how many? Then list them."
+)
 
 
 @dataclass(frozen=True)
@@ -66,7 +77,9 @@ SMOKE: tuple[SmokePrompt, ...] = (SmokePrompt("multiply", "What is 17 × 23?", "
 CANARIES: tuple[SmokePrompt, ...] = (
     SmokePrompt("arithmetic", "What is 17 × 23?", "391"),
     SmokePrompt("fact", "What is the capital of France?", "Paris"),
-    SmokePrompt("copy", "Repeat exactly: amber falcon 7302 quiet river", "amber falcon 7302 quiet river"),
+    SmokePrompt(
+        "copy", "Repeat exactly: amber falcon 7302 quiet river", "amber falcon 7302 quiet river"
+    ),
 )
 
 
@@ -88,12 +101,19 @@ NEEDLE_QUESTION = "What is the vault code stated in the log above? Answer with t
 
 
 def needle_prompt(chars: int) -> str:
-    """A log of about ``chars`` characters with the vault code stated in its middle, then the question."""
+    """A log of about ``chars`` characters with the vault code stated in its middle, then the
+    question."""
     doc = long_context_document(chars)
     mid = doc.find("\n", len(doc) // 2)
     mid = mid if mid >= 0 else len(doc)
-    return ("Here is a service log:\n" + doc[:mid] + f"\nNOTE The vault code is {VAULT_CODE}." + doc[mid:]
-            + "\n\n" + NEEDLE_QUESTION)
+    return (
+        "Here is a service log:\n"
+        + doc[:mid]
+        + f"\nNOTE The vault code is {VAULT_CODE}."
+        + doc[mid:]
+        + "\n\n"
+        + NEEDLE_QUESTION
+    )
 
 
 def long_context_document(chars: int) -> str:
@@ -110,8 +130,11 @@ def long_context_document(chars: int) -> str:
     while total < chars:
         svc = services[(i * 7) % len(services)]
         lvl = levels[(i * 3) % len(levels)]
-        line = (f"2026-07-01T12:{(i // 60) % 60:02d}:{i % 60:02d}Z {lvl:<5} {svc:<7} "
-                f"request id={i:06d} took {(i * 37) % 900 + 12} ms status={200 if lvl != 'ERROR' else 500}")
+        line = (
+            f"2026-07-01T12:{(i // 60) % 60:02d}:{i % 60:02d}Z {lvl:<5} {svc:<7} "
+            f"request id={i:06d} took {(i * 37) % 900 + 12} ms "
+            f"status={200 if lvl != 'ERROR' else 500}"
+        )
         lines.append(line)
         total += len(line) + 1
         i += 1
@@ -121,7 +144,9 @@ def long_context_document(chars: int) -> str:
 def prompt_for(cls: str, index: int, long_chars: int = 0) -> str:
     """The ``index``-th prompt of class ``cls`` (cycling); long_context builds its document."""
     if cls == "long_context":
-        return "Here is a service log:\n" + long_context_document(long_chars) + LONG_CONTEXT_QUESTION
+        return (
+            "Here is a service log:\n" + long_context_document(long_chars) + LONG_CONTEXT_QUESTION
+        )
     prompts = PROMPTS[cls]
     return prompts[index % len(prompts)]
 

@@ -47,14 +47,26 @@ def boot_failure_cause(log: str) -> str:
 
 
 #: Lines vLLM prints after the real cause; they name no cause themselves.
-_GENERIC = ("EngineDeadError", "encountered a fatal error", "encountered an issue", "output_handler failed",
-            "Error in chat completion stream generator", "Error in completion stream generator",
-            "Engine core died", "shutting down", "Shutting down", "Engine core initialization failed",
-            "See root cause above", "See stack trace",
-            # uvicorn's access log of a request refused after the death ("POST ... 500").
-            "Internal Server Error")
-_LOG_PREFIX = re.compile(r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:]+ "
-                         r"\[[^\]]+\] ")
+_GENERIC = (
+    "EngineDeadError",
+    "encountered a fatal error",
+    "encountered an issue",
+    "output_handler failed",
+    "Error in chat completion stream generator",
+    "Error in completion stream generator",
+    "Engine core died",
+    "shutting down",
+    "Shutting down",
+    "Engine core initialization failed",
+    "See root cause above",
+    "See stack trace",
+    # uvicorn's access log of a request refused after the death ("POST ... 500").
+    "Internal Server Error",
+)
+_LOG_PREFIX = re.compile(
+    r"^(?:\([A-Za-z]+ pid=\d+\) )?(?:INFO|WARNING|ERROR|DEBUG|CRITICAL) [\d-]+ [\d:]+ "
+    r"\[[^\]]+\] "
+)
 
 
 def _strip_log_prefix(line: str) -> str:
@@ -159,8 +171,11 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
             except FleetError as e:
                 return Readiness(Outcome.ERROR, f"cannot inspect the container: {e.cause}", waited)
             if not st.exists:
-                return Readiness(Outcome.ERROR, f"nothing to soak: no container serves {target.base_url} "
-                                                f"({last_state})", waited)
+                return Readiness(
+                    Outcome.ERROR,
+                    f"nothing to soak: no container serves {target.base_url} ({last_state})",
+                    waited,
+                )
             restarts = st.restart_count if restarts is None else restarts
             # Under a restart policy a crash at boot shows as a restart, the container up again.
             if not st.running or st.restart_count > restarts:
@@ -176,9 +191,15 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
                 tail = last_lines(await container_logs(target, 5), 1)
                 last_log_at = time.monotonic()
         # Whole 10 s steps in the message: line displays print a line per change, not per poll.
-        progress(Event("readiness", f"waiting for {target.base_url}/health ({last_state}), "
-                                    f"{int(waited // 10 * 10)}s of {timeout:.0f}s" + (f"; log: {tail}" if tail else ""),
-                       host=target.name, data={"waited": round(waited), "timeout": round(timeout), "state": probe.state}))
+        progress(
+            Event(
+                "readiness",
+                f"waiting for {target.base_url}/health ({last_state}), "
+                f"{int(waited // 10 * 10)}s of {timeout:.0f}s" + (f"; log: {tail}" if tail else ""),
+                host=target.name,
+                data={"waited": round(waited), "timeout": round(timeout), "state": probe.state},
+            )
+        )
         if time.monotonic() + poll > deadline:
             break
         await asyncio.sleep(poll)
@@ -186,12 +207,18 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
     if target.container is not None:
         log = await container_logs(target, CRASH_LOG_TAIL)
         cause = boot_failure_cause(log)
-        msg = (f"not healthy after {waited:.0f}s (readiness deadline {timeout:.0f}s; /health: {last_state}); "
-               f"the container runs but never became ready")
+        msg = (
+            f"not healthy after {waited:.0f}s (readiness deadline {timeout:.0f}s; /health: "
+            f"{last_state}); "
+            f"the container runs but never became ready"
+        )
         msg += f": {cause}" if cause else f"; last log lines: {last_lines(log)}"
         return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=log_tail(log))
-    return Readiness(Outcome.ERROR, f"endpoint down: {target.base_url}/health gave no 200 in {waited:.0f}s "
-                                    f"({last_state})", waited)
+    return Readiness(
+        Outcome.ERROR,
+        f"endpoint down: {target.base_url}/health gave no 200 in {waited:.0f}s ({last_state})",
+        waited,
+    )
 
 
 def wait_ready(target: SoakTarget, timeout: float = 600.0, poll: float = 2.0,

@@ -1,4 +1,5 @@
-"""Soak reports: JSON, JUnit XML (one test case per host and check) and one self-contained HTML file.
+"""Soak reports: JSON, JUnit XML (one test case per host and check) and one self-contained HTML
+file.
 
 The HTML report has inline SVG charts, no scripts and no external assets, so
 it opens from a CI artifact store as it is: aggregate tok/s and TTFT against
@@ -69,7 +70,9 @@ def check_report_paths(json_file: str | None, junit_file: str | None, html_file:
 
 def to_json(verdicts: Sequence[Verdict]) -> str:
     """Every verdict as JSON: ``{"outcome": worst, "verdicts": [...]}``."""
-    return json.dumps({"outcome": worst(verdicts).value, "verdicts": [to_dict(v) for v in verdicts]}, indent=2)
+    return json.dumps(
+        {"outcome": worst(verdicts).value, "verdicts": [to_dict(v) for v in verdicts]}, indent=2
+    )
 
 
 def worst(verdicts: Sequence[Verdict]) -> Outcome:
@@ -98,10 +101,16 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
         suite = ET.SubElement(root, "testsuite", name=f"soak {v.target}", timestamp=v.started,
                               hostname=v.target)
         props = ET.SubElement(suite, "properties")
-        for k, val in (("run_id", v.run_id), ("base_url", v.base_url), ("tag", v.tag), ("digest", v.digest),
-                       ("version", v.version),
-                       ("outcome", v.outcome.value), ("artifacts", v.artifacts_dir or ""),
-                       ("baseline", v.baseline_run_id)):
+        for k, val in (
+            ("run_id", v.run_id),
+            ("base_url", v.base_url),
+            ("tag", v.tag),
+            ("digest", v.digest),
+            ("version", v.version),
+            ("outcome", v.outcome.value),
+            ("artifacts", v.artifacts_dir or ""),
+            ("baseline", v.baseline_run_id),
+        ):
             ET.SubElement(props, "property", name=k, value=str(val))
         counts = {"tests": 0, "failures": 0, "errors": 0, "skipped": 0}
         for c in v.checks:
@@ -109,7 +118,9 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
             counts["tests"] += 1
             detail = "\n".join(f"{m.outcome.value:12} {m.message}" for m in c.measurements)
             if c.observe_only:
-                ET.SubElement(case, "system-out").text = f"observe-only: {c.outcome.value}: {c.message}\n{detail}"
+                ET.SubElement(
+                    case, "system-out"
+                ).text = f"observe-only: {c.outcome.value}: {c.message}\n{detail}"
             elif c.outcome is Outcome.FAIL:
                 ET.SubElement(case, "failure", message=c.message, type="fail").text = detail
                 counts["failures"] += 1
@@ -120,7 +131,9 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
                 ET.SubElement(case, "skipped", message=c.message)
                 counts["skipped"] += 1
             else:
-                ET.SubElement(case, "system-out").text = c.message + ("\n" + detail if detail else "")
+                ET.SubElement(case, "system-out").text = c.message + (
+                    "\n" + detail if detail else ""
+                )
         for k, n in counts.items():
             suite.set(k, str(n))
             totals[k] += n
@@ -132,13 +145,15 @@ def to_junit(verdicts: Sequence[Verdict]) -> str:
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
 
-#: Characters XML 1.0 forbids even escaped: C0 controls but tab/newline/CR, surrogates, U+FFFE/U+FFFF.
+#: Characters XML 1.0 forbids even escaped: C0 controls but tab/newline/CR, surrogates,
+#: U+FFFE/U+FFFF.
 _XML_INVALID = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
 
 
 def xml_text(s: str) -> str:
     """``s`` with every character XML 1.0 cannot hold shown as ``\\xNN`` (a boot log's ANSI colours,
-    a NUL from a crashed process): ElementTree writes them as they are and the file is then invalid."""
+    a NUL from a crashed process): ElementTree writes them as they are and the file is then
+    invalid."""
     return _XML_INVALID.sub(lambda m: f"\\x{ord(m.group()):02x}", s)
 
 
@@ -185,8 +200,14 @@ def _fmt(v: float) -> str:
     return f"{v:.0f}" if abs(v) >= 10 or v == 0 else f"{v:.2g}"
 
 
-def line_chart(title: str, series: Sequence[tuple[str, Sequence[Point], bool]], x_label: str, y_label: str,
-               x_ticks: Sequence[tuple[float, str]] | None = None, y_fmt: str = "num") -> str:
+def line_chart(
+    title: str,
+    series: Sequence[tuple[str, Sequence[Point], bool]],
+    x_label: str,
+    y_label: str,
+    x_ticks: Sequence[tuple[float, str]] | None = None,
+    y_fmt: str = "num",
+) -> str:
     """An SVG line chart; each series is (name, points, dashed). Empty series are dropped."""
     W, H, L, R, T, B = 560, 280, 60, 150, 30, 40
     pts = [p for _n, s, _d in series for p in s]
@@ -206,36 +227,53 @@ def line_chart(title: str, series: Sequence[tuple[str, Sequence[Point], bool]], 
     def sy(y: float) -> float:
         return H - B - y / ymax * (H - T - B)
 
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
-           f'role="img" aria-label="{html.escape(title)}">',
-           f'<text x="{L}" y="18" {_T}>{html.escape(title)}</text>',
-           f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" {_AX}/>',
-           f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" {_AX}/>']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+        f'role="img" aria-label="{html.escape(title)}">',
+        f'<text x="{L}" y="18" {_T}>{html.escape(title)}</text>',
+        f'<line x1="{L}" y1="{H - B}" x2="{W - R}" y2="{H - B}" {_AX}/>',
+        f'<line x1="{L}" y1="{T}" x2="{L}" y2="{H - B}" {_AX}/>',
+    ]
     for i in range(5):
         y = ymax * i / 4
         label = pct(y) if y_fmt == "pct" else _fmt(y)
         out.append(f'<line x1="{L}" y1="{sy(y):.1f}" x2="{W - R}" y2="{sy(y):.1f}" {_GRID}/>'
                    f'<text x="{L - 6}" y="{sy(y) + 4:.1f}" {_YL}>{label}</text>')
-    ticks = x_ticks or [(xmin + (xmax - xmin) * i / 4, _fmt(xmin + (xmax - xmin) * i / 4)) for i in range(5)]
+    ticks = x_ticks or [
+        (xmin + (xmax - xmin) * i / 4, _fmt(xmin + (xmax - xmin) * i / 4)) for i in range(5)
+    ]
     for x, lab in ticks:
         out.append(f'<text x="{sx(x):.1f}" y="{H - B + 16}" {_XL}>{html.escape(lab)}</text>')
     out.append(f'<text x="{(L + W - R) / 2:.0f}" y="{H - 6}" {_XL}>{html.escape(x_label)}</text>')
-    out.append(f'<text x="14" y="{(T + H - B) / 2:.0f}" {_FONT} text-anchor="middle" transform="rotate(-90 14 '
-               f'{(T + H - B) / 2:.0f})">{html.escape(y_label)}</text>')
+    out.append(
+        f'<text x="14" y="{(T + H - B) / 2:.0f}" {_FONT} text-anchor="middle" '
+        'transform="rotate(-90 14 '
+        f'{(T + H - B) / 2:.0f})">{html.escape(y_label)}</text>'
+    )
     for i, (name, s, dashed) in enumerate(x for x in series if x[1]):
         color = _SERIES[i % len(_SERIES)]
         path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
         dash = ' stroke-dasharray="6 4"' if dashed else ""
-        out.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>')
-        out.extend(f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in s)
+        out.append(
+            f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"{dash}/>'
+        )
+        out.extend(
+            f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"/>' for x, y in s
+        )
         ly = T + 14 + i * 18
-        out.append(f'<line x1="{W - R + 10}" y1="{ly - 4}" x2="{W - R + 30}" y2="{ly - 4}" stroke="{color}" '
-                   f'stroke-width="2"{dash}/><text x="{W - R + 34}" y="{ly}" {_FONT}>{html.escape(name)}</text>')
+        out.append(
+            f'<line x1="{W - R + 10}" y1="{ly - 4}" x2="{W - R + 30}" y2="{ly - 4}" '
+            f'stroke="{color}" '
+            f'stroke-width="2"{dash}/><text x="{W - R + 34}" y="{ly}" '
+            f'{_FONT}>{html.escape(name)}</text>'
+        )
     out.append("</svg>")
     return "".join(out)
 
 
-def histogram(title: str, series: Sequence[tuple[str, Sequence[float]]], x_label: str, bins: int = 24) -> str:
+def histogram(
+    title: str, series: Sequence[tuple[str, Sequence[float]]], x_label: str, bins: int = 24
+) -> str:
     """An SVG histogram of durations (seconds, drawn in ms); series are overlaid as step lines."""
     vals = [v for _n, s in series for v in s]
     if not vals:
@@ -250,7 +288,13 @@ def histogram(title: str, series: Sequence[tuple[str, Sequence[float]]], x_label
         for v in s:
             counts[min(int(v / width), bins - 1)] += 1
         n = len(s)
-        curves.append((f"{name} (n={n})", [((k + 0.5) * width * 1000, c / n) for k, c in enumerate(counts)], i > 0))
+        curves.append(
+            (
+                f"{name} (n={n})",
+                [((k + 0.5) * width * 1000, c / n) for k, c in enumerate(counts)],
+                i > 0,
+            )
+        )
     return line_chart(title, curves, x_label, "share of requests", y_fmt="pct")
 
 
@@ -264,7 +308,7 @@ vertical-align:top}th{background:#f6f8fa}.o{font-weight:600;color:#fff;padding:2
 .charts{display:flex;flex-wrap:wrap;gap:16px}svg{background:#fff;border:1px solid #d0d7de}
 .t{font-weight:600;font-size:13px}.ax{stroke:#57606a}.grid{stroke:#eaeef2}.xl{font-size:11px;text-anchor:middle}
 .yl{font-size:11px;text-anchor:end}.lg{font-size:11px}.empty{color:#6e7781;padding:8px}.m{color:#57606a}
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 
 def _badge(o: Outcome) -> str:
@@ -272,29 +316,40 @@ def _badge(o: Outcome) -> str:
 
 
 def _levels_table(v: Verdict) -> str:
-    rows = ["<tr><th>phase</th><th>level</th><th>c</th><th>requests</th><th>errors</th><th>tok/s</th>"
-            "<th>TTFT p50</th><th>TTFT p95</th><th>TPOT p50</th><th>first error</th></tr>"]
+    rows = [
+        "<tr><th>phase</th><th>level</th><th>c</th><th>requests</th><th>errors</th><th>tok/s</th>"
+        "<th>TTFT p50</th><th>TTFT p95</th><th>TPOT p50</th><th>first error</th></tr>"
+    ]
     for lv in v.levels:
         rows.append(
-            f"<tr><td>{lv.phase}</td><td>{html.escape(lv.label)}</td><td>{lv.concurrency}</td><td>{lv.requests}</td>"
-            f"<td>{lv.errors}</td><td>{'' if lv.tok_s is None else f'{lv.tok_s:.1f}'}</td><td>{ms(lv.ttft_p50)}</td>"
-            f"<td>{ms(lv.ttft_p95)}</td><td>{ms(lv.tpot_p50)}</td><td>{html.escape(lv.first_error[:160])}</td></tr>")
+            f"<tr><td>{lv.phase}</td><td>{html.escape(lv.label)}</td><td>{lv.concurrency}</td>"
+            f"<td>{lv.requests}</td><td>{lv.errors}</td>"
+            f"<td>{'' if lv.tok_s is None else f'{lv.tok_s:.1f}'}</td><td>{ms(lv.ttft_p50)}</td>"
+            f"<td>{ms(lv.ttft_p95)}</td><td>{ms(lv.tpot_p50)}</td>"
+            f"<td>{html.escape(lv.first_error[:160])}</td></tr>"
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
 def _windows_table(v: Verdict) -> str:
-    rows = ["<tr><th>window</th><th>seconds</th><th>gen tok/s</th><th>acceptance</th><th>mean acc. length</th>"
-            "<th>per position</th><th>finished by reason</th><th>preemptions</th><th>KV max</th></tr>"]
+    rows = [
+        "<tr><th>window</th><th>seconds</th><th>gen tok/s</th><th>acceptance</th><th>mean acc. "
+        "length</th>"
+        "<th>per position</th><th>finished by reason</th><th>preemptions</th><th>KV max</th></tr>"
+    ]
     for w in v.windows:
         reasons = ", ".join(f"{k} {val:.0f}" for k, val in w.success_by_reason.items() if val)
         rows.append(
-            f"<tr><td>{html.escape(w.label)}{' (reset)' if w.counter_reset else ''}</td><td>{w.end - w.start:.1f}</td>"
+            f"<tr><td>{html.escape(w.label)}{' (reset)' if w.counter_reset else ''}</td>"
+            f"<td>{w.end - w.start:.1f}</td>"
             f"<td>{'' if w.generation_tok_s is None else f'{w.generation_tok_s:.1f}'}</td>"
             f"<td>{pct(w.acceptance_rate)}</td>"
-            f"<td>{'' if w.mean_acceptance_length is None else f'{w.mean_acceptance_length:.2f}'}</td>"
+            f"<td>{'' if w.mean_acceptance_length is None else f'{w.mean_acceptance_length:.2f}'}"
+            "</td>"
             f"<td>{' '.join(pct(p) for p in w.per_position)}</td><td>{html.escape(reasons)}</td>"
             f"<td>{'' if w.preemptions is None else f'{w.preemptions:.0f}'}</td>"
-            f"<td>{pct(w.kv_cache_usage_max)}</td></tr>")
+            f"<td>{pct(w.kv_cache_usage_max)}</td></tr>"
+        )
     return "<table>" + "".join(rows) + "</table>"
 
 
@@ -315,15 +370,30 @@ def _charts(v: Verdict, base: Verdict | None) -> str:
 
     bname = "baseline" if base else ""
     charts = [
-        line_chart("Aggregate throughput vs concurrency",
-                   [("this soak", pts(sweep, "tok_s"), False), (bname, pts(bsweep, "tok_s"), True)],
-                   "concurrency", "output tok/s", ticks),
-        line_chart("TTFT vs concurrency",
-                   [("p50", pts(sweep, "ttft_p50", 1000), False), ("p95", pts(sweep, "ttft_p95", 1000), False),
-                    (f"{bname} p95" if base else "", pts(bsweep, "ttft_p95", 1000), True)],
-                   "concurrency", "ms", ticks),
+        line_chart(
+            "Aggregate throughput vs concurrency",
+            [("this soak", pts(sweep, "tok_s"), False), (bname, pts(bsweep, "tok_s"), True)],
+            "concurrency",
+            "output tok/s",
+            ticks,
+        ),
+        line_chart(
+            "TTFT vs concurrency",
+            [
+                ("p50", pts(sweep, "ttft_p50", 1000), False),
+                ("p95", pts(sweep, "ttft_p95", 1000), False),
+                (f"{bname} p95" if base else "", pts(bsweep, "ttft_p95", 1000), True),
+            ],
+            "concurrency",
+            "ms",
+            ticks,
+        ),
     ]
-    acc = [((w.start + w.end) / 2, w.acceptance_rate) for w in v.windows if w.acceptance_rate is not None]
+    acc = [
+        ((w.start + w.end) / 2, w.acceptance_rate)
+        for w in v.windows
+        if w.acceptance_rate is not None
+    ]
     bacc = [((w.start + w.end) / 2, w.acceptance_rate) for w in base.windows
             if w.acceptance_rate is not None] if base else []
     charts.append(line_chart("Draft acceptance per window over the soak",
@@ -356,22 +426,37 @@ def shown_tag(v: Verdict) -> str:
 def to_html(verdicts: Sequence[Verdict], baselines: dict[str, Verdict] | None = None) -> str:
     """One self-contained HTML page for the soaks of several hosts."""
     baselines = baselines or {}
-    parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>fleetctl soak report</title>",
-             f"<style>{_CSS}</style></head><body>",
-             f"<h1>fleetctl soak {_badge(worst(verdicts))}</h1>",
-             "<table><tr><th>host</th><th>outcome</th><th>tag</th><th>version</th><th>summary</th><th>run</th></tr>"]
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>fleetctl soak "
+        "report</title>",
+        f"<style>{_CSS}</style></head><body>",
+        f"<h1>fleetctl soak {_badge(worst(verdicts))}</h1>",
+        "<table><tr><th>host</th><th>outcome</th><th>tag</th><th>version</th><th>summary</th><th>run</th></tr>",
+    ]
     for v in verdicts:
-        parts.append(f"<tr><td><a href='#{html.escape(v.target)}'>{html.escape(v.target)}</a></td>"
-                     f"<td>{_badge(v.outcome)}</td><td class='m'>{html.escape(shown_tag(v))}</td><td>{html.escape(v.version)}</td>"
-                     f"<td>{html.escape(v.summary)}</td><td class='m'>{html.escape(v.run_id)}</td></tr>")
+        parts.append(
+            f"<tr><td><a href='#{html.escape(v.target)}'>{html.escape(v.target)}</a></td>"
+            f"<td>{_badge(v.outcome)}</td><td "
+            f"class='m'>{html.escape(shown_tag(v))}</td><td>{html.escape(v.version)}</td>"
+            f"<td>{html.escape(v.summary)}</td><td class='m'>{html.escape(v.run_id)}</td></tr>"
+        )
     parts.append("</table>")
     for v in verdicts:
         base = baselines.get(v.target)
-        parts.append(f"<h2 id='{html.escape(v.target)}'>{html.escape(v.target)} {_badge(v.outcome)}</h2>")
-        parts.append(f"<p class='m'>{html.escape(v.base_url)} · profile {html.escape(v.profile)} · "
-                     f"{v.started} · {v.seconds:.0f}s · run {html.escape(v.run_id)}"
-                     + (f" · baseline {html.escape(v.baseline_run_id)}" if v.baseline_run_id else " · no baseline")
-                     + (f" · artifacts {html.escape(v.artifacts_dir)}" if v.artifacts_dir else "") + "</p>")
+        parts.append(
+            f"<h2 id='{html.escape(v.target)}'>{html.escape(v.target)} {_badge(v.outcome)}</h2>"
+        )
+        parts.append(
+            f"<p class='m'>{html.escape(v.base_url)} · profile {html.escape(v.profile)} · "
+            f"{v.started} · {v.seconds:.0f}s · run {html.escape(v.run_id)}"
+            + (
+                f" · baseline {html.escape(v.baseline_run_id)}"
+                if v.baseline_run_id
+                else " · no baseline"
+            )
+            + (f" · artifacts {html.escape(v.artifacts_dir)}" if v.artifacts_dir else "")
+            + "</p>"
+        )
         parts.append("<table><tr><th>check</th><th>outcome</th><th>result</th></tr>")
         for c in v.checks:
             obs = " <span class='m'>(observe only)</span>" if c.observe_only else ""
@@ -385,6 +470,8 @@ def to_html(verdicts: Sequence[Verdict], baselines: dict[str, Verdict] | None = 
     return "".join(parts)
 
 
-def write_html(path: Path, verdicts: Sequence[Verdict], baselines: dict[str, Verdict] | None = None) -> None:
+def write_html(
+    path: Path, verdicts: Sequence[Verdict], baselines: dict[str, Verdict] | None = None
+) -> None:
     """Write :func:`to_html` atomically."""
     _write(path, to_html(verdicts, baselines))

@@ -76,7 +76,9 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     cfg, target = st.config, st.target
     st.emit("readiness", f"waiting for {target.base_url}/health")
     st.phase = "readiness"
-    ready = await await_ready(client, target, cfg.readiness_timeout, cfg.readiness_poll, st.progress)
+    ready = await await_ready(
+        client, target, cfg.readiness_timeout, cfg.readiness_poll, st.progress
+    )
     st.ready = ready
     if not ready.ready:
         return Evidence(readiness=ready, has_container=target.container is not None)
@@ -103,13 +105,22 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     st.phase = "smoke"
     for sp in prompts.SMOKE:
         req = ChatRequest(st.model, sp.prompt, cfg.smoke_max_tokens, 0.0, thinking=False)
-        s = await client.chat(req, phase="smoke", cls=sp.name, concurrency=1, t0=st.t0, keep_text=True,
-                              stall=cfg.token_timeout())
+        s = await client.chat(
+            req,
+            phase="smoke",
+            cls=sp.name,
+            concurrency=1,
+            t0=st.t0,
+            keep_text=True,
+            stall=cfg.token_timeout(),
+        )
         st.samples.append(s)
         st.art.sample(s)
         st.smoke.append(SmokeResult(sp.name, sp.expect, s, cfg.smoke_max_tokens))
         await stall_seen(client, st, s, "smoke")
-    smoke_check = checks.check_smoke(cfg.check("smoke"), Evidence(readiness=ready, smoke=tuple(st.smoke)))
+    smoke_check = checks.check_smoke(
+        cfg.check("smoke"), Evidence(readiness=ready, smoke=tuple(st.smoke))
+    )
     stop_after_smoke = smoke_check.outcome is Outcome.FAIL and not cfg.check("smoke").observe_only
 
     st.load_ran = not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt
@@ -136,26 +147,54 @@ async def _finish(client: Client, st: SoakState) -> Evidence:
 
 
 def evidence(st: SoakState, final: bool = True) -> Evidence:
-    """Everything ``st`` gathered as Evidence (also after a hard deadline stopped the soak midway)."""
+    """Everything ``st`` gathered as Evidence (also after a hard deadline stopped the soak
+    midway)."""
     assert st.ready is not None
-    return Evidence(
-        readiness=st.ready, identity=st.ident, smoke=tuple(st.smoke), levels=tuple(st.levels),
-        windows=tuple(_with_foreign(st.windows, st.samples)), load_ran=st.load_ran, crash=st.crash,
-        container_before=st.container_before, container_after=st.container_after,
-        container_error=st.container_error, has_container=st.target.container is not None,
-        spec_seen=st.spec_seen, scrape_errors=tuple(st.scrape_errors), host=st.target.name,
-        canaries=tuple(st.canaries), long_decode=st.long_decode, prompt_sizes=dict(st.prompt_sizes),
-        cache_block_tokens=st.cache_block_tokens,
-        garbage_samples=tuple(s for s in st.samples if s.garbage and s.phase in _CHECKED_PHASES
-                              and not s.cls.startswith("canary-")),
-        streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
-        halted=st.halt, deadline_hit=st.deadline_hit, wedges=tuple(st.wedges),
-        token_timeout=st.config.token_timeout(),
-        streams_timed=sum(1 for s in st.samples if s.events or s.error_kind == "stall"),
-        loops=tuple(st.loops), loops_unjudged=st.loops_unjudged, long_prompts=tuple(st.long_prompts),
-    ) if final else Evidence(
-        readiness=st.ready, identity=st.ident, container_before=st.container_before,
-        container_error=st.container_error, has_container=st.target.container is not None, host=st.target.name)
+    return (
+        Evidence(
+            readiness=st.ready,
+            identity=st.ident,
+            smoke=tuple(st.smoke),
+            levels=tuple(st.levels),
+            windows=tuple(_with_foreign(st.windows, st.samples)),
+            load_ran=st.load_ran,
+            crash=st.crash,
+            container_before=st.container_before,
+            container_after=st.container_after,
+            container_error=st.container_error,
+            has_container=st.target.container is not None,
+            spec_seen=st.spec_seen,
+            scrape_errors=tuple(st.scrape_errors),
+            host=st.target.name,
+            canaries=tuple(st.canaries),
+            long_decode=st.long_decode,
+            prompt_sizes=dict(st.prompt_sizes),
+            cache_block_tokens=st.cache_block_tokens,
+            garbage_samples=tuple(
+                s
+                for s in st.samples
+                if s.garbage and s.phase in _CHECKED_PHASES and not s.cls.startswith("canary-")
+            ),
+            streams_checked=sum(1 for s in st.samples if s.phase in _CHECKED_PHASES and s.events),
+            halted=st.halt,
+            deadline_hit=st.deadline_hit,
+            wedges=tuple(st.wedges),
+            token_timeout=st.config.token_timeout(),
+            streams_timed=sum(1 for s in st.samples if s.events or s.error_kind == "stall"),
+            loops=tuple(st.loops),
+            loops_unjudged=st.loops_unjudged,
+            long_prompts=tuple(st.long_prompts),
+        )
+        if final
+        else Evidence(
+            readiness=st.ready,
+            identity=st.ident,
+            container_before=st.container_before,
+            container_error=st.container_error,
+            has_container=st.target.container is not None,
+            host=st.target.name,
+        )
+    )
 
 
 def _with_foreign(windows: Sequence[Window], samples: Sequence[Sample]) -> list[Window]:
@@ -219,9 +258,23 @@ async def _long_context(client: Client, st: SoakState, ident: Identity) -> None:
         # Room for the answer and the chat template: the prompt must never overflow the model.
         tokens = min(tokens, ident.max_model_len - cfg.max_tokens - 64)
     chars, _, how = await sized(client, st, tokens, long_text)
-    await windowed(client, st, "long_context", "classes", lambda: run_requests(
-        client, st, phase="classes", label="long_context", concurrency=1, requests=cfg.class_requests,
-        seconds=cfg.level_timeout, classes=("long_context",), long_chars=chars))
+    await windowed(
+        client,
+        st,
+        "long_context",
+        "classes",
+        lambda: run_requests(
+            client,
+            st,
+            phase="classes",
+            label="long_context",
+            concurrency=1,
+            requests=cfg.class_requests,
+            seconds=cfg.level_timeout,
+            classes=("long_context",),
+            long_chars=chars,
+        ),
+    )
     measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
     st.prompt_sizes["long_context"] = (
         tokens,
@@ -235,9 +288,23 @@ async def _sweep(client: Client, st: SoakState, ident: Identity) -> None:
     cfg = st.config
     for c in cfg.concurrency:
         for _trial in range(cfg.trials):
-            await windowed(client, st, f"c={c}", "sweep", lambda c=c: run_requests(  # type: ignore[misc]
-                client, st, phase="sweep", label=f"c={c}", concurrency=c, requests=cfg.level_requests(c),
-                seconds=cfg.level_timeout, classes=prompts.SHORT_CLASSES, canaries=True))
+            await windowed(
+                client,
+                st,
+                f"c={c}",
+                "sweep",
+                lambda c=c: run_requests(  # type: ignore[misc]
+                    client,
+                    st,
+                    phase="sweep",
+                    label=f"c={c}",
+                    concurrency=c,
+                    requests=cfg.level_requests(c),
+                    seconds=cfg.level_timeout,
+                    classes=prompts.SHORT_CLASSES,
+                    canaries=True,
+                ),
+            )
             if st.crash or st.halt:
                 break
         merge_trials(st, f"c={c}", c)
@@ -249,8 +316,19 @@ async def _rates(client: Client, st: SoakState, ident: Identity) -> None:
     """Open-loop arrivals at each of the configured request rates."""
     cfg = st.config
     for rate in cfg.request_rates:
-        await windowed(client, st, f"r={rate:g}/s", "rate", lambda rate=rate: open_loop(  # type: ignore[misc]
-            client, st, rate, requests=cfg.level_requests(max(1, round(rate))), seconds=cfg.level_timeout))
+        await windowed(
+            client,
+            st,
+            f"r={rate:g}/s",
+            "rate",
+            lambda rate=rate: open_loop(  # type: ignore[misc]
+                client,
+                st,
+                rate,
+                requests=cfg.level_requests(max(1, round(rate))),
+                seconds=cfg.level_timeout,
+            ),
+        )
         if st.crash or st.halt:
             return
 
@@ -274,24 +352,42 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     t0 = time.monotonic()
     art = Artifacts(artifacts_dir)
     art.write_json("config.json", to_dict(config))
-    st = SoakState(target, config, progress, art, t0, phases=planned_phases(config),
-                   baseline_tok_s={lv.label: lv.tok_s for lv in (baseline.levels if baseline else ())
-                                   if lv.tok_s is not None})
+    st = SoakState(
+        target,
+        config,
+        progress,
+        art,
+        t0,
+        phases=planned_phases(config),
+        baseline_tok_s={
+            lv.label: lv.tok_s
+            for lv in (baseline.levels if baseline else ())
+            if lv.tok_s is not None
+        },
+    )
 
     limit, how = config.hard_deadline()
     st.emit("deadline", f"hard deadline {limit:.0f}s ({how})", deadline=round(limit))
 
     async def go() -> Evidence:
         conns = max((*config.concurrency, config.sustained_concurrency, 1)) + 8
-        async with Client(target.base_url, connections=conns, request_timeout=config.request_timeout,
-                          api_key=target.api_key, scrub=scrub) as c:
+        async with Client(
+            target.base_url,
+            connections=conns,
+            request_timeout=config.request_timeout,
+            api_key=target.api_key,
+            scrub=scrub,
+        ) as c:
             try:
                 async with asyncio.timeout(limit):
                     return await _soak(c, st)
             except TimeoutError:
                 # Whatever phase it was in: no server holds the controller past the deadline.
                 st.deadline_hit = True
-                st.halt = st.halt or f"the soak reached its hard deadline of {limit:.0f}s during {st.phase}"
+                st.halt = (
+                    st.halt
+                    or f"the soak reached its hard deadline of {limit:.0f}s during {st.phase}"
+                )
                 st.emit("deadline", st.halt)
                 if st.ready is None:
                     st.ready = Readiness(Outcome.ERROR, st.halt, limit)
@@ -303,8 +399,10 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         art.close()
     baseline_note = ""
     if baseline is not None and baseline.fingerprint != config.fingerprint():
-        baseline_note = (f"baseline {baseline.run_id} not compared: made by another soak config "
-                         f"(fingerprint {baseline.fingerprint or 'none'}, this soak {config.fingerprint()})")
+        baseline_note = (
+            f"baseline {baseline.run_id} not compared: made by another soak config "
+            f"(fingerprint {baseline.fingerprint or 'none'}, this soak {config.fingerprint()})"
+        )
         baseline = None
     results = checks.evaluate(ev, config, baseline, baseline_note=baseline_note)
     outcome = checks.overall(results)
@@ -314,21 +412,38 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     if outcome is Outcome.PASS:
         sweep = [lv for lv in ev.levels if lv.phase == "sweep" and lv.tok_s]
         peak = max(sweep, key=lambda lv: lv.tok_s or 0.0) if sweep else None
-        summary = "pass: " + ", ".join(x for x in (
-            f"{sum(lv.requests for lv in ev.levels)} requests, 0 errors" if ev.load_ran else "smoke only",
-            f"peak {peak.tok_s:.0f} tok/s at {peak.label}" if peak and peak.tok_s else "",
-            f"acceptance {checks.pct(_acceptance(ev.windows))}" if _acceptance(ev.windows) is not None else "",
-        ) if x)
+        summary = "pass: " + ", ".join(
+            x
+            for x in (
+                f"{sum(lv.requests for lv in ev.levels)} requests, 0 errors"
+                if ev.load_ran
+                else "smoke only",
+                f"peak {peak.tok_s:.0f} tok/s at {peak.label}" if peak and peak.tok_s else "",
+                f"acceptance {checks.pct(_acceptance(ev.windows))}"
+                if _acceptance(ev.windows) is not None
+                else "",
+            )
+            if x
+        )
     ok = [s for s in st.samples if s.ok and s.phase in ("sweep", "sustained", "classes")]
     verdict = Verdict(
-        run_id=run_id, target=target.name, base_url=target.base_url, outcome=outcome, summary=summary,
+        run_id=run_id,
+        target=target.name,
+        base_url=target.base_url,
+        outcome=outcome,
+        summary=summary,
         started=started.isoformat(timespec="seconds"),
         finished=datetime.now(UTC).isoformat(timespec="seconds"),
-        seconds=round(time.monotonic() - t0, 2), tag=target.tag, digest=target.digest, profile=config.profile,
+        seconds=round(time.monotonic() - t0, 2),
+        tag=target.tag,
+        digest=target.digest,
+        profile=config.profile,
         artifacts_dir=str(artifacts_dir) if artifacts_dir else None,
         version=ev.identity.version if ev.identity else "",
         served_models=ev.identity.models if ev.identity else (),
-        checks=results, levels=ev.levels, windows=ev.windows,
+        checks=results,
+        levels=ev.levels,
+        windows=ev.windows,
         baseline_run_id=baseline.run_id if baseline else "",
         fingerprint=config.fingerprint(),
         ttft_samples=tuple(round(s.ttft, 5) for s in ok if s.ttft is not None)[:MAX_DIST_SAMPLES],
@@ -348,6 +463,8 @@ def _acceptance(windows: Sequence[Window]) -> float | None:
     return sum(acc) / sum(dt) if acc and dt and sum(dt) else None
 
 
-def smoke_check(target: SoakTarget, config: SoakConfig, progress: Progress = NULL, **kw: Any) -> Verdict:
+def smoke_check(
+    target: SoakTarget, config: SoakConfig, progress: Progress = NULL, **kw: Any
+) -> Verdict:
     """Readiness, identity and smoke only, no load: the quick check after a rollback."""
     return run_soak(target, replace(config, smoke_only=True), None, progress, **kw)

@@ -31,7 +31,9 @@ from fleetctl.soak.verdict import ContainerAccess, SoakTarget
 REDACTED = "<redacted>"
 
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=\-]{6,})")
-_AUTH = re.compile(r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)(?:basic\s+)?(?!bearer\s)([^\s\"',}]+)")
+_AUTH = re.compile(
+    r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)(?:basic\s+)?(?!bearer\s)([^\s\"',}]+)"
+)
 _HF = re.compile(r"\bhf_[A-Za-z0-9]{16,}")
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@]+@")
 
@@ -64,7 +66,8 @@ class Scrubber:
         return s
 
     def tree(self, obj: T) -> T:
-        """``obj`` (a frozen dataclass tree, tuples, mappings, strings) with every string scrubbed."""
+        """``obj`` (a frozen dataclass tree, tuples, mappings, strings) with every string
+        scrubbed."""
         return self._tree(obj)  # type: ignore[no-any-return]
 
     def _tree(self, obj: Any) -> Any:
@@ -85,7 +88,8 @@ class Scrubber:
 
 def known_secrets(api_key: str | None, base_url: str = "",
                   environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """The secret values a soak may be echoed: its API key, the controller's key and hub token, a URL password."""
+    """The secret values a soak may be echoed: its API key, the controller's key and hub token, a
+    URL password."""
     env = os.environ if environ is None else environ
     out: list[str] = [api_key] if api_key else []
     for name in (secretenv.API_KEY_ENV, secretenv.HUB_TOKEN_ENV):
@@ -118,14 +122,20 @@ def validate_endpoint(url: str, where: str = "--endpoint", *, strict: bool = Tru
     try:
         u = urllib.parse.urlsplit(url)
         has_userinfo = u.username is not None or u.password is not None
-        ok = u.scheme in ("http", "https") and bool(u.hostname) and (u.port is None or 0 < u.port < 65536)
+        ok = (
+            u.scheme in ("http", "https")
+            and bool(u.hostname)
+            and (u.port is None or 0 < u.port < 65536)
+        )
     except ValueError:
         has_userinfo, ok = "@" in url, False
     if has_userinfo:
-        raise FleetError(f"{where} {shown} carries a user name or password: it would end up in the run "
-                         "directory's name, progress, the verdict and the reports",
-                         fix="give the URL without user:pass@ and the key in $VLLM_API_KEY "
-                             "(or $VLLM_API_KEY_FILE), sent as Authorization: Bearer")
+        raise FleetError(
+            f"{where} {shown} carries a user name or password: it would end up in the run "
+            "directory's name, progress, the verdict and the reports",
+            fix="give the URL without user:pass@ and the key in $VLLM_API_KEY "
+            "(or $VLLM_API_KEY_FILE), sent as Authorization: Bearer",
+        )
     if strict and not ok:
         raise FleetError(f"{where} {shown!r} is not an http(s) URL with a host",
                          fix="e.g. --endpoint http://10.0.0.11:8000")

@@ -1,7 +1,10 @@
-"""Live traffic as each server's /metrics saw it, and a new version's hosts judged against the old ones.
+"""Live traffic as each server's /metrics saw it, and a new version's hosts judged against the old
+ones.
 
-The rollout's bake (``--bake D``) and ``fleetctl watch`` read the same figures: between two scrapes of
-a host, the requests it finished, those finished with reason ``error``, TTFT and TPOT percentiles from
+The rollout's bake (``--bake D``) and ``fleetctl watch`` read the same figures: between two scrapes
+of
+a host, the requests it finished, those finished with reason ``error``, TTFT and TPOT percentiles
+from
 its histograms' bucket deltas, spec-decode acceptance and preemptions (all deltas, never lifetime
 totals: docs/domain.md). :func:`compare` is pure: figures in, one CheckResult per check out, with
 the same limits semantics as the soak's checks (``checks.decide``). See docs/watch.md.
@@ -64,18 +67,26 @@ def traffic(host: str, a: metrics.Scrape, b: metrics.Scrape) -> Traffic:
     def q(name: str, p: float) -> float | None:
         return None if reset else metrics.histogram_quantile(a, b, name, p)
 
-    return Traffic(host=host, seconds=round(b.t - a.t, 3),
-                   finished=None if reset else finished,
-                   errors=None if reset or finished is None else w.success_by_reason.get("error", 0.0),
-                   ttft_p50=q(metrics.TTFT, 0.5), ttft_p95=q(metrics.TTFT, 0.95),
-                   tpot_p50=q(tpot_name, 0.5), tpot_p95=q(tpot_name, 0.95),
-                   acceptance=w.acceptance_rate, drafted=None if reset else w.draft_tokens,
-                   preemptions=None if reset else w.preemptions, problems=tuple(problems))
+    return Traffic(
+        host=host,
+        seconds=round(b.t - a.t, 3),
+        finished=None if reset else finished,
+        errors=None if reset or finished is None else w.success_by_reason.get("error", 0.0),
+        ttft_p50=q(metrics.TTFT, 0.5),
+        ttft_p95=q(metrics.TTFT, 0.95),
+        tpot_p50=q(tpot_name, 0.5),
+        tpot_p95=q(tpot_name, 0.95),
+        acceptance=w.acceptance_rate,
+        drafted=None if reset else w.draft_tokens,
+        preemptions=None if reset else w.preemptions,
+        problems=tuple(problems),
+    )
 
 
 @dataclass(frozen=True)
 class Limits:
-    """How far a new version's host may be from the old ones (or, with none left, from absolute bounds)."""
+    """How far a new version's host may be from the old ones (or, with none left, from absolute
+    bounds)."""
 
     #: Finished requests a host needs in the window before its figures are judged.
     min_requests: int = 5
@@ -91,14 +102,16 @@ class Limits:
     latency_slack: float = 0.05
     #: Acceptance kept relative to the old hosts' median.
     acceptance_ratio: float = 0.8
-    #: Draft tokens a host needs in the window before its acceptance is judged (as the watch's blocks:
-    #: a few requests' drafts are noise, seen 1.2 % against 2.2 % on two healthy lab hosts in 10 s).
+    #: Draft tokens a host needs in the window before its acceptance is judged (as the watch's
+    #: blocks: a few requests' drafts are noise, seen 1.2 % against 2.2 % on two healthy lab hosts
+    #: in 10 s).
     min_draft_tokens: int = 2000
     failure_limit: int = 0
 
     @classmethod
     def from_mapping(cls, raw: Mapping[str, Any] | None, where: str) -> Limits:
-        """Limits from a recipe's or inventory's ``bake:`` mapping (unknown keys refused, naming ``where``)."""
+        """Limits from a recipe's or inventory's ``bake:`` mapping (unknown keys refused, naming
+        ``where``)."""
         from fleetctl.soak.config import SoakConfigError
 
         if not raw:
@@ -129,7 +142,8 @@ class Comparison:
 
     @property
     def outcome(self) -> Outcome:
-        """fail if any check failed, else inconclusive if any was, else pass (skipped checks do not count)."""
+        """fail if any check failed, else inconclusive if any was, else pass (skipped checks do not
+        count)."""
         counted = [c.outcome for c in self.checks if not c.observe_only]
         for o in (F, Outcome.ERROR, INC):
             if o in counted:
@@ -142,8 +156,14 @@ class Comparison:
         if o is P:
             n = sum(int(t.finished or 0) for t in self.new)
             return f"pass: {n} live request(s) on {len(self.new)} host(s), within limits of " + (
-                f"{len(self.old)} host(s) on the old version" if self.old else "absolute bounds (no old host left)")
-        return f"{o.value}: " + "; ".join(f"{c.name}: {c.message}" for c in self.checks if c.outcome is o)[:1500]
+                f"{len(self.old)} host(s) on the old version"
+                if self.old
+                else "absolute bounds (no old host left)"
+            )
+        return (
+            f"{o.value}: "
+            + "; ".join(f"{c.name}: {c.message}" for c in self.checks if c.outcome is o)[:1500]
+        )
 
 
 def _median(vals: Sequence[float | None]) -> float | None:
@@ -151,25 +171,38 @@ def _median(vals: Sequence[float | None]) -> float | None:
     return statistics.median(v) if v else None
 
 
-def compare(new: Sequence[Traffic], old: Sequence[Traffic], limits: Limits = Limits()) -> Comparison:
-    """Each host of ``new`` against the hosts of ``old`` (still on the previous version) under the same traffic.
+def compare(
+    new: Sequence[Traffic], old: Sequence[Traffic], limits: Limits = Limits()
+) -> Comparison:
+    """Each host of ``new`` against the hosts of ``old`` (still on the previous version) under the
+    same traffic.
 
-    Error rate: above the old hosts' pooled rate + margin, with at least ``min_errors`` errors, fails.
+    Error rate: above the old hosts' pooled rate + margin, with at least ``min_errors`` errors,
+    fails.
     TTFT p95 and TPOT p50: above the old median x ratio + slack fails. Acceptance: below the old
-    median x ratio fails. A host with fewer than ``min_requests`` finished requests, or whose figures
+    median x ratio fails. A host with fewer than ``min_requests`` finished requests, or whose
+    figures
     are missing (a restart, impossible counters), is inconclusive for that check; with no old host,
     errors are judged against ``max_error_rate`` and the other checks are skipped.
     """
-    old_ok = [t for t in old if t.finished and t.finished >= limits.min_requests and t.errors is not None]
-    pooled_err = (sum(t.errors or 0.0 for t in old_ok) / sum(t.finished or 0.0 for t in old_ok)) if old_ok else None
+    old_ok = [
+        t for t in old if t.finished and t.finished >= limits.min_requests and t.errors is not None
+    ]
+    pooled_err = (
+        (sum(t.errors or 0.0 for t in old_ok) / sum(t.finished or 0.0 for t in old_ok))
+        if old_ok
+        else None
+    )
     ref: dict[str, float | None] = {
         "error_rate": pooled_err,
         "ttft_p95": _median([t.ttft_p95 for t in old_ok]),
         "tpot_p50": _median([t.tpot_p50 for t in old_ok]),
         "acceptance": _median([t.acceptance for t in old_ok]),
     }
-    spec = {n: CheckSpec(n, failure_limit=limits.failure_limit) for n in ("bake_errors", "bake_latency",
-                                                                           "bake_acceptance")}
+    spec = {
+        n: CheckSpec(n, failure_limit=limits.failure_limit)
+        for n in ("bake_errors", "bake_latency", "bake_acceptance")
+    }
     err_ms: list[Measurement] = []
     lat_ms: list[Measurement] = []
     acc_ms: list[Measurement] = []
@@ -187,16 +220,33 @@ def compare(new: Sequence[Traffic], old: Sequence[Traffic], limits: Limits = Lim
                 thin_acc.append(acc)
             else:
                 acc_ms.append(acc)
-    checks = [decide(spec["bake_errors"], err_ms, ok_message="; ".join(m.message for m in err_ms[:3]),
-                     no_data="no new host to judge")]
+    checks = [
+        decide(
+            spec["bake_errors"],
+            err_ms,
+            ok_message="; ".join(m.message for m in err_ms[:3]),
+            no_data="no new host to judge",
+        )
+    ]
     no_old = "no host on the old version took traffic to compare with"
-    checks.append(decide(spec["bake_latency"], lat_ms, ok_message="; ".join(m.message for m in lat_ms[:2]))
-                  if lat_ms else skipped(spec["bake_latency"], no_old if not old_ok else "no latency histogram"))
-    checks.append(decide(spec["bake_acceptance"], acc_ms, ok_message="; ".join(m.message for m in acc_ms[:2]))
-                  if acc_ms else skipped(spec["bake_acceptance"], no_old if not old_ok else
-                                         f"not judged: fewer than {limits.min_draft_tokens} drafted tokens "
-                                         f"({', '.join(thin_acc[:3])})" if thin_acc else
-                                         "no speculative decoding on the old hosts"))
+    checks.append(
+        decide(spec["bake_latency"], lat_ms, ok_message="; ".join(m.message for m in lat_ms[:2]))
+        if lat_ms
+        else skipped(spec["bake_latency"], no_old if not old_ok else "no latency histogram")
+    )
+    checks.append(
+        decide(spec["bake_acceptance"], acc_ms, ok_message="; ".join(m.message for m in acc_ms[:2]))
+        if acc_ms
+        else skipped(
+            spec["bake_acceptance"],
+            no_old
+            if not old_ok
+            else f"not judged: fewer than {limits.min_draft_tokens} drafted tokens "
+            f"({', '.join(thin_acc[:3])})"
+            if thin_acc
+            else "no speculative decoding on the old hosts",
+        )
+    )
     return Comparison(tuple(checks), tuple(new), tuple(old), ref)
 
 
@@ -255,10 +305,17 @@ def _latency_of(t: Traffic, ref: Mapping[str, float | None], limits: Limits) -> 
                 )
             )
             continue
-        out.append(Measurement(f"{t.host} {label}", F if got > lim else P,
-                               f"{t.host}: {label} {ms(got)} {'>' if got > lim else '<='} {ms(lim)} "
-                               f"(old hosts' median {ms(base)} x {limits.latency_ratio:g} + "
-                               f"{ms(limits.latency_slack)})", round(got * 1000, 1), round(lim * 1000, 1)))
+        out.append(
+            Measurement(
+                f"{t.host} {label}",
+                F if got > lim else P,
+                f"{t.host}: {label} {ms(got)} {'>' if got > lim else '<='} {ms(lim)} "
+                f"(old hosts' median {ms(base)} x {limits.latency_ratio:g} + "
+                f"{ms(limits.latency_slack)})",
+                round(got * 1000, 1),
+                round(lim * 1000, 1),
+            )
+        )
     return out
 
 
@@ -295,7 +352,8 @@ def fetch(base_url: str, t: float, timeout: float = 10.0) -> metrics.Scrape | st
 
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=timeout) as r:
-            # A /metrics of a few hundred series is ~100 KB; a server sending more is not read past 8 MB.
+            # A /metrics of a few hundred series is ~100 KB; a server sending more is not read past
+            # 8 MB.
             text = r.read(8 << 20).decode(errors="replace")
     except (OSError, ValueError) as e:
         return f"/metrics: {e}"
@@ -305,38 +363,54 @@ def fetch(base_url: str, t: float, timeout: float = 10.0) -> metrics.Scrape | st
         return str(e)
 
 
-def fetch_all(urls: Mapping[str, str], t: float, parallel: int = 32) -> dict[str, metrics.Scrape | str]:
+def fetch_all(
+    urls: Mapping[str, str], t: float, parallel: int = 32
+) -> dict[str, metrics.Scrape | str]:
     """:func:`fetch` of every host's URL (host -> base URL), ``parallel`` at a time."""
     from concurrent.futures import ThreadPoolExecutor
 
     if not urls:
         return {}
-    with ThreadPoolExecutor(max_workers=max(1, min(parallel, len(urls))), thread_name_prefix="scrape") as pool:
+    with ThreadPoolExecutor(
+        max_workers=max(1, min(parallel, len(urls))), thread_name_prefix="scrape"
+    ) as pool:
         futures = {h: pool.submit(fetch, u, t) for h, u in urls.items()}
         return {h: f.result() for h, f in futures.items()}
 
 
-#: The Prometheus queries a bake reads instead of scraping each host (``{range}``: the bake's length, e.g.
-#: ``600s``; ``{selector}``: the label matcher of the hosts, e.g. ``instance=~"10.0.0.11:8000|..."``). Each is an
-#: instant query at the bake's end, one series per host (``by (<label>)``).
+#: The Prometheus queries a bake reads instead of scraping each host (``{range}``: the bake's
+#: length, e.g.
+#: ``600s``; ``{selector}``: the label matcher of the hosts, e.g.
+#: ``instance=~"10.0.0.11:8000|..."``). Each is an instant query at the bake's end, one series per
+#: host (``by (<label>)``).
 PROM_QUERIES: dict[str, str] = {
-    "finished": 'sum by ({label}) (increase(vllm:request_success_total{{{selector}}}[{range}]))',
-    "errors": 'sum by ({label}) (increase(vllm:request_success_total{{{selector},finished_reason="error"}}[{range}]))',
-    "ttft_p95": 'histogram_quantile(0.95, sum by ({label}, le) '
-                '(rate(vllm:time_to_first_token_seconds_bucket{{{selector}}}[{range}])))',
-    "tpot_p50": 'histogram_quantile(0.5, sum by ({label}, le) '
-                '(rate(vllm:request_time_per_output_token_seconds_bucket{{{selector}}}[{range}])))',
-    "acceptance": 'sum by ({label}) (increase(vllm:spec_decode_num_accepted_tokens_total{{{selector}}}[{range}])) / '
-                  'sum by ({label}) (increase(vllm:spec_decode_num_draft_tokens_total{{{selector}}}[{range}]))',
+    "finished": "sum by ({label}) (increase(vllm:request_success_total{{{selector}}}[{range}]))",
+    "errors": 'sum by ({label}) '
+              '(increase(vllm:request_success_total{{{selector},finished_reason="error"}}[{range}]))',
+    "ttft_p95": "histogram_quantile(0.95, sum by ({label}, le) "
+    "(rate(vllm:time_to_first_token_seconds_bucket{{{selector}}}[{range}])))",
+    "tpot_p50": "histogram_quantile(0.5, sum by ({label}, le) "
+    "(rate(vllm:request_time_per_output_token_seconds_bucket{{{selector}}}[{range}])))",
+    "acceptance": "sum by ({label}) "
+                  "(increase(vllm:spec_decode_num_accepted_tokens_total{{{selector}}}[{range}])) / "
+    "sum by ({label}) (increase(vllm:spec_decode_num_draft_tokens_total{{{selector}}}[{range}]))",
 }
 
 
-def from_prometheus(url: str, hosts: Mapping[str, str], seconds: float, at: float, label: str = "instance",
-                    timeout: float = 10.0) -> dict[str, Traffic]:
-    """Each host's :class:`Traffic` over the ``seconds`` before ``at`` (Unix time) from a Prometheus-compatible
+def from_prometheus(
+    url: str,
+    hosts: Mapping[str, str],
+    seconds: float,
+    at: float,
+    label: str = "instance",
+    timeout: float = 10.0,
+) -> dict[str, Traffic]:
+    """Each host's :class:`Traffic` over the ``seconds`` before ``at`` (Unix time) from a
+    Prometheus-compatible
     API (``GET <url>/api/v1/query``): host -> its value of ``label`` (e.g. ``10.0.0.11:8000``).
 
-    A query that fails names itself in every host's ``problems`` (the figures it gives are then missing:
+    A query that fails names itself in every host's ``problems`` (the figures it gives are then
+    missing:
     inconclusive, never a pass). Values that are not finite numbers are missing too.
     """
     import json
@@ -352,12 +426,21 @@ def from_prometheus(url: str, hosts: Mapping[str, str], seconds: float, at: floa
     by_value = {v: h for h, v in hosts.items()}
     for name, template in PROM_QUERIES.items():
         q = template.format(label=label, selector=selector, range=rng)
-        full = url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": q, "time": f"{at:.3f}"})
+        full = (
+            url.rstrip("/")
+            + "/api/v1/query?"
+            + urllib.parse.urlencode({"query": q, "time": f"{at:.3f}"})
+        )
         try:
             with urllib.request.urlopen(full, timeout=timeout) as r:
                 body = json.loads(r.read(4 << 20))
-            if body.get("status") != "success" or body.get("data", {}).get("resultType") != "vector":
-                raise ValueError(f"status {body.get('status')!r}: {str(body.get('error', ''))[:200]}")
+            if (
+                body.get("status") != "success"
+                or body.get("data", {}).get("resultType") != "vector"
+            ):
+                raise ValueError(
+                    f"status {body.get('status')!r}: {str(body.get('error', ''))[:200]}"
+                )
             for series in body["data"]["result"]:
                 host = by_value.get(str(series.get("metric", {}).get(label, "")))
                 v = float(series["value"][1])
@@ -365,7 +448,16 @@ def from_prometheus(url: str, hosts: Mapping[str, str], seconds: float, at: floa
                     got[host][name] = v
         except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
             problems.append(f"Prometheus query {name} failed: {e}")
-    return {h: Traffic(h, seconds, finished=g.get("finished"),
-                       errors=g.get("errors", 0.0) if "finished" in g else None,
-                       ttft_p95=g.get("ttft_p95"), tpot_p50=g.get("tpot_p50"), acceptance=g.get("acceptance"),
-                       problems=tuple(problems)) for h, g in got.items()}
+    return {
+        h: Traffic(
+            h,
+            seconds,
+            finished=g.get("finished"),
+            errors=g.get("errors", 0.0) if "finished" in g else None,
+            ttft_p95=g.get("ttft_p95"),
+            tpot_p50=g.get("tpot_p50"),
+            acceptance=g.get("acceptance"),
+            problems=tuple(problems),
+        )
+        for h, g in got.items()
+    }

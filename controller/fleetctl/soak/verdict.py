@@ -88,17 +88,19 @@ class Sample:
     output_tokens: int | None = None
     events: int = 0
     finish_reason: str | None = None
-    #: connect | http | stream_error | timeout | stall (no token for the liveness bound) | disconnect | protocol |
-    #: finish (empty when ok).
+    #: connect | http | stream_error | timeout | stall (no token for the liveness bound) |
+    #: disconnect | protocol | finish (empty when ok).
     error_kind: str = ""
     error: str = ""
     #: The generated text, kept only for smoke prompts and canaries (load text is large).
     text: str | None = None
-    #: Why the streamed text is garbage (a run of '!', a repeated token, no text at all), empty when clean.
+    #: Why the streamed text is garbage (a run of '!', a repeated token, no text at all), empty
+    #: when clean.
     garbage: str = ""
     #: The text around the garbage finding (its last characters), for the verdict and report.
     excerpt: str = ""
-    #: Inter-token latency of this stream: median and p99 of the gaps between reads carrying content.
+    #: Inter-token latency of this stream: median and p99 of the gaps between reads carrying
+    #: content.
     itl_p50: float | None = None
     itl_p99: float | None = None
     #: A phrase loop at the end of the answer (soak/loops.py), described; empty when none.
@@ -106,7 +108,8 @@ class Sample:
     #: Where the loop starts (characters into the answer) and the answer's length in characters.
     loop_start: int | None = None
     text_chars: int = 0
-    #: The text's length after each content delta (the long decode only: its windows are cut by tokens).
+    #: The text's length after each content delta (the long decode only: its windows are cut by
+    #: tokens).
     delta_ends: tuple[int, ...] = ()
 
 
@@ -142,8 +145,9 @@ class Window:
     prefix_cache_hits: float | None = None
     #: Requests the server finished in the window beyond the soak's own (another client's traffic).
     foreign_requests: float | None = None
-    #: Impossible readings, each naming its series ("vllm:...: accepted 290 > draft tokens 250"): the
-    #: figures derived from those series are left out (None) and the checks reading them are inconclusive.
+    #: Impossible readings, each naming its series ("vllm:...: accepted 290 > draft tokens 250"):
+    #: the figures derived from those series are left out (None) and the checks reading them are
+    #: inconclusive.
     inconsistent: tuple[str, ...] = ()
 
 
@@ -222,7 +226,8 @@ class Verdict:
     seconds: float
     tag: str = ""
     profile: str = ""
-    #: The image digest judged (``sha256:...``), when known: reports show the tag and its short digest.
+    #: The image digest judged (``sha256:...``), when known: reports show the tag and its short
+    #: digest.
     digest: str = ""
     #: Directory holding samples.jsonl, scrapes/, verdict.json (None when not saved).
     artifacts_dir: str | None = None
@@ -233,7 +238,8 @@ class Verdict:
     windows: tuple[Window, ...] = ()
     #: The baseline this soak was compared with (run id), empty when none.
     baseline_run_id: str = ""
-    #: ``SoakConfig.fingerprint()`` of the config that made this verdict (empty: before fingerprints).
+    #: ``SoakConfig.fingerprint()`` of the config that made this verdict (empty: before
+    #: fingerprints).
     fingerprint: str = ""
     #: Latency samples for the report's distributions (seconds), per phase.
     ttft_samples: tuple[float, ...] = ()
@@ -266,8 +272,8 @@ class Verdict:
 
 #: Values :func:`to_dict` returns as they are (by exact type: an enum deriving from str is not one).
 _PLAIN = frozenset({str, int, float, bool, type(None)})
-#: Per dataclass, the fields :func:`to_dict` writes (looked up once: a soak writes thousands of samples,
-#: and ``dataclasses.fields`` per object was a good part of the controller's CPU per host).
+#: Per dataclass, the fields :func:`to_dict` writes (looked up once: a soak writes thousands of
+#: samples, and ``dataclasses.fields`` per object was a good part of the controller's CPU per host).
 _FIELDS: dict[type, tuple[str, ...]] = {}
 
 
@@ -278,7 +284,9 @@ def to_dict(obj: Any) -> Any:
         return obj
     names = _FIELDS.get(tp)
     if names is None and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        names = _FIELDS[tp] = tuple(f.name for f in dataclasses.fields(obj) if f.compare or f.name != "container")
+        names = _FIELDS[tp] = tuple(
+            f.name for f in dataclasses.fields(obj) if f.compare or f.name != "container"
+        )
     if names is not None:
         return {n: to_dict(getattr(obj, n)) for n in names}
     if isinstance(obj, enum.Enum):
@@ -300,8 +308,8 @@ def from_dict(cls: type[T], data: Any) -> T:
     return typing.cast(T, _build(cls, data))
 
 
-#: Per dataclass, its fields' names and resolved types (``get_type_hints`` evaluates every annotation
-#: string each time it is called).
+#: Per dataclass, its fields' names and resolved types (``get_type_hints`` evaluates every
+#: annotation string each time it is called).
 _HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
 
 

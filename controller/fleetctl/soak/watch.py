@@ -1,6 +1,7 @@
 """``fleetctl watch``: a cheap continuous probe of promoted hosts, for hours, judged like a soak.
 
-Every ``interval`` each host gets one greedy canary (compared with that canary's first answer in this
+Every ``interval`` each host gets one greedy canary (compared with that canary's first answer in
+this
 watch, its reference), one short streamed request (its time to first token, and a stall while
 /health answers is a wedged engine), and a /metrics scrape whose delta since the last one gives the
 interval's finished and failed requests, preemptions, acceptance and TTFT/TPOT percentiles
@@ -9,10 +10,12 @@ pass/fail/inconclusive checks under the usual limits (``checks.decide``), writte
 its own (samples.jsonl, scrapes/, verdict.json).
 
 Bounded: at most ``parallel`` hosts are probed at once (one client each, opened for the probe and
-closed after it), every request has the soak's byte cap and liveness bound, samples and scrapes go to
+closed after it), every request has the soak's byte cap and liveness bound, samples and scrapes go
+to
 disk as they come, and what stays in memory per host is fixed (the non-passing measurements up to
 :data:`KEEP`, counts beyond, the last :data:`KEEP` windows, a reservoir of latencies). A breach
-(a check failing) calls ``on_breach`` once per host and check, as it happens: the CLI pages the webhook.
+(a check failing) calls ``on_breach`` once per host and check, as it happens: the CLI pages the
+webhook.
 """
 
 from __future__ import annotations
@@ -73,9 +76,10 @@ class WatchSettings:
     #: TTFT p95 / TPOT p50 bounds in seconds (None: the soak profile's loosest latency bounds).
     ttft_p95: float | None = None
     tpot_p50: float | None = None
-    #: Acceptance kept relative to the watch's first block: acceptance is judged over blocks of consecutive
-    #: intervals holding at least ``min_draft_tokens`` drafted tokens (a few requests' drafts are noise:
-    #: 5 % vs 9 % between two 1 s windows of the same healthy server), the first block the reference.
+    #: Acceptance kept relative to the watch's first block: acceptance is judged over blocks of
+    #: consecutive intervals holding at least ``min_draft_tokens`` drafted tokens (a few requests'
+    #: drafts are noise: 5 % vs 9 % between two 1 s windows of the same healthy server), the first
+    #: block the reference.
     acceptance_ratio: float = 0.8
     min_draft_tokens: int = 2000
     #: Failing intervals a check tolerates before it fails (a page).
@@ -84,7 +88,8 @@ class WatchSettings:
 
 @dataclass(frozen=True)
 class WatchTarget:
-    """One host (or endpoint) to watch: its target, its soak config (model, liveness bound, bounds)."""
+    """One host (or endpoint) to watch: its target, its soak config (model, liveness bound,
+    bounds)."""
 
     target: SoakTarget
     config: SoakConfig
@@ -121,8 +126,14 @@ class _Check:
     def result(self, spec: CheckSpec, ok: str, no_data: str) -> CheckResult:
         ms_ = list(self.kept)
         if self.passes and self.last_pass is not None:
-            ms_.append(replace(self.last_pass, label=f"{self.passes} passing interval(s)",
-                               message=f"{self.passes} interval(s) within bounds; last: {self.last_pass.message}"))
+            ms_.append(
+                replace(
+                    self.last_pass,
+                    label=f"{self.passes} passing interval(s)",
+                    message=f"{self.passes} interval(s) within bounds; last: "
+                            f"{self.last_pass.message}",
+                )
+            )
         r = decide(spec, ms_, ok_message=ok, no_data=no_data)
         if self.dropped:
             r = replace(r, message=r.message + f" ({self.dropped} more not kept)")
@@ -138,11 +149,14 @@ class _Host:
         self.target = secrets.scrubbed_target(wt.target, self.scrub)
         self.art = Artifacts(wt.artifacts_dir)
         self.t0 = t0
-        self.model = wt.config.model or (wt.config.served_model_names[0] if wt.config.served_model_names else "")
+        self.model = wt.config.model or (
+            wt.config.served_model_names[0] if wt.config.served_model_names else ""
+        )
         self.refs: dict[str, str] = {}
         self.prev: metrics.Scrape | None = None
         self.first_acceptance: float | None = None
-        #: The acceptance block being filled: accepted and drafted tokens, and the intervals it spans.
+        #: The acceptance block being filled: accepted and drafted tokens, and the intervals it
+        #: spans.
         self.block = [0.0, 0.0]
         self.block_from = ""
         self.checks = {n: _Check(n) for n in CHECKS}
@@ -167,17 +181,38 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
         if not h.model:
             _p, models = await c.get_json("/v1/models")
             data = models.get("data", []) if isinstance(models, dict) else []
-            h.model = next((str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")), "")
+            h.model = next(
+                (str(m.get("id")) for m in data if isinstance(m, dict) and m.get("id")), ""
+            )
         if not h.version:
             _pv, version = await c.get_json("/version")
             h.version = str(version.get("version", "")) if isinstance(version, dict) else ""
         cp = prompts.CANARIES[i % len(prompts.CANARIES)]
         canary_tokens = int(cfg.check("correctness").params.get("canary_max_tokens", 64))
-        canary = await c.chat(ChatRequest(h.model, cp.prompt, canary_tokens, 0.0, thinking=False), phase="watch",
-                              cls=f"canary-{cp.name}", concurrency=1, t0=h.t0, keep_text=True, stall=stall)
-        stream = await c.chat(ChatRequest(h.model, STREAM_PROMPT, s.stream_max_tokens, cfg.temperature, thinking=False),
-                              phase="watch", cls="stream", concurrency=1, t0=h.t0, stall=stall)
-        health = await c.get("/health", timeout=5.0) if "stall" in (canary.error_kind, stream.error_kind) else None
+        canary = await c.chat(
+            ChatRequest(h.model, cp.prompt, canary_tokens, 0.0, thinking=False),
+            phase="watch",
+            cls=f"canary-{cp.name}",
+            concurrency=1,
+            t0=h.t0,
+            keep_text=True,
+            stall=stall,
+        )
+        stream = await c.chat(
+            ChatRequest(
+                h.model, STREAM_PROMPT, s.stream_max_tokens, cfg.temperature, thinking=False
+            ),
+            phase="watch",
+            cls="stream",
+            concurrency=1,
+            t0=h.t0,
+            stall=stall,
+        )
+        health = (
+            await c.get("/health", timeout=5.0)
+            if "stall" in (canary.error_kind, stream.error_kind)
+            else None
+        )
         p = await c.get("/metrics", timeout=15.0)
     h.intervals += 1
     label = f"i{i}"
@@ -202,7 +237,9 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
                 _judge_window(h, s, label, h.prev, cur)
             h.prev = cur
     else:
-        h.checks["server_errors"].add(Measurement(label, ERR, f"{label}: /metrics {p.state} {p.detail or p.status}"))
+        h.checks["server_errors"].add(
+            Measurement(label, ERR, f"{label}: /metrics {p.state} {p.detail or p.status}")
+        )
     progress(Event("watch", f"interval {i + 1}: canary {'ok' if canary.ok else canary.error_kind}, "
                    f"stream {'ok' if stream.ok else stream.error_kind}", host=h.target.name,
                    data={"interval": i + 1, "errors": h.errors, "requests": h.requests}))
@@ -212,49 +249,104 @@ def _judge_requests(h: _Host, label: str, canary: Sample, stream: Sample, cp: pr
                     health_ok: bool, stall: float | None) -> None:
     host = h.target.name
     bad = [x for x in (canary, stream) if not x.ok and x.error_kind != "stall"]
-    h.checks["probes"].add(Measurement(label, F if bad else P, f"{label}: " + (
-        "; ".join(f"{x.cls} failed: {x.error}" for x in bad) if bad else "canary and stream answered"),
-        len(bad), 0))
+    h.checks["probes"].add(
+        Measurement(
+            label,
+            F if bad else P,
+            f"{label}: "
+            + (
+                "; ".join(f"{x.cls} failed: {x.error}" for x in bad)
+                if bad
+                else "canary and stream answered"
+            ),
+            len(bad),
+            0,
+        )
+    )
     stalls = [x for x in (canary, stream) if x.error_kind == "stall"]
     if stalls:
-        h.checks["liveness"].add(Measurement(label, F if health_ok else ERR, (
-            f"engine wedged on {host}: the {stalls[0].cls} request got no token for {stall or 0:.0f}s while "
-            "/health answered 200") if health_ok else f"{label}: no token for {stall or 0:.0f}s and /health "
-            "does not answer (the server is down)", round(stalls[0].e2e or 0.0, 1), stall))
+        h.checks["liveness"].add(
+            Measurement(
+                label,
+                F if health_ok else ERR,
+                (
+                    f"engine wedged on {host}: the {stalls[0].cls} request got no token for "
+                    f"{stall or 0:.0f}s while "
+                    "/health answered 200"
+                )
+                if health_ok
+                else f"{label}: no token for {stall or 0:.0f}s and /health "
+                "does not answer (the server is down)",
+                round(stalls[0].e2e or 0.0, 1),
+                stall,
+            )
+        )
     elif stream.ok:
-        h.checks["liveness"].add(Measurement(label, P, f"{label}: first token after {ms(stream.ttft)}",
-                                             stream.ttft, stall))
+        h.checks["liveness"].add(
+            Measurement(
+                label, P, f"{label}: first token after {ms(stream.ttft)}", stream.ttft, stall
+            )
+        )
     if not canary.ok:
         return
     text = canary.text or ""
     ref = h.refs.get(cp.name)
     if cp.expect.lower() not in text.lower():
-        h.checks["canary"].add(Measurement(label, F, f"{label}: canary {cp.name} lacks {cp.expect!r}: "
-                                           f"{' '.join(text.split())[:80]!r}", text[:80], cp.expect))
+        h.checks["canary"].add(
+            Measurement(
+                label,
+                F,
+                f"{label}: canary {cp.name} lacks {cp.expect!r}: {' '.join(text.split())[:80]!r}",
+                text[:80],
+                cp.expect,
+            )
+        )
     elif ref is None:
         h.refs[cp.name] = text
-        h.checks["canary"].add(Measurement(label, P, f"{label}: canary {cp.name} answered (its reference)"))
+        h.checks["canary"].add(
+            Measurement(label, P, f"{label}: canary {cp.name} answered (its reference)")
+        )
     elif not same_answer(text, ref):
-        h.checks["canary"].add(Measurement(label, F, f"{label}: canary {cp.name} changed its greedy answer: "
-                                           f"{' '.join(text.split())[:80]!r}, first {' '.join(ref.split())[:80]!r}",
-                                           text[:80], ref[:80]))
+        h.checks["canary"].add(
+            Measurement(
+                label,
+                F,
+                f"{label}: canary {cp.name} changed its greedy answer: "
+                f"{' '.join(text.split())[:80]!r}, first {' '.join(ref.split())[:80]!r}",
+                text[:80],
+                ref[:80],
+            )
+        )
     else:
-        h.checks["canary"].add(Measurement(label, P, f"{label}: canary {cp.name} same as its reference"))
+        h.checks["canary"].add(
+            Measurement(label, P, f"{label}: canary {cp.name} same as its reference")
+        )
 
 
-def _judge_window(h: _Host, s: WatchSettings, label: str, a: metrics.Scrape, b: metrics.Scrape) -> None:
+def _judge_window(
+    h: _Host, s: WatchSettings, label: str, a: metrics.Scrape, b: metrics.Scrape
+) -> None:
     t = traffic(h.target.name, a, b)
     w = metrics.window(a, b, label, "watch")
     h.windows.append(w)
     why = "; ".join(t.problems)
     if t.finished is None or t.errors is None:
-        h.checks["server_errors"].add(Measurement(label, INC, f"{label}: no request counts ({why or 'none'})"))
+        h.checks["server_errors"].add(
+            Measurement(label, INC, f"{label}: no request counts ({why or 'none'})")
+        )
     else:
         rate = t.error_rate or 0.0
         bad = rate > s.max_server_error_rate and t.errors >= s.min_server_errors
-        h.checks["server_errors"].add(Measurement(label, F if bad else P, f"{label}: server finished {t.errors:.0f} of "
-                                                  f"{t.finished:.0f} request(s) with reason error ({pct(rate)})",
-                                                  round(rate, 4), s.max_server_error_rate))
+        h.checks["server_errors"].add(
+            Measurement(
+                label,
+                F if bad else P,
+                f"{label}: server finished {t.errors:.0f} of "
+                f"{t.finished:.0f} request(s) with reason error ({pct(rate)})",
+                round(rate, 4),
+                s.max_server_error_rate,
+            )
+        )
     _judge_preemptions(h, s, label, t)
     _judge_latency(h, s, label, t)
     if w.accepted_tokens is not None and w.draft_tokens:
@@ -262,15 +354,25 @@ def _judge_window(h: _Host, s: WatchSettings, label: str, a: metrics.Scrape, b: 
         h.block[0] += w.accepted_tokens
         h.block[1] += w.draft_tokens
         if h.block[1] >= s.min_draft_tokens:
-            rate, where = h.block[0] / h.block[1], f"{h.block_from}-{label}" if h.block_from != label else label
+            rate, where = (
+                h.block[0] / h.block[1],
+                f"{h.block_from}-{label}" if h.block_from != label else label,
+            )
             h.block, h.block_from = [0.0, 0.0], ""
             if h.first_acceptance is None:
                 h.first_acceptance = rate  # the reference block: judged against, not judged
                 return
             lim = h.first_acceptance * s.acceptance_ratio
-            h.checks["acceptance"].add(Measurement(where, F if rate < lim else P,
-                                                   f"{where}: acceptance {pct(rate)} (first block {pct(h.first_acceptance)}"
-                                                   f", floor {pct(lim)})", round(rate, 4), round(lim, 4)))
+            h.checks["acceptance"].add(
+                Measurement(
+                    where,
+                    F if rate < lim else P,
+                    f"{where}: acceptance {pct(rate)} (first block {pct(h.first_acceptance)}"
+                    f", floor {pct(lim)})",
+                    round(rate, 4),
+                    round(lim, 4),
+                )
+            )
     elif any(x.startswith(metrics.SPEC_SERIES) for x in t.problems):
         h.checks["acceptance"].add(Measurement(label, INC, f"{label}: metrics inconsistent: {why}"))
 
@@ -283,24 +385,40 @@ def _judge_preemptions(h: _Host, s: WatchSettings, label: str, t: Traffic) -> No
         return
     per_min = t.preemptions / max(t.seconds, 1e-9) * 60
     bad = per_min > bound and t.preemptions > 10
-    h.checks["preemptions"].add(Measurement(label, F if bad else P, f"{label}: {t.preemptions:.0f} preemptions "
-                                            f"({per_min:.0f}/min, bound {bound:.0f}/min)", round(per_min, 1), bound))
+    h.checks["preemptions"].add(
+        Measurement(
+            label,
+            F if bad else P,
+            f"{label}: {t.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
+            round(per_min, 1),
+            bound,
+        )
+    )
 
 
 def loosest(config: SoakConfig, key: str) -> float | None:
-    """The profile's loosest latency bound for ``key`` (seconds): live traffic's concurrency is unknown."""
+    """The profile's loosest latency bound for ``key`` (seconds): live traffic's concurrency is
+    unknown."""
     table = config.check("latency").params.get(key)
     return max(float(v) for v in table.values()) / 1000.0 if table else None
 
 
 def _judge_latency(h: _Host, s: WatchSettings, label: str, t: Traffic) -> None:
-    for what, got, bound in (("TTFT p95", t.ttft_p95, s.ttft_p95 or loosest(h.wt.config, "ttft_p95_ms")),
-                             ("TPOT p50", t.tpot_p50, s.tpot_p50 or loosest(h.wt.config, "tpot_p50_ms"))):
+    for what, got, bound in (
+        ("TTFT p95", t.ttft_p95, s.ttft_p95 or loosest(h.wt.config, "ttft_p95_ms")),
+        ("TPOT p50", t.tpot_p50, s.tpot_p50 or loosest(h.wt.config, "tpot_p50_ms")),
+    ):
         if bound is None or got is None:
             continue
-        h.checks["latency"].add(Measurement(f"{label} {what}", F if got > bound else P,
-                                            f"{label}: {what} {ms(got)} {'>' if got > bound else '<='} {ms(bound)}",
-                                            round(got * 1000, 1), round(bound * 1000, 1)))
+        h.checks["latency"].add(
+            Measurement(
+                f"{label} {what}",
+                F if got > bound else P,
+                f"{label}: {what} {ms(got)} {'>' if got > bound else '<='} {ms(bound)}",
+                round(got * 1000, 1),
+                round(bound * 1000, 1),
+            )
+        )
 
 
 def _breaches(h: _Host, s: WatchSettings, on_breach: OnBreach | None) -> None:
@@ -316,25 +434,54 @@ def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> V
     spec = {n: CheckSpec(n, failure_limit=s.failure_limit) for n in CHECKS}
     n = h.intervals
     results: tuple[CheckResult, ...] = (
-        h.checks["probes"].result(spec["probes"], f"{h.requests} probe request(s) in {n} interval(s), none failed",
-                                  "no interval completed"),
-        h.checks["canary"].result(spec["canary"], f"{len(prompts.CANARIES)} greedy canaries kept their answers",
-                                  "no canary answered"),
-        h.checks["liveness"].result(spec["liveness"], "every probe streamed tokens", "no probe streamed"),
-        h.checks["server_errors"].result(spec["server_errors"], "no interval over the server error rate bound "
-                                         f"{pct(s.max_server_error_rate)}", "fewer than two /metrics scrapes"),
-        h.checks["preemptions"].result(spec["preemptions"], "no preemption storm", "no preemption counter"),
-        h.checks["latency"].result(spec["latency"], "TTFT p95 and TPOT p50 within bounds in every interval",
-                                   "no latency histogram with observations"),
-        h.checks["acceptance"].result(spec["acceptance"], f"acceptance stayed above {s.acceptance_ratio:.0%} of "
-                                      "its first block", "")
-        if h.checks["acceptance"].kept or h.checks["acceptance"].passes else
-        CheckResult("acceptance", Outcome.SKIPPED, f"not judged: fewer than two blocks of {s.min_draft_tokens} drafted "
-                    "tokens in the watch" if h.spec_seen else "no speculative decoding on this server"),
+        h.checks["probes"].result(
+            spec["probes"],
+            f"{h.requests} probe request(s) in {n} interval(s), none failed",
+            "no interval completed",
+        ),
+        h.checks["canary"].result(
+            spec["canary"],
+            f"{len(prompts.CANARIES)} greedy canaries kept their answers",
+            "no canary answered",
+        ),
+        h.checks["liveness"].result(
+            spec["liveness"], "every probe streamed tokens", "no probe streamed"
+        ),
+        h.checks["server_errors"].result(
+            spec["server_errors"],
+            f"no interval over the server error rate bound {pct(s.max_server_error_rate)}",
+            "fewer than two /metrics scrapes",
+        ),
+        h.checks["preemptions"].result(
+            spec["preemptions"], "no preemption storm", "no preemption counter"
+        ),
+        h.checks["latency"].result(
+            spec["latency"],
+            "TTFT p95 and TPOT p50 within bounds in every interval",
+            "no latency histogram with observations",
+        ),
+        h.checks["acceptance"].result(
+            spec["acceptance"],
+            f"acceptance stayed above {s.acceptance_ratio:.0%} of its first block",
+            "",
+        )
+        if h.checks["acceptance"].kept or h.checks["acceptance"].passes
+        else CheckResult(
+            "acceptance",
+            Outcome.SKIPPED,
+            f"not judged: fewer than two blocks of {s.min_draft_tokens} drafted tokens in the watch"
+            if h.spec_seen
+            else "no speculative decoding on this server",
+        ),
     )
-    # Latency and preemptions only read what the server reports: without such series they are not judged.
-    results = tuple(r if not (r.name in ("preemptions", "latency") and r.outcome is INC and not r.measurements)
-                    else replace(r, outcome=Outcome.SKIPPED) for r in results)
+    # Latency and preemptions only read what the server reports: without such series they are not
+    # judged.
+    results = tuple(
+        r
+        if not (r.name in ("preemptions", "latency") and r.outcome is INC and not r.measurements)
+        else replace(r, outcome=Outcome.SKIPPED)
+        for r in results
+    )
     counted = [r.outcome for r in results if not r.observe_only]
     outcome = next((o for o in (F, ERR, INC) if o in counted), P)
     deciding = [r for r in results if r.outcome is outcome]
@@ -344,19 +491,37 @@ def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> V
     level = replace(level, requests=h.requests, errors=h.errors, first_error=h.first_error)
     ok = [x for x in h.samples if x.ok]
     v = Verdict(
-        run_id=h.wt.run_id, target=h.target.name, base_url=h.target.base_url, outcome=outcome, summary=summary,
-        started=started.isoformat(timespec="seconds"), finished=datetime.now(UTC).isoformat(timespec="seconds"),
-        seconds=round(seconds, 2), tag=h.target.tag, digest=h.target.digest, profile=f"watch/{h.wt.config.profile}",
-        artifacts_dir=str(h.wt.artifacts_dir) if h.wt.artifacts_dir else None, version=h.version,
-        served_models=(h.model,) if h.model else (), checks=results, levels=(level,), windows=tuple(h.windows),
+        run_id=h.wt.run_id,
+        target=h.target.name,
+        base_url=h.target.base_url,
+        outcome=outcome,
+        summary=summary,
+        started=started.isoformat(timespec="seconds"),
+        finished=datetime.now(UTC).isoformat(timespec="seconds"),
+        seconds=round(seconds, 2),
+        tag=h.target.tag,
+        digest=h.target.digest,
+        profile=f"watch/{h.wt.config.profile}",
+        artifacts_dir=str(h.wt.artifacts_dir) if h.wt.artifacts_dir else None,
+        version=h.version,
+        served_models=(h.model,) if h.model else (),
+        checks=results,
+        levels=(level,),
+        windows=tuple(h.windows),
         ttft_samples=tuple(round(x.ttft, 5) for x in ok if x.ttft is not None),
         tpot_samples=tuple(round(x.tpot, 6) for x in ok if x.tpot is not None),
     )
     return h.scrub.tree(v)
 
 
-async def _watch_host(h: _Host, s: WatchSettings, sem: asyncio.Semaphore, end: float, progress: Progress,
-                      on_breach: OnBreach | None) -> None:
+async def _watch_host(
+    h: _Host,
+    s: WatchSettings,
+    sem: asyncio.Semaphore,
+    end: float,
+    progress: Progress,
+    on_breach: OnBreach | None,
+) -> None:
     i = 0
     while True:
         tick = time.monotonic()
@@ -376,19 +541,30 @@ async def _watch_host(h: _Host, s: WatchSettings, sem: asyncio.Semaphore, end: f
 
 def run_watch(targets: Sequence[WatchTarget], settings: WatchSettings, progress: Progress = NULL,
               on_breach: OnBreach | None = None) -> list[Verdict]:
-    """Watch ``targets`` for ``settings.duration`` seconds; one verdict per target (its artifacts written)."""
+    """Watch ``targets`` for ``settings.duration`` seconds; one verdict per target (its artifacts
+    written)."""
     started = datetime.now(UTC)
     t0 = time.monotonic()
     progress = secrets.scrubbed_progress(progress, secrets.Scrubber(
         [x for w in targets for x in secrets.known_secrets(w.target.api_key, w.target.base_url)]))
-    hosts = [_Host(replace(w, run_id=w.run_id or new_run_id("watch", w.target.name)), t0) for w in targets]
-    progress(Event("watch", f"{len(hosts)} host(s) every {settings.interval:g}s for {settings.duration:g}s, "
-                   f"{min(settings.parallel, len(hosts))} at a time"))
+    hosts = [
+        _Host(replace(w, run_id=w.run_id or new_run_id("watch", w.target.name)), t0)
+        for w in targets
+    ]
+    progress(
+        Event(
+            "watch",
+            f"{len(hosts)} host(s) every {settings.interval:g}s for {settings.duration:g}s, "
+            f"{min(settings.parallel, len(hosts))} at a time",
+        )
+    )
 
     async def go() -> None:
         sem = asyncio.Semaphore(max(1, settings.parallel))
         end = time.monotonic() + settings.duration
-        await asyncio.gather(*(_watch_host(h, settings, sem, end, progress, on_breach) for h in hosts))
+        await asyncio.gather(
+            *(_watch_host(h, settings, sem, end, progress, on_breach) for h in hosts)
+        )
 
     try:
         asyncio.run(go())

@@ -1,4 +1,5 @@
-"""Direct SSH to hosts (Fabric over paramiko), with host keys verified, in parallel with bounded waits.
+"""Direct SSH to hosts (Fabric over paramiko), with host keys verified, in parallel with bounded
+waits.
 
 Used where a playbook would be too slow or too coarse: status probes, the
 rollout's per-host steps, soak's look at a container. A host is reached along the
@@ -96,10 +97,17 @@ def run(host: Host, command: str | list[str], timeout: float = 60.0,
 
 def put_text(host: Host, path: str, text: str, mode: int = 0o644, timeout: float = 30.0,
              become: bool = False) -> None:
-    """Write ``text`` to ``path`` on ``host`` atomically (temp file + rename), as root with ``become``."""
+    """Write ``text`` to ``path`` on ``host`` atomically (temp file + rename), as root with
+    ``become``."""
     tmp = f"{path}.fleetctl-tmp"
-    run(host, f"umask 077; cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} && mv -f {shlex.quote(tmp)} {shlex.quote(path)}",
-        timeout=timeout, stdin=text, become=become).check(f"writing {path}")
+    run(
+        host,
+        f"umask 077; cat > {shlex.quote(tmp)} && chmod {mode:o} {shlex.quote(tmp)} && mv -f "
+        f"{shlex.quote(tmp)} {shlex.quote(path)}",
+        timeout=timeout,
+        stdin=text,
+        become=become,
+    ).check(f"writing {path}")
 
 
 def docker(host: Host, command: str | list[str], timeout: float = 60.0,
@@ -132,12 +140,20 @@ def docker(host: Host, command: str | list[str], timeout: float = 60.0,
             connect_timeout,
             on_line,
         )
-    return run(host, cmd, timeout=timeout, connect_timeout=connect_timeout, stdin=stdin, become=True,
-               on_line=on_line)
+    return run(
+        host,
+        cmd,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        stdin=stdin,
+        become=True,
+        on_line=on_line,
+    )
 
 
 def close_all() -> None:
-    """Close every pooled connection and forget what each host's login may do (end of a command, or between tests)."""
+    """Close every pooled connection and forget what each host's login may do (end of a command, or
+    between tests)."""
     POOL.close()
     forget_access()
 

@@ -29,7 +29,9 @@ def sudo_command(host: Host, cmd: str, stdin: str | None, mode: str) -> tuple[st
     if "\n" in password:
         raise FleetError("ansible_become_password holds a line break, which sudo -S cannot take",
                          host=host.name, fix="give the admin user a password without line breaks")
-    return f"sudo -k -S -p '' -u {user} -- sh -c {shlex.quote(cmd)}", password + "\n" + (stdin or "")
+    return f"sudo -k -S -p '' -u {user} -- sh -c {shlex.quote(cmd)}", password + "\n" + (
+        stdin or ""
+    )
 
 
 SUDO_ROOT = "root"  #: logged in as the become user: no sudo needed
@@ -76,23 +78,34 @@ class Access:
     #: Where the login's PATH finds docker (for the sudoers line of a fix).
     docker_path: str = "/usr/bin/docker"
 
-    def problems(self, host: Host, *, sudo: bool = True, docker: bool = True) -> list[tuple[str, str]]:
+    def problems(
+        self, host: Host, *, sudo: bool = True, docker: bool = True
+    ) -> list[tuple[str, str]]:
         """(what is missing, its fix) for each of the asked rights the login lacks."""
         u, out = self.user, []
         allow = f"echo '{u} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/fleetctl"
         if sudo and self.sudo == SUDO_NEEDS_PASSWORD:
-            out.append((f"sudo asks {u} for a password and ansible_become_password is not set "
-                        f"(sudo asks also when {u} may not use it at all)",
-                        f"set ansible_become_password (vault) for {host.name}, or on the host: {allow}"))
+            out.append(
+                (
+                    f"sudo asks {u} for a password and ansible_become_password is not set "
+                    f"(sudo asks also when {u} may not use it at all)",
+                    f"set ansible_become_password (vault) for {host.name}, or on the host: {allow}",
+                )
+            )
         elif sudo and self.sudo == SUDO_WRONG_PASSWORD:
             out.append((f"sudo refused ansible_become_password for {u}",
                         f"correct ansible_become_password (vault) for {host.name}"))
         elif sudo and self.sudo == SUDO_NONE:
             out.append((f"{u} may not use sudo", f"on the host: {allow} (or log in as root)"))
         if docker and self.docker == DOCKER_NONE:
-            out.append((f"{u} can run docker neither as a member of the docker group nor through sudo",
-                        f"on the host: usermod -aG docker {u}, or echo '{u} ALL=(ALL) NOPASSWD: {self.docker_path}'"
-                        " > /etc/sudoers.d/fleetctl"))
+            out.append(
+                (
+                    f"{u} can run docker neither as a member of the docker group nor through sudo",
+                    f"on the host: usermod -aG docker {u}, or echo '{u} ALL=(ALL) NOPASSWD: "
+                    f"{self.docker_path}'"
+                    " > /etc/sudoers.d/fleetctl",
+                )
+            )
         return out
 
 
@@ -151,8 +164,15 @@ def _probe(host: Host, connect_timeout: float) -> Access:
         "checking the login's sudo and docker rights")
     said = dict(line.removeprefix("fleetctl-").partition("=")[::2] for line in r.stdout.splitlines()
                 if line.startswith("fleetctl-"))
-    user, groups, sudo = said.get("user", host.user), tuple(said.get("groups", "").split()), said.get("sudo", "none")
-    sudo_docker, docker_path = said.get("sudo-docker") == "yes", said.get("docker-path") or "/usr/bin/docker"
+    user, groups, sudo = (
+        said.get("user", host.user),
+        tuple(said.get("groups", "").split()),
+        said.get("sudo", "none"),
+    )
+    sudo_docker, docker_path = (
+        said.get("sudo-docker") == "yes",
+        said.get("docker-path") or "/usr/bin/docker",
+    )
     if host.user == become:
         sudo = SUDO_ROOT
     elif sudo == "password":
@@ -171,7 +191,9 @@ def _probe(host: Host, connect_timeout: float) -> Access:
     if user == "root" or "docker" in groups:
         how = DOCKER_DIRECT
     elif sudo in (SUDO_NOPASSWD, SUDO_PASSWORD):
-        how = DOCKER_SUDO  # the whole command as root: `exec docker` and exported variables work too
+        how = (
+            DOCKER_SUDO  # the whole command as root: `exec docker` and exported variables work too
+        )
     elif sudo_docker:
         how = DOCKER_SUDO_DOCKER
     else:

@@ -36,7 +36,9 @@ def close_bounded(clients: Sequence[_Closable], timeout: float = CLOSE_TIMEOUT) 
     left behind by a timed-out host. A stuck close must never hang the controller:
     it is abandoned to its daemon thread, which dies with the process.
     """
-    threads = [threading.Thread(target=c.close, daemon=True, name="fleetctl-ssh-close") for c in clients]
+    threads = [
+        threading.Thread(target=c.close, daemon=True, name="fleetctl-ssh-close") for c in clients
+    ]
     for t in threads:
         t.start()
     deadline = time.monotonic() + timeout
@@ -78,7 +80,8 @@ _FABRIC_CONFIG = fabric.Config(ssh_config=paramiko.SSHConfig(), lazy=True)
 
 class _Connection(fabric.Connection):  # type: ignore[misc]
     """Fabric's connection whose ProxyJump channel open is bounded (Fabric waits paramiko's hour)
-    and whose ProxyCommand is taken as given (Fabric re-expands it with port 22 and the local user)."""
+    and whose ProxyCommand is taken as given (Fabric re-expands it with port 22 and the local
+    user)."""
 
     open_timeout: float = DEFAULT_CONNECT_TIMEOUT
 
@@ -95,7 +98,8 @@ class _Connection(fabric.Connection):  # type: ignore[misc]
 
 def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             timeout: float) -> fabric.Connection:
-    """An open connection to ``hop`` (through ``gateway``), its host key verified; errors name the hop."""
+    """An open connection to ``hop`` (through ``gateway``), its host key verified; errors name the
+    hop."""
     target = hop == host.hop()
     what = f"{hop.address}:{hop.port}" if target else f"jump host {hop.label}"
     via = (f" via ProxyCommand {gateway!r}" if isinstance(gateway, str) else
@@ -104,18 +108,30 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
     known = hop.known_hosts_path()
     if not known.exists():
         raise FleetError(
-            f"known_hosts file {known} does not exist, so the host key of {what} cannot be verified",
+            f"known_hosts file {known} does not exist, so the host key of {what} cannot be "
+            "verified",
             host=host.name,
-            fix="set fleetctl_known_hosts for the host (the lab writes one) or ssh-keyscan it after checking the fingerprint",
+            fix="set fleetctl_known_hosts for the host (the lab writes one) or ssh-keyscan it "
+                "after checking the fingerprint",
         )
     keys = list(hop.key_files)
-    c = _Connection(hop.address, user=hop.user, port=hop.port, config=_FABRIC_CONFIG,
-                    gateway=gateway if gateway is not None else False,
-                    connect_kwargs={"key_filename": keys or None, "timeout": timeout, "banner_timeout": timeout,
-                                    "auth_timeout": timeout, "look_for_keys": not keys,
-                                    # as ssh: the agent's keys after the files (an encrypted key file
-                                    # unlocked in the agent), unless IdentitiesOnly
-                                    "allow_agent": not (keys and hop.identities_only)})
+    c = _Connection(
+        hop.address,
+        user=hop.user,
+        port=hop.port,
+        config=_FABRIC_CONFIG,
+        gateway=gateway if gateway is not None else False,
+        connect_kwargs={
+            "key_filename": keys or None,
+            "timeout": timeout,
+            "banner_timeout": timeout,
+            "auth_timeout": timeout,
+            "look_for_keys": not keys,
+            # as ssh: the agent's keys after the files (an encrypted key file
+            # unlocked in the agent), unless IdentitiesOnly
+            "allow_agent": not (keys and hop.identities_only),
+        },
+    )
     c.open_timeout = timeout
     # Fabric's client adds unknown host keys (AutoAddPolicy) and loads none: every hop, jump
     # hosts included, is checked against its known_hosts file and an unknown key refused.
@@ -135,8 +151,11 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             fix="if the host was reinstalled, verify its new fingerprint and update known_hosts",
         ) from None
     except paramiko.ChannelException as e:
-        raise HostUnreachable(f"{getattr(gateway, 'host', 'the jump host')} cannot reach {what} ({e})",
-                              host=host.name, fix="check that the host is up and reachable from the jump host") from None
+        raise HostUnreachable(
+            f"{getattr(gateway, 'host', 'the jump host')} cannot reach {what} ({e})",
+            host=host.name,
+            fix="check that the host is up and reachable from the jump host",
+        ) from None
     except paramiko.SSHException as e:
         if "not found in known_hosts" in str(e):
             raise FleetError(
@@ -144,12 +163,16 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
                 host=host.name,
                 fix="add the host's verified key to that known_hosts file",
             ) from None
-        raise HostUnreachable(f"SSH to {login}{via} failed: {e}", host=host.name,
-                              fix="check that sshd runs and the key is authorised") from None
+        raise HostUnreachable(
+            f"SSH to {login}{via} failed: {e}",
+            host=host.name,
+            fix="check that sshd runs and the key is authorised",
+        ) from None
     except (TimeoutError, OSError, EOFError) as e:
         raise HostUnreachable(
             f"cannot reach {what}{via} over SSH ({e or type(e).__name__})",
             host=host.name,
-            fix="check that the host is up and on the network, or leave it out with --limit '!NAME'",
+            fix="check that the host is up and on the network, or leave it out with --limit "
+                "'!NAME'",
         ) from None
     return c

@@ -62,9 +62,15 @@ def fan_out(hosts: Iterable[Host], fn: Callable[[Host], T], timeout: float | Non
     for f, h in futures.items():
         took = time.monotonic() - starts.get(h.name, time.monotonic())
         if f in late:
-            out[h.name] = Outcome(h.name, error=HostUnreachable(
-                f"no answer within {timeout:.0f}s", host=h.name,
-                fix="check the host; it is reported as unreachable and left as it is"), seconds=took)
+            out[h.name] = Outcome(
+                h.name,
+                error=HostUnreachable(
+                    f"no answer within {timeout:.0f}s",
+                    host=h.name,
+                    fix="check the host; it is reported as unreachable and left as it is",
+                ),
+                seconds=took,
+            )
         elif f in waiting:
             out[h.name] = Outcome(h.name, error=HostUnreachable(
                 f"not started: all {workers} workers were held by hosts that did not answer within "

@@ -13,9 +13,9 @@ from fleetctl.ssh.connection import ChainClose, alive, close_bounded, connect
 
 #: Idle SSH connections kept open for the next command, at most. Each one holds a socket and a
 #: paramiko transport thread that wakes every 0.1 s even when idle; a fleet of hundreds kept one
-#: per host for the whole command (see docs/decisions/0003-bounded-fan-out.md for the cost). Connections in
-#: use are never closed, so at most this many plus the commands running at once are open. Jump
-#: hosts are not counted: one connection to a bastion carries every host behind it.
+#: per host for the whole command (see docs/decisions/0003-bounded-fan-out.md for the cost).
+#: Connections in use are never closed, so at most this many plus the commands running at once are
+#: open. Jump hosts are not counted: one connection to a bastion carries every host behind it.
 MAX_POOLED = 64
 
 
@@ -59,7 +59,9 @@ class Pool:
                     if alive(c):
                         return c
                     self.drop(host)
-                gateway: fabric.Connection | str | None = self._gateway(host, timeout) if host.jumps else None
+                gateway: fabric.Connection | str | None = (
+                    self._gateway(host, timeout) if host.jumps else None
+                )
                 if host.proxy_command and not host.jumps:
                     gateway = host.proxy_command
                 try:
@@ -75,7 +77,8 @@ class Pool:
             raise
 
     def _gateway(self, host: Host, timeout: float) -> fabric.Connection:
-        """The open connection to the host's last jump (through the ones before it), counted once more."""
+        """The open connection to the host's last jump (through the ones before it), counted once
+        more."""
         chain = host.jumps
         with self._lock:
             gl = self._gateway_locks.setdefault(chain, threading.Lock())

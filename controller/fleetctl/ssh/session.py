@@ -43,7 +43,8 @@ class CommandResult:
 
 def exec_command(host: Host, shown: str, cmd: str, stdin: str | None, timeout: float,
           connect_timeout: float, on_line: Callable[[str], None] | None = None) -> CommandResult:
-    """Run ``cmd`` on the host's pooled connection; the result names ``shown`` (the caller's command).
+    """Run ``cmd`` on the host's pooled connection; the result names ``shown`` (the caller's
+    command).
     ``on_line``: see :func:`run` (an error it raises is its own affair: the command goes on)."""
     t0 = time.monotonic()
     try:
@@ -55,18 +56,28 @@ def exec_command(host: Host, shown: str, cmd: str, stdin: str | None, timeout: f
     try:
         chan.settimeout(timeout)
         chan.exec_command(cmd)
-        chan_in, chan_out, chan_err = chan.makefile_stdin("wb"), chan.makefile("r"), chan.makefile_stderr("r")
+        chan_in, chan_out, chan_err = (
+            chan.makefile_stdin("wb"),
+            chan.makefile("r"),
+            chan.makefile_stderr("r"),
+        )
         if stdin is not None:
             chan_in.write(stdin)
             chan_in.channel.shutdown_write()
-        out = chan_out.read().decode(errors="replace") if on_line is None else _read_lines(chan_out, on_line)
+        out = (
+            chan_out.read().decode(errors="replace")
+            if on_line is None
+            else _read_lines(chan_out, on_line)
+        )
         err = chan_err.read().decode(errors="replace")
         rc = chan_out.channel.recv_exit_status()
     except TimeoutError:
         POOL.drop(host)
         raise HostUnreachable(
-            f"`{_short(shown)}` did not finish within {timeout:.0f}s", host=host.name,
-            fix="check the host's load and network; raise the timeout if the step is legitimately slow",
+            f"`{_short(shown)}` did not finish within {timeout:.0f}s",
+            host=host.name,
+            fix="check the host's load and network; raise the timeout if the step is legitimately "
+                "slow",
         ) from None
     except (paramiko.SSHException, OSError, EOFError) as e:
         POOL.drop(host)

@@ -1,4 +1,5 @@
-"""Where the ledger's rows live: a SQLite file per fleet (the default) or a shared PostgreSQL database.
+"""Where the ledger's rows live: a SQLite file per fleet (the default) or a shared PostgreSQL
+database.
 
 The ledger's logic (``ledger.Ledger``) writes one SQL text for both: ``?``
 placeholders, standard upserts (``ON CONFLICT``), explicit column lists, and
@@ -100,7 +101,8 @@ class Backend(ABC):
         """Record the schema version."""
 
     def try_lock(self) -> bool:
-        """Take the fleet's own lock (True when taken or already held). SQLite: the lock row decides."""
+        """Take the fleet's own lock (True when taken or already held). SQLite: the lock row
+        decides."""
         return True
 
     def unlock(self) -> None:  # noqa: B027 (SQLite has no lock of its own to let go)
@@ -112,7 +114,8 @@ class Backend(ABC):
         return False
 
     def lock_live(self) -> bool | None:
-        """Whether any session holds the fleet's lock; None when the database cannot tell (SQLite)."""
+        """Whether any session holds the fleet's lock; None when the database cannot tell
+        (SQLite)."""
         return None
 
     @abstractmethod
@@ -154,7 +157,9 @@ class SqliteBackend(Backend):
         os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
         if path.stat().st_mode & 0o077:
             path.chmod(0o600)
-        self._db = sqlite3.connect(str(path), timeout=10.0, isolation_level=None, check_same_thread=False)
+        self._db = sqlite3.connect(
+            str(path), timeout=10.0, isolation_level=None, check_same_thread=False
+        )
         self._db.row_factory = _dict_row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -197,8 +202,11 @@ class SqliteBackend(Backend):
 
 
 def _key(purpose: str, fleet: str) -> int:
-    """A signed 64-bit advisory-lock key for one fleet and purpose (the same on every controller)."""
-    return int.from_bytes(hashlib.sha256(f"fleetctl:{purpose}:{fleet}".encode()).digest()[:8], "big", signed=True)
+    """A signed 64-bit advisory-lock key for one fleet and purpose (the same on every
+    controller)."""
+    return int.from_bytes(
+        hashlib.sha256(f"fleetctl:{purpose}:{fleet}".encode()).digest()[:8], "big", signed=True
+    )
 
 
 def schema_name(fleet: str) -> str:
@@ -211,7 +219,9 @@ def _pg_ddl(script: str) -> list[str]:
     # Same tables as SQLite's; REAL is 4 bytes on PostgreSQL (timestamps need 8), and the tables
     # that SQLite orders by rowid get an identity column for it.
     script = script.replace(" REAL", " DOUBLE PRECISION")
-    script = script.replace("INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY")
+    script = script.replace(
+        "INTEGER PRIMARY KEY AUTOINCREMENT", "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY"
+    )
     script = re.sub(r"CREATE TABLE (rollouts|hosts|known_good) \(",
                     r"CREATE TABLE \1 (\n  seq BIGINT GENERATED ALWAYS AS IDENTITY,", script)
     return [s for s in script.split(";") if s.strip()]
@@ -270,19 +280,25 @@ class PostgresBackend(Backend):
             from psycopg.conninfo import conninfo_to_dict
         except ImportError as e:
             raise FleetError(
-                "the ledger is set to a PostgreSQL database (fleetctl_ledger_url or $FLEETCTL_LEDGER_URL) "
+                "the ledger is set to a PostgreSQL database (fleetctl_ledger_url or "
+                "$FLEETCTL_LEDGER_URL) "
                 f"but the PostgreSQL driver psycopg is not installed ({e})",
-                fix=f"{PG_EXTRA} (scripts/bootstrap.sh does), or unset the URL to use the local SQLite ledger",
+                fix=f"{PG_EXTRA} (scripts/bootstrap.sh does), or unset the URL to use the local "
+                    "SQLite ledger",
             ) from None
         self._psycopg = psycopg
         self.where = redact(url)
         try:
-            self._params: dict[str, Any] = {k: v for k, v in conninfo_to_dict(url).items() if v is not None}
+            self._params: dict[str, Any] = {
+                k: v for k, v in conninfo_to_dict(url).items() if v is not None
+            }
         except Exception:
-            raise FleetError("the ledger URL (fleetctl_ledger_url or $FLEETCTL_LEDGER_URL) is not a valid "
-                             "PostgreSQL connection string",
-                             fix="use postgresql://USER@HOST:PORT/DBNAME or 'host=... dbname=... user=...'; "
-                                 "keep the password in ~/.pgpass or $PGPASSWORD") from None
+            raise FleetError(
+                "the ledger URL (fleetctl_ledger_url or $FLEETCTL_LEDGER_URL) is not a valid "
+                "PostgreSQL connection string",
+                fix="use postgresql://USER@HOST:PORT/DBNAME or 'host=... dbname=... user=...'; "
+                "keep the password in ~/.pgpass or $PGPASSWORD",
+            ) from None
         self._secret = [str(v) for v in (*(self._params.get(k) for k in sorted(SECRET_PARAMS)),
                                          os.environ.get("PGPASSWORD")) if v]
         self.fleet = fleet
@@ -315,13 +331,16 @@ class PostgresBackend(Backend):
         if re.search(r"authentication|password|pg_hba\.conf|role .* does not exist", cause):
             return FleetError(
                 f"the ledger database {self.where} refused the login: {cause}",
-                fix="check the user and its password: put the password in ~/.pgpass (or a passfile= in the URL) "
-                    "or $PGPASSWORD, not in the URL; ask the database's admin for a role that may connect",
+                fix="check the user and its password: put the password in ~/.pgpass (or a "
+                    "passfile= in the URL) "
+                "or $PGPASSWORD, not in the URL; ask the database's admin for a role that may "
+                "connect",
             )
         return FleetError(
             f"cannot reach the ledger database {self.where}: {cause}",
-            fix="check that the PostgreSQL server runs and that host, port and dbname in fleetctl_ledger_url "
-                "(or $FLEETCTL_LEDGER_URL) are right; unset it to use the local SQLite ledger",
+            fix="check that the PostgreSQL server runs and that host, port and dbname in "
+                "fleetctl_ledger_url "
+            "(or $FLEETCTL_LEDGER_URL) are right; unset it to use the local SQLite ledger",
         )
 
     @contextlib.contextmanager
@@ -330,35 +349,46 @@ class PostgresBackend(Backend):
             yield
         except self._psycopg.OperationalError as e:
             raise FleetError(
-                f"lost the connection to the ledger database {self.where}: {_scrub(str(e), self._secret)}",
+                f"lost the connection to the ledger database {self.where}: "
+                f"{_scrub(str(e), self._secret)}",
                 fix="check the database server, then continue with `fleetctl rollout --resume`",
             ) from None
         except self._psycopg.errors.InsufficientPrivilege as e:
             raise FleetError(
                 f"the ledger database {self.where} denies this role what the ledger needs: "
                 f"{_scrub(str(e), self._secret)}",
-                fix=f"have the database's admin `GRANT CREATE ON DATABASE` to the role, or create schema "
-                    f"{self.schema} with `AUTHORIZATION` that role (it holds fleet {self.fleet}'s tables)",
+                fix="have the database's admin `GRANT CREATE ON DATABASE` to the role, or create "
+                    "schema "
+                f"{self.schema} with `AUTHORIZATION` that role (it holds fleet {self.fleet}'s "
+                "tables)",
             ) from None
         except self._psycopg.Error as e:
-            raise FleetError(f"the ledger database {self.where} failed: {_scrub(str(e), self._secret)}",
-                             fix="see the database server's log; the ledger's transaction was rolled back") from None
+            raise FleetError(
+                f"the ledger database {self.where} failed: {_scrub(str(e), self._secret)}",
+                fix="see the database server's log; the ledger's transaction was rolled back",
+            ) from None
 
     @contextlib.contextmanager
     def write(self, fenced: bool = True) -> Iterator[Tx]:
         with self._errors(), self._conn.transaction():
-            # One writer per fleet at a time, as SQLite's BEGIN IMMEDIATE (read-then-write stays atomic);
-            # and, in the same round trip, whether our lock session still holds the fleet's lock.
+            # One writer per fleet at a time, as SQLite's BEGIN IMMEDIATE (read-then-write stays
+            # atomic); and, in the same round trip, whether our lock session still holds the
+            # fleet's lock.
             row = self._conn.execute(
                 "SELECT pg_advisory_xact_lock(%s)::text AS tx, (SELECT count(*) FROM pg_locks WHERE"
-                " locktype='advisory' AND granted AND pid=%s) AS held", (self._tx_key, self._lock_pid)).fetchone()
+                " locktype='advisory' AND granted AND pid=%s) AS held",
+                (self._tx_key, self._lock_pid),
+            ).fetchone()
             if fenced and self._lock_pid and not row["held"]:
-                # A controller whose session ended (network, server restart) no longer owns the fleet:
-                # another one may have taken it, and two writers would interleave their records.
+                # A controller whose session ended (network, server restart) no longer owns the
+                # fleet: another one may have taken it, and two writers would interleave their
+                # records.
                 raise FleetError(
-                    f"this controller lost the fleet's lock in {self.where} (its database session ended)",
-                    fix="another controller may hold the fleet now: see `fleetctl history`; when none runs, "
-                        "continue with `fleetctl rollout --resume`",
+                    f"this controller lost the fleet's lock in {self.where} (its database session "
+                    "ended)",
+                    fix="another controller may hold the fleet now: see `fleetctl history`; when "
+                        "none runs, "
+                    "continue with `fleetctl rollout --resume`",
                 )
             yield self._tx
 
@@ -398,7 +428,9 @@ class PostgresBackend(Backend):
             return True
         conn = self._connect()
         try:
-            got = conn.execute("SELECT pg_try_advisory_lock(%s) AS got", (self._lock_key,)).fetchone()["got"]
+            got = conn.execute(
+                "SELECT pg_try_advisory_lock(%s) AS got", (self._lock_key,)
+            ).fetchone()["got"]
         except self._psycopg.OperationalError as e:
             conn.close()
             raise self._connect_error(e) from None
@@ -433,9 +465,12 @@ class PostgresBackend(Backend):
     def lock_live(self) -> bool:
         u = self._lock_key & 0xFFFFFFFFFFFFFFFF
         with self.read() as tx:
-            row = tx.one("SELECT count(*) AS n FROM pg_locks WHERE locktype='advisory' AND granted"
-                         " AND database=(SELECT oid FROM pg_database WHERE datname=current_database())"
-                         " AND classid=?::oid AND objid=?::oid AND objsubid=1", (u >> 32, u & 0xFFFFFFFF))
+            row = tx.one(
+                "SELECT count(*) AS n FROM pg_locks WHERE locktype='advisory' AND granted"
+                " AND database=(SELECT oid FROM pg_database WHERE datname=current_database())"
+                " AND classid=?::oid AND objid=?::oid AND objsubid=1",
+                (u >> 32, u & 0xFFFFFFFF),
+            )
         return bool(row and row["n"])
 
     def close(self) -> None:

@@ -42,7 +42,8 @@ from fleetctl.state.lock import proc_start
 
 DEFAULT_STATE_FILE = "/var/lib/fleetctl/state.json"
 #: A lock whose heartbeat is older than this (seconds) belongs to a controller presumed dead.
-#: Heartbeats come every HEARTBEAT_EVERY s, so this survives several missed ones (a slow SSH, a GC pause).
+#: Heartbeats come every HEARTBEAT_EVERY s, so this survives several missed ones (a slow SSH, a GC
+#: pause).
 STALE_AFTER = 180.0
 HEARTBEAT_EVERY = 30.0
 #: How often a compare-and-swap that lost a race is retried before giving up.
@@ -71,7 +72,11 @@ class Owner:
 
     def same_process(self, other: Owner) -> bool:
         """True when both name the same live process (pid + start time on the same machine)."""
-        return (self.controller, self.pid, self.proc_start) == (other.controller, other.pid, other.proc_start)
+        return (self.controller, self.pid, self.proc_start) == (
+            other.controller,
+            other.pid,
+            other.proc_start,
+        )
 
     def describe(self) -> str:
         """``rollout ro-... by alice@laptop (pid 123), heartbeat 12s ago``, for messages."""
@@ -100,11 +105,14 @@ class HostState:
 
     def to_json(self) -> str:
         """The file's text (stable key order, so that equal states hash equal)."""
-        return json.dumps({"version": 1, **dataclasses.asdict(self)}, sort_keys=True, indent=1) + "\n"
+        return (
+            json.dumps({"version": 1, **dataclasses.asdict(self)}, sort_keys=True, indent=1) + "\n"
+        )
 
     @staticmethod
     def from_json(text: str, host: str = "?") -> HostState:
-        """Parse the file's text ("" is the empty state); a damaged file is an error naming its fix."""
+        """Parse the file's text ("" is the empty state); a damaged file is an error naming its
+        fix."""
         if not text.strip():
             return HostState()
         try:
@@ -112,22 +120,31 @@ class HostState:
             return HostState(
                 lock=Owner(**d["lock"]) if d.get("lock") else None,
                 target=Version(**d["target"]) if d.get("target") else None,
-                last_known_good=Version(**d["last_known_good"]) if d.get("last_known_good") else None,
+                last_known_good=Version(**d["last_known_good"])
+                if d.get("last_known_good")
+                else None,
             )
         except (ValueError, TypeError, KeyError) as e:
-            raise FleetError(f"its fleetctl state file is damaged ({e})", host=host,
-                             fix="check no other tool writes it; move it away on that host to start afresh "
-                                 "(its lock and last known-good are then forgotten)") from None
+            raise FleetError(
+                f"its fleetctl state file is damaged ({e})",
+                host=host,
+                fix="check no other tool writes it; move it away on that host to start afresh "
+                "(its lock and last known-good are then forgotten)",
+            ) from None
 
 
 def me(rollout_id: str, kind: str, now: float | None = None) -> Owner:
     """This controller process as a lock owner."""
     t = time.time() if now is None else now
     user = os.environ.get("SUDO_USER") or getpass.getuser()
-    return Owner(rollout_id, kind, socket.gethostname(), user, os.getpid(), proc_start(os.getpid()), t, t)
+    return Owner(
+        rollout_id, kind, socket.gethostname(), user, os.getpid(), proc_start(os.getpid()), t, t
+    )
 
 
-def holder_dead(holder: Owner, mine: Owner, now: float, stale_after: float = STALE_AFTER) -> str | None:
+def holder_dead(
+    holder: Owner, mine: Owner, now: float, stale_after: float = STALE_AFTER
+) -> str | None:
     """Why ``holder`` is presumed dead, or None while it may be alive.
 
     On this controller machine a pid that is gone (or reused: another start
@@ -158,10 +175,13 @@ def claim_state(host: str, state: HostState, mine: Owner, now: float, take_over:
     else:
         dead = holder_dead(h, mine, now, stale_after)
         if dead is None:
-            raise LockedError(f"held by {h.describe()}", host=host,
-                              fix="wait for it to finish (`fleetctl status`); if that controller is dead, "
-                                  "`--take-over` once its heartbeat is older than "
-                                  f"{_age(stale_after)}")
+            raise LockedError(
+                f"held by {h.describe()}",
+                host=host,
+                fix="wait for it to finish (`fleetctl status`); if that controller is dead, "
+                "`--take-over` once its heartbeat is older than "
+                f"{_age(stale_after)}",
+            )
         local = h.controller == mine.controller
         if not (take_over or local):
             raise LockedError(f"held by {h.describe()}: {dead}", host=host, fix=TAKE_OVER_FIX)
@@ -176,7 +196,8 @@ class Store(Protocol):
     def read(self, host: Host) -> str: ...
 
     def swap(self, host: Host, expect: str, text: str) -> bool:
-        """Replace the file's text with ``text`` if it still is ``expect``; False if it changed meanwhile."""
+        """Replace the file's text with ``text`` if it still is ``expect``; False if it changed
+        meanwhile."""
         ...
 
 
@@ -271,8 +292,11 @@ class OpsStore:
         self.ops(host).check_access()
 
 
-def update(store: Store, host: Host, change: Callable[[HostState], HostState], retry_broken: bool = True) -> HostState:
-    """Read, change and compare-and-swap ``host``'s state, retrying when another controller wrote in between
+def update(
+    store: Store, host: Host, change: Callable[[HostState], HostState], retry_broken: bool = True
+) -> HostState:
+    """Read, change and compare-and-swap ``host``'s state, retrying when another controller wrote
+    in between
     (and once after an SSH hiccup, unless ``retry_broken`` is False)."""
     broken = 0
     for _ in range(CAS_RETRIES):
@@ -283,14 +307,17 @@ def update(store: Store, host: Host, change: Callable[[HostState], HostState], r
             if out == text or store.swap(host, text, out):
                 return new
         except HostUnreachable:
-            # One SSH hiccup (a channel that did not open in time on a loaded host) is retried: safe,
-            # since the retry re-reads, so a swap that did land is seen instead of redone.
+            # One SSH hiccup (a channel that did not open in time on a loaded host) is retried:
+            # safe, since the retry re-reads, so a swap that did land is seen instead of redone.
             broken += 1
             if broken > 1 or not retry_broken:
                 raise
             time.sleep(1.0)
-    raise LockedError("its state file kept changing under this controller (another controller is writing it)",
-                      host=host.name, fix="wait for the other controller, then retry")
+    raise LockedError(
+        "its state file kept changing under this controller (another controller is writing it)",
+        host=host.name,
+        fix="wait for the other controller, then retry",
+    )
 
 
 class HostLocks:
@@ -310,10 +337,13 @@ class HostLocks:
         self._beat: threading.Thread | None = None
 
     def _fan(self, names: Sequence[str], fn: Callable[[Host], Any]) -> dict[str, ssh.Outcome[Any]]:
-        return ssh.fan_out([self.hosts[n] for n in names], fn, timeout=120, max_workers=MAX_PARALLEL)
+        return ssh.fan_out(
+            [self.hosts[n] for n in names], fn, timeout=120, max_workers=MAX_PARALLEL
+        )
 
     def claim(self) -> None:
-        """Hold every host, or none: if one is held by another controller, release the others and raise."""
+        """Hold every host, or none: if one is held by another controller, release the others and
+        raise."""
         notes: dict[str, str] = {}
 
         def one(h: Host) -> HostState:
@@ -323,7 +353,9 @@ class HostLocks:
                 self.store.check_access(h)
 
             def change(s: HostState) -> HostState:
-                new, note = claim_state(h.name, s, self.owner, time.time(), self.take_over, self.stale_after)
+                new, note = claim_state(
+                    h.name, s, self.owner, time.time(), self.take_over, self.stale_after
+                )
                 if note:
                     notes[h.name] = note
                 return new
@@ -338,13 +370,19 @@ class HostLocks:
             first = (locked or errors)[0]
             others = [e.host for e in errors if e is not first and e.host]
             more = f" (also: {', '.join(others)})" if others else ""
-            raise type(first)(f"cannot take the fleet's lock, nothing was changed: {first.cause}{more}",
-                              host=first.host, exit_code=first.exit_code,
-                              fix=first.fix or "retry when the host answers, or leave it out with --limit '!NAME'")
+            raise type(first)(
+                f"cannot take the fleet's lock, nothing was changed: {first.cause}{more}",
+                host=first.host,
+                exit_code=first.exit_code,
+                fix=first.fix
+                or "retry when the host answers, or leave it out with --limit '!NAME'",
+            )
         _LIVE.add(self.owner.rollout_id)
         for n, note in notes.items():
             self.notify(note, n)
-        self._beat = threading.Thread(target=self._heartbeat, daemon=True, name="fleetctl-heartbeat")
+        self._beat = threading.Thread(
+            target=self._heartbeat, daemon=True, name="fleetctl-heartbeat"
+        )
         self._beat.start()
 
     def _heartbeat(self) -> None:
@@ -361,24 +399,42 @@ class HostLocks:
         update(self.store, h, change, retry_broken=False)
 
     def release(self) -> None:
-        """Drop the lock on every host this process holds (a failure to reach one is left to go stale)."""
+        """Drop the lock on every host this process holds (a failure to reach one is left to go
+        stale)."""
         self._stop.set()
         if self._beat is not None:
-            # Short: a beat stuck on an unreachable host cannot undo the release (its swap would fail the CAS).
+            # Short: a beat stuck on an unreachable host cannot undo the release (its swap would
+            # fail the CAS).
             self._beat.join(timeout=5)
 
         def one(h: Host) -> None:
-            # No retry: a host that does not answer keeps the lock until it goes stale or is taken over,
-            # and the command's end must not wait twice for it.
-            update(self.store, h, lambda s: dataclasses.replace(s, lock=None)
-                   if s.lock is not None and s.lock.same_process(self.owner) else s, retry_broken=False)
+            # No retry: a host that does not answer keeps the lock until it goes stale or is taken
+            # over, and the command's end must not wait twice for it.
+            update(
+                self.store,
+                h,
+                lambda s: (
+                    dataclasses.replace(s, lock=None)
+                    if s.lock is not None and s.lock.same_process(self.owner)
+                    else s
+                ),
+                retry_broken=False,
+            )
+
         self._fan(list(self.held), one)
         self.held = []
         _LIVE.discard(self.owner.rollout_id)
 
-    def record(self, host: str, *, target: Version | None = None, last_known_good: Version | None = None,
-               seed_last_known_good: Version | None = None) -> None:
-        """Write the host's target and/or last known-good; ``seed_...`` only when none is recorded yet.
+    def record(
+        self,
+        host: str,
+        *,
+        target: Version | None = None,
+        last_known_good: Version | None = None,
+        seed_last_known_good: Version | None = None,
+    ) -> None:
+        """Write the host's target and/or last known-good; ``seed_...`` only when none is recorded
+        yet.
 
         Best effort: the ledger is the record of the run; a host that cannot be
         written now keeps its previous intent and is reported.
@@ -396,7 +452,8 @@ class HostLocks:
             self.notify(f"could not record the host's intent: {e.cause}", host)
 
     def seed(self, versions: Mapping[str, tuple[Version | None, Version | None]]) -> None:
-        """Per host (target, what serves now): record the target, and the serving version as last known-good
+        """Per host (target, what serves now): record the target, and the serving version as last
+        known-good
         where the host has none yet (what it served before fleetctl first touched it)."""
         def one(h: Host) -> None:
             target, serving = versions[h.name]
@@ -405,7 +462,8 @@ class HostLocks:
 
 
 def read_all(store: Store, hosts: Sequence[Host]) -> dict[str, HostState]:
-    """Every host's state (hosts that cannot be read are left out: the caller reports what it lacks)."""
+    """Every host's state (hosts that cannot be read are left out: the caller reports what it
+    lacks)."""
     outs = ssh.fan_out(hosts, lambda h: HostState.from_json(store.read(h), h.name), timeout=120,
                        max_workers=MAX_PARALLEL)
     return {n: o.value for n, o in outs.items() if o.value is not None}

@@ -82,44 +82,18 @@ from fleetctl.state.records import (
     from_json,
     host_record,
     new_id,
+    rollout_record,
     started_by,
 )
 from fleetctl.state.schema import MIGRATIONS, SCHEMA_VERSION, migrate
 
 # The records' and the schema's public names, reachable as ledger.NAME as when they were here.
 __all__ = [
-    "ABORTED",
-    "ACTIVE",
-    "COMPLETED",
-    "COMPLETED_WITH_FAILURES",
-    "DONE",
-    "FAILED",
-    "HOST_FAILED",
-    "HOST_PAUSED",
-    "IN_PROGRESS",
-    "LEDGER_NAME",
-    "MIGRATIONS",
-    "PAUSED",
-    "PENDING",
-    "ROLLED_BACK",
-    "RUNNING",
-    "SCHEMA_VERSION",
-    "SKIPPED",
-    "BaselineRow",
-    "HostRecord",
-    "KnownGood",
-    "Ledger",
-    "LedgerInfo",
-    "LockHolder",
-    "OutOfRotation",
-    "PhaseRecord",
-    "RolloutRecord",
-    "WaveRecord",
-    "ledger_url",
-    "new_id",
-    "open_for",
-    "open_ledger",
-    "started_by",
+    "ABORTED", "ACTIVE", "COMPLETED", "COMPLETED_WITH_FAILURES", "DONE", "FAILED", "HOST_FAILED",
+    "HOST_PAUSED", "IN_PROGRESS", "LEDGER_NAME", "MIGRATIONS", "PAUSED", "PENDING", "ROLLED_BACK",
+    "RUNNING", "SCHEMA_VERSION", "SKIPPED", "BaselineRow", "HostRecord", "KnownGood", "Ledger",
+    "LedgerInfo", "LockHolder", "OutOfRotation", "PhaseRecord", "RolloutRecord", "WaveRecord",
+    "ledger_url", "new_id", "open_for", "open_ledger", "started_by"
 ]
 
 if TYPE_CHECKING:
@@ -134,7 +108,8 @@ class Ledger:
     def __init__(self, db: Backend | Path, fleet: str = "fleet") -> None:
         """``db``: a backend, or the path of a SQLite file."""
         self._db = db if isinstance(db, Backend) else SqliteBackend(db)
-        #: Where the ledger is, for messages (a path, or a PostgreSQL conninfo without its password).
+        #: Where the ledger is, for messages (a path, or a PostgreSQL conninfo without its
+        #: password).
         self.where = self._db.where
         self.fleet = fleet
         self._mu = threading.RLock()
@@ -172,12 +147,19 @@ class Ledger:
             migrate(self._db, db)
 
     def info(self) -> LedgerInfo:
-        """Where this ledger is, its schema version, how many rollouts it holds, who holds the lock."""
+        """Where this ledger is, its schema version, how many rollouts it holds, who holds the
+        lock."""
         with self._read() as db:
             version = self._db.version(db)
             row = db.one("SELECT count(*) AS n FROM rollouts")
-        return LedgerInfo(self._db.kind, self.where, self.fleet, version, int(row["n"]) if row else 0,
-                          self.holder())
+        return LedgerInfo(
+            self._db.kind,
+            self.where,
+            self.fleet,
+            version,
+            int(row["n"]) if row else 0,
+            self.holder(),
+        )
 
     # -- the lock ------------------------------------------------------------------------
 
@@ -198,7 +180,9 @@ class Ledger:
         another machine (always presumed alive); on PostgreSQL: a holder whose
         database session still holds the fleet's advisory lock, on any machine.
         """
-        me = LockHolder(rollout_id, os.getpid(), socket.gethostname(), proc_start(os.getpid()), time.time())
+        me = LockHolder(
+            rollout_id, os.getpid(), socket.gethostname(), proc_start(os.getpid()), time.time()
+        )
         with self._mu:
             had = self._db.holding
             if not self._db.try_lock():
@@ -210,19 +194,36 @@ class Ledger:
                     row = db.one("SELECT * FROM lock WHERE fleet=?", (self.fleet,))
                     stale: LockHolder | None = None
                     if row is not None:
-                        # Taking the database's lock just now proves its last holder's session is gone.
+                        # Taking the database's lock just now proves its last holder's session is
+                        # gone.
                         h = LockHolder.from_row(row, None if not self._db.real_lock else had)
-                        if h.pid == me.pid and h.hostname == me.hostname and h.proc_start == me.proc_start:
+                        if (
+                            h.pid == me.pid
+                            and h.hostname == me.hostname
+                            and h.proc_start == me.proc_start
+                        ):
                             stale = None  # re-entrant: this process already holds it
                         elif h.alive:
                             raise self._locked(h)
                         else:
                             stale = h
-                    db.run("INSERT INTO lock (fleet, rollout_id, pid, hostname, proc_start, acquired_at)"
-                           " VALUES (?,?,?,?,?,?) ON CONFLICT (fleet) DO UPDATE SET rollout_id=excluded.rollout_id,"
-                           " pid=excluded.pid, hostname=excluded.hostname, proc_start=excluded.proc_start,"
-                           " acquired_at=excluded.acquired_at",
-                           (self.fleet, me.rollout_id, me.pid, me.hostname, me.proc_start, me.acquired_at))
+                    db.run(
+                        "INSERT INTO lock (fleet, rollout_id, pid, hostname, proc_start, "
+                        "acquired_at)"
+                        " VALUES (?,?,?,?,?,?) ON CONFLICT (fleet) DO UPDATE SET "
+                        "rollout_id=excluded.rollout_id,"
+                        " pid=excluded.pid, hostname=excluded.hostname, "
+                        "proc_start=excluded.proc_start,"
+                        " acquired_at=excluded.acquired_at",
+                        (
+                            self.fleet,
+                            me.rollout_id,
+                            me.pid,
+                            me.hostname,
+                            me.proc_start,
+                            me.acquired_at,
+                        ),
+                    )
             except BaseException:
                 if not had:
                     self._db.unlock()
@@ -234,51 +235,100 @@ class Ledger:
     def _locked(self, h: LockHolder | None) -> LockedError:
         if h is None:
             return LockedError(
-                f"another controller holds this fleet's lock in {self.where} (it has not recorded who it is yet, "
+                f"another controller holds this fleet's lock in {self.where} (it has not recorded "
+                "who it is yet, "
                 "or its record was removed)",
-                fix="wait for it and retry; `fleetctl history` shows what runs")
+                fix="wait for it and retry; `fleetctl history` shows what runs",
+            )
         if self._db.real_lock:
-            fix = ("wait for it, or follow it with `fleetctl history`; the lock is the controller's database "
-                   "session, freed when that controller exits, is killed or loses the database")
+            fix = (
+                "wait for it, or follow it with `fleetctl history`; the lock is the controller's "
+                "database "
+                "session, freed when that controller exits, is killed or loses the database"
+            )
         else:
-            fix = ("wait for it, or follow it with `fleetctl history`; if that controller is dead on another "
-                   "machine, run `fleetctl rollout abort --force` there")
+            fix = (
+                "wait for it, or follow it with `fleetctl history`; if that controller is dead on "
+                "another "
+                "machine, run `fleetctl rollout abort --force` there"
+            )
         return LockedError(
-            f"rollout {h.rollout_id} is in progress on this fleet (controller pid {h.pid} on {h.hostname}, "
-            f"since {time.strftime('%H:%M:%S', time.localtime(h.acquired_at))})", fix=fix)
+            f"rollout {h.rollout_id} is in progress on this fleet (controller pid {h.pid} on "
+            f"{h.hostname}, "
+            f"since {time.strftime('%H:%M:%S', time.localtime(h.acquired_at))})",
+            fix=fix,
+        )
 
     def release(self, rollout_id: str | None = None) -> None:
         """Drop the lock if ``rollout_id`` (or, with None, anybody) holds it."""
         with self._mu:
-            # Not fenced: a controller that lost its lock must still be able to clear its own record.
+            # Not fenced: a controller that lost its lock must still be able to clear its own
+            # record.
             with self._tx(fenced=False) as db:
                 if rollout_id is None:
                     db.run("DELETE FROM lock WHERE fleet=?", (self.fleet,))
                 else:
-                    db.run("DELETE FROM lock WHERE fleet=? AND rollout_id=?", (self.fleet, rollout_id))
+                    db.run(
+                        "DELETE FROM lock WHERE fleet=? AND rollout_id=?", (self.fleet, rollout_id)
+                    )
             if rollout_id is None or rollout_id == self._lock_rid:
                 self._lock_rid = None
                 self._db.unlock()
 
     # -- writing -------------------------------------------------------------------------
 
-    def create(self, rollout_id: str, *, kind: str, recipe: str | None, requested: str | None, tag: str | None,
-               digest: str | None, image: str | None, options: Mapping[str, Any], command: str,
-               waves: Sequence[Sequence[str]], hosts: Sequence[Mapping[str, Any]], parent: str | None = None,
-               status: str = RUNNING) -> None:
-        """Record a new rollout with its waves and hosts (each host a mapping of hosts-table columns)."""
+    def create(
+        self,
+        rollout_id: str,
+        *,
+        kind: str,
+        recipe: str | None,
+        requested: str | None,
+        tag: str | None,
+        digest: str | None,
+        image: str | None,
+        options: Mapping[str, Any],
+        command: str,
+        waves: Sequence[Sequence[str]],
+        hosts: Sequence[Mapping[str, Any]],
+        parent: str | None = None,
+        status: str = RUNNING,
+    ) -> None:
+        """Record a new rollout with its waves and hosts (each host a mapping of hosts-table
+        columns)."""
         now = time.time()
         with self._tx() as db:
             db.run(
-                "INSERT INTO rollouts (id, kind, status, recipe, requested, tag, digest, image, parent, options,"
+                "INSERT INTO rollouts (id, kind, status, recipe, requested, tag, digest, image, "
+                "parent, options,"
                 " started_by, command, started_at) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (rollout_id, kind, status, recipe, requested, tag, digest, image, parent,
-                 json.dumps(dict(options)), started_by(), command, now))
+                (
+                    rollout_id,
+                    kind,
+                    status,
+                    recipe,
+                    requested,
+                    tag,
+                    digest,
+                    image,
+                    parent,
+                    json.dumps(dict(options)),
+                    started_by(),
+                    command,
+                    now,
+                ),
+            )
             for i, w in enumerate(waves):
                 db.run("INSERT INTO waves (rollout_id, idx, hosts, status) VALUES (?,?,?,?)",
                        (rollout_id, i, json.dumps(list(w)), PENDING))
             for h in hosts:
-                cols = {"rollout_id": rollout_id, "phase": "planned", "status": PENDING, "updated_at": now, **h}
+                cols = {
+                    "rollout_id": rollout_id,
+                    "phase": "planned",
+                    "status": PENDING,
+                    "updated_at": now,
+                    **h,
+                }
                 if isinstance(cols.get("before"), dict):
                     cols["before"] = json.dumps(cols["before"])
                 db.run(f"INSERT INTO hosts ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})",
@@ -301,18 +351,33 @@ class Ledger:
         now = time.time()
         with self._tx() as db:
             if status == RUNNING:
-                db.run("UPDATE waves SET status=?, started_at=coalesce(started_at, ?) WHERE rollout_id=? AND idx=?",
-                           (status, now, rollout_id, idx))
+                db.run(
+                    "UPDATE waves SET status=?, started_at=coalesce(started_at, ?) WHERE "
+                    "rollout_id=? AND idx=?",
+                    (status, now, rollout_id, idx),
+                )
             else:
                 db.run("UPDATE waves SET status=?, finished_at=? WHERE rollout_id=? AND idx=?",
                            (status, now, rollout_id, idx))
 
-    _HOST_FIELDS = frozenset({"status", "after_tag", "after_digest", "verdict", "artifacts", "error",
-                              "before", "before_tag", "before_digest"})
+    _HOST_FIELDS = frozenset(
+        {
+            "status",
+            "after_tag",
+            "after_digest",
+            "verdict",
+            "artifacts",
+            "error",
+            "before",
+            "before_tag",
+            "before_digest",
+        }
+    )
 
     def host_phase(self, rollout_id: str, host: str, phase: str, detail: str | None = None,
                    **fields: Any) -> None:
-        """Record that ``host`` entered ``phase`` (and update its other columns) in one transaction."""
+        """Record that ``host`` entered ``phase`` (and update its other columns) in one
+        transaction."""
         unknown = set(fields) - self._HOST_FIELDS
         if unknown:
             raise ValueError(f"unknown host fields {unknown}")
@@ -356,22 +421,44 @@ class Ledger:
         with self._tx() as db:
             if only_if_none and db.one("SELECT 1 AS x FROM known_good WHERE host=?", (host,)):
                 return
-            # The old row's columns are qualified: PostgreSQL finds a bare name ambiguous with excluded's.
-            db.run("INSERT INTO known_good (host, digest, fingerprint, tag, settings, source, rollout_id, at)"
-                   " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (host, digest, fingerprint) DO"
-                   " UPDATE SET tag=excluded.tag, settings=coalesce(excluded.settings, known_good.settings),"
-                   " source=CASE WHEN known_good.source='gate' THEN 'gate' ELSE excluded.source END,"
-                   " rollout_id=coalesce(excluded.rollout_id, known_good.rollout_id), at=excluded.at",
-                       (host, digest, fingerprint or "", tag, json.dumps(dict(settings)) if settings else None,
-                        source, rollout_id, time.time()))
+            # The old row's columns are qualified: PostgreSQL finds a bare name ambiguous with
+            # excluded's.
+            db.run(
+                "INSERT INTO known_good (host, digest, fingerprint, tag, settings, source, "
+                "rollout_id, at)"
+                " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (host, digest, fingerprint) DO"
+                " UPDATE SET tag=excluded.tag, settings=coalesce(excluded.settings, "
+                "known_good.settings),"
+                " source=CASE WHEN known_good.source='gate' THEN 'gate' ELSE excluded.source END,"
+                " rollout_id=coalesce(excluded.rollout_id, known_good.rollout_id), at=excluded.at",
+                (
+                    host,
+                    digest,
+                    fingerprint or "",
+                    tag,
+                    json.dumps(dict(settings)) if settings else None,
+                    source,
+                    rollout_id,
+                    time.time(),
+                ),
+            )
 
-    def mark_out(self, host: str, rollout_id: str | None, reason: str, memo: Mapping[str, Any]) -> None:
-        """Record, before the door is asked, that fleetctl takes ``host`` out of rotation (kept on re-drain)."""
+    def mark_out(
+        self, host: str, rollout_id: str | None, reason: str, memo: Mapping[str, Any]
+    ) -> None:
+        """Record, before the door is asked, that fleetctl takes ``host`` out of rotation (kept on
+        re-drain)."""
         with self._tx() as db:
-            db.run("INSERT INTO out_of_rotation (host, rollout_id, reason, memo, at) VALUES (?,?,?,?,?)"
-                   " ON CONFLICT (host) DO UPDATE SET rollout_id=excluded.rollout_id, reason=excluded.reason,"
-                   " memo=CASE WHEN excluded.memo='{}' THEN out_of_rotation.memo ELSE excluded.memo END,"
-                   " at=excluded.at", (host, rollout_id, reason, json.dumps(dict(memo)), time.time()))
+            db.run(
+                "INSERT INTO out_of_rotation (host, rollout_id, reason, memo, at) VALUES "
+                "(?,?,?,?,?)"
+                " ON CONFLICT (host) DO UPDATE SET rollout_id=excluded.rollout_id, "
+                "reason=excluded.reason,"
+                " memo=CASE WHEN excluded.memo='{}' THEN out_of_rotation.memo ELSE excluded.memo "
+                "END,"
+                " at=excluded.at",
+                (host, rollout_id, reason, json.dumps(dict(memo)), time.time()),
+            )
 
     def mark_in(self, host: str) -> None:
         """``host`` is back in rotation (after the door said so)."""
@@ -387,14 +474,19 @@ class Ledger:
     def known_good(self, host: str) -> list[KnownGood]:
         """The host's known-good versions, newest first."""
         with self._read() as db:
-            rows = db.all(f"SELECT * FROM known_good WHERE host=? ORDER BY at DESC, {self._db.seq} DESC", (host,))
+            rows = db.all(
+                f"SELECT * FROM known_good WHERE host=? ORDER BY at DESC, {self._db.seq} DESC",
+                (host,),
+            )
         return [KnownGood.from_row(r) for r in rows]
 
     # -- soak baselines -----------------------------------------------------------------
 
     @staticmethod
     def _baseline_row(r: Mapping[str, Any]) -> BaselineRow:
-        return BaselineRow(r["host"], r["tag"], bool(r["pinned"]), tuple(json.loads(r["runs"])), r["updated_at"])
+        return BaselineRow(
+            r["host"], r["tag"], bool(r["pinned"]), tuple(json.loads(r["runs"])), r["updated_at"]
+        )
 
     def baseline(self, host: str, tag: str) -> BaselineRow | None:
         """The stored window of ``host`` on ``tag``, or None."""
@@ -405,23 +497,30 @@ class Ledger:
     def baselines(self, host: str | None = None) -> list[BaselineRow]:
         """Every stored window (of ``host``), by host and tag."""
         with self._read() as db:
-            rows = (db.all("SELECT * FROM baselines WHERE host=? ORDER BY tag", (host,)) if host is not None
-                    else db.all("SELECT * FROM baselines ORDER BY host, tag"))
+            rows = (
+                db.all("SELECT * FROM baselines WHERE host=? ORDER BY tag", (host,))
+                if host is not None
+                else db.all("SELECT * FROM baselines ORDER BY host, tag")
+            )
         return [self._baseline_row(r) for r in rows]
 
-    def update_baseline(self, host: str, tag: str,
-                        change: Callable[[BaselineRow | None], BaselineRow | None]) -> BaselineRow | None:
-        """Read the window, apply ``change`` and write what it returns (None: leave it), in one transaction:
+    def update_baseline(
+        self, host: str, tag: str, change: Callable[[BaselineRow | None], BaselineRow | None]
+    ) -> BaselineRow | None:
+        """Read the window, apply ``change`` and write what it returns (None: leave it), in one
+        transaction:
         two controllers adding a run at once both get theirs in. Returns what was written."""
         with self._tx() as db:
             r = db.one("SELECT * FROM baselines WHERE host=? AND tag=?", (host, tag))
             new = change(self._baseline_row(r) if r else None)
             if new is None:
                 return None
-            db.run("INSERT INTO baselines (host, tag, pinned, runs, updated_at) VALUES (?,?,?,?,?)"
-                   " ON CONFLICT (host, tag) DO UPDATE SET pinned=excluded.pinned, runs=excluded.runs,"
-                   " updated_at=excluded.updated_at",
-                   (host, tag, 1 if new.pinned else 0, json.dumps(list(new.runs)), time.time()))
+            db.run(
+                "INSERT INTO baselines (host, tag, pinned, runs, updated_at) VALUES (?,?,?,?,?)"
+                " ON CONFLICT (host, tag) DO UPDATE SET pinned=excluded.pinned, runs=excluded.runs,"
+                " updated_at=excluded.updated_at",
+                (host, tag, 1 if new.pinned else 0, json.dumps(list(new.runs)), time.time()),
+            )
         return new
 
     def delete_baseline(self, host: str, tag: str) -> bool:
@@ -436,43 +535,48 @@ class Ledger:
         with self._read() as db:
             row = db.one("SELECT * FROM rollouts WHERE id=?", (rollout_id,))
             if row is None:
-                raise FleetError(f"no rollout {rollout_id!r} in {self.where}", fix="see `fleetctl history`")
+                raise FleetError(
+                    f"no rollout {rollout_id!r} in {self.where}", fix="see `fleetctl history`"
+                )
             waves = db.all("SELECT * FROM waves WHERE rollout_id=? ORDER BY idx", (rollout_id,))
-            hosts = db.all(f"SELECT * FROM hosts WHERE rollout_id=? ORDER BY wave<0, wave, step, {self._db.seq}",
-                           (rollout_id,))
+            hosts = db.all(
+                "SELECT * FROM hosts WHERE rollout_id=? ORDER BY wave<0, wave, step, "
+                f"{self._db.seq}",
+                (rollout_id,),
+            )
             phases = db.all("SELECT * FROM phases WHERE rollout_id=? ORDER BY id", (rollout_id,))
-        return RolloutRecord(
-            id=row["id"], kind=row["kind"], status=row["status"], recipe=row["recipe"], requested=row["requested"],
-            tag=row["tag"], digest=row["digest"], image=row["image"], parent=row["parent"],
-            options=json.loads(row["options"]), started_by=row["started_by"], command=row["command"],
-            started_at=row["started_at"], finished_at=row["finished_at"], error=row["error"],
-            waves=tuple(WaveRecord(w["idx"], tuple(json.loads(w["hosts"])), w["status"], w["started_at"],
-                                   w["finished_at"]) for w in waves),
-            hosts=tuple(host_record(h) for h in hosts),
-            phases=tuple(PhaseRecord(p["host"], p["phase"], p["at"], p["detail"]) for p in phases),
-        )
+        return rollout_record(row, waves, hosts, phases)
 
-    def passed_steps(self, recipe: str, rollouts: int = 20, limit: int = 50) -> list[dict[str, Any]]:
-        """The verdicts (with ``timings``) of hosts that passed their gate in the last ``rollouts`` rollouts
+    def passed_steps(
+        self, recipe: str, rollouts: int = 20, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        """The verdicts (with ``timings``) of hosts that passed their gate in the last ``rollouts``
+        rollouts
         of ``recipe``, newest first, at most ``limit``: what a plan's time estimate learns from."""
         with self._read() as db:
             rows = db.all(
-                "SELECT verdict FROM hosts WHERE status=? AND verdict IS NOT NULL AND rollout_id IN ("
+                "SELECT verdict FROM hosts WHERE status=? AND verdict IS NOT NULL AND rollout_id "
+                "IN ("
                 " SELECT id FROM rollouts WHERE recipe=? AND kind='rollout'"
                 f" ORDER BY started_at DESC, {self._db.seq} DESC LIMIT ?)"
-                " ORDER BY finished_at DESC LIMIT ?", (DONE, recipe, rollouts, limit))
+                " ORDER BY finished_at DESC LIMIT ?",
+                (DONE, recipe, rollouts, limit),
+            )
         out = [from_json(r["verdict"]) for r in rows]
         return [v for v in out if isinstance(v, dict) and v.get("outcome") == "pass"
                 and isinstance(v.get("timings"), dict)]
 
     def host_record(self, rollout_id: str, host: str) -> HostRecord | None:
         """One host's record in a rollout, if it took part. A host step reads its own record at each
-        phase: ``get(...).host(...)`` read every host and phase of the rollout, O(hosts) each time."""
+        phase: ``get(...).host(...)`` read every host and phase of the rollout, O(hosts) each
+        time."""
         with self._read() as db:
             row = db.one("SELECT * FROM hosts WHERE rollout_id=? AND host=?", (rollout_id, host))
         return host_record(row) if row is not None else None
 
-    def ids(self, kind: str | None = None, statuses: Sequence[str] | None = None, limit: int = 50) -> list[str]:
+    def ids(
+        self, kind: str | None = None, statuses: Sequence[str] | None = None, limit: int = 50
+    ) -> list[str]:
         """Rollout ids, newest first, optionally of one kind and in some statuses."""
         q = "SELECT id FROM rollouts WHERE 1=1"
         args: list[Any] = []
@@ -487,7 +591,9 @@ class Ledger:
         with self._read() as db:
             return [r["id"] for r in db.all(q, args)]
 
-    def latest(self, kind: str | None = None, statuses: Sequence[str] | None = None) -> RolloutRecord | None:
+    def latest(
+        self, kind: str | None = None, statuses: Sequence[str] | None = None
+    ) -> RolloutRecord | None:
         """The newest rollout matching, or None."""
         ids = self.ids(kind, statuses, limit=1)
         return self.get(ids[0]) if ids else None
@@ -498,7 +604,8 @@ class Ledger:
 
 
 def open_ledger(state_dir: Path, fleet: str = "fleet", url: str | None = None) -> Ledger:
-    """The ledger of the fleet whose state lives in ``state_dir``, or, with ``url``, fleet ``fleet``'s
+    """The ledger of the fleet whose state lives in ``state_dir``, or, with ``url``, fleet
+    ``fleet``'s
     history in that PostgreSQL database."""
     if url:
         return Ledger(PostgresBackend(url, fleet), fleet)
@@ -506,13 +613,15 @@ def open_ledger(state_dir: Path, fleet: str = "fleet", url: str | None = None) -
 
 
 def ledger_url(inventory: Inventory) -> str | None:
-    """The shared ledger database of ``inventory`` (``$FLEETCTL_LEDGER_URL`` first), or None: SQLite."""
+    """The shared ledger database of ``inventory`` (``$FLEETCTL_LEDGER_URL`` first), or None:
+    SQLite."""
     url = os.environ.get("FLEETCTL_LEDGER_URL") or inventory.vars.get("fleetctl_ledger_url")
     return str(url) if url else None
 
 
 def open_for(inventory: Inventory, state_dir: Path) -> Ledger:
-    """The ledger ``inventory`` names: its shared PostgreSQL database, else the SQLite file in ``state_dir``."""
+    """The ledger ``inventory`` names: its shared PostgreSQL database, else the SQLite file in
+    ``state_dir``."""
     url = ledger_url(inventory)
     if not url:
         return open_ledger(state_dir)
@@ -521,8 +630,11 @@ def open_for(inventory: Inventory, state_dir: Path) -> Ledger:
         # Checkouts on different machines have different paths: only a name both write can key the
         # shared history and lock, and guessing one could merge two fleets' histories.
         raise FleetError(
-            f"a shared ledger database is set (fleetctl_ledger_url or $FLEETCTL_LEDGER_URL) but the inventory "
+            "a shared ledger database is set (fleetctl_ledger_url or $FLEETCTL_LEDGER_URL) but "
+            "the inventory "
             f"{inventory.path} names no fleetctl_fleet",
-            fix="add `fleetctl_fleet: NAME` to the inventory's all vars (group_vars/all): the name this fleet's "
-                "history and lock have in the shared database, the same in every operator's checkout")
+            fix="add `fleetctl_fleet: NAME` to the inventory's all vars (group_vars/all): the name "
+                "this fleet's "
+            "history and lock have in the shared database, the same in every operator's checkout",
+        )
     return open_ledger(state_dir, fleet.strip(), url)

@@ -12,7 +12,8 @@ from pathlib import Path
 
 
 def proc_start(pid: int) -> str:
-    """The process's start time in clock ticks since boot ("" if no such process): pid + this = identity."""
+    """The process's start time in clock ticks since boot ("" if no such process): pid + this =
+    identity."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:

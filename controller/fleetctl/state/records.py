@@ -7,7 +7,7 @@ import getpass
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -121,7 +121,8 @@ class RolloutRecord:
 
 @dataclass(frozen=True)
 class KnownGood:
-    """A version a host is known to serve well: it passed a full gate there, or served before fleetctl came."""
+    """A version a host is known to serve well: it passed a full gate there, or served before
+    fleetctl came."""
 
     host: str
     tag: str | None
@@ -144,7 +145,8 @@ class KnownGood:
 
 @dataclass(frozen=True)
 class BaselineRow:
-    """One stored baseline window: ``runs`` are the soak verdicts as JSON documents, oldest first."""
+    """One stored baseline window: ``runs`` are the soak verdicts as JSON documents, oldest
+    first."""
 
     host: str
     tag: str
@@ -162,7 +164,8 @@ class LockHolder:
     hostname: str
     proc_start: str
     acquired_at: float
-    #: Known from the database's own lock (PostgreSQL, any machine); None: judged from the pid below.
+    #: Known from the database's own lock (PostgreSQL, any machine); None: judged from the pid
+    #: below.
     live: bool | None = None
 
     @classmethod
@@ -173,7 +176,8 @@ class LockHolder:
 
     @property
     def alive(self) -> bool:
-        """True unless the holder is provably gone (its database session ended; or, on SQLite, it ran on
+        """True unless the holder is provably gone (its database session ended; or, on SQLite, it
+        ran on
         this machine and its pid is dead or reused)."""
         if self.live is not None:
             return self.live
@@ -208,13 +212,64 @@ def new_id(kind: str = "rollout") -> str:
 
 def host_record(h: Mapping[str, Any]) -> HostRecord:
     return HostRecord(
-        host=h["host"], wave=h["wave"], step=h["step"], phase=h["phase"], status=h["status"],
-        before_tag=h["before_tag"], before_digest=h["before_digest"], before=from_json(h["before"]),
-        target_tag=h["target_tag"], target_digest=h["target_digest"],
-        after_tag=h["after_tag"], after_digest=h["after_digest"], verdict=from_json(h["verdict"]),
-        artifacts=h["artifacts"], error=h["error"], started_at=h["started_at"], updated_at=h["updated_at"],
-        finished_at=h["finished_at"])
+        host=h["host"],
+        wave=h["wave"],
+        step=h["step"],
+        phase=h["phase"],
+        status=h["status"],
+        before_tag=h["before_tag"],
+        before_digest=h["before_digest"],
+        before=from_json(h["before"]),
+        target_tag=h["target_tag"],
+        target_digest=h["target_digest"],
+        after_tag=h["after_tag"],
+        after_digest=h["after_digest"],
+        verdict=from_json(h["verdict"]),
+        artifacts=h["artifacts"],
+        error=h["error"],
+        started_at=h["started_at"],
+        updated_at=h["updated_at"],
+        finished_at=h["finished_at"],
+    )
 
 
 def from_json(text: str | None) -> Any:
     return json.loads(text) if text else None
+
+
+def rollout_record(
+    row: Mapping[str, Any],
+    waves: Sequence[Mapping[str, Any]],
+    hosts: Sequence[Mapping[str, Any]],
+    phases: Sequence[Mapping[str, Any]],
+) -> RolloutRecord:
+    """A rollout's record from its row and its waves', hosts' and phases' rows."""
+    return RolloutRecord(
+        id=row["id"],
+        kind=row["kind"],
+        status=row["status"],
+        recipe=row["recipe"],
+        requested=row["requested"],
+        tag=row["tag"],
+        digest=row["digest"],
+        image=row["image"],
+        parent=row["parent"],
+        options=json.loads(row["options"]),
+        started_by=row["started_by"],
+        command=row["command"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        error=row["error"],
+        waves=tuple(
+            WaveRecord(
+                w["idx"],
+                tuple(json.loads(w["hosts"])),
+                w["status"],
+                w["started_at"],
+                w["finished_at"],
+            )
+            for w in waves
+        ),
+        hosts=tuple(host_record(h) for h in hosts),
+        phases=tuple(PhaseRecord(p["host"], p["phase"], p["at"], p["detail"]) for p in phases),
+    )

@@ -47,11 +47,13 @@ CREATE TABLE lock (
   fleet TEXT PRIMARY KEY, rollout_id TEXT NOT NULL, pid INTEGER NOT NULL, hostname TEXT NOT NULL,
   proc_start TEXT NOT NULL, acquired_at REAL NOT NULL
 );
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 
 #: Each schema version's statements after the previous one (index 0: version 1 from nothing).
-MIGRATIONS = (_SCHEMA, """
+MIGRATIONS = (
+    _SCHEMA,
+    """
 CREATE TABLE known_good (
   host TEXT NOT NULL, digest TEXT NOT NULL, fingerprint TEXT NOT NULL DEFAULT '',
   tag TEXT, settings TEXT,             -- settings: JSON container settings, env values removed
@@ -59,14 +61,16 @@ CREATE TABLE known_good (
   rollout_id TEXT, at REAL NOT NULL,
   PRIMARY KEY (host, digest, fingerprint)
 );
-""", """
+""",  # noqa: E501 (data: lines as the program reads them)
+    """
 CREATE TABLE out_of_rotation (
   host TEXT PRIMARY KEY,               -- a host fleetctl took out of the front door's rotation
   rollout_id TEXT, reason TEXT,
   memo TEXT NOT NULL DEFAULT '{}',     -- JSON: what the door needs to put it back (no secrets)
   at REAL NOT NULL
 );
-""", """
+""",
+    """
 CREATE TABLE baselines (
   host TEXT NOT NULL, tag TEXT NOT NULL,
   pinned INTEGER NOT NULL DEFAULT 0,
@@ -74,7 +78,8 @@ CREATE TABLE baselines (
   updated_at REAL NOT NULL,
   PRIMARY KEY (host, tag)
 );
-""")
+""",  # noqa: E501 (data: lines as the program reads them)
+)
 
 
 def migrate(backend: Backend, db: Tx) -> None:
@@ -85,7 +90,8 @@ def migrate(backend: Backend, db: Tx) -> None:
         raise FleetError(
             f"ledger {backend.where} has schema version {version}, newer than this fleetctl's "
             f"{SCHEMA_VERSION}",
-            fix="upgrade fleetctl (a newer one wrote this ledger); do not edit or delete the ledger",
+            fix="upgrade fleetctl (a newer one wrote this ledger); do not edit or delete the "
+                "ledger",
             exit_code=ExitCode.INCONCLUSIVE,
         )
     if version == 0 and backend.foreign(db):

@@ -58,7 +58,8 @@ options:
 """
 
 _BLOCK = re.compile(
-    r"-----BEGIN PGP PUBLIC KEY BLOCK-----\r?\n(?P<body>.*?)-----END PGP PUBLIC KEY BLOCK-----", re.S
+    r"-----BEGIN PGP PUBLIC KEY BLOCK-----\r?\n(?P<body>.*?)-----END PGP PUBLIC KEY BLOCK-----",
+    re.S,
 )
 
 
@@ -83,7 +84,8 @@ def dearmor(text: str) -> bytes:
 
 
 def to_keyring(raw: bytes) -> bytes:
-    """A binary keyring from a downloaded key: dearmored when armored, as it is when already binary."""
+    """A binary keyring from a downloaded key: dearmored when armored, as it is when already
+    binary."""
     if b"-----BEGIN PGP PUBLIC KEY BLOCK-----" in raw:
         return dearmor(raw.decode("ascii"))
     # A binary OpenPGP packet starts with a byte whose high bit is set (RFC 4880 section 4.2).
@@ -125,13 +127,16 @@ def _packets(data: bytes) -> list[tuple[int, bytes]]:
 
 
 def primary_fingerprints(keyring: bytes) -> list[str]:
-    """The v4 fingerprints (uppercase hex) of the primary public keys (tag 6) in a binary keyring."""
+    """The v4 fingerprints (uppercase hex) of the primary public keys (tag 6) in a binary
+    keyring."""
     fps = []
     for tag, body in _packets(keyring):
         if tag != 6:
             continue
         if not body or body[0] != 4:
-            raise ValueError(f"a version {body[0] if body else '?'} primary key (only v4 keys can be pinned)")
+            raise ValueError(
+                f"a version {body[0] if body else '?'} primary key (only v4 keys can be pinned)"
+            )
         fps.append(hashlib.sha1(b"\x99" + len(body).to_bytes(2, "big") + body).hexdigest().upper())
     if not fps:
         raise ValueError("no primary public key in it")
@@ -139,7 +144,8 @@ def primary_fingerprints(keyring: bytes) -> list[str]:
 
 
 def check_pinned(keyring: bytes, pins: list[str]) -> str | None:
-    """None when every primary key of ``keyring`` is pinned; else why not (for the failure message)."""
+    """None when every primary key of ``keyring`` is pinned; else why not (for the failure
+    message)."""
     want = {p.replace(" ", "").upper() for p in pins}
     if not want:
         return "no fingerprint is pinned (container_toolkit_repo_key_fingerprints is empty)"
@@ -196,9 +202,11 @@ def main() -> None:
     except (ValueError, IndexError) as e:
         why = f"it cannot be read as OpenPGP keys ({e})"
     if why:
-        module.fail_json(msg=f"the signing key from {p['key_url']} is refused: {why} (fix: check the new key's "
-                             "fingerprint out of band, e.g. on the vendor's site, then update "
-                             "container_toolkit_repo_key_fingerprints)")
+        module.fail_json(
+            msg=f"the signing key from {p['key_url']} is refused: {why} (fix: check the new key's "
+            "fingerprint out of band, e.g. on the vendor's site, then update "
+            "container_toolkit_repo_key_fingerprints)"
+        )
     source = (p["source"].strip() + "\n").encode()
     key_changed = _needs(p["keyring"], keyring)
     source_changed = _needs(p["source_file"], source)

@@ -116,7 +116,8 @@ def has_nvidia_module(kver: str) -> tuple[bool, str | None]:
         for f in files:
             if f.startswith("nvidia") and ".ko" in f:
                 return True, os.path.join(root, f)
-    # Ubuntu ships the module in linux-modules-nvidia-<branch>[-open]-<kver>; it may not be unpacked yet.
+    # Ubuntu ships the module in linux-modules-nvidia-<branch>[-open]-<kver>; it may not be
+    # unpacked yet.
     rc, out, _ = run(["dpkg-query", "-W", "-f=${Package} ${Status}\\n", "linux-modules-nvidia-*"])
     if rc == 0:
         for ln in out.splitlines():
@@ -135,8 +136,14 @@ def kernel() -> dict[str, object]:
     nxt = max(images, key=version_key) if images else running
     nxt_ok, nxt_where = has_nvidia_module(nxt)
     run_ok, _ = has_nvidia_module(running) if running != nxt else (nxt_ok, nxt_where)
-    return {"running": running, "next": nxt, "installed": sorted(images, key=version_key),
-            "next_has_nvidia": nxt_ok, "next_nvidia_module": nxt_where, "running_has_nvidia": run_ok}
+    return {
+        "running": running,
+        "next": nxt,
+        "installed": sorted(images, key=version_key),
+        "next_has_nvidia": nxt_ok,
+        "next_nvidia_module": nxt_where,
+        "running_has_nvidia": run_ok,
+    }
 
 
 def docker() -> dict[str, object] | None:
@@ -154,7 +161,9 @@ def docker() -> dict[str, object] | None:
 
 def toolkit() -> str | None:
     # A removed (not purged) package keeps its version in dpkg's database: check the status too.
-    rc, out, _ = run(["dpkg-query", "-W", "-f=${db:Status-Status} ${Version}", "nvidia-container-toolkit"])
+    rc, out, _ = run(
+        ["dpkg-query", "-W", "-f=${db:Status-Status} ${Version}", "nvidia-container-toolkit"]
+    )
     status, _, version = out.strip().partition(" ")
     if rc == 0 and status == "installed" and version:
         return version
@@ -195,10 +204,14 @@ def uptime() -> float | None:
 
 def serving(container: str | None, port: int) -> dict[str, object]:
     out: dict[str, object] = {"container": None, "health": None}
-    rc, ids, err = run(["docker", "ps", "-a", "--filter", "label=fleetctl.recipe", "--format", "{{.ID}}"])
+    rc, ids, err = run(
+        ["docker", "ps", "-a", "--filter", "label=fleetctl.recipe", "--format", "{{.ID}}"]
+    )
     ids_l = ids.split()
     if rc == 0 and not ids_l and container:
-        rc, ids, err = run(["docker", "ps", "-a", "--filter", f"name=^/?{container}$", "--format", "{{.ID}}"])
+        rc, ids, err = run(
+            ["docker", "ps", "-a", "--filter", f"name=^/?{container}$", "--format", "{{.ID}}"]
+        )
         ids_l = ids.split()
     if rc != 0:
         ERRORS["container"] = first_line(err) or f"docker ps exited {rc}"
@@ -208,9 +221,13 @@ def serving(container: str | None, port: int) -> dict[str, object]:
             items = json.loads(text) if rc == 0 else []
         except ValueError:
             items = []
-        # The running one wins; among several, the newest. One in its restart back-off is not running.
+
+        # The running one wins; among several, the newest. One in its restart back-off is not
+        # running.
         def up(c: dict) -> bool:
-            return bool(c.get("State", {}).get("Running")) and not c.get("State", {}).get("Restarting")
+            return bool(c.get("State", {}).get("Running")) and not c.get("State", {}).get(
+                "Restarting"
+            )
 
         items.sort(key=lambda c: (up(c), c.get("Created", "")), reverse=True)
         if items:
@@ -218,7 +235,9 @@ def serving(container: str | None, port: int) -> dict[str, object]:
             labels = c.get("Config", {}).get("Labels") or {}
             image_id = c.get("Image", "")
             digests: list[str] = []
-            rc, dtext, _ = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image_id])
+            rc, dtext, _ = run(
+                ["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", image_id]
+            )
             if rc == 0:
                 try:
                     digests = json.loads(dtext) or []
@@ -227,14 +246,20 @@ def serving(container: str | None, port: int) -> dict[str, object]:
             ref = c.get("Config", {}).get("Image", "")
             state = c.get("State", {})
             out["container"] = {
-                "name": c.get("Name", "").lstrip("/"), "image": ref,
+                "name": c.get("Name", "").lstrip("/"),
+                "image": ref,
                 "tag": ref.rsplit(":", 1)[1] if ":" in ref.rsplit("/", 1)[-1] else None,
                 "image_id": image_id,
-                "digest": labels.get("fleetctl.digest") or (digests[0].split("@", 1)[1] if digests else None),
-                "repo_digests": digests, "running": up(c), "status": state.get("Status"),
-                "started_at": state.get("StartedAt"), "restarts": c.get("RestartCount", 0),
+                "digest": labels.get("fleetctl.digest")
+                or (digests[0].split("@", 1)[1] if digests else None),
+                "repo_digests": digests,
+                "running": up(c),
+                "status": state.get("Status"),
+                "started_at": state.get("StartedAt"),
+                "restarts": c.get("RestartCount", 0),
                 "labels": {k: v for k, v in labels.items() if k.startswith("fleetctl.")},
-                "others": len(items) - 1, "inspect": redacted(c),
+                "others": len(items) - 1,
+                "inspect": redacted(c),
             }
     t0 = time.monotonic()
     url = f"http://127.0.0.1:{port}/health"

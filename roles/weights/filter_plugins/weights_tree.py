@@ -111,7 +111,11 @@ def weights_tree_round(needing: Sequence[str], hostvars: Mapping[str, object], f
     """
     ready = [h for h in needing if _get(hostvars, h, "_weights_serves")]
     failed = {h: _strings(hostvars, h, "_weights_failed_from") for h in needing}
-    pending = [h for h in needing if not _get(hostvars, h, "_weights_have") and len(failed[h]) < int(attempts)]
+    pending = [
+        h
+        for h in needing
+        if not _get(hostvars, h, "_weights_have") and len(failed[h]) < int(attempts)
+    ]
     units = {h: str(_get(hostvars, h, "fleetctl_unit") or "") for h in needing}
     needs = {h: _strings(hostvars, h, "_weights_needs") for h in needing}
     has = {h: _strings(hostvars, h, "_weights_holds") for h in needing}
@@ -136,7 +140,8 @@ def weights_tree_rounds(needing: Sequence[str], fanout: int, attempts: int) -> l
 
 
 def weights_tree_addresses(hosts: Sequence[str], hostvars: Mapping[str, object]) -> list[str]:
-    """Every address a receiver may copy from: management addresses, and fabric ones of unit members."""
+    """Every address a receiver may copy from: management addresses, and fabric ones of unit
+    members."""
     out: list[str] = []
     for h in hosts:
         for a in (str(_get(hostvars, h, "ansible_host") or h), _fabric_address(hostvars, h)
@@ -150,5 +155,8 @@ class FilterModule:
     """Ansible's entry point for the filters above."""
 
     def filters(self) -> dict[str, object]:
-        return {"weights_tree_round": weights_tree_round, "weights_tree_rounds": weights_tree_rounds,
-                "weights_tree_addresses": weights_tree_addresses}
+        return {
+            "weights_tree_round": weights_tree_round,
+            "weights_tree_rounds": weights_tree_rounds,
+            "weights_tree_addresses": weights_tree_addresses,
+        }

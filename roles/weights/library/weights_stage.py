@@ -57,7 +57,7 @@ options:
   token: {description: Hub token (no_log)., type: str}
   headroom_gb: {description: Free space to keep beyond the new weights., type: float, default: 5}
   only: {description: Roles to act on (default all)., type: list, elements: str}
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 MARKER = ".fleetctl-staged.json"
 #: Where a receiver keeps the run's copy key while rsync runs (tmpfs: gone at reboot at the latest).
@@ -109,7 +109,10 @@ class _KeepTokenHome(urllib.request.HTTPRedirectHandler):
             return None
         old, to = urllib.parse.urlsplit(req.full_url), urllib.parse.urlsplit(new.full_url)
         if to.scheme not in ("http", "https"):
-            raise StageError(f"{_safe(req.full_url)} redirected to a {to.scheme or 'relative'} URL; only http(s) is followed")
+            raise StageError(
+                f"{_safe(req.full_url)} redirected to a {to.scheme or 'relative'} URL; only "
+                "http(s) is followed"
+            )
         if _origin(old)[1:] != _origin(to)[1:] or (old.scheme == "https" and to.scheme == "http"):
             new.remove_header("Authorization")
         return new
@@ -138,14 +141,17 @@ def _http_json(url, token=None):
 
 
 def _read_capped(r, url, limit, end, sink=None):
-    """Read ``r`` to its end, at most ``limit`` bytes and before ``end`` (monotonic); into ``sink`` if given."""
+    """Read ``r`` to its end, at most ``limit`` bytes and before ``end`` (monotonic); into ``sink``
+    if given."""
     read = getattr(r, "read1", r.read)  # what has arrived: read(n) waits for n bytes of a trickle
     parts: list[bytes] = []
     got = 0
     while True:
         if time.monotonic() > end:
-            raise StageError(f"{_safe(url)} did not finish within its deadline ({got} bytes so far); "
-                             "check the mirror's health")
+            raise StageError(
+                f"{_safe(url)} did not finish within its deadline ({got} bytes so far); "
+                "check the mirror's health"
+            )
         chunk = read(min(1 << 20, limit + 1 - got))
         if not chunk:
             return b"".join(parts)
@@ -161,7 +167,15 @@ def _read_capped(r, url, limit, end, sink=None):
 def _safe(url):
     """A URL without any credentials in it, for messages."""
     p = urllib.parse.urlsplit(url)
-    return urllib.parse.urlunsplit((p.scheme, p.hostname + (f":{p.port}" if p.port else "") if p.hostname else "", p.path, "", ""))
+    return urllib.parse.urlunsplit(
+        (
+            p.scheme,
+            p.hostname + (f":{p.port}" if p.port else "") if p.hostname else "",
+            p.path,
+            "",
+            "",
+        )
+    )
 
 
 def source_info(s, source, mirror, hub_endpoint, token):
@@ -176,27 +190,41 @@ def source_info(s, source, mirror, hub_endpoint, token):
         if pin and got != pin:
             # The manifest carries every file's sha256: pinned out of band (the recipe), it is what
             # makes a plain-http mirror trustworthy. A different one is another set of bytes.
-            raise StageError(f"{_safe(url)} has sha256 {got}, not the recipe's manifest_sha256 {pin}: "
-                             "the mirror serves other bytes than were pinned (tampered, or re-published)")
+            raise StageError(
+                f"{_safe(url)} has sha256 {got}, not the recipe's manifest_sha256 {pin}: "
+                "the mirror serves other bytes than were pinned (tampered, or re-published)"
+            )
         files = manifest.get("files") if isinstance(manifest, dict) else None
         if not isinstance(files, list):
             raise StageError(f"{url} has no files list")
         return {
             "bytes": sum(int(f.get("size", 0)) for f in files),
-            "manifest": manifest, "manifest_sha256": got,
-            "commit": manifest.get("commit") or s["revision"], "revision_date": manifest.get("revision_date"),
+            "manifest": manifest,
+            "manifest_sha256": got,
+            "commit": manifest.get("commit") or s["revision"],
+            "revision_date": manifest.get("revision_date"),
             "url": url.rsplit("/", 1)[0],
         }
     if source == "local":
-        # A directory on the controller, copied by the role with rsync (symlinks kept as they are, so
-        # that verification sees what an operator's download really holds); sizes are the recipe's.
-        return {"bytes": int(float(s.get("size_gb") or 0) * GB), "manifest": None, "manifest_sha256": None,
-                "commit": s["revision"], "revision_date": None}
-    url = f"{hub_endpoint.rstrip('/')}/api/models/{s['repo']}/revision/{urllib.parse.quote(s['revision'], safe='')}"
+        # A directory on the controller, copied by the role with rsync (symlinks kept as they are,
+        # so that verification sees what an operator's download really holds); sizes are the
+        # recipe's.
+        return {
+            "bytes": int(float(s.get("size_gb") or 0) * GB),
+            "manifest": None,
+            "manifest_sha256": None,
+            "commit": s["revision"],
+            "revision_date": None,
+        }
+    revision = urllib.parse.quote(s["revision"], safe="")
+    url = f"{hub_endpoint.rstrip('/')}/api/models/{s['repo']}/revision/{revision}"
     info, _ = _http_json(url, token)
     return {
-        "bytes": int(float(s.get("size_gb") or 0) * GB), "manifest": None, "manifest_sha256": None,
-        "commit": info.get("sha") or s["revision"], "revision_date": (info.get("lastModified") or "")[:10] or None,
+        "bytes": int(float(s.get("size_gb") or 0) * GB),
+        "manifest": None,
+        "manifest_sha256": None,
+        "commit": info.get("sha") or s["revision"],
+        "revision_date": (info.get("lastModified") or "")[:10] or None,
     }
 
 
@@ -225,41 +253,70 @@ def free_bytes(path):
 
 
 def preflight(sets, run, source, mirror, hub_endpoint, token, headroom_gb):
-    """Decide what to stage, clean up after killed runs, and check the disk before any byte moves."""
+    """Decide what to stage, clean up after killed runs, and check the disk before any byte
+    moves."""
     removed = []
     out = []
     for s in sets:
-        for stale in glob.glob(glob.escape(s["path"]) + ".staging-*") + glob.glob(glob.escape(s["path"]) + ".old-*"):
-            if stale != staging_dir(s["path"], run) and os.path.isdir(stale) and not os.path.islink(stale):
+        for stale in glob.glob(glob.escape(s["path"]) + ".staging-*") + glob.glob(
+            glob.escape(s["path"]) + ".old-*"
+        ):
+            if (
+                stale != staging_dir(s["path"], run)
+                and os.path.isdir(stale)
+                and not os.path.islink(stale)
+            ):
                 shutil.rmtree(stale)
                 removed.append(stale)
         info = source_info(s, source, mirror, hub_endpoint, token)
         current, reason = is_current(s, info)
-        out.append({"role": s["role"], "repo": s["repo"], "revision": s["revision"], "path": s["path"],
-                    "state": "current" if current else "stage", "reason": reason, "bytes": info["bytes"],
-                    "commit": info["commit"], "revision_date": info["revision_date"],
-                    "manifest_sha256": info["manifest_sha256"]})
+        out.append(
+            {
+                "role": s["role"],
+                "repo": s["repo"],
+                "revision": s["revision"],
+                "path": s["path"],
+                "state": "current" if current else "stage",
+                "reason": reason,
+                "bytes": info["bytes"],
+                "commit": info["commit"],
+                "revision_date": info["revision_date"],
+                "manifest_sha256": info["manifest_sha256"],
+            }
+        )
     need = sum(x["bytes"] for x in out if x["state"] == "stage")
     headroom = int(float(headroom_gb) * GB)
     free = free_bytes(sets[0]["path"]) if sets else 0
-    report = {"sets": out, "need_bytes": need, "free_bytes": free, "headroom_bytes": headroom, "removed": removed,
-              "rsync_root": rsync_root(sets), "rrsync": find_rrsync()}
+    report = {
+        "sets": out,
+        "need_bytes": need,
+        "free_bytes": free,
+        "headroom_bytes": headroom,
+        "removed": removed,
+        "rsync_root": rsync_root(sets),
+        "rrsync": find_rrsync(),
+    }
     if need and free < need + headroom:
-        raise_msg = (f"not enough disk for the weights: {need / GB:.2f} GB to stage + {headroom / GB:.2f} GB headroom, "
-                     f"only {free / GB:.2f} GB free at {os.path.dirname(sets[0]['path'])}")
+        raise_msg = (
+            f"not enough disk for the weights: {need / GB:.2f} GB to stage + {headroom / GB:.2f} "
+            "GB headroom, "
+            f"only {free / GB:.2f} GB free at {os.path.dirname(sets[0]['path'])}"
+        )
         return report, raise_msg
     return report, None
 
 
 def rsync_root(sets):
-    """The directory the receivers may read on the seed: the narrowest one holding every set's staging dir."""
+    """The directory the receivers may read on the seed: the narrowest one holding every set's
+    staging dir."""
     if not sets:
         return None
     return os.path.commonpath([os.path.dirname(s["path"].rstrip("/")) for s in sets])
 
 
 def find_rrsync():
-    """rsync's restricted wrapper (rsync >= 3.2.4 installs /usr/bin/rrsync; older Debian ships it as a doc)."""
+    """rsync's restricted wrapper (rsync >= 3.2.4 installs /usr/bin/rrsync; older Debian ships it
+    as a doc)."""
     for c in (shutil.which("rrsync"), "/usr/share/doc/rsync/scripts/rrsync"):
         if c and os.path.isfile(c) and os.access(c, os.X_OK):
             return c
@@ -291,8 +348,10 @@ def _download(url, dest, size, sha256):
         raise StageError(f"download of {_safe(url)} failed ({getattr(e, 'reason', e)})") from None
     if got != size or (sha256 and h.hexdigest() != sha256):
         os.unlink(part)
-        raise StageError(f"{_safe(url)}: got {got} bytes with sha256 {h.hexdigest()[:12]}…, the manifest says "
-                         f"{size} bytes, {str(sha256)[:12]}…")
+        raise StageError(
+            f"{_safe(url)}: got {got} bytes with sha256 {h.hexdigest()[:12]}…, the manifest says "
+            f"{size} bytes, {str(sha256)[:12]}…"
+        )
     os.replace(part, dest)
     return got
 
@@ -305,12 +364,15 @@ def fetch(s, run, source, mirror, hub_endpoint, token):
     t0 = time.monotonic()
     got = 0
     if source == "local":
-        # The role has rsynced <local dir>/<repo>/<revision>/ here; its manifest.json (if any) says the date.
+        # The role has rsynced <local dir>/<repo>/<revision>/ here; its manifest.json (if any) says
+        # the date.
         listed = os.path.join(dest, "manifest.json")
         if os.path.isfile(listed):
             manifest = read_json(listed) or {}
             os.replace(listed, os.path.join(dest, MANIFEST))
-            info["revision_date"] = manifest.get("revision_date") if isinstance(manifest, dict) else None
+            info["revision_date"] = (
+                manifest.get("revision_date") if isinstance(manifest, dict) else None
+            )
         # lstat: a symlink may dangle here; verification says why that is refused.
         got = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(dest) for f in fs)
     elif source == "mirror":
@@ -320,16 +382,23 @@ def fetch(s, run, source, mirror, hub_endpoint, token):
             target = os.path.realpath(os.path.join(dest, rel))
             if os.path.commonpath([root, target]) != root:
                 raise StageError(f"the manifest names {rel!r}, a path outside the directory")
-            got += _download(f"{info['url']}/{urllib.parse.quote(rel)}", target, int(f["size"]), f.get("sha256"))
+            got += _download(
+                f"{info['url']}/{urllib.parse.quote(rel)}", target, int(f["size"]), f.get("sha256")
+            )
         with open(os.path.join(dest, MANIFEST), "w") as fh:
             json.dump(info["manifest"], fh)
     else:
         hf = shutil.which("hf") or shutil.which("huggingface-cli")
         if hf is None:
-            raise StageError("the hf command (huggingface_hub) is not installed on the host: "
-                             "fix: pip install -U 'huggingface_hub[cli]' or set weights_source: mirror")
-        env = dict(os.environ, HF_HUB_ENABLE_HF_TRANSFER=os.environ.get("HF_HUB_ENABLE_HF_TRANSFER", "0"),
-                   HF_ENDPOINT=hub_endpoint)
+            raise StageError(
+                "the hf command (huggingface_hub) is not installed on the host: "
+                "fix: pip install -U 'huggingface_hub[cli]' or set weights_source: mirror"
+            )
+        env = dict(
+            os.environ,
+            HF_HUB_ENABLE_HF_TRANSFER=os.environ.get("HF_HUB_ENABLE_HF_TRANSFER", "0"),
+            HF_ENDPOINT=hub_endpoint,
+        )
         if token:
             env["HF_TOKEN"] = token
         argv = [hf, "download", s["repo"], "--revision", info["commit"], "--local-dir", dest]
@@ -342,8 +411,17 @@ def fetch(s, run, source, mirror, hub_endpoint, token):
         shutil.rmtree(os.path.join(dest, ".cache"), ignore_errors=True)  # hf's download metadata
         got = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(dest) for f in fs)
     with open(os.path.join(dest, SOURCE), "w") as fh:
-        json.dump({"repo": s["repo"], "revision": s["revision"], "commit": info["commit"], "source": source,
-                   "revision_date": info["revision_date"], "manifest_sha256": info["manifest_sha256"]}, fh)
+        json.dump(
+            {
+                "repo": s["repo"],
+                "revision": s["revision"],
+                "commit": info["commit"],
+                "source": source,
+                "revision_date": info["revision_date"],
+                "manifest_sha256": info["manifest_sha256"],
+            },
+            fh,
+        )
     secs = time.monotonic() - t0
     return {"role": s["role"], "bytes": got, "seconds": round(secs, 3),
             "mb_per_s": round(got / 1e6 / secs, 2) if secs > 0 else None}
@@ -371,10 +449,17 @@ def swap(s, run):
             rel = os.path.relpath(os.path.join(d, f), dest)
             if rel not in (MARKER, SOURCE, MANIFEST) and not os.path.islink(os.path.join(d, f)):
                 files.append({"path": rel, "size": os.path.getsize(os.path.join(d, f))})
-    marker = {"repo": s["repo"], "revision": s["revision"], "commit": src.get("commit"),
-              "manifest_sha256": src.get("manifest_sha256"), "revision_date": src.get("revision_date"),
-              "run": run, "staged_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "files": sorted(files, key=lambda x: x["path"]), "bytes": sum(f["size"] for f in files)}
+    marker = {
+        "repo": s["repo"],
+        "revision": s["revision"],
+        "commit": src.get("commit"),
+        "manifest_sha256": src.get("manifest_sha256"),
+        "revision_date": src.get("revision_date"),
+        "run": run,
+        "staged_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "files": sorted(files, key=lambda x: x["path"]),
+        "bytes": sum(f["size"] for f in files),
+    }
     tmp = os.path.join(dest, MARKER + ".tmp")
     with open(tmp, "w") as fh:
         json.dump(marker, fh)
@@ -383,7 +468,8 @@ def swap(s, run):
     os.replace(tmp, os.path.join(dest, MARKER))
     if os.path.lexists(s["path"]):
         if not _exchange(dest, s["path"]):
-            # Fallback for filesystems without RENAME_EXCHANGE: two renames, old kept until the new is in.
+            # Fallback for filesystems without RENAME_EXCHANGE: two renames, old kept until the new
+            # is in.
             old = f"{s['path']}.old-{run}"
             os.rename(s["path"], old)
             os.rename(dest, s["path"])
@@ -396,7 +482,8 @@ def swap(s, run):
 
 
 def receive(sets, run, seed, key, known_hosts, timeout):
-    """Pull each set's staging directory from a source host (the seed or any host that verified it) with rsync.
+    """Pull each set's staging directory from a source host (the seed or any host that verified it)
+    with rsync.
 
     The key lives in a private directory on /run for the duration of this call only
     (removed in ``finally``, also when rsync fails); the seed's host key is checked
@@ -416,35 +503,54 @@ def receive(sets, run, seed, key, known_hosts, timeout):
             fd = os.open(os.path.join(keydir, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as fh:
                 fh.write(text.rstrip("\n") + "\n")
-        ssh_cmd = (f"ssh -i {keydir}/id_ed25519 -p {int(seed['port'])} -o UserKnownHostsFile={keydir}/known_hosts "
-                   "-o StrictHostKeyChecking=yes -o BatchMode=yes -o IdentitiesOnly=yes")
+        ssh_cmd = (
+            f"ssh -i {keydir}/id_ed25519 -p {int(seed['port'])} -o "
+            f"UserKnownHostsFile={keydir}/known_hosts "
+            "-o StrictHostKeyChecking=yes -o BatchMode=yes -o IdentitiesOnly=yes"
+        )
         if seed.get("host_key_alias"):
             # Over the fabric: the source's host key is the one verified for its management address.
             ssh_cmd += f" -o HostKeyAlias={seed['host_key_alias']}"
-        who = f"{seed['host']} ({seed['address']}{', fabric' if seed.get('via') == 'fabric' else ''})" \
-            if seed.get("host") else f"the seed {seed['address']}"
+        who = (
+            f"{seed['host']} ({seed['address']}{', fabric' if seed.get('via') == 'fabric' else ''})"
+            if seed.get("host")
+            else f"the seed {seed['address']}"
+        )
         for s in sets:
             dest = staging_dir(s["path"], run)
             os.makedirs(dest, exist_ok=True)
             t0 = time.monotonic()
             # -W: whole files (nothing to delta against in a fresh staging directory; saves CPU).
             # The seed forces `rrsync -ro ROOT` for this key: paths are relative to ROOT, and rrsync
-            # refuses --protect-args (it checks the arguments itself; recipe paths are plain, validated).
+            # refuses --protect-args (it checks the arguments itself; recipe paths are plain,
+            # validated).
             remote = os.path.relpath(dest, seed["root"]) if seed.get("root") else dest
             argv = ["rsync", "-a", "-W", "--delete", "--partial", "-e", ssh_cmd,
                     f"{seed['user']}@{seed['address']}:{remote}/", f"{dest}/"]
             try:
-                p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+                p = subprocess.run(
+                    argv, capture_output=True, text=True, timeout=timeout, check=False
+                )
             except subprocess.TimeoutExpired:
                 raise StageError(f"rsync of {s['role']} from {who} took over {timeout}s") from None
             if p.returncode != 0:
                 tail = (p.stderr.strip().splitlines() or [f"exit code {p.returncode}"])[-1]
                 raise StageError(f"rsync of {s['role']} from {who} failed: {tail}")
             secs = time.monotonic() - t0
-            nbytes = sum(os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(dest) for f in fs)
-            got.append({"role": s["role"], "bytes": nbytes, "seconds": round(secs, 3), "from": seed.get("host"),
-                        "via": seed.get("via", "lan"), "round": seed.get("round"),
-                        "mb_per_s": round(nbytes / 1e6 / secs, 2) if secs > 0 else None})
+            nbytes = sum(
+                os.lstat(os.path.join(d, f)).st_size for d, _, fs in os.walk(dest) for f in fs
+            )
+            got.append(
+                {
+                    "role": s["role"],
+                    "bytes": nbytes,
+                    "seconds": round(secs, 3),
+                    "from": seed.get("host"),
+                    "via": seed.get("via", "lan"),
+                    "round": seed.get("round"),
+                    "mb_per_s": round(nbytes / 1e6 / secs, 2) if secs > 0 else None,
+                }
+            )
     finally:
         shutil.rmtree(keydir, ignore_errors=True)
     return got
@@ -455,7 +561,11 @@ def main():
 
     module = AnsibleModule(
         argument_spec={
-            "step": {"type": "str", "required": True, "choices": ["preflight", "fetch", "receive", "swap"]},
+            "step": {
+                "type": "str",
+                "required": True,
+                "choices": ["preflight", "fetch", "receive", "swap"],
+            },
             "seed": {"type": "dict"},
             "key": {"type": "str", "no_log": True},
             "known_hosts": {"type": "str"},
@@ -475,15 +585,27 @@ def main():
     sets = [s for s in p["sets"] if p["only"] is None or s["role"] in p["only"]]
     try:
         if p["step"] == "preflight":
-            report, problem = preflight(sets, p["run"], p["source"], p["mirror"], p["hub_endpoint"], p["token"],
-                                        p["headroom_gb"])
+            report, problem = preflight(
+                sets,
+                p["run"],
+                p["source"],
+                p["mirror"],
+                p["hub_endpoint"],
+                p["token"],
+                p["headroom_gb"],
+            )
             res = {"changed": bool(report["removed"]), "fleetctl_report": {"preflight": report},
                    "stage_roles": [x["role"] for x in report["sets"] if x["state"] == "stage"]}
             if problem:
-                module.fail_json(msg=problem + " (fix: free space under /opt, or stage to a larger disk)", **res)
+                module.fail_json(
+                    msg=problem + " (fix: free space under /opt, or stage to a larger disk)", **res
+                )
             module.exit_json(**res)
         elif p["step"] == "fetch":
-            got = [fetch(s, p["run"], p["source"], p["mirror"], p["hub_endpoint"], p["token"]) for s in sets]
+            got = [
+                fetch(s, p["run"], p["source"], p["mirror"], p["hub_endpoint"], p["token"])
+                for s in sets
+            ]
             module.exit_json(changed=bool(got), fleetctl_report={"fetch": got})
         elif p["step"] == "receive":
             got = receive(sets, p["run"], p["seed"], p["key"], p["known_hosts"], p["timeout"])

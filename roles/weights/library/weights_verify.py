@@ -4,7 +4,8 @@
 Runs on the host with Python's standard library only. It reads file heads,
 ``config.json``, ``model.safetensors.index.json`` and the safetensors headers
 (an 8-byte little-endian length, then a JSON header): it never loads a weight.
-Each check below stands for a way a Spark has failed to serve (docs/domain.md#weights in the repository):
+Each check below stands for a way a Spark has failed to serve (docs/domain.md#weights in the
+repository):
 
 - Git LFS pointer files instead of weights (a clone without ``git lfs pull``);
 - symlinks leaving the directory (into the HF cache ``blobs/``): the container's
@@ -43,14 +44,30 @@ options:
   revision_date: {description: Date of the staged revision; default read from .fleetctl-source.json., type: str}
   manifest: {description: A manifest file to check sizes and sha256 against., type: path}
   checksums: {description: Hash every file against the manifest (slow on 20 GB)., type: bool, default: false}
-"""
+"""  # noqa: E501 (data: lines as the program reads them)
 
 LFS_MAGIC = b"version https://git-lfs.github.com/spec/v1"
 #: Bytes per element of the safetensors dtypes.
 DTYPE_SIZE = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "F4": 0.5, "F6_E2M3": 0.75,
-    "F6_E3M2": 0.75, "U16": 2, "I16": 2, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "F32": 4,
-    "U64": 8, "I64": 8, "F64": 8,
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "F8_E8M0": 1,
+    "F4": 0.5,
+    "F6_E2M3": 0.75,
+    "F6_E3M2": 0.75,
+    "U16": 2,
+    "I16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "U32": 4,
+    "I32": 4,
+    "F32": 4,
+    "U64": 8,
+    "I64": 8,
+    "F64": 8,
 }
 #: Safetensors headers are small; anything larger is a corrupt length, not a header.
 MAX_HEADER = 100 * 1024 * 1024
@@ -85,11 +102,17 @@ def read_header(fp, size):
     for name, t in header.items():
         if name == "__metadata__":
             continue
-        if not isinstance(t, dict) or not isinstance(t.get("data_offsets"), list) or len(t["data_offsets"]) != 2:
+        if (
+            not isinstance(t, dict)
+            or not isinstance(t.get("data_offsets"), list)
+            or len(t["data_offsets"]) != 2
+        ):
             raise ValueError(f"tensor {name!r} has no data_offsets")
         b, end = t["data_offsets"]
         if not (isinstance(b, int) and isinstance(end, int)) or not 0 <= b <= end <= data_len:
-            raise ValueError(f"tensor {name!r} offsets [{b}, {end}] fall outside the {data_len} data bytes")
+            raise ValueError(
+                f"tensor {name!r} offsets [{b}, {end}] fall outside the {data_len} data bytes"
+            )
         shape = t.get("shape")
         elem = DTYPE_SIZE.get(str(t.get("dtype")))
         if isinstance(shape, list) and elem is not None:
@@ -97,11 +120,16 @@ def read_header(fp, size):
             for d in shape:
                 count *= int(d)
             if int(count * elem + 0.999) != end - b:
-                raise ValueError(f"tensor {name!r} of shape {shape} {t.get('dtype')} needs {int(count * elem)} bytes, "
-                                 f"its offsets give {end - b}")
+                raise ValueError(
+                    f"tensor {name!r} of shape {shape} {t.get('dtype')} needs {int(count * elem)} "
+                    "bytes, "
+                    f"its offsets give {end - b}"
+                )
         end_max = max(end_max, end)
     if end_max != data_len:
-        raise ValueError(f"tensors cover {end_max} of the {data_len} data bytes (truncated or padded)")
+        raise ValueError(
+            f"tensors cover {end_max} of the {data_len} data bytes (truncated or padded)"
+        )
     return header
 
 
@@ -132,11 +160,21 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
     files = {}
     if not os.path.isdir(root):
         problems.append(_problem(path, "is not a directory", "stage the weights first"))
-        return {"path": path, "role": role, "ok": False, "files": [], "problems": problems, "bytes": 0}
+        return {
+            "path": path,
+            "role": role,
+            "ok": False,
+            "files": [],
+            "problems": problems,
+            "bytes": 0,
+        }
 
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in (".git", ".cache")]
-        for name in [*filenames, *[d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]]:
+        for name in [
+            *filenames,
+            *[d for d in dirnames if os.path.islink(os.path.join(dirpath, d))],
+        ]:
             fp = os.path.join(dirpath, name)
             rel = os.path.relpath(fp, root)
             if rel in OWN_FILES:
@@ -147,9 +185,15 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
                 target = os.path.realpath(fp)
                 if os.path.commonpath([root, target]) != root:
                     entry["status"] = "bad"
-                    problems.append(_problem(rel, f"is a symlink leaving the directory (to {os.readlink(fp)}): "
-                                                  "the container's bind mount cannot follow it",
-                                             "materialise it: download with --local-dir (real files) or cp -L the target"))
+                    problems.append(
+                        _problem(
+                            rel,
+                            f"is a symlink leaving the directory (to {os.readlink(fp)}): "
+                            "the container's bind mount cannot follow it",
+                            "materialise it: download with --local-dir (real files) or cp -L the "
+                            "target",
+                        )
+                    )
                     continue
                 if not os.path.exists(fp):
                     entry["status"] = "bad"
@@ -164,12 +208,21 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
             entry["size"] = size
             if _is_lfs_pointer(fp, size):
                 entry["status"] = "bad"
-                problems.append(_problem(rel, "is a Git LFS pointer file, not the weights",
-                                         "run `git lfs pull` in the clone, or download with `hf download`"))
+                problems.append(
+                    _problem(
+                        rel,
+                        "is a Git LFS pointer file, not the weights",
+                        "run `git lfs pull` in the clone, or download with `hf download`",
+                    )
+                )
 
     config = None
     if "config.json" not in files:
-        problems.append(_problem("config.json", "is missing", "download the whole repository, not only the shards"))
+        problems.append(
+            _problem(
+                "config.json", "is missing", "download the whole repository, not only the shards"
+            )
+        )
     elif files["config.json"]["status"] == "ok":
         try:
             with open(os.path.join(root, "config.json")) as f:
@@ -197,7 +250,9 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
                                          "the download stopped early: stage the weights again"))
         shards = sorted(set(shards) | {s for s in index_map.values() if s in files})
     if not shards:
-        problems.append(_problem(".", "holds no *.safetensors weights", "check the repository and revision"))
+        problems.append(
+            _problem(".", "holds no *.safetensors weights", "check the repository and revision")
+        )
 
     keys = set()
     for shard in shards:
@@ -208,7 +263,13 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
             header = read_header(os.path.join(root, shard), entry["size"])
         except (ValueError, OSError) as e:
             entry["status"] = "bad"
-            problems.append(_problem(shard, f"has no valid safetensors header: {e}", "the file is corrupt: stage it again"))
+            problems.append(
+                _problem(
+                    shard,
+                    f"has no valid safetensors header: {e}",
+                    "the file is corrupt: stage it again",
+                )
+            )
             continue
         entry["tensors"] = len([k for k in header if k != "__metadata__"])
         names = {k for k in header if k != "__metadata__"}
@@ -217,8 +278,14 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
             missing = sorted(k for k, s in index_map.items() if s == shard and k not in names)
             if missing:
                 entry["status"] = "bad"
-                problems.append(_problem(shard, f"lacks {len(missing)} tensor(s) the index assigns to it "
-                                                f"(first: {missing[0]})", "stage the weights again"))
+                problems.append(
+                    _problem(
+                        shard,
+                        f"lacks {len(missing)} tensor(s) the index assigns to it "
+                        f"(first: {missing[0]})",
+                        "stage the weights again",
+                    )
+                )
 
     if not allow_code:
         problems += _code_problems(config, files)
@@ -235,13 +302,23 @@ def verify_dir(path, role="body", min_date=None, revision_date=None, manifest=No
 
 
 def _code_problems(config, files):
-    """Model code in the weights: vLLM runs it with --trust-remote-code, so only a recipe that opted in gets it."""
-    fix = ("stage a revision without code, or review the code and set trust_remote_code: true in the recipe "
-           "(the operator's opt-in)")
+    """Model code in the weights: vLLM runs it with --trust-remote-code, so only a recipe that
+    opted in gets it."""
+    fix = (
+        "stage a revision without code, or review the code and set trust_remote_code: true in the "
+        "recipe "
+        "(the operator's opt-in)"
+    )
     out = [_problem(rel, "is Python code from the model's repository", fix)
            for rel in sorted(files) if rel.endswith(".py")]
     if isinstance(config, dict) and config.get("auto_map"):
-        out.append(_problem("config.json", "has an auto_map (classes loaded from the repository's own code)", fix))
+        out.append(
+            _problem(
+                "config.json",
+                "has an auto_map (classes loaded from the repository's own code)",
+                fix,
+            )
+        )
     return out
 
 
@@ -250,25 +327,36 @@ def _layout_problems(config, keys, role):
     out = []
     nested = sorted(k for k in keys if k.startswith("model.language_model.visual."))
     if nested:
-        out.append(_problem(".", f"{len(nested)} vision tensors are mis-nested as model.language_model.visual.* "
-                                 "(vLLM silently skips them and images produce '!!!!')",
-                            "stage a revision from 2026-06-18 or later, where they are model.visual.*"))
+        out.append(
+            _problem(
+                ".",
+                f"{len(nested)} vision tensors are mis-nested as model.language_model.visual.* "
+                "(vLLM silently skips them and images produce '!!!!')",
+                "stage a revision from 2026-06-18 or later, where they are model.visual.*",
+            )
+        )
     arch = ""
     model_type = ""
     if isinstance(config, dict):
         if isinstance(config.get("architectures"), list) and config["architectures"]:
             arch = str(config["architectures"][0])
         model_type = str(config.get("model_type", ""))
-    # A multimodal family is loaded by vLLM's ForConditionalGeneration class, whose text tower lives at
-    # model.language_model.layers.*; v1 of the 35B body stripped that prefix (and declared the text-only
-    # ForCausalLM class) and crashes in production.
+    # A multimodal family is loaded by vLLM's ForConditionalGeneration class, whose text tower
+    # lives at model.language_model.layers.*; v1 of the 35B body stripped that prefix (and declared
+    # the text-only ForCausalLM class) and crashes in production.
     multimodal = arch.endswith("ForConditionalGeneration") or model_type in MULTIMODAL_MODEL_TYPES
     if role == "body" and multimodal:
         v1 = sorted(k for k in keys if k.startswith("model.layers."))
         if v1:
-            out.append(_problem(".", f"{len(v1)} tensors use the v1 key layout model.layers.* ({arch or model_type}) where "
-                                     "model.language_model.layers.* is expected (v1 crashes in production)",
-                                "delete the directory and stage the v2 revision (same repository, re-pulled)"))
+            out.append(
+                _problem(
+                    ".",
+                    f"{len(v1)} tensors use the v1 key layout model.layers.* "
+                    f"({arch or model_type}) where "
+                    "model.language_model.layers.* is expected (v1 crashes in production)",
+                    "delete the directory and stage the v2 revision (same repository, re-pulled)",
+                )
+            )
     return out
 
 
@@ -294,17 +382,28 @@ def _date_problems(role, min_date, revision_date, root):
         if isinstance(data, dict):
             revision_date = data.get("revision_date")
     if not revision_date:
-        return [_problem(".", f"the {role}'s revision date is unknown, so it cannot be checked against {min_date}",
-                         "stage from a mirror whose manifest has revision_date, or from the hub")]
+        return [
+            _problem(
+                ".",
+                f"the {role}'s revision date is unknown, so it cannot be checked against "
+                f"{min_date}",
+                "stage from a mirror whose manifest has revision_date, or from the hub",
+            )
+        ]
     try:
         staged = date.fromisoformat(str(revision_date)[:10])
         oldest = date.fromisoformat(str(min_date)[:10])
     except ValueError as e:
         return [_problem(".", f"bad date ({e})", "write dates as YYYY-MM-DD")]
     if staged < oldest:
-        return [_problem(".", f"the {role} revision is from {staged}, older than {oldest} "
-                              "(an older DFlash drafter crashes with cudaErrorIllegalAddress after ~16K tokens)",
-                         f"pin a revision from {oldest} or later and stage again")]
+        return [
+            _problem(
+                ".",
+                f"the {role} revision is from {staged}, older than {oldest} "
+                "(an older DFlash drafter crashes with cudaErrorIllegalAddress after ~16K tokens)",
+                f"pin a revision from {oldest} or later and stage again",
+            )
+        ]
     return []
 
 
@@ -323,9 +422,18 @@ def _manifest_problems(root, manifest, files, checksums):
             continue
         if entry["size"] != item.get("size"):
             entry["status"] = "bad"
-            out.append(_problem(rel, f"has {entry['size']} bytes, the manifest says {item.get('size')}",
-                                "stage the weights again"))
-        elif checksums and entry["status"] == "ok" and _sha256(os.path.join(root, rel)) != item.get("sha256"):
+            out.append(
+                _problem(
+                    rel,
+                    f"has {entry['size']} bytes, the manifest says {item.get('size')}",
+                    "stage the weights again",
+                )
+            )
+        elif (
+            checksums
+            and entry["status"] == "ok"
+            and _sha256(os.path.join(root, rel)) != item.get("sha256")
+        ):
             entry["status"] = "bad"
             out.append(_problem(rel, "sha256 differs from the manifest", "stage the weights again"))
     return out
@@ -351,8 +459,15 @@ def main():
     )
     p = module.params
     if p["sets"] is not None:
-        todo = [{"role": s.get("role", "body"), "path": s["path"] + p["suffix"], "min_date": s.get("min_date")}
-                for s in p["sets"] if p["only"] is None or s.get("role") in p["only"]]
+        todo = [
+            {
+                "role": s.get("role", "body"),
+                "path": s["path"] + p["suffix"],
+                "min_date": s.get("min_date"),
+            }
+            for s in p["sets"]
+            if p["only"] is None or s.get("role") in p["only"]
+        ]
     elif p["path"]:
         todo = [{"role": p["role"], "path": p["path"], "min_date": p["min_date"]}]
     else:

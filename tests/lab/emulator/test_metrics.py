@@ -1,4 +1,5 @@
-"""The emulator's /metrics text: vLLM's names and labels, parsed by prometheus_client's own parser."""
+"""The emulator's /metrics text: vLLM's names and labels, parsed by prometheus_client's own
+parser."""
 
 from __future__ import annotations
 
@@ -106,7 +107,7 @@ def test_text_format_matches_a_real_vllm_exposition() -> None:
         in lines
     )
     assert (
-        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 0.0'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="tiny",position="0"} 0.0'  # noqa: E501 (an exposition line as vLLM prints it)
         in lines
     )
 

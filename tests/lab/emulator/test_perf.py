@@ -152,7 +152,8 @@ def test_model_families_from_config_model_type() -> None:
     assert perf.family_of("qwen3_5") == "qwen36-27b"
     assert perf.family_of("gemma4") == "gemma4-26b-a4b"
     gemma = perf.FAMILY_PROFILES["gemma4-26b-a4b"]
-    # README fleet table: Gemma-4-26B-A4B extraction 202.4 tok/s at 77.5 % acceptance, the 27B 41.8 coding.
+    # README fleet table: Gemma-4-26B-A4B extraction 202.4 tok/s at 77.5 % acceptance, the 27B 41.8
+    # coding.
     assert perf.aggregate_tok_s(gemma[PromptClass.EXTRACTION], 1) == pytest.approx(202.4)
     assert gemma[PromptClass.EXTRACTION].accept_pos0 == pytest.approx(0.775)
     assert perf.FAMILY_PROFILES["qwen36-27b"][PromptClass.CODING].decode_tok_s == pytest.approx(

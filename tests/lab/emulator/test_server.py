@@ -221,7 +221,8 @@ def test_port_refused_until_ready_then_every_endpoint(
             == smoke["usage"]["prompt_tokens"] + smoke["usage"]["completion_tokens"]
         )
 
-        # Thinking on with a small budget: content null, finish_reason length (docs/domain.md#health, item 5).
+        # Thinking on with a small budget: content null, finish_reason length
+        # (docs/domain.md#health, item 5).
         thinking = http.post(
             "/v1/chat/completions", json=_chat("What is 17 × 23?", max_tokens=200)
         ).json()
@@ -691,23 +692,43 @@ def test_kv_cache_admission_and_preemption(launcher: Launcher, model_dirs: dict[
     assert queued and preemptions >= 1
 
 
-def test_tokenize_counts_what_a_chat_completion_counts(launcher: Launcher, model_dirs: dict[str, Path]) -> None:
-    """/tokenize of messages says what the same chat completion reports as prompt_tokens (the soak sizes
+def test_tokenize_counts_what_a_chat_completion_counts(
+    launcher: Launcher, model_dirs: dict[str, Path]
+) -> None:
+    """/tokenize of messages says what the same chat completion reports as prompt_tokens (the soak
+    sizes
     long-context prompts by it), whether content is a string or a list of parts."""
     emu = launcher.start([str(model_dirs["body"]), *NAMES])
     text = "Summarise this service log: " + " ".join(f"line {i}: ok, 12 ms;" for i in range(200))
     shapes = [
         [{"role": "system", "content": "You answer briefly."}, {"role": "user", "content": text}],
-        [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "text", "text": "Thanks!"}]}],
+        [
+            {
+                "role": "user",
+                "content": [{"type": "text", "text": text}, {"type": "text", "text": "Thanks!"}],
+            }
+        ],
     ]
     for messages in shapes:
-        tok = httpx.post(emu.url + "/tokenize", json={"model": "qwen36-fast", "messages": messages}, timeout=10)
+        tok = httpx.post(
+            emu.url + "/tokenize", json={"model": "qwen36-fast", "messages": messages}, timeout=10
+        )
         assert tok.status_code == 200, tok.text
-        chat = httpx.post(emu.url + "/v1/chat/completions", timeout=30,
-                          json={"model": "qwen36-fast", "messages": messages, "max_tokens": 4, "temperature": 0})
+        chat = httpx.post(
+            emu.url + "/v1/chat/completions",
+            timeout=30,
+            json={"model": "qwen36-fast", "messages": messages, "max_tokens": 4, "temperature": 0},
+        )
         assert chat.status_code == 200, chat.text
         assert tok.json()["count"] == chat.json()["usage"]["prompt_tokens"], messages[-1]["content"]
-    plain = httpx.post(emu.url + "/tokenize", json={"model": "qwen36-fast", "prompt": text}, timeout=10).json()
-    comp = httpx.post(emu.url + "/v1/completions", timeout=30,
-                      json={"model": "qwen36-fast", "prompt": text, "max_tokens": 4, "temperature": 0}).json()
-    assert plain["count"] == comp["usage"]["prompt_tokens"] and plain["count"] == len(plain["tokens"])
+    plain = httpx.post(
+        emu.url + "/tokenize", json={"model": "qwen36-fast", "prompt": text}, timeout=10
+    ).json()
+    comp = httpx.post(
+        emu.url + "/v1/completions",
+        timeout=30,
+        json={"model": "qwen36-fast", "prompt": text, "max_tokens": 4, "temperature": 0},
+    ).json()
+    assert plain["count"] == comp["usage"]["prompt_tokens"] and plain["count"] == len(
+        plain["tokens"]
+    )

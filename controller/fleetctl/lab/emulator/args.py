@@ -1,4 +1,5 @@
-"""The ``vllm serve`` command line, as much of it as the emulator needs; every other flag is accepted.
+"""The ``vllm serve`` command line, as much of it as the emulator needs; every other flag is
+accepted.
 
 Forms accepted: ``vllm serve MODEL [flags]``, ``vllm serve --model MODEL [flags]`` and the
 api_server form ``python -m vllm.entrypoints.openai.api_server --model MODEL [flags]``

@@ -36,7 +36,8 @@ class BadRequestError(Exception):
 
 
 def message_texts(messages: list[Any]) -> tuple[list[str], bool]:
-    """Each chat message's text as the model sees it (text parts joined), and whether one has an image.
+    """Each chat message's text as the model sees it (text parts joined), and whether one has an
+    image.
 
     The one reading of ``messages`` that both a chat completion and /tokenize count tokens from.
     """
@@ -49,7 +50,11 @@ def message_texts(messages: list[Any]) -> tuple[list[str], bool]:
             for part in content:
                 if isinstance(part, dict) and part.get("type") == "text":
                     parts.append(str(part.get("text", "")))
-                elif isinstance(part, dict) and part.get("type") in ("image_url", "image", "input_image"):
+                elif isinstance(part, dict) and part.get("type") in (
+                    "image_url",
+                    "image",
+                    "input_image",
+                ):
                     has_image = True
             texts.append(" ".join(parts))
         else:
@@ -169,7 +174,8 @@ def output_budget(limit: int, prompt_tokens: int, raw: object) -> int:
     if prompt_tokens >= limit:
         raise BadRequestError(
             f"This model's maximum context length is {limit} tokens. However, your prompt contains "
-            f"at least {prompt_tokens} input tokens, which exceeds this limit even without any output "
+            f"at least {prompt_tokens} input tokens, which exceeds this limit even without any "
+            "output "
             f"tokens. Please reduce the length of the input prompt. "
             f"(parameter=input_tokens, value={prompt_tokens})",
             param="input_tokens",
@@ -182,7 +188,8 @@ def output_budget(limit: int, prompt_tokens: int, raw: object) -> int:
         raise BadRequestError("max_tokens must be an integer", param="max_tokens") from None
     if max_tokens < 1:
         raise BadRequestError(
-            f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, value={max_tokens})",
+            f"max_tokens must be at least 1, got {max_tokens}. (parameter=max_tokens, "
+            f"value={max_tokens})",
             param="max_tokens",
         )
     if max_tokens > limit:

@@ -133,7 +133,10 @@ class Engine:
         k = self.knobs
         return bool(
             (k.garbage_after_tokens and self.generated_total >= k.garbage_after_tokens)
-            or (k.garbage_after_seconds and self.emulated_minutes() * 60.0 >= k.garbage_after_seconds)
+            or (
+                k.garbage_after_seconds
+                and self.emulated_minutes() * 60.0 >= k.garbage_after_seconds
+            )
             or (k.garbage_at_concurrency and self.running >= k.garbage_at_concurrency)
         )
 
@@ -215,7 +218,9 @@ class Engine:
             hits = self._prefix_hits(request) if request.prefix_keys else 0
             cache_decay = 1.0
             if hits and self.knobs.decay_per_cache_hit:
-                cache_decay = max(0.0, 1.0 - self.knobs.decay_per_cache_hit * self.cache_hit_requests)
+                cache_decay = max(
+                    0.0, 1.0 - self.knobs.decay_per_cache_hit * self.cache_hit_requests
+                )
                 self.cache_hit_requests += 1
             self.metrics.inc("vllm:prefix_cache_queries", request.prompt_tokens)
             self.metrics.inc("vllm:prefix_cache_hits", hits)
@@ -272,7 +277,8 @@ class Engine:
                 ):
                     self.die(
                         "RuntimeError: CUDA error: an illegal memory access was encountered\n"
-                        "CUDA kernel errors might be asynchronously reported at some other API call, "
+                        "CUDA kernel errors might be asynchronously reported at some other API "
+                        "call, "
                         "so the stacktrace below might be incorrect. (cudaErrorIllegalAddress)"
                     )
                     raise EngineDeadError(ENGINE_DEAD_MESSAGE)
@@ -351,7 +357,8 @@ class Engine:
                 if fail_after >= 0 and steps >= fail_after:
                     self.metrics.finished("error")
                     raise RequestFailedError(
-                        "Internal server error while generating (EMU_ERROR_RATE or EMU_FORWARDED_ERROR_RATE)"
+                        "Internal server error while generating (EMU_ERROR_RATE or "
+                        "EMU_FORWARDED_ERROR_RATE)"
                     )
                 now = time.monotonic()
                 if (

@@ -34,12 +34,14 @@ REASONS = {
 }
 #: The request being answered on this connection (each connection is its own task).
 _CURRENT: contextvars.ContextVar[tuple[str, str, str]] = contextvars.ContextVar("current_request")
-#: Whether that request came through a proxy (an ``X-Forwarded-For`` header: users' traffic via the front door).
+#: Whether that request came through a proxy (an ``X-Forwarded-For`` header: users' traffic via the
+#: front door).
 _FORWARDED: contextvars.ContextVar[bool] = contextvars.ContextVar("forwarded", default=False)
 
 
 def forwarded() -> bool:
-    """True when the request being answered carries ``X-Forwarded-For`` (it came through a front door)."""
+    """True when the request being answered carries ``X-Forwarded-For`` (it came through a front
+    door)."""
     return _FORWARDED.get()
 
 
@@ -75,7 +77,8 @@ Routes = Mapping[str, tuple[str, Handler]]
 
 
 class HttpServer:
-    """Serves ``routes`` over HTTP/1.1 with keep-alive, writing uvicorn's access log lines to ``log``."""
+    """Serves ``routes`` over HTTP/1.1 with keep-alive, writing uvicorn's access log lines to
+    ``log``."""
 
     def __init__(
         self,
@@ -137,7 +140,9 @@ class HttpServer:
                 _CURRENT.set((self._peer(writer), method, target))
                 _FORWARDED.set("x-forwarded-for" in headers)
                 if not self.authorized(path, headers.get("authorization", "")):
-                    await self.send(writer, json_response(401, {"error": "Unauthorized"}), keep_alive)
+                    await self.send(
+                        writer, json_response(401, {"error": "Unauthorized"}), keep_alive
+                    )
                     if not keep_alive:
                         break
                     continue
@@ -173,7 +178,9 @@ class HttpServer:
             return keep_alive
         allowed, handler = route
         if method != allowed and not (method == "HEAD" and allowed == "GET"):
-            await self.send(writer, json_response(405, {"detail": "Method Not Allowed"}), keep_alive)
+            await self.send(
+                writer, json_response(405, {"detail": "Method Not Allowed"}), keep_alive
+            )
             return keep_alive
         reply = await handler(body)
         if isinstance(reply, EventStream):
@@ -204,7 +211,8 @@ class HttpServer:
             peer, method, target = _CURRENT.get(("-", "-", "-"))
             # uvicorn's access log line, as a real vLLM writes one per response.
             self.log(
-                f'INFO:     {peer} - "{method} {target} HTTP/1.1" {status} {REASONS.get(status, "")}'
+                f'INFO:     {peer} - "{method} {target} HTTP/1.1" {status} '
+                f'{REASONS.get(status, "")}'
             )
         lines = [
             f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
@@ -217,7 +225,9 @@ class HttpServer:
             lines.append("connection: close")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    async def send(self, writer: asyncio.StreamWriter, response: Response, keep_alive: bool) -> None:
+    async def send(
+        self, writer: asyncio.StreamWriter, response: Response, keep_alive: bool
+    ) -> None:
         """Send one complete response."""
         writer.write(
             self._head(
@@ -230,7 +240,9 @@ class HttpServer:
         )
         await writer.drain()
 
-    async def stream(self, writer: asyncio.StreamWriter, stream: EventStream, keep_alive: bool) -> bool:
+    async def stream(
+        self, writer: asyncio.StreamWriter, stream: EventStream, keep_alive: bool
+    ) -> bool:
         """SSE over chunked transfer, one chunk per event; False when the client hung up."""
         writer.write(
             self._head(

@@ -14,8 +14,9 @@ class Knobs:
     """Every behaviour knob of the emulator, with its default (a healthy v0.24.0 server)."""
 
     load_seconds: float = 1.0
-    #: Seconds of compiling after the weights, on a start without a matching compile cache (cold), and
-    #: with one (warm); modelled only when a compile cache directory is mounted (compile_cache.py).
+    #: Seconds of compiling after the weights, on a start without a matching compile cache (cold),
+    #: and with one (warm); modelled only when a compile cache directory is mounted
+    #: (compile_cache.py).
     compile_seconds: float = 0.0
     warm_compile_seconds: float = 0.0
     crash_at_concurrency: int = 0
@@ -29,8 +30,9 @@ class Knobs:
     speed: float = 1.0
     throughput_scale: float = 1.0
     error_rate: float = 0.0
-    #: The error rate of requests that came through a proxy (``X-Forwarded-For``: users' traffic via the
-    #: front door) only: a version whose failures show under live traffic, never in a soak out of rotation.
+    #: The error rate of requests that came through a proxy (``X-Forwarded-For``: users' traffic
+    #: via the front door) only: a version whose failures show under live traffic, never in a soak
+    #: out of rotation.
     forwarded_error_rate: float = 0.0
     longctx_collapse: bool = False
     hang: str = ""

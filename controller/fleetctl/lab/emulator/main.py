@@ -1,4 +1,5 @@
-"""``vllm serve``: boot checks in vLLM's order, the load wait, then the server until SIGTERM or a crash."""
+"""``vllm serve``: boot checks in vLLM's order, the load wait, then the server until SIGTERM or a
+crash."""
 
 from __future__ import annotations
 
@@ -61,9 +62,11 @@ def check_config(args: ServeArgs, config: dict[str, Any]) -> int:
     derived = derived_max_len(config)
     if args.max_model_len is not None and args.max_model_len > derived:
         raise BootError(
-            f"ValueError: User-specified max_model_len ({args.max_model_len}) is greater than the derived "
+            f"ValueError: User-specified max_model_len ({args.max_model_len}) is greater than the "
+            "derived "
             f"max_model_len (max_position_embeddings={derived} or model_max_length=None in model's "
-            "config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
+            "config.json). To allow overriding this maximum, set the env var "
+            "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1."
         )
     quant = config.get("quantization_config")
     quant_method = str(quant.get("quant_method", "")) if isinstance(quant, dict) else ""
@@ -72,8 +75,10 @@ def check_config(args: ServeArgs, config: dict[str, Any]) -> int:
         have = quant_method.replace("_", "-")
         if not (have == wanted or (wanted == "modelopt" and have.startswith("modelopt"))):
             raise BootError(
-                f"ValueError: Quantization method specified in the model config ({quant_method}) does not "
-                f"match the quantization method specified in the `quantization` argument ({args.quantization})."
+                f"ValueError: Quantization method specified in the model config ({quant_method}) "
+                "does not "
+                "match the quantization method specified in the `quantization` argument "
+                f"({args.quantization})."
             )
     return args.max_model_len or derived
 
@@ -86,17 +91,22 @@ def check_engine(args: ServeArgs) -> None:
         raise BootError(
             # vLLM's own text (vllm/config/vllm.py, _set_max_num_scheduled_tokens).
             "ValueError: max_num_scheduled_tokens is set to -512 based on the speculative decoding "
-            "settings, which does not allow any tokens to be scheduled. Increase max_num_batched_tokens "
+            "settings, which does not allow any tokens to be scheduled. Increase "
+            "max_num_batched_tokens "
             "to accommodate the additional draft token slots, or decrease num_speculative_tokens."
         )
     if args.kv_cache_dtype.lower() == "nvfp4":
         raise BootError(
             "ValueError: No valid attention backend found for cuda with AttentionSelectorConfig("
-            "head_size=256, dtype=torch.bfloat16, kv_cache_dtype=nvfp4, block_size=None, use_mla=False, "
+            "head_size=256, dtype=torch.bfloat16, kv_cache_dtype=nvfp4, block_size=None, "
+            "use_mla=False, "
             "has_sink=False, use_sparse=False, use_mm_prefix=False, use_non_causal=True). Reasons: "
-            "{FLASH_ATTN: [kv_cache_dtype not supported], FLASHINFER: [non-causal attention not supported, "
-            "nvfp4 KV cache in FlashInfer requires SM100], TRITON_ATTN: [non-causal attention not supported], "
-            "FLEX_ATTENTION: [kv_cache_dtype not supported], TURBOQUANT: [kv_cache_dtype not supported, "
+            "{FLASH_ATTN: [kv_cache_dtype not supported], FLASHINFER: [non-causal attention not "
+            "supported, "
+            "nvfp4 KV cache in FlashInfer requires SM100], TRITON_ATTN: [non-causal attention not "
+            "supported], "
+            "FLEX_ATTENTION: [kv_cache_dtype not supported], TURBOQUANT: [kv_cache_dtype not "
+            "supported, "
             "non-causal attention not supported]}."
         )
 
@@ -125,7 +135,8 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     install_signals(stop)
     log(f"INFO [api_server.py:1885] vLLM API server version {knobs.version}")
     log(
-        f"INFO [utils.py:233] non-default args: {{'model': {args.model!r}, 'served_model_name': {list(args.served_model_names)!r}}}"
+        f"INFO [utils.py:233] non-default args: {{'model': {args.model!r}, 'served_model_name': "
+        f"{list(args.served_model_names)!r}}}"
     )
     model_dir = Path(args.model)
     drafter_dir: Path | None = None
@@ -147,7 +158,8 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
             log(f"ERROR [api_server.py:1920] {line}")
         return 1
     if cluster is not None and not cluster.is_head:
-        # a headless worker (its model directory checked as the head's is) joins the head; it serves no API
+        # a headless worker (its model directory checked as the head's is) joins the head; it
+        # serves no API
         return await multinode.run_worker(cluster, log, stop)
     archs = config.get("architectures") or ["?"]
     log(f"INFO [model.py:547] Resolved architecture: {archs[0]}")
@@ -176,15 +188,24 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     except BootError as exc:
         return _engine_failed(log, exc)
     log(
-        f"INFO [default_loader.py:267] Loading weights took {time.monotonic() - started:.2f} seconds"
+        f"INFO [default_loader.py:267] Loading weights took {time.monotonic() - started:.2f} "
+        "seconds"
     )
     if await _interrupted(stop, knobs.load_seconds / 2):
         return 0
-    ckey = os.environ.get(compile_cache.KEY_ENV) or hashlib.sha256(" ".join(sys.argv).encode()).hexdigest()[:32]
-    comp = compile_cache.plan(compile_cache.cache_root(), ckey, knobs.compile_seconds, knobs.warm_compile_seconds)
+    ckey = (
+        os.environ.get(compile_cache.KEY_ENV)
+        or hashlib.sha256(" ".join(sys.argv).encode()).hexdigest()[:32]
+    )
+    comp = compile_cache.plan(
+        compile_cache.cache_root(), ckey, knobs.compile_seconds, knobs.warm_compile_seconds
+    )
     if comp.directory is not None:
-        log(f"INFO [backends.py:{'163' if comp.warm else '215'}] compile cache "
-            f"{'hit' if comp.warm else 'miss'} (key {ckey}): {comp.reason}; compiling takes {comp.seconds:.1f} s")
+        log(
+            f"INFO [backends.py:{'163' if comp.warm else '215'}] compile cache "
+            f"{'hit' if comp.warm else 'miss'} (key {ckey}): {comp.reason}; compiling takes "
+            f"{comp.seconds:.1f} s"
+        )
         if await _interrupted(stop, comp.seconds):
             return 0
         try:
@@ -197,7 +218,10 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         try:
             joined = await head.wait_for_workers(stop)
         except OSError as exc:
-            log(f"ERROR [multiproc_executor.py:85] cannot listen on {cluster.master_addr}:{cluster.master_port}: {exc}")
+            log(
+                "ERROR [multiproc_executor.py:85] cannot listen on "
+                f"{cluster.master_addr}:{cluster.master_port}: {exc}"
+            )
             return 1
         if not joined:
             await head.close()
@@ -205,8 +229,11 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         factor = head.throughput_factor()
         if factor < 1.0:
             knobs = dataclasses.replace(knobs, throughput_scale=knobs.throughput_scale * factor)
-            log(f"WARNING [multiproc_executor.py:99] the inter-node link runs at {head.link_mbps:.0f} MB/s: "
-                f"decode throughput x{factor:.2f}")
+            log(
+                "WARNING [multiproc_executor.py:99] the inter-node link runs at "
+                f"{head.link_mbps:.0f} MB/s: "
+                f"decode throughput x{factor:.2f}"
+            )
     metrics = Metrics(
         args.served_model_names[0],
         num_spec_tokens=args.num_spec_tokens if args.speculative_config else None,
@@ -230,7 +257,11 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     if head is not None:
         def wedge(why: str) -> None:
             engine.wedged = True
-            log(f"ERROR [core.py:720] EngineCore is stuck in a collective: {why}; the API server keeps running")
+            log(
+                f"ERROR [core.py:720] EngineCore is stuck in a collective: {why}; the API server "
+                "keeps running"
+            )
+
         head.on_lost = wedge
         if head.cluster.nccl_hang_after > 0:  # under load: timed from the first request's prompt
             head.spawn(head.hang_under_load(lambda: metrics.counters["vllm:prompt_tokens"] > 0))

@@ -209,7 +209,8 @@ class Metrics:
             self.histograms[name].observe(value)
 
     def draft(self, proposed: int, accepted: int) -> None:
-        """Record one speculative draft of ``proposed`` tokens of which the first ``accepted`` held."""
+        """Record one speculative draft of ``proposed`` tokens of which the first ``accepted``
+        held."""
         if self.num_spec_tokens is None:
             return
         with self._lock:
@@ -228,7 +229,8 @@ class Metrics:
     def _counter(
         self, out: list[str], name: str, help_text: str, rows: list[tuple[dict[str, str], float]]
     ) -> None:
-        """A counter family ``<name>_total`` and its ``<name>_created`` gauge family, as vLLM writes them."""
+        """A counter family ``<name>_total`` and its ``<name>_created`` gauge family, as vLLM
+        writes them."""
         out += [f"# HELP {name}_total {help_text}", f"# TYPE {name}_total counter"]
         out += [f"{name}_total{{{self._labels(**labels)}}} {_fmt(value)}" for labels, value in rows]
         out += [f"# HELP {name}_created {help_text}", f"# TYPE {name}_created gauge"]
@@ -240,14 +242,18 @@ class Metrics:
         """The Prometheus text exposition (format 0.0.4) of every family."""
         out: list[str] = []
         if self.cache_block_tokens:
-            # An info gauge: vLLM writes the CacheConfig's fields as labels, engine only, no model_name.
+            # An info gauge: vLLM writes the CacheConfig's fields as labels, engine only, no
+            # model_name.
             block = str(self.cache_block_tokens)
             labels = {"block_size": block, "effective_attention_block_size": block,
                       "enable_prefix_caching": "True", "engine": "0"}
-            out += ["# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
-                    "# TYPE vllm:cache_config_info gauge",
-                    "vllm:cache_config_info{" + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-                    + "} 1.0"]
+            out += [
+                "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
+                "# TYPE vllm:cache_config_info gauge",
+                "vllm:cache_config_info{"
+                + ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+                + "} 1.0",
+            ]
         with self._lock:
             for name, help_text in GAUGES.items():
                 out += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]

@@ -1,4 +1,5 @@
-"""Multi-node mode: one model served by N emulator processes, as vLLM's native multi-node launch does.
+"""Multi-node mode: one model served by N emulator processes, as vLLM's native multi-node launch
+does.
 
 ``vllm serve MODEL --nnodes N --node-rank R --master-addr A --master-port P [--headless]``:
 
@@ -12,12 +13,17 @@
   wedges the head as vLLM #41725 reports: ``/health`` keeps answering 200, every request (and
   every stream in flight) stops producing tokens, and the log carries NCCL's watchdog lines;
 - a head that goes away makes each worker log NCCL's error and exit 1;
-- Ray launch (``--distributed-executor-backend ray``, tp x pp > 1, no ``--nnodes``): the head listens where
-  ``ray start --head`` put the cluster (:mod:`.ray`), for tp x pp nodes; ``ray start --block`` workers join
+- Ray launch (``--distributed-executor-backend ray``, tp x pp > 1, no ``--nnodes``): the head
+listens where
+  ``ray start --head`` put the cluster (:mod:`.ray`), for tp x pp nodes; ``ray start --block``
+  workers join
   it as ranks the head assigns, and behave as headless workers from then on;
-- ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after its first request, the head logs the error
-  NCCL prints when an RDMA send to a peer fails (``NET/IB : Got completion from peer ... with status=
-  IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers still up:
+- ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after its first request, the head logs the
+error
+  NCCL prints when an RDMA send to a peer fails (``NET/IB : Got completion from peer ... with
+  status=
+  IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers still
+  up:
   the hang vLLM #41725 reports under load, with the cause only in the log.
 
 Standard library only (the package is copied into images with nothing but python3).
@@ -70,7 +76,8 @@ class Cluster:
 
 
 def from_args(extra: dict[str, str | bool]) -> Cluster | None:
-    """The cluster of a command line (its ``--nnodes`` ... flags, from ServeArgs.extra); None for one node.
+    """The cluster of a command line (its ``--nnodes`` ... flags, from ServeArgs.extra); None for
+    one node.
 
     Raises ValueError with vLLM-like argument errors.
     """
@@ -86,7 +93,9 @@ def from_args(extra: dict[str, str | bool]) -> Cluster | None:
         rank = int(str(extra.get("node-rank", 0)))
         port = int(str(extra.get("master-port", 29501)))
     except ValueError:
-        raise ValueError("arguments --nnodes/--node-rank/--master-port: invalid int value") from None
+        raise ValueError(
+            "arguments --nnodes/--node-rank/--master-port: invalid int value"
+        ) from None
     if nnodes < 1 or not 0 <= rank < nnodes:
         raise ValueError(f"argument --node-rank: {rank} is not in 0..{nnodes - 1}")
     if nnodes == 1:
@@ -106,18 +115,23 @@ def from_args(extra: dict[str, str | bool]) -> Cluster | None:
 
 
 def ray_dir() -> str:
-    """Where ``ray start --head`` leaves the cluster's address (``EMU_RAY_DIR``, else Ray's /tmp/ray)."""
+    """Where ``ray start --head`` leaves the cluster's address (``EMU_RAY_DIR``, else Ray's
+    /tmp/ray)."""
     return os.environ.get("EMU_RAY_DIR") or "/tmp/ray"
 
 
 def _ray_head(extra: dict[str, str | bool]) -> Cluster | None:
-    """``--distributed-executor-backend ray``: one node per GPU of tp x pp (a Spark has one), the head listening
-    where ``ray start --head`` said the cluster is (its ``ray_current_cluster`` file, or ``RAY_ADDRESS``)."""
+    """``--distributed-executor-backend ray``: one node per GPU of tp x pp (a Spark has one), the
+    head listening
+    where ``ray start --head`` said the cluster is (its ``ray_current_cluster`` file, or
+    ``RAY_ADDRESS``)."""
     try:
         tp = int(str(extra.get("tensor-parallel-size", 1)))
         pp = int(str(extra.get("pipeline-parallel-size", 1)))
     except ValueError:
-        raise ValueError("arguments --tensor-parallel-size/--pipeline-parallel-size: invalid int value") from None
+        raise ValueError(
+            "arguments --tensor-parallel-size/--pipeline-parallel-size: invalid int value"
+        ) from None
     if tp * pp <= 1:
         return None
     address = os.environ.get("RAY_ADDRESS", "")
@@ -129,8 +143,10 @@ def _ray_head(extra: dict[str, str | bool]) -> Cluster | None:
             address = ""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError("ConnectionError: Could not find any running Ray instance. Please specify the one to "
-                         "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable.")
+        raise ValueError(
+            "ConnectionError: Could not find any running Ray instance. Please specify the one to "
+            "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable."
+        )
     return Cluster(tp * pp, 0, host, int(port), False,
                    join_timeout=_env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
                    worker_timeout=_env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
@@ -178,19 +194,27 @@ class Head:
         """Listen on the master address until every rank joined; False when stopped or timed out."""
         c = self.cluster
         self._server = await asyncio.start_server(self._join, c.master_addr, c.master_port)
-        self.log(f"INFO [multiproc_executor.py:90] Waiting for {c.nnodes - 1} worker node(s) to join "
-                 f"at {c.master_addr}:{c.master_port} (--nnodes {c.nnodes})")
+        self.log(
+            f"INFO [multiproc_executor.py:90] Waiting for {c.nnodes - 1} worker node(s) to join "
+            f"at {c.master_addr}:{c.master_port} (--nnodes {c.nnodes})"
+        )
         waiters = [asyncio.ensure_future(self._joined.wait()), asyncio.ensure_future(stop.wait())]
-        _done, pending = await asyncio.wait(waiters, timeout=c.join_timeout, return_when=asyncio.FIRST_COMPLETED)
+        _done, pending = await asyncio.wait(
+            waiters, timeout=c.join_timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         for w in pending:
             w.cancel()
         if stop.is_set():
             return False
         if not self._joined.is_set():
             missing = sorted(set(range(1, c.nnodes)) - set(self.members))
-            self.log(f"ERROR [multiproc_executor.py:120] torch.distributed.DistStoreError: Timed out after "
-                     f"{c.join_timeout:.0f} seconds waiting for clients. {len(self.members) + 1}/{c.nnodes} "
-                     f"clients joined (missing node ranks: {missing})")
+            self.log(
+                "ERROR [multiproc_executor.py:120] torch.distributed.DistStoreError: Timed out "
+                "after "
+                f"{c.join_timeout:.0f} seconds waiting for clients. "
+                f"{len(self.members) + 1}/{c.nnodes} "
+                f"clients joined (missing node ranks: {missing})"
+            )
             return False
         self.log(f"INFO [multiproc_executor.py:98] All {c.nnodes} nodes joined; link measured at "
                  f"{self.link_mbps:.0f} MB/s (slowest worker)")
@@ -198,18 +222,27 @@ class Head:
         return True
 
     async def hang_under_load(self, served: Callable[[], bool]) -> None:
-        """``EMU_NCCL_HANG_AFTER_SECONDS``: once ``served()`` (the first request came in), that long, then an
+        """``EMU_NCCL_HANG_AFTER_SECONDS``: once ``served()`` (the first request came in), that
+        long, then an
         RDMA completion error from the first worker and the wedge."""
         while not served():
             await asyncio.sleep(0.2)
         await asyncio.sleep(self.cluster.nccl_hang_after)
         m = min(self.members.values(), key=lambda x: x.rank)
-        self._wedge(f"node rank {m.rank} ({m.address}): NCCL RDMA completion error", [
-            f"WARN NCCL [rank0] NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
-            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca rocep1s0f1",
-            f"WARN NCCL [rank0] NET/IB : Got completion from peer {m.address}<{self.cluster.master_port}> with "
-            "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca roceP2p1s0f1",
-            *self._watchdog()])
+        self._wedge(
+            f"node rank {m.rank} ({m.address}): NCCL RDMA completion error",
+            [
+                "WARN NCCL [rank0] NET/IB : Got completion from peer "
+                f"{m.address}<{self.cluster.master_port}> with "
+                "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca "
+                "rocep1s0f1",
+                "WARN NCCL [rank0] NET/IB : Got completion from peer "
+                f"{m.address}<{self.cluster.master_port}> with "
+                "status=IBV_WC_RETRY_EXC_ERR(12) opcode=0 len=0 vendor err 129 (Send) hca "
+                "roceP2p1s0f1",
+                *self._watchdog(),
+            ],
+        )
 
     def spawn(self, coro: Any) -> None:
         """Run ``coro`` as one of the head's tasks (cancelled by :meth:`close`)."""
@@ -225,7 +258,9 @@ class Head:
             if len(line) != 4 or line[0] != "JOIN":
                 raise ValueError(f"bad handshake {' '.join(line)[:60]!r}")
             rank, nnodes, probe = int(line[1]), int(line[2]), int(line[3])
-            if rank == 0 and nnodes == 0:  # a Ray worker node (`ray start --block`): the head gives its rank
+            if (
+                rank == 0 and nnodes == 0
+            ):  # a Ray worker node (`ray start --block`): the head gives its rank
                 rank = min(set(range(1, c.nnodes)) - set(self.members), default=c.nnodes)
                 nnodes = c.nnodes
             if nnodes != c.nnodes:
@@ -278,14 +313,23 @@ class Head:
     def _lose(self, m: _Member, why: str) -> None:
         # What a real head prints when a peer of its NCCL communicator vanishes: the watchdog's
         # collective timeout; the API server itself keeps answering /health.
-        self._wedge(f"node rank {m.rank} ({m.address}): {why}",
-                    [f"WARN NCCL [rank0] NET/Socket : peer {m.address} (node rank {m.rank}) {why}", *self._watchdog()])
+        self._wedge(
+            f"node rank {m.rank} ({m.address}): {why}",
+            [
+                f"WARN NCCL [rank0] NET/Socket : peer {m.address} (node rank {m.rank}) {why}",
+                *self._watchdog(),
+            ],
+        )
 
     @staticmethod
     def _watchdog() -> list[str]:
-        return ["ERROR [ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation timeout: "
-                "WorkNCCL(SeqNum=1204, OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, Timeout(ms)=600000) "
-                "ran for 600010 milliseconds before timing out."]
+        return [
+            "ERROR [ProcessGroupNCCL.cpp:632] [Rank 0] Watchdog caught collective operation "
+            "timeout: "
+            "WorkNCCL(SeqNum=1204, OpType=ALLREDUCE, NumelIn=8192, NumelOut=8192, "
+            "Timeout(ms)=600000) "
+            "ran for 600010 milliseconds before timing out."
+        ]
 
     def _wedge(self, lost: str, lines: list[str]) -> None:
         """Log ``lines`` and wedge the head (once): /health 200, no token from now on."""
@@ -309,7 +353,8 @@ class Head:
 
 
 async def run_worker(cluster: Cluster, log: Callable[[str], None], stop: asyncio.Event) -> int:
-    """A headless worker: join the head, then heartbeat until stopped (0) or the head is gone (1)."""
+    """A headless worker: join the head, then heartbeat until stopped (0) or the head is gone
+    (1)."""
     c = cluster
     log(f"INFO [api_server.py:1460] Launching headless worker node rank {c.rank} of {c.nnodes}, "
         f"master {c.master_addr}:{c.master_port}")
@@ -323,12 +368,18 @@ async def run_worker(cluster: Cluster, log: Callable[[str], None], stop: asyncio
                 c.master_addr, c.master_port, local_addr=(own, 0) if own else None), 5)
         except OSError as e:  # TimeoutError included
             if own and e.errno == errno.EADDRNOTAVAIL:
-                log(f"ERROR [multiproc_executor.py:138] VLLM_HOST_IP={own} is not an address of this node: {e.strerror}")
+                log(
+                    f"ERROR [multiproc_executor.py:138] VLLM_HOST_IP={own} is not an address of "
+                    f"this node: {e.strerror}"
+                )
                 return 1
             if time.monotonic() >= deadline:
-                log(f"ERROR [multiproc_executor.py:140] torch.distributed.DistNetworkError: The client socket has "
+                log(
+                    "ERROR [multiproc_executor.py:140] torch.distributed.DistNetworkError: The "
+                    "client socket has "
                     f"timed out after {c.join_timeout:.0f}s while trying to connect to "
-                    f"({c.master_addr}, {c.master_port}).")
+                    f"({c.master_addr}, {c.master_port})."
+                )
                 return 1
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.5)
@@ -339,7 +390,10 @@ async def run_worker(cluster: Cluster, log: Callable[[str], None], stop: asyncio
         await writer.drain()
         answer = (await asyncio.wait_for(reader.readline(), 60)).decode(errors="replace").strip()
         if answer != "GO":
-            log(f"ERROR [multiproc_executor.py:146] the head refused node rank {c.rank}: {answer[4:] or 'no answer'}")
+            log(
+                f"ERROR [multiproc_executor.py:146] the head refused node rank {c.rank}: "
+                f"{answer[4:] or 'no answer'}"
+            )
             return 1
         chunk = b"\0" * (1 << 20)
         left = c.probe_bytes
@@ -352,15 +406,24 @@ async def run_worker(cluster: Cluster, log: Callable[[str], None], stop: asyncio
         log(f"ERROR [multiproc_executor.py:145] joining the head failed: {e.__class__.__name__}")
         return 1
     if answer != "OK":
-        log(f"ERROR [multiproc_executor.py:146] the head refused node rank {c.rank}: {answer[4:] or 'no answer'}")
+        log(
+            f"ERROR [multiproc_executor.py:146] the head refused node rank {c.rank}: "
+            f"{answer[4:] or 'no answer'}"
+        )
         return 1
-    log(f"INFO [multiproc_executor.py:150] Node rank {c.rank} joined the head at {c.master_addr}:{c.master_port}")
+    log(
+        f"INFO [multiproc_executor.py:150] Node rank {c.rank} joined the head at "
+        f"{c.master_addr}:{c.master_port}"
+    )
     stopped = asyncio.ensure_future(stop.wait())
     try:
         while True:
             line_task = asyncio.ensure_future(reader.readline())
-            done, _ = await asyncio.wait([line_task, stopped], timeout=max(c.worker_timeout, 3 * HEARTBEAT_SECONDS),
-                                         return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(
+                [line_task, stopped],
+                timeout=max(c.worker_timeout, 3 * HEARTBEAT_SECONDS),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             if stopped in done:
                 line_task.cancel()
                 return 0
@@ -379,8 +442,11 @@ async def run_worker(cluster: Cluster, log: Callable[[str], None], stop: asyncio
                     continue
                 why = "connection closed by the head"
             log(f"WARN NCCL [rank{c.rank}] NET/Socket : {why} ({c.master_addr}:{c.master_port})")
-            log(f"ERROR [multiproc_executor.py:160] [Rank {c.rank}] NCCL communicator was aborted: {why}. "
-                "Worker node exiting.")
+            log(
+                f"ERROR [multiproc_executor.py:160] [Rank {c.rank}] NCCL communicator was aborted: "
+                f"{why}. "
+                "Worker node exiting."
+            )
             return 1
     finally:
         stopped.cancel()

@@ -97,10 +97,13 @@ class OpenAIApi:
 
     async def metrics_text(self, _body: bytes) -> Response:
         """GET /metrics in Prometheus' text format, with vLLM's metric names."""
-        return Response(200, self.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            200, self.metrics.render().encode(), "text/plain; version=0.0.4; charset=utf-8"
+        )
 
     async def tokenize(self, raw: bytes) -> Response:
-        """POST /tokenize as vLLM answers it: ``{"count", "max_model_len", "tokens", "token_strs"}``.
+        """POST /tokenize as vLLM answers it: ``{"count", "max_model_len", "tokens",
+        "token_strs"}``.
 
         ``prompt`` is counted as it is; ``messages`` with the chat template's overhead, as a
         chat completion would count them (``add_generation_prompt`` defaults to true).
@@ -119,7 +122,9 @@ class OpenAIApi:
         elif isinstance(body, dict) and isinstance(body.get("prompt"), str):
             count = count_tokens(body["prompt"])
         else:
-            return json_response(400, error_body("give prompt or messages", "Bad Request", 400, "prompt"))
+            return json_response(
+                400, error_body("give prompt or messages", "Bad Request", 400, "prompt")
+            )
         # Token ids are not modelled: a stable stand-in of the right length.
         return json_response(200, {"count": count, "max_model_len": self.info.max_model_len,
                                    "tokens": list(range(count)), "token_strs": None})
@@ -186,7 +191,8 @@ class OpenAIApi:
         return await self._whole(parsed, steps, chat=chat)
 
     def _delta(self, reasoning: str, content: str, state: dict[str, bool]) -> dict[str, Any]:
-        """The delta of one streamed step; without a reasoning parser thinking stays in <think> tags."""
+        """The delta of one streamed step; without a reasoning parser thinking stays in <think>
+        tags."""
         delta: dict[str, Any] = {}
         if self.info.reasoning_parser:
             if reasoning:
@@ -287,7 +293,8 @@ class OpenAIApi:
     async def _events(
         self, parsed: ParsedChat, steps: AsyncIterator[Step], *, chat: bool
     ) -> AsyncIterator[str]:
-        """The SSE payloads: role chunk with the first step, then one chunk per step, usage, ``[DONE]``."""
+        """The SSE payloads: role chunk with the first step, then one chunk per step, usage,
+        ``[DONE]``."""
         rid, model, created = parsed.request.request_id, parsed.model, int(time.time())
         obj = "chat.completion.chunk" if chat else "text_completion"
 
@@ -351,7 +358,8 @@ class OpenAIApi:
                 # An error after the stream started: an error event inside the 200 stream, then
                 # [DONE] without a usage chunk; vLLM writes this one event with json.dumps' spaces.
                 self.log(
-                    f"ERROR [serving.py:929] Error in {'chat ' if chat else ''}completion stream generator."
+                    f"ERROR [serving.py:929] Error in {'chat ' if chat else ''}completion stream "
+                    "generator."
                 )
                 self.log(f"ERROR [serving.py:929] {type(exc).__name__}: {exc}")
                 yield json.dumps(error_body(str(exc), "InternalServerError", 500))
@@ -365,5 +373,6 @@ class OpenAIApi:
                 yield chunk([], usage=usage, system_fingerprint=self.fingerprint)
             yield "[DONE]"
         finally:
-            # Closed early (the client hung up): abort the request, counted as "abort" by the engine.
+            # Closed early (the client hung up): abort the request, counted as "abort" by the
+            # engine.
             await aclose_quietly(steps)

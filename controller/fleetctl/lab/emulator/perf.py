@@ -2,7 +2,8 @@
 
 Pure functions of (prompt class, concurrency, context length, time), so they are
 unit-tested from data. Every default comes from the published figures of the
-serving image's README and model cards (summarised in docs/domain.md#health), for Qwen3.6-35B-A3B-heretic-NVFP4 + DFlash n=11
+serving image's README and model cards (summarised in docs/domain.md#health), for
+Qwen3.6-35B-A3B-heretic-NVFP4 + DFlash n=11
 on one DGX Spark with the v0.23.0 image:
 
 - single-stream decode tok/s, TTFT p50 and DFlash position-0 acceptance per class:
@@ -109,7 +110,8 @@ FAMILY_PROFILES: dict[str, dict[PromptClass, ClassProfile]] = {
 
 
 def family_of(model_type: str) -> str:
-    """The profile family of a config.json ``model_type`` (Gemma-4, the dense Qwen3.6-27B, else 35B-A3B)."""
+    """The profile family of a config.json ``model_type`` (Gemma-4, the dense Qwen3.6-27B, else
+    35B-A3B)."""
     lowered = model_type.lower()
     if lowered.startswith("gemma"):
         return "gemma4-26b-a4b"
@@ -265,7 +267,8 @@ def plan_steps(
 
 
 def ttft_seconds(profile: ClassProfile, *, prompt_tokens: int, running: int) -> float:
-    """Time to first token: fixed launch overhead + prefill, stretched by the other running requests."""
+    """Time to first token: fixed launch overhead + prefill, stretched by the other running
+    requests."""
     base = profile.ttft_s + prompt_tokens / PREFILL_TOK_S
     return base * (1.0 + TTFT_LOAD_FACTOR * max(0, running - 1))
 

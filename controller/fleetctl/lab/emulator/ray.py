@@ -2,10 +2,13 @@
 
 - ``ray start --head --node-ip-address=A --port=P``: records the cluster's address (``A:P``) in
   ``ray_current_cluster`` under ``EMU_RAY_DIR`` (default /tmp/ray, Ray's own place) and returns, as
-  Ray's daemonising start does; the head's ``vllm serve ... --distributed-executor-backend ray`` then
+  Ray's daemonising start does; the head's ``vllm serve ... --distributed-executor-backend ray``
+  then
   listens there for tp x pp nodes (:mod:`.multinode`);
-- ``ray start --block --address=H:P --node-ip-address=A``: a worker node, joining the head at ``H:P``
-  (retrying until the head's vLLM listens) and staying until the head is gone (exit 1) or it is stopped.
+- ``ray start --block --address=H:P --node-ip-address=A``: a worker node, joining the head at
+``H:P``
+  (retrying until the head's vLLM listens) and staying until the head is gone (exit 1) or it is
+  stopped.
 
 Standard library only.
 """
@@ -49,7 +52,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.makedirs(multinode.ray_dir(), exist_ok=True)
         with open(os.path.join(multinode.ray_dir(), "ray_current_cluster"), "w") as f:
             f.write(f"{ip}:{port}\n")
-        _log(f"INFO Ray runtime started. Local node IP: {ip}; to add another node: ray start --address='{ip}:{port}'")
+        _log(
+            f"INFO Ray runtime started. Local node IP: {ip}; to add another node: ray start "
+            f"--address='{ip}:{port}'"
+        )
         return 0
     address = str(opts.get("address") or "")
     host, _, port = address.rpartition(":")
@@ -58,11 +64,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if opts.get("node-ip-address"):
         os.environ.setdefault("VLLM_HOST_IP", str(opts["node-ip-address"]))
-    cluster = multinode.Cluster(0, 0, host, int(port), True,
-                                join_timeout=multinode._env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
-                                worker_timeout=multinode._env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
-                                probe_bytes=int(multinode._env_float("EMU_LINK_PROBE_BYTES",
-                                                                     multinode.DEFAULT_PROBE_BYTES)))
+    cluster = multinode.Cluster(
+        0,
+        0,
+        host,
+        int(port),
+        True,
+        join_timeout=multinode._env_float("EMU_JOIN_TIMEOUT_SECONDS", 600.0),
+        worker_timeout=multinode._env_float("EMU_WORKER_TIMEOUT_SECONDS", 10.0),
+        probe_bytes=int(
+            multinode._env_float("EMU_LINK_PROBE_BYTES", multinode.DEFAULT_PROBE_BYTES)
+        ),
+    )
     _log(f"INFO Ray runtime started. Joining the cluster at {address}")
 
     async def run() -> int:

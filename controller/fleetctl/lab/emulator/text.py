@@ -24,7 +24,8 @@ KNOWN_ANSWERS: dict[str, str] = {
     "what is 2 + 2?": "2 + 2 = 4.",
 }
 
-#: The soak's long-prompt probe hides "The vault code is X." in a document and ends with this question.
+#: The soak's long-prompt probe hides "The vault code is X." in a document and ends with this
+#: question.
 NEEDLE_QUESTION = "What is the vault code stated in the log above? Answer with the code only."
 _NEEDLE_FACT = re.compile(r"The vault code is ([\w -]+?)\.")
 

@@ -43,7 +43,8 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         loaded = json.loads(config_path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BootError(
-            f"OSError: It looks like the config file at '{config_path}' is not a valid JSON file. ({exc})"
+            f"OSError: It looks like the config file at '{config_path}' is not a valid JSON file. "
+            f"({exc})"
         ) from None
     if not isinstance(loaded, dict):
         raise BootError(f"OSError: config file at '{config_path}' is not a JSON object.")
@@ -57,13 +58,15 @@ def read_header(shard: Path) -> dict[str, Any]:
             head = fh.read(8)
             if len(head) < 8:
                 raise BootError(
-                    "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooSmall"
+                    "safetensors_rust.SafetensorError: Error while deserializing header: "
+                    "HeaderTooSmall"
                 )
             (length,) = struct.unpack("<Q", head)
             size = shard.stat().st_size
             if length > MAX_HEADER_BYTES or length + 8 > size:
                 raise BootError(
-                    "safetensors_rust.SafetensorError: Error while deserializing header: HeaderTooLarge"
+                    "safetensors_rust.SafetensorError: Error while deserializing header: "
+                    "HeaderTooLarge"
                 )
             raw = fh.read(length)
     except FileNotFoundError:
@@ -132,8 +135,10 @@ def load_weights(model_dir: Path) -> LoadedWeights:
     missing = [n for n in names if weight_map and n not in listed]
     if missing:
         raise BootError(
-            f"ValueError: Following weights were not initialized from checkpoint: {{'{missing[0]}', ...}} "
-            f"({len(missing)} tensors are in a shard that model.safetensors.index.json does not list)"
+            "ValueError: Following weights were not initialized from checkpoint: "
+            f"{{'{missing[0]}', ...}} "
+            f"({len(missing)} tensors are in a shard that model.safetensors.index.json does not "
+            "list)"
         )
     warnings: list[str] = []
     misnested = [n for n in names if n.startswith("model.language_model.visual.")]

@@ -9,7 +9,8 @@ Tensor names follow each model kind (Qwen3.6 35B-A3B: ``model.language_model.lay
 and the 333 ``model.visual.*`` vision tensors). A model is a few hundred KB; ``size_bytes``
 pads the embedding so a model weighs what a throughput benchmark needs.
 
-Convention shared with the stage (``roles/weights``): every ``config.json`` carries ``"revision_date": "YYYY-MM-DD"`` (the date of the hub
+Convention shared with the stage (``roles/weights``): every ``config.json`` carries
+``"revision_date": "YYYY-MM-DD"`` (the date of the hub
 revision the files stand for) and every mirror ``manifest.json`` repeats it with
 ``repo`` and ``revision``. A drafter dated before 2026-04-19 is the stale one that
 crashes past ~16K tokens; the emulator reads the date from the drafter's config.json.

@@ -129,9 +129,11 @@ def tokenizer_files(kind: ModelKind) -> dict[str, Any]:
         },
     }
     template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% "
+        "endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n"
-        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+        "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% "
+        "endif %}{% endif %}"
     )
     return {
         "tokenizer.json": tokenizer,

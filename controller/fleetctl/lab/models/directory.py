@@ -48,7 +48,8 @@ def write_model(
     size_bytes: int | None = None,
     date: str | None = None,
 ) -> Path:
-    """Write a tiny model of ``kind`` in ``variant`` into ``directory`` (created; must be empty or absent).
+    """Write a tiny model of ``kind`` in ``variant`` into ``directory`` (created; must be empty or
+    absent).
 
     ``size_bytes`` pads the embedding table so that the model's data totals about that many
     bytes (throughput benchmarks); ``date`` overrides the revision date. Returns the directory.

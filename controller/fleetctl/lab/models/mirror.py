@@ -40,7 +40,8 @@ class MirrorEntry:
 def manifest_for(
     directory: Path, *, repo: str, revision: str, revision_date: str | None
 ) -> dict[str, Any]:
-    """``{"files": [{"path", "size", "sha256"}], "repo", "revision", "revision_date"}`` of a directory."""
+    """``{"files": [{"path", "size", "sha256"}], "repo", "revision", "revision_date"}`` of a
+    directory."""
     files = []
     for path in sorted(
         p for p in directory.rglob("*") if p.is_file() and p.name != "manifest.json"
@@ -92,7 +93,8 @@ def _specs(items: Iterable[Any] | Mapping[str, Any]) -> list[MirrorSpec]:
 
 
 def repo_recipes() -> Mapping[str, Any]:
-    """The raw ``fleetctl_recipes`` of the checkout's lab inventory (inventory/lab/group_vars/all)."""
+    """The raw ``fleetctl_recipes`` of the checkout's lab inventory
+    (inventory/lab/group_vars/all)."""
     import yaml
 
     from fleetctl import paths
@@ -113,7 +115,8 @@ def repo_recipes() -> Mapping[str, Any]:
 def populate_mirror(
     root: Path | str, recipes_or_specs: Iterable[Any] | Mapping[str, Any] | None = None
 ) -> list[MirrorEntry]:
-    """Write every recipe's body and drafter (or each MirrorSpec) as ``<root>/<repo>/<revision>/`` + manifest.json.
+    """Write every recipe's body and drafter (or each MirrorSpec) as ``<root>/<repo>/<revision>/``
+    + manifest.json.
 
     Accepts ``fleetctl_recipes`` (a mapping name -> recipe dict), Recipe objects (with
     ``.weights``), or MirrorSpec items; None means the checkout's lab recipes. A revision

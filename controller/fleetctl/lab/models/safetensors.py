@@ -192,7 +192,8 @@ def _fill(name: str, nbytes: int) -> Iterator[bytes]:
 def write_safetensors(
     path: Path, tensors: list[Tensor], metadata: Mapping[str, str] | None = None
 ) -> None:
-    """Write one safetensors file: 8-byte LE header length, JSON header (space-padded to 8), data."""
+    """Write one safetensors file: 8-byte LE header length, JSON header (space-padded to 8),
+    data."""
     header: dict[str, Any] = {"__metadata__": dict(metadata or {"format": "pt"})}
     offset = 0
     for t in tensors:

@@ -160,7 +160,9 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
     }
     out: list[CheckResult] = []
     if fns.keys() != set(CHECKS):  # the declaration in soak/config.py and the evaluators must agree
-        raise AssertionError(f"soak checks without an evaluator or a declaration: {set(CHECKS) ^ fns.keys()}")
+        raise AssertionError(
+            f"soak checks without an evaluator or a declaration: {set(CHECKS) ^ fns.keys()}"
+        )
     for name in CHECKS:
         fn = fns[name]
         spec = config.check(name)

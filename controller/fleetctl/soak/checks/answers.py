@@ -32,36 +32,66 @@ def same_answer(a: str, b: str) -> bool:
 
 
 def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
-    """No garbage in any streamed answer under load; canaries right and equal to their c=1 answer."""
+    """No garbage in any streamed answer under load; canaries right and equal to their c=1
+    answer."""
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     host = f"{ev.host} " if ev.host else ""
     out: list[Measurement] = []
     for s in ev.garbage_samples:
-        out.append(Measurement(
-            _where(s), F, f"{host}{_where(s)}: garbage in a {s.cls} answer started at +{s.start:.1f}s "
-            f"({s.garbage}): {snippet(s.excerpt, 80)}", s.excerpt, "no garbage"))
+        out.append(
+            Measurement(
+                _where(s),
+                F,
+                f"{host}{_where(s)}: garbage in a {s.cls} answer started at +{s.start:.1f}s "
+                f"({s.garbage}): {snippet(s.excerpt, 80)}",
+                s.excerpt,
+                "no garbage",
+            )
+        )
     out += [_judge_canary(c, host) for c in ev.canaries]
     out += [_judge_loop(lr, host) for lr in ev.loops]
     if ev.loops_unjudged:
         # Reported, not counted: the first looping prompts were judged, and a server that loops
         # where the model does not shows it on those already.
-        out.append(Measurement("loops", P, f"{ev.loops_unjudged} more looping answer(s) of other prompts not "
-                               "judged against a reference (the soak re-runs the first few only)", ev.loops_unjudged))
+        out.append(
+            Measurement(
+                "loops",
+                P,
+                f"{ev.loops_unjudged} more looping answer(s) of other prompts not "
+                "judged against a reference (the soak re-runs the first few only)",
+                ev.loops_unjudged,
+            )
+        )
     ld = ev.long_decode
     if ld is not None and not ld.garbage:
         if ld.ok:
-            out.append(Measurement("long_decode", P, f"long decode: {ld.output_tokens} tokens clean",
-                                   ld.output_tokens, None))
+            out.append(
+                Measurement(
+                    "long_decode",
+                    P,
+                    f"long decode: {ld.output_tokens} tokens clean",
+                    ld.output_tokens,
+                    None,
+                )
+            )
         else:
-            out.append(Measurement("long_decode", F, f"{host}long decode failed: {ld.error}", ld.error_kind, None))
+            out.append(
+                Measurement(
+                    "long_decode", F, f"{host}long decode failed: {ld.error}", ld.error_kind, None
+                )
+            )
     if ev.streams_checked and not ev.garbage_samples:
         out.append(Measurement("streams", P, f"{ev.streams_checked} streamed answers clean",
                                ev.streams_checked, None))
     right = sum(m.outcome is P for m in out if m.label not in ("streams", "long_decode"))
-    return decide(spec, out, ok_message=f"{ev.streams_checked} streamed answers clean, {right} canaries right"
-                  + (f", long decode of {ld.output_tokens} tokens clean" if ld is not None and ld.ok else ""),
-                  no_data="no streamed answer was checked")
+    return decide(
+        spec,
+        out,
+        ok_message=f"{ev.streams_checked} streamed answers clean, {right} canaries right"
+        + (f", long decode of {ld.output_tokens} tokens clean" if ld is not None and ld.ok else ""),
+        no_data="no streamed answer was checked",
+    )
 
 
 def _judge_canary(c: CanaryResult, host: str) -> Measurement:
@@ -98,17 +128,35 @@ def _judge_loop(lr: LoopResult, host: str) -> Measurement:
                                                      if lr.count > 1 else "")
     shown = f"sample …{snippet(s.excerpt, 100)}"
     if ref is None or not ref.ok:
-        return Measurement(f"{lr.where} loop", INC, f"{what} ends in a loop ({s.loop}); its reference could not "
-                           f"be run ({ref.error if ref else 'no reference'}): {shown}", s.loop, None)
+        return Measurement(
+            f"{lr.where} loop",
+            INC,
+            f"{what} ends in a loop ({s.loop}); its reference could not "
+            f"be run ({ref.error if ref else 'no reference'}): {shown}",
+            s.loop,
+            None,
+        )
     ref_text = ref.text or ""
     if ref.loop:
-        return Measurement(f"{lr.where} loop", P, f"{what} loops, as its c=1 reference does (the model's "
-                           f"behaviour, not the server's): {s.loop}", s.loop, ref.loop)
+        return Measurement(
+            f"{lr.where} loop",
+            P,
+            f"{what} loops, as its c=1 reference does (the model's "
+            f"behaviour, not the server's): {s.loop}",
+            s.loop,
+            ref.loop,
+        )
     if ref.finish_reason == "stop" and s.loop_start is not None and \
             s.loop_start >= NATURAL_END_SHARE * len(ref_text):
-        return Measurement(f"{lr.where} loop", P, f"{what} loops from character {s.loop_start}, past where its "
-                           f"reference stopped by itself ({len(ref_text)} characters): writing past the "
-                           "model's natural end under ignore_eos", s.loop, len(ref_text))
+        return Measurement(
+            f"{lr.where} loop",
+            P,
+            f"{what} loops from character {s.loop_start}, past where its "
+            f"reference stopped by itself ({len(ref_text)} characters): writing past the "
+            "model's natural end under ignore_eos",
+            s.loop,
+            len(ref_text),
+        )
     return Measurement(
         f"{lr.where} loop",
         F,
@@ -126,7 +174,8 @@ EXCERPT_REF = 160
 
 def long_decode_windows(text: str, tokens: int, window_tokens: int,
                         ends: Sequence[int] = ()) -> list[tuple[int, int, str]]:
-    """``text`` of ``tokens`` tokens cut into windows of about ``window_tokens``: (first token, last, text).
+    """``text`` of ``tokens`` tokens cut into windows of about ``window_tokens``: (first token,
+    last, text).
 
     With ``ends`` (the text's length after each streamed delta) the cuts fall on delta boundaries,
     each delta counting ``tokens / len(ends)`` tokens (several per delta with speculative decoding);
@@ -156,8 +205,17 @@ def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Chec
     ld = ev.long_decode
     asked = config.long_decode_tokens()
     if ld is None:
-        return decide(spec, [Measurement("long_decode", INC, "the long decode did not run"
-                                         + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))])
+        return decide(
+            spec,
+            [
+                Measurement(
+                    "long_decode",
+                    INC,
+                    "the long decode did not run"
+                    + (f" (soak stopped early: {ev.halted})" if ev.halted else ""),
+                )
+            ],
+        )
     host = f"{ev.host} " if ev.host else ""
     got = ld.output_tokens if isinstance(ld.output_tokens, int) else 0
     if not ld.ok:
@@ -168,7 +226,9 @@ def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Chec
     if ident_cap := (ev.identity.max_model_len if ev.identity else None):
         asked = min(asked, ident_cap - 512)
     if got < 0.9 * asked:
-        out.append(Measurement("depth", INC, f"long decode reached {got} of {asked} tokens", got, asked))
+        out.append(
+            Measurement("depth", INC, f"long decode reached {got} of {asked} tokens", got, asked)
+        )
     mark = text.find(prompts.NEEDLE_MARK)
     end_at = mark if mark >= 0 else None
     if mark >= 0:
@@ -191,9 +251,18 @@ def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Chec
         offset += len(win)
     windows = sum(1 for m in out if m.label.startswith("tokens "))
     needle = next((m for m in out if m.label == "needle"), None)
-    return decide(spec, out, ok_message=f"{got} tokens in {windows} windows of {window} free of garbage and "
-                  "U+FFFD" + ("; the needle at the model's end intact" if needle else
-                              "; no needle (the model had not ended)"), no_data="the long decode had no text")
+    return decide(
+        spec,
+        out,
+        ok_message=f"{got} tokens in {windows} windows of {window} free of garbage and "
+        "U+FFFD"
+        + (
+            "; the needle at the model's end intact"
+            if needle
+            else "; no needle (the model had not ended)"
+        ),
+        no_data="the long decode had no text",
+    )
 
 
 def _judge_window(label: str, win: str, offset: int, end_at: int | None, host: str) -> Measurement:
@@ -232,7 +301,8 @@ def _judge_window(label: str, win: str, offset: int, end_at: int | None, host: s
 
 
 def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
-    """Each long-prompt probe answers the fact hidden in the middle of its prompt, without garbage."""
+    """Each long-prompt probe answers the fact hidden in the middle of its prompt, without
+    garbage."""
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     if not config.long_prompt_tokens():
@@ -243,14 +313,28 @@ def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
         label = f"{lp.tokens} tokens"
         s = lp.sample
         if s is None:
-            out.append(Measurement(label, P if lp.skipped else INC, f"{label}: not run ({lp.skipped or 'stopped'})",
-                                   None, lp.tokens))
+            out.append(
+                Measurement(
+                    label,
+                    P if lp.skipped else INC,
+                    f"{label}: not run ({lp.skipped or 'stopped'})",
+                    None,
+                    lp.tokens,
+                )
+            )
             continue
         text = s.text or ""
         size = f"{label} ({s.prompt_tokens or '?'} measured, sized by {lp.how})"
         if not s.ok:
-            out.append(Measurement(label, F, f"{host}long prompt of {size}: request failed: {s.error}",
-                                   s.error_kind, lp.tokens))
+            out.append(
+                Measurement(
+                    label,
+                    F,
+                    f"{host}long prompt of {size}: request failed: {s.error}",
+                    s.error_kind,
+                    lp.tokens,
+                )
+            )
         elif s.garbage:
             out.append(
                 Measurement(
@@ -276,8 +360,17 @@ def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
             out.append(Measurement(label, P, f"long prompt of {size}: answered", snippet(text),
                                    prompts.VAULT_CODE))
         if lp.how.startswith("estimate ("):
-            out.append(Measurement(f"{label} size", INC, f"long prompt of {label}: {lp.how}", lp.how, lp.tokens))
+            out.append(
+                Measurement(
+                    f"{label} size", INC, f"long prompt of {label}: {lp.how}", lp.how, lp.tokens
+                )
+            )
     ran = [m.label for m in out if m.outcome is P and m.measured is not None]
-    return decide(spec, out, ok_message=f"the hidden fact found at {', '.join(ran) or 'no size'}"
-                  + ("" if len(ran) == len(out) else " (larger sizes skipped: max_model_len)"),
-                  no_data="no long-prompt probe ran" + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))
+    return decide(
+        spec,
+        out,
+        ok_message=f"the hidden fact found at {', '.join(ran) or 'no size'}"
+        + ("" if len(ran) == len(out) else " (larger sizes skipped: max_model_len)"),
+        no_data="no long-prompt probe ran"
+        + (f" (soak stopped early: {ev.halted})" if ev.halted else ""),
+    )

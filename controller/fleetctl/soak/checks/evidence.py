@@ -68,7 +68,8 @@ class LoopResult:
 
 @dataclass(frozen=True)
 class LongPrompt:
-    """One long-prompt probe: its target size, how it was sized, and the answer (None when skipped)."""
+    """One long-prompt probe: its target size, how it was sized, and the answer (None when
+    skipped)."""
 
     tokens: int
     how: str = ""
@@ -83,7 +84,8 @@ class Wedge:
     host: str
     #: The phase or level it ran in ("c=16", "sustained", "the long decode").
     where: str
-    #: Seconds the request waited in all (its last token, or its start, was this long before the end).
+    #: Seconds the request waited in all (its last token, or its start, was this long before the
+    #: end).
     seconds: float
     #: When the request started, seconds into the soak.
     start: float
@@ -120,7 +122,8 @@ class Evidence:
     streams_checked: int = 0
     #: The soak's one long decode (None when it did not run).
     long_decode: Sample | None = None
-    #: Prompts sized in tokens: name -> (target tokens, tokens the server counted, "tokenize"|"estimate").
+    #: Prompts sized in tokens: name -> (target tokens, tokens the server counted,
+    #: "tokenize"|"estimate").
     prompt_sizes: Mapping[str, tuple[int, int | None, str]] = field(default_factory=dict)
     #: The server's prefix-cache block in tokens (vllm:cache_config_info), when it states one.
     cache_block_tokens: int | None = None

@@ -39,23 +39,45 @@ def check_identity(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckRe
     if ident is None:
         return skipped(spec, "not run: the server never became ready")
     if not ident.reachable:
-        return decide(spec, [Measurement("models", ERR, f"/v1/models could not be read: {ident.detail}")])
+        return decide(
+            spec, [Measurement("models", ERR, f"/v1/models could not be read: {ident.detail}")]
+        )
     want = config.served_model_names
     listed = ", ".join(ident.models) or "(none)"
     if not want:
-        return decide(spec, [Measurement("models", P if ident.models else F,
-                                         f"serves {listed}" if ident.models else "/v1/models lists no model")],
-                      ok_message=f"serves {listed} (no recipe names to compare); version {ident.version or 'n/a'}")
+        return decide(
+            spec,
+            [
+                Measurement(
+                    "models",
+                    P if ident.models else F,
+                    f"serves {listed}" if ident.models else "/v1/models lists no model",
+                )
+            ],
+            ok_message=f"serves {listed} (no recipe names to compare); version "
+                       f"{ident.version or 'n/a'}",
+        )
     missing = [n for n in want if n not in ident.models]
     if missing:
-        return decide(spec, [Measurement("models", F, f"/v1/models lacks {', '.join(missing)} (lists {listed})",
-                                         listed, ", ".join(want))])
+        return decide(
+            spec,
+            [
+                Measurement(
+                    "models",
+                    F,
+                    f"/v1/models lacks {', '.join(missing)} (lists {listed})",
+                    listed,
+                    ", ".join(want),
+                )
+            ],
+        )
     return decide(spec, [Measurement("models", P, "ok", listed, ", ".join(want))],
                   ok_message=f"serves {', '.join(want)}; version {ident.version or 'n/a'}")
 
 
 def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
-    """Fixed prompts at temperature 0 answer correctly; garbage fails; a length cut is not a crash."""
+    """Fixed prompts at temperature 0 answer correctly; garbage fails; a length cut is not a
+    crash."""
     if not ev.smoke:
         return skipped(spec, "not run: the identity check failed first" if ev.readiness.ready
                        else "not run: the server never became ready")
@@ -64,7 +86,11 @@ def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
         s = sr.sample
         text = s.text or ""
         if not s.ok:
-            out.append(Measurement(sr.name, F, f"{sr.name}: request failed: {s.error}", s.error_kind, sr.expect))
+            out.append(
+                Measurement(
+                    sr.name, F, f"{sr.name}: request failed: {s.error}", s.error_kind, sr.expect
+                )
+            )
         elif why := garbage(text):
             out.append(
                 Measurement(
@@ -92,10 +118,18 @@ def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
                 )
             )
         elif not text.strip() and s.finish_reason == "length":
-            # docs/domain.md#health (5): with thinking on, max_tokens < ~1500 gives content null + length: not a crash.
-            out.append(Measurement(sr.name, INC, f"{sr.name}: no content (finish_reason length at "
-                                   f"max_tokens {sr.max_tokens}): the model ran out of tokens, not a crash",
-                                   "null", sr.expect))
+            # docs/domain.md#health (5): with thinking on, max_tokens < ~1500 gives content null +
+            # length: not a crash.
+            out.append(
+                Measurement(
+                    sr.name,
+                    INC,
+                    f"{sr.name}: no content (finish_reason length at "
+                    f"max_tokens {sr.max_tokens}): the model ran out of tokens, not a crash",
+                    "null",
+                    sr.expect,
+                )
+            )
         else:
             out.append(
                 Measurement(
@@ -127,29 +161,76 @@ def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResu
                 msg += f"; {ev.crash}"
             out.append(Measurement(lv.label, F, msg, round(rate, 4), bound))
         else:
-            out.append(Measurement(lv.label, P, f"{lv.label}: {lv.errors}/{lv.requests} failed", round(rate, 4), bound))
-    if ev.halted and not ev.wedges and not ev.crash and (ev.deadline_hit or not any(m.outcome is F for m in out)):
+            out.append(
+                Measurement(
+                    lv.label,
+                    P,
+                    f"{lv.label}: {lv.errors}/{lv.requests} failed",
+                    round(rate, 4),
+                    bound,
+                )
+            )
+    if (
+        ev.halted
+        and not ev.wedges
+        and not ev.crash
+        and (ev.deadline_hit or not any(m.outcome is F for m in out))
+    ):
         # A soak stopped early says so (a level whose every request failed already does): what it
         # did not run is not a pass.
-        out.append(Measurement("stopped", INC if ev.deadline_hit else F, f"soak stopped early: {ev.halted}"))
+        out.append(
+            Measurement(
+                "stopped", INC if ev.deadline_hit else F, f"soak stopped early: {ev.halted}"
+            )
+        )
     total = sum(lv.requests for lv in ev.levels)
-    return decide(spec, out, ok_message=f"0 errors in {total} requests across {len(ev.levels)} levels",
-                  no_data="no load level ran" + (f" (soak stopped early: {ev.halted})" if ev.halted else ""))
+    return decide(
+        spec,
+        out,
+        ok_message=f"0 errors in {total} requests across {len(ev.levels)} levels",
+        no_data="no load level ran" + (f" (soak stopped early: {ev.halted})" if ev.halted else ""),
+    )
 
 
 def check_liveness(spec: CheckSpec, ev: Evidence) -> CheckResult:
-    """No request in flight went ``token_timeout`` seconds without a token while /health answered."""
+    """No request in flight went ``token_timeout`` seconds without a token while /health
+    answered."""
     if not ev.readiness.ready:
         return skipped(spec, "not run: the server never became ready")
     bound = ev.token_timeout
-    out = [Measurement(w.where, F, f"engine wedged on {w.host}: a request of {w.where} (started at "
-                       f"+{w.start:.0f}s) got no token for {bound or w.seconds:.0f}s while /health answered 200"
-                       + (f" ({w.detail})" if w.detail else ""), w.seconds, bound) for w in ev.wedges]
+    out = [
+        Measurement(
+            w.where,
+            F,
+            f"engine wedged on {w.host}: a request of {w.where} (started at "
+            f"+{w.start:.0f}s) got no token for {bound or w.seconds:.0f}s while /health answered "
+            "200"
+            + (f" ({w.detail})" if w.detail else ""),
+            w.seconds,
+            bound,
+        )
+        for w in ev.wedges
+    ]
     if not out and ev.streams_timed:
-        out.append(Measurement("streams", P, f"{ev.streams_timed} streams, none {bound:.0f}s without a token"
-                               if bound else f"{ev.streams_timed} streams", ev.streams_timed, bound))
-    return decide(spec, out, ok_message=f"no stream went {bound:.0f}s without a token ({ev.streams_timed} "
-                  "watched)" if bound else "no stream watched", no_data="no stream was watched")
+        out.append(
+            Measurement(
+                "streams",
+                P,
+                f"{ev.streams_timed} streams, none {bound:.0f}s without a token"
+                if bound
+                else f"{ev.streams_timed} streams",
+                ev.streams_timed,
+                bound,
+            )
+        )
+    return decide(
+        spec,
+        out,
+        ok_message=f"no stream went {bound:.0f}s without a token ({ev.streams_timed} watched)"
+        if bound
+        else "no stream watched",
+        no_data="no stream was watched",
+    )
 
 
 def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
@@ -160,11 +241,20 @@ def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
     out: list[Measurement] = []
     for w in ws:
         if not w.success_by_reason:
-            out.append(Measurement(w.label, INC, f"{w.label}: no vllm:request_success_total series"))
+            out.append(
+                Measurement(w.label, INC, f"{w.label}: no vllm:request_success_total series")
+            )
             continue
         errors = w.success_by_reason.get("error", 0.0)
-        out.append(Measurement(w.label, F if errors > 0 else P,
-                               f"{w.label}: server finished {errors:.0f} request(s) with reason error", errors, 0))
+        out.append(
+            Measurement(
+                w.label,
+                F if errors > 0 else P,
+                f"{w.label}: server finished {errors:.0f} request(s) with reason error",
+                errors,
+                0,
+            )
+        )
     done = sum(sum(w.success_by_reason.values()) for w in ws)
     out += inconsistent(ev, (metrics.SUCCESS,), ("classes", "sweep", "sustained"))
     return decide(spec, out, ok_message=f"{done:.0f} requests finished, none with reason error",
@@ -179,17 +269,28 @@ def check_preemptions(spec: CheckSpec, ev: Evidence) -> CheckResult:
     out: list[Measurement] = []
     for w in (w for w in ev.windows if w.phase in ("sweep", "sustained")):
         if w.preemptions is None:
-            out.append(Measurement(w.label, INC, f"{w.label}: no vllm:num_preemptions_total series"))
+            out.append(
+                Measurement(w.label, INC, f"{w.label}: no vllm:num_preemptions_total series")
+            )
             continue
         per_min = w.preemptions / max(w.end - w.start, 1e-9) * 60
         # A handful of preemptions in a short window is not a storm: judge the rate only past 10.
         bad = per_min > bound and w.preemptions > 10
-        out.append(Measurement(w.label, F if bad else P,
-                               f"{w.label}: {w.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
-                               round(per_min, 1), bound))
+        out.append(
+            Measurement(
+                w.label,
+                F if bad else P,
+                f"{w.label}: {w.preemptions:.0f} preemptions ({per_min:.0f}/min, bound "
+                f"{bound:.0f}/min)",
+                round(per_min, 1),
+                bound,
+            )
+        )
     total = sum(w.preemptions or 0 for w in ev.windows if w.phase in ("sweep", "sustained"))
     out += inconsistent(ev, (metrics.PREEMPTIONS,), ("sweep", "sustained"))
-    return decide(spec, out, ok_message=f"{total:.0f} preemptions, no storm", no_data="no /metrics window")
+    return decide(
+        spec, out, ok_message=f"{total:.0f} preemptions, no storm", no_data="no /metrics window"
+    )
 
 
 def check_container(spec: CheckSpec, ev: Evidence) -> CheckResult:
@@ -201,21 +302,40 @@ def check_container(spec: CheckSpec, ev: Evidence) -> CheckResult:
         out.append(Measurement("crash", F, ev.crash))
     resets = [w.label for w in ev.windows if w.counter_reset]
     if resets:
-        out.append(Measurement("counters", F, f"/metrics counters went backwards in {', '.join(resets)}: "
-                                              "the server restarted during the soak"))
+        out.append(
+            Measurement(
+                "counters",
+                F,
+                f"/metrics counters went backwards in {', '.join(resets)}: "
+                "the server restarted during the soak",
+            )
+        )
     if ev.has_container:
         a, b = ev.container_before, ev.container_after
         if a is None or b is None:
-            out.append(Measurement("state", ERR, f"container state unreadable: {ev.container_error}"))
+            out.append(
+                Measurement("state", ERR, f"container state unreadable: {ev.container_error}")
+            )
         elif not b.exists or not b.running:
             out.append(Measurement("state", F, f"container {b.status or 'gone'} after the soak"
                                    + (f" (exit code {b.exit_code})" if b.exit_code else "")))
         elif b.restart_count != a.restart_count or b.started_at != a.started_at:
-            out.append(Measurement("state", F, f"container restarted during the soak (restarts "
-                                   f"{a.restart_count} -> {b.restart_count}, started {b.started_at})",
-                                   b.restart_count, a.restart_count))
+            out.append(
+                Measurement(
+                    "state",
+                    F,
+                    f"container restarted during the soak (restarts "
+                    f"{a.restart_count} -> {b.restart_count}, started {b.started_at})",
+                    b.restart_count,
+                    a.restart_count,
+                )
+            )
         else:
-            out.append(Measurement("state", P, "same container throughout", b.restart_count, a.restart_count))
+            out.append(
+                Measurement(
+                    "state", P, "same container throughout", b.restart_count, a.restart_count
+                )
+            )
     elif not out:
         return skipped(spec, "no container access (endpoint soak); /health stayed up")
     return decide(spec, out, ok_message="no crash, no restart")

@@ -18,7 +18,13 @@ from fleetctl.soak.verdict import (
     Outcome,
 )
 
-P, F, INC, ERR, SKIP = Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.ERROR, Outcome.SKIPPED
+P, F, INC, ERR, SKIP = (
+    Outcome.PASS,
+    Outcome.FAIL,
+    Outcome.INCONCLUSIVE,
+    Outcome.ERROR,
+    Outcome.SKIPPED,
+)
 
 
 def pct(x: float | None) -> str:
@@ -113,17 +119,27 @@ def foreign_traffic(ev: Evidence, phases: Sequence[str]) -> list[Measurement]:
             continue
         mine = sum(w.success_by_reason.values()) - w.foreign_requests
         if w.foreign_requests > max(FOREIGN_MIN, FOREIGN_SHARE * mine):
-            out.append(Measurement(f"{w.label} foreign", INC,
-                                   f"{w.label}: the server finished {w.foreign_requests:.0f} requests besides this "
-                                   f"soak's {mine:.0f}: another client is using it, its figures are not this "
-                                   "server's alone (soak a host out of rotation: with fleetctl_front_door set, "
-                                   "a rollout drains it at the front door first, docs/frontdoor.md)",
-                                   w.foreign_requests, None))
+            out.append(
+                Measurement(
+                    f"{w.label} foreign",
+                    INC,
+                    f"{w.label}: the server finished {w.foreign_requests:.0f} requests besides "
+                    "this "
+                    f"soak's {mine:.0f}: another client is using it, its figures are not this "
+                    "server's alone (soak a host out of rotation: with fleetctl_front_door set, "
+                    "a rollout drains it at the front door first, docs/frontdoor.md)",
+                    w.foreign_requests,
+                    None,
+                )
+            )
     return out
 
 
-def inconsistent(ev: Evidence, series: Sequence[str], phases: Sequence[str] = ()) -> list[Measurement]:
-    """Inconclusive measurements for windows whose ``series`` read impossibly (see metrics.inconsistencies).
+def inconsistent(
+    ev: Evidence, series: Sequence[str], phases: Sequence[str] = ()
+) -> list[Measurement]:
+    """Inconclusive measurements for windows whose ``series`` read impossibly (see
+    metrics.inconsistencies).
 
     A ratio over 100 %, a counter going backwards, accepted > drafted: the server's figures are not
     numbers a bound can pass or fail, so the check says which series lied instead of judging them.
@@ -134,8 +150,15 @@ def inconsistent(ev: Evidence, series: Sequence[str], phases: Sequence[str] = ()
             continue
         for finding in w.inconsistent:
             if finding.startswith(tuple(series)):
-                out.append(Measurement(f"{w.label} metrics", INC, f"metrics inconsistent in {w.label}: {finding}",
-                                       finding.split(" ", 1)[0], None))
+                out.append(
+                    Measurement(
+                        f"{w.label} metrics",
+                        INC,
+                        f"metrics inconsistent in {w.label}: {finding}",
+                        finding.split(" ", 1)[0],
+                        None,
+                    )
+                )
     return out
 
 
@@ -154,20 +177,38 @@ SIZE_TOLERANCE = 0.25
 
 
 def size_measurements(ev: Evidence, name: str) -> list[Measurement]:
-    """The prompt ``name`` as measured by the server's usage against its target (inconclusive when far off)."""
+    """The prompt ``name`` as measured by the server's usage against its target (inconclusive when
+    far off)."""
     if name not in ev.prompt_sizes:
         return []
     target, got, how = ev.prompt_sizes[name]
     if got is None or target <= 0:
-        return [Measurement(f"{name} prompt", INC, f"{name} prompt: no usage figure to check its {target} "
-                            f"target tokens ({how})")]
+        return [
+            Measurement(
+                f"{name} prompt",
+                INC,
+                f"{name} prompt: no usage figure to check its {target} target tokens ({how})",
+            )
+        ]
     off = abs(got - target) / target
     # Sized by the server's own /tokenize and still far off: something is wrong with the server's
     # counting, inconclusive. Sized by a character estimate (a server without /tokenize): reported.
-    # A /tokenize whose answers were not believed (estimate (...)): the server's counting is suspect.
+    # A /tokenize whose answers were not believed (estimate (...)): the server's counting is
+    # suspect.
     doubtful = (off > SIZE_TOLERANCE and how == "tokenize") or how.startswith("estimate (")
-    return [Measurement(f"{name} prompt", INC if doubtful else P,
-                        f"{name} prompt {got} tokens measured, target {target} (sized by {how})"
-                        + (": the prompt is not what the check assumes" if doubtful else
-                           f": {off:.0%} off, the server has no /tokenize" if off > SIZE_TOLERANCE else ""),
-                        got, target)]
+    return [
+        Measurement(
+            f"{name} prompt",
+            INC if doubtful else P,
+            f"{name} prompt {got} tokens measured, target {target} (sized by {how})"
+            + (
+                ": the prompt is not what the check assumes"
+                if doubtful
+                else f": {off:.0%} off, the server has no /tokenize"
+                if off > SIZE_TOLERANCE
+                else ""
+            ),
+            got,
+            target,
+        )
+    ]

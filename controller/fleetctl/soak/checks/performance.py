@@ -19,22 +19,50 @@ def check_latency(spec: CheckSpec, ev: Evidence) -> CheckResult:
         return skipped(spec, "not run: no load phase")
     out: list[Measurement] = []
     for lv in (lv for lv in ev.levels if lv.phase == "sweep"):
-        for key, value, what in (("ttft_p95_ms", lv.ttft_p95, "TTFT p95"), ("tpot_p50_ms", lv.tpot_p50, "TPOT p50")):
+        for key, value, what in (
+            ("ttft_p95_ms", lv.ttft_p95, "TTFT p95"),
+            ("tpot_p50_ms", lv.tpot_p50, "TPOT p50"),
+        ):
             bound_ms = spec.level_bound(key, lv.concurrency)
             if bound_ms is None:
                 continue
             bound = bound_ms / 1000.0
             if value is None:
-                out.append(Measurement(f"{lv.label} {what}", INC, f"{lv.label}: no {what} (no successful request)",
-                                       None, bound_ms))
+                out.append(
+                    Measurement(
+                        f"{lv.label} {what}",
+                        INC,
+                        f"{lv.label}: no {what} (no successful request)",
+                        None,
+                        bound_ms,
+                    )
+                )
             elif value > bound:
-                out.append(Measurement(f"{lv.label} {what}", F, f"{lv.label}: {what} {ms(value)} > bound {ms(bound)}",
-                                       round(value * 1000, 1), bound_ms))
+                out.append(
+                    Measurement(
+                        f"{lv.label} {what}",
+                        F,
+                        f"{lv.label}: {what} {ms(value)} > bound {ms(bound)}",
+                        round(value * 1000, 1),
+                        bound_ms,
+                    )
+                )
             else:
-                out.append(Measurement(f"{lv.label} {what}", P, f"{lv.label}: {what} {ms(value)} <= {ms(bound)}",
-                                       round(value * 1000, 1), bound_ms))
-    return decide(spec, out, ok_message=f"TTFT p95 and TPOT p50 within bounds at {len(out) // 2} levels",
-                  no_data="no sweep level completed")
+                out.append(
+                    Measurement(
+                        f"{lv.label} {what}",
+                        P,
+                        f"{lv.label}: {what} {ms(value)} <= {ms(bound)}",
+                        round(value * 1000, 1),
+                        bound_ms,
+                    )
+                )
+    return decide(
+        spec,
+        out,
+        ok_message=f"TTFT p95 and TPOT p50 within bounds at {len(out) // 2} levels",
+        no_data="no sweep level completed",
+    )
 
 
 def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
@@ -49,11 +77,20 @@ def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
         floor = spec.level_bound("floor_tok_s", lv.concurrency)
         base = baseline.level("sweep", lv.label) if baseline else None
         if lv.tok_s is None:
-            out.append(Measurement(lv.label, INC, f"{lv.label}: no throughput (no successful request)"))
+            out.append(
+                Measurement(lv.label, INC, f"{lv.label}: no throughput (no successful request)")
+            )
             continue
         if floor is not None and lv.tok_s < floor:
-            out.append(Measurement(lv.label, F, f"{lv.label}: {lv.tok_s:.1f} tok/s < floor {floor:.0f} tok/s",
-                                   round(lv.tok_s, 1), floor))
+            out.append(
+                Measurement(
+                    lv.label,
+                    F,
+                    f"{lv.label}: {lv.tok_s:.1f} tok/s < floor {floor:.0f} tok/s",
+                    round(lv.tok_s, 1),
+                    floor,
+                )
+            )
             continue
         if base is not None and base.tok_s:
             # The allowed drop is the tolerance, or k times the baseline's own spread across its
@@ -63,8 +100,9 @@ def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
             need = base.tok_s - margin
             change = lv.tok_s / base.tok_s - 1
             ok = lv.tok_s >= need
-            bound = f"-{margin / base.tok_s:.0%}" + (f" = {k_sd:g} x spread {sd:.1f}" if k_sd * sd > tol * base.tok_s
-                                                      else "")
+            bound = f"-{margin / base.tok_s:.0%}" + (
+                f" = {k_sd:g} x spread {sd:.1f}" if k_sd * sd > tol * base.tok_s else ""
+            )
             what = (f"baseline median {base.tok_s:.1f} of {baseline.baseline_runs} runs"
                     if baseline and baseline.baseline_runs > 1 else f"baseline {base.tok_s:.1f}")
             out.append(Measurement(
@@ -72,8 +110,15 @@ def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
                 f"{lv.label}: {lv.tok_s:.1f} tok/s vs {what} ({change:+.0%}, "
                 f"{'within' if ok else 'beyond'} {bound})", round(lv.tok_s, 1), round(need, 1)))
         else:
-            out.append(Measurement(lv.label, P, f"{lv.label}: {lv.tok_s:.1f} tok/s >= floor {floor or 0:.0f}",
-                                   round(lv.tok_s, 1), floor))
+            out.append(
+                Measurement(
+                    lv.label,
+                    P,
+                    f"{lv.label}: {lv.tok_s:.1f} tok/s >= floor {floor or 0:.0f}",
+                    round(lv.tok_s, 1),
+                    floor,
+                )
+            )
     out += foreign_traffic(ev, ("sweep",))
     if baseline is None:
         ok_msg = ("above the floors at every level ("

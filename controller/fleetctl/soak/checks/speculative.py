@@ -38,10 +38,21 @@ def _spec_applies(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckRes
     if config.speculative is False:
         return skipped(spec, "the recipe has no speculative decoding")
     if ev.spec_seen is False and config.speculative is None:
-        return skipped(spec, "the server exports no vllm:spec_decode_* counters (no speculative config)")
+        return skipped(
+            spec, "the server exports no vllm:spec_decode_* counters (no speculative config)"
+        )
     if ev.spec_seen is False:
-        return decide(spec, [Measurement("spec", INC, "the recipe uses speculative decoding but /metrics has "
-                                                      "no vllm:spec_decode_* counters")])
+        return decide(
+            spec,
+            [
+                Measurement(
+                    "spec",
+                    INC,
+                    "the recipe uses speculative decoding but /metrics has "
+                    "no vllm:spec_decode_* counters",
+                )
+            ],
+        )
     return None
 
 
@@ -62,14 +73,25 @@ def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig,
             continue
         acc = position0(w)
         if acc is None:
-            out.append(Measurement(w.label, INC, f"{w.label}: no draft tokens in its window", None, floor))
+            out.append(
+                Measurement(w.label, INC, f"{w.label}: no draft tokens in its window", None, floor)
+            )
         elif acc < floor:
-            out.append(Measurement(w.label, F, f"{w.label}: position-0 acceptance {pct(acc)} < floor {pct(floor)}",
-                                   round(acc, 4), floor))
+            out.append(
+                Measurement(
+                    w.label,
+                    F,
+                    f"{w.label}: position-0 acceptance {pct(acc)} < floor {pct(floor)}",
+                    round(acc, 4),
+                    floor,
+                )
+            )
         else:
             out.append(Measurement(w.label, P, f"{w.label}: position-0 acceptance {pct(acc)}",
                                    round(acc, 4), floor))
-    rates = ", ".join(f"{m.label} {pct(m.measured if isinstance(m.measured, float) else None)}" for m in out)
+    rates = ", ".join(
+        f"{m.label} {pct(m.measured if isinstance(m.measured, float) else None)}" for m in out
+    )
     phase_floor = spec.params.get("phase_floor")
     if phase_floor is not None:
         out.extend(_phase_floor(ev.windows, float(phase_floor)))
@@ -86,7 +108,9 @@ def _sustained_median(windows: Sequence[Window]) -> float | None:
     return statistics.median(rates) if rates else None
 
 
-def _sustained_ratio(windows: Sequence[Window], baseline: Verdict | None, ratio: float) -> list[Measurement]:
+def _sustained_ratio(
+    windows: Sequence[Window], baseline: Verdict | None, ratio: float
+) -> list[Measurement]:
     """The sustained phase's median acceptance against this run's classes and the baseline's.
 
     The median of windows, not their mean: one window straddling a phase edge must not decide.
@@ -105,9 +129,16 @@ def _sustained_ratio(windows: Sequence[Window], baseline: Verdict | None, ratio:
         if not ref:
             continue
         held = sus / ref
-        out.append(Measurement(f"sustained vs {label}", F if held < ratio else P,
-                               f"sustained acceptance {pct(sus)} is {held:.0%} of {what} {pct(ref)} "
-                               f"(bound {ratio:.0%})", round(held, 4), ratio))
+        out.append(
+            Measurement(
+                f"sustained vs {label}",
+                F if held < ratio else P,
+                f"sustained acceptance {pct(sus)} is {held:.0%} of {what} {pct(ref)} "
+                f"(bound {ratio:.0%})",
+                round(held, 4),
+                ratio,
+            )
+        )
     return [m for m in out if m.outcome is F]
 
 
@@ -145,7 +176,8 @@ def acceptance_trend(windows: Sequence[Window]) -> tuple[float, float] | None:
 
 
 def _drop_z(windows: Sequence[Window]) -> float | None:
-    """z of the acceptance drop from the first third of ``windows`` to the last (None without counts).
+    """z of the acceptance drop from the first third of ``windows`` to the last (None without
+    counts).
 
     Proportions are accepted / draft tokens; the sample sizes are the drafts (tokens of one
     draft are accepted together or not, so counting tokens would overstate the evidence).
@@ -174,25 +206,48 @@ def _decay_context(ws: Sequence[Window], ev: Evidence) -> list[Measurement]:
     if queries and sum(queries) > 0:
         # The known decay comes from prefix-cache hits (rejected drafts in the drafter's cached KV):
         # a window that never hit the cache cannot show it, so a steady trend proves nothing.
-        out.append(Measurement("prefix cache", P if hits > 0 else INC,
-                               f"sustained prefix-cache hits {hits:.0f} of {sum(queries):.0f} prompt tokens "
-                               f"({hits / sum(queries):.0%})" + ("" if hits > 0 else
-                               ": the decay that needs cache hits was never exercised (shared prefixes "
-                               "shorter than the model's cache block?)"),
-                               round(hits / sum(queries), 4), None))
+        out.append(
+            Measurement(
+                "prefix cache",
+                P if hits > 0 else INC,
+                f"sustained prefix-cache hits {hits:.0f} of {sum(queries):.0f} prompt tokens "
+                f"({hits / sum(queries):.0%})"
+                + (
+                    ""
+                    if hits > 0
+                    else ": the decay that needs cache hits was never exercised (shared prefixes "
+                    "shorter than the model's cache block?)"
+                ),
+                round(hits / sum(queries), 4),
+                None,
+            )
+        )
     out += size_measurements(ev, "shared_prefix")
     block = ev.cache_block_tokens
-    if block and "shared_prefix" in ev.prompt_sizes and ev.prompt_sizes["shared_prefix"][0] <= block:
-        out.append(Measurement("cache block", INC, f"the shared prefix ({ev.prompt_sizes['shared_prefix'][0]} tokens) "
-                               f"is not longer than the server's prefix-cache block ({block} tokens): no request can "
-                               "hit the cache (the model's max_model_len leaves no room for a longer one)",
-                               ev.prompt_sizes["shared_prefix"][0], block))
+    if (
+        block
+        and "shared_prefix" in ev.prompt_sizes
+        and ev.prompt_sizes["shared_prefix"][0] <= block
+    ):
+        out.append(
+            Measurement(
+                "cache block",
+                INC,
+                f"the shared prefix ({ev.prompt_sizes['shared_prefix'][0]} tokens) "
+                f"is not longer than the server's prefix-cache block ({block} tokens): no request "
+                "can "
+                "hit the cache (the model's max_model_len leaves no room for a longer one)",
+                ev.prompt_sizes["shared_prefix"][0],
+                block,
+            )
+        )
     out += foreign_traffic(ev, ("sustained",))
     return out
 
 
 def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
-    """Acceptance does not decay across the sustained phase's windows (trend, not lifetime totals)."""
+    """Acceptance does not decay across the sustained phase's windows (trend, not lifetime
+    totals)."""
     if config.sustained_duration <= 0:
         return skipped(spec, "no sustained phase in this soak")
     if (r := _spec_applies(spec, ev, config)) is not None:
@@ -206,15 +261,37 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
     # windows still shows whether its shared prefixes hit the cache and met their sizes.
     context = _decay_context(ws, ev) + inconsistent(ev, SPEC_SERIES, ("sustained",))
     if len(usable) < need:
-        return decide(spec, [Measurement("trend", INC, f"only {len(usable)} sustained window(s) with drafts, "
-                                         f"need {need} (lengthen the sustained phase)", len(usable), need),
-                             *context])
+        return decide(
+            spec,
+            [
+                Measurement(
+                    "trend",
+                    INC,
+                    f"only {len(usable)} sustained window(s) with drafts, "
+                    f"need {need} (lengthen the sustained phase)",
+                    len(usable),
+                    need,
+                ),
+                *context,
+            ],
+        )
     trend = acceptance_trend(usable)
     assert trend is not None
     first, last = trend
     if first <= 0.01:
-        return decide(spec, [Measurement("trend", INC, f"acceptance starts at {pct(first)}: too low to judge "
-                                         f"a trend ({series})", round(first, 4), None), *context])
+        return decide(
+            spec,
+            [
+                Measurement(
+                    "trend",
+                    INC,
+                    f"acceptance starts at {pct(first)}: too low to judge a trend ({series})",
+                    round(first, 4),
+                    None,
+                ),
+                *context,
+            ],
+        )
     drop = 1 - last / first
     # A drop is a decay only when the windows' draft counts make it significant: a short soak at
     # a sampled temperature has a few dozen drafts per window, and one window's reading can be
@@ -224,14 +301,29 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
     min_z = float(spec.params.get("min_z", 3.0))
     significant = z is None or z >= min_z
     outcome = F if drop > max_drop and significant else P
-    msg = (f"acceptance fell {drop:.0%} from {pct(first)} to {pct(last)} across the sustained windows "
-           f"({series}); bound {max_drop:.0%}" + (f", z={z:.1f}" if z is not None else "")
-           + ("" if significant or drop <= max_drop else f": not significant (z < {min_z:g}) over this "
-              "few drafts; a longer sustained phase would tell"))
+    msg = (
+        f"acceptance fell {drop:.0%} from {pct(first)} to {pct(last)} across the sustained windows "
+        f"({series}); bound {max_drop:.0%}"
+        + (f", z={z:.1f}" if z is not None else "")
+        + (
+            ""
+            if significant or drop <= max_drop
+            else f": not significant (z < {min_z:g}) over this "
+            "few drafts; a longer sustained phase would tell"
+        )
+    )
     out = [Measurement("trend", outcome, msg, round(drop, 4), max_drop), *context]
     hits = next((m.measured for m in context if m.label == "prefix cache"), None)
-    return decide(spec, out, ok_message=f"no decay: {pct(first)} -> {pct(last)} over {len(usable)} windows"
-                  + (f", {hits:.0%} of prompt tokens from the prefix cache" if isinstance(hits, float) else ""))
+    return decide(
+        spec,
+        out,
+        ok_message=f"no decay: {pct(first)} -> {pct(last)} over {len(usable)} windows"
+        + (
+            f", {hits:.0%} of prompt tokens from the prefix cache"
+            if isinstance(hits, float)
+            else ""
+        ),
+    )
 
 
 def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
@@ -247,18 +339,30 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
     acc = position0(lw) if lw is not None else None
     lies = inconsistent(ev, SPEC_SERIES, ("classes",))
     if acc is None:
-        return decide(spec, [*lies] or [Measurement("long_context", INC, "no long-context window with draft tokens")])
-    short = [a for k, w in cls_ws.items() if k != "long_context" and (a := position0(w)) is not None]
+        return decide(
+            spec,
+            [*lies]
+            or [Measurement("long_context", INC, "no long-context window with draft tokens")],
+        )
+    short = [
+        a for k, w in cls_ws.items() if k != "long_context" and (a := position0(w)) is not None
+    ]
     ref = statistics.fmean(short) if short else None
     out = [Measurement("floor", F if acc < floor else P,
                        f"long-context position-0 acceptance {pct(acc)} vs floor {pct(floor)}",
                        round(acc, 4), floor)]
     if ref:
         held = acc / ref
-        out.append(Measurement("hold", F if held < ratio else P,
-                               f"long-context position-0 acceptance {pct(acc)} is {held:.0%} of short-context "
-                               f"{pct(ref)} (bound {ratio:.0%})" + (": it collapses on long histories"
-                                                                    if held < ratio else ""),
-                               round(held, 4), ratio))
+        out.append(
+            Measurement(
+                "hold",
+                F if held < ratio else P,
+                f"long-context position-0 acceptance {pct(acc)} is {held:.0%} of short-context "
+                f"{pct(ref)} (bound {ratio:.0%})"
+                + (": it collapses on long histories" if held < ratio else ""),
+                round(held, 4),
+                ratio,
+            )
+        )
     out += size_measurements(ev, "long_context") + lies
     return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")

@@ -112,7 +112,10 @@ def chat_body(req: ChatRequest) -> bytes:
     """The JSON body of a streamed chat completion with a usage chunk."""
     body: dict[str, Any] = {
         "model": req.model,
-        "messages": [*({"role": r, "content": c} for r, c in req.history), {"role": "user", "content": req.prompt}],
+        "messages": [
+            *({"role": r, "content": c} for r, c in req.history),
+            {"role": "user", "content": req.prompt},
+        ],
         "max_tokens": req.max_tokens,
         "temperature": req.temperature,
         "stream": True,
@@ -138,13 +141,22 @@ def validate_answer(req: ChatRequest, finish_reason: str | None, usage: dict[str
     if finish_reason not in ("stop", "length"):
         return "finish", f"finish_reason {finish_reason!r} (expected stop or length)"
     if isinstance(out, bool) or not isinstance(out, int) or not 0 <= out <= req.max_tokens:
-        return "protocol", f"completion_tokens {out!r} is not between 0 and max_tokens {req.max_tokens}"
+        return (
+            "protocol",
+            f"completion_tokens {out!r} is not between 0 and max_tokens {req.max_tokens}",
+        )
     if finish_reason == "length" and out != req.max_tokens:
         return "protocol", f"finish_reason length after {out} of max_tokens {req.max_tokens} tokens"
     if req.ignore_eos and finish_reason != "length":
-        return "finish", f"stopped ({finish_reason}) after {out} of {req.max_tokens} tokens despite ignore_eos"
+        return (
+            "finish",
+            f"stopped ({finish_reason}) after {out} of {req.max_tokens} tokens despite ignore_eos",
+        )
     if not has_text:
-        return "empty", f"the answer had no text ({out} completion tokens, finish_reason {finish_reason})"
+        return (
+            "empty",
+            f"the answer had no text ({out} completion tokens, finish_reason {finish_reason})",
+        )
     return "", ""
 
 
@@ -156,9 +168,11 @@ class Client:
                  scrub: Callable[[str], str] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         #: Applied to every string that came from the server before it leaves the client (error
-        #: bodies, error events, probe bodies, kept text): a server echoing the key must not be quoted.
+        #: bodies, error events, probe bodies, kept text): a server echoing the key must not be
+        #: quoted.
         self.scrub: Callable[[str], str] = scrub or _same
-        # vLLM with --api-key/$VLLM_API_KEY answers 401 on /v1/* without it (/health, /metrics stay open).
+        # vLLM with --api-key/$VLLM_API_KEY answers 401 on /v1/* without it (/health, /metrics stay
+        # open).
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.connections = connections
         self.request_timeout = request_timeout
@@ -168,9 +182,14 @@ class Client:
     async def __aenter__(self) -> Client:
         # No pooling limit below our own concurrency, no cookie jar, no per-host cap:
         # the client must never be the one queueing requests.
-        connector = aiohttp.TCPConnector(limit=self.connections, limit_per_host=0, ttl_dns_cache=300)
+        connector = aiohttp.TCPConnector(
+            limit=self.connections, limit_per_host=0, ttl_dns_cache=300
+        )
         self._session = aiohttp.ClientSession(
-            connector=connector, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, headers=self._headers,
+            connector=connector,
+            cookie_jar=aiohttp.DummyCookieJar(),
+            auto_decompress=False,
+            headers=self._headers,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
         )
         return self
@@ -195,19 +214,32 @@ class Client:
                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 raw = await _read_capped(resp, MAX_BODY_BYTES)
                 if raw is None:
-                    return Probe("http", resp.status, detail=f"{path} answered more than {MAX_BODY_BYTES} bytes",
-                                 seconds=time.monotonic() - t0)
+                    return Probe(
+                        "http",
+                        resp.status,
+                        detail=f"{path} answered more than {MAX_BODY_BYTES} bytes",
+                        seconds=time.monotonic() - t0,
+                    )
                 state = "ok" if 200 <= resp.status < 300 else "http"
                 return Probe(state, resp.status, self.scrub(raw.decode(errors="replace")),
                              seconds=time.monotonic() - t0)
         except aiohttp.ClientConnectorError as e:
             refused = isinstance(e.os_error, ConnectionRefusedError)
-            return Probe("refused" if refused else "unreachable", detail=_conn_text(e),
-                         seconds=time.monotonic() - t0)
+            return Probe(
+                "refused" if refused else "unreachable",
+                detail=_conn_text(e),
+                seconds=time.monotonic() - t0,
+            )
         except TimeoutError:
-            return Probe("timeout", detail=f"no answer within {timeout:.0f}s", seconds=time.monotonic() - t0)
+            return Probe(
+                "timeout", detail=f"no answer within {timeout:.0f}s", seconds=time.monotonic() - t0
+            )
         except aiohttp.ClientError as e:
-            return Probe("unreachable", detail=self.scrub(f"{type(e).__name__}: {e}"), seconds=time.monotonic() - t0)
+            return Probe(
+                "unreachable",
+                detail=self.scrub(f"{type(e).__name__}: {e}"),
+                seconds=time.monotonic() - t0,
+            )
 
     async def get_json(self, path: str, timeout: float = 10.0) -> tuple[Probe, Any]:
         """GET ``path`` and decode JSON (None when not ok or not JSON)."""
@@ -217,10 +249,13 @@ class Client:
         try:
             return p, json.loads(p.body)
         except ValueError:
-            return Probe("http", p.status, p.body, detail="answer is not JSON", seconds=p.seconds), None
+            return Probe(
+                "http", p.status, p.body, detail="answer is not JSON", seconds=p.seconds
+            ), None
 
     async def tokenize(self, model: str, text: str, timeout: float = 10.0) -> int | None:
-        """Tokens of ``text`` for ``model`` by the server's ``POST /tokenize`` (vLLM); None without it."""
+        """Tokens of ``text`` for ``model`` by the server's ``POST /tokenize`` (vLLM); None without
+        it."""
         try:
             async with self.session.post(self.base_url + "/tokenize",
                                          data=json.dumps({"model": model, "prompt": text,
@@ -233,7 +268,9 @@ class Client:
             count = json.loads(raw).get("count")
         except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
             return None
-        return count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+        return (
+            count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
+        )
 
     async def chat(self, req: ChatRequest, *, phase: str, cls: str, concurrency: int,
                    t0: float, keep_text: bool = False, timeout: float | None = None,
@@ -241,7 +278,8 @@ class Client:
         """One streamed chat completion, measured; failures are returned as data.
 
         ``stall``: seconds without a token (before the first one too) after which the request is
-        ended as ``stall`` (a wedged engine when /health still answers), not waited on to ``timeout``.
+        ended as ``stall`` (a wedged engine when /health still answers), not waited on to
+        ``timeout``.
         """
         start = time.monotonic()
         parser = StreamParser(keep_text, delta_ends)
@@ -262,7 +300,10 @@ class Client:
                 ) as resp:
                     status = resp.status
                     if status != 200:
-                        kind, error = "http", f"HTTP {status}: {_http_error(await resp.content.read(4096))}"
+                        kind, error = (
+                            "http",
+                            f"HTTP {status}: {_http_error(await resp.content.read(4096))}",
+                        )
                     else:
                         feed = parser.feed
                         clock = time.monotonic
@@ -271,8 +312,10 @@ class Client:
                             got += len(chunk)
                             if got > cap:
                                 raise StreamTooLongError(
-                                    f"the stream passed {cap} bytes for {req.max_tokens} tokens asked "
-                                    f"(bound {STREAM_BYTES_PER_TOKEN} bytes a token) without [DONE]")
+                                    f"the stream passed {cap} bytes for {req.max_tokens} tokens "
+                                    "asked "
+                                    f"(bound {STREAM_BYTES_PER_TOKEN} bytes a token) without [DONE]"
+                                )
                             feed(chunk, clock())
                         if parser.pending:
                             parser.feed(b"\n", clock())
@@ -293,14 +336,30 @@ class Client:
         loop_text, loop_start, chars, excerpt = _looped(parser.check, out_tokens, garbage)
         scrub = self.scrub
         return Sample(
-            phase=phase, cls=cls, concurrency=concurrency, start=start - t0, ok=not kind,
-            status=status, ttft=ttft, e2e=end - start, tpot=tpot,
-            prompt_tokens=usage.get("prompt_tokens"), output_tokens=out_tokens, events=parser.events,
-            finish_reason=parser.finish_reason, error_kind=kind, error=scrub(error)[:500],
+            phase=phase,
+            cls=cls,
+            concurrency=concurrency,
+            start=start - t0,
+            ok=not kind,
+            status=status,
+            ttft=ttft,
+            e2e=end - start,
+            tpot=tpot,
+            prompt_tokens=usage.get("prompt_tokens"),
+            output_tokens=out_tokens,
+            events=parser.events,
+            finish_reason=parser.finish_reason,
+            error_kind=kind,
+            error=scrub(error)[:500],
             text=scrub(parser.text) if keep_text else None,
-            itl_p50=gaps[len(gaps) // 2] if gaps else None, itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
-            garbage=scrub(garbage), excerpt=scrub(excerpt), loop=scrub(loop_text), loop_start=loop_start,
-            text_chars=chars, delta_ends=tuple(parser.ends) if parser.ends else (),
+            itl_p50=gaps[len(gaps) // 2] if gaps else None,
+            itl_p99=gaps[int(len(gaps) * 0.99)] if gaps else None,
+            garbage=scrub(garbage),
+            excerpt=scrub(excerpt),
+            loop=scrub(loop_text),
+            loop_start=loop_start,
+            text_chars=chars,
+            delta_ends=tuple(parser.ends) if parser.ends else (),
         )
 
 
@@ -357,14 +416,19 @@ def _looped(check: TextCheck, out_tokens: Any, garbage: str) -> tuple[str, int |
     if not check.parts or garbage:
         return "", None, 0, check.excerpt
     whole = "".join(check.parts)
-    if isinstance(out_tokens, int) and out_tokens >= MIN_WORDS and (found := find_loop(whole)) is not None:
+    if (
+        isinstance(out_tokens, int)
+        and out_tokens >= MIN_WORDS
+        and (found := find_loop(whole)) is not None
+    ):
         return found.describe(), found.start, len(whole), whole[-EXCERPT_CHARS:]
     return "", None, len(whole), check.excerpt
 
 
 def _watch(deadline: asyncio.Timeout, parser: StreamParser, start: float, stall: float,
            stalled: list[float]) -> Callable[[], None]:
-    """A timer that ends the request (through its ``deadline``) once no token came for ``stall`` seconds.
+    """A timer that ends the request (through its ``deadline``) once no token came for ``stall``
+    seconds.
 
     One timer per request, re-armed at the last token's time + ``stall``: the per-event cost
     stays one attribute store in the parser (no timer per event).

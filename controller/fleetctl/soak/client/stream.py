@@ -128,7 +128,9 @@ class StreamParser:
         """An event's choice: its content (the first one's arrival is the TTFT), finish reason."""
         delta = choice.get("delta")
         if delta:
-            content = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            content = (
+                delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            )
             if content:
                 if self.first_content_at is None:
                     self.first_content_at = now
@@ -136,7 +138,9 @@ class StreamParser:
                 if self.keep_text and delta.get("content"):
                     self.parts.append(delta["content"])
                     if self.ends is not None:
-                        self.ends.append((self.ends[-1] if self.ends else 0) + len(delta["content"]))
+                        self.ends.append(
+                            (self.ends[-1] if self.ends else 0) + len(delta["content"])
+                        )
         reason = choice.get("finish_reason")
         if reason:
             self.finish_reason = reason
@@ -152,7 +156,8 @@ class LineTooLongError(Exception):
 
 
 class StreamTooLongError(Exception):
-    """The server sent more bytes than the tokens asked for can take (:data:`STREAM_BYTES_PER_TOKEN`)."""
+    """The server sent more bytes than the tokens asked for can take
+    (:data:`STREAM_BYTES_PER_TOKEN`)."""
 
 
 def stream_cap(max_tokens: int) -> int:

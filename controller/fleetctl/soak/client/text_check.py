@@ -89,7 +89,9 @@ class TextCheck:
             elif "\ufffd" in s:
                 self.replacements += s.count("\ufffd")
                 if self.replacements >= _MAX_REPLACEMENTS:
-                    reason = f"{self.replacements} U+FFFD replacement characters (undecodable output)"
+                    reason = (
+                        f"{self.replacements} U+FFFD replacement characters (undecodable output)"
+                    )
             if reason:
                 del parts[base + i + 1:]
                 self.reason = reason

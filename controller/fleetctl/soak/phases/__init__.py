@@ -135,15 +135,28 @@ async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     if tokens <= 0:
         return
     probe = cfg.check("long_decode").enabled
-    st.emit("long_decode", f"one decode of {tokens} tokens" + (" (windows checked, needle asked)" if probe else ""))
+    st.emit(
+        "long_decode",
+        f"one decode of {tokens} tokens" + (" (windows checked, needle asked)" if probe else ""),
+    )
     prompt = prompts.LONG_DECODE_PROMPT if probe else prompts.prompt_for("prose", 0)
-    req = ChatRequest(st.model, prompt, tokens, cfg.temperature, thinking=cfg.thinking, ignore_eos=True)
+    req = ChatRequest(
+        st.model, prompt, tokens, cfg.temperature, thinking=cfg.thinking, ignore_eos=True
+    )
     # A deadline scaled to the length (>= 10 tok/s), never below the per-request one.
     st.phase = "the long decode"
     # Its text is kept (bounded by the stream's byte cap) for the probe's windows.
-    s = await client.chat(req, phase="long_decode", cls="prose", concurrency=1, t0=st.t0,
-                          timeout=max(cfg.request_timeout, tokens / 10), stall=cfg.token_timeout(), keep_text=probe,
-                          delta_ends=probe)
+    s = await client.chat(
+        req,
+        phase="long_decode",
+        cls="prose",
+        concurrency=1,
+        t0=st.t0,
+        timeout=max(cfg.request_timeout, tokens / 10),
+        stall=cfg.token_timeout(),
+        keep_text=probe,
+        delta_ends=probe,
+    )
     st.samples.append(s)
     st.art.sample(replace(s, delta_ends=()))
     st.long_decode = s
@@ -168,17 +181,28 @@ async def sustained(client: Client, st: SoakState, ident: Identity) -> None:
     task = asyncio.create_task(_scrape_windows(client, st, scrapes, done))
     probes = asyncio.create_task(trickle(client, st, done))
     try:
-        await run_requests(client, st, phase="sustained", label="sustained",
-                            concurrency=cfg.sustained_concurrency, requests=cfg.sustained_max_requests,
-                            seconds=cfg.sustained_duration, classes=prompts.SHORT_CLASSES, canaries=True,
-                            context=context)
+        await run_requests(
+            client,
+            st,
+            phase="sustained",
+            label="sustained",
+            concurrency=cfg.sustained_concurrency,
+            requests=cfg.sustained_max_requests,
+            seconds=cfg.sustained_duration,
+            classes=prompts.SHORT_CLASSES,
+            canaries=True,
+            context=context,
+        )
     finally:
         done.set()
         await task
         await probes
     # Renumber so labels are consecutive whatever ran in between.
     rest = [w for w in st.windows if w.phase != "sustained"]
-    sus = [replace(w, label=f"sustained #{i + 1}") for i, w in enumerate(w for w in st.windows if w.phase == "sustained")]
+    sus = [
+        replace(w, label=f"sustained #{i + 1}")
+        for i, w in enumerate(w for w in st.windows if w.phase == "sustained")
+    ]
     st.windows[:] = rest + sus
 
 
@@ -207,15 +231,24 @@ async def _shared_context(client: Client, st: SoakState, ident: Identity) -> str
     """The context the sustained phase's conversations share ("" for none), sized in tokens past
     the server's prefix-cache block."""
     cfg = st.config
-    tokens = shared_prefix_tokens(cfg.shared_prefix_tokens, st.cache_block_tokens, ident.max_model_len,
-                                  cfg.max_tokens, cfg.turns)
+    tokens = shared_prefix_tokens(
+        cfg.shared_prefix_tokens,
+        st.cache_block_tokens,
+        ident.max_model_len,
+        cfg.max_tokens,
+        cfg.turns,
+    )
     if not tokens:
         return ""
     chars, got, how = await sized(client, st, tokens, context_text)
     if how == "tokenize":
         st.prompt_sizes["shared_prefix"] = (tokens, got, how)
-    raised = (f", raised from {cfg.shared_prefix_tokens} past the server's {st.cache_block_tokens}-token "
-              "cache block" if tokens != cfg.shared_prefix_tokens else "")
+    raised = (
+        f", raised from {cfg.shared_prefix_tokens} past the server's {st.cache_block_tokens}-token "
+        "cache block"
+        if tokens != cfg.shared_prefix_tokens
+        else ""
+    )
     st.emit("sustained", f"conversations share a {tokens}-token context (sized by {how}{raised})")
     return context_text(chars)
 
@@ -243,7 +276,9 @@ async def trickle(client: Client, st: SoakState, done: asyncio.Event) -> None:
             return
         n += 1
         req = ChatRequest(st.model, cp.prompt, PROBE_MAX_TOKENS, 0.0, thinking=False)
-        s = await client.chat(req, phase="probe", cls=f"probe-{n}", concurrency=1, t0=st.t0, stall=bound)
+        s = await client.chat(
+            req, phase="probe", cls=f"probe-{n}", concurrency=1, t0=st.t0, stall=bound
+        )
         st.samples.append(s)
         st.art.sample(s)
         await stall_seen(client, st, s, "sustained (liveness probe)")
@@ -260,12 +295,19 @@ async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
         if st.halt or st.crash:
             return
         if ident.max_model_len and tokens + LONG_PROMPT_ANSWER + 64 > ident.max_model_len:
-            st.long_prompts.append(LongPrompt(tokens, skipped=f"max_model_len {ident.max_model_len}"))
+            st.long_prompts.append(
+                LongPrompt(tokens, skipped=f"max_model_len {ident.max_model_len}")
+            )
             continue
         st.phase = f"the long prompt of {tokens} tokens"
         chars, _got, how = await sized(client, st, tokens, prompts.needle_prompt)
-        st.emit("long_prompts", f"a {tokens}-token prompt (sized by {how.split(' ')[0]}) with a fact in its middle")
-        req = ChatRequest(st.model, prompts.needle_prompt(chars), LONG_PROMPT_ANSWER, 0.0, thinking=False)
+        st.emit(
+            "long_prompts",
+            f"a {tokens}-token prompt (sized by {how.split(' ')[0]}) with a fact in its middle",
+        )
+        req = ChatRequest(
+            st.model, prompts.needle_prompt(chars), LONG_PROMPT_ANSWER, 0.0, thinking=False
+        )
         bound = cfg.token_timeout()
         s = await client.chat(req, phase="long_prompt", cls="long_context", concurrency=1, t0=st.t0,
                               keep_text=True, timeout=cfg.long_prompt_timeout(tokens),
@@ -275,7 +317,9 @@ async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
         st.long_prompts.append(LongPrompt(tokens, how, s))
         await stall_seen(client, st, s, f"the long prompt of {tokens} tokens")
         if s.error_kind == "connect":
-            st.crash = st.crash or await diagnose_crash(client, st, 1, f"the long prompt of {tokens} tokens")
+            st.crash = st.crash or await diagnose_crash(
+                client, st, 1, f"the long prompt of {tokens} tokens"
+            )
 
 
 async def loop_references(client: Client, st: SoakState) -> None:
@@ -287,14 +331,24 @@ async def loop_references(client: Client, st: SoakState) -> None:
     if not st.loop_candidates:
         return
     st.phase = "loop references"
-    st.emit("loops", f"{len(st.loop_candidates)} looping answer(s): running each prompt's c=1 reference")
+    st.emit(
+        "loops", f"{len(st.loop_candidates)} looping answer(s): running each prompt's c=1 reference"
+    )
     for req, (s, where, count) in st.loop_candidates.items():
         if st.halt or st.crash:
             break
         ref_req = replace(req, temperature=0.0, ignore_eos=False)
         timeout = max(st.config.request_timeout, req.max_tokens / 10)
-        ref = await client.chat(ref_req, phase="reference", cls=s.cls, concurrency=1, t0=st.t0, keep_text=True,
-                                timeout=timeout, stall=st.config.token_timeout())
+        ref = await client.chat(
+            ref_req,
+            phase="reference",
+            cls=s.cls,
+            concurrency=1,
+            t0=st.t0,
+            keep_text=True,
+            timeout=timeout,
+            stall=st.config.token_timeout(),
+        )
         st.samples.append(replace(ref, text=None))
         st.art.sample(ref)
         st.loops.append(LoopResult(s, where, ref, count))

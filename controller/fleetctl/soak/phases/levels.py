@@ -29,7 +29,8 @@ from fleetctl.soak.verdict import (
 async def run_requests(client: Client, st: SoakState, *, phase: str, label: str, concurrency: int,
                         requests: int, seconds: float, classes: Sequence[str],
                         long_chars: int = 0, canaries: bool = False, context: str = "") -> None:
-    """``requests`` streamed requests on ``concurrency`` workers, stopping at ``seconds`` or a crash."""
+    """``requests`` streamed requests on ``concurrency`` workers, stopping at ``seconds`` or a
+    crash."""
     st.phase = f"{phase} {label}"
     t_start = time.monotonic()
     level = _Level(client, st, phase, label, concurrency, requests, seconds, classes, long_chars,
@@ -219,7 +220,8 @@ class _Level:
 
 
 def merge_trials(st: SoakState, label: str, concurrency: int) -> None:
-    """The trials of one sweep level as one level: every sample in its percentiles, the median tok/s."""
+    """The trials of one sweep level as one level: every sample in its percentiles, the median
+    tok/s."""
     runs = [lv for lv in st.levels if lv.phase == "sweep" and lv.label == label]
     if len(runs) < 2:
         return
@@ -234,7 +236,9 @@ def merge_trials(st: SoakState, label: str, concurrency: int) -> None:
                                    canaries=sum(lv.canaries for lv in runs))]
 
 
-async def open_loop(client: Client, st: SoakState, rate: float, *, requests: int, seconds: float) -> None:
+async def open_loop(
+    client: Client, st: SoakState, rate: float, *, requests: int, seconds: float
+) -> None:
     """Open-loop load: requests arrive at ``rate``/s with Poisson (exponential) gaps, whatever the
     server's speed (a closed loop slows its own arrivals when the server slows). In-flight
     requests are bounded (:data:`OPEN_LOOP_MAX_IN_FLIGHT`): past it arrivals wait, and say so."""
@@ -276,8 +280,14 @@ async def open_loop(client: Client, st: SoakState, rate: float, *, requests: int
             break
         tasks.append(asyncio.ensure_future(one(i)))
     await asyncio.gather(*tasks)
-    st.emit("rate", f"{label}: {len(level)} requests, {sum(1 for s in level if not s.ok)} errors", level=label)
-    st.levels.append(summarize("rate", label, 0, level, time.monotonic() - t_start, stopped, cfg.slo))
+    st.emit(
+        "rate",
+        f"{label}: {len(level)} requests, {sum(1 for s in level if not s.ok)} errors",
+        level=label,
+    )
+    st.levels.append(
+        summarize("rate", label, 0, level, time.monotonic() - t_start, stopped, cfg.slo)
+    )
 
 
 #: Open-loop requests in flight at once (arrivals beyond wait): bounds sockets and memory.

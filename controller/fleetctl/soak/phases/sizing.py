@@ -13,8 +13,9 @@ from fleetctl.soak.verdict import (
 )
 
 
-def shared_prefix_tokens(configured: int, block: int | None, max_model_len: int | None, max_tokens: int,
-                         turns: int) -> int:
+def shared_prefix_tokens(
+    configured: int, block: int | None, max_model_len: int | None, max_tokens: int, turns: int
+) -> int:
     """How long the conversations' shared context is: as configured, raised past the cache block.
 
     Prefix caching reuses whole blocks only, and a hybrid model's block is the Mamba page (~2k
@@ -41,8 +42,11 @@ def long_text(chars: int) -> str:
     return prompts.prompt_for("long_context", 0, chars)
 
 
-async def sized(client: Client, st: SoakState, tokens: int, build: Callable[[int], str]) -> tuple[int, int, str]:
-    """``build(chars)`` grown or shrunk to ``tokens`` tokens as the server's ``/tokenize`` counts them.
+async def sized(
+    client: Client, st: SoakState, tokens: int, build: Callable[[int], str]
+) -> tuple[int, int, str]:
+    """``build(chars)`` grown or shrunk to ``tokens`` tokens as the server's ``/tokenize`` counts
+    them.
 
     A character estimate is off by 2x between prose and a digit-heavy log; near
     max_model_len that is an HTTP 400 that fails a healthy server. Without
@@ -70,8 +74,8 @@ async def sized(client: Client, st: SoakState, tokens: int, build: Callable[[int
 
 
 #: Characters per token a tokenizer may plausibly count in the soak's English/digit prompts (a byte
-#: tokenizer counts ~1, GPT-style BPE ~4, nothing real counts 16): a count outside is a lying /tokenize,
-#: and no prompt is ever grown past ``MAX_CHARS_PER_TOKEN`` characters a token.
+#: tokenizer counts ~1, GPT-style BPE ~4, nothing real counts 16): a count outside is a lying
+#: /tokenize, and no prompt is ever grown past ``MAX_CHARS_PER_TOKEN`` characters a token.
 MIN_CHARS_PER_TOKEN = 0.5
 
 
@@ -79,7 +83,8 @@ MAX_CHARS_PER_TOKEN = 16
 
 
 def implausible_count(chars: int, count: int, seen: Sequence[tuple[int, int]]) -> str:
-    """Why ``count`` tokens for ``chars`` characters cannot be a tokenizer's answer ('' when it can)."""
+    """Why ``count`` tokens for ``chars`` characters cannot be a tokenizer's answer ('' when it
+    can)."""
     if count <= 0:
         return f"{count} tokens for {chars} characters"
     ratio = chars / count
@@ -87,13 +92,19 @@ def implausible_count(chars: int, count: int, seen: Sequence[tuple[int, int]]) -
         return f"{count} tokens for {chars} characters ({ratio:.1f} characters a token)"
     for c, n in seen:
         if (chars > c and count < n) or (chars < c and count > n):
-            return f"{count} tokens for {chars} characters but {n} for {c}: longer text, fewer tokens"
+            return (
+                f"{count} tokens for {chars} characters but {n} for {c}: longer text, fewer tokens"
+            )
     return ""
 
 
-def estimate_chars_per_token(samples: Sequence[Sample], prompt_of: Callable[[Sample], str]) -> float:
+def estimate_chars_per_token(
+    samples: Sequence[Sample], prompt_of: Callable[[Sample], str]
+) -> float:
     # Two prompts of different lengths cancel the chat template's fixed token overhead.
-    pts = sorted({(len(prompt_of(s)), s.prompt_tokens) for s in samples if s.ok and s.prompt_tokens})
+    pts = sorted(
+        {(len(prompt_of(s)), s.prompt_tokens) for s in samples if s.ok and s.prompt_tokens}
+    )
     if len(pts) >= 2:
         (c1, t1), (c2, t2) = pts[0], pts[-1]
         if t2 > t1 and c2 > c1:

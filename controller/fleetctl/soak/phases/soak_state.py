@@ -48,7 +48,17 @@ CRASH_EXIT_WAIT = 15.0
 
 #: The soak's phases in the order it runs them: each progress event of one of them says which it is
 #: (``step`` of ``steps``), so that a display can show "phase k of n" and the time so far.
-SOAK_PHASES = ("readiness", "identity", "smoke", "canary", "classes", "sweep", "rate", "long_decode", "sustained")
+SOAK_PHASES = (
+    "readiness",
+    "identity",
+    "smoke",
+    "canary",
+    "classes",
+    "sweep",
+    "rate",
+    "long_decode",
+    "sustained",
+)
 
 
 def planned_phases(cfg: SoakConfig) -> tuple[str, ...]:
@@ -97,8 +107,9 @@ class SoakState:
     warm: list[Sample] = field(default_factory=list)
     #: The phases this soak runs (:func:`planned_phases`), for "phase k of n" in its events.
     phases: tuple[str, ...] = ()
-    #: The baseline's tok/s per level label (the last passing verdict of the tag served before), shown
-    #: next to the running figure while a level runs; the verdict's throughput check judges it.
+    #: The baseline's tok/s per level label (the last passing verdict of the tag served before),
+    #: shown next to the running figure while a level runs; the verdict's throughput check judges
+    #: it.
     baseline_tok_s: Mapping[str, float] = field(default_factory=dict)
     #: Why the soak stopped before its end (every request of a phase failed, an engine wedged, the
     #: hard deadline); empty while it runs its course.
@@ -123,7 +134,8 @@ class SoakState:
     long_prompts: list[LongPrompt] = field(default_factory=list)
 
     def looped(self, s: Sample, req: ChatRequest, where: str) -> None:
-        """Note an answer that ended in a phrase loop (judged after the load against a reference)."""
+        """Note an answer that ended in a phrase loop (judged after the load against a
+        reference)."""
         if not s.loop:
             return
         if req in self.loop_candidates:
@@ -150,7 +162,8 @@ class SoakState:
 
 
 async def stall_seen(client: Client, st: SoakState, s: Sample, where: str) -> None:
-    """After a request that got no token for the liveness bound: a wedged engine when /health answers.
+    """After a request that got no token for the liveness bound: a wedged engine when /health
+    answers.
 
     The engine is wedged, not dead: the API process still answers /health while its requests get
     nothing (vLLM #41725, MiaAI-Lab #87). Nothing more can be learnt by loading it: the soak stops.
@@ -171,9 +184,18 @@ async def canary(client: Client, st: SoakState, cp: prompts.SmokePrompt, phase: 
                   concurrency: int) -> Sample:
     """One greedy canary (thinking off), judged later against its answer and its c=1 answer."""
     spec = st.config.check("correctness")
-    req = ChatRequest(st.model, cp.prompt, int(spec.params.get("canary_max_tokens", 64)), 0.0, thinking=False)
-    s = await client.chat(req, phase=phase, cls=f"canary-{cp.name}", concurrency=concurrency, t0=st.t0,
-                          keep_text=True, stall=st.config.token_timeout())
+    req = ChatRequest(
+        st.model, cp.prompt, int(spec.params.get("canary_max_tokens", 64)), 0.0, thinking=False
+    )
+    s = await client.chat(
+        req,
+        phase=phase,
+        cls=f"canary-{cp.name}",
+        concurrency=concurrency,
+        t0=st.t0,
+        keep_text=True,
+        stall=st.config.token_timeout(),
+    )
     st.samples.append(s)
     st.art.sample(s)
     st.canaries.append(CanaryResult(cp.name, cp.expect, level, s, st.canary_refs.get(cp.name)))

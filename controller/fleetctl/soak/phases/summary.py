@@ -23,7 +23,8 @@ def _pctl(values: Sequence[float], q: float) -> float | None:
 
 
 def meets(s: Sample, slo: Mapping[str, float]) -> bool:
-    """True when a successful request met every SLO (``ttft_ms``, ``tpot_ms``, ``e2el_ms``) it can be judged on."""
+    """True when a successful request met every SLO (``ttft_ms``, ``tpot_ms``, ``e2el_ms``) it can
+    be judged on."""
     got = {"ttft_ms": s.ttft, "tpot_ms": s.tpot, "e2el_ms": s.e2e}
     return s.ok and all((x := got[k]) is None or x * 1000 <= v for k, v in slo.items())
 
@@ -48,13 +49,27 @@ def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample
     itl99 = [s.itl_p99 for s in timed if s.itl_p99 is not None]
     out_tokens = sum(s.output_tokens or 0 for s in ok)
     return LevelSummary(
-        phase=phase, label=label, concurrency=concurrency, requests=len(samples), errors=len(errs),
-        seconds=round(seconds, 3), tok_s=out_tokens / seconds if ok and seconds > 0 else None,
-        ttft_p50=_pctl(ttft, 0.5), ttft_p95=_pctl(ttft, 0.95), ttft_p99=_pctl(ttft, 0.99),
-        tpot_p50=_pctl(tpot, 0.5), tpot_p95=_pctl(tpot, 0.95), e2e_p50=_pctl(e2e, 0.5),
-        e2e_p95=_pctl(e2e, 0.95), e2e_p99=_pctl(e2e, 0.99), itl_p50=_pctl(itl50, 0.5), itl_p99=_pctl(itl99, 0.99),
+        phase=phase,
+        label=label,
+        concurrency=concurrency,
+        requests=len(samples),
+        errors=len(errs),
+        seconds=round(seconds, 3),
+        tok_s=out_tokens / seconds if ok and seconds > 0 else None,
+        ttft_p50=_pctl(ttft, 0.5),
+        ttft_p95=_pctl(ttft, 0.95),
+        ttft_p99=_pctl(ttft, 0.99),
+        tpot_p50=_pctl(tpot, 0.5),
+        tpot_p95=_pctl(tpot, 0.95),
+        e2e_p50=_pctl(e2e, 0.5),
+        e2e_p95=_pctl(e2e, 0.95),
+        e2e_p99=_pctl(e2e, 0.99),
+        itl_p50=_pctl(itl50, 0.5),
+        itl_p99=_pctl(itl99, 0.99),
         warmup=len(warm_ids & {id(s) for s in samples}),
         slo_met=good / len(samples) if good is not None and samples else None,
         goodput_rps=good / seconds if good is not None and seconds > 0 else None,
-        output_tokens=out_tokens, first_error=errs[0].error if errs else "", stopped=stopped,
+        output_tokens=out_tokens,
+        first_error=errs[0].error if errs else "",
+        stopped=stopped,
     )
