@@ -131,6 +131,47 @@ def _state_text(probe: Probe) -> str:
     return probe.detail or f"HTTP {probe.status}"
 
 
+async def _hung(target: SoakTarget, hung: float, waited: float) -> Readiness:
+    """The wait's end when /health accepted connections for ``hung`` seconds and never answered."""
+    msg = (f"{target.base_url}/health hangs: the server accepted every connection for "
+           f"{hung:.0f}s and never answered (a vLLM still loading refuses connections "
+           "instead)")
+    if target.container is None:
+        return Readiness(Outcome.ERROR, msg + "; check what listens on that port", waited)
+    log = await container_logs(target, CRASH_LOG_TAIL)
+    return Readiness(Outcome.FAIL, f"{msg}; last log lines: {last_lines(log)}", waited,
+                     cause=boot_failure_cause(log), log_tail=log_tail(log))
+
+
+async def _container_ended(target: SoakTarget, restarts: int | None, last_state: str,
+                           waited: float) -> tuple[Readiness | None, int | None]:
+    """The wait's end when the container is gone, unreadable or crashed at boot (else None), and
+    its restart count as first seen."""
+    try:
+        st = await container_state(target)
+    except FleetError as e:
+        why = f"cannot inspect the container: {e.cause}"
+        return Readiness(Outcome.ERROR, why, waited), restarts
+    if not st.exists:
+        return Readiness(
+            Outcome.ERROR,
+            f"nothing to soak: no container serves {target.base_url} ({last_state})",
+            waited,
+        ), restarts
+    restarts = st.restart_count if restarts is None else restarts
+    # Under a restart policy a crash at boot shows as a restart, the container up again.
+    if st.running and st.restart_count <= restarts:
+        return None, restarts
+    log = await container_logs(target, CRASH_LOG_TAIL)
+    cause = boot_failure_cause(log)
+    code = f" with code {st.exit_code}" if st.exit_code is not None else ""
+    again = (f" (docker restarted it {st.restart_count - restarts} time(s))"
+             if st.restart_count > restarts else "")
+    msg = f"boot failure: the container exited{code}{again} before /health answered"
+    msg += f": {cause}" if cause else f"; last log lines: {last_lines(log)}"
+    return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=log_tail(log)), restarts
+
+
 async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: float,
                       progress: Progress = NULL) -> Readiness:
     """Poll /health until 200, the container dies, or ``timeout`` passes (see :func:`wait_ready`).
@@ -156,37 +197,11 @@ async def await_ready(client: Client, target: SoakTarget, timeout: float, poll: 
         last_state = _state_text(probe)
         hung_since = (hung_since or asked) if probe.state == "timeout" else None
         if hung_since is not None and time.monotonic() - hung_since >= HUNG_SECONDS:
-            hung = time.monotonic() - hung_since
-            msg = (f"{target.base_url}/health hangs: the server accepted every connection for "
-                   f"{hung:.0f}s and never answered (a vLLM still loading refuses connections "
-                   "instead)")
-            if target.container is None:
-                return Readiness(Outcome.ERROR, msg + "; check what listens on that port", waited)
-            log = await container_logs(target, CRASH_LOG_TAIL)
-            return Readiness(Outcome.FAIL, f"{msg}; last log lines: {last_lines(log)}", waited,
-                             cause=boot_failure_cause(log), log_tail=log_tail(log))
+            return await _hung(target, time.monotonic() - hung_since, waited)
         if target.container is not None:
-            try:
-                st = await container_state(target)
-            except FleetError as e:
-                return Readiness(Outcome.ERROR, f"cannot inspect the container: {e.cause}", waited)
-            if not st.exists:
-                return Readiness(
-                    Outcome.ERROR,
-                    f"nothing to soak: no container serves {target.base_url} ({last_state})",
-                    waited,
-                )
-            restarts = st.restart_count if restarts is None else restarts
-            # Under a restart policy a crash at boot shows as a restart, the container up again.
-            if not st.running or st.restart_count > restarts:
-                log = await container_logs(target, CRASH_LOG_TAIL)
-                cause = boot_failure_cause(log)
-                code = f" with code {st.exit_code}" if st.exit_code is not None else ""
-                again = (f" (docker restarted it {st.restart_count - restarts} time(s))"
-                         if st.restart_count > restarts else "")
-                msg = f"boot failure: the container exited{code}{again} before /health answered"
-                msg += f": {cause}" if cause else f"; last log lines: {last_lines(log)}"
-                return Readiness(Outcome.FAIL, msg, waited, cause=cause, log_tail=log_tail(log))
+            ended, restarts = await _container_ended(target, restarts, last_state, waited)
+            if ended is not None:
+                return ended
             if time.monotonic() - last_log_at > 10:
                 tail = last_lines(await container_logs(target, 5), 1)
                 last_log_at = time.monotonic()

@@ -316,52 +316,66 @@ _HINTS: dict[type, tuple[tuple[str, Any], ...]] = {}
 def _build(tp: Any, data: Any) -> Any:
     origin = get_origin(tp)
     if origin in (Union, types.UnionType):
-        args = [a for a in get_args(tp) if a is not type(None)]
-        if data is None:
-            return None
-        for a in args:
-            try:
-                return _build(a, data)
-            except (TypeError, ValueError, KeyError):
-                continue
-        raise ValueError(f"{data!r} does not fit {tp}")
+        return _build_union(tp, data)
     if origin is tuple:
-        (inner, *_rest) = get_args(tp)
-        if inner is float and all(type(v) in (int, float) for v in data):  # latency samples
-            return tuple(float(v) for v in data)
-        return tuple(_build(inner, v) for v in data)
+        return _build_tuple(tp, data)
     if origin in (Mapping, dict) or origin is typing.get_origin(Mapping[str, Any]):
         _k, v_tp = get_args(tp)
         return {str(k): _build(v_tp, v) for k, v in data.items()}
     if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        if not isinstance(data, Mapping):
-            raise TypeError(f"{tp.__name__} needs a mapping")
-        fields = _HINTS.get(tp)
-        if fields is None:
-            hints = get_type_hints(tp)
-            fields = _HINTS[tp] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(tp)
-                                        if f.init and f.name != "container")
-        return tp(**{name: _build(hint, data[name]) for name, hint in fields if name in data})
+        return _build_dataclass(tp, data)
     if isinstance(tp, type) and issubclass(tp, enum.Enum):
         return tp(data)
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            raise TypeError("not a number")
-        return float(data)
-    if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
-            raise TypeError("not an int")
-        return data
-    if tp is str:
-        if not isinstance(data, str):
-            raise TypeError("not a string")
-        return data
+    return _build_scalar(tp, data)
+
+
+def _build_union(tp: Any, data: Any) -> Any:
+    """The first of the union's types (``None`` apart) that ``data`` fits."""
+    if data is None:
+        return None
+    for a in (a for a in get_args(tp) if a is not type(None)):
+        try:
+            return _build(a, data)
+        except (TypeError, ValueError, KeyError):
+            continue
+    raise ValueError(f"{data!r} does not fit {tp}")
+
+
+def _build_tuple(tp: Any, data: Any) -> tuple[Any, ...]:
+    (inner, *_rest) = get_args(tp)
+    if inner is float and all(type(v) in (int, float) for v in data):  # latency samples
+        return tuple(float(v) for v in data)
+    return tuple(_build(inner, v) for v in data)
+
+
+def _build_dataclass(tp: type, data: Any) -> Any:
+    if not isinstance(data, Mapping):
+        raise TypeError(f"{tp.__name__} needs a mapping")
+    fields = _HINTS.get(tp)
+    if fields is None:
+        hints = get_type_hints(tp)
+        fields = _HINTS[tp] = tuple((f.name, hints[f.name]) for f in dataclasses.fields(tp)
+                                    if f.init and f.name != "container")
+    return tp(**{name: _build(hint, data[name]) for name, hint in fields if name in data})
+
+
+#: A scalar type, and what a JSON value must be to be read as one (bool is not a number here).
+_SCALARS: dict[Any, tuple[tuple[type, ...], str]] = {
+    float: ((int, float), "not a number"),
+    int: ((int,), "not an int"),
+    str: ((str,), "not a string"),
+}
+
+
+def _build_scalar(tp: Any, data: Any) -> Any:
+    if tp in _SCALARS:
+        kinds, why = _SCALARS[tp]
+        if (isinstance(data, bool) and tp is not str) or not isinstance(data, kinds):
+            raise TypeError(why)
+        return float(typing.cast(float, data)) if tp is float else data
     if tp is bool:
         return bool(data)
-    if tp is Any:
-        return data
     return data
-
 
 
 @dataclass(frozen=True)
