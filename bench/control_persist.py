@@ -97,8 +97,8 @@ JUMP_MARKER: list[str] = []
 
 def ssh_processes(controls: set[Path]) -> tuple[int, int, int, int]:
     """(masters, ssh processes, RSS kB, PSS kB): masters with sockets in ``controls``, plus their
-    children
-    and the jump processes carrying their connections (a master's ProxyJump ``ssh -W``, which leaves
+    children and the jump processes carrying their connections (a master's ProxyJump ``ssh -W``,
+    which leaves
     the master's process tree when ssh detaches it)."""
     masters: set[int] = set()
     jumps: set[int] = set()

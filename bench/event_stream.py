@@ -9,16 +9,12 @@ host names multiplied) to, in one run:
 - ``log+file``: and an ``--events FILE`` stream;
 - ``log+file+hook``: and the webhook's per-host progress (``Webhook.watch``) posting to a real HTTP
   receiver on loopback, with ``--interval`` seconds between posts (10 s in fleetctl; shorter here
-  so that
-  a run of a few seconds shows the bound).
+  so that a run of a few seconds shows the bound).
 
 Figures per configuration: the controller's CPU per event in microseconds (median of ``--rounds``)
-and
-its ratio to the baseline; for the webhook, the posts the receiver got and the most hosts in one,
-against
-the events sent: posts are bounded by time (one per interval) and hosts per post by
-``PROGRESS_HOSTS``,
-not by the fleet's size or its event rate. No lab needed::
+and its ratio to the baseline; for the webhook, the posts the receiver got and the most hosts in
+one, against the events sent: posts are bounded by time (one per interval) and hosts per post by
+``PROGRESS_HOSTS``, not by the fleet's size or its event rate. No lab needed::
 
     .venv/bin/python bench/event_stream.py [--hosts 100,500] [--events 20000] [--rounds 3]
     [--interval 0.5]

@@ -16,14 +16,12 @@ table (80 columns, to /dev/null) on every event, as ``fleetctl rollout`` does on
 
     .venv/bin/python bench/fleet_scale.py [--sizes 16,64,256] [--repeats 3] [--progress null|live]
         [--waves 1,10%,100%] [--max-unavailable 16] [--emulator-procs 4] [--json
-        bench/results/fleet_scale.json]
-        [--baseline-rev REV] [--profile FILE]
+        bench/results/fleet_scale.json] [--baseline-rev REV] [--profile FILE]
 
 ``--baseline-rev REV`` runs REV's controller (``git archive``) too, each repeat right after or
-before
-this checkout's on the same emulators, and prints CPU per host before and after with their ratio;
-``--profile FILE`` adds one run of the largest fleet under cProfile (every thread's profile merged):
-``python -m pstats FILE``, then ``sort cumtime``/``stats 30``.
+before this checkout's on the same emulators, and prints CPU per host before and after with their
+ratio; ``--profile FILE`` adds one run of the largest fleet under cProfile (every thread's profile
+merged): ``python -m pstats FILE``, then ``sort cumtime``/``stats 30``.
 """
 
 from __future__ import annotations

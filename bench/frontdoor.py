@@ -3,10 +3,9 @@
 1. Overhead (no lab; a real haproxy on loopback, two tiny HTTP backends): a host with ``--held``
 requests in
    flight, released ``--release`` seconds after the drain. Per round: the drain call, the wait
-   until both counts
-   are 0 minus the requests' own ``--release`` time (the poll's lateness), the re-admission until
-   HAProxy
-   sees the host in rotation. Goal: drain + re-admit add at most 1 s to a step::
+   until both counts are 0 minus the requests' own ``--release`` time (the poll's lateness), the
+   re-admission until HAProxy sees the host in rotation. Goal: drain + re-admit add at most 1 s to a
+   step::
 
        .venv/bin/python bench/frontdoor.py overhead [--rounds 10] [--json
        bench/results/frontdoor.json]
@@ -14,10 +13,8 @@ requests in
 2. Failed user requests (the lab, serving; FLEETCTL_LAB_DIR/FLEETCTL_LAB_SUBNET set): a rollout of
 every node
    to ``--tag`` under ``fleetctl lab traffic --rate R``, once with fleetctl driving the lab's
-   HAProxy
-   (``lab door on``) and once with the same HAProxy alone (``lab door off``: its own health checks
-   and
-   redispatch only); the traffic runs from 2 s before the rollout to 2 s after it::
+   HAProxy (``lab door on``) and once with the same HAProxy alone (``lab door off``: its own health
+   checks and redispatch only); the traffic runs from 2 s before the rollout to 2 s after it::
 
        .venv/bin/python bench/frontdoor.py lab [--rate 4] [--repeat 1] [--json
        bench/results/frontdoor_lab.json]
@@ -236,10 +233,9 @@ def _reset(tag: str) -> None:
 
 def floor_read(rounds: int, pool: int) -> dict[str, Any]:
     """A step's floor check (the door's view of every selected host) on a backend of ``pool``
-    servers: the
-    bulk read fleetctl makes (``frontdoor.states_of``: one ``show servers state`` + one ``show
-    stat``)
-    against asking the door host by host (``state`` per host: two commands each), in the same
+    servers: the bulk read fleetctl makes (``frontdoor.states_of``: one ``show servers state`` + one
+    ``show stat``) against asking the door host by host (``state`` per host: two commands each), in
+    the same
     run."""
     hosts = [Host(f"spark-{i:03d}", "127.0.0.1") for i in range(1, pool + 1)]
     rows: list[dict[str, float]] = []

@@ -2,11 +2,10 @@
 image tree.
 
 In one run, with one fresh image (the lab's python base plus a layer of ``--mb`` MB of random
-bytes, a
-new tag each repeat so no node has it) and the registry's uplink shaped to ``--registry-mbit`` (tc
-tbf on
-the lab bridge's egress on this machine: what the lab registry sends to the nodes) and every node's
-uplink to ``--uplink-mbit`` (tc tbf on its eth0: a relay's upload), two cases:
+bytes, a new tag each repeat so no node has it) and the registry's uplink shaped to
+``--registry-mbit`` (tc tbf on the lab bridge's egress on this machine: what the lab registry sends
+to the nodes) and every node's uplink to ``--uplink-mbit`` (tc tbf on its eth0: a relay's upload),
+two cases:
 
 - ``registry``: every node pulls the image from the registry at once (the prefetch without the
 tree);
@@ -14,12 +13,10 @@ tree);
 ``--fanout``).
 
 Per case: wall seconds until every node holds the image under its deploy reference, and the bytes
-of the
-new layer the registry sent (its access log: the bytes of each GET of that blob). Ratios of the
-same run, medians of ``--repeats``: tree / registry wall, and registry bytes. On a real fleet the
-registry's uplink is shared by every Spark and a Spark's own is 10 GbE; on the lab both are shaped
-so
-that the network, not the shared CPU, is the bottleneck.
+of the new layer the registry sent (its access log: the bytes of each GET of that blob). Ratios of
+the same run, medians of ``--repeats``: tree / registry wall, and registry bytes. On a real fleet
+the registry's uplink is shared by every Spark and a Spark's own is 10 GbE; on the lab both are
+shaped so that the network, not the shared CPU, is the bottleneck.
 
     FLEETCTL_LAB_DIR=... .venv/bin/python bench/image_tree.py [--mb 64] [--registry-mbit 200] \\
         [--uplink-mbit 200] [--repeats 3]

@@ -10,8 +10,7 @@ milliseconds of the window checks.
     .venv/bin/python bench/long_decode_probe.py [--tokens 256] [--window 64] [--json out.json]
 
 The lab profile's probe is 256 tokens in windows of 64; the spark profile's, 16384 in windows of
-2048
-(on a Spark at 41-124 tok/s single stream: 2.2-6.7 minutes).
+2048 (on a Spark at 41-124 tok/s single stream: 2.2-6.7 minutes).
 """
 
 from __future__ import annotations

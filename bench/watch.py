@@ -1,10 +1,8 @@
 """What ``fleetctl watch`` costs the controller per host and interval, against a bare aiohttp loop.
 
 A loopback server (its own process) answers like a vLLM: /health, /v1/models, /version, a /metrics
-of
-the size a real one has (~300 series, histograms included) and streamed chat completions of 16
-chunks.
-``--hosts`` targets (the same server under different names) are watched for ``--seconds`` at
+of the size a real one has (~300 series, histograms included) and streamed chat completions of 16
+chunks. ``--hosts`` targets (the same server under different names) are watched for ``--seconds`` at
 ``--interval``, ``--parallel`` at a time. In the same run, with the same server:
 
 - ``fleetctl watch``: ``soak.watch.run_watch`` (a canary and a stream per host-interval, the

@@ -18,8 +18,7 @@ file order, as in a serial run:
 
 Everything else is spread over both workers: xdist gives a worker more only when its group is nearly
 done, so the rest goes to whichever half ends first. Only what needs real SSH, Docker and sshd is a
-lab
-test; the engine's logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The
+lab test; the engine's logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The
 groups are set when each test is collected
 (``pytest_itemcollected``), before xdist reads them to place the tests. ``FLEETCTL_TEST_WORKERS=0``
 runs everything in one process, on one lab.
@@ -92,9 +91,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 def worker_lab(worker: str, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """The lab settings of xdist worker ``worker`` (``gw0``, ``gw1``, ...): none for the first (the
-    lab the
-    environment selects), and for worker k a directory beside it and a subnet 128 /24s away (the
-    fresh-lab
+    lab the environment selects), and for worker k a directory beside it and a subnet 128 /24s away
+    (the fresh-lab
     test takes 10.78.200-254, helpers' labs count up from 10.78.1)."""
     k = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
     if k == 0:

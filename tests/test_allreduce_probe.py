@@ -2,9 +2,9 @@
 
 The TCP path (no torch here): each rank a process, the ring's traffic between 127.0.0.1 and
 127.0.0.2 (or two ranks on one address), the head's table read by the same parser and check a
-rollout's
-preflight uses. The NCCL path: its ranks as threads over a stand-in of torch (tests/fake_torch.py),
-and the tables it printed on a real host of two NVIDIA GPUs (tests/fixtures/gpu/).
+rollout's preflight uses. The NCCL path: its ranks as threads over a stand-in of torch
+(tests/fake_torch.py), and the tables it printed on a real host of two NVIDIA GPUs
+(tests/fixtures/gpu/).
 """
 
 from __future__ import annotations

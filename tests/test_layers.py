@@ -1,20 +1,16 @@
 """The package's arrows point one way: each part imports only parts below it (cli -> verbs ->
-core), and no
-modules import each other in a circle, inside a part either.
+core), and no modules import each other in a circle, inside a part either.
 
 Every import of one top-level part of ``fleetctl`` by another is read from the source with ``ast``
-and
-checked against the layers below; a new part must be given its layer here, which is the point: the
-place of each concept is a decision, not an accident.
+and checked against the layers below; a new part must be given its layer here, which is the point:
+the place of each concept is a decision, not an accident.
 
 Inside a part the modules have no layers written down, but their imports must not run in a circle
 (``cli/live.py -> cli/ui.py -> cli/live.py``): every import of one module of the package by another
 counts, at the top of the file, inside a function (an import deferred to call time still ties the
-two:
-neither can be read, tested or moved without the other; deferring only hides the circle from
-Python's
-loader) or under ``if TYPE_CHECKING``. One kind of arrow is left out: a package's ``__init__``
-importing a module inside that package (``frontdoor/__init__.py`` picking a backend in
+two: neither can be read, tested or moved without the other; deferring only hides the circle from
+Python's loader) or under ``if TYPE_CHECKING``. One kind of arrow is left out: a package's
+``__init__`` importing a module inside that package (``frontdoor/__init__.py`` picking a backend in
 ``frontdoor/haproxy.py``), because Python runs a package's ``__init__`` before any of its modules
 anyway: the package and its modules load as one, and the modules' own imports are still checked.
 """
@@ -81,9 +77,8 @@ def _module_graph(package: Path = PACKAGE) -> dict[str, dict[str, tuple[Path, in
     ``package``.
 
     ``from a.b import c`` is an arrow to ``a.b.c`` when that is a module, else to ``a.b``; relative
-    imports
-    are resolved; arrows from a package's ``__init__`` to modules inside it are left out (module
-    docstring).
+    imports are resolved; arrows from a package's ``__init__`` to modules inside it are left out
+    (module docstring).
     """
     modules = {name: path for path, name in _modules(package)}
     graph: dict[str, dict[str, tuple[Path, int]]] = {}

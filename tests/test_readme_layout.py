@@ -1,14 +1,11 @@
 """README.md's Layout names every part of the house: each folder of the repository, each package
-folder
-of ``controller/fleetctl/`` and each module of its top level on a line of its own, and each module
-of a
-subpackage in its folder's lines. A new module or folder fails this test until it is given its
-words.
+folder of ``controller/fleetctl/`` and each module of its top level on a line of its own, and each
+module of a subpackage in its folder's lines. A new module or folder fails this test until it is
+given its words.
 
 The Layout is an indented block; a line that starts with a name (``cli/``, ``access.py``) opens that
 name's entry, nested under the entry above it that is less indented, and the lines after it that
-start
-in the description column carry on its text::
+start in the description column carry on its text::
 
     controller/fleetctl/     the Python controller
       rollout/               api.py (...), session.py (...),

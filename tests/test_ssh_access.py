@@ -2,8 +2,7 @@
 sudo.
 
 System ``sshd`` run on loopback from a temp dir (tests/sshd.py): the bastion on 127.0.0.1
-(forwarding
-allowed, its log at DEBUG1 to see each forwarded connection) and the target on 127.0.0.2
+(forwarding allowed, its log at DEBUG1 to see each forwarded connection) and the target on 127.0.0.2
 (forwarding off). A third, a bastion that refuses forwarding, shows that a jumped host is
 reached only through its jump. The login is a real local user ``fleetctl-test`` whose rights
 (sudoers.d file, docker group) each test sets and the fixture removes. Needs root,

@@ -2,16 +2,15 @@
 at once.
 
 Standalone (python3's standard library, torch when the image has it): fleetctl passes this file's
-text
-to ``python3 -c`` in ``docker run --network host --gpus all`` with the member's fabric environment
-(``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ...) and ``--rank R --addrs A0,A1,... --port P``. Rank 0
-prints the NCCL tests' ``all_reduce_perf`` table, which ``fleetctl.fabric.parse_all_reduce`` reads:
+text to ``python3 -c`` in ``docker run --network host --gpus all`` with the member's fabric
+environment (``NCCL_SOCKET_IFNAME``, ``NCCL_IB_HCA``, ...) and ``--rank R --addrs A0,A1,... --port
+P``. Rank 0 prints the NCCL tests' ``all_reduce_perf`` table, which
+``fleetctl.fabric.parse_all_reduce`` reads:
 
 - with torch and a CUDA device (every vLLM image on a Spark): torch.distributed's NCCL all_reduce
 over
   the members, the collective vLLM's tensor parallelism runs, timed per message size (1 MiB to 1
-  GiB);
-  bus bandwidth is nccl-tests' ``algbw * 2(n-1)/n``; each rank on its own GPU (its local rank:
+  GiB); bus bandwidth is nccl-tests' ``algbw * 2(n-1)/n``; each rank on its own GPU (its local rank:
   ``LOCAL_RANK``, else its place among the ranks of its address; or the one GPU it sees); both timed
   runs of each size are checked on every rank (each starts from rank+1, every element must read the
   sum: NCCL's ``#wrong``, every rank's counted);
@@ -21,11 +20,9 @@ over
   formula: a real figure of the link, named ``TCP`` in the table's first line.
 
 Every rank waits ``--join-timeout`` (``JOIN_TIMEOUT``) for the others and then names the missing
-ones;
-after each size rank 0's decision to stop (a slow link ends early, ``--budget``) reaches every rank,
-so that all end on the same size. Exit status 0 with the table, else 1 with one line on stderr
-saying
-why (a peer that never joined, NCCL's own error), the last line of stderr.
+ones; after each size rank 0's decision to stop (a slow link ends early, ``--budget``) reaches every
+rank, so that all end on the same size. Exit status 0 with the table, else 1 with one line on stderr
+saying why (a peer that never joined, NCCL's own error), the last line of stderr.
 """
 
 from __future__ import annotations
@@ -297,8 +294,7 @@ def run_tcp(
     join_timeout: float | None = None,
 ) -> tuple[float, int]:
     """The ring all-reduce's traffic between the members' fabric addresses, timed per size; returns
-    the
-    average bus bandwidth and the chunks that arrived wrong (every rank's, summed around the
+    the average bus bandwidth and the chunks that arrived wrong (every rank's, summed around the
     ring)."""
     n = len(addrs)
     timeout = JOIN_TIMEOUT if join_timeout is None else join_timeout
@@ -412,9 +408,8 @@ def _links(
     size: int,
 ) -> list[tuple[str, str, float]]:
     """Every link of the ring on its own: each rank sends ``size`` bytes to the next at once, the
-    receiver
-    times its inbound link; the figures go around the ring to rank 0 as (sender, receiver, GB/s),
-    so a
+    receiver times its inbound link; the figures go around the ring to rank 0 as (sender, receiver,
+    GB/s), so a
     slow member (its traffic leaving through the management network) is named, not just the unit."""
     n = len(addrs)
     data, inbox = bytes(size), bytearray(size)

@@ -2,8 +2,7 @@
 at once.
 
 :func:`measure` starts ``fleetctl/allreduce_probe.py`` in ``docker run --rm --network host --gpus
-all`` from
-the recipe's image on each member of a unit, in parallel (each member's
+all`` from the recipe's image on each member of a unit, in parallel (each member's
 ``HostOps.bandwidth_probe``: one SSH session, bounded by ``ssh.fan_out``), with the member's fabric
 environment as the serving container gets it (``Recipe.launch``: ``NCCL_SOCKET_IFNAME``,
 ``NCCL_IB_HCA``, ``VLLM_HOST_IP`` ...) and every rank's fabric address.

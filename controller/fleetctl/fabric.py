@@ -1,12 +1,12 @@
 """A unit's fabric and its members' parity, judged from what the tools print on a Spark.
 
 Pure logic: parsers for ``ibdev2netdev``, ``ibstat``, ``ip -j link``/``ip -j addr``/``ip -j route
-get``
-and the NCCL tests' ``all_reduce_perf`` table, and the checks a unit must pass before any change
-(docs/units.md): both HCAs of the port up at the expected rate, MTU 9000 on every fabric netdev,
-each member's fabric address where the inventory says, the members reaching each other through
-the fabric (not the management network), a measured all_reduce bus bandwidth above the unit's
-floor, and every member on the same driver, kernel, DGX OS, Docker, container toolkit and image.
+get`` and the NCCL tests' ``all_reduce_perf`` table, and the checks a unit must pass before any
+change (docs/units.md): both HCAs of the port up at the expected rate, MTU 9000 on every fabric
+netdev, each member's fabric address where the inventory says, the members reaching each other
+through the fabric (not the management network), a measured all_reduce bus bandwidth above the
+unit's floor, and every member on the same driver, kernel, DGX OS, Docker, container toolkit and
+image.
 
 Each failed check is a :class:`Finding` naming the member, the figure measured, the one expected
 and the fix, e.g. ``spark-07: enp1s0f1np1 MTU 1500, expected 9000: set mtu 9000 in its netplan``.
@@ -332,10 +332,9 @@ def parse_member_probe(text: str) -> MemberFabric:
 def check_member(unit: Unit, host: str, facts: MemberFabric, mgmt_interfaces: Iterable[str] = (),
                  mgmt_address: str | None = None) -> list[Finding]:
     """Every fabric check of one member: netdevs up at MTU, its address in place, both HCAs active
-    at
-    the expected rate, and each peer reached through a fabric netdev. A route through a management
-    netdev (``mgmt_interfaces``, or the one holding ``mgmt_address``, the address fleetctl reaches
-    the
+    at the expected rate, and each peer reached through a fabric netdev. A route through a
+    management netdev (``mgmt_interfaces``, or the one holding ``mgmt_address``, the address
+    fleetctl reaches the
     host at) is called the management network."""
     f = unit.fabric[host]
     out: list[Finding] = []
@@ -570,8 +569,7 @@ def check_parity(unit: Unit, facts: Mapping[str, Mapping[str, str | None]],
     digest).
 
     ``facts`` is member -> field -> value. A value that could not be read is a finding too (never
-    assumed
-    equal); the head is the reference, so a differing head shows up on every worker.
+    assumed equal); the head is the reference, so a differing head shows up on every worker.
     """
     out: list[Finding] = []
     head = unit.head
@@ -621,8 +619,8 @@ _COLLECTIVE = re.compile(
 
 def collective_errors(log: str, most: int = 20) -> list[str]:
     """The lines of a member's log where NCCL, Gloo or torch.distributed report an error or a
-    timeout
-    (the last ``most``, each cut to 300 characters): quoted as the cause when a unit wedges or
+    timeout (the last ``most``, each cut to 300 characters): quoted as the cause when a unit wedges
+    or
     dies."""
     out = [
         line.strip()[:300]

@@ -113,12 +113,10 @@ SCHEMA = 1
 
 class EventLog:
     """Appends every event as a JSON line to ``path`` (created 0600), or to ``stream`` (``--events
-    -``):
-    what a second process (``fleetctl ui``, a script) watches a run through. The first line says
-    when the
-    run started and what it is (``{"t": 0, "started": <epoch>, "schema": 1, "title": "rollout"}``),
-    the last
-    that it ended (``{"t": ..., "ended": true}``); a value JSON cannot hold is written as its text.
+    -``): what a second process (``fleetctl ui``, a script) watches a run through. The first line
+    says when the run started and what it is (``{"t": 0, "started": <epoch>, "schema": 1, "title":
+    "rollout"}``), the last that it ended (``{"t": ..., "ended": true}``); a value JSON cannot hold
+    is written as its text.
     Thread-safe."""
 
     def __init__(

@@ -210,8 +210,7 @@ def versions(tags: list[str]) -> list[tuple[str, str]]:
     """(version, the tag it names) for every version ``resolve_tag`` understands, newest first.
 
     A version is a dash-separated part like ``v0.24.0``; a registry also holds test builds,
-    nightlies
-    and other tags, which are left out (a real one holds hundreds).
+    nightlies and other tags, which are left out (a real one holds hundreds).
     """
     found: dict[str, str] = {}
     for t in sorted(tags):
@@ -331,9 +330,8 @@ class Registry:
 
     def layer_sizes(self, repository: str, digest: str) -> list[dict[str, int]]:
         """The size (bytes as pulled, compressed) of each layer of ``repository@digest``, by layer
-        digest: one
-        mapping per platform, since an index lists several and a host pulls the one of its own
-        (attestation
+        digest: one mapping per platform, since an index lists several and a host pulls the one of
+        its own (attestation
         entries, platform ``unknown``, are left out; at most :data:`MAX_PLATFORMS`)."""
         check_digest(digest)
         data = self._manifest(repository, digest)

@@ -411,11 +411,9 @@ def _check_pinned(recipe: Recipe, inventory: Inventory) -> None:
 
 def _check_mirror_channel(recipe: Recipe, inventory: Inventory) -> None:
     """A plain-http mirror serves the manifest (every file's sha256) over the same channel as the
-    bytes:
-    anyone on the path can swap both. It is trusted only with the manifest's sha256 pinned in the
-    recipe,
-    or with the inventory's explicit ``fleetctl_weights_mirror_insecure: true`` (the lab's own
-    mirror).
+    bytes: anyone on the path can swap both. It is trusted only with the manifest's sha256 pinned in
+    the recipe, or with the inventory's explicit ``fleetctl_weights_mirror_insecure: true`` (the
+    lab's own mirror).
     """
     mirror = str(inventory.vars.get("fleetctl_weights_mirror") or "")
     if (

@@ -264,8 +264,7 @@ def with_parity(inventory: Inventory, statuses: Mapping[str, HostStatus]) -> dic
     """Each probed unit member's fabric status, with the unit's parity findings about it added.
 
     Parity is judged once every member of the unit answered (an unreachable member makes it
-    unknowable);
-    a host without a container is not held to the head's image digest.
+    unknowable); a host without a container is not held to the head's image digest.
     """
     out = dict(statuses)
     for unit in inventory.units.values():
@@ -294,8 +293,7 @@ def front_door_view(
 
     None when no front door is configured. A door that can read its whole pool at once (HAProxy) is
     read once; another is asked one host at a time, each call bounded by the door's own timeout;
-    once it
-    fails, the other hosts get the same cause instead of a wait each.
+    once it fails, the other hosts get the same cause instead of a wait each.
     """
     door = frontdoor.from_inventory(inventory)
     if door is None:

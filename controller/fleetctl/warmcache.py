@@ -232,8 +232,7 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
           ops: Callable[[Host], CacheOps], max_bytes: int = MAX_BYTES,
           fan_out: int = FAN_OUT) -> dict[str, Seeded]:
     """Copy ``source``'s cache for ``source_key`` to every target whose key is the same; one result
-    per target.
-    ``ops(host)``: the host's cache operations (the rollout's HostOps).
+    per target. ``ops(host)``: the host's cache operations (the rollout's HostOps).
 
     Never raises for a host: a target whose key differs, whose copy fails or does not verify is
     reported

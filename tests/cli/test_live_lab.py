@@ -1,10 +1,8 @@
 """On the lab: a rollout driven through tmux in an 80x30 terminal, its screen read mid-soak (the
-phase, the
-soak's progress and the time left), the question answered at its prompt, and the web view loaded in
-headless chromium during the same rollout (every host's phase, no console errors), served by the
-rollout
-itself (``--ui PORT``); the same run's ``--events`` stream (its schema, the pulls' bytes) and the
-per-host
+phase, the soak's progress and the time left), the question answered at its prompt, and the web view
+loaded in headless chromium during the same rollout (every host's phase, no console errors), served
+by the rollout itself (``--ui PORT``); the same run's ``--events`` stream (its schema, the pulls'
+bytes) and the per-host
 progress its webhook posted to a loopback receiver."""
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """The rollout's live view drawn from a recorded event stream (tests/cli/fixtures), at 80 and 200
-columns:
-nothing wraps or overflows, the message keeps at least 30 cells, short tags, the soak's phase k of
-n and
-its running figures, a header with the time so far and the time left; a tall fleet shows its failed
-and
+columns: nothing wraps or overflows, the message keeps at least 30 cells, short tags, the soak's
+phase k of n and its running figures, a header with the time so far and the time left; a tall fleet
+shows its failed and
 busy hosts first."""
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """One convention per thing on the command line, checked over the whole click tree (every command
-and
-subcommand, as ``fleetctl --help`` reaches them):
+and subcommand, as ``fleetctl --help`` reaches them):
 
 - no subcommand has an option that a global one (``fleetctl -i PATH ...``) already spells: ``-i``
 is the

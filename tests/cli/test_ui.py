@@ -1,7 +1,6 @@
 """``fleetctl ui`` over real HTTP on loopback: the page and its assets from the package, the run in
-progress
-from its event log (the same model as the terminal's view), the hosts, the history and a soak
-report with
+progress from its event log (the same model as the terminal's view), the hosts, the history and a
+soak report with
 its charts; read-only, and nothing outside the state dir's run artifacts is served."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The web view in a real browser (Debian's ``chromium``, headless): every host's phase is on the
-page, the
-page updates itself as the run's event log grows, a screenshot is drawn, and the console has no
+page, the page updates itself as the run's event log grows, a screenshot is drawn, and the console
+has no
 errors."""
 
 from __future__ import annotations

@@ -210,8 +210,7 @@ def test_a_hand_run_soak_and_its_baselines_take_a_unit_as_one(
     fleet: Callable[..., Path], tmp_path: Path, run: Callable[..., tuple[int, str, str]]
 ) -> None:
     """`fleetctl soak` on a unit's member soaks the unit once, through its head, against the unit's
-    own
-    baseline (the key the rollout's gate keeps it under); `soak baseline` shows and resets the
+    own baseline (the key the rollout's gate keeps it under); `soak baseline` shows and resets the
     unit's."""
     from fleetctl import inventory as inv_mod
     from fleetctl import paths

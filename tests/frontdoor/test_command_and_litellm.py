@@ -1,7 +1,6 @@
 """The command-hook front door (a real shell script keeping a pool file) and the LiteLLM front door
-against
-a loopback server speaking LiteLLM's documented management API (LiteLLM's proxy keeps added models
-only in
+against a loopback server speaking LiteLLM's documented management API (LiteLLM's proxy keeps added
+models only in
 its Prisma database, whose engine cannot be installed here: see docs/frontdoor.md)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The lab fabric's pure parts (no lab needed): its subnets and names, the stand-in
-ibdev2netdev/ibstat run
-for real against a fake sysfs and judged by fleetctl's own fabric checks, and the via-management
+ibdev2netdev/ibstat run for real against a fake sysfs and judged by fleetctl's own fabric checks,
+and the via-management
 script."""
 
 from __future__ import annotations

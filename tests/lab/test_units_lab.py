@@ -2,10 +2,8 @@
 preflight.
 
 The faults act on a member's real network state (its fabric netdev's MTU, its second half down, its
-peers
-routed over the management network); the refusal is read from `fleetctl rollout --json` as an
-operator
-would, and must name the member, the figure measured, the expected one and the fix.
+peers routed over the management network); the refusal is read from `fleetctl rollout --json` as an
+operator would, and must name the member, the figure measured, the expected one and the fix.
 """
 
 from __future__ import annotations

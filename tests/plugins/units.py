@@ -2,11 +2,9 @@
 every unit test.
 
 The lab's first unit; on a lab without one, two more nodes made one (``lab up --units 1``) and
-provisioned,
-kept until the session ends, then removed (so that a lab reused by a later session has the fleet of
-single
-hosts it had). The unit's test modules run last in their group (tests/conftest.py,
-``UNIT_MODULES``), so no
+provisioned, kept until the session ends, then removed (so that a lab reused by a later session has
+the fleet of single hosts it had). The unit's test modules run last in their group
+(tests/conftest.py, ``UNIT_MODULES``), so no
 test that expects only single hosts runs while it exists; they used to make and remove a unit each.
 """
 

@@ -1,7 +1,6 @@
 """The capacity floor through the engine, on the simulated fleet: the plan a dry run prints (floor,
-steps,
-expected time from the recipe's soak config), the steps a rollout and a rollback really take, and
-the
+steps, expected time from the recipe's soak config), the steps a rollout and a rollback really take,
+and the
 inventory's fleetctl_min_available."""
 
 from __future__ import annotations

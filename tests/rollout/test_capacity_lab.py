@@ -1,23 +1,18 @@
 """A rollout with the default plan keeps the capacity floor on the lab: never more nodes out of
-service than
-``fleetctl_min_available`` allows, as seen over SSH on every node while the rollout runs; and its
-later
-steps start warm from the canary's compile cache, while a stale cache is ignored.
+service than ``fleetctl_min_available`` allows, as seen over SSH on every node while the rollout
+runs; and its later steps start warm from the canary's compile cache, while a stale cache is
+ignored.
 
 The floor comes from the inventory (no --max-unavailable, no --min-available): 50 % of the lab's 4
-nodes, so
-the canary goes alone, then two nodes at a time. A watcher asks every node, over and over during the
-rollout, whether its serving container runs and answers /health; the most nodes it ever saw out at
-once
-must be within the floor.
+nodes, so the canary goes alone, then two nodes at a time. A watcher asks every node, over and over
+during the rollout, whether its serving container runs and answers /health; the most nodes it ever
+saw out at once must be within the floor.
 
 Warm start (docs/warm-start.md), in the same rollout: before it, every node's cache directory for
-the
-target's key holds a *stale* compile (made for another key). The canary must ignore it (a cold
-compile,
-its gate passes); the nodes after it must get the canary's cache (the ledger says warm, the
-manifest read
-from the node names the key) and the emulator on them must log a compile-cache hit for that key.
+the target's key holds a *stale* compile (made for another key). The canary must ignore it (a cold
+compile, its gate passes); the nodes after it must get the canary's cache (the ledger says warm, the
+manifest read from the node names the key) and the emulator on them must log a compile-cache hit for
+that key.
 """
 
 from __future__ import annotations
@@ -58,8 +53,8 @@ def own_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture
 def floor_in_inventory(serving: RolloutResult) -> Iterator[Path]:
     """``fleetctl_min_available: 50%`` in the lab inventory's group_vars for this test only, and
-    the image
-    tree from 2 hosts and any size (its defaults: 4 hosts needing the image, 512 MB; the lab's is
+    the image tree from 2 hosts and any size (its defaults: 4 hosts needing the image, 512 MB; the
+    lab's is
     112 MB)."""
     del serving
     f = inventory.load(None).path.parent / "group_vars" / "all" / "capacity-test.yml"

@@ -1,7 +1,6 @@
 """The rollout engine with a real HAProxy as the fleet's front door: the simulated fleet's hosts
-are the
-servers of a real haproxy on loopback (tiny HTTP backends standing for their vLLM), driven through
-its
+are the servers of a real haproxy on loopback (tiny HTTP backends standing for their vLLM), driven
+through its
 admin socket. What each host looked like to the door is recorded at every host operation."""
 
 from __future__ import annotations
@@ -455,8 +454,7 @@ def test_a_step_goes_on_once_the_host_out_is_back(tmp_path: Path, door: Door) ->
 def _bake_engine(fleet: SimFleet, d: Door, state: Path, errors: dict[str, int],
                  die: list[bool] | None = None) -> Engine:
     """An engine whose bake reads scrapes the test writes: each host finished 40 requests between
-    the
-    bake's two scrapes, ``errors[host]`` of them with reason error. ``die``: [True] kills the
+    the bake's two scrapes, ``errors[host]`` of them with reason error. ``die``: [True] kills the
     controller
     at the bake's first scrape (once)."""
     from fleetctl.soak import metrics

@@ -1,10 +1,8 @@
 """Rollouts under users' traffic through the lab's real HAProxy (`fleetctl lab traffic`, the same
-command
-an operator runs), with fleetctl driving the door (`fleetctl_front_door`) and without it.
+command an operator runs), with fleetctl driving the door (`fleetctl_front_door`) and without it.
 
 HAProxy's own view is sampled through its admin socket every 0.2 s during each rollout: who was out
-of
-rotation, and when.
+of rotation, and when.
 """
 
 from __future__ import annotations
@@ -272,8 +270,7 @@ def _kill_when_drained(
 def test_a_controller_killed_while_a_host_is_drained_then_resume_killed_again_then_abort(
         door: LabFrontDoor) -> None:
     """SIGKILL while the canary is drained; `--resume` re-admits it after its gate and is itself
-    killed
-    while the next host is drained; `rollout abort` puts both back on the old version: all in
+    killed while the next host is drained; `rollout abort` puts both back on the old version: all in
     rotation."""
     import os
 

@@ -3,10 +3,8 @@
 
 These cases once ran on the lab, each a real rollout to the canary with its own image and soak
 (tests/rollout/test_rollout_lab.py). What in them needs real SSH, Docker and sshd is still checked
-there
-or on loopback; the engine's part (which hosts are touched, what they serve after, what the result
-and
-the ledger say) is checked here, against ``Engine``'s verbs only:
+there or on loopback; the engine's part (which hosts are touched, what they serve after, what the
+result and the ledger say) is checked here, against ``Engine``'s verbs only:
 
 - a canary that cannot boot (readiness fails with the cause from its logs): rolled back, the cause
 in its
@@ -14,9 +12,8 @@ in its
   tests/soak/test_lab.py (a lab node over SSH) and tests/soak/test_engine_loopback.py.
 - a canary that fails its soak (acceptance decaying under load was the lab's case): rolled back, the
   others never touched. The decay check itself: tests/soak/test_engine_loopback.py (the emulator
-  with
-  EMU_ACCEPT_DECAY_PER_MIN) and tests/soak/test_checks.py; a failed gate rolled back on real nodes:
-  the lab's crash-at-32 case, which stays.
+  with EMU_ACCEPT_DECAY_PER_MIN) and tests/soak/test_checks.py; a failed gate rolled back on real
+  nodes: the lab's crash-at-32 case, which stays.
 - an inconclusive gate: the rollout pauses (exit 2) with the canary on the new version, a new
 rollout is
   refused naming the paused one, and ``abort`` puts every host back. Why a 1 s sustained phase is
@@ -61,8 +58,8 @@ BOOT_CAUSE = "ValueError: max_num_scheduled_tokens is set to -512"
 
 class Gates(SimGates):
     """The simulated gates; a container that exits names its boot failure's cause, as the soak's
-    readiness
-    reads it from the container's log, and a soak of ``UNSURE`` cannot judge (one window: no trend
+    readiness reads it from the container's log, and a soak of ``UNSURE`` cannot judge (one window:
+    no trend
     to see)."""
 
     def wait(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, timeout: float | None,

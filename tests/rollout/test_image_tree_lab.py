@@ -1,15 +1,12 @@
 """The image tree on the lab (fleetctl.rollout.imagetree): a fresh image reaches every node while
-the lab
-registry serves its new layer to one node only, the others being served by relays on nodes that
-already
-pulled; each node then holds the image under the deploy reference (its digest checked by Docker),
-and
-no relay is left behind. A node whose relay cannot start pulls from the registry itself and serves
-no one.
+the lab registry serves its new layer to one node only, the others being served by relays on nodes
+that already pulled; each node then holds the image under the deploy reference (its digest checked
+by Docker), and no relay is left behind. A node whose relay cannot start pulls from the registry
+itself and serves no one.
 
 Real components: SSH through the bastion as the admin user, each node's Docker engine, the relay
-image
-the lab pushes (distribution), and the lab registry's own access log as the count of who read what.
+image the lab pushes (distribution), and the lab registry's own access log as the count of who read
+what.
 """
 
 from __future__ import annotations

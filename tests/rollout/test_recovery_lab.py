@@ -8,8 +8,8 @@ labels).
 
 ``rollback --to`` an image whose entrypoint exits 1 (every host left as it was, the cause named) and
 ``rollback`` after a rollout that failed on its canary (the others reported skipped, already there)
-were
-here too: they are the engine's and run on the simulated fleet (tests/rollout/test_gates_sim.py,
+were here too: they are the engine's and run on the simulated fleet
+(tests/rollout/test_gates_sim.py,
 tests/rollout/test_recovery_harness.py); the cause read from a real container's log on a lab node is
 tests/soak/test_lab.py's, a canary failing its gate on real nodes
 tests/rollout/test_rollout_lab.py's.

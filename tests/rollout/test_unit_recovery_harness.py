@@ -2,21 +2,15 @@
 a unit of two.
 
 The controller is killed at every ledger transition and after every remote side effect of a rollout
-that
-steps the single host (the canary) and then the unit, both when the unit passes its gate and when
-it fails
-it; a new controller then runs ``--resume``, ``abort`` or ``rollback``. For every kill point the
-unit's two
-members serve one version (what they served before, or the new tag once the unit passed its gate),
-never
-two; every host serves a known version or is reported down with the command that fixes it; the
-ledger
-holds no active record; and a later rollout takes every host, the unit's members together, to a new
-tag.
+that steps the single host (the canary) and then the unit, both when the unit passes its gate and
+when it fails it; a new controller then runs ``--resume``, ``abort`` or ``rollback``. For every kill
+point the unit's two members serve one version (what they served before, or the new tag once the
+unit passed its gate), never two; every host serves a known version or is reported down with the
+command that fixes it; the ledger holds no active record; and a later rollout takes every host, the
+unit's members together, to a new tag.
 
 The simulated unit behaves as the lab's emulator does: its head answers readiness, soak and smoke
-only
-while every member runs the head's version (a lost rank wedges the engine).
+only while every member runs the head's version (a lost rank wedges the engine).
 """
 
 from __future__ import annotations
@@ -114,8 +108,8 @@ def _run(fleet: SimFleet, state: Path, what: str, tag: str | None = None) -> Rol
 
 def _assert_known(fleet: SimFleet, allowed: dict[str, set[str]]) -> None:
     """Each host serves an allowed version, and the unit's two members serve ONE. Stricter than the
-    single
-    hosts' harness (which accepts a host reported down with its fix): here every host always has a
+    single hosts' harness (which accepts a host reported down with its fix): here every host always
+    has a
     previous version to go back to, so nothing may end down."""
     tags = fleet.serving_tags()
     for n in HOSTS:
@@ -215,8 +209,7 @@ def test_ctrl_c_in_the_units_soak_restores_both_members_then_resume_finishes(
 
 def test_members_left_on_two_versions_by_a_power_loss_are_put_on_one(tmp_path: Path) -> None:
     """A kill between the two members' starts, then the worker's host lost power and came back with
-    its
-    container stopped: the next command sees it from the hosts and finishes the job on both
+    its container stopped: the next command sees it from the hosts and finishes the job on both
     members."""
     probe = _fleet()
     with tempfile.TemporaryDirectory() as d:

@@ -1,11 +1,9 @@
 """A unit of two lab nodes through the rollout engine, each outcome checked on the members over SSH.
 
 "Checked over SSH": the ``vllm`` container on each member runs, with the image ID of the expected
-tag's
-digest on that node, and with its own rank's command line (the worker ``--headless``);
-independently of the
-ledger. The unit is `lab up --units`' (tests/plugins/units.py makes one, once a session, when the
-lab has none).
+tag's digest on that node, and with its own rank's command line (the worker ``--headless``);
+independently of the ledger. The unit is `lab up --units`' (tests/plugins/units.py makes one, once a
+session, when the lab has none).
 """
 
 from __future__ import annotations
@@ -185,9 +183,8 @@ def test_a_killed_step_aborted_then_a_killed_step_resumed_then_a_rollback(
     unit: tuple[str, tuple[str, ...]],
 ) -> None:
     """The recovery kill point inside a unit's step: the controller SIGKILLed while the members
-    start the
-    new version, then `rollout abort` (both back on BASE); again, then `rollout --resume` (both on
-    NEW,
+    start the new version, then `rollout abort` (both back on BASE); again, then `rollout --resume`
+    (both on NEW,
     gated); then `rollback`: the members always end on one version, checked by image ID over SSH."""
     name, members = unit
     back_to(BASE, ",".join(members))
@@ -232,9 +229,8 @@ def test_an_nccl_hang_fails_the_gate_quoting_the_heads_nccl_line(
     unit: tuple[str, tuple[str, ...]],
 ) -> None:
     """The head wedges under load after NCCL's RDMA completion error: the gate fails (no token on
-    the head, or
-    the worker that lost the head's heartbeat exits and restarts: whichever the soak sees first),
-    the cause
+    the head, or the worker that lost the head's heartbeat exits and restarts: whichever the soak
+    sees first), the cause
     quotes NCCL's line from the head's log, and both members go back."""
     _name, members = unit
     back_to(BASE, ",".join(members))
@@ -356,9 +352,8 @@ def test_a_worker_killed_mid_soak_is_caught_and_both_members_go_back(
 def test_a_units_weights_are_fetched_once_and_copied_between_its_members_over_the_fabric(
         unit: tuple[str, tuple[str, ...]]) -> None:
     """`fleetctl stage` on a unit whose members lost their weights: one member (the seed) fetches
-    the set,
-    the other copies it from that member over its fabric address (not the management network), and
-    verifies it. (A member that already holds a verified set does not serve in a run:
+    the set, the other copies it from that member over its fabric address (not the management
+    network), and verifies it. (A member that already holds a verified set does not serve in a run:
     docs/units.md.)"""
     from fleetctl.recipes import STAGED_MARKER, load_recipes
 

@@ -158,9 +158,8 @@ def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(
     receiver: Receiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A recorded rollout's events (the ones every view gets) reach the receiver as ``progress``
-    events: one
-    post per interval whatever the number of events, at most PROGRESS_HOSTS hosts in one, each
-    host's latest
+    events: one post per interval whatever the number of events, at most PROGRESS_HOSTS hosts in
+    one, each host's latest
     phase and figures, no secret value and no part of the URL's token."""
     monkeypatch.setattr(webhook, "PROGRESS_HOSTS", 3)
     url = f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-0123456789abcdef"

@@ -1,6 +1,5 @@
 """Text from servers and hubs is data, never markup or raw XML: a real boot failure whose log
-carries
-ANSI colours and rich markup ends in valid JUnit and renders in every table; the CLI's error
+carries ANSI colours and rich markup ends in valid JUnit and renders in every table; the CLI's error
 handler prints a cause with ``[/x]`` in it literally."""
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Soak baselines live with the ledger, on both backends: a rolling window per host and tag, pin and
 reset, the old per-controller files imported once, and two controllers sharing a ledger judging a
-host
-against one window.
+host against one window.
 
 Every test that takes ``backend`` runs on SQLite and on a real PostgreSQL server
 (``tests/plugins/postgres.py``), each test with a fleet (a schema) of its own.

@@ -145,8 +145,7 @@ def real_vllm(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     """A real vLLM serving a tiny random Llama as ``tiny`` and ``tiny-alias`` on a loopback port.
 
     Its ``VLLM_CACHE_ROOT`` is a directory of its own, empty at the start (so this start is cold),
-    and
-    kept for the compile-cache test.
+    and kept for the compile-cache test.
     """
     root = tmp_path_factory.mktemp("vllm")
     model = root / "tiny"

@@ -1,6 +1,5 @@
 """The soak against hostile or broken servers on loopback (tests/soak/fakevllm.py): each case
-asserts
-the verdict and its message; the hostile ones also a wall-time and memory ceiling in this
+asserts the verdict and its message; the hostile ones also a wall-time and memory ceiling in this
 process."""
 
 from __future__ import annotations

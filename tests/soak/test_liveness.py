@@ -1,7 +1,6 @@
 """Liveness by generated tokens, against real emulator processes on loopback: a unit (head +
-headless
-worker) that serves passes; once its worker is killed the head still answers /health 200 and the
-check
+headless worker) that serves passes; once its worker is killed the head still answers /health 200
+and the check
 fails with that fact and the members' NCCL lines as the cause; a server that is down is an error."""
 
 from __future__ import annotations

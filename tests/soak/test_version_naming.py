@@ -1,6 +1,6 @@
 """The soak names versions as people (and ``fleetctl status``) do: a digest-pinned container's tag
-is
-its ``fleetctl.tag`` label, never the digest's hex; baselines are keyed by that tag; the HTML report
+is its ``fleetctl.tag`` label, never the digest's hex; baselines are keyed by that tag; the HTML
+report
 shows the tag and the short digest."""
 
 from __future__ import annotations

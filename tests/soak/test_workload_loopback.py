@@ -1,7 +1,6 @@
 """The workload that triggers the known bugs, against the emulator: multi-turn conversations
-sharing a
-context longer than the model's cache block (prefix-cache hits), prompts sized in tokens by
-/tokenize,
+sharing a context longer than the model's cache block (prefix-cache hits), prompts sized in tokens
+by /tokenize,
 and a decay that happens only with prefix-cache hits."""
 
 from __future__ import annotations

@@ -331,8 +331,7 @@ def test_lock_refuses_live_holder_and_takes_over_after_kill_9(backend: Backend) 
 
 def test_lock_held_from_another_machine(backend: Backend) -> None:
     """Two controllers on different machines: the second is refused naming the first; after the
-    first is
-    killed, PostgreSQL knows its lock died with its session; SQLite cannot tell, and keeps
+    first is killed, PostgreSQL knows its lock died with its session; SQLite cannot tell, and keeps
     refusing."""
     p = _hold(backend, "controller-b")
     try:

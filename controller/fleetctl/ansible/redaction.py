@@ -88,8 +88,7 @@ class Redactor:
 
 def minimal_env(env: Mapping[str, str], inherited: Mapping[str, str]) -> dict[str, str]:
     """``env`` without what it inherited from ``inherited`` (the controller's environment), except
-    the
-    variables Ansible and ssh need (PATH, HOME, locale, ``ANSIBLE_*``, the ssh agent's socket,
+    the variables Ansible and ssh need (PATH, HOME, locale, ``ANSIBLE_*``, the ssh agent's socket,
     TMPDIR).
 
     What ansible-runner and fleetctl set themselves (a value not inherited) is kept.

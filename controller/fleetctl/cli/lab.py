@@ -331,9 +331,8 @@ def traffic_cmd(
     """Send users' traffic through the lab's front door: streaming chat requests at a steady rate.
 
     Reports sent / ok / failed / p50 / p95 (--json: an object with those keys). Exits 1 when a
-    request failed.
-    SIGTERM or Ctrl-C stops the sending early; the requests already sent are waited for and
-    reported.
+    request failed. SIGTERM or Ctrl-C stops the sending early; the requests already sent are waited
+    for and reported.
     """
     import signal
     import threading

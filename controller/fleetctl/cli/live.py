@@ -2,14 +2,12 @@
 reports to.
 
 :func:`render` draws the model of :mod:`fleetctl.cli.livemodel` for a width: a header with the time
-so far
-and the time left, then the table; columns are dropped before the message is cut below 30 cells,
-nothing
-wraps, and on a fleet taller than the screen the failed and busy hosts come first and the rest are
-counted.
+so far and the time left, then the table; columns are dropped before the message is cut below 30
+cells, nothing wraps, and on a fleet taller than the screen the failed and busy hosts come first and
+the rest are counted.
 :func:`streams` gives a long command its event log (``<state dir>/events``), the ``--events``
-stream and the
-``--ui`` page (:mod:`fleetctl.cli.ui`); :func:`watch` adds the live view on a terminal.
+stream and the ``--ui`` page (:mod:`fleetctl.cli.ui`); :func:`watch` adds the live view on a
+terminal.
 """
 
 from __future__ import annotations
@@ -150,8 +148,8 @@ def streams(
     ctx: Ctx, title: str, state_dir: Path, inv: Inventory | None = None
 ) -> Iterator[Progress]:
     """The sinks every long command reports to besides its display: its event log (``<state
-    dir>/events``),
-    the ``--events`` stream, and the ``--ui`` page served from the event log while the command
+    dir>/events``), the ``--events`` stream, and the ``--ui`` page served from the event log while
+    the command
     runs."""
     # Bad input (an --events path that is no file, a --ui port taken) is refused before anything is
     # written.

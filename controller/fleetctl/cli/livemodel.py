@@ -1,16 +1,14 @@
 """The live view's model: one model folded from the core's progress events, which the terminal's
-live view
-(:mod:`fleetctl.cli.live`) and the web view (``fleetctl ui``, :mod:`fleetctl.cli.ui`) both draw.
+live view (:mod:`fleetctl.cli.live`) and the web view (``fleetctl ui``, :mod:`fleetctl.cli.ui`) both
+draw.
 
 :class:`LiveModel` folds :class:`~fleetctl.progress.Event` s (the same events the line log, the
-event log
-and ``--json`` runs get) into one row per host: its phase, a progress figure for the long phases
-(readiness: waited of timeout; soak: phase k of n, the sustained phase's seconds of its length; a
-role
-step: its Ansible task), the gate's running figures (requests, errors, tok/s against the baseline's,
-acceptance), and the time so far and an estimate of the time left (the plan's hosts still to do
-times
-the measured steps). :func:`replay` folds a run's event log (``<state dir>/events``,
+event log and ``--json`` runs get) into one row per host: its phase, a progress figure for the long
+phases (readiness: waited of timeout; soak: phase k of n, the sustained phase's seconds of its
+length; a role step: its Ansible task), the gate's running figures (requests, errors, tok/s against
+the baseline's, acceptance), and the time so far and an estimate of the time left (the plan's hosts
+still to do times the measured steps). :func:`replay` folds a run's event log (``<state
+dir>/events``,
 :func:`events_dir`).
 """
 
@@ -222,8 +220,7 @@ def _fraction(r: HostRow) -> float | None:
 
 def time_left(rows: list[HostRow], now: float, parallel: int) -> float | None:
     """Seconds the run still needs: the plan's hosts not yet finished, ``parallel`` at a time, each
-    taking
-    the mean measured step (or, before any step has finished, what the busy hosts' progress
+    taking the mean measured step (or, before any step has finished, what the busy hosts' progress
     implies);
     None when nothing has been measured yet."""
     steps = [
@@ -277,9 +274,8 @@ def human_secs(s: float) -> str:
 
 def progress_cell(r: HostRow, now: float, bar: bool = True) -> str:
     """A bar and its figure for the long phases: a pull ``██░░░ 8.1 GB/18.4 GB`` (then ``extracting
-    3/7``
-    layers; its layers alone when the registry gave no sizes: ``3/7 layers``), readiness ``██░░░
-    41/600s``, soak ``███░░ 7/9 2m03s``
+    3/7`` layers; its layers alone when the registry gave no sizes: ``3/7 layers``), readiness
+    ``██░░░ 41/600s``, soak ``███░░ 7/9 2m03s``
     (phase 7 of 9), the sustained phase ``████░ 9/9 48/60s``; the phase's time otherwise. Without
     ``bar`` (a narrow terminal) the figures alone."""
     f = r.figures
@@ -360,8 +356,8 @@ def replay(lines: Iterable[str], title: str, now: float | None = None) -> LiveMo
     skipped).
 
     Its clock stands at ``now`` (seconds since the run started; default: its last event).
-    ``started``
-    (epoch seconds) and ``ended`` are set from the log's first and last lines when it has them.
+    ``started`` (epoch seconds) and ``ended`` are set from the log's first and last lines when it
+    has them.
     """
     model = LiveModel(title)
     last = 0.0

@@ -89,9 +89,8 @@ class Ctx:
 
     def emit(self, result: Any, render: Callable[[Console], None]) -> None:
         """Print ``result`` as JSON (with --json) or through ``render`` on stdout. When the event
-        stream
-        also goes to stdout (``--events -``), every line there is one JSON object: the result is
-        the last,
+        stream also goes to stdout (``--events -``), every line there is one JSON object: the result
+        is the last,
         ``{"result": ...}`` on one line."""
         if self.json and self.events == "-":
             click.echo(json.dumps({"result": to_jsonable(result)}))
@@ -138,8 +137,7 @@ def json_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 class Duration(click.types.FloatParamType):
     """The type of every option that takes a length of time (a duration, an interval, a timeout):
-    ``90``,
-    ``90s``, ``3m``, ``1h``, ``1m30s``, read by the one parser
+    ``90``, ``90s``, ``3m``, ``1h``, ``1m30s``, read by the one parser
     (:func:`fleetctl.durations.parse_duration`)
     into seconds; a bare number is seconds. ``low`` and ``high`` bound it (seconds) where the
     command
@@ -388,8 +386,8 @@ _VERSION_PART = re.compile(r"^v?\d+(?:\.\d+)+$")
 
 def short_tag(tag: str | None) -> str:
     """A tag as people say it: its version part (``2026-07-01-v0.24.0-dflashfix`` -> ``v0.24.0``),
-    else the tag
-    without its leading date; ``-`` when unknown. The full tag and the digest are in ``--json`` and
+    else the tag without its leading date; ``-`` when unknown. The full tag and the digest are in
+    ``--json`` and
     history."""
     if not tag:
         return "-"

@@ -61,8 +61,8 @@ def step_sizes(steps: list[list[str]] | tuple[tuple[str, ...], ...]) -> str:
 
 def render_plan(p: Plan, con: Console) -> None:
     """The plan (dry run, and before confirmation): the pinned tag and digest, how many hosts go at
-    once
-    and why, the steps and the expected wall time, then what each host runs now and its wave and
+    once and why, the steps and the expected wall time, then what each host runs now and its wave
+    and
     step."""
     con.print(f"[bold]plan[/]: recipe {p.recipe}, {p.image}:{p.tag} ({p.digest})")
     con.print(f"  requested {p.requested!r}; pulled as {p.pull_ref}")

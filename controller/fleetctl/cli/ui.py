@@ -1,16 +1,13 @@
 """``fleetctl ui``: a small read-only web page of the fleet, on 127.0.0.1 by default.
 
 It shows the inventory's hosts (with what the ledger last did to each), the rollout, rollback or
-abort in
-progress from its event log (``<state dir>/events``: the same events and the same model as the
-terminal's live view, :mod:`fleetctl.cli.livemodel`), the history (``fleetctl history``) and each
-host's soak
-report with its charts (drawn from the gate's ``verdict.json`` by the soak's own HTML report). A
-second
-process, so it keeps working whatever the CLI was started from (a terminal, CI, nohup). The long
-commands'
-``--ui PORT`` serves the same page from inside the command, pinned to its own event log
-(:func:`fleetctl.cli.live.streams`), on 127.0.0.1 only, for as long as the command runs.
+abort in progress from its event log (``<state dir>/events``: the same events and the same model as
+the terminal's live view, :mod:`fleetctl.cli.livemodel`), the history (``fleetctl history``) and
+each host's soak report with its charts (drawn from the gate's ``verdict.json`` by the soak's own
+HTML report). A second process, so it keeps working whatever the CLI was started from (a terminal,
+CI, nohup). The long commands' ``--ui PORT`` serves the same page from inside the command, pinned to
+its own event log (:func:`fleetctl.cli.live.streams`), on 127.0.0.1 only, for as long as the command
+runs.
 
 The standard library's HTTP server, its handlers bounded (:data:`MAX_HANDLERS` at once, each
 connection :data:`IDLE_TIMEOUT` idle and :data:`CONNECTION_DEADLINE` in all; a connection finding

@@ -2,9 +2,8 @@
 like a soak.
 
 Hosts are chosen as ``fleetctl soak`` chooses them (``--limit`` or ``--endpoint``, with the same
-recipe,
-profile and key); ``soak/watch.py`` does the probing. Exit codes as ``soak``'s: 0 every host passed,
-1 one failed, 2 inconclusive or could not run.
+recipe, profile and key); ``soak/watch.py`` does the probing. Exit codes as ``soak``'s: 0 every host
+passed, 1 one failed, 2 inconclusive or could not run.
 """
 
 from __future__ import annotations

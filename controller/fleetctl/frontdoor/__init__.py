@@ -42,8 +42,7 @@ class DoorState:
     ``admin``: ``ready`` (in rotation), ``drain`` (no new requests), ``maint`` (out) or ``absent``
     (the door does not know the host); ``healthy``: the door's own health check passes (None: the
     door has no check); ``in_flight``: requests the door has open to the host (None: it cannot
-    tell);
-    ``detail``: the door's own words (HAProxy's status column, LiteLLM's health entry).
+    tell); ``detail``: the door's own words (HAProxy's status column, LiteLLM's health entry).
     """
 
     host: str
@@ -100,9 +99,9 @@ class FrontDoor(Protocol):
 
 def states_of(door: FrontDoor, hosts: Sequence[Host]) -> dict[str, DoorState]:
     """Every host of ``hosts`` as the door sees it now: one read of the whole pool when the backend
-    has
-    one (HAProxy: ``states``), else one ``state`` per host. A host the door does not answer about is
-    ``admin="?"`` with the door's words in ``detail`` (the caller decides what an unknown host
+    has one (HAProxy: ``states``), else one ``state`` per host. A host the door does not answer
+    about is ``admin="?"`` with the door's words in ``detail`` (the caller decides what an unknown
+    host
     means)."""
     bulk = getattr(door, "states", None)
     if callable(bulk):

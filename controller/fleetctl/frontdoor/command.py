@@ -1,6 +1,5 @@
 """A front door driven by a shell command: for anything fleetctl has no backend for (nginx upstream
-edits
-and a reload, a cloud load balancer's CLI).
+edits and a reload, a cloud load balancer's CLI).
 
 The command runs on the controller (``/bin/sh -c COMMAND``) with these environment variables:
 

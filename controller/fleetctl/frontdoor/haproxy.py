@@ -11,9 +11,8 @@ Commands used (HAProxy 2.x management guide, "Unix Socket commands"):
   ``qcur`` (requests queued for it): their sum is the door's in-flight count.
 
 The socket is a unix socket (``socket: /run/haproxy/admin.sock``) or TCP (``address:
-10.0.0.2:9999``).
-One connection per command (HAProxy's non-interactive mode answers and closes), each bounded by
-``timeout`` seconds.
+10.0.0.2:9999``). One connection per command (HAProxy's non-interactive mode answers and closes),
+each bounded by ``timeout`` seconds.
 """
 
 from __future__ import annotations

@@ -62,8 +62,7 @@ def check_var_files(source: Path) -> None:
     mapping.
 
     ansible-core reports these as a traceback without file or line (or, for an alias bomb, runs out
-    of
-    memory); each is one InventoryError here, naming the file, line and column.
+    of memory); each is one InventoryError here, naming the file, line and column.
     """
     base = source if source.is_dir() else source.parent
     for sub in ("group_vars", "host_vars"):

@@ -135,8 +135,7 @@ def units_of(path: Path, hosts: Mapping[str, Host], groups: Mapping[str, tuple[s
     fix.
 
     ``declared`` is each group's own ``fleetctl_unit`` (without Ansible's precedence), so that a
-    host
-    placed in two units through two groups is refused, where Ansible would keep one silently.
+    host placed in two units through two groups is refused, where Ansible would keep one silently.
     """
     members = _members(path, hosts)
     _one_unit_each(path, hosts, groups, declared)

@@ -140,8 +140,8 @@ def public_key() -> bytes:
 @contextmanager
 def private_home(progress: Progress = NULL) -> Iterator[Path]:
     """A GnuPG home of this caller's own holding a copy of the lab's key; its agent stopped and the
-    home removed
-    on the way out. The copy is taken under the cache's lock, so that it never sees a key half
+    home removed on the way out. The copy is taken under the cache's lock, so that it never sees a
+    key half
     made."""
     master = signing_home(progress)
     # Short and private (mkdtemp: 0700): gpg-agent's sockets go in it unless /run/user/UID/gnupg

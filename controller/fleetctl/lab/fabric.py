@@ -18,8 +18,7 @@ Wiring (the lead's part, not done here): ``fleetctl lab up --units M`` calls :fu
 once, then :func:`attach` and :func:`install_tools` for each member; the inventory writer gives each
 member ``fleetctl_fabric: {addresses: member_addresses(layout, index)}`` and its ``fleetctl_unit``;
 ``fleetctl lab node NAME --fabric-mtu/--fabric-down/--fabric-via-mgmt`` call the setters; ``lab
-down``
-calls :func:`remove_networks` after the nodes are gone.
+down`` calls :func:`remove_networks` after the nodes are gone.
 """
 
 from __future__ import annotations
@@ -59,9 +58,8 @@ class Half:
 
 def halves(layout: Layout) -> tuple[Half, Half]:
     """The lab's two fabric networks: ``10.178.Y.0/24`` and ``10.179.Y.0/24`` for a lab on
-    ``X.X.Y.0/24``
-    (``10.78.116.0/24`` -> ``10.178.116.0/24``, ``10.179.116.0/24``), private whatever the lab's
-    subnet;
+    ``X.X.Y.0/24`` (``10.78.116.0/24`` -> ``10.178.116.0/24``, ``10.179.116.0/24``), private
+    whatever the lab's subnet;
     two labs sharing Y are told so by :func:`ensure_networks` (the bridge exists)."""
     third = layout.subnet.network_address.packed[2]
     out = []

@@ -1,10 +1,9 @@
 """The lab's front door: a real HAProxy (Debian's package) before the nodes' vLLM port, as a fleet
-that serves
-users has one.
+that serves users has one.
 
 It listens on ``<gateway>:8100`` and balances over every node's ``:8000`` (``leastconn``, health
-check
-``GET /health`` every second), with its runtime API on the admin socket ``<lab>/run/haproxy.sock``.
+check ``GET /health`` every second), with its runtime API on the admin socket
+``<lab>/run/haproxy.sock``.
 ``fleetctl lab up`` starts it (and rewrites its config when the nodes change), ``down`` stops it.
 
 Rollouts use it only when the lab's inventory says so: :func:`use_in_inventory` writes (or removes)

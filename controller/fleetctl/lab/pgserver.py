@@ -59,9 +59,8 @@ def running(
     password_role: tuple[str, str] | None = None, fsync: bool = False
 ) -> Iterator[PgServer]:
     """A server for the duration of the block. ``password_role``: (name, password) of a role that
-    must
-    log in with a password (scram); every other role is trusted on the private socket. ``fsync``:
-    commit
+    must log in with a password (scram); every other role is trusted on the private socket.
+    ``fsync``: commit
     durably, as a real server does (a benchmark against SQLite's ``synchronous=FULL``)."""
     try:
         import psycopg  # noqa: F401

@@ -2,14 +2,12 @@
 them.
 
 ``run(url, model, rate, duration)`` starts one request every ``1/rate`` seconds for ``duration``
-seconds
-(``POST /v1/chat/completions`` with ``"stream": true``), each on its own connection, at most
+seconds (``POST /v1/chat/completions`` with ``"stream": true``), each on its own connection, at most
 ``concurrency`` open at once (a request that would exceed it is counted failed, cause ``client
 limit``, never queued: the schedule stays steady). A request is ``ok`` when it got a 200 and its
 stream ended with ``data: [DONE]`` without an error event; anything else is ``failed`` with a cause
 (connection refused, HTTP 503, stream cut, error event, timeout). Latency is from the request's
-start
-to the end of its stream, for ok requests.
+start to the end of its stream, for ok requests.
 """
 
 from __future__ import annotations

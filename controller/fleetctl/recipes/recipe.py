@@ -66,10 +66,9 @@ class Recipe:
         """The command and environment of ``host`` as a member of ``unit`` (or of a single host).
 
         The environment pins every collective to the fabric: NCCL's, Gloo's, UCX's and torch's
-        sockets
-        to the member's QSFP netdev, NCCL's RDMA to both of the port's HCAs, and vLLM's own address
-        (``VLLM_HOST_IP``) to its fabric address, so that nothing falls back to the management
-        network.
+        sockets to the member's QSFP netdev, NCCL's RDMA to both of the port's HCAs, and vLLM's own
+        address (``VLLM_HOST_IP``) to its fabric address, so that nothing falls back to the
+        management network.
         """
         t = self.topology
         if t.nodes == 1 or unit is None:

@@ -187,8 +187,7 @@ def placement_problems(inventory: Inventory, recipes: Mapping[str, Recipe]) -> l
     single host.
 
     One error per unit or host, naming it, the recipe, the two counts and the fix. A host's recipe
-    that
-    does not exist is left to the caller (``fleetctl recipes`` names those first).
+    that does not exist is left to the caller (``fleetctl recipes`` names those first).
     """
     out: list[RecipeError] = []
     default = inventory.vars.get("fleetctl_recipe")

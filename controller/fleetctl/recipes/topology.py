@@ -67,8 +67,8 @@ class Topology:
 
     def start_order(self, unit: Unit) -> tuple[str, ...]:
         """Members in the order to start them: Ray's head first (workers join it; vLLM on the head
-        waits for
-        their GPUs), natively the headless workers first (the head serves once every rank has
+        waits for their GPUs), natively the headless workers first (the head serves once every rank
+        has
         joined)."""
         return unit.members if self.launch == "ray" else (*unit.workers, unit.head)
 

@@ -6,8 +6,7 @@ makes a run context (``run.py``) and hands it to the collaborators it calls: the
 (``preflight.py``), the prefetch (``prefetch.py``), the front door's steps (``door.py``), a host's
 step (``step.py``), a unit's (``unit_step.py``), the bake (``bake.py``) and, on the way back, a
 host's and a unit's rollback (``rollback.py``, ``rollback_unit.py``). The gate (``gate.py``) is the
-one bridge to
-``fleetctl.soak``.
+one bridge to ``fleetctl.soak``.
 """
 
 from __future__ import annotations

@@ -70,8 +70,7 @@ def soak(
     ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
     passing soaks of ``baseline_tag`` on this host (``baseline_key``, when given: a
     unit's own, :func:`fleetctl.soak.baselines.unit_key`, whichever member is its head). A pass
-    joins
-    the window of the new tag (a failure is not kept). Samples, scrapes and verdict.json
+    joins the window of the new tag (a failure is not kept). Samples, scrapes and verdict.json
     are written under ``artifacts``.
     """
     key = baseline_key or t.name
@@ -193,9 +192,8 @@ def summarise(
     v: Verdict | None, timings: Mapping[str, float], sustained: float | None = None
 ) -> dict[str, Any]:
     """What the ledger keeps of a verdict: outcome, summary, failed checks with values, run id,
-    timings, and
-    the sustained seconds the soak was asked for (``sustained_s``: a plan's estimate separates the
-    soak's fixed phases from its sustained one with it, see
+    timings, and the sustained seconds the soak was asked for (``sustained_s``: a plan's estimate
+    separates the soak's fixed phases from its sustained one with it, see
     :func:`fleetctl.rollout.plan.learned`)."""
     if v is None:
         return {"timings": dict(timings)}

@@ -111,9 +111,8 @@ def pull(
     on_line: Callable[[str], None] | None = None,
 ) -> float:
     """``docker pull ref`` (a no-op when present); returns the seconds it took. With ``on_line``,
-    docker's
-    own lines (``<layer>: Download complete``, ``<layer>: Already exists``, ...) are handed to it
-    as they come:
+    docker's own lines (``<layer>: Download complete``, ``<layer>: Already exists``, ...) are handed
+    to it as they come:
     what :class:`fleetctl.rollout.pulls.PullMeter` turns into bytes."""
     argv = ["docker", "pull", ref] if on_line is not None else ["docker", "pull", "-q", ref]
     r = ssh.docker(host, argv, timeout=timeout, on_line=on_line)
@@ -206,10 +205,9 @@ def run_argv(
     cache_key: str | None = None,
 ) -> list[str]:
     """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never
-    valued); with
-    ``launch``, as that member of a unit (its entrypoint, argv and fabric environment:
-    ``Recipe.launch``);
-    with ``cache_key``, the recipe's compile caches for that key mounted read-write
+    valued); with ``launch``, as that member of a unit (its entrypoint, argv and fabric environment:
+    ``Recipe.launch``); with ``cache_key``, the recipe's compile caches for that key mounted
+    read-write
     (fleetctl.warmcache)."""
     argv = [
         "docker",

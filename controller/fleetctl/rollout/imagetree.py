@@ -2,8 +2,7 @@
 
 Without it every host pulls the whole image from the fleet's registry: N hosts, N copies through
 the registry's uplink. With it (``min_hosts`` or more hosts lacking an image of ``min_mb`` or more)
-the
-registry is read once:
+the registry is read once:
 
 - The seed runs a relay: a registry in pull-through mode (``distribution``'s ``proxy.remoteurl``)
   whose upstream is the fleet's registry (or its mirror), in a container named
@@ -127,8 +126,8 @@ def config(value: object, where: str) -> TreeConfig:
 
 def assign(sources: Sequence[str], receivers: Sequence[str], fanout: int) -> dict[str, str]:
     """This round's receiver -> source: each source serves at most ``fanout`` receivers, spread
-    evenly, the
-    newest sources first (the seed, which also faced the registry, serves least). Receivers beyond
+    evenly, the newest sources first (the seed, which also faced the registry, serves least).
+    Receivers beyond
     ``len(sources) * fanout`` wait for the next round."""
     out: dict[str, str] = {}
     newest = list(reversed(sources))
@@ -315,10 +314,8 @@ def fill_script(port: int, pull_ref: str) -> str:
     holds them.
 
     A pull-through registry (distribution 2.8) reads a blob it does not hold twice from upstream
-    when a
-    client asks for it: one stream to the client, one copy into its store. A request it is left to
-    finish
-    alone costs one read; Docker's pull after this is served from the relay's store.
+    when a client asks for it: one stream to the client, one copy into its store. A request it is
+    left to finish alone costs one read; Docker's pull after this is served from the relay's store.
     """
     name = registry.ImageName.parse(pull_ref)
     digest = pull_ref.rsplit("@", 1)[-1]

@@ -101,18 +101,15 @@ class Capacity:
 def capacity(total: int, *, max_unavailable: str | None = None, min_available: str | None = None,
              inventory_min_available: object = None) -> Capacity:
     """The one rule for how many hosts a step restarts together (rollout, rollback, and anything
-    else that
-    takes hosts of a fleet out of service in steps).
+    else that takes hosts of a fleet out of service in steps).
 
     ``--max-unavailable`` (a count or a share of ``total``) wins when given. Otherwise a floor of
-    hosts
-    stays serving: ``--min-available``, else the inventory's :data:`MIN_AVAILABLE_VAR`, else
+    hosts stays serving: ``--min-available``, else the inventory's :data:`MIN_AVAILABLE_VAR`, else
     :data:`DEFAULT_MIN_AVAILABLE`; each step takes out as many hosts as the floor allows. A
-    percentage
-    floor rounds up (75 % of 10 keeps 8), and still lets one host go when it would keep every host
-    (a
-    fleet of 1-3 at 75 %): a rollout moves at least one host. A count floor is the operator's exact
-    demand: one that keeps every selected host, or more, is refused. Both flags at once are refused.
+    percentage floor rounds up (75 % of 10 keeps 8), and still lets one host go when it would keep
+    every host (a fleet of 1-3 at 75 %): a rollout moves at least one host. A count floor is the
+    operator's exact demand: one that keeps every selected host, or more, is refused. Both flags at
+    once are refused.
     """
     if total < 1:
         raise FleetError("no hosts selected", fix="check --limit and the inventory")
@@ -242,10 +239,9 @@ def learned(verdicts: Sequence[Mapping[str, Any]], load_seconds: float, sustaine
     From the verdicts of steps that passed before (``Ledger.passed_steps``), when there are at least
     :data:`MIN_LEARNED`: the median load (:data:`LOAD_TIMINGS` added up), and the soak as this run's
     sustained seconds plus the median of what the soak took beyond the sustained seconds it was
-    asked
-    for then (readiness, smoke, classes, sweep, probes, the re-admission), so a shorter or longer
-    ``--soak`` than last time still counts right. Else the recipe's ``load_time`` and the sustained
-    seconds alone, which leave the soak's other phases out.
+    asked for then (readiness, smoke, classes, sweep, probes, the re-admission), so a shorter or
+    longer ``--soak`` than last time still counts right. Else the recipe's ``load_time`` and the
+    sustained seconds alone, which leave the soak's other phases out.
     """
     loads: list[float] = []
     fixed: list[float] = []

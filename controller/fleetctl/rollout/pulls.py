@@ -6,10 +6,9 @@ done.
 ``...: Pull complete``). The image's manifest (:func:`fleetctl.registry.layer_sizes`) gives each
 layer's size; :class:`PullMeter` adds the sizes of the layers downloaded (or already there), so the
 bytes grow a layer at a time: on a real image of tens of layers that is a fair bar, and it needs
-nothing
-on the host but the docker CLI it already runs. Extracting follows downloading (``Pull complete``):
-the
-layers count the extracted ones, so that a pull whose bytes are all in but still unpacks says so.
+nothing on the host but the docker CLI it already runs. Extracting follows downloading (``Pull
+complete``): the layers count the extracted ones, so that a pull whose bytes are all in but still
+unpacks says so.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ class PullMeter:
     """Folds ``docker pull``'s lines into bytes done of the total; thread-safe.
 
     ``platforms``: layer digest -> size for each platform of the image (an index has several; the
-    one
-    this host pulls is the one whose layers its lines name). Empty when the registry could not say:
-    then only layers are counted.
+    one this host pulls is the one whose layers its lines name). Empty when the registry could not
+    say: then only layers are counted.
     """
 
     def __init__(self, platforms: Sequence[dict[str, int]] = ()) -> None:

@@ -133,12 +133,10 @@ class Session:
                  door: frontdoor.FrontDoor | None = None) -> None:
         """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the
         registry (default: SSH, the soak engine, the registry's API); the unit tests pass a
-        simulated fleet.
-        ``host_store`` holds the hosts' lock files (default: on the hosts over SSH; in memory with
-        ``ops``).
-        ``deployer`` does a rollout's deploy step (retire + start) for the hosts whose
-        ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default: the
-        vllm_serve role through ansible-runner; none with a simulated fleet unless given): see
+        simulated fleet. ``host_store`` holds the hosts' lock files (default: on the hosts over SSH;
+        in memory with ``ops``). ``deployer`` does a rollout's deploy step (retire + start) for the
+        hosts whose ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default:
+        the vllm_serve role through ansible-runner; none with a simulated fleet unless given): see
         :mod:`.deploy`."""
         self.inv = inventory
         self.secrets = dict(os.environ if secrets is None else secrets)

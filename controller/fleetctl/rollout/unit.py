@@ -1,17 +1,14 @@
 """Serving units in the rollout engine (docs/units.md).
 
 A unit (N Sparks serving one model over their fabric) changes as one: selecting a member selects
-the unit
-(:func:`whole_units`); the planner sees it as one slot, so that waves, --max-unavailable and
---failure-budget
-count units (:func:`slot_names`, :func:`expand`, :func:`split_steps`, :func:`count_failed`); a
+the unit (:func:`whole_units`); the planner sees it as one slot, so that waves, --max-unavailable
+and --failure-budget count units (:func:`slot_names`, :func:`expand`, :func:`split_steps`,
+:func:`count_failed`); a
 rollback takes
 every member to one version (:func:`unit_targets`). A rollout's preflight probes each unit's fabric
-and parity
-(:func:`fabric_problems`) and refuses on any finding before any change; a multi-node recipe on
-hosts of no
-unit is refused before any network (:func:`refuse_multinode_recipe`). The steps:
-``rollout/unit_step.py``.
+and parity (:func:`fabric_problems`) and refuses on any finding before any change; a multi-node
+recipe on hosts of no unit is refused before any network (:func:`refuse_multinode_recipe`). The
+steps: ``rollout/unit_step.py``.
 """
 
 from __future__ import annotations
@@ -44,11 +41,9 @@ def units_in(inv: Inventory, selected: Sequence[str]) -> dict[str, Unit]:
 
 def fabric_problems(inv: Inventory, selected: Sequence[str]) -> list[str]:
     """The fabric and parity findings of every unit with a member in ``selected`` (all its members
-    probed,
-    whether selected or not: a unit changes as one), one line each naming the member, the figure
-    measured,
-    the expected one and the fix; a member that could not be probed is a problem too (its fabric is
-    unknown).
+    probed, whether selected or not: a unit changes as one), one line each naming the member, the
+    figure measured, the expected one and the fix; a member that could not be probed is a problem
+    too (its fabric is unknown).
 
     The probes are ``fleetctl status``'s (its host probe and fabric probe, in parallel, bounded by
     ``ssh.fan_out``), judged by ``fleetctl.fabric``; parity against the head once every member
@@ -84,12 +79,10 @@ def bandwidth_problems(inv: Inventory, selected: Sequence[str], recipe: Recipe, 
     """Each unit's all_reduce bus bandwidth measured in the rollout's image
     (``fleetctl.bandwidth``) against
     its floor, one line per finding naming the member, the figure, the floor and the fix; a probe
-    that
-    could not run is a problem too. Only units whose every member is in ``selected`` (the hosts
-    that passed
-    the access check) are measured; the image is pulled on their members first (``pull``: the
-    prefetch's
-    own, done early for units; nothing that serves is touched), then probed through ``ops`` (each
+    that could not run is a problem too. Only units whose every member is in ``selected`` (the hosts
+    that passed the access check) are measured; the image is pulled on their members first
+    (``pull``: the prefetch's own, done early for units; nothing that serves is touched), then
+    probed through ``ops`` (each
     member's HostOps). Each measurement is recorded for ``fleetctl status``."""
     units = [u for u in units_in(inv, selected).values() if set(u.members) <= set(selected)]
     if not units:
@@ -129,9 +122,8 @@ def refuse_multinode_recipe(inv: Inventory, recipe: Recipe, selected: Sequence[s
 
 def unit_recipe(inv: Inventory, unit: Unit, recipe: Recipe) -> Recipe:
     """The recipe ``unit`` serves in a rollout of ``recipe``: that one when it spans the unit's
-    size (``--recipe``
-    named a unit's recipe), else the unit's own ``fleetctl_recipe`` (a rollout of a single-node
-    recipe to a mix
+    size (``--recipe`` named a unit's recipe), else the unit's own ``fleetctl_recipe`` (a rollout of
+    a single-node recipe to a mix
     of single hosts and units)."""
     if recipe.topology.nodes == unit.size:
         return recipe
@@ -193,10 +185,9 @@ def slot_versions(
     fingerprint: Callable[[Recipe], str],
 ) -> tuple[dict[str, tuple[str | None, str | None]], dict[str, str | None]]:
     """What each slot serves, for the planner: a single host's own; a unit's head's when every
-    member serves
-    the same digest, else nothing known (digest None: the unit needs a step); a unit whose members
-    all run
-    its own recipe's settings reads as running the rollout's (the planner compares one
+    member serves the same digest, else nothing known (digest None: the unit needs a step); a unit
+    whose members all run its own recipe's settings reads as running the rollout's (the planner
+    compares one
     fingerprint)."""
     cur, fp = dict(current), dict(fps)
     for n in slot_names(inv, names):
@@ -213,9 +204,8 @@ def slot_versions(
 def expand(inv: Inventory, p: wave_plan.Plan, names: Sequence[str],
            current: Mapping[str, tuple[str | None, str | None]]) -> wave_plan.Plan:
     """The plan of slots made a plan of hosts: each unit's workers in its head's wave and step,
-    with its
-    action; the waves list every member (the counts, --max-unavailable and --failure-budget, stay
-    the
+    with its action; the waves list every member (the counts, --max-unavailable and
+    --failure-budget, stay the
     planner's: in slots)."""
     by_slot = {hp.host: hp for hp in p.hosts}
     hosts: list[wave_plan.HostPlan] = []
@@ -294,9 +284,8 @@ def unit_targets(
     fps: dict[str, str | None],
 ) -> None:
     """A rollback's targets made whole per unit (in place): every member of a unit with a target
-    goes to that
-    one version together (a member already there is stepped with the others); members whose
-    known-goods
+    goes to that one version together (a member already there is stepped with the others); members
+    whose known-goods
     differ, or one with nothing to go back to, are refused before any change, naming them."""
     for u in units_in(inv, selected).values():
         have = {m: targets[m] for m in u.members if m in targets}

@@ -234,8 +234,8 @@ class Webhook:
 
     def watch(self, event: Event) -> None:
         """A progress sink: a host's event becomes its pending progress, posted in the next
-        ``progress``
-        event (at most one per :attr:`interval`); fleet-wide events are the coarse events'
+        ``progress`` event (at most one per :attr:`interval`); fleet-wide events are the coarse
+        events'
         business."""
         if not self.url or event.host is None or self._closed:
             return

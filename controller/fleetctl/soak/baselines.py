@@ -83,8 +83,8 @@ class Window:
 
 def unit_key(unit: str) -> str:
     """The baselines' key of a serving unit (``unit:pair-a``): its throughput is the unit's, not
-    its head's
-    alone, and stays the unit's when its head changes; it never mixes with a member's single-host
+    its head's alone, and stays the unit's when its head changes; it never mixes with a member's
+    single-host
     window."""
     return f"unit:{unit}"
 
@@ -163,8 +163,7 @@ def load(store: Store, host: str, tag: str) -> Verdict | None:
 def _added(runs: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]],
            by_time: bool = False) -> tuple[dict[str, Any], ...]:
     """``runs`` with ``new`` added (a run id already there is not added twice; ``by_time``: merged
-    in the
-    order the runs finished), only the newest one's config fingerprint kept, the last
+    in the order the runs finished), only the newest one's config fingerprint kept, the last
     :data:`WINDOW`."""
     have = {r.get("run_id") for r in runs}
     out = list(runs) + [r for r in new if r.get("run_id") not in have]
@@ -178,10 +177,8 @@ def _added(runs: Sequence[dict[str, Any]], new: Sequence[dict[str, Any]],
 
 def save(store: Store, host: str, tag: str, verdict: Verdict) -> BaselineRow | None:
     """Add a passing ``verdict`` to the window (the oldest beyond :data:`WINDOW` drops out);
-    returns what was
-    stored (the runs as JSON documents: not read back into verdicts, which costs a gate more than
-    the rest
-    of its bookkeeping), None when nothing was.
+    returns what was stored (the runs as JSON documents: not read back into verdicts, which costs a
+    gate more than the rest of its bookkeeping), None when nothing was.
 
     A failed or inconclusive run is never kept; a pinned window is not moved; a run made by
     another soak config starts a new window. Read and written in one ledger transaction.
@@ -255,11 +252,9 @@ def open_for(inventory: Inventory, state_dir: Path) -> Ledger:
 
 def import_files(state_dir: Path, store: Store) -> int:
     """Move the old per-controller baseline files (``state_dir/baselines/HOST/TAG.json``) into the
-    ledger,
-    once: each window merged with the one the ledger has (its runs first, a run id never twice,
-    pinned
-    if either was), then the directory renamed ``baselines.imported`` so that it is never read
-    again.
+    ledger, once: each window merged with the one the ledger has (its runs first, a run id never
+    twice, pinned if either was), then the directory renamed ``baselines.imported`` so that it is
+    never read again.
     Returns how many windows were imported (0 when there was nothing to import)."""
     src = Path(state_dir) / LEGACY_DIR
     if not src.is_dir():

@@ -391,9 +391,8 @@ def histogram_quantile(a: Scrape, b: Scrape, name: str, q: float) -> float | Non
     """The ``q`` quantile of histogram ``name`` over the observations made between ``a`` and ``b``.
 
     Prometheus' ``histogram_quantile`` over the bucket deltas (linear within a bucket; the +Inf
-    bucket
-    answers the highest finite bound). None when nothing was observed, a bucket went backwards (a
-    restart: the deltas are not the window's) or the buckets are not cumulative.
+    bucket answers the highest finite bound). None when nothing was observed, a bucket went
+    backwards (a restart: the deltas are not the window's) or the buckets are not cumulative.
     """
     bucket = name + "_bucket"
     hb, ha = b.by_label(bucket, "le"), a.by_label(bucket, "le")

@@ -2,12 +2,10 @@
 ones.
 
 The rollout's bake (``--bake D``) and ``fleetctl watch`` read the same figures: between two scrapes
-of
-a host, the requests it finished, those finished with reason ``error``, TTFT and TPOT percentiles
-from
-its histograms' bucket deltas, spec-decode acceptance and preemptions (all deltas, never lifetime
-totals: docs/domain.md). :func:`compare` is pure: figures in, one CheckResult per check out, with
-the same limits semantics as the soak's checks (``checks.decide``). See docs/watch.md.
+of a host, the requests it finished, those finished with reason ``error``, TTFT and TPOT percentiles
+from its histograms' bucket deltas, spec-decode acceptance and preemptions (all deltas, never
+lifetime totals: docs/domain.md). :func:`compare` is pure: figures in, one CheckResult per check
+out, with the same limits semantics as the soak's checks (``checks.decide``). See docs/watch.md.
 """
 
 from __future__ import annotations
@@ -178,12 +176,10 @@ def compare(
     same traffic.
 
     Error rate: above the old hosts' pooled rate + margin, with at least ``min_errors`` errors,
-    fails.
-    TTFT p95 and TPOT p50: above the old median x ratio + slack fails. Acceptance: below the old
-    median x ratio fails. A host with fewer than ``min_requests`` finished requests, or whose
-    figures
-    are missing (a restart, impossible counters), is inconclusive for that check; with no old host,
-    errors are judged against ``max_error_rate`` and the other checks are skipped.
+    fails. TTFT p95 and TPOT p50: above the old median x ratio + slack fails. Acceptance: below the
+    old median x ratio fails. A host with fewer than ``min_requests`` finished requests, or whose
+    figures are missing (a restart, impossible counters), is inconclusive for that check; with no
+    old host, errors are judged against ``max_error_rate`` and the other checks are skipped.
     """
     old_ok = [
         t for t in old if t.finished and t.finished >= limits.min_requests and t.errors is not None
@@ -406,12 +402,11 @@ def from_prometheus(
     timeout: float = 10.0,
 ) -> dict[str, Traffic]:
     """Each host's :class:`Traffic` over the ``seconds`` before ``at`` (Unix time) from a
-    Prometheus-compatible
-    API (``GET <url>/api/v1/query``): host -> its value of ``label`` (e.g. ``10.0.0.11:8000``).
+    Prometheus-compatible API (``GET <url>/api/v1/query``): host -> its value of ``label`` (e.g.
+    ``10.0.0.11:8000``).
 
     A query that fails names itself in every host's ``problems`` (the figures it gives are then
-    missing:
-    inconclusive, never a pass). Values that are not finite numbers are missing too.
+    missing: inconclusive, never a pass). Values that are not finite numbers are missing too.
     """
     import json
     import math

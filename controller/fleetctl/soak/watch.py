@@ -1,8 +1,7 @@
 """``fleetctl watch``: a cheap continuous probe of promoted hosts, for hours, judged like a soak.
 
 Every ``interval`` each host gets one greedy canary (compared with that canary's first answer in
-this
-watch, its reference), one short streamed request (its time to first token, and a stall while
+this watch, its reference), one short streamed request (its time to first token, and a stall while
 /health answers is a wedged engine), and a /metrics scrape whose delta since the last one gives the
 interval's finished and failed requests, preemptions, acceptance and TTFT/TPOT percentiles
 (``soak/traffic.py``). The result is one soak :class:`~fleetctl.soak.verdict.Verdict` per host with
@@ -11,8 +10,7 @@ its own (samples.jsonl, scrapes/, verdict.json).
 
 Bounded: at most ``parallel`` hosts are probed at once (one client each, opened for the probe and
 closed after it), every request has the soak's byte cap and liveness bound, samples and scrapes go
-to
-disk as they come, and what stays in memory per host is fixed (the non-passing measurements up to
+to disk as they come, and what stays in memory per host is fixed (the non-passing measurements up to
 :data:`KEEP`, counts beyond, the last :data:`KEEP` windows, a reservoir of latencies). A breach
 (a check failing) calls ``on_breach`` once per host and check, as it happens: the CLI pages the
 webhook.

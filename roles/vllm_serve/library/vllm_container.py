@@ -164,10 +164,8 @@ def fingerprint(recipe: dict) -> str:
     """The container settings' fingerprint, as fleetctl.rollout.host.fingerprint computes it.
 
     sha256 of the canonical JSON of docker_args, entrypoint, env, mounts, the default restart
-    policy,
-    secret env NAMES and the serve argv: a recipe-only change (flags, env, mounts) changes it
-    whatever
-    the image.
+    policy, secret env NAMES and the serve argv: a recipe-only change (flags, env, mounts) changes
+    it whatever the image.
     """
     doc = {
         "docker_args": [str(a) for a in recipe.get("docker_args") or []],

@@ -191,10 +191,9 @@ def test_the_lab_pair_recipe_as_fleetctl_renders_it_boots_a_unit(
     launcher: Launcher, model: Path, mode: str, tmp_path: Path
 ) -> None:
     """Each member's command line from Recipe.launch (the lab's 2-node recipe, in each launch mode)
-    run as it
-    is, on loopback: natively the headless worker then the head; with Ray each member's ``/bin/sh
-    -c`` line
-    (``ray start --head ... && exec vllm serve ... --distributed-executor-backend ray``, ``exec ray
+    run as it is, on loopback: natively the headless worker then the head; with Ray each member's
+    ``/bin/sh -c`` line (``ray start --head ... && exec vllm serve ...
+    --distributed-executor-backend ray``, ``exec ray
     start
     --block ...``), with the emulator's ``vllm`` and ``ray`` commands on PATH."""
     import dataclasses

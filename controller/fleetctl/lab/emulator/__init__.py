@@ -19,10 +19,9 @@ Behaviour knobs (environment variables, baked into image tags by ``fleetctl.lab.
 ==============================  =====================================================
 ``EMU_LOAD_SECONDS``            seconds from start to ready (port closed until then); 1
 ``EMU_COMPILE_SECONDS``         seconds of compiling after the load without a matching compile
-cache; 0
-``EMU_WARM_COMPILE_SECONDS``    the same with one (compile_cache.py: only with a cache dir
-mounted); 0
-``EMU_CRASH_AT_CONCURRENCY``    K: when K requests run at once the engine dies (in-flight
+cache; 0 ``EMU_WARM_COMPILE_SECONDS``    the same with one (compile_cache.py: only with a cache dir
+mounted); 0 ``EMU_CRASH_AT_CONCURRENCY``    K: when K requests run at once the engine dies
+(in-flight
                                 streams get an error event inside their 200 stream,
                                 /health 503, then the process exits 1); 0 = never
 ``EMU_CRASH_EXIT_SECONDS``      how long /health answers 503 before the exit; 2
@@ -66,15 +65,13 @@ Multi-node (:mod:`.multinode`): ``--nnodes N --node-rank R --master-addr A --mas
 ranks above 0 with ``--headless``; or Ray's launch: ``ray start --head`` (the image's ``ray``
 command, :mod:`.ray`) then ``vllm serve ... --distributed-executor-backend ray`` with tp x pp > 1 on
 the head, ``ray start --block --address=HEAD:PORT`` on each worker. The head serves only once every
-rank joined over ``A:P``; a
-worker lost afterwards wedges it (/health 200, no token). Its knobs, read by the head and workers:
-``EMU_JOIN_TIMEOUT_SECONDS`` (600), ``EMU_WORKER_TIMEOUT_SECONDS`` (heartbeat silence that loses a
-worker; 10), ``EMU_LINK_PROBE_BYTES`` (sent by each worker when it joins; 8 MiB) and
-``EMU_LINK_REFERENCE_MBPS`` (the link's full speed: a slower measured link scales decode
-throughput down; 0 = off), ``EMU_NCCL_HANG_AFTER_SECONDS`` (that long after its first request the
-head
-logs NCCL's RDMA completion error and the watchdog's timeout, then wedges with its workers still up;
-0 = never).
+rank joined over ``A:P``; a worker lost afterwards wedges it (/health 200, no token). Its knobs,
+read by the head and workers: ``EMU_JOIN_TIMEOUT_SECONDS`` (600), ``EMU_WORKER_TIMEOUT_SECONDS``
+(heartbeat silence that loses a worker; 10), ``EMU_LINK_PROBE_BYTES`` (sent by each worker when it
+joins; 8 MiB) and ``EMU_LINK_REFERENCE_MBPS`` (the link's full speed: a slower measured link scales
+decode throughput down; 0 = off), ``EMU_NCCL_HANG_AFTER_SECONDS`` (that long after its first request
+the head logs NCCL's RDMA completion error and the watchdog's timeout, then wedges with its workers
+still up; 0 = never).
 
 The performance model and where its defaults come from: :mod:`.perf`. A request may name
 its prompt class with the extra body field ``emu_prompt_class`` (coding, math, reasoning,

@@ -5,8 +5,7 @@ A real vLLM compiles its graphs and kernels during the load and keeps them in ``
 (``~/.cache/vllm``): a later start with the same model, settings and GPU reads them instead. The
 emulator does the same with real files: when the cache directory exists (the recipe mounts one), a
 start looks for ``torch_compile_cache/fleetctl-emulator/`` there; its ``compiled.json`` names the
-key
-it was compiled for (``$FLEETCTL_COMPILE_CACHE_KEY``, fleetctl.warmcache) and the sha256 of the
+key it was compiled for (``$FLEETCTL_COMPILE_CACHE_KEY``, fleetctl.warmcache) and the sha256 of the
 ``kernels.bin`` beside it. Same key and intact file: a warm start (``EMU_WARM_COMPILE_SECONDS``);
 anything else (missing, another key, a damaged file): a cold one (``EMU_COMPILE_SECONDS``), after
 which the files are (re)written for this key. The outcome is logged, as vLLM logs its own cache

@@ -16,15 +16,12 @@ does.
 - Ray launch (``--distributed-executor-backend ray``, tp x pp > 1, no ``--nnodes``): the head
 listens where
   ``ray start --head`` put the cluster (:mod:`.ray`), for tp x pp nodes; ``ray start --block``
-  workers join
-  it as ranks the head assigns, and behave as headless workers from then on;
+  workers join it as ranks the head assigns, and behave as headless workers from then on;
 - ``EMU_NCCL_HANG_AFTER_SECONDS`` (0: never): that long after its first request, the head logs the
 error
   NCCL prints when an RDMA send to a peer fails (``NET/IB : Got completion from peer ... with
-  status=
-  IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers still
-  up:
-  the hang vLLM #41725 reports under load, with the cause only in the log.
+  status= IBV_WC_RETRY_EXC_ERR(12)``) and the watchdog's timeout, then wedges as above, its workers
+  still up: the hang vLLM #41725 reports under load, with the cause only in the log.
 
 Standard library only (the package is copied into images with nothing but python3).
 """
@@ -122,8 +119,8 @@ def ray_dir() -> str:
 
 def _ray_head(extra: dict[str, str | bool]) -> Cluster | None:
     """``--distributed-executor-backend ray``: one node per GPU of tp x pp (a Spark has one), the
-    head listening
-    where ``ray start --head`` said the cluster is (its ``ray_current_cluster`` file, or
+    head listening where ``ray start --head`` said the cluster is (its ``ray_current_cluster`` file,
+    or
     ``RAY_ADDRESS``)."""
     try:
         tp = int(str(extra.get("tensor-parallel-size", 1)))

@@ -3,8 +3,7 @@
 - ``ray start --head --node-ip-address=A --port=P``: records the cluster's address (``A:P``) in
   ``ray_current_cluster`` under ``EMU_RAY_DIR`` (default /tmp/ray, Ray's own place) and returns, as
   Ray's daemonising start does; the head's ``vllm serve ... --distributed-executor-backend ray``
-  then
-  listens there for tp x pp nodes (:mod:`.multinode`);
+  then listens there for tp x pp nodes (:mod:`.multinode`);
 - ``ray start --block --address=H:P --node-ip-address=A``: a worker node, joining the head at
 ``H:P``
   (retrying until the head's vLLM listens) and staying until the head is gone (exit 1) or it is
