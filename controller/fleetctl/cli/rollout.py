@@ -27,7 +27,6 @@ from fleetctl.cli.output import (
     stream_options,
     when,
 )
-from fleetctl.durations import parse_duration
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.plan import Plan
@@ -325,9 +324,9 @@ def rollout(
     max_unavailable: str | None,
     min_available: str | None,
     failure_budget: str | None,
-    soak: str | None,
+    soak: float | None,
     on_inconclusive: str,
-    bake: str | None,
+    bake: float | None,
     ready_timeout: float | None,
     webhook: str | None,
     dry_run: bool,
@@ -348,12 +347,12 @@ def rollout(
         max_unavailable=max_unavailable,
         min_available=min_available,
         failure_budget=failure_budget,
-        soak=parse_duration(soak, "--soak") if soak is not None else None,
+        soak=soak,
         on_inconclusive=on_inconclusive,
         ready_timeout=ready_timeout,
         webhook=webhook,
         dry_run=dry_run,
-        bake=parse_duration(bake, "--bake") if bake is not None else None,
+        bake=bake,
     )
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
