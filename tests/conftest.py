@@ -12,7 +12,7 @@ file order, as in a serial run:
   worker in file order, as in a serial run with the other half's modules left out, so its tests see
   each other's state (a rollout's tag, a staged set) as they were written to; were both halves put
   on one worker, they run one after the other on its lab. The unit's modules (``UNIT_MODULES``) run
-  last, on one unit made once a session (tests/plugins/units.py).
+  last, on one unit made for them and removed after them (tests/plugins/units.py).
 - ``machine``: tests that change this machine itself (they add and remove a real Unix user).
 - ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while).
 
@@ -30,6 +30,8 @@ import ipaddress
 import os
 
 import pytest
+
+from tests.plugins.units import UNIT_MODULES
 
 pytest_plugins = [
     "tests.plugins.lab",
@@ -54,10 +56,6 @@ LAB_2 = (
     "tests/soak/test_lab.py",
 )
 
-#: The lab test modules that use the session's unit (``lab_unit``: two more nodes made one, kept
-#: until the session ends): run after every other test of the session, so that no test expecting
-#: only single hosts sees it.
-UNIT_MODULES = ("tests/lab/test_units_lab.py", "tests/rollout/test_unit_rollout_lab.py")
 
 #: Test modules that change the machine itself (real users, sudoers): one group, never beside each
 #: other.
