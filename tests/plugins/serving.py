@@ -44,7 +44,7 @@ def serve(tag: str = BASE_TAG) -> RolloutResult | None:
             for h in eng.inv.hosts.values()
         ):
             return None
-        return eng.rollback(to=tag, max_unavailable="100%")
+        return eng.rollback(to=tag, max_unavailable="100%", recipe_name=recipe.name)
     finally:
         eng.close()
         ssh.close_all()
@@ -69,7 +69,11 @@ def serving(staged: Any) -> RolloutResult:
             if (s := remote.inspect(h, remote.container_name(h))) is not None and s.running
         ]
         if serving_now:
-            r = eng.rollback(to=BASE_TAG, max_unavailable="100%")
+            # The inventory's recipe, named: the ledger's last run may be another's (a unit's on
+            # its own recipe, when this worker ran the lab's other half first).
+            r = eng.rollback(
+                to=BASE_TAG, max_unavailable="100%", recipe_name=eng.recipe(None).name
+            )
         else:
             r = eng.rollout(
                 Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK)
