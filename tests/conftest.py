@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
+from collections import OrderedDict
+from typing import Any
 
 import pytest
 
@@ -85,6 +87,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     last = [i for i in items if i.nodeid.split("::")[0] in UNIT_MODULES]
     if last:
         items[:] = [i for i in items if i.nodeid.split("::")[0] not in UNIT_MODULES] + last
+
+
+#: The groups that each need a worker of their own from the start.
+LAB_GROUPS = ("lab-1", "lab-2")
+
+
+class LabsFirst(OrderedDict[str, Any]):
+    """xdist's queue of work units, handing out the lab halves before anything else: with two
+    workers the first unit each gets is one half, so the halves run beside each other, never one
+    after the other (xdist orders units by size, and a worker that drains early takes the next)."""
+
+    def popitem(self, last: bool = True) -> tuple[str, Any]:
+        if not last:
+            for group in LAB_GROUPS:
+                if group in self:
+                    return group, self.pop(group)
+        return super().popitem(last)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` with the lab halves handed out first (:class:`LabsFirst`)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    scheduler = LoadGroupScheduling(config, log)
+    scheduler.workqueue = LabsFirst()
+    return scheduler
 
 
 def worker_lab(worker: str, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:

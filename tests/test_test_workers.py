@@ -37,3 +37,16 @@ def test_the_unit_modules_exist_and_run_last() -> None:
     from tests.conftest import UNIT_MODULES
 
     assert all((paths.project_root() / m).is_file() for m in UNIT_MODULES), UNIT_MODULES
+
+
+def test_the_lab_halves_are_handed_out_first_whatever_their_size() -> None:
+    """xdist orders its units by size and gives each worker the next: the two halves go first, so
+    two workers start one each, never one worker both."""
+    from tests.conftest import LabsFirst
+
+    queue = LabsFirst()
+    for scope in ("tests/a.py::big", "lab-2", "machine", "lab-1", "tests/b.py::small"):
+        queue[scope] = {scope: False}
+    handed = [queue.popitem(last=False)[0] for _ in range(len(queue))]
+    assert handed == ["lab-1", "lab-2", "tests/a.py::big", "machine", "tests/b.py::small"]
+
