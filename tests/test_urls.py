@@ -48,7 +48,7 @@ def test_an_ipv6_literal_is_bracketed_and_nothing_else(address: str, shown: str)
 
 
 class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         self.send_response(200 if self.path == "/health" else 404)
         self.send_header("content-length", "0")
         self.end_headers()
