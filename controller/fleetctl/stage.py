@@ -39,6 +39,7 @@ from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe, default_recipe_name, recipe_for
 from fleetctl.runids import new_run_id
 from fleetctl.state.ledger import open_for
+from fleetctl.urls import redact_url
 
 PLAYBOOK = "stage"
 #: Seconds between two measurements of the staging directories (progress in bytes).
@@ -226,7 +227,8 @@ MANIFEST_DEADLINE = 30.0
 
 def _read_manifest(url: str, mirror: str) -> bytes:
     """The body of ``url``: at most MANIFEST_MAX_BYTES, by MANIFEST_DEADLINE; else a FleetError
-    naming the mirror."""
+    naming the mirror (both without a ``user:password@``)."""
+    shown, mirror = redact_url(url), redact_url(mirror)
     end = time.monotonic() + MANIFEST_DEADLINE
     fix = ("check fleetctl_weights_mirror in the inventory and the server behind it: a "
            "manifest.json is a list of files and their sha256, a few KB")
@@ -237,7 +239,8 @@ def _read_manifest(url: str, mirror: str) -> bytes:
         read = getattr(r, "read1", r.read)
         while True:
             if time.monotonic() > end:
-                raise FleetError(f"the weights mirror {mirror} did not finish sending {url} within "
+                raise FleetError(f"the weights mirror {mirror} did not finish sending {shown} "
+                                 f"within "
                                  f"{MANIFEST_DEADLINE:.0f}s ({n} bytes came)", fix=fix)
             chunk = read(min(65536, MANIFEST_MAX_BYTES + 1 - n))
             if not chunk:
@@ -245,7 +248,7 @@ def _read_manifest(url: str, mirror: str) -> bytes:
             parts.append(chunk)
             n += len(chunk)
             if n > MANIFEST_MAX_BYTES:
-                raise FleetError(f"the weights mirror {mirror} answered {url} with more than "
+                raise FleetError(f"the weights mirror {mirror} answered {shown} with more than "
                                  f"{MANIFEST_MAX_BYTES >> 20} MiB, not a manifest", fix=fix)
 
 
@@ -335,7 +338,9 @@ def stage(
     elif source == "local":
         progress(Event("source", f"controller directory {local_dir}"))
     else:
-        progress(Event("source", f"mirror {inventory.vars.get('fleetctl_weights_mirror')}"))
+        # A user:password@ in the mirror's URL never reaches progress (or --json's events).
+        mirror = str(inventory.vars.get("fleetctl_weights_mirror"))
+        progress(Event("source", f"mirror {redact_url(mirror)}"))
     totals = expected_bytes(recipe, inventory, source)
     evars: dict[str, Any] = {
         "weights_recipe": recipe.name,
@@ -425,7 +430,8 @@ def _check_mirror_channel(recipe: Recipe, inventory: Inventory) -> None:
     if unpinned:
         w = unpinned[0]
         raise FleetError(
-            f"the weights mirror {mirror} is plain http and recipe {recipe.name}'s {w.role} set "
+            f"the weights mirror {redact_url(mirror)} is plain http and recipe {recipe.name}'s "
+            f"{w.role} set "
             "pins no "
             "manifest_sha256: the manifest that checks every file would come over the same "
             "unauthenticated channel",

@@ -46,6 +46,7 @@ from fleetctl.inventory import Inventory
 from fleetctl.soak import report
 from fleetctl.soak.verdict import Verdict, from_dict
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.urls import http_url
 
 #: Requests handled at once (a browser opens a few; more wait for a free handler).
 MAX_HANDLERS = 8
@@ -332,7 +333,7 @@ def url_of(server: BoundedServer) -> str:
     """``http://host:port/`` of a server (its real port when it was asked for port 0)."""
     addr = server.server_address
     host = addr[0].decode() if isinstance(addr[0], bytes) else str(addr[0])
-    return f"http://[{host}]:{addr[1]}/" if ":" in host else f"http://{host}:{addr[1]}/"
+    return http_url(host, addr[1], "/")
 
 
 @click.command("ui")

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 
 from fleetctl.frontdoor import DRAIN, MAINT, READY, DoorState, Drained, FrontDoorError, Settings
 from fleetctl.inventory import Host
+from fleetctl.urls import host_port
 
 #: srv_admin_state bits (HAProxy's SRV_ADMF_*): maintenance forced / inherited / from config / from
 #: DNS / from health.
@@ -57,7 +58,7 @@ class HAProxy:
         if self.socket_path is not None:
             return self.socket_path
         assert self.address is not None
-        return f"{self.address[0]}:{self.address[1]}"
+        return host_port(*self.address)
 
     def server(self, host: Host) -> str:
         """The host's server name in the backend: ``servers[host]``, else the host's inventory

@@ -30,6 +30,7 @@ from typing import Any
 
 from fleetctl.frontdoor import MAINT, READY, DoorState, Drained, FrontDoorError, Settings
 from fleetctl.inventory import Host
+from fleetctl.urls import url_host
 
 #: litellm_params keys never kept in a drain's memo (it goes to the ledger).
 SECRET_PARAMS = ("api_key", "aws_secret_access_key", "vertex_credentials")
@@ -58,9 +59,8 @@ class LiteLLM:
         )
 
     def host_api_base(self, host: Host) -> str:
-        return self.api_base.format(address=host.address, port=self.port, host=host.name).rstrip(
-            "/"
-        )
+        api = self.api_base.format(address=url_host(host.address), port=self.port, host=host.name)
+        return api.rstrip("/")
 
     def _call(
         self, method: str, path: str, body: dict[str, Any] | None = None, host: Host | None = None

@@ -15,6 +15,7 @@ from fleetctl.inventory import Unit
 from fleetctl.recipes.argv import flag_value, has_flag
 from fleetctl.recipes.topology import PP_FLAGS, TP_FLAGS, MemberLaunch, Topology
 from fleetctl.recipes.weights import CacheDir, WeightSet
+from fleetctl.urls import host_port
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ class Recipe:
             script = (f"ray start --head --node-ip-address={f.address} --port={t.ray_port} && "
                       f"exec vllm {shlex.join([*serve, '--distributed-executor-backend', 'ray'])}")
         else:
-            script = (f"exec ray start --block --address={head}:{t.ray_port} "
+            script = (f"exec ray start --block --address={host_port(head, t.ray_port)} "
                       f"--node-ip-address={f.address}")
         return MemberLaunch(host, rank, role, "/bin/sh", ("-c", script), env)
 

@@ -10,13 +10,24 @@ from typing import Any
 from fleetctl import secretenv
 from fleetctl.errors import RecipeError
 from fleetctl.inventory import Host, Inventory
-from fleetctl.recipes.argv import has_flag
+from fleetctl.recipes.argv import has_flag, shorthand
 from fleetctl.recipes.problems import Bad, RecipeProblem
 from fleetctl.recipes.recipe import Recipe
+from fleetctl.recipes.topology import MEMBER_FLAGS, PP_FLAGS, TP_FLAGS
 from fleetctl.recipes.weights import FORMAT_QUANTIZATION
 
 #: Above this, GB10's unified memory thrashes (docs/domain.md#recipes).
 MAX_GPU_MEMORY_UTILIZATION = 0.88
+
+
+#: Every flag of vllm_args that fleetctl reads or refuses (here, in the schema, the topology and
+#: the launch): vLLM would take an abbreviation of one, or one key of a JSON one, that these
+#: checks would not see (``--trust-remote``, ``--speculative-config.model``).
+CHECKED_FLAGS = (
+    "--trust-remote-code", "--api-key", "--gpu-memory-utilization", "--port", "--host",
+    "--speculative-config", "--kv-cache-dtype", "--max-num-seqs", "--max-num-batched-tokens",
+    "--quantization", "--served-model-name", TP_FLAGS[0], PP_FLAGS[0], *MEMBER_FLAGS,
+)
 
 
 def check_rules(r: Recipe) -> list[RecipeProblem]:
@@ -27,6 +38,7 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
     def bad(fld: str, problem: str, fix: str) -> None:
         out.append(RecipeProblem(r.name, fld, problem, fix))
 
+    _shorthands(r, bad)
     _trust_remote_code(r, bad)
     _gpu_memory(r, bad)
     _api_key(r, bad)
@@ -35,6 +47,20 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
     _quantization(r, bad)
     return out
 
+
+def _shorthands(r: Recipe, bad: Bad) -> None:
+    """A checked flag written in full: an abbreviation or a dotted key would pass every check."""
+    for a in r.vllm_args:
+        hit = shorthand(a, CHECKED_FLAGS)
+        if hit is not None:
+            flag, how = hit
+            written = a.split("=", 1)[0]  # never the value: it may be a key
+            bad(
+                f"vllm_args {flag}",
+                f"{written} {how}: vLLM reads it so, but fleetctl checks {flag} by its full name",
+                f"write {flag} in full"
+                + (" with the whole JSON object" if "." in written else ""),
+            )
 
 
 def _trust_remote_code(r: Recipe, bad: Bad) -> None:

@@ -3,8 +3,9 @@ collected (not only the first), each naming the field and the fix."""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from fleetctl.recipes.argv import has_flag
@@ -36,14 +37,29 @@ _IMAGE = re.compile(r"^(?:[A-Za-z0-9][A-Za-z0-9.-]*(?::[0-9]{1,5})?/)?"
 
 #: Flags fleetctl sets itself from other recipe fields; repeating them in vllm_args would conflict.
 _OWN_FLAGS = ("--served-model-name",)
-_JINJA = ("{{", "{%", "{#")
+
+
+#: A string starting so is a template to Ansible whatever it holds: the rest of its first line
+#: redefines the delimiters (``variable_start_string:'[['``), so ``[[ lookup('pipe','id') ]]`` on
+#: the next line runs.
+JINJA2_HEADER = "#jinja2:"
+
+
+@functools.cache
+def _ansible_template_test() -> Callable[[str], bool]:
+    """ansible-core's own "is this possibly a template" test (a ``#jinja2:`` header, or a
+    variable, block or comment start string): the guard refuses what Ansible would render."""
+    from ansible.template import Templar  # deferred: loaded with the inventory in any case
+
+    test: Callable[[str], bool] = Templar().is_possibly_template
+    return test
 
 
 def _templated(value: Any, where: str = "") -> Iterator[tuple[str, str]]:
     """(field path, text) of every string under ``value`` that Ansible would render as a
     template."""
     if isinstance(value, str):
-        if any(m in value for m in _JINJA):
+        if value.startswith(JINJA2_HEADER) or _ansible_template_test()(value):
             yield where or "(recipe)", value
     elif isinstance(value, Mapping):
         for k, v in value.items():
@@ -118,11 +134,16 @@ def _check_keys(body: Mapping[str, Any], bad: Bad) -> None:
     for fld, text in _templated(body):
         # fleetctl validates and uses the text as written, but Ansible would render it (and run its
         # lookups, on the controller) when a playbook gets the recipe: the two would differ.
+        header = text.startswith(JINJA2_HEADER)
         bad(
             fld,
-            f"holds a Jinja template ({text[:60]!r}): recipes are data, not templates",
+            (f"starts with a {JINJA2_HEADER} header, which makes Ansible render it with its own "
+             "delimiters, so it " if header else "")
+            + f"holds a Jinja template ({text[:60]!r}): recipes are data, not templates",
             "write the value out; a value that differs per host belongs in host_vars, not in a "
-            "template",
+            "template"
+            + (f" (a value that must start with {JINJA2_HEADER}: put a space before it)"
+               if header else ""),
         )
     for key in _REQUIRED_RECIPE_KEYS:
         if key not in body:

@@ -28,7 +28,7 @@ _TOPOLOGY_KEYS = {
 
 #: vLLM's flags fleetctl renders per member from the topology and the fabric (never in vllm_args of
 #: a multi-node recipe: one value for every member would be wrong on all but one).
-_MEMBER_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
+MEMBER_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
                  "--distributed-executor-backend", "--data-parallel-address")
 
 
@@ -169,7 +169,7 @@ def _launch(launch: Any, bad: Callable[[str, str, str], None]) -> str:
 def _no_member_settings(args: Sequence[str], env: Mapping[str, str],
                         bad: Callable[[str, str, str], None]) -> None:
     """Refuse, in a multi-node recipe, the flags and environment fleetctl renders per member."""
-    for own in _MEMBER_FLAGS:
+    for own in MEMBER_FLAGS:
         if has_flag(args, own):
             bad(
                 f"vllm_args {own}",

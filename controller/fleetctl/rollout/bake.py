@@ -47,6 +47,7 @@ from fleetctl.soak.traffic import (
 )
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.urls import url_host
 
 #: Hosts on the old version scraped for the comparison at most (a sample: the fleet's rest is
 # alike).
@@ -181,7 +182,8 @@ class Bake:
         if prom is None:
             return compare(figures(new), figures(old), self.limits())
         # The same figures from the fleet's Prometheus (docs/watch.md), over the bake's window.
-        values = {h.name: prom["instance"].format(address=h.address, port=recipe.port, host=h.name)
+        values = {h.name: prom["instance"].format(address=url_host(h.address), port=recipe.port,
+                                           host=h.name)
                   for h in (*new, *old)}
         got = from_prometheus(prom["url"], values, time.monotonic() - t0, time.time(),
                               prom["label"])

@@ -49,6 +49,7 @@ from typing import Protocol
 from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
+from fleetctl.urls import http_url
 
 #: The relay container's name on every host (one relay per host at a time).
 RELAY_NAME = "fleetctl-image-relay"
@@ -435,7 +436,7 @@ class Tree:
             plan = assign(sources, [h.name for h in pending], self.cfg.fanout)
             batch = [h for h in pending if h.name in plan]
             pending = [h for h in pending if h.name not in plan]
-            upstream = {n: f"http://{by_name[s].address}:{self.cfg.port}" for n, s in plan.items()}
+            upstream = {n: http_url(by_name[s].address, self.cfg.port) for n, s in plan.items()}
             got = ssh.fan_out(batch, functools.partial(self._relayed, upstream=upstream, plan=plan),
                               timeout=None, max_workers=self.max_workers)
             for n, o in got.items():

@@ -40,6 +40,7 @@ from typing import Any
 from fleetctl.ansible.redaction import Redactor
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
+from fleetctl.urls import url_host
 
 #: Event names a receiver can rely on.
 EVENTS = (
@@ -116,7 +117,7 @@ def redact(url: str) -> str:
         port = f":{u.port}" if u.port else ""
     except ValueError:
         return "<webhook URL>"
-    host = f"[{host}]" if ":" in host else host
+    host = url_host(host)
     return f"{u.scheme or '?'}://{host}{port}{_REDACTED_PATH}"
 
 

@@ -13,6 +13,7 @@ from fleetctl.serving import container_name
 from fleetctl.soak.config import SoakConfig, from_recipe
 from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.verdict import SoakTarget
+from fleetctl.urls import http_url
 
 
 def host_config(recipe: Recipe, host: Host, profile: str | None = None) -> SoakConfig:
@@ -29,5 +30,5 @@ def host_target(host: Host, recipe: Recipe, tag: str, api_key: str | None = None
     """The soak target of ``host``'s serving container: its API at the recipe's port, its logs and
     state read over SSH. ``api_key`` is sent as ``Authorization: Bearer`` when the recipe requires
     one."""
-    return SoakTarget(host.name, f"http://{host.address}:{recipe.port}",
+    return SoakTarget(host.name, http_url(host.address, recipe.port),
                       DockerOverSSH(host, container_name(host)), tag, api_key=api_key)

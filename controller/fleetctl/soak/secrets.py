@@ -26,16 +26,13 @@ from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak.verdict import ContainerAccess, SoakTarget
-
-#: What a credential is replaced with.
-REDACTED = "<redacted>"
+from fleetctl.urls import REDACTED, redact_url
 
 _BEARER = re.compile(r"(?i)\b(bearer)(\s+)([A-Za-z0-9._~+/=\-]{6,})")
 _AUTH = re.compile(
     r"(?i)\b((?:proxy-)?authorization[\"']?\s*[:=]\s*[\"']?)(?:basic\s+)?(?!bearer\s)([^\s\"',}]+)"
 )
 _HF = re.compile(r"\bhf_[A-Za-z0-9]{16,}")
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@]+@")
 
 T = TypeVar("T")
 
@@ -61,9 +58,7 @@ class Scrubber:
             s = _AUTH.sub(lambda m: f"{m.group(1)}{REDACTED}", s)
         if "hf_" in s:
             s = _HF.sub(REDACTED, s)
-        if "@" in s:
-            s = _USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", s)
-        return s
+        return redact_url(s)
 
     def tree(self, obj: T) -> T:
         """``obj`` (a frozen dataclass tree, tuples, mappings, strings) with every string
@@ -106,11 +101,6 @@ def known_secrets(api_key: str | None, base_url: str = "",
     if password:
         out += [password, urllib.parse.unquote(password)]
     return tuple(out)
-
-
-def redact_url(url: str) -> str:
-    """``url`` with any ``user:password@`` replaced (for messages about a URL that has one)."""
-    return _USERINFO.sub(lambda m: f"{m.group(1)}{REDACTED}@", url)
 
 
 def validate_endpoint(url: str, where: str = "--endpoint", *, strict: bool = True) -> str:

@@ -7,6 +7,7 @@ import shlex
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import fabric
@@ -96,6 +97,25 @@ class _Connection(fabric.Connection):  # type: ignore[misc]
             timeout=self.open_timeout)
 
 
+def _key_files(host: Host, hop: Hop, login: str) -> list[str]:
+    """The hop's key files that exist. The inventory's own key (``ansible_ssh_private_key_file``)
+    missing is an error naming it; a missing IdentityFile of ssh_config or -i is passed over, as
+    ssh does (a generic ``Host *`` block often lists keys a machine does not have)."""
+    out = []
+    for k in hop.key_files:
+        if Path(k).expanduser().is_file():
+            out.append(str(Path(k).expanduser()))
+        elif k == host.key_file:
+            raise FleetError(
+                f"SSH key file {k} (ansible_ssh_private_key_file) does not exist, so {login} "
+                "cannot be logged in to",
+                host=host.name,
+                fix="set ansible_ssh_private_key_file to the private key authorised on the host, "
+                    "or remove it to use ~/.ssh's keys and ssh-agent",
+            )
+    return out
+
+
 def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             timeout: float) -> fabric.Connection:
     """An open connection to ``hop`` (through ``gateway``), its host key verified; errors name the
@@ -114,7 +134,7 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             fix="set fleetctl_known_hosts for the host (the lab writes one) or ssh-keyscan it "
                 "after checking the fingerprint",
         )
-    keys = list(hop.key_files)
+    keys = _key_files(host, hop, login)
     c = _Connection(
         hop.address,
         user=hop.user,
@@ -122,7 +142,8 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
         config=_FABRIC_CONFIG,
         gateway=gateway if gateway is not None else False,
         connect_kwargs={
-            "key_filename": keys or None,
+            # Fabric extends its own list with this: None (no key file) was a TypeError
+            **({"key_filename": keys} if keys else {}),
             "timeout": timeout,
             "banner_timeout": timeout,
             "auth_timeout": timeout,
@@ -157,6 +178,14 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             fix="check that the host is up and reachable from the jump host",
         ) from None
     except paramiko.SSHException as e:
+        if "No authentication methods available" in str(e):
+            raise FleetError(
+                f"no SSH key to log in as {login}{via}: the inventory names no key file, "
+                "~/.ssh holds no id_* key and no ssh-agent offers one",
+                host=host.name,
+                fix="set ansible_ssh_private_key_file (for the host or its group) to the private "
+                    "key authorised on the host, or add that key to ssh-agent",
+            ) from None
         if "not found in known_hosts" in str(e):
             raise FleetError(
                 f"host key of {what} is not in {known}",

@@ -64,6 +64,7 @@ __all__ = [
     "StreamParser",
     "StreamTooLongError",
     "TextCheck",
+    "TokenizeAnswerError",
     "chat_body",
     "error_text",
     "stream_cap",
@@ -73,6 +74,11 @@ __all__ = [
 
 #: The most read of an error or probe body (/metrics of a big server is ~100-300 KB).
 MAX_BODY_BYTES = 8 << 20
+
+
+class TokenizeAnswerError(ValueError):
+    """A ``/tokenize`` that answered 200 with something other than a token count: the server has
+    the endpoint and its answer is wrong, which is not the same as having none."""
 
 
 @dataclass(frozen=True)
@@ -254,8 +260,12 @@ class Client:
             ), None
 
     async def tokenize(self, model: str, text: str, timeout: float = 10.0) -> int | None:
-        """Tokens of ``text`` for ``model`` by the server's ``POST /tokenize`` (vLLM); None without
-        it."""
+        """Tokens of ``text`` for ``model`` by the server's ``POST /tokenize`` (vLLM).
+
+        None where the server has no usable /tokenize (no 200 answer in ``timeout``); a 200 whose
+        body is not ``{"count": <integer of 0 or more>}`` raises :class:`TokenizeAnswerError`
+        saying what came instead (``-5``, ``"many"``, no count, not JSON), never its text.
+        """
         try:
             async with self.session.post(self.base_url + "/tokenize",
                                          data=json.dumps({"model": model, "prompt": text,
@@ -263,14 +273,11 @@ class Client:
                                          headers={"Content-Type": "application/json"},
                                          timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 raw = await _read_capped(resp, MAX_BODY_BYTES)
-                if resp.status != 200 or raw is None:
+                if resp.status != 200:
                     return None
-            count = json.loads(raw).get("count")
-        except (aiohttp.ClientError, TimeoutError, ValueError, AttributeError):
+        except (aiohttp.ClientError, TimeoutError):
             return None
-        return (
-            count if isinstance(count, int) and not isinstance(count, bool) and count >= 0 else None
-        )
+        return _token_count(raw)
 
     async def chat(self, req: ChatRequest, *, phase: str, cls: str, concurrency: int,
                    t0: float, keep_text: bool = False, timeout: float | None = None,
@@ -485,3 +492,20 @@ def _conn_text(e: aiohttp.ClientConnectorError) -> str:
     if isinstance(e.os_error, ConnectionRefusedError):
         return f"connection refused by {e.host}:{e.port}"
     return f"cannot connect to {e.host}:{e.port}: {e.os_error or e}"
+
+
+def _token_count(raw: bytes | None) -> int:
+    """The count of a 200 answer of /tokenize, or why it is none (TokenizeAnswerError)."""
+    if raw is None:
+        raise TokenizeAnswerError(f"answered more than {MAX_BODY_BYTES >> 20} MiB")
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        raise TokenizeAnswerError("answered a body that is not JSON") from None
+    count = body.get("count") if isinstance(body, dict) else None
+    if isinstance(count, bool) or not isinstance(count, int):
+        what = "no count" if count is None else f"a count that is a {type(count).__name__}"
+        raise TokenizeAnswerError(f"answered {what}, not a number of tokens")
+    if count < 0:
+        raise TokenizeAnswerError(f"answered a count of {count}, not a number of tokens")
+    return count

@@ -241,8 +241,10 @@ async def _shared_context(client: Client, st: SoakState, ident: Identity) -> str
     if not tokens:
         return ""
     chars, got, how = await sized(client, st, tokens, context_text)
-    if how == "tokenize":
-        st.prompt_sizes["shared_prefix"] = (tokens, got, how)
+    if how != "estimate":
+        # Sized by /tokenize, or by the estimate because its answers were not believed: either
+        # way the acceptance check says how (the latter as inconclusive, with no count).
+        st.prompt_sizes["shared_prefix"] = (tokens, got if how == "tokenize" else None, how)
     raised = (
         f", raised from {cfg.shared_prefix_tokens} past the server's {st.cache_block_tokens}-token "
         "cache block"

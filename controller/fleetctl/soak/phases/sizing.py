@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from fleetctl.soak import prompts
-from fleetctl.soak.client import Client
+from fleetctl.soak.client import Client, TokenizeAnswerError
 from fleetctl.soak.phases.soak_state import SoakState
 from fleetctl.soak.verdict import (
     Sample,
@@ -57,20 +57,31 @@ async def sized(
     got = tokens
     seen: list[tuple[int, int]] = []
     for _ in range(6):
-        n = await client.tokenize(st.model, build(chars))
+        try:
+            n = await client.tokenize(st.model, build(chars))
+        except TokenizeAnswerError as e:
+            # A malformed answer is the server's /tokenize answering wrong, as a lying count is:
+            # the same finding (never "no /tokenize", which passes).
+            return _not_believed(st, estimate, tokens, str(e))
         if n is None:
             return estimate, tokens, "estimate"
         if why := implausible_count(chars, n, seen):
-            # A /tokenize that lies would make the prompt grow by target/reported each round (a
-            # server answering {"count": 10} grew one to gigabytes): its answers are not used.
-            st.emit("sizing", f"/tokenize not believed: {why}; sizing by the character estimate")
-            return estimate, tokens, f"estimate (/tokenize not believed: {why})"
+            return _not_believed(st, estimate, tokens, why)
         seen.append((chars, n))
         got = n
         if abs(got - tokens) <= max(8, tokens // 50):
             break
         chars = min(max(int(chars * tokens / max(got, 1)), 64), tokens * MAX_CHARS_PER_TOKEN)
     return chars, got, "tokenize"
+
+
+def _not_believed(st: SoakState, estimate: int, tokens: int, why: str) -> tuple[int, int, str]:
+    """Sizing by the character estimate because /tokenize answered ``why``: its answers are not
+    used (one that lies would make the prompt grow by target/reported each round: a server
+    answering ``{"count": 10}`` grew one to gigabytes), and every check built on the prompt says
+    so (inconclusive)."""
+    st.emit("sizing", f"/tokenize not believed: {why}; sizing by the character estimate")
+    return estimate, tokens, f"estimate (/tokenize not believed: {why})"
 
 
 #: Characters per token a tokenizer may plausibly count in the soak's English/digit prompts (a byte
