@@ -24,6 +24,7 @@ from fleetctl.soak import (
     Verdict,
     baselines,
     fleet,
+    references,
     run_soak,
     smoke_check,
     wait_ready,
@@ -63,8 +64,12 @@ def soak(
     run_id: str,
     progress: Progress,
     baseline_key: str | None = None,
+    ref_key: str | None = None,
+    recipe: str = "",
 ) -> Verdict:
-    """The full gate, compared with the host's baseline on the tag it served before.
+    """The full gate, compared with the host's baseline on the tag it served before, and its
+    greedy answers with the recipe's known-good reference set (``ref_key``,
+    :mod:`fleetctl.soak.references`; a pass records this version's set as the next known-good).
 
     The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one
     ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
@@ -75,8 +80,11 @@ def soak(
     """
     key = baseline_key or t.name
     base = baselines.load(store, key, baseline_tag) if baseline_tag else None
-    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id)
+    known = references.load(store, ref_key) if ref_key else None
+    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id, reference=known)
     baselines.save(store, key, t.tag, v)
+    if ref_key:
+        references.save(store, ref_key, v, recipe)
     return v
 
 
@@ -141,6 +149,8 @@ class SoakGates:
             run_id,
             progress,
             baseline_key,
+            references.host_key(recipe.name, host.vars),
+            recipe.name,
         )
 
     def smoke(
