@@ -27,6 +27,7 @@ import bisect
 import statistics
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -339,12 +340,15 @@ async def _rates(client: Client, st: SoakState, ident: Identity) -> None:
 
 def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,
              progress: Progress = NULL, *, artifacts_dir: Path | None = None,
-             run_id: str | None = None, reference: ReferenceSet | None = None) -> Verdict:
+             run_id: str | None = None, reference: ReferenceSet | None = None,
+             side: Future[ReferenceSet | None] | None = None) -> Verdict:
     """Soak ``target`` and return the verdict (never raises for a bad server: that is the verdict).
 
     ``baseline``: the last passing verdict of the previously serving tag on the
     same host (throughput is compared with it). ``reference``: the last known-good version's
-    reference set (soak/references.py; None: a first deploy). ``artifacts_dir``: where samples,
+    reference set (soak/references.py; None: a first deploy); ``side``: the same prompts being
+    asked of a host still on the old version (rollout/side_by_side.py), awaited after the load.
+    ``artifacts_dir``: where samples,
     scrapes and verdict.json go (created). With ``config.smoke_only`` only
     readiness, identity and smoke run: a rollback's quick check.
     """
@@ -410,7 +414,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         )
         baseline = None
     results = checks.evaluate(ev, config, baseline, baseline_note=baseline_note,
-                              reference=reference, label=_label(target))
+                              reference=reference, label=_label(target), side=_side(side))
     outcome = checks.overall(results)
     deciding = [c for c in results if c.outcome is outcome and not c.observe_only]
     summary = outcome.value if outcome is Outcome.PASS else f"{outcome.value}: " + "; ".join(
@@ -461,6 +465,14 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
     art.write_json("verdict.json", to_dict(verdict))
     progress(Event("done", verdict.summary, host=target.name, data={"outcome": outcome.value}))
     return verdict
+
+
+def _side(side: Future[ReferenceSet | None] | None) -> ReferenceSet | None:
+    """The old-version host's answers, once asked (None when there is none or asking failed)."""
+    try:
+        return side.result() if side is not None else None
+    except Exception:  # a peer that could not be asked leaves the ledger's set alone
+        return None
 
 
 def _label(target: SoakTarget) -> str:

@@ -139,20 +139,22 @@ __all__ = [
 
 def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
              baseline_note: str = "", reference: ReferenceSet | None = None,
-             label: str = "") -> tuple[CheckResult, ...]:
+             label: str = "", side: ReferenceSet | None = None) -> tuple[CheckResult, ...]:
     """Every enabled check, in report order (disabled ones are reported as skipped).
 
     ``baseline_note``: why there is no baseline to compare with, when one was set aside.
     ``reference``: the known-good version's reference set (None: a first deploy); ``label``: the
-    version under test, as messages name it.
+    version under test, as messages name it; ``side``: the same prompts' answers from a host still
+    on the old version (a rollout's side-by-side comparison).
     """
+    known = reference or side
     fns: dict[str, Callable[[CheckSpec], CheckResult]] = {
         "readiness": lambda s: check_readiness(s, ev),
         "identity": lambda s: check_identity(s, ev, config),
         "smoke": lambda s: check_smoke(s, ev),
         "errors": lambda s: check_errors(s, ev, config),
         "liveness": lambda s: check_liveness(s, ev),
-        "correctness": lambda s: check_correctness(s, ev, reference.label() if reference else ""),
+        "correctness": lambda s: check_correctness(s, ev, known.label() if known else ""),
         "long_decode": lambda s: check_long_decode(s, ev, config),
         "long_prompts": lambda s: check_long_prompts(s, ev, config),
         "server_errors": lambda s: check_server_errors(s, ev),
@@ -164,7 +166,7 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "preemptions": lambda s: check_preemptions(s, ev),
         "container": lambda s: check_container(s, ev),
         "known_good": lambda s: check_known_good(s, ev.answers, reference, label or ev.host,
-                                                 ev.load_ran),
+                                                 ev.load_ran, side),
     }
     out: list[CheckResult] = []
     if fns.keys() != set(CHECKS):  # the declaration in soak/config.py and the evaluators must agree

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from fleetctl.soak.answerset import Answer, ReferenceSet
 from fleetctl.soak.checks.judge import INC, F, P, decide, pct, skipped
@@ -210,27 +210,37 @@ def first_deploy(spec: CheckSpec, answers: Sequence[Answer]) -> CheckResult:
 
 
 def check_known_good(spec: CheckSpec, answers: Sequence[Answer], ref: ReferenceSet | None,
-                     new_label: str, ran: bool = True) -> CheckResult:
-    """The reference set's answers against the known-good version's (see the module docstring)."""
+                     new_label: str, ran: bool = True,
+                     side: ReferenceSet | None = None) -> CheckResult:
+    """The reference set's answers against the known-good version's (see the module docstring):
+    the ledger's set ``ref``, and ``side``, the same prompts asked of a host still on the old
+    version during this rollout (either may be missing; neither: a first deploy)."""
     if not ran:
         return skipped(spec, "not run: no load phase")
-    if ref is None:
+    against = [r for r in (ref, side) if r is not None and any(a.ok for a in r.answers)]
+    if not against:
         return first_deploy(spec, answers)
-    ref_label = ref.label() + (" on a host still serving it" if ref.source == "side-by-side"
-                               else "")
     out: list[Measurement] = []
-    for a in answers:
-        out += judge_answer(spec, a, ref.answer(a.id), new_label, ref_label)
-    prefix, exact, n = summary(answers, ref)
-    bound = _bound(spec, "min_exact_share")
-    if n:
-        low = bound is not None and exact < bound
-        out.append(Measurement(
-            "agreement", F if low else P,
-            f"token agreement with {ref_label}: {pct(exact)} of {n} answers identical, mean "
-            f"common prefix {pct(prefix)}" + (f" (under the recipe's {pct(bound)})"
-                                              if bound is not None and low else ""),
-            round(exact, 4), bound))
+    said: list[str] = []
+    for r in against:
+        ref_label = r.label() + (" on a host still serving it" if r.source == "side-by-side"
+                                 else "")
+        ms = [m for a in answers for m in judge_answer(spec, a, r.answer(a.id), new_label,
+                                                      ref_label)]
+        if r.source == "side-by-side":
+            ms = [replace(m, label=f"side-by-side {m.label}") for m in ms]
+        out += ms
+        prefix, exact, n = summary(answers, r)
+        bound = _bound(spec, "min_exact_share")
+        if n:
+            low = bound is not None and exact < bound
+            out.append(Measurement(
+                "agreement" if r.source != "side-by-side" else "side-by-side agreement",
+                F if low else P,
+                f"token agreement with {ref_label}: {pct(exact)} of {n} answers identical, mean "
+                f"common prefix {pct(prefix)}" + (f" (under the recipe's {pct(bound)})"
+                                                  if bound is not None and low else ""),
+                round(exact, 4), bound))
+        said.append(f"{ref_label}'s: {pct(exact)} identical, mean common prefix {pct(prefix)}")
     return decide(spec, out, ok_message=f"{len(answers)} greedy answers as the known-good "
-                  f"{ref_label}'s: {pct(exact)} identical, mean common prefix {pct(prefix)}",
-                  no_data="no reference answer was asked")
+                  + "; as ".join(said), no_data="no reference answer was asked")

@@ -9,13 +9,17 @@ on the batch), each bounded by the soak's request timeout scaled to its length.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import replace
 
+from fleetctl.progress import NULL, Progress
 from fleetctl.soak.answerset import SEED, Answer, RefPrompt, reference_prompts
+from fleetctl.soak.artifacts import Artifacts
 from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.loops import find_loop
 from fleetctl.soak.phases.soak_state import SoakState, stall_seen
-from fleetctl.soak.verdict import Sample
+from fleetctl.soak.verdict import Sample, SoakTarget
 
 
 def answer_of(p: RefPrompt, s: Sample, max_tokens: int) -> Answer:
@@ -66,3 +70,20 @@ async def answer_set(client: Client, st: SoakState) -> None:
         return answer_of(p, s, n)
 
     st.answers.extend(await asyncio.gather(*(one(p) for p in todo)))
+
+
+def collect(target: SoakTarget, config: SoakConfig,
+            progress: Progress = NULL) -> tuple[Answer, ...]:
+    """The reference set asked of ``target`` alone (no load, no judging): what a host still on the
+    old version answers, side by side with a canary's soak. Bounded by the config's request
+    timeouts; a server that does not answer gives failed answers, never an exception."""
+    model = config.model or (config.served_model_names[0] if config.served_model_names else "")
+
+    async def go() -> tuple[Answer, ...]:
+        st = SoakState(target, config, progress, Artifacts(None), time.monotonic(), model=model)
+        async with Client(target.base_url, connections=8, request_timeout=config.request_timeout,
+                          api_key=target.api_key) as client:
+            await answer_set(client, st)
+        return tuple(st.answers)
+
+    return asyncio.run(go())
