@@ -69,3 +69,31 @@ def test_show_pin_and_reset(tmp_path: Path) -> None:
     assert code == 0 and "removed" in out
     with fleet_ledger.open_ledger(tmp_path) as led:
         assert baselines.load(led, "spark-01", TAG) is None
+
+
+def test_known_good_reference_sets_show_pin_and_reset(tmp_path: Path) -> None:
+    from fleetctl.soak import references
+    from fleetctl.soak.answerset import Answer
+
+    def verdict(run: str, tag: str) -> Verdict:
+        a = Answer("canary:arithmetic", "canary", "What is 17 × 23?", "17 × 23 = 391.", "stop", 8,
+                   1024, expect="391")
+        return Verdict(run, "spark-01", "http://x", Outcome.PASS, "pass", "t0",
+                       "2026-07-01T12:00:00", 1.0, tag=tag, digest="sha256:" + "c" * 64,
+                       answers=(a,))
+
+    with fleet_ledger.open_ledger(tmp_path) as led:
+        assert references.save(led, references.key("qwen"), verdict("run-a", "v1"), "qwen")
+    code, out = _run(tmp_path, "show", "--known-good", "qwen")
+    assert code == 0 and "refs:qwen" in out and "known-good" in out and "1/1" in out, out
+    assert all(len(line) <= 80 for line in out.splitlines()), out
+    code, out = _run(tmp_path, "pin", "--known-good", "qwen", "--json")
+    assert code == 0 and json.loads(out)[0]["pinned"] is True, out
+    with fleet_ledger.open_ledger(tmp_path) as led:  # pinned: a later pass does not move it
+        assert references.save(led, references.key("qwen"), verdict("run-b", "v2"), "qwen") is None
+        known = references.load(led, references.key("qwen"))
+        assert known is not None and known.tag == "v1"
+    code, out = _run(tmp_path, "reset", "--known-good", "qwen", "--json")
+    assert code == 0 and json.loads(out) == {"refs:qwen": True}, out
+    code, out = _run(tmp_path, "show", "--known-good", "all", "--json")
+    assert json.loads(out) == []

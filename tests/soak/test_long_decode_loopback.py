@@ -101,12 +101,13 @@ def test_the_probe_replaces_the_correctness_long_decode_and_is_capped_by_max_mod
 
     async def chat(f: FakeVLLM, r: web.Request, body: dict[str, Any]) -> web.StreamResponse:
         if prompt_of(body) == prompts.LONG_DECODE_PROMPT:
-            asked.append(int(body["max_tokens"]))
+            asked.append(int(body["max_tokens"]) if body.get("ignore_eos") else -1)
         return await good_chat(f, r, body)
 
     with serve(FakeVLLM(chat=chat, max_model_len=1024)) as fake:
         soak(fake, quick(checks={"long_decode": {"tokens": 16384}}), tmp_path)
-    assert asked == [1024 - 512]
+    # The probe once (ignore_eos); the reference set asks the same prompt free to stop (-1 here).
+    assert asked == [1024 - 512, -1]
 
 
 def test_long_prompt_probes_find_the_fact_hidden_mid_prompt(tmp_path: Path) -> None:

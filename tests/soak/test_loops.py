@@ -37,12 +37,23 @@ def test_varied_prose_and_short_repeats_are_not_loops() -> None:
     assert find_loop(prose + " " + LOOP + " " + LOOP) is None
 
 
-def test_the_emulators_filler_is_periodic_past_three_cycles() -> None:
-    # The lab emulator's answers cycle through 54 filler words: past 162 words they loop, and so
-    # does the reference of the same prompt, which is why a loop alone is never a finding.
-    text = "".join(emulator_text.answer_tokens("Tell me about rivers.", temperature=0.0))
-    loop = find_loop(text)
-    assert (loop is not None) == (len(text.split()) >= 3 * 54)
+def test_the_emulators_healthy_answers_never_loop_and_its_degenerate_build_does() -> None:
+    # A healthy answer re-uses the filler's words without repeating one phrase to its end; the
+    # degenerate build (EMU_DEGENERATE_AFTER_TOKENS) turns a long answer into one phrase.
+    for prompt in ("Tell me about rivers.", "Explain TCP.", "Write a poem about snow."):
+        pieces = emulator_text.generate(prompt, thinking=False, temperature=0.0, garbage=False)
+        text = "".join(p.text for p in pieces)
+        assert len(text.split()) >= 150 and find_loop(text) is None
+        bad = emulator_text.degenerate(
+            emulator_text.generate(prompt, thinking=False, temperature=0.0, garbage=False), 100)
+        looped = "".join(next(bad).text for _ in range(400))
+        loop = find_loop(looped)
+        assert loop is not None and loop.phrase == emulator_text.DEGENERATE_PHRASE.strip()
+        assert looped.startswith(text[:200])  # the first 100 tokens as the healthy build's
+    short = emulator_text.degenerate(
+        emulator_text.generate("What is 17 × 23?", thinking=False, temperature=0.0,
+                               garbage=False), 100)
+    assert "".join(p.text for p in short) == "17 × 23 = 391."  # a short answer ends as it did
 
 
 def _tokens(phrase: str, n: int) -> list[str]:
@@ -96,12 +107,14 @@ def test_a_server_that_loops_where_its_reference_does_not_fails_with_both_sample
     assert "reference (length, " in c.message  # the reference's own text is shown beside it
 
 
-def test_no_finding_when_the_reference_loops_too(tmp_path: Path) -> None:
+def test_a_loop_its_reference_shares_is_inconclusive_on_a_first_deploy(tmp_path: Path) -> None:
+    # The same server's c=1 answer loops too: without a known-good version to compare with, the
+    # build's loop is not told apart from the model's, and never passes silently.
     with serve(FakeVLLM(chat=_always_loops)) as fake:
         v = soak(fake, _cfg(), tmp_path)
     c = v.check("correctness")
-    assert c.outcome is Outcome.PASS, c.message
-    assert any("as its c=1 reference does" in m.message for m in c.measurements)
+    assert c.outcome is Outcome.INCONCLUSIVE, c.message
+    assert "no known-good version to compare with (a first deploy)" in c.message
 
 
 def test_no_finding_for_a_loop_past_the_models_natural_end(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from fleetctl.rollout.rejected import from_records
 from fleetctl.state import ledger as fleet_ledger
 
 
@@ -15,6 +16,7 @@ def history_json(
 ) -> dict[str, Any]:
     """``units``: host -> its unit's name today (the inventory's; a host of no unit is left out)."""
     units = units or {}
+    rejected = from_records([rec])
     return {
         "id": rec.id,
         "kind": rec.kind,
@@ -31,6 +33,9 @@ def history_json(
         "finished_at": _iso(rec.finished_at),
         "error": rec.error,
         "options": rec.options,
+        # The digest this rollout's full gate rejected (later rollouts of the recipe refuse it).
+        "rejected": {"digest": rejected[0].digest, "tag": rejected[0].tag,
+                     "host": rejected[0].host, "why": rejected[0].why} if rejected else None,
         "waves": [
             {"wave": w.idx + 1, "hosts": list(w.hosts), "status": w.status} for w in rec.waves
         ],

@@ -30,6 +30,7 @@ from fleetctl.cli.output import (
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.plan import Plan
+from fleetctl.rollout.rejected import from_records
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
 
@@ -304,6 +305,11 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
 @click.option(
+    "--retry-rejected",
+    is_flag=True,
+    help="Gate a build again that a full gate of the recipe rejected before (refused otherwise).",
+)
+@click.option(
     "--resume",
     is_flag=True,
     help="Continue the paused or interrupted rollout from each host's real state.",
@@ -330,6 +336,7 @@ def rollout(
     ready_timeout: float | None,
     webhook: str | None,
     dry_run: bool,
+    retry_rejected: bool,
     resume: bool,
     yes: bool,
     take_over: bool,
@@ -353,6 +360,7 @@ def rollout(
         webhook=webhook,
         dry_run=dry_run,
         bake=bake,
+        retry_rejected=retry_rejected,
     )
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
@@ -554,6 +562,8 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                 rows,
             )
         )
+        for rj in from_records(recs):
+            con.print(f"rejected: {rj.describe()}", highlight=False, markup=False)
 
     ctx.emit(data, render)
 

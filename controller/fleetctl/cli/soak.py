@@ -22,12 +22,19 @@ from rich.text import Text
 from fleetctl import inventory, paths, secretenv, ssh
 from fleetctl.cli import live
 from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx, stream_options
+from fleetctl.cli.soak_baseline import (
+    known_good_option,
+    refs_of,
+    render_refs,
+    render_windows,
+    window_json,
+)
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import Event, Progress, Tee
 from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
-from fleetctl.soak import baselines, fleet, report, secrets
+from fleetctl.soak import baselines, fleet, references, report, secrets
 from fleetctl.soak.checks import pct
 from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config
 from fleetctl.soak.container import DockerOverSSH
@@ -59,6 +66,9 @@ class _Job:
     #: The key its baseline is kept under: the host's name, or a unit's own (``unit:NAME``) for a
     #: unit.
     baseline_key: str = ""
+    #: The recipe's known-good reference set's key (soak/references.py), empty for an --endpoint.
+    ref_key: str = ""
+    recipe: str = ""
 
 
 def _exit_code(outcome: Outcome) -> ExitCode:
@@ -123,7 +133,8 @@ def _host_jobs(
         )
         tag = target.tag
         base = baselines.load(store, key, baseline_tag or tag) if not smoke_only else None
-        jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name), store, key))
+        jobs.append(_Job(target, cfg, base, state, new_run_id("soak", h.name), store, key,
+                         references.host_key(recipe.name, h.vars), recipe.name))
     return jobs
 
 
@@ -244,6 +255,8 @@ def _run(job: _Job, progress: Progress) -> Verdict:
             progress,
             artifacts_dir=artifacts,
             run_id=job.run_id,
+            reference=references.load(job.store, job.ref_key) if job.store and job.ref_key
+            else None,
         )
     except FleetError as e:  # e.g. the artifacts dir cannot be written: the soak could not run
         progress(Event("error", e.message(), host=job.target.name))
@@ -489,6 +502,8 @@ def _soak(
             and not smoke_only
         ):
             baselines.save(job.store, job.baseline_key or job.target.name, job.target.tag, v)
+            if job.ref_key:
+                references.save(job.store, job.ref_key, v, job.recipe)
     base_map = {j.target.name: j.baseline for j in jobs if j.baseline is not None}
     finish(ctx, verdicts, _summary(verdicts), json_file, junit_file, html_file, base_map)
 
@@ -541,102 +556,67 @@ def _windows(
     return store, hosts, found
 
 
-def _render_windows(ws: list[baselines.Window]) -> Callable[[Console], None]:
-    def render(out: Console) -> None:
-        rows = []
-        for w in ws:
-            b = w.baseline
-            assert b is not None
-            peak = max(
-                (lv for lv in b.levels if lv.phase == "sweep" and lv.tok_s),
-                key=lambda lv: lv.tok_s or 0.0,
-                default=None,
-            )
-            spread = b.baseline_spread.get(peak.label) if peak else None
-            rows.append([w.host, w.tag, str(len(w.runs)), "yes" if w.pinned else "no",
-                         f"{peak.tok_s:.0f} ({peak.label})" if peak and peak.tok_s else "-",
-                         f"{spread:.1f}" if spread is not None else "-", w.runs[-1].finished[:19]])
-        out.print(
-            fit_table(
-                out.width,
-                [
-                    "host",
-                    Col("tag", flex=True, min=12),
-                    "runs",
-                    "pinned",
-                    Col("peak tok/s", drop=2),
-                    Col("spread", drop=1),
-                    Col("newest", drop=3),
-                ],
-                rows,
-                title="soak baselines",
-            )
-        )
-        if not ws:
-            out.print(
-                "no baseline recorded: a passing `fleetctl soak` (or rollout gate) records one"
-            )
-
-    return render
-
-
-def _window_json(w: baselines.Window) -> dict[str, object]:
-    b = w.baseline
-    return {
-        "host": w.host,
-        "tag": w.tag,
-        "pinned": w.pinned,
-        "runs": [r.run_id for r in w.runs],
-        "fingerprint": w.runs[-1].fingerprint if w.runs else None,
-        "levels": {}
-        if b is None
-        else {
-            lv.label: {"tok_s": lv.tok_s, "spread": b.baseline_spread.get(lv.label)}
-            for lv in b.levels
-            if lv.phase == "sweep"
-        },
-    }
-
-
 @baseline.command("show")
 @click.option(
     "--limit", "-l", metavar="HOSTS", help="Hosts (Ansible pattern); default: every host."
 )
 @click.option("--tag", metavar="TAG", help="Only this tag's baselines.")
+@known_good_option
 @json_option
 @pass_ctx
-def baseline_show(ctx: Ctx, limit: str | None, tag: str | None) -> None:
+def baseline_show(ctx: Ctx, limit: str | None, tag: str | None, known_good: str | None) -> None:
     """Each host's baseline per tag: how many passing runs it combines, pinned or not, its
-    figures."""
+    figures (--known-good all|RECIPE: the recipes' known-good reference sets)."""
     with contextlib.ExitStack() as stack:
-        _store, _hosts, ws = _windows(ctx, limit, tag, stack)
-    ctx.emit([_window_json(w) for w in ws], _render_windows(ws))
+        store, _hosts, ws = _windows(ctx, limit, tag, stack)
+        if known_good:
+            refs = refs_of(store, known_good)
+            ctx.emit(refs, render_refs(refs))
+            return
+    ctx.emit([window_json(w) for w in ws], render_windows(ws))
 
 
 @baseline.command("pin")
-@click.option("--limit", "-l", metavar="HOSTS", required=True, help="Hosts (Ansible pattern).")
-@click.option("--tag", metavar="TAG", required=True, help="The tag whose baseline to pin.")
+@click.option("--limit", "-l", metavar="HOSTS", help="Hosts (Ansible pattern).")
+@click.option("--tag", metavar="TAG", help="The tag whose baseline to pin.")
 @click.option("--unpin", is_flag=True, help="Let passing soaks move the baseline again.")
+@known_good_option
 @json_option
 @pass_ctx
-def baseline_pin(ctx: Ctx, limit: str, tag: str, unpin: bool) -> None:
+def baseline_pin(ctx: Ctx, limit: str | None, tag: str | None, unpin: bool,
+                 known_good: str | None) -> None:
     """Freeze a baseline: later passing soaks no longer move it (a known-good reference)."""
     with contextlib.ExitStack() as stack:
         store, hosts, _ws = _windows(ctx, limit, tag, stack)
+        if known_good:
+            references.pin(store, references.key(known_good), pinned=not unpin)
+            refs = refs_of(store, known_good)
+            ctx.emit(refs, render_refs(refs))
+            return
+        if not limit or not tag:
+            raise click.UsageError("give --limit HOSTS and --tag TAG (or --known-good RECIPE)")
         done = [baselines.pin(store, h, tag, pinned=not unpin) for h in hosts]
-    ctx.emit([_window_json(w) for w in done], _render_windows(done))
+    ctx.emit([window_json(w) for w in done], render_windows(done))
 
 
 @baseline.command("reset")
-@click.option("--limit", "-l", metavar="HOSTS", required=True, help="Hosts (Ansible pattern).")
-@click.option("--tag", metavar="TAG", required=True, help="The tag whose baseline to forget.")
+@click.option("--limit", "-l", metavar="HOSTS", help="Hosts (Ansible pattern).")
+@click.option("--tag", metavar="TAG", help="The tag whose baseline to forget.")
+@known_good_option
 @json_option
 @pass_ctx
-def baseline_reset(ctx: Ctx, limit: str, tag: str) -> None:
+def baseline_reset(ctx: Ctx, limit: str | None, tag: str | None, known_good: str | None) -> None:
     """Forget a baseline (after a hardware change, or a lucky run): the next passing soak starts a
-    new one."""
+    new one (--known-good RECIPE: the recipe's reference sets; its next soak is a first deploy)."""
     with contextlib.ExitStack() as stack:
         store, hosts, _ws = _windows(ctx, limit, tag, stack)
+        if known_good:
+            key = references.key(known_good)
+            ctx.emit({key: references.reset(store, key)}, lambda out: out.print(
+                f"{key}: reference sets removed", highlight=False, markup=False))
+            return
+        if not limit or not tag:
+            raise click.UsageError("give --limit HOSTS and --tag TAG (or --known-good RECIPE)")
         gone = {h: baselines.reset(store, h, tag) for h in hosts}
 
     def render(out: Console) -> None:

@@ -102,6 +102,9 @@ SCENARIOS: dict[str, dict[str, str]] = {
         "EMU_BOOT_FAIL": "RuntimeError: CUDA error: no kernel image is available for execution on "
                          "the device"
     },
+    # A build whose long answers loop: past ~100 words each turns into one short phrase repeated
+    # to max_tokens, at every concurrency, greedy or not; short answers, canaries and stops healthy.
+    "degenerate": {"EMU_DEGENERATE_AFTER_TOKENS": "100"},
     "slow30": {"EMU_THROUGHPUT_SCALE": "0.7"},
     "error-rate": {"EMU_ERROR_RATE": "0.2"},
     "errors-under-traffic": {"EMU_FORWARDED_ERROR_RATE": "0.4"},

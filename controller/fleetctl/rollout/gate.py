@@ -10,13 +10,15 @@ check after a rollback.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
 from fleetctl import secretenv
-from fleetctl.inventory import Host
+from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
+from fleetctl.rollout import side_by_side
 from fleetctl.soak import (
     Readiness,
     SoakConfig,
@@ -24,10 +26,12 @@ from fleetctl.soak import (
     Verdict,
     baselines,
     fleet,
+    references,
     run_soak,
     smoke_check,
     wait_ready,
 )
+from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.verdict import Outcome
 
 
@@ -63,8 +67,14 @@ def soak(
     run_id: str,
     progress: Progress,
     baseline_key: str | None = None,
+    ref_key: str | None = None,
+    recipe: str = "",
+    side: Future[ReferenceSet | None] | None = None,
 ) -> Verdict:
-    """The full gate, compared with the host's baseline on the tag it served before.
+    """The full gate, compared with the host's baseline on the tag it served before, and its
+    greedy answers with the recipe's known-good reference set (``ref_key``,
+    :mod:`fleetctl.soak.references`; a pass records this version's set as the next known-good)
+    and, with ``side``, with a host still on the old version (rollout/side_by_side.py).
 
     The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one
     ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
@@ -75,8 +85,12 @@ def soak(
     """
     key = baseline_key or t.name
     base = baselines.load(store, key, baseline_tag) if baseline_tag else None
-    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id)
+    known = references.load(store, ref_key) if ref_key else None
+    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id, reference=known,
+                 side=side)
     baselines.save(store, key, t.tag, v)
+    if ref_key:
+        references.save(store, ref_key, v, recipe)
     return v
 
 
@@ -118,8 +132,11 @@ class SoakGates:
     ``_FILE``), sent as ``Authorization: Bearer`` when the recipe requires a key.
     """
 
-    def __init__(self, secrets: Mapping[str, str] | None = None) -> None:
+    def __init__(self, secrets: Mapping[str, str] | None = None,
+                 inventory: Inventory | None = None) -> None:
         self.secrets = secrets
+        #: The fleet, to find a host still on the old version for the side-by-side answers.
+        self.inventory = inventory
 
     def _target(self, host: Host, recipe: Recipe, tag: str) -> SoakTarget:
         key = secretenv.api_key(recipe.secret_env, self.secrets, recipe=recipe.name)
@@ -132,16 +149,22 @@ class SoakGates:
     def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
              baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
              baseline_key: str | None = None) -> Verdict:
-        return soak(
-            self._target(host, recipe, tag),
-            cfg,
-            store,
-            baseline_tag,
-            artifacts,
-            run_id,
-            progress,
-            baseline_key,
-        )
+        with ThreadPoolExecutor(1, thread_name_prefix="side-by-side") as pool:
+            side = side_by_side.start(pool, store, self.inventory, run_id, host, recipe, cfg,
+                                      self.secrets)
+            return soak(
+                self._target(host, recipe, tag),
+                cfg,
+                store,
+                baseline_tag,
+                artifacts,
+                run_id,
+                progress,
+                baseline_key,
+                references.host_key(recipe.name, host.vars),
+                recipe.name,
+                side,
+            )
 
     def smoke(
         self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path

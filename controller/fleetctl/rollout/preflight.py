@@ -9,7 +9,7 @@ from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import deploy, gate
+from fleetctl.rollout import deploy, gate, rejected
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
@@ -124,6 +124,7 @@ class Preflight:
         """Resolve the tag, preflight the hosts and cut the waves. Touches nothing."""
         recipe, hosts = self.check(opts)
         img = self.resolve(recipe, opts.tag or "")
+        rejected.refuse(self.s.ledger, recipe.name, img.digest, img.tag, opts.retry_rejected)
         ref = registry.pull_ref(recipe.image, img.digest, self.s.mirrors)
         facts = self.facts(hosts, recipe, ref)
         self.s.gpus.update({n: f.gpu_or_why for n, f in facts.items()})

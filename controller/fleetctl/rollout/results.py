@@ -33,6 +33,8 @@ class Options:
     #: Seconds each wave is watched under live traffic after it is back in rotation (None: the
     #: inventory's fleetctl_bake, else off); see rollout/bake.py.
     bake: float | None = None
+    #: Gate a digest a full gate of the recipe rejected before (rollout/rejected.py) again.
+    retry_rejected: bool = False
 
 
 @dataclass(frozen=True)

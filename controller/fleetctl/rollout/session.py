@@ -145,7 +145,7 @@ class Session:
         self.auth_hosts: tuple[str, ...] = tuple(
             str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
         self.ops = ops or remote.SshHostOps
-        self.gates: gate.Gates = gates or gate.SoakGates(self.secrets)
+        self.gates: gate.Gates = gates or gate.SoakGates(self.secrets, self.inv)
         self.resolve_image = resolve or functools.partial(registry.resolve,
                                                           auth_hosts=self.auth_hosts)
         #: An image's layer sizes for the pulls' bytes (none asked of a registry with a simulated

@@ -58,6 +58,13 @@ CHECK_PARAMS: dict[str, dict[str, str]] = {
     "long_context": {"floor": "fraction", "min_ratio": "fraction"},
     "preemptions": {"max_per_minute": "number"},
     "container": {},
+    # The fixed greedy prompts with natural ends (soak/answerset.py) against the last known-good
+    # version's answers (soak/checks/known_good.py): how many per class, their max_tokens and
+    # concurrency (1: batch-invariant greedy answers), the length bounds, and the token-agreement
+    # bounds (unset: reported only, kernels change numerics across versions).
+    "known_good": {"prompts_per_class": "count", "max_tokens": "count", "concurrency": "count",
+                   "max_length_ratio": "number", "min_length_delta": "count",
+                   "min_prefix_share": "fraction", "min_exact_share": "fraction"},
 }
 
 
@@ -151,6 +158,7 @@ SPARK: dict[str, Any] = {
         "acceptance_decay": {"max_drop": 0.5, "min_windows": 3},
         "long_context": {"floor": 0.2, "min_ratio": 0.5},
         "preemptions": {"max_per_minute": 10.0},
+        "known_good": {"prompts_per_class": 2, "max_tokens": 1024, "concurrency": 1},
     },
 }
 
@@ -202,6 +210,9 @@ def _lab_profile() -> dict[str, Any]:
         "min_ratio": 0.5,
     }
     checks["long_context"] = {"floor": 0.05, "min_ratio": 0.5}
+    # One prompt per class; the emulator's answers run 150-600 tokens and are the same at any
+    # concurrency, so the set is asked four at a time (seconds).
+    checks["known_good"] = {"prompts_per_class": 1, "max_tokens": 768, "concurrency": 4}
     return lab
 
 

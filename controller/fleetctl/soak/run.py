@@ -27,6 +27,7 @@ import bisect
 import statistics
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,6 +37,7 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.soak import checks, prompts, secrets
+from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.artifacts import Artifacts
 from fleetctl.soak.checks.evidence import Evidence, Identity, SmokeResult
 from fleetctl.soak.client import ChatRequest, Client
@@ -49,6 +51,7 @@ from fleetctl.soak.phases import (
     sustained,
     windowed,
 )
+from fleetctl.soak.phases.answer_set import answer_set
 from fleetctl.soak.phases.levels import merge_trials, open_loop, run_requests
 from fleetctl.soak.phases.sizing import estimate_chars_per_token, long_text, sized
 from fleetctl.soak.phases.soak_state import SoakState, diagnose_crash, planned_phases, stall_seen
@@ -127,6 +130,7 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     if st.load_ran:
         await _load(client, st, ident)
         await loop_references(client, st)
+        await answer_set(client, st)
     return await _finish(client, st)
 
 
@@ -184,6 +188,7 @@ def evidence(st: SoakState, final: bool = True) -> Evidence:
             loops=tuple(st.loops),
             loops_unjudged=st.loops_unjudged,
             long_prompts=tuple(st.long_prompts),
+            answers=tuple(st.answers),
         )
         if final
         else Evidence(
@@ -335,11 +340,15 @@ async def _rates(client: Client, st: SoakState, ident: Identity) -> None:
 
 def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,
              progress: Progress = NULL, *, artifacts_dir: Path | None = None,
-             run_id: str | None = None) -> Verdict:
+             run_id: str | None = None, reference: ReferenceSet | None = None,
+             side: Future[ReferenceSet | None] | None = None) -> Verdict:
     """Soak ``target`` and return the verdict (never raises for a bad server: that is the verdict).
 
     ``baseline``: the last passing verdict of the previously serving tag on the
-    same host (throughput is compared with it). ``artifacts_dir``: where samples,
+    same host (throughput is compared with it). ``reference``: the last known-good version's
+    reference set (soak/references.py; None: a first deploy); ``side``: the same prompts being
+    asked of a host still on the old version (rollout/side_by_side.py), awaited after the load.
+    ``artifacts_dir``: where samples,
     scrapes and verdict.json go (created). With ``config.smoke_only`` only
     readiness, identity and smoke run: a rollback's quick check.
     """
@@ -404,7 +413,8 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
             f"(fingerprint {baseline.fingerprint or 'none'}, this soak {config.fingerprint()})"
         )
         baseline = None
-    results = checks.evaluate(ev, config, baseline, baseline_note=baseline_note)
+    results = checks.evaluate(ev, config, baseline, baseline_note=baseline_note,
+                              reference=reference, label=_label(target), side=_side(side))
     outcome = checks.overall(results)
     deciding = [c for c in results if c.outcome is outcome and not c.observe_only]
     summary = outcome.value if outcome is Outcome.PASS else f"{outcome.value}: " + "; ".join(
@@ -448,11 +458,28 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
         fingerprint=config.fingerprint(),
         ttft_samples=tuple(round(s.ttft, 5) for s in ok if s.ttft is not None)[:MAX_DIST_SAMPLES],
         tpot_samples=tuple(round(s.tpot, 6) for s in ok if s.tpot is not None)[:MAX_DIST_SAMPLES],
+        answers=ev.answers,
+        known_good_run_id=reference.run_id if reference else "",
     )
     verdict = scrub.tree(verdict)
     art.write_json("verdict.json", to_dict(verdict))
     progress(Event("done", verdict.summary, host=target.name, data={"outcome": outcome.value}))
     return verdict
+
+
+def _side(side: Future[ReferenceSet | None] | None) -> ReferenceSet | None:
+    """The old-version host's answers, once asked (None when there is none or asking failed)."""
+    try:
+        return side.result() if side is not None else None
+    except Exception:  # a peer that could not be asked leaves the ledger's set alone
+        return None
+
+
+def _label(target: SoakTarget) -> str:
+    """The version under test for messages: tag (short digest), or the host."""
+    short = target.digest.split(":")[-1][:12] if target.digest else ""
+    name = target.tag or target.name
+    return f"{name} ({short})" if short else name
 
 
 def _acceptance(windows: Sequence[Window]) -> float | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, Union, get_args, get_origin, get_type_hints
 
 from fleetctl.container import Container
+from fleetctl.soak.answerset import Answer
 
 #: Version of the verdict's JSON shape; a newer one is refused when loading a baseline.
 SCHEMA_VERSION = 1
@@ -249,6 +250,11 @@ class Verdict:
     #: standard deviation, 1.4826 x MAD) of each sweep level's tok/s, by level label.
     baseline_runs: int = 1
     baseline_spread: Mapping[str, float] = field(default_factory=dict)
+    #: The reference set's greedy answers (soak/answerset.py): a passing full soak's become its
+    #: recipe's known-good (soak/references.py).
+    answers: tuple[Answer, ...] = ()
+    #: The known-good set the answers were compared with (its run id; empty: none, a first deploy).
+    known_good_run_id: str = ""
 
     @property
     def passed(self) -> bool:

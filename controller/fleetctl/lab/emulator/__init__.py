@@ -36,6 +36,9 @@ mounted); 0 ``EMU_CRASH_AT_CONCURRENCY``    K: when K requests run at once the e
                                 stays 200 (the issue's "!!!! after 30 s"); 0 = never
 ``EMU_GARBAGE_AT_CONCURRENCY``  K: tokens decoded while K or more requests run are ``!``
                                 (corruption only in big batches); 0 = never
+``EMU_DEGENERATE_AFTER_TOKENS`` N: past N generated tokens an answer turns into one short
+                                phrase repeated to max_tokens (any concurrency, greedy or
+                                not; shorter answers end as usual); 0 = never
 ``EMU_BOOT_FAIL``               a message: the engine fails to start with it (exit 1)
 ``EMU_SPEED``                   emulated time runs this many times faster (TTFT, decode,
                                 decay; not the load time); 1

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from . import perf
 from .knobs import Knobs
 from .metrics import Metrics
-from .text import Piece, generate
+from .text import Piece, degenerate, generate
 
 #: Default --max-num-seqs of vLLM's OpenAI server.
 DEFAULT_MAX_NUM_SEQS = 256
@@ -259,6 +259,8 @@ class Engine:
                 salt=request.request_id,
                 ignore_eos=request.ignore_eos,
             )
+            if self.knobs.degenerate_after_tokens:
+                pieces = degenerate(pieces, self.knobs.degenerate_after_tokens)
             last_emit = first_token_at
             pending: list[Piece] = []
             steps = 0

@@ -45,6 +45,10 @@ class Knobs:
     #: Acceptance lost (fraction, cumulative) per request served from the prefix cache, for requests
     #: that hit it: the production bug (rejected drafts written into the drafter's cached KV).
     decay_per_cache_hit: float = 0.0
+    #: A build that degenerates: past this many generated tokens an answer turns into one short
+    #: phrase repeated to max_tokens, at any concurrency and temperature (shorter answers, the
+    #: canaries among them, end as a healthy build's do); 0 = never.
+    degenerate_after_tokens: int = 0
     #: Requests per second another client sends to the same server (they show only in /metrics).
     foreign_rps: float = 0.0
 

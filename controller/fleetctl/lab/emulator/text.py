@@ -7,6 +7,7 @@ for English), which keeps prompt token counts stable and cheap at 32K tokens.
 from __future__ import annotations
 
 import hashlib
+import random
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -80,12 +81,44 @@ def answer_tokens(prompt: str, *, temperature: float, salt: str = "") -> list[st
     seed = _seed(prompt, salt if temperature > 0 else "")
     # Answer length between 150 and 600 tokens, deterministic per prompt.
     length = 150 + seed % 451
-    offset = seed % len(_FILLER_WORDS)
-    words = [_FILLER_WORDS[(offset + i) % len(_FILLER_WORDS)] for i in range(length)]
+    words = prose_words(seed, length)
     words[0] = words[0].capitalize()
     tokens = [("" if i == 0 else " ") + w for i, w in enumerate(words)]
     tokens.append(".")
     return tokens
+
+
+def prose_words(seed: int, length: int) -> list[str]:
+    """``length`` filler words that read on without a period: runs of 4-11 consecutive filler words
+    from places the seed picks, as prose re-uses its words without repeating one phrase (a healthy
+    answer never ends in a loop; a degenerate build's does, :func:`degenerate`)."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    while len(out) < length:
+        at = rng.randrange(len(_FILLER_WORDS))
+        out += [_FILLER_WORDS[(at + i) % len(_FILLER_WORDS)] for i in range(rng.randint(4, 11))]
+    return out[:length]
+
+
+#: What a degenerate build repeats once its answer is long (EMU_DEGENERATE_AFTER_TOKENS).
+DEGENERATE_PHRASE = " I can help with that."
+
+
+def degenerate(pieces: Iterator[Piece], after: int) -> Iterator[Piece]:
+    """``pieces`` up to ``after`` tokens; a longer answer then turns into one short phrase repeated
+    for ever (to max_tokens), whatever the temperature and the batch: the phrase loops some builds
+    fall into (eugr/spark-vllm-docker #363). Answers of ``after`` tokens or fewer end as they
+    would."""
+    for n, piece in enumerate(pieces):
+        if n == after:
+            break
+        yield piece
+    else:
+        return
+    loop = split_tokens(DEGENERATE_PHRASE)
+    while True:
+        for tok in loop:
+            yield Piece("content", tok)
 
 
 def reasoning_tokens(prompt: str) -> list[str]:

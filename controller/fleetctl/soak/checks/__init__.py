@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.checks.answers import (
     EXCERPT_REF,
     NATURAL_END_SHARE,
@@ -67,6 +68,7 @@ from fleetctl.soak.checks.judge import (
     skipped,
     snippet,
 )
+from fleetctl.soak.checks.known_good import check_known_good
 from fleetctl.soak.checks.performance import check_latency, check_throughput
 from fleetctl.soak.checks.speculative import (
     SPEC_SERIES,
@@ -107,6 +109,7 @@ __all__ = [
     "check_correctness",
     "check_errors",
     "check_identity",
+    "check_known_good",
     "check_latency",
     "check_liveness",
     "check_long_context",
@@ -135,18 +138,23 @@ __all__ = [
 
 
 def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
-             baseline_note: str = "") -> tuple[CheckResult, ...]:
+             baseline_note: str = "", reference: ReferenceSet | None = None,
+             label: str = "", side: ReferenceSet | None = None) -> tuple[CheckResult, ...]:
     """Every enabled check, in report order (disabled ones are reported as skipped).
 
     ``baseline_note``: why there is no baseline to compare with, when one was set aside.
+    ``reference``: the known-good version's reference set (None: a first deploy); ``label``: the
+    version under test, as messages name it; ``side``: the same prompts' answers from a host still
+    on the old version (a rollout's side-by-side comparison).
     """
+    known = reference or side
     fns: dict[str, Callable[[CheckSpec], CheckResult]] = {
         "readiness": lambda s: check_readiness(s, ev),
         "identity": lambda s: check_identity(s, ev, config),
         "smoke": lambda s: check_smoke(s, ev),
         "errors": lambda s: check_errors(s, ev, config),
         "liveness": lambda s: check_liveness(s, ev),
-        "correctness": lambda s: check_correctness(s, ev),
+        "correctness": lambda s: check_correctness(s, ev, known.label() if known else ""),
         "long_decode": lambda s: check_long_decode(s, ev, config),
         "long_prompts": lambda s: check_long_prompts(s, ev, config),
         "server_errors": lambda s: check_server_errors(s, ev),
@@ -157,6 +165,8 @@ def evaluate(ev: Evidence, config: SoakConfig, baseline: Verdict | None,
         "long_context": lambda s: check_long_context(s, ev, config),
         "preemptions": lambda s: check_preemptions(s, ev),
         "container": lambda s: check_container(s, ev),
+        "known_good": lambda s: check_known_good(s, ev.answers, reference, label or ev.host,
+                                                 ev.load_ran, side),
     }
     out: list[CheckResult] = []
     if fns.keys() != set(CHECKS):  # the declaration in soak/config.py and the evaluators must agree

@@ -31,9 +31,10 @@ def same_answer(a: str, b: str) -> bool:
     return " ".join(a.split()).lower() == " ".join(b.split()).lower()
 
 
-def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_correctness(spec: CheckSpec, ev: Evidence, known_good: str = "") -> CheckResult:
     """No garbage in any streamed answer under load; canaries right and equal to their c=1
-    answer."""
+    answer; loops judged against their c=1 reference (``known_good``: the version the
+    known_good check compares with, empty on a first deploy)."""
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     host = f"{ev.host} " if ev.host else ""
@@ -50,7 +51,7 @@ def check_correctness(spec: CheckSpec, ev: Evidence) -> CheckResult:
             )
         )
     out += [_judge_canary(c, host) for c in ev.canaries]
-    out += [_judge_loop(lr, host) for lr in ev.loops]
+    out += [_judge_loop(lr, host, known_good) for lr in ev.loops]
     if ev.loops_unjudged:
         # Reported, not counted: the first looping prompts were judged, and a server that loops
         # where the model does not shows it on those already.
@@ -121,8 +122,10 @@ def _judge_canary(c: CanaryResult, host: str) -> Measurement:
     return Measurement(c.level, P, f"{where}: ok", snippet(text), c.expect)
 
 
-def _judge_loop(lr: LoopResult, host: str) -> Measurement:
-    """A looping answer against its reference: a finding only where the reference does not loop."""
+def _judge_loop(lr: LoopResult, host: str, known_good: str = "") -> Measurement:
+    """A looping answer against its reference: a finding where the reference does not loop;
+    where it loops too, the server is not cleared by itself: the known-good version decides
+    (the known_good check), and without one (a first deploy) the loop is inconclusive."""
     s, ref = lr.sample, lr.reference
     what = f"{host}{lr.where}: a {s.cls} answer" + (f" (and {lr.count - 1} more of the same prompt)"
                                                      if lr.count > 1 else "")
@@ -137,12 +140,22 @@ def _judge_loop(lr: LoopResult, host: str) -> Measurement:
             None,
         )
     ref_text = ref.text or ""
-    if ref.loop:
+    if ref.loop and known_good:
         return Measurement(
             f"{lr.where} loop",
             P,
-            f"{what} loops, as its c=1 reference does (the model's "
-            f"behaviour, not the server's): {s.loop}",
+            f"{what} loops, as its c=1 reference on the same server does: judged against the "
+            f"known-good {known_good} by the known_good check: {s.loop}",
+            s.loop,
+            ref.loop,
+        )
+    if ref.loop:
+        return Measurement(
+            f"{lr.where} loop",
+            INC,
+            f"{what} loops, and so does its c=1 reference on the same server, with no known-good "
+            f"version to compare with (a first deploy): the model's behaviour or this build's, "
+            f"not told apart: {s.loop}; {shown}",
             s.loop,
             ref.loop,
         )

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fleetctl.container import Container
+from fleetctl.soak.answerset import Answer
 from fleetctl.soak.verdict import (
     LevelSummary,
     Readiness,
@@ -140,3 +141,5 @@ class Evidence:
     loops: tuple[LoopResult, ...] = ()
     loops_unjudged: int = 0
     long_prompts: tuple[LongPrompt, ...] = ()
+    #: The reference set's greedy answers (judged against the known-good's by known_good).
+    answers: tuple[Answer, ...] = ()

@@ -112,6 +112,8 @@ class ChatRequest:
     #: Earlier messages of a conversation (role, content), sent before ``prompt``: a shared
     #: system context and earlier turns, so that requests share a prefix the server can cache.
     history: tuple[tuple[str, str], ...] = ()
+    #: vLLM's per-request sampling seed (the reference set's fixed one); None: not sent.
+    seed: int | None = None
 
 
 def chat_body(req: ChatRequest) -> bytes:
@@ -131,6 +133,8 @@ def chat_body(req: ChatRequest) -> bytes:
         body["chat_template_kwargs"] = {"enable_thinking": req.thinking}
     if req.ignore_eos:
         body["ignore_eos"] = True
+    if req.seed is not None:
+        body["seed"] = req.seed
     return json.dumps(body).encode()
 
 

@@ -13,6 +13,7 @@ from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress
 from fleetctl.soak import prompts
+from fleetctl.soak.answerset import Answer
 from fleetctl.soak.artifacts import Artifacts
 from fleetctl.soak.checks.evidence import (
     CanaryResult,
@@ -132,6 +133,8 @@ class SoakState:
     loops_unjudged: int = 0
     loops: list[LoopResult] = field(default_factory=list)
     long_prompts: list[LongPrompt] = field(default_factory=list)
+    #: The reference set's greedy answers (soak/answerset.py).
+    answers: list[Answer] = field(default_factory=list)
 
     def looped(self, s: Sample, req: ChatRequest, where: str) -> None:
         """Note an answer that ended in a phrase loop (judged after the load against a
