@@ -55,6 +55,14 @@ class _Host(paramiko.ServerInterface):
         try:
             if command == b"echo ok":
                 channel.sendall(b"ok\n")
+            elif command == b"mixed":
+                # lines split across packets, a CRLF, invalid UTF-8, no newline at the end
+                for part in (b"one\ntw", b"o\r\n\xff", b"\nthree"):
+                    channel.sendall(part)
+                    channel.sendall_stderr(b"warn " + part[:2] + b"\n")
+                channel.send_exit_status(3)
+                channel.close()
+                return
             else:
                 block = (b"x" * 1023 + b"\n") * 64  # lines, so the line reader meets them too
                 send = channel.sendall if self.stream != "stderr" else channel.sendall_stderr
@@ -144,3 +152,19 @@ def test_a_host_flooding_a_command_output_is_cut_off(
             "reading and closed the connection (fix: run the command on the host by hand") in out, \
         (out, r.stderr[-2000:])
     assert "after: ok" in out  # the host's next command gets a fresh connection
+
+
+def test_output_within_the_cap_is_whole_and_its_lines_are_handed_on(tmp_path: Path) -> None:
+    """Both streams read together still give each stream whole, and ``on_line`` each line."""
+    from fleetctl import inventory, ssh
+
+    lines: list[str] = []
+    with _host(tmp_path, "stdout") as hosts:
+        host = inventory.load(hosts).host("flood-01")
+        try:
+            r = ssh.run(host, "mixed", timeout=30, on_line=lines.append)
+        finally:
+            ssh.close_all()
+    assert r.rc == 3 and r.stdout == "one\ntwo\r\n\ufffd\nthree", r
+    assert r.stderr == "warn on\nwarn o\r\nwarn \nt\n", r
+    assert lines == ["one", "two", "\ufffd", "three"]
