@@ -155,3 +155,15 @@ def test_an_inventory_within_the_bounds_still_loads(tmp_path: Path) -> None:
     inv = inventory.load(tmp_path / "inv")
     assert sorted(inv.hosts) == ["s1", "s2", "s3"]
     assert inv.hosts["s2"].vars["use"] == [{"a": 1}, {"a": 1}]
+
+
+def test_a_vars_file_encrypted_whole_is_left_to_ansible(tmp_path: Path) -> None:
+    """``ansible-vault encrypt group_vars/all/vault.yml``: its text is no YAML mapping, and was
+    refused as one before it reached ansible-core."""
+    from ansible.parsing.vault import VaultLib, VaultSecret
+
+    secret = VaultSecret(b"pw")
+    text = VaultLib([("default", secret)]).encrypt("vault_x: 7\n", secret).decode()
+    _write(tmp_path, {"hosts.yml": HOSTS, "group_vars/all/vault.yml": text, "pw": "pw\n"})
+    inv = inventory.load(tmp_path / "hosts.yml", vault_password_file=tmp_path / "pw")
+    assert inv.hosts["s1"].vars["vault_x"] == 7
