@@ -167,3 +167,11 @@ def test_a_vars_file_encrypted_whole_is_left_to_ansible(tmp_path: Path) -> None:
     _write(tmp_path, {"hosts.yml": HOSTS, "group_vars/all/vault.yml": text, "pw": "pw\n"})
     inv = inventory.load(tmp_path / "hosts.yml", vault_password_file=tmp_path / "pw")
     assert inv.hosts["s1"].vars["vault_x"] == 7
+
+
+def test_a_directory_source_is_walked_once_through_a_symlink_loop(tmp_path: Path) -> None:
+    from fleetctl.inventory import files
+
+    _write(tmp_path, {"inv/fleet.yml": HOSTS})
+    (tmp_path / "inv" / "loop").symlink_to("..")
+    assert files._source_files(tmp_path / "inv") == [tmp_path / "inv" / "fleet.yml"]

@@ -104,14 +104,19 @@ def _var_files(source: Path) -> list[Path]:
     return out
 
 
-def _source_files(source: Path) -> list[Path]:
-    """The files ansible-core reads as the source (a directory: each of its files, recursively)."""
+def _source_files(source: Path, seen: set[Path] | None = None) -> list[Path]:
+    """The files ansible-core reads as the source (a directory: each of its files, recursively;
+    a directory reached twice through symlinks, once)."""
     if not source.is_dir():
         return [source] if source.is_file() else []
+    seen = set() if seen is None else seen
+    if source.resolve() in seen:
+        return []
+    seen.add(source.resolve())
     out: list[Path] = []
     for name in sorted(os.listdir(source)):
         if not _IGNORED.search(name):
-            out += _source_files(source / name)
+            out += _source_files(source / name, seen)
     return out
 
 
