@@ -117,6 +117,9 @@ def _read_both(chan: paramiko.Channel, timeout: float, on_line: Callable[[str], 
     err: list[bytes] = []
     sizes = {"stdout": 0, "stderr": 0}
     partial = b""
+    # poll, not select: with hundreds of pooled connections the pipe's fd may pass FD_SETSIZE
+    poller = select.poll()
+    poller.register(chan.fileno(), select.POLLIN)
     while True:
         if chan.recv_ready():
             name, chunk, into = "stdout", chan.recv(_CHUNK), out
@@ -126,7 +129,7 @@ def _read_both(chan: paramiko.Channel, timeout: float, on_line: Callable[[str], 
             break
         else:
             # the channel's pipe is readable on data for either stream, and at its end
-            if not select.select([chan], [], [], timeout)[0]:
+            if not poller.poll(timeout * 1000):
                 raise TimeoutError
             continue
         if not chunk:
