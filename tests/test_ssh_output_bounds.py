@@ -55,6 +55,9 @@ class _Host(paramiko.ServerInterface):
         try:
             if command == b"echo ok":
                 channel.sendall(b"ok\n")
+            elif command == b"hang":
+                channel.sendall(b"started\n")
+                time.sleep(30)  # then nothing more: the client's idle timeout ends it first
             elif command == b"mixed":
                 # lines split across packets, a CRLF, invalid UTF-8, no newline at the end
                 for part in (b"one\ntw", b"o\r\n\xff", b"\nthree"):
@@ -168,3 +171,16 @@ def test_output_within_the_cap_is_whole_and_its_lines_are_handed_on(tmp_path: Pa
     assert r.rc == 3 and r.stdout == "one\ntwo\r\n\ufffd\nthree", r
     assert r.stderr == "warn on\nwarn o\r\nwarn \nt\n", r
     assert lines == ["one", "two", "\ufffd", "three"]
+
+
+def test_a_command_that_goes_quiet_still_times_out(tmp_path: Path) -> None:
+    from fleetctl import inventory, ssh
+    from fleetctl.errors import HostUnreachable
+
+    with _host(tmp_path, "stdout") as hosts:
+        host = inventory.load(hosts).host("flood-01")
+        try:
+            with pytest.raises(HostUnreachable, match="`hang` did not finish within 2s"):
+                ssh.run(host, "hang", timeout=2)
+        finally:
+            ssh.close_all()
