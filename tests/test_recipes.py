@@ -298,3 +298,16 @@ def test_a_templated_value_is_refused_not_rendered(field: str, value: object, pa
     body[field] = value
     found = [p for p in problems_of(body) if p.field == path]
     assert found and "Jinja template" in found[0].problem and "not templates" in found[0].problem
+
+
+@pytest.mark.parametrize("field", ["size_gb", "min_free_gb"])
+@pytest.mark.parametrize("text", [".inf", ".nan", "-.inf", "1e400", "-1", "true", "2000000"])
+def test_a_size_that_is_not_a_finite_number_of_gb_is_refused(field: str, text: str) -> None:
+    """Issue 32, finding 13: YAML's ``.inf`` passed ``recipes`` and then overflowed in ``stage``
+    (exit 70); ``.nan`` passed every comparison."""
+    body = heretic()
+    value = yaml.safe_load(f"v: {text}")["v"]
+    where = "weights[0].size_gb" if field == "size_gb" else field
+    (body["weights"][0] if field == "size_gb" else body)[field] = value
+    found = [p for p in problems_of(body) if p.field == where]
+    assert found and "is not a size in GB (0 to 1000000)" in found[0].problem, problems_of(body)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -116,3 +117,17 @@ def write_private(path: Path, text: str) -> Path:
             os.unlink(tmp)
         raise
     return path
+
+
+#: Characters a host's name may keep in a path component (the inventory's host-name rule).
+_PLAIN = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def host_component(name: str) -> str:
+    """``name`` as one path component under the state directory: the name itself when it is plain
+    (the inventory refuses any other), else its plain characters and a hash of the whole name, so
+    no name can hold ``/``, lead with ``.`` or a control character, or meet another's."""
+    if _PLAIN.fullmatch(name) and not name.startswith("."):
+        return name
+    plain = re.sub(r"[^A-Za-z0-9_.:-]", "_", name).lstrip(".")[:64]
+    return f"{plain}-{hashlib.sha256(name.encode(errors='replace')).hexdigest()[:12]}"

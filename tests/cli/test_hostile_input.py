@@ -91,6 +91,12 @@ def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     ("~(", "not a valid regular expression"),
     ("canary:!canary", "selects no host"),
     ("spark-09", "matches no host or group"),
+    # issue 32: an empty regex matched the whole fleet; a subscript past the group's end was an
+    # AnsibleError traceback (exit 70)
+    ("~", "matches every host: its regular expression '' matches an empty name"),
+    ("~|", "matches every host"),
+    ("~x*", "matches every host"),
+    ("sparks[5]", "No hosts matched the subscripted pattern"),
 ])
 def test_a_limit_that_would_select_the_wrong_hosts_is_refused(
     fleet: tuple[Path, Listener], run: Callable[..., tuple[int, str, str]], limit: str, says: str
@@ -105,7 +111,9 @@ def test_a_limit_that_would_select_the_wrong_hosts_is_refused(
         code, _, err = run(hosts, *argv, "--limit", limit)
         assert code == 2, (argv, limit, err)
         assert says in err and f"--limit {limit!r}" in err, err
-        if "not a valid" not in says:
+        if "subscripted" in says:
+            assert "group 'sparks' has 4 host(s): subscripts 0 to 3" in err, err
+        elif "not a valid" not in says:
             assert "spark-01" in err and "canary" in err, err  # the fix names the hosts and groups
     assert listener.accepted == 0
 
@@ -309,7 +317,7 @@ def _bomb() -> str:
             "variables must be a mapping (name: value), not a sequence",
         ),
         ("group_vars/sparks", "a: [1\n", "not valid YAML"),
-        ("group_vars/all/bomb.yml", _bomb(), "expands to more than 2000000 values"),
+        ("group_vars/all/bomb.yml", _bomb(), "expands to more than 250000 values"),
     ],
 )
 def test_a_broken_vars_file_is_one_message_with_its_file(

@@ -217,7 +217,7 @@ class Fleet:
             return None
         runs = (self.state_dir / "runs").resolve()
         candidates = [Path(hr.artifacts) / "verdict.json"] if hr.artifacts else []
-        candidates.append(runs / rec.id / f"soak-{hr.host}" / "verdict.json")
+        candidates.append(runs / rec.id / f"soak-{paths.host_component(hr.host)}" / "verdict.json")
         for c in candidates:
             c = c.resolve()
             # Only the state dir's run artifacts, whatever a record says.

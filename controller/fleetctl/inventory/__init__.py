@@ -134,13 +134,35 @@ class Inventory:
             body = pat.lstrip("!&")
             if body.startswith("~"):
                 try:
-                    re.compile(body[1:])
+                    regex = re.compile(body[1:])
                 except re.error as e:
                     # Ansible would otherwise match such a pattern as a plain name, or fail inside.
                     raise InventoryError(
                         f"--limit {pat!r} is not a valid regular expression ({e})",
                         fix="write a Python regex after ~, e.g. --limit '~spark-0[1-3]'",
                     ) from None
+                if regex.match(""):
+                    # "~", "~|", "~x*": matches every name, as the empty pattern does.
+                    raise InventoryError(
+                        f"--limit {pat!r} matches every host: its regular expression "
+                        f"{body[1:]!r} matches an empty name",
+                        fix="write --limit all to mean the whole fleet; else a regex that needs "
+                            f"a character of the name, e.g. '~spark-0[1-3]' ({self._names()})",
+                    )
+
+    def _ansible_hosts(self, pattern: str) -> set[str]:
+        """The names ansible-core selects for ``pattern``; its errors as one InventoryError."""
+        from ansible.errors import AnsibleError
+
+        try:
+            return {h.name for h in self._ansible.get_hosts(pattern)}
+        except AnsibleError as e:
+            cause = " ".join(str(e).split())[:200]
+            group = re.match(r"([^\[]+)\[", pattern)
+            size = len(self.groups.get(group.group(1), ())) if group else 0
+            fix = (f"group {group.group(1)!r} has {size} host(s): subscripts 0 to {size - 1}"
+                   if group and size else self._names())
+            raise InventoryError(f"--limit {pattern!r}: {cause}", fix=fix) from None
 
     def select(self, limit: str | None = None) -> list[Host]:
         """The hosts matching an Ansible ``--limit`` pattern, in inventory order.
@@ -168,12 +190,13 @@ class Inventory:
         self._check_limit(limit, patterns)
         with ansible_warnings():  # "could not match": reported below as an error
             for pat in patterns:
+                matched = self._ansible_hosts(pat.lstrip("!&"))  # an error names this pattern
                 if pat[:1] in ("!", "&"):
                     continue
-                if not any(h.name in self.hosts for h in self._ansible.get_hosts(pat)):
+                if not matched.intersection(self.hosts):
                     raise InventoryError(f"--limit {pat!r} matches no host or group in {self.path}",
                                          fix=self._names())
-            chosen = {h.name for h in self._ansible.get_hosts(limit)}
+            chosen = self._ansible_hosts(limit)
         if not chosen.intersection(self.hosts):
             raise InventoryError(
                 f"--limit {limit!r} selects no host in {self.path} (its exclusions remove "

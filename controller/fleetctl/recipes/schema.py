@@ -12,7 +12,14 @@ from fleetctl.recipes.argv import has_flag
 from fleetctl.recipes.problems import Bad, RecipeProblem
 from fleetctl.recipes.recipe import Recipe
 from fleetctl.recipes.topology import build_topology
-from fleetctl.recipes.weights import SOURCES, WeightSet, build_caches, build_weights
+from fleetctl.recipes.weights import (
+    MAX_GB,
+    SOURCES,
+    WeightSet,
+    build_caches,
+    build_weights,
+    is_gb,
+)
 
 _RECIPE_KEYS = {
     "description", "image", "served_model_names", "port", "weights", "vllm_args", "env",
@@ -274,8 +281,9 @@ def _str_list(body: Mapping[str, Any], key: str, bad: Bad, problem: str, fix: st
 def _min_free(body: Mapping[str, Any], bad: Bad) -> float:
     """The free disk a host needs, in GB."""
     min_free = body.get("min_free_gb", 0)
-    if isinstance(min_free, bool) or not isinstance(min_free, int | float) or min_free < 0:
-        bad("min_free_gb", f"{min_free!r} is not a size in GB", "e.g. min_free_gb: 35")
+    if not is_gb(min_free):
+        bad("min_free_gb", f"{min_free!r} is not a size in GB (0 to {MAX_GB})",
+            "e.g. min_free_gb: 35")
         return 0.0
     return float(min_free)
 

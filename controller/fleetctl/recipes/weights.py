@@ -108,6 +108,17 @@ class CacheDir:
 _CACHE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 
 
+#: The largest size in GB a recipe may give (a petabyte: past any Spark's disk, and far from a
+#: float that overflows when a step counts its bytes, as `.inf` did in `stage`).
+MAX_GB = 1_000_000
+
+
+def is_gb(value: Any) -> bool:
+    """A size in GB: a number from 0 to :data:`MAX_GB` (YAML's ``.nan``, ``.inf`` and booleans
+    are not)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 <= value <= MAX_GB
+
+
 def build_caches(raw: object, weight_mounts: Sequence[str], bad: Bad) -> tuple[CacheDir, ...]:
     """``compile_cache: [{name: vllm, mount: /root/.cache/vllm}, ...]``: unique names and container
     paths."""
@@ -208,8 +219,8 @@ def _weight_set(w: Any, where: str, bad: Bad) -> WeightSet | None:
     pin = w.get("manifest_sha256")
     min_date = _min_date(w.get("min_date"), wbad)
     size = w.get("size_gb", 0)
-    if isinstance(size, bool) or not isinstance(size, int | float) or size < 0:
-        wbad("size_gb", f"{size!r} is not a size in GB", "e.g. size_gb: 22")
+    if not is_gb(size):
+        wbad("size_gb", f"{size!r} is not a size in GB (0 to {MAX_GB})", "e.g. size_gb: 22")
         size = 0
     if n_bad:
         return None

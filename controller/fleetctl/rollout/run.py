@@ -96,8 +96,10 @@ class Run:
 
     def artifacts(self, h: Host) -> Path:
         """``state_dir/runs/<run id>/soak-<host>``: the gate's samples, scrapes and verdict.json,
-        plus a failed container's log and the rollback's smoke check; the ledger records it."""
-        return self.session.state_dir / "runs" / self.id / f"soak-{h.name}"
+        plus a failed container's log and the rollback's smoke check; the ledger records it. The
+        name is made one plain path component whatever the inventory held (a ``../`` in it would
+        otherwise write outside the state directory)."""
+        return self.session.state_dir / "runs" / self.id / f"soak-{paths.host_component(h.name)}"
 
     def known_good_on_host(self, h: Host, tag: str, digest: str) -> None:
         """``h``'s state file records ``tag`` as its last known-good (while this run holds the

@@ -4,10 +4,10 @@ a fresh connection), its output, and its result."""
 from __future__ import annotations
 
 import contextlib
+import select
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import paramiko
 
@@ -56,21 +56,22 @@ def exec_command(host: Host, shown: str, cmd: str, stdin: str | None, timeout: f
     try:
         chan.settimeout(timeout)
         chan.exec_command(cmd)
-        chan_in, chan_out, chan_err = (
-            chan.makefile_stdin("wb"),
-            chan.makefile("r"),
-            chan.makefile_stderr("r"),
-        )
         if stdin is not None:
+            chan_in = chan.makefile_stdin("wb")
             chan_in.write(stdin)
             chan_in.channel.shutdown_write()
-        out = (
-            chan_out.read().decode(errors="replace")
-            if on_line is None
-            else _read_lines(chan_out, on_line)
-        )
-        err = chan_err.read().decode(errors="replace")
-        rc = chan_out.channel.recv_exit_status()
+        out_b, err_b = _read_both(chan, timeout, on_line)
+        out, err = out_b.decode(errors="replace"), err_b.decode(errors="replace")
+        rc = chan.recv_exit_status()
+    except _TooMuch as e:
+        POOL.drop(host)  # the host may still be sending: its connection is not reused
+        raise FleetError(
+            f"`{_short(shown)}` sent more than {MAX_OUTPUT >> 20} MiB on {e.stream}; fleetctl "
+            "stopped reading and closed the connection",
+            host=host.name,
+            fix="run the command on the host by hand to see what it prints (a broken or "
+                "compromised host can send without end)",
+        ) from None
     except TimeoutError:
         POOL.drop(host)
         raise HostUnreachable(
@@ -89,15 +90,68 @@ def exec_command(host: Host, shown: str, cmd: str, stdin: str | None, timeout: f
     return CommandResult(host.name, shown, rc, out, err, time.monotonic() - t0)
 
 
-def _read_lines(stream: Any, on_line: Callable[[str], None]) -> str:
-    """All of ``stream`` (a channel's stdout), handing each line to ``on_line`` as it comes."""
-    parts: list[str] = []
-    for raw in stream:
-        line = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        parts.append(line)
+#: Bytes a command's stdout, and its stderr, may send: a host sending without end (1.5 GB took
+#: ``status`` to 3.15 GB) is cut off here. The largest legitimate output (a container's log tail,
+#: ``docker inspect``, a pull's progress) is far below; a fan-out of 32 hosts holds at most
+#: 32 x 2 x this.
+MAX_OUTPUT = 4 << 20
+
+#: How much of a stream is read at once.
+_CHUNK = 64 << 10
+
+
+class _TooMuch(Exception):
+    """A command's stream went past :data:`MAX_OUTPUT`."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self.stream = stream
+
+
+def _read_both(chan: paramiko.Channel, timeout: float, on_line: Callable[[str], None] | None
+               ) -> tuple[bytes, bytes]:
+    """The command's stdout and stderr, read as they come (a host flooding one while the other is
+    awaited would fill the channel's window and stall), each at most :data:`MAX_OUTPUT`; each line
+    of stdout handed to ``on_line``. TimeoutError after ``timeout`` s without a byte."""
+    out: list[bytes] = []
+    err: list[bytes] = []
+    sizes = {"stdout": 0, "stderr": 0}
+    partial = b""
+    # poll, not select: with hundreds of pooled connections the pipe's fd may pass FD_SETSIZE
+    poller = select.poll()
+    poller.register(chan.fileno(), select.POLLIN)
+    while True:
+        if chan.recv_ready():
+            name, chunk, into = "stdout", chan.recv(_CHUNK), out
+        elif chan.recv_stderr_ready():
+            name, chunk, into = "stderr", chan.recv_stderr(_CHUNK), err
+        elif chan.eof_received or chan.closed:
+            break
+        else:
+            # the channel's pipe is readable on data for either stream, and at its end
+            if not poller.poll(timeout * 1000):
+                raise TimeoutError
+            continue
+        if not chunk:
+            continue
+        sizes[name] += len(chunk)
+        if sizes[name] > MAX_OUTPUT:
+            raise _TooMuch(name)
+        into.append(chunk)
+        if on_line is not None and name == "stdout":
+            partial = _hand_lines(partial + chunk, on_line)
+    if on_line is not None and partial:
+        _hand_lines(partial + b"\n", on_line)
+    return b"".join(out), b"".join(err)
+
+
+def _hand_lines(data: bytes, on_line: Callable[[str], None]) -> bytes:
+    """Each complete line of ``data`` to ``on_line``; returns the incomplete rest."""
+    *lines, rest = data.split(b"\n")
+    for line in lines:
         with contextlib.suppress(Exception):  # a display's error never stops the command it watches
-            on_line(line.rstrip("\r\n"))
-    return "".join(parts)
+            on_line(line.decode(errors="replace").rstrip("\r"))
+    return rest
 
 
 #: How long a pooled connection may take to open a channel before it is judged dead.
