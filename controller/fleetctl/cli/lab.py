@@ -13,6 +13,7 @@ from rich.text import Text
 from fleetctl import lab
 from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
+from fleetctl.lab import nodes as nodes_mod
 
 
 @click.group("lab")
@@ -190,7 +191,7 @@ def env_cmd(ctx: Ctx) -> None:
 )
 @click.option("--driver", metavar="VERSION", help="Driver version, e.g. 535.183.01.")
 @click.option(
-    "--disk-gb", type=click.IntRange(1, 64), help="Size of /opt in GB (a tmpfs, remounted)."
+    "--disk-gb", type=click.IntRange(1, nodes_mod.OPT_SIZE_GB), help="Size of /opt in GB (a tmpfs, remounted)."
 )
 @click.option(
     "--pause/--resume",
