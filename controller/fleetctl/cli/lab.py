@@ -191,7 +191,8 @@ def env_cmd(ctx: Ctx) -> None:
 )
 @click.option("--driver", metavar="VERSION", help="Driver version, e.g. 535.183.01.")
 @click.option(
-    "--disk-gb", type=click.IntRange(1, nodes_mod.OPT_SIZE_GB), help="Size of /opt in GB (a tmpfs, remounted)."
+    "--disk-gb", type=click.IntRange(1, nodes_mod.OPT_SIZE_GB),
+    help="Size of /opt in GB (a tmpfs, remounted).",
 )
 @click.option(
     "--pause/--resume",
