@@ -8,6 +8,7 @@ so an edit in the repository is seen at once) plus a generated ``lab.yml``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -244,6 +245,8 @@ def _recipe_vars(lay: Layout, names: Sequence[str], recipes: Mapping[str, str]) 
         generated = not path.is_symlink() and path.read_text().startswith(_RECIPE_HEADER)
         if generated and (node not in recipes or node not in names):
             path.unlink()
+            with contextlib.suppress(OSError):  # a directory holding other files stays
+                path.parent.rmdir()
     for node, recipe in recipes.items():
         path = root / node / RECIPE_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
