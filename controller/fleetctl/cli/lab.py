@@ -91,7 +91,8 @@ def _render_status(st: lab.LabStatus) -> Any:
         out.print(
             f"ssh         -F {st.ssh_config} -J bastion {user}@<address>   (bastion {st.bastion})"
         )
-        out.print(f"vault       export ANSIBLE_VAULT_PASSWORD_FILE={st.vault_password_file}")
+        out.print(f"vault       {st.vault_password_file} (named by the ansible.cfg beside the "
+                  "inventory: no export needed)")
         out.print(f"docker      DOCKER_HOST={st.docker_host}")
     return render
 
