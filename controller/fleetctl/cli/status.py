@@ -176,10 +176,12 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                 out.print(f"  [red]{escape(f.message())}[/]", highlight=False)
         for n, st in statuses.items():
             if st.drift:
+                tag = (st.container.tag if st.container else None) or "TAG"
                 out.print(f"[red]drift[/] {escape(n)}: {escape(st.drift)}; roll it onto "
-                          f"{escape(st.recipe or '?')} (a model switch: `fleetctl rollout --recipe "
-                          f"{escape(st.recipe or '?')} --limit {escape(n)}`) or set its "
-                          "fleetctl_recipe to what it serves", highlight=False)
+                          f"{escape(st.recipe or '?')} (a model switch: `fleetctl rollout --tag "
+                          f"{escape(tag)} --recipe {escape(st.recipe or '?')} --limit "
+                          f"{escape(n)}`) or set its fleetctl_recipe to what it serves",
+                          highlight=False)
         for n, st in statuses.items():
             if st.lock:
                 out.print(f"[yellow]locked[/] {n}: by {escape(st.lock)}", highlight=False)
