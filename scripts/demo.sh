@@ -25,8 +25,10 @@ fleetctl provision
 fleetctl stage
 # The first deploy: the fleet serves nothing yet, so the "rollout" to v0.23.0 starts each host
 # fresh (all at once: nothing is in service to protect), each on its own recipe. A no-op when
-# already serving it.
-fleetctl rollout --tag v0.23.0 --waves 100% --max-unavailable 100% --soak "$SOAK" --yes
+# already serving it; --switch-model: a lab an earlier run left serving other models is put on
+# the recipes above (a switch is never made without it).
+fleetctl rollout --tag v0.23.0 --waves 100% --max-unavailable 100% --soak "$SOAK" --yes \
+    --switch-model
 fleetctl status
 # The main job: each recipe's hosts canary first, then the rest, each gated by its soak; every
 # host stays on its own model; a failed gate rolls back.
