@@ -623,20 +623,7 @@ def require_ok(result: StageResult) -> StageResult:
 
 
 __all__ = [
-    "FileReport",
-    "HostStage",
-    "SetOutcome",
-    "StageJob",
-    "StageOptions",
-    "StageResult",
-    "by_recipe",
-    "fleet_lock",
-    "fold",
-    "human_bytes",
-    "prepare",
-    "require_ok",
-    "run_job",
-    "source_for",
-    "stage",
+    "FileReport", "HostStage", "SetOutcome", "StageJob", "StageOptions", "StageResult",
+    "by_recipe", "fleet_lock", "fold", "human_bytes", "prepare", "require_ok", "run_job",
+    "source_for", "stage",
 ]
-
