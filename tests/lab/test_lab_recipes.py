@@ -12,6 +12,7 @@ import pytest
 from fleetctl import inventory as fleet_inventory
 from fleetctl.ansible.config import ansible_cfg
 from fleetctl.errors import FleetError
+from fleetctl.inventory.sources import beside_vault_password_file
 from fleetctl.lab import access, inventory, layout
 from fleetctl.lab.models.mirror import repo_recipes
 from fleetctl.recipes import default_recipe_name
@@ -124,9 +125,9 @@ def test_the_environments_vault_password_file_wins(lay: layout.Layout, tmp_path:
 
 def test_a_world_writable_inventory_directory_names_no_vault_file(lay: layout.Layout) -> None:
     path = inventory.write(lay, NODES)
+    assert beside_vault_password_file(path) == str(lay.vault_password_file)
     lay.inventory_dir.chmod(0o777)
     try:
-        inv = fleet_inventory.load(path)
+        assert beside_vault_password_file(path) is None
     finally:
         lay.inventory_dir.chmod(0o755)
-    assert inv.vault_password_file is None
