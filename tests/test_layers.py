@@ -31,7 +31,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("recipes", "ssh", "fabric", "frontdoor"),
     ("ansible", "state", "lab", "serving", "bandwidth", "warmcache"),
     ("soak", "provision", "stage", "status"),
-    ("rollout",),
+    ("rollout", "stage_fleet"),
     ("cli",),
 )
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}

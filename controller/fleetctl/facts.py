@@ -52,6 +52,10 @@ class Facts:
     #: HTTP status of ``/health`` on the serving port (``--serving``), None when nothing answered.
     health: int | None = None
     health_error: str | None = None
+    #: The model ids ``/v1/models`` lists (``--serving``, when /health answered 200); None when
+    #: not asked or not answered (why: ``models_error``).
+    served_models: tuple[str, ...] | None = None
+    models_error: str | None = None
     #: The host's fleetctl state file as stored (``--state-file``), None when absent.
     fleetctl_state: str | None = None
     #: With ``--image``: the image is present; Docker's runtimes; free GB under Docker's root.
@@ -116,6 +120,8 @@ def from_json(host: str, raw: Mapping[str, Any]) -> Facts:
     dgx = raw.get("dgx_release") or {}
     serving = raw.get("serving") or {}
     health = serving.get("health") or {}
+    models = serving.get("models") or {}
+    ids = models.get("ids")
     image = raw.get("image") or {}
     runtimes = image.get("runtimes")
     count = gpu.get("count")
@@ -139,6 +145,8 @@ def from_json(host: str, raw: Mapping[str, Any]) -> Facts:
         serving=_container(serving.get("container")),
         health=health.get("status") if isinstance(health.get("status"), int) else None,
         health_error=_str(health.get("error")),
+        served_models=tuple(str(i) for i in ids) if isinstance(ids, list) else None,
+        models_error=_str(models.get("error")),
         fleetctl_state=state if isinstance(state, str) else None,
         has_image=bool(image["present"]) if "present" in image else None,
         runtimes=tuple(str(r) for r in runtimes) if isinstance(runtimes, list) else None,

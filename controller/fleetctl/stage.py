@@ -27,7 +27,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -296,6 +297,100 @@ class _ByteMeter:
         self.thread.join(timeout=POLL_SECONDS + 20)
 
 
+@dataclass(frozen=True)
+class StageJob:
+    """One recipe's staging, checked before any host is touched: the recipe and the source."""
+
+    recipe: Recipe
+    source: str
+    local_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class StageOptions:
+    """How a stage runs, the same for every recipe of one command."""
+
+    headroom_gb: float | None = None
+    checksums: bool = False
+    progress: Progress = NULL
+    extravars: Mapping[str, Any] | None = None
+    timeout: int | None = None
+    ops: Callable[[Host], StagingOps] = SshStaging
+
+
+def prepare(inventory: Inventory, recipe_name: str, source: str | None = None,
+            local_dir: str | Path | None = None) -> StageJob:
+    """``recipe_name``'s staging checked: the recipe exists, the source can serve it, its
+    revisions are pinned and the mirror's channel is trusted (raises a FleetError otherwise)."""
+    recipe = recipe_for(inventory, recipe_name)
+    source = source or source_for(recipe, inventory)
+    if source == "local" and not (local_dir and Path(local_dir).is_dir()):
+        raise FleetError(f"source local needs a directory on the controller, got {local_dir!r}",
+                         fix="pass --local-dir DIR holding <repo>/<revision>/ for each weight set")
+    _check_pinned(recipe, inventory)
+    if source == "mirror":
+        _check_mirror_channel(recipe, inventory)
+    return StageJob(recipe, source, Path(local_dir).resolve() if local_dir is not None else None)
+
+
+@contextmanager
+def fleet_lock(inventory: Inventory, run_id: str) -> Iterator[Path]:
+    """The fleet's lock held for ``run_id`` (the rollout's: a second stage would delete this
+    run's staging directories as a killed run's leftovers, and a rollout must not find weights
+    half-swapped; exit 4 when held), and the run's private directory for its copy keys."""
+    state = paths.state_dir(inventory.path)
+    with open_for(inventory, state) as ledger:
+        ledger.acquire(run_id)
+        # The run's copy key is made in the private state dir, not /tmp, and removed whatever
+        # happens; a killed controller's key is removed by the next stage (it holds the fleet lock
+        # now).
+        for stale in state.glob(f"runs/*/{KEY_DIR}"):
+            shutil.rmtree(stale, ignore_errors=True)
+        keys = paths.private_dir(state / "runs" / run_id / KEY_DIR)
+        try:
+            yield keys
+        finally:
+            shutil.rmtree(keys, ignore_errors=True)
+            ledger.release(run_id)
+
+
+def run_job(inventory: Inventory, job: StageJob, hosts: list[Host], *, limit: str | None,
+            run_id: str, keys: Path, opts: StageOptions,
+            artifacts_dir: Path | None = None) -> StageResult:
+    """Run ``job`` on ``hosts`` (``limit`` selects them) under :func:`fleet_lock`: one play, one
+    seed, one tree of copies; its per-host reports folded."""
+    token = os.environ.get("HF_TOKEN", "")
+    progress = opts.progress
+    if job.source == "hub":
+        progress(Event("source", f"hub ({'token from $HF_TOKEN' if token else 'anonymous'})"))
+    elif job.source == "local":
+        progress(Event("source", f"controller directory {job.local_dir}"))
+    else:
+        # A user:password@ in the mirror's URL never reaches progress (or --json's events).
+        mirror = str(inventory.vars.get("fleetctl_weights_mirror"))
+        progress(Event("source", f"mirror {redact_url(mirror)}"))
+    totals = expected_bytes(job.recipe, inventory, job.source)
+    evars: dict[str, Any] = {
+        "weights_recipe": job.recipe.name,
+        "weights_run": run_id,
+        "weights_checksums": opts.checksums,
+        "weights_source": job.source,
+        "weights_source_forced": True,
+        "weights_keydir_parent": str(keys),
+    }
+    if job.local_dir is not None:
+        evars["weights_local_dir"] = str(job.local_dir)
+    if opts.headroom_gb is not None:
+        evars["weights_headroom_gb"] = opts.headroom_gb
+    evars.update(opts.extravars or {})
+    secrets = {"weights_hf_token": token} if token else {}
+    with _ByteMeter(hosts, job.recipe, run_id, totals, progress, opts.ops):
+        result = ansible.run_playbook(PLAYBOOK, inventory, limit=limit, extravars=evars,
+                                      secrets=secrets, progress=progress, run_id=run_id,
+                                      timeout=opts.timeout, artifacts_dir=artifacts_dir)
+    return fold(result, job.recipe, job.source, hosts)
+
+
 def stage(
     inventory: Inventory,
     recipe_name: str | None = None,
@@ -312,7 +407,7 @@ def stage(
     ops: Callable[[Host], StagingOps] = SshStaging,
 ) -> StageResult:
     """Stage ``recipe_name`` on the hosts matching ``limit`` (default: the ``fleetctl_recipe`` they
-    share).
+    share; hosts of several recipes: :func:`fleetctl.stage_fleet.stage_each`).
 
     ``source`` overrides where the bytes come from: ``mirror``, ``hub``, or
     ``local`` (``local_dir`` on the controller, laid out like the mirror:
@@ -323,67 +418,11 @@ def stage(
     hosts = inventory.select(limit)
     if recipe_name is None:
         recipe_name = _common_recipe(inventory, hosts)
-    recipe = recipe_for(inventory, recipe_name)
-    source = source or source_for(recipe, inventory)
-    if source == "local" and not (local_dir and Path(local_dir).is_dir()):
-        raise FleetError(f"source local needs a directory on the controller, got {local_dir!r}",
-                         fix="pass --local-dir DIR holding <repo>/<revision>/ for each weight set")
-    _check_pinned(recipe, inventory)
-    if source == "mirror":
-        _check_mirror_channel(recipe, inventory)
+    job = prepare(inventory, recipe_name, source, local_dir)
     run_id = run_id or new_run_id("stage")
-    token = os.environ.get("HF_TOKEN", "")
-    if source == "hub":
-        progress(Event("source", f"hub ({'token from $HF_TOKEN' if token else 'anonymous'})"))
-    elif source == "local":
-        progress(Event("source", f"controller directory {local_dir}"))
-    else:
-        # A user:password@ in the mirror's URL never reaches progress (or --json's events).
-        mirror = str(inventory.vars.get("fleetctl_weights_mirror"))
-        progress(Event("source", f"mirror {redact_url(mirror)}"))
-    totals = expected_bytes(recipe, inventory, source)
-    evars: dict[str, Any] = {
-        "weights_recipe": recipe.name,
-        "weights_run": run_id,
-        "weights_checksums": checksums,
-        "weights_source": source,
-        "weights_source_forced": True,
-    }
-    if local_dir is not None:
-        evars["weights_local_dir"] = str(Path(local_dir).resolve())
-    if headroom_gb is not None:
-        evars["weights_headroom_gb"] = headroom_gb
-    evars.update(extravars or {})
-    secrets = {"weights_hf_token": token} if token else {}
-    # The fleet's lock (the rollout's): a second stage would delete this run's staging directories
-    # as a killed run's leftovers, and a rollout must not find weights half-swapped (exit 4 when
-    # held).
-    state = paths.state_dir(inventory.path)
-    with open_for(inventory, state) as ledger:
-        ledger.acquire(run_id)
-        # The run's copy key is made in the private state dir, not /tmp, and removed whatever
-        # happens; a killed controller's key is removed by the next stage (it holds the fleet lock
-        # now).
-        for stale in state.glob(f"runs/*/{KEY_DIR}"):
-            shutil.rmtree(stale, ignore_errors=True)
-        keys = paths.private_dir(state / "runs" / run_id / KEY_DIR)
-        evars["weights_keydir_parent"] = str(keys)
-        try:
-            with _ByteMeter(hosts, recipe, run_id, totals, progress, ops):
-                result = ansible.run_playbook(
-                    PLAYBOOK,
-                    inventory,
-                    limit=limit,
-                    extravars=evars,
-                    secrets=secrets,
-                    progress=progress,
-                    run_id=run_id,
-                    timeout=timeout,
-                )
-        finally:
-            shutil.rmtree(keys, ignore_errors=True)
-            ledger.release(run_id)
-    return fold(result, recipe, source, hosts)
+    opts = StageOptions(headroom_gb, checksums, progress, extravars, timeout, ops)
+    with fleet_lock(inventory, run_id) as keys:
+        return run_job(inventory, job, hosts, limit=limit, run_id=run_id, keys=keys, opts=opts)
 
 
 #: Where a run's seed-to-host copy key is made (under the run's private state directory).
@@ -441,15 +480,23 @@ def _check_mirror_channel(recipe: Recipe, inventory: Inventory) -> None:
         )
 
 
+def by_recipe(inventory: Inventory, hosts: Sequence[Host]) -> dict[str, list[Host]]:
+    """The hosts grouped by the recipe each is configured to serve (``fleetctl_recipe`` from its
+    host_vars, group_vars or unit), recipes in the order of their first host."""
+    out: dict[str, list[Host]] = {}
+    for h in hosts:
+        out.setdefault(default_recipe_name(inventory, h), []).append(h)
+    return out
+
+
 def _common_recipe(inventory: Inventory, hosts: list[Host]) -> str:
     """The one default recipe (``fleetctl_recipe``) the hosts share; an error when they differ."""
-    by: dict[str, list[str]] = {}
-    for h in hosts:
-        by.setdefault(default_recipe_name(inventory, h), []).append(h.name)
+    by = by_recipe(inventory, hosts)
     if len(by) > 1:
-        which = "; ".join(f"{name}: {', '.join(names)}" for name, names in by.items())
+        which = "; ".join(f"{name}: {', '.join(h.name for h in hs)}" for name, hs in by.items())
         raise FleetError(f"the selected hosts serve different recipes ({which})",
-                         fix="pass --recipe NAME, or --limit to the hosts of one recipe")
+                         fix="pass --recipe NAME, or --limit to the hosts of one recipe "
+                             "(`fleetctl stage` without --recipe stages each host's own)")
     return next(iter(by)) if by else default_recipe_name(inventory)
 
 
@@ -582,14 +629,7 @@ def require_ok(result: StageResult) -> StageResult:
 
 
 __all__ = [
-    "FileReport",
-    "HostStage",
-    "SetOutcome",
-    "StageResult",
-    "fold",
-    "human_bytes",
-    "require_ok",
-    "source_for",
-    "stage",
+    "FileReport", "HostStage", "SetOutcome", "StageJob", "StageOptions", "StageResult",
+    "by_recipe", "fleet_lock", "fold", "human_bytes", "prepare", "require_ok", "run_job",
+    "source_for", "stage",
 ]
-

@@ -16,7 +16,7 @@ head).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -101,6 +101,16 @@ class HostStatus:
     #: ``detail``,
     #: ``held_by``: the rollout that drained it and has not re-admitted it); None: no front door.
     front_door: Mapping[str, Any] | None = None
+    #: The recipe the host is configured to serve (its ``fleetctl_recipe``).
+    recipe: str | None = None
+    #: The recipe its container serves as far as it tells: its ``fleetctl.recipe`` label, else
+    #: the recipe whose served names its ``/v1/models`` lists; None when neither says.
+    served_recipe: str | None = None
+    #: The model ids its ``/v1/models`` lists (None: not read; why in ``models_error``).
+    served_models: tuple[str, ...] | None = None
+    models_error: str | None = None
+    #: Why the host serves another recipe than its configured one (None: no drift found).
+    drift: str | None = None
 
     @property
     def healthy(self) -> bool:
@@ -124,6 +134,45 @@ def serving_target(host: Host) -> tuple[str | None, int]:
     return (recipe if isinstance(recipe, str) else None), port
 
 
+def _served_names(recipes: Mapping[str, Any], name: str) -> set[str]:
+    body = recipes.get(name)
+    names = body.get("served_model_names") if isinstance(body, Mapping) else None
+    return {str(n) for n in names} if isinstance(names, list | tuple) else set()
+
+
+def recipe_of_models(recipes: Mapping[str, Any], models: Sequence[str]) -> str | None:
+    """The recipe whose served names ``models`` (a ``/v1/models`` list) share the most with; None
+    when no recipe serves any of them."""
+    scores = {name: len(_served_names(recipes, name) & set(models)) for name in recipes}
+    best = max(scores, key=lambda n: scores[n], default=None)
+    return best if best is not None and scores[best] else None
+
+
+def recipe_drift(configured: str | None, recipes: Mapping[str, Any], container: Container | None,
+                 models: Sequence[str] | None) -> tuple[str | None, str | None]:
+    """(the recipe the host serves as far as its container tells, why that is not its configured
+    one): the container's ``fleetctl.recipe`` label names another recipe, or its ``/v1/models``
+    lists none of the configured recipe's served names. (x, None): no drift found (nothing
+    serves, or nothing says otherwise)."""
+    if container is None:
+        return None, None
+    label = container.recipe
+    by_models = recipe_of_models(recipes, models) if models else None
+    served = label or by_models
+    if configured is None:
+        return served, None
+    listed = f"/v1/models: {', '.join(models[:4])}{', ...' if len(models) > 4 else ''}" \
+        if models else ""
+    if label and label != configured:
+        return served, (f"serves {label} (its container's label{'; ' + listed if listed else ''})"
+                        f", configured {configured}")
+    wanted = _served_names(recipes, configured)
+    if models and wanted and not wanted & set(models):
+        what = f"serves {by_models}" if by_models else "serves another model"
+        return served, f"{what} ({listed}, none of {configured}'s), configured {configured}"
+    return served, None
+
+
 def parse_probe(host: Host, stdout: str, seconds: float, port: int) -> HostStatus:
     """A :class:`HostStatus` from the probe's output (a malformed answer is a FleetError)."""
     return from_facts(host, facts.parse(host.name, stdout), seconds, port)
@@ -142,6 +191,10 @@ def from_facts(host: Host, f: facts.Facts, seconds: float, port: int) -> HostSta
             lock = st.lock.describe() if st.lock else None
             if st.last_known_good:
                 known_good = st.last_known_good.tag or st.last_known_good.digest
+    configured, _ = serving_target(host)
+    recipes = host.vars.get("fleetctl_recipes")
+    served, drift = recipe_drift(configured, recipes if isinstance(recipes, Mapping) else {},
+                                 f.serving, f.served_models)
     return HostStatus(
         name=host.name, address=host.address, reachable=True, seconds=round(seconds, 3), gpu=f.gpu,
         driver=f.driver, cuda=f.cuda, compute_cap=f.compute_cap, toolkit=f.toolkit, docker=f.docker,
@@ -151,7 +204,8 @@ def from_facts(host: Host, f: facts.Facts, seconds: float, port: int) -> HostSta
         dgx_release=f.dgx_release, container=f.serving, health=f.health,
         health_error=f.health_error,
         port=port, problems=problems, lock=lock, last_known_good=known_good, unit=host.unit,
-        unit_rank=host.unit_rank,
+        unit_rank=host.unit_rank, recipe=configured, served_recipe=served,
+        served_models=f.served_models, models_error=f.models_error, drift=drift,
     )
 
 
@@ -213,6 +267,7 @@ def probe_fleet(
                 error=cause,
                 unit=h.unit,
                 unit_rank=h.unit_rank,
+                recipe=serving_target(h)[0],
             )
     return with_bandwidth(inventory, with_parity(inventory, out))
 

@@ -9,6 +9,7 @@ session lab is shared with the provisioning, staging and rollout tests.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from fleetctl import inventory, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.cli.lab import lab_group
 from fleetctl.errors import FleetError, HostUnreachable
+from fleetctl.lab.nodes import OPT_SIZE_GB
 
 pytestmark = pytest.mark.lab
 
@@ -103,7 +105,7 @@ def test_nodes_look_like_sparks(lab: fleetlab.LabStatus) -> None:
     daemon = json.loads(ssh.run(host, "cat /etc/docker/daemon.json", timeout=20).stdout)
     assert daemon["iptables"] is False and daemon["bridge"] == "none"
     assert "10.78.0.0/16" in daemon["insecure-registries"]
-    assert "tmpfs   64G" in r.stdout
+    assert re.search(rf"tmpfs +{OPT_SIZE_GB}G", r.stdout), r.stdout
     assert "vmlinuz-6.11.0-1016-nvidia" in r.stdout and "nvidia.ko" in r.stdout
 
 
@@ -182,7 +184,7 @@ def test_small_disk_keeps_contents(lab: fleetlab.LabStatus, lab_fault: Fault) ->
             ]
             assert "full" in r.stdout
         r = ssh.run(host, "df -B1G --output=size /opt | tail -1", timeout=20)
-        assert r.stdout.strip() == "64"
+        assert r.stdout.strip() == str(OPT_SIZE_GB)
     finally:
         ssh.run(host, "rm -rf /opt/keep /opt/big", timeout=20, become=True)
 

@@ -222,6 +222,11 @@ def ansible_cfg(inventory: Inventory, hosts: Collection[str], *, task_timeout: i
     ]
     if task_timeout:
         lines.insert(lines.index("gathering = explicit"), f"task_timeout = {int(task_timeout)}")
+    if inventory.vault_password_file:
+        # The file the inventory was opened with (--vault-password-file, the environment's, or the
+        # ansible.cfg's beside the inventory): this config replaces any other ansible.cfg.
+        lines.insert(lines.index("gathering = explicit"),
+                     f"vault_password_file = {inventory.vault_password_file}")
     return "\n".join(lines) + "\n"
 
 

@@ -13,6 +13,7 @@ from rich.text import Text
 from fleetctl import lab
 from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
 from fleetctl.errors import ExitCode, FleetError
+from fleetctl.lab import nodes as nodes_mod
 
 
 @click.group("lab")
@@ -79,12 +80,19 @@ def _render_status(st: lab.LabStatus) -> Any:
         out.print(f"weights     {st.weights_url}")
         for unit, members in st.units.items():
             out.print(f"unit        {unit}: {', '.join(members)} (fabric MTU 9000)")
+        by_recipe: dict[str, list[str]] = {}
+        for node, recipe in st.recipes.items():
+            by_recipe.setdefault(recipe, []).append(node)
+        for recipe, names in by_recipe.items():
+            out.print(Text(f"recipe      {recipe}: {', '.join(names)} (host_vars; the other "
+                           "nodes the inventory's default)"))
         out.print(f"inventory   {st.inventory}")
         user = st.bastion.partition("@")[0]
         out.print(
             f"ssh         -F {st.ssh_config} -J bastion {user}@<address>   (bastion {st.bastion})"
         )
-        out.print(f"vault       export ANSIBLE_VAULT_PASSWORD_FILE={st.vault_password_file}")
+        out.print(f"vault       {st.vault_password_file} (named by the ansible.cfg beside the "
+                  "inventory: no export needed)")
         out.print(f"docker      DOCKER_HOST={st.docker_host}")
     return render
 
@@ -106,12 +114,21 @@ def _render_status(st: lab.LabStatus) -> Any:
     type=click.IntRange(0, 20),
     help="Two-node units made of the last 2*M nodes, joined by a fabric network with MTU 9000.",
 )
+@click.option(
+    "--recipe",
+    "recipes",
+    metavar="NODE=RECIPE",
+    multiple=True,
+    help="Give NODE (or NODE,NODE...) a recipe of its own (host_vars/NODE/recipe.yml); repeat for "
+         "more. Each up rewrites them: nodes not named serve the inventory's default.",
+)
 @json_option
 @pass_ctx
-def up_cmd(ctx: Ctx, nodes: int, units: int) -> None:
+def up_cmd(ctx: Ctx, nodes: int, units: int, recipes: tuple[str, ...]) -> None:
     """Build and start the lab (idempotent; a second run reuses everything it can)."""
+    assigned = lab.parse_recipe_options(recipes)
     with ctx.progress("lab up", ("phase", "message")) as progress:
-        st = lab.up(nodes=nodes, units=units, progress=progress)
+        st = lab.up(nodes=nodes, units=units, progress=progress, recipes=assigned)
     ctx.emit(st, _render_status(st))
 
 
@@ -175,7 +192,8 @@ def env_cmd(ctx: Ctx) -> None:
 )
 @click.option("--driver", metavar="VERSION", help="Driver version, e.g. 535.183.01.")
 @click.option(
-    "--disk-gb", type=click.IntRange(1, 64), help="Size of /opt in GB (a tmpfs, remounted)."
+    "--disk-gb", type=click.IntRange(1, nodes_mod.OPT_SIZE_GB),
+    help="Size of /opt in GB (a tmpfs, remounted).",
 )
 @click.option(
     "--pause/--resume",

@@ -26,6 +26,7 @@ from fleetctl.cli.output import (
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.progress import Tee
 from fleetctl.stage import StageResult, human_bytes, stage
+from fleetctl.stage_fleet import FleetStage, stage_each
 
 _STATE_COLOUR = {"staged": "green", "current": "green", "refused": "red", "not staged": "yellow"}
 
@@ -98,7 +99,8 @@ def _render_stage(r: StageResult) -> Any:
     "--recipe",
     "-r",
     metavar="NAME",
-    help="Recipe to stage (default: the inventory's fleetctl_recipe).",
+    help="Recipe to stage on every selected host (default: each host's own fleetctl_recipe, "
+         "each recipe's weights on its hosts).",
 )
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible pattern).")
 @click.option(
@@ -127,15 +129,45 @@ def stage_cmd(
     headroom_gb: float | None,
     checksums: bool,
 ) -> None:
-    """Stage a recipe's model weights into /opt: fetched once, verified, swapped in atomically."""
+    """Stage model weights into /opt: fetched once, verified, swapped in atomically.
+
+    Without --recipe each host gets the weights of the recipe it is configured to serve
+    (fleetctl_recipe in its host_vars or group_vars): one tree of copies per recipe.
+    """
     inventory = inv.load(ctx.inventory)
+    result: StageResult | FleetStage
     with live.streams(ctx, "stage", paths.state_dir(inventory.path), inventory) as sink, \
             ctx.progress("stage", ("phase", "message")) as shown:
-        result = stage(inventory, recipe, limit=limit, source=source, local_dir=local_dir,
-                       headroom_gb=headroom_gb, checksums=checksums, progress=Tee(sink, shown))
-    ctx.emit(result, _render_stage(result))
+        kw: dict[str, Any] = dict(limit=limit, source=source, local_dir=local_dir,
+                                  headroom_gb=headroom_gb, checksums=checksums,
+                                  progress=Tee(sink, shown))
+        result = stage(inventory, recipe, **kw) if recipe else stage_each(inventory, **kw)
+    if isinstance(result, FleetStage):
+        ctx.emit(fleet_stage_json(result), _render_fleet_stage(result))
+    else:
+        ctx.emit(result, _render_stage(result))
     if not result.ok:
         raise click.exceptions.Exit(int(ExitCode.FAILED))
+
+
+def fleet_stage_json(r: FleetStage) -> dict[str, Any]:
+    """``stage --json`` without --recipe: the run, and each recipe's stage as ``--recipe`` gives
+    it (its hosts, seed, source, tree)."""
+    return {"run_id": r.run_id, "ok": r.ok, "elapsed": r.elapsed,
+            "failed_hosts": r.failed_hosts, "recipes": to_jsonable(dict(r.recipes))}
+
+
+def _render_fleet_stage(r: FleetStage) -> Any:
+    def render(out: Console) -> None:
+        for i, one in enumerate(r.recipes.values()):
+            if i:
+                out.print()
+            _render_stage(one)(out)
+        if len(r.recipes) > 1:
+            word = "[green]ok[/]" if r.ok else f"[red]{len(r.failed_hosts)} host(s) failed[/]"
+            out.print(f"{len(r.recipes)} recipes on {len(r.hosts)} host(s) in {r.elapsed:.1f}s: "
+                      f"{word}")
+    return render
 
 
 @click.command("recipes")

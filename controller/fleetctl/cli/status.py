@@ -13,6 +13,7 @@ from rich.markup import escape
 from fleetctl import inventory as inv
 from fleetctl import ssh
 from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx, to_jsonable
+from fleetctl.container import Container
 from fleetctl.errors import ExitCode
 from fleetctl.status import DEFAULT_TIMEOUT, HostStatus, front_door_view, probe_fleet
 
@@ -50,6 +51,18 @@ def _door(st: HostStatus) -> str:
     return text
 
 
+def _serving(st: HostStatus, c: Container) -> str:
+    """The serving cell: its tag, after the recipe it serves when that is not the configured one
+    (``DRIFT`` first when the host serves another recipe: the line below the table says why)."""
+    state = "" if c.running else f" [red]({escape(c.status or 'stopped')})[/]"
+    tag = c.tag or c.image
+    if st.drift:
+        return f"[red]DRIFT {escape(f'{st.served_recipe or c.name}:{tag}')}[/]{state}"
+    if st.served_recipe and st.served_recipe == st.recipe:
+        return escape(tag) + state
+    return escape(f"{st.served_recipe or c.name}:{tag}") + state
+
+
 def bandwidth_line(bw: Mapping[str, Any] | None) -> str:
     """A unit's last measured bus bandwidth against its floor, and when: one line."""
     if not bw:
@@ -79,6 +92,7 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                         "",
                         "",
                         "",
+                        escape(st.recipe or "-"),
                         f"[red]{escape(st.error or '')}[/]",
                         "",
                         "",
@@ -92,20 +106,20 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
                 serving = "[dim]none[/]"
                 digest = ""
             else:
-                state = "" if c.running else f" [red]({escape(c.status or 'stopped')})[/]"
-                serving = escape(f"{c.recipe or c.name}:{c.tag or c.image}") + state
+                serving = _serving(st, c)
                 digest = escape((c.digest or "?").replace("sha256:", "")[:12])
             gpu_ok = st.gpu == "NVIDIA GB10"
             gpu = escape(st.gpu or st.problems.get("gpu", "?"))
             rows.append([
                 name, f"[green]yes[/] ({st.seconds:.1f}s)", gpu if gpu_ok else f"[yellow]{gpu}[/]",
                 escape(st.driver or "?"), escape(st.toolkit or "-"), escape(st.docker or "?"),
-                serving, digest, _health(st), _uptime(st.uptime_s),
+                escape(st.recipe or "-"), serving, digest, _health(st), _uptime(st.uptime_s),
             ] + ([_door(st)] if doors else []))
         # At 80 columns the software versions give way first (`--json` has them all), then GPU and
         # digest.
         cols: list[Col | str] = ["host", "reachable", Col("GPU", drop=3), Col("driver", drop=6),
                                  Col("toolkit", drop=5), Col("docker", drop=4),
+                                 "recipe",
                                  Col("serving", flex=True, min=16), Col("digest", drop=2), "health",
                                  Col("uptime", drop=1)]
         if doors:
@@ -161,6 +175,14 @@ def render_status(statuses: Mapping[str, HostStatus]) -> Any:
             for f in findings:
                 out.print(f"  [red]{escape(f.message())}[/]", highlight=False)
         for n, st in statuses.items():
+            if st.drift:
+                tag = (st.container.tag if st.container else None) or "TAG"
+                out.print(f"[red]drift[/] {escape(n)}: {escape(st.drift)}; roll it onto "
+                          f"{escape(st.recipe or '?')} (a model switch: `fleetctl rollout --tag "
+                          f"{escape(tag)} --recipe {escape(st.recipe or '?')} --limit "
+                          f"{escape(n)}`) or set its fleetctl_recipe to what it serves",
+                          highlight=False)
+        for n, st in statuses.items():
             if st.lock:
                 out.print(f"[yellow]locked[/] {n}: by {escape(st.lock)}", highlight=False)
         down = [n for n, st in statuses.items() if not st.reachable]
@@ -202,6 +224,8 @@ def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:
     """Show each host: reachable, GPU, driver, toolkit, Docker, serving image and digest, /health,
     uptime.
 
+    Each host's configured recipe (fleetctl_recipe) beside what it serves: a host whose
+    container's recipe label, or whose /v1/models, says another recipe is flagged DRIFT.
     Exits 1 when some host is unreachable.
     """
     inventory = inv.load(ctx.inventory)

@@ -95,6 +95,9 @@ class Inventory:
     _ansible: Any = field(default=None, compare=False, repr=False)
     #: Serving units by name, in inventory order (see :func:`units_of`).
     units: Mapping[str, Unit] = field(default_factory=dict)
+    #: The vault password file its vaulted values were opened with (None: none was found); the
+    #: playbooks fleetctl runs on it are given the same.
+    vault_password_file: str | None = None
 
     def unit_of(self, host: str) -> Unit | None:
         """The unit ``host`` is a member of, or None for a single host."""
@@ -227,8 +230,9 @@ def load(path: str | os.PathLike[str] | None = None, *,
     naming that file, as before, so existing state directories stay put.
 
     Vault-encrypted values are decrypted as ``ansible-playbook`` does, with
-    ``vault_password_file`` or else ``$ANSIBLE_VAULT_PASSWORD_FILE`` (or ansible.cfg's
-    ``vault_password_file``); without one, a vaulted become password fails only when
+    ``vault_password_file`` or else ``$ANSIBLE_VAULT_PASSWORD_FILE``, else the
+    ``vault_password_file`` of an ``ansible.cfg`` beside the inventory (the lab keeps one), else
+    Ansible's own configuration's; without one, a vaulted become password fails only when
     a command needs it, with a message saying so.
     """
     p = default_inventory_path(path)
@@ -254,4 +258,5 @@ def load(path: str | os.PathLike[str] | None = None, *,
         vars=group_vars(manager, manager.groups["all"], vault),
         _ansible=manager,
         units=units,
+        vault_password_file=vault,
     )

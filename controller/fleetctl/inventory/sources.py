@@ -224,7 +224,7 @@ def ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = N
     # controller must see a vars file added or removed since the last load
     host_group_vars.FOUND.clear()
     loader = DataLoader()
-    vault = _vault_secrets(loader, vault_password_file)
+    vault = _vault_secrets(loader, vault_password_file or beside_vault_password_file(p))
     with ansible_warnings() as warnings:
         try:
             manager = InventoryManager(loader=loader, sources=[str(p)])
@@ -242,9 +242,45 @@ def ansible_load(p: Path, vault_password_file: str | os.PathLike[str] | None = N
     return manager, variables, vault
 
 
+#: The Ansible configuration an inventory may keep beside it (its directory's ``ansible.cfg``).
+BESIDE_CFG = "ansible.cfg"
+
+
+def beside_vault_password_file(p: Path) -> str | None:
+    """``vault_password_file`` of the ``ansible.cfg`` beside inventory ``p`` (in its directory, or
+    in ``p`` itself when it is a directory of sources), unless ``$ANSIBLE_VAULT_PASSWORD_FILE``
+    names one; a relative path is taken from that directory. None when there is none.
+
+    ``ansible-playbook`` reads an ``ansible.cfg`` from the directory it runs in; an inventory kept
+    with its own (the lab's, or a fleet repository's ``inventory/ansible.cfg``) then works from
+    anywhere. As Ansible does with a world-writable current directory, a configuration in a
+    world-writable directory is ignored: anyone could name a program there as the vault password.
+    """
+    import configparser
+
+    if os.environ.get("ANSIBLE_VAULT_PASSWORD_FILE"):
+        return None
+    d = p if p.is_dir() else p.parent
+    cfg = d / BESIDE_CFG
+    try:
+        if not cfg.is_file() or d.stat().st_mode & 0o002:
+            return None
+        parser = configparser.ConfigParser(interpolation=None)
+        parser.read_string(cfg.read_text(encoding="utf-8"), source=str(cfg))
+    except (OSError, UnicodeDecodeError, configparser.Error) as e:
+        raise InventoryError(f"{cfg}: {' '.join(str(e).split())}",
+                             fix="correct the ansible.cfg beside the inventory (an INI file)"
+                             ) from None
+    named = parser.get("defaults", "vault_password_file", fallback="").strip()
+    if not named:
+        return None
+    return str((d / Path(named).expanduser()).resolve())
+
+
 def _vault_secrets(loader: Any, explicit: str | os.PathLike[str] | None) -> str | None:
     """Give ansible-core the vault password ``ansible-playbook`` would use; returns its file, or
-    None."""
+    None: ``explicit`` (``--vault-password-file``, or the ``ansible.cfg`` beside the inventory),
+    else ``$ANSIBLE_VAULT_PASSWORD_FILE``, else Ansible's own configuration's."""
     from ansible import constants as C
     from ansible.errors import AnsibleError
     from ansible.parsing.vault import VaultSecretsContext, get_file_vault_secret

@@ -25,6 +25,7 @@ from fleetctl.errors import FleetError
 from fleetctl.lab import fabric, images, nodes
 from fleetctl.lab.bringup import up
 from fleetctl.lab.dockerd import Dockerd
+from fleetctl.lab.inventory import parse_recipe_options
 from fleetctl.lab.lab_state import (
     LabNode,
     LabStatus,
@@ -48,6 +49,7 @@ __all__ = [
     "direct_ssh",
     "down",
     "node_exec",
+    "parse_recipe_options",
     "set_node",
     "status",
     "up",

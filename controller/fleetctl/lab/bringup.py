@@ -6,12 +6,13 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from fleetctl.errors import FleetError
-from fleetctl.lab import aptrepo, fabric, images, inventory, nodes
+from fleetctl.lab import aptrepo, fabric, images, inventory, models, nodes
 from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.frontdoor import LabFrontDoor
 from fleetctl.lab.lab_state import LabStatus, locked, read_state, status, write_state
@@ -20,16 +21,21 @@ from fleetctl.lab.services import Registry, WebServer
 from fleetctl.progress import NULL, Event, Progress
 
 
-def up(nodes: int = 4, units: int = 0, progress: Progress = NULL) -> LabStatus:
+def up(nodes: int = 4, units: int = 0, progress: Progress = NULL,
+       recipes: Mapping[str, str] | None = None) -> LabStatus:
     """Bring the lab up with ``nodes`` Sparks (idempotent: what exists and runs is kept), the last
-    ``2 * units``
-    of them ``units`` two-node units joined by the lab's fabric (MTU 9000)."""
+    ``2 * units`` of them ``units`` two-node units joined by the lab's fabric (MTU 9000), and each
+    node of ``recipes`` (node -> recipe) serving its own recipe (its host_vars; the others the
+    inventory's default): rewritten at every up, as the units are."""
     if not 1 <= nodes <= MAX_NODES:
         raise FleetError(f"--nodes {nodes} is out of range", fix=f"pass 1 to {MAX_NODES}")
     lay = current()
-    inventory.units(
-        [lay.node_name(i) for i in range(1, nodes + 1)], units
-    )  # refused before anything is made
+    names = [lay.node_name(i) for i in range(1, nodes + 1)]
+    # Refused before anything is made.
+    made = inventory.units(names, units)
+    recipes = dict(recipes or {})
+    inventory.check_recipes(recipes, names, made, models.repo_recipes())
+    inventory.check_recipe_files(lay, recipes)
     lay.check()
     t0 = time.monotonic()
     with locked(lay, progress):
@@ -45,7 +51,7 @@ def up(nodes: int = 4, units: int = 0, progress: Progress = NULL) -> LabStatus:
         write_state(lay, state)
         _ssh_key(lay)
         # Written first: the weights mirror is filled from the recipes it links in.
-        inventory.write(lay, [lay.node_name(i) for i in range(1, nodes + 1)], units)
+        inventory.write(lay, names, units, recipes)
         engine = Dockerd(lay)
         engine.start(progress)
         engine.ensure_network()
@@ -67,7 +73,7 @@ def up(nodes: int = 4, units: int = 0, progress: Progress = NULL) -> LabStatus:
         _fabric(lay, engine, state, progress)
         state["images"] = sorted(set(state.get("images", [])) | set(pushed))
         write_state(lay, state)
-        inventory.write(lay, state["nodes"], units)
+        inventory.write(lay, state["nodes"], units, recipes)
         LabFrontDoor(lay).start(state["nodes"], progress)
         progress(Event("ready", f"lab up with {nodes} node(s) in {time.monotonic() - t0:.0f}s"))
     return status()

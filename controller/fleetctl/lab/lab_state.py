@@ -16,6 +16,7 @@ from typing import Any
 from fleetctl import paths
 from fleetctl.errors import FleetError
 from fleetctl.lab import access, nodes
+from fleetctl.lab import inventory as lab_inventory
 from fleetctl.lab.dockerd import Dockerd
 from fleetctl.lab.frontdoor import LabFrontDoor
 from fleetctl.lab.layout import Layout, current
@@ -72,6 +73,9 @@ class LabStatus:
     images: tuple[str, ...] = ()
     #: The lab's two-node units (``lab up --units``): name -> members, head first.
     units: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    #: Nodes serving a recipe of their own (host_vars/NODE/recipe.yml, ``lab up --recipe``): node
+    #: -> recipe; the others serve the inventory's default.
+    recipes: Mapping[str, str] = field(default_factory=dict)
 
     def node(self, name: str) -> LabNode:
         """The node called ``name``."""
@@ -195,6 +199,7 @@ def status() -> LabStatus:
         nodes=node_list,
         images=tuple(state.get("images", [])),
         units={u: tuple(ms) for u, ms in state.get("units", {}).items()},
+        recipes={n: r for n, r in lab_inventory.node_recipes(lay).items() if n in names},
     )
 
 

@@ -23,7 +23,9 @@ from fleetctl.lab.images import NEWER_KERNEL
 from fleetctl.lab.layout import Layout
 from fleetctl.progress import NULL, Event, Progress
 
-OPT_SIZE_GB = 64
+#: /opt's tmpfs cap (GiB; a tmpfs takes memory only for what is written, and the mirror's files
+#: are small): a Spark's NVMe holds every seed recipe's min_free_gb (qwen35-35b-bf16: 90 GB).
+OPT_SIZE_GB = 128
 LABEL = "fleetctl.lab"
 
 

@@ -78,6 +78,11 @@ HISTORY: tuple[ImageTag, ...] = (
         "vLLM 0.24.0; throughput parity with 0.23.0",
     ),
     ImageTag(AEON_REPOSITORY, "latest", dict(_V024), "= 2026-07-01-v0.24.0 (since 2026-07-02)"),
+    # The stock image's releases: a recipe of vllm/vllm-openai rolls by tag as the AEON ones do.
+    ImageTag(STOCK_REPOSITORY, "v0.23.0", {"EMU_VERSION": "0.23.0", **_LOAD},
+             "stock vLLM 0.23.0 release; serves without speculative decoding", ("vllm", "serve")),
+    ImageTag(STOCK_REPOSITORY, "v0.24.0", dict(_V024),
+             "stock vLLM 0.24.0 release; serves without speculative decoding", ("vllm", "serve")),
     ImageTag(
         STOCK_REPOSITORY,
         "cu130-nightly",

@@ -274,7 +274,27 @@ def serving(container: str | None, port: int) -> dict[str, object]:
         code, err_s = None, str(reason)
     out["health"] = {"url": f":{port}/health", "status": code, "error": err_s,
                      "seconds": round(time.monotonic() - t0, 3)}
+    if code == 200:
+        out["models"] = served_models(port)
     return out
+
+
+#: Largest /v1/models answer read: a list of a few names (vLLM lists each served name once).
+MODELS_MAX_BYTES = 64 << 10
+
+
+def served_models(port: int) -> dict[str, object]:
+    """The model ids ``/v1/models`` lists (what the server says it serves), or why not (a server
+    with an API key answers 401 without one: the probe has none)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=3) as r:
+            body = json.loads(r.read(MODELS_MAX_BYTES + 1)[:MODELS_MAX_BYTES])
+        ids = [str(m.get("id")) for m in body.get("data", []) if isinstance(m, dict)]
+        return {"ids": ids[:32], "error": None}
+    except urllib.error.HTTPError as e:
+        return {"ids": None, "error": f"HTTP {e.code}"}
+    except (urllib.error.URLError, OSError, ValueError, AttributeError) as e:
+        return {"ids": None, "error": str(getattr(e, "reason", e))[:200]}
 
 
 def redacted(c: dict) -> dict:
