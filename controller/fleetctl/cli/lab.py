@@ -227,7 +227,8 @@ def env_cmd(ctx: Ctx) -> None:
               help="Its serving engine stops producing tokens while /health and /metrics answer "
               "(a restart heals it), or produces them again (and --wedge-after-start is cleared).")
 @click.option("--wedge-after-start", type=Duration(), metavar="D", default=None,
-              help="Its serving container wedges D after this and after every later start (10s).")
+              help="Its serving container wedges D after this and after every later start (10s; a "
+              "bare number is seconds).")
 @json_option
 @pass_ctx
 def node_cmd(
