@@ -176,14 +176,15 @@ class Remediator:
             return (f"recipe {recipe.name}'s breaker is open: {b.recipe_count(recipe.name, now)} "
                     f"remediations in {policy.window:.0f}s (watch.recipe_breaker "
                     f"{policy.recipe_breaker}); a person should look at the fleet")
-        pool = [n for n in self.watched
-                if self.inv.hosts[n].vars.get("fleetctl_recipe") ==
+        # Every host of the recipe counts, watched or not (an unwatched one serves too).
+        pool = [n for n, x in self.inv.hosts.items()
+                if x.vars.get("fleetctl_recipe") ==
                 self.inv.hosts[members[0]].vars.get("fleetctl_recipe")]
         out = set(self.eng.ledger.out_of_rotation()) | set(self.st.parked) | self.st.busy
         left = [n for n in pool if n not in out and n not in members]
         floor = policy.floor_of(len(pool))
         if len(left) < floor:
-            return (f"waiting: {len(left)} other host(s) of recipe {recipe.name} in rotation, "
+            return (f"{len(left)} other host(s) of recipe {recipe.name} in rotation, "
                     f"floor {floor} (watch.floor)")
         return None
 
