@@ -261,3 +261,35 @@ def test_the_policy_is_checked_field_by_field() -> None:
     assert p.floor_of(4) == 2 and p.window == 600 and not p.remediate
 
 
+
+
+def test_history_lists_remediations_with_host_cause_action_and_result(
+    tmp_path: Path, inv_dir: Path
+) -> None:
+    from click.testing import CliRunner
+
+    from fleetctl.cli.main import cli
+
+    fleet = SimFleet(dict.fromkeys(HOSTS, NEW), {OLD: OK, NEW: OK})
+    state = tmp_path / "state"
+    eng = _engine(fleet, inv_dir, state, Recorder())
+    clock, pages = Clock(), []  # type: ignore[var-annotated]
+    try:
+        fixer = _remediator(eng, clock, pages)
+        for _ in range(3):
+            fixer.remediate("spark-02", "liveness", CAUSE.format("spark-02"))
+    finally:
+        eng.close()
+    env = {"FLEETCTL_STATE_DIR": str(state), "COLUMNS": "200"}
+    out = CliRunner().invoke(cli, ["-i", str(inv_dir / "hosts.yml"), "history", "--json"], env=env)
+    assert out.exit_code == 0, out.output
+    import json
+
+    got = [r["remediation"] for r in json.loads(out.output) if r["kind"] == KIND]
+    assert [(r["host"], r["check"], r["action"], r["result"]) for r in got] == [
+        ("spark-02", "liveness", "park", heal.PARKED),
+        ("spark-02", "liveness", "restart", heal.HEALED),
+        ("spark-02", "liveness", "restart", heal.HEALED)]
+    assert all("no token" in r["cause"] for r in got)
+    table = CliRunner().invoke(cli, ["-i", str(inv_dir / "hosts.yml"), "history"], env=env)
+    assert "spark-02: liveness (engine wedged on spark-02" in table.output, table.output

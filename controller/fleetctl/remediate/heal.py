@@ -218,7 +218,7 @@ class Remediator:
         b.record(h.name, recipe.name, self.clock())
         try:
             if not escalate:
-                ok, why = self._restart(rid, h, members, recipe, policy, tag)
+                ok, why = self._restart(rid, h, members, recipe, policy, tag, check)
                 if ok:
                     self.eng.door.back_in(h)
                     self.record.step(rid, members, "in-rotation", "re-admitted")
@@ -227,7 +227,7 @@ class Remediator:
                 self._emit(h.name, "remediate", f"the restart did not heal it: {why}; rolling back")
                 action = ROLLBACK
             else:
-                self._drain(rid, h, recipe)
+                self._drain(rid, h, recipe, check)
         except FleetError as e:
             why = f"{e.cause}"
         finally:
@@ -243,8 +243,10 @@ class Remediator:
         c = self.s.ops(h).inspect(container_name(h))
         return (c.tag or "", c.digest or "") if c is not None else ("", "")
 
-    def _drain(self, rid: str, h: Host, recipe: Recipe) -> None:
-        """Out of rotation (recorded before the door is asked), then the requests in flight."""
+    def _drain(self, rid: str, h: Host, recipe: Recipe, check: str = "") -> None:
+        """Out of rotation (recorded before the door is asked), then the requests in flight: a
+        wedged engine (liveness) or one that does not answer (probes) finishes none of them, so
+        those are not waited for (the restart cuts them)."""
         door = self.s.door
         if door is None:
             return
@@ -252,17 +254,19 @@ class Remediator:
         drained = door.drain(h)
         if drained.memo:
             self.eng.ledger.mark_out(h.name, rid, "remediate", drained.memo)
-        w = wait_drained(door, h, lambda: self.in_flight(h, recipe), self.s.drain_timeout)
-        msg = (f"{w.leftover} request(s) still in flight after {w.seconds:.0f}s: the restart "
-               "cuts them" if w.timed_out else f"no request in flight after {w.seconds:.1f}s")
+        stuck = check in ("liveness", "probes")
+        w = wait_drained(door, h, lambda: self.in_flight(h, recipe),
+                         0.0 if stuck else self.s.drain_timeout)
+        msg = (f"{w.leftover} request(s) in flight after {w.seconds:.0f}s: the restart cuts "
+               "them" if w.timed_out else f"no request in flight after {w.seconds:.1f}s")
         self.record.step(rid, [h.name], "drained", msg)
         self._emit(h.name, "drained", msg)
 
     def _restart(self, rid: str, h: Host, members: Sequence[str], recipe: Recipe,
-                 policy: Policy, tag: str) -> tuple[bool, str]:
+                 policy: Policy, tag: str, check: str) -> tuple[bool, str]:
         """Drain, restart every member (all stopped, then started in launch order), readiness,
         smoke and a few seconds of load. (ok, what happened)."""
-        self._drain(rid, h, recipe)
+        self._drain(rid, h, recipe, check)
         name = container_name(h)
         for m in members:
             self.s.ops(self.inv.hosts[m]).stop(name)

@@ -202,7 +202,9 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
             h.version = str(version.get("version", "")) if isinstance(version, dict) else ""
         cp = prompts.CANARIES[i % len(prompts.CANARIES)]
         canary_tokens = int(cfg.check("correctness").params.get("canary_max_tokens", 64))
-        canary = await c.chat(
+        # Side by side: a wedged engine holds each for the liveness bound, so one bound, not two,
+        # passes before the interval's breach.
+        canary, stream = await asyncio.gather(c.chat(
             ChatRequest(h.model, cp.prompt, canary_tokens, 0.0, thinking=False),
             phase="watch",
             cls=f"canary-{cp.name}",
@@ -210,8 +212,7 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
             t0=h.t0,
             keep_text=True,
             stall=stall,
-        )
-        stream = await c.chat(
+        ), c.chat(
             ChatRequest(
                 h.model, STREAM_PROMPT, s.stream_max_tokens, cfg.temperature, thinking=False
             ),
@@ -220,7 +221,7 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
             concurrency=1,
             t0=h.t0,
             stall=stall,
-        )
+        ))
         health = (
             await c.get("/health", timeout=5.0)
             if "stall" in (canary.error_kind, stream.error_kind)
