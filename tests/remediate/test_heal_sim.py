@@ -293,3 +293,31 @@ def test_history_lists_remediations_with_host_cause_action_and_result(
     assert all("no token" in r["cause"] for r in got)
     table = CliRunner().invoke(cli, ["-i", str(inv_dir / "hosts.yml"), "history"], env=env)
     assert "spark-02: liveness (engine wedged on spark-02" in table.output, table.output
+
+
+def test_a_watch_killed_mid_remediation_leaves_a_record_the_next_watch_finishes(
+    tmp_path: Path, inv_dir: Path
+) -> None:
+    from tests.rollout.sim import Killed
+
+    fleet = SimFleet(dict.fromkeys(HOSTS, NEW), {OLD: OK, NEW: OK})
+    state = tmp_path / "state"
+    eng = _engine(fleet, inv_dir, state, Recorder())
+    fleet.kill_at = 1  # dies right after the container's stop, the host drained
+    with pytest.raises(Killed):
+        _remediator(eng, Clock(), []).remediate("spark-02", "liveness", "wedged")
+    fleet.revive()
+    eng = _engine(fleet, inv_dir, state, Recorder())
+    try:
+        assert not fleet.hosts["spark-02"].containers[NAME].running
+        assert _admin(eng, "spark-02") == "drain"
+        (left,) = _history(eng)
+        assert left.status == "remediating"
+        (r,) = _remediator(eng, Clock(), []).recover()
+        assert r.result == heal.HEALED and r.id == left.id, r
+        assert fleet.hosts["spark-02"].containers[NAME].running
+        assert _admin(eng, "spark-02") == "ready" and eng.ledger.out_of_rotation() == {}
+        assert eng.ledger.get(left.id).status == fleet_ledger.COMPLETED
+        assert _remediator(eng, Clock(), []).recover() == []
+    finally:
+        eng.close()

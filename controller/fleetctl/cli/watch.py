@@ -280,6 +280,9 @@ def _remedy(ctx: Ctx, stack: contextlib.ExitStack, hosts: list[str], progress: P
     fixer = heal.Remediator(eng, hosts, policy_of, progress=progress, page=page, dry_run=dry_run,
                             notify=lambda r: hook.send("remediation", **r))
 
+    if not dry_run:
+        fixer.recover()  # what a watch killed mid-remediation left drained or stopped
+
     def remedy(host: str, check: str, message: str) -> bool:
         try:
             r = fixer.remediate(host, check, message)

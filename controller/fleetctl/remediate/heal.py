@@ -32,7 +32,7 @@ from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe
 from fleetctl.remediate.breaker import Breaker
 from fleetctl.remediate.policy import REMEDIABLE, Policy
-from fleetctl.remediate.record import Record
+from fleetctl.remediate.record import KIND, REMEDIATING, Record
 from fleetctl.rollout import gate
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.door import vllm_requests
@@ -139,6 +139,53 @@ class Remediator:
         finally:
             with self._mu:
                 self.st.busy.difference_update(members)
+
+    def recover(self) -> list[Remediation]:
+        """Finish the remediations a killed watch left (``remediating`` in the ledger): each
+        member's container started if it is not running, readiness and smoke, then re-admitted;
+        else rolled back or parked as a failed remediation is. Call before the first probe."""
+        out = []
+        for rid in self.eng.ledger.ids(kind=KIND, statuses=(REMEDIATING,), limit=100):
+            rec = self.eng.ledger.get(rid)
+            host = str((rec.options or {}).get("host") or "")
+            h = self.inv.hosts.get(host)
+            if h is None:
+                self.record.finish(rid, "interrupted", "its host is no longer in the inventory",
+                                   False)
+                continue
+            self.eng.ledger.note(rid, "resumed", "the watch that ran it stopped mid-way")
+            out.append(self._resume(rid, h, str((rec.options or {}).get("check") or ""),
+                                    str((rec.options or {}).get("cause") or "")))
+        return out
+
+    def _resume(self, rid: str, h: Host, check: str, cause: str) -> Remediation:
+        recipe, members, t0 = self._recipe(h), self._members(h), time.monotonic()
+        policy = self.policy_of(recipe)
+        try:
+            locks = self.s.hold(rid, "remediate", [self.inv.hosts[m] for m in members])
+        except LockedError as e:
+            self.record.finish(rid, EXCLUDED, f"interrupted, then left alone: {e.cause}", False)
+            return self._page(Remediation(h.name, check, cause, NONE, EXCLUDED,
+                                          f"left alone: {e.cause}", rid, members=members))
+        name = container_name(h)
+        try:
+            for m in members:
+                c = self.s.ops(self.inv.hosts[m]).inspect(name)
+                if c is not None and not c.running:
+                    self.s.ops(self.inv.hosts[m]).start_again(name)
+            self.record.step(rid, members, "started", f"{name} running")
+            ok, why = self._gate(rid, h, recipe, policy, self._serving(h)[0])
+            if ok:
+                self.eng.door.back_in(h)
+                self.record.step(rid, members, "in-rotation", "re-admitted")
+                return self._end(rid, Remediation(h.name, check, cause, RESTART, HEALED,
+                                                  f"resumed: {why}", rid,
+                                                  time.monotonic() - t0, members))
+        except FleetError as e:
+            why = e.cause
+        finally:
+            locks.release()
+        return self._escalate(rid, h, members, check, cause, f"resumed: {why}", t0)
 
     def _recipe(self, h: Host) -> Recipe:
         """The host's recipe (read once per recipe: the watch may run for days)."""
@@ -275,6 +322,11 @@ class Remediator:
             self.s.ops(self.inv.hosts[m]).start_again(name)
         self.record.step(rid, members, "started", f"{name} started again")
         self._emit(h.name, "restarted", f"{', '.join(members)}: {name} started again")
+        return self._gate(rid, h, recipe, policy, tag)
+
+    def _gate(self, rid: str, h: Host, recipe: Recipe, policy: Policy,
+              tag: str) -> tuple[bool, str]:
+        """Readiness, smoke and a few seconds of load on the restarted container."""
         cfg = gate.config(recipe, None, h)
         ready = self.s.gates.wait(h, recipe, tag, cfg, policy.ready_timeout,
                                   self.s.live(h, {}, "readiness", cancellable=False))
