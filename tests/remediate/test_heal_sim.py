@@ -321,3 +321,24 @@ def test_a_watch_killed_mid_remediation_leaves_a_record_the_next_watch_finishes(
         assert _remediator(eng, Clock(), []).recover() == []
     finally:
         eng.close()
+
+
+def test_a_units_breach_restarts_every_member_stopped_first_then_started_in_launch_order(
+    tmp_path: Path,
+) -> None:
+    from tests.rollout.test_unit_recovery_harness import HEAD, INV, UNIT, WORKER
+
+    fleet = SimFleet(dict.fromkeys(["spark-01", *UNIT], NEW), {OLD: OK, NEW: OK})
+    fleet.units = {HEAD: list(UNIT)}
+    eng = Engine(inventory.load(INV), Recorder(), state_dir=tmp_path / "state", secrets={},
+                 ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+    try:
+        p = policy.from_mapping({"remediate": True, "gate": 0, "floor": 0}, "sim")
+        fixer = heal.Remediator(eng, [HEAD], lambda _r: p, clock=Clock())
+        r = fixer.remediate(WORKER, "liveness", "the unit's worker was lost: no token")
+        assert (r.result, r.members) == (heal.HEALED, (HEAD, WORKER)), r
+        assert fleet.points == [f"{HEAD}:stop", f"{WORKER}:stop", f"{HEAD}:start-again",
+                                f"{WORKER}:start-again"], fleet.points
+        assert fleet.serving_tags() == dict.fromkeys(["spark-01", *UNIT], NEW)
+    finally:
+        eng.close()
