@@ -19,6 +19,7 @@ from rich.text import Text
 
 from fleetctl import ssh
 from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import stream_options as stream_options
 from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event
@@ -129,6 +130,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
     help="https URL paged on a breach (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).",
 )
 @json_option
+@stream_options
 @click.option(
     "--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F."
 )
