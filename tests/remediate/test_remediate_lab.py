@@ -83,7 +83,7 @@ def test_a_wedged_host_under_traffic_is_drained_restarted_regated_and_readmitted
         wedged_at = time.monotonic() - t0
         wedge.apply(host, wedge.WEDGE)
         events = tmp_path / "events.jsonl"
-        _watch(host, 3 * INTERVAL + 30, events)
+        w = _watch(host, 3 * INTERVAL + 30, events)
         time.sleep(3)
     finally:
         sampler.stop.set()
@@ -98,6 +98,7 @@ def test_a_wedged_host_under_traffic_is_drained_restarted_regated_and_readmitted
     intervals = [n for p, n in phases[:first_breach] if p == "watch" and n]
     assert intervals and max(intervals) <= 2, phases[: first_breach + 1]
     assert "liveness" in ev[[i for i, e in enumerate(ev) if e.get("host")][first_breach]]["message"]
+    assert _remediations(ev), w["stderr"][-3000:]
     (r,) = _remediations(ev)[:1]
     assert (r["action"], r["result"], r["check"]) == ("restart", "healed", "liveness"), r
     steps = [e["phase"] for e in ev if e.get("host") == host]
@@ -129,8 +130,9 @@ def test_a_host_that_wedges_after_every_start_is_rolled_back_after_n_restarts(
     assert before is not None and before.tag == OLD
     wedge.apply(host, wedge.AFTER_START, 12)
     events = tmp_path / "events.jsonl"
-    _watch(host, 10 * INTERVAL, events, "--breaker", "2")
+    w = _watch(host, 10 * INTERVAL, events, "--breaker", "2")
     rs = [(r["action"], r["result"]) for r in _remediations(_events(events))]
+    print(w["stderr"][-4000:])
     assert rs[:3] == [("restart", "healed"), ("restart", "healed"),
                       ("rollback", "rolled-back")], rs
     after = remote.inspect(h, remote.container_name(h))

@@ -17,12 +17,13 @@ import click
 from rich.console import Console
 from rich.text import Text
 
-from fleetctl import ssh
+from fleetctl import paths, ssh
+from fleetctl.cli import live
 from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
 from fleetctl.cli.output import stream_options as stream_options
 from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
 from fleetctl.errors import FleetError
-from fleetctl.progress import Event
+from fleetctl.progress import Event, Progress, Tee
 from fleetctl.runids import new_run_id
 from fleetctl.soak import report
 from fleetctl.soak.checks import ms
@@ -31,7 +32,6 @@ from fleetctl.soak.verdict import Outcome, Verdict
 from fleetctl.soak.watch import Remedy, WatchSettings, WatchTarget, run_watch
 
 if TYPE_CHECKING:
-    from fleetctl.progress import Progress
     from fleetctl.rollout.webhook import Webhook
 
 
@@ -235,7 +235,10 @@ def watch(
         settings = WatchSettings(duration=duration, interval=interval, parallel=parallel,
                                  max_server_error_rate=max_error_rate, failure_limit=failure_limit)
         try:
-            with ctx.progress("watch", ("phase", "interval", "errors", "message")) as progress:
+            state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
+            with live.streams(ctx, "watch", state) as sink, \
+                    ctx.progress("watch", ("phase", "interval", "errors", "message")) as shown:
+                progress: Progress = Tee(sink, shown)
                 hook = Webhook(str(url) if url else None, run, str(ctx.inventory or "-"), progress,
                                allow_http=allow_http)
 
