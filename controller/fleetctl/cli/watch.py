@@ -153,8 +153,9 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
               help="The breaker's window (default: the recipe's watch.window, 1h; a bare number is "
               "seconds).")
 @click.option("--gate", "gate_seconds", type=Duration(0, 3600), metavar="D", default=None,
-              help="Load in a remediation's re-gate after smoke (default: the recipe's watch.gate, "
-              "5s; 0: smoke only; a bare number is seconds).")
+              help="A remediation's re-gate: after smoke, the recipe's soak with this sustained "
+              "phase (its ramp too; default: the recipe's watch.gate, 0: smoke only; a bare "
+              "number is seconds).")
 @pass_ctx
 def watch(
     ctx: Ctx,

@@ -8,7 +8,7 @@ watch:
   window: 1h             # ... the window W (90s, 10m, 1h)
   recipe_breaker: 10     # remediations of the recipe's hosts in the window: stop acting, page
   floor: 1               # hosts of the recipe kept in rotation (a count, or "50%" of its hosts)
-  gate: 5s               # seconds of load in the re-gate after smoke (0: smoke only)
+  gate: 0                # the re-gate's soak after smoke: its sustained phase (0: smoke only)
   ready_timeout: 10m     # the wait for readiness after the restart
 ```
 
@@ -44,7 +44,9 @@ class Policy:
     #: Hosts of the recipe that stay in rotation: a count, or a fraction of its hosts (0.5).
     floor: float = 1.0
     floor_is_fraction: bool = False
-    gate: float = 5.0
+    #: Sustained seconds of the recipe's soak after the smoke (its fixed phases, the ramp, come
+    #: with it: a minute or more); 0: the smoke only (readiness, identity, canaries, prompts).
+    gate: float = 0.0
     ready_timeout: float = 600.0
 
     def floor_of(self, hosts: int) -> int:
@@ -118,7 +120,7 @@ def from_mapping(raw: object, recipe: str) -> Policy:
                   window=_seconds(raw, recipe, "window", 3600.0),
                   recipe_breaker=_count(raw, recipe, "recipe_breaker", 10),
                   floor=floor, floor_is_fraction=fraction,
-                  gate=_seconds(raw, recipe, "gate", 5.0, zero=True),
+                  gate=_seconds(raw, recipe, "gate", 0.0, zero=True),
                   ready_timeout=_seconds(raw, recipe, "ready_timeout", 600.0))
 
 
