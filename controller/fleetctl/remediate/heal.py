@@ -105,6 +105,7 @@ class Remediator:
         #: Requests vLLM holds on a host (running + waiting); a harness stands in its own.
         self.in_flight: Callable[[Host, Recipe], int | None] = vllm_requests
         self._mu = threading.Lock()
+        self._rollback_mu = threading.Lock()
         self.st = _State()
         self.breakers: dict[str, Breaker] = {}
         self._recipes: dict[str | None, Recipe] = {}
@@ -348,8 +349,17 @@ class Remediator:
         park when it fails or there is none."""
         self._emit(h.name, "remediate", f"rolling back to its last known-good: {why}")
         self.record.step(rid, [h.name], "rolling-back", why)
+        # One rollback at a time (one engine, one fleet lock); a wedged engine's requests never
+        # finish, so its rollback does not wait for them at the door either.
         try:
-            r = self.eng.rollback(limit=",".join(members), max_unavailable="100%")
+            with self._rollback_mu:
+                kept = self.s.drain_timeout
+                if check in ("liveness", "probes"):
+                    self.s.drain_timeout = 0.0
+                try:
+                    r = self.eng.rollback(limit=",".join(members), max_unavailable="100%")
+                finally:
+                    self.s.drain_timeout = kept
         except FleetError as e:
             return self._park(rid, h, members, check, cause, f"{why}; the rollback could not "
                               f"run: {e.cause}", t0)
