@@ -5,7 +5,8 @@
 They act on the running container, not on the node: a restart of the container heals a wedge, as
 on a real Spark. ``--wedge-after-start S`` writes S into the container's own filesystem, so every
 later start of that same container wedges again S seconds after it is ready (what a circuit
-breaker is for), while another container (a rollback's) does not. ``--unwedge`` clears both.
+breaker is for), while another container (a rollback's) does not. ``--unwedge`` clears both, in
+stopped containers too (a rollback keeps the wedging one as ``.prev``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,21 @@ def _serving(engine: Dockerd, node: str) -> list[str]:
             if any(repo in c.image for repo in (AEON_REPOSITORY, STOCK_REPOSITORY))]
 
 
+def _clear_stopped(engine: Dockerd, node: str) -> None:
+    """Empty the wedge-after-start file of every stopped vLLM container on the node (a rollback
+    keeps the one it left as ``.prev``, and a later rollback may start it again): ``docker cp``
+    reaches a stopped container's filesystem, ``docker exec`` does not."""
+    from fleetctl.lab.scenarios import AEON_REPOSITORY, STOCK_REPOSITORY
+
+    repos = "|".join((AEON_REPOSITORY, STOCK_REPOSITORY))
+    f = shlex.quote(AFTER_START_FILE)
+    script = (": > /tmp/fleetctl-lab-empty; docker ps -a --filter status=exited --filter "
+              "status=created --format '{{.ID}} {{.Image}}' | grep -E " + shlex.quote(repos)
+              + " | while read -r c _; do docker cp /tmp/fleetctl-lab-empty \"$c:\"" + f
+              + " || true; done")
+    nodes.exec_(engine, node, ["sh", "-c", script], what="clearing stopped containers' wedge")
+
+
 def apply(name: str, action: str, seconds: float | None = None,
           progress: Progress = NULL) -> list[str]:
     """Wedge, unwedge or wedge-after-start every vLLM container running on node ``name``; returns
@@ -42,6 +58,8 @@ def apply(name: str, action: str, seconds: float | None = None,
     engine = Dockerd(lay)
     if engine.pid() is None:
         raise FleetError("the lab is down", fix="run `fleetctl lab up`")
+    if action == UNWEDGE:
+        _clear_stopped(engine, name)
     vllm = _serving(engine, name)
     if not vllm:
         raise FleetError(f"--{action}: no vLLM container runs on the node", host=name,
