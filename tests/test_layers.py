@@ -32,6 +32,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("ansible", "state", "lab", "serving", "bandwidth", "warmcache"),
     ("soak", "provision", "stage", "status"),
     ("rollout", "stage_fleet"),
+    ("remediate",),
     ("cli",),
 )
 RANK = {part: i for i, layer in enumerate(LAYERS) for part in layer}

@@ -36,6 +36,7 @@ def history_json(
         # The digest this rollout's full gate rejected (later rollouts of the recipe refuse it).
         "rejected": {"digest": rejected[0].digest, "tag": rejected[0].tag,
                      "host": rejected[0].host, "why": rejected[0].why} if rejected else None,
+        **({"remediation": remediation(rec)} if rec.kind == "remediate" else {}),
         "waves": [
             {"wave": w.idx + 1, "hosts": list(w.hosts), "status": w.status} for w in rec.waves
         ],
@@ -57,6 +58,24 @@ def history_json(
             for h in rec.hosts
         ],
     }
+
+
+def remediation(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
+    """A remediation's host, check, cause, action (the last one taken) and result."""
+    o = rec.options or {}
+    host = o.get("host")
+    phases = [p.phase for p in rec.phases if p.host == host]
+    action = ("park" if "parked" in phases else "rollback" if "rolling-back" in phases
+              else o.get("action"))
+    return {"host": host, "check": o.get("check"), "cause": o.get("cause"), "action": action,
+            "result": phases[-1] if phases else rec.status}
+
+
+def remediation_cell(rec: fleet_ledger.RolloutRecord) -> str:
+    """A remediation in one cell of ``history``'s list: host, cause, action and result."""
+    r = remediation(rec)
+    cause = " ".join(str(r["cause"] or "").split())[:60]
+    return f"{r['host']}: {r['check']} ({cause}) -> {r['action']}: {r['result']}"
 
 
 def _iso(ts: float | None) -> str | None:

@@ -241,6 +241,12 @@ def env_cmd(ctx: Ctx) -> None:
 @click.option(
     "--reset", is_flag=True, help="Make the node healthy first (then apply the other options)."
 )
+@click.option("--wedge/--unwedge", "wedged", default=None,
+              help="Its serving engine stops producing tokens while /health and /metrics answer "
+              "(a restart heals it), or produces them again (and --wedge-after-start is cleared).")
+@click.option("--wedge-after-start", type=Duration(), metavar="D", default=None,
+              help="Its serving container wedges D after this and after every later start (10s; a "
+              "bare number is seconds).")
 @json_option
 @pass_ctx
 def node_cmd(
@@ -258,29 +264,47 @@ def node_cmd(
     fabric_via_mgmt: bool | None,
     kill_worker: bool,
     reset: bool,
+    wedged: bool | None,
+    wedge_after_start: float | None,
 ) -> None:
     """Set faults on one node: wrong GPU, old driver, small disk, paused, disconnected, bad next
-    kernel, no
-    rights; on a unit member, its fabric's faults, or its worker killed."""
-    node = lab.set_node(
-        name,
-        gpu=gpu,
-        driver=driver,
-        disk_gb=disk_gb,
-        paused=paused,
-        disconnected=disconnected,
-        next_kernel_without_nvidia=next_kernel,
-        revoked_access=revoked,
-        reset=reset,
-        fabric_mtu=fabric_mtu,
-        fabric_down=fabric_down,
-        fabric_via_mgmt=fabric_via_mgmt,
-        kill_worker=kill_worker,
-    )
+    kernel, no rights; on a unit member, its fabric's faults, or its worker killed; its serving
+    engine wedged (now, or after every start)."""
+    from fleetctl.lab import wedge
+
+    wedge_only = (wedged is not None or wedge_after_start is not None) and not reset and all(
+        v is None for v in (gpu, driver, disk_gb, paused, disconnected, next_kernel, revoked,
+                            fabric_mtu, fabric_down, fabric_via_mgmt)) and not kill_worker
+    if wedged is not None:
+        wedge.apply(name, wedge.WEDGE if wedged else wedge.UNWEDGE)
+    if wedge_after_start is not None:
+        wedge.apply(name, wedge.AFTER_START, wedge_after_start)
+    if wedge_only:
+        node = lab.status().node(name)
+    else:
+        node = lab.set_node(
+            name,
+            gpu=gpu,
+            driver=driver,
+            disk_gb=disk_gb,
+            paused=paused,
+            disconnected=disconnected,
+            next_kernel_without_nvidia=next_kernel,
+            revoked_access=revoked,
+            reset=reset,
+            fabric_mtu=fabric_mtu,
+            fabric_down=fabric_down,
+            fabric_via_mgmt=fabric_via_mgmt,
+            kill_worker=kill_worker,
+        )
+    acts = (["wedged" if wedged else "unwedged"] if wedged is not None else []) + (
+        [f"wedges {wedge_after_start:g}s after every start"] if wedge_after_start is not None
+        else [])
 
     def render(out: Console) -> None:
         faults = ", ".join(f"{k}={v}" for k, v in node.faults.items()) or "healthy"
-        out.print(f"{node.name} ({node.address}): {node.state}; {faults}")
+        out.print(f"{node.name} ({node.address}): {node.state}; {faults}"
+                  + (f"; serving engine {', '.join(acts)}" if acts else ""))
 
     ctx.emit(node, render)
 

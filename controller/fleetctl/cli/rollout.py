@@ -14,7 +14,7 @@ from rich.text import Text
 
 from fleetctl import inventory, paths
 from fleetctl.cli import live
-from fleetctl.cli.history import history_json
+from fleetctl.cli.history import history_json, remediation_cell
 from fleetctl.cli.output import (
     Col,
     Ctx,
@@ -541,7 +541,8 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                     r.tag or r.requested or "-",
                     when(r.started_at),
                     r.started_by,
-                    ", ".join(f"{n} {s}" for s, n in counts.items()),
+                    remediation_cell(r) if r.kind == "remediate"
+                    else ", ".join(f"{n} {s}" for s, n in counts.items()),
                     r.id,
                 ]
             )

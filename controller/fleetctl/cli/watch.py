@@ -11,22 +11,28 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.text import Text
 
-from fleetctl import ssh
+from fleetctl import paths, ssh
+from fleetctl.cli import live
 from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
+from fleetctl.cli.output import stream_options as stream_options
 from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
 from fleetctl.errors import FleetError
-from fleetctl.progress import Event
+from fleetctl.progress import Event, Progress, Tee
 from fleetctl.runids import new_run_id
 from fleetctl.soak import report
 from fleetctl.soak.checks import ms
 from fleetctl.soak.config import PROFILES
 from fleetctl.soak.verdict import Outcome, Verdict
-from fleetctl.soak.watch import WatchSettings, WatchTarget, run_watch
+from fleetctl.soak.watch import Remedy, WatchSettings, WatchTarget, run_watch
+
+if TYPE_CHECKING:
+    from fleetctl.rollout.webhook import Webhook
 
 
 def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
@@ -124,6 +130,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
     help="https URL paged on a breach (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).",
 )
 @json_option
+@stream_options
 @click.option(
     "--json-report", "json_file", metavar="F", help="Also write the verdicts as JSON to the file F."
 )
@@ -134,6 +141,21 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
     help="Write JUnit XML (a test case per host and check) to F.",
 )
 @click.option("--html", "html_file", metavar="F", help="Write a self-contained HTML report to F.")
+@click.option("--remediate", is_flag=True,
+              help="Heal a breach: drain, restart, re-gate, re-admit; after --breaker of them in "
+              "--window roll back to the known-good, else park (docs/watch.md).")
+@click.option("--dry-run", is_flag=True,
+              help="With --remediate: say what it would do, touch nothing.")
+@click.option("--breaker", type=click.IntRange(1, 100), metavar="N", default=None,
+              help="Remediations of a host in --window before a rollback (default: the recipe's "
+              "watch.breaker, 3).")
+@click.option("--window", type=Duration(), metavar="D", default=None,
+              help="The breaker's window (default: the recipe's watch.window, 1h; a bare number is "
+              "seconds).")
+@click.option("--gate", "gate_seconds", type=Duration(0, 3600), metavar="D", default=None,
+              help="A remediation's re-gate: after smoke, the recipe's soak with this sustained "
+              "phase (its ramp too; default: the recipe's watch.gate, 0: smoke only; a bare "
+              "number is seconds).")
 @pass_ctx
 def watch(
     ctx: Ctx,
@@ -151,6 +173,11 @@ def watch(
     json_file: str | None,
     junit_file: str | None,
     html_file: str | None,
+    remediate: bool,
+    dry_run: bool,
+    breaker: int | None,
+    window: float | None,
+    gate_seconds: float | None,
 ) -> None:
     """Probe promoted hosts (or endpoints) every interval for hours; page the webhook on a breach.
 
@@ -160,6 +187,8 @@ def watch(
     """
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
+    if endpoints and remediate:
+        raise click.UsageError("--remediate acts on inventory hosts, not on --endpoint URLs")
     if interval <= 0 or duration < interval:
         raise click.UsageError(
             f"--interval {interval:g}s must be > 0 and at most --duration {duration:g}s"
@@ -207,7 +236,10 @@ def watch(
         settings = WatchSettings(duration=duration, interval=interval, parallel=parallel,
                                  max_server_error_rate=max_error_rate, failure_limit=failure_limit)
         try:
-            with ctx.progress("watch", ("phase", "interval", "errors", "message")) as progress:
+            state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
+            with live.streams(ctx, "watch", state) as sink, \
+                    ctx.progress("watch", ("phase", "interval", "errors", "message")) as shown:
+                progress: Progress = Tee(sink, shown)
                 hook = Webhook(str(url) if url else None, run, str(ctx.inventory or "-"), progress,
                                allow_http=allow_http)
 
@@ -215,8 +247,12 @@ def watch(
                     progress(Event("breach", f"{check}: {message}", host=host))
                     hook.send("breach", host=host, check=check, message=message)
 
+                heal = (None if endpoints else _remedy(
+                    ctx, stack, [j.target.name for j in jobs], progress, page, hook,
+                    dict(remediate=remediate, breaker=breaker, window=window, gate=gate_seconds),
+                    dry_run))
                 try:
-                    verdicts = run_watch(targets, settings, progress, page)
+                    verdicts = run_watch(targets, settings, progress, page, heal)
                 finally:
                     for d in hook.close():
                         if d.error:
@@ -224,6 +260,45 @@ def watch(
         finally:
             ssh.close_all()
     finish(ctx, verdicts, _summary(verdicts), json_file, junit_file, html_file)
+
+
+def _remedy(ctx: Ctx, stack: contextlib.ExitStack, hosts: list[str], progress: Progress,
+            page: Callable[[str, str, str], None], hook: Webhook, overrides: dict[str, Any],
+            dry_run: bool) -> Remedy | None:
+    """The watch's remedy when --remediate or a recipe's watch.remediate asks for one (None:
+    page only). Every recipe's policy is read here, before the first probe."""
+    from fleetctl import inventory as inv_mod
+    from fleetctl.recipes import Recipe, load_recipes
+    from fleetctl.remediate import heal, policy
+    from fleetctl.rollout.api import Engine
+
+    inv = inv_mod.load(ctx.inventory)
+    policies = {n: policy.with_overrides(policy.from_mapping(r.watch, n), **overrides)
+                for n, r in load_recipes(inv).items()}
+    if not any(p.remediate for p in policies.values()):
+        return None
+    eng = Engine(inv, progress)
+    stack.callback(eng.close)
+
+    def policy_of(r: Recipe) -> policy.Policy:
+        return policies[r.name]
+
+    fixer = heal.Remediator(eng, hosts, policy_of, progress=progress, page=page, dry_run=dry_run,
+                            notify=lambda r: hook.send("remediation", **r))
+
+    if not dry_run:
+        fixer.recover()  # what a watch killed mid-remediation left drained or stopped
+
+    def remedy(host: str, check: str, message: str) -> bool:
+        try:
+            r = fixer.remediate(host, check, message)
+        except FleetError as e:
+            progress(Event("remediation", f"failed: {e.cause}", host=host))
+            hook.send("remediation", host=host, check=check, result="error", detail=e.cause)
+            return True
+        return r.result not in (heal.PARKED, heal.PAGED)
+
+    return remedy
 
 
 commands: list[click.Command] = [watch]

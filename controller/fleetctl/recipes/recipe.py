@@ -38,6 +38,9 @@ class Recipe:
     docker_args: tuple[str, ...] = ()
     #: Raw soak settings, parsed by ``fleetctl.soak.config``.
     soak: Mapping[str, Any] = field(default_factory=dict)
+    #: Raw ``fleetctl watch`` policy (remediation, breaker, floor), parsed by
+    #: ``fleetctl.remediate.policy``.
+    watch: Mapping[str, Any] = field(default_factory=dict)
     #: Free disk the host needs for image + weights + headroom (GB).
     min_free_gb: float = 0.0
     #: Where weights come from: "hub", "mirror", or None (the mirror if the inventory has one).

@@ -24,7 +24,7 @@ from fleetctl.recipes.weights import (
 _RECIPE_KEYS = {
     "description", "image", "served_model_names", "port", "weights", "vllm_args", "env",
     "secret_env", "docker_args", "soak", "min_free_gb", "source", "trust_remote_code", "topology",
-    "compile_cache",
+    "compile_cache", "watch",
 }
 
 
@@ -104,6 +104,10 @@ def build_recipe(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe 
     if not isinstance(soak, Mapping):
         bad("soak", "must be a mapping", "see fleetctl.soak.config for its keys")
         soak = {}
+    watch = body.get("watch") or {}
+    if not isinstance(watch, Mapping):
+        bad("watch", "must be a mapping", "e.g. watch: {remediate: true, breaker: 3, window: 1h}")
+        watch = {}
     min_free, source, trust = _min_free(body, bad), _source(body, bad), _trust(body, bad)
     weights = build_weights(body.get("weights"), "weights" in body, bad)
     topology = build_topology(body.get("topology"), args, env, bad)
@@ -121,6 +125,7 @@ def build_recipe(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe 
         secret_env=tuple(secret_env),
         docker_args=tuple(docker_args),
         soak=dict(soak),
+        watch=dict(watch),
         min_free_gb=min_free,
         source=source,
         description=str(body.get("description", "")),

@@ -53,6 +53,7 @@ EVENTS = (
     "progress",
     "bake",
     "breach",
+    "remediation",
 )
 #: Seconds between two ``progress`` posts at least.
 PROGRESS_INTERVAL = 10.0

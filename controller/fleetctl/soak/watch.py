@@ -97,6 +97,10 @@ class WatchTarget:
 
 #: ``on_breach(host, check, message)``: called once per host and check, the first time it fails.
 OnBreach = Callable[[str, str, str], None]
+#: ``remedy(host, check, message)``: called (in a thread) with the first new breach of an interval;
+#: True when the host's checks start afresh (its server was restarted or replaced, or it should be
+#: tried again at the next breach): ``fleetctl watch --remediate`` (fleetctl.remediate).
+Remedy = Callable[[str, str, str], bool]
 
 
 @dataclass
@@ -164,7 +168,18 @@ class _Host:
         self.first_error = ""
         self.version = ""
         self.paged: set[str] = set()
+        #: Each check's failures before the host's last fresh start (a remedy): not breaches again.
+        self.fails_before: dict[str, int] = {}
         self.spec_seen = False
+
+    def fresh_start(self) -> None:
+        """The server was restarted or replaced: new counters, new greedy answers, no breach."""
+        self.prev = None
+        self.refs.clear()
+        self.version = ""
+        self.block, self.block_from, self.first_acceptance = [0.0, 0.0], "", None
+        self.paged.clear()
+        self.fails_before = {n: c.fails for n, c in self.checks.items()}
 
     def now(self) -> float:
         return time.monotonic() - self.t0
@@ -187,7 +202,9 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
             h.version = str(version.get("version", "")) if isinstance(version, dict) else ""
         cp = prompts.CANARIES[i % len(prompts.CANARIES)]
         canary_tokens = int(cfg.check("correctness").params.get("canary_max_tokens", 64))
-        canary = await c.chat(
+        # Side by side: a wedged engine holds each for the liveness bound, so one bound, not two,
+        # passes before the interval's breach.
+        canary, stream = await asyncio.gather(c.chat(
             ChatRequest(h.model, cp.prompt, canary_tokens, 0.0, thinking=False),
             phase="watch",
             cls=f"canary-{cp.name}",
@@ -195,8 +212,7 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
             t0=h.t0,
             keep_text=True,
             stall=stall,
-        )
-        stream = await c.chat(
+        ), c.chat(
             ChatRequest(
                 h.model, STREAM_PROMPT, s.stream_max_tokens, cfg.temperature, thinking=False
             ),
@@ -205,7 +221,7 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
             concurrency=1,
             t0=h.t0,
             stall=stall,
-        )
+        ))
         health = (
             await c.get("/health", timeout=5.0)
             if "stall" in (canary.error_kind, stream.error_kind)
@@ -419,13 +435,18 @@ def _judge_latency(h: _Host, s: WatchSettings, label: str, t: Traffic) -> None:
         )
 
 
-def _breaches(h: _Host, s: WatchSettings, on_breach: OnBreach | None) -> None:
+def _breaches(h: _Host, s: WatchSettings, on_breach: OnBreach | None) -> list[tuple[str, str]]:
+    """Page each check's first breach (since the host's last fresh start); the new ones."""
+    new = []
     for c in h.checks.values():
-        if c.fails > s.failure_limit and c.name not in h.paged:
+        if c.fails - h.fails_before.get(c.name, 0) > s.failure_limit and c.name not in h.paged:
             h.paged.add(c.name)
-            first = next((m for m in c.kept if m.outcome is F), None)
+            last = next((m for m in reversed(c.kept) if m.outcome is F), None)
+            message = h.scrub(last.message if last else c.name)
+            new.append((c.name, message))
             if on_breach is not None:
-                on_breach(h.target.name, c.name, h.scrub(first.message if first else c.name))
+                on_breach(h.target.name, c.name, message)
+    return new
 
 
 def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> Verdict:
@@ -519,6 +540,7 @@ async def _watch_host(
     end: float,
     progress: Progress,
     on_breach: OnBreach | None,
+    remedy: Remedy | None = None,
 ) -> None:
     i = 0
     while True:
@@ -532,15 +554,18 @@ async def _watch_host(
                     await _probe(h, s, i, progress)
             except TimeoutError:
                 break
-        _breaches(h, s, on_breach)
+        new = _breaches(h, s, on_breach)
+        # One remediation at a time for this host: its probes wait for it (the others go on).
+        if remedy is not None and new and await asyncio.to_thread(remedy, h.target.name, *new[0]):
+            h.fresh_start()
         i += 1
         await asyncio.sleep(max(0.0, min(tick + s.interval, end) - time.monotonic()))
 
 
 def run_watch(targets: Sequence[WatchTarget], settings: WatchSettings, progress: Progress = NULL,
-              on_breach: OnBreach | None = None) -> list[Verdict]:
+              on_breach: OnBreach | None = None, remedy: Remedy | None = None) -> list[Verdict]:
     """Watch ``targets`` for ``settings.duration`` seconds; one verdict per target (its artifacts
-    written)."""
+    written). With ``remedy``, a host's breach is handed to it (see :data:`Remedy`)."""
     started = datetime.now(UTC)
     t0 = time.monotonic()
     progress = secrets.scrubbed_progress(progress, secrets.Scrubber(
@@ -561,7 +586,7 @@ def run_watch(targets: Sequence[WatchTarget], settings: WatchSettings, progress:
         sem = asyncio.Semaphore(max(1, settings.parallel))
         end = time.monotonic() + settings.duration
         await asyncio.gather(
-            *(_watch_host(h, settings, sem, end, progress, on_breach) for h in hosts)
+            *(_watch_host(h, settings, sem, end, progress, on_breach, remedy) for h in hosts)
         )
 
     try:

@@ -233,10 +233,11 @@ class Engine:
             ttft = perf.ttft_seconds(
                 profile, prompt_tokens=request.prompt_tokens - hits, running=self.running
             )
-            if (self.knobs.hang and self.knobs.hang != "boot") or self.wedged:
-                # A wedged engine: the request is accepted and never produces a token.
-                while not self.dead:
-                    await asyncio.sleep(0.2)
+            hang = bool(self.knobs.hang) and self.knobs.hang != "boot"
+            # A wedged engine: the request is accepted and produces no token until it is unwedged.
+            while (hang or self.wedged) and not self.dead:
+                await asyncio.sleep(0.2)
+            if self.dead:
                 raise EngineDeadError(ENGINE_DEAD_MESSAGE)
             await self._sleep(ttft)
             first_token_at = time.monotonic()

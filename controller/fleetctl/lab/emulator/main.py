@@ -22,6 +22,7 @@ from .http_server import HttpServer
 from .knobs import Knobs, from_env
 from .metrics import Metrics
 from .openai_api import OpenAIApi
+from .wedge import Switch
 from .weights import BootError, LoadedWeights, invalid_model_message, load_weights, read_config
 
 DEFAULT_MAX_MODEL_LEN = 32768
@@ -133,6 +134,8 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
     """Boot, serve and return the process exit code."""
     stop = asyncio.Event()
     install_signals(stop)
+    switch = Switch(log)
+    switch.install()
     log(f"INFO [api_server.py:1885] vLLM API server version {knobs.version}")
     log(
         f"INFO [utils.py:233] non-default args: {{'model': {args.model!r}, 'served_model_name': "
@@ -254,6 +257,7 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         profiles=perf.FAMILY_PROFILES[perf.family_of(_model_type(config))],
     )
     engine.mark_ready()
+    switch.attach(engine)
     if head is not None:
         def wedge(why: str) -> None:
             engine.wedged = True
