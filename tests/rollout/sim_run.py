@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import atexit
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
+from fleetctl import paths
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
 
@@ -55,3 +61,23 @@ def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], Roll
     r = run_to(tag)
     assert r.status == fleet_ledger.COMPLETED, r.error
     assert set(fleet.serving_tags().values()) == {tag}
+
+
+def example_inventory(recipes: Mapping[str, str | None]) -> Path:
+    """A copy of the example inventory (removed at exit) whose hosts serve the given recipes
+    (``fleetctl_recipe`` in each one's host_vars, as Ansible users write it; None: the fleet's);
+    the example's own per-host recipe is dropped, so ``{}`` is a fleet of one recipe."""
+    root = Path(tempfile.mkdtemp(prefix="fleetctl-example-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    shutil.copytree(paths.project_root() / "inventory" / "example", root / "inv")
+    hosts_file = root / "inv" / "hosts.yml"
+    hosts = yaml.safe_load(hosts_file.read_text())
+    for h in hosts["all"]["children"]["sparks"]["hosts"].values():
+        h.pop("fleetctl_recipe", None)
+    hosts_file.write_text(yaml.safe_dump(hosts))
+    for name, recipe in recipes.items():
+        if recipe is not None:
+            d = root / "inv" / "host_vars" / name
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "recipe.yml").write_text(f"fleetctl_recipe: {recipe}\n")
+    return hosts_file

@@ -90,6 +90,9 @@ class HostStep:
                 batch.leave(h.name)
             run.phase(h, "loading", "already running this rollout's container: gating it", show,
                       status=fleet_ledger.IN_PROGRESS)
+        if rec is not None and rec.switch:
+            # Another model's figures are no baseline of this one: the gate judges it alone.
+            before_tag = None
         try:
             self._deploy_and_gate(run, recipe, p, h, ops, cur, show, t, before_tag)
         except RECOVERABLE as e:
