@@ -63,6 +63,21 @@ def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], Roll
     assert set(fleet.serving_tags().values()) == {tag}
 
 
+def count_points(fleet: SimFleet, run: Callable[[SimFleet, Path], RolloutResult],
+                 want: str) -> int:
+    """How many points a clean run (``run(fleet, state dir)``, ending ``want``) goes through."""
+    with tempfile.TemporaryDirectory() as d:
+        r = run(fleet, Path(d))
+    assert r.status == want, f"the clean run the kill points are counted on: {r.status} {r.error}"
+    return len(fleet.points)
+
+
+def kill_points(good: int, failing: int) -> list[tuple[bool, int]]:
+    """Every kill point of a good run's ``good`` points and a failing run's ``failing`` ones, as
+    (failing, k)."""
+    return [(False, k) for k in range(1, good + 1)] + [(True, k) for k in range(1, failing + 1)]
+
+
 def example_inventory(recipes: Mapping[str, str | None]) -> Path:
     """A copy of the example inventory (removed at exit) whose hosts serve the given recipes
     (``fleetctl_recipe`` in each one's host_vars, as Ansible users write it; None: the fleet's);

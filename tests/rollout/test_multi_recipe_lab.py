@@ -57,6 +57,7 @@ def three_recipes(serving: Any) -> Iterator[None]:
     image's versions pushed, and every host serving its own recipe at the base version."""
     del serving
     files = _recipe_files()
+    made = [f.parent for f in files.values() if not f.parent.exists()]
     try:
         for tag, version in ((BASE_TAG, "0.23.0"), (NEW, "0.24.0")):
             fleetlab.add_image(tag, {"EMU_VERSION": version, "EMU_LOAD_SECONDS": "3"},
@@ -74,6 +75,8 @@ def three_recipes(serving: Any) -> Iterator[None]:
     finally:
         for f in files.values():
             f.unlink(missing_ok=True)
+        for d in made:
+            d.rmdir()
         # every host back on the fleet's recipe at the base version, whatever a test left
         code, doc = fleetctl("rollback", "--to", BASE_TAG, "--max-unavailable", "100%", "--yes")
         ssh.close_all()

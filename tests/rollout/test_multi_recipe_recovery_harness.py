@@ -12,7 +12,6 @@ rollout takes every host, each on its own recipe, to a new tag.
 
 from __future__ import annotations
 
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -33,7 +32,7 @@ from .sim import (
     recover,
     run_command,
 )
-from .sim_run import example_inventory
+from .sim_run import count_points, example_inventory, kill_points
 
 HERETIC, BF16 = "qwen36-35b-heretic", "qwen35-35b-bf16"
 RECIPES = {"spark-01": HERETIC, "spark-02": HERETIC, "spark-03": BF16, "spark-04": BF16}
@@ -81,18 +80,11 @@ def _assert_own_recipe(fleet: SimFleet, state: Path, allowed: dict[str, set[str]
 
 
 def _clean_points(canary_fails: bool) -> int:
-    fleet = _fleet(canary_fails)
-    with tempfile.TemporaryDirectory() as d:
-        r = _run(fleet, Path(d), "rollout", tag=B)
     want = fleet_ledger.FAILED if canary_fails else fleet_ledger.COMPLETED
-    assert r.status == want, f"the clean run the kill points are counted on: {r.status} {r.error}"
-    return len(fleet.points)
+    return count_points(_fleet(canary_fails), lambda f, d: _run(f, d, "rollout", tag=B), want)
 
 
-N_GOOD = _clean_points(False)
-N_FAILING = _clean_points(True)
-KILL_POINTS = [(False, k) for k in range(1, N_GOOD + 1)] + [
-    (True, k) for k in range(1, N_FAILING + 1)]
+KILL_POINTS = kill_points(_clean_points(False), _clean_points(True))
 
 
 @pytest.mark.parametrize("how", ["resume", "abort", "rollback"])

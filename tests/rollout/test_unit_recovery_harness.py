@@ -39,6 +39,7 @@ from .sim import (
     recover,
     run_command,
 )
+from .sim_run import count_points, kill_points
 
 SINGLE, HEAD, WORKER = "spark-01", "spark-03", "spark-04"
 HOSTS = [SINGLE, HEAD, WORKER]
@@ -120,19 +121,11 @@ def _assert_known(fleet: SimFleet, allowed: dict[str, set[str]]) -> None:
 
 
 def _clean_points(unit_fails: bool) -> int:
-    fleet = _fleet(unit_fails)
-    with tempfile.TemporaryDirectory() as d:
-        r = _run(fleet, Path(d), "rollout", tag=B)
     want = fleet_ledger.FAILED if unit_fails else fleet_ledger.COMPLETED
-    assert r.status == want, f"the clean run the kill points are counted on: {r.status} {r.error}"
-    return len(fleet.points)
+    return count_points(_fleet(unit_fails), lambda f, d: _run(f, d, "rollout", tag=B), want)
 
 
-N_GOOD = _clean_points(False)
-N_FAILING = _clean_points(True)
-KILL_POINTS = [(False, k) for k in range(1, N_GOOD + 1)] + [
-    (True, k) for k in range(1, N_FAILING + 1)
-]
+KILL_POINTS = kill_points(_clean_points(False), _clean_points(True))
 
 
 def _not_wedged(fleet: SimFleet, state: Path) -> None:
