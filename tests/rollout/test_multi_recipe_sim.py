@@ -181,6 +181,11 @@ def test_rollback_and_abort_put_each_host_back_on_its_own_recipe(tmp_path: Path)
     assert r.status == fleet_ledger.COMPLETED, r.error
     assert _serving(fleet) == {n: (A, RECIPES[n]) for n in HOSTS}
     assert {h.host: h.recipe for h in r.hosts} == RECIPES
+    # each recipe's own floor: one of the two heretic hosts at a time, the others beside them
+    rec = _record(tmp_path)
+    assert rec.options["per_step"] == {HERETIC: 1, MM: 1, BF16: 1}
+    assert {h.host: h.step for h in rec.hosts} == {"spark-01": 0, "spark-02": 1, "spark-03": 0,
+                                                   "spark-04": 0}
 
 
 def test_an_interrupted_switch_is_aborted_back_to_the_model_it_served(tmp_path: Path) -> None:

@@ -266,18 +266,26 @@ class Rollback:
                 s.ledger.add_known_good(n, tag=cur.tag, digest=cur.digest,
                                         fingerprint=cur.fingerprint, settings=cur.settings,
                                         source="found", rollout_id=None, recipe=cur.recipe)
-        # The same floor as a rollout's, over the hosts this rollback selected (skipped ones keep
-        # serving).
-        cap = wave_plan.capacity(max(1, sum(len(g.hosts) for g in run.groups)),
-                                 max_unavailable=max_unavailable,
-                                 min_available=min_available,
-                                 inventory_min_available=s.min_available())
-        mu = cap.per_step
-        rows: list[dict[str, Any]] = [
-            {"host": n, "wave": 0, "step": i // mu, "target_tag": c.targets[n][0],
-             "target_digest": c.targets[n][1], "recipe": c.recipes[n],
-             "before_recipe": cur.recipe if (cur := current[n]) is not None else None}
-            for i, n in enumerate(names)]
+        # The same floor as a rollout's, each recipe's over the hosts of it this rollback selected
+        # (skipped ones keep serving): a small model's hosts are never all out at once.
+        caps = {g.recipe.name: wave_plan.capacity(max(1, len(g.hosts)),
+                                                  max_unavailable=max_unavailable,
+                                                  min_available=min_available,
+                                                  inventory_min_available=s.min_available())
+                for g in run.groups}
+        cap = next(iter(caps.values()), None) or wave_plan.capacity(
+            1, max_unavailable=max_unavailable, min_available=min_available,
+            inventory_min_available=s.min_available())
+        described = ("; ".join(f"{r}: {k.describe()}" for r, k in caps.items()) if len(caps) > 1
+                     else cap.describe())
+        seen: dict[str, int] = {}
+        rows: list[dict[str, Any]] = []
+        for n in names:
+            i = seen[c.recipes[n]] = seen.get(c.recipes[n], -1) + 1
+            rows.append({"host": n, "wave": 0, "step": i // caps[c.recipes[n]].per_step,
+                         "target_tag": c.targets[n][0], "target_digest": c.targets[n][1],
+                         "recipe": c.recipes[n],
+                         "before_recipe": cur.recipe if (cur := current[n]) is not None else None})
         rows += [{"host": n, "wave": -1, "step": -1, "status": fleet_ledger.SKIPPED,
                   "phase": "skipped", "recipe": c.recipes.get(n),
                   "verdict": json.dumps({"summary": f"skipped: {why}"})} for n,
@@ -287,7 +295,8 @@ class Rollback:
                         tag=c.targets[names[0]][0] if to and names else to,
                         digest=c.targets[names[0]][1] if to and names else None,
                         image=run.groups[0].recipe.image if run.groups else None,
-                        options={"max_unavailable": mu, "capacity": cap.describe(), "to": to,
+                        options={"max_unavailable": cap.per_step, "capacity": described,
+                                 "per_step": {r: k.per_step for r, k in caps.items()}, "to": to,
                                  "fingerprints": {n: c.fps[n] for n in names if c.fps.get(n)}},
                         command=command_line(), waves=[list(names)],
                         hosts=rows, parent=parent.id if parent else None)
@@ -313,7 +322,14 @@ class Rollback:
                             registry.pull_ref(run.group_of(h.host).recipe.image,
                                               h.target_digest or "", s.mirrors),
                             fps.get(h.host)) for h in todo}
-        for step in unit_plan.split_steps(s.inv, [h.host for h in todo], mu):
+        # Each recipe's steps within its own floor; the recipes' k-th steps side by side.
+        per_step: Mapping[str, int] = rec.options.get("per_step") or {}
+        by_group = [unit_plan.split_steps(s.inv, [h.host for h in todo if h.host in g.hosts],
+                                          int(per_step.get(g.recipe.name) or mu))
+                    for g in run.groups]
+        steps = [[n for st in by_group if k < len(st) for n in st[k]]
+                 for k in range(max((len(st) for st in by_group), default=0))]
+        for step in steps:
             try:
                 # a unit as one slot, dispatched as its head (its members' targets are one version)
                 outs = s.parallel(unit_plan.slots(s.inv, [s.inv.host(n) for n in step]),
