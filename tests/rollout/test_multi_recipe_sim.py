@@ -12,9 +12,13 @@ import pytest
 
 from fleetctl import inventory
 from fleetctl.errors import FleetError
+from fleetctl.inventory import Host
+from fleetctl.progress import Progress
+from fleetctl.recipes import Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.soak import SoakConfig, Verdict, baselines
 from fleetctl.state import ledger as fleet_ledger
 
 from .sim import OK, SOAKFAIL, SimFleet, SimGates, digest_of
@@ -33,7 +37,23 @@ def _fleet() -> SimFleet:
     return SimFleet(dict.fromkeys(HOSTS, A), TAGS, recipes=RECIPES)
 
 
-def _engine(fleet: SimFleet, state: Path, missing: str | None = None) -> Engine:
+class KeyedGates(SimGates):
+    """The simulated gates, keeping the baseline key each host's soak was judged under."""
+
+    def __init__(self, fleet: SimFleet) -> None:
+        super().__init__(fleet)
+        self.keys: dict[str, str | None] = {}
+
+    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
+             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
+             baseline_key: str | None = None) -> Verdict:
+        self.keys[host.name] = baseline_key
+        return super().soak(host, recipe, tag, cfg, store, baseline_tag, artifacts, run_id,
+                            progress, baseline_key)
+
+
+def _engine(fleet: SimFleet, state: Path, missing: str | None = None,
+            gates: SimGates | None = None) -> Engine:
     """``missing``: an image (repository) the registry has no tag ``B`` in."""
     def resolve(image: str, tag: str, mirrors: Mapping[str, str]) -> ResolvedImage:
         if missing is not None and image.endswith(missing) and tag == B:
@@ -41,7 +61,7 @@ def _engine(fleet: SimFleet, state: Path, missing: str | None = None) -> Engine:
         return fleet.resolve(image, tag, mirrors)
 
     eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=SimGates(fleet), resolve=resolve)
+                 gates=gates or SimGates(fleet), resolve=resolve)
     fleet.watch(eng.ledger)
     return eng
 
@@ -86,9 +106,18 @@ def test_a_rollout_by_tag_keeps_each_hosts_recipe_with_a_canary_and_a_floor_per_
     # the canaries of every recipe first, then the next waves
     assert fp.waves == [["spark-01", "spark-03", "spark-04"], ["spark-02"]]
 
-    r = _rollout(fleet, tmp_path)
+    gates = KeyedGates(fleet)
+    eng = _engine(fleet, tmp_path, gates=gates)
+    try:
+        r = eng.rollout(Options(tag=B, soak=1.0))
+    finally:
+        eng.close()
     assert r.status == fleet_ledger.COMPLETED, r.error
     assert _serving(fleet) == {n: (B, RECIPES[n]) for n in HOSTS}
+    # each recipe's own baselines: the fleet's recipe under the host's name as ever, another
+    # recipe's apart
+    assert gates.keys == {"spark-01": "spark-01", "spark-02": "spark-02",
+                          "spark-03": f"spark-03/{MM}", "spark-04": f"spark-04/{BF16}"}
     rec = _record(tmp_path)
     assert [w.hosts for w in rec.waves] == [("spark-01", "spark-03", "spark-04"), ("spark-02",)]
     assert {h.host: (h.recipe, h.before_recipe, h.switch) for h in rec.hosts} == {

@@ -102,8 +102,8 @@ def _host_jobs(
     store = stack.enter_context(baselines.open_for(inv, state))
     jobs: list[_Job] = []
     for h in unit_heads(inv, hosts):
-        key = baseline_key(inv, h.name)
         name = recipe_name or h.vars.get("fleetctl_recipe")
+        key = baseline_key(inv, h.name, str(name) if name else None)
         if not name:
             raise FleetError("no recipe to soak with", host=h.name,
                              fix="set fleetctl_recipe for the host or pass --recipe NAME")
@@ -140,11 +140,15 @@ def unit_heads(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
     return out
 
 
-def baseline_key(inv: Inventory, host: str) -> str:
-    """The key ``host``'s soaks are judged and kept under: its name, or its unit's
+def baseline_key(inv: Inventory, host: str, recipe: str | None = None) -> str:
+    """The key ``host``'s soaks are judged and kept under: its name (``host/RECIPE`` when it serves
+    another recipe than the fleet's, ``recipe`` or its own ``fleetctl_recipe``), or its unit's
     (``unit:NAME``)."""
     unit = inv.unit_of(host)
-    return host if unit is None else baselines.unit_key(unit.name)
+    if unit is not None:
+        return baselines.unit_key(unit.name)
+    own = recipe or inv.host(host).vars.get("fleetctl_recipe")
+    return baselines.host_key(host, str(own) if own else None, inv.vars.get("fleetctl_recipe"))
 
 
 def baseline_keys(inv: Inventory, limit: str | None) -> list[str]:
