@@ -225,3 +225,11 @@ def test_an_interrupted_switch_is_aborted_back_to_the_model_it_served(tmp_path: 
     assert r.status == fleet_ledger.FAILED
     assert _serving(fleet)["spark-01"] == (A, HERETIC)
     assert _serving(fleet)["spark-02"] == (A, HERETIC)
+
+
+def test_a_count_floor_is_each_recipes_and_refused_naming_the_recipe(tmp_path: Path) -> None:
+    fleet = _fleet()
+    with pytest.raises(FleetError) as e:
+        _rollout(fleet, tmp_path, min_available="1")
+    assert e.value.cause.startswith(f"recipe {MM} (1 host(s)): --min-available 1 keeps 1"), e.value
+    assert _serving(fleet) == {n: (A, RECIPES[n]) for n in HOSTS}

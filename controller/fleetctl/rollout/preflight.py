@@ -120,14 +120,31 @@ class Preflight:
                 recipe = self.s.recipe(name)
                 refuse_multinode_recipe(inv, recipe, [h.name for h in members])
                 selected.append(Group(recipe, {h.name: h for h in members}))
+        self._check_floors(opts, selected)
         for g in selected:
             self.s.check_recipe(g.recipe)
-            wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget,
-                                    opts.min_available, total=len(g.hosts),
-                                    inventory_min_available=self.s.min_available())
             for h in g.hosts.values():
                 deploy.deploy_via(h)  # a bad value is refused before anything is resolved
         return selected
+
+    def _check_floors(self, opts: Options, selected: Sequence[Group]) -> None:
+        """The floor against every selected host, then each recipe's against its own hosts (each
+        keeps its own), a group's refusal naming its recipe."""
+        def check(total: int) -> None:
+            wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget,
+                                    opts.min_available, total=total,
+                                    inventory_min_available=self.s.min_available())
+
+        check(sum(len(g.hosts) for g in selected))
+        for g in selected:
+            try:
+                check(len(g.hosts))
+            except FleetError as e:
+                if len(selected) == 1:
+                    raise
+                raise FleetError(f"recipe {g.recipe.name} ({len(g.hosts)} host(s)): {e.cause}",
+                                 fix=f"{e.fix or ''} (each recipe keeps its own floor: a "
+                                     "percentage suits a fleet of several recipes)") from e
 
     def resolve(self, recipe: Recipe, tag: str) -> registry.ResolvedImage:
         """``tag`` of the recipe's image through the registry (asked once per command)."""
