@@ -118,6 +118,9 @@ class SimFleet:
             self.hosts[n] = h
         self.mu = threading.RLock()
         self.kill_at: int | None = None
+        #: Die at the first point of this name (steps of two groups interleave: an index is not a
+        #: place).
+        self.kill_on: str | None = None
         self.points: list[str] = []
         self.dead = False
         #: Raise KeyboardInterrupt (Ctrl-C) in the soak of this host.
@@ -147,7 +150,8 @@ class SimFleet:
             if self.dead:
                 raise Killed(what)
             self.points.append(what)
-            if self.kill_at is not None and len(self.points) >= self.kill_at:
+            if (self.kill_at is not None and len(self.points) >= self.kill_at) or (
+                    self.kill_on is not None and what == self.kill_on):
                 self.dead = True
                 raise Killed(what)
 
@@ -161,6 +165,7 @@ class SimFleet:
         with self.mu:
             self.dead = False
             self.kill_at = None
+            self.kill_on = None
             self.points = []
 
     def watch(self, ledger: Ledger) -> None:

@@ -52,6 +52,20 @@ def recover(run: Callable[[str], RolloutResult], state: Path, how: str) -> None:
         run("rollback")
 
 
+def kill_then_recover(fleet: SimFleet, state: Path, k: int, run: Callable[[str], RolloutResult],
+                      how: str) -> None:
+    """The controller killed at point ``k`` of ``run("rollout")``, then a new one's ``how``."""
+    import pytest
+
+    from tests.rollout.sim import Killed
+
+    fleet.kill_at = k
+    with pytest.raises(Killed):
+        run("rollout")
+    fleet.revive()
+    recover(run, state, how)
+
+
 def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], RolloutResult],
                       tag: str) -> None:
     """No active record, and a later rollout of ``tag`` completes with every host serving it."""

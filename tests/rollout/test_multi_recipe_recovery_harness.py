@@ -24,15 +24,13 @@ from fleetctl.state import ledger as fleet_ledger
 from .sim import (
     OK,
     SOAKFAIL,
-    Killed,
     SimFleet,
     SimGates,
     assert_not_wedged,
     digest_of,
-    recover,
     run_command,
 )
-from .sim_run import count_points, example_inventory, kill_points
+from .sim_run import count_points, example_inventory, kill_points, kill_then_recover
 
 HERETIC, BF16 = "qwen36-35b-heretic", "qwen35-35b-bf16"
 RECIPES = {"spark-01": HERETIC, "spark-02": HERETIC, "spark-03": BF16, "spark-04": BF16}
@@ -92,11 +90,7 @@ KILL_POINTS = kill_points(_clean_points(False), _clean_points(True))
 def test_kill_anywhere_in_a_rollout_of_two_recipes(tmp_path: Path, canary_fails: bool, k: int,
                                                    how: str) -> None:
     fleet = _fleet(canary_fails)
-    fleet.kill_at = k
-    with pytest.raises(Killed):
-        _run(fleet, tmp_path, "rollout", tag=B)
-    fleet.revive()
-    recover(lambda what: _run(fleet, tmp_path, what), tmp_path, how)
+    kill_then_recover(fleet, tmp_path, k, lambda what: _run(fleet, tmp_path, what), how)
     # spark-03 never keeps B when B fails its gate there
     allowed = {n: {A, B} for n in HOSTS}
     if canary_fails:
