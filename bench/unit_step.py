@@ -43,9 +43,10 @@ def roll(tag: str, recipe: str, limit: str, soak: float) -> tuple[float, float]:
     """(wave seconds, whole command seconds) of one rollout; raises when it did not complete."""
     eng = Engine(inventory.load(None))
     try:
-        r = eng.rollout(
-            Options(tag=tag, recipe=recipe, limit=limit, soak=soak, max_unavailable="100%")
-        )
+        # The single host serves the one-node recipe here, not the fleet's: a named switch (the
+        # first round; then it serves that recipe already).
+        r = eng.rollout(Options(tag=tag, recipe=recipe, limit=limit, soak=soak,
+                                max_unavailable="100%", switch_model=True))
     finally:
         eng.close()
         ssh.close_all()

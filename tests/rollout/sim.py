@@ -101,8 +101,11 @@ class SimHost:
 class SimFleet:
     """The hosts, the registry's tags and the kill switch, shared by every engine of a test."""
 
-    def __init__(self, hosts: Mapping[str, str], tags: Mapping[str, str]) -> None:
-        """``hosts``: name -> tag it serves at first; ``tags``: tag -> behaviour of its image."""
+    def __init__(self, hosts: Mapping[str, str], tags: Mapping[str, str],
+                 recipes: Mapping[str, str] | None = None) -> None:
+        """``hosts``: name -> tag it serves at first; ``tags``: tag -> behaviour of its image;
+        ``recipes``: name -> the recipe its first container serves (its ``fleetctl.recipe`` label;
+        none: a container fleetctl did not start)."""
         self.tags = dict(tags)
         self.behaviour = {digest_of(t): b for t, b in tags.items()}
         self.hosts: dict[str, SimHost] = {}
@@ -110,10 +113,14 @@ class SimFleet:
             h = SimHost(n)
             d = digest_of(tag)
             h.images.add(d)
-            h.containers[NAME] = Container(NAME, d, tag, "", True, "running")
+            labels = {remote.LABEL_RECIPE: recipes[n]} if recipes and n in recipes else {}
+            h.containers[NAME] = Container(NAME, d, tag, "", True, "running", labels)
             self.hosts[n] = h
         self.mu = threading.RLock()
         self.kill_at: int | None = None
+        #: Die at the first point of this name (steps of two groups interleave: an index is not a
+        #: place).
+        self.kill_on: str | None = None
         self.points: list[str] = []
         self.dead = False
         #: Raise KeyboardInterrupt (Ctrl-C) in the soak of this host.
@@ -143,7 +150,8 @@ class SimFleet:
             if self.dead:
                 raise Killed(what)
             self.points.append(what)
-            if self.kill_at is not None and len(self.points) >= self.kill_at:
+            if (self.kill_at is not None and len(self.points) >= self.kill_at) or (
+                    self.kill_on is not None and what == self.kill_on):
                 self.dead = True
                 raise Killed(what)
 
@@ -157,6 +165,7 @@ class SimFleet:
         with self.mu:
             self.dead = False
             self.kill_at = None
+            self.kill_on = None
             self.points = []
 
     def watch(self, ledger: Ledger) -> None:
@@ -224,7 +233,7 @@ class SimOps(SimHostSide):
     def _serving(self, c: Container | None) -> remote.Container | None:
         if c is None:
             return None
-        labels = {**c.labels, remote.LABEL_RECIPE: "r", remote.LABEL_ROLLOUT: c.rollout}
+        labels = {**c.labels, remote.LABEL_ROLLOUT: c.rollout}
         return remote.Container(c.name, running=c.running, status=c.status, image=f"img@{c.digest}",
                                 digest=c.digest, tag=c.tag, id=c.id,
                                 settings={"labels": dict(c.labels)},
@@ -350,7 +359,8 @@ class SimOps(SimHostSide):
             if digest not in h.images:
                 raise FleetError(f"docker run: no image {digest}", host=h.name)
             labels = {remote.LABEL_TAG: tag, remote.LABEL_DIGEST: digest,
-                      remote.LABEL_FINGERPRINT: remote.fingerprint(recipe)}
+                      remote.LABEL_FINGERPRINT: remote.fingerprint(recipe),
+                      remote.LABEL_RECIPE: recipe.name}
             if launch is not None:
                 labels["fleetctl.unit.rank"] = str(launch.rank)
             h.containers[name] = Container(name, digest, tag, rollout_id, False, "created", labels)
@@ -569,6 +579,7 @@ class SimDeployer:
                 raise FleetError(f"docker run: no image {r.digest}", host=h.name)
             h.containers[name] = Container(name, r.digest, r.tag, r.rollout_id, False, "created",
                                            {remote.LABEL_TAG: r.tag, remote.LABEL_DIGEST: r.digest,
-                                            remote.LABEL_FINGERPRINT: fp})
+                                            remote.LABEL_FINGERPRINT: fp,
+                                            remote.LABEL_RECIPE: r.recipe.name})
             ops._start_then(h, name, "start")
             return ops._serving(h.containers.get(prev_name))

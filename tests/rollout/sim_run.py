@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import atexit
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
+from fleetctl import paths
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
 
@@ -46,6 +52,20 @@ def recover(run: Callable[[str], RolloutResult], state: Path, how: str) -> None:
         run("rollback")
 
 
+def kill_then_recover(fleet: SimFleet, state: Path, k: int, run: Callable[[str], RolloutResult],
+                      how: str) -> None:
+    """The controller killed at point ``k`` of ``run("rollout")``, then a new one's ``how``."""
+    import pytest
+
+    from tests.rollout.sim import Killed
+
+    fleet.kill_at = k
+    with pytest.raises(Killed):
+        run("rollout")
+    fleet.revive()
+    recover(run, state, how)
+
+
 def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], RolloutResult],
                       tag: str) -> None:
     """No active record, and a later rollout of ``tag`` completes with every host serving it."""
@@ -55,3 +75,38 @@ def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], Roll
     r = run_to(tag)
     assert r.status == fleet_ledger.COMPLETED, r.error
     assert set(fleet.serving_tags().values()) == {tag}
+
+
+def count_points(fleet: SimFleet, run: Callable[[SimFleet, Path], RolloutResult],
+                 want: str) -> int:
+    """How many points a clean run (``run(fleet, state dir)``, ending ``want``) goes through."""
+    with tempfile.TemporaryDirectory() as d:
+        r = run(fleet, Path(d))
+    assert r.status == want, f"the clean run the kill points are counted on: {r.status} {r.error}"
+    return len(fleet.points)
+
+
+def kill_points(good: int, failing: int) -> list[tuple[bool, int]]:
+    """Every kill point of a good run's ``good`` points and a failing run's ``failing`` ones, as
+    (failing, k)."""
+    return [(False, k) for k in range(1, good + 1)] + [(True, k) for k in range(1, failing + 1)]
+
+
+def example_inventory(recipes: Mapping[str, str | None]) -> Path:
+    """A copy of the example inventory (removed at exit) whose hosts serve the given recipes
+    (``fleetctl_recipe`` in each one's host_vars, as Ansible users write it; None: the fleet's);
+    the example's own per-host recipe is dropped, so ``{}`` is a fleet of one recipe."""
+    root = Path(tempfile.mkdtemp(prefix="fleetctl-example-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    shutil.copytree(paths.project_root() / "inventory" / "example", root / "inv")
+    hosts_file = root / "inv" / "hosts.yml"
+    hosts = yaml.safe_load(hosts_file.read_text())
+    for h in hosts["all"]["children"]["sparks"]["hosts"].values():
+        h.pop("fleetctl_recipe", None)
+    hosts_file.write_text(yaml.safe_dump(hosts))
+    for name, recipe in recipes.items():
+        if recipe is not None:
+            d = root / "inv" / "host_vars" / name
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "recipe.yml").write_text(f"fleetctl_recipe: {recipe}\n")
+    return hosts_file

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl import inventory, paths
+from fleetctl import inventory
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
@@ -38,9 +38,11 @@ from fleetctl.soak.verdict import Outcome
 from fleetctl.state import ledger as fleet_ledger
 
 from .sim import EXIT1, OK, SOAKFAIL, SimFleet, SimGates, digest_of
+from .sim_run import example_inventory
 
-INV = paths.project_root() / "inventory" / "example"
 HOSTS = ["spark-01", "spark-02", "spark-03", "spark-04"]
+#: The lab's shape: four hosts of one recipe.
+INV = example_inventory({})
 OLD, NEW, BOOTFAIL, DECAY, UNSURE = (
     "v0.23.0",
     "v0.24.0",

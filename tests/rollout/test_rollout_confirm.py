@@ -12,7 +12,7 @@ import pytest
 from fleetctl import inventory, paths
 from fleetctl.progress import Event
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.plan import Plan
+from fleetctl.rollout.groups import FleetPlan
 from fleetctl.rollout.results import Options
 from fleetctl.state import ledger as fleet_ledger
 
@@ -52,7 +52,7 @@ def _opts() -> Options:
 def test_an_interactive_rollout_runs_its_preflight_once(tmp_path: Path) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     rec = Recorder()
-    shown: list[Plan] = []
+    shown: list[FleetPlan] = []
     eng = _engine(fleet, tmp_path, rec)
     try:
         r = eng.rollout(_opts(), confirm=shown.append)
@@ -60,7 +60,7 @@ def test_an_interactive_rollout_runs_its_preflight_once(tmp_path: Path) -> None:
         eng.close()
     assert r.status == fleet_ledger.COMPLETED
     assert [h.host for h in shown[0].hosts] == HOSTS
-    assert r.plan == shown[0], "the plan asked about is the one run"
+    assert r.plan == shown[0].first, "the plan asked about is the one run"
     assert rec.count("preflight", None, "checking") == 1, "one preflight"
     assert all(rec.count("preflight", h) == 1 for h in HOSTS), "each host's facts fetched once"
     assert rec.count("resolve", None, f"{B} ->") == 1, "the registry asked once"
@@ -68,9 +68,9 @@ def test_an_interactive_rollout_runs_its_preflight_once(tmp_path: Path) -> None:
 
 def test_refusing_the_plan_records_and_changes_nothing(tmp_path: Path) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
-    asked: list[Plan] = []
+    asked: list[FleetPlan] = []
 
-    def no(p: Plan) -> None:
+    def no(p: FleetPlan) -> None:
         asked.append(p)
         raise click.exceptions.Abort()
 

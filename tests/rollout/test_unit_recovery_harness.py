@@ -36,9 +36,9 @@ from .sim import (
     SimGates,
     assert_not_wedged,
     digest_of,
-    recover,
     run_command,
 )
+from .sim_run import count_points, kill_points, kill_then_recover
 
 SINGLE, HEAD, WORKER = "spark-01", "spark-03", "spark-04"
 HOSTS = [SINGLE, HEAD, WORKER]
@@ -120,19 +120,11 @@ def _assert_known(fleet: SimFleet, allowed: dict[str, set[str]]) -> None:
 
 
 def _clean_points(unit_fails: bool) -> int:
-    fleet = _fleet(unit_fails)
-    with tempfile.TemporaryDirectory() as d:
-        r = _run(fleet, Path(d), "rollout", tag=B)
     want = fleet_ledger.FAILED if unit_fails else fleet_ledger.COMPLETED
-    assert r.status == want, f"the clean run the kill points are counted on: {r.status} {r.error}"
-    return len(fleet.points)
+    return count_points(_fleet(unit_fails), lambda f, d: _run(f, d, "rollout", tag=B), want)
 
 
-N_GOOD = _clean_points(False)
-N_FAILING = _clean_points(True)
-KILL_POINTS = [(False, k) for k in range(1, N_GOOD + 1)] + [
-    (True, k) for k in range(1, N_FAILING + 1)
-]
+KILL_POINTS = kill_points(_clean_points(False), _clean_points(True))
 
 
 def _not_wedged(fleet: SimFleet, state: Path) -> None:
@@ -145,11 +137,7 @@ def _not_wedged(fleet: SimFleet, state: Path) -> None:
 def test_kill_anywhere_in_a_rollout_of_a_host_and_a_unit(tmp_path: Path, unit_fails: bool, k: int,
                                                           how: str) -> None:
     fleet = _fleet(unit_fails)
-    fleet.kill_at = k
-    with pytest.raises(Killed):
-        _run(fleet, tmp_path, "rollout", tag=B)
-    fleet.revive()
-    recover(lambda what: _run(fleet, tmp_path, what), tmp_path, how)
+    kill_then_recover(fleet, tmp_path, k, lambda what: _run(fleet, tmp_path, what), how)
     # the unit never keeps B when B fails its gate; the single host may keep B (it passed as the
     # canary)
     _assert_known(fleet, {SINGLE: {A, B}, HEAD: {A} if unit_fails else {A, B},
@@ -211,12 +199,10 @@ def test_members_left_on_two_versions_by_a_power_loss_are_put_on_one(tmp_path: P
     """A kill between the two members' starts, then the worker's host lost power and came back with
     its container stopped: the next command sees it from the hosts and finishes the job on both
     members."""
-    probe = _fleet()
-    with tempfile.TemporaryDirectory() as d:
-        _run(probe, Path(d), "rollout", tag=B)
-    k = next(i for i, p in enumerate(probe.points, 1) if p == f"{WORKER}:start")
     fleet = _fleet()
-    fleet.kill_at = k
+    # by name: the single host's canary runs beside the unit's (two recipes), so the index of this
+    # point differs from run to run
+    fleet.kill_on = f"{WORKER}:start"
     with pytest.raises(Killed):
         _run(fleet, tmp_path, "rollout", tag=B)
     fleet.revive()

@@ -447,7 +447,7 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_records(backend: Backend) 
             ("old2", "served", "ro-1"),
         ]
         assert kg[1].settings == {"env": ["HF_TOKEN"]}
-    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 4
+    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 5
 
 
 # -- PostgreSQL only: what a shared database adds

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "soak",
     "watch",
     "rollout",
+    "rollback",
     "ledger",
     "ui",
 )

@@ -29,6 +29,7 @@ from fleetctl.cli.output import (
 )
 from fleetctl.errors import ExitCode, FleetError
 from fleetctl.rollout.api import Engine
+from fleetctl.rollout.groups import FleetPlan, Switch
 from fleetctl.rollout.plan import Plan
 from fleetctl.rollout.rejected import from_records
 from fleetctl.rollout.results import Options, RolloutResult
@@ -59,11 +60,22 @@ def step_sizes(steps: list[list[str]] | tuple[tuple[str, ...], ...]) -> str:
     return ", ".join(f"{n} x {size}" if n > 1 else str(size) for size, n in runs)
 
 
-def render_plan(p: Plan, con: Console) -> None:
+def render_fleet_plan(fp: FleetPlan, con: Console) -> None:
+    """Every recipe group's plan (:func:`render_plan`), then the hosts left out and why; a model
+    switch is shown in its group's table and named under it (``switch: A → B``)."""
+    switches = {sw.host: sw for sw in fp.switches}
+    for p in fp.plans:
+        render_plan(p, con, switches)
+    for lf in fp.left:
+        con.print(f"  recipe {lf.recipe}: skipped {', '.join(lf.hosts)} ({lf.why})",
+                  highlight=False, markup=False)
+
+
+def render_plan(p: Plan, con: Console, switches: Mapping[str, Switch] | None = None) -> None:
     """The plan (dry run, and before confirmation): the pinned tag and digest, how many hosts go at
     once and why, the steps and the expected wall time, then what each host runs now and its wave
-    and
-    step."""
+    and step (``switch`` for a host the plan moves to another model, named under the table)."""
+    switches = switches or {}
     con.print(f"[bold]plan[/]: recipe {p.recipe}, {p.image}:{p.tag} ({p.digest})")
     con.print(f"  requested {p.requested!r}; pulled as {p.pull_ref}")
     con.print(f"  {len(p.waves)} wave(s), failure budget {p.failure_budget}", highlight=False)
@@ -89,7 +101,7 @@ def render_plan(p: Plan, con: Console) -> None:
             str(h.step + 1) if h.step >= 0 else "-",
             short_tag(h.current_tag) if h.current_tag else "(nothing)",
             _short(h.current_digest),
-            h.action,
+            "switch" if h.host in switches else h.action,
         ]
         for h in p.hosts
     ]
@@ -107,10 +119,16 @@ def render_plan(p: Plan, con: Console) -> None:
             rows,
         )
     )
+    for h in p.hosts:
+        if h.host in switches:
+            con.print(f"  {h.host}: {switches[h.host].describe()}", highlight=False, markup=False)
 
 
 def render_result(r: RolloutResult, con: Console) -> None:
     """Per-host outcome table and the one-line conclusion."""
+    if r.status == "planned" and r.groups is not None:
+        render_fleet_plan(r.groups, con)
+        return
     if r.status == "planned" and r.plan is not None:
         render_plan(r.plan, con)
         return
@@ -168,6 +186,9 @@ def render_result(r: RolloutResult, con: Console) -> None:
     for h in r.hosts:
         for c in h.failed_checks:
             con.print(f"  {h.host}: {c}", highlight=False, markup=False)
+        if h.recipe and h.before_recipe and h.recipe != h.before_recipe:
+            con.print(f"  {h.host}: switch: {h.before_recipe} → {h.recipe}", highlight=False,
+                      markup=False)
     # Skip reasons are cut in the table at 80 columns; they are why a host was left alone.
     for h in r.hosts:
         if h.status == fleet_ledger.SKIPPED and h.verdict:
@@ -195,7 +216,7 @@ class _NothingToDo(Exception):
     """Raised by the rollout's confirmation when its plan changes no host: the CLI says so,
     nothing is recorded."""
 
-    def __init__(self, plan: Plan) -> None:
+    def __init__(self, plan: FleetPlan) -> None:
         super().__init__("nothing to do")
         self.plan = plan
 
@@ -304,6 +325,10 @@ def _finish(ctx: Ctx, r: RolloutResult) -> None:
     help="https URL receiving JSON events (default: $FLEETCTL_WEBHOOK_URL / fleetctl_webhook_url).",
 )
 @click.option("--dry-run", is_flag=True, help="Print the plan and exit; change nothing.")
+@click.option("--skip-missing", is_flag=True,
+              help="Go on without the hosts of a recipe whose image has no such tag.")
+@click.option("--switch-model", is_flag=True,
+              help="Let the rollout move hosts to another model than they serve (--recipe).")
 @click.option(
     "--retry-rejected",
     is_flag=True,
@@ -337,6 +362,8 @@ def rollout(
     webhook: str | None,
     dry_run: bool,
     retry_rejected: bool,
+    skip_missing: bool,
+    switch_model: bool,
     resume: bool,
     yes: bool,
     take_over: bool,
@@ -361,21 +388,33 @@ def rollout(
         dry_run=dry_run,
         bake=bake,
         retry_rejected=retry_rejected,
+        skip_missing=skip_missing,
+        switch_model=switch_model,
     )
     if not resume and not dry_run:
         _need_terminal(ctx, yes, "roll out")
     nothing: dict[str, Any] | None = None
 
-    def confirm(p: Plan) -> None:
+    def confirm(fp: FleetPlan) -> None:
         # The engine's one plan (one preflight), shown under the locks before anything is recorded.
-        render_plan(p, ctx.err)
-        changing = [h for h in p.hosts if h.action != "skip"]
+        render_fleet_plan(fp, ctx.err)
+        changing = fp.changing()
+        p = fp.first
         if not changing:
             ctx.drop_live()
-            ctx.err.print(f"nothing to do: {count_hosts(len(p.hosts))} already serve "
+            ctx.err.print(f"nothing to do: {count_hosts(len(fp.hosts))} already serve "
                           f"{short_tag(p.tag)} ({_short(p.digest)}) with the recipe's settings",
                           highlight=False, markup=False)
-            raise _NothingToDo(p)
+            raise _NothingToDo(fp)
+        # Hosts left out and model switches are asked about apart from the rollout itself.
+        if fp.left and not skip_missing:
+            ctx.ask(f"Leave {count_hosts(sum(len(lf.hosts) for lf in fp.left))} of recipe(s) "
+                    f"{', '.join(lf.recipe for lf in fp.left)} as they are (no {p.requested} in "
+                    "their image)?")
+        if fp.switches and not switch_model:
+            ctx.ask(f"Switch the model of {count_hosts(len(fp.switches))} ("
+                    + "; ".join(f"{sw.host}: {sw.before} → {sw.after}" for sw in fp.switches)
+                    + ")?")
         ctx.ask(f"Roll out {count_hosts(len(changing))} to {short_tag(p.tag)}?")
 
     with _watched(ctx, "rollout", take_over) as eng:
@@ -385,7 +424,9 @@ def rollout(
             try:
                 r = eng.rollout(opts, confirm=None if yes or dry_run else confirm)
             except _NothingToDo as e:
-                nothing = {"status": NOTHING_TO_DO, "plan": e.plan}
+                nothing = {"status": NOTHING_TO_DO, "plan": e.plan.first}
+                if len(e.plan.plans) > 1:
+                    nothing["plans"] = list(e.plan.plans)
     # The result after the event stream's end (with --events -, stdout's last line).
     if nothing is not None:
         ctx.emit(nothing, lambda con: None)
@@ -424,47 +465,6 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 
     with _watched(ctx, "abort", take_over) as eng:
         r = eng.abort(webhook=webhook, force=force, confirm=confirm)
-    _finish(ctx, r)
-
-
-@click.command("rollback")
-@click.option(
-    "--to", "to", help="Tag to go to (default: what each host served before the last rollout)."
-)
-@click.option("--limit", "-l", help="Ansible-style host pattern.")
-@click.option("--recipe", "-r", help="Recipe (default: the last rollout's).")
-@click.option(
-    "--max-unavailable", help="Hosts restarted at once, count or % (default: from --min-available)."
-)
-@click.option("--min-available", help="Hosts kept serving, count or % of the selected hosts "
-              "(default: fleetctl_min_available, else 75%).")
-@click.option("--webhook", help="https URL receiving JSON events.")
-@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
-@take_over_option
-@stream_options
-@json_option
-@pass_ctx
-def rollback(
-    ctx: Ctx,
-    to: str | None,
-    limit: str | None,
-    recipe: str | None,
-    max_unavailable: str | None,
-    min_available: str | None,
-    webhook: str | None,
-    yes: bool,
-    take_over: bool,
-) -> None:
-    """Return hosts to their previous version (readiness + smoke, no full soak)."""
-    _need_terminal(ctx, yes, f"roll back to {to}" if to else "roll back")
-
-    def confirm(targets: Mapping[str, str | None]) -> None:
-        if not yes:
-            ctx.ask(_rollback_question(targets, to))
-
-    with _watched(ctx, "rollback", take_over) as eng:
-        r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
-                         min_available=min_available, webhook=webhook, confirm=confirm)
     _finish(ctx, r)
 
 
@@ -528,6 +528,10 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                     rows,
                 )
             )
+            for h in r.hosts:
+                if h.switch:
+                    con.print(f"  {h.host}: switch: {h.before_recipe} → {h.recipe}",
+                              highlight=False, markup=False)
             return
         rows = []
         for r in recs:
@@ -569,4 +573,4 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
     ctx.emit(data, render)
 
 
-commands: list[click.Command] = [rollout, rollback, history]
+commands: list[click.Command] = [rollout, history]

@@ -112,8 +112,8 @@ def _host_jobs(
     store = stack.enter_context(baselines.open_for(inv, state))
     jobs: list[_Job] = []
     for h in unit_heads(inv, hosts):
-        key = baseline_key(inv, h.name)
         name = recipe_name or h.vars.get("fleetctl_recipe")
+        key = baseline_key(inv, h.name, name)
         if not name:
             raise FleetError("no recipe to soak with", host=h.name,
                              fix="set fleetctl_recipe for the host or pass --recipe NAME")
@@ -151,22 +151,18 @@ def unit_heads(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
     return out
 
 
-def baseline_key(inv: Inventory, host: str) -> str:
-    """The key ``host``'s soaks are judged and kept under: its name, or its unit's
-    (``unit:NAME``)."""
-    unit = inv.unit_of(host)
-    return host if unit is None else baselines.unit_key(unit.name)
+def baseline_key(inv: Inventory, host: str, recipe: str | None = None) -> str:
+    """The key ``host``'s soaks are judged and kept under: its unit's (``unit:NAME``), else its
+    recipe's on it (``recipe``, else its own; :func:`baselines.host_key`)."""
+    if (unit := inv.unit_of(host)) is not None:
+        return baselines.unit_key(unit.name)
+    own = recipe or inv.host(host).vars.get("fleetctl_recipe")
+    return baselines.host_key(host, str(own or "") or None, inv.vars.get("fleetctl_recipe"))
 
 
 def baseline_keys(inv: Inventory, limit: str | None) -> list[str]:
-    """The baselines' keys of the selected hosts: a single host's name, a unit member's unit
-    (once)."""
-    keys: list[str] = []
-    for h in inv.select(limit):
-        key = baseline_key(inv, h.name)
-        if key not in keys:
-            keys.append(key)
-    return keys
+    """The baselines' keys of the selected hosts (:func:`baseline_key`), a unit's once."""
+    return list(dict.fromkeys(baseline_key(inv, h.name) for h in inv.select(limit)))
 
 
 def _endpoint_jobs(

@@ -21,16 +21,17 @@ from fleetctl.progress import NULL, Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import deploy, gate
 from fleetctl.rollout import host as remote
-from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.bake import Bake
 from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.forward import Confirm, Forward
+from fleetctl.rollout.groups import FleetPlan
 from fleetctl.rollout.prefetch import Prefetch
 from fleetctl.rollout.preflight import Preflight
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.rollout.resume import Resume
 from fleetctl.rollout.rollback import Rollback
 from fleetctl.rollout.rollback_unit import UnitRollback
+from fleetctl.rollout.run import Group
 from fleetctl.rollout.session import Session
 from fleetctl.rollout.step import HostStep
 from fleetctl.rollout.unit_step import UnitStep
@@ -99,14 +100,14 @@ class Engine:
         version."""
         return self.back.abort(webhook=webhook, force=force, confirm=confirm)
 
-    def plan(self, opts: Options) -> tuple[wave_plan.Plan, Recipe, dict[str, remote.Facts],
-                                           list[Host]]:
-        """Resolve the tag, preflight the hosts and cut the waves. Touches nothing."""
+    def plan(self, opts: Options) -> tuple[FleetPlan, list[Group], dict[str, remote.Facts]]:
+        """Resolve the tag in each recipe group's image, preflight the hosts and cut each group's
+        waves. Touches nothing."""
         return self.preflight.plan(opts)
 
-    def check(self, opts: Options) -> tuple[Recipe, list[Host]]:
-        """Every option, the tag's form, the recipe and the selection checked: no network, no
-        host."""
+    def check(self, opts: Options) -> list[Group]:
+        """Every option, the tag's form, the recipes and the selection (in recipe groups) checked:
+        no network, no host."""
         return self.preflight.check(opts)
 
     def door_states(self, hosts: Iterable[Host]) -> list[dict[str, Any]]:

@@ -74,7 +74,7 @@ def keep_known_good(run: Run, recipe: Recipe, p: wave_plan.Plan, h: Host,
     run.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest,
                               fingerprint=remote.fingerprint(recipe),
                               settings=now.settings if now else None, source="gate",
-                              rollout_id=run.id)
+                              rollout_id=run.id, recipe=recipe.name)
 
 
 def passed(run: Run, recipe: Recipe, p: wave_plan.Plan, h: Host, detail: str,

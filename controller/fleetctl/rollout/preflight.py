@@ -9,11 +9,12 @@ from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import deploy, gate, rejected
+from fleetctl.rollout import deploy, gate, groups, rejected
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.results import Options
+from fleetctl.rollout.run import Group
 from fleetctl.rollout.session import Session
 from fleetctl.rollout.unit import fabric_problems, refuse_multinode_recipe
 
@@ -29,6 +30,8 @@ class Preflight:
         self.s = session
         #: (image, requested tag) -> what the registry answered, asked once per command.
         self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
+        #: (image, requested tag) -> the registry's refusal (an image without that tag).
+        self._missing: dict[tuple[str, str], FleetError] = {}
 
     def facts(self, hosts: Sequence[Host], recipe: Recipe, ref: str) -> dict[str, remote.Facts]:
         """Facts about every host; refuse the whole rollout (every host and cause) if one is
@@ -86,43 +89,122 @@ class Preflight:
         unit = self.s.inv.unit_of(h.name)
         return recipe if unit is None else unit_plan.unit_recipe(self.s.inv, unit, recipe)
 
-    def check(self, opts: Options) -> tuple[Recipe, list[Host]]:
-        """Every option, the tag's form, the recipe and the selection checked: no network, no
-        host."""
+    def check(self, opts: Options) -> list[Group]:
+        """Every option, the tag's form, the recipes and the selection checked: no network, no
+        host. The selected hosts in recipe groups (no plan yet): without ``--recipe``, by the recipe
+        each is configured to serve; with it, that recipe's hosts (of ``--limit``'s, when given)."""
         if not opts.tag:
             raise FleetError("no tag given", fix="pass --tag, e.g. --tag v0.24.0")
         registry.check_tag(opts.tag, "--tag")
         wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget,
                                 opts.min_available)
         inv = self.s.inv
-        recipe = self.s.recipe(opts.recipe)
-        self.s.check_recipe(recipe)
         hosts = inv.select(opts.limit)
-        refuse_multinode_recipe(inv, recipe, [h.name for h in hosts])
-        unit_plan.refuse_other_images(inv, recipe, [h.name for h in hosts])
-        hosts = unit_plan.whole_units(inv,
-                                      hosts)  # a unit changes as one: every member, selected or not
-        wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget,
-                                opts.min_available,
-                                total=len(hosts), inventory_min_available=self.s.min_available())
-        for h in hosts:
-            deploy.deploy_via(h)  # a bad value is refused before anything is resolved or touched
-        return recipe, hosts
+        if opts.recipe:
+            recipe = self.s.recipe(opts.recipe)
+            if not opts.limit:
+                hosts = [h for h in hosts if groups.configured(inv, h) == recipe.name]
+                if not hosts:
+                    raise FleetError(
+                        f"no host is configured to serve recipe {recipe.name}",
+                        fix=f"name the hosts to switch to it: --recipe {recipe.name} --limit NAME "
+                            "--switch-model, or set fleetctl_recipe in their host_vars")
+            refuse_multinode_recipe(inv, recipe, [h.name for h in hosts])
+            unit_plan.refuse_other_images(inv, recipe, [h.name for h in hosts])
+            # a unit changes as one: every member, selected or not
+            hosts = unit_plan.whole_units(inv, hosts)
+            selected = [Group(recipe, {h.name: h for h in hosts})]
+        else:
+            selected = []
+            for name, members in groups.by_recipe(inv, unit_plan.whole_units(inv, hosts)).items():
+                recipe = self.s.recipe(name)
+                refuse_multinode_recipe(inv, recipe, [h.name for h in members])
+                selected.append(Group(recipe, {h.name: h for h in members}))
+        self._check_floors(opts, selected)
+        for g in selected:
+            self.s.check_recipe(g.recipe)
+            for h in g.hosts.values():
+                deploy.deploy_via(h)  # a bad value is refused before anything is resolved
+        return selected
+
+    def _check_floors(self, opts: Options, selected: Sequence[Group]) -> None:
+        """The floor against every selected host, then each recipe's against its own hosts (each
+        keeps its own), a group's refusal naming its recipe."""
+        def check(total: int) -> None:
+            wave_plan.check_options(opts.waves, opts.max_unavailable, opts.failure_budget,
+                                    opts.min_available, total=total,
+                                    inventory_min_available=self.s.min_available())
+
+        check(sum(len(g.hosts) for g in selected))
+        for g in selected:
+            try:
+                check(len(g.hosts))
+            except FleetError as e:
+                if len(selected) == 1:
+                    raise
+                raise FleetError(f"recipe {g.recipe.name} ({len(g.hosts)} host(s)): {e.cause}",
+                                 fix=f"{e.fix or ''} (each recipe keeps its own floor: a "
+                                     "percentage suits a fleet of several recipes)") from e
 
     def resolve(self, recipe: Recipe, tag: str) -> registry.ResolvedImage:
         """``tag`` of the recipe's image through the registry (asked once per command)."""
         key = (recipe.image, tag)
+        if key in self._missing:
+            raise self._missing[key]
         if key not in self._resolved:
             self.s.emit("resolve", f"{recipe.image}:{tag}")
-            img = self.s.resolve_image(recipe.image, tag, self.s.mirrors)
+            try:
+                img = self.s.resolve_image(recipe.image, tag, self.s.mirrors)
+            except FleetError as e:
+                self._missing[key] = e
+                raise
             self.s.emit("resolve", f"{tag} -> {img.tag} ({img.digest[:19]})")
             self._resolved[key] = img
         return self._resolved[key]
 
-    def plan(self, opts: Options) -> tuple[wave_plan.Plan, Recipe, dict[str, remote.Facts],
-                                           list[Host]]:
-        """Resolve the tag, preflight the hosts and cut the waves. Touches nothing."""
-        recipe, hosts = self.check(opts)
+    def resolve_groups(self, selected: Sequence[Group], tag: str) -> list[groups.Left]:
+        """``tag`` resolved in each group's image; the groups whose image lacks it, as hosts left
+        out. A run of one group, or one where no group's image has it, is refused (the error)."""
+        left: list[groups.Left] = []
+        first: FleetError | None = None
+        for g in selected:
+            try:
+                self.resolve(g.recipe, tag)
+            except FleetError as e:
+                if len(selected) == 1:
+                    raise
+                first = first or e
+                left.append(groups.Left(g.recipe.name, g.recipe.image, tuple(g.hosts), e.cause))
+        if first is not None and len(left) == len(selected):
+            raise first
+        return left
+
+    def plan(self, opts: Options) -> tuple[groups.FleetPlan, list[Group], dict[str, remote.Facts]]:
+        """Resolve the tag in each group's image, preflight the hosts and cut each group's waves,
+        and name the switches. Touches nothing. The plan, the groups it moves (each with its plan),
+        every moved host's facts."""
+        selected = self.check(opts)
+        left = self.resolve_groups(selected, opts.tag or "")
+        out = [g for g in selected if g.recipe.name not in {lf.recipe for lf in left}]
+        facts: dict[str, remote.Facts] = {}
+        switches: list[groups.Switch] = []
+        for g in out:
+            f = self._plan_group(opts, g)
+            facts.update(f)
+            for hp in g.p.hosts:
+                h = g.hosts[hp.host]
+                serving = f[hp.host].serving
+                sw = groups.switch_of(hp.host, serving.recipe if serving and serving.running
+                                      else None, groups.configured(self.s.inv, h),
+                                      self.recipe_of(h, g.recipe).name)
+                if sw is not None and hp.action == "deploy":
+                    switches.append(sw)
+        fp = groups.FleetPlan(tuple(g.p for g in out), tuple(left), tuple(switches))
+        return fp, out, facts
+
+    def _plan_group(self, opts: Options, g: Group) -> dict[str, remote.Facts]:
+        """One group's preflight and plan (into ``g.plan``); its hosts' facts."""
+        recipe, hosts = g.recipe, list(g.hosts.values())
         img = self.resolve(recipe, opts.tag or "")
         rejected.refuse(self.s.ledger, recipe.name, img.digest, img.tag, opts.retry_rejected)
         ref = registry.pull_ref(recipe.image, img.digest, self.s.mirrors)
@@ -154,7 +236,6 @@ class Preflight:
         cfg = gate.config(recipe, opts.soak, movers[0])
         # ... and from what this recipe's passed steps took before, once there are a few
         # (plan.learned).
-        p = p.with_estimate(*wave_plan.learned(self.s.ledger.passed_steps(recipe.name),
-                                               cfg.load_time,
-                                               cfg.sustained_duration))
-        return p, recipe, facts, hosts
+        g.plan = p.with_estimate(*wave_plan.learned(self.s.ledger.passed_steps(recipe.name),
+                                                    cfg.load_time, cfg.sustained_duration))
+        return facts

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from fleetctl.errors import ExitCode
 from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.groups import FleetPlan
 from fleetctl.state import ledger as fleet_ledger
 
 
@@ -35,6 +36,10 @@ class Options:
     bake: float | None = None
     #: Gate a digest a full gate of the recipe rejected before (rollout/rejected.py) again.
     retry_rejected: bool = False
+    #: Go on without the hosts of a recipe whose image has no such tag (they are left as they are).
+    skip_missing: bool = False
+    #: Let the run move hosts to another model than the one they serve (recorded as switches).
+    switch_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,6 +61,9 @@ class HostOutcome:
     error: str | None = None
     #: Seconds spent in each phase (stop, start, ready, soak, rollback, ...).
     timings: Mapping[str, float] = field(default_factory=dict)
+    #: The recipe of the host's step, and the one it served before (different: a model switch).
+    recipe: str | None = None
+    before_recipe: str | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +89,9 @@ class RolloutResult:
     #: through that host's relay), or ``present`` (it had it already).
     pull_via: Mapping[str, str] = field(default_factory=dict)
     wave_seconds: tuple[float, ...] = ()
+    #: A dry run's plans of every recipe group, the hosts left out and the switches (``plan`` is
+    #: its first group's).
+    groups: FleetPlan | None = None
 
     @property
     def exit_code(self) -> ExitCode:
@@ -114,4 +125,6 @@ def host_outcome(h: fleet_ledger.HostRecord) -> HostOutcome:
         artifacts=h.artifacts,
         error=h.error,
         timings=dict(v.get("timings") or {}),
+        recipe=h.recipe,
+        before_recipe=h.before_recipe,
     )

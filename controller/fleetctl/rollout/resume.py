@@ -7,7 +7,7 @@ import dataclasses
 import time
 
 from fleetctl.errors import FleetError
-from fleetctl.rollout import deploy
+from fleetctl.rollout import deploy, groups
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.forward import Forward
 from fleetctl.rollout.results import Options, RolloutResult
@@ -43,12 +43,9 @@ class Resume:
                 s.emit("resume", f"took over the lock of dead controller pid {stale.pid} "
                                  f"({stale.rollout_id})")
             s.ledger.note(rec.id, "resumed", command_line())
-            recipe = s.recipe(rec.recipe)
             run.held = s.hold(rec.id, rec.kind, [s.inv.host(h.host) for h in rec.hosts])
-            s.check_recipe(recipe)
-            hosts = {h.host: s.inv.host(h.host) for h in rec.hosts}
             if rec.kind == "rollback":
-                run.groups.append(Group(recipe, hosts))
+                run.groups.extend(self.rollback.groups(rec))
                 s.ledger.set_status(rec.id, fleet_ledger.RUNNING)
                 run.hook = s.webhook(rec.id, opts.webhook)
                 try:
@@ -56,10 +53,14 @@ class Resume:
                 finally:
                     run.hook.close()
             run.opts = self._options(rec, opts)
-            for hh in hosts.values():
+            for hr in rec.hosts:
                 # refused before the record runs again, not in the middle of a wave
-                deploy.deploy_via(hh)
-            run.groups.append(Group(recipe, hosts, self._plan(rec, recipe.name, recipe.image)))
+                deploy.deploy_via(s.inv.host(hr.host))
+            for p in self._plans(rec):
+                recipe = s.recipe(p.recipe)
+                s.check_recipe(recipe)
+                run.groups.append(Group(recipe, {hp.host: s.inv.host(hp.host) for hp in p.hosts},
+                                        p))
             s.ledger.set_status(rec.id, fleet_ledger.RUNNING)
             return self.forward.run(run, resume=True, t0=t_start)
         finally:
@@ -78,9 +79,28 @@ class Resume:
                                                                                  "pause"),
                                    ready_timeout=opts.ready_timeout or o.get("ready_timeout"))
 
+    def _plans(self, rec: fleet_ledger.RolloutRecord) -> list[wave_plan.Plan]:
+        """The recorded rollout's plans, one per recipe group, as the ledger has them (no host
+        asked, nothing resolved); a record of an older fleetctl has one group."""
+        left = set(rec.options.get("left") or ())  # their recipe's image lacked the tag
+        rows = tuple(wave_plan.HostPlan(h.host, h.wave, h.step, h.before_tag, h.before_digest,
+                                        "skip" if h.status == fleet_ledger.SKIPPED else "deploy")
+                     for h in rec.hosts if h.host not in left)
+        recorded = rec.options.get("groups") or []
+        if len(recorded) > 1:
+            # each host in its recipe's group (a host left out, its image lacking the tag, in none)
+            return groups.recorded_plans(rec.options, [w.hosts for w in rec.waves], rows,
+                                         {h.host: h.recipe for h in rec.hosts})
+        if recorded:
+            # one group: every host (a unit's member in a run of --recipe serves its unit's)
+            return groups.recorded_plans(rec.options, [w.hosts for w in rec.waves], rows,
+                                         {h.host: recorded[0]["recipe"] for h in rec.hosts})
+        recipe = self.s.recipe(rec.recipe)
+        return [self._plan(rec, recipe.name, recipe.image)]
+
     @staticmethod
     def _plan(rec: fleet_ledger.RolloutRecord, recipe: str, image: str) -> wave_plan.Plan:
-        """The recorded rollout's plan, as the ledger has it (no host asked, nothing resolved)."""
+        """A record of one group's plan, as the ledger has it (no host asked, nothing resolved)."""
         o = rec.options
         return wave_plan.Plan(
             recipe, rec.image or image, rec.requested or "", rec.tag or "", rec.digest or "",

@@ -18,7 +18,7 @@ from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import gate, imagetree
+from fleetctl.rollout import gate, groups, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
@@ -48,6 +48,8 @@ class Choice:
     targets: dict[str, Target] = field(default_factory=dict)
     skips: dict[str, str] = field(default_factory=dict)
     fps: dict[str, str | None] = field(default_factory=dict)
+    #: The recipe each host goes back to.
+    recipes: dict[str, str] = field(default_factory=dict)
 
 
 class Rollback:
@@ -60,6 +62,8 @@ class Rollback:
         self.door = door
         self.prefetch = prefetch
         self.units = units
+        #: (image, tag) -> what the registry answered for ``--to`` (asked once per image).
+        self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
 
     def rollback(self, to: str | None = None, limit: str | None = None,
                  max_unavailable: str | None = None,
@@ -96,8 +100,6 @@ class Rollback:
                 raise FleetError("there is no paused or interrupted rollout or rollback to abort",
                                  fix="use `fleetctl rollback` to return to the previous version")
             parent = active or s.ledger.latest()
-            recipe = s.recipe(recipe_name or (parent.recipe if parent else None))
-            s.check_recipe(recipe)
             everyone = [h.name for h in s.inv.select(limit)]
             if limit or parent is None or (to and not only_active):
                 selected = everyone
@@ -108,17 +110,16 @@ class Rollback:
             # a unit goes back as one: every member, selected or not
             selected = [h.name for h in unit_plan.whole_units(s.inv,
                                                               [s.inv.host(n) for n in selected])]
-            unit_plan.refuse_other_images(s.inv, recipe, selected)  # one image digest per rollback
             skips = {n: f"not in the last {parent.kind} ({parent.id})" for n in everyone
                      if n not in selected and parent is not None}
             run.held = s.hold(rid, "rollback", [s.inv.host(n) for n in selected])
             imagetree.sweep_relays([s.inv.host(n) for n in selected], s.ops)
-            run.groups.append(Group(recipe, {n: s.inv.host(n) for n in selected}))
             current = self._look(selected)
             choice = Choice(skips=skips)
-            self._choose(choice, recipe, selected, current, to,
+            self._choose(choice, recipe_name, selected, current, to,
                          parent if only_active else None)
             unit_plan.unit_targets(s.inv, selected, choice.targets, choice.skips, choice.fps)
+            run.groups.extend(self._groups(choice.recipes))
             names = [n for n in selected if n in choice.targets]
             if confirm is not None and names:
                 confirm({n: choice.targets[n][0] for n in names})
@@ -145,33 +146,67 @@ class Rollback:
                              fix="bring the host back, or leave it out with --limit '!NAME'")
         return {n: looks[n].value for n in selected}
 
-    def _choose(self, c: Choice, recipe: Recipe, selected: Sequence[str],
+    def _choose(self, c: Choice, recipe_name: str | None, selected: Sequence[str],
                 current: Mapping[str, remote.Container | None], to: str | None,
                 aborted: fleet_ledger.RolloutRecord | None) -> None:
         """Each selected host's target into ``c``: ``to`` when given, else (an abort) what it served
-        before ``aborted``, else the newest known-good that is not what it serves now."""
+        before ``aborted``, else the newest known-good that is not what it serves now; and the
+        recipe it goes back to: ``recipe_name`` when given, else the one it served that version
+        with when recorded (a model switch undone), else its own (:func:`.groups.configured`)."""
         s = self.s
-        img = s.resolve_image(recipe.image, to, s.mirrors) if to else None
         for n in selected:
+            c.recipes[n] = recipe_name or groups.configured(s.inv, s.inv.host(n))
             cur = current[n]
             serving = (cur.digest, cur.fingerprint) if cur is not None and cur.running else None
-            if img is not None:
+            if to:
                 # An explicit --to checks a host already there (readiness + smoke) rather than skip
                 # it.
+                recipe = s.recipe(c.recipes[n])
+                img = self.preflight_resolve(recipe, to)
                 tgt: tuple[str | None, str] | None = (img.tag, img.digest)
                 c.fps[n] = remote.fingerprint(recipe)
             elif aborted is not None:
-                tgt = self._before(c, n, aborted, serving)
+                tgt = self._before(c, n, aborted, serving, pinned=recipe_name is not None)
             else:
-                tgt = self._known(c, recipe, n, serving)
+                tgt = self._known(c, n, serving, pinned=recipe_name is not None)
             if tgt is not None:
-                c.targets[n] = (tgt[0], tgt[1], registry.pull_ref(recipe.image, tgt[1], s.mirrors))
+                image = s.recipe(c.recipes[n]).image
+                c.targets[n] = (tgt[0], tgt[1], registry.pull_ref(image, tgt[1], s.mirrors))
+
+    def preflight_resolve(self, recipe: Recipe, tag: str) -> registry.ResolvedImage:
+        """``tag`` in the recipe's image (asked once per image)."""
+        key = (recipe.image, tag)
+        if key not in self._resolved:
+            self._resolved[key] = self.s.resolve_image(recipe.image, tag, self.s.mirrors)
+        return self._resolved[key]
+
+    def _groups(self, recipes: Mapping[str, str | None]) -> list[Group]:
+        """Hosts by the recipe each goes back to (None: the one it is configured to serve), the
+        groups' recipes checked (a recipe's missing secrets refused before any change)."""
+        by: dict[str, dict[str, Host]] = {}
+        for n, name in recipes.items():
+            h = self.s.inv.host(n)
+            by.setdefault(name or groups.configured(self.s.inv, h), {})[n] = h
+        out = [Group(self.s.recipe(name), hosts) for name, hosts in by.items()]
+        for g in out:
+            self.s.check_recipe(g.recipe)
+        return out
+
+    def groups(self, rec: fleet_ledger.RolloutRecord) -> list[Group]:
+        """A recorded rollback's hosts by the recipe each goes back to (a record of an older
+        fleetctl: its one recipe)."""
+        known = set(self.s.recipe_names())
+        return self._groups({h.host: h.recipe or (rec.recipe if rec.recipe in known else None)
+                             for h in rec.hosts})
 
     def _before(self, c: Choice, n: str, aborted: fleet_ledger.RolloutRecord,
-                serving: tuple[str | None, str | None] | None) -> tuple[str | None, str] | None:
+                serving: tuple[str | None, str | None] | None,
+                pinned: bool = False) -> tuple[str | None, str] | None:
         """An abort's target of ``n``: what it served before ``aborted`` changed it (None:
-        skipped)."""
+        skipped), with the recipe it served it with (unless ``pinned`` by --recipe)."""
         hr = aborted.host(n)
+        if hr is not None and hr.before_recipe and not pinned:
+            c.recipes[n] = hr.before_recipe
         if hr is None or hr.status == fleet_ledger.SKIPPED:
             c.skips[n] = f"not changed by {aborted.id}"
             return None
@@ -185,10 +220,12 @@ class Rollback:
             return None
         return hr.before_tag, hr.before_digest
 
-    def _known(self, c: Choice, recipe: Recipe, n: str,
-               serving: tuple[str | None, str | None] | None) -> tuple[str | None, str] | None:
+    def _known(self, c: Choice, n: str, serving: tuple[str | None, str | None] | None,
+               pinned: bool = False) -> tuple[str | None, str] | None:
         """A rollback's target of ``n``: its newest known-good that it does not serve (None:
-        skipped, or set in ``c`` already from the host's own record)."""
+        skipped, or set in ``c`` already from the host's own record), with the recipe it served it
+        with when recorded (unless ``pinned`` by --recipe)."""
+        recipe = self.s.recipe(c.recipes[n])
         known = self.s.ledger.known_good(n)
         if not known:
             # A host this ledger never knew (another operator's checkout): its own record.
@@ -212,6 +249,8 @@ class Rollback:
             c.skips[n] = f"already there (serving its last known-good {known[0].tag})"
             return None
         c.fps[n] = other[0].fingerprint or None
+        if other[0].recipe and not pinned:
+            c.recipes[n] = other[0].recipe
         return other[0].tag, other[0].digest
 
     def _record(self, run: Run, c: Choice, names: Sequence[str],
@@ -221,30 +260,43 @@ class Rollback:
         """The rollback in the ledger (its steps within the capacity floor), and the hosts'
         intents."""
         s = self.s
-        recipe = run.group.recipe
         for n in names:
             cur = current[n]
             if cur is not None and cur.running and cur.digest and not s.ledger.known_good(n):
                 s.ledger.add_known_good(n, tag=cur.tag, digest=cur.digest,
-                                        fingerprint=cur.fingerprint,
-                                        settings=cur.settings, source="found", rollout_id=None)
-        # The same floor as a rollout's, over the hosts this rollback selected (skipped ones keep
-        # serving).
-        cap = wave_plan.capacity(max(1, len(run.group.hosts)), max_unavailable=max_unavailable,
-                                 min_available=min_available,
-                                 inventory_min_available=s.min_available())
-        mu = cap.per_step
-        rows: list[dict[str, Any]] = [
-            {"host": n, "wave": 0, "step": i // mu, "target_tag": c.targets[n][0],
-             "target_digest": c.targets[n][1]} for i, n in enumerate(names)]
+                                        fingerprint=cur.fingerprint, settings=cur.settings,
+                                        source="found", rollout_id=None, recipe=cur.recipe)
+        # The same floor as a rollout's, each recipe's over the hosts of it this rollback selected
+        # (skipped ones keep serving): a small model's hosts are never all out at once.
+        caps = {g.recipe.name: wave_plan.capacity(max(1, len(g.hosts)),
+                                                  max_unavailable=max_unavailable,
+                                                  min_available=min_available,
+                                                  inventory_min_available=s.min_available())
+                for g in run.groups}
+        cap = next(iter(caps.values()), None) or wave_plan.capacity(
+            1, max_unavailable=max_unavailable, min_available=min_available,
+            inventory_min_available=s.min_available())
+        described = ("; ".join(f"{r}: {k.describe()}" for r, k in caps.items()) if len(caps) > 1
+                     else cap.describe())
+        seen: dict[str, int] = {}
+        rows: list[dict[str, Any]] = []
+        for n in names:
+            i = seen[c.recipes[n]] = seen.get(c.recipes[n], -1) + 1
+            rows.append({"host": n, "wave": 0, "step": i // caps[c.recipes[n]].per_step,
+                         "target_tag": c.targets[n][0], "target_digest": c.targets[n][1],
+                         "recipe": c.recipes[n],
+                         "before_recipe": cur.recipe if (cur := current[n]) is not None else None})
         rows += [{"host": n, "wave": -1, "step": -1, "status": fleet_ledger.SKIPPED,
-                  "phase": "skipped",
+                  "phase": "skipped", "recipe": c.recipes.get(n),
                   "verdict": json.dumps({"summary": f"skipped: {why}"})} for n,
                  why in c.skips.items()]
-        s.ledger.create(run.id, kind="rollback", recipe=recipe.name, requested=to,
+        s.ledger.create(run.id, kind="rollback",
+                        recipe=", ".join(g.recipe.name for g in run.groups) or None, requested=to,
                         tag=c.targets[names[0]][0] if to and names else to,
-                        digest=c.targets[names[0]][1] if to and names else None, image=recipe.image,
-                        options={"max_unavailable": mu, "capacity": cap.describe(), "to": to,
+                        digest=c.targets[names[0]][1] if to and names else None,
+                        image=run.groups[0].recipe.image if run.groups else None,
+                        options={"max_unavailable": cap.per_step, "capacity": described,
+                                 "per_step": {r: k.per_step for r, k in caps.items()}, "to": to,
                                  "fingerprints": {n: c.fps[n] for n in names if c.fps.get(n)}},
                         command=command_line(), waves=[list(names)],
                         hosts=rows, parent=parent.id if parent else None)
@@ -258,7 +310,6 @@ class Rollback:
         """The steps of a recorded rollback (new or resumed): hosts not yet done,
         ``max_unavailable`` at once."""
         s = self.s
-        recipe = run.group.recipe
         t0 = time.monotonic()
         rec = run.ledger.get(run.id)
         mu = int(rec.options.get("max_unavailable") or 1)
@@ -268,13 +319,22 @@ class Rollback:
                                                          fleet_ledger.SKIPPED)]
         fps: Mapping[str, str] = rec.options.get("fingerprints") or {}
         targets = {h.host: (h.target_tag, h.target_digest or "",
-                            registry.pull_ref(recipe.image, h.target_digest or "", s.mirrors),
+                            registry.pull_ref(run.group_of(h.host).recipe.image,
+                                              h.target_digest or "", s.mirrors),
                             fps.get(h.host)) for h in todo}
-        for step in unit_plan.split_steps(s.inv, [h.host for h in todo], mu):
+        # Each recipe's steps within its own floor; the recipes' k-th steps side by side.
+        per_step: Mapping[str, int] = rec.options.get("per_step") or {}
+        by_group = [unit_plan.split_steps(s.inv, [h.host for h in todo if h.host in g.hosts],
+                                          int(per_step.get(g.recipe.name) or mu))
+                    for g in run.groups]
+        steps = [[n for st in by_group if k < len(st) for n in st[k]]
+                 for k in range(max((len(st) for st in by_group), default=0))]
+        for step in steps:
             try:
                 # a unit as one slot, dispatched as its head (its members' targets are one version)
                 outs = s.parallel(unit_plan.slots(s.inv, [s.inv.host(n) for n in step]),
-                                  lambda h: self._slot(run, recipe, h, targets))
+                                  lambda h: self._slot(run, run.group_of(h.name).recipe, h,
+                                                       targets))
             except KeyboardInterrupt:
                 run.ledger.set_status(run.id, fleet_ledger.PAUSED,
                                       "interrupted by Ctrl-C (hosts being changed were restored)")
@@ -285,7 +345,10 @@ class Rollback:
                                           status=fleet_ledger.HOST_FAILED,
                                           error=err.message())
         rec = run.ledger.get(run.id)
-        door_problems = self.door.reconcile(run, recipe, [h.host for h in rec.hosts])
+        door_problems = [why for g in run.groups
+                         for why in self.door.reconcile(run, g.recipe,
+                                                        [h.host for h in rec.hosts
+                                                         if h.host in g.hosts])]
         bad = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE, fleet_ledger.SKIPPED)]
         status = fleet_ledger.FAILED if bad or door_problems else fleet_ledger.COMPLETED
         error = "; ".join([f"{h.host}: {h.error}" for h in bad] + door_problems) or None

@@ -6,9 +6,10 @@ prefetch), instead of threading a rollout id and its options through ``self``. R
 collaborator's signature tells what it touches: the run (its id, options, groups, ledger, events,
 host locks) and the host or unit it changes.
 
-A run serves its hosts in :class:`Group`\\ s, each with its recipe, hosts and plan; today a rollout
-has one group (the inventory's recipe, or ``--recipe``), and a unit's members serve their unit's
-recipe inside it (:func:`fleetctl.rollout.unit.unit_recipe`).
+A run serves its hosts in :class:`Group`\\ s, each with its recipe, hosts and plan: a rollout
+without ``--recipe`` has one group per recipe its hosts are configured to serve (:mod:`.groups`),
+with ``--recipe`` one (a unit's members serve their unit's recipe inside it,
+:func:`fleetctl.rollout.unit.unit_recipe`); a rollback one per recipe its hosts go back to.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
+from fleetctl.rollout.groups import merge_waves
 from fleetctl.rollout.results import Options, RolloutResult, host_outcome
 from fleetctl.rollout.session import Session
 from fleetctl.rollout.webhook import Webhook
@@ -71,8 +73,17 @@ class Run:
 
     @property
     def group(self) -> Group:
-        """The run's one group (a run of several recipes at once is not built yet)."""
+        """The run's first group (its only one on a fleet of one recipe)."""
         return self.groups[0]
+
+    def group_of(self, name: str) -> Group:
+        """The group host ``name`` belongs to."""
+        return next(g for g in self.groups if name in g.hosts)
+
+    @property
+    def waves(self) -> list[list[str]]:
+        """The run's waves: each group's wave of that index (the canaries of every group first)."""
+        return merge_waves([g.p for g in self.groups])
 
     def send(self, event: str, **data: Any) -> None:
         """A webhook event (none without a webhook)."""

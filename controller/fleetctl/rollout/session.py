@@ -34,7 +34,7 @@ from fleetctl.durations import parse_duration
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress, Relay
-from fleetctl.recipes import Recipe, recipe_for
+from fleetctl.recipes import Recipe, load_recipes, recipe_for
 from fleetctl.rollout import deploy, gate, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.plan import MIN_AVAILABLE_VAR
@@ -209,6 +209,10 @@ class Session:
     def recipe(self, name: str | None = None) -> Recipe:
         """The recipe ``name`` (default: the inventory's ``fleetctl_recipe``)."""
         return recipe_for(self.inv, name)
+
+    def recipe_names(self) -> list[str]:
+        """The inventory's recipes' names."""
+        return list(load_recipes(self.inv))
 
     def cache_key(self, h: Host, recipe: Recipe, digest: str) -> str | None:
         """``h``'s compile-cache key for ``recipe`` at ``digest`` (None when the recipe declares no

@@ -19,6 +19,7 @@ from fleetctl.rollout.outcome import fix_for, recoverable_why
 from fleetctl.rollout.run import Group, Run
 from fleetctl.rollout.session import RECOVERABLE, Session, same_version
 from fleetctl.serving import container_name
+from fleetctl.soak import baselines
 from fleetctl.state import ledger as fleet_ledger
 
 
@@ -179,9 +180,11 @@ class HostStep:
                     {**show, "health": "ready", "sustained_s": round(cfg.sustained_duration)})
         t0 = time.monotonic()
         art = run.artifacts(h)
+        # The recipe's own window on this host (another model's figures are none of this one's).
+        key = baselines.host_key(h.name, recipe.name, self.s.inv.vars.get("fleetctl_recipe"))
         verdict = self.s.gates.soak(h, recipe, p.tag, cfg, run.ledger, before_tag, art,
-                                    f"{run.id}/{art.name}",
-                                  self.s.live(h, show, "soak"))
+                                    f"{run.id}/{art.name}", self.s.live(h, show, "soak"),
+                                    baseline_key=key)
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t, cfg.sustained_duration)
         figures = gate.figures(verdict)

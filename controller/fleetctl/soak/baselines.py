@@ -89,6 +89,15 @@ def unit_key(unit: str) -> str:
     return f"unit:{unit}"
 
 
+def host_key(host: str, recipe: str | None, fleet_recipe: object) -> str:
+    """The baselines' key of a single host serving ``recipe``: its name for the fleet's recipe
+    (``fleet_recipe``, the inventory's ``fleetctl_recipe``; a fleet of one recipe keeps the keys it
+    always had), ``host/recipe`` for another: one model's figures are never another's baseline."""
+    if not recipe or not fleet_recipe or recipe == str(fleet_recipe):
+        return host
+    return f"{host}/{recipe}"
+
+
 def _safe(part: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in part) or "_"
 

@@ -371,6 +371,8 @@ class Ledger:
             "before",
             "before_tag",
             "before_digest",
+            "recipe",
+            "before_recipe",
         }
     )
 
@@ -411,12 +413,12 @@ class Ledger:
 
     def add_known_good(self, host: str, *, tag: str | None, digest: str, fingerprint: str | None,
                        settings: Mapping[str, Any] | None, source: str, rollout_id: str | None,
-                       only_if_none: bool = False) -> None:
+                       only_if_none: bool = False, recipe: str | None = None) -> None:
         """Record that ``host`` serves ``digest`` with these settings well (the newest entry wins).
 
         Recording a version again makes it the newest; a ``gate`` source is
         never downgraded. ``only_if_none``: record only when the host has no
-        known-good yet.
+        known-good yet. ``recipe``: the recipe it served it with (kept when not given again).
         """
         with self._tx() as db:
             if only_if_none and db.one("SELECT 1 AS x FROM known_good WHERE host=?", (host,)):
@@ -425,10 +427,10 @@ class Ledger:
             # excluded's.
             db.run(
                 "INSERT INTO known_good (host, digest, fingerprint, tag, settings, source, "
-                "rollout_id, at)"
-                " VALUES (?,?,?,?,?,?,?,?) ON CONFLICT (host, digest, fingerprint) DO"
+                "rollout_id, at, recipe)"
+                " VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT (host, digest, fingerprint) DO"
                 " UPDATE SET tag=excluded.tag, settings=coalesce(excluded.settings, "
-                "known_good.settings),"
+                "known_good.settings), recipe=coalesce(excluded.recipe, known_good.recipe),"
                 " source=CASE WHEN known_good.source='gate' THEN 'gate' ELSE excluded.source END,"
                 " rollout_id=coalesce(excluded.rollout_id, known_good.rollout_id), at=excluded.at",
                 (
@@ -440,6 +442,7 @@ class Ledger:
                     source,
                     rollout_id,
                     time.time(),
+                    recipe,
                 ),
             )
 

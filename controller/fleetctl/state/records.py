@@ -78,6 +78,15 @@ class HostRecord:
     started_at: float | None
     updated_at: float
     finished_at: float | None
+    #: The recipe the host's step serves, and the one it served before (None: not recorded, an
+    #: older ledger's row); two different ones make the step a model switch.
+    recipe: str | None = None
+    before_recipe: str | None = None
+
+    @property
+    def switch(self) -> bool:
+        """The step moved the host to another model (recipe)."""
+        return bool(self.recipe and self.before_recipe and self.recipe != self.before_recipe)
 
 
 @dataclass(frozen=True)
@@ -135,12 +144,14 @@ class KnownGood:
     source: str
     rollout_id: str | None
     at: float
+    #: The recipe the host served it with (None: not recorded).
+    recipe: str | None = None
 
     @classmethod
     def from_row(cls, r: Mapping[str, Any]) -> KnownGood:
         """The record a ``known_good`` row holds."""
         return cls(r["host"], r["tag"], r["digest"], r["fingerprint"], from_json(r["settings"]),
-                   r["source"], r["rollout_id"], r["at"])
+                   r["source"], r["rollout_id"], r["at"], r.get("recipe"))
 
 
 @dataclass(frozen=True)
@@ -230,6 +241,8 @@ def host_record(h: Mapping[str, Any]) -> HostRecord:
         started_at=h["started_at"],
         updated_at=h["updated_at"],
         finished_at=h["finished_at"],
+        recipe=h.get("recipe"),
+        before_recipe=h.get("before_recipe"),
     )
 
 

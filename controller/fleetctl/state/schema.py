@@ -7,8 +7,9 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.state.backends import Backend, Tx
 
 #: 1: rollouts, waves, hosts, phases, lock. 2: known_good. 3: out_of_rotation (the front door).
-#: 4: baselines (the soak's, shared by every controller on the ledger).
-SCHEMA_VERSION = 4
+#: 4: baselines (the soak's, shared by every controller on the ledger). 5: each host's recipe in a
+#: run (``recipe``, ``before_recipe``: a fleet serving several models) and a known-good's recipe.
+SCHEMA_VERSION = 5
 
 
 _SCHEMA = """
@@ -79,6 +80,11 @@ CREATE TABLE baselines (
   PRIMARY KEY (host, tag)
 );
 """,  # noqa: E501 (data: lines as the program reads them)
+    """
+ALTER TABLE hosts ADD COLUMN recipe TEXT;         -- the recipe the host's step serves
+ALTER TABLE hosts ADD COLUMN before_recipe TEXT;  -- the recipe it served before (a switch: another)
+ALTER TABLE known_good ADD COLUMN recipe TEXT;
+""",
 )
 
 
