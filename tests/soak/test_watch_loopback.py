@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from fleetctl.cli.main import cli
 from fleetctl.soak.config import load_config
-from fleetctl.soak.verdict import Outcome
+from fleetctl.soak.verdict import Outcome, Remedied
 from fleetctl.soak.watch import WatchSettings, WatchTarget, run_watch
 from tests.plugins.webhook import Receiver
 from tests.soak.conftest import Served
@@ -160,3 +160,76 @@ def test_the_forwarded_error_knob_fails_only_requests_that_came_through_a_proxy(
 
     assert [chat(False) for _ in range(3)] == [200, 200, 200] and errors() == 0
     assert [chat(True) for _ in range(3)] == [500, 500, 500] and errors() == 3
+
+
+def test_a_breach_a_remediation_healed_passes_as_healed_and_a_parked_host_fails_the_watch(
+    emulator: Callable[..., Served], tmp_path: Path
+) -> None:
+    """Two wedged emulators: one's remediation heals it (a restart heals a wedge; SIGUSR2 is what
+    the restart does to this process), the other's parks it. The first passes as healed (exit 0 on
+    its own), the second fails the watch (exit 1)."""
+    import signal
+    from dataclasses import replace
+
+    from rich.console import Console
+
+    from fleetctl.cli.soak import _exit_code
+    from fleetctl.cli.watch import _summary
+    from fleetctl.remediate import heal
+    from fleetctl.soak import report
+
+    served = {name: emulator(spec=False) for name in ("spark-01", "spark-02")}
+    for s in served.values():
+        s.proc.send_signal(signal.SIGUSR1)  # wedged: no token, /health and /metrics answer
+    cfg = load_config({"checks": {"liveness": {"token_timeout": 1}}}, profile="lab",
+                      served_model_names=("qwen36-35b-heretic",))
+    asked: list[tuple[str, str]] = []
+
+    def remedy(host: str, check: str, message: str) -> tuple[Remedied, bool]:
+        asked.append((host, check))
+        if host == "spark-01":
+            served[host].proc.send_signal(signal.SIGUSR2)
+            r = heal.Remediation(host, check, message, heal.RESTART, heal.HEALED,
+                                 "restarted and re-gated", "rm-spark-01-1")
+        else:
+            r = heal.Remediation(host, check, message, heal.PARK, heal.PARKED,
+                                 "parked: no known-good to roll back to", "rm-spark-02-1")
+        return r.remedied()
+
+    pages: list[tuple[str, str]] = []
+    healed, parked = run_watch(
+        [WatchTarget(replace(s.target, name=n), cfg, tmp_path / n, f"watch-{n}")
+         for n, s in served.items()],
+        WatchSettings(duration=6.0, interval=1.0),
+        on_breach=lambda h, c, _m: pages.append((h, c)),
+        remedy=remedy,
+    )
+    assert ("spark-01", "liveness") in asked and ("spark-02", "liveness") in asked, asked
+    # Healed: passes, its liveness failure kept (marked healed) but no longer judged.
+    assert healed.outcome is Outcome.PASS and healed.healed, healed.summary
+    assert healed.summary.startswith("healed: ") and "1 breach(es) healed" in healed.summary
+    assert healed.check("remediation").outcome is Outcome.PASS
+    live = healed.check("liveness")
+    assert live.outcome is Outcome.PASS and "healed: " in live.message, live
+    assert any(m.outcome is Outcome.FAIL and m.label.endswith("(healed)")
+               for m in live.measurements)
+    assert [(r.check, r.result, r.healed) for r in healed.remediations] == [
+        ("liveness", "healed", True)]
+    # Parked: fails, the remediation check says why.
+    assert parked.outcome is Outcome.FAIL and not parked.healed
+    rem = parked.check("remediation")
+    assert rem.outcome is Outcome.FAIL and "not healed: liveness: park: parked" in rem.message
+    assert parked.check("liveness").outcome is Outcome.FAIL
+    # The exit codes: 0 when every breach was healed, 1 with a host parked.
+    assert _exit_code(report.worst([healed])) == 0
+    assert _exit_code(report.worst([healed, parked])) == 1
+    out = json.loads(report.to_json([healed, parked]))
+    assert out["outcome"] == "fail" and out["healed"] == ["spark-01"]
+    assert out["verdicts"][0]["remediations"][0]["result"] == "healed"
+    assert "healed" not in json.loads(report.to_json([parked]))
+    # The summary table, at 80 columns: healed and fail side by side.
+    con = Console(width=80, record=True)
+    _summary([healed, parked])(con)
+    rows = {n: ln for ln in con.export_text().splitlines() for n in ("spark-01", "spark-02")
+            if ln.startswith("│ " + n)}
+    assert "healed" in rows["spark-01"] and "fail" in rows["spark-02"], rows

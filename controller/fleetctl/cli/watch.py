@@ -3,7 +3,9 @@ like a soak.
 
 Hosts are chosen as ``fleetctl soak`` chooses them (``--limit`` or ``--endpoint``, with the same
 recipe, profile and key); ``soak/watch.py`` does the probing. Exit codes as ``soak``'s: 0 every host
-passed, 1 one failed, 2 inconclusive or could not run.
+passed, 1 one failed, 2 inconclusive or could not run. With ``--remediate`` a host whose every
+breach was healed (restarted or rolled back, re-gated, re-admitted) passes, shown as ``healed``; one
+left parked or with a breach not healed fails.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from fleetctl.runids import new_run_id
 from fleetctl.soak import report
 from fleetctl.soak.checks import ms
 from fleetctl.soak.config import PROFILES
-from fleetctl.soak.verdict import Outcome, Verdict
+from fleetctl.soak.verdict import Outcome, Remedied, Verdict
 from fleetctl.soak.watch import Remedy, WatchSettings, WatchTarget, run_watch
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
             rows.append(
                 [
                     v.target,
+                    "[cyan]healed[/]" if v.healed else
                     f"[{_STYLE[v.outcome.value]}]{v.outcome.value}[/]",
                     v.tag or "-",
                     str(lv.requests if lv else 0),
@@ -183,7 +186,9 @@ def watch(
 
     Each interval: one greedy canary compared with its first answer, one short streamed request,
     and the /metrics delta (errors, preemptions, acceptance, TTFT/TPOT). Writes the soak's verdicts
-    and reports. Exit 0 when every host passed, 1 when one failed, 2 when inconclusive.
+    and reports. Exit 0 when every host passed, 1 when one failed, 2 when inconclusive. With
+    --remediate, a host whose every breach was healed passes (shown as healed); a parked host, or a
+    breach not healed, fails.
     """
     if endpoints and limit:
         raise click.UsageError("--limit and --endpoint are exclusive")
@@ -289,14 +294,14 @@ def _remedy(ctx: Ctx, stack: contextlib.ExitStack, hosts: list[str], progress: P
     if not dry_run:
         fixer.recover()  # what a watch killed mid-remediation left drained or stopped
 
-    def remedy(host: str, check: str, message: str) -> bool:
+    def remedy(host: str, check: str, message: str) -> tuple[Remedied, bool]:
         try:
             r = fixer.remediate(host, check, message)
         except FleetError as e:
             progress(Event("remediation", f"failed: {e.cause}", host=host))
             hook.send("remediation", host=host, check=check, result="error", detail=e.cause)
-            return True
-        return r.result not in (heal.PARKED, heal.PAGED)
+            return Remedied(check, message, heal.NONE, "error", False, e.cause), True
+        return r.remedied()
 
     return remedy
 

@@ -37,12 +37,15 @@ from fleetctl.rollout import gate
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.door import vllm_requests
 from fleetctl.serving import container_name
+from fleetctl.soak.verdict import Remedied
 from fleetctl.state import ledger as fleet_ledger
 
 #: Actions and results (``fleetctl history`` and the events name them).
 RESTART, ROLLBACK, PARK, NONE = "restart", "rollback", "park", "none"
 HEALED, ROLLED_BACK, PARKED, WAITING, EXCLUDED, PAGED, DRY_RUN = (
     "healed", "rolled-back", "parked", "waiting", "excluded", "paged", "dry-run")
+#: Results after which the host serves again, re-gated and re-admitted: its breach is healed.
+SERVING = (HEALED, ROLLED_BACK)
 #: The reason a parked host's out-of-rotation record starts with (read back by the next watch).
 PARKED_REASON = "parked"
 
@@ -69,6 +72,13 @@ class Remediation:
         return {"host": self.host, "check": self.check, "cause": self.cause,
                 "action": self.action, "result": self.result, "detail": self.detail,
                 "id": self.id, "seconds": round(self.seconds, 2), "members": list(self.members)}
+
+    def remedied(self) -> tuple[Remedied, bool]:
+        """What the watch keeps of it (its verdict: healed or not), and whether the host's checks
+        start afresh (not after a park or a page: those stay breached)."""
+        return (Remedied(self.check, self.cause, self.action, self.result,
+                         self.result in SERVING, self.detail, self.id or ""),
+                self.result not in (PARKED, PAGED))
 
 
 @dataclass
@@ -401,7 +411,7 @@ class Remediator:
     # -- records and pages ---------------------------------------------------------------------
 
     def _end(self, rid: str, r: Remediation) -> Remediation:
-        self.record.finish(rid, r.result, r.detail, r.result in (HEALED, ROLLED_BACK))
+        self.record.finish(rid, r.result, r.detail, r.result in SERVING)
         return self._done(r)
 
     def _done(self, r: Remediation) -> Remediation:

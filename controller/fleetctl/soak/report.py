@@ -18,6 +18,7 @@ import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from fleetctl import paths, serving
 from fleetctl.errors import FleetError
@@ -69,10 +70,14 @@ def check_report_paths(json_file: str | None, junit_file: str | None, html_file:
 
 
 def to_json(verdicts: Sequence[Verdict]) -> str:
-    """Every verdict as JSON: ``{"outcome": worst, "verdicts": [...]}``."""
-    return json.dumps(
-        {"outcome": worst(verdicts).value, "verdicts": [to_dict(v) for v in verdicts]}, indent=2
-    )
+    """Every verdict as JSON: ``{"outcome": worst, "verdicts": [...]}``, and ``"healed"``: the
+    hosts a watch's remediations healed (only when there are some)."""
+    out: dict[str, Any] = {"outcome": worst(verdicts).value}
+    healed = [v.target for v in verdicts if v.healed]
+    if healed:
+        out["healed"] = healed
+    out["verdicts"] = [to_dict(v) for v in verdicts]
+    return json.dumps(out, indent=2)
 
 
 def worst(verdicts: Sequence[Verdict]) -> Outcome:

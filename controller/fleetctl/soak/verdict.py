@@ -214,6 +214,23 @@ class CheckResult:
 
 
 @dataclass(frozen=True)
+class Remedied:
+    """What ``fleetctl watch --remediate`` did with one breach of a host (``Verdict.remediations``):
+    the check and its message, the action (restart, rollback, park, none) and its result."""
+
+    check: str
+    cause: str
+    action: str
+    result: str
+    #: The host serves again because of it, re-gated and re-admitted (restarted, or rolled back to
+    #: its known-good): the host's failures before it are healed, no longer judged.
+    healed: bool = False
+    detail: str = ""
+    #: Its ledger record (``fleetctl history``), empty when none was written (a dry run, a page).
+    id: str = ""
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The result of one soak: the outcome the rollout gates on, and everything behind it."""
 
@@ -255,11 +272,18 @@ class Verdict:
     answers: tuple[Answer, ...] = ()
     #: The known-good set the answers were compared with (its run id; empty: none, a first deploy).
     known_good_run_id: str = ""
+    #: A watch with remediation: each breach handed to it, what was done and how it ended.
+    remediations: tuple[Remedied, ...] = ()
 
     @property
     def passed(self) -> bool:
         """True when the gate passes."""
         return self.outcome is Outcome.PASS
+
+    @property
+    def healed(self) -> bool:
+        """A watched host that passes because remediations healed its breaches."""
+        return self.passed and any(r.healed for r in self.remediations)
 
     def check(self, name: str) -> CheckResult:
         """The check called ``name`` (KeyError when it did not run)."""

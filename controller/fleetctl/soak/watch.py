@@ -14,6 +14,11 @@ to disk as they come, and what stays in memory per host is fixed (the non-passin
 :data:`KEEP`, counts beyond, the last :data:`KEEP` windows, a reservoir of latencies). A breach
 (a check failing) calls ``on_breach`` once per host and check, as it happens: the CLI pages the
 webhook.
+
+With a ``remedy`` (``fleetctl watch --remediate``), a breach it heals (the host restarted, or rolled
+back to its known-good, re-gated and re-admitted) no longer fails the host: its failures up to the
+remediation are kept apart, marked healed, and the host is judged on what came after (a
+``remediation`` check lists each remediation; one left unhealed, a parked host, fails it).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from fleetctl.soak.verdict import (
     CheckResult,
     Measurement,
     Outcome,
+    Remedied,
     Sample,
     SoakTarget,
     Verdict,
@@ -98,9 +104,10 @@ class WatchTarget:
 #: ``on_breach(host, check, message)``: called once per host and check, the first time it fails.
 OnBreach = Callable[[str, str, str], None]
 #: ``remedy(host, check, message)``: called (in a thread) with the first new breach of an interval;
-#: True when the host's checks start afresh (its server was restarted or replaced, or it should be
-#: tried again at the next breach): ``fleetctl watch --remediate`` (fleetctl.remediate).
-Remedy = Callable[[str, str, str], bool]
+#: what was done, and True when the host's checks start afresh (its server was restarted or
+#: replaced, or it should be tried again at the next breach): ``fleetctl watch --remediate``
+#: (fleetctl.remediate).
+Remedy = Callable[[str, str, str], tuple[Remedied, bool]]
 
 
 @dataclass
@@ -113,6 +120,10 @@ class _Check:
     kept: list[Measurement] = field(default_factory=list)
     dropped: int = 0
     fails: int = 0
+    #: Non-passing measurements before the host's last healing remediation (kept up to KEEP), and
+    #: how many there were: shown, not judged.
+    healed: list[Measurement] = field(default_factory=list)
+    healed_n: int = 0
 
     def add(self, m: Measurement) -> None:
         if m.outcome is P:
@@ -124,6 +135,12 @@ class _Check:
             self.kept.append(m)
         else:
             self.dropped += 1
+
+    def heal(self) -> None:
+        """A remediation healed the host: what did not pass so far is set apart, judged no more."""
+        self.healed.extend(self.kept[: KEEP - len(self.healed)])
+        self.healed_n += len(self.kept) + self.dropped
+        self.kept, self.dropped = [], 0
 
     def result(self, spec: CheckSpec, ok: str, no_data: str) -> CheckResult:
         ms_ = list(self.kept)
@@ -139,6 +156,14 @@ class _Check:
         r = decide(spec, ms_, ok_message=ok, no_data=no_data)
         if self.dropped:
             r = replace(r, message=r.message + f" ({self.dropped} more not kept)")
+        if self.healed_n:
+            r = replace(
+                r if ms_ else CheckResult(self.name, P, "not probed since"),
+                message=f"{r.message if ms_ else 'not probed since'}; healed: {self.healed_n} "
+                "non-passing interval(s) before a remediation",
+                measurements=r.measurements
+                + tuple(replace(m, label=f"{m.label} (healed)") for m in self.healed),
+            )
         return r
 
 
@@ -171,6 +196,9 @@ class _Host:
         #: Each check's failures before the host's last fresh start (a remedy): not breaches again.
         self.fails_before: dict[str, int] = {}
         self.spec_seen = False
+        #: What the remedy did with the host's breaches (the last KEEP; ``remedies`` counts all).
+        self.remedied: collections.deque[Remedied] = collections.deque(maxlen=KEEP)
+        self.remedies = 0
 
     def fresh_start(self) -> None:
         """The server was restarted or replaced: new counters, new greedy answers, no breach."""
@@ -263,20 +291,10 @@ def _judge_requests(h: _Host, label: str, canary: Sample, stream: Sample, cp: pr
                     health_ok: bool, stall: float | None) -> None:
     host = h.target.name
     bad = [x for x in (canary, stream) if not x.ok and x.error_kind != "stall"]
-    h.checks["probes"].add(
-        Measurement(
-            label,
-            F if bad else P,
-            f"{label}: "
-            + (
-                "; ".join(f"{x.cls} failed: {x.error}" for x in bad)
-                if bad
-                else "canary and stream answered"
-            ),
-            len(bad),
-            0,
-        )
-    )
+    h.checks["probes"].add(Measurement(
+        label, F if bad else P, f"{label}: " + ("; ".join(f"{x.cls} failed: {x.error}" for x in bad)
+                                                if bad else "canary and stream answered"),
+        len(bad), 0))
     stalls = [x for x in (canary, stream) if x.error_kind == "stall"]
     if stalls:
         h.checks["liveness"].add(
@@ -296,11 +314,8 @@ def _judge_requests(h: _Host, label: str, canary: Sample, stream: Sample, cp: pr
             )
         )
     elif stream.ok:
-        h.checks["liveness"].add(
-            Measurement(
-                label, P, f"{label}: first token after {ms(stream.ttft)}", stream.ttft, stall
-            )
-        )
+        h.checks["liveness"].add(Measurement(label, P, f"{label}: first token after "
+                                             f"{ms(stream.ttft)}", stream.ttft, stall))
     if not canary.ok:
         return
     text = canary.text or ""
@@ -317,9 +332,8 @@ def _judge_requests(h: _Host, label: str, canary: Sample, stream: Sample, cp: pr
         )
     elif ref is None:
         h.refs[cp.name] = text
-        h.checks["canary"].add(
-            Measurement(label, P, f"{label}: canary {cp.name} answered (its reference)")
-        )
+        h.checks["canary"].add(Measurement(label, P, f"{label}: canary {cp.name} answered (its "
+                                           "reference)"))
     elif not same_answer(text, ref):
         h.checks["canary"].add(
             Measurement(
@@ -332,9 +346,8 @@ def _judge_requests(h: _Host, label: str, canary: Sample, stream: Sample, cp: pr
             )
         )
     else:
-        h.checks["canary"].add(
-            Measurement(label, P, f"{label}: canary {cp.name} same as its reference")
-        )
+        h.checks["canary"].add(Measurement(label, P, f"{label}: canary {cp.name} same as its "
+                                           "reference"))
 
 
 def _judge_window(
@@ -399,15 +412,10 @@ def _judge_preemptions(h: _Host, s: WatchSettings, label: str, t: Traffic) -> No
         return
     per_min = t.preemptions / max(t.seconds, 1e-9) * 60
     bad = per_min > bound and t.preemptions > 10
-    h.checks["preemptions"].add(
-        Measurement(
-            label,
-            F if bad else P,
-            f"{label}: {t.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
-            round(per_min, 1),
-            bound,
-        )
-    )
+    h.checks["preemptions"].add(Measurement(
+        label, F if bad else P,
+        f"{label}: {t.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
+        round(per_min, 1), bound))
 
 
 def loosest(config: SoakConfig, key: str) -> float | None:
@@ -484,7 +492,8 @@ def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> V
             f"acceptance stayed above {s.acceptance_ratio:.0%} of its first block",
             "",
         )
-        if h.checks["acceptance"].kept or h.checks["acceptance"].passes
+        if (h.checks["acceptance"].kept or h.checks["acceptance"].passes
+            or h.checks["acceptance"].healed_n)
         else CheckResult(
             "acceptance",
             Outcome.SKIPPED,
@@ -501,11 +510,17 @@ def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> V
         else replace(r, outcome=Outcome.SKIPPED)
         for r in results
     )
+    if h.remedied:
+        results = (_remediation(h), *results)
     counted = [r.outcome for r in results if not r.observe_only]
     outcome = next((o for o in (F, ERR, INC) if o in counted), P)
     deciding = [r for r in results if r.outcome is outcome]
-    summary = (f"pass: {n} interval(s), {h.requests} probes, 0 failed" if outcome is P else
-               f"{outcome.value}: " + "; ".join(f"{r.name}: {r.message}" for r in deciding[:2]))
+    if outcome is not P:
+        summary = f"{outcome.value}: " + "; ".join(f"{r.name}: {r.message}" for r in deciding[:2])
+    elif any(x.healed for x in h.remedied):
+        summary = f"healed: {n} interval(s), {h.requests} probes, {results[0].message}"
+    else:
+        summary = f"pass: {n} interval(s), {h.requests} probes, 0 failed"
     level = summarize("watch", "probes", 1, list(h.samples), seconds)
     level = replace(level, requests=h.requests, errors=h.errors, first_error=h.first_error)
     ok = [x for x in h.samples if x.ok]
@@ -529,8 +544,28 @@ def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> V
         windows=tuple(h.windows),
         ttft_samples=tuple(round(x.ttft, 5) for x in ok if x.ttft is not None),
         tpot_samples=tuple(round(x.tpot, 6) for x in ok if x.tpot is not None),
+        remediations=tuple(h.remedied),
     )
     return h.scrub.tree(v)
+
+
+def _remediation(h: _Host) -> CheckResult:
+    """The remediations of the host's breaches: failed while one after the last that healed it
+    did not (a parked host, a remediation held back or refused, a breach only paged)."""
+    rs = list(h.remedied)
+    last = max((i for i, r in enumerate(rs) if r.healed), default=-1)
+    ms_ = tuple(Measurement(r.id or f"breach {i + 1}", P if r.healed else F,
+                            f"{r.check}: {r.action}: {r.result}: {r.detail}"[:300])
+                for i, r in enumerate(rs))
+    more = f" ({h.remedies - len(rs)} earlier not kept)" if h.remedies > len(rs) else ""
+    left = rs[last + 1:]
+    if left:
+        r = left[-1]
+        return CheckResult("remediation", F, f"not healed: {r.check}: {r.action}: {r.result}: "
+                           f"{r.detail}"[:300] + more, measurements=ms_)
+    return CheckResult("remediation", P, f"{sum(r.healed for r in rs)} breach(es) healed ("
+                       + ", ".join(f"{r.check}: {r.action}" for r in rs if r.healed)[:200]
+                       + ")" + more, measurements=ms_)
 
 
 async def _watch_host(
@@ -556,8 +591,15 @@ async def _watch_host(
                 break
         new = _breaches(h, s, on_breach)
         # One remediation at a time for this host: its probes wait for it (the others go on).
-        if remedy is not None and new and await asyncio.to_thread(remedy, h.target.name, *new[0]):
-            h.fresh_start()
+        if remedy is not None and new:
+            done, fresh = await asyncio.to_thread(remedy, h.target.name, *new[0])
+            h.remedied.append(done)
+            h.remedies += 1
+            if done.healed:
+                for c in h.checks.values():
+                    c.heal()
+            if fresh:
+                h.fresh_start()
         i += 1
         await asyncio.sleep(max(0.0, min(tick + s.interval, end) - time.monotonic()))
 
