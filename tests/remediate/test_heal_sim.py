@@ -19,7 +19,7 @@ from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
 from fleetctl.state import ledger as fleet_ledger
 from tests.frontdoor.servers import loopback_pool
-from tests.rollout.sim import NAME, OK, SimFleet, SimGates
+from tests.rollout.sim import NAME, OK, SOAKFAIL, SimFleet, SimGates
 
 HOSTS = ["spark-01", "spark-02", "spark-03"]
 OLD, NEW = "v0.23.0", "v0.24.0"
@@ -257,8 +257,34 @@ def test_the_policy_is_checked_field_by_field() -> None:
         policy.from_mapping({"breakers": 2}, "r")
     with pytest.raises(FleetError, match=r"watch\.floor"):
         policy.from_mapping({"floor": "lots"}, "r")
+    with pytest.raises(FleetError, match=r"watch\.gate is '1h', not at most 600s"):
+        policy.from_mapping({"gate": "1h"}, "r")
     p = policy.from_mapping({"floor": "50%", "window": "10m"}, "r")
     assert p.floor_of(4) == 2 and p.window == 600 and not p.remediate
+    # The re-gate's default: smoke and a few seconds of load.
+    assert p.gate == policy.DEFAULT_GATE == 5.0
+    assert policy.from_mapping({"gate": 0}, "r").gate == 0
+
+
+def test_the_regates_load_catches_what_smoke_passes_and_the_host_is_not_readmitted(
+    tmp_path: Path, inv_dir: Path
+) -> None:
+    """A version that passes smoke but fails under load (SOAKFAIL): with watch.gate the restart's
+    re-gate fails it (then no known-good: parked); smoke only would have re-admitted it."""
+    fleet = SimFleet(dict.fromkeys(HOSTS, NEW), {OLD: OK, NEW: SOAKFAIL})
+    eng = _engine(fleet, inv_dir, tmp_path / "state", Recorder())
+    clock, pages = Clock(), []  # type: ignore[var-annotated]
+    try:
+        r = _remediator(eng, clock, pages, gate=0).remediate("spark-01", "liveness", "w")
+        assert (r.action, r.result) == (heal.RESTART, heal.HEALED), r
+        r = _remediator(eng, clock, pages, gate="5s").remediate("spark-02", "liveness", "w")
+        assert (r.action, r.result) == (heal.PARK, heal.PARKED), r
+        assert "re-gate fail" in r.detail and _admin(eng, "spark-02") in ("drain", "maint")
+        (rec,) = [h for h in _history(eng) if h.options["host"] == "spark-02"]
+        gated = [x for x in rec.phases if x.phase == "gated"]
+        assert gated and (gated[0].detail or "").startswith("fail"), gated
+    finally:
+        eng.close()
 
 
 

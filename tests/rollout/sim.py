@@ -488,6 +488,12 @@ class SimGates:
         _c, b = self._state(host)
         return self._verdict(host, tag, b in (OK, SOAKFAIL), artifacts)
 
+    def load(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, seconds: float,
+             artifacts: Path) -> Verdict:
+        """A version that fails its soak fails a burst of load too (it passes smoke)."""
+        _c, b = self._state(host)
+        return self._verdict(host, tag, b == OK, artifacts)
+
 
 class SimDeployer:
     """The vllm_serve role's deploy run (:class:`fleetctl.rollout.deploy.Deployer`) on the

@@ -155,10 +155,10 @@ def _summary(verdicts: list[Verdict]) -> Callable[[Console], None]:
 @click.option("--window", type=Duration(), metavar="D", default=None,
               help="The breaker's window (default: the recipe's watch.window, 1h; a bare number is "
               "seconds).")
-@click.option("--gate", "gate_seconds", type=Duration(0, 3600), metavar="D", default=None,
-              help="A remediation's re-gate: after smoke, the recipe's soak with this sustained "
-              "phase (its ramp too; default: the recipe's watch.gate, 0: smoke only; a bare "
-              "number is seconds).")
+@click.option("--gate", "gate_seconds", type=Duration(0, 600), metavar="D", default=None,
+              help="A remediation's re-gate: after smoke, D of concurrent greedy requests and the "
+              "canaries (default: the recipe's watch.gate, 5s; 0: smoke only; a bare number is "
+              "seconds).")
 @pass_ctx
 def watch(
     ctx: Ctx,

@@ -1,5 +1,6 @@
 """One host's remediation: drain at the front door, restart the serving container (a unit: every
-member, in launch order), wait for readiness, re-gate (smoke, then a few seconds of load), re-admit.
+member, in launch order), wait for readiness, re-gate (smoke, then ``watch.gate`` seconds of
+concurrent greedy requests and the canaries: ``fleetctl.soak.burst``), re-admit.
 
 The circuit breaker (``breaker.py``) turns the ``breaker``-th remediation of a host within the
 window into a rollback to its last known-good (``Engine.rollback``: the ledger's choice, readiness
@@ -346,8 +347,9 @@ class Remediator:
         art = self.s.state_dir / "runs" / rid
         v = self.s.gates.smoke(h, recipe, tag, cfg, art)
         if v.outcome.value == "pass" and policy.gate > 0:
-            v = self.s.gates.soak(h, recipe, tag, cfg.with_duration(policy.gate), _NoBaselines(),
-                                  None, art, rid, self.s.live(h, {}, "gate", cancellable=False))
+            # A burst of its own (concurrent greedy requests, the canaries), not the recipe's soak:
+            # no ramp, no baseline, bounded by watch.gate and the liveness bound.
+            v = self.s.gates.load(h, recipe, tag, cfg, policy.gate, art / "load")
         self.record.step(rid, [h.name], "gated", v.summary)
         if v.outcome.value != "pass":
             return False, f"re-gate {v.outcome.value}: {gate.failed_checks_text(v)}"
@@ -432,22 +434,4 @@ class Remediator:
     def _emit(self, where: str, phase: str, message: str, **data: Any) -> None:
         self.progress(Event(phase, message, host=where, data=data))
 
-
-class _NoBaselines:
-    """The re-gate's load is judged on its own: no baseline read, none kept (a remediation's few
-    seconds would crowd the tag's window of full soaks out)."""
-
-    where = "nowhere (a remediation's re-gate keeps no baseline)"
-
-    def baseline(self, host: str, tag: str) -> fleet_ledger.BaselineRow | None:
-        return None
-
-    def baselines(self, host: str | None = None) -> list[fleet_ledger.BaselineRow]:
-        return []
-
-    def update_baseline(self, host: str, tag: str, change: Any) -> fleet_ledger.BaselineRow | None:
-        return None
-
-    def delete_baseline(self, host: str, tag: str) -> bool:
-        return False
 

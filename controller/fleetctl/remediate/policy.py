@@ -8,7 +8,8 @@ watch:
   window: 1h             # ... the window W (90s, 10m, 1h)
   recipe_breaker: 10     # remediations of the recipe's hosts in the window: stop acting, page
   floor: 1               # hosts of the recipe kept in rotation (a count, or "50%" of its hosts)
-  gate: 0                # the re-gate's soak after smoke: its sustained phase (0: smoke only)
+  gate: 5s               # the re-gate's load after smoke: concurrent greedy requests and the
+                         # canaries for this long (0: smoke only)
   ready_timeout: 10m     # the wait for readiness after the restart
 ```
 
@@ -30,6 +31,11 @@ from fleetctl.errors import FleetError
 #: or a server that does not answer, a canary that changed its answer, server-side errors.
 REMEDIABLE = ("liveness", "probes", "canary", "server_errors")
 
+#: The re-gate's burst of load, in seconds, when the recipe does not say (watch.gate).
+DEFAULT_GATE = 5.0
+#: The most a re-gate's burst may last (a re-gate is a check, not a soak).
+MAX_GATE = 600.0
+
 _FIELDS = ("remediate", "breaker", "window", "recipe_breaker", "floor", "gate", "ready_timeout")
 
 
@@ -44,9 +50,10 @@ class Policy:
     #: Hosts of the recipe that stay in rotation: a count, or a fraction of its hosts (0.5).
     floor: float = 1.0
     floor_is_fraction: bool = False
-    #: Sustained seconds of the recipe's soak after the smoke (its fixed phases, the ramp, come
-    #: with it: a minute or more); 0: the smoke only (readiness, identity, canaries, prompts).
-    gate: float = 0.0
+    #: Seconds of the re-gate's burst of load after the smoke (concurrent greedy requests and the
+    #: canaries, ``fleetctl.soak.burst``); 0: the smoke only (readiness, identity, canaries,
+    #: prompts).
+    gate: float = DEFAULT_GATE
     ready_timeout: float = 600.0
 
     def floor_of(self, hosts: int) -> int:
@@ -87,6 +94,14 @@ def _seconds(raw: Mapping[str, Any], recipe: str, name: str, default: float,
     return s
 
 
+def _gate(raw: Mapping[str, Any], recipe: str) -> float:
+    s = _seconds(raw, recipe, "gate", DEFAULT_GATE, zero=True)
+    if s > MAX_GATE:
+        raise _bad(recipe, "gate", raw.get("gate"), f"at most {MAX_GATE:.0f}s (a few seconds of "
+                   "load)", "5s")
+    return s
+
+
 def _floor(raw: Mapping[str, Any], recipe: str) -> tuple[float, bool]:
     v = raw.get("floor", 1)
     if isinstance(v, str) and v.strip().endswith("%"):
@@ -120,7 +135,7 @@ def from_mapping(raw: object, recipe: str) -> Policy:
                   window=_seconds(raw, recipe, "window", 3600.0),
                   recipe_breaker=_count(raw, recipe, "recipe_breaker", 10),
                   floor=floor, floor_is_fraction=fraction,
-                  gate=_seconds(raw, recipe, "gate", 0.0, zero=True),
+                  gate=_gate(raw, recipe),
                   ready_timeout=_seconds(raw, recipe, "ready_timeout", 600.0))
 
 

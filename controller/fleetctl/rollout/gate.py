@@ -25,6 +25,7 @@ from fleetctl.soak import (
     SoakTarget,
     Verdict,
     baselines,
+    burst,
     fleet,
     references,
     run_soak,
@@ -124,6 +125,12 @@ class Gates(Protocol):
         """Readiness, identity and smoke (see :func:`smoke`)."""
         ...
 
+    def load(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, seconds: float,
+             artifacts: Path) -> Verdict:
+        """``seconds`` of concurrent greedy requests and the canaries, judged on their own
+        (``fleetctl.soak.burst``: a remediation's re-gate after smoke)."""
+        ...
+
 
 class SoakGates:
     """:class:`Gates` through the soak engine, against the real server.
@@ -170,6 +177,11 @@ class SoakGates:
         self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path
     ) -> Verdict:
         return smoke(self._target(host, recipe, tag), cfg, artifacts)
+
+    def load(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, seconds: float,
+             artifacts: Path) -> Verdict:
+        return burst.short_load(self._target(host, recipe, tag), cfg, seconds,
+                                artifacts_dir=artifacts)
 
 
 def failed_checks(v: Verdict) -> list[str]:

@@ -1,0 +1,144 @@
+"""A short burst of load: a few seconds of concurrent greedy requests and the canaries, judged on
+their own (no baseline, no ramp, no sweep). ``fleetctl watch --remediate``'s re-gate after smoke
+(``watch.gate``): the restarted engine must take concurrent requests, stream tokens on every one,
+fail none, and answer each canary right.
+
+Bounded: ``concurrency`` workers start requests until ``seconds`` have passed; each request has the
+soak's byte cap, its request timeout and the liveness bound (no token for ``token_timeout`` ends
+it as a stall), and the whole burst is cut at ``seconds`` plus one such bound. Samples go to the
+artifacts as they come; in memory: this burst's samples (a few seconds' worth).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from fleetctl.progress import NULL, Event, Progress
+from fleetctl.soak import prompts, secrets
+from fleetctl.soak.artifacts import Artifacts
+from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.config import SoakConfig
+from fleetctl.soak.phases.summary import summarize
+from fleetctl.soak.verdict import CheckResult, Outcome, Sample, SoakTarget, Verdict, to_dict
+
+#: Requests in flight at once, and the tokens each greedy request asks for.
+CONCURRENCY = 4
+MAX_TOKENS = 32
+#: The burst's prompts: prose (every answer streams ``MAX_TOKENS`` or stops at its end).
+PROMPTS = prompts.PROMPTS["natural_language"]
+
+
+def short_load(target: SoakTarget, config: SoakConfig, seconds: float,
+               concurrency: int = CONCURRENCY, artifacts_dir: Path | None = None,
+               progress: Progress = NULL) -> Verdict:
+    """``seconds`` of ``concurrency`` concurrent greedy requests, the canaries among them; a
+    verdict whose checks are ``load`` (no request failed), ``liveness`` (no stall), ``tokens``
+    (every finished request streamed tokens) and ``canary`` (each answered right)."""
+    scrub = secrets.Scrubber(secrets.known_secrets(target.api_key, target.base_url))
+    art = Artifacts(artifacts_dir)
+    started, t0 = datetime.now(UTC), time.monotonic()
+    progress(Event("load", f"{seconds:g}s of {concurrency} concurrent greedy requests and "
+                   f"{len(prompts.CANARIES)} canaries", host=target.name))
+    try:
+        samples, cut = asyncio.run(_burst(target, config, seconds, concurrency, scrub, art, t0))
+    finally:
+        art.close()
+    took = time.monotonic() - t0
+    checks = _judge(samples, config, cut)
+    bad = [c for c in checks if c.outcome is not Outcome.PASS]
+    outcome = Outcome.FAIL if bad else Outcome.PASS
+    level = summarize("load", f"c{concurrency}", concurrency, samples, took)
+    v = Verdict(
+        run_id=f"load/{target.name}", target=target.name, base_url=target.base_url,
+        outcome=outcome,
+        summary=(f"fail: {bad[0].name}: {bad[0].message}" if bad else
+                 f"pass: {level.requests} requests in {took:.1f}s at concurrency {concurrency}, "
+                 f"{level.output_tokens} tokens"),
+        started=started.isoformat(timespec="seconds"),
+        finished=datetime.now(UTC).isoformat(timespec="seconds"), seconds=round(took, 2),
+        tag=target.tag, digest=target.digest, profile=f"load/{config.profile}",
+        artifacts_dir=str(artifacts_dir) if artifacts_dir else None, checks=checks,
+        levels=(level,))
+    v = scrub.tree(v)
+    art.write_json("verdict.json", to_dict(v))
+    progress(Event("load", v.summary, host=target.name, data={"outcome": outcome.value}))
+    return v
+
+
+async def _burst(t: SoakTarget, cfg: SoakConfig, seconds: float, concurrency: int,
+                 scrub: secrets.Scrubber, art: Artifacts,
+                 t0: float) -> tuple[list[Sample], bool]:
+    """The burst's samples (canaries' text kept), and whether its bound cut it."""
+    stall = cfg.token_timeout()
+    end = time.monotonic() + seconds
+    samples: list[Sample] = []
+    canary_tokens = int(cfg.check("correctness").params.get("canary_max_tokens", 64))
+    async with Client(t.base_url, connections=concurrency + 1, request_timeout=cfg.request_timeout,
+                      api_key=t.api_key, scrub=scrub) as c:
+        model = cfg.model or (cfg.served_model_names[0] if cfg.served_model_names else "")
+        if not model:
+            _p, models = await c.get_json("/v1/models")
+            data = models.get("data", []) if isinstance(models, dict) else []
+            model = next((str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")), "")
+
+        async def ask(prompt: str, cls: str, tokens: int, keep: bool) -> None:
+            s = await c.chat(ChatRequest(model, prompt, tokens, 0.0, thinking=False),
+                             phase="load", cls=cls, concurrency=concurrency, t0=t0,
+                             keep_text=keep, stall=stall)
+            samples.append(s)
+            art.sample(s)
+
+        async def worker(w: int) -> None:
+            # The first worker asks the canaries first, then greedy prose like the others.
+            if w == 0:
+                for cp in prompts.CANARIES:
+                    await ask(cp.prompt, f"canary-{cp.name}", canary_tokens, True)
+            i = w
+            while time.monotonic() < end:
+                await ask(PROMPTS[i % len(PROMPTS)], "greedy", MAX_TOKENS, False)
+                i += concurrency
+
+        bound = seconds + (stall or cfg.request_timeout) + 10.0
+        try:
+            async with asyncio.timeout(bound):
+                await asyncio.gather(*(worker(w) for w in range(concurrency)))
+        except TimeoutError:
+            return samples, True
+    return samples, False
+
+
+def _judge(samples: list[Sample], cfg: SoakConfig, cut: bool) -> tuple[CheckResult, ...]:
+    P, F = Outcome.PASS, Outcome.FAIL
+    failed = [s for s in samples if not s.ok and s.error_kind != "stall"]
+    stalls = [s for s in samples if s.error_kind == "stall"]
+    ok = [s for s in samples if s.ok]
+    dry = [s for s in ok if not s.output_tokens and not (s.text or "").strip() and not s.events]
+    load = CheckResult("load", F if failed or cut or not samples else P,
+                       f"{len(failed)} of {len(samples)} request(s) failed: {failed[0].error}"
+                       if failed else "the burst outlived its bound (cut)" if cut else
+                       "no request finished" if not samples else
+                       f"{len(samples)} request(s), none failed")
+    live = CheckResult("liveness", F if stalls else P,
+                       f"{len(stalls)} request(s) got no token for "
+                       f"{cfg.token_timeout() or 0:.0f}s (a wedged engine)" if stalls else
+                       "every request streamed tokens")
+    tokens = sum(s.output_tokens or 0 for s in ok)
+    flow = CheckResult("tokens", F if dry or not ok else P,
+                       f"{len(dry)} finished request(s) streamed no token" if dry else
+                       "no request finished with tokens" if not ok else
+                       f"{tokens} tokens over {len(ok)} request(s)")
+    wrong = []
+    for cp in prompts.CANARIES:
+        s = next((x for x in samples if x.cls == f"canary-{cp.name}"), None)
+        if s is None or not s.ok:
+            wrong.append(f"{cp.name}: {s.error if s else 'not asked'}")
+        elif cp.expect.lower() not in (s.text or "").lower():
+            said = " ".join((s.text or "").split())[:60]
+            wrong.append(f"{cp.name} lacks {cp.expect!r}: {said!r}")
+    canary = CheckResult("canary", F if wrong else P, "; ".join(wrong)[:300] if wrong else
+                         f"{len(prompts.CANARIES)} canaries answered right")
+    return tuple(replace(c, message=c.message[:300]) for c in (load, live, flow, canary))
