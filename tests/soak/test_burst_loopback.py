@@ -8,12 +8,14 @@ import json
 import signal
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from fleetctl.progress import Recorder
 from fleetctl.soak import burst, prompts, smoke_check
 from fleetctl.soak.config import load_config
-from fleetctl.soak.verdict import Outcome
+from fleetctl.soak.verdict import Outcome, SoakTarget
 from tests.soak.conftest import Served
+from tests.soak.fakevllm import FakeVLLM, answer_for, good_chat, prompt_of, serve, stream_tokens
 
 MODEL = ("qwen36-35b-heretic",)
 
@@ -65,3 +67,20 @@ def test_a_wedged_server_fails_the_burst_on_liveness_and_the_burst_ends(
     live = v.check("liveness")
     assert live.outcome is Outcome.FAIL and "no token for 1s" in live.message, live
     assert v.check("canary").outcome is Outcome.FAIL and v.levels[0].requests >= 1
+
+
+def test_requests_that_finish_without_a_token_fail_the_burst(tmp_path: Path) -> None:
+    """A server that answers the canaries but finishes every other request at once, empty."""
+
+    async def empty(f: FakeVLLM, r: Any, body: dict[str, Any]) -> Any:
+        if answer_for(prompt_of(body)) is not None:
+            return await good_chat(f, r, body)
+        return await stream_tokens(f, r, body, [])
+
+    cfg = load_config({}, profile="lab", served_model_names=("fake-model",))
+    with serve(FakeVLLM(chat=empty)) as fake:
+        v = burst.short_load(SoakTarget("fake", fake.url), cfg, 1.0)
+    assert v.check("canary").outcome is Outcome.PASS, v.check("canary")
+    flow = v.check("tokens")
+    assert flow.outcome is Outcome.FAIL and "streamed no token" in flow.message, flow
+    assert v.outcome is Outcome.FAIL

@@ -116,7 +116,8 @@ def _judge(samples: list[Sample], cfg: SoakConfig, cut: bool) -> tuple[CheckResu
     failed = [s for s in samples if not s.ok and s.error_kind != "stall"]
     stalls = [s for s in samples if s.error_kind == "stall"]
     ok = [s for s in samples if s.ok]
-    dry = [s for s in ok if not s.output_tokens and not (s.text or "").strip() and not s.events]
+    # No token: the usage says 0, or without usage no content ever came (no first token).
+    dry = [s for s in ok if s.output_tokens == 0 or (s.output_tokens is None and s.ttft is None)]
     load = CheckResult("load", F if failed or cut or not samples else P,
                        f"{len(failed)} of {len(samples)} request(s) failed: {failed[0].error}"
                        if failed else "the burst outlived its bound (cut)" if cut else
