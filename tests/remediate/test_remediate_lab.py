@@ -7,10 +7,12 @@ runs, as subprocesses. HAProxy's view of every node is sampled through its admin
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
+import os
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,9 @@ from fleetctl.lab import wedge
 from fleetctl.lab.frontdoor import LabFrontDoor
 from fleetctl.lab.layout import current
 from fleetctl.rollout import host as remote
-from tests.plugins.serving import serve
+from fleetctl.state import hoststate
+from tests.plugins.serving import engine, serve
+from tests.plugins.webhook import Receiver
 from tests.rollout.test_frontdoor_lab import FLEETCTL, NODES, OLD, Sampler
 
 pytestmark = pytest.mark.lab
@@ -49,14 +53,16 @@ def door(serving: Any) -> Iterator[LabFrontDoor]:
         ssh.close_all()
 
 
-def _watch(host: str, duration: int, events: Path, *extra: str) -> dict[str, Any]:
-    """`fleetctl watch --remediate` of one host, to its end; its --json result."""
+def _watch(host: str, duration: int, events: Path, *extra: str, interval: int = INTERVAL,
+           env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """`fleetctl watch --remediate` of one host, to its end; its --json result and exit code."""
     out = subprocess.run(
-        [FLEETCTL, "watch", "--limit", host, "--remediate", "--interval", f"{INTERVAL}s",
+        [FLEETCTL, "watch", "--limit", host, "--remediate", "--interval", f"{interval}s",
          "--duration", f"{duration}s", "--events", str(events), "--json", *extra],
-        capture_output=True, text=True, timeout=duration + 400)
+        capture_output=True, text=True, timeout=duration + 400,
+        env={**os.environ, **(env or {})})
     assert out.stdout, out.stderr[-2000:]
-    return {"result": json.loads(out.stdout), "stderr": out.stderr}
+    return {"result": json.loads(out.stdout), "stderr": out.stderr, "rc": out.returncode}
 
 
 def _events(path: Path) -> list[dict[str, Any]]:
@@ -134,8 +140,8 @@ def test_a_host_that_wedges_after_every_start_is_rolled_back_after_n_restarts(
               for n in NODES if n != host}
     wedge.apply(host, wedge.AFTER_START, 20)
     events = tmp_path / "events.jsonl"
-    # Smoke-only re-gates (--gate 0): the soak's ramp would outlast the 20 s and find the wedge
-    # itself (which goes straight to the rollback, one restart early).
+    # Smoke-only re-gates (--gate 0): each restart's re-gate well inside the 20 s before the
+    # engine wedges again (one that found the wedge itself would go straight to the rollback).
     w = _watch(host, 15 * INTERVAL, events, "--breaker", "2", "--gate", "0")
     rs = [(r["action"], r["result"]) for r in _remediations(_events(events))]
     print(w["stderr"][-4000:])
@@ -149,3 +155,78 @@ def test_a_host_that_wedges_after_every_start_is_rolled_back_after_n_restarts(
     for n, was in others.items():
         c = remote.inspect(inv.hosts[n], remote.container_name(inv.hosts[n]))
         assert c is not None and c.running and was is not None and c.digest == was.digest, (n, c)
+
+
+def _last_known_good(h: Any, value: hoststate.Version | None) -> hoststate.Version | None:
+    """Set the last known-good ``h``'s own state file records; what it was."""
+    eng = engine()
+    was: list[hoststate.Version | None] = []
+    try:
+        def change(s: hoststate.HostState) -> hoststate.HostState:
+            was[:] = [s.last_known_good]
+            return dataclasses.replace(s, last_known_good=value)
+
+        hoststate.update(eng.session.host_store, h, change)
+    finally:
+        eng.close()
+    return was[0]
+
+
+def test_with_no_known_good_a_host_that_wedges_after_every_start_is_parked_and_paged(
+    door: LabFrontDoor, tmp_path: Path, receiver: Receiver
+) -> None:
+    """The breaker with nothing to roll back to: a watch on its own state directory (a ledger that
+    records no known-good) and the host's state file's known-good cleared (what a host that never
+    passed a gate has). After one restart (--breaker 1) the host is parked: left drained at the
+    door, the reason in the ledger, paged once; the other nodes keep serving, always in rotation.
+    The host is put back after (unwedged, its known-good record restored, `rollback --to`)."""
+    host = "spark-04"
+    inv = inventory.load(None)
+    h = inv.hosts[host]
+    others = {n: remote.inspect(inv.hosts[n], remote.container_name(inv.hosts[n]))
+              for n in NODES if n != host}
+    state = {"FLEETCTL_STATE_DIR": str(tmp_path / "state")}
+    allow = inv.path.parent / "group_vars" / "all" / "zz-test-webhook.yml"
+    allow.write_text("fleetctl_webhook_allow_http: true\n")
+    kept = _last_known_good(h, None)
+    sampler = Sampler(door)
+    events = tmp_path / "events.jsonl"
+    try:
+        wedge.apply(host, wedge.AFTER_START, 20)
+        sampler.thread.start()
+        w = _watch(host, 150, events, "--breaker", "1", "--gate", "0", "--webhook",
+                   f"http://127.0.0.1:{receiver.server_port}/hook", interval=10, env=state)
+        sampler.stop.set()
+        sampler.thread.join(10)
+        course = sampler.course(host), {n: sampler.course(n) for n in NODES if n != host}
+        parked_admin = Sampler(door).admin()[host]
+    finally:
+        sampler.stop.set()
+        wedge.apply(host, wedge.UNWEDGE)
+        _last_known_good(h, kept)
+        allow.unlink(missing_ok=True)
+        back = subprocess.run([FLEETCTL, "rollback", "--to", OLD, "--limit", host, "--yes"],
+                              capture_output=True, text=True, timeout=600,
+                              env={**os.environ, **state})
+    rs = [(r["action"], r["result"]) for r in _remediations(_events(events))]
+    assert rs[:2] == [("restart", "healed"), ("park", "parked")], (rs, w["stderr"][-3000:])
+    parked = _remediations(_events(events))[1]
+    assert "no rollback" in parked["detail"] and "known-good" in parked["detail"], parked
+    # Paged once through the webhook, for the park; the watch fails (exit 1) on it.
+    pages = [b for b in receiver.bodies
+             if b.get("event") == "breach" and b.get("check") == "parked"]
+    assert len(pages) == 1 and pages[0]["host"] == host, receiver.bodies
+    assert w["rc"] == 1 and w["result"]["outcome"] == "fail", w["result"]["outcome"]
+    (v,) = w["result"]["verdicts"]
+    rem = next(c for c in v["checks"] if c["name"] == "remediation")
+    assert rem["outcome"] == "fail" and "parked" in rem["message"], rem
+    # The door: drained, re-admitted after the restart, drained again and left so (parked).
+    assert course[0][:4] == ["ready", "drain", "ready", "drain"] and parked_admin == "drain", course
+    # The other nodes kept serving their version, in rotation all along.
+    assert all(c == ["ready"] for c in course[1].values()), course[1]
+    for n, was in others.items():
+        c = remote.inspect(inv.hosts[n], remote.container_name(inv.hosts[n]))
+        assert c is not None and c.running and was is not None and c.digest == was.digest, (n, c)
+    # Put back: serving, in rotation.
+    assert back.returncode == 0, back.stdout[-2000:] + back.stderr[-2000:]
+    assert Sampler(door).admin()[host] == "ready"
