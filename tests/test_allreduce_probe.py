@@ -9,6 +9,7 @@ rollout's preflight uses. The NCCL path: its ranks as threads over a stand-in of
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 import socket
@@ -35,15 +36,27 @@ UNIT = Unit("pair-l", ("head", "worker"), {
 }, busbw_floor_gbs=1000.0)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_port(span: int = 1) -> int:
+    """A port P free on 127.0.0.1 with the ``span - 1`` after it free too (ranks sharing one
+    address listen on P + their position: a neighbour taken by another test was a flaky
+    ``Address already in use``)."""
+    for _ in range(50):
+        with contextlib.ExitStack() as held:
+            first = held.enter_context(socket.socket())
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            try:
+                for k in range(1, span):
+                    held.enter_context(socket.socket()).bind(("127.0.0.1", port + k))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no {span} free consecutive ports on 127.0.0.1")
 
 
 def run_pair(*extra: str, addrs: str = "127.0.0.1,127.0.0.2",
              ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-    port = str(free_port())
+    port = str(free_port(span=2))
     common = ["--addrs", addrs, "--port", port, "--max-bytes", str(4 << 20), "--tcp", *extra]
     worker = subprocess.Popen(
         [sys.executable, "-c", bandwidth.probe_script(), "--rank", "1", *common],
