@@ -8,6 +8,7 @@ the docker group away from that user on one node, as on a half-set-up Spark.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from fleetctl import lab as fleetlab
+from fleetctl import paths
 
 pytestmark = pytest.mark.lab
 
@@ -41,9 +43,12 @@ def _serving_id(name: str) -> str:
     return r.stdout.strip()
 
 
-def _rollout(env: dict[str, str], name: str) -> subprocess.CompletedProcess[str]:
+def _rollout(
+    env: dict[str, str], name: str, inventory: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    where = ["-i", str(inventory)] if inventory is not None else []
     return subprocess.run(
-        [FLEETCTL, "rollout", "--tag", "v0.24.0", "--limit", name, "--soak", "3s", "--yes"],
+        [FLEETCTL, *where, "rollout", "--tag", "v0.24.0", "--limit", name, "--soak", "3s", "--yes"],
         env=env,
         capture_output=True,
         text=True,
@@ -77,13 +82,18 @@ def test_a_user_without_sudo_or_docker_is_refused_at_preflight(
     assert after == before
 
 
-def test_a_vaulted_become_password_needs_the_vault_password(serving: Any) -> None:
+def test_a_vaulted_become_password_needs_the_vault_password(serving: Any, tmp_path: Path) -> None:
     """spark-02's sudo asks for the password: without the vault password the rollout says so and
-    changes nothing."""
+    changes nothing. The lab's inventory names its password file in an ansible.cfg beside it
+    (found by fleetctl): a copy without that file is an inventory that gives none."""
     del serving
     before = _serving_id("spark-02")
+    inventory = tmp_path / "inventory"
+    shutil.copytree(paths.lab_inventory().parent, inventory,
+                    ignore=shutil.ignore_patterns("ansible.cfg"))
     env = {k: v for k, v in os.environ.items() if k != "ANSIBLE_VAULT_PASSWORD_FILE"}
-    r = _rollout(env, "spark-02")
+    env["FLEETCTL_STATE_DIR"] = str(tmp_path / "state")
+    r = _rollout(env, "spark-02", inventory / paths.lab_inventory().name)
     assert r.returncode != 0, r.stdout
     err = " ".join(r.stderr.split())
     assert "spark-02" in err and "vault-encrypted and no vault password was given" in err, err
