@@ -27,7 +27,7 @@ from fleetctl.rollout import host as remote
 from fleetctl.state import hoststate
 from tests.plugins.serving import engine, serve
 from tests.plugins.webhook import Receiver
-from tests.rollout.test_frontdoor_lab import FLEETCTL, NODES, OLD, Sampler
+from tests.rollout.test_frontdoor_lab import FLEETCTL, NEW, NODES, OLD, Sampler
 
 pytestmark = pytest.mark.lab
 
@@ -132,6 +132,13 @@ def test_a_host_that_wedges_after_every_start_is_rolled_back_after_n_restarts(
     door: LabFrontDoor, tmp_path: Path
 ) -> None:
     host = "spark-03"
+    # The host on a version that never passed a gate there (a smoke-gated `rollback --to`), so its
+    # known-good (OLD, from the fleet's first rollout) is another version: the breaker's rollback
+    # has somewhere to go, on a fresh lab as on one reused.
+    moved = subprocess.run(
+        [FLEETCTL, "rollback", "--to", NEW, "--limit", host, "--yes", "--json"],
+        capture_output=True, text=True, timeout=900, check=False)
+    assert moved.returncode == 0, moved.stderr[-2000:]
     inv = inventory.load(None)
     h = inv.hosts[host]
     before = remote.inspect(h, remote.container_name(h))
