@@ -37,7 +37,7 @@ from fleetctl import ansible, paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
-from fleetctl.recipes import Recipe, default_recipe_name, recipe_for
+from fleetctl.recipes import Recipe, default_recipe_name, hosts_by_recipe, recipe_for
 from fleetctl.runids import new_run_id
 from fleetctl.state.ledger import open_for
 from fleetctl.urls import redact_url
@@ -480,18 +480,9 @@ def _check_mirror_channel(recipe: Recipe, inventory: Inventory) -> None:
         )
 
 
-def by_recipe(inventory: Inventory, hosts: Sequence[Host]) -> dict[str, list[Host]]:
-    """The hosts grouped by the recipe each is configured to serve (``fleetctl_recipe`` from its
-    host_vars, group_vars or unit), recipes in the order of their first host."""
-    out: dict[str, list[Host]] = {}
-    for h in hosts:
-        out.setdefault(default_recipe_name(inventory, h), []).append(h)
-    return out
-
-
 def _common_recipe(inventory: Inventory, hosts: list[Host]) -> str:
     """The one default recipe (``fleetctl_recipe``) the hosts share; an error when they differ."""
-    by = by_recipe(inventory, hosts)
+    by = hosts_by_recipe(inventory, hosts)
     if len(by) > 1:
         which = "; ".join(f"{name}: {', '.join(h.name for h in hs)}" for name, hs in by.items())
         raise FleetError(f"the selected hosts serve different recipes ({which})",
@@ -630,6 +621,6 @@ def require_ok(result: StageResult) -> StageResult:
 
 __all__ = [
     "FileReport", "HostStage", "SetOutcome", "StageJob", "StageOptions", "StageResult",
-    "by_recipe", "fleet_lock", "fold", "human_bytes", "prepare", "require_ok", "run_job",
+    "fleet_lock", "fold", "human_bytes", "prepare", "require_ok", "run_job",
     "source_for", "stage",
 ]

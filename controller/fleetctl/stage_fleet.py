@@ -22,6 +22,7 @@ from fleetctl import paths
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
+from fleetctl.recipes import hosts_by_recipe
 from fleetctl.runids import new_run_id
 from fleetctl.stage import (
     HostStage,
@@ -30,7 +31,6 @@ from fleetctl.stage import (
     StageOptions,
     StageResult,
     StagingOps,
-    by_recipe,
     fleet_lock,
     prepare,
     run_job,
@@ -71,7 +71,7 @@ def plan(inventory: Inventory, hosts: list[Host], source: str | None = None,
     """Each recipe the hosts serve, checked, with its hosts; a recipe that cannot be staged is
     refused naming the hosts configured to serve it (nothing is touched)."""
     out: dict[str, tuple[StageJob, list[Host]]] = {}
-    for name, members in by_recipe(inventory, hosts).items():
+    for name, members in hosts_by_recipe(inventory, hosts).items():
         try:
             job = prepare(inventory, name, source, local_dir)
         except FleetError as e:

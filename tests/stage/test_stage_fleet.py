@@ -9,7 +9,8 @@ import pytest
 
 from fleetctl import inventory, paths
 from fleetctl.errors import FleetError
-from fleetctl.stage import HostStage, StageResult, by_recipe
+from fleetctl.recipes import hosts_by_recipe
+from fleetctl.stage import HostStage, StageResult
 from fleetctl.stage_fleet import FleetStage, plan, stage_each
 
 EXAMPLE = paths.project_root() / "inventory" / "example" / "hosts.yml"
@@ -17,12 +18,12 @@ EXAMPLE = paths.project_root() / "inventory" / "example" / "hosts.yml"
 
 def test_hosts_are_grouped_by_their_own_recipe_in_inventory_order() -> None:
     inv = inventory.load(EXAMPLE)
-    groups = by_recipe(inv, inv.select(None))
+    groups = hosts_by_recipe(inv, inv.select(None))
     assert {r: [h.name for h in hs] for r, hs in groups.items()} == {
         "qwen36-35b-heretic": ["spark-01", "spark-02", "spark-03"],
         "gemma4-26b-a4b": ["spark-04"],
     }
-    only = by_recipe(inv, inv.select("spark-04"))
+    only = hosts_by_recipe(inv, inv.select("spark-04"))
     assert list(only) == ["gemma4-26b-a4b"]
 
 

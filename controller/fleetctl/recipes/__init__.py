@@ -19,7 +19,7 @@ public names stay reachable here (``recipes.Recipe``, ``recipes.STAGED_MARKER``)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -70,10 +70,12 @@ __all__ = [
     "Topology",
     "WeightSet",
     "check_rules",
+    "configured_recipe",
     "default_recipe_name",
     "flag_value",
     "get_recipe",
     "has_flag",
+    "hosts_by_recipe",
     "load_recipes",
     "parse_recipes",
     "placement_problems",
@@ -175,6 +177,22 @@ def default_recipe_name(inventory: Inventory, host: Host | None = None) -> str:
             fix="set fleetctl_recipe in group_vars/all or pass --recipe NAME",
         )
     return str(name)
+
+
+def configured_recipe(inventory: Inventory, host: Host) -> str:
+    """The recipe ``host`` is configured to serve: its unit's (its head's ``fleetctl_recipe``), else
+    its own ``fleetctl_recipe`` (host_vars, group_vars, all: Ansible's precedence)."""
+    unit = inventory.unit_of(host.name)
+    return default_recipe_name(inventory, inventory.host(unit.head) if unit is not None else host)
+
+
+def hosts_by_recipe(inventory: Inventory, hosts: Sequence[Host]) -> dict[str, list[Host]]:
+    """``hosts`` grouped by the recipe each is configured to serve, groups and hosts in the order
+    given (a unit's members always in one group: their unit's)."""
+    out: dict[str, list[Host]] = {}
+    for h in hosts:
+        out.setdefault(configured_recipe(inventory, h), []).append(h)
+    return out
 
 
 def get_recipe(recipes: Mapping[str, Recipe], name: str) -> Recipe:

@@ -16,25 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Host, Inventory
-from fleetctl.recipes import default_recipe_name
+from fleetctl.recipes import configured_recipe, hosts_by_recipe
 from fleetctl.rollout import plan as wave_plan
 
-
-def configured(inv: Inventory, h: Host) -> str:
-    """The recipe ``h`` is configured to serve: its unit's (its head's ``fleetctl_recipe``), else
-    its own ``fleetctl_recipe`` (host_vars, group_vars, all: Ansible's precedence)."""
-    unit = inv.unit_of(h.name)
-    return default_recipe_name(inv, inv.host(unit.head) if unit is not None else h)
-
-
-def by_recipe(inv: Inventory, hosts: Sequence[Host]) -> dict[str, list[Host]]:
-    """``hosts`` grouped by the recipe each is configured to serve, groups and hosts in the order
-    given (a unit's members always in one group: their unit's)."""
-    out: dict[str, list[Host]] = {}
-    for h in hosts:
-        out.setdefault(configured(inv, h), []).append(h)
-    return out
+#: The recipe a host is configured to serve, and hosts grouped by it (one definition, in recipes/).
+configured = configured_recipe
+by_recipe = hosts_by_recipe
 
 
 @dataclass(frozen=True)
