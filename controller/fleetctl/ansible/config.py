@@ -117,6 +117,8 @@ def control_path_dir() -> Path:
 STALE_CONTROL_DIR = 6 * 3600
 #: ``ssh -O exit`` commands in flight at once when a run closes its masters.
 CLOSE_FAN_OUT = 32
+#: Seconds the masters that answered ``exit`` have, together, to remove their sockets.
+SOCKET_GONE_TIMEOUT = 2.0
 
 
 def run_control_dir() -> Path:
@@ -159,6 +161,11 @@ def close_masters(control_dir: Path) -> int:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+    # A master answers `exit` before it unlinks its socket: give the ones that answered a moment
+    # to finish, so the directory can go (one that did not answer keeps it until ControlPersist).
+    deadline = time.monotonic() + SOCKET_GONE_TIMEOUT
+    while any(s.exists() for s in sockets) and time.monotonic() < deadline:
+        time.sleep(0.02)
     with contextlib.suppress(OSError):  # a master that did not answer still holds its socket
         control_dir.rmdir()
     return len(sockets)
