@@ -19,6 +19,7 @@ public names stay reachable here (``recipes.Recipe``, ``recipes.STAGED_MARKER``)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -105,39 +106,57 @@ def recipes_source(inventory: Inventory) -> Path | None:
     if not root.is_dir():
         return None
     for f in sorted(root.rglob("*")):
-        if (
-            not f.is_file()
-            or f.suffix not in ("", ".yml", ".yaml", ".json")
-            or f.name.startswith(".")
-        ):
+        if f.suffix not in ("", ".yml", ".yaml", ".json") or f.name.startswith("."):
             continue
         try:
-            node = yaml.compose(f.read_text(), Loader=yaml.SafeLoader)
-        except (OSError, UnicodeDecodeError, yaml.YAMLError):
-            continue  # the inventory's own check reports these
-        if not isinstance(node, yaml.MappingNode):
+            st = f.stat()
+        except OSError:
             continue
-        for key, value in node.value:
-            if key.value != "fleetctl_recipes" or not isinstance(value, yaml.MappingNode):
-                continue
-            found = f.resolve() if f.is_symlink() else f
-            seen: dict[str, int] = {}
-            for k, _ in value.value:
-                if k.value in seen:
-                    raise RecipeValidationError(
-                        [
-                            RecipeProblem(
-                                str(k.value),
-                                "(name)",
-                                f"is defined twice (lines {seen[k.value]} and "
-                                f"{k.start_mark.line + 1})",
-                                "give each recipe its own name; only the last definition would "
-                                "count",
-                            )
-                        ],
-                        str(found),
-                    )
-                seen[str(k.value)] = k.start_mark.line + 1
+        if not f.is_file():
+            continue
+        names = _recipe_names(str(f), st.st_mtime_ns, st.st_size)
+        if names is None:
+            continue
+        found = f.resolve() if f.is_symlink() else f
+        seen: dict[str, int] = {}
+        for name, line in names:
+            if name in seen:
+                raise RecipeValidationError(
+                    [
+                        RecipeProblem(
+                            name,
+                            "(name)",
+                            f"is defined twice (lines {seen[name]} and {line})",
+                            "give each recipe its own name; only the last definition would count",
+                        )
+                    ],
+                    str(found),
+                )
+            seen[name] = line
+    return found
+
+
+#: libyaml's parser where PyYAML has it (ansible-core wants it): the pure-Python one took a second
+#: per command on the example inventory.
+_LOADER: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@functools.lru_cache(maxsize=256)
+def _recipe_names(path: str, mtime_ns: int, size: int) -> tuple[tuple[str, int], ...] | None:
+    """The recipe names (and their lines) of the ``fleetctl_recipes`` mapping in the vars file
+    ``path``, in file order; None for a file without one. Cached by the file's mtime and size: a
+    run reads the recipes many times, the file rarely changes."""
+    del mtime_ns, size  # the cache key
+    try:
+        node = yaml.compose(Path(path).read_text(), Loader=_LOADER)
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None  # the inventory's own check reports these
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    found = None
+    for key, value in node.value:
+        if key.value == "fleetctl_recipes" and isinstance(value, yaml.MappingNode):
+            found = tuple((str(k.value), k.start_mark.line + 1) for k, _ in value.value)
     return found
 
 
