@@ -1,27 +1,29 @@
 """Test configuration: the shared lab fixtures are plugins, one module per state they build.
 
-scripts/test.sh runs the suite in two pytest-xdist workers (``--dist loadgroup``). Every test that
+scripts/test.sh runs the suite in four pytest-xdist workers (``--dist loadgroup``). Every test that
 shares one machine-wide thing is put in that thing's group here, and a group runs on one worker, in
 file order, as in a serial run:
 
-- ``lab-1`` and ``lab-2``: the tests that use a lab (its ``lab`` marker, or any fixture built on the
-  ``lab`` fixture: provisioned, staged, serving, lab_fault, ...), in two halves of about equal time
-  (``LAB_2`` lists the second's modules). Each worker has a lab of its own (:func:`worker_lab`): the
-  first worker the one ``$FLEETCTL_LAB_DIR``/``$FLEETCTL_LAB_SUBNET`` select, the second one beside
-  it, each brought up, provisioned and staged by the first test that needs it. A half runs on one
-  worker in file order, as in a serial run with the other half's modules left out, so its tests see
-  each other's state (a rollout's tag, a staged set) as they were written to; were both halves put
-  on one worker, they run one after the other on its lab. The unit's modules (``UNIT_MODULES``) run
-  last, on one unit made for them and removed after them (tests/plugins/units.py).
+- ``lab-1``, ``lab-2`` and ``lab-3``: the tests that use a lab (its ``lab`` marker, or any fixture
+  built on the ``lab`` fixture: provisioned, staged, serving, lab_fault, ...), in three parts of
+  about equal time (``LAB_2`` and ``LAB_3`` list theirs; every other lab module is ``lab-1``). Each
+  worker has a lab of its own (:func:`worker_lab`): the first worker the one
+  ``$FLEETCTL_LAB_DIR``/``$FLEETCTL_LAB_SUBNET`` select, the others beside it, each brought up,
+  provisioned and staged by the first test that needs it. A part runs on one worker in file order,
+  as in a serial run with the other parts' modules left out, so its tests see each other's state (a
+  rollout's tag, a staged set) as they were written to; were two parts put on one worker, they run
+  one after the other on its lab. The unit's modules (``UNIT_MODULES``) run last, on one unit made
+  for them and removed after them (tests/plugins/units.py).
 - ``machine``: tests that change this machine itself (they add and remove a real Unix user).
 - ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while).
 
-Everything else is spread over both workers: xdist gives a worker more only when its group is nearly
-done, so the rest goes to whichever half ends first. Only what needs real SSH, Docker and sshd is a
-lab test; the engine's logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The
-groups are set when each test is collected
-(``pytest_itemcollected``), before xdist reads them to place the tests. ``FLEETCTL_TEST_WORKERS=0``
-runs everything in one process, on one lab.
+The lab parts are handed out first, one to each of the first three workers (:class:`LabsFirst`);
+the fourth starts on everything else at once, and xdist gives a lab worker more only when its part
+is nearly done. The labs mostly wait (on loads, soaks, SSH), the rest mostly computes, so the four
+share the machine's two cores. Only what needs real SSH, Docker and sshd is a lab test; the engine's
+logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The groups are set when
+each test is collected (``pytest_itemcollected``), before xdist reads them to place the tests.
+``FLEETCTL_TEST_WORKERS=0`` runs everything in one process, on one lab.
 """
 
 from __future__ import annotations
@@ -46,16 +48,22 @@ pytest_plugins = [
     "tests.plugins.units",
 ]
 
-#: The lab test modules of the second half (``lab-2``), about half of the lab's time: the front
-#: door, the units, the live view and the soak on the lab. Measured (pytest --durations, both
-#: halves at once on one machine) after the engine's cases left the first half for the simulated
-#: fleet: the collection's test moved to the first to even them.
+#: The lab test modules of ``lab-2``: the front door, the units, the live view and the soak on the
+#: lab.
 LAB_2 = (
     "tests/cli/test_live_lab.py",
     "tests/lab/test_units_lab.py",
     "tests/rollout/test_frontdoor_lab.py",
     "tests/rollout/test_unit_rollout_lab.py",
     "tests/soak/test_lab.py",
+)
+
+#: The lab test modules of ``lab-3``: watch --remediate, the known-good gate and the multi-model
+#: fleet, each of which sets up the state it needs on a fresh lab as on one used before.
+LAB_3 = (
+    "tests/remediate/test_remediate_lab.py",
+    "tests/rollout/test_known_good_lab.py",
+    "tests/rollout/test_multi_recipe_lab.py",
 )
 
 
@@ -67,7 +75,8 @@ MACHINE_WIDE = ("tests/test_ssh_access.py",)
 def group_of(item: pytest.Item) -> str | None:
     """The xdist group ``item`` must run in (None: anywhere)."""
     if item.get_closest_marker("lab") is not None or "lab" in getattr(item, "fixturenames", ()):
-        return "lab-2" if item.nodeid.split("::")[0] in LAB_2 else "lab-1"
+        module = item.nodeid.split("::")[0]
+        return "lab-2" if module in LAB_2 else "lab-3" if module in LAB_3 else "lab-1"
     if item.get_closest_marker("vllm") is not None:
         return "vllm"
     if item.nodeid.split("::")[0] in MACHINE_WIDE:
@@ -90,13 +99,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 #: The groups that each need a worker of their own from the start.
-LAB_GROUPS = ("lab-1", "lab-2")
+LAB_GROUPS = ("lab-1", "lab-2", "lab-3")
 
 
 class LabsFirst(OrderedDict[str, Any]):
-    """xdist's queue of work units, handing out the lab halves before anything else: with two
-    workers the first unit each gets is one half, so the halves run beside each other, never one
-    after the other (xdist orders units by size, and a worker that drains early takes the next)."""
+    """xdist's queue of work units, handing out the lab parts before anything else: the first unit
+    each of the first three workers gets is one part, so the parts run beside each other, never
+    one after another on one worker (xdist orders units by size, and a worker that drains early
+    takes the next)."""
 
     def popitem(self, last: bool = True) -> tuple[str, Any]:
         if not last:
@@ -120,9 +130,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 def worker_lab(worker: str, environ: dict[str, str] | os._Environ[str]) -> dict[str, str]:
     """The lab settings of xdist worker ``worker`` (``gw0``, ``gw1``, ...): none for the first (the
-    lab the environment selects), and for worker k a directory beside it and a subnet 128 /24s away
-    (the fresh-lab
-    test takes 10.78.200-254, helpers' labs count up from 10.78.1)."""
+    lab the environment selects), and for worker k a directory beside it and a subnet 64 * k /24s
+    away (the default's are 10.78.64, .128 and .192: the fresh-lab test takes 10.78.200-254,
+    helpers' labs count up from 10.78.1)."""
     k = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
     if k == 0:
         return {}
@@ -131,7 +141,7 @@ def worker_lab(worker: str, environ: dict[str, str] | os._Environ[str]) -> dict[
 
     base = ipaddress.IPv4Network(environ.get("FLEETCTL_LAB_SUBNET", DEFAULT_SUBNET))
     octets = str(base.network_address).split(".")
-    octets[2] = str((int(octets[2]) + 128 * k) % 256)
+    octets[2] = str((int(octets[2]) + 64 * k) % 256)
     return {"FLEETCTL_LAB_DIR": f"{paths.lab_dir()}-{worker}",
             "FLEETCTL_LAB_SUBNET": f"{'.'.join(octets)}/{base.prefixlen}"}
 

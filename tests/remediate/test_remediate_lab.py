@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -54,19 +55,43 @@ def door(serving: Any) -> Iterator[LabFrontDoor]:
 
 
 def _watch(host: str, duration: int, events: Path, *extra: str, interval: int = INTERVAL,
-           env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """`fleetctl watch --remediate` of one host, to its end; its --json result and exit code."""
-    out = subprocess.run(
-        [FLEETCTL, "watch", "--limit", host, "--remediate", "--interval", f"{interval}s",
-         "--duration", f"{duration}s", "--events", str(events), "--json", *extra],
-        capture_output=True, text=True, timeout=duration + 400,
-        env={**os.environ, **(env or {})})
-    assert out.stdout, out.stderr[-2000:]
-    return {"result": json.loads(out.stdout), "stderr": out.stderr, "rc": out.returncode}
+           env: Mapping[str, str] | None = None, until: int | None = None) -> dict[str, Any]:
+    """`fleetctl watch --remediate` of one host; its --json result and exit code. It runs for
+    ``duration`` at most; with ``until``, it is stopped as systemd would stop it (SIGTERM: it ends
+    with its verdicts) once ``until`` remediations are recorded."""
+    out, err = events.with_suffix(".out"), events.with_suffix(".err")
+    with out.open("w") as o, err.open("w") as e:
+        proc = subprocess.Popen(
+            [FLEETCTL, "watch", "--limit", host, "--remediate", "--interval", f"{interval}s",
+             "--duration", f"{duration}s", "--events", str(events), "--json", *extra],
+            stdout=o, stderr=e, text=True, env={**os.environ, **(env or {})})
+        deadline = time.monotonic() + duration + 400
+        while until is not None and proc.poll() is None and time.monotonic() < deadline:
+            if len(_remediations(_events(events, partial=True))) >= until:
+                proc.send_signal(signal.SIGTERM)
+                break
+            time.sleep(1)
+        try:
+            proc.wait(timeout=max(60.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    assert out.read_text(), err.read_text()[-2000:]
+    return {"result": json.loads(out.read_text()), "stderr": err.read_text(), "rc": proc.returncode}
 
 
-def _events(path: Path) -> list[dict[str, Any]]:
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+def _events(path: Path, partial: bool = False) -> list[dict[str, Any]]:
+    """The watch's events; ``partial``: of a file still being written (its last line may be cut,
+    the file not there yet)."""
+    if partial and not path.exists():
+        return []
+    lines = []
+    for x in path.read_text().splitlines():
+        try:
+            lines.append(json.loads(x))
+        except ValueError:
+            if not partial:
+                raise
     return [e for e in lines if "phase" in e]
 
 
@@ -92,7 +117,7 @@ def test_a_wedged_host_under_traffic_is_drained_restarted_regated_and_readmitted
         wedged_at = time.monotonic() - t0
         wedge.apply(host, wedge.WEDGE)
         events = tmp_path / "events.jsonl"
-        w = _watch(host, 3 * INTERVAL + 30, events, "--gate", "2s")
+        w = _watch(host, 3 * INTERVAL + 30, events, "--gate", "2s", until=1)
         time.sleep(3)
     finally:
         sampler.stop.set()
@@ -149,7 +174,7 @@ def test_a_host_that_wedges_after_every_start_is_rolled_back_after_n_restarts(
     events = tmp_path / "events.jsonl"
     # Smoke-only re-gates (--gate 0): each restart's re-gate well inside the 20 s before the
     # engine wedges again (one that found the wedge itself would go straight to the rollback).
-    w = _watch(host, 15 * INTERVAL, events, "--breaker", "2", "--gate", "0")
+    w = _watch(host, 15 * INTERVAL, events, "--breaker", "2", "--gate", "0", until=3)
     rs = [(r["action"], r["result"]) for r in _remediations(_events(events))]
     print(w["stderr"][-4000:])
     assert rs[:3] == [("restart", "healed"), ("restart", "healed"),
@@ -202,7 +227,8 @@ def test_with_no_known_good_a_host_that_wedges_after_every_start_is_parked_and_p
         wedge.apply(host, wedge.AFTER_START, 20)
         sampler.thread.start()
         w = _watch(host, 150, events, "--breaker", "1", "--gate", "0", "--webhook",
-                   f"http://127.0.0.1:{receiver.server_port}/hook", interval=10, env=state)
+                   f"http://127.0.0.1:{receiver.server_port}/hook", interval=10, env=state,
+                   until=2)
         sampler.stop.set()
         sampler.thread.join(10)
         course = sampler.course(host), {n: sampler.course(n) for n in NODES if n != host}

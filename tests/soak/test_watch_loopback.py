@@ -233,3 +233,44 @@ def test_a_breach_a_remediation_healed_passes_as_healed_and_a_parked_host_fails_
     rows = {n: ln for ln in con.export_text().splitlines() for n in ("spark-01", "spark-02")
             if ln.startswith("│ " + n)}
     assert "healed" in rows["spark-01"] and "fail" in rows["spark-02"], rows
+
+
+def test_sigterm_ends_a_long_watch_with_the_verdicts_of_the_time_watched(
+    emulator: Callable[..., Served], tmp_path: Path
+) -> None:
+    """`fleetctl watch` as systemd or a CI job's limit stops it: the first SIGTERM ends the watch
+    after the probe in flight, with its verdicts written and printed (a second one would interrupt
+    at once)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    served = emulator()
+    events = tmp_path / "events.jsonl"
+    proc = subprocess.Popen(
+        [str(Path(sys.executable).with_name("fleetctl")), "watch", "--endpoint",
+         served.target.base_url, "--model", "qwen36-35b-heretic", "--profile", "lab",
+         "--interval", "1s", "--duration", "1h", "--events", str(events), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "FLEETCTL_STATE_DIR": str(tmp_path / "state")})
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and '"interval": 2' not in (
+                events.read_text() if events.exists() else ""):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    doc = json.loads(out)
+    [v] = doc["verdicts"]
+    assert doc["outcome"] == v["outcome"] == "pass" and v["seconds"] < 600, v
+    assert "SIGTERM: ending the watch" in err
+    lines = [json.loads(x) for x in events.read_text().splitlines() if x.strip()]
+    assert any(e.get("phase") == "done" for e in lines)

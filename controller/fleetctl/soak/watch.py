@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,7 @@ from fleetctl.soak.checks.judge import decide, ms, pct
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.phases.summary import summarize
+from fleetctl.soak.stopping import stop_on_signals
 from fleetctl.soak.traffic import Traffic, traffic
 from fleetctl.soak.verdict import (
     CheckResult,
@@ -570,17 +572,13 @@ def _remediation(h: _Host) -> CheckResult:
 
 async def _watch_host(
     h: _Host,
-    s: WatchSettings,
-    sem: asyncio.Semaphore,
-    end: float,
-    progress: Progress,
-    on_breach: OnBreach | None,
-    remedy: Remedy | None = None,
+    s: WatchSettings, sem: asyncio.Semaphore, end: float, progress: Progress,
+    on_breach: OnBreach | None, remedy: Remedy | None = None, stop: asyncio.Event | None = None,
 ) -> None:
-    i = 0
+    i, stop = 0, stop or asyncio.Event()
     while True:
         tick = time.monotonic()
-        if tick >= end:
+        if tick >= end or stop.is_set():
             return
         async with sem:
             try:
@@ -601,7 +599,9 @@ async def _watch_host(
             if fresh:
                 h.fresh_start()
         i += 1
-        await asyncio.sleep(max(0.0, min(tick + s.interval, end) - time.monotonic()))
+        with contextlib.suppress(TimeoutError):  # the next interval, or a stop asked before it
+            await asyncio.wait_for(stop.wait(), max(0.0, min(tick + s.interval, end)
+                                                    - time.monotonic()))
 
 
 def run_watch(targets: Sequence[WatchTarget], settings: WatchSettings, progress: Progress = NULL,
@@ -627,9 +627,10 @@ def run_watch(targets: Sequence[WatchTarget], settings: WatchSettings, progress:
     async def go() -> None:
         sem = asyncio.Semaphore(max(1, settings.parallel))
         end = time.monotonic() + settings.duration
-        await asyncio.gather(
-            *(_watch_host(h, settings, sem, end, progress, on_breach, remedy) for h in hosts)
-        )
+        with stop_on_signals(progress, "ending the watch after the probes and remediations in "
+                             "flight, with verdicts of the time watched") as stop:
+            await asyncio.gather(*(_watch_host(h, settings, sem, end, progress, on_breach, remedy,
+                                               stop) for h in hosts))
 
     try:
         asyncio.run(go())
