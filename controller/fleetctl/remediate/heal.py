@@ -396,18 +396,18 @@ class Remediator:
     def _park(self, rid: str, h: Host, members: tuple[str, ...], check: str, cause: str,
               why: str, t0: float) -> Remediation:
         """Leave the host out of rotation with the reason; page."""
-        reason = f"{PARKED_REASON}: {why}"
         door = self.s.door
         if door is not None:
-            self.eng.ledger.mark_out(h.name, rid, reason[:500], {})
+            self.eng.ledger.mark_out(h.name, rid, f"{PARKED_REASON}: {why}"[:500], {})
             try:
                 door.drain(h)
             except FleetError as e:
-                reason += f" (the door did not drain it: {e.cause})"
+                why += f" (the door did not drain it: {e.cause})"
+        # The ledger's reason says "parked: ..." (how a later watch knows it); the result says it.
         with self._mu:
-            self.st.parked[h.name] = reason
-        self.record.step(rid, [h.name], "parked", reason)
-        return self._page(self._end(rid, Remediation(h.name, check, cause, PARK, PARKED, reason,
+            self.st.parked[h.name] = f"{PARKED_REASON}: {why}"
+        self.record.step(rid, [h.name], "parked", f"{PARKED_REASON}: {why}")
+        return self._page(self._end(rid, Remediation(h.name, check, cause, PARK, PARKED, why,
                                                      rid, time.monotonic() - t0, members)))
 
     # -- records and pages ---------------------------------------------------------------------
