@@ -26,11 +26,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from fleetctl.errors import FleetError, LockedError
+from fleetctl.errors import FleetError, LockedError, RecipeError
 from fleetctl.frontdoor.drain import wait_drained
-from fleetctl.inventory import Host
+from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
-from fleetctl.recipes import Recipe
+from fleetctl.recipes import Recipe, configured_recipe
 from fleetctl.remediate.breaker import Breaker
 from fleetctl.remediate.policy import REMEDIABLE, Policy
 from fleetctl.remediate.record import KIND, REMEDIATING, Record
@@ -200,8 +200,9 @@ class Remediator:
         return self._escalate(rid, h, members, check, cause, f"resumed: {why}", t0)
 
     def _recipe(self, h: Host) -> Recipe:
-        """The host's recipe (read once per recipe: the watch may run for days)."""
-        name = h.vars.get("fleetctl_recipe")
+        """The recipe the host is configured to serve (a unit member: its unit's), read once per
+        recipe: the watch may run for days."""
+        name = _configured(self.inv, h)
         r = self._recipes.get(name)
         if r is None:
             r = self._recipes[name] = self.eng.recipe(name)
@@ -236,9 +237,8 @@ class Remediator:
                     f"remediations in {policy.window:.0f}s (watch.recipe_breaker "
                     f"{policy.recipe_breaker}); a person should look at the fleet")
         # Every host of the recipe counts, watched or not (an unwatched one serves too).
-        pool = [n for n, x in self.inv.hosts.items()
-                if x.vars.get("fleetctl_recipe") ==
-                self.inv.hosts[members[0]].vars.get("fleetctl_recipe")]
+        mine = _configured(self.inv, self.inv.hosts[members[0]])
+        pool = [n for n, x in self.inv.hosts.items() if _configured(self.inv, x) == mine]
         out = set(self.eng.ledger.out_of_rotation()) | set(self.st.parked) | self.st.busy
         left = [n for n in pool if n not in out and n not in members]
         floor = policy.floor_of(len(pool))
@@ -435,3 +435,10 @@ class Remediator:
         self.progress(Event(phase, message, host=where, data=data))
 
 
+def _configured(inv: Inventory, h: Host) -> str | None:
+    """The recipe ``h`` is configured to serve (None: no fleetctl_recipe anywhere, the engine's
+    default then)."""
+    try:
+        return configured_recipe(inv, h)
+    except RecipeError:
+        return None
