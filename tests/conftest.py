@@ -15,12 +15,14 @@ file order, as in a serial run:
   one after the other on its lab. The unit's modules (``UNIT_MODULES``) run last, on one unit made
   for them and removed after them (tests/plugins/units.py).
 - ``machine``: tests that change this machine itself (they add and remove a real Unix user).
-- ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while).
+- ``vllm``: the real vLLM conformance test (it needs both cores for itself for a while), handed
+  out after everything else.
 
 The lab parts are handed out first, one to each of the first three workers (:class:`LabsFirst`);
 the fourth starts on everything else at once, and xdist gives a lab worker more only when its part
 is nearly done. The labs mostly wait (on loads, soaks, SSH), the rest mostly computes, so the four
-share the machine's two cores. Only what needs real SSH, Docker and sshd is a lab test; the engine's
+share the machine's two cores; the labs' setups (up, provisioned, staged, first deployed), which
+compute, take turns (``one_setup_at_a_time`` in tests/plugins/lab.py). Only what needs real SSH, Docker and sshd is a lab test; the engine's
 logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The groups are set when
 each test is collected (``pytest_itemcollected``), before xdist reads them to place the tests.
 ``FLEETCTL_TEST_WORKERS=0`` runs everything in one process, on one lab.
@@ -100,19 +102,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 #: The groups that each need a worker of their own from the start.
 LAB_GROUPS = ("lab-1", "lab-2", "lab-3")
+#: The groups handed out after every other unit: the real vLLM needs both cores for a while, which
+#: the labs' setups (one after another, tests/plugins/lab.py) need at the start.
+LATE_GROUPS = ("vllm",)
 
 
 class LabsFirst(OrderedDict[str, Any]):
-    """xdist's queue of work units, handing out the lab parts before anything else: the first unit
-    each of the first three workers gets is one part, so the parts run beside each other, never
-    one after another on one worker (xdist orders units by size, and a worker that drains early
-    takes the next)."""
+    """xdist's queue of work units, handing out the lab parts before anything else and the late
+    groups after everything else: the first unit each of the first three workers gets is one
+    part, so the parts run beside each other, never one after another on one worker (xdist orders
+    units by size, and a worker that drains early takes the next)."""
 
     def popitem(self, last: bool = True) -> tuple[str, Any]:
         if not last:
             for group in LAB_GROUPS:
                 if group in self:
                     return group, self.pop(group)
+            for key in self:  # the late groups after everything else
+                if key not in LATE_GROUPS:
+                    return key, self.pop(key)
         return super().popitem(last)
 
 

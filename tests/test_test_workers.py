@@ -48,13 +48,14 @@ def test_the_unit_modules_exist_and_run_last() -> None:
 
 def test_the_lab_parts_are_handed_out_first_whatever_their_size() -> None:
     """xdist orders its units by size and gives each worker the next: the three parts go first, so
-    three workers start one each, never one worker two."""
+    three workers start one each, never one worker two; the real vLLM's test goes last."""
     from tests.conftest import LabsFirst
 
     queue = LabsFirst()
-    for scope in ("tests/a.py::big", "lab-2", "machine", "lab-3", "lab-1", "tests/b.py::small"):
+    for scope in ("tests/a.py::big", "vllm", "lab-2", "machine", "lab-3", "lab-1",
+                  "tests/b.py::small"):
         queue[scope] = {scope: False}
     handed = [queue.popitem(last=False)[0] for _ in range(len(queue))]
     assert handed == ["lab-1", "lab-2", "lab-3", "tests/a.py::big", "machine",
-                      "tests/b.py::small"]
+                      "tests/b.py::small", "vllm"]
 

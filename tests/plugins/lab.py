@@ -8,9 +8,12 @@ this session brought up is taken down at the end unless ``FLEETCTL_KEEP_LAB=1``.
 
 from __future__ import annotations
 
+import fcntl
 import os
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,6 +25,20 @@ from fleetctl.lab import layout
 LAB_NODES = 4
 
 
+@contextmanager
+def one_setup_at_a_time() -> Iterator[None]:
+    """Hold the machine-wide lock under which a test session's lab is brought up, provisioned,
+    staged or first deployed. The suite's three labs did all of it at once on two cores, beside
+    the other tests: their nodes' sshd answered too late (banner exchanges timed out through the
+    bastion) and a lab's staging failed on every node. What follows the setup mostly waits."""
+    with (Path(tempfile.gettempdir()) / "fleetctl-test-lab-setup.lock").open("a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="session")
 def lab() -> Iterator[fleetlab.LabStatus]:
     """The lab with at least 4 nodes, up (brought up if needed, once per session)."""
@@ -31,9 +48,10 @@ def lab() -> Iterator[fleetlab.LabStatus]:
     before = fleetlab.status()
     started = False
     if not before.up or len(before.nodes) < LAB_NODES:
-        fleetlab.up(
-            nodes=max(LAB_NODES, len(before.nodes)), units=len(before.units)
-        )  # its units kept
+        with one_setup_at_a_time():
+            fleetlab.up(
+                nodes=max(LAB_NODES, len(before.nodes)), units=len(before.units)
+            )  # its units kept
         started = not before.up
     # A session killed inside a fault block leaves the fault behind: start healthy.
     for node in fleetlab.status().nodes:

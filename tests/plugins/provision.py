@@ -13,6 +13,7 @@ from fleetctl import inventory as inv
 from fleetctl import lab as fleetlab
 from fleetctl.ansible import PlaybookResult
 from fleetctl.provision import provision
+from tests.plugins.lab import one_setup_at_a_time
 
 
 @pytest.fixture(scope="session")
@@ -25,7 +26,8 @@ def provisioned(lab: fleetlab.LabStatus) -> PlaybookResult:
             "no healthy lab node to provision: "
             f"{[(n.name, n.state, dict(n.faults)) for n in lab.nodes]}"
         )
-    result = provision(inv.load(lab.inventory), limit=",".join(healthy))
+    with one_setup_at_a_time():
+        result = provision(inv.load(lab.inventory), limit=",".join(healthy))
     if not result.ok:
         problems = "; ".join(
             f"{n}: {h.status}: {h.message}" for n, h in result.hosts.items() if not h.succeeded

@@ -18,6 +18,7 @@ from fleetctl.progress import NULL, Progress
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from tests.plugins.lab import one_setup_at_a_time
 
 #: The version the fleet serves at the start of every rollout test.
 BASE_TAG = "v0.23.0"
@@ -61,25 +62,26 @@ def serving(staged: Any) -> RolloutResult:
     """
     del staged
     eng = engine()
-    try:
-        hosts = list(eng.inv.hosts.values())
-        serving_now = [
-            h
-            for h in hosts
-            if (s := remote.inspect(h, remote.container_name(h))) is not None and s.running
-        ]
-        if serving_now:
-            # The inventory's recipe, named: the ledger's last run may be another's (a unit's on
-            # its own recipe, when this worker ran the lab's other half first).
-            r = eng.rollback(
-                to=BASE_TAG, max_unavailable="100%", recipe_name=eng.recipe(None).name
-            )
-        else:
-            r = eng.rollout(
-                Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK)
-            )
-    finally:
-        eng.close()
-        ssh.close_all()
+    with one_setup_at_a_time():
+        try:
+            hosts = list(eng.inv.hosts.values())
+            serving_now = [
+                h
+                for h in hosts
+                if (s := remote.inspect(h, remote.container_name(h))) is not None and s.running
+            ]
+            if serving_now:
+                # The inventory's recipe, named: the ledger's last run may be another's (a unit's on
+                # its own recipe, when this worker ran the lab's other half first).
+                r = eng.rollback(
+                    to=BASE_TAG, max_unavailable="100%", recipe_name=eng.recipe(None).name
+                )
+            else:
+                r = eng.rollout(
+                    Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK)
+                )
+        finally:
+            eng.close()
+            ssh.close_all()
     assert r.status == "completed", f"putting {BASE_TAG} on every node failed: {r.error}"
     return r
