@@ -22,9 +22,10 @@ The lab parts are handed out first, one to each of the first three workers (:cla
 the fourth starts on everything else at once, and xdist gives a lab worker more only when its part
 is nearly done. The labs mostly wait (on loads, soaks, SSH), the rest mostly computes, so the four
 share the machine's two cores; the labs' setups (up, provisioned, staged, first deployed), which
-compute, take turns (``one_setup_at_a_time`` in tests/plugins/lab.py). Only what needs real SSH, Docker and sshd is a lab test; the engine's
-logic runs on the simulated fleet (tests/rollout/sim.py) or on loopback. The groups are set when
-each test is collected (``pytest_itemcollected``), before xdist reads them to place the tests.
+compute, take turns (``one_setup_at_a_time`` in tests/plugins/lab.py). Only what needs real SSH,
+Docker and sshd is a lab test; the engine's logic runs on the simulated fleet
+(tests/rollout/sim.py) or on loopback. The groups are set when each test is collected
+(``pytest_itemcollected``), before xdist reads them to place the tests.
 ``FLEETCTL_TEST_WORKERS=0`` runs everything in one process, on one lab.
 """
 
