@@ -46,6 +46,9 @@ class Resume:
             run.held = s.hold(rec.id, rec.kind, [s.inv.host(h.host) for h in rec.hosts])
             if rec.kind == "rollback":
                 run.groups.extend(self.rollback.groups(rec))
+                # the run it undoes, left active when the rollback was killed before marking it
+                for undone in self.rollback.active_chain(rec.parent):
+                    s.ledger.set_status(undone, fleet_ledger.ABORTED, f"undone by {rec.id}")
                 s.ledger.set_status(rec.id, fleet_ledger.RUNNING)
                 run.hook = s.webhook(rec.id, opts.webhook)
                 try:

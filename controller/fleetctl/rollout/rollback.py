@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,9 @@ from fleetctl.state import ledger as fleet_ledger
 Confirm = Callable[[Mapping[str, str | None]], None]
 #: A host's rollback target: tag, digest, pull reference.
 Target = tuple[str | None, str, str]
+#: How far up its parents an abort looks for what a host served before (each one a rollback that
+#: was itself interrupted before it looked at the host).
+MAX_PARENTS = 8
 
 
 @dataclass
@@ -124,8 +127,8 @@ class Rollback:
             if confirm is not None and names:
                 confirm({n: choice.targets[n][0] for n in names})
             self._record(run, choice, names, current, to, max_unavailable, min_available, parent)
-            if active is not None:
-                s.ledger.set_status(active.id, fleet_ledger.ABORTED, f"undone by {rid}")
+            for undone in self.active_chain(active.id if active else None):
+                s.ledger.set_status(undone, fleet_ledger.ABORTED, f"undone by {rid}")
             run.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
             return self.run(run)
         finally:
@@ -133,6 +136,22 @@ class Rollback:
                 run.hook.close()
             run.release()
             s.ledger.release(rid)
+
+    def active_chain(self, rid: str | None) -> list[str]:
+        """Record ``rid`` and its parents, while they are active: a rollback killed before it
+        marked the run it undoes aborted leaves both active, and whatever finishes it undoes
+        both."""
+        out: list[str] = []
+        while rid is not None and len(out) < MAX_PARENTS:
+            try:
+                rec = self.s.ledger.get(rid)
+            except FleetError:
+                break  # pruned from the ledger
+            if rec.status not in fleet_ledger.ACTIVE:
+                break
+            out.append(rec.id)
+            rid = rec.parent
+        return out
 
     def _look(self, selected: Sequence[str]) -> dict[str, remote.Container | None]:
         """What each selected host serves now; refused when one cannot be looked at."""
@@ -204,7 +223,7 @@ class Rollback:
                 pinned: bool = False) -> tuple[str | None, str] | None:
         """An abort's target of ``n``: what it served before ``aborted`` changed it (None:
         skipped), with the recipe it served it with (unless ``pinned`` by --recipe)."""
-        hr = aborted.host(n)
+        hr = self._changed_by(aborted, n)
         if hr is not None and hr.before_recipe and not pinned:
             c.recipes[n] = hr.before_recipe
         if hr is None or hr.status == fleet_ledger.SKIPPED:
@@ -219,6 +238,33 @@ class Rollback:
             c.skips[n] = f"already there (serving {hr.before_tag})"
             return None
         return hr.before_tag, hr.before_digest
+
+    def _changed_by(self, aborted: fleet_ledger.RolloutRecord,
+                    n: str) -> fleet_ledger.HostRecord | None:
+        """``n``'s row in ``aborted``; for a rollback whose rows of ``n``'s slot (``n``, or every
+        member of its unit) hold no one previous version (killed before it looked at a member, or a
+        member served nothing then), the rows of the record it undid, up its parents: what the slot
+        served before that chain changed it. A rollback killed before its first step would else
+        leave every host as the run it undid left them (a unit's head down, its worker on the new
+        tag) and report its abort completed."""
+        unit = self.s.inv.unit_of(n)
+        names = unit.members if unit is not None else (n,)
+        rows = {m: aborted.host(m) for m in names}
+        rec = aborted
+        for _ in range(MAX_PARENTS):
+            if (rec.kind != "rollback" or not rec.parent or _one_before(rows.values())
+                    or any(r is not None and r.status == fleet_ledger.SKIPPED
+                           for r in rows.values())):
+                break
+            try:
+                rec = self.s.ledger.get(rec.parent)
+            except FleetError:
+                break  # pruned from the ledger
+            up = {m: rec.host(m) for m in names}
+            if _one_before(up.values()):
+                rows = up
+                break
+        return rows[n]
 
     def _known(self, c: Choice, n: str, serving: tuple[str | None, str | None] | None,
                pinned: bool = False) -> tuple[str | None, str] | None:
@@ -509,3 +555,11 @@ class Rollback:
             self.s.ledger.release(None)
             self.s.take_over = True
         return self.rollback(webhook=webhook, only_active=True, confirm=confirm)
+
+
+def _one_before(rows: Iterable[fleet_ledger.HostRecord | None]) -> bool:
+    """Every row there, changed by its run, with one previous version (a unit's members go back
+    together)."""
+    rs = list(rows)
+    return (all(r is not None and r.status != fleet_ledger.SKIPPED and r.before_digest for r in rs)
+            and len({r.before_digest for r in rs if r is not None}) == 1)
