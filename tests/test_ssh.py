@@ -86,6 +86,9 @@ class _SshServer:
             f"[127.0.0.1]:{self.port} {host_key.get_name()} {host_key.get_base64()}\n")
         self.silent = threading.Event()
         self.transports: list[paramiko.Transport] = []
+        #: Connections to drop as an overloaded sshd does (MaxStartups): at once, or after its
+        #: banner.
+        self.drop: list[str] = []
 
         def serve() -> None:
             while True:
@@ -93,6 +96,12 @@ class _SshServer:
                     sock, _ = self.listener.accept()
                 except OSError:
                     return
+                if self.drop:
+                    if self.drop.pop(0) == "after-banner":
+                        sock.sendall(b"SSH-2.0-OpenSSH_9.2p1\r\n")
+                        sock.recv(4096)
+                    sock.close()
+                    continue
                 t = paramiko.Transport(sock)
                 t.add_server_key(host_key)
                 t.start_server(server=_Server(self.silent))
@@ -128,6 +137,28 @@ def test_a_pooled_connection_that_stops_opening_channels_is_replaced(
         r = ssh.run(host, "second", timeout=10)
         assert (r.rc, r.stdout) == (0, "ran: second")
         assert len(srv.transports) == 2, "the command ran on a new connection"
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("how", ["at-once", "after-banner"])
+def test_a_connection_an_overloaded_sshd_drops_in_its_handshake_is_tried_again(
+        tmp_path: pathlib.Path, how: str) -> None:
+    """An sshd over its MaxStartups (a bastion in front of a busy fleet) drops new connections
+    before or during the handshake: fleetctl tries again, a few times, instead of failing the host
+    (a lab bastion under load failed a whole rollback with "No existing session")."""
+    srv = _SshServer(tmp_path)
+    srv.drop = [how, how]
+    try:
+        r = ssh.run(srv.host(), "after two drops", timeout=10)
+        assert (r.rc, r.stdout) == (0, "ran: after two drops")
+        assert srv.drop == [] and len(srv.transports) == 1
+        srv.drop = [how] * 5  # more than it tries: the host's error names the cause
+        ssh.close_all()
+        with pytest.raises(FleetError) as e:
+            ssh.run(srv.host("v"), "never", timeout=10)
+        assert e.value.host == "node-v" and str(srv.port) in e.value.cause, e.value.message()
+        assert ("handshake (3 tries)" in e.value.cause or "banner" in e.value.cause), e.value.cause
     finally:
         srv.close()
 

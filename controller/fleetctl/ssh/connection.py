@@ -159,12 +159,7 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
     c.client.load_host_keys(str(known))
     c.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     try:
-        try:
-            c.open()
-        except BaseException:
-            # paramiko leaves the transport of a refused connect running (e.g. after a bad host key)
-            c.client.close()
-            raise
+        _open(c)
     except paramiko.BadHostKeyException:
         raise FleetError(
             f"host key of {what} does not match {known}",
@@ -197,11 +192,51 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             host=host.name,
             fix="check that sshd runs and the key is authorised",
         ) from None
-    except (TimeoutError, OSError, EOFError) as e:
+    except (EOFError, ConnectionResetError):
         raise HostUnreachable(
-            f"cannot reach {what}{via} over SSH ({e or type(e).__name__})",
+            f"{what}{via} closed every SSH connection in its handshake ({HANDSHAKE_TRIES} tries)",
+            host=host.name,
+            fix="check the host's sshd (its MaxStartups when many connect at once, or that an "
+                "SSH server listens on that port)",
+        ) from None
+    except (TimeoutError, OSError) as e:
+        raise HostUnreachable(
+            f"cannot reach {what}{via} over SSH ({str(e) or type(e).__name__})",
             host=host.name,
             fix="check that the host is up and on the network, or leave it out with --limit "
                 "'!NAME'",
         ) from None
     return c
+
+
+#: Tries of a connection that the server drops before its handshake ends, and the pause before
+#: the next (times the try's number).
+HANDSHAKE_TRIES, HANDSHAKE_PAUSE = 3, 0.5
+
+
+def _open(c: fabric.Connection) -> None:
+    """Open ``c``; a connection dropped in its handshake is tried again (:data:`HANDSHAKE_TRIES`
+    in all). An sshd over its MaxStartups, as a bastion in front of a busy fleet is, drops new
+    connections before or during the key exchange at random: that says nothing about the host.
+    A refused or timed-out connect, a host key or a login refused is not tried again."""
+    for n in range(1, HANDSHAKE_TRIES + 1):
+        try:
+            c.open()
+            return
+        except BaseException as e:
+            # paramiko leaves the transport of a refused connect running (e.g. after a bad host key)
+            c.client.close()
+            if n == HANDSHAKE_TRIES or not _dropped_in_handshake(e):
+                raise
+        time.sleep(HANDSHAKE_PAUSE * n)
+
+
+def _dropped_in_handshake(e: BaseException) -> bool:
+    """The server closed the connection before the handshake ended (no timeout, no refusal)."""
+    if isinstance(e, EOFError | ConnectionResetError):
+        return True
+    text = str(e)
+    return isinstance(e, paramiko.SSHException) and not isinstance(
+        e, paramiko.BadHostKeyException | paramiko.AuthenticationException) and (
+        "No existing session" in text
+        or ("Error reading SSH protocol banner" in text and "timed out" not in text.lower()))
