@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything and runs the whole test suite: lint, types, unit and lab integration tests.
-# Extra arguments go to pytest (e.g. `-m "not vllm"` or `-k soak`). Four pytest-xdist workers: the lab's tests
-# in three parts, each in order on a lab of its own, beside the rest (tests/conftest.py);
+# Extra arguments go to pytest (e.g. `-m "not vllm"` or `-k soak`). Five pytest-xdist workers: the lab's tests
+# in four parts, each in order on a lab of its own, beside the rest (tests/conftest.py);
 # FLEETCTL_TEST_WORKERS=0 runs in one process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +42,6 @@ echo "== ruff"; ruff check controller tests bench roles
 echo "== mypy"; mypy
 echo "== pytest"
 rc=0
-pytest -n "${FLEETCTL_TEST_WORKERS:-4}" --dist loadgroup "$@" || rc=$?
+pytest -n "${FLEETCTL_TEST_WORKERS:-5}" --dist loadgroup "$@" || rc=$?
 # pytest's 5 means it collected nothing: a suite that ran no test has not passed.
 exit $rc

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -25,18 +26,35 @@ from fleetctl.lab import layout
 LAB_NODES = 4
 
 
+#: Test labs that may be set up at once on this machine (tests/conftest.py runs four labs).
+SETUP_SLOTS = 2
+
+
 @contextmanager
-def one_setup_at_a_time() -> Iterator[None]:
-    """Hold the machine-wide lock under which a test session's lab is brought up, provisioned,
-    staged or first deployed. The suite's three labs did all of it at once on two cores, beside
-    the other tests: their nodes' sshd answered too late (banner exchanges timed out through the
-    bastion) and a lab's staging failed on every node. What follows the setup mostly waits."""
-    with (Path(tempfile.gettempdir()) / "fleetctl-test-lab-setup.lock").open("a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+def setup_slot() -> Iterator[None]:
+    """Hold one of the machine-wide slots (:data:`SETUP_SLOTS`) under which a test session's lab
+    is brought up, provisioned, staged or first deployed. Three labs did all of it at once on two
+    cores, beside the other tests: their nodes' sshd answered too late (banner exchanges timed out
+    through the bastion) and a lab's staging failed on every node. What follows the setup mostly
+    waits."""
+    slots = [(Path(tempfile.gettempdir()) / f"fleetctl-test-lab-setup-{i}.lock").open("a")
+             for i in range(SETUP_SLOTS)]
+    try:
+        while True:
+            for f in slots:
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue
+                try:
+                    yield
+                    return
+                finally:
+                    fcntl.flock(f, fcntl.LOCK_UN)
+            time.sleep(0.5)
+    finally:
+        for f in slots:
+            f.close()
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +66,7 @@ def lab() -> Iterator[fleetlab.LabStatus]:
     before = fleetlab.status()
     started = False
     if not before.up or len(before.nodes) < LAB_NODES:
-        with one_setup_at_a_time():
+        with setup_slot():
             fleetlab.up(
                 nodes=max(LAB_NODES, len(before.nodes)), units=len(before.units)
             )  # its units kept

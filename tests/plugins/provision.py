@@ -13,7 +13,7 @@ from fleetctl import inventory as inv
 from fleetctl import lab as fleetlab
 from fleetctl.ansible import PlaybookResult
 from fleetctl.provision import provision
-from tests.plugins.lab import one_setup_at_a_time
+from tests.plugins.lab import setup_slot
 
 
 @pytest.fixture(scope="session")
@@ -26,7 +26,7 @@ def provisioned(lab: fleetlab.LabStatus) -> PlaybookResult:
             "no healthy lab node to provision: "
             f"{[(n.name, n.state, dict(n.faults)) for n in lab.nodes]}"
         )
-    with one_setup_at_a_time():
+    with setup_slot():
         result = provision(inv.load(lab.inventory), limit=",".join(healthy))
     if not result.ok:
         problems = "; ".join(

@@ -18,7 +18,7 @@ from fleetctl.progress import NULL, Progress
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
-from tests.plugins.lab import one_setup_at_a_time
+from tests.plugins.lab import setup_slot
 
 #: The version the fleet serves at the start of every rollout test.
 BASE_TAG = "v0.23.0"
@@ -62,7 +62,7 @@ def serving(staged: Any) -> RolloutResult:
     """
     del staged
     eng = engine()
-    with one_setup_at_a_time():
+    with setup_slot():
         try:
             hosts = list(eng.inv.hosts.values())
             serving_now = [

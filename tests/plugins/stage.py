@@ -10,7 +10,7 @@ import pytest
 from fleetctl import inventory, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.stage import StageResult, stage
-from tests.plugins.lab import one_setup_at_a_time
+from tests.plugins.lab import setup_slot
 
 
 @pytest.fixture(scope="session")
@@ -22,7 +22,7 @@ def staged(request: pytest.FixtureRequest, lab: fleetlab.LabStatus) -> StageResu
         request.getfixturevalue("provisioned")
     running = [n.name for n in fleetlab.status().nodes if n.state == "running"]
     assert running, "no running lab node to stage weights on"
-    with one_setup_at_a_time():
+    with setup_slot():
         result = stage(inventory.load(lab.inventory), limit=",".join(running))
     ssh.close_all()
     assert result.ok, "; ".join(f"{h.name}: {h.message}" for h in result.hosts.values() if not h.ok)
