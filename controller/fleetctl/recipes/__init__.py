@@ -20,6 +20,7 @@ public names stay reachable here (``recipes.Recipe``, ``recipes.STAGED_MARKER``)
 from __future__ import annotations
 
 import functools
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -112,7 +113,7 @@ def recipes_source(inventory: Inventory) -> Path | None:
             st = f.stat()
         except OSError:
             continue
-        if not f.is_file():
+        if not stat.S_ISREG(st.st_mode):
             continue
         names = _recipe_names(str(f), st.st_mtime_ns, st.st_size)
         if names is None:

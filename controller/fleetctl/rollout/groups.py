@@ -16,12 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from fleetctl.errors import FleetError
-from fleetctl.recipes import configured_recipe, hosts_by_recipe
 from fleetctl.rollout import plan as wave_plan
-
-#: The recipe a host is configured to serve, and hosts grouped by it (one definition, in recipes/).
-configured = configured_recipe
-by_recipe = hosts_by_recipe
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
-from fleetctl.recipes import Recipe
+from fleetctl.recipes import Recipe, configured_recipe, hosts_by_recipe
 from fleetctl.rollout import deploy, gate, groups, rejected
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
@@ -103,7 +103,7 @@ class Preflight:
         if opts.recipe:
             recipe = self.s.recipe(opts.recipe)
             if not opts.limit:
-                hosts = [h for h in hosts if groups.configured(inv, h) == recipe.name]
+                hosts = [h for h in hosts if configured_recipe(inv, h) == recipe.name]
                 if not hosts:
                     raise FleetError(
                         f"no host is configured to serve recipe {recipe.name}",
@@ -116,7 +116,7 @@ class Preflight:
             selected = [Group(recipe, {h.name: h for h in hosts})]
         else:
             selected = []
-            for name, members in groups.by_recipe(inv, unit_plan.whole_units(inv, hosts)).items():
+            for name, members in hosts_by_recipe(inv, unit_plan.whole_units(inv, hosts)).items():
                 recipe = self.s.recipe(name)
                 refuse_multinode_recipe(inv, recipe, [h.name for h in members])
                 selected.append(Group(recipe, {h.name: h for h in members}))
@@ -195,7 +195,7 @@ class Preflight:
                 h = g.hosts[hp.host]
                 serving = f[hp.host].serving
                 sw = groups.switch_of(hp.host, serving.recipe if serving and serving.running
-                                      else None, groups.configured(self.s.inv, h),
+                                      else None, configured_recipe(self.s.inv, h),
                                       self.recipe_of(h, g.recipe).name)
                 if sw is not None and hp.action == "deploy":
                     switches.append(sw)

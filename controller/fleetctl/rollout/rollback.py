@@ -17,8 +17,8 @@ from typing import Any
 from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
-from fleetctl.recipes import Recipe
-from fleetctl.rollout import gate, groups, imagetree
+from fleetctl.recipes import Recipe, configured_recipe
+from fleetctl.rollout import gate, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
@@ -171,10 +171,10 @@ class Rollback:
         """Each selected host's target into ``c``: ``to`` when given, else (an abort) what it served
         before ``aborted``, else the newest known-good that is not what it serves now; and the
         recipe it goes back to: ``recipe_name`` when given, else the one it served that version
-        with when recorded (a model switch undone), else its own (:func:`.groups.configured`)."""
+        with when recorded (a model switch undone), else its own (:func:`.configured_recipe`)."""
         s = self.s
         for n in selected:
-            c.recipes[n] = recipe_name or groups.configured(s.inv, s.inv.host(n))
+            c.recipes[n] = recipe_name or configured_recipe(s.inv, s.inv.host(n))
             cur = current[n]
             serving = (cur.digest, cur.fingerprint) if cur is not None and cur.running else None
             if to:
@@ -205,7 +205,7 @@ class Rollback:
         by: dict[str, dict[str, Host]] = {}
         for n, name in recipes.items():
             h = self.s.inv.host(n)
-            by.setdefault(name or groups.configured(self.s.inv, h), {})[n] = h
+            by.setdefault(name or configured_recipe(self.s.inv, h), {})[n] = h
         out = [Group(self.s.recipe(name), hosts) for name, hosts in by.items()]
         for g in out:
             self.s.check_recipe(g.recipe)

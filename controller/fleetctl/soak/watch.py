@@ -573,9 +573,9 @@ def _remediation(h: _Host) -> CheckResult:
 async def _watch_host(
     h: _Host,
     s: WatchSettings, sem: asyncio.Semaphore, end: float, progress: Progress,
-    on_breach: OnBreach | None, remedy: Remedy | None = None, stop: asyncio.Event | None = None,
+    on_breach: OnBreach | None, remedy: Remedy | None, stop: asyncio.Event,
 ) -> None:
-    i, stop = 0, stop or asyncio.Event()
+    i = 0
     while True:
         tick = time.monotonic()
         if tick >= end or stop.is_set():
