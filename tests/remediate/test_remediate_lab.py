@@ -87,6 +87,8 @@ def _events(path: Path, partial: bool = False) -> list[dict[str, Any]]:
         return []
     lines = []
     for x in path.read_text().splitlines():
+        if not x.strip():
+            continue
         try:
             lines.append(json.loads(x))
         except ValueError:
