@@ -87,8 +87,10 @@ class _SshServer:
         self.silent = threading.Event()
         self.transports: list[paramiko.Transport] = []
         #: Connections to drop as an overloaded sshd does (MaxStartups): at once, or after its
-        #: banner.
+        #: banner; as OpenSSH 9.8+ refuses a penalised address (PerSourcePenalties: a line that is
+        #: no banner, then close); or held open without a banner (an sshd too slow to send one).
         self.drop: list[str] = []
+        self.held: list[socket.socket] = []
 
         def serve() -> None:
             while True:
@@ -97,9 +99,15 @@ class _SshServer:
                 except OSError:
                     return
                 if self.drop:
-                    if self.drop.pop(0) == "after-banner":
+                    how = self.drop.pop(0)
+                    if how == "silent":
+                        self.held.append(sock)
+                        continue
+                    if how == "after-banner":
                         sock.sendall(b"SSH-2.0-OpenSSH_9.2p1\r\n")
                         sock.recv(4096)
+                    elif how == "penalty":
+                        sock.sendall(b"Not allowed at this time\r\n")
                     sock.close()
                     continue
                 t = paramiko.Transport(sock)
@@ -122,6 +130,8 @@ class _SshServer:
     def close(self) -> None:
         ssh.close_all()
         self.listener.close()
+        for held in self.held:
+            held.close()
         for t in self.transports:
             t.close()
 
@@ -141,12 +151,14 @@ def test_a_pooled_connection_that_stops_opening_channels_is_replaced(
         srv.close()
 
 
-@pytest.mark.parametrize("how", ["at-once", "after-banner"])
+@pytest.mark.parametrize("how", ["at-once", "after-banner", "penalty"])
 def test_a_connection_an_overloaded_sshd_drops_in_its_handshake_is_tried_again(
         tmp_path: pathlib.Path, how: str) -> None:
     """An sshd over its MaxStartups (a bastion in front of a busy fleet) drops new connections
-    before or during the handshake: fleetctl tries again, a few times, instead of failing the host
-    (a lab bastion under load failed a whole rollback with "No existing session")."""
+    before or during the handshake, and OpenSSH 9.8+ refuses an address for a while after it made
+    connections that never authenticated (PerSourcePenalties): fleetctl tries again, a few times,
+    instead of failing the host (a lab bastion under load failed a whole rollback with "No existing
+    session"); when every try is dropped, the error names both causes and the fix."""
     srv = _SshServer(tmp_path)
     srv.drop = [how, how]
     try:
@@ -158,7 +170,25 @@ def test_a_connection_an_overloaded_sshd_drops_in_its_handshake_is_tried_again(
         with pytest.raises(FleetError) as e:
             ssh.run(srv.host("v"), "never", timeout=10)
         assert e.value.host == "node-v" and str(srv.port) in e.value.cause, e.value.message()
-        assert ("handshake (3 tries)" in e.value.cause or "banner" in e.value.cause), e.value.cause
+        assert "handshake (3 tries)" in e.value.cause, e.value.cause
+        assert "PerSourcePenalties" in e.value.cause and "MaxStartups" in e.value.cause
+        assert "PerSourcePenaltyExemptList" in (e.value.fix or "")
+    finally:
+        srv.close()
+
+
+def test_a_banner_that_times_out_is_not_tried_again(tmp_path: pathlib.Path) -> None:
+    """paramiko words a banner timeout as it words a dropped connection: a timeout is not a drop,
+    so it is reported once as what it is, not tried again three times."""
+    srv = _SshServer(tmp_path)
+    srv.drop = ["silent"] * 3
+    try:
+        host = srv.host()
+        with pytest.raises(FleetError) as e:
+            connection.connect(host, host.hop(), None, 0.5)
+        assert srv.drop == ["silent", "silent"], "one try only"
+        assert "PerSourcePenalties" not in e.value.cause, e.value.cause
+        assert "banner" in e.value.cause, e.value.cause
     finally:
         srv.close()
 

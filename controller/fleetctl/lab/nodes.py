@@ -114,6 +114,7 @@ def create(layout: Layout, engine: Dockerd, index: int, image: str) -> None:
         **acc.env(),
         "FLEETCTL_LAB_ROLE": "node",
         "FLEETCTL_LAB_DENY_SSH_FROM": layout.gateway,
+        "FLEETCTL_LAB_SSH_ROUTE": layout.bastion_address,
     }.items():
         extra += ["-e", f"{k}={v}"]
     _run(layout, engine, name, layout.node_address(index), image, [
@@ -131,7 +132,7 @@ def create_bastion(layout: Layout, engine: Dockerd, image: str) -> None:
         layout.bastion_name,
         layout.bastion_address,
         image,
-        ["-e", "FLEETCTL_LAB_ROLE=bastion"],
+        ["-e", "FLEETCTL_LAB_ROLE=bastion", "-e", f"FLEETCTL_LAB_SSH_ROUTE={layout.gateway}"],
     )
 
 

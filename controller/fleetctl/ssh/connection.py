@@ -173,6 +173,8 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             fix="check that the host is up and reachable from the jump host",
         ) from None
     except paramiko.SSHException as e:
+        if _dropped_in_handshake(e):
+            raise _dropped(host.name, f"{what}{via}", gateway is not None) from None
         if "No authentication methods available" in str(e):
             raise FleetError(
                 f"no SSH key to log in as {login}{via}: the inventory names no key file, "
@@ -193,12 +195,7 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             fix="check that sshd runs and the key is authorised",
         ) from None
     except (EOFError, ConnectionResetError):
-        raise HostUnreachable(
-            f"{what}{via} closed every SSH connection in its handshake ({HANDSHAKE_TRIES} tries)",
-            host=host.name,
-            fix="check the host's sshd (its MaxStartups when many connect at once, or that an "
-                "SSH server listens on that port)",
-        ) from None
+        raise _dropped(host.name, f"{what}{via}", gateway is not None) from None
     except (TimeoutError, OSError) as e:
         raise HostUnreachable(
             f"cannot reach {what}{via} over SSH ({str(e) or type(e).__name__})",
@@ -232,11 +229,37 @@ def _open(c: fabric.Connection) -> None:
 
 
 def _dropped_in_handshake(e: BaseException) -> bool:
-    """The server closed the connection before the handshake ended (no timeout, no refusal)."""
+    """The server closed the connection before the handshake ended (no timeout, no refusal).
+
+    paramiko words a banner that timed out and one the server never sent alike ("Error reading
+    SSH protocol banner", its socket.timeout has no text): the exception it was raised from tells
+    them apart."""
     if isinstance(e, EOFError | ConnectionResetError):
         return True
+    if not isinstance(e, paramiko.SSHException) or isinstance(
+            e, paramiko.BadHostKeyException | paramiko.AuthenticationException):
+        return False
     text = str(e)
-    return isinstance(e, paramiko.SSHException) and not isinstance(
-        e, paramiko.BadHostKeyException | paramiko.AuthenticationException) and (
-        "No existing session" in text
-        or ("Error reading SSH protocol banner" in text and "timed out" not in text.lower()))
+    if "Error reading SSH protocol banner" in text:
+        return isinstance(e.__context__, EOFError | ConnectionResetError)
+    return "No existing session" in text
+
+
+def _dropped(host: str, what: str, via_jump: bool) -> HostUnreachable:
+    """The error for a host whose sshd closed every try in its handshake.
+
+    Two causes, both of a healthy sshd: new connections over its MaxStartups, and (OpenSSH 9.8 and
+    later) PerSourcePenalties, which refuses an address for a while after it made connections that
+    never authenticated ("Not allowed at this time"). Through a jump host every connection to a
+    host comes from the jump host's one address, so the connections that timed out or were cut
+    while a host was paused or overloaded are counted against the whole fleet's route to it."""
+    src = "the jump host's address" if via_jump else "this controller's address"
+    return HostUnreachable(
+        f"{what} closed every SSH connection in its handshake ({HANDSHAKE_TRIES} tries): its "
+        f"sshd refuses {src} for now (PerSourcePenalties, OpenSSH 9.8+) or is over its "
+        "MaxStartups",
+        host=host,
+        fix=f"exempt {src} on the host ('PerSourcePenaltyExemptList ADDRESS' in sshd_config; "
+            "its sshd log says 'penalty:' when this is the cause), or raise MaxStartups; check "
+            "that an SSH server listens on that port",
+    )

@@ -6,6 +6,8 @@
 #   FLEETCTL_LAB_SUDO          nopasswd | password (from /etc/fleetctl-lab/sudo-password) | none
 #   FLEETCTL_LAB_DOCKER_GROUP  1: the admin user is in the docker group
 #   FLEETCTL_LAB_DENY_SSH_FROM the controller's address, refused on port 22 (reached through the bastion)
+#   FLEETCTL_LAB_SSH_ROUTE     the one address fleetctl's connections come from (a node: the bastion's;
+#                              the bastion: the controller's), exempt from sshd's PerSourcePenalties
 # Host keys are made here, at first start, so that every node has its own.
 set -u
 ROLE=${FLEETCTL_LAB_ROLE:-node}
@@ -47,6 +49,14 @@ PermitRootLogin no
 PasswordAuthentication no
 KbdInteractiveAuthentication no
 EOF
+if [ -n "${FLEETCTL_LAB_SSH_ROUTE:-}" ]; then
+  # OpenSSH 9.8+ refuses an address for a while once its connections that never authenticated add
+  # up (PerSourcePenalties noauth:1 min:15): every connection to a node comes from the bastion's
+  # one address, so the connections a paused or overloaded node left unauthenticated (timed out
+  # by the controller, then accepted from the backlog) shut the whole route to it ("Not allowed at
+  # this time"). docs/security.md says the same for a real fleet behind a jump host.
+  echo "PerSourcePenaltyExemptList $FLEETCTL_LAB_SSH_ROUTE" >> /etc/ssh/sshd_config.d/fleetctl-lab.conf
+fi
 if [ "$ROLE" = bastion ]; then
   # A bastion forwards connections (ProxyJump) and runs nothing else.
   printf 'AllowTcpForwarding yes\nMaxStartups 100:30:200\n' >> /etc/ssh/sshd_config.d/fleetctl-lab.conf
