@@ -14,7 +14,7 @@ from rich.text import Text
 
 from fleetctl import inventory, paths
 from fleetctl.cli import live
-from fleetctl.cli.history import history_json, remediation_cell
+from fleetctl.cli.history import history_json, remediation_cell, what
 from fleetctl.cli.output import (
     Col,
     Ctx,
@@ -493,7 +493,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
         if rollout_id:
             r = recs[0]
             con.print(
-                f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})"
+                f"[bold]{what(r)} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})"
             )
             con.print(
                 f"  by {r.started_by}: {r.command}\n  {when(r.started_at)} .. {when(r.finished_at)}"
@@ -540,7 +540,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                 counts[h.status] = counts.get(h.status, 0) + 1
             rows.append(
                 [
-                    r.kind,
+                    what(r),
                     r.status,
                     r.tag or r.requested or "-",
                     when(r.started_at),
@@ -550,15 +550,17 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                     r.id,
                 ]
             )
-        # The id is whole (an operator copies it into `history ID`) and holds the start time and
-        # the kind (ro-/rb-), so at 80 columns those columns give way first.
+        # The id is whole (an operator copies it into `history ID`) and holds the start time, so
+        # at 80 columns who started it, the start and then the tag give way, and the status is
+        # cut; the kind stays (an id's rb- is a rollback or an abort, and a remediation's cells
+        # read like a rollout's).
         con.print(
             fit_table(
                 con.width,
                 [
-                    Col("kind", drop=1),
-                    "status",
-                    "tag",
+                    "kind",
+                    Col("status", flex=True, min=9),
+                    Col("tag", drop=1, flex=True, min=8),
                     Col("started", drop=2),
                     Col("by", drop=3),
                     Col("hosts", flex=True, min=12),
