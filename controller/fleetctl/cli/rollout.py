@@ -368,7 +368,28 @@ def rollout(
     yes: bool,
     take_over: bool,
 ) -> None:
-    """Roll a tag across the fleet: canary, then waves, each host gated by a soak."""
+    """Roll a tag across the fleet: canary, then waves, each host gated by a soak.
+
+    TAG is resolved to a tag and digest through the registry; every host is preflighted, then the
+    image pulled on all of them in parallel (4 or more hosts needing an image of 512 MB or more:
+    the registry is read once and hosts relay it, fleetctl_image_tree); then canary and waves:
+    stop, start by digest, readiness, soak gate. A host needs a step when its image digest or its
+    container settings (the recipe's fingerprint) differ. Each step restarts as many hosts as the
+    capacity floor allows; the plan shown before confirmation gives the steps and the expected
+    wall time. Any failure after a host's stop restores its previous container first.
+
+    On a fleet serving several models, each host rolls forward on its own recipe (fleetctl_recipe),
+    each recipe's hosts with their own canary, gate, baselines, capacity floor and failure budget;
+    a recipe whose image has no such tag leaves its hosts as they are (asked on a terminal, refused
+    under --yes unless --skip-missing), and a host moved to another model by --recipe is shown as
+    a switch (asked apart, refused under --yes unless --switch-model). With a front door
+    (docs/frontdoor.md), hosts are drained and re-admitted; --bake: docs/watch.md.
+
+    Exits 0 completed; 1 a gate failed (the host rolled back, the rollout stopped); 5 every wave
+    done but some hosts failed within --failure-budget (completed-with-failures); 2 paused (an
+    inconclusive gate, or Ctrl-C, which restores the host being changed first: go on with
+    --resume) or could not run; 4 another operation holds the fleet's lock.
+    """
     if cctx.invoked_subcommand is not None:
         return
     if not tag and not resume:
@@ -482,7 +503,11 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 @json_option
 @pass_ctx
 def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
-    """Every rollout and rollback with its per-host outcome (like `kubectl rollout history`)."""
+    """Every rollout, rollback, abort and remediation with its per-host outcome (like `kubectl
+    rollout history`); with ROLLOUT_ID, each host's phases.
+
+    The kind column says what each record is; rejected digests are listed below the table.
+    """
     inv = inventory.load(ctx.inventory)
     with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
         recs = [led.get(rollout_id)] if rollout_id else led.history(count)
