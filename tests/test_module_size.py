@@ -1,5 +1,5 @@
 """The house stays readable: no module of the controller, and no module the roles ship, over 650
-lines (a file that grows past it is split by concept: see README's Layout)."""
+lines (a file that grows past it is split by concept: see docs/design.md's Layout)."""
 
 from __future__ import annotations
 

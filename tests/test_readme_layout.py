@@ -1,5 +1,6 @@
-"""README.md's Layout names every part of the house: each folder of the repository, each package
-folder of ``controller/fleetctl/`` and each module of its top level on a line of its own, and each
+"""docs/design.md's Layout (the file map, moved there from the README) names every part of the
+house: each folder of the repository, each package folder of ``controller/fleetctl/`` and each
+module of its top level on a line of its own, and each
 module of a subpackage in its folder's lines. A new module or folder fails this test until it is
 given its words.
 
@@ -39,9 +40,9 @@ class Entry:
 
 
 def layout_section(readme: str) -> str:
-    """The indented block(s) of README.md's ``## Layout`` section."""
+    """The indented block(s) of the ``## Layout`` section (docs/design.md's)."""
     m = re.search(r"^## Layout\n(.*?)(?=^## )", readme, re.S | re.M)
-    assert m, "README.md has no '## Layout' section"
+    assert m, "docs/design.md has no '## Layout' section followed by another section"
     return m.group(1)
 
 
@@ -119,8 +120,8 @@ def not_named(root: Path, readme: str) -> list[str]:
 
 
 def test_the_layout_names_every_folder_and_module() -> None:
-    wrong = not_named(ROOT, (ROOT / "README.md").read_text())
-    assert not wrong, "README.md's Layout is not the house as it stands:\n" + "\n".join(wrong)
+    wrong = not_named(ROOT, (ROOT / "docs" / "design.md").read_text())
+    assert not wrong, "docs/design.md's Layout is not the house as it stands:\n" + "\n".join(wrong)
 
 
 def test_the_layout_check_sees_what_is_missing(tmp_path: Path) -> None:

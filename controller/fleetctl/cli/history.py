@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -20,6 +21,7 @@ def history_json(
     return {
         "id": rec.id,
         "kind": rec.kind,
+        "what": what(rec),
         "status": rec.status,
         "recipe": rec.recipe,
         "requested": rec.requested,
@@ -61,6 +63,23 @@ def history_json(
             for h in rec.hosts
         ],
     }
+
+
+#: What a record is, as ``history`` names it.
+ROLLBACK, ABORT, REMEDIATION = "rollback", "abort", "remediation"
+
+
+def what(rec: fleet_ledger.RolloutRecord) -> str:
+    """The ledger's kind, an abort told from a rollback (both are kind ``rollback``): by the
+    ``abort`` note an abort leaves, or, in a record older than that note, by its command line."""
+    if rec.kind == "remediate":
+        return REMEDIATION
+    if rec.kind == ROLLBACK and (
+        any(p.host is None and p.phase == ABORT for p in rec.phases)
+        or re.search(r"\brollout\s+abort\b", rec.command or "")
+    ):
+        return ABORT
+    return rec.kind
 
 
 def remediation(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:

@@ -19,10 +19,13 @@ from fleetctl.cli.rollout import (
 
 @click.command("rollback")
 @click.option(
-    "--to", "to", help="Tag to go to (default: what each host served before the last rollout)."
+    "--to", "to", help="Tag to go to, in each host's own recipe (default: each host's last "
+    "known-good: the newest that passed a full gate there, or served before fleetctl came, other "
+    "than what it serves now).",
 )
 @click.option("--limit", "-l", help="Ansible-style host pattern.")
-@click.option("--recipe", "-r", help="Recipe (default: the last rollout's).")
+@click.option("--recipe", "-r", help="Recipe to go back in (default: the one each host served that "
+              "version with, which undoes a model switch, else its own).")
 @click.option(
     "--max-unavailable", help="Hosts restarted at once, count or % (default: from --min-available)."
 )
@@ -45,7 +48,13 @@ def rollback(
     yes: bool,
     take_over: bool,
 ) -> None:
-    """Return hosts to their previous version (readiness + smoke, no full soak)."""
+    """Return hosts to their previous version (readiness + smoke, no full soak).
+
+    Every host of the last rollout or rollback (or --limit) goes back, as many at once as the
+    capacity floor allows (each recipe its own); a host whose target fails is put back on what it
+    served; skipped hosts are listed with why. A host this ledger never touched goes back to the
+    last known-good recorded on the host. A paused or interrupted rollout is aborted by it.
+    """
     _need_terminal(ctx, yes, f"roll back to {to}" if to else "roll back")
 
     def confirm(targets: Mapping[str, str | None]) -> None:

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from fleetctl import inventory, paths
 from fleetctl.cli import live
-from fleetctl.cli.history import history_json, remediation_cell
+from fleetctl.cli.history import history_json, remediation_cell, what
 from fleetctl.cli.output import (
     Col,
     Ctx,
@@ -368,7 +368,28 @@ def rollout(
     yes: bool,
     take_over: bool,
 ) -> None:
-    """Roll a tag across the fleet: canary, then waves, each host gated by a soak."""
+    """Roll a tag across the fleet: canary, then waves, each host gated by a soak.
+
+    TAG is resolved to a tag and digest through the registry; every host is preflighted, then the
+    image pulled on all of them in parallel (4 or more hosts needing an image of 512 MB or more:
+    the registry is read once and hosts relay it, fleetctl_image_tree); then canary and waves:
+    stop, start by digest, readiness, soak gate. A host needs a step when its image digest or its
+    container settings (the recipe's fingerprint) differ. Each step restarts as many hosts as the
+    capacity floor allows; the plan shown before confirmation gives the steps and the expected
+    wall time. Any failure after a host's stop restores its previous container first.
+
+    On a fleet serving several models, each host rolls forward on its own recipe (fleetctl_recipe),
+    each recipe's hosts with their own canary, gate, baselines, capacity floor and failure budget;
+    a recipe whose image has no such tag leaves its hosts as they are (asked on a terminal, refused
+    under --yes unless --skip-missing), and a host moved to another model by --recipe is shown as
+    a switch (asked apart, refused under --yes unless --switch-model). With a front door
+    (docs/frontdoor.md), hosts are drained and re-admitted; --bake: docs/watch.md.
+
+    Exits 0 completed; 1 a gate failed (the host rolled back, the rollout stopped); 5 every wave
+    done but some hosts failed within --failure-budget (completed-with-failures); 2 paused (an
+    inconclusive gate, or Ctrl-C, which restores the host being changed first: go on with
+    --resume) or could not run; 4 another operation holds the fleet's lock.
+    """
     if cctx.invoked_subcommand is not None:
         return
     if not tag and not resume:
@@ -482,7 +503,11 @@ def abort(ctx: Ctx, force: bool, webhook: str | None, yes: bool, take_over: bool
 @json_option
 @pass_ctx
 def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
-    """Every rollout and rollback with its per-host outcome (like `kubectl rollout history`)."""
+    """Every rollout, rollback, abort and remediation with its per-host outcome (like `kubectl
+    rollout history`); with ROLLOUT_ID, each host's phases.
+
+    The kind column says what each record is; rejected digests are listed below the table.
+    """
     inv = inventory.load(ctx.inventory)
     with fleet_ledger.open_for(inv, paths.state_dir(inv.path)) as led:
         recs = [led.get(rollout_id)] if rollout_id else led.history(count)
@@ -493,7 +518,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
         if rollout_id:
             r = recs[0]
             con.print(
-                f"[bold]{r.kind} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})"
+                f"[bold]{what(r)} {r.id}[/] {r.status}: {r.requested or ''} -> {r.tag} ({r.digest})"
             )
             con.print(
                 f"  by {r.started_by}: {r.command}\n  {when(r.started_at)} .. {when(r.finished_at)}"
@@ -540,7 +565,7 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                 counts[h.status] = counts.get(h.status, 0) + 1
             rows.append(
                 [
-                    r.kind,
+                    what(r),
                     r.status,
                     r.tag or r.requested or "-",
                     when(r.started_at),
@@ -550,15 +575,17 @@ def history(ctx: Ctx, rollout_id: str | None, count: int) -> None:
                     r.id,
                 ]
             )
-        # The id is whole (an operator copies it into `history ID`) and holds the start time and
-        # the kind (ro-/rb-), so at 80 columns those columns give way first.
+        # The id is whole (an operator copies it into `history ID`) and holds the start time, so
+        # at 80 columns who started it, the start and then the tag give way, and the status is
+        # cut; the kind stays (an id's rb- is a rollback or an abort, and a remediation's cells
+        # read like a rollout's).
         con.print(
             fit_table(
                 con.width,
                 [
-                    Col("kind", drop=1),
-                    "status",
-                    "tag",
+                    "kind",
+                    Col("status", flex=True, min=9),
+                    Col("tag", drop=1, flex=True, min=8),
                     Col("started", drop=2),
                     Col("by", drop=3),
                     Col("hosts", flex=True, min=12),

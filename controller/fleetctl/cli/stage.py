@@ -133,6 +133,12 @@ def stage_cmd(
 
     Without --recipe each host gets the weights of the recipe it is configured to serve
     (fleetctl_recipe in its host_vars or group_vars): one tree of copies per recipe.
+
+    Recipe by recipe, one seed host fetches from the mirror or the HF hub ($HF_TOKEN); every host
+    that verified its copy serves 2 more per round (O(log N) rounds, over the fabric between a
+    unit's members), a failed copy retried from another source. Each copy is verified (LFS
+    pointers, symlinks, shards, headers, bad layouts, drafter date) then swapped in atomically;
+    sets already staged are not copied again. Exits 1 when some host failed.
     """
     inventory = inv.load(ctx.inventory)
     result: StageResult | FleetStage
@@ -174,7 +180,11 @@ def _render_fleet_stage(r: FleetStage) -> Any:
 @json_option
 @pass_ctx
 def recipes_cmd(ctx: Ctx) -> None:
-    """List the inventory's recipes (validating them: every problem is listed, exit 2)."""
+    """List the inventory's recipes and serving units, validated (every problem listed, exit 2).
+
+    Each problem is named with its recipe, field and fix, among them a recipe whose node count
+    differs from the unit it is placed on (docs/units.md).
+    """
     inventory = inv.load(ctx.inventory)
     recipes = rec.load_recipes(inventory)
     default = inventory.vars.get("fleetctl_recipe")

@@ -226,7 +226,9 @@ def status_cmd(ctx: Ctx, limit: str | None, timeout: float) -> None:
 
     Each host's configured recipe (fleetctl_recipe) beside what it serves: a host whose
     container's recipe label, or whose /v1/models, says another recipe is flagged DRIFT.
-    Exits 1 when some host is unreachable.
+    For a unit's members: the unit, the fabric checks and parity (docs/units.md). With a front door
+    (fleetctl_front_door, docs/frontdoor.md): each host as the door sees it. Exits 1 when some host
+    is unreachable.
     """
     inventory = inv.load(ctx.inventory)
     hosts = inventory.select(limit)

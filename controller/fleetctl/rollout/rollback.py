@@ -127,6 +127,8 @@ class Rollback:
             if confirm is not None and names:
                 confirm({n: choice.targets[n][0] for n in names})
             self._record(run, choice, names, current, to, max_unavailable, min_available, parent)
+            if only_active and parent is not None:  # `history` names the record an abort
+                s.ledger.note(rid, "abort", f"undoes {parent.id}")
             for undone in self.active_chain(active.id if active else None):
                 s.ledger.set_status(undone, fleet_ledger.ABORTED, f"undone by {rid}")
             run.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)

@@ -95,7 +95,7 @@ function drawHistory(history) {
         hosts.append(" (", reportLink(r.id, h.host), ")");
       }
     });
-    tr.append(cell(r.id), cell(r.kind), cell(r.status, "st-" + r.status), cell(r.tag || r.requested),
+    tr.append(cell(r.id), cell(r.what || r.kind), cell(r.status, "st-" + r.status), cell(r.tag || r.requested),
               cell(r.started_at), cell(r.started_by), hosts);
     return tr;
   }));
