@@ -4,6 +4,7 @@ exposition read back with prometheus_client's own parser."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -14,9 +15,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from rich.console import Console
 
 from fleetctl import inventory
-from fleetctl.cli import livemodel, metrics, metrics_fleet, ui
+from fleetctl.cli import live, livemodel, metrics, metrics_fleet, ui
+from fleetctl.cli.output import Ctx
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event
 from fleetctl.state import ledger as fleet_ledger
@@ -207,3 +210,24 @@ def test_the_ui_serves_the_newest_runs_and_the_ledgers_metrics(tmp_path: Path) -
         "rollout").snapshot()
     assert value(s, "fleetctl_run_hosts", command="rollout", state="done") == snap["hosts_done"]
     assert value(s, "fleetctl_host_in_rotation", host="spark-01") == 1
+
+
+def test_a_long_commands_streams_serve_its_run_and_stop_with_it(tmp_path: Path) -> None:
+    """``--metrics-port`` on rollout, rollback, soak, stage and watch: live.streams serves the
+    run's metrics (and the fleet's) while the command runs, fed by the events it reports."""
+    make_state(tmp_path)
+    inv = inventory.load(str(EXAMPLE_INVENTORY))
+    err = io.StringIO()
+    ctx = Ctx(err=Console(file=err, width=200), metrics_port=0)
+    with live.streams(ctx, "rollout", tmp_path, inv) as sink:
+        url = err.getvalue().split()[2]
+        sink(Event("planned", "", host="spark-01"))
+        sink(Event("loading", "", host="spark-01", data={"tag": TAG}))
+        with urllib.request.urlopen(url, timeout=30) as r:
+            s = parse(r.read().decode())
+    assert url.startswith("http://127.0.0.1:") and url.endswith("/metrics")
+    assert value(s, "fleetctl_host_held", host="spark-01") == 1
+    assert value(s, "fleetctl_run_hosts", command="rollout", state="pending") == 1
+    assert value(s, "fleetctl_host_in_rotation", host="spark-02") == 1
+    with pytest.raises(OSError):
+        urllib.request.urlopen(url, timeout=5)
