@@ -114,12 +114,19 @@ def test_prometheus_sees_a_wedged_host_fail_its_check_be_remediated_and_pass(
                 stdout=subprocess.DEVNULL, stderr=e, env=dict(os.environ))
         healed = f'fleetctl_remediations_total{{host="{host}",result="healed"}}'
         passing = f'fleetctl_check_status{{host="{host}",check="liveness",status="pass"}} == 1'
+        # The ledger's figures are read at most LEDGER_TTL (5 s) apart: back in rotation after
+        # the re-admission, a scrape or a few later.
+        back = f'fleetctl_host_in_rotation{{host="{host}"}} == 1'
         # Until Prometheus has the remediation and, after it, a passing liveness check.
         deadline = time.monotonic() + 12 * INTERVAL + 120
         while watch.poll() is None and time.monotonic() < deadline:
-            if prom.query(healed) and prom.query(passing):
+            if prom.query(healed) and prom.query(passing) and prom.query(back):
+                # A few more scrapes, so that the range read below (a point a second) has the
+                # state seen here at its last points; read back to here: once the watch ends,
+                # its series go stale.
+                time.sleep(3)
                 scrape = get(f"http://127.0.0.1:{port}/metrics")
-                end = time.time()  # read back to here: once the watch ends its series go stale
+                end = time.time()
                 break
             time.sleep(1)
         watch.send_signal(signal.SIGTERM)  # as systemd stops it: it ends with its verdicts
@@ -140,6 +147,7 @@ def test_prometheus_sees_a_wedged_host_fail_its_check_be_remediated_and_pass(
     assert total[0] == 0 and total[-1] >= 1, total
     # The check went fail -> pass, the pass after the remediation was counted.
     failed_at = fail.index(1.0)
-    passed_at = next(i for i in range(failed_at, len(ok)) if ok[i] == 1.0)
+    passed_at = next((i for i in range(failed_at, len(ok)) if ok[i] == 1.0), None)
+    assert passed_at is not None, (fail, ok, total)
     assert fail[passed_at] == 0.0 and total[passed_at] >= 1, (fail, ok, total)
     assert f'fleetctl_host_in_rotation{{host="{host}"}} 1.0' in scrape, scrape
