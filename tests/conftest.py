@@ -68,6 +68,7 @@ LAB_PARTS: dict[str, tuple[str, ...]] = {
     # state it needs on a fresh lab as on one used before: 930 s
     "lab-3": (
         "tests/remediate/test_remediate_lab.py",
+        "tests/remediate/test_metrics_lab.py",
         "tests/rollout/test_known_good_lab.py",
         "tests/rollout/test_multi_recipe_lab.py",
     ),

@@ -27,7 +27,8 @@ from rich.live import Live
 from rich.text import Text
 
 from fleetctl import paths
-from fleetctl.cli import ui
+from fleetctl.cli import metrics, ui
+from fleetctl.cli import metrics_fleet as fleet_metrics
 from fleetctl.cli.livemodel import LiveModel, events_dir, human_secs
 from fleetctl.cli.output import Col, Ctx, fit_table
 from fleetctl.errors import FleetError
@@ -159,10 +160,19 @@ def streams(
     if ctx.ui_port is not None:
         server = ui.serve(ui.Fleet(inv, state_dir, log=path), "127.0.0.1", ctx.ui_port)
     try:
+        run, exporter = _metrics(ctx, title, state_dir, inv)
+    except BaseException:
+        if server is not None:
+            server.server_close()
+        raise
+    try:
         log = EventLog(path, title)
     except BaseException:
         if server is not None:
             server.server_close()
+        if exporter is not None:
+            exporter.shutdown()
+            exporter.server_close()
         raise
     extra: EventLog | None = None
     serving = False
@@ -181,16 +191,39 @@ def streams(
             serving = True
             ctx.err.print(f"live view on {ui.url_of(server)} (read-only, while this command runs)",
                           highlight=False, markup=False)
-        sink: Progress = Tee(log, extra) if extra is not None else log
-        yield sink
+        sinks: list[Progress] = [x for x in (log, extra, run) if x is not None]
+        yield Tee(*sinks) if len(sinks) > 1 else log
     finally:
+        if run is not None:
+            run.ended = True
         log.close()
+        if exporter is not None:
+            exporter.shutdown()
+            exporter.server_close()
         if extra is not None:
             extra.close()
         if server is not None:
             if serving:
                 server.shutdown()  # waits for serve_forever: only once it was started
             server.server_close()
+
+
+def _metrics(ctx: Ctx, title: str, state_dir: Path,
+             inv: Inventory | None) -> tuple[metrics.RunMetrics | None, Any]:
+    """``--metrics-port``: the run's metrics (and, with an inventory, the fleet's) served while the
+    command runs; (None, None) without it."""
+    if ctx.metrics_port is None:
+        return None, None
+    fleet = ui.Fleet(inv, state_dir) if inv is not None else None
+    run = metrics.RunMetrics(title, fleet_metrics.recipes_of(inv) if inv is not None else None)
+    collectors: list[Any] = [run]
+    if inv is not None and fleet is not None:
+        collectors.append(fleet_metrics.FleetMetrics(inv, state_dir, run, fleet.hosts))
+    server = metrics.metrics_server(metrics.registry_of(*collectors), ctx.metrics_bind,
+                                    ctx.metrics_port)
+    ctx.err.print(f"metrics on {metrics.url_of(server)} (Prometheus, while this command runs)",
+                  highlight=False, markup=False)
+    return run, server
 
 
 def _events_file(name: str) -> Path:

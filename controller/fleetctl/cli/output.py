@@ -59,6 +59,10 @@ class Ctx:
     #: ``--ui PORT``: the port a long command serves its live web page on (127.0.0.1), while it
     #: runs.
     ui_port: int | None = None
+    #: ``--metrics-port PORT`` / ``--metrics-bind ADDR``: where a long command serves its Prometheus
+    #: metrics while it runs (docs/observability.md).
+    metrics_port: int | None = None
+    metrics_bind: str = "127.0.0.1"
 
     def ask(self, question: str) -> None:
         """``Question? [y/N]`` on stderr, like apt or terraform: anything but y/yes aborts (no is
@@ -176,9 +180,33 @@ class Duration(click.types.FloatParamType):
         return f"{self.low or 0:g}s..{self.high:g}s"
 
 
+def metrics_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--metrics-port PORT`` and ``--metrics-bind ADDR``: Prometheus' /metrics while the command
+    runs (the long commands, ``watch``, ``ui``)."""
+
+    def port_cb(ctx: click.Context, _p: click.Parameter, value: int | None) -> int | None:
+        if value is not None:
+            ctx.ensure_object(Ctx).metrics_port = value
+        return value
+
+    def bind_cb(ctx: click.Context, _p: click.Parameter, value: str) -> str:
+        ctx.ensure_object(Ctx).metrics_bind = value
+        return value
+
+    f = click.option(
+        "--metrics-bind", metavar="ADDR", default="127.0.0.1", show_default=True,
+        expose_value=False, callback=bind_cb,
+        help="Address --metrics-port listens on (0.0.0.0 or :: is every interface).")(f)
+    return click.option(
+        "--metrics-port", type=click.IntRange(0, 65535), metavar="PORT", expose_value=False,
+        callback=port_cb,
+        help="Serve Prometheus metrics on PORT's /metrics while this runs (0: any free port; the "
+        "URL goes to stderr; docs/observability.md).")(f)
+
+
 def stream_options(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--events FILE|-`` and ``--ui PORT`` of the long commands (rollout, rollback, abort, soak,
-    stage)."""
+    """``--events FILE|-``, ``--ui PORT`` and the metrics' options of the long commands (rollout,
+    rollback, abort, soak, stage, watch)."""
 
     def events_cb(ctx: click.Context, _p: click.Parameter, value: str | None) -> str | None:
         if value is not None:
@@ -190,6 +218,7 @@ def stream_options(f: Callable[..., Any]) -> Callable[..., Any]:
             ctx.ensure_object(Ctx).ui_port = value
         return value
 
+    f = metrics_options(f)
     f = click.option(
         "--ui",
         "ui_port",

@@ -38,9 +38,9 @@ from urllib.parse import unquote, urlsplit
 import click
 
 from fleetctl import inventory, paths
-from fleetctl.cli import livemodel
+from fleetctl.cli import livemodel, metrics, metrics_fleet
 from fleetctl.cli.history import history_json
-from fleetctl.cli.output import Ctx, json_option, pass_ctx
+from fleetctl.cli.output import Ctx, json_option, metrics_options, pass_ctx
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Inventory
 from fleetctl.soak import report
@@ -182,8 +182,8 @@ class Fleet:
     def history(self) -> list[dict[str, Any]]:
         return [history_json(r) for r in self._history()]
 
-    def live(self) -> dict[str, Any]:
-        """The newest run's view, from its event log; ``{"log": None}`` before any run."""
+    def newest_log(self) -> tuple[Path, str, list[str]] | None:
+        """The newest run's event log (or this command's own): its path, title and lines."""
         logs = (
             [self.log]
             if self.log is not None
@@ -193,14 +193,25 @@ class Fleet:
             )
         )
         if not logs:
-            return {"log": None}
+            return None
         path = logs[-1]
-        text = path.read_text(errors="replace").splitlines()
+        return path, path.name.split("-", 1)[0], path.read_text(errors="replace").splitlines()
+
+    def live(self) -> dict[str, Any]:
+        """The newest run's view, from its event log; ``{"log": None}`` before any run."""
+        got = self.newest_log()
+        if got is None:
+            return {"log": None}
+        path, title, text = got
         first = json.loads(text[0]) if text and text[0].startswith("{") else {}
         started = float(first.get("started") or 0) if isinstance(first, dict) else 0.0
         now = time.time() - started if started else None
-        title = path.name.split("-", 1)[0]
         return {"log": path.name, **livemodel.replay(text, title, now=now).snapshot()}
+
+    def newest_run(self) -> tuple[str, list[str]] | None:
+        """The newest run's title and event log lines (``--metrics-port``'s run metrics)."""
+        got = self.newest_log()
+        return None if got is None else got[1:]
 
     def report(self, rid: str, host: str) -> str | None:
         """The soak report (HTML, with charts) of ``host``'s gate in run ``rid``; None when there
@@ -351,12 +362,27 @@ def url_of(server: BoundedServer) -> str:
 @click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
               help="A host name the page may be opened by (addresses and localhost always may; "
                    "repeatable).")
+@metrics_options
 @json_option
 @pass_ctx
 def ui(ctx: Ctx, port: int, bind: str, allow_hosts: tuple[str, ...]) -> None:
     """Serve a read-only web page: hosts, the rollout in progress, history and soak reports."""
     inv = inventory.load(ctx.inventory)
-    server = serve(Fleet(inv, paths.state_dir(inv.path)), bind, port, frozenset(allow_hosts))
+    fleet = Fleet(inv, paths.state_dir(inv.path))
+    server = serve(fleet, bind, port, frozenset(allow_hosts))
+    exporter = None
+    if ctx.metrics_port is not None:
+        try:
+            recipe_of = metrics_fleet.recipes_of(inv)
+            exporter = metrics.metrics_server(metrics.registry_of(
+                metrics_fleet.FleetMetrics(inv, fleet.state_dir, None, fleet.hosts),
+                metrics.ReplayMetrics(fleet.newest_run, recipe_of)),
+                ctx.metrics_bind, ctx.metrics_port)
+        except BaseException:
+            server.server_close()
+            raise
+        ctx.err.print(f"metrics on {metrics.url_of(exporter)} (Prometheus)", highlight=False,
+                      markup=False)
     url = url_of(server)
     warning = exposure(server)
     if warning:
@@ -374,6 +400,9 @@ def ui(ctx: Ctx, port: int, bind: str, allow_hosts: tuple[str, ...]) -> None:
         pass
     finally:
         server.server_close()
+        if exporter is not None:
+            exporter.shutdown()
+            exporter.server_close()
 
 
 commands: list[click.Command] = [ui]

@@ -242,7 +242,8 @@ def watch(
                                  max_server_error_rate=max_error_rate, failure_limit=failure_limit)
         try:
             state = paths.state_dir(inv_mod.default_inventory_path(ctx.inventory))
-            with live.streams(ctx, "watch", state) as sink, \
+            inv = None if endpoints else inv_mod.load(ctx.inventory)
+            with live.streams(ctx, "watch", state, inv) as sink, \
                     ctx.progress("watch", ("phase", "interval", "errors", "message")) as shown:
                 progress: Progress = Tee(sink, shown)
                 hook = Webhook(str(url) if url else None, run, str(ctx.inventory or "-"), progress,

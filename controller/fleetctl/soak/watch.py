@@ -126,8 +126,11 @@ class _Check:
     #: how many there were: shown, not judged.
     healed: list[Measurement] = field(default_factory=list)
     healed_n: int = 0
+    #: The latest measurement's outcome (the ``watch`` event's ``checks``: metrics, a view).
+    last: Outcome | None = None
 
     def add(self, m: Measurement) -> None:
+        self.last = m.outcome
         if m.outcome is P:
             self.passes += 1
             self.last_pass = m
@@ -286,7 +289,8 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
         )
     progress(Event("watch", f"interval {i + 1}: canary {'ok' if canary.ok else canary.error_kind}, "
                    f"stream {'ok' if stream.ok else stream.error_kind}", host=h.target.name,
-                   data={"interval": i + 1, "errors": h.errors, "requests": h.requests}))
+                   data={"interval": i + 1, "errors": h.errors, "requests": h.requests,
+                         "checks": {n: c.last.value for n, c in h.checks.items() if c.last}}))
 
 
 def _judge_requests(h: _Host, label: str, canary: Sample, stream: Sample, cp: prompts.SmokePrompt,
