@@ -31,7 +31,7 @@ D1, D2 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 GB10 = "NVIDIA GB10"
 
 
-def Host(name: str, address: str, domain: str | None = "fleet") -> InvHost:  # noqa: N802
+def Host(name: str, address: str, domain: str | None = "fleet") -> InvHost:
     """A host in compile-cache trust domain ``domain`` (the operator's opt-in to warm copies)."""
     return InvHost(name, address, vars={warmcache.TRUST_DOMAIN: domain} if domain else {})
 
@@ -249,7 +249,8 @@ def test_cache_dir_type() -> None:
 
 def test_a_cache_is_copied_only_within_the_canarys_named_trust_domain(tmp_path: Path) -> None:
     """Design finding of issue 39: the canary's root writes the cache and its checksums, and the
-    files are code a receiver's vLLM loads; without the operator's trust domain nothing is copied."""
+    files are code a receiver's vLLM loads; without the operator's trust domain nothing is
+    copied."""
     hosts = LocalHosts(tmp_path)
     canary = Host("spark-01", "10.0.0.1", "rack-a")
     same, other, unmarked = (Host("spark-02", "10.0.0.2", "rack-a"),

@@ -57,7 +57,8 @@ TRUST_DOMAIN = "fleetctl_compile_cache_trust_domain"
 
 
 def trust_domain(host: Host) -> str | None:
-    """The compile-cache trust domain the operator put ``host`` in (:data:`TRUST_DOMAIN`), or None."""
+    """The compile-cache trust domain the operator put ``host`` in (:data:`TRUST_DOMAIN`), or
+    None."""
     value = host.vars.get(TRUST_DOMAIN)
     return value.strip() or None if isinstance(value, str) else None
 
@@ -249,7 +250,8 @@ def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapp
     ``ops(host)``: the host's cache operations (the rollout's HostOps).
 
     Never raises for a host: a target whose key or trust domain differs, whose copy fails or does
-    not verify is reported cold with why (it compiles at its start as it would have without warm start)."""
+    not verify is reported cold with why (it compiles at its start as it would have without warm
+    start)."""
     if not recipe.compile_cache or not targets:
         return {}
     out: dict[str, Seeded] = {}
