@@ -152,21 +152,39 @@ elif op == "verify":
     why = check(d, man)
     print(json.dumps({"ok": why is None, "why": why}))
 elif op == "import":
-    man = json.loads(sys.stdin.readline())
-    raw = base64.b64decode(sys.stdin.read())
+    limit = int(sys.argv[3]) if len(sys.argv) > 3 else LIMIT
     tmp = os.path.join(root, ".incoming-%s-%d" % (key, os.getpid()))
-    shutil.rmtree(tmp, ignore_errors=True); os.makedirs(tmp)
     try:
+        # Every bound is checked before a byte is written: the canary that made the archive may
+        # be hostile (a 149-byte archive declared a 1 TiB sparse file).
+        man = json.loads(sys.stdin.readline(1 << 24))
+        sizes = {k: v[0] for k, v in man["files"].items()}
+        if not all(type(n) is int and n >= 0 for n in sizes.values()):
+            raise ValueError("the manifest's sizes are not byte counts")
+        total = sum(sizes.values())
+        if total > limit:
+            raise ValueError("the manifest lists %d bytes, over the %d a cache may share" % (total, limit))
+        free = shutil.disk_usage(root).free
+        if total + (64 << 20) > free:
+            raise ValueError("%d bytes to write and %d free under %s" % (total, free, root))
+        raw = base64.b64decode(sys.stdin.read(4 * (limit + (1 << 20)) // 3 + 4096))
+        shutil.rmtree(tmp, ignore_errors=True); os.makedirs(tmp)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
-            for m in tar.getmembers():
+            seen = set()
+            for m in tar:
                 parts = m.name.split("/")
-                if not m.isfile() or m.name.startswith("/") or ".." in parts or m.name not in man["files"]:
+                if not m.isfile() or m.issparse() or m.name.startswith("/") or ".." in parts or m.name not in sizes or m.name in seen:
                     raise ValueError("unexpected member %r" % m.name)
+                if m.size != sizes[m.name]:
+                    raise ValueError("member %r holds %d bytes, the manifest says %d" % (m.name, m.size, sizes[m.name]))
+                seen.add(m.name)
                 out = os.path.join(tmp, m.name)
                 os.makedirs(os.path.dirname(out), exist_ok=True)
                 src = tar.extractfile(m)
                 with open(out, "wb") as fh:
                     shutil.copyfileobj(src, fh)
+                    if fh.tell() != sizes[m.name]:
+                        raise ValueError("member %r is not the size it declares" % m.name)
         why = check(tmp, man)
         if why is not None:
             raise ValueError(why)
@@ -177,11 +195,12 @@ elif op == "import":
             os.rename(d, old)
         os.rename(tmp, d)
         shutil.rmtree(old, ignore_errors=True)
-        print(json.dumps({"ok": True, "files": len(man["files"]), "bytes": man["bytes"]}))
+        print(json.dumps({"ok": True, "files": len(man["files"]), "bytes": total}))
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         print(json.dumps({"ok": False, "why": "%s: %s" % (e.__class__.__name__, e)}))
 """  # noqa: E501 (data: lines as the program reads them)
+_SCRIPT = _SCRIPT.replace("else LIMIT", f"else {MAX_BYTES}")
 
 
 def helper_command(recipe: Recipe, ref: str, op: str, key: str, *args: str) -> str:
