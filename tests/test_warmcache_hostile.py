@@ -1,4 +1,4 @@
-"""Warm start's cache import against hostile archives from a compromised canary (issue 39, medium 2).
+"""Warm start's cache import against hostile archives of a compromised canary (issue 39, M2).
 
 Before, each tar member was written in full and only then checked: a 144-byte archive became a
 150 MiB file, and a 149-byte one declaring a 1 TiB sparse file wrote until ``ulimit -f`` stopped
