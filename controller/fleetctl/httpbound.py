@@ -153,7 +153,8 @@ class Answer:
 def exchange(req: urllib.request.Request, *, timeout: float, deadline: float, max_bytes: int,
              handlers: tuple[urllib.request.BaseHandler, ...] = ()) -> Answer:
     """``req`` sent and its whole answer read within ``deadline`` seconds (``timeout``: one wait),
-    at most ``max_bytes`` of body. An HTTP error status is an answer too.
+    at most ``max_bytes`` of body (0: the body is not read, only the status and headers). An HTTP
+    error status is an answer too.
 
     Raises :class:`Expired` past the deadline, :class:`TooLarge` past the cap, and what urllib
     raises for a server that cannot be reached (``URLError``, ``OSError``,
@@ -167,7 +168,7 @@ def exchange(req: urllib.request.Request, *, timeout: float, deadline: float, ma
                 resp = e
             with resp:
                 headers = {str(k).lower(): str(v) for k, v in resp.headers.items()}
-                body = _read(resp, end, max_bytes)
+                body = _read(resp, end, max_bytes) if max_bytes else b""
             if dog.fired:  # a socket shut by the watchdog reads as the end of a short body
                 raise Expired()
             return Answer(resp.status or 0, headers, body)
