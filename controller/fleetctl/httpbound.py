@@ -67,6 +67,8 @@ def _shut(sock: socket.socket) -> None:
 
 
 class _Conn(http.client.HTTPConnection):
+    """A connection whose socket the watchdog shuts at the deadline, from the moment it exists."""
+
     def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._watchdog = watchdog
@@ -76,30 +78,21 @@ class _Conn(http.client.HTTPConnection):
         self._watchdog.add(self.sock)
 
 
-class _TLSConn(http.client.HTTPSConnection):
-    def __init__(self, *args: Any, watchdog: _Watchdog, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._watchdog = watchdog
-
-    def connect(self) -> None:
-        super().connect()
-        self._watchdog.add(self.sock)
+class _TLSConn(_Conn, http.client.HTTPSConnection):
+    """The same over TLS (``super().connect()`` is HTTPSConnection's: the wrapped socket)."""
 
 
-class _HTTP(urllib.request.HTTPHandler):
+class _Handler(urllib.request.HTTPSHandler):
+    """http and https through watched connections (certificates verified as urllib's own)."""
+
+    http_request = urllib.request.AbstractHTTPHandler.do_request_
+
     def __init__(self, watchdog: _Watchdog) -> None:
         super().__init__()
         self._watchdog = watchdog
 
     def http_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
-        conn = functools.partial(_Conn, watchdog=self._watchdog)
-        return self.do_open(conn, req)
-
-
-class _HTTPS(urllib.request.HTTPSHandler):
-    def __init__(self, watchdog: _Watchdog) -> None:
-        super().__init__()
-        self._watchdog = watchdog
+        return self.do_open(functools.partial(_Conn, watchdog=self._watchdog), req)
 
     def https_open(self, req: urllib.request.Request) -> http.client.HTTPResponse:
         conn = functools.partial(_TLSConn, watchdog=self._watchdog)
@@ -111,7 +104,7 @@ def opener(watchdog: _Watchdog,
     """An opener of http and https only (no file, ftp or data handler), its sockets watched,
     with ``handlers`` (a redirect policy) added."""
     o = urllib.request.OpenerDirector()
-    for h in (urllib.request.ProxyHandler(), _HTTP(watchdog), _HTTPS(watchdog),
+    for h in (urllib.request.ProxyHandler(), _Handler(watchdog),
               urllib.request.UnknownHandler(),
               urllib.request.HTTPDefaultErrorHandler(), urllib.request.HTTPErrorProcessor(),
               *handlers):
