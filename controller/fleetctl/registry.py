@@ -9,16 +9,18 @@ protocol is a handful of GETs and the controller should not need more.
 
 Credentials come from ``$FLEETCTL_REGISTRY_USER`` / ``$FLEETCTL_REGISTRY_PASSWORD``
 (for ghcr.io: a GitHub user and a token with ``read:packages``) and never appear
-in errors. They are sent only over https, and only to the registry's own host
+in errors. They are sent only over https, and only to the registry's own host and port
 (ghcr.io's realm is ghcr.io/token), Docker Hub's token service for Docker Hub,
-or a host the inventory lists in ``fleetctl_registry_auth_hosts``: a registry (or
+or a ``host[:port]`` the inventory lists in ``fleetctl_registry_auth_hosts``: a registry (or
 a man in the middle of a plain-http mirror) naming another ``realm`` gets an
 anonymous token request, never the password. Bearer tokens are not carried
 across hosts or from https to http on redirects.
 
 Every answer is read with a size cap (:data:`MAX_BODY`) and an overall
-deadline per request (:data:`REQUEST_DEADLINE`), not only the socket's idle
-timeout: a registry that drips bytes cannot hold a rollout.
+deadline per request (:data:`REQUEST_DEADLINE`) on the whole exchange, headers too
+(:mod:`fleetctl.httpbound`), not only the socket's idle timeout: a registry that drips
+bytes cannot hold a rollout. A cached token goes only to the registry's own origin, and a
+tag list's next page must stay there.
 """
 
 from __future__ import annotations
