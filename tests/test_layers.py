@@ -26,7 +26,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "controller" / "fleetctl"
 #: Lower layers first. A part may import parts of lower layers only (not of its own layer).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("", "errors"),  # "" is fleetctl/__init__ (the version)
-    ("paths", "progress", "durations", "runids", "access", "allreduce_probe", "container", "urls"),
+    ("paths", "progress", "durations", "runids", "access", "allreduce_probe", "container", "urls",
+     "httpbound"),
     ("inventory", "secretenv", "registry", "facts"),
     ("recipes", "ssh", "fabric", "frontdoor"),
     ("ansible", "state", "lab", "serving", "bandwidth", "warmcache"),

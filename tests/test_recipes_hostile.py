@@ -120,3 +120,58 @@ def test_argv_reads_flags_as_vllms_parser_does() -> None:
 def test_the_seed_recipes_still_load() -> None:
     raw = yaml.safe_load(SEED_FILE.read_text())["fleetctl_recipes"]
     assert set(parse_recipes(raw)) == set(raw)
+
+
+# Issue 39, medium 5: served_model_names and docker_args smuggled what vllm_args refuses.
+
+
+@pytest.mark.parametrize("names", [
+    ["probe-model", "--trust-remote-code", "--api-key=sk-INLINE-SECRET"],
+    ["probe-model", "--trust_remote", "-tp=4"],
+    ["-probe-model"],
+])
+def test_a_served_name_that_vllm_would_read_as_a_flag_is_refused(names: list[str]) -> None:
+    body = heretic()
+    body["served_model_names"] = names
+    body["trust_remote_code"] = False
+    body["vllm_args"] = [a for a in body["vllm_args"] if "trust" not in a]
+    assert parse_recipes({"r": {**body, "served_model_names": ["probe-model"]}})
+    found = problems_of(body)
+    text = "\n".join(f"{p.field}: {p.problem} ({p.fix})" for p in found)
+    assert "served_model_names[" in text and "sk-INLINE-SECRET" not in text, text
+    if "--trust-remote-code" in names:
+        # and the whole serve argv meets the flag checks: both refusals name the smuggled flag
+        assert "vllm_args --trust-remote-code" in text and "vllm_args --api-key" in text, text
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["-e", "HF_TOKEN=hf_SECRETSECRET"], "--env"),
+    (["--env=HF_TOKEN=hf_SECRETSECRET"], "--env"),
+    (["--env-file", "/etc/fleetctl/hf.env"], "--env-file"),
+    (["--privileged"], "--privileged"),
+    (["--privileged=true"], "--privileged"),
+    (["-v", "/:/host"], "--volume"),
+    (["-itv/:/host"], "--volume"),
+    (["--mount", "type=bind,src=/,dst=/host"], "--mount"),
+    (["--cap-add", "SYS_ADMIN"], "--cap-add"),
+    (["--security-opt", "seccomp=unconfined"], "--security-opt"),
+    (["--pid=host"], "--pid"),
+    (["--device", "/dev/mem"], "--device"),
+    (["--entrypoint", "sh"], "--entrypoint"),
+    (["--network", "bridge"], "--network"),
+])
+def test_docker_args_cannot_give_the_container_the_host_or_a_secret(
+    args: list[str], flag: str
+) -> None:
+    body = heretic()
+    body["docker_args"] = ["--shm-size=16g", *args]
+    found = [p for p in problems_of(body) if p.field == f"docker_args {flag}"]
+    assert found, problems_of(body)
+    assert "SECRETSECRET" not in found[0].problem and "env:" in found[0].fix
+
+
+def test_resource_docker_args_still_pass() -> None:
+    body = heretic()
+    body["docker_args"] = ["--shm-size=16g", "--ulimit", "memlock=-1", "--restart", "no",
+                           "--ipc=host"]
+    assert parse_recipes({"r": body})["r"].docker_args[0] == "--shm-size=16g"

@@ -262,18 +262,19 @@ def test_credentials_go_over_https_to_the_registrys_own_realm_only(tls_server: _
     registry.Registry("ghcr.io", mirror, env=CREDS).digest("aeon-7/vllm", "latest")
     assert _token_auth(tls_server)[-1] is None
     # ... unless the inventory lists it as this registry's token service.
-    registry.Registry("ghcr.io", mirror, env=CREDS, auth_hosts=["localhost"]).digest(
+    registry.Registry("ghcr.io", mirror, env=CREDS, auth_hosts=[f"localhost:{port}"]).digest(
         "aeon-7/vllm", "latest"
     )
     assert (_token_auth(tls_server)[-1] or "").startswith("Basic ")
-    # An https registry naming a plain-http realm on its own host name: asked anonymously.
     plain = _Server(("127.0.0.1", 0), _Handler)
     plain.tags, plain.seen, plain.accepts = [], [], []
     threading.Thread(target=plain.serve_forever, daemon=True).start()
     try:
+        # An https registry naming a plain-http realm: refused, nothing sent there (issue 39).
         tls_server.realm = f"http://127.0.0.1:{plain.server_port}/token"
-        registry.Registry("ghcr.io", mirror, env=CREDS).digest("aeon-7/vllm", "latest")
-        assert _token_auth(plain) == [None]
+        with pytest.raises(FleetError, match="must be https"):
+            registry.Registry("ghcr.io", mirror, env=CREDS).digest("aeon-7/vllm", "latest")
+        assert _token_auth(plain) == []
     finally:
         plain.shutdown()
         plain.server_close()

@@ -23,12 +23,17 @@ import pytest
 
 from fleetctl import warmcache
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Host
+from fleetctl.inventory import Host as InvHost
 from fleetctl.lab.emulator import compile_cache
 from fleetctl.recipes import CacheDir, Recipe, parse_recipes
 
 D1, D2 = "sha256:" + "a" * 64, "sha256:" + "b" * 64
 GB10 = "NVIDIA GB10"
+
+
+def Host(name: str, address: str, domain: str | None = "fleet") -> InvHost:
+    """A host in compile-cache trust domain ``domain`` (the operator's opt-in to warm copies)."""
+    return InvHost(name, address, vars={warmcache.TRUST_DOMAIN: domain} if domain else {})
 
 
 def _raw(**extra: Any) -> dict[str, Any]:
@@ -96,10 +101,10 @@ class LocalHosts:
         self.tmp = tmp
         self.calls: list[tuple[str, str]] = []
 
-    def root(self, h: Host) -> Path:
+    def root(self, h: InvHost) -> Path:
         return self.tmp / h.name
 
-    def run(self, h: Host, cmd: str, stdin: str | None) -> str:
+    def run(self, h: InvHost, cmd: str, stdin: str | None) -> str:
         argv = shlex.split(cmd)
         assert argv[:3] == ["docker", "run", "--rm"] and "--network" in argv  # what the host runs
         i = argv.index("-c")
@@ -117,7 +122,7 @@ class LocalHosts:
             raise FleetError(r.stderr.strip()[-300:], host=h.name)
         return r.stdout
 
-    def __call__(self, h: Host) -> LocalCacheOps:
+    def __call__(self, h: InvHost) -> LocalCacheOps:
         return LocalCacheOps(h, self.run)
 
 
@@ -125,8 +130,8 @@ class LocalHosts:
 class LocalCacheOps:
     """:class:`warmcache.CacheOps` of one local "host": what ``SshHostOps`` runs over SSH."""
 
-    host: Host
-    run: Callable[[Host, str, str | None], str]
+    host: InvHost
+    run: Callable[[InvHost, str, str | None], str]
 
     def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
         cmd = warmcache.helper_command(recipe, ref, "export", key, str(max_bytes))
@@ -139,7 +144,7 @@ class LocalCacheOps:
         return self.run(self.host, warmcache.helper_command(recipe, ref, "import", key), exported)
 
 
-def _compile_on(hosts: LocalHosts, h: Host, key: str) -> None:
+def _compile_on(hosts: LocalHosts, h: InvHost, key: str) -> None:
     """What a cold start leaves: the emulator's artefacts in the ``vllm`` cache, and an empty
     triton dir."""
     top = hosts.root(h) / key
@@ -190,7 +195,7 @@ def test_a_tampered_copy_is_found_and_the_host_starts_cold(tmp_path: Path) -> No
     key = warmcache.cache_key(D1, "f", GB10)
     _compile_on(hosts, canary, key)
 
-    def corrupt(h: Host, cmd: str, stdin: str | None) -> str:
+    def corrupt(h: InvHost, cmd: str, stdin: str | None) -> str:
         if stdin is not None:  # the import: the manifest promises other bytes than the tar carries
             man_line, _, payload = stdin.partition("\n")
             man = json.loads(man_line)
@@ -240,3 +245,29 @@ def test_cache_dir_type() -> None:
         CacheDir("vllm", "/root/.cache/vllm"),
         CacheDir("triton", "/root/.triton"),
     )
+
+
+def test_a_cache_is_copied_only_within_the_canarys_named_trust_domain(tmp_path: Path) -> None:
+    """Design finding of issue 39: the canary's root writes the cache and its checksums, and the
+    files are code a receiver's vLLM loads; without the operator's trust domain nothing is
+    copied."""
+    hosts = LocalHosts(tmp_path)
+    canary = Host("spark-01", "10.0.0.1", "rack-a")
+    same, other, unmarked = (Host("spark-02", "10.0.0.2", "rack-a"),
+                             Host("spark-03", "10.0.0.3", "rack-b"),
+                             Host("spark-04", "10.0.0.4", None))
+    key = warmcache.cache_key(D1, "f", GB10)
+    _compile_on(hosts, canary, key)
+    out = warmcache.share(RECIPE, "img@" + D1, canary, key,
+                          {same: key, other: key, unmarked: key}, ops=hosts)
+    assert out["spark-02"].warm
+    for h in (other, unmarked):
+        assert not out[h.name].warm and "trust domain" in out[h.name].detail
+        assert not (hosts.root(h) / key).exists()
+    assert {n for n, op in hosts.calls if op == "import"} == {"spark-02"}
+    # a canary in no domain shares with nobody, even hosts that name one
+    hosts.calls.clear()
+    lone = Host("spark-01", "10.0.0.1", None)
+    out = warmcache.share(RECIPE, "img@" + D1, lone, key, {same: key}, ops=hosts)
+    assert not out["spark-02"].warm and "none there" in out["spark-02"].detail
+    assert hosts.calls == []

@@ -9,16 +9,18 @@ protocol is a handful of GETs and the controller should not need more.
 
 Credentials come from ``$FLEETCTL_REGISTRY_USER`` / ``$FLEETCTL_REGISTRY_PASSWORD``
 (for ghcr.io: a GitHub user and a token with ``read:packages``) and never appear
-in errors. They are sent only over https, and only to the registry's own host
+in errors. They are sent only over https, and only to the registry's own host and port
 (ghcr.io's realm is ghcr.io/token), Docker Hub's token service for Docker Hub,
-or a host the inventory lists in ``fleetctl_registry_auth_hosts``: a registry (or
+or a ``host[:port]`` the inventory lists in ``fleetctl_registry_auth_hosts``: a registry (or
 a man in the middle of a plain-http mirror) naming another ``realm`` gets an
 anonymous token request, never the password. Bearer tokens are not carried
 across hosts or from https to http on redirects.
 
 Every answer is read with a size cap (:data:`MAX_BODY`) and an overall
-deadline per request (:data:`REQUEST_DEADLINE`), not only the socket's idle
-timeout: a registry that drips bytes cannot hold a rollout.
+deadline per request (:data:`REQUEST_DEADLINE`) on the whole exchange, headers too
+(:mod:`fleetctl.httpbound`), not only the socket's idle timeout: a registry that drips
+bytes cannot hold a rollout. A cached token goes only to the registry's own origin, and a
+tag list's next page must stay there.
 """
 
 from __future__ import annotations
@@ -27,10 +29,8 @@ import base64
 import difflib
 import hashlib
 import http.client
-import json
 import os
 import re
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -38,6 +38,7 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleetctl import httpbound
 from fleetctl.errors import FleetError
 
 #: Manifest media types we accept, most general first: a multi-arch index's digest is what
@@ -85,8 +86,14 @@ def check_digest(digest: str, where: str = "") -> str:
     return digest
 #: Largest answer read from a registry (a tag page, a manifest, a token): real ones are < 100 KB.
 MAX_BODY = 4 * 1024 * 1024
-#: Seconds one request may take in all, however slowly the bytes come.
+#: Seconds one request may take in all (connect, headers, body), however slowly the bytes come.
 REQUEST_DEADLINE = 60.0
+#: Largest tag list read across all its pages (bytes of the pages together, and tags): a real
+#: repository's is well under 1 MiB (vllm/vllm-openai: a few thousand tags).
+MAX_TAG_BYTES = 8 * 1024 * 1024
+MAX_TAGS = 100_000
+#: Tags an unknown tag's "closest" suggestion compares against at most (difflib's work is per tag).
+MAX_SUGGEST = 2_000
 #: Token services of registries whose realm is not on the registry's own host.
 _KNOWN_AUTH_HOSTS: Mapping[str, frozenset[str]] = {_DOCKER_HUB_API: frozenset({"auth.docker.io"})}
 
@@ -237,7 +244,8 @@ def _unknown_tag_fix(wanted: str, tags: list[str]) -> str:
     shown = ", ".join(f"{v} ({t})" if v != t else v for v, t in vs[:8]) + (
         " ..." if len(vs) > 8 else ""
     )
-    close = difflib.get_close_matches(wanted, [v for v, _ in vs] + list(tags), n=3, cutoff=0.6)
+    pool = ([v for v, _ in vs] + list(tags))[:MAX_SUGGEST]
+    close = difflib.get_close_matches(wanted, pool, n=3, cutoff=0.6)
     parts = [
         f"versions, newest first: {shown}"
         if vs
@@ -275,9 +283,12 @@ class Registry:
         self.endpoint = endpoint(registry, mirrors)
         self.timeout = timeout
         self.deadline = deadline
-        own = self.endpoint.host.rsplit("@", 1)[-1]
-        self.auth_hosts = frozenset({_hostname(own), *(h.lower() for h in auth_hosts),
-                                     *_KNOWN_AUTH_HOSTS.get(_hostname(own), ())})
+        self.origin = _origin(self.endpoint.base)
+        known = _KNOWN_AUTH_HOSTS.get(self.origin[1], ())
+        # (host, port) pairs the password may go to over https: a name alone would let a token
+        # server on another port of the registry's host collect it.
+        self.auth_hosts = frozenset({self.origin[1:], *(_origin(f"https://{h}")[1:]
+                                                        for h in (*auth_hosts, *known))})
         e = os.environ if env is None else env
         self._user = e.get("FLEETCTL_REGISTRY_USER")
         self._password = e.get("FLEETCTL_REGISTRY_PASSWORD")
@@ -287,6 +298,7 @@ class Registry:
         """Every tag of ``repository``, following the ``Link: rel=next`` pagination."""
         url: str | None = f"{self.endpoint.base}/v2/{repository}/tags/list?n={_PAGE}"
         out: list[str] = []
+        read = 0
         for _ in range(_MAX_PAGES):
             if url is None:
                 return out
@@ -294,13 +306,20 @@ class Registry:
             if status == 404:
                 raise FleetError(f"repository {repository} does not exist on {self.endpoint.host}",
                                  fix="check the recipe's image and fleetctl_registry_mirrors")
+            read += len(body)
             data = _json(body, url)
             # A tag outside the OCI grammar is the registry's error: never a candidate for a
             # rollout.
             out.extend(
                 str(t) for t in data.get("tags") or [] if isinstance(t, str) and _TAG.match(t)
             )
-            url = _next_link(headers.get("link"), url)
+            if read > MAX_TAG_BYTES or len(out) > MAX_TAGS:
+                raise FleetError(
+                    f"{self.endpoint.host} listed more than {MAX_TAGS:,} tags or "
+                    f"{MAX_TAG_BYTES >> 20} MiB of tag pages for {repository}",
+                    fix="check the registry URL (or its mirror): a repository holds a few "
+                        "thousand tags; pass a full tag to skip nothing else")
+            url = self._next_link(headers.get("link"), url, repository)
         raise FleetError(
             f"{self.endpoint.host} returned more than {_MAX_PAGES} pages of tags for {repository}",
             fix="report this registry's pagination behaviour",
@@ -320,9 +339,14 @@ class Registry:
         if not _DIGEST.match(digest):
             # Some registries omit the header on HEAD; the digest is then the hash of the body.
             status, h, body = self._request("GET", url, repository, headers)
-            digest = h.get("docker-content-digest") or "sha256:" + hashlib.sha256(body).hexdigest()
+            digest = "sha256:" + hashlib.sha256(body).hexdigest()
+            given = h.get("docker-content-digest")
+            if given and given != digest:
+                raise FleetError(
+                    f"{self.endpoint.host}'s {repository}:{tag}: Docker-Content-Digest "
+                    f"{given[:80]!r} is not the sha256 of the manifest it sent ({digest})",
+                    fix="check the registry (or its mirror): it names other bytes than it serves")
             media = h.get("content-type", "").split(";")[0]
-            check_digest(digest, f"{self.endpoint.host}'s {repository}:{tag}")
         if media and media not in MANIFEST_TYPES:
             raise FleetError(f"{repository}:{tag} has manifest type {media!r}, not an image",
                              fix="point the recipe at an image repository")
@@ -376,7 +400,7 @@ class Registry:
         hdrs = dict(headers or {})
         for attempt in range(2):
             token = self._tokens.get(scope)
-            if token:
+            if token and _origin(url) == self.origin:
                 hdrs["Authorization"] = token
             status, h, body = self._raw(method, url, hdrs)
             if status != 401 or attempt == 1:
@@ -418,6 +442,14 @@ class Registry:
         query = {"scope": params.get("scope", scope)}
         if "service" in params:
             query["service"] = params["service"]
+        realm_scheme = urllib.parse.urlsplit(params["realm"]).scheme.lower()
+        if realm_scheme not in ("https", self.endpoint.scheme):
+            allowed = "https" if self.endpoint.scheme == "https" else "http or https"
+            raise FleetError(
+                f"{self.endpoint.host} named a token realm {params['realm'][:80]!r}: a realm of "
+                f"this registry must be {allowed}",
+                fix="check the registry (or a man in the middle of its mirror): a token service "
+                    "is an https URL")
         url = (
             params["realm"]
             + ("&" if "?" in params["realm"] else "?")
@@ -445,7 +477,7 @@ class Registry:
                 fix="check FLEETCTL_REGISTRY_USER/FLEETCTL_REGISTRY_PASSWORD, or that the image is "
                     "public",
             )
-        data = _json(body, urllib.parse.urlsplit(url).netloc)
+        data = _json(body, f"token service {urllib.parse.urlsplit(url).netloc}")
         token = data.get("token") or data.get("access_token")
         if not isinstance(token, str) or not token:
             raise FleetError(
@@ -458,23 +490,47 @@ class Registry:
         u = urllib.parse.urlsplit(url)
         if u.scheme != "https":
             return f"{u.scheme}://{u.netloc} is not https"
-        if (u.hostname or "").lower() not in self.auth_hosts:
-            return f"{u.hostname} is not the registry's host (nor in fleetctl_registry_auth_hosts)"
+        if _origin(url)[1:] not in self.auth_hosts:
+            return (f"{u.netloc} is not the registry's host and port (nor in "
+                    "fleetctl_registry_auth_hosts)")
         return None
+
+    def _next_link(self, link: str | None, current: str, repository: str) -> str | None:
+        """The next tag page of a ``Link: rel=next``, which must stay on the registry's own
+        scheme, host and port: a page elsewhere would get this registry's Authorization."""
+        if not link:
+            return None
+        m = _LINK_NEXT.search(link)
+        if not m:
+            return None
+        nxt = str(urllib.parse.urljoin(current, m.group(1)))
+        if _origin(nxt) != self.origin:
+            u = urllib.parse.urlsplit(nxt)
+            raise FleetError(
+                f"{self.endpoint.host}'s tag list of {repository} points its next page to "
+                f"{u.scheme}://{u.netloc}, another origin than {self.endpoint.base}",
+                fix="check the registry (or a man in the middle of its mirror): pages of a tag "
+                    "list stay on the registry")
+        return nxt
 
     def _raw(
         self, method: str, url: str, headers: Mapping[str, str]
     ) -> tuple[int, dict[str, str], bytes]:
+        """One request and its whole answer, by :data:`REQUEST_DEADLINE` however slowly its
+        status line, headers or body come (a watchdog shuts the socket) and at most
+        :data:`MAX_BODY`."""
         req = urllib.request.Request(url, method=method, headers=dict(headers))
-        opener = urllib.request.build_opener(_NoRedirectAuth())
-        end = time.monotonic() + self.deadline
+        where = f"{self.endpoint.host}: {urllib.parse.urlsplit(url).path}"
         try:
-            with opener.open(req, timeout=self.timeout) as resp:
-                return resp.status, _lower(resp.headers.items()), self._read(resp, url, end)
-        except urllib.error.HTTPError as e:
-            return e.code, _lower(e.headers.items()), self._read(e, url, end)
-        except FleetError:
-            raise
+            a = httpbound.exchange(req, timeout=self.timeout, deadline=self.deadline,
+                                   max_bytes=MAX_BODY, handlers=(_NoRedirectAuth(),))
+        except httpbound.Expired:
+            raise FleetError(f"{where} did not finish its answer within {self.deadline:.0f}s",
+                             fix="check the registry's health (or its mirror's)") from None
+        except httpbound.TooLarge:
+            raise FleetError(f"{where} answered with more than {MAX_BODY // (1024 * 1024)} MiB",
+                             fix="check the registry URL: tag lists and manifests are small"
+                             ) from None
         except (
             urllib.error.URLError,
             TimeoutError,
@@ -487,26 +543,7 @@ class Registry:
                 f"cannot reach registry {self.endpoint.base}: {reason}",
                 fix="check the network, or fleetctl_registry_mirrors in the inventory",
             ) from None
-
-    def _read(self, resp: Any, url: str, end: float) -> bytes:
-        """The body, at most MAX_BODY bytes and by the request's overall deadline."""
-        where = f"{self.endpoint.host}: {urllib.parse.urlsplit(url).path}"
-        parts: list[bytes] = []
-        n = 0
-        # read1 returns what has arrived: read(n) would wait for all n bytes of a dripping answer.
-        read = getattr(resp, "read1", resp.read)
-        while True:
-            if time.monotonic() > end:
-                raise FleetError(f"{where} did not finish its answer within {self.deadline:.0f}s",
-                                 fix="check the registry's health (or its mirror's)")
-            chunk = read(min(65536, MAX_BODY + 1 - n))
-            if not chunk:
-                return b"".join(parts)
-            parts.append(chunk)
-            n += len(chunk)
-            if n > MAX_BODY:
-                raise FleetError(f"{where} answered with more than {MAX_BODY // (1024 * 1024)} MiB",
-                                 fix="check the registry URL: tag lists and manifests are small")
+        return a.status, a.headers, a.body
 
 
 class _NoRedirectAuth(urllib.request.HTTPRedirectHandler):
@@ -522,31 +559,22 @@ class _NoRedirectAuth(urllib.request.HTTPRedirectHandler):
         return new
 
 
-def _hostname(netloc: str) -> str:
-    return (urllib.parse.urlsplit(f"//{netloc}").hostname or netloc).lower()
-
-
-def _lower(items: Any) -> dict[str, str]:
-    return {str(k).lower(): str(v) for k, v in items}
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of ``url``, the port its scheme's default when not written."""
+    u = urllib.parse.urlsplit(url)
+    scheme = u.scheme.lower()
+    try:
+        port = u.port
+    except ValueError:
+        port = -1
+    return scheme, (u.hostname or "").lower(), port or (443 if scheme == "https" else 80)
 
 
 def _json(body: bytes, where: str) -> dict[str, Any]:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise FleetError(
-            f"{where} answered with something that is not JSON", fix="check the registry URL"
-        ) from None
+    data = httpbound.loads(body, where, "check the registry URL")
     if not isinstance(data, dict):
         raise FleetError(f"{where} answered with unexpected JSON", fix="check the registry URL")
     return data
-
-
-def _next_link(link: str | None, current: str) -> str | None:
-    if not link:
-        return None
-    m = _LINK_NEXT.search(link)
-    return urllib.parse.urljoin(current, m.group(1)) if m else None
 
 
 #: Platforms of an index whose layers are read at most (a CUDA image has one or two).

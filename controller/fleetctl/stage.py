@@ -24,7 +24,6 @@ import re
 import shlex
 import shutil
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -33,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from fleetctl import ansible, paths, ssh
+from fleetctl import ansible, httpbound, paths, ssh
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
@@ -183,6 +182,11 @@ def expected_bytes(recipe: Recipe, inventory: Inventory, source: str) -> dict[st
         try:
             files = json.loads(_read_manifest(url, mirror)).get("files", [])
             out[w.role] = sum(int(f.get("size", 0)) for f in files)
+        except RecursionError:
+            raise FleetError(f"the weights mirror {redact_url(mirror)} answered "
+                             f"{redact_url(url)} with JSON nested too deep to be a manifest",
+                             fix="check fleetctl_weights_mirror and the server behind it"
+                             ) from None
         except (urllib.error.URLError, OSError, ValueError, AttributeError, TypeError):
             continue
     return out
@@ -227,30 +231,25 @@ MANIFEST_DEADLINE = 30.0
 
 
 def _read_manifest(url: str, mirror: str) -> bytes:
-    """The body of ``url``: at most MANIFEST_MAX_BYTES, by MANIFEST_DEADLINE; else a FleetError
-    naming the mirror (both without a ``user:password@``)."""
+    """The body of ``url``: at most MANIFEST_MAX_BYTES, the whole exchange (headers too) by
+    MANIFEST_DEADLINE; else a FleetError naming the mirror (both without a ``user:password@``).
+    An answer other than 200 is an ``OSError`` (no totals, as an unreachable mirror)."""
     shown, mirror = redact_url(url), redact_url(mirror)
-    end = time.monotonic() + MANIFEST_DEADLINE
     fix = ("check fleetctl_weights_mirror in the inventory and the server behind it: a "
            "manifest.json is a list of files and their sha256, a few KB")
-    with urllib.request.urlopen(url, timeout=5) as r:
-        parts: list[bytes] = []
-        n = 0
-        # What has arrived: read(n) would wait for all n bytes of a drip.
-        read = getattr(r, "read1", r.read)
-        while True:
-            if time.monotonic() > end:
-                raise FleetError(f"the weights mirror {mirror} did not finish sending {shown} "
-                                 f"within "
-                                 f"{MANIFEST_DEADLINE:.0f}s ({n} bytes came)", fix=fix)
-            chunk = read(min(65536, MANIFEST_MAX_BYTES + 1 - n))
-            if not chunk:
-                return b"".join(parts)
-            parts.append(chunk)
-            n += len(chunk)
-            if n > MANIFEST_MAX_BYTES:
-                raise FleetError(f"the weights mirror {mirror} answered {shown} with more than "
-                                 f"{MANIFEST_MAX_BYTES >> 20} MiB, not a manifest", fix=fix)
+    try:
+        a = httpbound.exchange(urllib.request.Request(url), timeout=5, deadline=MANIFEST_DEADLINE,
+                               max_bytes=MANIFEST_MAX_BYTES,
+                               handlers=(urllib.request.HTTPRedirectHandler(),))
+    except httpbound.Expired:
+        raise FleetError(f"the weights mirror {mirror} did not finish sending {shown} within "
+                         f"{MANIFEST_DEADLINE:.0f}s", fix=fix) from None
+    except httpbound.TooLarge:
+        raise FleetError(f"the weights mirror {mirror} answered {shown} with more than "
+                         f"{MANIFEST_MAX_BYTES >> 20} MiB, not a manifest", fix=fix) from None
+    if a.status != 200:
+        raise OSError(f"HTTP {a.status}")
+    return a.body
 
 
 class _ByteMeter:

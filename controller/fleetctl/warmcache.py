@@ -9,7 +9,9 @@ directory, so that a cache is only ever used on an exact key match: a host whose
 empty or stale compiles as before (cold) and is never failed because of its cache.
 
 After the canary passes its gate, :func:`share` reads the canary's key directory once (a tar,
-every file's sha256 taken from the same bytes), and writes it to each wave host (bounded fan-out):
+every file's sha256 taken from the same bytes), and writes it to each wave host that the operator
+put in the canary's trust domain (:data:`TRUST_DOMAIN`; none by default: the canary's root writes
+the files and their checksums, and the files are code the receivers run) (bounded fan-out):
 unpacked into a temporary directory, every file checked against the canary's checksums, then
 swapped in by a rename. The file operations run in a throw-away container of the target image
 (``docker run --rm --network none``, already pulled on every host by the prefetch): the admin user
@@ -47,6 +49,18 @@ MAX_BYTES = 1024**3
 FAN_OUT = 4
 #: Seconds one run of the cache script may take on a host (a copy of up to MAX_BYTES).
 HELPER_TIMEOUT = 600.0
+#: The host variable naming a host's trust domain for compile caches: a canary's cache is copied
+#: only to hosts of its own, named domain (none by default: every host compiles its own). A cache
+#: holds generated Python, pickles and ``.so`` files that vLLM loads with the GPUs, the host network
+#: and ``VLLM_API_KEY``: a host able to write one runs code on every host that takes its copy.
+TRUST_DOMAIN = "fleetctl_compile_cache_trust_domain"
+
+
+def trust_domain(host: Host) -> str | None:
+    """The compile-cache trust domain the operator put ``host`` in (:data:`TRUST_DOMAIN`), or
+    None."""
+    value = host.vars.get(TRUST_DOMAIN)
+    return value.strip() or None if isinstance(value, str) else None
 
 
 def cache_key(digest: str, fingerprint: str, gpu: str) -> str:
@@ -138,21 +152,39 @@ elif op == "verify":
     why = check(d, man)
     print(json.dumps({"ok": why is None, "why": why}))
 elif op == "import":
-    man = json.loads(sys.stdin.readline())
-    raw = base64.b64decode(sys.stdin.read())
+    limit = int(sys.argv[3]) if len(sys.argv) > 3 else LIMIT
     tmp = os.path.join(root, ".incoming-%s-%d" % (key, os.getpid()))
-    shutil.rmtree(tmp, ignore_errors=True); os.makedirs(tmp)
     try:
+        # Every bound is checked before a byte is written: the canary that made the archive may
+        # be hostile (a 149-byte archive declared a 1 TiB sparse file).
+        man = json.loads(sys.stdin.readline(1 << 24))
+        sizes = {k: v[0] for k, v in man["files"].items()}
+        if not all(type(n) is int and n >= 0 for n in sizes.values()):
+            raise ValueError("the manifest's sizes are not byte counts")
+        total = sum(sizes.values())
+        if total > limit:
+            raise ValueError("the manifest lists %d bytes, over the %d a cache may share" % (total, limit))
+        free = shutil.disk_usage(root).free
+        if total + (64 << 20) > free:
+            raise ValueError("%d bytes to write and %d free under %s" % (total, free, root))
+        raw = base64.b64decode(sys.stdin.read(4 * (limit + (1 << 20)) // 3 + 4096))
+        shutil.rmtree(tmp, ignore_errors=True); os.makedirs(tmp)
         with tarfile.open(fileobj=io.BytesIO(raw), mode="r:gz") as tar:
-            for m in tar.getmembers():
+            seen = set()
+            for m in tar:
                 parts = m.name.split("/")
-                if not m.isfile() or m.name.startswith("/") or ".." in parts or m.name not in man["files"]:
+                if not m.isfile() or m.issparse() or m.name.startswith("/") or ".." in parts or m.name not in sizes or m.name in seen:
                     raise ValueError("unexpected member %r" % m.name)
+                if m.size != sizes[m.name]:
+                    raise ValueError("member %r holds %d bytes, the manifest says %d" % (m.name, m.size, sizes[m.name]))
+                seen.add(m.name)
                 out = os.path.join(tmp, m.name)
                 os.makedirs(os.path.dirname(out), exist_ok=True)
                 src = tar.extractfile(m)
                 with open(out, "wb") as fh:
                     shutil.copyfileobj(src, fh)
+                    if fh.tell() != sizes[m.name]:
+                        raise ValueError("member %r is not the size it declares" % m.name)
         why = check(tmp, man)
         if why is not None:
             raise ValueError(why)
@@ -163,11 +195,12 @@ elif op == "import":
             os.rename(d, old)
         os.rename(tmp, d)
         shutil.rmtree(old, ignore_errors=True)
-        print(json.dumps({"ok": True, "files": len(man["files"]), "bytes": man["bytes"]}))
+        print(json.dumps({"ok": True, "files": len(man["files"]), "bytes": total}))
     except Exception as e:
         shutil.rmtree(tmp, ignore_errors=True)
         print(json.dumps({"ok": False, "why": "%s: %s" % (e.__class__.__name__, e)}))
 """  # noqa: E501 (data: lines as the program reads them)
+_SCRIPT = _SCRIPT.replace("else LIMIT", f"else {MAX_BYTES}")
 
 
 def helper_command(recipe: Recipe, ref: str, op: str, key: str, *args: str) -> str:
@@ -231,18 +264,26 @@ def _first_json(out: str) -> dict[str, object]:
 def share(recipe: Recipe, ref: str, source: Host, source_key: str, targets: Mapping[Host, str],
           ops: Callable[[Host], CacheOps], max_bytes: int = MAX_BYTES,
           fan_out: int = FAN_OUT) -> dict[str, Seeded]:
-    """Copy ``source``'s cache for ``source_key`` to every target whose key is the same; one result
-    per target. ``ops(host)``: the host's cache operations (the rollout's HostOps).
+    """Copy ``source``'s cache for ``source_key`` to every target whose key is the same and that the
+    operator put in ``source``'s trust domain (:data:`TRUST_DOMAIN`); one result per target.
+    ``ops(host)``: the host's cache operations (the rollout's HostOps).
 
-    Never raises for a host: a target whose key differs, whose copy fails or does not verify is
-    reported
-    cold with why (it compiles at its start as it would have without warm start)."""
+    Never raises for a host: a target whose key or trust domain differs, whose copy fails or does
+    not verify is reported cold with why (it compiles at its start as it would have without warm
+    start)."""
     if not recipe.compile_cache or not targets:
         return {}
     out: dict[str, Seeded] = {}
-    same = [h for h, k in targets.items() if k == source_key]
+    domain = trust_domain(source)
+    same = [h for h, k in targets.items() if k == source_key and domain is not None
+            and trust_domain(h) == domain]
     for h, k in targets.items():
-        if k != source_key:
+        if k == source_key and h not in same:
+            out[h.name] = Seeded(
+                h.name, k, False,
+                f"not in {source.name}'s compile-cache trust domain ({TRUST_DOMAIN}: "
+                f"{domain or 'none'} there, {trust_domain(h) or 'none'} here): starts cold")
+        elif k != source_key:
             out[h.name] = Seeded(
                 h.name,
                 k,

@@ -20,7 +20,8 @@ from fleetctl.rollout import imagetree
 from fleetctl.state import hoststate
 from tests.rollout.sim import OK, Relay, SimFleet, digest_of
 
-HOSTS = [Host(f"spark-0{i}", f"10.0.0.{i}") for i in range(1, 8)]
+HOSTS = [Host(f"spark-0{i}", f"10.0.0.{i}", vars={warmcache.TRUST_DOMAIN: "fleet"})
+         for i in range(1, 8)]
 REF = f"10.0.0.100:5000/aeon-7/vllm@{digest_of('v2')}"
 
 

@@ -128,9 +128,54 @@ def test_a_stalled_receiver_never_blocks_the_sender_and_close_has_a_deadline() -
         for ev in ("start", "wave", "completion"):
             hook.send(ev)  # returns at once: the POST happens on the background thread
         got = hook.close(deadline=0.5)
-        # the first POST is still waiting: every queued event is reported as not sent, none raised
-        assert [d.event for d in got] == ["wave", "completion"]
-        assert all(d.status is None and d.error and "not sent" in d.error for d in got)
+        # the first POST is still waiting: it and every queued event are reported as not
+        # delivered, none raised
+        assert [d.event for d in got] == ["start", "wave", "completion"]
+        assert got[0].error is not None and "being posted" in got[0].error
+        assert all(d.status is None and d.error and "not sent" in d.error for d in got[1:])
+    finally:
+        s.shutdown()
+        s.server_close()
+
+
+class _Drip(BaseHTTPRequestHandler):
+    """Issue 39, low 9: answers the status line, then a header a byte every 0.05 s for 30 s (every
+    read well within the 5 s timeout: the POST was held for good)."""
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Pad: ")
+        for _ in range(600):
+            try:
+                self.wfile.write(b"a")
+                self.wfile.flush()
+            except OSError:
+                return
+            threading.Event().wait(0.05)
+
+
+def test_a_dripping_receiver_is_given_up_at_the_posts_deadline(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(webhook, "POST_DEADLINE", 1.5)
+    s = ThreadingHTTPServer(("127.0.0.1", 0), _Drip)
+    s.daemon_threads = True
+    threading.Thread(target=s.serve_forever, daemon=True).start()
+    try:
+        rec = Recorder()
+        hook = Webhook(f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", rec, timeout=1,
+                       allow_http=True)
+        hook.send("start")
+        hook.send("completion")
+        got = hook.close(deadline=8)
+        # each POST ends at its deadline and is reported; the next event still goes out
+        assert [(d.event, d.error) for d in got] == [("start", "no answer within 2s"),
+                                                     ("completion", "no answer within 2s")]
+        assert any("start event" in e.message and "not delivered" in e.message
+                   for e in rec.events)
     finally:
         s.shutdown()
         s.server_close()

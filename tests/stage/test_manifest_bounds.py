@@ -147,3 +147,51 @@ def test_a_dripping_manifest_gives_up_at_the_deadline(monkeypatch: pytest.Monkey
     msg = e.value.message()
     assert f"the weights mirror {url}" in msg and "within 3s" in msg
     assert "fleetctl_weights_mirror" in msg
+
+
+def _header_drip(conn: socket.socket) -> None:
+    """Issue 39, medium 4: the status line, then headers a byte every 0.05 s for at most 40 s
+    (http.client takes 100 headers of 64 KiB: the body's deadline never started)."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\n")
+    end = time.monotonic() + 40
+    i = 0
+    while time.monotonic() < end:
+        conn.sendall(b"X-Pad-%d: " % i if i % 50 == 0 else b"a")
+        i += 1
+        time.sleep(0.05)
+
+
+def test_a_header_drip_ends_at_the_deadline_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(stage, "MANIFEST_DEADLINE", 2.0, raising=False)
+    out: list[BaseException | None] = [None]
+    with _mirror(_header_drip) as url:
+        recipe, inv = _fakes(url)
+
+        def run() -> None:
+            try:
+                stage.expected_bytes(cast(Any, recipe), cast(Any, inv), "mirror")
+            except BaseException as e:
+                out[0] = e
+
+        t0 = time.monotonic()
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        t.join(15)
+        took = time.monotonic() - t0
+    assert not t.is_alive(), "still waiting for the headers after 15 s"
+    assert took < 6, took
+    assert isinstance(out[0], FleetError) and "within 2s" in out[0].message(), out[0]
+
+
+def test_json_nested_too_deep_is_one_error() -> None:
+    """Issue 39, low 6: "internal error: RecursionError" (exit 70) before."""
+
+    def deep(conn: socket.socket) -> None:
+        body = b'{"files": ' + b"[" * 200_000
+        conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+
+    with _mirror(deep) as url:
+        recipe, inv = _fakes(url)
+        with pytest.raises(FleetError, match="nested too deep") as e:
+            stage.expected_bytes(cast(Any, recipe), cast(Any, inv), "mirror")
+    assert "fleetctl_weights_mirror" in (e.value.fix or "")

@@ -123,6 +123,9 @@ def lab_vars(lay: Layout) -> dict[str, Any]:
         "fleetctl_allow_unpinned_revisions": True,
         # The lab's mirror is plain http on the machine's own bridge: nobody else is on its path.
         "fleetctl_weights_mirror_insecure": True,
+        # The lab's nodes are containers of one machine, one operator: one trust domain, so the
+        # canary's compile cache warms the waves (a production fleet names its own domains).
+        "fleetctl_compile_cache_trust_domain": "lab",
     }
     fp = aptrepo.key_fingerprint()
     if fp:

@@ -45,12 +45,53 @@ def check_rules(r: Recipe) -> list[RecipeProblem]:
     _port(r, bad)
     _drafter(r, _speculative_config(r, bad), bad)
     _quantization(r, bad)
+    _docker_args(r, bad)
     return out
+
+
+#: ``docker run`` options a recipe's docker_args may not give (long name -> why). The container's
+#: privileges, mounts, network, entrypoint and environment are fleetctl's (from the recipe's own
+#: fields, where they are checked): one of these would give the model's code the host, or put a
+#: secret in the ledger's record of the container's settings and in ``ps``.
+REFUSED_DOCKER_OPTIONS = {
+    "--privileged": "gives the container every device and capability of the host",
+    "--cap-add": "adds kernel capabilities", "--security-opt": "lifts seccomp or AppArmor",
+    "--device": "passes a host device", "--device-cgroup-rule": "opens host devices",
+    "--pid": "shares a host namespace", "--userns": "shares a host namespace",
+    "--uts": "shares a host namespace", "--cgroupns": "shares a host namespace",
+    "--user": "changes the container's user", "--group-add": "adds host groups",
+    "--volume": "mounts a host path", "--mount": "mounts a host path",
+    "--volumes-from": "mounts another container's volumes",
+    "--env": "sets the environment on the command line (ps, docker inspect, the ledger)",
+    "--env-file": "reads an environment file",
+    "--entrypoint": "replaces vllm", "--network": "replaces the host network",
+    "--net": "replaces the host network",
+}
+_SHORT_DOCKER = {"e": "--env", "v": "--volume", "u": "--user"}
+
+
+def _docker_args(r: Recipe, bad: Bad) -> None:
+    """docker_args: resource settings (``--shm-size``, ``--ulimit``, ``--restart``), nothing that
+    changes what the container may reach or holds."""
+    for a in r.docker_args:
+        key = a.split("=", 1)[0]
+        if key.startswith("--"):
+            hit = key if key in REFUSED_DOCKER_OPTIONS else None
+        elif key.startswith("-") and len(key) > 1:
+            # a cluster of short options (-itv/:/host): any refused letter before a value
+            hit = next((_SHORT_DOCKER[c] for c in key[1:] if c in _SHORT_DOCKER), None)
+        else:
+            continue
+        if hit is not None:
+            # the option, never its value: it may be a secret
+            bad(f"docker_args {hit}", f"{key} {REFUSED_DOCKER_OPTIONS[hit]}",
+                "remove it: weights, caches and the serving network are mounted and set by "
+                "fleetctl; give the environment in env: and secrets in secret_env:")
 
 
 def _shorthands(r: Recipe, bad: Bad) -> None:
     """A checked flag written in full: an abbreviation or a dotted key would pass every check."""
-    for a in r.vllm_args:
+    for a in r.serve_argv()[2:]:  # the whole argv vLLM parses after ``serve MODEL``
         hit = shorthand(a, CHECKED_FLAGS)
         if hit is not None:
             flag, how = hit
@@ -65,7 +106,7 @@ def _shorthands(r: Recipe, bad: Bad) -> None:
 
 def _trust_remote_code(r: Recipe, bad: Bad) -> None:
     """Remote code runs only where the recipe says it was reviewed."""
-    if has_flag(r.vllm_args, "--trust-remote-code") and not r.trust_remote_code:
+    if has_flag(r.serve_argv(), "--trust-remote-code") and not r.trust_remote_code:
         bad(
             "vllm_args --trust-remote-code",
             "lets the model's repository run its own Python code on every host",
@@ -102,7 +143,7 @@ def _gpu_memory(r: Recipe, bad: Bad) -> None:
 
 def _api_key(r: Recipe, bad: Bad) -> None:
     """No API key on the command line."""
-    if has_flag(r.vllm_args, "--api-key"):
+    if has_flag(r.serve_argv(), "--api-key"):
         bad(
             "vllm_args --api-key",
             "puts the API key on the command line, where `ps`, `docker inspect`, the ledger and "

@@ -202,6 +202,13 @@ def _served_names(body: Mapping[str, Any], bad: Bad) -> list[str]:
         return []
     if len(set(names)) != len(names):
         bad("served_model_names", "repeats a name", "list each alias once")
+    for i, n in enumerate(names):
+        if not n.strip() or n.startswith("-"):
+            # vLLM's parser reads a name starting with '-' as a flag of its own: the serve argv
+            # would carry --trust-remote-code or --api-key=... past every check of vllm_args.
+            bad(f"served_model_names[{i}]",
+                "is empty" if not n.strip() else "starts with '-': vLLM would read it as a flag",
+                "name the model with letters, digits, '.', '_', '-' or '/', not starting with '-'")
     return list(names)
 
 

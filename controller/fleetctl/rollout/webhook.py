@@ -37,6 +37,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fleetctl import httpbound
 from fleetctl.ansible.redaction import Redactor
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
@@ -90,8 +91,11 @@ PROGRESS_FIGURES = (
 TOKEN_PART = 12
 #: A host's message is cut to this many characters in a ``progress`` post.
 PROGRESS_MESSAGE = 300
-#: Seconds one POST may take, connection included.
+#: Seconds one wait of a POST may take (connecting, or between two reads of the answer).
 POST_TIMEOUT = 5.0
+#: Seconds one POST may take in all, however slowly the receiver drips its answer's headers (a
+#: watchdog shuts the socket: fleetctl.httpbound); past it the event is reported not delivered.
+POST_DEADLINE = 10.0
 #: Seconds :meth:`Webhook.close` waits for undelivered events at the end of a command, in all.
 CLOSE_DEADLINE = 10.0
 #: Events kept waiting at most; beyond, the oldest is dropped (a dead receiver must not grow
@@ -158,16 +162,6 @@ def validate(url: str, allow_http: bool = False) -> str:
                      fix="give the receiver's https:// URL")
 
 
-class _NoRedirect(urllib.request.HTTPRedirectHandler):
-    """A webhook answering with a redirect gets an error, not the event sent elsewhere."""
-
-    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-_OPENER = urllib.request.build_opener(_NoRedirect)
-
-
 class Webhook:
     """Posts events for one rollout from a background thread; ``url`` None makes it a no-op.
 
@@ -208,6 +202,8 @@ class Webhook:
         self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        #: The event being posted now (reported as not delivered if close cannot wait for it).
+        self._in_flight: str | None = None
 
     def send(self, event: str, **data: Any) -> None:
         """Queue ``{"event", "rollout", "fleet", "at", **data}`` for posting; never blocks, never
@@ -290,6 +286,10 @@ class Webhook:
                     break
                 if item is not None:
                     left.append(item[0])
+            posting = self._in_flight
+            if posting is not None:
+                self._record(Delivery(posting, None, f"no answer within {deadline:.0f}s "
+                                      "(being posted when the command ended)"))
             for ev in left:
                 self._record(Delivery(ev, None, f"not sent within {deadline:.0f}s"))
         return list(self.deliveries)
@@ -299,7 +299,10 @@ class Webhook:
             item = self._queue.get()
             if item is None:
                 return
-            self._record(self._post(*item))
+            self._in_flight = item[0]
+            d = self._post(*item)
+            self._in_flight = None
+            self._record(d)
 
     def _post(self, event: str, body: bytes) -> Delivery:
         assert self.url is not None
@@ -309,11 +312,13 @@ class Webhook:
             method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "fleetctl"},
         )
+        deadline = max(self.timeout, POST_DEADLINE)
         try:
-            with _OPENER.open(req, timeout=self.timeout) as resp:
-                return Delivery(event, int(resp.status), None)
-        except urllib.error.HTTPError as e:
-            return Delivery(event, e.code, f"HTTP {e.code}")
+            # redirects are answers (not followed), the body is not read
+            a = httpbound.exchange(req, timeout=self.timeout, deadline=deadline, max_bytes=0)
+            return Delivery(event, a.status, f"HTTP {a.status}" if a.status >= 300 else None)
+        except httpbound.Expired:
+            return Delivery(event, None, f"no answer within {deadline:.0f}s")
         except urllib.error.URLError as e:
             return Delivery(event, None, self._scrub(str(e.reason)))
         except Exception as e:  # a courtesy message must never take the rollout down

@@ -130,15 +130,42 @@ def _dict_row(cur: sqlite3.Cursor, row: tuple[Any, ...]) -> dict[str, Any]:
     return {d[0]: v for d, v in zip(cur.description, row, strict=True)}
 
 
+@contextlib.contextmanager
+def _readable(path: Path) -> Iterator[None]:
+    """A ledger file that is not one (random bytes, text, truncated, a directory, unreadable): one
+    error naming the file and the fix, not an internal error. SQLite's base ``DatabaseError`` is
+    that ("file is not a database", "database disk image is malformed"); its subclasses (locked,
+    constraint) are the ledger's business."""
+    try:
+        yield
+    except sqlite3.DatabaseError as e:
+        if type(e) is not sqlite3.DatabaseError:
+            raise
+        raise _corrupt(path, str(e)) from None
+    except OSError as e:
+        raise _corrupt(path, e.strerror or type(e).__name__) from None
+
+
+def _corrupt(path: Path, why: str) -> FleetError:
+    return FleetError(
+        f"the ledger {path} cannot be read ({why})",
+        fix=f"move it aside (mv {path} {path}.bad) and restore it from a backup, or let the next "
+            "command start a new, empty ledger there; make the state directory's files the "
+            "user's own, mode 0600, if it is their permissions")
+
+
 class _SqliteTx(Tx):
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: sqlite3.Connection, path: Path) -> None:
         self.db = db
+        self.path = path
 
     def run(self, sql: str, args: Sequence[Any] = ()) -> int:
-        return self.db.execute(sql, args).rowcount
+        with _readable(self.path):
+            return self.db.execute(sql, args).rowcount
 
     def all(self, sql: str, args: Sequence[Any] = ()) -> list[dict[str, Any]]:
-        rows: list[dict[str, Any]] = self.db.execute(sql, args).fetchall()
+        with _readable(self.path):
+            rows: list[dict[str, Any]] = self.db.execute(sql, args).fetchall()
         return rows
 
 
@@ -153,18 +180,24 @@ class SqliteBackend(Backend):
         self.path = path
         self.where = str(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        # 0600 before SQLite opens it: its -wal and -shm files take the database file's mode.
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        if path.stat().st_mode & 0o077:
-            path.chmod(0o600)
-        self._db = sqlite3.connect(
-            str(path), timeout=10.0, isolation_level=None, check_same_thread=False
-        )
+        with _readable(path):
+            # 0600 before SQLite opens it: its -wal and -shm files take the database file's mode.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+            if path.stat().st_mode & 0o077:
+                path.chmod(0o600)
+            self._db = sqlite3.connect(
+                str(path), timeout=10.0, isolation_level=None, check_same_thread=False
+            )
         self._db.row_factory = _dict_row
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.execute("PRAGMA busy_timeout=10000")
-        self._tx = _SqliteTx(self._db)
+        try:
+            with _readable(path):
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+                self._db.execute("PRAGMA busy_timeout=10000")
+        except FleetError:
+            self._db.close()
+            raise
+        self._tx = _SqliteTx(self._db, path)
 
     @contextlib.contextmanager
     def write(self, fenced: bool = True) -> Iterator[Tx]:
