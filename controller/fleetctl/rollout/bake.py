@@ -50,7 +50,7 @@ from fleetctl.state import ledger as fleet_ledger
 from fleetctl.urls import url_host
 
 #: Hosts on the old version scraped for the comparison at most (a sample: the fleet's rest is
-# alike).
+#: alike).
 MAX_OLD = 32
 #: Seconds between the bake's progress lines.
 TICK = 5.0

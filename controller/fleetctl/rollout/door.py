@@ -26,7 +26,7 @@ from fleetctl.rollout.session import Session, StopRollout
 from fleetctl.state import ledger as fleet_ledger
 
 #: Host statuses after which a host that is still out of rotation serves a good version and goes
-# back in.
+#: back in.
 SERVING_STATUSES = (fleet_ledger.DONE, fleet_ledger.ROLLED_BACK, fleet_ledger.SKIPPED,
                     fleet_ledger.PENDING)
 

@@ -48,10 +48,9 @@ from fleetctl.state import ledger as fleet_ledger
 #: it leaves the ledger for ``--resume``, ``abort`` or ``rollback``.
 RECOVERABLE = (Exception, KeyboardInterrupt)
 #: Concurrent host steps at most, whatever --max-unavailable allows: each is a thread, an SSH
-# session
-#: and a soak gate (an event loop with up to the largest level + 8 connections, its samples in
-#: memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the
-# controller.
+#: session and a soak gate (an event loop with up to the largest level + 8 connections, its samples
+#: in memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the
+#: controller.
 MAX_WORKERS = 32
 #: Environment variables whose values are kept out of webhook bodies.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|_KEY$|API_KEY|CREDENTIAL", re.I)
@@ -67,11 +66,9 @@ class StopRollout(Exception):
 
 
 #: What a soak's or readiness's progress events carry through to a rollout's live views and event
-# log
-#: (soak.phases.SoakState.emit, run_requests, readiness.await_ready): phase k of n, time so far, the
-# level's
-#: requests against its plan, errors, tok/s against the baseline's, acceptance; readiness's wait and
-# timeout.
+#: log (soak.phases.SoakState.emit, run_requests, readiness.await_ready): phase k of n, time so far,
+#: the level's requests against its plan, errors, tok/s against the baseline's, acceptance;
+#: readiness's wait and timeout.
 LIVE_FIGURES = frozenset({"step", "steps", "elapsed", "level", "concurrency", "requests",
                           "planned_requests", "errors", "tok_s",
                           "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited",
@@ -141,7 +138,7 @@ class Session:
         self.inv = inventory
         self.secrets = dict(os.environ if secrets is None else secrets)
         #: Token services besides the registry's own host that may receive its credentials (https
-        # only).
+        #: only).
         self.auth_hosts: tuple[str, ...] = tuple(
             str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
         self.ops = ops or remote.SshHostOps
@@ -149,7 +146,7 @@ class Session:
         self.resolve_image = resolve or functools.partial(registry.resolve,
                                                           auth_hosts=self.auth_hosts)
         #: An image's layer sizes for the pulls' bytes (none asked of a registry with a simulated
-        # fleet).
+        #: fleet).
         self.layer_sizes: Callable[[str, str, Mapping[str, str]], list[dict[str, int]]] = (
             functools.partial(registry.layer_sizes, auth_hosts=self.auth_hosts) if ops is None
             else (lambda image, digest, mirrors: []))
@@ -165,7 +162,7 @@ class Session:
         mirrors = inventory.vars.get("fleetctl_registry_mirrors") or {}
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in mirrors.items()}
         #: How the prefetch reaches many hosts (:mod:`.imagetree`); with a simulated fleet, never a
-        # tree.
+        #: tree.
         self.image_tree = (imagetree.config(inventory.vars.get(imagetree.VAR), str(inventory.path))
                            if ops is None else imagetree.TreeConfig(enabled=False))
         self.deployer: deploy.Deployer | None = deployer or (
@@ -175,7 +172,7 @@ class Session:
         self.take_over = take_over
         self.host_store: hoststate.Store = host_store or hoststate.OpsStore(self.ops)
         #: The fleet's front door (``door``, else ``fleetctl_front_door``; None: none), checked
-        # before any host.
+        #: before any host.
         self.door: frontdoor.FrontDoor | None = (door if door is not None
                                                  else frontdoor.from_inventory(inventory))
         where = str(inventory.path)
@@ -184,7 +181,7 @@ class Session:
         self.readmit_timeout = parse_duration(inventory.vars.get("fleetctl_readmit_timeout", 60),
                                               f"fleetctl_readmit_timeout in {where}")
         #: How long a step waits for the door to have enough hosts in rotation before it refuses
-        # (pauses).
+        #: (pauses).
         self.capacity_timeout = parse_duration(inventory.vars.get("fleetctl_capacity_timeout", 600),
                                                f"fleetctl_capacity_timeout in {where}")
         #: Re-admissions tried (with backoff) before a host is reported still out of rotation.
