@@ -37,6 +37,7 @@ from fleetctl.remediate.record import KIND, REMEDIATING, Record
 from fleetctl.rollout import gate
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.door import vllm_requests
+from fleetctl.rollout.stepctx import live
 from fleetctl.serving import container_name
 from fleetctl.soak.verdict import Remedied
 from fleetctl.state import ledger as fleet_ledger
@@ -341,7 +342,7 @@ class Remediator:
         """Readiness, smoke and a few seconds of load on the restarted container."""
         cfg = gate.config(recipe, None, h)
         ready = self.s.gates.wait(h, recipe, tag, cfg, policy.ready_timeout,
-                                  self.s.live(h, {}, "readiness", cancellable=False))
+                                  live(self.s, h, None, "readiness", cancellable=False))
         if ready.outcome.value != "pass":
             return False, f"readiness {ready.outcome.value}: {ready.message}"
         art = self.s.state_dir / "runs" / rid

@@ -12,7 +12,7 @@ front door existed). See docs/frontdoor.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fleetctl.errors import FleetError
@@ -23,6 +23,7 @@ from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
 from fleetctl.rollout.run import Run
 from fleetctl.rollout.session import Session, StopRollout
+from fleetctl.rollout.stepctx import Step, live
 from fleetctl.state import ledger as fleet_ledger
 
 #: Host statuses after which a host that is still out of rotation serves a good version and goes
@@ -48,19 +49,19 @@ class DoorSteps:
         #: Requests vLLM holds on a host (running + waiting); the harness stands in its own.
         self.in_flight: Callable[[Host, Recipe], int | None] = vllm_requests
 
-    def out(self, run: Run, h: Host, recipe: Recipe, show: Mapping[str, Any], t: dict[str, float],
-            reason: str = "rollout") -> None:
-        """Take ``h`` out of rotation and wait (bounded) for its requests in flight; record both."""
+    def out(self, step: Step, reason: str = "rollout") -> None:
+        """Take the step's host out of rotation and wait (bounded) for its requests in flight;
+        record both (the wait in the step's timings)."""
         if self.door is None:
             return
+        run, h, t = step.run, step.host, step.timings
         self.s.check_cancel()
         t0 = time.monotonic()
         # Recorded before the door is asked: a kill in between leaves a host to re-admit, never a
         # forgotten one.
         self.s.ledger.mark_out(h.name, run.id, reason, {})
-        run.phase(h, "draining",
-                  f"out of {self.door.kind} rotation; waiting for requests in flight",
-                    {**show, "health": "draining"})
+        step.phase("draining", f"out of {self.door.kind} rotation; waiting for requests in flight",
+                   step.row.at("draining"))
         try:
             drained = self.door.drain(h)
         except FleetError as e:
@@ -74,17 +75,18 @@ class DoorSteps:
                              + (f" ({undo})" if undo else ""), host=h.name, fix=e.fix) from None
         if drained.memo:
             self.s.ledger.mark_out(h.name, run.id, reason, drained.memo)
-        w = wait_drained(self.door, h, lambda: self.in_flight(h, recipe), self.s.drain_timeout)
+        w = wait_drained(self.door, h, lambda: self.in_flight(h, step.recipe),
+                         self.s.drain_timeout)
         t["drain"] = time.monotonic() - t0
+        shown = step.row.at("drained").data()
         if w.timed_out:
             t["drain_left"] = float(w.leftover)
             self.s.emit("drained", f"{w.leftover} request(s) still in flight after drain_timeout "
                                   f"{self.s.drain_timeout:.0f}s (door {w.door_left}, vLLM "
                                   f"{w.vllm_left}): the stop cuts "
-                                  "them", h.name, **show, health="drained")
+                                  "them", h.name, **shown)
         else:
-            self.s.emit("drained", f"no request in flight after {w.seconds:.1f}s", h.name, **show,
-                        health="drained")
+            self.s.emit("drained", f"no request in flight after {w.seconds:.1f}s", h.name, **shown)
 
     def _never_took_it_out(self, h: Host) -> bool:
         """After a refused drain: the door has the host in rotation still, or does not know it at
@@ -249,7 +251,7 @@ class DoorSteps:
             cfg = gate.config(recipe, None, h)
             ready = self.s.gates.wait(h, recipe, hr.after_tag or hr.before_tag or "", cfg,
                                       self.s.readmit_timeout,
-                                      self.s.live(h, {}, "loading", cancellable=False))
+                                      live(self.s, h, None, "loading", cancellable=False))
             if not ready.ready:
                 problems.append(f"{n}: kept out of rotation: not ready ({ready.message})")
                 continue

@@ -26,9 +26,10 @@ from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.outcome import check_restored, fix_for, recoverable_why
 from fleetctl.rollout.prefetch import Prefetch
 from fleetctl.rollout.results import RolloutResult
-from fleetctl.rollout.rollback_unit import UnitRollback
+from fleetctl.rollout.rollback_unit import Target, UnitRollback
 from fleetctl.rollout.run import Group, Run
 from fleetctl.rollout.session import RECOVERABLE, Session, command_line, same_version
+from fleetctl.rollout.stepctx import Row, Step
 from fleetctl.serving import container_name
 from fleetctl.soak import Verdict
 from fleetctl.state import hoststate
@@ -37,7 +38,7 @@ from fleetctl.state import ledger as fleet_ledger
 #: Shown the hosts that will change (host -> target tag); raises to refuse.
 Confirm = Callable[[Mapping[str, str | None]], None]
 #: A host's rollback target: tag, digest, pull reference.
-Target = tuple[str | None, str, str]
+Chosen = tuple[str | None, str, str]
 #: How far up its parents an abort looks for what a host served before (each one a rollback that
 #: was itself interrupted before it looked at the host).
 MAX_PARENTS = 8
@@ -48,7 +49,7 @@ class Choice:
     """What a rollback does to each selected host: a target, or a reason to skip it; and the
     container settings (fingerprint) each target ran with, when known."""
 
-    targets: dict[str, Target] = field(default_factory=dict)
+    targets: dict[str, Chosen] = field(default_factory=dict)
     skips: dict[str, str] = field(default_factory=dict)
     fps: dict[str, str | None] = field(default_factory=dict)
     #: The recipe each host goes back to.
@@ -364,10 +365,10 @@ class Rollback:
                                                          fleet_ledger.HOST_FAILED,
                                                          fleet_ledger.SKIPPED)]
         fps: Mapping[str, str] = rec.options.get("fingerprints") or {}
-        targets = {h.host: (h.target_tag, h.target_digest or "",
-                            registry.pull_ref(run.group_of(h.host).recipe.image,
-                                              h.target_digest or "", s.mirrors),
-                            fps.get(h.host)) for h in todo}
+        targets = {h.host: Target(h.target_tag, h.target_digest or "",
+                                  registry.pull_ref(run.group_of(h.host).recipe.image,
+                                                    h.target_digest or "", s.mirrors),
+                                  fps.get(h.host)) for h in todo}
         # Each recipe's steps within its own floor; the recipes' k-th steps side by side.
         per_step: Mapping[str, int] = rec.options.get("per_step") or {}
         by_group = [unit_plan.split_steps(s.inv, [h.host for h in todo if h.host in g.hosts],
@@ -402,19 +403,17 @@ class Rollback:
         run.send("completion" if not bad else "failure", error=error)
         return run.result(seconds=time.monotonic() - t0)
 
-    def _slot(self, run: Run, recipe: Recipe, h: Host,
-              targets: Mapping[str, tuple[str | None, str, str, str | None]]) -> None:
+    def _slot(self, run: Run, recipe: Recipe, h: Host, targets: Mapping[str, Target]) -> None:
         """A slot's rollback step: a single host's here, a unit's (given its head) through its
         members."""
         unit = self.s.inv.unit_of(h.name)
         if unit is None:
-            self.host(run, recipe, h, *targets[h.name])
+            self.host(Step(run, recipe, h, Row(1, targets[h.name].tag or "?")), targets[h.name])
             return
         # one version for every member (fleetctl.rollout.unit.unit_targets); a member done already
         # has none left
-        tag, digest, ref, fingerprint = next(targets[m] for m in unit.members if m in targets)
-        self.units.step(run, unit_plan.unit_recipe(self.s.inv, unit, recipe), unit, tag, digest,
-                        ref, fingerprint)
+        target = next(targets[m] for m in unit.members if m in targets)
+        self.units.step(run, unit_plan.unit_recipe(self.s.inv, unit, recipe), unit, target)
 
     def _known_good(self, names: Sequence[str]) -> dict[str, hoststate.Version]:
         """The last known-good recorded on each of ``names`` (hosts without one are left out)."""
@@ -423,21 +422,20 @@ class Rollback:
         states = hoststate.read_all(self.s.host_store, [self.s.inv.host(n) for n in names])
         return {n: st.last_known_good for n, st in states.items() if st.last_known_good is not None}
 
-    def host(self, run: Run, recipe: Recipe, h: Host, tag: str | None, digest: str, ref: str,
-             fingerprint: str | None = None) -> None:
-        """One host to ``digest`` (with the settings ``fingerprint`` when known), checked by
+    def host(self, step: Step, target: Target) -> None:
+        """The step's host to the target's digest (with its settings when known), checked by
         readiness and smoke; a target that fails is itself undone."""
+        run, recipe, h, t = step.run, step.recipe, step.host, step.timings
+        tag, digest, ref, fingerprint = target.tag, target.digest, target.ref, target.fingerprint
         name = container_name(h)
         ops = self.s.ops(h)
-        show = {"wave": 1, "tag": tag or "?"}
-        t: dict[str, float] = {}
         t0 = time.monotonic()
         rec = run.record(h.name)
         cur = ops.inspect(name)
         prev = ops.inspect(name + remote.PREV_SUFFIX)
         if rec is not None and rec.phase == "undoing":
             # Killed while putting back what served before: finish that.
-            self._undo(run, recipe, h, ops, rec.error or "the target failed", show)
+            self._undo(step, ops, rec.error or "the target failed")
             return
         def wanted(s: remote.Container | None) -> bool:
             return s is not None and same_version(digest, fingerprint, s.digest, s.fingerprint)
@@ -461,60 +459,57 @@ class Rollback:
         try:
             self.s.check_cancel()
             if cur is not None and cur.running and wanted(cur):
-                run.phase(h, "loading", f"serving {tag}: checking it",
-                          {**show, "health": "loading"},
-                            status=fleet_ledger.IN_PROGRESS)
+                step.phase("loading", f"serving {tag}: checking it", step.row.at("loading"),
+                           status=fleet_ledger.IN_PROGRESS)
             elif prev is not None and wanted(prev):
-                self.door.out(run, h, recipe, show, t, reason="rollback")
-                run.phase(h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})",
-                          show,
-                            status=fleet_ledger.IN_PROGRESS)
+                self.door.out(step, reason="rollback")
+                step.phase("restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})",
+                           status=fleet_ledger.IN_PROGRESS)
                 ops.swap(name)
             else:
-                run.phase(h, "pull", ref.rsplit("/", 1)[-1][:40], show,
-                          status=fleet_ledger.IN_PROGRESS)
+                step.phase("pull", ref.rsplit("/", 1)[-1][:40], status=fleet_ledger.IN_PROGRESS)
                 t["pull"] = self.prefetch.pull(ops, recipe.image, ref)
-                self.door.out(run, h, recipe, show, t, reason="rollback")
-                run.phase(h, "stopping", None, show)
+                self.door.out(step, reason="rollback")
+                step.phase("stopping")
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).
                 ops.retire(name, run.id, digest, grace=0)
-                run.phase(h, "starting", None, show)
+                step.phase("starting")
                 ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=run.id,
                           secrets=self.s.container_secrets(recipe),
                           cache_key=self.s.cache_key(h, recipe, digest))
-            v = self._check(run, recipe, h, tag, show, t, t0)
+            v = self._check(step, tag, t0)
         except RECOVERABLE as e:
-            self._undo(run, recipe, h, ops, f"{tag} failed: {recoverable_why(e, full=False)}", show)
+            self._undo(step, ops, f"{tag} failed: {recoverable_why(e, full=False)}")
             if isinstance(e, KeyboardInterrupt):
                 raise
             return
         door_error = self.door.back_in_or_record(run, h, t)
-        run.phase(h, "done", f"serving {tag}" + (f"; {door_error}" if door_error else ""),
-                    {**show, "health": "ok"}, status=fleet_ledger.DONE, after_tag=tag,
-                    after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
+        step.phase("done", f"serving {tag}" + (f"; {door_error}" if door_error else ""),
+                   step.row.at("ok"), status=fleet_ledger.DONE, after_tag=tag,
+                   after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
 
-    def _check(self, run: Run, recipe: Recipe, h: Host, tag: str | None, show: Mapping[str, Any],
-               t: dict[str, float], t0: float) -> Verdict:
-        """``h``'s readiness and smoke test on its target; raises FleetError."""
+    def _check(self, step: Step, tag: str | None, t0: float) -> Verdict:
+        """The step's host's readiness and smoke test on its target; raises FleetError."""
+        run, recipe, h, t = step.run, step.recipe, step.host, step.timings
         cfg = gate.config(recipe, None, h)
-        ready = self.s.gates.wait(h, recipe, tag or "", cfg, None, self.s.live(h, show, "loading"))
+        ready = self.s.gates.wait(h, recipe, tag or "", cfg, None, step.live("loading"))
         t["ready"] = time.monotonic() - t0
         if not ready.ready:
             raise FleetError(f"readiness {ready.outcome.value}: {ready.message}", host=h.name)
         self.s.check_cancel()
-        run.phase(h, "smoke", None, {**show, "health": "ready"})
+        step.phase("smoke", None, step.row.at("ready"))
         v = self.s.gates.smoke(h, recipe, tag or "", cfg, run.artifacts(h))
         t["total"] = time.monotonic() - t0
         if v.outcome.value != "pass":
             raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=h.name)
         return v
 
-    def _undo(self, run: Run, recipe: Recipe, h: Host, ops: remote.HostOps, why: str,
-              show: Mapping[str, Any]) -> None:
-        """Put back what ``h`` served before this rollback (kept as ``.prev``) after its target
-        failed."""
+    def _undo(self, step: Step, ops: remote.HostOps, why: str) -> None:
+        """Put back what the step's host served before this rollback (kept as ``.prev``) after its
+        target failed."""
+        run, h = step.run, step.host
         name = container_name(h)
-        run.phase(h, "undoing", why, {**show, "health": "failed"}, error=why)
+        step.phase("undoing", why, step.row.at("failed"), error=why)
         rec = run.record(h.name)
         before = rec.before_digest if rec is not None else None
         fix = fix_for(run, [h.name])
@@ -531,21 +526,21 @@ class Rollback:
                                                     prev.fingerprint):
                     raise FleetError("the previous container is gone", host=h.name)
                 ops.restore(name)
-            check_restored(run, recipe, h, rec.before_tag if rec else None, show, "undoing",
-                           smoke=False)
+            check_restored(step, rec.before_tag if rec else None, "undoing", smoke=False,
+                           timed=False)
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
-            run.phase(h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},
-                        status=fleet_ledger.HOST_FAILED,
-                      error=f"{why}; undo failed: {cause}; fix: {fix}")
+            step.phase("failed", f"{why}; undo failed: {cause}", step.row.at("down"),
+                       status=fleet_ledger.HOST_FAILED,
+                       error=f"{why}; undo failed: {cause}; fix: {fix}")
             return
         tag_b = rec.before_tag if rec is not None else None
         door_error = self.door.back_in_or_record(run, h)
-        run.phase(h, "rolled-back",
-                  f"{why}; serving {tag_b} again" + (f"; {door_error}" if door_error else ""),
-                    {**show, "health": "ok", "tag": tag_b},
-                    status=fleet_ledger.ROLLED_BACK, after_tag=tag_b, after_digest=before,
-                  error=why)
+        step.phase("rolled-back",
+                   f"{why}; serving {tag_b} again" + (f"; {door_error}" if door_error else ""),
+                   step.row.showing(tag_b).at("ok"),
+                   status=fleet_ledger.ROLLED_BACK, after_tag=tag_b, after_digest=before,
+                   error=why)
 
     def abort(self, webhook: str | None = None, force: bool = False,
               confirm: Confirm | None = None) -> RolloutResult:

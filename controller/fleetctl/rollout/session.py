@@ -65,16 +65,6 @@ class StopRollout(Exception):
         self.error = error
 
 
-#: What a soak's or readiness's progress events carry through to a rollout's live views and event
-#: log (soak.phases.SoakState.emit, run_requests, readiness.await_ready): phase k of n, time so far,
-#: the level's requests against its plan, errors, tok/s against the baseline's, acceptance;
-#: readiness's wait and timeout.
-LIVE_FIGURES = frozenset({"step", "steps", "elapsed", "level", "concurrency", "requests",
-                          "planned_requests", "errors", "tok_s",
-                          "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited",
-                          "timeout"})
-
-
 def command_line() -> str:
     """The command that started this run, with option values that may be secret hidden."""
     argv = [os.path.basename(sys.argv[0]), *sys.argv[1:]]
@@ -282,21 +272,6 @@ class Session:
                 fix="`fleetctl rollout --resume` to continue it, or `fleetctl rollout abort` / "
                     "`fleetctl rollback` to undo it",
             )
-
-    def live(self, h: Host, show: Mapping[str, Any], phase: str,
-             cancellable: bool = True) -> Progress:
-        """Soak/readiness events as rows of the live table (phase kept, figures picked out).
-
-        A cancellable one raises KeyboardInterrupt after Ctrl-C, so that a long soak stops at its
-        next event."""
-        def forward(event: Event) -> None:
-            if cancellable:
-                self.check_cancel()
-            data = {**show, "health": phase, **gate.table_figures(event.data),
-                    **{k: v for k, v in event.data.items() if k in LIVE_FIGURES},
-                    "soak_phase": event.phase}
-            self.progress(Event(phase, event.message or event.phase, h.name, data))
-        return forward
 
     def parallel(self, hosts: Sequence[Host],
                  fn: Callable[[Host], None]) -> dict[str, FleetError | None]:
