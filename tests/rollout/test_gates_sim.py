@@ -32,10 +32,12 @@ from fleetctl.inventory import Host
 from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout.api import Engine
+from fleetctl.rollout.gate import Baseline, Judged
 from fleetctl.rollout.results import Options, RolloutResult
-from fleetctl.soak import Readiness, SoakConfig, Verdict, baselines
+from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import EXIT1, OK, SOAKFAIL, SimFleet, SimGates, digest_of
 from .sim_run import example_inventory
@@ -71,12 +73,10 @@ class Gates(SimGates):
             return Readiness(Outcome.FAIL, f"container exited: {BOOT_CAUSE}", 0.0, cause=BOOT_CAUSE)
         return r
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
-             baseline_key: str | None = None) -> Verdict:
-        v = super().soak(
-            host, recipe, tag, cfg, store, baseline_tag, artifacts, run_id, progress, baseline_key
-        )
+    def soak(self, judged: Judged, baseline: Baseline, artifacts: Path, run_id: str,
+             progress: Progress) -> Verdict:
+        tag = judged.tag
+        v = super().soak(judged, baseline, artifacts, run_id, progress)
         if tag == UNSURE:
             return Verdict(
                 v.run_id,
@@ -155,7 +155,7 @@ def test_a_canary_failing_its_gate_is_rolled_back_and_no_other_host_is_touched(
                for h in fleet.hosts.values())
     assert r.id is not None
     with fleet_ledger.open_ledger(tmp_path) as led:
-        assert led.get(r.id).status == fleet_ledger.FAILED and led.holder() is None
+        assert led.get(r.id).status == fleet_records.FAILED and led.holder() is None
 
 
 def test_an_inconclusive_gate_pauses_then_abort_puts_every_host_back(
@@ -175,7 +175,7 @@ def test_an_inconclusive_gate_pauses_then_abort_puts_every_host_back(
     assert {h.status for h in ab.hosts} <= {"done", "skipped"}, ab.hosts
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, NEW)
     with fleet_ledger.open_ledger(tmp_path) as led:
-        assert led.get(r.id).status == fleet_ledger.ABORTED and led.holder() is None
+        assert led.get(r.id).status == fleet_records.ABORTED and led.holder() is None
 
 
 def test_an_inconclusive_gate_with_on_inconclusive_fail_is_a_failed_gate(

@@ -33,7 +33,7 @@ def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(
     h = lab_inventory.host("s1")
     ref = f"10.0.0.1:5000/aeon-7/x@{DIGEST}"
     argv = remote.run_argv(
-        h, recipe, ref, tag="2026-07-01-v0.24.0", digest=DIGEST, rollout_id="ro-1", name="vllm"
+        h, remote.StartRequest(recipe, ref, "2026-07-01-v0.24.0", DIGEST, "ro-1"), "vllm"
     )
     assert argv[:5] == ["docker", "run", "-d", "--name", "vllm"]
     for flag in (["--gpus", "all"], ["--ipc", "host"], ["--network", "host"]):

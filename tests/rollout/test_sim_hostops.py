@@ -103,7 +103,7 @@ def test_the_canarys_compile_cache_is_copied_to_hosts_holding_the_image() -> Non
     canary = fleet.ops(HOSTS[0])
     canary.kill("vllm")
     # a cold start compiles into its key directory
-    canary.start(RECIPE, REF, tag="v2", digest=d, rollout_id="ro-1", secrets={}, cache_key=key)
+    canary.start(remote.StartRequest(RECIPE, REF, "v2", d, "ro-1", cache_key=key))
     out = warmcache.share(RECIPE, REF, HOSTS[0], key, {h: key for h in HOSTS[1:4]}, fleet.ops)
     assert out["spark-02"].warm and out["spark-03"].warm and out["spark-02"].files == 1
     # the cache script runs in the target image: a host without it starts cold

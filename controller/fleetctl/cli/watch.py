@@ -21,8 +21,7 @@ from rich.text import Text
 
 from fleetctl import paths, ssh
 from fleetctl.cli import live
-from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
-from fleetctl.cli.output import stream_options as stream_options
+from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx, stream_options
 from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress, Tee

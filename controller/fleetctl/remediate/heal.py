@@ -37,10 +37,10 @@ from fleetctl.remediate.record import KIND, REMEDIATING, Record
 from fleetctl.rollout import gate
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.door import vllm_requests
-from fleetctl.rollout.stepctx import live
+from fleetctl.rollout.run import live
 from fleetctl.serving import container_name
 from fleetctl.soak.verdict import Remedied
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Actions and results (``fleetctl history`` and the events name them).
 RESTART, ROLLBACK, PARK, NONE = "restart", "rollback", "park", "none"
@@ -377,13 +377,13 @@ class Remediator:
             return self._park(rid, h, members, check, cause, f"{why}; the rollback could not "
                               f"run: {e.cause}", t0)
         back = [o for o in r.hosts if o.host == h.name]
-        if r.status == fleet_ledger.COMPLETED and back and back[0].status == fleet_ledger.DONE:
+        if r.status == fleet_records.COMPLETED and back and back[0].status == fleet_records.DONE:
             self._breaker_reset(h)
             self.record.step(rid, [h.name], "rolled-back", f"{r.id}: {back[0].after_tag}")
             return self._end(rid, Remediation(h.name, check, cause, ROLLBACK, ROLLED_BACK,
                                               f"{why}; rolled back to {back[0].after_tag} "
                                               f"({r.id})", rid, time.monotonic() - t0, members))
-        if not back or back[0].status == fleet_ledger.SKIPPED:
+        if not back or back[0].status == fleet_records.SKIPPED:
             skip = (back[0].error if back else None) or r.error or "nothing to roll back to"
             return self._park(rid, h, members, check, cause, f"{why}; no rollback: no other "
                               f"known-good version recorded for it ({skip})", t0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl import frontdoor, registry
+from fleetctl.facts import Facts
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Progress
 from fleetctl.recipes import Recipe
@@ -100,7 +101,7 @@ class Engine:
         version."""
         return self.back.abort(webhook=webhook, force=force, confirm=confirm)
 
-    def plan(self, opts: Options) -> tuple[FleetPlan, list[Group], dict[str, remote.Facts]]:
+    def plan(self, opts: Options) -> tuple[FleetPlan, list[Group], dict[str, Facts]]:
         """Resolve the tag in each recipe group's image, preflight the hosts and cut each group's
         waves. Touches nothing."""
         return self.preflight.plan(opts)

@@ -30,10 +30,9 @@ from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.results import Options
-from fleetctl.rollout.run import Group, Run
+from fleetctl.rollout.run import Failure, Group, Row, Run, Step
 from fleetctl.rollout.session import Session, StopRollout
 from fleetctl.rollout.step import HostStep
-from fleetctl.rollout.stepctx import Failure, Row, Step
 from fleetctl.rollout.unit import unit_recipe
 from fleetctl.rollout.unit_step import UnitStep
 from fleetctl.soak import metrics
@@ -47,7 +46,7 @@ from fleetctl.soak.traffic import (
     traffic,
 )
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from fleetctl.urls import url_host
 
 #: Hosts on the old version scraped for the comparison at most (a sample: the fleet's rest is
@@ -124,7 +123,7 @@ class Bake:
         """A wave whose hosts are done but whose bake did not finish (a killed controller, or a
         paused bake)."""
         rec = run.ledger.get(run.id)
-        return any((r := rec.host(h)) is not None and r.status == fleet_ledger.DONE
+        return any((r := rec.host(h)) is not None and r.status == fleet_records.DONE
                    and r.phase in BAKE_PHASES
                    for h in members)
 
@@ -134,12 +133,12 @@ class Bake:
         p, hosts = group.p, group.hosts
         rec = run.ledger.get(run.id)
         done = [hosts[h] for h in members
-                if (r := rec.host(h)) is not None and r.status == fleet_ledger.DONE]
+                if (r := rec.host(h)) is not None and r.status == fleet_records.DONE]
         new = unit_plan.slots(self.s.inv, done)
         if not new or seconds <= 0:
             return
         pending = [hosts[hp.host] for hp in p.hosts if hp.action == "deploy" and hp.host in hosts
-                   and (r := rec.host(hp.host)) is not None and r.status == fleet_ledger.PENDING]
+                   and (r := rec.host(hp.host)) is not None and r.status == fleet_records.PENDING]
         old = unit_plan.slots(self.s.inv, pending)[:MAX_OLD]
         wave = Baked(run, group, w, done, Row(w + 1, p.tag, p.digest))
         against = (f"{len(old)} host(s) on the old version" if old
@@ -221,14 +220,14 @@ class Bake:
         if outcome is Outcome.INCONCLUSIVE and run.opts.on_inconclusive == "pause":
             for h in done:
                 run.phase(h, "bake-paused", why, wave.row.at("?").data())
-            raise StopRollout(fleet_ledger.PAUSED,
+            raise StopRollout(fleet_records.PAUSED,
                               f"inconclusive bake of wave {w + 1}: {cmp.summary()}")
         self._unbake(wave, Failure(why, verdict))
-        run.ledger.set_wave(run.id, w, fleet_ledger.FAILED)
+        run.ledger.set_wave(run.id, w, fleet_records.FAILED)
         rolled = [h.name for h in done if (r := run.ledger.get(run.id).host(h.name)) is not None
-                  and r.status == fleet_ledger.ROLLED_BACK]
+                  and r.status == fleet_records.ROLLED_BACK]
         run.send("rollback", hosts=rolled, error=why)
-        raise StopRollout(fleet_ledger.FAILED,
+        raise StopRollout(fleet_records.FAILED,
                           f"wave {w + 1} rolled back after its bake: {cmp.summary()}")
 
     def _unbake(self, wave: Baked, failure: Failure) -> None:
@@ -253,7 +252,7 @@ class Bake:
         for name, err in outs.items():
             if err is not None:
                 run.ledger.host_phase(run.id, name, "error", detail=err.message(),
-                                      status=fleet_ledger.HOST_FAILED,
+                                      status=fleet_records.HOST_FAILED,
                                        error=err.message())
 
     def _verdict(self, run: Run, p: wave_plan.Plan, w: int, cmp: Comparison, started: datetime,

@@ -21,15 +21,14 @@ from fleetctl.frontdoor.drain import vllm_in_flight, wait_drained, wait_in_rotat
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
-from fleetctl.rollout.run import Run
+from fleetctl.rollout.run import Run, Step, live
 from fleetctl.rollout.session import Session, StopRollout
-from fleetctl.rollout.stepctx import Step, live
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Host statuses after which a host that is still out of rotation serves a good version and goes
 #: back in.
-SERVING_STATUSES = (fleet_ledger.DONE, fleet_ledger.ROLLED_BACK, fleet_ledger.SKIPPED,
-                    fleet_ledger.PENDING)
+SERVING_STATUSES = (fleet_records.DONE, fleet_records.ROLLED_BACK, fleet_records.SKIPPED,
+                    fleet_records.PENDING)
 
 
 def vllm_requests(h: Host, recipe: Recipe) -> int | None:
@@ -175,7 +174,7 @@ class DoorSteps:
                        + "; " + "; ".join(f"{n} {w}" for n, w in why_out.items()))
             if time.monotonic() - t0 >= self.s.capacity_timeout:
                 hosts = ", ".join(step)
-                raise StopRollout(fleet_ledger.PAUSED, FrontDoorError(
+                raise StopRollout(fleet_records.PAUSED, FrontDoorError(
                     f"{hosts} not taken out: after {self.s.capacity_timeout:.0f}s {waiting}",
                     fix="bring the hosts out of rotation back in (or fix their health check), then "
                         "`fleetctl rollout --resume`; or lower the floor (--min-available, "
@@ -244,7 +243,7 @@ class DoorSteps:
             hr = rec.host(n)
             if n not in out or hr is None or hr.status not in SERVING_STATUSES:
                 continue
-            if hr.status == fleet_ledger.PENDING and hr.phase not in ("planned", "restored",
+            if hr.status == fleet_records.PENDING and hr.phase not in ("planned", "restored",
                                                                       "skipped"):
                 continue
             h = self.s.inv.host(n)

@@ -12,12 +12,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.rollout import gate
 from fleetctl.rollout import host as remote
-from fleetctl.rollout.run import Run
-from fleetctl.rollout.stepctx import Failure, Step, live
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.rollout.run import Failure, Run, Step, live
+from fleetctl.state import records as fleet_records
 
 
 def recoverable_why(e: BaseException, full: bool = True) -> str:
@@ -65,7 +65,7 @@ def check_restored(step: Step, tag: str | None, phase: str, smoke: bool = True,
                          host=h.name)
 
 
-def keep_known_good(step: Step, now: remote.Container | None) -> None:
+def keep_known_good(step: Step, now: Container | None) -> None:
     """The plan's version passed on the step's host: a known-good of the host (with the
     container's settings)."""
     p, recipe = step.p, step.recipe
@@ -76,12 +76,12 @@ def keep_known_good(step: Step, now: remote.Container | None) -> None:
 
 
 def passed(step: Step, detail: str, verdict: Any, summary: Mapping[str, Any],
-           now: remote.Container | None) -> None:
+           now: Container | None) -> None:
     """The step's host passed its gate: known-good first, then done (a kill between them leaves a
     host to re-check, never a lost intent), and its state file's last known-good."""
     p = step.p
     keep_known_good(step, now)
-    step.phase("done", detail, step.row.at("ok"), status=fleet_ledger.DONE, after_tag=p.tag,
+    step.phase("done", detail, step.row.at("ok"), status=fleet_records.DONE, after_tag=p.tag,
                after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
     step.run.known_good_on_host(step.host, p.tag, p.digest)
 
@@ -89,22 +89,22 @@ def passed(step: Step, detail: str, verdict: Any, summary: Mapping[str, Any],
 def paused(step: Step, detail: str, verdict: Any, summary: Mapping[str, Any]) -> None:
     """The step's gate was inconclusive and the rollout pauses on it (``--on-inconclusive
     pause``)."""
-    step.phase("paused", detail, step.row.at("?"), status=fleet_ledger.HOST_PAUSED,
+    step.phase("paused", detail, step.row.at("?"), status=fleet_records.HOST_PAUSED,
                verdict=summary, artifacts=verdict.artifacts_dir,
                error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
 
 
-def after_restore(step: Step, failure: Failure, detail: str, prev: remote.Container | None,
+def after_restore(step: Step, failure: Failure, detail: str, prev: Container | None,
                   prev_tag: str | None, summary: Mapping[str, Any]) -> None:
     """The step's host serves its previous version again (the step's row shows it): rolled back
     (a verdict), or restored and left pending for --resume (``failure.judged`` False: Ctrl-C is no
     verdict on the version)."""
     why = failure.why
     if not failure.judged:
-        step.phase("restored", f"{why}; {detail}", step.row.at("ok"), status=fleet_ledger.PENDING,
+        step.phase("restored", f"{why}; {detail}", step.row.at("ok"), status=fleet_records.PENDING,
                    error=None, verdict=None)
         return
-    step.phase("rolled-back", detail, step.row.at("ok"), status=fleet_ledger.ROLLED_BACK,
+    step.phase("rolled-back", detail, step.row.at("ok"), status=fleet_records.ROLLED_BACK,
                after_tag=prev.tag if prev else prev_tag, after_digest=prev.digest if prev else None,
                error=why, verdict=summary)
 

@@ -16,7 +16,7 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import imagetree, pulls
 from fleetctl.rollout.run import Run
 from fleetctl.rollout.session import Session, StopRollout
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Seconds between two ``pull`` events of one host at least (docker prints a few lines per layer).
 PULL_EVENT_INTERVAL = 1.0
@@ -85,7 +85,7 @@ class Prefetch:
         bad = {n: o.error for n, o in outs.items() if o.error is not None}
         if bad:
             why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
-            raise StopRollout(fleet_ledger.FAILED,
+            raise StopRollout(fleet_records.FAILED,
                               f"prefetch failed before any host was changed: {why}")
         return {n: float(o.value or 0.0) for n, o in outs.items()}
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fleetctl.errors import ExitCode
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.groups import FleetPlan
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 @dataclass(frozen=True)
@@ -98,17 +98,17 @@ class RolloutResult:
         """OK when completed (or a dry run); COMPLETED_WITH_FAILURES when failures within the
         budget;
         FAILED when a gate stopped it; INCONCLUSIVE when paused."""
-        if self.status in (fleet_ledger.COMPLETED, "planned"):
+        if self.status in (fleet_records.COMPLETED, "planned"):
             return ExitCode.OK
-        if self.status == fleet_ledger.COMPLETED_WITH_FAILURES:
+        if self.status == fleet_records.COMPLETED_WITH_FAILURES:
             return ExitCode.COMPLETED_WITH_FAILURES
-        if self.status == fleet_ledger.PAUSED:
+        if self.status == fleet_records.PAUSED:
             return ExitCode.INCONCLUSIVE
         return ExitCode.FAILED
 
 
 
-def host_outcome(h: fleet_ledger.HostRecord) -> HostOutcome:
+def host_outcome(h: fleet_records.HostRecord) -> HostOutcome:
     """A ledger host record as a result row."""
     v = h.verdict or {}
     return HostOutcome(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl import registry, ssh
+from fleetctl.container import LABEL_FINGERPRINT, Container
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe, configured_recipe
@@ -27,13 +28,12 @@ from fleetctl.rollout.outcome import check_restored, fix_for, recoverable_why
 from fleetctl.rollout.prefetch import Prefetch
 from fleetctl.rollout.results import RolloutResult
 from fleetctl.rollout.rollback_unit import Target, UnitRollback
-from fleetctl.rollout.run import Group, Run
+from fleetctl.rollout.run import Group, Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session, command_line, same_version
-from fleetctl.rollout.stepctx import Row, Step
 from fleetctl.serving import container_name
 from fleetctl.soak import Verdict
 from fleetctl.state import hoststate
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Shown the hosts that will change (host -> target tag); raises to refuse.
 Confirm = Callable[[Mapping[str, str | None]], None]
@@ -95,11 +95,11 @@ class Rollback:
         wave_plan.check_options(None, max_unavailable, None, min_available,
                                 total=len(s.inv.select(limit)),
                                 inventory_min_available=s.min_available())
-        rid = fleet_ledger.new_id("rollback")
+        rid = fleet_records.new_id("rollback")
         run = Run(s, rid, "rollback", hook=s.webhook(rid, webhook))
         s.ledger.acquire(rid)
         try:
-            active = s.ledger.latest(statuses=fleet_ledger.ACTIVE)
+            active = s.ledger.latest(statuses=fleet_records.ACTIVE)
             if only_active and active is None:
                 raise FleetError("there is no paused or interrupted rollout or rollback to abort",
                                  fix="use `fleetctl rollback` to return to the previous version")
@@ -129,7 +129,7 @@ class Rollback:
                 confirm({n: choice.targets[n][0] for n in names})
             self._record(run, choice, names, current, to, max_unavailable, min_available, parent)
             for undone in self.active_chain(active.id if active else None):
-                s.ledger.set_status(undone, fleet_ledger.ABORTED, f"undone by {rid}")
+                s.ledger.set_status(undone, fleet_records.ABORTED, f"undone by {rid}")
             run.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
             return self.run(run)
         finally:
@@ -148,13 +148,13 @@ class Rollback:
                 rec = self.s.ledger.get(rid)
             except FleetError:
                 break  # pruned from the ledger
-            if rec.status not in fleet_ledger.ACTIVE:
+            if rec.status not in fleet_records.ACTIVE:
                 break
             out.append(rec.id)
             rid = rec.parent
         return out
 
-    def _look(self, selected: Sequence[str]) -> dict[str, remote.Container | None]:
+    def _look(self, selected: Sequence[str]) -> dict[str, Container | None]:
         """What each selected host serves now; refused when one cannot be looked at."""
         s = self.s
         looks = ssh.fan_out([s.inv.host(n) for n in selected],
@@ -167,8 +167,8 @@ class Rollback:
         return {n: looks[n].value for n in selected}
 
     def _choose(self, c: Choice, recipe_name: str | None, selected: Sequence[str],
-                current: Mapping[str, remote.Container | None], to: str | None,
-                aborted: fleet_ledger.RolloutRecord | None) -> None:
+                current: Mapping[str, Container | None], to: str | None,
+                aborted: fleet_records.RolloutRecord | None) -> None:
         """Each selected host's target into ``c``: ``to`` when given, else (an abort) what it served
         before ``aborted``, else the newest known-good that is not what it serves now; and the
         recipe it goes back to: ``recipe_name`` when given, else the one it served that version
@@ -212,14 +212,14 @@ class Rollback:
             self.s.check_recipe(g.recipe)
         return out
 
-    def groups(self, rec: fleet_ledger.RolloutRecord) -> list[Group]:
+    def groups(self, rec: fleet_records.RolloutRecord) -> list[Group]:
         """A recorded rollback's hosts by the recipe each goes back to (a record of an older
         fleetctl: its one recipe)."""
         known = set(self.s.recipe_names())
         return self._groups({h.host: h.recipe or (rec.recipe if rec.recipe in known else None)
                              for h in rec.hosts})
 
-    def _before(self, c: Choice, n: str, aborted: fleet_ledger.RolloutRecord,
+    def _before(self, c: Choice, n: str, aborted: fleet_records.RolloutRecord,
                 serving: tuple[str | None, str | None] | None,
                 pinned: bool = False) -> tuple[str | None, str] | None:
         """An abort's target of ``n``: what it served before ``aborted`` changed it (None:
@@ -227,21 +227,21 @@ class Rollback:
         hr = self._changed_by(aborted, n)
         if hr is not None and hr.before_recipe and not pinned:
             c.recipes[n] = hr.before_recipe
-        if hr is None or hr.status == fleet_ledger.SKIPPED:
+        if hr is None or hr.status == fleet_records.SKIPPED:
             c.skips[n] = f"not changed by {aborted.id}"
             return None
         if not hr.before_digest:
             c.skips[n] = ("first deploy: nothing served before it (leave it, or `fleetctl rollout` "
                           "a version)")
             return None
-        c.fps[n] = ((hr.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+        c.fps[n] = ((hr.before or {}).get("labels") or {}).get(LABEL_FINGERPRINT)
         if serving is not None and same_version(hr.before_digest, c.fps[n], *serving):
             c.skips[n] = f"already there (serving {hr.before_tag})"
             return None
         return hr.before_tag, hr.before_digest
 
-    def _changed_by(self, aborted: fleet_ledger.RolloutRecord,
-                    n: str) -> fleet_ledger.HostRecord | None:
+    def _changed_by(self, aborted: fleet_records.RolloutRecord,
+                    n: str) -> fleet_records.HostRecord | None:
         """``n``'s row in ``aborted``; for a rollback whose rows of ``n``'s slot (``n``, or every
         member of its unit) hold no one previous version (killed before it looked at a member, or a
         member served nothing then), the rows of the record it undid, up its parents: what the slot
@@ -254,7 +254,7 @@ class Rollback:
         rec = aborted
         for _ in range(MAX_PARENTS):
             if (rec.kind != "rollback" or not rec.parent or _one_before(rows.values())
-                    or any(r is not None and r.status == fleet_ledger.SKIPPED
+                    or any(r is not None and r.status == fleet_records.SKIPPED
                            for r in rows.values())):
                 break
             try:
@@ -301,9 +301,9 @@ class Rollback:
         return other[0].tag, other[0].digest
 
     def _record(self, run: Run, c: Choice, names: Sequence[str],
-                current: Mapping[str, remote.Container | None],
+                current: Mapping[str, Container | None],
                 to: str | None, max_unavailable: str | None, min_available: str | None,
-                parent: fleet_ledger.RolloutRecord | None) -> None:
+                parent: fleet_records.RolloutRecord | None) -> None:
         """The rollback in the ledger (its steps within the capacity floor), and the hosts'
         intents."""
         s = self.s
@@ -333,7 +333,7 @@ class Rollback:
                          "target_tag": c.targets[n][0], "target_digest": c.targets[n][1],
                          "recipe": c.recipes[n],
                          "before_recipe": cur.recipe if (cur := current[n]) is not None else None})
-        rows += [{"host": n, "wave": -1, "step": -1, "status": fleet_ledger.SKIPPED,
+        rows += [{"host": n, "wave": -1, "step": -1, "status": fleet_records.SKIPPED,
                   "phase": "skipped", "recipe": c.recipes.get(n),
                   "verdict": json.dumps({"summary": f"skipped: {why}"})} for n,
                  why in c.skips.items()]
@@ -360,10 +360,10 @@ class Rollback:
         t0 = time.monotonic()
         rec = run.ledger.get(run.id)
         mu = int(rec.options.get("max_unavailable") or 1)
-        todo = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE,
-                                                         fleet_ledger.ROLLED_BACK,
-                                                         fleet_ledger.HOST_FAILED,
-                                                         fleet_ledger.SKIPPED)]
+        todo = [h for h in rec.hosts if h.status not in (fleet_records.DONE,
+                                                         fleet_records.ROLLED_BACK,
+                                                         fleet_records.HOST_FAILED,
+                                                         fleet_records.SKIPPED)]
         fps: Mapping[str, str] = rec.options.get("fingerprints") or {}
         targets = {h.host: Target(h.target_tag, h.target_digest or "",
                                   registry.pull_ref(run.group_of(h.host).recipe.image,
@@ -383,21 +383,21 @@ class Rollback:
                                   lambda h: self._slot(run, run.group_of(h.name).recipe, h,
                                                        targets))
             except KeyboardInterrupt:
-                run.ledger.set_status(run.id, fleet_ledger.PAUSED,
+                run.ledger.set_status(run.id, fleet_records.PAUSED,
                                       "interrupted by Ctrl-C (hosts being changed were restored)")
                 raise
             for n, err in outs.items():
                 if err is not None:
                     run.ledger.host_phase(run.id, n, "failed", err.message(),
-                                          status=fleet_ledger.HOST_FAILED,
+                                          status=fleet_records.HOST_FAILED,
                                           error=err.message())
         rec = run.ledger.get(run.id)
         door_problems = [why for g in run.groups
                          for why in self.door.reconcile(run, g.recipe,
                                                         [h.host for h in rec.hosts
                                                          if h.host in g.hosts])]
-        bad = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE, fleet_ledger.SKIPPED)]
-        status = fleet_ledger.FAILED if bad or door_problems else fleet_ledger.COMPLETED
+        bad = [h for h in rec.hosts if h.status not in (fleet_records.DONE, fleet_records.SKIPPED)]
+        status = fleet_records.FAILED if bad or door_problems else fleet_records.COMPLETED
         error = "; ".join([f"{h.host}: {h.error}" for h in bad] + door_problems) or None
         run.ledger.set_status(run.id, status, error)
         run.send("completion" if not bad else "failure", error=error)
@@ -437,7 +437,7 @@ class Rollback:
             # Killed while putting back what served before: finish that.
             self._undo(step, ops, rec.error or "the target failed")
             return
-        def wanted(s: remote.Container | None) -> bool:
+        def wanted(s: Container | None) -> bool:
             return s is not None and same_version(digest, fingerprint, s.digest, s.fingerprint)
 
         if (not wanted(cur) and not wanted(prev) and fingerprint
@@ -454,29 +454,29 @@ class Rollback:
                     f"{h.name}`; or `fleetctl rollback --to {tag} --limit {h.name}` for {tag} "
                     "with today's recipe")
         if cur is not None and rec is not None and rec.before_digest is None and not wanted(cur):
-            run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_ledger.IN_PROGRESS,
+            run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_records.IN_PROGRESS,
                                   before_tag=cur.tag, before_digest=cur.digest, before=cur.settings)
         try:
             self.s.check_cancel()
             if cur is not None and cur.running and wanted(cur):
                 step.phase("loading", f"serving {tag}: checking it", step.row.at("loading"),
-                           status=fleet_ledger.IN_PROGRESS)
+                           status=fleet_records.IN_PROGRESS)
             elif prev is not None and wanted(prev):
                 self.door.out(step, reason="rollback")
                 step.phase("restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})",
-                           status=fleet_ledger.IN_PROGRESS)
+                           status=fleet_records.IN_PROGRESS)
                 ops.swap(name)
             else:
-                step.phase("pull", ref.rsplit("/", 1)[-1][:40], status=fleet_ledger.IN_PROGRESS)
+                step.phase("pull", ref.rsplit("/", 1)[-1][:40], status=fleet_records.IN_PROGRESS)
                 t["pull"] = self.prefetch.pull(ops, recipe.image, ref)
                 self.door.out(step, reason="rollback")
                 step.phase("stopping")
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).
                 ops.retire(name, run.id, digest, grace=0)
                 step.phase("starting")
-                ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=run.id,
-                          secrets=self.s.container_secrets(recipe),
-                          cache_key=self.s.cache_key(h, recipe, digest))
+                ops.start(remote.StartRequest(recipe, ref, tag or digest[:19], digest, run.id,
+                                              self.s.container_secrets(recipe),
+                                              self.s.cache_key(h, recipe, digest)))
             v = self._check(step, tag, t0)
         except RECOVERABLE as e:
             self._undo(step, ops, f"{tag} failed: {recoverable_why(e, full=False)}")
@@ -485,7 +485,7 @@ class Rollback:
             return
         door_error = self.door.back_in_or_record(run, h, t)
         step.phase("done", f"serving {tag}" + (f"; {door_error}" if door_error else ""),
-                   step.row.at("ok"), status=fleet_ledger.DONE, after_tag=tag,
+                   step.row.at("ok"), status=fleet_records.DONE, after_tag=tag,
                    after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
 
     def _check(self, step: Step, tag: str | None, t0: float) -> Verdict:
@@ -513,7 +513,7 @@ class Rollback:
         rec = run.record(h.name)
         before = rec.before_digest if rec is not None else None
         fix = fix_for(run, [h.name])
-        before_fp = (((rec.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+        before_fp = (((rec.before or {}).get("labels") or {}).get(LABEL_FINGERPRINT)
                      if rec is not None else None)
         try:
             cur = ops.inspect(name)
@@ -531,7 +531,7 @@ class Rollback:
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             step.phase("failed", f"{why}; undo failed: {cause}", step.row.at("down"),
-                       status=fleet_ledger.HOST_FAILED,
+                       status=fleet_records.HOST_FAILED,
                        error=f"{why}; undo failed: {cause}; fix: {fix}")
             return
         tag_b = rec.before_tag if rec is not None else None
@@ -539,7 +539,7 @@ class Rollback:
         step.phase("rolled-back",
                    f"{why}; serving {tag_b} again" + (f"; {door_error}" if door_error else ""),
                    step.row.showing(tag_b).at("ok"),
-                   status=fleet_ledger.ROLLED_BACK, after_tag=tag_b, after_digest=before,
+                   status=fleet_records.ROLLED_BACK, after_tag=tag_b, after_digest=before,
                    error=why)
 
     def abort(self, webhook: str | None = None, force: bool = False,
@@ -552,9 +552,9 @@ class Rollback:
         return self.rollback(webhook=webhook, only_active=True, confirm=confirm)
 
 
-def _one_before(rows: Iterable[fleet_ledger.HostRecord | None]) -> bool:
+def _one_before(rows: Iterable[fleet_records.HostRecord | None]) -> bool:
     """Every row there, changed by its run, with one previous version (a unit's members go back
     together)."""
     rs = list(rows)
-    return (all(r is not None and r.status != fleet_ledger.SKIPPED and r.before_digest for r in rs)
+    return (all(r is not None and r.status != fleet_records.SKIPPED and r.before_digest for r in rs)
             and len({r.before_digest for r in rs if r is not None}) == 1)

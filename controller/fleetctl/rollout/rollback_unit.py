@@ -12,6 +12,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Unit
 from fleetctl.recipes import Recipe
@@ -20,13 +21,12 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.outcome import fix_for, recoverable_why
 from fleetctl.rollout.prefetch import Prefetch
-from fleetctl.rollout.run import Run
+from fleetctl.rollout.run import Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session
-from fleetctl.rollout.stepctx import Row, Step
 from fleetctl.rollout.unit_step import UnitStep, each, inspect_both
 from fleetctl.serving import container_name
 from fleetctl.soak import Verdict
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Target:
     ref: str
     fingerprint: str | None
 
-    def wanted(self, s: remote.Container | None) -> bool:
+    def wanted(self, s: Container | None) -> bool:
         """``s`` is this version (its settings too, when both are known)."""
         return s is not None and s.digest == self.digest and (
             self.fingerprint is None or s.fingerprint in (self.fingerprint, None))
@@ -69,7 +69,7 @@ class UnitRollback:
             cur, r = looks[h.name][0], recs[h.name]
             if (cur is not None and r is not None and r.before_digest is None
                     and not target.wanted(cur)):
-                run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_ledger.IN_PROGRESS,
+                run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_records.IN_PROGRESS,
                                       before_tag=cur.tag, before_digest=cur.digest,
                                       before=cur.settings)
         try:
@@ -83,11 +83,11 @@ class UnitRollback:
             return
         for h in members:
             step.on(h).phase("done", f"unit {unit.name}: serving {tag}", step.row.at("ok"),
-                             status=fleet_ledger.DONE, after_tag=tag, after_digest=target.digest,
+                             status=fleet_records.DONE, after_tag=tag, after_digest=target.digest,
                              verdict=gate.summarise(v, step.timings), artifacts=v.artifacts_dir)
 
     def _place(self, step: Step, unit: Unit, target: Target,
-               looks: Mapping[str, tuple[remote.Container | None, remote.Container | None]]
+               looks: Mapping[str, tuple[Container | None, Container | None]]
                ) -> None:
         """The target on every member: already there (checked), the kept ``.prev`` swapped in, or
         pulled and started, in the launch's order."""
@@ -98,11 +98,11 @@ class UnitRollback:
                for h in members):
             for h in members:
                 step.on(h).phase("loading", f"unit {unit.name}: serving {tag}: checking it",
-                                 step.row.at("loading"), status=fleet_ledger.IN_PROGRESS)
+                                 step.row.at("loading"), status=fleet_records.IN_PROGRESS)
         elif all(target.wanted(looks[h.name][1]) for h in members):
             for h in members:
                 step.on(h).phase("restoring", f"unit {unit.name}: the kept {tag}",
-                                 status=fleet_ledger.IN_PROGRESS)
+                                 status=fleet_records.IN_PROGRESS)
             # every member stopped first, so that no old member joins a new head; then each kept one
             # started in the launch's order (the abandoned one kept as .prev)
             each(members, lambda h: self.s.ops(h).stop(container_name(h)), "stop")
@@ -111,18 +111,17 @@ class UnitRollback:
         else:
             for h in members:
                 step.on(h).phase("pull", ref.rsplit("/", 1)[-1][:40],
-                                 status=fleet_ledger.IN_PROGRESS)
+                                 status=fleet_records.IN_PROGRESS)
             each(members, lambda h: self.prefetch.pull(self.s.ops(h), recipe.image, ref), "pull")
             each(members,
                  lambda h: self.s.ops(h).retire(container_name(h), run.id, digest, grace=0), "stop")
             for name in recipe.topology.start_order(unit):
                 member = self.s.inv.host(name)
                 step.on(member).phase("starting", f"unit {unit.name} rank {unit.rank(name)}")
-                self.s.ops(member).start(recipe, ref, tag=tag or digest[:19], digest=digest,
-                                         rollout_id=run.id,
-                                         secrets=self.s.container_secrets(recipe),
-                                         launch=recipe.launch(unit, name),
-                                         cache_key=self.s.cache_key(member, recipe, digest))
+                self.s.ops(member).start(remote.StartRequest(
+                    recipe, ref, tag or digest[:19], digest, run.id,
+                    self.s.container_secrets(recipe), self.s.cache_key(member, recipe, digest),
+                    recipe.launch(unit, name)))
 
     def _check(self, step: Step, unit: Unit, tag: str | None, t0: float) -> Verdict:
         """The head's readiness, every member running, and the head's smoke test; raises
@@ -169,7 +168,7 @@ class UnitRollback:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             for h in members:
                 step.on(h).phase("failed", f"{why}; undo failed: {cause}", step.row.at("down"),
-                                 status=fleet_ledger.HOST_FAILED,
+                                 status=fleet_records.HOST_FAILED,
                                  error=f"{why}; unit {unit.name}'s undo failed: {cause}; "
                                        f"fix: {fix}")
             return
@@ -177,7 +176,7 @@ class UnitRollback:
         for h in members:
             r = recs[h.name]
             step.on(h).phase("rolled-back", f"unit {unit.name}: {why}; serving {tag_b} again",
-                             back, status=fleet_ledger.ROLLED_BACK,
+                             back, status=fleet_records.ROLLED_BACK,
                              after_tag=r.before_tag if r else None,
                              after_digest=r.before_digest if r else None, error=why)
 
@@ -188,7 +187,7 @@ class UnitRollback:
         members = unit_plan.members(self.s.inv, unit)
         looks = inspect_both(self.s.ops, members)
 
-        def is_before(h: Host, s: remote.Container | None) -> bool:
+        def is_before(h: Host, s: Container | None) -> bool:
             return s is not None and s.digest == before.get(h.name)
 
         if all((c := looks[h.name][0]) is not None and c.running and is_before(h,

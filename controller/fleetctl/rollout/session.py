@@ -42,6 +42,7 @@ from fleetctl.rollout.webhook import Webhook
 from fleetctl.soak import baselines
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: What a failure after a host's stop is recovered from (the previous container restored first).
 #: A controller that is killed outright (SIGKILL; in the tests a BaseException of its own) is not:
@@ -263,9 +264,9 @@ class Session:
 
     def check_idle(self) -> None:
         """Refuse when another rollout is running (live lock) or left active (paused, or killed)."""
-        for rec_id in self.ledger.ids(statuses=fleet_ledger.ACTIVE, limit=5):
+        for rec_id in self.ledger.ids(statuses=fleet_records.ACTIVE, limit=5):
             rec = self.ledger.get(rec_id)
-            verb = ("is paused" if rec.status == fleet_ledger.PAUSED
+            verb = ("is paused" if rec.status == fleet_records.PAUSED
                     else "was interrupted (its controller died)")
             raise FleetError(
                 f"{rec.kind} {rec.id} to {rec.tag} {verb}",

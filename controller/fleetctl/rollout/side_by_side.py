@@ -23,7 +23,8 @@ from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.phases.answer_set import collect
 from fleetctl.soak.verdict import SoakTarget
-from fleetctl.state.ledger import PENDING, Ledger
+from fleetctl.state.ledger import Ledger
+from fleetctl.state.records import PENDING
 
 
 def peer(ledger: Ledger, inv: Inventory, rollout_id: str, host: str

@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 
 from fleetctl import paths
+from fleetctl.container import LABEL_FINGERPRINT, Container
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
@@ -14,12 +15,11 @@ from fleetctl.rollout import deploy, gate, outcome
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.outcome import fix_for, recoverable_why
-from fleetctl.rollout.run import Group, Run
+from fleetctl.rollout.run import Failure, Group, Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session, same_version
-from fleetctl.rollout.stepctx import Failure, Row, Step
 from fleetctl.serving import container_name
 from fleetctl.soak import baselines
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 class HostStep:
@@ -82,15 +82,16 @@ class HostStep:
             return
         # Out of rotation before anything changes, and for the whole gate (a resumed host too).
         self.door.out(step)
+        joined: deploy.BatchedDeploy | None = None
         if not (cur is not None and cur.running and cur.rollout == rid and cur.digest == p.digest):
-            ops, before_tag = self._stop(step, ops, cur, batch, rec)
+            joined, before_tag = self._stop(step, ops, cur, batch, rec)
         else:
             if batch is not None:
                 batch.leave(h.name)
             step.phase("loading", "already running this rollout's container: gating it",
-                       status=fleet_ledger.IN_PROGRESS)
+                       status=fleet_records.IN_PROGRESS)
         try:
-            self._deploy_and_gate(step, ops, cur, before_tag)
+            self._deploy_and_gate(step, ops, cur, before_tag, joined)
         except RECOVERABLE as e:
             # Ctrl-C is no verdict on the version: the host is restored and left pending for
             # --resume.
@@ -99,21 +100,22 @@ class HostStep:
             if isinstance(e, KeyboardInterrupt):
                 raise
 
-    def _stop(self, step: Step, ops: remote.HostOps, cur: remote.Container | None,
+    def _stop(self, step: Step, ops: remote.HostOps, cur: Container | None,
               batch: deploy.StepBatch | None,
-              rec: fleet_ledger.HostRecord | None) -> tuple[remote.HostOps, str | None]:
+              rec: fleet_records.HostRecord | None
+              ) -> tuple[deploy.BatchedDeploy | None, str | None]:
         """Retire what the host serves (kept as ``.prev``); with a ``batch``, the retire and the
-        start are the step's one deploy run. The ops that start it, and the tag to go back to."""
+        start are the step's one deploy run. The host's part of that run (None: over ``ops``),
+        and the tag to go back to."""
         run, recipe, p, h = step.run, step.recipe, step.p, step.host
         name = container_name(h)
-        if batch is not None:
-            # Retire and start in the step's one run; `start` below then only reports how it went.
-            ops = deploy.BatchedHostOps(ops, batch, deploy.DeployRequest(
-                h, name, recipe, p.pull_ref, p.tag, p.digest, run.id,
-                cache_key=self.s.cache_key(h, recipe, p.digest)))
-        step.phase("stopping", cur.tag if cur else None, status=fleet_ledger.IN_PROGRESS)
+        # Retire and start in the step's one run; the start then only reports how it went.
+        joined = None if batch is None else deploy.BatchedDeploy(batch, deploy.DeployRequest(
+            h, name, recipe, p.pull_ref, p.tag, p.digest, run.id,
+            cache_key=self.s.cache_key(h, recipe, p.digest)))
+        step.phase("stopping", cur.tag if cur else None, status=fleet_records.IN_PROGRESS)
         t0 = time.monotonic()
-        before = ops.retire(name, run.id, p.digest)
+        before = ops.retire(name, run.id, p.digest) if joined is None else joined.retire()
         before_tag = rec.before_tag if rec is not None else None
         if (rec is not None and rec.before_digest is None and before is not None
                 and before.digest != p.digest):
@@ -124,7 +126,7 @@ class HostStep:
                                   "version", before_tag=before.tag, before_digest=before.digest,
                                   before=before.settings)
         step.timings["stop" if batch is None else "deploy"] = time.monotonic() - t0
-        return ops, before_tag
+        return joined, before_tag
 
     def _readmit_gated(self, step: Step) -> None:
         """A host that passed its gate but the door did not take back (a paused run, resumed): still
@@ -138,25 +140,28 @@ class HostStep:
         why = why or self.door.back_in_or_record(run, h, step.timings)
         if why is not None:
             step.phase("out-of-rotation", why, step.row.at("out"),
-                       status=fleet_ledger.HOST_PAUSED, error=f"passed its gate, but {why}")
+                       status=fleet_records.HOST_PAUSED, error=f"passed its gate, but {why}")
             return
         step.phase("done", "passed its gate; back in rotation", step.row.at("ok"),
-                   status=fleet_ledger.DONE)
+                   status=fleet_records.DONE)
         run.known_good_on_host(h, p.tag, p.digest)
 
-    def _deploy_and_gate(self, step: Step, ops: remote.HostOps, cur: remote.Container | None,
-                         before_tag: str | None) -> None:
-        """Start the target (unless already this rollout's), wait for it, soak it; record the
-        verdict."""
+    def _deploy_and_gate(self, step: Step, ops: remote.HostOps, cur: Container | None,
+                         before_tag: str | None, joined: deploy.BatchedDeploy | None) -> None:
+        """Start the target (unless already this rollout's; through the step's deploy run when
+        ``joined``), wait for it, soak it; record the verdict."""
         run, recipe, p, h, t = step.run, step.recipe, step.p, step.host, step.timings
         if not (cur is not None and cur.running and cur.rollout == run.id
                 and cur.digest == p.digest):
             self.s.check_cancel()
             step.phase("starting")
             t0 = time.monotonic()
-            ops.start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=run.id,
-                      secrets=self.s.container_secrets(recipe),
-                      cache_key=self.s.cache_key(h, recipe, p.digest))
+            if joined is not None:
+                joined.start()
+            else:
+                ops.start(remote.StartRequest(recipe, p.pull_ref, p.tag, p.digest, run.id,
+                                              self.s.container_secrets(recipe),
+                                              self.s.cache_key(h, recipe, p.digest)))
             t["start"] = time.monotonic() - t0
         self.s.check_cancel()
         cfg = gate.config(recipe, run.opts.soak, h)
@@ -175,9 +180,9 @@ class HostStep:
         art = run.artifacts(h)
         # The recipe's own window on this host (another model's figures are none of this one's).
         key = baselines.host_key(h.name, recipe.name, self.s.inv.vars.get("fleetctl_recipe"))
-        verdict = self.s.gates.soak(h, recipe, p.tag, cfg, run.ledger, before_tag, art,
-                                    f"{run.id}/{art.name}", step.live("soak"),
-                                    baseline_key=key)
+        verdict = self.s.gates.soak(gate.Judged(h, recipe, p.tag, cfg),
+                                    gate.Baseline(run.ledger, before_tag, key), art,
+                                    f"{run.id}/{art.name}", step.live("soak"))
         t["soak"] = time.monotonic() - t0
         summary = gate.summarise(verdict, t, cfg.sustained_duration)
         judged = step.shown(step.row.at(**gate.figures(verdict)))
@@ -190,7 +195,7 @@ class HostStep:
                 # A good version the door does not take back: the host stays out (recorded) and the
                 # rollout pauses here; `--resume` re-admits it (no new gate) once the door is fixed.
                 judged.phase("out-of-rotation", door_error, judged.row.at("out"),
-                             status=fleet_ledger.HOST_PAUSED, after_tag=p.tag,
+                             status=fleet_records.HOST_PAUSED, after_tag=p.tag,
                              after_digest=p.digest, verdict=summary,
                              artifacts=verdict.artifacts_dir,
                              error=f"passed its gate, but {door_error}")
@@ -226,7 +231,7 @@ class HostStep:
             prev = None
             if failure.resumed and rec is not None and rec.before_digest:
                 cur = ops.inspect(name)
-                before_fp = ((rec.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+                before_fp = ((rec.before or {}).get("labels") or {}).get(LABEL_FINGERPRINT)
                 if cur is not None and cur.running and cur.rollout != run.id and same_version(
                         rec.before_digest, before_fp, cur.digest or "", cur.fingerprint):
                     prev = cur
@@ -234,7 +239,7 @@ class HostStep:
             if prev is None:
                 ops.kill(name)
                 step.phase("failed", f"{why}; there was no previous version to return to",
-                           step.row.at("down"), status=fleet_ledger.HOST_FAILED,
+                           step.row.at("down"), status=fleet_records.HOST_FAILED,
                            error=f"{why}; nothing serves (no previous version); fix: {fix}")
                 return
             back = step.shown(step.row.showing(prev.tag or "?"))
@@ -247,7 +252,7 @@ class HostStep:
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             step.phase("failed", f"{why}; rollback failed: {cause}", step.row.at("down"),
-                       status=fleet_ledger.HOST_FAILED,
+                       status=fleet_records.HOST_FAILED,
                        error=f"{why}; rollback failed: {cause}; fix: {fix}", verdict=summary)
             return
         # Back in rotation only now: the version it serves again passed readiness and smoke.

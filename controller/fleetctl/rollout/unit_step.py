@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any, Literal
 
 from fleetctl import fabric, ssh
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Unit
 from fleetctl.recipes import Recipe
@@ -26,12 +27,11 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.outcome import fix_for, recoverable_why
-from fleetctl.rollout.run import Run
+from fleetctl.rollout.run import Failure, Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session
-from fleetctl.rollout.stepctx import Failure, Row, Step
 from fleetctl.serving import container_name
 from fleetctl.soak import baselines
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Seconds between two looks at every member's container during a unit's soak.
 WATCH_INTERVAL = 3.0
@@ -104,7 +104,7 @@ def each(hosts: Sequence[Host], fn: Callable[[Host], Any], what: str) -> dict[st
 
 
 #: What a host serves, and what it keeps as ``.prev``.
-Looks = dict[str, tuple[remote.Container | None, remote.Container | None]]
+Looks = dict[str, tuple[Container | None, Container | None]]
 
 
 def inspect_both(ops: Callable[[Host], remote.HostOps], hosts: Sequence[Host]) -> Looks:
@@ -143,7 +143,7 @@ class UnitStep:
             for h in members:
                 c = cur[h.name]
                 step.on(h).phase("stopping", f"unit {unit.name}: {c.tag if c else 'nothing'}",
-                                 status=fleet_ledger.IN_PROGRESS)
+                                 status=fleet_records.IN_PROGRESS)
             t0 = time.monotonic()
             # every member at once: the unit serves nothing from its first stop anyway
             before = each(members, lambda h: self.s.ops(h).retire(names[h.name], run.id, p.digest),
@@ -162,7 +162,7 @@ class UnitStep:
             for h in members:
                 step.on(h).phase("loading",
                                  "already running this rollout's container: gating the unit",
-                                 status=fleet_ledger.IN_PROGRESS)
+                                 status=fleet_records.IN_PROGRESS)
         try:
             self._start_and_gate(step, unit, ours, befores[head.name])
         except RECOVERABLE as e:
@@ -180,10 +180,9 @@ class UnitStep:
             self.s.check_cancel()
             h = self.s.inv.host(name)
             step.on(h).phase("starting", f"unit {unit.name} rank {unit.rank(name)}")
-            self.s.ops(h).start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=run.id,
-                                secrets=self.s.container_secrets(recipe),
-                                launch=recipe.launch(unit, name),
-                                cache_key=self.s.cache_key(h, recipe, p.digest))
+            self.s.ops(h).start(remote.StartRequest(
+                recipe, p.pull_ref, p.tag, p.digest, run.id, self.s.container_secrets(recipe),
+                self.s.cache_key(h, recipe, p.digest), recipe.launch(unit, name)))
         step.timings["start"] = time.monotonic() - t0
 
     def _start_and_gate(self, step: Step, unit: Unit, ours: bool, before_tag: str | None) -> None:
@@ -219,9 +218,10 @@ class UnitStep:
         with MemberWatch(members, self.s.ops) as watch:
             # judged against the unit's own baseline (keyed by the unit, not by the host that is its
             # head)
-            verdict = self.s.gates.soak(head, recipe, p.tag, cfg, run.ledger, before_tag, art,
-                                        f"{run.id}/{art.name}", step.live("soak"),
-                                        baseline_key=baselines.unit_key(unit.name))
+            verdict = self.s.gates.soak(
+                gate.Judged(head, recipe, p.tag, cfg),
+                gate.Baseline(run.ledger, before_tag, baselines.unit_key(unit.name)), art,
+                f"{run.id}/{art.name}", step.live("soak"))
         t["soak"] = time.monotonic() - t0
         self._judge(step.shown(step.row.at(**gate.figures(verdict))), unit, verdict, watch.lost,
                     gate.summarise(verdict, t, cfg.sustained_duration))
@@ -305,7 +305,7 @@ class UnitStep:
             for h in members:
                 step.on(h).phase(
                     "failed", f"{why}; the unit's rollback failed: {cause}", step.row.at("down"),
-                    status=fleet_ledger.HOST_FAILED,
+                    status=fleet_records.HOST_FAILED,
                     error=f"{why}; unit {unit.name}'s rollback failed: {cause}; fix: {fix}",
                     verdict=summary)
             return
@@ -342,7 +342,7 @@ class UnitStep:
             for h in members:
                 step.on(h).phase("failed", f"{why}; {', '.join(missing)} had no previous version: "
                                  f"the unit {unit.name} is down", step.row.at("down"),
-                                 status=fleet_ledger.HOST_FAILED,
+                                 status=fleet_records.HOST_FAILED,
                                  error=f"{why}; unit {unit.name} down (no previous version on "
                                        f"{', '.join(missing)}); fix: {fix}")
             return False
