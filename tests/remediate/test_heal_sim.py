@@ -17,6 +17,7 @@ from fleetctl.remediate import heal, policy
 from fleetctl.remediate.record import KIND
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import Seams
 from fleetctl.state import records as fleet_records
 from tests.frontdoor.servers import loopback_pool
 from tests.rollout.sim import NAME, OK, SOAKFAIL, SimFleet, SimGates
@@ -50,7 +51,7 @@ def inv_dir(tmp_path: Path) -> Iterator[Path]:
 
 def _engine(fleet: SimFleet, inv_dir: Path, state: Path, progress: Recorder) -> Engine:
     return Engine(inventory.load(inv_dir / "hosts.yml"), progress, state_dir=state, secrets={},
-                  ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+                  seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
 
 
 def _remediator(eng: Engine, clock: Clock, pages: list[tuple[str, str, str]],
@@ -229,7 +230,7 @@ def test_an_hour_of_breaches_keeps_the_remediators_memory_bounded(tmp_path: Path
     fleet = SimFleet(dict.fromkeys(HOSTS, NEW), {OLD: OK, NEW: OK})
     inv = paths.project_root() / "inventory" / "example"
     eng = Engine(inventory.load(inv), Recorder(), state_dir=tmp_path / "state", secrets={},
-                 ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     eng.progress = lambda e: None
     clock, pages = Clock(), []  # type: ignore[var-annotated]
     try:
@@ -357,7 +358,7 @@ def test_a_units_breach_restarts_every_member_stopped_first_then_started_in_laun
     fleet = SimFleet(dict.fromkeys(["spark-01", *UNIT], NEW), {OLD: OK, NEW: OK})
     fleet.units = {HEAD: list(UNIT)}
     eng = Engine(inventory.load(INV), Recorder(), state_dir=tmp_path / "state", secrets={},
-                 ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     try:
         p = policy.from_mapping({"remediate": True, "gate": 0, "floor": 0}, "sim")
         fixer = heal.Remediator(eng, [HEAD], lambda _r: p, clock=Clock())

@@ -13,7 +13,7 @@ import yaml
 
 from fleetctl import paths
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
 from fleetctl.state import records as fleet_records
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ def run_command(eng: Engine, what: str, opts: Options, limit: str,
             return eng.resume(opts)
         if what == "abort":
             return eng.abort()
-        return eng.rollback(to=to, limit=limit)
+        return eng.rollback(RollbackOptions(to=to, limit=limit))
     finally:
         eng.close()
 

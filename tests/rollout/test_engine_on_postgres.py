@@ -20,6 +20,7 @@ from fleetctl import inventory, paths
 from fleetctl.lab.pgserver import PgServer
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
 
@@ -40,14 +41,8 @@ def _inventory(pg_server: PgServer) -> inventory.Inventory:
 def _run(
     fleet: SimFleet, inv: inventory.Inventory, state: Path, what: str, tag: str = B
 ) -> RolloutResult:
-    eng = Engine(
-        inv,
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inv, state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return run_command(
         eng,

@@ -23,7 +23,8 @@ from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
 from tests.frontdoor.servers import Backend, Pool, loopback_pool
@@ -100,8 +101,9 @@ def _in_flight(d: Door) -> Callable[[Host, Recipe], int | None]:
 def _engine(fleet: SimFleet, d: Door, state: Path, progress: Progress = NULL) -> Engine:
     Watched.door = d
     inv = inventory.load(d.inv_dir / "hosts.yml")
-    eng = Engine(inv, progress, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet),
-                 gates=SimGates(fleet), resolve=fleet.resolve)
+    eng = Engine(inv, progress, state_dir=state, secrets={},
+                 seams=Seams(ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
+                             resolve=fleet.resolve))
     eng.door.in_flight = _in_flight(d)
     return eng
 
@@ -213,7 +215,7 @@ def test_a_controller_killed_while_a_host_is_drained_is_recorded_and_the_next_co
         elif then == "abort":
             r = eng.abort()
         else:
-            r = eng.rollback(limit="spark-01")
+            r = eng.rollback(RollbackOptions(limit="spark-01"))
     finally:
         eng.close()
     assert r.status in (fleet_records.COMPLETED, fleet_records.ABORTED), r.error

@@ -33,7 +33,8 @@ from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.gate import Baseline, Judged
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state import ledger as fleet_ledger
@@ -94,14 +95,8 @@ class Gates(SimGates):
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    return Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=Gates(fleet),
-        resolve=fleet.resolve,
-    )
+    return Engine(inventory.load(INV), state_dir=state, secrets={},
+                  seams=Seams(ops=fleet.ops, gates=Gates(fleet), resolve=fleet.resolve))
 
 
 def _rollout(fleet: SimFleet, state: Path, tag: str) -> RolloutResult:
@@ -203,7 +198,7 @@ def test_a_rollback_to_an_image_that_exits_at_start_leaves_every_host_as_it_was_
     before = _container_ids(fleet)
     eng = _engine(fleet, tmp_path)
     try:
-        r = eng.rollback(to=BOOTFAIL, limit=",".join(HOSTS))
+        r = eng.rollback(RollbackOptions(to=BOOTFAIL, limit=",".join(HOSTS)))
     finally:
         eng.close()
     assert r.status == "failed" and r.exit_code == 1, r

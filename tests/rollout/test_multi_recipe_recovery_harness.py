@@ -19,6 +19,7 @@ import pytest
 from fleetctl import inventory
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
 
@@ -51,8 +52,8 @@ def _fleet(canary_fails: bool = False) -> SimFleet:
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=SimGates(fleet), resolve=fleet.resolve)
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 

@@ -16,7 +16,8 @@ from fleetctl.progress import Progress
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.gate import Baseline, Judged
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.soak import Verdict
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
@@ -58,8 +59,8 @@ def _engine(fleet: SimFleet, state: Path, missing: str | None = None,
             raise FleetError(f"no tag {tag} in {image}", fix="push it")
         return fleet.resolve(image, tag, mirrors)
 
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=gates or SimGates(fleet), resolve=resolve)
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=gates or SimGates(fleet), resolve=resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -191,7 +192,7 @@ def test_rollback_and_abort_put_each_host_back_on_its_own_recipe(tmp_path: Path)
                     switch_model=True).status == fleet_records.COMPLETED
     eng = _engine(fleet, tmp_path)
     try:
-        r = eng.rollback(limit="spark-01")
+        r = eng.rollback(RollbackOptions(limit="spark-01"))
     finally:
         eng.close()
     assert r.status == fleet_records.COMPLETED, r.error

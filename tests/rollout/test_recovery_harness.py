@@ -24,7 +24,8 @@ from fleetctl.errors import ExitCode
 from fleetctl.progress import Recorder
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
 
@@ -57,14 +58,8 @@ def _fleet() -> SimFleet:
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
     inv = inventory.load(INV)
-    eng = Engine(
-        inv,
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inv, state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -391,7 +386,7 @@ def _changed_everywhere(fleet: SimFleet, state: Path) -> tuple[str, str]:
 def _rollback_changed(fleet: SimFleet, state: Path, limit: str = ",".join(HOSTS)) -> RolloutResult:
     eng, _old, _new = _with_recipe_change(fleet, state)
     try:
-        return eng.rollback(limit=limit)
+        return eng.rollback(RollbackOptions(limit=limit))
     finally:
         eng.close()
 

@@ -33,6 +33,7 @@ from fleetctl.recipes import recipe_for
 from fleetctl.rollout import deploy
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
 
@@ -64,15 +65,9 @@ def _fleet() -> tuple[SimFleet, SimDeployer]:
 
 def _run(fleet: SimFleet, dep: SimDeployer, state: Path, what: str, tag: str = B,
          budget: str | None = None) -> RolloutResult:
-    eng = Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-        deployer=dep,
-    )
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     fleet.watch(eng.ledger)
     opts = Options(
         tag=tag,
@@ -231,8 +226,9 @@ def test_ssh_lost_after_the_retire_in_the_run_reports_the_host_down_and_the_roll
 def test_the_deploy_run_gets_the_recipes_container_secrets(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = inventory.load(INV)
-    eng = Engine(inv, state_dir=tmp_path, secrets={"VLLM_API_KEY": "k-0123456789"}, ops=fleet.ops,
-                 gates=SimGates(fleet), resolve=fleet.resolve, deployer=dep)
+    eng = Engine(inv, state_dir=tmp_path, secrets={"VLLM_API_KEY": "k-0123456789"},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     try:
         recipe = recipe_for(inv)
         want = {n: "k-0123456789" for n in recipe.secret_env if n == "VLLM_API_KEY"}
@@ -256,15 +252,9 @@ def _inventory_with(tmp_path: Path, host_vars: dict[str, dict[str, str]]) -> inv
 def test_a_bad_deploy_via_is_refused_naming_the_host_before_any_change(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = _inventory_with(tmp_path, {"spark-02": {"fleetctl_deploy_via": "paramiko"}})
-    eng = Engine(
-        inv,
-        state_dir=tmp_path / "state",
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-        deployer=dep,
-    )
+    eng = Engine(inv, state_dir=tmp_path / "state", secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     try:
         with pytest.raises(FleetError) as e:
             eng.rollout(Options(tag=B, limit=",".join(HOSTS), soak=1.0))
@@ -281,15 +271,9 @@ def test_a_bad_deploy_via_is_refused_naming_the_host_before_any_change(tmp_path:
 def test_hosts_set_to_ssh_deploy_with_the_controllers_commands(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = _inventory_with(tmp_path, {"spark-02": {"fleetctl_deploy_via": "ssh"}})
-    eng = Engine(
-        inv,
-        state_dir=tmp_path / "state",
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-        deployer=dep,
-    )
+    eng = Engine(inv, state_dir=tmp_path / "state", secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     try:
         r = eng.rollout(Options(tag=B, limit=",".join(HOSTS), max_unavailable="2", soak=1.0))
     finally:

@@ -13,6 +13,7 @@ import pytest
 from fleetctl import inventory, paths
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
 
@@ -24,14 +25,8 @@ A, B, BAD = "v1", "v2", "v-soakfail"
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 

@@ -14,6 +14,7 @@ from fleetctl.progress import Event
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.groups import FleetPlan
 from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 from fleetctl.state import records as fleet_records
 
@@ -39,9 +40,8 @@ class Recorder:
 
 
 def _engine(fleet: SimFleet, state: Path, rec: Recorder) -> Engine:
-    eng = Engine(inventory.load(INV), rec, state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=SimGates(fleet),
-                 resolve=fleet.resolve)
+    eng = Engine(inventory.load(INV), rec, state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 

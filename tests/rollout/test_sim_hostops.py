@@ -31,10 +31,10 @@ def _fleet() -> SimFleet:
 def _tree(fleet: SimFleet, hosts: list[Host]) -> dict[str, Any]:
     cfg = imagetree.TreeConfig(min_hosts=1, fanout=2)
     relay = f"docker.io/library/registry@{digest_of('v1')}"
-    tree = imagetree.Tree(cfg, REF, "http://10.0.0.100:5000", relay, ops=fleet.ops,
-                          pull=lambda h, r: fleet.ops(h).pull(r),
-                          direct=lambda h, r: fleet.ops(h).pull(r),
-                          emit=lambda kind, msg, host: None)
+    tree = imagetree.Tree(cfg, imagetree.Source(REF, "http://10.0.0.100:5000", relay),
+                          imagetree.Hands(ops=fleet.ops, pull=lambda h, r: fleet.ops(h).pull(r),
+                                          direct=lambda h, r: fleet.ops(h).pull(r),
+                                          emit=lambda kind, msg, host: None))
     return tree.run(hosts)
 
 

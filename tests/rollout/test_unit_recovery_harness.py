@@ -26,6 +26,7 @@ import yaml
 from fleetctl import inventory, paths
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import records as fleet_records
 
 from .sim import (
@@ -89,14 +90,8 @@ def _fleet(unit_fails: bool = False) -> SimFleet:
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 

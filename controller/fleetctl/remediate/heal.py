@@ -37,6 +37,7 @@ from fleetctl.remediate.record import KIND, REMEDIATING, Record
 from fleetctl.rollout import gate
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.door import vllm_requests
+from fleetctl.rollout.results import RollbackOptions
 from fleetctl.rollout.run import live
 from fleetctl.serving import container_name
 from fleetctl.soak.verdict import Remedied
@@ -370,7 +371,8 @@ class Remediator:
                 if check in ("liveness", "probes"):
                     self.s.drain_timeout = 0.0
                 try:
-                    r = self.eng.rollback(limit=",".join(members), max_unavailable="100%")
+                    r = self.eng.rollback(RollbackOptions(limit=",".join(members),
+                                                          max_unavailable="100%"))
                 finally:
                     self.s.drain_timeout = kept
         except FleetError as e:

@@ -28,13 +28,11 @@ from fleetctl.inventory import Host
 from fleetctl.rollout import gate
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
-from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.results import Options
 from fleetctl.rollout.run import Failure, Group, Row, Run, Step
 from fleetctl.rollout.session import Session, StopRollout
-from fleetctl.rollout.step import HostStep
+from fleetctl.rollout.step import Steps
 from fleetctl.rollout.unit import unit_recipe
-from fleetctl.rollout.unit_step import UnitStep
 from fleetctl.soak import metrics
 from fleetctl.soak.traffic import (
     Comparison,
@@ -75,11 +73,9 @@ class Bake:
     the wave through the host's and the unit's steps (:meth:`HostStep.fail`,
     :meth:`UnitStep.fail`)."""
 
-    def __init__(self, session: Session, door: DoorSteps, hosts: HostStep, units: UnitStep) -> None:
+    def __init__(self, session: Session, steps: Steps) -> None:
         self.s = session
-        self.door = door
-        self.hosts = hosts
-        self.units = units
+        self.door, self.hosts, self.units = steps.door, steps.hosts, steps.units
         #: Every host's /metrics (host -> base URL), bounded in parallel; a host's failure as
         #: text. The harness stands in scrapes of its own.
         self.scrape: Callable[[Mapping[str, str], float],

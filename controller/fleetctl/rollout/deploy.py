@@ -126,7 +126,7 @@ class Deployer(Protocol):
         ...
 
 
-def reconcile(ops: remote.HostOps, req: DeployRequest, error: FleetError) -> DeployOutcome:
+def reconcile(ops: remote.ServingOps, req: DeployRequest, error: FleetError) -> DeployOutcome:
     """After a failed deploy on one host: was the old container retired? Decided by looking at the
     host.
 
@@ -176,7 +176,7 @@ class StepBatch:
     """
 
     def __init__(self, deployer: Deployer, members: Collection[str], secrets: Mapping[str, str],
-                 run_dir: Path, ops: Callable[[Host], remote.HostOps]) -> None:
+                 run_dir: Path, ops: Callable[[Host], remote.ServingOps]) -> None:
         """``ops``: how to look at a host when the deployer broke as a whole (see
         :func:`reconcile`)."""
         self._deployer = deployer
@@ -326,7 +326,7 @@ class AnsibleDeployer:
         self,
         inventory: Inventory,
         mirrors: Mapping[str, str],
-        ops: Callable[[Host], remote.HostOps] = remote.SshHostOps,
+        ops: Callable[[Host], remote.ServingOps] = remote.SshHostOps,
         playbook: str = "deploy",
         progress: Progress = NULL,
     ) -> None:

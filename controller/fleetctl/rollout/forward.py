@@ -15,16 +15,14 @@ from fleetctl.rollout import groups
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.bake import Bake
-from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.groups import FleetPlan, Switch
 from fleetctl.rollout.prefetch import Prefetch
 from fleetctl.rollout.preflight import Preflight
 from fleetctl.rollout.results import HostOutcome, Options, RolloutResult
 from fleetctl.rollout.run import Group, Run
 from fleetctl.rollout.session import Session, StopRollout, command_line
-from fleetctl.rollout.step import HostStep
+from fleetctl.rollout.step import Steps
 from fleetctl.rollout.unit import unit_recipe
-from fleetctl.rollout.unit_step import UnitStep
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
 from fleetctl.state import records as fleet_records
@@ -40,14 +38,12 @@ BAD = (fleet_records.ROLLED_BACK, fleet_records.HOST_FAILED)
 class Forward:
     """The forward path: plan, confirm and record the rollout, then the canary and the waves."""
 
-    def __init__(self, session: Session, preflight: Preflight, prefetch: Prefetch, door: DoorSteps,
-                 hosts: HostStep, units: UnitStep, bake: Bake) -> None:
+    def __init__(self, session: Session, preflight: Preflight, prefetch: Prefetch, steps: Steps,
+                 bake: Bake) -> None:
         self.s = session
         self.preflight = preflight
         self.prefetch = prefetch
-        self.door = door
-        self.hosts = hosts
-        self.units = units
+        self.door, self.hosts, self.units = steps.door, steps.hosts, steps.units
         self.bake = bake
 
     def rollout(self, opts: Options, confirm: Confirm | None = None) -> RolloutResult:

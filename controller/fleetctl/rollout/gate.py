@@ -10,7 +10,7 @@ check after a rollback.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -33,6 +33,7 @@ from fleetctl.soak import (
     smoke_check,
     wait_ready,
 )
+from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.verdict import Outcome
 
 
@@ -152,8 +153,10 @@ class SoakGates:
         before on this host (or the unit)."""
         host, recipe, cfg, store = judged.host, judged.recipe, judged.cfg, baseline.store
         with ThreadPoolExecutor(1, thread_name_prefix="side-by-side") as pool:
-            side = side_by_side.start(pool, store, self.inventory, run_id, host, recipe, cfg,
-                                      self.secrets)
+            found = side_by_side.find(store, self.inventory, run_id, host, cfg)
+            side: Future[ReferenceSet | None] | None = None
+            if found is not None:
+                side = pool.submit(side_by_side.ask, *found, recipe, cfg, self.secrets)
             t = self._target(host, recipe, judged.tag)
             ref_key = references.host_key(recipe.name, host.vars)
             key = baseline.key or t.name

@@ -324,24 +324,10 @@ def swap(host: Host, name: str) -> Container | None:
     return prev
 
 
-class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hoststate.StateFileOps,
-              stage.StagingOps, Protocol):
-    """The remote operations the rollout engine does on one host.
-
-    The engine talks to a host only through this seam: :class:`SshHostOps`
-    does it over SSH with the docker CLI; the unit tests' simulated host does
-    it in process with the same docker semantics (unique names, stop, rename,
-    start, ``rm -f``), so that every failure and every kill point of the state
-    machine can be tested without a lab. Each call either happens entirely on
-    the host or raises (a :class:`FleetError` for a refusal or a lost session).
-
-    Besides the serving container's operations below, each concept that reaches
-    a host names its own slice where it lives, all of them part of this seam:
-    the image tree's relay and ``has_image`` (:class:`.imagetree.RelayOps`), the
-    warm start's caches (``warmcache.CacheOps``), a unit's bandwidth probe
-    (``bandwidth.ProbeOps``), the state file and the login's rights
-    (``hoststate.StateFileOps``) and a stage's bytes (``stage.StagingOps``).
-    """
+class ServingOps(Protocol):
+    """The serving container's operations on one host (the slice of :class:`HostOps` that a
+    host's step, its rollback and the deploy's reconcile use): look, pull, retire, swap, start,
+    stop, start again, restore, kill, read its logs, and the host's facts for a rollout."""
 
     @property
     def host(self) -> Host:
@@ -394,6 +380,25 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
     def logs(self, name: str, tail: int = 300) -> str:
         """The container's last log lines."""
         ...
+
+
+class HostOps(ServingOps, imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps,
+              hoststate.StateFileOps, stage.StagingOps, Protocol):
+    """The remote operations the rollout engine does on one host.
+
+    The engine talks to a host only through this seam: :class:`SshHostOps`
+    does it over SSH with the docker CLI; the unit tests' simulated host does
+    it in process with the same docker semantics (unique names, stop, rename,
+    start, ``rm -f``), so that every failure and every kill point of the state
+    machine can be tested without a lab. Each call either happens entirely on
+    the host or raises (a :class:`FleetError` for a refusal or a lost session).
+
+    It is its slices together, each declared where its concept lives: the serving container's
+    (:class:`ServingOps`), the image tree's relay and ``has_image`` (:class:`.imagetree.RelayOps`),
+    the warm start's caches (``warmcache.CacheOps``), a unit's bandwidth probe
+    (``bandwidth.ProbeOps``), the state file and the login's rights (``hoststate.StateFileOps``)
+    and a stage's bytes (``stage.StagingOps``). A collaborator is typed on the slice it calls.
+    """
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,7 @@ class Prefetch:
                     self._layers[digest] = []
             return self._layers[digest]
 
-    def pull(self, ops: remote.HostOps, image: str, ref: str) -> float:
+    def pull(self, ops: remote.ServingOps, image: str, ref: str) -> float:
         """Pull ``ref`` on ``ops``'s host, reporting ``pull`` events with the bytes done of the
         image's (:mod:`.pulls`); seconds taken. The layer sizes are asked of the registry once per
         image; a registry that cannot say leaves the layers counted, never the pull failed."""
@@ -138,10 +138,10 @@ class Prefetch:
             run.emit("pull",
                      f"image tree off: its relay image {cfg.relay_image} is not found ({e.cause})")
             return self._direct_pulls(run, hosts, ref, image)
-        tree = imagetree.Tree(cfg, ref, origin, relay_ref, ops=self.s.ops,
-                              pull=lambda h, r: self.pull(self.s.ops(h), image, r),
-                              direct=lambda h, r: self.s.ops(h).pull(r),
-                              emit=lambda kind, msg, host: run.emit(kind, msg, host))
+        tree = imagetree.Tree(cfg, imagetree.Source(ref, origin, relay_ref), imagetree.Hands(
+            ops=self.s.ops, pull=lambda h, r: self.pull(self.s.ops(h), image, r),
+            direct=lambda h, r: self.s.ops(h).pull(r),
+            emit=lambda kind, msg, host: run.emit(kind, msg, host)))
         got = tree.run(hosts)
         out: dict[str, ssh.Outcome[float]] = {}
         direct: list[str] = []

@@ -43,6 +43,22 @@ class Options:
 
 
 @dataclass(frozen=True)
+class RollbackOptions:
+    """What the operator asked a rollback for (``fleetctl rollback``'s flags; an abort's)."""
+
+    #: The tag every selected host goes to (None: each host's last known-good).
+    to: str | None = None
+    limit: str | None = None
+    max_unavailable: str | None = None
+    #: The recipe the hosts go back to (None: the one each served that version with).
+    recipe_name: str | None = None
+    webhook: str | None = None
+    #: Only undo the paused or interrupted rollout or rollback (``rollout abort``).
+    only_active: bool = False
+    min_available: str | None = None
+
+
+@dataclass(frozen=True)
 class HostOutcome:
     """How one host came out of a rollout or rollback."""
 

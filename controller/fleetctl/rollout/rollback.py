@@ -26,7 +26,7 @@ from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.outcome import check_restored, fix_for, recoverable_why
 from fleetctl.rollout.prefetch import Prefetch
-from fleetctl.rollout.results import RolloutResult
+from fleetctl.rollout.results import RollbackOptions, RolloutResult
 from fleetctl.rollout.rollback_unit import Target, UnitRollback
 from fleetctl.rollout.run import Group, Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session, command_line, same_version
@@ -69,10 +69,7 @@ class Rollback:
         #: (image, tag) -> what the registry answered for ``--to`` (asked once per image).
         self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
 
-    def rollback(self, to: str | None = None, limit: str | None = None,
-                 max_unavailable: str | None = None,
-                 recipe_name: str | None = None, webhook: str | None = None,
-                 only_active: bool = False, min_available: str | None = None,
+    def rollback(self, opts: RollbackOptions | None = None,
                  confirm: Confirm | None = None) -> RolloutResult:
         """Every selected host back to the version it served before the last rollout or rollback (or
         to ``to``).
@@ -88,15 +85,18 @@ class Rollback:
         changes (every selected host skipped: nothing to ask about).
         """
         s = self.s
+        opts = opts or RollbackOptions()
+        to, limit, only_active = opts.to, opts.limit, opts.only_active
+        recipe_name = opts.recipe_name
         if to is not None:
             registry.check_tag(to, "--to")
         # Bad options and a bad --limit are refused before any lock or host; the floor against the
         # selection (the hosts rolled back are a subset of it: checked again on them below).
-        wave_plan.check_options(None, max_unavailable, None, min_available,
+        wave_plan.check_options(None, opts.max_unavailable, None, opts.min_available,
                                 total=len(s.inv.select(limit)),
                                 inventory_min_available=s.min_available())
         rid = fleet_records.new_id("rollback")
-        run = Run(s, rid, "rollback", hook=s.webhook(rid, webhook))
+        run = Run(s, rid, "rollback", hook=s.webhook(rid, opts.webhook))
         s.ledger.acquire(rid)
         try:
             active = s.ledger.latest(statuses=fleet_records.ACTIVE)
@@ -127,7 +127,7 @@ class Rollback:
             names = [n for n in selected if n in choice.targets]
             if confirm is not None and names:
                 confirm({n: choice.targets[n][0] for n in names})
-            self._record(run, choice, names, current, to, max_unavailable, min_available, parent)
+            self._record(run, choice, names, current, opts, parent)
             for undone in self.active_chain(active.id if active else None):
                 s.ledger.set_status(undone, fleet_records.ABORTED, f"undone by {rid}")
             run.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
@@ -301,12 +301,12 @@ class Rollback:
         return other[0].tag, other[0].digest
 
     def _record(self, run: Run, c: Choice, names: Sequence[str],
-                current: Mapping[str, Container | None],
-                to: str | None, max_unavailable: str | None, min_available: str | None,
+                current: Mapping[str, Container | None], opts: RollbackOptions,
                 parent: fleet_records.RolloutRecord | None) -> None:
         """The rollback in the ledger (its steps within the capacity floor), and the hosts'
         intents."""
         s = self.s
+        to, max_unavailable, min_available = opts.to, opts.max_unavailable, opts.min_available
         for n in names:
             cur = current[n]
             if cur is not None and cur.running and cur.digest and not s.ledger.known_good(n):
@@ -504,7 +504,7 @@ class Rollback:
             raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=h.name)
         return v
 
-    def _undo(self, step: Step, ops: remote.HostOps, why: str) -> None:
+    def _undo(self, step: Step, ops: remote.ServingOps, why: str) -> None:
         """Put back what the step's host served before this rollback (kept as ``.prev``) after its
         target failed."""
         run, h = step.run, step.host
@@ -549,7 +549,7 @@ class Rollback:
         if force:
             self.s.ledger.release(None)
             self.s.take_over = True
-        return self.rollback(webhook=webhook, only_active=True, confirm=confirm)
+        return self.rollback(RollbackOptions(webhook=webhook, only_active=True), confirm=confirm)
 
 
 def _one_before(rows: Iterable[fleet_records.HostRecord | None]) -> bool:

@@ -129,7 +129,7 @@ class Run:
             self.held.record(h.name,
                              last_known_good=hoststate.Version(tag, digest, self.id, time.time()))
 
-    def save_logs(self, h: Host, ops: remote.HostOps, name: str) -> str | None:
+    def save_logs(self, h: Host, ops: remote.ServingOps, name: str) -> str | None:
         """Keep the failed container's log in the run's artifacts (the container itself is removed);
         the log's text (None when it could not be read)."""
         try:

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from fleetctl.recipes import Recipe, load_recipes, recipe_for
 from fleetctl.rollout import deploy, gate, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.plan import MIN_AVAILABLE_VAR
-from fleetctl.rollout.webhook import Webhook
+from fleetctl.rollout.webhook import Posting, Webhook
 from fleetctl.soak import baselines
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
@@ -105,6 +106,26 @@ def readmit_attempts(inventory: Inventory) -> int:
     return raw
 
 
+@dataclass(frozen=True)
+class Seams:
+    """How a session reaches the world, each None for the real one: the hosts (``ops``; default
+    SSH), the soak gate (``gates``; the soak engine), the registry (``resolve``; its API), the
+    hosts' lock files (``host_store``; on the hosts over SSH, in memory with ``ops``), the deploy
+    step (``deployer``; the vllm_serve role through ansible-runner, none with ``ops``: see
+    :mod:`.deploy`) and the front door (``door``; the inventory's ``fleetctl_front_door``). The unit
+    tests pass a simulated fleet."""
+
+    ops: Callable[[Host], remote.HostOps] | None = None
+    gates: gate.Gates | None = None
+    resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None
+    host_store: hoststate.Store | None = None
+    deployer: deploy.Deployer | None = None
+    door: frontdoor.FrontDoor | None = None
+
+
+NO_SEAMS = Seams()
+
+
 class Session:
     """The seams one ``Engine`` shares with every collaborator of its runs: the inventory, the
     ledger, the hosts (``ops``), gates, registry and front door, progress, Ctrl-C and the hosts'
@@ -112,20 +133,11 @@ class Session:
 
     def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
                  secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
-                 ops: Callable[[Host], remote.HostOps] | None = None,
-                 gates: gate.Gates | None = None,
-                 resolve: Callable[[str, str, Mapping[str, str]],
-                                   registry.ResolvedImage] | None = None,
-                 take_over: bool = False, host_store: hoststate.Store | None = None,
-                 deployer: deploy.Deployer | None = None,
-                 door: frontdoor.FrontDoor | None = None) -> None:
-        """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the
-        registry (default: SSH, the soak engine, the registry's API); the unit tests pass a
-        simulated fleet. ``host_store`` holds the hosts' lock files (default: on the hosts over SSH;
-        in memory with ``ops``). ``deployer`` does a rollout's deploy step (retire + start) for the
-        hosts whose ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default:
-        the vllm_serve role through ansible-runner; none with a simulated fleet unless given): see
-        :mod:`.deploy`."""
+                 take_over: bool = False, seams: Seams = NO_SEAMS) -> None:
+        """``seams``: how it reaches the hosts, the gate, the registry, the lock files, the deploy
+        step and the front door (:class:`Seams`; default: the real ones)."""
+        ops, gates, resolve = seams.ops, seams.gates, seams.resolve
+        host_store, deployer, door = seams.host_store, seams.deployer, seams.door
         self.inv = inventory
         self.secrets = dict(os.environ if secrets is None else secrets)
         #: Token services besides the registry's own host that may receive its credentials (https
@@ -235,8 +247,8 @@ class Session:
              or self.inv.vars.get("fleetctl_webhook_url"))
         allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
         hook = Webhook(str(u) if u else None, rid, str(self.inv.path), self.relay.sink,
-                       allow_http=allow_http,
-                       secrets=self.secret_values(), on_close=lambda h: self.relay.remove(h.watch))
+                       posting=Posting(allow_http=allow_http, secrets=self.secret_values()),
+                       on_close=lambda h: self.relay.remove(h.watch))
         if hook.url and not check_only:
             # The hosts' progress too (throttled and batched by the webhook): the same events as
             # every view.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from fleetctl import paths
 from fleetctl.container import LABEL_FINGERPRINT, Container
@@ -17,6 +18,7 @@ from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.outcome import fix_for, recoverable_why
 from fleetctl.rollout.run import Failure, Group, Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session, same_version
+from fleetctl.rollout.unit_step import UnitStep
 from fleetctl.serving import container_name
 from fleetctl.soak import baselines
 from fleetctl.state import records as fleet_records
@@ -100,7 +102,7 @@ class HostStep:
             if isinstance(e, KeyboardInterrupt):
                 raise
 
-    def _stop(self, step: Step, ops: remote.HostOps, cur: Container | None,
+    def _stop(self, step: Step, ops: remote.ServingOps, cur: Container | None,
               batch: deploy.StepBatch | None,
               rec: fleet_records.HostRecord | None
               ) -> tuple[deploy.BatchedDeploy | None, str | None]:
@@ -146,7 +148,7 @@ class HostStep:
                    status=fleet_records.DONE)
         run.known_good_on_host(h, p.tag, p.digest)
 
-    def _deploy_and_gate(self, step: Step, ops: remote.HostOps, cur: Container | None,
+    def _deploy_and_gate(self, step: Step, ops: remote.ServingOps, cur: Container | None,
                          before_tag: str | None, joined: deploy.BatchedDeploy | None) -> None:
         """Start the target (unless already this rollout's; through the step's deploy run when
         ``joined``), wait for it, soak it; record the verdict."""
@@ -260,3 +262,13 @@ class HostStep:
         door_note = f"; {door_error}" if door_error else ""
         outcome.after_restore(back, failure, f"serving {prev.tag} again{door_note}", prev,
                               prev.tag, summary)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """What a wave's slots go through: the front door's steps, a single host's step and a unit's
+    (the forward path's waves and the bake's undo)."""
+
+    door: DoorSteps
+    hosts: HostStep
+    units: UnitStep

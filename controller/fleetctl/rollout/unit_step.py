@@ -45,7 +45,7 @@ class MemberWatch:
     soak fails on the spot instead of waiting out its requests' timeouts; the unit's restore
     follows."""
 
-    def __init__(self, members: Sequence[Host], ops: Callable[[Host], remote.HostOps]) -> None:
+    def __init__(self, members: Sequence[Host], ops: Callable[[Host], remote.ServingOps]) -> None:
         self.members = list(members)
         self.ops = ops
         self.lost: str | None = None
@@ -107,7 +107,7 @@ def each(hosts: Sequence[Host], fn: Callable[[Host], Any], what: str) -> dict[st
 Looks = dict[str, tuple[Container | None, Container | None]]
 
 
-def inspect_both(ops: Callable[[Host], remote.HostOps], hosts: Sequence[Host]) -> Looks:
+def inspect_both(ops: Callable[[Host], remote.ServingOps], hosts: Sequence[Host]) -> Looks:
     """What each host serves, and what it keeps as ``.prev``, looked at on every host at once."""
     return each(hosts, lambda h: (ops(h).inspect(container_name(h)),
                                   ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
