@@ -278,6 +278,7 @@ def _controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str)
     from fleetctl.rollout import gate
     from fleetctl.rollout.api import Engine
     from fleetctl.rollout.results import Options
+    from fleetctl.rollout.session import Seams
     from fleetctl.soak.verdict import SoakTarget
 
     class SimContainer:
@@ -321,15 +322,8 @@ def _controller(inv_path: Path, state: Path, opts_json: str, progress_kind: str)
     with Peaks() as peaks, (ctx.progress("rollout", ("wave", "phase", "tag", "health", "message"))
                             if progress_kind == "live" else _null(NULL)) as progress:
         t0 = time.monotonic()
-        eng = Engine(
-            inv,
-            progress,
-            state_dir=state,
-            secrets={},
-            ops=fleet.ops,
-            gates=BenchGates(fleet),
-            resolve=fleet.resolve,
-        )
+        eng = Engine(inv, progress, state_dir=state, secrets={},
+                     seams=Seams(ops=fleet.ops, gates=BenchGates(fleet), resolve=fleet.resolve))
         r = eng.rollout(Options(tag=NEW, waves=o["waves"], max_unavailable=o["max_unavailable"],
                                 soak=o["soak"], on_inconclusive="fail",
                                 failure_budget=o["failure_budget"]))

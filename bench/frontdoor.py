@@ -57,6 +57,7 @@ from fleetctl.frontdoor import states_of
 from fleetctl.frontdoor.drain import wait_drained, wait_in_rotation
 from fleetctl.frontdoor.haproxy import HAProxy
 from fleetctl.inventory import Host
+from fleetctl.rollout.results import RollbackOptions
 
 
 class Held:
@@ -223,7 +224,7 @@ def _reset(tag: str) -> None:
 
     eng = Engine(inventory.load(None))
     try:
-        r = eng.rollback(to=tag, max_unavailable="100%")
+        r = eng.rollback(RollbackOptions(to=tag, max_unavailable="100%"))
     finally:
         eng.close()
         ssh.close_all()

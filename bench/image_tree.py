@@ -136,9 +136,11 @@ def _tree(hosts: list[inventory.Host], ref: str, relay: str, fanout: int) -> dic
         {registry.ImageName.parse(ref).registry: registry.ImageName.parse(ref).registry},
     ).base
     cfg = imagetree.TreeConfig(min_hosts=1, fanout=fanout)
-    tree = imagetree.Tree(cfg, ref, origin, relay, ops=remote.SshHostOps,
-                          pull=lambda h, r: remote.pull(h, r),
-                          direct=lambda h, r: remote.pull(h, r), emit=lambda kind, msg, host: None)
+    tree = imagetree.Tree(cfg, imagetree.Source(ref, origin, relay),
+                          imagetree.Hands(ops=remote.SshHostOps,
+                                          pull=lambda h, r: remote.pull(h, r),
+                                          direct=lambda h, r: remote.pull(h, r),
+                                          emit=lambda kind, msg, host: None))
     got = tree.run(hosts)
     bad = {n: o.error for n, o in got.items() if o.error is not None}
     if bad:

@@ -42,6 +42,7 @@ from rich.table import Table
 from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl.lab import pgserver
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 D = "sha256:" + "d" * 64
 PHASES = ("inspected", "pulling", "stopping", "starting", "ready", "soak")
@@ -76,17 +77,17 @@ def _rollout(led: fleet_ledger.Ledger, n: int, rid: str) -> dict[str, float]:
             for h in hosts
         ],
     )
-    led.set_wave(rid, 0, fleet_ledger.RUNNING)
+    led.set_wave(rid, 0, fleet_records.RUNNING)
     t1 = time.perf_counter()
     for h in hosts:
         led.host_record(rid, h)
         for ph in PHASES:
-            led.host_phase(rid, h, ph, status=fleet_ledger.IN_PROGRESS)
+            led.host_phase(rid, h, ph, status=fleet_records.IN_PROGRESS)
         led.host_phase(
             rid,
             h,
             "done",
-            status=fleet_ledger.DONE,
+            status=fleet_records.DONE,
             after_tag="t",
             after_digest=D,
             verdict={"outcome": "pass"},
@@ -101,8 +102,8 @@ def _rollout(led: fleet_ledger.Ledger, n: int, rid: str) -> dict[str, float]:
             rollout_id=rid,
         )
     t2 = time.perf_counter()
-    led.set_wave(rid, 0, fleet_ledger.DONE)
-    led.set_status(rid, fleet_ledger.COMPLETED)
+    led.set_wave(rid, 0, fleet_records.DONE)
+    led.set_status(rid, fleet_records.COMPLETED)
     led.release(rid)
     t3 = time.perf_counter()
     return {"rollout_s": t3 - t0, "per_host_ms": (t2 - t1) / n * 1000}

@@ -63,7 +63,7 @@ from fleetctl import inventory, registry, serving, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.lab.emulator.knobs import from_env
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
 
 NEW, OLD = "v0.24.0", "v0.23.0"
 BOOT_FAIL_TAG = "2026-07-09-bench-bootfail"
@@ -79,7 +79,7 @@ def _engine(via: str = "ansible") -> Engine:
 def _serve_old() -> None:
     eng = _engine()
     try:
-        eng.rollback(to=OLD, max_unavailable="100%")
+        eng.rollback(RollbackOptions(to=OLD, max_unavailable="100%"))
     finally:
         eng.close()
 
@@ -172,7 +172,7 @@ def _rollback_only(con: Console, nodes: list[str], a: argparse.Namespace) -> int
     load."""
     eng = _engine()
     try:
-        eng.rollback(to=NEW, limit=nodes[0])
+        eng.rollback(RollbackOptions(to=NEW, limit=nodes[0]))
     finally:
         eng.close()
     runs = [_rollback_after_boot_failure(nodes[0], a.soak) for _ in range(3)]

@@ -18,7 +18,9 @@ from fleetctl.remediate import policy
 from fleetctl.remediate.record import Record
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from tests.cli.test_width import WIDTH, assert_fits
 from tests.rollout.sim import OK, Killed, SimFleet, SimGates, digest_of
 
@@ -29,8 +31,8 @@ CAUSE = "engine wedged on spark-02: the canary request got no token for 5s while
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=SimGates(fleet), resolve=fleet.resolve)
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -59,7 +61,7 @@ def state(tmp_path: Path) -> Path:
             r = eng.abort() if verb == "abort" else eng.rollback()
         finally:
             eng.close()
-        assert r.status == fleet_ledger.COMPLETED, (verb, r.error)
+        assert r.status == fleet_records.COMPLETED, (verb, r.error)
     inv = inventory.load(INV)
     host = inv.hosts["spark-02"]
     with fleet_ledger.open_ledger(tmp_path) as led:

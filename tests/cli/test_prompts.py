@@ -14,7 +14,7 @@ from rich.console import Console
 from fleetctl.cli.output import Ctx, short_digest, short_tag
 from fleetctl.cli.rollout import _rollback_question, render_result
 from fleetctl.rollout.results import HostOutcome, RolloutResult
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 @click.command()
@@ -63,7 +63,7 @@ def test_a_result_that_changed_no_host_says_nothing_to_do() -> None:
         HostOutcome(
             h,
             -1,
-            fleet_ledger.SKIPPED,
+            fleet_records.SKIPPED,
             "skipped",
             "v1",
             None,
@@ -75,7 +75,7 @@ def test_a_result_that_changed_no_host_says_nothing_to_do() -> None:
     )
     out = io.StringIO()
     render_result(
-        RolloutResult("rb-1", "rollback", fleet_ledger.COMPLETED, "r", None, None, None, hosts),
+        RolloutResult("rb-1", "rollback", fleet_records.COMPLETED, "r", None, None, None, hosts),
         Console(file=out, width=80, color_system=None),
     )
     assert "rollback: nothing to do (2 host(s) skipped" in out.getvalue()

@@ -14,6 +14,7 @@ from fleetctl.cli.main import cli
 from fleetctl.inventory import Inventory
 from fleetctl.progress import Event, Progress
 from fleetctl.rollout.api import Engine
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 
 from ..rollout.sim import OK, SimFleet, SimGates, digest_of
@@ -32,8 +33,8 @@ def _run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fleet: SimFleet, answe
             events.append(e)
             progress(e)
 
-        eng = Engine(inv, both, state_dir=tmp_path / "state", secrets={}, ops=fleet.ops,
-                     gates=SimGates(fleet), resolve=fleet.resolve, take_over=take_over)
+        eng = Engine(inv, both, state_dir=tmp_path / "state", secrets={}, take_over=take_over,
+                     seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
         fleet.watch(eng.ledger)
         return eng
 

@@ -17,6 +17,7 @@ from fleetctl.errors import ExitCode, FleetError
 from fleetctl.inventory import Inventory
 from fleetctl.progress import Progress
 from fleetctl.rollout.api import Engine
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 
 from ..rollout.sim import OK, SimFleet, SimGates
@@ -35,8 +36,8 @@ def _fleet() -> SimFleet:
 def _run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, fleet: SimFleet, answer: str,
          *args: str) -> Any:
     def engine(inv: Inventory, progress: Progress, take_over: bool = False) -> Engine:
-        return Engine(inv, progress, state_dir=tmp_path / "state", secrets={}, ops=fleet.ops,
-                      gates=SimGates(fleet), resolve=fleet.resolve, take_over=take_over)
+        return Engine(inv, progress, state_dir=tmp_path / "state", secrets={}, take_over=take_over,
+                      seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
 
     monkeypatch.setattr(cli_rollout, "Engine", engine)
     # The questions need a terminal; CliRunner's stdin stands in for the operator.

@@ -25,6 +25,7 @@ from fleetctl.cli import livemodel, ui
 from fleetctl.errors import FleetError
 from fleetctl.soak.verdict import CheckResult, Outcome, Verdict, to_dict
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE_INVENTORY = ROOT / "inventory" / "example" / "hosts.yml"
@@ -55,7 +56,7 @@ def make_state(state: Path) -> None:
                     "host": h,
                     "wave": 0,
                     "step": 0,
-                    "status": fleet_ledger.PENDING,
+                    "status": fleet_records.PENDING,
                     "before_tag": OLD_TAG,
                     "before_digest": DIGEST,
                     "target_tag": TAG,
@@ -69,7 +70,7 @@ def make_state(state: Path) -> None:
             "spark-01",
             "done",
             "pass",
-            status=fleet_ledger.DONE,
+            status=fleet_records.DONE,
             after_tag=TAG,
             after_digest=DIGEST,
         )
@@ -148,7 +149,7 @@ def test_hosts_history_and_a_soak_report(served: Served) -> None:
     first = next(h for h in hosts if h["host"] == "spark-01")
     assert (
         first["last"]["run"] == RID
-        and first["last"]["status"] == fleet_ledger.DONE
+        and first["last"]["status"] == fleet_records.DONE
         and first["last"]["tag"] == TAG
     )
     history = json.loads(get(served.url + "/api/history")[2])

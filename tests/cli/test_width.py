@@ -35,6 +35,7 @@ from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.results import HostOutcome, RolloutResult
 from fleetctl.stage import HostStage, SetOutcome, StageResult
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from fleetctl.status import HostStatus
 
 WIDTH = 80
@@ -138,7 +139,7 @@ def test_history_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                         "host": h,
                         "wave": 0,
                         "step": 0,
-                        "status": fleet_ledger.PENDING,
+                        "status": fleet_records.PENDING,
                         "before_tag": OLD_TAG,
                         "before_digest": DIGEST,
                         "target_tag": TAG,
@@ -152,10 +153,10 @@ def test_history_fits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
                 "spark-01",
                 "rolled-back",
                 LONG_ERROR,
-                status=fleet_ledger.ROLLED_BACK,
+                status=fleet_records.ROLLED_BACK,
                 error=LONG_ERROR,
             )
-            led.set_status(rid, fleet_ledger.FAILED, LONG_ERROR)
+            led.set_status(rid, fleet_records.FAILED, LONG_ERROR)
     runner = CliRunner()
     r = runner.invoke(cli, ["-i", str(EXAMPLE_INVENTORY), "history"], env={"COLUMNS": str(WIDTH)})
     assert r.exit_code == 0, r.output
@@ -420,14 +421,10 @@ def test_the_controller_raises_its_open_files_limit_within_the_hard_one() -> Non
 def test_plan_shows_the_floor_the_steps_and_the_expected_time_in_80_columns() -> None:
     hosts = [f"spark-{i:03d}" for i in range(1, 101)]
     p = wave_plan.build(
-        recipe="qwen36-35b-heretic",
-        image="registry/aeon-vllm-ultimate",
-        requested="v0.24.0",
-        tag=TAG,
-        digest=DIGEST,
-        pull_ref="ref",
-        hosts=hosts,
-        current={h: (OLD_TAG, "sha256:" + "0" * 64) for h in hosts},
+        wave_plan.Desired("qwen36-35b-heretic", "registry/aeon-vllm-ultimate", "v0.24.0", TAG,
+                          DIGEST, "ref"),
+        hosts,
+        {h: (OLD_TAG, "sha256:" + "0" * 64) for h in hosts},
     ).with_estimate(240, 600)
     text = render(lambda con: render_plan(p, con))
     assert_fits(text, len(hosts))

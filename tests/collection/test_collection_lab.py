@@ -23,6 +23,7 @@ import pytest
 
 from fleetctl import inventory, paths, registry, ssh
 from fleetctl import lab as fleetlab
+from fleetctl.container import Container
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe, recipe_for
 from fleetctl.rollout import host as remote
@@ -138,7 +139,7 @@ def test_the_built_collection_provisions_deploys_and_rolls_back(
     del staged
     node, host, recipe, mirrors, old, new = _target(lab)
 
-    def serving() -> remote.Container | None:
+    def serving() -> Container | None:
         try:
             return remote.inspect(host, remote.container_name(host))
         finally:

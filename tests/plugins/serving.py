@@ -17,7 +17,7 @@ from fleetctl import inventory, registry, ssh
 from fleetctl.progress import NULL, Progress
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
 from tests.plugins.lab import setup_slot
 
 #: The version the fleet serves at the start of every rollout test.
@@ -45,7 +45,8 @@ def serve(tag: str = BASE_TAG) -> RolloutResult | None:
             for h in eng.inv.hosts.values()
         ):
             return None
-        return eng.rollback(to=tag, max_unavailable="100%", recipe_name=recipe.name)
+        return eng.rollback(
+            RollbackOptions(to=tag, max_unavailable="100%", recipe_name=recipe.name))
     finally:
         eng.close()
         ssh.close_all()
@@ -73,9 +74,8 @@ def serving(staged: Any) -> RolloutResult:
             if serving_now:
                 # The inventory's recipe, named: the ledger's last run may be another's (a unit's on
                 # its own recipe, when this worker ran the lab's other half first).
-                r = eng.rollback(
-                    to=BASE_TAG, max_unavailable="100%", recipe_name=eng.recipe(None).name
-                )
+                r = eng.rollback(RollbackOptions(to=BASE_TAG, max_unavailable="100%",
+                                                 recipe_name=eng.recipe(None).name))
             else:
                 r = eng.rollout(
                     Options(tag=BASE_TAG, waves="100%", max_unavailable="100%", soak=LAB_SOAK)

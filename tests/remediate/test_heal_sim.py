@@ -17,7 +17,8 @@ from fleetctl.remediate import heal, policy
 from fleetctl.remediate.record import KIND
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.rollout.session import Seams
+from fleetctl.state import records as fleet_records
 from tests.frontdoor.servers import loopback_pool
 from tests.rollout.sim import NAME, OK, SOAKFAIL, SimFleet, SimGates
 
@@ -50,7 +51,7 @@ def inv_dir(tmp_path: Path) -> Iterator[Path]:
 
 def _engine(fleet: SimFleet, inv_dir: Path, state: Path, progress: Recorder) -> Engine:
     return Engine(inventory.load(inv_dir / "hosts.yml"), progress, state_dir=state, secrets={},
-                  ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+                  seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
 
 
 def _remediator(eng: Engine, clock: Clock, pages: list[tuple[str, str, str]],
@@ -69,7 +70,7 @@ def _admin(eng: Engine, host: str) -> str:
     return eng.session.door.state(eng.inv.hosts[host]).admin
 
 
-def _history(eng: Engine) -> list[fleet_ledger.RolloutRecord]:
+def _history(eng: Engine) -> list[fleet_records.RolloutRecord]:
     return [r for r in eng.ledger.history(200) if r.kind == KIND]
 
 
@@ -93,7 +94,7 @@ def test_a_wedged_host_is_drained_restarted_regated_and_readmitted(
         phases = [e.phase for e in rec.events if e.host == "spark-02"]
         assert phases.index("drained") < phases.index("restarted") < phases.index("remediation")
         (h,) = _history(eng)
-        assert h.status == fleet_ledger.COMPLETED and h.options["check"] == "liveness"
+        assert h.status == fleet_records.COMPLETED and h.options["check"] == "liveness"
         assert h.options["action"] == heal.RESTART and "no token" in h.options["cause"]
         assert [p.phase for p in h.phases if p.host == "spark-02"] == [
             "breach", "drained", "stopped", "started", "gated", "in-rotation", heal.HEALED]
@@ -126,7 +127,7 @@ def _roll_out_new(fleet: SimFleet, inv_dir: Path, state: Path) -> None:
     try:
         r = eng.rollout(Options(tag=NEW, limit=",".join(HOSTS), waves="100%", soak=1.0,
                                 max_unavailable="1"))
-        assert r.status == fleet_ledger.COMPLETED, r.error
+        assert r.status == fleet_records.COMPLETED, r.error
     finally:
         eng.close()
 
@@ -182,7 +183,7 @@ def test_with_no_known_good_the_host_is_parked_and_paged_and_the_others_keep_ser
         assert [p[:2] for p in pages] == [("spark-01", heal.PARKED)]
         assert {n: _admin(eng, n) for n in ("spark-02", "spark-03")} == dict.fromkeys(
             ("spark-02", "spark-03"), "ready")
-        assert _history(eng)[0].status == fleet_ledger.FAILED
+        assert _history(eng)[0].status == fleet_records.FAILED
         # Parked stays parked, paged once, also for a watch started later.
         assert fixer.remediate("spark-01", "liveness", "wedged").result == heal.PARKED
         again = _remediator(eng, clock, pages)
@@ -229,7 +230,7 @@ def test_an_hour_of_breaches_keeps_the_remediators_memory_bounded(tmp_path: Path
     fleet = SimFleet(dict.fromkeys(HOSTS, NEW), {OLD: OK, NEW: OK})
     inv = paths.project_root() / "inventory" / "example"
     eng = Engine(inventory.load(inv), Recorder(), state_dir=tmp_path / "state", secrets={},
-                 ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     eng.progress = lambda e: None
     clock, pages = Clock(), []  # type: ignore[var-annotated]
     try:
@@ -343,7 +344,7 @@ def test_a_watch_killed_mid_remediation_leaves_a_record_the_next_watch_finishes(
         assert r.result == heal.HEALED and r.id == left.id, r
         assert fleet.hosts["spark-02"].containers[NAME].running
         assert _admin(eng, "spark-02") == "ready" and eng.ledger.out_of_rotation() == {}
-        assert eng.ledger.get(left.id).status == fleet_ledger.COMPLETED
+        assert eng.ledger.get(left.id).status == fleet_records.COMPLETED
         assert _remediator(eng, Clock(), []).recover() == []
     finally:
         eng.close()
@@ -357,7 +358,7 @@ def test_a_units_breach_restarts_every_member_stopped_first_then_started_in_laun
     fleet = SimFleet(dict.fromkeys(["spark-01", *UNIT], NEW), {OLD: OK, NEW: OK})
     fleet.units = {HEAD: list(UNIT)}
     eng = Engine(inventory.load(INV), Recorder(), state_dir=tmp_path / "state", secrets={},
-                 ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve)
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     try:
         p = policy.from_mapping({"remediate": True, "gate": 0, "floor": 0}, "sim")
         fixer = heal.Remediator(eng, [HEAD], lambda _r: p, clock=Clock())

@@ -33,9 +33,7 @@ def test_the_docker_run_argv_is_the_controllers(name: str) -> None:
     mirrors = {"ghcr.io": "10.78.0.1:5000"}
     ref = registry.pull_ref(recipe.image, DIGEST, mirrors)
     host = Host("spark-01", "10.0.0.1")
-    want = remote.run_argv(
-        host, recipe, ref, tag="v0.24.0", digest=DIGEST, rollout_id="r-1", name="vllm"
-    )
+    want = remote.run_argv(host, remote.StartRequest(recipe, ref, "v0.24.0", DIGEST, "r-1"), "vllm")
     label = f"fleetctl.fingerprint={vc.fingerprint(RAW[name])}"
     controller_fingerprint = getattr(remote, "fingerprint", None)
     if controller_fingerprint is not None:
@@ -51,14 +49,7 @@ def test_the_docker_run_argv_is_the_controllers(name: str) -> None:
     # caches).
     key = "0f" * 16
     keyed = remote.run_argv(
-        host,
-        recipe,
-        ref,
-        tag="v0.24.0",
-        digest=DIGEST,
-        rollout_id="r-1",
-        name="vllm",
-        cache_key=key,
+        host, remote.StartRequest(recipe, ref, "v0.24.0", DIGEST, "r-1", cache_key=key), "vllm"
     )
     assert vc.render(name, RAW[name], ref, "v0.24.0", DIGEST, "r-1", "vllm", None, key) == keyed
     assert (keyed != want) == bool(recipe.compile_cache)

@@ -26,14 +26,24 @@ from pathlib import Path
 from typing import Any
 
 from fleetctl import serving
+from fleetctl.container import (
+    LABEL_DIGEST,
+    LABEL_FINGERPRINT,
+    LABEL_RECIPE,
+    LABEL_ROLLOUT,
+    LABEL_TAG,
+)
+from fleetctl.container import Container as Inspected
 from fleetctl.errors import FleetError, HostUnreachable
+from fleetctl.facts import Facts
 from fleetctl.inventory import Host
 from fleetctl.progress import Progress
-from fleetctl.recipes import MemberLaunch, Recipe
+from fleetctl.recipes import Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.deploy import DeployOutcome, DeployRequest, reconcile
-from fleetctl.soak import Readiness, SoakConfig, Verdict, baselines
+from fleetctl.rollout.gate import Baseline, Judged
+from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state.ledger import Ledger
 from tests.rollout.sim_hostside import Relay, SimHostSide
@@ -113,7 +123,7 @@ class SimFleet:
             h = SimHost(n)
             d = digest_of(tag)
             h.images.add(d)
-            labels = {remote.LABEL_RECIPE: recipes[n]} if recipes and n in recipes else {}
+            labels = {LABEL_RECIPE: recipes[n]} if recipes and n in recipes else {}
             h.containers[NAME] = Container(NAME, d, tag, "", True, "running", labels)
             self.hosts[n] = h
         self.mu = threading.RLock()
@@ -230,11 +240,11 @@ class SimOps(SimHostSide):
             h.ssh_down_after = None
         self.fleet.point(f"{self.host.name}:{op}")
 
-    def _serving(self, c: Container | None) -> remote.Container | None:
+    def _serving(self, c: Container | None) -> Inspected | None:
         if c is None:
             return None
-        labels = {**c.labels, remote.LABEL_ROLLOUT: c.rollout}
-        return remote.Container(c.name, running=c.running, status=c.status, image=f"img@{c.digest}",
+        labels = {**c.labels, LABEL_ROLLOUT: c.rollout}
+        return Inspected(c.name, running=c.running, status=c.status, image=f"img@{c.digest}",
                                 digest=c.digest, tag=c.tag, id=c.id,
                                 settings={"labels": dict(c.labels)},
                                 labels={k: v for k, v in labels.items()
@@ -269,17 +279,17 @@ class SimOps(SimHostSide):
             self._done(op)
 
     # HostOps
-    def facts(self, recipe: Recipe, ref: str) -> remote.Facts:
+    def facts(self, recipe: Recipe, ref: str) -> Facts:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
             d = ref.rsplit("@", 1)[-1]
-            return remote.Facts(h.name, gpu="NVIDIA GB10", runtimes=("nvidia", "runc"),
+            return Facts(h.name, gpu="NVIDIA GB10", runtimes=("nvidia", "runc"),
                                 image_free_gb=100.0, has_image=d in h.images,
                                 serving=self._serving(h.containers.get(NAME)),
                                 previous=self._serving(h.containers.get(PREV)))
 
-    def inspect(self, name: str) -> remote.Container | None:
+    def inspect(self, name: str) -> Inspected | None:
         with self.fleet.mu:
             self.fleet.alive()
             return self._serving(self._h.containers.get(name))
@@ -297,7 +307,7 @@ class SimOps(SimHostSide):
             return 0.0
 
     def retire(self, name: str, rollout_id: str, target_digest: str,
-               grace: int = 30) -> remote.Container | None:
+               grace: int = 30) -> Inspected | None:
         # The same decisions as host.retire's shell script, on the simulated containers.
         with self.fleet.mu:
             self.fleet.alive()
@@ -319,7 +329,7 @@ class SimOps(SimHostSide):
             self._done("retire")
             return before
 
-    def swap(self, name: str) -> remote.Container | None:
+    def swap(self, name: str) -> Inspected | None:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
@@ -338,18 +348,9 @@ class SimOps(SimHostSide):
             self._start_then(h, name, "swap")
             return before
 
-    def start(
-        self,
-        recipe: Recipe,
-        ref: str,
-        *,
-        tag: str,
-        digest: str,
-        rollout_id: str,
-        secrets: Mapping[str, str],
-        cache_key: str | None = None,
-        launch: MemberLaunch | None = None,
-    ) -> None:
+    def start(self, req: remote.StartRequest) -> None:
+        recipe, tag, digest, rollout_id = req.recipe, req.tag, req.digest, req.rollout_id
+        cache_key, launch = req.cache_key, req.launch
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
@@ -358,9 +359,9 @@ class SimOps(SimHostSide):
                 raise FleetError(f"docker run: the name {name} is already in use", host=h.name)
             if digest not in h.images:
                 raise FleetError(f"docker run: no image {digest}", host=h.name)
-            labels = {remote.LABEL_TAG: tag, remote.LABEL_DIGEST: digest,
-                      remote.LABEL_FINGERPRINT: remote.fingerprint(recipe),
-                      remote.LABEL_RECIPE: recipe.name}
+            labels = {LABEL_TAG: tag, LABEL_DIGEST: digest,
+                      LABEL_FINGERPRINT: remote.fingerprint(recipe),
+                      LABEL_RECIPE: recipe.name}
             if launch is not None:
                 labels["fleetctl.unit.rank"] = str(launch.rank)
             h.containers[name] = Container(name, digest, tag, rollout_id, False, "created", labels)
@@ -387,7 +388,7 @@ class SimOps(SimHostSide):
                 raise FleetError(f"docker start: no container {name}", host=h.name)
             self._start_then(h, name, "start-again")
 
-    def restore(self, name: str) -> remote.Container | None:
+    def restore(self, name: str) -> Inspected | None:
         with self.fleet.mu:
             self.fleet.alive()
             h = self._h
@@ -466,9 +467,9 @@ class SimGates:
             artifacts_dir=str(artifacts) if artifacts else None,
         )
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
-             baseline_key: str | None = None) -> Verdict:
+    def soak(self, judged: Judged, baseline: Baseline, artifacts: Path, run_id: str,
+             progress: Progress) -> Verdict:
+        host, tag = judged.host, judged.tag
         if self.fleet.ctrl_c_in_soak == host.name:
             self.fleet.ctrl_c_in_soak = None
             raise KeyboardInterrupt
@@ -538,7 +539,7 @@ class SimDeployer:
                 f"docker {step} failed", host=r.host.name, fix="see the docker daemon's log"
             )
 
-    def _one(self, r: DeployRequest) -> remote.Container | None:
+    def _one(self, r: DeployRequest) -> Inspected | None:
         with self.fleet.mu:
             self.fleet.alive()
             ops = SimOps(r.host, self.fleet)
@@ -549,7 +550,7 @@ class SimDeployer:
             if (
                 cur is not None
                 and cur.digest == r.digest
-                and cur.labels.get(remote.LABEL_FINGERPRINT) == fp
+                and cur.labels.get(LABEL_FINGERPRINT) == fp
             ):
                 if cur.running:
                     return ops._serving(prev)
@@ -584,8 +585,8 @@ class SimDeployer:
             if r.digest not in h.images:
                 raise FleetError(f"docker run: no image {r.digest}", host=h.name)
             h.containers[name] = Container(name, r.digest, r.tag, r.rollout_id, False, "created",
-                                           {remote.LABEL_TAG: r.tag, remote.LABEL_DIGEST: r.digest,
-                                            remote.LABEL_FINGERPRINT: fp,
-                                            remote.LABEL_RECIPE: r.recipe.name})
+                                           {LABEL_TAG: r.tag, LABEL_DIGEST: r.digest,
+                                            LABEL_FINGERPRINT: fp,
+                                            LABEL_RECIPE: r.recipe.name})
             ops._start_then(h, name, "start")
             return ops._serving(h.containers.get(prev_name))

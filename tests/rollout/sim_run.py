@@ -13,7 +13,8 @@ import yaml
 
 from fleetctl import paths
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.state import records as fleet_records
 
 if TYPE_CHECKING:
     from tests.rollout.sim import SimFleet
@@ -30,7 +31,7 @@ def run_command(eng: Engine, what: str, opts: Options, limit: str,
             return eng.resume(opts)
         if what == "abort":
             return eng.abort()
-        return eng.rollback(to=to, limit=limit)
+        return eng.rollback(RollbackOptions(to=to, limit=limit))
     finally:
         eng.close()
 
@@ -40,7 +41,7 @@ def active(state: Path) -> list[str]:
     from fleetctl.state import ledger as fleet_ledger
 
     with fleet_ledger.open_ledger(state) as led:
-        return led.ids(statuses=fleet_ledger.ACTIVE)
+        return led.ids(statuses=fleet_records.ACTIVE)
 
 
 def recover(run: Callable[[str], RolloutResult], state: Path, how: str) -> None:
@@ -69,11 +70,10 @@ def kill_then_recover(fleet: SimFleet, state: Path, k: int, run: Callable[[str],
 def assert_not_wedged(fleet: SimFleet, state: Path, run_to: Callable[[str], RolloutResult],
                       tag: str) -> None:
     """No active record, and a later rollout of ``tag`` completes with every host serving it."""
-    from fleetctl.state import ledger as fleet_ledger
 
     assert active(state) == []
     r = run_to(tag)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert set(fleet.serving_tags().values()) == {tag}
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from fleetctl import inventory, paths
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
 
 from .sim import OK, SimFleet, SimGates
@@ -30,14 +31,9 @@ def _inventory(tmp_path: Path, floor: str | None = None) -> Path:
 
 
 def _engine(tmp_path: Path, fleet: SimFleet, floor: str | None = None) -> Engine:
-    return Engine(
-        inventory.load(_inventory(tmp_path, floor)),
-        state_dir=tmp_path / "state",
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    return Engine(inventory.load(_inventory(tmp_path, floor)), state_dir=tmp_path / "state",
+                  secrets={},
+                  seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
 
 
 def _steps(r: RolloutResult, tmp_path: Path) -> list[int]:
@@ -78,7 +74,7 @@ def test_the_inventorys_floor_sets_the_steps_of_a_rollout_and_a_rollback(tmp_pat
     assert _steps(r, tmp_path) == [1, 2]
     eng = _engine(tmp_path, fleet, floor="1")
     try:
-        rb = eng.rollback(limit=LIMIT)
+        rb = eng.rollback(RollbackOptions(limit=LIMIT))
     finally:
         eng.close()
     assert rb.status == "completed", rb.error

@@ -20,7 +20,9 @@ from fleetctl import inventory, paths
 from fleetctl.lab.pgserver import PgServer
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, digest_of, run_command
 
@@ -39,14 +41,8 @@ def _inventory(pg_server: PgServer) -> inventory.Inventory:
 def _run(
     fleet: SimFleet, inv: inventory.Inventory, state: Path, what: str, tag: str = B
 ) -> RolloutResult:
-    eng = Engine(
-        inv,
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inv, state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return run_command(
         eng,
@@ -61,7 +57,7 @@ def points(pg_server: PgServer, tmp_path_factory: pytest.TempPathFactory) -> int
     """How many points (side effects and ledger transitions) a clean rollout goes through."""
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK, SOAKBAD: SOAKFAIL})
     r = _run(fleet, _inventory(pg_server), tmp_path_factory.mktemp("clean"), "rollout")
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     return len(fleet.points)
 
 
@@ -78,19 +74,19 @@ def test_a_killed_rollout_is_recovered_by_another_controller(
         _run(fleet, inv, tmp_path, "rollout")
     fleet.revive()
     with fleet_ledger.open_for(inv, tmp_path) as led:
-        assert len(led.ids(statuses=fleet_ledger.ACTIVE)) == 1  # left active for --resume or abort
+        assert len(led.ids(statuses=fleet_records.ACTIVE)) == 1  # left active for --resume or abort
     r = _run(fleet, inv, tmp_path, how)
-    assert r.status in (fleet_ledger.COMPLETED, fleet_ledger.ABORTED), r.error
+    assert r.status in (fleet_records.COMPLETED, fleet_records.ABORTED), r.error
     want = B if how == "resume" else A
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, want)
     with fleet_ledger.open_for(inv, tmp_path) as led:
-        assert led.ids(statuses=fleet_ledger.ACTIVE) == [] and led.holder() is None
+        assert led.ids(statuses=fleet_records.ACTIVE) == [] and led.holder() is None
         # Each host's known-good went to the shared database: a rollback from here undoes the
         # rollout.
         assert all(led.known_good(h) for h in HOSTS)
     if how == "resume":
         rb = _run(fleet, inv, tmp_path, "rollback")
-        assert rb.status == fleet_ledger.COMPLETED, rb.error
+        assert rb.status == fleet_records.COMPLETED, rb.error
         assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
         assert {fleet.serving_digest(h) for h in HOSTS} == {digest_of(A)}
     assert not (tmp_path / fleet_ledger.LEDGER_NAME).exists()  # nothing went to a local SQLite file

@@ -21,9 +21,12 @@ from fleetctl.frontdoor.haproxy import HAProxy
 from fleetctl.inventory import Host
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.recipes import Recipe
+from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from tests.frontdoor.servers import Backend, Pool, loopback_pool
 
 from .sim import OK, SOAKFAIL, Killed, SimFleet, SimGates, SimOps, digest_of
@@ -77,9 +80,9 @@ class Watched(SimOps):
         self._note("retire")
         return super().retire(name, rollout_id, target_digest, grace)
 
-    def start(self, recipe: Recipe, ref: str, **kw: Any) -> Any:
+    def start(self, req: remote.StartRequest) -> Any:
         self._note("start")
-        return super().start(recipe, ref, **kw)
+        return super().start(req)
 
     def restore(self, name: str) -> Any:
         self._note("restore")
@@ -98,8 +101,9 @@ def _in_flight(d: Door) -> Callable[[Host, Recipe], int | None]:
 def _engine(fleet: SimFleet, d: Door, state: Path, progress: Progress = NULL) -> Engine:
     Watched.door = d
     inv = inventory.load(d.inv_dir / "hosts.yml")
-    eng = Engine(inv, progress, state_dir=state, secrets={}, ops=lambda h: Watched(h, fleet),
-                 gates=SimGates(fleet), resolve=fleet.resolve)
+    eng = Engine(inv, progress, state_dir=state, secrets={},
+                 seams=Seams(ops=lambda h: Watched(h, fleet), gates=SimGates(fleet),
+                             resolve=fleet.resolve))
     eng.door.in_flight = _in_flight(d)
     return eng
 
@@ -164,7 +168,7 @@ def test_every_host_is_drained_before_its_stop_and_back_in_rotation_after(
     r = _rollout(fleet, door, tmp_path / "state", B)
     for t in holds:
         t.join(30)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert answers == [200, 200]
     assert set(fleet.serving_tags().values()) == {B}
     changes = [s for s in door.seen if s[1] in ("retire", "start")]
@@ -183,7 +187,7 @@ def test_a_canary_failing_its_gate_is_never_readmitted_on_the_bad_version(
 ) -> None:
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, SOAKBAD: SOAKFAIL})
     r = _rollout(fleet, door, tmp_path / "state", SOAKBAD)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     canary = [s for s in door.seen if s[0] == "spark-01"]
     assert [op for _, op, _, _ in canary] == ["retire", "start", "restore"]
     assert all(admin == "drain" for _, _, admin, _ in canary), canary
@@ -211,10 +215,10 @@ def test_a_controller_killed_while_a_host_is_drained_is_recorded_and_the_next_co
         elif then == "abort":
             r = eng.abort()
         else:
-            r = eng.rollback(limit="spark-01")
+            r = eng.rollback(RollbackOptions(limit="spark-01"))
     finally:
         eng.close()
-    assert r.status in (fleet_ledger.COMPLETED, fleet_ledger.ABORTED), r.error
+    assert r.status in (fleet_records.COMPLETED, fleet_records.ABORTED), r.error
     assert [door.admin(n) for n in HOSTS] == ["ready"] * 3
     assert _out_of_rotation(state) == {}
     expected = B if then == "resume" else A
@@ -226,7 +230,7 @@ def test_without_a_front_door_nothing_changes(tmp_path: Path, door: Door) -> Non
     (door.inv_dir / "group_vars" / "all" / "frontdoor.yml").unlink()
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     r = _rollout(fleet, door, tmp_path / "state", B)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert all("drain" not in h.timings for h in r.hosts)
 
 
@@ -259,7 +263,7 @@ def test_the_command_hook_through_a_rollout(tmp_path: Path, monkeypatch: pytest.
     d = PoolFile(HAProxy("unused", "/nonexistent"), {}, 0, inv_dir, [])
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     r = _rollout(fleet, d, tmp_path / "state", B)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     changes = [s for s in d.seen if s[1] in ("retire", "start")]
     assert len(changes) == 6 and all(admin == "drain" for _, _, admin, _ in changes), changes
     log = (tmp_path / "pool.log").read_text().splitlines()
@@ -305,7 +309,7 @@ def test_the_litellm_backend_through_a_rollout(
     finally:
         proxy.server.shutdown()
         proxy.server.server_close()
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     assert [(h, op, admin) for h, op, admin, _ in d.seen] == [
         ("spark-01", "retire", "maint"),
         ("spark-01", "start", "maint"),
@@ -323,7 +327,7 @@ def test_a_door_that_refuses_the_drain_leaves_the_host_serving_untouched(
     )
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     r = _rollout(fleet, door, tmp_path / "state", B)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     canary = r.hosts[0]
     assert canary.host == "spark-01" and "could not drain" in (canary.error or ""), canary
     assert "no server nosuch" in (canary.error or "") or "nosuch" in (canary.error or "")
@@ -344,22 +348,22 @@ def test_a_host_the_door_does_not_see_healthy_after_its_gate_stays_out_and_resum
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     events: list[Event] = []
     r = _rollout(fleet, door, tmp_path / "state", B, events.append)
-    assert r.status == fleet_ledger.PAUSED, r.error
+    assert r.status == fleet_records.PAUSED, r.error
     canary = r.hosts[0]
-    assert canary.status == fleet_ledger.HOST_PAUSED and canary.phase == "out-of-rotation", canary
+    assert canary.status == fleet_records.HOST_PAUSED and canary.phase == "out-of-rotation", canary
     msg = canary.error or ""
     assert "passed its gate" in msg and "spark-01" in msg and "after 2 re-admission(s)" in msg, msg
     assert "health check" in msg and "fleetctl rollout --resume" in msg, msg
     assert [e.phase for e in events if e.host == "spark-01"].count("readmit-retry") == 1
     assert list(_out_of_rotation(tmp_path / "state")) == ["spark-01"]
-    assert [h.status for h in r.hosts[1:]] == [fleet_ledger.PENDING] * 2
+    assert [h.status for h in r.hosts[1:]] == [fleet_records.PENDING] * 2
     # The door mended (the server's check passes again): --resume re-admits it without a new gate,
     # then goes on.
     door.seen.clear()
     door.pool.revive("spark-01")  # type: ignore[union-attr]
     r2 = _resume(fleet, door, tmp_path / "state")
-    assert r2.status == fleet_ledger.COMPLETED, r2.error
-    assert r2.hosts[0].status == fleet_ledger.DONE
+    assert r2.status == fleet_records.COMPLETED, r2.error
+    assert r2.hosts[0].status == fleet_records.DONE
     assert [s[1] for s in door.seen if s[0] == "spark-01"] == []  # never stopped or started again
     assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(
         tmp_path / "state"
@@ -382,7 +386,7 @@ def test_a_readmission_the_door_refuses_at_first_is_tried_again(tmp_path: Path, 
             door.pool.revive("spark-01")  # type: ignore[union-attr]
 
     r = _rollout(fleet, door, tmp_path / "state", B, progress)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     retries = [e.message for e in events if e.phase == "readmit-retry"]
     assert len(retries) == 1 and retries[0].startswith("re-admission 1 of 3 failed:"), retries
     assert [door.admin(n) for n in HOSTS] == ["ready"] * 3 and _out_of_rotation(
@@ -399,7 +403,7 @@ def test_a_step_waits_for_a_host_drained_outside_fleetctl_and_refuses_at_the_tim
     fleet = SimFleet(dict.fromkeys(HOSTS, A), {A: OK, B: OK})
     events: list[Event] = []
     r = _rollout(fleet, door, tmp_path / "state", B, events.append)
-    assert r.status == fleet_ledger.PAUSED, r.error
+    assert r.status == fleet_records.PAUSED, r.error
     waits = [e.message for e in events if e.phase == "capacity-wait"]
     # (a loaded machine can fail another server's health check for a moment: that host is then
     # named too)
@@ -414,11 +418,11 @@ def test_a_step_waits_for_a_host_drained_outside_fleetctl_and_refuses_at_the_tim
     assert door.seen == [] and fleet.serving_tags() == dict.fromkeys(HOSTS, A)
     assert [door.admin(n) for n in HOSTS] == ["ready", "ready", "drain"]
     assert _out_of_rotation(tmp_path / "state") == {}
-    assert all(h.status == fleet_ledger.PENDING for h in r.hosts)
+    assert all(h.status == fleet_records.PENDING for h in r.hosts)
     # Back in rotation: --resume goes on.
     door.haproxy.readmit(Host("spark-03", "x"))
     r2 = _resume(fleet, door, tmp_path / "state")
-    assert r2.status == fleet_ledger.COMPLETED, r2.error
+    assert r2.status == fleet_records.COMPLETED, r2.error
     assert set(fleet.serving_tags().values()) == {B}
 
 
@@ -434,7 +438,7 @@ def test_a_step_goes_on_once_the_host_out_is_back(tmp_path: Path, door: Door) ->
             door.haproxy.readmit(Host("spark-02", "x"))  # the other operator is done
 
     r = _rollout(fleet, door, tmp_path / "state", B, progress)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     waits = [e.message for e in events if e.phase == "capacity-wait"]
     assert (
         waits
@@ -489,7 +493,7 @@ def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(
         rec = eng.ledger.get(r.id or "")
     finally:
         eng.close()
-    assert r.status == fleet_ledger.FAILED and "rolled back after its bake" in (r.error or ""), (
+    assert r.status == fleet_records.FAILED and "rolled back after its bake" in (r.error or ""), (
         r.error
     )
     assert "12 of 40 requests failed (30.0%)" in (r.error or "") and "old hosts 0.0%" in (
@@ -504,7 +508,7 @@ def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(
         tmp_path / "state"
     ) == {}
     h1 = rec.host("spark-01")
-    assert h1 is not None and h1.status == fleet_ledger.ROLLED_BACK and h1.verdict is not None
+    assert h1 is not None and h1.status == fleet_records.ROLLED_BACK and h1.verdict is not None
     assert h1.verdict["outcome"] == "fail" and h1.verdict["failed_checks"][0].startswith(
         "bake_errors"
     )
@@ -516,7 +520,7 @@ def test_a_bake_breach_drains_the_canary_rolls_it_back_readmits_it_and_stops(
         < phases.index("rolling-back")
         and phases[-1] == "rolled-back"
     ), phases
-    assert all(rec.host(n).status == fleet_ledger.PENDING for n in HOSTS[1:])  # type: ignore[union-attr]
+    assert all(rec.host(n).status == fleet_records.PENDING for n in HOSTS[1:])  # type: ignore[union-attr]
 
 
 def test_a_controller_killed_mid_bake_leaves_the_wave_to_bake_again_on_resume(
@@ -530,10 +534,11 @@ def test_a_controller_killed_mid_bake_leaves_the_wave_to_bake_again_on_resume(
     fleet.revive()
     with fleet_ledger.open_ledger(state) as led:
         rec = led.latest(kind="rollout")
-        assert rec is not None and rec.status == fleet_ledger.RUNNING and rec.options["bake"] == 0.2
+        assert rec is not None and rec.status == fleet_records.RUNNING
+        assert rec.options["bake"] == 0.2
         h1 = rec.host("spark-01")
-        assert h1 is not None and (h1.status, h1.phase) == (fleet_ledger.DONE, "baking")
-        assert rec.waves[0].status != fleet_ledger.DONE
+        assert h1 is not None and (h1.status, h1.phase) == (fleet_records.DONE, "baking")
+        assert rec.waves[0].status != fleet_records.DONE
     assert door.admin("spark-01") == "ready"  # baked in rotation: nothing to re-admit
     eng = _bake_engine(fleet, door, state, {})
     try:
@@ -541,7 +546,7 @@ def test_a_controller_killed_mid_bake_leaves_the_wave_to_bake_again_on_resume(
         rec = eng.ledger.get(r.id or "")
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert [p.phase for p in rec.phases if p.host == "spark-01"].count("baking") == 2
     assert all(
         (h := rec.host(n)) is not None

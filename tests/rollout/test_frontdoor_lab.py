@@ -25,6 +25,7 @@ from fleetctl.lab.frontdoor import BACKEND, LabFrontDoor
 from fleetctl.lab.layout import current
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from tests.plugins.serving import LAB_SOAK, engine, serve
 
 pytestmark = pytest.mark.lab
@@ -116,7 +117,7 @@ def door(serving: Any) -> Iterator[LabFrontDoor]:
 def test_a_rollout_under_traffic_through_the_door_fails_no_request(door: LabFrontDoor) -> None:
     with traffic_and_sampler(door) as (report, sampler):
         r = rollout(NEW)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert report["sent"] >= RATE * 20 and report["failed"] == 0, report
     assert report["ok"] == report["sent"]
     assert sampler.out_at_once() <= 1
@@ -190,9 +191,9 @@ def test_a_canary_failing_its_gate_under_traffic_is_never_in_rotation_on_the_bad
     backend has the other lab tests), so the hook is proven on a real rollout and a real door."""
     with traffic_and_sampler(door) as (report, sampler):
         r = rollout(CRASH)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     canary = r.hosts[0]
-    assert canary.host == "spark-01" and canary.status == fleet_ledger.ROLLED_BACK, canary
+    assert canary.host == "spark-01" and canary.status == fleet_records.ROLLED_BACK, canary
     # Out from before its stop until its restored version passed readiness and smoke, then back
     # once.
     assert sampler.course("spark-01") == ["ready", "drain", "ready"], sampler.course("spark-01")
@@ -250,7 +251,7 @@ def _kill_when_drained(
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert p.poll() is None, f"`fleetctl {' '.join(argv)}` ended before it could be killed"
-            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            rec = led.latest(kind="rollout", statuses=(fleet_records.RUNNING,))
             if (
                 rec is not None
                 and (h := rec.host(node)) is not None
@@ -342,7 +343,7 @@ def errors_under_traffic(serving: Any) -> str:
     return ERRS
 
 
-def baked_rollout(tag: str) -> tuple[RolloutResult, fleet_ledger.RolloutRecord]:
+def baked_rollout(tag: str) -> tuple[RolloutResult, fleet_records.RolloutRecord]:
     eng = engine()
     try:
         # Two hosts (a canary and a wave of one), as few as a bake against an old version needs.
@@ -362,7 +363,7 @@ def baked_rollout(tag: str) -> tuple[RolloutResult, fleet_ledger.RolloutRecord]:
         eng.close()
 
 
-def verdict_of(rec: fleet_ledger.RolloutRecord, host: str) -> dict[str, Any]:
+def verdict_of(rec: fleet_records.RolloutRecord, host: str) -> dict[str, Any]:
     hr = rec.host(host)
     assert hr is not None and hr.verdict is not None, host
     return hr.verdict
@@ -372,9 +373,9 @@ def test_a_bake_rolls_back_a_canary_whose_errors_rise_only_under_live_traffic(
         door: LabFrontDoor, errors_under_traffic: str) -> None:
     with traffic_and_sampler(door) as (report, sampler):
         r, rec = baked_rollout(errors_under_traffic)
-    assert r.status == fleet_ledger.FAILED, r.error
+    assert r.status == fleet_records.FAILED, r.error
     canary, rest = r.hosts[0], r.hosts[1:]
-    assert canary.status == fleet_ledger.ROLLED_BACK and canary.after_tag == canary.before_tag, (
+    assert canary.status == fleet_records.ROLLED_BACK and canary.after_tag == canary.before_tag, (
         canary
     )
     # Its gate passed out of rotation; the bake under users' traffic failed it, with the numbers.
@@ -391,7 +392,7 @@ def test_a_bake_rolls_back_a_canary_whose_errors_rise_only_under_live_traffic(
         sampler.course(canary.host)
     )
     assert all(sampler.course(h.host) == ["ready"] for h in rest)
-    assert all(h.status == fleet_ledger.PENDING for h in rest)
+    assert all(h.status == fleet_records.PENDING for h in rest)
     assert report["failed"] > 0, (
         report
     )  # users saw the errors the bake caught (and no more after it)
@@ -418,7 +419,7 @@ def test_a_bake_passes_a_healthy_rollout_and_fleetctl_watch_passes_its_hosts(
             text=True,
             timeout=120,
         )
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     for h in r.hosts:
         assert verdict_of(rec, h.host)["bake"]["outcome"] == "pass", verdict_of(rec, h.host)
         assert "baking" in [p.phase for p in rec.phases if p.host == h.host]

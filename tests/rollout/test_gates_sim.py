@@ -32,10 +32,13 @@ from fleetctl.inventory import Host
 from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
-from fleetctl.soak import Readiness, SoakConfig, Verdict, baselines
+from fleetctl.rollout.gate import Baseline, Judged
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
+from fleetctl.soak import Readiness, SoakConfig, Verdict
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import EXIT1, OK, SOAKFAIL, SimFleet, SimGates, digest_of
 from .sim_run import example_inventory
@@ -71,12 +74,10 @@ class Gates(SimGates):
             return Readiness(Outcome.FAIL, f"container exited: {BOOT_CAUSE}", 0.0, cause=BOOT_CAUSE)
         return r
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
-             baseline_key: str | None = None) -> Verdict:
-        v = super().soak(
-            host, recipe, tag, cfg, store, baseline_tag, artifacts, run_id, progress, baseline_key
-        )
+    def soak(self, judged: Judged, baseline: Baseline, artifacts: Path, run_id: str,
+             progress: Progress) -> Verdict:
+        tag = judged.tag
+        v = super().soak(judged, baseline, artifacts, run_id, progress)
         if tag == UNSURE:
             return Verdict(
                 v.run_id,
@@ -94,14 +95,8 @@ class Gates(SimGates):
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    return Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=Gates(fleet),
-        resolve=fleet.resolve,
-    )
+    return Engine(inventory.load(INV), state_dir=state, secrets={},
+                  seams=Seams(ops=fleet.ops, gates=Gates(fleet), resolve=fleet.resolve))
 
 
 def _rollout(fleet: SimFleet, state: Path, tag: str) -> RolloutResult:
@@ -155,7 +150,7 @@ def test_a_canary_failing_its_gate_is_rolled_back_and_no_other_host_is_touched(
                for h in fleet.hosts.values())
     assert r.id is not None
     with fleet_ledger.open_ledger(tmp_path) as led:
-        assert led.get(r.id).status == fleet_ledger.FAILED and led.holder() is None
+        assert led.get(r.id).status == fleet_records.FAILED and led.holder() is None
 
 
 def test_an_inconclusive_gate_pauses_then_abort_puts_every_host_back(
@@ -175,7 +170,7 @@ def test_an_inconclusive_gate_pauses_then_abort_puts_every_host_back(
     assert {h.status for h in ab.hosts} <= {"done", "skipped"}, ab.hosts
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, NEW)
     with fleet_ledger.open_ledger(tmp_path) as led:
-        assert led.get(r.id).status == fleet_ledger.ABORTED and led.holder() is None
+        assert led.get(r.id).status == fleet_records.ABORTED and led.holder() is None
 
 
 def test_an_inconclusive_gate_with_on_inconclusive_fail_is_a_failed_gate(
@@ -203,7 +198,7 @@ def test_a_rollback_to_an_image_that_exits_at_start_leaves_every_host_as_it_was_
     before = _container_ids(fleet)
     eng = _engine(fleet, tmp_path)
     try:
-        r = eng.rollback(to=BOOTFAIL, limit=",".join(HOSTS))
+        r = eng.rollback(RollbackOptions(to=BOOTFAIL, limit=",".join(HOSTS)))
     finally:
         eng.close()
     assert r.status == "failed" and r.exit_code == 1, r

@@ -13,6 +13,7 @@ from fleetctl.recipes import STAGED_MARKER as MARKER
 from fleetctl.recipes import load_recipes
 from fleetctl.rollout import api, results, session
 from fleetctl.rollout import host as remote
+from fleetctl.rollout.results import RollbackOptions
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST = "sha256:" + "d" * 64
@@ -33,7 +34,7 @@ def test_run_argv_pins_the_digest_labels_mounts_and_names_secrets_only(
     h = lab_inventory.host("s1")
     ref = f"10.0.0.1:5000/aeon-7/x@{DIGEST}"
     argv = remote.run_argv(
-        h, recipe, ref, tag="2026-07-01-v0.24.0", digest=DIGEST, rollout_id="ro-1", name="vllm"
+        h, remote.StartRequest(recipe, ref, "2026-07-01-v0.24.0", DIGEST, "ro-1"), "vllm"
     )
     assert argv[:5] == ["docker", "run", "-d", "--name", "vllm"]
     for flag in (["--gpus", "all"], ["--ipc", "host"], ["--network", "host"]):
@@ -94,7 +95,7 @@ def test_a_bad_webhook_or_a_missing_api_key_is_refused_before_any_host_is_touche
             eng.rollout(results.Options(tag="v1", webhook="http://hooks.example.com/T0/s3cretT0KEN"))
         assert "plain http" in e.value.cause and "s3cret" not in e.value.message()
         with pytest.raises(FleetError) as e:
-            eng.rollback(to="v1", webhook="https://hooks.example.com/x y")
+            eng.rollback(RollbackOptions(to="v1", webhook="https://hooks.example.com/x y"))
         assert "whitespace" in e.value.cause
         recipe = next(iter(load_recipes(lab_inventory).values()))
         with pytest.raises(FleetError) as e:

@@ -86,9 +86,10 @@ def _tree(
     def emit(kind: str, msg: str, host: str) -> None:
         events.append(Event(kind, msg, host))
 
-    tree = imagetree.Tree(cfg, ref, origin, relay, ops=remote.SshHostOps,
-                          pull=lambda h, r: remote.pull(h, r),
-                          direct=lambda h, r: remote.pull(h, r), emit=emit)
+    tree = imagetree.Tree(cfg, imagetree.Source(ref, origin, relay),
+                          imagetree.Hands(ops=remote.SshHostOps,
+                                          pull=lambda h, r: remote.pull(h, r),
+                                          direct=lambda h, r: remote.pull(h, r), emit=emit))
     return tree.run(hosts)
 
 

@@ -22,6 +22,7 @@ import pytest
 
 from fleetctl import inventory, registry, ssh
 from fleetctl import lab as fleetlab
+from fleetctl.container import Container
 from fleetctl.lab import layout
 from fleetctl.lab.scenarios import STOCK_REPOSITORY
 from fleetctl.recipes import load_recipes
@@ -88,7 +89,7 @@ def _models(h: Any, port: int) -> list[str]:
         return [m["id"] for m in json.load(r)["data"]]
 
 
-def _assert_serves(name: str, recipe_name: str, tag: str) -> remote.Container:
+def _assert_serves(name: str, recipe_name: str, tag: str) -> Container:
     """``name`` serves ``recipe_name``'s models from its image's ``tag``, as the host answers."""
     inv = inventory.load(None)
     h = inv.host(name)

@@ -19,7 +19,9 @@ import pytest
 from fleetctl import inventory
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import (
     OK,
@@ -50,8 +52,8 @@ def _fleet(canary_fails: bool = False) -> SimFleet:
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=SimGates(fleet), resolve=fleet.resolve)
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -73,12 +75,12 @@ def _assert_own_recipe(fleet: SimFleet, state: Path, allowed: dict[str, set[str]
             assert label in (None, RECIPES[n]), f"{n} serves recipe {label}, not {RECIPES[n]}"
             continue
         reported = [r for rec in history if (r := rec.host(n)) is not None
-                    and r.status == fleet_ledger.HOST_FAILED and "fix:" in (r.error or "")]
+                    and r.status == fleet_records.HOST_FAILED and "fix:" in (r.error or "")]
         assert reported, f"{n} serves nothing and is not reported down with a fix"
 
 
 def _clean_points(canary_fails: bool) -> int:
-    want = fleet_ledger.FAILED if canary_fails else fleet_ledger.COMPLETED
+    want = fleet_records.FAILED if canary_fails else fleet_records.COMPLETED
     return count_points(_fleet(canary_fails), lambda f, d: _run(f, d, "rollout", tag=B), want)
 
 
@@ -108,7 +110,7 @@ def test_a_clean_run_has_one_canary_per_recipe_and_each_host_keeps_its_recipe(
         tmp_path: Path) -> None:
     fleet = _fleet()
     r = _run(fleet, tmp_path, "rollout", tag=B)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     with fleet_ledger.open_ledger(tmp_path) as led:
         rec = led.history(1)[0]
     assert [w.hosts for w in rec.waves] == [("spark-01", "spark-03"), ("spark-02", "spark-04")]

@@ -12,14 +12,15 @@ import pytest
 
 from fleetctl import inventory
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Host
 from fleetctl.progress import Progress
-from fleetctl.recipes import Recipe
 from fleetctl.registry import ResolvedImage
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
-from fleetctl.soak import SoakConfig, Verdict, baselines
+from fleetctl.rollout.gate import Baseline, Judged
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
+from fleetctl.soak import Verdict
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import OK, SOAKFAIL, SimFleet, SimGates, digest_of
 from .sim_run import example_inventory
@@ -44,12 +45,10 @@ class KeyedGates(SimGates):
         super().__init__(fleet)
         self.keys: dict[str, str | None] = {}
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
-             baseline_key: str | None = None) -> Verdict:
-        self.keys[host.name] = baseline_key
-        return super().soak(host, recipe, tag, cfg, store, baseline_tag, artifacts, run_id,
-                            progress, baseline_key)
+    def soak(self, judged: Judged, baseline: Baseline, artifacts: Path, run_id: str,
+             progress: Progress) -> Verdict:
+        self.keys[judged.host.name] = baseline.key
+        return super().soak(judged, baseline, artifacts, run_id, progress)
 
 
 def _engine(fleet: SimFleet, state: Path, missing: str | None = None,
@@ -60,8 +59,8 @@ def _engine(fleet: SimFleet, state: Path, missing: str | None = None,
             raise FleetError(f"no tag {tag} in {image}", fix="push it")
         return fleet.resolve(image, tag, mirrors)
 
-    eng = Engine(inventory.load(INV), state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=gates or SimGates(fleet), resolve=resolve)
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=gates or SimGates(fleet), resolve=resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -84,7 +83,7 @@ def _serving(fleet: SimFleet) -> dict[str, tuple[str | None, str | None]]:
     return out
 
 
-def _record(state: Path) -> fleet_ledger.RolloutRecord:
+def _record(state: Path) -> fleet_records.RolloutRecord:
     with fleet_ledger.open_ledger(state) as led:
         return led.history(1)[0]
 
@@ -112,7 +111,7 @@ def test_a_rollout_by_tag_keeps_each_hosts_recipe_with_a_canary_and_a_floor_per_
         r = eng.rollout(Options(tag=B, soak=1.0))
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert _serving(fleet) == {n: (B, RECIPES[n]) for n in HOSTS}
     # each recipe's own baselines: the fleet's recipe under the host's name as ever, another
     # recipe's apart
@@ -131,11 +130,11 @@ def test_a_canary_failing_in_one_recipe_stops_the_run_before_any_next_wave(tmp_p
     fleet = _fleet()
     fleet.hosts["spark-03"].behaviour[digest_of(B)] = SOAKFAIL
     r = _rollout(fleet, tmp_path)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     by = {h.host: h for h in r.hosts}
-    assert by["spark-03"].status == fleet_ledger.ROLLED_BACK
+    assert by["spark-03"].status == fleet_records.ROLLED_BACK
     # the other recipes' canaries went in the same wave; the next wave never began
-    assert by["spark-02"].status == fleet_ledger.PENDING
+    assert by["spark-02"].status == fleet_records.PENDING
     assert _serving(fleet)["spark-02"] == (A, HERETIC)
     assert _serving(fleet)["spark-03"] == (A, MM)
 
@@ -150,12 +149,12 @@ def test_a_recipe_whose_image_lacks_the_tag_is_refused_unless_skipped(tmp_path: 
         assert led.history(5) == [], "a refused rollout records nothing"
 
     r = _rollout(fleet, tmp_path, missing="vllm-openai", skip_missing=True)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert _serving(fleet)["spark-04"] == (A, BF16)
     assert {n: _serving(fleet)[n] for n in ("spark-01", "spark-02", "spark-03")} == {
         n: (B, RECIPES[n]) for n in ("spark-01", "spark-02", "spark-03")}
     row = _record(tmp_path).host("spark-04")
-    assert row is not None and row.status == fleet_ledger.SKIPPED
+    assert row is not None and row.status == fleet_records.SKIPPED
     assert "no tag v2" in (row.verdict or {}).get("summary", "")
 
 
@@ -174,7 +173,7 @@ def test_a_model_switch_is_refused_unless_named_then_recorded_as_one(tmp_path: P
     assert _serving(fleet)["spark-01"] == (A, HERETIC), "the host untouched"
 
     r = _rollout(fleet, tmp_path, recipe=MM, limit="spark-01", switch_model=True)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert _serving(fleet)["spark-01"] == (B, MM)
     row = _record(tmp_path).host("spark-01")
     assert row is not None and row.switch and (row.before_recipe, row.recipe) == (HERETIC, MM)
@@ -190,24 +189,24 @@ def test_a_model_switch_is_refused_unless_named_then_recorded_as_one(tmp_path: P
 def test_rollback_and_abort_put_each_host_back_on_its_own_recipe(tmp_path: Path) -> None:
     fleet = _fleet()
     assert _rollout(fleet, tmp_path, recipe=MM, limit="spark-01",
-                    switch_model=True).status == fleet_ledger.COMPLETED
+                    switch_model=True).status == fleet_records.COMPLETED
     eng = _engine(fleet, tmp_path)
     try:
-        r = eng.rollback(limit="spark-01")
+        r = eng.rollback(RollbackOptions(limit="spark-01"))
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert _serving(fleet)["spark-01"] == (A, HERETIC)
     assert r.hosts[0].recipe == HERETIC and r.hosts[0].before_recipe == MM
 
     # the whole fleet forward, then back: each host to its own last known-good, in its own recipe
-    assert _rollout(fleet, tmp_path).status == fleet_ledger.COMPLETED
+    assert _rollout(fleet, tmp_path).status == fleet_records.COMPLETED
     eng = _engine(fleet, tmp_path)
     try:
         r = eng.rollback()
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert _serving(fleet) == {n: (A, RECIPES[n]) for n in HOSTS}
     assert {h.host: h.recipe for h in r.hosts} == RECIPES
     # each recipe's own floor: one of the two heretic hosts at a time, the others beside them
@@ -222,7 +221,7 @@ def test_an_interrupted_switch_is_aborted_back_to_the_model_it_served(tmp_path: 
     fleet.hosts["spark-01"].behaviour[digest_of(B)] = SOAKFAIL
     r = _rollout(fleet, tmp_path, recipe=MM, limit="spark-01,spark-02", switch_model=True)
     # the canary's gate failed: it is back on its own model, the other never moved
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     assert _serving(fleet)["spark-01"] == (A, HERETIC)
     assert _serving(fleet)["spark-02"] == (A, HERETIC)
 

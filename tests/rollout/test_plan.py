@@ -3,7 +3,9 @@ skips."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -54,7 +56,16 @@ def build(**kw: object) -> plan.Plan:
         current={h: ("t-v1", D_OLD) for h in HOSTS[:4]},
     )
     args.update(kw)
-    return plan.build(**args)  # type: ignore[arg-type]
+    return _build(**args)
+
+
+def _build(hosts: list[str], current: dict[str, tuple[str | None, str | None]],
+           current_fingerprints: dict[str, str | None] | None = None, **kw: Any) -> plan.Plan:
+    """:func:`plan.build` from one set of keywords (those of Desired, Pacing and the hosts)."""
+    fields = {f.name for f in dataclasses.fields(plan.Desired)}
+    desired = plan.Desired(**{k: v for k, v in kw.items() if k in fields})
+    pacing = plan.Pacing(**{k: v for k, v in kw.items() if k not in fields})
+    return plan.build(desired, hosts, current, pacing, current_fingerprints)
 
 
 def test_default_plan_is_canary_then_rest_one_at_a_time() -> None:

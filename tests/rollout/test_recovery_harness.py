@@ -19,12 +19,15 @@ from pathlib import Path
 import pytest
 
 from fleetctl import inventory, paths
+from fleetctl.container import LABEL_FINGERPRINT
 from fleetctl.errors import ExitCode
 from fleetctl.progress import Recorder
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import (
     BEHAVIOUR_LABEL,
@@ -55,14 +58,8 @@ def _fleet() -> SimFleet:
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
     inv = inventory.load(INV)
-    eng = Engine(
-        inv,
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inv, state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -92,7 +89,7 @@ def _assert_known(fleet: SimFleet, allowed: set[str], state: Path) -> None:
         reported = [
             r
             for r in recs
-            if r is not None and r.status == fleet_ledger.HOST_FAILED and "fix:" in (r.error or "")
+            if r is not None and r.status == fleet_records.HOST_FAILED and "fix:" in (r.error or "")
         ]
         assert reported, f"{n} serves {d} ({h.containers}) and is not reported down with a fix"
 
@@ -163,11 +160,11 @@ def test_a_canary_that_cannot_start_or_become_ready_is_undone(
 ) -> None:
     fleet = _fleet()
     r = _run(fleet, tmp_path, "rollout", tag=tag)
-    assert r.status == fleet_ledger.FAILED and r.exit_code == ExitCode.FAILED
+    assert r.status == fleet_records.FAILED and r.exit_code == ExitCode.FAILED
     assert why in (r.error or "")
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
-    canary = next(h for h in r.hosts if h.status != fleet_ledger.PENDING)
-    assert canary.status == fleet_ledger.ROLLED_BACK and canary.after_digest == digest_of(A)
+    canary = next(h for h in r.hosts if h.status != fleet_records.PENDING)
+    assert canary.status == fleet_records.ROLLED_BACK and canary.after_digest == digest_of(A)
     _not_wedged(fleet, tmp_path)
 
 
@@ -175,16 +172,16 @@ def test_ssh_lost_after_the_stop_reports_the_host_down_with_its_fix(tmp_path: Pa
     fleet = _fleet()
     fleet.hosts["spark-01"].ssh_down_after = "retire"
     r = _run(fleet, tmp_path, "rollout", tag=B)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     h1 = next(h for h in r.hosts if h.host == "spark-01")
-    assert h1.status == fleet_ledger.HOST_FAILED
+    assert h1.status == fleet_records.HOST_FAILED
     assert f"fleetctl rollback --to {A} --limit spark-01" in (h1.error or "")
     assert fleet.serving_tags()["spark-02"] == A and fleet.serving_tags()["spark-03"] == A
     # The stopped v1 was kept: once SSH is back, the rollback the message names brings it back.
     fleet.hosts["spark-01"].ssh_down = False
     assert fleet.hosts["spark-01"].containers["vllm.prev"].digest == digest_of(A)
     rb = _run(fleet, tmp_path, "rollback", tag=A)
-    assert rb.status == fleet_ledger.COMPLETED
+    assert rb.status == fleet_records.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
 
 
@@ -192,17 +189,17 @@ def test_rollback_to_an_unstartable_image_leaves_every_host_as_it_was(tmp_path: 
     fleet = _fleet()
     _run(fleet, tmp_path, "rollout", tag=B)
     r = _run(fleet, tmp_path, "rollback", tag=BAD)
-    assert r.status == fleet_ledger.FAILED and r.exit_code == ExitCode.FAILED
+    assert r.status == fleet_records.FAILED and r.exit_code == ExitCode.FAILED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
-    assert {h.status for h in r.hosts} == {fleet_ledger.ROLLED_BACK}
+    assert {h.status for h in r.hosts} == {fleet_records.ROLLED_BACK}
 
 
 def test_rollback_of_a_rollback(tmp_path: Path) -> None:
     fleet = _fleet()
     _run(fleet, tmp_path, "rollout", tag=B)
-    assert _run(fleet, tmp_path, "rollback").status == fleet_ledger.COMPLETED
+    assert _run(fleet, tmp_path, "rollback").status == fleet_records.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
-    assert _run(fleet, tmp_path, "rollback").status == fleet_ledger.COMPLETED
+    assert _run(fleet, tmp_path, "rollback").status == fleet_records.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
@@ -210,7 +207,7 @@ def test_budgeted_failures_complete_with_failures(tmp_path: Path) -> None:
     fleet = _fleet()
     fleet.hosts["spark-03"].behaviour[digest_of(B)] = SOAKFAIL
     r = _run(fleet, tmp_path, "rollout", tag=B, failure_budget="1")
-    assert r.status == fleet_ledger.COMPLETED_WITH_FAILURES
+    assert r.status == fleet_records.COMPLETED_WITH_FAILURES
     assert r.exit_code == ExitCode.COMPLETED_WITH_FAILURES
     assert fleet.serving_tags() == {"spark-01": B, "spark-02": B, "spark-03": A}
 
@@ -231,7 +228,7 @@ def test_failure_budget_is_carried_across_resumes(tmp_path: Path) -> None:
         _run(fleet, tmp_path, "rollout", tag=B, waves="1,1,1", failure_budget="1")
     fleet.revive()
     r = _run(fleet, tmp_path, "resume")
-    assert r.status == fleet_ledger.FAILED, (
+    assert r.status == fleet_records.FAILED, (
         "the second failure is over the budget carried from before the kill"
     )
     assert fleet.serving_tags() == {"spark-01": B, "spark-02": A, "spark-03": A}
@@ -246,9 +243,9 @@ def test_ctrl_c_restores_the_current_host_then_stops(tmp_path: Path) -> None:
     with fleet_ledger.open_ledger(tmp_path) as led:
         assert led.holder() is None, "the lock is released only after every worker stopped"
         rec = led.latest()
-        assert rec is not None and rec.status == fleet_ledger.PAUSED
+        assert rec is not None and rec.status == fleet_records.PAUSED
     r = _run(fleet, tmp_path, "resume")
-    assert r.status == fleet_ledger.COMPLETED
+    assert r.status == fleet_records.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
@@ -261,7 +258,7 @@ def test_the_next_rollout_never_removes_the_last_good_container(tmp_path: Path) 
     h.containers["vllm.prev"] = good
     h.containers["vllm"] = Container("vllm", digest_of(BAD), BAD, "ro-old", False, "created")
     r = _run(fleet, tmp_path, "rollout", tag=SOAKBAD)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     assert fleet.serving_tags()["spark-01"] == A
 
 
@@ -274,23 +271,23 @@ def iter_points() -> Iterator[str]:
 
 
 def _skips(r: RolloutResult) -> dict[str, str]:
-    return {h.host: h.verdict or "" for h in r.hosts if h.status == fleet_ledger.SKIPPED}
+    return {h.host: h.verdict or "" for h in r.hosts if h.status == fleet_records.SKIPPED}
 
 
 def test_rollback_goes_to_the_last_known_good_not_the_newest_record(tmp_path: Path) -> None:
     fleet = _fleet()
     _run(fleet, tmp_path, "rollout", tag=B)
-    assert _run(fleet, tmp_path, "rollback", tag=C).status == fleet_ledger.COMPLETED
+    assert _run(fleet, tmp_path, "rollback", tag=C).status == fleet_records.COMPLETED
     # v3 came by --to (no full gate): the last known-good is v2, not v1 from the older rollout.
-    assert _run(fleet, tmp_path, "rollback").status == fleet_ledger.COMPLETED
+    assert _run(fleet, tmp_path, "rollback").status == fleet_records.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
 def test_rollback_after_a_canary_failure_names_every_host_already_there(tmp_path: Path) -> None:
     fleet = _fleet()
-    assert _run(fleet, tmp_path, "rollout", tag=SOAKBAD).status == fleet_ledger.FAILED
+    assert _run(fleet, tmp_path, "rollout", tag=SOAKBAD).status == fleet_records.FAILED
     r = _run(fleet, tmp_path, "rollback")
-    assert r.status == fleet_ledger.COMPLETED and r.exit_code == ExitCode.OK
+    assert r.status == fleet_records.COMPLETED and r.exit_code == ExitCode.OK
     assert set(_skips(r)) == set(HOSTS)
     assert all("already there" in why for why in _skips(r).values())
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
@@ -303,12 +300,12 @@ def test_rollback_skips_a_first_deploy_and_hosts_not_in_the_last_rollout(tmp_pat
     try:
         assert (
             eng.rollout(Options(tag=B, limit="spark-01,spark-02,spark-03", soak=1.0)).status
-            == fleet_ledger.COMPLETED
+            == fleet_records.COMPLETED
         )
         r = eng.rollback()
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED
+    assert r.status == fleet_records.COMPLETED
     skips = _skips(r)
     assert "first deploy" in skips["spark-03"]
     assert "not in the last rollout" in skips["spark-04"]
@@ -317,9 +314,9 @@ def test_rollback_skips_a_first_deploy_and_hosts_not_in_the_last_rollout(tmp_pat
 
 def test_a_recipe_only_change_rolls_out_through_the_canary_and_gates(tmp_path: Path) -> None:
     fleet = _fleet()
-    assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_ledger.COMPLETED
+    assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_records.COMPLETED
     again = _run(fleet, tmp_path, "rollout", tag=B)
-    assert {h.status for h in again.hosts} == {fleet_ledger.SKIPPED}, (
+    assert {h.status for h in again.hosts} == {fleet_records.SKIPPED}, (
         "same image, same settings: nothing to do"
     )
     eng = _engine(fleet, tmp_path)
@@ -335,9 +332,9 @@ def test_a_recipe_only_change_rolls_out_through_the_canary_and_gates(tmp_path: P
     finally:
         eng.close()
     assert r.plan is not None and [h.reason for h in r.plan.hosts] == ["settings"] * 3
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     assert fleet.hosts["spark-01"].containers["vllm"].labels[
-        remote.LABEL_FINGERPRINT
+        LABEL_FINGERPRINT
     ] == remote.fingerprint(_engine(fleet, tmp_path).recipe()), (
         "the canary is back on the old settings"
     )
@@ -346,9 +343,9 @@ def test_a_recipe_only_change_rolls_out_through_the_canary_and_gates(tmp_path: P
 
 def test_what_served_when_a_rollout_moved_a_host_away_is_known_good(tmp_path: Path) -> None:
     fleet = _fleet()
-    assert _run(fleet, tmp_path, "rollback", tag=C).status == fleet_ledger.COMPLETED
-    assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_ledger.COMPLETED
-    assert _run(fleet, tmp_path, "rollback").status == fleet_ledger.COMPLETED
+    assert _run(fleet, tmp_path, "rollback", tag=C).status == fleet_records.COMPLETED
+    assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_records.COMPLETED
+    assert _run(fleet, tmp_path, "rollback").status == fleet_records.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, C)
     with fleet_ledger.open_ledger(tmp_path) as led:
         assert [(k.tag, k.source) for k in led.known_good("spark-01")] == [
@@ -369,17 +366,17 @@ def _with_recipe_change(fleet: SimFleet, state: Path) -> tuple[Engine, str, str]
 
 def _fingerprints(fleet: SimFleet) -> dict[str, str]:
     return {
-        n: h.containers["vllm"].labels[remote.LABEL_FINGERPRINT] for n, h in fleet.hosts.items()
+        n: h.containers["vllm"].labels[LABEL_FINGERPRINT] for n, h in fleet.hosts.items()
     }
 
 
 def _changed_everywhere(fleet: SimFleet, state: Path) -> tuple[str, str]:
     """B rolled out, then a recipe-only change of B that passed on every host; the old and new
     fingerprints."""
-    assert _run(fleet, state, "rollout", tag=B).status == fleet_ledger.COMPLETED
+    assert _run(fleet, state, "rollout", tag=B).status == fleet_records.COMPLETED
     eng, old_fp, new_fp = _with_recipe_change(fleet, state)
     try:
-        assert eng.rollout(_opts(B)).status == fleet_ledger.COMPLETED
+        assert eng.rollout(_opts(B)).status == fleet_records.COMPLETED
     finally:
         eng.close()
     assert _fingerprints(fleet) == dict.fromkeys(HOSTS, new_fp)
@@ -389,7 +386,7 @@ def _changed_everywhere(fleet: SimFleet, state: Path) -> tuple[str, str]:
 def _rollback_changed(fleet: SimFleet, state: Path, limit: str = ",".join(HOSTS)) -> RolloutResult:
     eng, _old, _new = _with_recipe_change(fleet, state)
     try:
-        return eng.rollback(limit=limit)
+        return eng.rollback(RollbackOptions(limit=limit))
     finally:
         eng.close()
 
@@ -399,8 +396,8 @@ def test_rollback_of_a_recipe_only_change_restores_the_old_settings(tmp_path: Pa
     old_fp, _new = _changed_everywhere(fleet, tmp_path)
     # Same image, other settings: the rollback is not "already there".
     r = _rollback_changed(fleet, tmp_path)
-    assert r.status == fleet_ledger.COMPLETED, r
-    assert {h.status for h in r.hosts} == {fleet_ledger.DONE}
+    assert r.status == fleet_records.COMPLETED, r
+    assert {h.status for h in r.hosts} == {fleet_records.DONE}
     assert _fingerprints(fleet) == dict.fromkeys(HOSTS, old_fp)
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
@@ -409,7 +406,7 @@ def test_abort_of_an_interrupted_recipe_only_change_restores_the_old_settings(
     tmp_path: Path,
 ) -> None:
     def change(fleet: SimFleet, state: Path, kill_at: int | None) -> None:
-        assert _run(fleet, state, "rollout", tag=B).status == fleet_ledger.COMPLETED
+        assert _run(fleet, state, "rollout", tag=B).status == fleet_records.COMPLETED
         fleet.revive()
         fleet.kill_at = kill_at
         eng, _, _ = _with_recipe_change(fleet, state)
@@ -432,7 +429,7 @@ def test_abort_of_an_interrupted_recipe_only_change_restores_the_old_settings(
         r = eng.abort()
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED, r
+    assert r.status == fleet_records.COMPLETED, r
     assert _fingerprints(fleet) == dict.fromkeys(HOSTS, old_fp)
 
 
@@ -444,7 +441,7 @@ def test_a_known_good_whose_settings_are_gone_is_refused_and_the_host_left_alone
     for h in fleet.hosts.values():  # somebody cleaned up the kept containers
         h.containers.pop("vllm" + remote.PREV_SUFFIX, None)
     r = _rollback_changed(fleet, tmp_path)
-    assert r.status == fleet_ledger.FAILED and r.exit_code != ExitCode.OK
+    assert r.status == fleet_records.FAILED and r.exit_code != ExitCode.OK
     assert _fingerprints(fleet) == dict.fromkeys(HOSTS, new_fp), "no host was touched"
     for h in r.hosts:
         assert (
@@ -460,8 +457,8 @@ def test_a_rollback_to_old_settings_that_fail_is_undone_to_the_new_ones(tmp_path
         NOSTART
     )
     r = _rollback_changed(fleet, tmp_path, limit="spark-01")
-    assert r.status == fleet_ledger.FAILED
-    assert [h.status for h in r.hosts if h.host == "spark-01"] == [fleet_ledger.ROLLED_BACK]
+    assert r.status == fleet_records.FAILED
+    assert [h.status for h in r.hosts if h.host == "spark-01"] == [fleet_records.ROLLED_BACK]
     assert _fingerprints(fleet)["spark-01"] == new_fp, "back on the settings that served"
 
 
@@ -486,7 +483,7 @@ def test_killed_right_after_restoring_a_failed_canary_the_restored_version_is_ke
     if how == "resume":
         with fleet_ledger.open_ledger(tmp_path) as led:
             canary = led.get(led.ids()[-1]).host("spark-01")
-        assert canary is not None and canary.status == fleet_ledger.ROLLED_BACK, canary
+        assert canary is not None and canary.status == fleet_records.ROLLED_BACK, canary
     _not_wedged(fleet, tmp_path)
 
 
@@ -499,6 +496,6 @@ def test_each_wave_is_announced_fleet_wide(tmp_path: Path) -> None:
         r = eng.rollout(_opts(B, waves="1,100%"))
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED
+    assert r.status == fleet_records.COMPLETED
     waves = [e.message for e in rec.events if e.phase == "wave" and e.host is None]
     assert waves == ["1 of 2: 1 host(s), 1 at a time", "2 of 2: 2 host(s), 1 at a time"]

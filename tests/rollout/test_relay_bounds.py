@@ -28,7 +28,7 @@ import pytest
 from fleetctl import inventory
 from fleetctl.inventory import Host
 from fleetctl.rollout import imagetree
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from tests.rollout.sim import OK, Killed, SimFleet
 from tests.rollout.sim_hostside import Relay
 from tests.rollout.test_recovery_harness import HOSTS, INV, B, C, _fleet, _run
@@ -161,7 +161,7 @@ def test_sweep_relays_removes_every_relay_left_and_names_the_hosts_it_could_not_
 def test_rollback_abort_and_the_next_rollout_remove_a_relay_a_killed_prefetch_left(
         tmp_path: Path, then: str) -> None:
     fleet = _fleet()
-    assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_ledger.COMPLETED
+    assert _run(fleet, tmp_path, "rollout", tag=B).status == fleet_records.COMPLETED
     if then == "abort":  # a rollout to C killed halfway: abort has something to undo
         fleet.kill_at = len(fleet.points) + 20
         with pytest.raises(Killed):
@@ -169,7 +169,7 @@ def test_rollback_abort_and_the_next_rollout_remove_a_relay_a_killed_prefetch_le
         fleet.revive()
     _leave_relay(fleet, inventory.load(INV).host(HOSTS[1]))
     r = _run(fleet, tmp_path, then, tag=C if then == "rollout" else None)
-    assert r.status == fleet_ledger.COMPLETED, r
+    assert r.status == fleet_records.COMPLETED, r
     assert fleet.hosts[HOSTS[1]].relay is None and fleet.relays == {}
     assert f"{HOSTS[1]}:relay-remove" in fleet.points
 

@@ -21,13 +21,21 @@ import pytest
 import yaml
 
 from fleetctl import inventory, paths
+from fleetctl.container import (
+    LABEL_DIGEST,
+    LABEL_FINGERPRINT,
+    LABEL_RECIPE,
+    LABEL_ROLLOUT,
+    LABEL_TAG,
+)
 from fleetctl.errors import FleetError
 from fleetctl.recipes import recipe_for
 from fleetctl.rollout import deploy
-from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import (
     NAME,
@@ -57,15 +65,9 @@ def _fleet() -> tuple[SimFleet, SimDeployer]:
 
 def _run(fleet: SimFleet, dep: SimDeployer, state: Path, what: str, tag: str = B,
          budget: str | None = None) -> RolloutResult:
-    eng = Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-        deployer=dep,
-    )
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     fleet.watch(eng.ledger)
     opts = Options(
         tag=tag,
@@ -80,7 +82,7 @@ def _run(fleet: SimFleet, dep: SimDeployer, state: Path, what: str, tag: str = B
 
 def _active(state: Path) -> list[str]:
     with fleet_ledger.open_ledger(state) as led:
-        return led.ids(statuses=fleet_ledger.ACTIVE)
+        return led.ids(statuses=fleet_records.ACTIVE)
 
 
 def _points(tag: str) -> list[str]:
@@ -97,7 +99,7 @@ FAILING_POINTS = _points(SOAKBAD)
 def test_a_wave_is_deployed_by_one_run_per_step_and_ends_on_the_new_version(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     r = _run(fleet, dep, tmp_path, "rollout")
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
     # The canary alone, then the two others of wave 2 together (--max-unavailable 2).
     assert dep.runs == [["spark-01"], ["spark-02", "spark-03"]]
@@ -106,7 +108,7 @@ def test_a_wave_is_deployed_by_one_run_per_step_and_ends_on_the_new_version(tmp_
     # The ledger went through the same phases as the controller's own deploy.
     with fleet_ledger.open_ledger(tmp_path) as led:
         rec = led.get(r.id or "")
-        assert {h.status for h in rec.hosts} == {fleet_ledger.DONE}
+        assert {h.status for h in rec.hosts} == {fleet_records.DONE}
     phases = [p.split(":", 1)[1] for p in GOOD_POINTS if p.startswith("ledger.host_phase:")]
     assert phases[:4] == ["stopping", "starting", "loading", "soak"]
 
@@ -131,7 +133,7 @@ def test_kill_anywhere_in_a_rollout_deployed_by_the_role(
         assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
     assert _active(tmp_path) == []
     later = _run(fleet, dep, tmp_path, "rollout", C)
-    assert later.status == fleet_ledger.COMPLETED, later.error
+    assert later.status == fleet_records.COMPLETED, later.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, C)
 
 
@@ -157,7 +159,7 @@ def test_killed_inside_the_role_run_after_the_retire_before_the_start(
         rec = led.get(led.ids()[0]).host("spark-01")
         assert rec is not None and (rec.phase, rec.before_digest) == ("stopping", digest_of(A))
     r = _run(fleet, dep, tmp_path, how)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B if how == "resume" else A)
 
 
@@ -168,12 +170,12 @@ def test_killed_inside_the_role_run_after_the_start(tmp_path: Path, how: str) ->
     assert h.containers[NAME].digest == digest_of(B) and h.containers[PREV].digest == digest_of(A)
     runs = len(dep.runs)
     r = _run(fleet, dep, tmp_path, how)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     if how == "resume":
         # This rollout's container is gated where it runs, not deployed again.
         assert ["spark-01"] not in dep.runs[runs:]
         canary = next(o for o in r.hosts if o.host == "spark-01")
-        assert canary.status == fleet_ledger.DONE
+        assert canary.status == fleet_records.DONE
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B if how == "resume" else A)
 
 
@@ -181,11 +183,11 @@ def test_a_host_whose_start_fails_in_the_run_is_restored_the_other_goes_on(tmp_p
     fleet, dep = _fleet()
     fleet.hosts["spark-03"].behaviour[digest_of(B)] = NOSTART
     r = _run(fleet, dep, tmp_path, "rollout", budget="1")
-    assert r.status == fleet_ledger.COMPLETED_WITH_FAILURES, r.error
+    assert r.status == fleet_records.COMPLETED_WITH_FAILURES, r.error
     assert dep.runs == [["spark-01"], ["spark-02", "spark-03"]]
     assert fleet.serving_tags() == {"spark-01": B, "spark-02": B, "spark-03": A}
     o3 = next(o for o in r.hosts if o.host == "spark-03")
-    assert o3.status == fleet_ledger.ROLLED_BACK and "device driver" in (o3.error or "")
+    assert o3.status == fleet_records.ROLLED_BACK and "device driver" in (o3.error or "")
 
 
 @pytest.mark.parametrize("step", ["rm-prev", "stop"])
@@ -198,9 +200,9 @@ def test_a_retire_that_fails_in_the_run_restores_nothing_and_keeps_the_old_conta
     )  # every host now has a .prev (A) to be removed by the next deploy
     dep.fail_at["spark-01"] = step
     r = _run(fleet, dep, tmp_path, "rollout", C)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     o1 = next(o for o in r.hosts if o.host == "spark-01")
-    assert o1.status == fleet_ledger.HOST_FAILED and f"docker {step} failed" in (o1.error or "")
+    assert o1.status == fleet_records.HOST_FAILED and f"docker {step} failed" in (o1.error or "")
     assert "not retired by this deploy" in (o1.error or "")
     # Never stopped by this deploy: it still serves B, and its .prev is whatever the failed step
     # left.
@@ -212,20 +214,21 @@ def test_ssh_lost_after_the_retire_in_the_run_reports_the_host_down_and_the_roll
     fleet, dep = _fleet()
     fleet.hosts["spark-01"].ssh_down_after = "retire"
     r = _run(fleet, dep, tmp_path, "rollout")
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     o1 = next(o for o in r.hosts if o.host == "spark-01")
-    assert o1.status == fleet_ledger.HOST_FAILED and "fix:" in (o1.error or "")
+    assert o1.status == fleet_records.HOST_FAILED and "fix:" in (o1.error or "")
     fleet.hosts["spark-01"].ssh_down = False
     assert fleet.hosts["spark-01"].containers[PREV].digest == digest_of(A)
-    assert _run(fleet, dep, tmp_path, "rollback").status == fleet_ledger.COMPLETED
+    assert _run(fleet, dep, tmp_path, "rollback").status == fleet_records.COMPLETED
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, A)
 
 
 def test_the_deploy_run_gets_the_recipes_container_secrets(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = inventory.load(INV)
-    eng = Engine(inv, state_dir=tmp_path, secrets={"VLLM_API_KEY": "k-0123456789"}, ops=fleet.ops,
-                 gates=SimGates(fleet), resolve=fleet.resolve, deployer=dep)
+    eng = Engine(inv, state_dir=tmp_path, secrets={"VLLM_API_KEY": "k-0123456789"},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     try:
         recipe = recipe_for(inv)
         want = {n: "k-0123456789" for n in recipe.secret_env if n == "VLLM_API_KEY"}
@@ -249,15 +252,9 @@ def _inventory_with(tmp_path: Path, host_vars: dict[str, dict[str, str]]) -> inv
 def test_a_bad_deploy_via_is_refused_naming_the_host_before_any_change(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = _inventory_with(tmp_path, {"spark-02": {"fleetctl_deploy_via": "paramiko"}})
-    eng = Engine(
-        inv,
-        state_dir=tmp_path / "state",
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-        deployer=dep,
-    )
+    eng = Engine(inv, state_dir=tmp_path / "state", secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     try:
         with pytest.raises(FleetError) as e:
             eng.rollout(Options(tag=B, limit=",".join(HOSTS), soak=1.0))
@@ -274,20 +271,14 @@ def test_a_bad_deploy_via_is_refused_naming_the_host_before_any_change(tmp_path:
 def test_hosts_set_to_ssh_deploy_with_the_controllers_commands(tmp_path: Path) -> None:
     fleet, dep = _fleet()
     inv = _inventory_with(tmp_path, {"spark-02": {"fleetctl_deploy_via": "ssh"}})
-    eng = Engine(
-        inv,
-        state_dir=tmp_path / "state",
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-        deployer=dep,
-    )
+    eng = Engine(inv, state_dir=tmp_path / "state", secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve,
+                             deployer=dep))
     try:
         r = eng.rollout(Options(tag=B, limit=",".join(HOSTS), max_unavailable="2", soak=1.0))
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert dep.runs == [["spark-01"], ["spark-03"]]
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
@@ -388,11 +379,11 @@ def test_the_modules_report_becomes_the_engines_serving() -> None:
             "ipc_mode": "host",
             "gpus": True,
             "labels": {
-                remote.LABEL_DIGEST: digest_of(A),
-                remote.LABEL_TAG: A,
-                remote.LABEL_ROLLOUT: "r-0",
-                remote.LABEL_RECIPE: "q",
-                remote.LABEL_FINGERPRINT: "f" * 64,
+                LABEL_DIGEST: digest_of(A),
+                LABEL_TAG: A,
+                LABEL_ROLLOUT: "r-0",
+                LABEL_RECIPE: "q",
+                LABEL_FINGERPRINT: "f" * 64,
             },
         }
     )

@@ -24,7 +24,7 @@ from fleetctl import inventory, registry, ssh, warmcache
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from tests.plugins.serving import BASE_TAG, LAB_SOAK, serve
 
 pytestmark = pytest.mark.lab
@@ -58,7 +58,7 @@ def _rollout_on_node(
     finally:
         eng.close()
         ssh.close_all()
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     h = inv.host(NODE)
     c = _inspect(h, remote.container_name(h))
     assert c is not None and c["State"]["Running"]
@@ -72,13 +72,8 @@ def _rollout_on_node(
     )
     argv = remote.run_argv(
         h,
-        recipe,
-        ref,
-        tag=r.tag or "",
-        digest=r.digest or "",
-        rollout_id=r.id or "",
-        name=remote.container_name(h),
-        cache_key=key,
+        remote.StartRequest(recipe, ref, r.tag or "", r.digest or "", r.id or "", cache_key=key),
+        remote.container_name(h),
     )
     labels = dict(v.split("=", 1) for k, v in itertools.pairwise(argv) if k == "--label")
     assert {k: v for k, v in c["Config"]["Labels"].items() if k.startswith("fleetctl.")} == labels

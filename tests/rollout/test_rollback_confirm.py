@@ -13,7 +13,9 @@ import pytest
 from fleetctl import inventory, paths
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import OK, SOAKFAIL, SimFleet, SimGates, digest_of
 
@@ -23,14 +25,8 @@ A, B, BAD = "v1", "v2", "v-soakfail"
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -41,7 +37,7 @@ def _rolled_out(state: Path) -> SimFleet:
     try:
         assert (
             eng.rollout(Options(tag=B, limit=",".join(HOSTS), soak=1.0)).status
-            == fleet_ledger.COMPLETED
+            == fleet_records.COMPLETED
         )
     finally:
         eng.close()
@@ -68,10 +64,10 @@ def test_refusing_the_question_changes_and_records_nothing(tmp_path: Path) -> No
         assert [r.kind for r in led.history(10)] == ["rollout"], (
             "the refused rollback left no record"
         )
-        assert not led.ids(statuses=fleet_ledger.ACTIVE)
+        assert not led.ids(statuses=fleet_records.ACTIVE)
     eng = _engine(fleet, tmp_path)
     try:
-        assert eng.rollback(confirm=lambda t: None).status == fleet_ledger.COMPLETED, (
+        assert eng.rollback(confirm=lambda t: None).status == fleet_records.COMPLETED, (
             "the lock was let go"
         )
     finally:
@@ -86,11 +82,11 @@ def test_no_question_when_no_host_would_change(tmp_path: Path) -> None:
         # The canary fails its gate and goes back to v1: every host serves v1, nothing to roll back.
         assert (
             eng.rollout(Options(tag=BAD, limit=",".join(HOSTS), soak=1.0)).status
-            == fleet_ledger.FAILED
+            == fleet_records.FAILED
         )
         asked: list[object] = []
         again = eng.rollback(confirm=asked.append)
     finally:
         eng.close()
     assert not asked
-    assert {h.status for h in again.hosts} == {fleet_ledger.SKIPPED}
+    assert {h.status for h in again.hosts} == {fleet_records.SKIPPED}

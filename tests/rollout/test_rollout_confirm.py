@@ -14,7 +14,9 @@ from fleetctl.progress import Event
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.groups import FleetPlan
 from fleetctl.rollout.results import Options
+from fleetctl.rollout.session import Seams
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import OK, SimFleet, SimGates, digest_of
 
@@ -38,9 +40,8 @@ class Recorder:
 
 
 def _engine(fleet: SimFleet, state: Path, rec: Recorder) -> Engine:
-    eng = Engine(inventory.load(INV), rec, state_dir=state, secrets={}, ops=fleet.ops,
-                 gates=SimGates(fleet),
-                 resolve=fleet.resolve)
+    eng = Engine(inventory.load(INV), rec, state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -58,7 +59,7 @@ def test_an_interactive_rollout_runs_its_preflight_once(tmp_path: Path) -> None:
         r = eng.rollout(_opts(), confirm=shown.append)
     finally:
         eng.close()
-    assert r.status == fleet_ledger.COMPLETED
+    assert r.status == fleet_records.COMPLETED
     assert [h.host for h in shown[0].hosts] == HOSTS
     assert r.plan == shown[0].first, "the plan asked about is the one run"
     assert rec.count("preflight", None, "checking") == 1, "one preflight"
@@ -83,7 +84,7 @@ def test_refusing_the_plan_records_and_changes_nothing(tmp_path: Path) -> None:
             assert led.history(10) == [], "the refused rollout left no record"
         assert {fleet.serving_digest(h) for h in HOSTS} == {digest_of(A)}, "nothing was changed"
         again = eng.rollout(_opts(), confirm=lambda p: None)
-        assert again.status == fleet_ledger.COMPLETED, "the locks were let go"
+        assert again.status == fleet_records.COMPLETED, "the locks were let go"
     finally:
         eng.close()
     assert {fleet.serving_digest(h) for h in HOSTS} == {digest_of(B)}

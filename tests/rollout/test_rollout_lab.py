@@ -30,6 +30,7 @@ from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.soak import baselines
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from tests.plugins.serving import LAB_SOAK, engine, serve
 
 pytestmark = pytest.mark.lab
@@ -294,7 +295,7 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             assert p.poll() is None, "the rollout ended before it could be killed"
-            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            rec = led.latest(kind="rollout", statuses=(fleet_records.RUNNING,))
             if rec is not None and any(
                 h.wave == 1 and h.phase in ("starting", "loading", "soak") for h in rec.hosts
             ):
@@ -310,8 +311,8 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
         if p.poll() is None:
             p.kill()
     killed = led.get(rec.id)
-    assert killed.status == fleet_ledger.RUNNING and any(
-        h.status == fleet_ledger.IN_PROGRESS for h in killed.hosts
+    assert killed.status == fleet_records.RUNNING and any(
+        h.status == fleet_records.IN_PROGRESS for h in killed.hosts
     )
     # a new rollout refuses to start over an interrupted one
     fresh = cli("rollout", "--tag", NEW, "--yes")
@@ -321,10 +322,10 @@ def test_kill_9_mid_wave_then_resume_completes(serving: RolloutResult) -> None:
     assert json.loads(resumed.stdout)["status"] == "completed"
     assert all(serving_tag(NEW).values()), real_state()
     final = led.get(rec.id)
-    assert final.status == fleet_ledger.COMPLETED and {h.status for h in final.hosts} == {
-        fleet_ledger.DONE
+    assert final.status == fleet_records.COMPLETED and {h.status for h in final.hosts} == {
+        fleet_records.DONE
     }
-    assert {w.status for w in final.waves} == {fleet_ledger.DONE}
+    assert {w.status for w in final.waves} == {fleet_records.DONE}
     assert any(ph.phase == "resumed" for ph in final.phases) and led.holder() is None
     led.close()
 
@@ -394,7 +395,7 @@ def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(
         rec = None
         while time.monotonic() < deadline:
             assert p.poll() is None, "the rollout ended before it could be killed"
-            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            rec = led.latest(kind="rollout", statuses=(fleet_records.RUNNING,))
             if (
                 rec is not None
                 and any(h.wave == 1 and h.phase == "stopping" for h in rec.hosts)
@@ -433,7 +434,7 @@ def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(
             _power_loss(p.pid)
     ssh.close_all()
     killed = led.get(rec.id)
-    assert killed.status == fleet_ledger.RUNNING, killed
+    assert killed.status == fleet_records.RUNNING, killed
     cut = real_state()  # what the cut left, for the message below
     ab = cli("rollout", "abort", "--yes", "--json")
     assert ab.returncode == 0, ab.stderr
@@ -441,7 +442,7 @@ def test_power_loss_inside_the_role_run_then_abort_puts_every_host_back(
     assert all(serving_tag(OLD).values()), (cut, real_state())
     assert {h["status"] for h in json.loads(ab.stdout)["hosts"]} <= {"done", "skipped"}, ab.stdout
     final = led.get(rec.id)
-    assert final.status == fleet_ledger.ABORTED and led.holder() is None
+    assert final.status == fleet_records.ABORTED and led.holder() is None
     led.close()
 
 

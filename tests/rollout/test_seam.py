@@ -4,7 +4,7 @@ Every module of ``fleetctl/rollout/`` is read with ``ast``: only the HostOps imp
 (:data:`IMPLEMENTATION`) may use a name of ``fleetctl.ssh`` that runs something on a host
 (``run``, ``docker``, ``check_access``, ``put_text``, or any name added later); the others may use
 only the bounded fan-out and its outcome type, which run nothing themselves. And every
-implementation of the seam (over SSH, batched into a step's deploy, the simulated fleet) has every
+implementation of the seam (over SSH, the simulated fleet) has every
 operation of the Protocol, so that the simulated fleet sees every command the engine runs.
 """
 
@@ -14,7 +14,6 @@ import ast
 import inspect
 from pathlib import Path
 
-from fleetctl.rollout import deploy
 from fleetctl.rollout import host as remote
 from tests.rollout.sim import SimOps
 
@@ -63,7 +62,7 @@ def test_only_the_hostops_implementation_runs_commands_on_a_host() -> None:
     wrong = [f"rollout/{p.name}:{line}: ssh.{name}" for p in engine
              for line, name in host_commands(p.read_text(), str(p))]
     assert not wrong, ("the engine runs these on a host without HostOps (give the operation a name "
-                       "in HostOps, SshHostOps, BatchedHostOps and the simulated fleet):\n"
+                       "in HostOps, SshHostOps and the simulated fleet):\n"
                        + "\n".join(wrong))
 
 
@@ -97,7 +96,7 @@ def test_every_implementation_has_every_operation_of_the_seam() -> None:
     assert {"has_image", "start_relay", "fill_relay", "remove_relay", "export_cache",
             "verify_cache", "import_cache", "bandwidth_probe", "read_state", "swap_state",
             "check_access", "staged_bytes", "logs", "inspect", "pull", "start"} <= ops
-    for impl in (remote.SshHostOps, deploy.BatchedHostOps, SimOps):
+    for impl in (remote.SshHostOps, SimOps):
         missing = sorted(n for n in ops - {"host"} if not callable(getattr(impl, n, None)))
         assert not missing, f"{impl.__name__} lacks {missing}"
         for n in ops - {"host"}:

@@ -32,10 +32,10 @@ def _fleet() -> SimFleet:
 def _tree(fleet: SimFleet, hosts: list[Host]) -> dict[str, Any]:
     cfg = imagetree.TreeConfig(min_hosts=1, fanout=2)
     relay = f"docker.io/library/registry@{digest_of('v1')}"
-    tree = imagetree.Tree(cfg, REF, "http://10.0.0.100:5000", relay, ops=fleet.ops,
-                          pull=lambda h, r: fleet.ops(h).pull(r),
-                          direct=lambda h, r: fleet.ops(h).pull(r),
-                          emit=lambda kind, msg, host: None)
+    tree = imagetree.Tree(cfg, imagetree.Source(REF, "http://10.0.0.100:5000", relay),
+                          imagetree.Hands(ops=fleet.ops, pull=lambda h, r: fleet.ops(h).pull(r),
+                                          direct=lambda h, r: fleet.ops(h).pull(r),
+                                          emit=lambda kind, msg, host: None))
     return tree.run(hosts)
 
 
@@ -104,7 +104,7 @@ def test_the_canarys_compile_cache_is_copied_to_hosts_holding_the_image() -> Non
     canary = fleet.ops(HOSTS[0])
     canary.kill("vllm")
     # a cold start compiles into its key directory
-    canary.start(RECIPE, REF, tag="v2", digest=d, rollout_id="ro-1", secrets={}, cache_key=key)
+    canary.start(remote.StartRequest(RECIPE, REF, "v2", d, "ro-1", cache_key=key))
     out = warmcache.share(RECIPE, REF, HOSTS[0], key, {h: key for h in HOSTS[1:4]}, fleet.ops)
     assert out["spark-02"].warm and out["spark-03"].warm and out["spark-02"].files == 1
     # the cache script runs in the target image: a host without it starts cold

@@ -15,7 +15,7 @@ from fleetctl.errors import FleetError
 from fleetctl.recipes import recipe_for
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from tests.cli.test_units_cli import fleet  # noqa: F401  (the fixture)
 
 HOSTS = ["spark-01", "spark-02", "spark-03", "spark-04"]
@@ -34,17 +34,11 @@ def build(
     cur, fp = unit.slot_versions(inv, HOSTS, current, fps, r, lambda x: f"fp-{x.name}")
     assert fp["spark-03"] == "fp-qwen35-35b-bf16"
     p = wave_plan.build(
-        recipe=r.name,
-        image=r.image,
-        requested="v2",
-        tag="v2",
-        digest="d2",
-        pull_ref="x@d2",
-        hosts=unit.slot_names(inv, HOSTS),
-        current=cur,
-        fingerprint="fp-qwen35-35b-bf16",
-        current_fingerprints=fp,
-        **kw,
+        wave_plan.Desired(r.name, r.image, "v2", "v2", "d2", "x@d2", "fp-qwen35-35b-bf16"),
+        unit.slot_names(inv, HOSTS),
+        cur,
+        wave_plan.Pacing(**kw),
+        fp,
     )
     return unit.expand(inv, p, HOSTS, current)
 
@@ -97,12 +91,12 @@ def test_a_unit_needs_a_step_when_any_member_differs(fleet: Callable[..., Path])
 
 def test_failures_count_a_unit_once(fleet: Callable[..., Path]) -> None:  # noqa: F811
     inv = inventory.load(fleet())
-    rec = fleet_ledger.HostRecord(
+    rec = fleet_records.HostRecord(
         "spark-03",
         0,
         0,
         "rolled-back",
-        fleet_ledger.ROLLED_BACK,
+        fleet_records.ROLLED_BACK,
         None,
         None,
         None,
@@ -120,8 +114,8 @@ def test_failures_count_a_unit_once(fleet: Callable[..., Path]) -> None:  # noqa
     recs = [
         rec,
         replace(rec, host="spark-04"),
-        replace(rec, host="spark-01", status=fleet_ledger.HOST_FAILED),
-        replace(rec, host="spark-02", status=fleet_ledger.DONE),
+        replace(rec, host="spark-01", status=fleet_records.HOST_FAILED),
+        replace(rec, host="spark-02", status=fleet_records.DONE),
     ]
     assert unit.count_failed(inv, recs) == 2
 

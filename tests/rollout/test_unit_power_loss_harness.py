@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 from .sim import Killed, SimFleet
 from .test_unit_recovery_harness import (
@@ -70,7 +70,7 @@ def _check(fleet: SimFleet, state: Path, status: str | None) -> None:
     """Both members on one version they served before, or B (which passed the unit's gate only
     on a completed resume); an honest record; nothing wedged."""
     tags = fleet.serving_tags()
-    if status == fleet_ledger.COMPLETED:
+    if status == fleet_records.COMPLETED:
         assert tags[HEAD] is not None and tags[WORKER] is not None, (status, tags)
     _assert_known(fleet, {SINGLE: {A, B}, HEAD: {A, B}, WORKER: {A, B}})
     _not_wedged(fleet, state)
@@ -87,7 +87,7 @@ def test_a_power_loss_after_a_kill_between_the_members_starts(tmp_path: Path, wh
     if head_lost:
         _power_loss(fleet, HEAD)
     r = _run(fleet, tmp_path, how)
-    assert r.status in (fleet_ledger.COMPLETED, fleet_ledger.FAILED), (r.status, r.error)
+    assert r.status in (fleet_records.COMPLETED, fleet_records.FAILED), (r.status, r.error)
     _check(fleet, tmp_path, r.status)
 
 
@@ -109,5 +109,5 @@ def test_the_recovery_killed_too_then_a_new_controllers_command(tmp_path: Path, 
         _run(fleet, tmp_path, first)
     fleet.revive()
     r = _run(fleet, tmp_path, how)
-    assert r.status in (fleet_ledger.COMPLETED, fleet_ledger.FAILED), (r.status, r.error)
+    assert r.status in (fleet_records.COMPLETED, fleet_records.FAILED), (r.status, r.error)
     _check(fleet, tmp_path, r.status)

@@ -26,7 +26,8 @@ import yaml
 from fleetctl import inventory, paths
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options, RolloutResult
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.rollout.session import Seams
+from fleetctl.state import records as fleet_records
 
 from .sim import (
     OK,
@@ -89,14 +90,8 @@ def _fleet(unit_fails: bool = False) -> SimFleet:
 
 
 def _engine(fleet: SimFleet, state: Path) -> Engine:
-    eng = Engine(
-        inventory.load(INV),
-        state_dir=state,
-        secrets={},
-        ops=fleet.ops,
-        gates=SimGates(fleet),
-        resolve=fleet.resolve,
-    )
+    eng = Engine(inventory.load(INV), state_dir=state, secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     fleet.watch(eng.ledger)
     return eng
 
@@ -120,7 +115,7 @@ def _assert_known(fleet: SimFleet, allowed: dict[str, set[str]]) -> None:
 
 
 def _clean_points(unit_fails: bool) -> int:
-    want = fleet_ledger.FAILED if unit_fails else fleet_ledger.COMPLETED
+    want = fleet_records.FAILED if unit_fails else fleet_records.COMPLETED
     return count_points(_fleet(unit_fails), lambda f, d: _run(f, d, "rollout", tag=B), want)
 
 
@@ -152,7 +147,7 @@ def test_kill_anywhere_in_a_rollout_of_a_host_and_a_unit(tmp_path: Path, unit_fa
 def test_a_clean_rollout_steps_the_unit_as_one(tmp_path: Path) -> None:
     fleet = _fleet()
     r = _run(fleet, tmp_path, "rollout", tag=B)
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
     # native launch: the worker started before the head, each as its rank
     starts = [p for p in fleet.points if p.endswith(":start")]
@@ -166,10 +161,10 @@ def test_a_clean_rollout_steps_the_unit_as_one(tmp_path: Path) -> None:
 def test_a_unit_failing_its_gate_puts_both_members_back_and_stops(tmp_path: Path) -> None:
     fleet = _fleet(unit_fails=True)
     r = _run(fleet, tmp_path, "rollout", tag=B)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     assert fleet.serving_tags() == {SINGLE: B, HEAD: A, WORKER: A}
     by = {h.host: h for h in r.hosts}
-    assert {by[m].status for m in UNIT} == {fleet_ledger.ROLLED_BACK}
+    assert {by[m].status for m in UNIT} == {fleet_records.ROLLED_BACK}
     assert all("unit pair-a" in (by[m].error or "") or "soak" in (by[m].error or "") for m in UNIT)
 
 
@@ -177,7 +172,7 @@ def test_a_worker_dying_mid_soak_puts_both_members_back(tmp_path: Path) -> None:
     fleet = _fleet()
     fleet.kill_in_soak = WORKER
     r = _run(fleet, tmp_path, "rollout", tag=B)
-    assert r.status == fleet_ledger.FAILED
+    assert r.status == fleet_records.FAILED
     assert fleet.serving_tags() == {SINGLE: B, HEAD: A, WORKER: A}
     _not_wedged(fleet, tmp_path)
 
@@ -191,7 +186,7 @@ def test_ctrl_c_in_the_units_soak_restores_both_members_then_resume_finishes(
         _run(fleet, tmp_path, "rollout", tag=B)
     assert fleet.serving_tags() == {SINGLE: B, HEAD: A, WORKER: A}
     r = _run(fleet, tmp_path, "resume")
-    assert r.status == fleet_ledger.COMPLETED, r.error
+    assert r.status == fleet_records.COMPLETED, r.error
     assert fleet.serving_tags() == dict.fromkeys(HOSTS, B)
 
 
@@ -209,7 +204,7 @@ def test_members_left_on_two_versions_by_a_power_loss_are_put_on_one(tmp_path: P
     assert fleet.serving_tags()[WORKER] == B and fleet.serving_tags()[HEAD] is None
     fleet.hosts[WORKER].containers["vllm"].running = False  # the power loss
     r = _run(fleet, tmp_path, "abort")
-    assert r.kind == "rollback" and r.status == fleet_ledger.COMPLETED, (r.status, r.error)
+    assert r.kind == "rollback" and r.status == fleet_records.COMPLETED, (r.status, r.error)
     tags = fleet.serving_tags()
     assert tags[HEAD] == tags[WORKER] == A, tags
     _not_wedged(fleet, tmp_path)

@@ -23,6 +23,7 @@ import pytest
 from fleetctl import inventory, registry, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.lab.scenarios import STOCK_REPOSITORY
+from fleetctl.state import records as fleet_records
 
 pytestmark = pytest.mark.lab
 
@@ -165,7 +166,7 @@ def kill_mid_step(tag: str, limit: str, member: str) -> None:
     try:
         while True:
             assert p.poll() is None, "the rollout ended before it could be killed"
-            rec = led.latest(kind="rollout", statuses=(fleet_ledger.RUNNING,))
+            rec = led.latest(kind="rollout", statuses=(fleet_records.RUNNING,))
             h = rec.host(member) if rec is not None and rec.tag == tag else None
             if h is not None and h.phase in ("starting", "loading"):
                 break

@@ -17,7 +17,8 @@ from fleetctl.progress import Event, Recorder, event_from_json
 from fleetctl.rollout import webhook
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.results import Options
-from fleetctl.rollout.webhook import Webhook, redact, validate
+from fleetctl.rollout.session import Seams
+from fleetctl.rollout.webhook import Posting, Webhook, redact, validate
 from tests.plugins.webhook import Receiver
 
 from .sim import OK, SimFleet, SimGates
@@ -25,9 +26,8 @@ from .test_capacity_harness import HOSTS, LIMIT, _inventory
 
 
 def test_events_are_posted_as_json(receiver: Receiver) -> None:
-    hook = Webhook(
-        f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", allow_http=True
-    )
+    hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab",
+                   posting=Posting(allow_http=True))
     hook.send("start", tag="2026-07-01-v0.24.0", hosts=["a", "b"])
     hook.send("wave", wave=1, of=2)
     hook.send("completion", tag="t")
@@ -42,22 +42,16 @@ def test_events_are_posted_as_json(receiver: Receiver) -> None:
 def test_failed_delivery_is_reported_without_the_url(receiver: Receiver) -> None:
     receiver.status = 500
     rec = Recorder()
-    hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab", rec,
-                   allow_http=True)
+    hook = Webhook(f"http://127.0.0.1:{receiver.server_port}/hook?token=s3cret", "ro-1", "lab",
+                   rec, posting=Posting(allow_http=True))
     hook.send("failure", error="canary failed")
     (d,) = hook.close()
     assert d.status == 500
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         dead = s.getsockname()[1]
-    hook2 = Webhook(
-        f"http://127.0.0.1:{dead}/x/T0KEN-PATH?token=s3cret",
-        "ro-1",
-        "lab",
-        rec,
-        timeout=2,
-        allow_http=True,
-    )
+    hook2 = Webhook(f"http://127.0.0.1:{dead}/x/T0KEN-PATH?token=s3cret", "ro-1", "lab", rec,
+                    posting=Posting(timeout=2, allow_http=True))
     hook2.send("pause")
     (d2,) = hook2.close()
     assert d2.status is None and d2.error
@@ -122,9 +116,8 @@ def test_a_stalled_receiver_never_blocks_the_sender_and_close_has_a_deadline() -
     threading.Thread(target=s.serve_forever, daemon=True).start()
     try:
         rec = Recorder()
-        hook = Webhook(
-            f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", rec, timeout=20, allow_http=True
-        )
+        hook = Webhook(f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", rec,
+                       posting=Posting(timeout=20, allow_http=True))
         for ev in ("start", "wave", "completion"):
             hook.send(ev)  # returns at once: the POST happens on the background thread
         got = hook.close(deadline=0.5)
@@ -166,8 +159,8 @@ def test_a_dripping_receiver_is_given_up_at_the_posts_deadline(
     threading.Thread(target=s.serve_forever, daemon=True).start()
     try:
         rec = Recorder()
-        hook = Webhook(f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", rec, timeout=1,
-                       allow_http=True)
+        hook = Webhook(f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", rec,
+                       posting=Posting(allow_http=True, timeout=1))
         hook.send("start")
         hook.send("completion")
         got = hook.close(deadline=8)
@@ -186,7 +179,8 @@ def test_a_redirect_is_not_followed() -> None:
     s.bodies = []
     threading.Thread(target=s.serve_forever, daemon=True).start()
     try:
-        hook = Webhook(f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab", allow_http=True)
+        hook = Webhook(f"http://127.0.0.1:{s.server_port}/x", "ro-1", "lab",
+                       posting=Posting(allow_http=True))
         hook.send("start")
         (d,) = hook.close()
         assert d.status == 307 and d.error == "HTTP 307"
@@ -208,7 +202,8 @@ def test_the_hosts_progress_is_posted_batched_bounded_and_without_secrets(
     phase and figures, no secret value and no part of the URL's token."""
     monkeypatch.setattr(webhook, "PROGRESS_HOSTS", 3)
     url = f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-0123456789abcdef"
-    hook = Webhook(url, "ro-1", "lab", allow_http=True, secrets=["hunter2-sudo"], interval=3600)
+    hook = Webhook(url, "ro-1", "lab", posting=Posting(allow_http=True, secrets=["hunter2-sudo"],
+                                                       interval=3600))
     events = [event_from_json(json.loads(ln))[1] for ln in FIXTURE.read_text().splitlines()]
     events.append(
         Event(
@@ -251,8 +246,8 @@ def test_a_rollout_posts_each_hosts_progress_once_from_one_webhook(
     (inv.path.parent / "group_vars" / "all" / "hook.yml").write_text(
         "fleetctl_webhook_allow_http: true\n"
     )
-    eng = Engine(inventory.load(inv.path), state_dir=tmp_path / "state", secrets={}, ops=fleet.ops,
-                 gates=SimGates(fleet), resolve=fleet.resolve)
+    eng = Engine(inventory.load(inv.path), state_dir=tmp_path / "state", secrets={},
+                 seams=Seams(ops=fleet.ops, gates=SimGates(fleet), resolve=fleet.resolve))
     try:
         r = eng.rollout(Options(tag="v2", limit=LIMIT, soak=1.0,
                                 webhook=f"http://127.0.0.1:{receiver.server_port}/hook/T0KEN-0123456789abcdef"))

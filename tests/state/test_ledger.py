@@ -30,6 +30,8 @@ from fleetctl.cli.main import cli
 from fleetctl.errors import ExitCode, FleetError, LockedError
 from fleetctl.state import backends
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
+from fleetctl.state import schema as fleet_schema
 from tests.plugins.postgres import PW_PASSWORD, PW_USER, PgServer
 
 D = "sha256:" + "c" * 64
@@ -87,7 +89,7 @@ class Backend:
             self.state_dir / fleet_ledger.LEDGER_NAME)
         with db.write() as tx:
             assert db.version(tx) == 0
-            for stmt in db.ddl(fleet_ledger.MIGRATIONS[0]):
+            for stmt in db.ddl(fleet_schema.MIGRATIONS[0]):
                 tx.run(stmt)
             db.set_version(tx, 1)
         db.close()
@@ -136,32 +138,32 @@ def make(led: fleet_ledger.Ledger, rid: str = "ro-1") -> None:
 def test_records_phases_and_history(backend: Backend) -> None:
     with backend.open() as led:
         make(led)
-        led.set_wave("ro-1", 0, fleet_ledger.RUNNING)
-        led.host_phase("ro-1", "s1", "starting", status=fleet_ledger.IN_PROGRESS)
+        led.set_wave("ro-1", 0, fleet_records.RUNNING)
+        led.host_phase("ro-1", "s1", "starting", status=fleet_records.IN_PROGRESS)
         led.host_phase("ro-1", "s1", "soak", detail="30s")
         led.host_phase(
             "ro-1",
             "s1",
             "done",
-            status=fleet_ledger.DONE,
+            status=fleet_records.DONE,
             after_tag="2026-07-01-v0.24.0",
             after_digest=D,
             verdict={"outcome": "pass"},
             artifacts="/x/runs/1",
         )
-        led.set_wave("ro-1", 0, fleet_ledger.DONE)
-        led.set_status("ro-1", fleet_ledger.COMPLETED)
+        led.set_wave("ro-1", 0, fleet_records.DONE)
+        led.set_status("ro-1", fleet_records.COMPLETED)
         r = led.get("ro-1")
     assert (
-        r.status == fleet_ledger.COMPLETED
+        r.status == fleet_records.COMPLETED
         and r.finished_at is not None
         and r.started_by.count("@") == 1
     )
     s1 = r.host("s1")
-    assert s1 is not None and s1.status == fleet_ledger.DONE and s1.verdict == {"outcome": "pass"}
+    assert s1 is not None and s1.status == fleet_records.DONE and s1.verdict == {"outcome": "pass"}
     assert s1.before == {"image": "x", "env": ["HF_TOKEN"]} and s1.finished_at is not None
     assert [p.phase for p in r.phases if p.host == "s1"] == ["starting", "soak", "done"]
-    assert r.waves[0].status == fleet_ledger.DONE and r.waves[1].hosts == ("s2", "s3")
+    assert r.waves[0].status == fleet_records.DONE and r.waves[1].hosts == ("s2", "s3")
     # Timestamps keep sub-second precision (PostgreSQL's REAL would round them to ~100 s).
     assert r.finished_at is not None and abs(r.finished_at - time.time()) < 3600
     assert (
@@ -169,7 +171,7 @@ def test_records_phases_and_history(backend: Backend) -> None:
     )
     with backend.open() as led:  # reopening reads the same (committed) data
         assert [x.id for x in led.history()] == ["ro-1"]
-        assert led.latest(statuses=fleet_ledger.ACTIVE) is None
+        assert led.latest(statuses=fleet_records.ACTIVE) is None
         with pytest.raises(FleetError, match="no rollout 'nope'"):
             led.get("nope")
         with pytest.raises(ValueError):
@@ -184,7 +186,7 @@ def test_one_host_record_is_the_same_as_in_the_whole_record(backend: Backend) ->
             "ro-1",
             "s2",
             "done",
-            status=fleet_ledger.DONE,
+            status=fleet_records.DONE,
             verdict={"outcome": "pass"},
             after_tag="t",
         )
@@ -218,14 +220,14 @@ def test_passed_steps_are_the_passed_verdicts_of_the_recipes_recent_rollouts(
             waves=[["s1"]],
             hosts=[{"host": "s1", "wave": 0, "step": 0, "target_tag": "x", "target_digest": D}],
         )
-        led.host_phase("ro-old", "s1", "done", status=fleet_ledger.DONE, verdict=passed(1.0))
-        led.host_phase("ro-new", "s1", "done", status=fleet_ledger.DONE, verdict=passed(2.0))
-        led.host_phase("ro-new", "s2", "done", status=fleet_ledger.DONE, verdict=passed(3.0))
+        led.host_phase("ro-old", "s1", "done", status=fleet_records.DONE, verdict=passed(1.0))
+        led.host_phase("ro-new", "s1", "done", status=fleet_records.DONE, verdict=passed(2.0))
+        led.host_phase("ro-new", "s2", "done", status=fleet_records.DONE, verdict=passed(3.0))
         # not a passed gate: a failed one, a host still in its soak, another recipe's
-        led.host_phase("ro-new", "s3", "failed", status=fleet_ledger.HOST_FAILED,
+        led.host_phase("ro-new", "s3", "failed", status=fleet_records.HOST_FAILED,
                        verdict={"outcome": "fail", "timings": {"ready": 99.0}})
-        led.host_phase("ro-old", "s2", "soak", status=fleet_ledger.IN_PROGRESS)
-        led.host_phase("ro-other", "s1", "done", status=fleet_ledger.DONE, verdict=passed(50.0))
+        led.host_phase("ro-old", "s2", "soak", status=fleet_records.IN_PROGRESS)
+        led.host_phase("ro-other", "s1", "done", status=fleet_records.DONE, verdict=passed(50.0))
         got = [v["timings"]["ready"] for v in led.passed_steps("qwen")]
         assert got == [3.0, 2.0, 1.0]  # newest first
         assert [v["timings"]["ready"] for v in led.passed_steps("qwen", limit=2)] == [3.0, 2.0]
@@ -237,19 +239,19 @@ def test_history_is_newest_first_and_filtered(backend: Backend) -> None:
     with backend.open() as led:
         for rid in ("ro-a", "ro-b", "rb-c"):
             make(led, rid)
-        led.set_status("ro-a", fleet_ledger.COMPLETED)
+        led.set_status("ro-a", fleet_records.COMPLETED)
         # Same started_at to the microsecond is possible on a fast machine: insertion order decides.
         assert led.ids() == ["rb-c", "ro-b", "ro-a"]
-        assert led.ids(statuses=fleet_ledger.ACTIVE) == ["rb-c", "ro-b"]
-        assert led.ids(statuses=[fleet_ledger.COMPLETED], limit=5) == ["ro-a"]
-        latest = led.latest(statuses=fleet_ledger.ACTIVE)
+        assert led.ids(statuses=fleet_records.ACTIVE) == ["rb-c", "ro-b"]
+        assert led.ids(statuses=[fleet_records.COMPLETED], limit=5) == ["ro-a"]
+        latest = led.latest(statuses=fleet_records.ACTIVE)
         assert latest is not None and latest.id == "rb-c"
         assert [h.host for h in led.get("ro-b").hosts] == ["s1", "s2", "s3"]
 
 
 def test_newer_schema_is_refused(backend: Backend) -> None:
     backend.open().close()
-    backend.set_version(fleet_ledger.SCHEMA_VERSION + 1)
+    backend.set_version(fleet_schema.SCHEMA_VERSION + 1)
     with pytest.raises(FleetError) as e:
         backend.open()
     assert (
@@ -287,7 +289,7 @@ def _hold(backend: Backend, *hostname: str) -> subprocess.Popen[str]:
     return p
 
 
-def _wait_free(led: fleet_ledger.Ledger) -> fleet_ledger.LockHolder | None:
+def _wait_free(led: fleet_ledger.Ledger) -> fleet_records.LockHolder | None:
     """The holder once the database has noticed its death (a server ends a session on the socket's
     EOF,
     a moment after the process died); bounded, not timed: it must happen."""
@@ -447,7 +449,7 @@ def test_a_version_1_ledger_is_migrated_and_keeps_its_records(backend: Backend) 
             ("old2", "served", "ro-1"),
         ]
         assert kg[1].settings == {"env": ["HF_TOKEN"]}
-    assert backend.version() == fleet_ledger.SCHEMA_VERSION == 5
+    assert backend.version() == fleet_schema.SCHEMA_VERSION == 5
 
 
 # -- PostgreSQL only: what a shared database adds
@@ -495,7 +497,7 @@ def test_a_controller_that_lost_its_session_writes_nothing_more(
         h = _wait_free(led)
         assert h is not None and not h.alive
         with pytest.raises(FleetError, match="lost the fleet's lock"):
-            led.host_phase("ro-1", "s1", "starting", status=fleet_ledger.IN_PROGRESS)
+            led.host_phase("ro-1", "s1", "starting", status=fleet_records.IN_PROGRESS)
         assert led.get("ro-1").host("s1").phase == "planned"  # type: ignore[union-attr]
         led.release("ro-1")  # its own record can still be cleared
         assert led.holder() is None
@@ -627,7 +629,7 @@ def test_the_ledger_command_shows_backend_and_holder_without_the_password(
         data = json.loads(runner.invoke(cli, ["-i", str(inv.path), "ledger", "--json"]).output)
         assert data["backend"] == "postgresql" and data["fleet"] == fleet and data["rollouts"] == 1
         assert data["lock"]["rollout_id"] == "ro-1" and data["lock"]["alive"] is True
-        assert PW_USER in data["where"] and data["schema_version"] == fleet_ledger.SCHEMA_VERSION
+        assert PW_USER in data["where"] and data["schema_version"] == fleet_schema.SCHEMA_VERSION
     r = runner.invoke(
         cli, ["-i", str(inv.path), "ledger"]
     )  # closed: its session, and so its lock, is gone
@@ -666,7 +668,7 @@ def test_controllers_starting_at_once_create_one_schema_and_one_holder(pg: Backe
         assert sum(won for _, won in results) == 1
         winner = next(led for led, won in results if won)
         h = winner.holder()
-        assert h is not None and h.alive and pg.version() == fleet_ledger.SCHEMA_VERSION
+        assert h is not None and h.alive and pg.version() == fleet_schema.SCHEMA_VERSION
         make(winner)
         assert [led.ids() for led, _ in results] == [["ro-1"]] * n
     finally:

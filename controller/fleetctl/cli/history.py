@@ -9,11 +9,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from fleetctl.rollout.rejected import from_records
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 def history_json(
-    rec: fleet_ledger.RolloutRecord, units: Mapping[str, str] | None = None
+    rec: fleet_records.RolloutRecord, units: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """``units``: host -> its unit's name today (the inventory's; a host of no unit is left out)."""
     units = units or {}
@@ -69,7 +69,7 @@ def history_json(
 ROLLBACK, ABORT, REMEDIATION = "rollback", "abort", "remediation"
 
 
-def what(rec: fleet_ledger.RolloutRecord) -> str:
+def what(rec: fleet_records.RolloutRecord) -> str:
     """The ledger's kind, an abort told from a rollback (both are kind ``rollback``): by the
     ``abort`` note an abort leaves, or, in a record older than that note, by its command line."""
     if rec.kind == "remediate":
@@ -82,7 +82,7 @@ def what(rec: fleet_ledger.RolloutRecord) -> str:
     return rec.kind
 
 
-def remediation(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
+def remediation(rec: fleet_records.RolloutRecord) -> dict[str, Any]:
     """A remediation's host, check, cause, action (the last one taken) and result."""
     o = rec.options or {}
     host = o.get("host")
@@ -93,7 +93,7 @@ def remediation(rec: fleet_ledger.RolloutRecord) -> dict[str, Any]:
             "result": phases[-1] if phases else rec.status}
 
 
-def remediation_cell(rec: fleet_ledger.RolloutRecord) -> str:
+def remediation_cell(rec: fleet_records.RolloutRecord) -> str:
     """A remediation in one cell of ``history``'s list: host, cause, action and result."""
     r = remediation(rec)
     cause = " ".join(str(r["cause"] or "").split())[:60]

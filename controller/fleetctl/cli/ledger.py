@@ -11,9 +11,10 @@ from rich.console import Console
 from fleetctl import inventory, paths
 from fleetctl.cli.output import Ctx, json_option, pass_ctx, when
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
-def info_json(info: fleet_ledger.LedgerInfo) -> dict[str, Any]:
+def info_json(info: fleet_records.LedgerInfo) -> dict[str, Any]:
     """The ``--json`` form (the holder with its liveness, times in UTC)."""
     h = info.holder
     return {

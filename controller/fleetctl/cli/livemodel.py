@@ -58,7 +58,7 @@ class HostRow:
     since: float = 0.0
     started: float | None = None
     finished: float | None = None
-    #: The soak's or readiness's figures of the latest event (see rollout.session.LIVE_FIGURES).
+    #: The soak's or readiness's figures of the latest event (see rollout.run.LIVE_FIGURES).
     figures: dict[str, Any] = field(default_factory=dict)
     soak_phase: str = ""
     task: str = ""

@@ -15,6 +15,7 @@ from fleetctl.cli.rollout import (
     _watched,
     take_over_option,
 )
+from fleetctl.rollout.results import RollbackOptions
 
 
 @click.command("rollback")
@@ -62,8 +63,10 @@ def rollback(
             ctx.ask(_rollback_question(targets, to))
 
     with _watched(ctx, "rollback", take_over) as eng:
-        r = eng.rollback(to=to, limit=limit, recipe_name=recipe, max_unavailable=max_unavailable,
-                         min_available=min_available, webhook=webhook, confirm=confirm)
+        r = eng.rollback(RollbackOptions(to=to, limit=limit, recipe_name=recipe,
+                                         max_unavailable=max_unavailable,
+                                         min_available=min_available, webhook=webhook),
+                         confirm=confirm)
     _finish(ctx, r)
 
 

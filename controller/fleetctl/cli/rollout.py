@@ -34,6 +34,7 @@ from fleetctl.rollout.plan import Plan
 from fleetctl.rollout.rejected import from_records
 from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: What ``rollout`` prints (and returns with --json) when its plan changes no host.
 NOTHING_TO_DO = "nothing-to-do"
@@ -163,14 +164,14 @@ def render_result(r: RolloutResult, con: Console) -> None:
         )
     )
     colour = {
-        fleet_ledger.COMPLETED: "green",
-        fleet_ledger.PAUSED: "yellow",
-        fleet_ledger.COMPLETED_WITH_FAILURES: "yellow",
+        fleet_records.COMPLETED: "green",
+        fleet_records.PAUSED: "yellow",
+        fleet_records.COMPLETED_WITH_FAILURES: "yellow",
     }.get(r.status, "red")
     if (
-        r.status == fleet_ledger.COMPLETED
+        r.status == fleet_records.COMPLETED
         and r.hosts
-        and all(h.status == fleet_ledger.SKIPPED for h in r.hosts)
+        and all(h.status == fleet_records.SKIPPED for h in r.hosts)
     ):
         con.print(
             f"{r.kind}: nothing to do ({count_hosts(len(r.hosts))} skipped, why below)",
@@ -191,14 +192,13 @@ def render_result(r: RolloutResult, con: Console) -> None:
                       markup=False)
     # Skip reasons are cut in the table at 80 columns; they are why a host was left alone.
     for h in r.hosts:
-        if h.status == fleet_ledger.SKIPPED and h.verdict:
+        if h.status == fleet_records.SKIPPED and h.verdict:
             con.print(f"  {h.host}: {h.verdict}", highlight=False, markup=False)
-    failed = [
-        h.host for h in r.hosts if h.status in (fleet_ledger.HOST_FAILED, fleet_ledger.ROLLED_BACK)
-    ]
-    if r.status == fleet_ledger.PAUSED:
+    failed = [h.host for h in r.hosts
+              if h.status in (fleet_records.HOST_FAILED, fleet_records.ROLLED_BACK)]
+    if r.status == fleet_records.PAUSED:
         con.print("  continue with `fleetctl rollout --resume`, undo with `fleetctl rollout abort`")
-    elif r.status == fleet_ledger.COMPLETED_WITH_FAILURES:
+    elif r.status == fleet_records.COMPLETED_WITH_FAILURES:
         con.print(
             f"  every wave went through; {len(failed)} host(s) failed within the failure budget "
             f"(rolled back, or down as said above): {', '.join(failed)}",
@@ -208,7 +208,7 @@ def render_result(r: RolloutResult, con: Console) -> None:
         if r.tag:
             con.print(f"  once fixed: `fleetctl rollout --tag {r.tag} --limit {':'.join(failed)}`",
                       highlight=False, markup=False)
-    elif r.status == fleet_ledger.FAILED and r.kind == "rollout":
+    elif r.status == fleet_records.FAILED and r.kind == "rollout":
         con.print("  hosts that passed keep the new version; `fleetctl rollback` returns them too")
 
 

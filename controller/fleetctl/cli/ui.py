@@ -46,6 +46,7 @@ from fleetctl.inventory import Inventory
 from fleetctl.soak import report
 from fleetctl.soak.verdict import Verdict, from_dict
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from fleetctl.urls import http_url
 
 #: Requests handled at once (a browser opens a few; more wait for a free handler).
@@ -173,7 +174,7 @@ class Fleet:
                  "recipe": h.vars.get("fleetctl_recipe") or self.inv.vars.get("fleetctl_recipe"),
                  "last": last.get(h.name)} for h in self.inv.hosts.values()]
 
-    def _history(self) -> list[fleet_ledger.RolloutRecord]:
+    def _history(self) -> list[fleet_records.RolloutRecord]:
         if self.inv is None:
             return []
         with fleet_ledger.open_for(self.inv, self.state_dir) as led:

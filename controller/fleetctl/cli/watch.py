@@ -21,8 +21,7 @@ from rich.text import Text
 
 from fleetctl import paths, ssh
 from fleetctl.cli import live
-from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx
-from fleetctl.cli.output import stream_options as stream_options
+from fleetctl.cli.output import Col, Ctx, Duration, fit_table, json_option, pass_ctx, stream_options
 from fleetctl.cli.soak import _STYLE, _endpoint_jobs, _host_jobs, finish
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress, Tee
@@ -201,7 +200,7 @@ def watch(
     # Before hours of probing: a report that cannot be written would end it as an internal error.
     report.check_report_paths(json_file, junit_file, html_file)
     from fleetctl import inventory as inv_mod
-    from fleetctl.rollout.webhook import Webhook
+    from fleetctl.rollout.webhook import Posting, Webhook
 
     with contextlib.ExitStack() as stack:
         if endpoints:
@@ -247,7 +246,7 @@ def watch(
                     ctx.progress("watch", ("phase", "interval", "errors", "message")) as shown:
                 progress: Progress = Tee(sink, shown)
                 hook = Webhook(str(url) if url else None, run, str(ctx.inventory or "-"), progress,
-                               allow_http=allow_http)
+                               posting=Posting(allow_http=allow_http))
 
                 def page(host: str, check: str, message: str) -> None:
                     progress(Event("breach", f"{check}: {message}", host=host))

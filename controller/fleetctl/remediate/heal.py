@@ -37,9 +37,11 @@ from fleetctl.remediate.record import KIND, REMEDIATING, Record
 from fleetctl.rollout import gate
 from fleetctl.rollout.api import Engine
 from fleetctl.rollout.door import vllm_requests
+from fleetctl.rollout.results import RollbackOptions
+from fleetctl.rollout.run import live
 from fleetctl.serving import container_name
 from fleetctl.soak.verdict import Remedied
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Actions and results (``fleetctl history`` and the events name them).
 RESTART, ROLLBACK, PARK, NONE = "restart", "rollback", "park", "none"
@@ -341,7 +343,7 @@ class Remediator:
         """Readiness, smoke and a few seconds of load on the restarted container."""
         cfg = gate.config(recipe, None, h)
         ready = self.s.gates.wait(h, recipe, tag, cfg, policy.ready_timeout,
-                                  self.s.live(h, {}, "readiness", cancellable=False))
+                                  live(self.s, h, None, "readiness", cancellable=False))
         if ready.outcome.value != "pass":
             return False, f"readiness {ready.outcome.value}: {ready.message}"
         art = self.s.state_dir / "runs" / rid
@@ -369,20 +371,21 @@ class Remediator:
                 if check in ("liveness", "probes"):
                     self.s.drain_timeout = 0.0
                 try:
-                    r = self.eng.rollback(limit=",".join(members), max_unavailable="100%")
+                    r = self.eng.rollback(RollbackOptions(limit=",".join(members),
+                                                          max_unavailable="100%"))
                 finally:
                     self.s.drain_timeout = kept
         except FleetError as e:
             return self._park(rid, h, members, check, cause, f"{why}; the rollback could not "
                               f"run: {e.cause}", t0)
         back = [o for o in r.hosts if o.host == h.name]
-        if r.status == fleet_ledger.COMPLETED and back and back[0].status == fleet_ledger.DONE:
+        if r.status == fleet_records.COMPLETED and back and back[0].status == fleet_records.DONE:
             self._breaker_reset(h)
             self.record.step(rid, [h.name], "rolled-back", f"{r.id}: {back[0].after_tag}")
             return self._end(rid, Remediation(h.name, check, cause, ROLLBACK, ROLLED_BACK,
                                               f"{why}; rolled back to {back[0].after_tag} "
                                               f"({r.id})", rid, time.monotonic() - t0, members))
-        if not back or back[0].status == fleet_ledger.SKIPPED:
+        if not back or back[0].status == fleet_records.SKIPPED:
             skip = (back[0].error if back else None) or r.error or "nothing to roll back to"
             return self._park(rid, h, members, check, cause, f"{why}; no rollback: no other "
                               f"known-good version recorded for it ({skip})", t0)

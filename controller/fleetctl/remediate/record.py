@@ -17,6 +17,7 @@ from fleetctl.remediate.policy import Policy
 from fleetctl.rollout.session import command_line
 from fleetctl.runids import new_run_id
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 KIND = "remediate"
 #: The status of a remediation under way.
@@ -48,7 +49,7 @@ class Record:
             status=REMEDIATING)
         for m in members:
             self.ledger.host_phase(rid, m, "breach", cause[:500],
-                                   status=fleet_ledger.IN_PROGRESS)
+                                   status=fleet_records.IN_PROGRESS)
 
     def step(self, rid: str, hosts: Sequence[str], phase: str, detail: str) -> None:
         """``hosts`` entered ``phase``."""
@@ -60,7 +61,7 @@ class Record:
         rec = self.ledger.get(rid)
         for hr in rec.hosts:
             self.ledger.host_phase(rid, hr.host, result, detail[:500],
-                                   status=fleet_ledger.DONE if ok else fleet_ledger.HOST_FAILED,
+                                   status=fleet_records.DONE if ok else fleet_records.HOST_FAILED,
                                    error=None if ok else detail[:500])
-        self.ledger.set_status(rid, fleet_ledger.COMPLETED if ok else fleet_ledger.FAILED,
+        self.ledger.set_status(rid, fleet_records.COMPLETED if ok else fleet_records.FAILED,
                                None if ok else f"{result}: {detail}"[:1000])

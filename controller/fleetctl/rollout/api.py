@@ -15,27 +15,25 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from fleetctl import frontdoor, registry
+from fleetctl.facts import Facts
 from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Progress
 from fleetctl.recipes import Recipe
-from fleetctl.rollout import deploy, gate
-from fleetctl.rollout import host as remote
+from fleetctl.rollout import deploy
 from fleetctl.rollout.bake import Bake
 from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.forward import Confirm, Forward
 from fleetctl.rollout.groups import FleetPlan
 from fleetctl.rollout.prefetch import Prefetch
 from fleetctl.rollout.preflight import Preflight
-from fleetctl.rollout.results import Options, RolloutResult
+from fleetctl.rollout.results import Options, RollbackOptions, RolloutResult
 from fleetctl.rollout.resume import Resume
 from fleetctl.rollout.rollback import Rollback
 from fleetctl.rollout.rollback_unit import UnitRollback
 from fleetctl.rollout.run import Group
-from fleetctl.rollout.session import Session
-from fleetctl.rollout.step import HostStep
+from fleetctl.rollout.session import NO_SEAMS, Seams, Session
+from fleetctl.rollout.step import HostStep, Steps
 from fleetctl.rollout.unit_step import UnitStep
-from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
 
 
@@ -44,27 +42,18 @@ class Engine:
 
     def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
                  secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
-                 ops: Callable[[Host], remote.HostOps] | None = None,
-                 gates: gate.Gates | None = None,
-                 resolve: Callable[[str, str, Mapping[str, str]],
-                                   registry.ResolvedImage] | None = None,
-                 take_over: bool = False, host_store: hoststate.Store | None = None,
-                 deployer: deploy.Deployer | None = None,
-                 door: frontdoor.FrontDoor | None = None) -> None:
+                 take_over: bool = False, seams: Seams = NO_SEAMS) -> None:
         """The seams are :class:`Session`'s (see there); the collaborators are built once, here."""
         s = self.session = Session(inventory, progress, secrets=secrets, state_dir=state_dir,
-                                   ops=ops,
-                                   gates=gates, resolve=resolve, take_over=take_over,
-                                   host_store=host_store,
-                                   deployer=deployer, door=door)
+                                   take_over=take_over, seams=seams)
         self.preflight = Preflight(s)
         self.prefetch = Prefetch(s)
         self.door = DoorSteps(s)
         self.hosts = HostStep(s, self.door)
         self.units = UnitStep(s)
-        self.bake = Bake(s, self.door, self.hosts, self.units)
-        self.forward = Forward(s, self.preflight, self.prefetch, self.door, self.hosts, self.units,
-                               self.bake)
+        steps = Steps(self.door, self.hosts, self.units)
+        self.bake = Bake(s, steps)
+        self.forward = Forward(s, self.preflight, self.prefetch, steps, self.bake)
         self.back = Rollback(s, self.door, self.prefetch,
                              UnitRollback(s, self.units, self.prefetch))
         self.resumer = Resume(s, self.forward, self.back)
@@ -82,17 +71,12 @@ class Engine:
         """Continue the paused or interrupted rollout or rollback, from each host's real state."""
         return self.resumer.resume(opts)
 
-    def rollback(self, to: str | None = None, limit: str | None = None,
-                 max_unavailable: str | None = None,
-                 recipe_name: str | None = None, webhook: str | None = None,
-                 only_active: bool = False, min_available: str | None = None,
+    def rollback(self, opts: RollbackOptions | None = None,
                  confirm: Callable[[Mapping[str, str | None]],
                                    None] | None = None) -> RolloutResult:
-        """Every selected host back to its last known-good version (or to ``to``); see
+        """Every selected host back to its last known-good version (or to ``opts.to``); see
         :class:`Rollback`."""
-        return self.back.rollback(to=to, limit=limit, max_unavailable=max_unavailable,
-                                  recipe_name=recipe_name, webhook=webhook, only_active=only_active,
-                                  min_available=min_available, confirm=confirm)
+        return self.back.rollback(opts or RollbackOptions(), confirm)
 
     def abort(self, webhook: str | None = None, force: bool = False,
               confirm: Callable[[Mapping[str, str | None]], None] | None = None) -> RolloutResult:
@@ -100,7 +84,7 @@ class Engine:
         version."""
         return self.back.abort(webhook=webhook, force=force, confirm=confirm)
 
-    def plan(self, opts: Options) -> tuple[FleetPlan, list[Group], dict[str, remote.Facts]]:
+    def plan(self, opts: Options) -> tuple[FleetPlan, list[Group], dict[str, Facts]]:
         """Resolve the tag in each recipe group's image, preflight the hosts and cut each group's
         waves. Touches nothing."""
         return self.preflight.plan(opts)

@@ -19,22 +19,20 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from fleetctl.durations import parse_duration
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
-from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
-from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.results import Options
-from fleetctl.rollout.run import Group, Run
+from fleetctl.rollout.run import Failure, Group, Row, Run, Step
 from fleetctl.rollout.session import Session, StopRollout
-from fleetctl.rollout.step import HostStep
+from fleetctl.rollout.step import Steps
 from fleetctl.rollout.unit import unit_recipe
-from fleetctl.rollout.unit_step import UnitStep
 from fleetctl.soak import metrics
 from fleetctl.soak.traffic import (
     Comparison,
@@ -46,11 +44,11 @@ from fleetctl.soak.traffic import (
     traffic,
 )
 from fleetctl.soak.verdict import Outcome, Verdict, to_dict
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 from fleetctl.urls import url_host
 
 #: Hosts on the old version scraped for the comparison at most (a sample: the fleet's rest is
-# alike).
+#: alike).
 MAX_OLD = 32
 #: Seconds between the bake's progress lines.
 TICK = 5.0
@@ -58,16 +56,26 @@ TICK = 5.0
 BAKE_PHASES = ("baking", "bake-paused")
 
 
+@dataclass(frozen=True)
+class Baked:
+    """A wave under its bake: the run, its group, the wave's index, the slots done in it (each
+    host of a unit) and the row they show."""
+
+    run: Run
+    group: Group
+    w: int
+    done: Sequence[Host]
+    row: Row
+
+
 class Bake:
     """The post-promotion bake of a wave, between its last step and the next wave; a breach undoes
     the wave through the host's and the unit's steps (:meth:`HostStep.fail`,
     :meth:`UnitStep.fail`)."""
 
-    def __init__(self, session: Session, door: DoorSteps, hosts: HostStep, units: UnitStep) -> None:
+    def __init__(self, session: Session, steps: Steps) -> None:
         self.s = session
-        self.door = door
-        self.hosts = hosts
-        self.units = units
+        self.door, self.hosts, self.units = steps.door, steps.hosts, steps.units
         #: Every host's /metrics (host -> base URL), bounded in parallel; a host's failure as
         #: text. The harness stands in scrapes of its own.
         self.scrape: Callable[[Mapping[str, str], float],
@@ -111,46 +119,46 @@ class Bake:
         """A wave whose hosts are done but whose bake did not finish (a killed controller, or a
         paused bake)."""
         rec = run.ledger.get(run.id)
-        return any((r := rec.host(h)) is not None and r.status == fleet_ledger.DONE
+        return any((r := rec.host(h)) is not None and r.status == fleet_records.DONE
                    and r.phase in BAKE_PHASES
                    for h in members)
 
     def bake(self, run: Run, group: Group, w: int, members: Sequence[str], seconds: float) -> None:
         """Bake wave ``w``; raises StopRollout on a breach (after rolling the wave back) or a paused
         bake."""
-        recipe, p, hosts = group.recipe, group.p, group.hosts
+        p, hosts = group.p, group.hosts
         rec = run.ledger.get(run.id)
         done = [hosts[h] for h in members
-                if (r := rec.host(h)) is not None and r.status == fleet_ledger.DONE]
+                if (r := rec.host(h)) is not None and r.status == fleet_records.DONE]
         new = unit_plan.slots(self.s.inv, done)
         if not new or seconds <= 0:
             return
         pending = [hosts[hp.host] for hp in p.hosts if hp.action == "deploy" and hp.host in hosts
-                   and (r := rec.host(hp.host)) is not None and r.status == fleet_ledger.PENDING]
+                   and (r := rec.host(hp.host)) is not None and r.status == fleet_records.PENDING]
         old = unit_plan.slots(self.s.inv, pending)[:MAX_OLD]
-        show = {"wave": w + 1, "tag": p.tag, "digest": p.digest}
+        wave = Baked(run, group, w, done, Row(w + 1, p.tag, p.digest))
         against = (f"{len(old)} host(s) on the old version" if old
                    else "absolute bounds (no host on the old version left)")
         for h in done:
             run.phase(h, "baking", f"{seconds:.0f}s under live traffic, against {against}",
-                        {**show, "health": "baking", "bake_s": round(seconds)})
+                      wave.row.at("baking", bake_s=round(seconds)).data())
         run.send("bake", wave=w + 1, hosts=[h.name for h in new], seconds=seconds,
                  against=[h.name for h in old])
         t0 = time.monotonic()
         started = datetime.now(UTC)
-        cmp = self._watch(recipe, w, done, new, old, seconds, show, against)
+        cmp = self._watch(wave, new, old, seconds, against)
         verdict = self._verdict(run, p, w, cmp, started, time.monotonic() - t0)
         summary = gate.summarise(verdict, {"bake": round(time.monotonic() - t0, 1)})
         summary["traffic"] = {"new": [to_dict(t) for t in cmp.new],
                               "old": [to_dict(t) for t in cmp.old],
                               "reference": dict(cmp.reference)}
-        self._conclude(run, recipe, w, done, cmp, verdict, summary, show)
+        self._conclude(wave, cmp, verdict, summary)
 
-    def _watch(self, recipe: Recipe, w: int, done: Sequence[Host], new: Sequence[Host],
-               old: Sequence[Host],
-               seconds: float, show: Mapping[str, object], against: str) -> Comparison:
+    def _watch(self, wave: Baked, new: Sequence[Host], old: Sequence[Host], seconds: float,
+               against: str) -> Comparison:
         """``seconds`` under live traffic, then the wave's figures compared with the old version's
         (or with absolute bounds): from each host's /metrics, or from the fleet's Prometheus."""
+        recipe, w = wave.group.recipe, wave.w
         urls = {h.name: gate.target(h, recipe, "").base_url for h in (*new, *old)}
         t0 = time.monotonic()
         first = self.scrape(urls, 0.0)
@@ -158,10 +166,10 @@ class Bake:
         while (left := end - time.monotonic()) > 0:
             # Each baked host's row shows a bar (waited/timeout), the line under the table what is
             # left.
-            for h in done:
+            bar = wave.row.at("baking", waited=round(seconds - left), timeout=round(seconds))
+            for h in wave.done:
                 self.s.emit("baking", f"under live traffic, against {against}", h.name,
-                            **show, health="baking", waited=round(seconds - left),
-                            timeout=round(seconds))
+                            **bar.data())
             self.s.emit("baking",
                         f"wave {w + 1}: {left:.0f}s left under live traffic, against {against}")
             time.sleep(min(left, TICK))
@@ -189,16 +197,16 @@ class Bake:
                               prom["label"])
         return compare([got[h.name] for h in new], [got[h.name] for h in old], self.limits())
 
-    def _conclude(self, run: Run, recipe: Recipe, w: int, done: Sequence[Host], cmp: Comparison,
-                  verdict: Verdict, summary: Mapping[str, object],
-                  show: Mapping[str, object]) -> None:
+    def _conclude(self, wave: Baked, cmp: Comparison, verdict: Verdict,
+                  summary: Mapping[str, object]) -> None:
         """A pass marks the wave's hosts baked; an inconclusive bake pauses (``--on-inconclusive
         pause``); anything else rolls the wave back. Raises StopRollout unless it passed."""
+        run, w, done = wave.run, wave.w, wave.done
         outcome = cmp.outcome
         if outcome is Outcome.PASS:
             for h in done:
                 r = run.ledger.get(run.id).host(h.name)
-                run.phase(h, "done", f"baked: {cmp.summary()}", {**show, "health": "ok"},
+                run.phase(h, "done", f"baked: {cmp.summary()}", wave.row.at("ok").data(),
                           verdict={**((r.verdict if r is not None else None) or {}),
                                    "bake": summary})
             run.send("bake", wave=w + 1, outcome="pass", summary=cmp.summary())
@@ -207,38 +215,40 @@ class Bake:
         run.send("bake", wave=w + 1, outcome=outcome.value, summary=cmp.summary())
         if outcome is Outcome.INCONCLUSIVE and run.opts.on_inconclusive == "pause":
             for h in done:
-                run.phase(h, "bake-paused", why, {**show, "health": "?"})
-            raise StopRollout(fleet_ledger.PAUSED,
+                run.phase(h, "bake-paused", why, wave.row.at("?").data())
+            raise StopRollout(fleet_records.PAUSED,
                               f"inconclusive bake of wave {w + 1}: {cmp.summary()}")
-        self._unbake(run, recipe, done, why, verdict, show)
-        run.ledger.set_wave(run.id, w, fleet_ledger.FAILED)
+        self._unbake(wave, Failure(why, verdict))
+        run.ledger.set_wave(run.id, w, fleet_records.FAILED)
         rolled = [h.name for h in done if (r := run.ledger.get(run.id).host(h.name)) is not None
-                  and r.status == fleet_ledger.ROLLED_BACK]
+                  and r.status == fleet_records.ROLLED_BACK]
         run.send("rollback", hosts=rolled, error=why)
-        raise StopRollout(fleet_ledger.FAILED,
+        raise StopRollout(fleet_records.FAILED,
                           f"wave {w + 1} rolled back after its bake: {cmp.summary()}")
 
-    def _unbake(self, run: Run, recipe: Recipe, done: Sequence[Host], why: str, verdict: Verdict,
-                show: Mapping[str, object]) -> None:
+    def _unbake(self, wave: Baked, failure: Failure) -> None:
         """Drain the baked wave, roll each slot back (restore, readiness, smoke), re-admit it: as a
         failed gate."""
+        run, recipe, p = wave.run, wave.group.recipe, wave.group.p
+
         def undo(h: Host) -> None:
-            t: dict[str, float] = {}
+            step = Step(run, recipe, h, wave.row, p)
             unit = self.s.inv.unit_of(h.name)
             if unit is None:
-                self.door.out(run, h, recipe, show, t, reason="bake")
-                self.hosts.fail(run, recipe, h, why, verdict, show, t)
+                self.door.out(step, reason="bake")
+                self.hosts.fail(step, failure)
             else:
-                for m in unit_plan.members(self.s.inv, unit):
-                    self.door.out(run, m, recipe, show, t, reason="bake")
-                self.units.fail(run, unit_recipe(self.s.inv, unit, recipe), unit, why, verdict,
-                                show, t)
+                members = unit_plan.members(self.s.inv, unit)
+                for m in members:
+                    self.door.out(step.on(m), reason="bake")
+                self.units.fail(Step(run, unit_recipe(self.s.inv, unit, recipe), members[0],
+                                     wave.row, p, step.timings), unit, failure)
 
-        outs = self.s.parallel(unit_plan.slots(self.s.inv, list(done)), undo)
+        outs = self.s.parallel(unit_plan.slots(self.s.inv, list(wave.done)), undo)
         for name, err in outs.items():
             if err is not None:
                 run.ledger.host_phase(run.id, name, "error", detail=err.message(),
-                                      status=fleet_ledger.HOST_FAILED,
+                                      status=fleet_records.HOST_FAILED,
                                        error=err.message())
 
     def _verdict(self, run: Run, p: wave_plan.Plan, w: int, cmp: Comparison, started: datetime,

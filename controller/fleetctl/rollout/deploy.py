@@ -48,10 +48,11 @@ from pathlib import Path
 from typing import Protocol
 
 from fleetctl import ansible
+from fleetctl.container import LABEL_DIGEST, LABEL_TAG, Container
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Host, Inventory, Unit
+from fleetctl.inventory import Host, Inventory
 from fleetctl.progress import NULL, Event, Progress
-from fleetctl.recipes import MemberLaunch, Recipe
+from fleetctl.recipes import Recipe
 from fleetctl.rollout import host as remote
 from fleetctl.runids import new_run_id
 
@@ -107,7 +108,7 @@ class DeployOutcome:
     """
 
     retired: bool
-    before: remote.Container | None = None
+    before: Container | None = None
     error: FleetError | None = None
     #: Where the run's artifacts are (ansible-runner's job events), when it went through Ansible.
     artifacts: str | None = None
@@ -125,7 +126,7 @@ class Deployer(Protocol):
         ...
 
 
-def reconcile(ops: remote.HostOps, req: DeployRequest, error: FleetError) -> DeployOutcome:
+def reconcile(ops: remote.ServingOps, req: DeployRequest, error: FleetError) -> DeployOutcome:
     """After a failed deploy on one host: was the old container retired? Decided by looking at the
     host.
 
@@ -175,7 +176,7 @@ class StepBatch:
     """
 
     def __init__(self, deployer: Deployer, members: Collection[str], secrets: Mapping[str, str],
-                 run_dir: Path, ops: Callable[[Host], remote.HostOps]) -> None:
+                 run_dir: Path, ops: Callable[[Host], remote.ServingOps]) -> None:
         """``ops``: how to look at a host when the deployer broke as a whole (see
         :func:`reconcile`)."""
         self._deployer = deployer
@@ -260,139 +261,33 @@ class StepBatch:
 
 
 @dataclass
-class BatchedHostOps:
-    """:class:`~fleetctl.rollout.host.HostOps` whose ``retire`` and ``start`` are one deploy of a
-    :class:`StepBatch`.
+class BatchedDeploy:
+    """One host's part of a :class:`StepBatch`: its retire and its start are the step's one
+    deploy run (the role retires and starts in one module call). Every other operation on the
+    host stays its ``HostOps``' (SSH): the recovery path stays on paramiko."""
 
-    ``retire`` joins the batch (the role retires and starts in one module call)
-    and returns what ``retire`` would, or raises the retire's failure; ``start``
-    then raises the start's failure, if any. Everything else is ``inner``'s
-    (SSH): the recovery path stays on paramiko, and every other operation is the inner one's.
-    """
-
-    inner: remote.HostOps
     batch: StepBatch
     request: DeployRequest
     outcome: DeployOutcome | None = field(default=None)
 
-    @property
-    def host(self) -> Host:
-        return self.inner.host
-
-    def facts(self, recipe: Recipe, ref: str) -> remote.Facts:
-        return self.inner.facts(recipe, ref)
-
-    def inspect(self, name: str) -> remote.Container | None:
-        return self.inner.inspect(name)
-
-    def pull(self, ref: str, on_line: Callable[[str], None] | None = None) -> float:
-        return self.inner.pull(ref, on_line)
-
-    def retire(self, name: str, rollout_id: str, target_digest: str,
-               grace: int = 30) -> remote.Container | None:
-        if (name, rollout_id, target_digest) != (
-            self.request.name,
-            self.request.rollout_id,
-            self.request.digest,
-        ):
-            raise FleetError(
-                f"deploy step asked to retire {name} for {rollout_id}, not what the step was "
-                "planned for",
-                host=self.host.name,
-                fix="report this as a bug in fleetctl",
-            )
+    def retire(self) -> Container | None:
+        """Join the batch; what ``HostOps.retire`` would return, or the retire's failure
+        raised."""
         self.outcome = self.batch.join(self.request)
         if not self.outcome.retired:
             raise self.outcome.error or FleetError(
-                "the deploy did not retire the old container", host=self.host.name
+                "the deploy did not retire the old container", host=self.request.host.name
             )
         return self.outcome.before
 
-    def swap(self, name: str) -> remote.Container | None:
-        return self.inner.swap(name)
-
-    def start(
-        self,
-        recipe: Recipe,
-        ref: str,
-        *,
-        tag: str,
-        digest: str,
-        rollout_id: str,
-        secrets: Mapping[str, str],
-        cache_key: str | None = None,
-        launch: MemberLaunch | None = None,
-    ) -> None:
-        if self.outcome is None:
-            # Not retired through the batch (a path that starts without retiring): the controller's
-            # own start.
-            self.inner.start(
-                recipe,
-                ref,
-                tag=tag,
-                digest=digest,
-                rollout_id=rollout_id,
-                secrets=secrets,
-                cache_key=cache_key,
-                launch=launch,
-            )
-            return
+    def start(self) -> None:
+        """The start's failure raised, if the run's start failed (call after :meth:`retire`)."""
+        assert self.outcome is not None, "a batched start follows its retire"
         if self.outcome.error is not None:
             raise self.outcome.error
 
-    def restore(self, name: str) -> remote.Container | None:
-        return self.inner.restore(name)
 
-    def kill(self, name: str) -> None:
-        self.inner.kill(name)
-
-    def stop(self, name: str) -> None:
-        self.inner.stop(name)
-
-    def start_again(self, name: str) -> None:
-        self.inner.start_again(name)
-
-    def logs(self, name: str, tail: int = 300) -> str:
-        return self.inner.logs(name, tail)
-
-    def check_access(self) -> None:
-        self.inner.check_access()
-
-    def has_image(self, ref: str) -> bool:
-        return self.inner.has_image(ref)
-
-    def start_relay(self, relay_image_ref: str, upstream: str, port: int) -> None:
-        self.inner.start_relay(relay_image_ref, upstream, port)
-
-    def fill_relay(self, pull_ref: str, port: int) -> None:
-        self.inner.fill_relay(pull_ref, port)
-
-    def remove_relay(self) -> None:
-        self.inner.remove_relay()
-
-    def export_cache(self, recipe: Recipe, ref: str, key: str, max_bytes: int) -> str:
-        return self.inner.export_cache(recipe, ref, key, max_bytes)
-
-    def verify_cache(self, recipe: Recipe, ref: str, key: str) -> str:
-        return self.inner.verify_cache(recipe, ref, key)
-
-    def import_cache(self, recipe: Recipe, ref: str, key: str, exported: str) -> str:
-        return self.inner.import_cache(recipe, ref, key, exported)
-
-    def bandwidth_probe(self, unit: Unit, recipe: Recipe, ref: str, timeout: float) -> str:
-        return self.inner.bandwidth_probe(unit, recipe, ref, timeout)
-
-    def read_state(self) -> str:
-        return self.inner.read_state()
-
-    def swap_state(self, expect: str, text: str) -> bool:
-        return self.inner.swap_state(expect, text)
-
-    def staged_bytes(self, paths: Sequence[str]) -> int:
-        return self.inner.staged_bytes(paths)
-
-
-def serving_from_report(c: Mapping[str, object] | None) -> remote.Container | None:
+def serving_from_report(c: Mapping[str, object] | None) -> Container | None:
     """The module's redacted container summary as a :class:`~fleetctl.container.Container`."""
     if not c:
         return None
@@ -411,13 +306,13 @@ def serving_from_report(c: Mapping[str, object] | None) -> remote.Container | No
         )
     }
     settings["labels"] = labels
-    return remote.Container(
+    return Container(
         name=str(c.get("name") or ""),
         running=bool(c.get("running")),
         status=str(c.get("status") or ""),
         image=str(c.get("image") or ""),
-        digest=labels.get(remote.LABEL_DIGEST),
-        tag=labels.get(remote.LABEL_TAG),
+        digest=labels.get(LABEL_DIGEST),
+        tag=labels.get(LABEL_TAG),
         labels={k: v for k, v in labels.items() if k.startswith("fleetctl.")},
         settings=settings,
     )
@@ -431,7 +326,7 @@ class AnsibleDeployer:
         self,
         inventory: Inventory,
         mirrors: Mapping[str, str],
-        ops: Callable[[Host], remote.HostOps] = remote.SshHostOps,
+        ops: Callable[[Host], remote.ServingOps] = remote.SshHostOps,
         playbook: str = "deploy",
         progress: Progress = NULL,
     ) -> None:

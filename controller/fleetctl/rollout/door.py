@@ -12,7 +12,7 @@ front door existed). See docs/frontdoor.md.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from fleetctl.errors import FleetError
@@ -21,14 +21,14 @@ from fleetctl.frontdoor.drain import vllm_in_flight, wait_drained, wait_in_rotat
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
-from fleetctl.rollout.run import Run
+from fleetctl.rollout.run import Run, Step, live
 from fleetctl.rollout.session import Session, StopRollout
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Host statuses after which a host that is still out of rotation serves a good version and goes
-# back in.
-SERVING_STATUSES = (fleet_ledger.DONE, fleet_ledger.ROLLED_BACK, fleet_ledger.SKIPPED,
-                    fleet_ledger.PENDING)
+#: back in.
+SERVING_STATUSES = (fleet_records.DONE, fleet_records.ROLLED_BACK, fleet_records.SKIPPED,
+                    fleet_records.PENDING)
 
 
 def vllm_requests(h: Host, recipe: Recipe) -> int | None:
@@ -48,19 +48,19 @@ class DoorSteps:
         #: Requests vLLM holds on a host (running + waiting); the harness stands in its own.
         self.in_flight: Callable[[Host, Recipe], int | None] = vllm_requests
 
-    def out(self, run: Run, h: Host, recipe: Recipe, show: Mapping[str, Any], t: dict[str, float],
-            reason: str = "rollout") -> None:
-        """Take ``h`` out of rotation and wait (bounded) for its requests in flight; record both."""
+    def out(self, step: Step, reason: str = "rollout") -> None:
+        """Take the step's host out of rotation and wait (bounded) for its requests in flight;
+        record both (the wait in the step's timings)."""
         if self.door is None:
             return
+        run, h, t = step.run, step.host, step.timings
         self.s.check_cancel()
         t0 = time.monotonic()
         # Recorded before the door is asked: a kill in between leaves a host to re-admit, never a
         # forgotten one.
         self.s.ledger.mark_out(h.name, run.id, reason, {})
-        run.phase(h, "draining",
-                  f"out of {self.door.kind} rotation; waiting for requests in flight",
-                    {**show, "health": "draining"})
+        step.phase("draining", f"out of {self.door.kind} rotation; waiting for requests in flight",
+                   step.row.at("draining"))
         try:
             drained = self.door.drain(h)
         except FleetError as e:
@@ -74,17 +74,18 @@ class DoorSteps:
                              + (f" ({undo})" if undo else ""), host=h.name, fix=e.fix) from None
         if drained.memo:
             self.s.ledger.mark_out(h.name, run.id, reason, drained.memo)
-        w = wait_drained(self.door, h, lambda: self.in_flight(h, recipe), self.s.drain_timeout)
+        w = wait_drained(self.door, h, lambda: self.in_flight(h, step.recipe),
+                         self.s.drain_timeout)
         t["drain"] = time.monotonic() - t0
+        shown = step.row.at("drained").data()
         if w.timed_out:
             t["drain_left"] = float(w.leftover)
             self.s.emit("drained", f"{w.leftover} request(s) still in flight after drain_timeout "
                                   f"{self.s.drain_timeout:.0f}s (door {w.door_left}, vLLM "
                                   f"{w.vllm_left}): the stop cuts "
-                                  "them", h.name, **show, health="drained")
+                                  "them", h.name, **shown)
         else:
-            self.s.emit("drained", f"no request in flight after {w.seconds:.1f}s", h.name, **show,
-                        health="drained")
+            self.s.emit("drained", f"no request in flight after {w.seconds:.1f}s", h.name, **shown)
 
     def _never_took_it_out(self, h: Host) -> bool:
         """After a refused drain: the door has the host in rotation still, or does not know it at
@@ -173,7 +174,7 @@ class DoorSteps:
                        + "; " + "; ".join(f"{n} {w}" for n, w in why_out.items()))
             if time.monotonic() - t0 >= self.s.capacity_timeout:
                 hosts = ", ".join(step)
-                raise StopRollout(fleet_ledger.PAUSED, FrontDoorError(
+                raise StopRollout(fleet_records.PAUSED, FrontDoorError(
                     f"{hosts} not taken out: after {self.s.capacity_timeout:.0f}s {waiting}",
                     fix="bring the hosts out of rotation back in (or fix their health check), then "
                         "`fleetctl rollout --resume`; or lower the floor (--min-available, "
@@ -242,14 +243,14 @@ class DoorSteps:
             hr = rec.host(n)
             if n not in out or hr is None or hr.status not in SERVING_STATUSES:
                 continue
-            if hr.status == fleet_ledger.PENDING and hr.phase not in ("planned", "restored",
+            if hr.status == fleet_records.PENDING and hr.phase not in ("planned", "restored",
                                                                       "skipped"):
                 continue
             h = self.s.inv.host(n)
             cfg = gate.config(recipe, None, h)
             ready = self.s.gates.wait(h, recipe, hr.after_tag or hr.before_tag or "", cfg,
                                       self.s.readmit_timeout,
-                                      self.s.live(h, {}, "loading", cancellable=False))
+                                      live(self.s, h, None, "loading", cancellable=False))
             if not ready.ready:
                 problems.append(f"{n}: kept out of rotation: not ready ({ready.message})")
                 continue

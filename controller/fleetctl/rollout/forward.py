@@ -15,39 +15,35 @@ from fleetctl.rollout import groups
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.bake import Bake
-from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.groups import FleetPlan, Switch
 from fleetctl.rollout.prefetch import Prefetch
 from fleetctl.rollout.preflight import Preflight
 from fleetctl.rollout.results import HostOutcome, Options, RolloutResult
 from fleetctl.rollout.run import Group, Run
 from fleetctl.rollout.session import Session, StopRollout, command_line
-from fleetctl.rollout.step import HostStep
+from fleetctl.rollout.step import Steps
 from fleetctl.rollout.unit import unit_recipe
-from fleetctl.rollout.unit_step import UnitStep
 from fleetctl.serving import container_name
 from fleetctl.state import hoststate
-from fleetctl.state import ledger as fleet_ledger
-from fleetctl.state.ledger import HostRecord
+from fleetctl.state import records as fleet_records
+from fleetctl.state.records import HostRecord
 
 #: Shown the plan once it is cut, before anything is recorded or changed; raises to refuse.
 Confirm = Callable[[FleetPlan], None]
 
 #: Host statuses a wave's step ends on that stop the rollout (within the budget: go on).
-BAD = (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)
+BAD = (fleet_records.ROLLED_BACK, fleet_records.HOST_FAILED)
 
 
 class Forward:
     """The forward path: plan, confirm and record the rollout, then the canary and the waves."""
 
-    def __init__(self, session: Session, preflight: Preflight, prefetch: Prefetch, door: DoorSteps,
-                 hosts: HostStep, units: UnitStep, bake: Bake) -> None:
+    def __init__(self, session: Session, preflight: Preflight, prefetch: Prefetch, steps: Steps,
+                 bake: Bake) -> None:
         self.s = session
         self.preflight = preflight
         self.prefetch = prefetch
-        self.door = door
-        self.hosts = hosts
-        self.units = units
+        self.door, self.hosts, self.units = steps.door, steps.hosts, steps.units
         self.bake = bake
 
     def rollout(self, opts: Options, confirm: Confirm | None = None) -> RolloutResult:
@@ -56,7 +52,7 @@ class Forward:
         without one, hosts left out or a model switch are refused unless the options allow them
         (:meth:`~.groups.FleetPlan.refusal`), and with one, ``confirm`` decides."""
         s = self.s
-        rid = fleet_ledger.new_id("rollout")
+        rid = fleet_records.new_id("rollout")
         t_start = time.monotonic()
         s.webhook(rid, opts.webhook, check_only=True)
         # Bad options and an unknown tag are refused before the ledger's lock or any host's is
@@ -140,7 +136,7 @@ class Forward:
                                     source="found" if first else "served", rollout_id=None,
                                     recipe=b.recipe)
         return {"host": hp.host, "wave": hp.wave, "step": hp.step,
-                "status": (fleet_ledger.SKIPPED if hp.action == "skip" else fleet_ledger.PENDING),
+                "status": (fleet_records.SKIPPED if hp.action == "skip" else fleet_records.PENDING),
                 "before_tag": b.tag if b else None, "before_digest": b.digest if b else None,
                 "before": b.settings if b else None, "target_tag": p.tag, "target_digest": p.digest,
                 "recipe": recipe.name,
@@ -179,7 +175,7 @@ class Forward:
             return run.result(p=first, seconds=time.monotonic() - t0)
         prefetch_s = time.monotonic() - t_pre
         wave_secs: list[float] = []
-        status, error = fleet_ledger.COMPLETED, None
+        status, error = fleet_records.COMPLETED, None
         if resume:
             # Hosts a killed controller left out after their step count against the floor: back in
             # first.
@@ -192,7 +188,7 @@ class Forward:
                     wave_secs.append(time.monotonic() - tw)
             failed = [r for r in run.ledger.get(run.id).hosts if r.status in BAD]
             if failed:
-                status = fleet_ledger.COMPLETED_WITH_FAILURES
+                status = fleet_records.COMPLETED_WITH_FAILURES
                 error = "; ".join(f"{r.host}: {r.error}" for r in failed)
         except StopRollout as e:
             status, error = e.status, e.error
@@ -217,9 +213,9 @@ class Forward:
             for g, members in due:
                 self.bake.bake(run, g, w, members, bake)
             if due:
-                run.ledger.set_wave(run.id, w, fleet_ledger.DONE)
+                run.ledger.set_wave(run.id, w, fleet_records.DONE)
             return False
-        run.ledger.set_wave(run.id, w, fleet_ledger.RUNNING)
+        run.ledger.set_wave(run.id, w, fleet_records.RUNNING)
         if w > 0:
             for g, _members in parts:
                 self._warm(run, g, [h for h in pending[g.recipe.name]
@@ -247,7 +243,7 @@ class Forward:
         if bake:
             for g, members in parts:
                 self.bake.bake(run, g, w, members, bake)
-        run.ledger.set_wave(run.id, w, fleet_ledger.DONE)
+        run.ledger.set_wave(run.id, w, fleet_records.DONE)
         return True
 
     def _step(self, run: Run, w: int, step: Sequence[tuple[Group, list[str]]]) -> None:
@@ -272,7 +268,7 @@ class Forward:
             outs = self.s.parallel(
                 unit_plan.slots(inv, [g.hosts[h] for g, hosts in step for h in hosts]), slot)
         except KeyboardInterrupt:
-            run.ledger.set_status(run.id, fleet_ledger.PAUSED,
+            run.ledger.set_status(run.id, fleet_records.PAUSED,
                                   "interrupted by Ctrl-C (hosts being changed were restored)")
             run.send("pause", error="interrupted by Ctrl-C")
             raise
@@ -280,19 +276,19 @@ class Forward:
             if err is not None:
                 # An exception that escaped the step (its restore failed too): the host is down.
                 run.ledger.host_phase(run.id, name, "error", detail=err.message(),
-                                      status=fleet_ledger.HOST_FAILED, error=err.message())
+                                      status=fleet_records.HOST_FAILED, error=err.message())
 
     def _judge(self, run: Run, w: int, step: Sequence[str]) -> None:
         """After a step: StopRollout when a canary failed, a group's budget is spent, or a host
         paused."""
         rec = run.ledger.get(run.id)
         recs = {h: r for h in step if (r := rec.host(h)) is not None}
-        paused = [h for h, r in recs.items() if r.status == fleet_ledger.HOST_PAUSED]
+        paused = [h for h, r in recs.items() if r.status == fleet_records.HOST_PAUSED]
         bad = [h for h, r in recs.items() if r.status in BAD]
         if bad:
             why = "; ".join(f"{h}: {recs[h].error}" for h in bad)
             run.send("failure", hosts=bad, error=why)
-            rolled = [h for h in bad if recs[h].status == fleet_ledger.ROLLED_BACK]
+            rolled = [h for h in bad if recs[h].status == fleet_records.ROLLED_BACK]
             if rolled:
                 run.send("rollback", hosts=rolled)
             # Counted from the ledger (so that the budget is carried across resumes), per group.
@@ -300,14 +296,14 @@ class Forward:
                      if unit_plan.count_failed(self.s.inv, [r for r in rec.hosts if r.host in
                                                             g.hosts]) > g.p.failure_budget]
             if w == 0 or spent:
-                run.ledger.set_wave(run.id, w, fleet_ledger.FAILED)
-                raise StopRollout(fleet_ledger.FAILED, why)
+                run.ledger.set_wave(run.id, w, fleet_records.FAILED)
+                raise StopRollout(fleet_records.FAILED, why)
         if paused:
-            run.ledger.set_wave(run.id, w, fleet_ledger.PAUSED)
+            run.ledger.set_wave(run.id, w, fleet_records.PAUSED)
             why = "; ".join(f"{h}: {recs[h].error}" for h in paused)
             run.send("pause", hosts=paused, error=why)
             out = all(recs[h].phase == "out-of-rotation" for h in paused)
-            raise StopRollout(fleet_ledger.PAUSED, why if out else f"inconclusive gate: {why}")
+            raise StopRollout(fleet_records.PAUSED, why if out else f"inconclusive gate: {why}")
 
     def _finish(self, run: Run, status: str, error: str | None, moved: int) -> None:
         """The run's end: hosts left out of rotation re-admitted, the status recorded, the webhook
@@ -318,12 +314,12 @@ class Forward:
                          for why in self.door.reconcile(run, g.recipe, [h.host for h in g.p.hosts])]
         if door_problems:
             error = "; ".join([error or "", *door_problems]).lstrip("; ")
-            if status == fleet_ledger.COMPLETED:
-                status = fleet_ledger.COMPLETED_WITH_FAILURES
+            if status == fleet_records.COMPLETED:
+                status = fleet_records.COMPLETED_WITH_FAILURES
         run.ledger.set_status(run.id, status, error)
-        if status == fleet_ledger.COMPLETED:
+        if status == fleet_records.COMPLETED:
             run.send("completion", tag=p.tag, digest=p.digest)
-        elif status == fleet_ledger.COMPLETED_WITH_FAILURES:
+        elif status == fleet_records.COMPLETED_WITH_FAILURES:
             run.send("failure", error=error)
         run.emit(status, error or f"{p.tag} on {moved} host(s)"
                  + (f" ({', '.join(g.recipe.name for g in run.groups)})"
@@ -341,7 +337,7 @@ class Forward:
         inv = self.s.inv
         rec = run.ledger.get(run.id)
         canary = next((h for h in p.waves[0] if (r := rec.host(h)) is not None
-                       and r.status == fleet_ledger.DONE and inv.unit_of(h) is None), None)
+                       and r.status == fleet_records.DONE and inv.unit_of(h) is None), None)
         if canary is None:
             return
         src_key = self.s.cache_key(hosts[canary], recipe, p.digest)
@@ -365,9 +361,9 @@ class Forward:
         """True when the host needs no step: skipped, already judged (rolled back or reported down:
         a resume never re-gates a version its gate failed), or done AND really serving the
         target."""
-        if r.status in (fleet_ledger.SKIPPED, *BAD):
+        if r.status in (fleet_records.SKIPPED, *BAD):
             return True
-        if r.status != fleet_ledger.DONE:
+        if r.status != fleet_records.DONE:
             return False
         p = g.p
         fp = unit_plan.fingerprint_for(self.s.inv, h, g.recipe)
@@ -377,5 +373,5 @@ class Forward:
             return True
         run.ledger.host_phase(run.id, h.name, "drifted",
                               detail="the ledger said done but the host does not "
-                              "serve the target: redoing it", status=fleet_ledger.PENDING)
+                              "serve the target: redoing it", status=fleet_records.PENDING)
         return False

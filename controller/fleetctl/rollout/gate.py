@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -59,46 +60,33 @@ def wait(t: SoakTarget, cfg: SoakConfig, timeout: float | None, progress: Progre
     return wait_ready(t, timeout or cfg.readiness_timeout, cfg.readiness_poll, progress)
 
 
-def soak(
-    t: SoakTarget,
-    cfg: SoakConfig,
-    store: baselines.Store,
-    baseline_tag: str | None,
-    artifacts: Path,
-    run_id: str,
-    progress: Progress,
-    baseline_key: str | None = None,
-    ref_key: str | None = None,
-    recipe: str = "",
-    side: Future[ReferenceSet | None] | None = None,
-) -> Verdict:
-    """The full gate, compared with the host's baseline on the tag it served before, and its
-    greedy answers with the recipe's known-good reference set (``ref_key``,
-    :mod:`fleetctl.soak.references`; a pass records this version's set as the next known-good)
-    and, with ``side``, with a host still on the old version (rollout/side_by_side.py).
-
-    The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one
-    ``fleetctl soak`` uses too), kept in the fleet's ledger (``store``): the last
-    passing soaks of ``baseline_tag`` on this host (``baseline_key``, when given: a
-    unit's own, :func:`fleetctl.soak.baselines.unit_key`, whichever member is its head). A pass
-    joins the window of the new tag (a failure is not kept). Samples, scrapes and verdict.json
-    are written under ``artifacts``.
-    """
-    key = baseline_key or t.name
-    base = baselines.load(store, key, baseline_tag) if baseline_tag else None
-    known = references.load(store, ref_key) if ref_key else None
-    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id, reference=known,
-                 side=side)
-    baselines.save(store, key, t.tag, v)
-    if ref_key:
-        references.save(store, ref_key, v, recipe)
-    return v
-
-
 def smoke(t: SoakTarget, cfg: SoakConfig, artifacts: Path) -> Verdict:
     """Readiness, identity and smoke only: the check after a rollback (no baseline read or
     written)."""
     return smoke_check(t, cfg, artifacts_dir=artifacts)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """The serving container a soak judges: its host (a unit's head), the recipe it serves, the
+    tag it shows, and the soak's config (:func:`config`)."""
+
+    host: Host
+    recipe: Recipe
+    tag: str
+    cfg: SoakConfig
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """What a soak is compared with and joins: the baselines' store (the fleet's ledger), the tag
+    served before (its window is the comparison; None: none), and the window's key (None: the
+    host's own; a unit's, :func:`fleetctl.soak.baselines.unit_key`, whichever member is its
+    head). A pass joins the window of the new tag (a failure is not kept)."""
+
+    store: baselines.Store
+    tag: str | None
+    key: str | None = None
 
 
 class Gates(Protocol):
@@ -113,10 +101,10 @@ class Gates(Protocol):
         """Wait for /health 200 on ``host``'s serving container."""
         ...
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
-             baseline_key: str | None = None) -> Verdict:
-        """The full gate (see :func:`soak`); ``store`` holds the baselines (the fleet's ledger)."""
+    def soak(self, judged: Judged, baseline: Baseline, artifacts: Path, run_id: str,
+             progress: Progress) -> Verdict:
+        """The full gate, compared with ``baseline``; samples, scrapes and verdict.json written
+        under ``artifacts`` (see :meth:`SoakGates.soak`)."""
         ...
 
     def smoke(
@@ -153,25 +141,33 @@ class SoakGates:
              progress: Progress) -> Readiness:
         return wait(self._target(host, recipe, tag), cfg, timeout, progress)
 
-    def soak(self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, store: baselines.Store,
-             baseline_tag: str | None, artifacts: Path, run_id: str, progress: Progress,
-             baseline_key: str | None = None) -> Verdict:
+    def soak(self, judged: Judged, baseline: Baseline, artifacts: Path, run_id: str,
+             progress: Progress) -> Verdict:
+        """The full gate, compared with the baseline's window, and its greedy answers with the
+        recipe's known-good reference set (:mod:`fleetctl.soak.references`; a pass records this
+        version's set as the next known-good) and with a host still on the old version
+        (rollout/side_by_side.py).
+
+        The baseline is the soak engine's own (``fleetctl.soak.baselines``, the one ``fleetctl
+        soak`` uses too), kept in the fleet's ledger: the last passing soaks of the tag served
+        before on this host (or the unit)."""
+        host, recipe, cfg, store = judged.host, judged.recipe, judged.cfg, baseline.store
         with ThreadPoolExecutor(1, thread_name_prefix="side-by-side") as pool:
-            side = side_by_side.start(pool, store, self.inventory, run_id, host, recipe, cfg,
-                                      self.secrets)
-            return soak(
-                self._target(host, recipe, tag),
-                cfg,
-                store,
-                baseline_tag,
-                artifacts,
-                run_id,
-                progress,
-                baseline_key,
-                references.host_key(recipe.name, host.vars),
-                recipe.name,
-                side,
-            )
+            found = side_by_side.find(store, self.inventory, run_id, host, cfg)
+            side: Future[ReferenceSet | None] | None = None
+            if found is not None:
+                side = pool.submit(side_by_side.ask, *found, recipe, cfg, self.secrets)
+            t = self._target(host, recipe, judged.tag)
+            ref_key = references.host_key(recipe.name, host.vars)
+            key = baseline.key or t.name
+            base = baselines.load(store, key, baseline.tag) if baseline.tag else None
+            known = references.load(store, ref_key) if ref_key else None
+            v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id,
+                         reference=known, side=side)
+            baselines.save(store, key, t.tag, v)
+            if ref_key:
+                references.save(store, ref_key, v, recipe.name)
+            return v
 
     def smoke(
         self, host: Host, recipe: Recipe, tag: str, cfg: SoakConfig, artifacts: Path

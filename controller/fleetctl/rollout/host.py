@@ -14,21 +14,21 @@ import hashlib
 import json
 import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from fleetctl import bandwidth, secretenv, serving, ssh, stage, warmcache
 from fleetctl import facts as probe
-from fleetctl.container import LABEL_DIGEST as LABEL_DIGEST
-from fleetctl.container import LABEL_FINGERPRINT as LABEL_FINGERPRINT
-from fleetctl.container import LABEL_IMAGE as LABEL_IMAGE
-from fleetctl.container import LABEL_RECIPE as LABEL_RECIPE
-from fleetctl.container import LABEL_ROLLOUT as LABEL_ROLLOUT
-from fleetctl.container import LABEL_TAG as LABEL_TAG
-
-# The rollout's engine names what a host operation returns through this module (remote.Container).
-from fleetctl.container import Container as Container
-from fleetctl.facts import Facts as Facts
+from fleetctl.container import (
+    LABEL_DIGEST,
+    LABEL_FINGERPRINT,
+    LABEL_IMAGE,
+    LABEL_RECIPE,
+    LABEL_ROLLOUT,
+    LABEL_TAG,
+    Container,
+)
+from fleetctl.facts import Facts
 from fleetctl.inventory import Host
 from fleetctl.recipes import STAGED_MARKER, MemberLaunch, Recipe
 from fleetctl.rollout import imagetree
@@ -192,23 +192,29 @@ def logs(host: Host, name: str, tail: int = 300) -> str:
     return ssh.docker(host, serving.logs_command(name, tail), timeout=30.0).stdout
 
 
-def run_argv(
-    host: Host,
-    recipe: Recipe,
-    ref: str,
-    *,
-    tag: str,
-    digest: str,
-    rollout_id: str,
-    name: str,
-    launch: MemberLaunch | None = None,
-    cache_key: str | None = None,
-) -> list[str]:
-    """The ``docker run`` argv that starts ``recipe`` from ``ref`` (secret env named, never
-    valued); with ``launch``, as that member of a unit (its entrypoint, argv and fabric environment:
-    ``Recipe.launch``); with ``cache_key``, the recipe's compile caches for that key mounted
-    read-write
-    (fleetctl.warmcache)."""
+@dataclass(frozen=True)
+class StartRequest:
+    """A serving container to start: the recipe from ``ref``, labelled with its ``tag``, ``digest``
+    and the run that starts it; the recipe's container secrets (their values travel on stdin,
+    never in argv, and never in this object's repr); with ``cache_key``, the recipe's compile
+    caches for that key mounted read-write (fleetctl.warmcache); with ``launch``, as that member
+    of a unit (its entrypoint, argv and fabric environment: ``Recipe.launch``)."""
+
+    recipe: Recipe
+    ref: str
+    tag: str
+    digest: str
+    rollout_id: str
+    secrets: Mapping[str, str] = field(default_factory=dict, repr=False)
+    cache_key: str | None = None
+    launch: MemberLaunch | None = None
+
+
+def run_argv(host: Host, req: StartRequest, name: str) -> list[str]:
+    """The ``docker run`` argv that starts ``req`` under ``name`` (secret env named, never
+    valued)."""
+    recipe, ref, tag, digest = req.recipe, req.ref, req.tag, req.digest
+    rollout_id, launch, cache_key = req.rollout_id, req.launch, req.cache_key
     argv = [
         "docker",
         "run",
@@ -261,33 +267,12 @@ def run_argv(
     return [*argv, "--entrypoint", "vllm", ref, *recipe.serve_argv()]
 
 
-def start(
-    host: Host,
-    recipe: Recipe,
-    ref: str,
-    *,
-    tag: str,
-    digest: str,
-    rollout_id: str,
-    secrets: Mapping[str, str],
-    launch: MemberLaunch | None = None,
-    cache_key: str | None = None,
-) -> None:
-    """Start the recipe's container from ``ref`` (as ``launch``, a unit's member); secret values
-    travel on
-    stdin, never in argv."""
+def start(host: Host, req: StartRequest) -> None:
+    """Start ``req``'s container under the serving name; secret values travel on stdin, never in
+    argv."""
     name = container_name(host)
-    argv = run_argv(
-        host,
-        recipe,
-        ref,
-        tag=tag,
-        digest=digest,
-        rollout_id=rollout_id,
-        name=name,
-        launch=launch,
-        cache_key=cache_key,
-    )
+    recipe, secrets = req.recipe, req.secrets
+    argv = run_argv(host, req, name)
     present = [k for k in secretenv.container_secrets(recipe.secret_env) if k in secrets]
     script = "".join(f"{k}={shlex.quote(secrets[k])}\nexport {k}\n" for k in present)
     # `eval "$(cat)"` reads the assignments from stdin, so values never show in `ps` or logs.
@@ -339,24 +324,10 @@ def swap(host: Host, name: str) -> Container | None:
     return prev
 
 
-class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hoststate.StateFileOps,
-              stage.StagingOps, Protocol):
-    """The remote operations the rollout engine does on one host.
-
-    The engine talks to a host only through this seam: :class:`SshHostOps`
-    does it over SSH with the docker CLI; the unit tests' simulated host does
-    it in process with the same docker semantics (unique names, stop, rename,
-    start, ``rm -f``), so that every failure and every kill point of the state
-    machine can be tested without a lab. Each call either happens entirely on
-    the host or raises (a :class:`FleetError` for a refusal or a lost session).
-
-    Besides the serving container's operations below, each concept that reaches
-    a host names its own slice where it lives, all of them part of this seam:
-    the image tree's relay and ``has_image`` (:class:`.imagetree.RelayOps`), the
-    warm start's caches (``warmcache.CacheOps``), a unit's bandwidth probe
-    (``bandwidth.ProbeOps``), the state file and the login's rights
-    (``hoststate.StateFileOps``) and a stage's bytes (``stage.StagingOps``).
-    """
+class ServingOps(Protocol):
+    """The serving container's operations on one host (the slice of :class:`HostOps` that a
+    host's step, its rollback and the deploy's reconcile use): look, pull, retire, swap, start,
+    stop, start again, restore, kill, read its logs, and the host's facts for a rollout."""
 
     @property
     def host(self) -> Host:
@@ -385,20 +356,8 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         """Exchange the serving container with ``.prev`` (see :func:`swap`)."""
         ...
 
-    def start(
-        self,
-        recipe: Recipe,
-        ref: str,
-        *,
-        tag: str,
-        digest: str,
-        rollout_id: str,
-        secrets: Mapping[str, str],
-        cache_key: str | None = None,
-        launch: MemberLaunch | None = None,
-    ) -> None:
-        """Start the recipe's container from ``ref`` under the serving name (its compile caches for
-        ``cache_key`` mounted, when given; as ``launch``, a unit's member, when given)."""
+    def start(self, req: StartRequest) -> None:
+        """Start ``req``'s container under the serving name (see :class:`StartRequest`)."""
         ...
 
     def stop(self, name: str) -> None:
@@ -423,6 +382,25 @@ class HostOps(imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps, hostst
         ...
 
 
+class HostOps(ServingOps, imagetree.RelayOps, warmcache.CacheOps, bandwidth.ProbeOps,
+              hoststate.StateFileOps, stage.StagingOps, Protocol):
+    """The remote operations the rollout engine does on one host.
+
+    The engine talks to a host only through this seam: :class:`SshHostOps`
+    does it over SSH with the docker CLI; the unit tests' simulated host does
+    it in process with the same docker semantics (unique names, stop, rename,
+    start, ``rm -f``), so that every failure and every kill point of the state
+    machine can be tested without a lab. Each call either happens entirely on
+    the host or raises (a :class:`FleetError` for a refusal or a lost session).
+
+    It is its slices together, each declared where its concept lives: the serving container's
+    (:class:`ServingOps`), the image tree's relay and ``has_image`` (:class:`.imagetree.RelayOps`),
+    the warm start's caches (``warmcache.CacheOps``), a unit's bandwidth probe
+    (``bandwidth.ProbeOps``), the state file and the login's rights (``hoststate.StateFileOps``)
+    and a stage's bytes (``stage.StagingOps``). A collaborator is typed on the slice it calls.
+    """
+
+
 @dataclass(frozen=True)
 class SshHostOps(SshHostCommands):
     """:class:`HostOps` over SSH: the docker CLI on the host (its operations besides the serving
@@ -444,29 +422,8 @@ class SshHostOps(SshHostCommands):
     def swap(self, name: str) -> Container | None:
         return swap(self.host, name)
 
-    def start(
-        self,
-        recipe: Recipe,
-        ref: str,
-        *,
-        tag: str,
-        digest: str,
-        rollout_id: str,
-        secrets: Mapping[str, str],
-        cache_key: str | None = None,
-        launch: MemberLaunch | None = None,
-    ) -> None:
-        start(
-            self.host,
-            recipe,
-            ref,
-            tag=tag,
-            digest=digest,
-            rollout_id=rollout_id,
-            secrets=secrets,
-            cache_key=cache_key,
-            launch=launch,
-        )
+    def start(self, req: StartRequest) -> None:
+        start(self.host, req)
 
     def stop(self, name: str) -> None:
         stop(self.host, name)

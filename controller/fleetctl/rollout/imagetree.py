@@ -364,28 +364,44 @@ Emit = Callable[[str, str, str], None]
 Pull = Callable[[Host, str], float]
 
 
-class Tree:
-    """One prefetch's tree: :meth:`run` pulls ``pull_ref`` on every host and says how each got
-    it."""
+@dataclass(frozen=True)
+class Source:
+    """What a tree spreads: ``pull_ref``, from ``origin`` (the registry's API base the hosts pull
+    it from, ``registry.endpoint``: ``http://10.0.0.1:5000``, ``https://nvcr.io``, read by the
+    seed's relay), through relays run from ``relay_image_ref``."""
 
-    def __init__(self, cfg: TreeConfig, pull_ref: str, origin: str, relay_image_ref: str,
-                 ops: Callable[[Host], RelayOps], pull: Pull, direct: Pull, emit: Emit,
+    pull_ref: str
+    origin: str
+    relay_image_ref: str
+
+
+@dataclass(frozen=True)
+class Hands:
+    """How a tree acts on a host: ``ops(host)``, its relay operations (the engine's HostOps);
+    ``pull(host, ref)``, a pull reporting progress (the relayed one: the bytes move there);
+    ``direct(host, ref)``, a quiet pull (the deploy reference once the layers are there);
+    ``emit(kind, message, host)``, progress."""
+
+    ops: Callable[[Host], RelayOps]
+    pull: Pull
+    direct: Pull
+    emit: Emit
+
+
+class Tree:
+    """One prefetch's tree: :meth:`run` pulls the source's ``pull_ref`` on every host and says
+    how each got it."""
+
+    def __init__(self, cfg: TreeConfig, source: Source, hands: Hands,
                  max_workers: int = ssh.FAN_OUT_WORKERS) -> None:
-        """``origin``: the registry's API base the hosts pull ``pull_ref`` from
-        (``registry.endpoint``:
-        ``http://10.0.0.1:5000``, ``https://nvcr.io``), read by the seed's relay.
-        ``ops(host)``: the host's relay operations (the engine's HostOps).
-        ``pull(host, ref)``: a pull reporting progress (the relayed one: the bytes move there);
-        ``direct(host, ref)``: a quiet pull (the deploy reference once the layers are there);
-        ``emit(kind, message, host)``: progress."""
         self.cfg = cfg
-        self.pull_ref = pull_ref
-        self.origin = origin
-        self.relay_image_ref = relay_image_ref
-        self._ops = ops
-        self._pull = pull
-        self._direct = direct
-        self._emit = emit
+        self.pull_ref = source.pull_ref
+        self.origin = source.origin
+        self.relay_image_ref = source.relay_image_ref
+        self._ops = hands.ops
+        self._pull = hands.pull
+        self._direct = hands.direct
+        self._emit = hands.emit
         self.max_workers = max_workers
         self._started: set[str] = set()
         self._lock = threading.Lock()

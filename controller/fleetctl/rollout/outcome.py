@@ -12,14 +12,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
-from fleetctl.inventory import Host
-from fleetctl.recipes import Recipe
 from fleetctl.rollout import gate
 from fleetctl.rollout import host as remote
-from fleetctl.rollout import plan as wave_plan
-from fleetctl.rollout.run import Run
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.rollout.run import Failure, Run, Step, live
+from fleetctl.state import records as fleet_records
 
 
 def recoverable_why(e: BaseException, full: bool = True) -> str:
@@ -41,18 +39,17 @@ def fix_for(run: Run, names: Sequence[str]) -> str:
     return f"`fleetctl rollout --tag TAG --limit {','.join(names)}` with a version that works"
 
 
-def check_restored(run: Run, recipe: Recipe, h: Host, tag: str | None, show: Mapping[str, Any],
-                   phase: str,
-                   t: dict[str, float] | None = None, smoke: bool = True,
-                   since: float | None = None) -> None:
-    """The version restored on ``h`` (a unit's head) ready, and its smoke test passed; raises
-    FleetError.
-    ``t`` gets the rollback's timings, counted from ``since`` (the restore's start; default now)."""
-    s = run.session
+def check_restored(step: Step, tag: str | None, phase: str, smoke: bool = True,
+                   since: float | None = None, timed: bool = True) -> None:
+    """The version restored on the step's host (a unit's head) ready, and its smoke test passed;
+    raises FleetError. ``timed``: the step's timings get the rollback's, counted from ``since``
+    (the restore's start; default now)."""
+    s, h, recipe, t = step.session, step.host, step.recipe, step.timings
     t0 = time.monotonic() if since is None else since
     cfg = gate.config(recipe, None, h)
-    ready = s.gates.wait(h, recipe, tag or "", cfg, None, s.live(h, show, phase, cancellable=False))
-    if t is not None:
+    ready = s.gates.wait(h, recipe, tag or "", cfg, None,
+                         live(s, h, step.row, phase, cancellable=False))
+    if timed:
         t["rollback_healthy"] = time.monotonic() - t0
         t["rollback_ready"] = ready.seconds
     if not ready.ready:
@@ -60,63 +57,62 @@ def check_restored(run: Run, recipe: Recipe, h: Host, tag: str | None, show: Map
                          host=h.name)
     if not smoke:
         return
-    v = s.gates.smoke(h, recipe, tag or "", cfg, run.artifacts(h) / "rollback")
-    if t is not None:
+    v = s.gates.smoke(h, recipe, tag or "", cfg, step.run.artifacts(h) / "rollback")
+    if timed:
         t["rollback"] = time.monotonic() - t0
     if v.outcome.value != "pass":
         raise FleetError(f"the restored {tag} failed its smoke test: {gate.failed_checks_text(v)}",
                          host=h.name)
 
 
-def keep_known_good(run: Run, recipe: Recipe, p: wave_plan.Plan, h: Host,
-                    now: remote.Container | None) -> None:
-    """``p``'s version passed on ``h``: a known-good of the host (with the container's settings)."""
-    run.ledger.add_known_good(h.name, tag=p.tag, digest=p.digest,
-                              fingerprint=remote.fingerprint(recipe),
-                              settings=now.settings if now else None, source="gate",
-                              rollout_id=run.id, recipe=recipe.name)
+def keep_known_good(step: Step, now: Container | None) -> None:
+    """The plan's version passed on the step's host: a known-good of the host (with the
+    container's settings)."""
+    p, recipe = step.p, step.recipe
+    step.run.ledger.add_known_good(step.host.name, tag=p.tag, digest=p.digest,
+                                   fingerprint=remote.fingerprint(recipe),
+                                   settings=now.settings if now else None, source="gate",
+                                   rollout_id=step.run.id, recipe=recipe.name)
 
 
-def passed(run: Run, recipe: Recipe, p: wave_plan.Plan, h: Host, detail: str,
-           show: Mapping[str, Any],
-           verdict: Any, summary: Mapping[str, Any], now: remote.Container | None) -> None:
-    """``h`` passed its gate: known-good first, then done (a kill between them leaves a host to
-    re-check, never a lost intent), and its state file's last known-good."""
-    keep_known_good(run, recipe, p, h, now)
-    run.phase(h, "done", detail, {**show, "health": "ok"}, status=fleet_ledger.DONE,
-              after_tag=p.tag,
-              after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
-    run.known_good_on_host(h, p.tag, p.digest)
+def passed(step: Step, detail: str, verdict: Any, summary: Mapping[str, Any],
+           now: Container | None) -> None:
+    """The step's host passed its gate: known-good first, then done (a kill between them leaves a
+    host to re-check, never a lost intent), and its state file's last known-good."""
+    p = step.p
+    keep_known_good(step, now)
+    step.phase("done", detail, step.row.at("ok"), status=fleet_records.DONE, after_tag=p.tag,
+               after_digest=p.digest, verdict=summary, artifacts=verdict.artifacts_dir)
+    step.run.known_good_on_host(step.host, p.tag, p.digest)
 
 
-def paused(run: Run, h: Host, detail: str, show: Mapping[str, Any], verdict: Any,
-           summary: Mapping[str, Any]) -> None:
-    """``h``'s gate was inconclusive and the rollout pauses on it (``--on-inconclusive pause``)."""
-    run.phase(h, "paused", detail, {**show, "health": "?"}, status=fleet_ledger.HOST_PAUSED,
-              verdict=summary, artifacts=verdict.artifacts_dir,
-              error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
+def paused(step: Step, detail: str, verdict: Any, summary: Mapping[str, Any]) -> None:
+    """The step's gate was inconclusive and the rollout pauses on it (``--on-inconclusive
+    pause``)."""
+    step.phase("paused", detail, step.row.at("?"), status=fleet_records.HOST_PAUSED,
+               verdict=summary, artifacts=verdict.artifacts_dir,
+               error=f"soak inconclusive: {gate.failed_checks_text(verdict)}")
 
 
-def after_restore(run: Run, h: Host, why: str, detail: str, back: Mapping[str, Any], judged: bool,
-                  prev: remote.Container | None, prev_tag: str | None,
-                  summary: Mapping[str, Any]) -> None:
-    """``h`` serves its previous version again: rolled back (a verdict), or restored and left
-    pending for
-    --resume (``judged`` False: Ctrl-C is no verdict on the version)."""
-    if not judged:
-        run.phase(h, "restored", f"{why}; {detail}", {**back, "health": "ok"},
-                  status=fleet_ledger.PENDING,
-                  error=None, verdict=None)
+def after_restore(step: Step, failure: Failure, detail: str, prev: Container | None,
+                  prev_tag: str | None, summary: Mapping[str, Any]) -> None:
+    """The step's host serves its previous version again (the step's row shows it): rolled back
+    (a verdict), or restored and left pending for --resume (``failure.judged`` False: Ctrl-C is no
+    verdict on the version)."""
+    why = failure.why
+    if not failure.judged:
+        step.phase("restored", f"{why}; {detail}", step.row.at("ok"), status=fleet_records.PENDING,
+                   error=None, verdict=None)
         return
-    run.phase(h, "rolled-back", detail, {**back, "health": "ok"}, status=fleet_ledger.ROLLED_BACK,
-              after_tag=prev.tag if prev else prev_tag, after_digest=prev.digest if prev else None,
-              error=why,
-              verdict=summary)
+    step.phase("rolled-back", detail, step.row.at("ok"), status=fleet_records.ROLLED_BACK,
+               after_tag=prev.tag if prev else prev_tag, after_digest=prev.digest if prev else None,
+               error=why, verdict=summary)
 
 
-def fail_summary(why: str, verdict: Any, t: Mapping[str, float]) -> dict[str, Any]:
-    """What the ledger keeps of a failed step: the gate's verdict, else ``why`` as its one failed
-    check."""
-    if verdict is not None:
-        return gate.summarise(verdict, t)
-    return {"outcome": "fail", "summary": why, "failed_checks": [why], "timings": dict(t)}
+def fail_summary(failure: Failure, t: Mapping[str, float]) -> dict[str, Any]:
+    """What the ledger keeps of a failed step: the gate's verdict, else the failure's cause as its
+    one failed check."""
+    if failure.verdict is not None:
+        return gate.summarise(failure.verdict, t)
+    return {"outcome": "fail", "summary": failure.why, "failed_checks": [failure.why],
+            "timings": dict(t)}

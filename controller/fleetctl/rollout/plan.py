@@ -316,28 +316,40 @@ class Plan:
         raise KeyError(name)
 
 
-def build(
-    *,
-    recipe: str,
-    image: str,
-    requested: str,
-    tag: str,
-    digest: str,
-    pull_ref: str,
-    hosts: Sequence[str],
-    current: dict[str, tuple[str | None, str | None]],
-    waves: str | None = None,
-    max_unavailable: str | None = None,
-    failure_budget: str | None = None,
-    fingerprint: str | None = None,
-    current_fingerprints: Mapping[str, str | None] | None = None,
-    min_available: str | None = None,
-    inventory_min_available: object = None,
-) -> Plan:
+@dataclass(frozen=True)
+class Desired:
+    """The container a plan moves its hosts to: the recipe, its image, the tag asked for and the
+    one it resolved to, its digest and pull reference, and the fingerprint of the recipe's
+    rendered container settings (None: the digest alone decides)."""
+
+    recipe: str
+    image: str
+    requested: str
+    tag: str
+    digest: str
+    pull_ref: str
+    fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class Pacing:
+    """How a plan paces its hosts: ``--waves``, ``--max-unavailable``, ``--failure-budget``,
+    ``--min-available``, and the inventory's floor (``fleetctl_min_available``)."""
+
+    waves: str | None = None
+    max_unavailable: str | None = None
+    failure_budget: str | None = None
+    min_available: str | None = None
+    inventory_min_available: object = None
+
+
+def build(desired: Desired, hosts: Sequence[str],
+          current: dict[str, tuple[str | None, str | None]], pacing: Pacing = Pacing(),
+          current_fingerprints: Mapping[str, str | None] | None = None) -> Plan:
     """The plan for ``hosts`` (inventory order), given what each serves now (tag, digest).
 
     A host needs a step when what it runs differs from the desired container:
-    in image digest, or (when ``fingerprint`` is given) in the fingerprint of
+    in image digest, or (when ``desired.fingerprint`` is given) in the fingerprint of
     the recipe's rendered container settings (``current_fingerprints``: each
     host's ``fleetctl.fingerprint`` label, None when it has none). Hosts that
     already serve the desired container are kept in the plan as ``skip`` (so a
@@ -346,6 +358,7 @@ def build(
     The floor (:func:`capacity`) counts every selected host, skipped ones included: they keep
     serving.
     """
+    digest, fingerprint = desired.digest, desired.fingerprint
     if not hosts:
         raise FleetError("no hosts to roll out to", fix="check --limit and the inventory")
     fps = current_fingerprints or {}
@@ -357,12 +370,13 @@ def build(
             reasons[h] = "settings"
     todo = [h for h in hosts if h in reasons]
     total = len(hosts)
-    cap = capacity(total, max_unavailable=max_unavailable, min_available=min_available,
-                   inventory_min_available=inventory_min_available)
+    cap = capacity(total, max_unavailable=pacing.max_unavailable,
+                   min_available=pacing.min_available,
+                   inventory_min_available=pacing.inventory_min_available)
     mu = cap.per_step
-    budget = parse_size(failure_budget or "0", "--failure-budget", allow_zero=True)
+    budget = parse_size(pacing.failure_budget or "0", "--failure-budget", allow_zero=True)
     budget_n = 0 if budget.value == 0 else budget.of(total)
-    wave_lists = split_waves(todo, parse_waves(waves))
+    wave_lists = split_waves(todo, parse_waves(pacing.waves))
     plans: list[HostPlan] = []
     for w, members in enumerate(wave_lists):
         for s, step in enumerate(split_steps(members, mu)):
@@ -376,12 +390,12 @@ def build(
     order = list(hosts)
     plans.sort(key=lambda p: order.index(p.host))
     return Plan(
-        recipe,
-        image,
-        requested,
-        tag,
+        desired.recipe,
+        desired.image,
+        desired.requested,
+        desired.tag,
         digest,
-        pull_ref,
+        desired.pull_ref,
         tuple(tuple(w) for w in wave_lists),
         mu,
         budget_n,

@@ -16,7 +16,7 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import imagetree, pulls
 from fleetctl.rollout.run import Run
 from fleetctl.rollout.session import Session, StopRollout
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Seconds between two ``pull`` events of one host at least (docker prints a few lines per layer).
 PULL_EVENT_INTERVAL = 1.0
@@ -42,7 +42,7 @@ class Prefetch:
                     self._layers[digest] = []
             return self._layers[digest]
 
-    def pull(self, ops: remote.HostOps, image: str, ref: str) -> float:
+    def pull(self, ops: remote.ServingOps, image: str, ref: str) -> float:
         """Pull ``ref`` on ``ops``'s host, reporting ``pull`` events with the bytes done of the
         image's (:mod:`.pulls`); seconds taken. The layer sizes are asked of the registry once per
         image; a registry that cannot say leaves the layers counted, never the pull failed."""
@@ -85,7 +85,7 @@ class Prefetch:
         bad = {n: o.error for n, o in outs.items() if o.error is not None}
         if bad:
             why = "; ".join(f"{n}: {e.cause if e else '?'}" for n, e in bad.items())
-            raise StopRollout(fleet_ledger.FAILED,
+            raise StopRollout(fleet_records.FAILED,
                               f"prefetch failed before any host was changed: {why}")
         return {n: float(o.value or 0.0) for n, o in outs.items()}
 
@@ -138,10 +138,10 @@ class Prefetch:
             run.emit("pull",
                      f"image tree off: its relay image {cfg.relay_image} is not found ({e.cause})")
             return self._direct_pulls(run, hosts, ref, image)
-        tree = imagetree.Tree(cfg, ref, origin, relay_ref, ops=self.s.ops,
-                              pull=lambda h, r: self.pull(self.s.ops(h), image, r),
-                              direct=lambda h, r: self.s.ops(h).pull(r),
-                              emit=lambda kind, msg, host: run.emit(kind, msg, host))
+        tree = imagetree.Tree(cfg, imagetree.Source(ref, origin, relay_ref), imagetree.Hands(
+            ops=self.s.ops, pull=lambda h, r: self.pull(self.s.ops(h), image, r),
+            direct=lambda h, r: self.s.ops(h).pull(r),
+            emit=lambda kind, msg, host: run.emit(kind, msg, host)))
         got = tree.run(hosts)
         out: dict[str, ssh.Outcome[float]] = {}
         direct: list[str] = []

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from fleetctl import registry, ssh
 from fleetctl.errors import FleetError
+from fleetctl.facts import Facts
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe, configured_recipe, hosts_by_recipe
 from fleetctl.rollout import deploy, gate, groups, rejected
@@ -33,7 +34,7 @@ class Preflight:
         #: (image, requested tag) -> the registry's refusal (an image without that tag).
         self._missing: dict[tuple[str, str], FleetError] = {}
 
-    def facts(self, hosts: Sequence[Host], recipe: Recipe, ref: str) -> dict[str, remote.Facts]:
+    def facts(self, hosts: Sequence[Host], recipe: Recipe, ref: str) -> dict[str, Facts]:
         """Facts about every host; refuse the whole rollout (every host and cause) if one is
         unfit."""
         self.s.emit("preflight", f"checking {len(hosts)} host(s)")
@@ -53,7 +54,7 @@ class Preflight:
                                                      ref, remote.pull)
         outcomes = ssh.fan_out(hosts, lambda h: self.s.ops(h).facts(self.recipe_of(h, recipe), ref),
                                timeout=120)
-        out: dict[str, remote.Facts] = {}
+        out: dict[str, Facts] = {}
         for h in hosts:
             o = outcomes[h.name]
             if o.error is not None or o.value is None:
@@ -179,14 +180,14 @@ class Preflight:
             raise first
         return left
 
-    def plan(self, opts: Options) -> tuple[groups.FleetPlan, list[Group], dict[str, remote.Facts]]:
+    def plan(self, opts: Options) -> tuple[groups.FleetPlan, list[Group], dict[str, Facts]]:
         """Resolve the tag in each group's image, preflight the hosts and cut each group's waves,
         and name the switches. Touches nothing. The plan, the groups it moves (each with its plan),
         every moved host's facts."""
         selected = self.check(opts)
         left = self.resolve_groups(selected, opts.tag or "")
         out = [g for g in selected if g.recipe.name not in {lf.recipe for lf in left}]
-        facts: dict[str, remote.Facts] = {}
+        facts: dict[str, Facts] = {}
         switches: list[groups.Switch] = []
         for g in out:
             f = self._plan_group(opts, g)
@@ -202,7 +203,7 @@ class Preflight:
         fp = groups.FleetPlan(tuple(g.p for g in out), tuple(left), tuple(switches))
         return fp, out, facts
 
-    def _plan_group(self, opts: Options, g: Group) -> dict[str, remote.Facts]:
+    def _plan_group(self, opts: Options, g: Group) -> dict[str, Facts]:
         """One group's preflight and plan (into ``g.plan``); its hosts' facts."""
         recipe, hosts = g.recipe, list(g.hosts.values())
         img = self.resolve(recipe, opts.tag or "")
@@ -221,14 +222,13 @@ class Preflight:
         # every member.
         slot_current, slot_fps = unit_plan.slot_versions(self.s.inv, names, current, fps, recipe,
                                                          remote.fingerprint)
-        p = wave_plan.build(recipe=recipe.name, image=img.image, requested=opts.tag or "",
-                            tag=img.tag, digest=img.digest,
-                    pull_ref=ref, hosts=unit_plan.slot_names(self.s.inv, names),
-                            current=slot_current, waves=opts.waves,
-                    max_unavailable=opts.max_unavailable, failure_budget=opts.failure_budget,
-                    fingerprint=remote.fingerprint(recipe), current_fingerprints=slot_fps,
-                    min_available=opts.min_available,
-                            inventory_min_available=self.s.min_available())
+        p = wave_plan.build(
+            wave_plan.Desired(recipe.name, img.image, opts.tag or "", img.tag, img.digest, ref,
+                              remote.fingerprint(recipe)),
+            unit_plan.slot_names(self.s.inv, names), slot_current,
+            wave_plan.Pacing(opts.waves, opts.max_unavailable, opts.failure_budget,
+                             opts.min_available, self.s.min_available()),
+            slot_fps)
         p = unit_plan.expand(self.s.inv, p, names, current)
         # The estimate from the soak config of the first host that moves (its profile: the lab's or
         # a Spark's).

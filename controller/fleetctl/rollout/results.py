@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from fleetctl.errors import ExitCode
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.groups import FleetPlan
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,22 @@ class Options:
     skip_missing: bool = False
     #: Let the run move hosts to another model than the one they serve (recorded as switches).
     switch_model: bool = False
+
+
+@dataclass(frozen=True)
+class RollbackOptions:
+    """What the operator asked a rollback for (``fleetctl rollback``'s flags; an abort's)."""
+
+    #: The tag every selected host goes to (None: each host's last known-good).
+    to: str | None = None
+    limit: str | None = None
+    max_unavailable: str | None = None
+    #: The recipe the hosts go back to (None: the one each served that version with).
+    recipe_name: str | None = None
+    webhook: str | None = None
+    #: Only undo the paused or interrupted rollout or rollback (``rollout abort``).
+    only_active: bool = False
+    min_available: str | None = None
 
 
 @dataclass(frozen=True)
@@ -98,17 +114,17 @@ class RolloutResult:
         """OK when completed (or a dry run); COMPLETED_WITH_FAILURES when failures within the
         budget;
         FAILED when a gate stopped it; INCONCLUSIVE when paused."""
-        if self.status in (fleet_ledger.COMPLETED, "planned"):
+        if self.status in (fleet_records.COMPLETED, "planned"):
             return ExitCode.OK
-        if self.status == fleet_ledger.COMPLETED_WITH_FAILURES:
+        if self.status == fleet_records.COMPLETED_WITH_FAILURES:
             return ExitCode.COMPLETED_WITH_FAILURES
-        if self.status == fleet_ledger.PAUSED:
+        if self.status == fleet_records.PAUSED:
             return ExitCode.INCONCLUSIVE
         return ExitCode.FAILED
 
 
 
-def host_outcome(h: fleet_ledger.HostRecord) -> HostOutcome:
+def host_outcome(h: fleet_records.HostRecord) -> HostOutcome:
     """A ledger host record as a result row."""
     v = h.verdict or {}
     return HostOutcome(

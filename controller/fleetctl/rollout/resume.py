@@ -14,7 +14,7 @@ from fleetctl.rollout.results import Options, RolloutResult
 from fleetctl.rollout.rollback import Rollback
 from fleetctl.rollout.run import Group, Run
 from fleetctl.rollout.session import Session, command_line
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 class Resume:
@@ -31,7 +31,7 @@ class Resume:
         s = self.s
         t_start = time.monotonic()
         s.webhook("resume", opts.webhook, check_only=True)
-        rec = s.ledger.latest(statuses=fleet_ledger.ACTIVE)
+        rec = s.ledger.latest(statuses=fleet_records.ACTIVE)
         if rec is None:
             raise FleetError("there is no paused or interrupted rollout to resume",
                              fix="see `fleetctl history`; start a new one with `fleetctl rollout "
@@ -48,8 +48,8 @@ class Resume:
                 run.groups.extend(self.rollback.groups(rec))
                 # the run it undoes, left active when the rollback was killed before marking it
                 for undone in self.rollback.active_chain(rec.parent):
-                    s.ledger.set_status(undone, fleet_ledger.ABORTED, f"undone by {rec.id}")
-                s.ledger.set_status(rec.id, fleet_ledger.RUNNING)
+                    s.ledger.set_status(undone, fleet_records.ABORTED, f"undone by {rec.id}")
+                s.ledger.set_status(rec.id, fleet_records.RUNNING)
                 run.hook = s.webhook(rec.id, opts.webhook)
                 try:
                     return self.rollback.run(run)
@@ -64,14 +64,14 @@ class Resume:
                 s.check_recipe(recipe)
                 run.groups.append(Group(recipe, {hp.host: s.inv.host(hp.host) for hp in p.hosts},
                                         p))
-            s.ledger.set_status(rec.id, fleet_ledger.RUNNING)
+            s.ledger.set_status(rec.id, fleet_records.RUNNING)
             return self.forward.run(run, resume=True, t0=t_start)
         finally:
             run.release()
             s.ledger.release(rec.id)
 
     @staticmethod
-    def _options(rec: fleet_ledger.RolloutRecord, opts: Options) -> Options:
+    def _options(rec: fleet_records.RolloutRecord, opts: Options) -> Options:
         """The recorded rollout's options, overridden by those given to ``--resume``."""
         o = rec.options
         soak = opts.soak if opts.soak is not None else o.get("soak")
@@ -82,12 +82,12 @@ class Resume:
                                                                                  "pause"),
                                    ready_timeout=opts.ready_timeout or o.get("ready_timeout"))
 
-    def _plans(self, rec: fleet_ledger.RolloutRecord) -> list[wave_plan.Plan]:
+    def _plans(self, rec: fleet_records.RolloutRecord) -> list[wave_plan.Plan]:
         """The recorded rollout's plans, one per recipe group, as the ledger has them (no host
         asked, nothing resolved); a record of an older fleetctl has one group."""
         left = set(rec.options.get("left") or ())  # their recipe's image lacked the tag
         rows = tuple(wave_plan.HostPlan(h.host, h.wave, h.step, h.before_tag, h.before_digest,
-                                        "skip" if h.status == fleet_ledger.SKIPPED else "deploy")
+                                        "skip" if h.status == fleet_records.SKIPPED else "deploy")
                      for h in rec.hosts if h.host not in left)
         recorded = rec.options.get("groups") or []
         if len(recorded) > 1:
@@ -102,7 +102,7 @@ class Resume:
         return [self._plan(rec, recipe.name, recipe.image)]
 
     @staticmethod
-    def _plan(rec: fleet_ledger.RolloutRecord, recipe: str, image: str) -> wave_plan.Plan:
+    def _plan(rec: fleet_records.RolloutRecord, recipe: str, image: str) -> wave_plan.Plan:
         """A record of one group's plan, as the ledger has it (no host asked, nothing resolved)."""
         o = rec.options
         return wave_plan.Plan(
@@ -110,5 +110,5 @@ class Resume:
             str(o["pull_ref"]), tuple(w.hosts for w in rec.waves), int(o["max_unavailable"]),
             int(o["failure_budget"]),
             tuple(wave_plan.HostPlan(h.host, h.wave, h.step, h.before_tag, h.before_digest,
-                                     "skip" if h.status == fleet_ledger.SKIPPED else "deploy")
+                                     "skip" if h.status == fleet_records.SKIPPED else "deploy")
                   for h in rec.hosts))

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl import registry, ssh
+from fleetctl.container import LABEL_FINGERPRINT, Container
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe, configured_recipe
@@ -25,19 +26,19 @@ from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.door import DoorSteps
 from fleetctl.rollout.outcome import check_restored, fix_for, recoverable_why
 from fleetctl.rollout.prefetch import Prefetch
-from fleetctl.rollout.results import RolloutResult
-from fleetctl.rollout.rollback_unit import UnitRollback
-from fleetctl.rollout.run import Group, Run
+from fleetctl.rollout.results import RollbackOptions, RolloutResult
+from fleetctl.rollout.rollback_unit import Target, UnitRollback
+from fleetctl.rollout.run import Group, Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session, command_line, same_version
 from fleetctl.serving import container_name
 from fleetctl.soak import Verdict
 from fleetctl.state import hoststate
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Shown the hosts that will change (host -> target tag); raises to refuse.
 Confirm = Callable[[Mapping[str, str | None]], None]
 #: A host's rollback target: tag, digest, pull reference.
-Target = tuple[str | None, str, str]
+Chosen = tuple[str | None, str, str]
 #: How far up its parents an abort looks for what a host served before (each one a rollback that
 #: was itself interrupted before it looked at the host).
 MAX_PARENTS = 8
@@ -48,7 +49,7 @@ class Choice:
     """What a rollback does to each selected host: a target, or a reason to skip it; and the
     container settings (fingerprint) each target ran with, when known."""
 
-    targets: dict[str, Target] = field(default_factory=dict)
+    targets: dict[str, Chosen] = field(default_factory=dict)
     skips: dict[str, str] = field(default_factory=dict)
     fps: dict[str, str | None] = field(default_factory=dict)
     #: The recipe each host goes back to.
@@ -68,10 +69,7 @@ class Rollback:
         #: (image, tag) -> what the registry answered for ``--to`` (asked once per image).
         self._resolved: dict[tuple[str, str], registry.ResolvedImage] = {}
 
-    def rollback(self, to: str | None = None, limit: str | None = None,
-                 max_unavailable: str | None = None,
-                 recipe_name: str | None = None, webhook: str | None = None,
-                 only_active: bool = False, min_available: str | None = None,
+    def rollback(self, opts: RollbackOptions | None = None,
                  confirm: Confirm | None = None) -> RolloutResult:
         """Every selected host back to the version it served before the last rollout or rollback (or
         to ``to``).
@@ -87,18 +85,21 @@ class Rollback:
         changes (every selected host skipped: nothing to ask about).
         """
         s = self.s
+        opts = opts or RollbackOptions()
+        to, limit, only_active = opts.to, opts.limit, opts.only_active
+        recipe_name = opts.recipe_name
         if to is not None:
             registry.check_tag(to, "--to")
         # Bad options and a bad --limit are refused before any lock or host; the floor against the
         # selection (the hosts rolled back are a subset of it: checked again on them below).
-        wave_plan.check_options(None, max_unavailable, None, min_available,
+        wave_plan.check_options(None, opts.max_unavailable, None, opts.min_available,
                                 total=len(s.inv.select(limit)),
                                 inventory_min_available=s.min_available())
-        rid = fleet_ledger.new_id("rollback")
-        run = Run(s, rid, "rollback", hook=s.webhook(rid, webhook))
+        rid = fleet_records.new_id("rollback")
+        run = Run(s, rid, "rollback", hook=s.webhook(rid, opts.webhook))
         s.ledger.acquire(rid)
         try:
-            active = s.ledger.latest(statuses=fleet_ledger.ACTIVE)
+            active = s.ledger.latest(statuses=fleet_records.ACTIVE)
             if only_active and active is None:
                 raise FleetError("there is no paused or interrupted rollout or rollback to abort",
                                  fix="use `fleetctl rollback` to return to the previous version")
@@ -126,11 +127,11 @@ class Rollback:
             names = [n for n in selected if n in choice.targets]
             if confirm is not None and names:
                 confirm({n: choice.targets[n][0] for n in names})
-            self._record(run, choice, names, current, to, max_unavailable, min_available, parent)
+            self._record(run, choice, names, current, opts, parent)
             if only_active and parent is not None:  # `history` names the record an abort
                 s.ledger.note(rid, "abort", f"undoes {parent.id}")
             for undone in self.active_chain(active.id if active else None):
-                s.ledger.set_status(undone, fleet_ledger.ABORTED, f"undone by {rid}")
+                s.ledger.set_status(undone, fleet_records.ABORTED, f"undone by {rid}")
             run.send("rollback", parent=parent.id if parent else None, hosts=names, to=to)
             return self.run(run)
         finally:
@@ -149,13 +150,13 @@ class Rollback:
                 rec = self.s.ledger.get(rid)
             except FleetError:
                 break  # pruned from the ledger
-            if rec.status not in fleet_ledger.ACTIVE:
+            if rec.status not in fleet_records.ACTIVE:
                 break
             out.append(rec.id)
             rid = rec.parent
         return out
 
-    def _look(self, selected: Sequence[str]) -> dict[str, remote.Container | None]:
+    def _look(self, selected: Sequence[str]) -> dict[str, Container | None]:
         """What each selected host serves now; refused when one cannot be looked at."""
         s = self.s
         looks = ssh.fan_out([s.inv.host(n) for n in selected],
@@ -168,8 +169,8 @@ class Rollback:
         return {n: looks[n].value for n in selected}
 
     def _choose(self, c: Choice, recipe_name: str | None, selected: Sequence[str],
-                current: Mapping[str, remote.Container | None], to: str | None,
-                aborted: fleet_ledger.RolloutRecord | None) -> None:
+                current: Mapping[str, Container | None], to: str | None,
+                aborted: fleet_records.RolloutRecord | None) -> None:
         """Each selected host's target into ``c``: ``to`` when given, else (an abort) what it served
         before ``aborted``, else the newest known-good that is not what it serves now; and the
         recipe it goes back to: ``recipe_name`` when given, else the one it served that version
@@ -213,14 +214,14 @@ class Rollback:
             self.s.check_recipe(g.recipe)
         return out
 
-    def groups(self, rec: fleet_ledger.RolloutRecord) -> list[Group]:
+    def groups(self, rec: fleet_records.RolloutRecord) -> list[Group]:
         """A recorded rollback's hosts by the recipe each goes back to (a record of an older
         fleetctl: its one recipe)."""
         known = set(self.s.recipe_names())
         return self._groups({h.host: h.recipe or (rec.recipe if rec.recipe in known else None)
                              for h in rec.hosts})
 
-    def _before(self, c: Choice, n: str, aborted: fleet_ledger.RolloutRecord,
+    def _before(self, c: Choice, n: str, aborted: fleet_records.RolloutRecord,
                 serving: tuple[str | None, str | None] | None,
                 pinned: bool = False) -> tuple[str | None, str] | None:
         """An abort's target of ``n``: what it served before ``aborted`` changed it (None:
@@ -228,21 +229,21 @@ class Rollback:
         hr = self._changed_by(aborted, n)
         if hr is not None and hr.before_recipe and not pinned:
             c.recipes[n] = hr.before_recipe
-        if hr is None or hr.status == fleet_ledger.SKIPPED:
+        if hr is None or hr.status == fleet_records.SKIPPED:
             c.skips[n] = f"not changed by {aborted.id}"
             return None
         if not hr.before_digest:
             c.skips[n] = ("first deploy: nothing served before it (leave it, or `fleetctl rollout` "
                           "a version)")
             return None
-        c.fps[n] = ((hr.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+        c.fps[n] = ((hr.before or {}).get("labels") or {}).get(LABEL_FINGERPRINT)
         if serving is not None and same_version(hr.before_digest, c.fps[n], *serving):
             c.skips[n] = f"already there (serving {hr.before_tag})"
             return None
         return hr.before_tag, hr.before_digest
 
-    def _changed_by(self, aborted: fleet_ledger.RolloutRecord,
-                    n: str) -> fleet_ledger.HostRecord | None:
+    def _changed_by(self, aborted: fleet_records.RolloutRecord,
+                    n: str) -> fleet_records.HostRecord | None:
         """``n``'s row in ``aborted``; for a rollback whose rows of ``n``'s slot (``n``, or every
         member of its unit) hold no one previous version (killed before it looked at a member, or a
         member served nothing then), the rows of the record it undid, up its parents: what the slot
@@ -255,7 +256,7 @@ class Rollback:
         rec = aborted
         for _ in range(MAX_PARENTS):
             if (rec.kind != "rollback" or not rec.parent or _one_before(rows.values())
-                    or any(r is not None and r.status == fleet_ledger.SKIPPED
+                    or any(r is not None and r.status == fleet_records.SKIPPED
                            for r in rows.values())):
                 break
             try:
@@ -302,12 +303,12 @@ class Rollback:
         return other[0].tag, other[0].digest
 
     def _record(self, run: Run, c: Choice, names: Sequence[str],
-                current: Mapping[str, remote.Container | None],
-                to: str | None, max_unavailable: str | None, min_available: str | None,
-                parent: fleet_ledger.RolloutRecord | None) -> None:
+                current: Mapping[str, Container | None], opts: RollbackOptions,
+                parent: fleet_records.RolloutRecord | None) -> None:
         """The rollback in the ledger (its steps within the capacity floor), and the hosts'
         intents."""
         s = self.s
+        to, max_unavailable, min_available = opts.to, opts.max_unavailable, opts.min_available
         for n in names:
             cur = current[n]
             if cur is not None and cur.running and cur.digest and not s.ledger.known_good(n):
@@ -334,7 +335,7 @@ class Rollback:
                          "target_tag": c.targets[n][0], "target_digest": c.targets[n][1],
                          "recipe": c.recipes[n],
                          "before_recipe": cur.recipe if (cur := current[n]) is not None else None})
-        rows += [{"host": n, "wave": -1, "step": -1, "status": fleet_ledger.SKIPPED,
+        rows += [{"host": n, "wave": -1, "step": -1, "status": fleet_records.SKIPPED,
                   "phase": "skipped", "recipe": c.recipes.get(n),
                   "verdict": json.dumps({"summary": f"skipped: {why}"})} for n,
                  why in c.skips.items()]
@@ -361,15 +362,15 @@ class Rollback:
         t0 = time.monotonic()
         rec = run.ledger.get(run.id)
         mu = int(rec.options.get("max_unavailable") or 1)
-        todo = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE,
-                                                         fleet_ledger.ROLLED_BACK,
-                                                         fleet_ledger.HOST_FAILED,
-                                                         fleet_ledger.SKIPPED)]
+        todo = [h for h in rec.hosts if h.status not in (fleet_records.DONE,
+                                                         fleet_records.ROLLED_BACK,
+                                                         fleet_records.HOST_FAILED,
+                                                         fleet_records.SKIPPED)]
         fps: Mapping[str, str] = rec.options.get("fingerprints") or {}
-        targets = {h.host: (h.target_tag, h.target_digest or "",
-                            registry.pull_ref(run.group_of(h.host).recipe.image,
-                                              h.target_digest or "", s.mirrors),
-                            fps.get(h.host)) for h in todo}
+        targets = {h.host: Target(h.target_tag, h.target_digest or "",
+                                  registry.pull_ref(run.group_of(h.host).recipe.image,
+                                                    h.target_digest or "", s.mirrors),
+                                  fps.get(h.host)) for h in todo}
         # Each recipe's steps within its own floor; the recipes' k-th steps side by side.
         per_step: Mapping[str, int] = rec.options.get("per_step") or {}
         by_group = [unit_plan.split_steps(s.inv, [h.host for h in todo if h.host in g.hosts],
@@ -384,39 +385,37 @@ class Rollback:
                                   lambda h: self._slot(run, run.group_of(h.name).recipe, h,
                                                        targets))
             except KeyboardInterrupt:
-                run.ledger.set_status(run.id, fleet_ledger.PAUSED,
+                run.ledger.set_status(run.id, fleet_records.PAUSED,
                                       "interrupted by Ctrl-C (hosts being changed were restored)")
                 raise
             for n, err in outs.items():
                 if err is not None:
                     run.ledger.host_phase(run.id, n, "failed", err.message(),
-                                          status=fleet_ledger.HOST_FAILED,
+                                          status=fleet_records.HOST_FAILED,
                                           error=err.message())
         rec = run.ledger.get(run.id)
         door_problems = [why for g in run.groups
                          for why in self.door.reconcile(run, g.recipe,
                                                         [h.host for h in rec.hosts
                                                          if h.host in g.hosts])]
-        bad = [h for h in rec.hosts if h.status not in (fleet_ledger.DONE, fleet_ledger.SKIPPED)]
-        status = fleet_ledger.FAILED if bad or door_problems else fleet_ledger.COMPLETED
+        bad = [h for h in rec.hosts if h.status not in (fleet_records.DONE, fleet_records.SKIPPED)]
+        status = fleet_records.FAILED if bad or door_problems else fleet_records.COMPLETED
         error = "; ".join([f"{h.host}: {h.error}" for h in bad] + door_problems) or None
         run.ledger.set_status(run.id, status, error)
         run.send("completion" if not bad else "failure", error=error)
         return run.result(seconds=time.monotonic() - t0)
 
-    def _slot(self, run: Run, recipe: Recipe, h: Host,
-              targets: Mapping[str, tuple[str | None, str, str, str | None]]) -> None:
+    def _slot(self, run: Run, recipe: Recipe, h: Host, targets: Mapping[str, Target]) -> None:
         """A slot's rollback step: a single host's here, a unit's (given its head) through its
         members."""
         unit = self.s.inv.unit_of(h.name)
         if unit is None:
-            self.host(run, recipe, h, *targets[h.name])
+            self.host(Step(run, recipe, h, Row(1, targets[h.name].tag or "?")), targets[h.name])
             return
         # one version for every member (fleetctl.rollout.unit.unit_targets); a member done already
         # has none left
-        tag, digest, ref, fingerprint = next(targets[m] for m in unit.members if m in targets)
-        self.units.step(run, unit_plan.unit_recipe(self.s.inv, unit, recipe), unit, tag, digest,
-                        ref, fingerprint)
+        target = next(targets[m] for m in unit.members if m in targets)
+        self.units.step(run, unit_plan.unit_recipe(self.s.inv, unit, recipe), unit, target)
 
     def _known_good(self, names: Sequence[str]) -> dict[str, hoststate.Version]:
         """The last known-good recorded on each of ``names`` (hosts without one are left out)."""
@@ -425,23 +424,22 @@ class Rollback:
         states = hoststate.read_all(self.s.host_store, [self.s.inv.host(n) for n in names])
         return {n: st.last_known_good for n, st in states.items() if st.last_known_good is not None}
 
-    def host(self, run: Run, recipe: Recipe, h: Host, tag: str | None, digest: str, ref: str,
-             fingerprint: str | None = None) -> None:
-        """One host to ``digest`` (with the settings ``fingerprint`` when known), checked by
+    def host(self, step: Step, target: Target) -> None:
+        """The step's host to the target's digest (with its settings when known), checked by
         readiness and smoke; a target that fails is itself undone."""
+        run, recipe, h, t = step.run, step.recipe, step.host, step.timings
+        tag, digest, ref, fingerprint = target.tag, target.digest, target.ref, target.fingerprint
         name = container_name(h)
         ops = self.s.ops(h)
-        show = {"wave": 1, "tag": tag or "?"}
-        t: dict[str, float] = {}
         t0 = time.monotonic()
         rec = run.record(h.name)
         cur = ops.inspect(name)
         prev = ops.inspect(name + remote.PREV_SUFFIX)
         if rec is not None and rec.phase == "undoing":
             # Killed while putting back what served before: finish that.
-            self._undo(run, recipe, h, ops, rec.error or "the target failed", show)
+            self._undo(step, ops, rec.error or "the target failed")
             return
-        def wanted(s: remote.Container | None) -> bool:
+        def wanted(s: Container | None) -> bool:
             return s is not None and same_version(digest, fingerprint, s.digest, s.fingerprint)
 
         if (not wanted(cur) and not wanted(prev) and fingerprint
@@ -458,69 +456,66 @@ class Rollback:
                     f"{h.name}`; or `fleetctl rollback --to {tag} --limit {h.name}` for {tag} "
                     "with today's recipe")
         if cur is not None and rec is not None and rec.before_digest is None and not wanted(cur):
-            run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_ledger.IN_PROGRESS,
+            run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_records.IN_PROGRESS,
                                   before_tag=cur.tag, before_digest=cur.digest, before=cur.settings)
         try:
             self.s.check_cancel()
             if cur is not None and cur.running and wanted(cur):
-                run.phase(h, "loading", f"serving {tag}: checking it",
-                          {**show, "health": "loading"},
-                            status=fleet_ledger.IN_PROGRESS)
+                step.phase("loading", f"serving {tag}: checking it", step.row.at("loading"),
+                           status=fleet_records.IN_PROGRESS)
             elif prev is not None and wanted(prev):
-                self.door.out(run, h, recipe, show, t, reason="rollback")
-                run.phase(h, "restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})",
-                          show,
-                            status=fleet_ledger.IN_PROGRESS)
+                self.door.out(step, reason="rollback")
+                step.phase("restoring", f"starting the kept {name}{remote.PREV_SUFFIX} ({tag})",
+                           status=fleet_records.IN_PROGRESS)
                 ops.swap(name)
             else:
-                run.phase(h, "pull", ref.rsplit("/", 1)[-1][:40], show,
-                          status=fleet_ledger.IN_PROGRESS)
+                step.phase("pull", ref.rsplit("/", 1)[-1][:40], status=fleet_records.IN_PROGRESS)
                 t["pull"] = self.prefetch.pull(ops, recipe.image, ref)
-                self.door.out(run, h, recipe, show, t, reason="rollback")
-                run.phase(h, "stopping", None, show)
+                self.door.out(step, reason="rollback")
+                step.phase("stopping")
                 # The version being left is abandoned: killed, not drained (it is kept as .prev).
                 ops.retire(name, run.id, digest, grace=0)
-                run.phase(h, "starting", None, show)
-                ops.start(recipe, ref, tag=tag or digest[:19], digest=digest, rollout_id=run.id,
-                          secrets=self.s.container_secrets(recipe),
-                          cache_key=self.s.cache_key(h, recipe, digest))
-            v = self._check(run, recipe, h, tag, show, t, t0)
+                step.phase("starting")
+                ops.start(remote.StartRequest(recipe, ref, tag or digest[:19], digest, run.id,
+                                              self.s.container_secrets(recipe),
+                                              self.s.cache_key(h, recipe, digest)))
+            v = self._check(step, tag, t0)
         except RECOVERABLE as e:
-            self._undo(run, recipe, h, ops, f"{tag} failed: {recoverable_why(e, full=False)}", show)
+            self._undo(step, ops, f"{tag} failed: {recoverable_why(e, full=False)}")
             if isinstance(e, KeyboardInterrupt):
                 raise
             return
         door_error = self.door.back_in_or_record(run, h, t)
-        run.phase(h, "done", f"serving {tag}" + (f"; {door_error}" if door_error else ""),
-                    {**show, "health": "ok"}, status=fleet_ledger.DONE, after_tag=tag,
-                    after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
+        step.phase("done", f"serving {tag}" + (f"; {door_error}" if door_error else ""),
+                   step.row.at("ok"), status=fleet_records.DONE, after_tag=tag,
+                   after_digest=digest, verdict=gate.summarise(v, t), artifacts=v.artifacts_dir)
 
-    def _check(self, run: Run, recipe: Recipe, h: Host, tag: str | None, show: Mapping[str, Any],
-               t: dict[str, float], t0: float) -> Verdict:
-        """``h``'s readiness and smoke test on its target; raises FleetError."""
+    def _check(self, step: Step, tag: str | None, t0: float) -> Verdict:
+        """The step's host's readiness and smoke test on its target; raises FleetError."""
+        run, recipe, h, t = step.run, step.recipe, step.host, step.timings
         cfg = gate.config(recipe, None, h)
-        ready = self.s.gates.wait(h, recipe, tag or "", cfg, None, self.s.live(h, show, "loading"))
+        ready = self.s.gates.wait(h, recipe, tag or "", cfg, None, step.live("loading"))
         t["ready"] = time.monotonic() - t0
         if not ready.ready:
             raise FleetError(f"readiness {ready.outcome.value}: {ready.message}", host=h.name)
         self.s.check_cancel()
-        run.phase(h, "smoke", None, {**show, "health": "ready"})
+        step.phase("smoke", None, step.row.at("ready"))
         v = self.s.gates.smoke(h, recipe, tag or "", cfg, run.artifacts(h))
         t["total"] = time.monotonic() - t0
         if v.outcome.value != "pass":
             raise FleetError(f"smoke {v.outcome.value}: {gate.failed_checks_text(v)}", host=h.name)
         return v
 
-    def _undo(self, run: Run, recipe: Recipe, h: Host, ops: remote.HostOps, why: str,
-              show: Mapping[str, Any]) -> None:
-        """Put back what ``h`` served before this rollback (kept as ``.prev``) after its target
-        failed."""
+    def _undo(self, step: Step, ops: remote.ServingOps, why: str) -> None:
+        """Put back what the step's host served before this rollback (kept as ``.prev``) after its
+        target failed."""
+        run, h = step.run, step.host
         name = container_name(h)
-        run.phase(h, "undoing", why, {**show, "health": "failed"}, error=why)
+        step.phase("undoing", why, step.row.at("failed"), error=why)
         rec = run.record(h.name)
         before = rec.before_digest if rec is not None else None
         fix = fix_for(run, [h.name])
-        before_fp = (((rec.before or {}).get("labels") or {}).get(remote.LABEL_FINGERPRINT)
+        before_fp = (((rec.before or {}).get("labels") or {}).get(LABEL_FINGERPRINT)
                      if rec is not None else None)
         try:
             cur = ops.inspect(name)
@@ -533,21 +528,21 @@ class Rollback:
                                                     prev.fingerprint):
                     raise FleetError("the previous container is gone", host=h.name)
                 ops.restore(name)
-            check_restored(run, recipe, h, rec.before_tag if rec else None, show, "undoing",
-                           smoke=False)
+            check_restored(step, rec.before_tag if rec else None, "undoing", smoke=False,
+                           timed=False)
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
-            run.phase(h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},
-                        status=fleet_ledger.HOST_FAILED,
-                      error=f"{why}; undo failed: {cause}; fix: {fix}")
+            step.phase("failed", f"{why}; undo failed: {cause}", step.row.at("down"),
+                       status=fleet_records.HOST_FAILED,
+                       error=f"{why}; undo failed: {cause}; fix: {fix}")
             return
         tag_b = rec.before_tag if rec is not None else None
         door_error = self.door.back_in_or_record(run, h)
-        run.phase(h, "rolled-back",
-                  f"{why}; serving {tag_b} again" + (f"; {door_error}" if door_error else ""),
-                    {**show, "health": "ok", "tag": tag_b},
-                    status=fleet_ledger.ROLLED_BACK, after_tag=tag_b, after_digest=before,
-                  error=why)
+        step.phase("rolled-back",
+                   f"{why}; serving {tag_b} again" + (f"; {door_error}" if door_error else ""),
+                   step.row.showing(tag_b).at("ok"),
+                   status=fleet_records.ROLLED_BACK, after_tag=tag_b, after_digest=before,
+                   error=why)
 
     def abort(self, webhook: str | None = None, force: bool = False,
               confirm: Confirm | None = None) -> RolloutResult:
@@ -556,12 +551,12 @@ class Rollback:
         if force:
             self.s.ledger.release(None)
             self.s.take_over = True
-        return self.rollback(webhook=webhook, only_active=True, confirm=confirm)
+        return self.rollback(RollbackOptions(webhook=webhook, only_active=True), confirm=confirm)
 
 
-def _one_before(rows: Iterable[fleet_ledger.HostRecord | None]) -> bool:
+def _one_before(rows: Iterable[fleet_records.HostRecord | None]) -> bool:
     """Every row there, changed by its run, with one previous version (a unit's members go back
     together)."""
     rs = list(rows)
-    return (all(r is not None and r.status != fleet_ledger.SKIPPED and r.before_digest for r in rs)
+    return (all(r is not None and r.status != fleet_records.SKIPPED and r.before_digest for r in rs)
             and len({r.before_digest for r in rs if r is not None}) == 1)

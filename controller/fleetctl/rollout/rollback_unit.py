@@ -11,8 +11,8 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Unit
 from fleetctl.recipes import Recipe
@@ -21,12 +21,12 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.outcome import fix_for, recoverable_why
 from fleetctl.rollout.prefetch import Prefetch
-from fleetctl.rollout.run import Run
+from fleetctl.rollout.run import Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session
 from fleetctl.rollout.unit_step import UnitStep, each, inspect_both
 from fleetctl.serving import container_name
 from fleetctl.soak import Verdict
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Target:
     ref: str
     fingerprint: str | None
 
-    def wanted(self, s: remote.Container | None) -> bool:
+    def wanted(self, s: Container | None) -> bool:
         """``s`` is this version (its settings too, when both are known)."""
         return s is not None and s.digest == self.digest and (
             self.fingerprint is None or s.fingerprint in (self.fingerprint, None))
@@ -53,58 +53,56 @@ class UnitRollback:
         self.units = units
         self.prefetch = prefetch
 
-    def step(self, run: Run, recipe: Recipe, unit: Unit, tag: str | None, digest: str, ref: str,
-             fingerprint: str | None) -> None:
-        """Every member of ``unit`` to ``digest`` together, the head's readiness and smoke; a target
-        that fails puts every member back on what it served before this rollback."""
+    def step(self, run: Run, recipe: Recipe, unit: Unit, target: Target) -> None:
+        """Every member of ``unit`` to the target's digest together, the head's readiness and smoke;
+        a target that fails puts every member back on what it served before this rollback."""
         members = unit_plan.members(self.s.inv, unit)
-        show = {"wave": 1, "tag": tag or "?", "unit": unit.name}
-        t: dict[str, float] = {}
+        tag = target.tag
+        step = Step(run, recipe, members[0], Row(1, tag or "?", unit=unit.name))
         t0 = time.monotonic()
         recs = {h.name: run.record(h.name) for h in members}
         if any(r is not None and r.phase == "undoing" for r in recs.values()):
-            self._undo(run, recipe, unit, "the target failed before the controller died", show)
+            self._undo(step, unit, "the target failed before the controller died")
             return
-        target = Target(tag, digest, ref, fingerprint)
         looks = inspect_both(self.s.ops, members)
         for h in members:
             cur, r = looks[h.name][0], recs[h.name]
             if (cur is not None and r is not None and r.before_digest is None
                     and not target.wanted(cur)):
-                run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_ledger.IN_PROGRESS,
+                run.ledger.host_phase(run.id, h.name, "inspected", status=fleet_records.IN_PROGRESS,
                                       before_tag=cur.tag, before_digest=cur.digest,
                                       before=cur.settings)
         try:
             self.s.check_cancel()
-            self._place(run, recipe, unit, target, looks, show)
-            v = self._check(run, recipe, unit, tag, show, t, t0)
+            self._place(step, unit, target, looks)
+            v = self._check(step, unit, tag, t0)
         except RECOVERABLE as e:
-            self._undo(run, recipe, unit, f"{tag} failed: {recoverable_why(e, full=False)}", show)
+            self._undo(step, unit, f"{tag} failed: {recoverable_why(e, full=False)}")
             if isinstance(e, KeyboardInterrupt):
                 raise
             return
         for h in members:
-            run.phase(h, "done", f"unit {unit.name}: serving {tag}", {**show, "health": "ok"},
-                      status=fleet_ledger.DONE, after_tag=tag, after_digest=digest,
-                      verdict=gate.summarise(v, t),
-                      artifacts=v.artifacts_dir)
+            step.on(h).phase("done", f"unit {unit.name}: serving {tag}", step.row.at("ok"),
+                             status=fleet_records.DONE, after_tag=tag, after_digest=target.digest,
+                             verdict=gate.summarise(v, step.timings), artifacts=v.artifacts_dir)
 
-    def _place(self, run: Run, recipe: Recipe, unit: Unit, target: Target,
-               looks: Mapping[str, tuple[remote.Container | None, remote.Container | None]],
-               show: Mapping[str, Any]) -> None:
+    def _place(self, step: Step, unit: Unit, target: Target,
+               looks: Mapping[str, tuple[Container | None, Container | None]]
+               ) -> None:
         """The target on every member: already there (checked), the kept ``.prev`` swapped in, or
         pulled and started, in the launch's order."""
+        run, recipe = step.run, step.recipe
         members = unit_plan.members(self.s.inv, unit)
         tag, digest, ref = target.tag, target.digest, target.ref
         if all((c := looks[h.name][0]) is not None and c.running and target.wanted(c)
                for h in members):
             for h in members:
-                run.phase(h, "loading", f"unit {unit.name}: serving {tag}: checking it",
-                          {**show, "health": "loading"}, status=fleet_ledger.IN_PROGRESS)
+                step.on(h).phase("loading", f"unit {unit.name}: serving {tag}: checking it",
+                                 step.row.at("loading"), status=fleet_records.IN_PROGRESS)
         elif all(target.wanted(looks[h.name][1]) for h in members):
             for h in members:
-                run.phase(h, "restoring", f"unit {unit.name}: the kept {tag}", show,
-                          status=fleet_ledger.IN_PROGRESS)
+                step.on(h).phase("restoring", f"unit {unit.name}: the kept {tag}",
+                                 status=fleet_records.IN_PROGRESS)
             # every member stopped first, so that no old member joins a new head; then each kept one
             # started in the launch's order (the abandoned one kept as .prev)
             each(members, lambda h: self.s.ops(h).stop(container_name(h)), "stop")
@@ -112,29 +110,26 @@ class UnitRollback:
                 self.s.ops(self.s.inv.host(name)).swap(container_name(self.s.inv.host(name)))
         else:
             for h in members:
-                run.phase(h, "pull", ref.rsplit("/", 1)[-1][:40], show,
-                          status=fleet_ledger.IN_PROGRESS)
+                step.on(h).phase("pull", ref.rsplit("/", 1)[-1][:40],
+                                 status=fleet_records.IN_PROGRESS)
             each(members, lambda h: self.prefetch.pull(self.s.ops(h), recipe.image, ref), "pull")
             each(members,
                  lambda h: self.s.ops(h).retire(container_name(h), run.id, digest, grace=0), "stop")
             for name in recipe.topology.start_order(unit):
                 member = self.s.inv.host(name)
-                run.phase(member, "starting", f"unit {unit.name} rank {unit.rank(name)}", show)
-                self.s.ops(member).start(recipe, ref, tag=tag or digest[:19], digest=digest,
-                                         rollout_id=run.id,
-                                         secrets=self.s.container_secrets(recipe),
-                                         launch=recipe.launch(unit, name),
-                                         cache_key=self.s.cache_key(member, recipe, digest))
+                step.on(member).phase("starting", f"unit {unit.name} rank {unit.rank(name)}")
+                self.s.ops(member).start(remote.StartRequest(
+                    recipe, ref, tag or digest[:19], digest, run.id,
+                    self.s.container_secrets(recipe), self.s.cache_key(member, recipe, digest),
+                    recipe.launch(unit, name)))
 
-    def _check(self, run: Run, recipe: Recipe, unit: Unit, tag: str | None, show: Mapping[str, Any],
-               t: dict[str, float], t0: float) -> Verdict:
+    def _check(self, step: Step, unit: Unit, tag: str | None, t0: float) -> Verdict:
         """The head's readiness, every member running, and the head's smoke test; raises
         FleetError."""
+        run, recipe, head, t = step.run, step.recipe, step.host, step.timings
         members = unit_plan.members(self.s.inv, unit)
-        head = members[0]
         cfg = gate.config(recipe, None, head)
-        ready = self.s.gates.wait(head, recipe, tag or "", cfg, None,
-                                  self.s.live(head, show, "loading"))
+        ready = self.s.gates.wait(head, recipe, tag or "", cfg, None, step.live("loading"))
         t["ready"] = time.monotonic() - t0
         if not ready.ready:
             raise FleetError(f"readiness {ready.outcome.value}: {ready.message}", host=head.name)
@@ -143,7 +138,7 @@ class UnitRollback:
             raise FleetError(f"member(s) not running: {down}", host=head.name)
         self.s.check_cancel()
         for h in members:
-            run.phase(h, "smoke", f"unit {unit.name} on {head.name}", {**show, "health": "ready"})
+            step.on(h).phase("smoke", f"unit {unit.name} on {head.name}", step.row.at("ready"))
         v = self.s.gates.smoke(head, recipe, tag or "", cfg, run.artifacts(head))
         t["total"] = time.monotonic() - t0
         if v.outcome.value != "pass":
@@ -151,14 +146,14 @@ class UnitRollback:
                              host=head.name)
         return v
 
-    def _undo(self, run: Run, recipe: Recipe, unit: Unit, why: str,
-              show: Mapping[str, Any]) -> None:
+    def _undo(self, step: Step, unit: Unit, why: str) -> None:
         """Every member back on what it served before this rollback (its ``.prev``), together."""
+        run = step.run
         members = unit_plan.members(self.s.inv, unit)
         head = members[0]
         for h in members:
-            run.phase(h, "undoing", f"unit {unit.name}: {why}", {**show, "health": "failed"},
-                      error=why)
+            step.on(h).phase("undoing", f"unit {unit.name}: {why}", step.row.at("failed"),
+                             error=why)
         recs = {h.name: run.record(h.name) for h in members}
         tag_b = next((r.before_tag for r in recs.values() if r is not None and r.before_tag), None)
         fix = fix_for(run, unit.members)
@@ -166,23 +161,24 @@ class UnitRollback:
             if any(r is None or r.before_digest is None for r in recs.values()):
                 raise FleetError("nothing served before this rollback on every member",
                                  host=head.name)
-            self._put_back(recipe, unit,
+            self._put_back(step.recipe, unit,
                            {n: r.before_digest for n, r in recs.items() if r is not None})
-            outcome.check_restored(run, recipe, head, tag_b, show, "undoing", smoke=False)
+            outcome.check_restored(step.on(head), tag_b, "undoing", smoke=False, timed=False)
         except Exception as e:
             cause = e.cause if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             for h in members:
-                run.phase(h, "failed", f"{why}; undo failed: {cause}", {**show, "health": "down"},
-                            status=fleet_ledger.HOST_FAILED,
-                          error=f"{why}; unit {unit.name}'s undo failed: {cause}; "
-                                                                  f"fix: {fix}")
+                step.on(h).phase("failed", f"{why}; undo failed: {cause}", step.row.at("down"),
+                                 status=fleet_records.HOST_FAILED,
+                                 error=f"{why}; unit {unit.name}'s undo failed: {cause}; "
+                                       f"fix: {fix}")
             return
+        back = step.row.showing(tag_b).at("ok")
         for h in members:
             r = recs[h.name]
-            run.phase(h, "rolled-back", f"unit {unit.name}: {why}; serving {tag_b} again",
-                        {**show, "health": "ok", "tag": tag_b}, status=fleet_ledger.ROLLED_BACK,
-                      after_tag=r.before_tag
-                        if r else None, after_digest=r.before_digest if r else None, error=why)
+            step.on(h).phase("rolled-back", f"unit {unit.name}: {why}; serving {tag_b} again",
+                             back, status=fleet_records.ROLLED_BACK,
+                             after_tag=r.before_tag if r else None,
+                             after_digest=r.before_digest if r else None, error=why)
 
     def _put_back(self, recipe: Recipe, unit: Unit, before: Mapping[str, str | None]) -> None:
         """Every member on its ``before`` digest: unless all run it already, every member stopped,
@@ -191,7 +187,7 @@ class UnitRollback:
         members = unit_plan.members(self.s.inv, unit)
         looks = inspect_both(self.s.ops, members)
 
-        def is_before(h: Host, s: remote.Container | None) -> bool:
+        def is_before(h: Host, s: Container | None) -> bool:
             return s is not None and s.digest == before.get(h.name)
 
         if all((c := looks[h.name][0]) is not None and c.running and is_before(h,

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +39,20 @@ from fleetctl.recipes import Recipe, load_recipes, recipe_for
 from fleetctl.rollout import deploy, gate, imagetree
 from fleetctl.rollout import host as remote
 from fleetctl.rollout.plan import MIN_AVAILABLE_VAR
-from fleetctl.rollout.webhook import Webhook
+from fleetctl.rollout.webhook import Posting, Webhook
 from fleetctl.soak import baselines
 from fleetctl.state import hoststate
 from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: What a failure after a host's stop is recovered from (the previous container restored first).
 #: A controller that is killed outright (SIGKILL; in the tests a BaseException of its own) is not:
 #: it leaves the ledger for ``--resume``, ``abort`` or ``rollback``.
 RECOVERABLE = (Exception, KeyboardInterrupt)
 #: Concurrent host steps at most, whatever --max-unavailable allows: each is a thread, an SSH
-# session
-#: and a soak gate (an event loop with up to the largest level + 8 connections, its samples in
-#: memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the
-# controller.
+#: session and a soak gate (an event loop with up to the largest level + 8 connections, its samples
+#: in memory, bounded by sustained.max_requests); the soaks' streams, not the hosts, load the
+#: controller.
 MAX_WORKERS = 32
 #: Environment variables whose values are kept out of webhook bodies.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|_KEY$|API_KEY|CREDENTIAL", re.I)
@@ -64,18 +65,6 @@ class StopRollout(Exception):
         super().__init__(error)
         self.status = status
         self.error = error
-
-
-#: What a soak's or readiness's progress events carry through to a rollout's live views and event
-# log
-#: (soak.phases.SoakState.emit, run_requests, readiness.await_ready): phase k of n, time so far, the
-# level's
-#: requests against its plan, errors, tok/s against the baseline's, acceptance; readiness's wait and
-# timeout.
-LIVE_FIGURES = frozenset({"step", "steps", "elapsed", "level", "concurrency", "requests",
-                          "planned_requests", "errors", "tok_s",
-                          "baseline", "acceptance_rate", "level_elapsed", "level_seconds", "waited",
-                          "timeout"})
 
 
 def command_line() -> str:
@@ -117,6 +106,26 @@ def readmit_attempts(inventory: Inventory) -> int:
     return raw
 
 
+@dataclass(frozen=True)
+class Seams:
+    """How a session reaches the world, each None for the real one: the hosts (``ops``; default
+    SSH), the soak gate (``gates``; the soak engine), the registry (``resolve``; its API), the
+    hosts' lock files (``host_store``; on the hosts over SSH, in memory with ``ops``), the deploy
+    step (``deployer``; the vllm_serve role through ansible-runner, none with ``ops``: see
+    :mod:`.deploy`) and the front door (``door``; the inventory's ``fleetctl_front_door``). The unit
+    tests pass a simulated fleet."""
+
+    ops: Callable[[Host], remote.HostOps] | None = None
+    gates: gate.Gates | None = None
+    resolve: Callable[[str, str, Mapping[str, str]], registry.ResolvedImage] | None = None
+    host_store: hoststate.Store | None = None
+    deployer: deploy.Deployer | None = None
+    door: frontdoor.FrontDoor | None = None
+
+
+NO_SEAMS = Seams()
+
+
 class Session:
     """The seams one ``Engine`` shares with every collaborator of its runs: the inventory, the
     ledger, the hosts (``ops``), gates, registry and front door, progress, Ctrl-C and the hosts'
@@ -124,24 +133,15 @@ class Session:
 
     def __init__(self, inventory: Inventory, progress: Progress = NULL, *,
                  secrets: Mapping[str, str] | None = None, state_dir: Path | None = None,
-                 ops: Callable[[Host], remote.HostOps] | None = None,
-                 gates: gate.Gates | None = None,
-                 resolve: Callable[[str, str, Mapping[str, str]],
-                                   registry.ResolvedImage] | None = None,
-                 take_over: bool = False, host_store: hoststate.Store | None = None,
-                 deployer: deploy.Deployer | None = None,
-                 door: frontdoor.FrontDoor | None = None) -> None:
-        """``ops``, ``gates`` and ``resolve`` are the seams to the hosts, the soak gate and the
-        registry (default: SSH, the soak engine, the registry's API); the unit tests pass a
-        simulated fleet. ``host_store`` holds the hosts' lock files (default: on the hosts over SSH;
-        in memory with ``ops``). ``deployer`` does a rollout's deploy step (retire + start) for the
-        hosts whose ``fleetctl_deploy_via`` is ``ansible`` (the default), one run per step (default:
-        the vllm_serve role through ansible-runner; none with a simulated fleet unless given): see
-        :mod:`.deploy`."""
+                 take_over: bool = False, seams: Seams = NO_SEAMS) -> None:
+        """``seams``: how it reaches the hosts, the gate, the registry, the lock files, the deploy
+        step and the front door (:class:`Seams`; default: the real ones)."""
+        ops, gates, resolve = seams.ops, seams.gates, seams.resolve
+        host_store, deployer, door = seams.host_store, seams.deployer, seams.door
         self.inv = inventory
         self.secrets = dict(os.environ if secrets is None else secrets)
         #: Token services besides the registry's own host that may receive its credentials (https
-        # only).
+        #: only).
         self.auth_hosts: tuple[str, ...] = tuple(
             str(h) for h in inventory.vars.get("fleetctl_registry_auth_hosts") or ())
         self.ops = ops or remote.SshHostOps
@@ -149,7 +149,7 @@ class Session:
         self.resolve_image = resolve or functools.partial(registry.resolve,
                                                           auth_hosts=self.auth_hosts)
         #: An image's layer sizes for the pulls' bytes (none asked of a registry with a simulated
-        # fleet).
+        #: fleet).
         self.layer_sizes: Callable[[str, str, Mapping[str, str]], list[dict[str, int]]] = (
             functools.partial(registry.layer_sizes, auth_hosts=self.auth_hosts) if ops is None
             else (lambda image, digest, mirrors: []))
@@ -165,7 +165,7 @@ class Session:
         mirrors = inventory.vars.get("fleetctl_registry_mirrors") or {}
         self.mirrors: dict[str, str] = {str(k): str(v) for k, v in mirrors.items()}
         #: How the prefetch reaches many hosts (:mod:`.imagetree`); with a simulated fleet, never a
-        # tree.
+        #: tree.
         self.image_tree = (imagetree.config(inventory.vars.get(imagetree.VAR), str(inventory.path))
                            if ops is None else imagetree.TreeConfig(enabled=False))
         self.deployer: deploy.Deployer | None = deployer or (
@@ -175,7 +175,7 @@ class Session:
         self.take_over = take_over
         self.host_store: hoststate.Store = host_store or hoststate.OpsStore(self.ops)
         #: The fleet's front door (``door``, else ``fleetctl_front_door``; None: none), checked
-        # before any host.
+        #: before any host.
         self.door: frontdoor.FrontDoor | None = (door if door is not None
                                                  else frontdoor.from_inventory(inventory))
         where = str(inventory.path)
@@ -184,7 +184,7 @@ class Session:
         self.readmit_timeout = parse_duration(inventory.vars.get("fleetctl_readmit_timeout", 60),
                                               f"fleetctl_readmit_timeout in {where}")
         #: How long a step waits for the door to have enough hosts in rotation before it refuses
-        # (pauses).
+        #: (pauses).
         self.capacity_timeout = parse_duration(inventory.vars.get("fleetctl_capacity_timeout", 600),
                                                f"fleetctl_capacity_timeout in {where}")
         #: Re-admissions tried (with backoff) before a host is reported still out of rotation.
@@ -247,8 +247,8 @@ class Session:
              or self.inv.vars.get("fleetctl_webhook_url"))
         allow_http = self.inv.vars.get("fleetctl_webhook_allow_http") is True
         hook = Webhook(str(u) if u else None, rid, str(self.inv.path), self.relay.sink,
-                       allow_http=allow_http,
-                       secrets=self.secret_values(), on_close=lambda h: self.relay.remove(h.watch))
+                       posting=Posting(allow_http=allow_http, secrets=self.secret_values()),
+                       on_close=lambda h: self.relay.remove(h.watch))
         if hook.url and not check_only:
             # The hosts' progress too (throttled and batched by the webhook): the same events as
             # every view.
@@ -276,30 +276,15 @@ class Session:
 
     def check_idle(self) -> None:
         """Refuse when another rollout is running (live lock) or left active (paused, or killed)."""
-        for rec_id in self.ledger.ids(statuses=fleet_ledger.ACTIVE, limit=5):
+        for rec_id in self.ledger.ids(statuses=fleet_records.ACTIVE, limit=5):
             rec = self.ledger.get(rec_id)
-            verb = ("is paused" if rec.status == fleet_ledger.PAUSED
+            verb = ("is paused" if rec.status == fleet_records.PAUSED
                     else "was interrupted (its controller died)")
             raise FleetError(
                 f"{rec.kind} {rec.id} to {rec.tag} {verb}",
                 fix="`fleetctl rollout --resume` to continue it, or `fleetctl rollout abort` / "
                     "`fleetctl rollback` to undo it",
             )
-
-    def live(self, h: Host, show: Mapping[str, Any], phase: str,
-             cancellable: bool = True) -> Progress:
-        """Soak/readiness events as rows of the live table (phase kept, figures picked out).
-
-        A cancellable one raises KeyboardInterrupt after Ctrl-C, so that a long soak stops at its
-        next event."""
-        def forward(event: Event) -> None:
-            if cancellable:
-                self.check_cancel()
-            data = {**show, "health": phase, **gate.table_figures(event.data),
-                    **{k: v for k, v in event.data.items() if k in LIVE_FIGURES},
-                    "soak_phase": event.phase}
-            self.progress(Event(phase, event.message or event.phase, h.name, data))
-        return forward
 
     def parallel(self, hosts: Sequence[Host],
                  fn: Callable[[Host], None]) -> dict[str, FleetError | None]:

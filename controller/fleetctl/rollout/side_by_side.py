@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 
 from fleetctl import secretenv
 from fleetctl.inventory import Host, Inventory
@@ -23,7 +22,8 @@ from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.phases.answer_set import collect
 from fleetctl.soak.verdict import SoakTarget
-from fleetctl.state.ledger import PENDING, Ledger
+from fleetctl.state.ledger import Ledger
+from fleetctl.state.records import PENDING
 
 
 def peer(ledger: Ledger, inv: Inventory, rollout_id: str, host: str
@@ -56,14 +56,10 @@ def ask(peer_host: Host, tag: str, digest: str, recipe: Recipe, cfg: SoakConfig,
                         run_id=f"side-by-side on {peer_host.name}")
 
 
-def start(pool: ThreadPoolExecutor, store: object, inv: Inventory | None, run_id: str,
-          host: Host, recipe: Recipe, cfg: SoakConfig,
-          secrets: Mapping[str, str] | None) -> Future[ReferenceSet | None] | None:
-    """Ask the peer of ``host``'s gate in ``pool`` (None when there is no peer to ask)."""
+def find(store: object, inv: Inventory | None, run_id: str, host: Host,
+         cfg: SoakConfig) -> tuple[Host, str, str] | None:
+    """The peer ``host``'s gate asks (see :func:`peer`), or None: no fleet, no ledger, no
+    known-good check enabled, or no host left on the old version."""
     if inv is None or not isinstance(store, Ledger) or not cfg.check("known_good").enabled:
         return None
-    found = peer(store, inv, run_id.split("/")[0], host.name)
-    if found is None:
-        return None
-    p, tag, digest = found
-    return pool.submit(ask, p, tag, digest, recipe, cfg, secrets)
+    return peer(store, inv, run_id.split("/")[0], host.name)

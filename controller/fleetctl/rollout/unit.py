@@ -23,7 +23,7 @@ from fleetctl.recipes import Recipe, recipe_for
 from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout.host import SshHostOps
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Seconds a member's status and fabric probes may take at preflight.
 PROBE_TIMEOUT = 60.0
@@ -270,10 +270,10 @@ def slots(inv: Inventory, hosts: Sequence[Host]) -> list[Host]:
     return [inv.host(n) for n in slot_names(inv, [h.name for h in hosts])]
 
 
-def count_failed(inv: Inventory, records: Sequence[fleet_ledger.HostRecord]) -> int:
+def count_failed(inv: Inventory, records: Sequence[fleet_records.HostRecord]) -> int:
     """Failed slots (rolled back or down), a unit counted once, for --failure-budget."""
     return len({_unit_name(inv, r.host) or r.host for r in records
-                if r.status in (fleet_ledger.ROLLED_BACK, fleet_ledger.HOST_FAILED)})
+                if r.status in (fleet_records.ROLLED_BACK, fleet_records.HOST_FAILED)})
 
 
 def unit_targets(

@@ -14,9 +14,11 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 from fleetctl import fabric, ssh
+from fleetctl.container import Container
 from fleetctl.errors import FleetError
 from fleetctl.inventory import Host, Unit
 from fleetctl.recipes import Recipe
@@ -25,11 +27,11 @@ from fleetctl.rollout import host as remote
 from fleetctl.rollout import plan as wave_plan
 from fleetctl.rollout import unit as unit_plan
 from fleetctl.rollout.outcome import fix_for, recoverable_why
-from fleetctl.rollout.run import Run
+from fleetctl.rollout.run import Failure, Row, Run, Step
 from fleetctl.rollout.session import RECOVERABLE, Session
 from fleetctl.serving import container_name
 from fleetctl.soak import baselines
-from fleetctl.state import ledger as fleet_ledger
+from fleetctl.state import records as fleet_records
 
 #: Seconds between two looks at every member's container during a unit's soak.
 WATCH_INTERVAL = 3.0
@@ -43,7 +45,7 @@ class MemberWatch:
     soak fails on the spot instead of waiting out its requests' timeouts; the unit's restore
     follows."""
 
-    def __init__(self, members: Sequence[Host], ops: Callable[[Host], remote.HostOps]) -> None:
+    def __init__(self, members: Sequence[Host], ops: Callable[[Host], remote.ServingOps]) -> None:
         self.members = list(members)
         self.ops = ops
         self.lost: str | None = None
@@ -102,10 +104,10 @@ def each(hosts: Sequence[Host], fn: Callable[[Host], Any], what: str) -> dict[st
 
 
 #: What a host serves, and what it keeps as ``.prev``.
-Looks = dict[str, tuple[remote.Container | None, remote.Container | None]]
+Looks = dict[str, tuple[Container | None, Container | None]]
 
 
-def inspect_both(ops: Callable[[Host], remote.HostOps], hosts: Sequence[Host]) -> Looks:
+def inspect_both(ops: Callable[[Host], remote.ServingOps], hosts: Sequence[Host]) -> Looks:
     """What each host serves, and what it keeps as ``.prev``, looked at on every host at once."""
     return each(hosts, lambda h: (ops(h).inspect(container_name(h)),
                                   ops(h).inspect(container_name(h) + remote.PREV_SUFFIX)),
@@ -123,14 +125,12 @@ class UnitStep:
         member."""
         members = unit_plan.members(self.s.inv, unit)
         head = members[0]
-        show = {"wave": wave + 1, "tag": p.tag, "unit": unit.name}
-        t: dict[str, float] = {}
+        step = Step(run, recipe, head, Row(wave + 1, p.tag, unit=unit.name), p)
         recs = {h.name: run.record(h.name) for h in members}
         if any(r is not None and r.phase == "rolling-back" for r in recs.values()):
             why = next((r.error for r in recs.values() if r is not None and r.error), None)
-            self.fail(run, recipe, unit, why or "the unit's gate failed before the controller died",
-                      None, show,
-                            t, resumed=True)
+            self.fail(step, unit, Failure(
+                why or "the unit's gate failed before the controller died", resumed=True))
             return
         self.s.check_cancel()
         names = {h.name: container_name(h) for h in members}
@@ -142,13 +142,13 @@ class UnitStep:
         if not ours:
             for h in members:
                 c = cur[h.name]
-                run.phase(h, "stopping", f"unit {unit.name}: {c.tag if c else 'nothing'}", show,
-                            status=fleet_ledger.IN_PROGRESS)
+                step.on(h).phase("stopping", f"unit {unit.name}: {c.tag if c else 'nothing'}",
+                                 status=fleet_records.IN_PROGRESS)
             t0 = time.monotonic()
             # every member at once: the unit serves nothing from its first stop anyway
             before = each(members, lambda h: self.s.ops(h).retire(names[h.name], run.id, p.digest),
                           "stop")
-            t["stop"] = time.monotonic() - t0
+            step.timings["stop"] = time.monotonic() - t0
             for h in members:
                 r, b = recs[h.name], before[h.name]
                 if (r is not None and r.before_digest is None and b is not None
@@ -160,111 +160,103 @@ class UnitStep:
                                           before=b.settings)
         else:
             for h in members:
-                run.phase(h, "loading", "already running this rollout's container: gating the unit",
-                          show,
-                            status=fleet_ledger.IN_PROGRESS)
+                step.on(h).phase("loading",
+                                 "already running this rollout's container: gating the unit",
+                                 status=fleet_records.IN_PROGRESS)
         try:
-            self._start_and_gate(run, recipe, p, unit, ours, show, t, befores[head.name])
+            self._start_and_gate(step, unit, ours, befores[head.name])
         except RECOVERABLE as e:
-            self.fail(run, recipe, unit, recoverable_why(e), None, show, t,
-                            judged=not isinstance(e, KeyboardInterrupt))
+            self.fail(step, unit, Failure(recoverable_why(e),
+                                          judged=not isinstance(e, KeyboardInterrupt)))
             if isinstance(e, KeyboardInterrupt):
                 raise
 
-    def _start(self, run: Run, recipe: Recipe, p: wave_plan.Plan, unit: Unit,
-               show: Mapping[str, Any],
-               t: dict[str, float]) -> None:
+    def _start(self, step: Step, unit: Unit) -> None:
         """Every member started in the launch's order (native: workers first, the head last; ray:
         the head first), each with its own command and fabric environment."""
+        run, recipe, p = step.run, step.recipe, step.p
         t0 = time.monotonic()
         for name in recipe.topology.start_order(unit):
             self.s.check_cancel()
             h = self.s.inv.host(name)
-            run.phase(h, "starting", f"unit {unit.name} rank {unit.rank(name)}", show)
-            self.s.ops(h).start(recipe, p.pull_ref, tag=p.tag, digest=p.digest, rollout_id=run.id,
-                                secrets=self.s.container_secrets(recipe),
-                                launch=recipe.launch(unit, name),
-                                cache_key=self.s.cache_key(h, recipe, p.digest))
-        t["start"] = time.monotonic() - t0
+            step.on(h).phase("starting", f"unit {unit.name} rank {unit.rank(name)}")
+            self.s.ops(h).start(remote.StartRequest(
+                recipe, p.pull_ref, p.tag, p.digest, run.id, self.s.container_secrets(recipe),
+                self.s.cache_key(h, recipe, p.digest), recipe.launch(unit, name)))
+        step.timings["start"] = time.monotonic() - t0
 
-    def _start_and_gate(self, run: Run, recipe: Recipe, p: wave_plan.Plan, unit: Unit, ours: bool,
-                        show: Mapping[str, Any], t: dict[str, float],
-                        before_tag: str | None) -> None:
+    def _start_and_gate(self, step: Step, unit: Unit, ours: bool, before_tag: str | None) -> None:
+        run, recipe, p, head, t = step.run, step.recipe, step.p, step.host, step.timings
         members = unit_plan.members(self.s.inv, unit)
-        head = members[0]
         if not ours:
-            self._start(run, recipe, p, unit, show, t)
+            self._start(step, unit)
         self.s.check_cancel()
         cfg = gate.config(recipe, run.opts.soak, head)
         for h in members:
-            run.phase(h, "loading",
-                      f"unit {unit.name}: waiting for every rank and the head's /health",
-                      {**show, "health": "loading"})
+            step.on(h).phase("loading",
+                             f"unit {unit.name}: waiting for every rank and the head's /health",
+                             step.row.at("loading"))
         t0 = time.monotonic()
         # The head's API opens only once every rank joined: its readiness is the unit's.
         ready = self.s.gates.wait(head, recipe, p.tag, cfg, run.opts.ready_timeout,
-                                  self.s.live(head, show, "loading"))
+                                  step.live("loading"))
         t["ready"] = time.monotonic() - t0
         if not ready.ready:
-            self.fail(run, recipe, unit, f"readiness {ready.outcome.value}: {ready.message}", None,
-                      show, t)
+            self.fail(step, unit, Failure(f"readiness {ready.outcome.value}: {ready.message}"))
             return
         down = self.not_running(members)
         if down:
-            self.fail(run, recipe, unit, f"member(s) not running once the head was ready: {down}",
-                      None, show, t)
+            self.fail(step, unit, Failure(f"member(s) not running once the head was ready: {down}"))
             return
         self.s.check_cancel()
         for h in members:
-            run.phase(h, "soak",
-                      f"unit {unit.name}: {cfg.sustained_duration:.0f}s sustained on {head.name}",
-                      {**show, "health": "ready"})
+            step.on(h).phase(
+                "soak", f"unit {unit.name}: {cfg.sustained_duration:.0f}s sustained on {head.name}",
+                step.row.at("ready"))
         t0 = time.monotonic()
         art = run.artifacts(head)
         with MemberWatch(members, self.s.ops) as watch:
             # judged against the unit's own baseline (keyed by the unit, not by the host that is its
             # head)
-            verdict = self.s.gates.soak(head, recipe, p.tag, cfg, run.ledger, before_tag, art,
-                                        f"{run.id}/{art.name}", self.s.live(head, show, "soak"),
-                                        baseline_key=baselines.unit_key(unit.name))
+            verdict = self.s.gates.soak(
+                gate.Judged(head, recipe, p.tag, cfg),
+                gate.Baseline(run.ledger, before_tag, baselines.unit_key(unit.name)), art,
+                f"{run.id}/{art.name}", step.live("soak"))
         t["soak"] = time.monotonic() - t0
-        self._judge(run, recipe, p, unit, verdict, watch.lost, {**show, **gate.figures(verdict)}, t,
+        self._judge(step.shown(step.row.at(**gate.figures(verdict))), unit, verdict, watch.lost,
                     gate.summarise(verdict, t, cfg.sustained_duration))
 
-    def _judge(self, run: Run, recipe: Recipe, p: wave_plan.Plan, unit: Unit, verdict: Any,
-               lost: str | None,
-               show: Mapping[str, Any], t: dict[str, float], summary: Mapping[str, Any]) -> None:
+    def _judge(self, step: Step, unit: Unit, verdict: Any, lost: str | None,
+               summary: Mapping[str, Any]) -> None:
         """The unit's soak verdict recorded on every member: passed, paused, or failed (every member
         restored); a member lost during the soak fails the unit whatever the verdict."""
         members = unit_plan.members(self.s.inv, unit)
         if lost is not None:
-            self.fail(run, recipe, unit,
-                      f"soak fail: {lost} (the head's container was stopped to end "
-                      f"the soak: a unit with a member lost serves no token)", verdict, show, t)
+            self.fail(step, unit, Failure(
+                f"soak fail: {lost} (the head's container was stopped to end "
+                f"the soak: a unit with a member lost serves no token)", verdict))
             return
         down = self.not_running(members)
         if down and verdict.outcome.value == "pass":
-            self.fail(run, recipe, unit, f"member(s) stopped during the soak: {down}", verdict,
-                      show, t)
+            self.fail(step, unit,
+                      Failure(f"member(s) stopped during the soak: {down}", verdict))
             return
         if verdict.outcome.value == "pass":
             now = each(members, lambda h: self.s.ops(h).inspect(container_name(h)), "inspect")
             # every member's known-good before any is done: a kill between them leaves the unit to
             # re-check
             for h in members:
-                outcome.keep_known_good(run, recipe, p, h, now[h.name])
+                outcome.keep_known_good(step.on(h), now[h.name])
             for h in members:
-                outcome.passed(run, recipe, p, h, f"unit {unit.name}: {verdict.summary}", show,
-                               verdict,
+                outcome.passed(step.on(h), f"unit {unit.name}: {verdict.summary}", verdict,
                                summary, now[h.name])
-        elif verdict.outcome.value == "inconclusive" and run.opts.on_inconclusive == "pause":
+        elif verdict.outcome.value == "inconclusive" and step.run.opts.on_inconclusive == "pause":
             for h in members:
-                outcome.paused(run, h, f"unit {unit.name}: {verdict.summary}", show, verdict,
+                outcome.paused(step.on(h), f"unit {unit.name}: {verdict.summary}", verdict,
                                summary)
         else:
-            self.fail(run, recipe, unit,
-                      f"soak {verdict.outcome.value}: {gate.failed_checks_text(verdict)}",
-                      verdict, show, t)
+            self.fail(step, unit, Failure(
+                f"soak {verdict.outcome.value}: {gate.failed_checks_text(verdict)}", verdict))
 
     def not_running(self, members: Sequence[Host]) -> str:
         """The members whose serving container does not run, as text (empty when all run)."""
@@ -272,39 +264,37 @@ class UnitStep:
         return ", ".join(f"{n} ({c.status if c else 'no container'})" for n, c in now.items()
                          if c is None or not c.running)
 
-    def fail(self, run: Run, recipe: Recipe, unit: Unit, why: str, verdict: Any,
-             show: Mapping[str, Any],
-             t: dict[str, float], judged: bool = True, resumed: bool = False) -> None:
+    def fail(self, step: Step, unit: Unit, failure: Failure) -> None:
         """Every member back to what it served before, together: the new containers killed on all
         members first (no member serves the new version while another is back), then each ``.prev``
         started in the launch's order, the head's readiness and a smoke test. A member without a
-        previous version leaves the whole unit down (killed), recorded as failed with the fix."""
+        previous version leaves the whole unit down (killed), recorded as failed with the fix.
+        ``step``'s host is the unit's head."""
+        run, t = step.run, step.timings
+        why, verdict = failure.why, failure.verdict
         members = unit_plan.members(self.s.inv, unit)
         head = members[0]
-        summary = outcome.fail_summary(why, verdict, t)
+        summary = outcome.fail_summary(failure, t)
         for h in members:
-            run.phase(h, "rolling-back", f"unit {unit.name}: {why}", {**show, "health": "failed"},
-                      error=why,
-                      verdict=summary,
-                      artifacts=verdict.artifacts_dir if verdict is not None else None)
+            step.on(h).phase("rolling-back", f"unit {unit.name}: {why}", step.row.at("failed"),
+                             error=why, verdict=summary,
+                             artifacts=verdict.artifacts_dir if verdict is not None else None)
         fix = fix_for(run, unit.members)
-        back = dict(show)
         t0 = time.monotonic()
         try:
             logs = {h.name: run.save_logs(h, self.s.ops(h), container_name(h)) for h in members}
-            if judged and not resumed:
+            if failure.judged and not failure.resumed:
                 why = with_collective_errors(why, logs)
-            prev_tag = self._restore(run, recipe, unit, why, show, fix, resumed)
+            prev_tag = self._restore(step, unit, why, fix, failure.resumed)
             if prev_tag is False:
                 return
-            back = {**show, "tag": prev_tag or "?"}
+            back = step.shown(step.row.showing(prev_tag or "?"))
             for h in members:
-                run.phase(h, "rolling-back",
-                          f"unit {unit.name}: restored {prev_tag}; waiting for the head",
-                          {**back, "health": "loading"})
+                back.on(h).phase("rolling-back",
+                                 f"unit {unit.name}: restored {prev_tag}; waiting for the head",
+                                 back.row.at("loading"))
             try:
-                outcome.check_restored(run, recipe, head, prev_tag, back, "rolling-back", t,
-                                       since=t0)
+                outcome.check_restored(back.on(head), prev_tag, "rolling-back", since=t0)
             finally:
                 summary["timings"] = dict(t)
             down = self.not_running(members)
@@ -313,23 +303,23 @@ class UnitStep:
         except Exception as e:
             cause = e.message() if isinstance(e, FleetError) else f"{type(e).__name__}: {e}"
             for h in members:
-                run.phase(h, "failed", f"{why}; the unit's rollback failed: {cause}",
-                          {**show, "health": "down"},
-                          status=fleet_ledger.HOST_FAILED,
-                          error=f"{why}; unit {unit.name}'s rollback failed: {cause}; fix: {fix}",
-                          verdict=summary)
+                step.on(h).phase(
+                    "failed", f"{why}; the unit's rollback failed: {cause}", step.row.at("down"),
+                    status=fleet_records.HOST_FAILED,
+                    error=f"{why}; unit {unit.name}'s rollback failed: {cause}; fix: {fix}",
+                    verdict=summary)
             return
         now = each(members, lambda h: self.s.ops(h).inspect(container_name(h)), "inspect")
         for h in members:
-            outcome.after_restore(run, h, why, f"unit {unit.name}: serving {prev_tag} again", back,
-                                  judged,
-                                  now[h.name], prev_tag, summary)
+            outcome.after_restore(back.on(h), replace(failure, why=why),
+                                  f"unit {unit.name}: serving {prev_tag} again", now[h.name],
+                                  prev_tag, summary)
 
-    def _restore(self, run: Run, recipe: Recipe, unit: Unit, why: str, show: Mapping[str, Any],
-                 fix: str,
+    def _restore(self, step: Step, unit: Unit, why: str, fix: str,
                  resumed: bool) -> str | Literal[False] | None:
         """Each member's previous container started again, in the launch's order; the tag it serves
         (the head's), or False when a member had none: the unit is then down, recorded as failed."""
+        run, recipe = step.run, step.recipe
         members = unit_plan.members(self.s.inv, unit)
         recs = {h.name: run.record(h.name) for h in members}
         looks = inspect_both(self.s.ops, members)
@@ -350,11 +340,11 @@ class UnitStep:
         if missing:
             each(members, lambda h: self.s.ops(h).kill(container_name(h)), "kill")
             for h in members:
-                run.phase(h, "failed", f"{why}; {', '.join(missing)} had no previous version: the "
-                          f"unit {unit.name} is down", {**show, "health": "down"},
-                          status=fleet_ledger.HOST_FAILED,
-                          error=f"{why}; unit {unit.name} down (no previous version on "
-                                f"{', '.join(missing)}); fix: {fix}")
+                step.on(h).phase("failed", f"{why}; {', '.join(missing)} had no previous version: "
+                                 f"the unit {unit.name} is down", step.row.at("down"),
+                                 status=fleet_records.HOST_FAILED,
+                                 error=f"{why}; unit {unit.name} down (no previous version on "
+                                       f"{', '.join(missing)}); fix: {fix}")
             return False
         # nothing of the failed version keeps running on any member (a restored one is stopped, so
         # that every rank joins anew), then each previous one started in the launch's order

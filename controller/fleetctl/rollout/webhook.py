@@ -34,7 +34,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl import httpbound
@@ -162,6 +162,17 @@ def validate(url: str, allow_http: bool = False) -> str:
                      fix="give the receiver's https:// URL")
 
 
+@dataclass(frozen=True)
+class Posting:
+    """How a webhook posts: plain http allowed (a lab receiver only), each post's timeout, the
+    seconds between two progress posts, and the values no body may carry (kept out of repr)."""
+
+    allow_http: bool = False
+    timeout: float = POST_TIMEOUT
+    interval: float = PROGRESS_INTERVAL
+    secrets: Collection[str] = field(default=(), repr=False)
+
+
 class Webhook:
     """Posts events for one rollout from a background thread; ``url`` None makes it a no-op.
 
@@ -174,13 +185,12 @@ class Webhook:
         rollout_id: str,
         fleet: str,
         progress: Progress = NULL,
-        timeout: float = POST_TIMEOUT,
         *,
-        allow_http: bool = False,
-        secrets: Collection[str] = (),
+        posting: Posting = Posting(),
         on_close: Callable[[Webhook], None] | None = None,
-        interval: float = PROGRESS_INTERVAL,
     ) -> None:
+        allow_http, secrets, interval = posting.allow_http, posting.secrets, posting.interval
+        timeout = posting.timeout
         self.url = validate(url, allow_http) if url else None
         parts: list[str] = []
         if self.url:

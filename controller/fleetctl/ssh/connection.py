@@ -173,8 +173,6 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             fix="check that the host is up and reachable from the jump host",
         ) from None
     except paramiko.SSHException as e:
-        if _dropped_in_handshake(e):
-            raise _dropped(host.name, f"{what}{via}", gateway is not None) from None
         if "No authentication methods available" in str(e):
             raise FleetError(
                 f"no SSH key to log in as {login}{via}: the inventory names no key file, "
@@ -221,28 +219,40 @@ def _open(c: fabric.Connection) -> None:
             c.open()
             return
         except BaseException as e:
+            dropped = _dropped_in_handshake(e, c.client.get_transport())
             # paramiko leaves the transport of a refused connect running (e.g. after a bad host key)
             c.client.close()
-            if n == HANDSHAKE_TRIES or not _dropped_in_handshake(e):
+            if not dropped:
                 raise
+            if n == HANDSHAKE_TRIES:
+                raise EOFError(str(e)) from e
         time.sleep(HANDSHAKE_PAUSE * n)
 
 
-def _dropped_in_handshake(e: BaseException) -> bool:
+def _dropped_in_handshake(e: BaseException, transport: paramiko.Transport | None) -> bool:
     """The server closed the connection before the handshake ended (no timeout, no refusal).
 
     paramiko words a banner that timed out and one the server never sent alike ("Error reading
-    SSH protocol banner", its socket.timeout has no text): the exception it was raised from tells
-    them apart."""
+    SSH protocol banner": its socket.timeout has no text), and says "No existing session" both
+    when the server closed the connection and when the handshake outlived the connect timeout:
+    the exception paramiko's own was raised from, or the one its transport thread ended on,
+    tells them apart (a transport still running is still waiting: a timeout)."""
     if isinstance(e, EOFError | ConnectionResetError):
         return True
     if not isinstance(e, paramiko.SSHException) or isinstance(
             e, paramiko.BadHostKeyException | paramiko.AuthenticationException):
         return False
     text = str(e)
+    if "No existing session" in text:
+        if transport is None or transport.is_active():
+            return False
+        e = transport.saved_exception or e
+        if isinstance(e, EOFError | ConnectionResetError):
+            return True
+        text = str(e)
     if "Error reading SSH protocol banner" in text:
         return isinstance(e.__context__, EOFError | ConnectionResetError)
-    return "No existing session" in text
+    return False
 
 
 def _dropped(host: str, what: str, via_jump: bool) -> HostUnreachable:

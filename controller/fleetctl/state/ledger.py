@@ -36,8 +36,8 @@ transaction), ``get``/``ids``/``latest``/``history`` (reads),
 ``update_baseline``/``delete_baseline`` (soak baselines), ``close``.
 
 What the ledger holds is in ``records.py`` (the records and statuses), its schema and migrations
-in ``schema.py``; their public names stay reachable here (``ledger.RUNNING``,
-``ledger.HostRecord``). The SQL dialects are apart in ``backends.py``.
+in ``schema.py``: import them from there (``records.RUNNING``, ``records.HostRecord``). The SQL
+dialects are apart in ``backends.py``.
 """
 
 from __future__ import annotations
@@ -56,16 +56,9 @@ from fleetctl.errors import FleetError, LockedError
 from fleetctl.state.backends import Backend, PostgresBackend, SqliteBackend, Tx
 from fleetctl.state.lock import proc_start
 from fleetctl.state.records import (
-    ABORTED,
     ACTIVE,
-    COMPLETED,
-    COMPLETED_WITH_FAILURES,
     DONE,
-    FAILED,
     HOST_FAILED,
-    HOST_PAUSED,
-    IN_PROGRESS,
-    PAUSED,
     PENDING,
     ROLLED_BACK,
     RUNNING,
@@ -76,25 +69,13 @@ from fleetctl.state.records import (
     LedgerInfo,
     LockHolder,
     OutOfRotation,
-    PhaseRecord,
     RolloutRecord,
-    WaveRecord,
     from_json,
     host_record,
-    new_id,
     rollout_record,
     started_by,
 )
-from fleetctl.state.schema import MIGRATIONS, SCHEMA_VERSION, migrate
-
-# The records' and the schema's public names, reachable as ledger.NAME as when they were here.
-__all__ = [
-    "ABORTED", "ACTIVE", "COMPLETED", "COMPLETED_WITH_FAILURES", "DONE", "FAILED", "HOST_FAILED",
-    "HOST_PAUSED", "IN_PROGRESS", "LEDGER_NAME", "MIGRATIONS", "PAUSED", "PENDING", "ROLLED_BACK",
-    "RUNNING", "SCHEMA_VERSION", "SKIPPED", "BaselineRow", "HostRecord", "KnownGood", "Ledger",
-    "LedgerInfo", "LockHolder", "OutOfRotation", "PhaseRecord", "RolloutRecord", "WaveRecord",
-    "ledger_url", "new_id", "open_for", "open_ledger", "started_by"
-]
+from fleetctl.state.schema import migrate
 
 if TYPE_CHECKING:
     from fleetctl.inventory import Inventory

@@ -38,19 +38,6 @@ from .knobs import Knobs
 from .metrics import Metrics
 from .text import count_tokens
 
-# The request's names, reachable here as when they were in this module.
-__all__ = [
-    "TEMPLATE_TOKENS_GENERATION",
-    "TEMPLATE_TOKENS_PER_MESSAGE",
-    "BadRequestError",
-    "ModelInfo",
-    "OpenAIApi",
-    "ParsedChat",
-    "error_body",
-    "message_texts",
-    "parse_request",
-]
-
 
 class OpenAIApi:
     """The answers of one emulated vLLM API server, computed from its engine."""
