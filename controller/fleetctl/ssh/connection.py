@@ -173,6 +173,14 @@ def connect(host: Host, hop: Hop, gateway: fabric.Connection | str | None,
             fix="check that the host is up and reachable from the jump host",
         ) from None
     except paramiko.SSHException as e:
+        if "No existing session" in str(e) or "Error reading SSH protocol banner" in str(e):
+            # not dropped (_open raised it again): the server is too slow, not closing
+            raise HostUnreachable(
+                f"SSH to {login}{via}: no SSH banner and key exchange within {timeout:g}s",
+                host=host.name,
+                fix="check the host's load and its sshd (an sshd that answers this late is "
+                    "starved), or that an SSH server listens on that port",
+            ) from None
         if "No authentication methods available" in str(e):
             raise FleetError(
                 f"no SSH key to log in as {login}{via}: the inventory names no key file, "
