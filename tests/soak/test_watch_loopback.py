@@ -11,7 +11,7 @@ from typing import Any
 from click.testing import CliRunner
 
 from fleetctl.cli.main import cli
-from fleetctl.soak.config import load_config
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.verdict import Outcome, Remedied
 from fleetctl.soak.watch import WatchSettings, WatchTarget, run_watch
 from tests.plugins.webhook import Receiver

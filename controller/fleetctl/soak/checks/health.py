@@ -4,7 +4,7 @@ requests, wedged streams, server-side errors, preemption storms and crashes or r
 from __future__ import annotations
 
 from fleetctl.soak import metrics
-from fleetctl.soak.checks.evidence import Evidence
+from fleetctl.soak.checks.check import Check, CheckContext
 from fleetctl.soak.checks.judge import (
     ERR,
     INC,
@@ -16,7 +16,7 @@ from fleetctl.soak.checks.judge import (
     skipped,
     snippet,
 )
-from fleetctl.soak.config import CheckSpec, SoakConfig
+from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.verdict import (
     CheckResult,
     Measurement,
@@ -26,15 +26,17 @@ from fleetctl.soak.verdict import (
 ANSWER_WINDOW = 1000
 
 
-def check_readiness(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_readiness(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """/health answered 200 before the readiness deadline (boot failures name the log's cause)."""
+    ev = ctx.evidence
     r = ev.readiness
     m = Measurement("health", r.outcome, r.message, round(r.seconds, 1), None)
     return decide(spec, [m], ok_message=r.message)
 
 
-def check_identity(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+def check_identity(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """/v1/models lists every served name of the recipe."""
+    ev, config = ctx.evidence, ctx.config
     ident = ev.identity
     if ident is None:
         return skipped(spec, "not run: the server never became ready")
@@ -75,9 +77,10 @@ def check_identity(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckRe
                   ok_message=f"serves {', '.join(want)}; version {ident.version or 'n/a'}")
 
 
-def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_smoke(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """Fixed prompts at temperature 0 answer correctly; garbage fails; a length cut is not a
     crash."""
+    ev = ctx.evidence
     if not ev.smoke:
         return skipped(spec, "not run: the identity check failed first" if ev.readiness.ready
                        else "not run: the server never became ready")
@@ -143,8 +146,9 @@ def check_smoke(spec: CheckSpec, ev: Evidence) -> CheckResult:
     return decide(spec, out, ok_message=f"{len(out)} smoke prompt(s) answered correctly")
 
 
-def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+def check_errors(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """No failed request at any level (HTTP errors, refusals, error events in 200 streams)."""
+    ev = ctx.evidence
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     bound = float(spec.params.get("max_error_rate", 0.0))
@@ -192,9 +196,10 @@ def check_errors(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResu
     )
 
 
-def check_liveness(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_liveness(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """No request in flight went ``token_timeout`` seconds without a token while /health
     answered."""
+    ev = ctx.evidence
     if not ev.readiness.ready:
         return skipped(spec, "not run: the server never became ready")
     bound = ev.token_timeout
@@ -233,8 +238,9 @@ def check_liveness(spec: CheckSpec, ev: Evidence) -> CheckResult:
     )
 
 
-def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_server_errors(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """/metrics counts no request finished with reason ``error`` during the soak."""
+    ev = ctx.evidence
     ws = [w for w in ev.windows if w.phase in ("classes", "sweep", "sustained")]
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
@@ -261,8 +267,9 @@ def check_server_errors(spec: CheckSpec, ev: Evidence) -> CheckResult:
                   no_data="no /metrics window (scrapes failed)")
 
 
-def check_preemptions(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_preemptions(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """No preemption storm: preemptions per minute in every window under the bound."""
+    ev = ctx.evidence
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     bound = float(spec.params.get("max_per_minute", 10.0))
@@ -293,8 +300,9 @@ def check_preemptions(spec: CheckSpec, ev: Evidence) -> CheckResult:
     )
 
 
-def check_container(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_container(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """The server did not crash or restart during the soak."""
+    ev = ctx.evidence
     if not ev.readiness.ready:
         return skipped(spec, "not run: the server never became ready")
     out: list[Measurement] = []
@@ -339,3 +347,22 @@ def check_container(spec: CheckSpec, ev: Evidence) -> CheckResult:
     elif not out:
         return skipped(spec, "no container access (endpoint soak); /health stayed up")
     return decide(spec, out, ok_message="no crash, no restart")
+
+
+READINESS = Check("readiness", check_readiness, needs=("readiness",), smoke=True)
+IDENTITY = Check("identity", check_identity, needs=("identity",), smoke=True)
+SMOKE = Check("smoke", check_smoke, needs=("smoke",), smoke=True)
+ERRORS = Check("errors", check_errors, needs=("load",), params={"max_error_rate": "fraction"},
+               defaults={"spark": {"max_error_rate": 0.0}})
+# A request in flight that gets no token for token_timeout seconds while /health answers is a
+# wedged engine (vLLM #41725, MiaAI-Lab #87); the sustained phase sends a probe every half of it.
+# Spark: past the slowest prefill a Spark does in this soak (a 16k-token prompt: seconds) and the
+# c=64 TTFT p95 (11.2 s published) with room: a gap of two minutes is no queue, it is a wedge. The
+# lab: the emulator's slowest request in the lab profile lasts seconds.
+LIVENESS = Check("liveness", check_liveness, needs=("load",), params={"token_timeout": "number"},
+                 defaults={"spark": {"token_timeout": 120.0}, "lab": {"token_timeout": 20.0}})
+SERVER_ERRORS = Check("server_errors", check_server_errors, needs=("load", "metrics"))
+PREEMPTIONS = Check("preemptions", check_preemptions, needs=("load", "metrics"),
+                    params={"max_per_minute": "number"},
+                    defaults={"spark": {"max_per_minute": 10.0}, "lab": {"max_per_minute": 60.0}})
+CONTAINER = Check("container", check_container, needs=("container",), smoke=True)

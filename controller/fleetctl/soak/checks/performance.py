@@ -3,18 +3,18 @@ floor and the host's baseline."""
 
 from __future__ import annotations
 
-from fleetctl.soak.checks.evidence import Evidence
+from fleetctl.soak.checks.check import Check, CheckContext
 from fleetctl.soak.checks.judge import INC, F, P, decide, foreign_traffic, ms, skipped
 from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.verdict import (
     CheckResult,
     Measurement,
-    Verdict,
 )
 
 
-def check_latency(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_latency(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """TTFT p95 and TPOT p50 under the profile's bounds at each concurrency level."""
+    ev = ctx.evidence
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     out: list[Measurement] = []
@@ -65,9 +65,9 @@ def check_latency(spec: CheckSpec, ev: Evidence) -> CheckResult:
     )
 
 
-def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
-                     baseline_note: str = "") -> CheckResult:
+def check_throughput(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """Aggregate tok/s per level above the floor and within tolerance of the host's baseline."""
+    ev, baseline, baseline_note = ctx.evidence, ctx.baseline, ctx.baseline_note
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     tol = float(spec.params.get("tolerance", 0.15))
@@ -126,3 +126,24 @@ def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
     else:
         ok_msg = f"within bounds of baseline {baseline.run_id} at every level"
     return decide(spec, out, ok_message=ok_msg, no_data="no sweep level completed")
+
+
+LATENCY = Check(
+    "latency", check_latency, needs=("load",),
+    params={"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
+    defaults={
+        "spark": {"ttft_p95_ms": {1: 500, 4: 1000, 16: 2000, 32: 6000, 64: 15000},
+                  "tpot_p50_ms": {1: 30, 4: 60, 16: 100, 32: 200, 64: 300}},
+        # The emulator on two shared cores: bounds ~20x looser.
+        "lab": {"ttft_p95_ms": {1: 5000, 4: 8000, 16: 15000, 32: 25000, 64: 40000},
+                "tpot_p50_ms": {1: 500, 4: 800, 16: 1500, 32: 2500, 64: 4000}},
+    })
+THROUGHPUT = Check(
+    "throughput", check_throughput, needs=("load",),
+    params={"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
+    defaults={
+        "spark": {"tolerance": 0.15, "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250}},
+        # Two short requests at c=1 on a shared 2-core box swing by ~30% run to run: a looser
+        # tolerance and one noisy level forgiven; a 30% slower image still fails the other levels.
+        "lab": {"tolerance": 0.2, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}},
+    })
