@@ -9,6 +9,7 @@ from fleetctl.soak import prompts
 from fleetctl.soak.checks.check import Check, CheckContext
 from fleetctl.soak.checks.evidence import CanaryResult, LoopResult
 from fleetctl.soak.checks.judge import INC, F, P, decide, garbage, skipped, snippet
+from fleetctl.soak.checks.watching import Burst, Interval, WatchJudge
 from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.loops import find_loop
 from fleetctl.soak.verdict import (
@@ -393,6 +394,41 @@ def check_long_prompts(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     )
 
 
+def _watch_canary(iv: Interval) -> list[Measurement]:
+    """The interval's greedy canary holds its expected answer and repeats its first answer in this
+    watch (its reference)."""
+    canary, cp, label = iv.canary, iv.canary_prompt, iv.label
+    if not canary.ok:
+        return []
+    text = canary.text or ""
+    ref = iv.state.refs.get(cp.name)
+    if cp.expect.lower() not in text.lower():
+        return [Measurement(label, F, f"{label}: canary {cp.name} lacks {cp.expect!r}: "
+                            f"{' '.join(text.split())[:80]!r}", text[:80], cp.expect)]
+    if ref is None:
+        iv.state.refs[cp.name] = text
+        return [Measurement(label, P, f"{label}: canary {cp.name} answered (its reference)")]
+    if not same_answer(text, ref):
+        said, first = " ".join(text.split())[:80], " ".join(ref.split())[:80]
+        return [Measurement(label, F, f"{label}: canary {cp.name} changed its greedy answer: "
+                            f"{said!r}, first {first!r}", text[:80], ref[:80])]
+    return [Measurement(label, P, f"{label}: canary {cp.name} same as its reference")]
+
+
+def _burst_canary(b: Burst) -> list[CheckResult]:
+    """Each canary of the burst answered right."""
+    wrong = []
+    for cp in prompts.CANARIES:
+        s = next((x for x in b.samples if x.cls == f"canary-{cp.name}"), None)
+        if s is None or not s.ok:
+            wrong.append(f"{cp.name}: {s.error if s else 'not asked'}")
+        elif cp.expect.lower() not in (s.text or "").lower():
+            said = " ".join((s.text or "").split())[:60]
+            wrong.append(f"{cp.name} lacks {cp.expect!r}: {said!r}")
+    return [CheckResult("canary", F if wrong else P, "; ".join(wrong)[:300] if wrong else
+                        f"{len(prompts.CANARIES)} canaries answered right")]
+
+
 # Every 8th load request is a greedy canary; one long decode per soak (thousands of tokens:
 # corruption that starts deep in a sequence), capped by max_model_len.
 CORRECTNESS = Check(
@@ -401,7 +437,11 @@ CORRECTNESS = Check(
     defaults={
         "spark": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 4096},
         "lab": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 192},
-    })
+    },
+    watch=WatchJudge("canary", _watch_canary,
+                     lambda t: f"{len(prompts.CANARIES)} greedy canaries kept their answers",
+                     "no canary answered"),
+    burst=_burst_canary)
 # The deep long-decode probe (corruption that starts ~12k tokens into a sequence): its length,
 # capped by max_model_len, and the windows its text is checked in. It replaces the correctness
 # check's long decode (long_decode_tokens) when enabled; disable it to save its minutes. Spark:

@@ -6,7 +6,8 @@ parameters (their kinds, and their defaults per soak profile; a recipe overrides
 ``soak.checks.<name>``, validated by ``soak/recipe_soak.py``) and ``evaluate(spec, ctx) ->
 CheckResult``, where ``spec`` is the check's configured parameters and limits and ``ctx`` the
 :class:`CheckContext` every check gets (the evidence, the config, the baseline, the known-good
-reference, the label, the side-by-side answers).
+reference, the label, the side-by-side answers). A check that ``fleetctl watch`` or the re-gate's
+burst judges too gives ``watch`` / ``burst`` (soak/checks/watching.py).
 
 THE registry, with the built-in checks in report order (one line per check), is
 ``soak/checks/registry.py``; a check registered later (:meth:`Registry.register`) is reported
@@ -22,6 +23,7 @@ from typing import Any
 
 from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.checks.evidence import Evidence
+from fleetctl.soak.checks.watching import BurstJudge, WatchJudge
 from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.verdict import CheckResult, Verdict
 
@@ -84,6 +86,10 @@ class Check:
     defaults: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: Judged in a smoke-only soak (a rollback's quick check) too.
     smoke: bool = False
+    #: Its judgement of ``fleetctl watch``'s intervals (None: the watch does not judge it).
+    watch: WatchJudge | None = None
+    #: Its judgement of the re-gate's burst of load (None: the burst does not judge it).
+    burst: BurstJudge | None = None
 
     def defaults_for(self, profile: str) -> Mapping[str, Any]:
         """The check's default settings in ``profile``."""

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from fleetctl.soak.checks.check import Check, CheckContext
 from fleetctl.soak.checks.judge import INC, F, P, decide, foreign_traffic, ms, skipped
-from fleetctl.soak.config import CheckSpec
+from fleetctl.soak.checks.watching import Interval, WatchJudge
+from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.verdict import (
     CheckResult,
     Measurement,
@@ -128,6 +129,31 @@ def check_throughput(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     return decide(spec, out, ok_message=ok_msg, no_data="no sweep level completed")
 
 
+def loosest(config: SoakConfig, key: str) -> float | None:
+    """The profile's loosest latency bound for ``key`` (seconds): live traffic's concurrency is
+    unknown."""
+    table = config.check("latency").params.get(key)
+    return max(float(v) for v in table.values()) / 1000.0 if table else None
+
+
+def _watch_latency(iv: Interval) -> list[Measurement]:
+    """The interval's TTFT p95 and TPOT p50 (from /metrics histograms) under the bounds."""
+    t, s, out = iv.traffic, iv.settings, []
+    if t is None:
+        return []
+    for what, got, bound in (
+        ("TTFT p95", t.ttft_p95, s.ttft_p95 or loosest(iv.config, "ttft_p95_ms")),
+        ("TPOT p50", t.tpot_p50, s.tpot_p50 or loosest(iv.config, "tpot_p50_ms")),
+    ):
+        if bound is None or got is None:
+            continue
+        out.append(Measurement(
+            f"{iv.label} {what}", F if got > bound else P,
+            f"{iv.label}: {what} {ms(got)} {'>' if got > bound else '<='} {ms(bound)}",
+            round(got * 1000, 1), round(bound * 1000, 1)))
+    return out
+
+
 LATENCY = Check(
     "latency", check_latency, needs=("load",),
     params={"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
@@ -137,7 +163,10 @@ LATENCY = Check(
         # The emulator on two shared cores: bounds ~20x looser.
         "lab": {"ttft_p95_ms": {1: 5000, 4: 8000, 16: 15000, 32: 25000, 64: 40000},
                 "tpot_p50_ms": {1: 500, 4: 800, 16: 1500, 32: 2500, 64: 4000}},
-    })
+    },
+    watch=WatchJudge("latency", _watch_latency,
+                     lambda t: "TTFT p95 and TPOT p50 within bounds in every interval",
+                     "no latency histogram with observations", server_series=True))
 THROUGHPUT = Check(
     "throughput", check_throughput, needs=("load",),
     params={"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},

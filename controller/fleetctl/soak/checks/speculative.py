@@ -21,6 +21,7 @@ from fleetctl.soak.checks.judge import (
     size_measurements,
     skipped,
 )
+from fleetctl.soak.checks.watching import Interval, WatchJudge, WatchTotals
 from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.profiles import CLASSES
 from fleetctl.soak.verdict import (
@@ -372,6 +373,40 @@ def check_long_context(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")
 
 
+def _watch_acceptance(iv: Interval) -> list[Measurement]:
+    """Acceptance over blocks of consecutive intervals holding ``min_draft_tokens`` drafted tokens
+    stays above ``acceptance_ratio`` of the watch's first block (the reference, not judged)."""
+    w, st, s, label = iv.window, iv.state, iv.settings, iv.label
+    if w is None or iv.traffic is None:
+        return []
+    if w.accepted_tokens is not None and w.draft_tokens:
+        st.block_from = st.block_from or label
+        st.block[0] += w.accepted_tokens
+        st.block[1] += w.draft_tokens
+        if st.block[1] < s.min_draft_tokens:
+            return []
+        rate = st.block[0] / st.block[1]
+        where = f"{st.block_from}-{label}" if st.block_from != label else label
+        st.block, st.block_from = [0.0, 0.0], ""
+        if st.first_acceptance is None:
+            st.first_acceptance = rate  # the reference block: judged against, not judged
+            return []
+        lim = st.first_acceptance * s.acceptance_ratio
+        return [Measurement(where, F if rate < lim else P,
+                            f"{where}: acceptance {pct(rate)} (first block "
+                            f"{pct(st.first_acceptance)}, floor {pct(lim)})",
+                            round(rate, 4), round(lim, 4))]
+    if any(x.startswith(metrics.SPEC_SERIES) for x in iv.traffic.problems):
+        why = "; ".join(iv.traffic.problems)
+        return [Measurement(label, INC, f"{label}: metrics inconsistent: {why}")]
+    return []
+
+
+def _watch_unjudged(t: WatchTotals) -> str:
+    return (f"not judged: fewer than two blocks of {t.settings.min_draft_tokens} drafted tokens "
+            "in the watch" if t.spec_seen else "no speculative decoding on this server")
+
+
 ACCEPTANCE = Check(
     "acceptance", check_acceptance, needs=("load", "metrics"),
     params={"floor": "classes", "phase_floor": "fraction", "min_ratio": "fraction"},
@@ -385,7 +420,10 @@ ACCEPTANCE = Check(
                   "phase_floor": 0.03, "min_ratio": 0.5},
         # Few short requests per class: floors that only catch a collapse, not a class's mix.
         "lab": {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5},
-    })
+    },
+    watch=WatchJudge("acceptance", _watch_acceptance,
+                     lambda t: f"acceptance stayed above {t.settings.acceptance_ratio:.0%} of its "
+                     "first block", unjudged=_watch_unjudged))
 ACCEPTANCE_DECAY = Check(
     "acceptance_decay", check_acceptance_decay, needs=("load", "metrics"),
     params={"max_drop": "fraction", "min_windows": "count", "min_z": "number"},
