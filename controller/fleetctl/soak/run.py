@@ -90,7 +90,7 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     if not ready.ready:
         return Evidence(readiness=ready, has_container=target.container is not None)
 
-    if target.container is not None:
+    if target.container is not None and st.runs("container"):
         try:
             st.container_before = await container_state(target)
         except FleetError as e:
@@ -111,7 +111,7 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
 
     st.emit("smoke", "smoke prompts at temperature 0")
     st.phase = "smoke"
-    for sp in prompts.SMOKE:
+    for sp in prompts.SMOKE if st.runs("smoke") else ():
         req = ChatRequest(st.model, sp.prompt, cfg.smoke_max_tokens, 0.0, thinking=False)
         s = await client.chat(
             req,
@@ -134,7 +134,8 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     st.load_ran = not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt
     if st.load_ran:
         await _load(client, st, ident)
-        await loop_references(client, st)
+        if st.runs("load"):
+            await loop_references(client, st)
         await answer_set(client, st)
     return await _finish(client, st)
 
@@ -143,7 +144,7 @@ async def _finish(client: Client, st: SoakState) -> Evidence:
     """The container's state and /health after the load, then the evidence."""
     target = st.target
     st.phase = "the end of the soak"
-    if target.container is not None and not st.container_error:
+    if target.container is not None and not st.container_error and st.runs("container"):
         try:
             st.container_after = await container_state(target)
         except FleetError as e:
@@ -234,6 +235,8 @@ async def _load(client: Client, st: SoakState, ident: Identity) -> None:
     steps = (_references, _classes, _long_context, _sweep, _rates, long_decode, long_prompts,
              sustained)
     for step in steps:
+        if step in _LOAD_STEPS and not st.runs("load"):
+            continue
         await step(client, st, ident)
         if st.crash or st.halt:
             return
@@ -341,6 +344,11 @@ async def _rates(client: Client, st: SoakState, ident: Identity) -> None:
         )
         if st.crash or st.halt:
             return
+
+
+#: The load steps: run when a registered, enabled check needs the ``load`` probe (the canaries,
+#: the long decode and the long prompts are probes of their own).
+_LOAD_STEPS = frozenset({_classes, _long_context, _sweep, _rates, sustained})
 
 
 def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,

@@ -76,6 +76,9 @@ async def identity(client: Client, target: SoakTarget) -> Identity:
 
 
 async def scrape(client: Client, st: SoakState, label: str) -> metrics.Scrape | None:
+    """One /metrics scrape (None: it failed, or no check this soak judges reads /metrics)."""
+    if not st.runs("metrics"):
+        return None
     p = await client.get("/metrics", timeout=15.0)
     t = st.now()
     if not p.ok:
@@ -129,7 +132,7 @@ async def canary_references(client: Client, st: SoakState) -> None:
 async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     """One long generation per soak: corruption that starts thousands of tokens into a sequence."""
     cfg = st.config
-    tokens = cfg.long_decode_tokens()
+    tokens = cfg.long_decode_tokens() if st.runs("long_decode") else 0
     if ident.max_model_len:
         tokens = min(tokens, ident.max_model_len - 512)  # room for the prompt and the template
     if tokens <= 0:
@@ -293,7 +296,7 @@ LONG_PROMPT_ANSWER = 48
 async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
     """One request per configured size: a fact hidden mid-prompt, asked for at the end (greedy)."""
     cfg = st.config
-    for tokens in cfg.long_prompt_tokens():
+    for tokens in cfg.long_prompt_tokens() if st.runs("long_prompts") else ():
         if st.halt or st.crash:
             return
         if ident.max_model_len and tokens + LONG_PROMPT_ANSWER + 64 > ident.max_model_len:

@@ -38,7 +38,7 @@ def answer_of(p: RefPrompt, s: Sample, max_tokens: int) -> Answer:
 def planned(st: SoakState) -> tuple[RefPrompt, ...]:
     """The prompts this soak's config asks (none when the check is off)."""
     spec = st.config.check("known_good")
-    if not spec.enabled:
+    if not st.runs("answer_set"):
         return ()
     ld = st.config.check("long_decode")
     window = int(ld.params.get("window_tokens", 0) or 0) if ld.enabled else 0
