@@ -16,9 +16,10 @@ from dataclasses import replace
 
 from fleetctl.soak import metrics, prompts
 from fleetctl.soak.checks.evidence import Identity, LongPrompt, LoopResult
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.phases.levels import (
     OPEN_LOOP_MAX_IN_FLIGHT,
+    LevelPlan,
     merge_trials,
     open_loop,
     run_requests,
@@ -151,10 +152,7 @@ async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     # Its text is kept (bounded by the stream's byte cap) for the probe's windows.
     s = await client.chat(
         req,
-        phase="long_decode",
-        cls="prose",
-        concurrency=1,
-        t0=st.t0,
+        SampleTag("long_decode", "prose", 1, st.t0),
         timeout=max(cfg.request_timeout, tokens / 10),
         stall=cfg.token_timeout(),
         keep_text=probe,
@@ -187,14 +185,9 @@ async def sustained(client: Client, st: SoakState, ident: Identity) -> None:
         await run_requests(
             client,
             st,
-            phase="sustained",
-            label="sustained",
-            concurrency=cfg.sustained_concurrency,
-            requests=cfg.sustained_max_requests,
-            seconds=cfg.sustained_duration,
-            classes=prompts.SHORT_CLASSES,
-            canaries=True,
-            context=context,
+            LevelPlan("sustained", "sustained", cfg.sustained_concurrency,
+                      cfg.sustained_max_requests, cfg.sustained_duration, prompts.SHORT_CLASSES,
+                      canaries=True, context=context),
         )
     finally:
         done.set()
@@ -281,9 +274,7 @@ async def trickle(client: Client, st: SoakState, done: asyncio.Event) -> None:
             return
         n += 1
         req = ChatRequest(st.model, cp.prompt, PROBE_MAX_TOKENS, 0.0, thinking=False)
-        s = await client.chat(
-            req, phase="probe", cls=f"probe-{n}", concurrency=1, t0=st.t0, stall=bound
-        )
+        s = await client.chat(req, SampleTag("probe", f"probe-{n}", 1, st.t0), stall=bound)
         st.samples.append(s)
         st.art.sample(s)
         await stall_seen(client, st, s, "sustained (liveness probe)")
@@ -314,9 +305,13 @@ async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
             st.model, prompts.needle_prompt(chars), LONG_PROMPT_ANSWER, 0.0, thinking=False
         )
         bound = cfg.token_timeout()
-        s = await client.chat(req, phase="long_prompt", cls="long_context", concurrency=1, t0=st.t0,
-                              keep_text=True, timeout=cfg.long_prompt_timeout(tokens),
-                              stall=bound + tokens / 500 if bound is not None else None)
+        s = await client.chat(
+            req,
+            SampleTag("long_prompt", "long_context", 1, st.t0),
+            keep_text=True,
+            timeout=cfg.long_prompt_timeout(tokens),
+            stall=bound + tokens / 500 if bound is not None else None,
+        )
         st.samples.append(replace(s, text=None))
         st.art.sample(s)
         st.long_prompts.append(LongPrompt(tokens, how, s))
@@ -346,10 +341,7 @@ async def loop_references(client: Client, st: SoakState) -> None:
         timeout = max(st.config.request_timeout, req.max_tokens / 10)
         ref = await client.chat(
             ref_req,
-            phase="reference",
-            cls=s.cls,
-            concurrency=1,
-            t0=st.t0,
+            SampleTag("reference", s.cls, 1, st.t0),
             keep_text=True,
             timeout=timeout,
             stall=st.config.token_timeout(),

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from fleetctl.soak import prompts
 from fleetctl.soak.checks.judge import pct
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.phases.soak_state import (
     SoakState,
     canary,
@@ -20,23 +20,38 @@ from fleetctl.soak.phases.soak_state import (
     diagnose_crash,
     stall_seen,
 )
-from fleetctl.soak.phases.summary import summarize
+from fleetctl.soak.phases.summary import LevelKey, summarize
 from fleetctl.soak.verdict import (
     Sample,
 )
 
 
-async def run_requests(client: Client, st: SoakState, *, phase: str, label: str, concurrency: int,
-                        requests: int, seconds: float, classes: Sequence[str],
-                        long_chars: int = 0, canaries: bool = False, context: str = "") -> None:
-    """``requests`` streamed requests on ``concurrency`` workers, stopping at ``seconds`` or a
-    crash."""
-    st.phase = f"{phase} {label}"
+@dataclass(frozen=True)
+class LevelPlan:
+    """One closed-loop level: ``requests`` streamed requests of ``classes`` on ``concurrency``
+    workers for at most ``seconds``; a long-context prompt of ``long_chars``, greedy canaries
+    among them, a context every conversation shares, when asked."""
+
+    phase: str
+    label: str
+    concurrency: int
+    requests: int
+    seconds: float
+    classes: Sequence[str]
+    long_chars: int = 0
+    canaries: bool = False
+    context: str = ""
+
+
+async def run_requests(client: Client, st: SoakState, plan: LevelPlan) -> None:
+    """The level ``plan`` on its workers, stopping at its time bound or a crash."""
+    st.phase = f"{plan.phase} {plan.label}"
     t_start = time.monotonic()
-    level = _Level(client, st, phase, label, concurrency, requests, seconds, classes, long_chars,
-                   context, every=canary_every(st.config) if canaries else 0, t_start=t_start,
-                   counter=iter(range(requests)))
-    await asyncio.gather(*(level.worker(w) for w in range(concurrency)))
+    level = _Level(client, st, plan.phase, plan.label, plan.concurrency, plan.requests,
+                   plan.seconds, plan.classes, plan.long_chars, plan.context,
+                   every=canary_every(st.config) if plan.canaries else 0, t_start=t_start,
+                   counter=iter(range(plan.requests)))
+    await asyncio.gather(*(level.worker(w) for w in range(plan.concurrency)))
     await level.finish()
 
 
@@ -151,10 +166,7 @@ class _Level:
         left = max(self.deadline - time.monotonic(), 1.0)
         s = await self.client.chat(
             req,
-            phase=self.phase,
-            cls=cls,
-            concurrency=self.concurrency,
-            t0=st.t0,
+            SampleTag(self.phase, cls, self.concurrency, st.t0),
             timeout=min(cfg.request_timeout, left + cfg.request_timeout),
             keep_text=bool(context),
             stall=cfg.token_timeout(),
@@ -203,9 +215,7 @@ class _Level:
         st.levels.append(
             replace(
                 summarize(
-                    self.phase,
-                    self.label,
-                    self.concurrency,
+                    LevelKey(self.phase, self.label, self.concurrency),
                     level,
                     elapsed,
                     stopped,
@@ -228,8 +238,14 @@ def merge_trials(st: SoakState, label: str, concurrency: int) -> None:
     rest = [lv for lv in st.levels if not (lv.phase == "sweep" and lv.label == label)]
     samples = [s for s in st.samples if s.phase == "sweep" and s.concurrency == concurrency
                and not s.cls.startswith("canary-")]
-    merged = summarize("sweep", label, concurrency, samples, sum(lv.seconds for lv in runs),
-                       "; ".join(lv.stopped for lv in runs if lv.stopped), st.config.slo, st.warm)
+    merged = summarize(
+        LevelKey("sweep", label, concurrency),
+        samples,
+        sum(lv.seconds for lv in runs),
+        "; ".join(lv.stopped for lv in runs if lv.stopped),
+        st.config.slo,
+        st.warm,
+    )
     rates = tuple(lv.tok_s for lv in runs if lv.tok_s is not None)
     st.levels[:] = [*rest, replace(merged, tok_s=statistics.median(rates) if rates else None,
                                    trials=tuple(round(r, 1) for r in rates),
@@ -258,9 +274,12 @@ async def open_loop(
             req = ChatRequest(st.model, prompts.prompt_for(cls, i), cfg.max_tokens, cfg.temperature,
                               thinking=cfg.thinking, ignore_eos=True)
             left = max(deadline - time.monotonic(), 1.0)
-            s = await client.chat(req, phase="rate", cls=cls, concurrency=0, t0=st.t0,
-                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout),
-                                  stall=cfg.token_timeout())
+            s = await client.chat(
+                req,
+                SampleTag("rate", cls, 0, st.t0),
+                timeout=min(cfg.request_timeout, left + cfg.request_timeout),
+                stall=cfg.token_timeout(),
+            )
             level.append(s)
             st.samples.append(s)
             st.looped(s, req, label)
@@ -286,7 +305,7 @@ async def open_loop(
         level=label,
     )
     st.levels.append(
-        summarize("rate", label, 0, level, time.monotonic() - t_start, stopped, cfg.slo)
+        summarize(LevelKey("rate", label, 0), level, time.monotonic() - t_start, stopped, cfg.slo)
     )
 
 

@@ -24,7 +24,7 @@ from fleetctl.soak.checks.evidence import (
     Wedge,
 )
 from fleetctl.soak.checks.registry import REGISTRY
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import (
     CRASH_LOG_TAIL,
@@ -206,10 +206,7 @@ async def canary(client: Client, st: SoakState, cp: prompts.SmokePrompt, phase: 
     )
     s = await client.chat(
         req,
-        phase=phase,
-        cls=f"canary-{cp.name}",
-        concurrency=concurrency,
-        t0=st.t0,
+        SampleTag(phase, f"canary-{cp.name}", concurrency, st.t0),
         keep_text=True,
         stall=st.config.token_timeout(),
     )
