@@ -131,3 +131,11 @@ def test_a_probe_runs_only_when_an_enabled_check_needs_it(
     full = REGISTRY.needed(load_config({}, profile="lab").checks)
     assert {"metrics", "canaries", "long_decode", "long_prompts", "answer_set"} <= full
     assert not {"metrics", "canaries", "answer_set"} & REGISTRY.needed(cfg.checks)
+
+
+def test_the_design_doc_shows_this_toy_check() -> None:
+    """docs/design.md's "Adding a check" ends with the toy check, as this test has it."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "design.md").read_text()
+    section = doc.split("## Adding a check", 1)[1]
+    block = section.split("```python\n", 1)[1].split("```", 1)[0]
+    assert block.strip() and block in Path(__file__).read_text()
