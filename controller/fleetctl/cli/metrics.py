@@ -28,7 +28,7 @@ from prometheus_client.registry import Collector
 from fleetctl.cli.livemodel import STEP, LiveModel
 from fleetctl.errors import FleetError
 from fleetctl.progress import Event, event_from_json
-from fleetctl.soak.watch import CHECKS
+from fleetctl.soak.watch import watched_checks
 from fleetctl.urls import http_url
 
 #: A check's status (``error``, a probe that could not measure, counts as inconclusive).
@@ -86,12 +86,12 @@ class RunMetrics(Collector):
         with self.lock:
             if event.phase == "watch" and isinstance(d.get("checks"), dict):
                 for check, status in d["checks"].items():
-                    if check in CHECKS:
+                    if check in watched_checks():
                         self.checks[(host, check)] = (
                             status if status in ("pass", "fail") else "inconclusive")
             elif event.phase == "breach":
                 check = event.message.split(":", 1)[0]
-                self.breaches[(host, _one_of(check, CHECKS))] += 1
+                self.breaches[(host, _one_of(check, watched_checks()))] += 1
                 self.unhealed[host] = True
             elif event.phase == "remediation":
                 action = _one_of(d.get("action") or "none", ACTIONS)
