@@ -29,12 +29,13 @@ import copy
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.durations import DurationError, parse_duration
 from fleetctl.errors import FleetError
+from fleetctl.recipes.capabilities import check_capabilities, check_sampling
 from fleetctl.soak.profiles import (
     CHECK_PARAMS,
     CHECKS,
@@ -85,6 +86,8 @@ _TOP_KEYS = (
     "checks",
     "slo",
     "deadline",
+    "capabilities",
+    "sampling",
 )
 _SUSTAINED_KEYS = (
     "duration",
@@ -185,6 +188,11 @@ class SoakConfig:
     #: The soak's hard overall deadline in seconds (0: derived from the phases,
     #: :meth:`hard_deadline`).
     deadline: float = 0.0
+    #: ``soak.capabilities``: a capability probe turned on or off by the recipe (absent: derived
+    #: from the recipe's flags, fleetctl.soak.capabilities).
+    capabilities: Mapping[str, bool] = field(default_factory=dict)
+    #: ``soak.sampling``: served name -> the sampling parameters its requests carry.
+    sampling: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     def fingerprint(self) -> str:
         """What makes two soaks' throughput comparable: profile, max_tokens, levels, workload.
@@ -389,6 +397,8 @@ def load_config(
         stagger=num("stagger"),
         request_rates=rates,
         deadline=num("deadline", "duration", default=0.0) if "deadline" in raw else 0.0,
+        capabilities=check_capabilities(raw.get("capabilities"), _raise_on(where)),
+        sampling=check_sampling(raw.get("sampling"), served_model_names, _raise_on(where)),
     )
 
 
@@ -403,6 +413,15 @@ def from_recipe(recipe: Any, *, profile: str | None = None) -> SoakConfig:
         speculative=spec,
         recipe=str(getattr(recipe, "name", "")),
     )
+
+
+def _raise_on(where: str) -> Callable[[str, str, str], None]:
+    """A recipe check's ``bad(field, problem, fix)`` that raises its first problem."""
+
+    def bad(fld: str, problem: str, fix: str) -> None:
+        raise SoakConfigError(f"{where}.{fld.removeprefix('soak.')} {problem}", fix=fix)
+
+    return bad
 
 
 def _sustained(raw: Any, where: str) -> Mapping[str, Any]:
