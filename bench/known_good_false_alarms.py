@@ -28,7 +28,7 @@ from typing import Any
 from fleetctl.lab import models
 from fleetctl.lab.scenarios import SCENARIOS
 from fleetctl.soak import references
-from fleetctl.soak.config import load_config
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import SoakTarget
 from fleetctl.state import ledger as fleet_ledger

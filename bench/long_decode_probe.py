@@ -3,7 +3,7 @@ controller.
 
 Starts the emulator on loopback (one process, EMU_SPEED=1, as in the lab) and runs the probe as
 the soak does (``fleetctl.soak.client.Client.chat`` with the probe's prompt, ``ignore_eos``, its
-text and delta boundaries kept), then cuts and checks its windows (``checks.long_decode_windows``,
+text and delta boundaries kept), then cuts and checks its windows (``answers.long_decode_windows``,
 U+FFFD, garbage, loops). Reports the decode's wall seconds and tok/s, and the controller CPU
 milliseconds of the window checks.
 
@@ -30,7 +30,9 @@ from rich.console import Console
 
 from _figures import write_figures  # bench/ is on sys.path when a bench runs
 from fleetctl.lab import models
-from fleetctl.soak import checks, prompts
+from fleetctl.soak import prompts
+from fleetctl.soak.checks.answers import long_decode_windows
+from fleetctl.soak.checks.judge import garbage
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.loops import find_loop
 
@@ -108,10 +110,10 @@ def main() -> int:
             proc.terminate()
             proc.wait(10)
     cpu0 = time.process_time()
-    windows = checks.long_decode_windows(text, got, opts.window, ends)
+    windows = long_decode_windows(text, got, opts.window, ends)
     for _a, _b, win in windows:
         win.count("\ufffd")
-        checks.garbage(win)
+        garbage(win)
         find_loop(win)
     judge_ms = (time.process_time() - cpu0) * 1000
     figures = {

@@ -38,9 +38,10 @@ import aiohttp
 from aiohttp import web
 
 from fleetctl.soak import prompts
-from fleetctl.soak.config import load_config
+from fleetctl.soak.checks.watching import WatchSettings
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.verdict import SoakTarget
-from fleetctl.soak.watch import STREAM_PROMPT, WatchSettings, WatchTarget, run_watch
+from fleetctl.soak.watch import STREAM_PROMPT, WatchTarget, run_watch
 
 MODEL = "bench-model"
 

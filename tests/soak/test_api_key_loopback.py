@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from fleetctl.soak.config import load_config
 from fleetctl.soak.readiness import wait_ready
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import smoke_check
 from fleetctl.soak.verdict import Outcome
 

@@ -17,7 +17,7 @@ from fleetctl.cli.output import _LiveTable
 from fleetctl.cli.soak import _summary
 from fleetctl.progress import Event
 from fleetctl.soak import report
-from fleetctl.soak.config import load_config
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from fleetctl.progress import Recorder
 from fleetctl.soak import burst, prompts, smoke_check
-from fleetctl.soak.config import load_config
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.verdict import Outcome, SoakTarget
 from tests.soak.conftest import Served
 from tests.soak.fakevllm import FakeVLLM, answer_for, good_chat, prompt_of, serve, stream_tokens

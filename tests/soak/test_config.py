@@ -7,7 +7,9 @@ from typing import Any, ClassVar
 import pytest
 
 from fleetctl.durations import DurationError, parse_duration
-from fleetctl.soak.config import CHECKS, SoakConfigError, from_recipe, load_config
+from fleetctl.soak.checks.registry import REGISTRY
+from fleetctl.soak.config import SoakConfigError
+from fleetctl.soak.recipe_soak import from_recipe, load_config
 
 
 def test_spark_defaults_come_from_the_seed_figures() -> None:
@@ -16,7 +18,7 @@ def test_spark_defaults_come_from_the_seed_figures() -> None:
     assert c.concurrency == (1, 4, 16, 32, 64)
     assert c.readiness_timeout == 600  # startup takes 3-5 minutes
     assert c.smoke_max_tokens >= 2048  # content null + length below ~1500 with thinking on
-    assert set(c.checks) == set(CHECKS)
+    assert set(c.checks) == set(REGISTRY.names())
     assert c.check("errors").params["max_error_rate"] == 0.0
     lat = c.check("latency")
     assert lat.level_bound("ttft_p95_ms", 1) == 500

@@ -39,7 +39,8 @@ import pytest
 from fleetctl import paths
 from fleetctl.soak import metrics
 from fleetctl.soak.client import ChatRequest, Client
-from fleetctl.soak.config import SoakConfig, load_config
+from fleetctl.soak.config import SoakConfig
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome, Sample, SoakTarget, Verdict
 

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
-from fleetctl.soak.checks import CanaryResult, Evidence, check_correctness
-from fleetctl.soak.config import load_config
+from fleetctl.soak.checks.answers import check_correctness
+from fleetctl.soak.checks.check import CheckContext
+from fleetctl.soak.checks.evidence import CanaryResult, Evidence
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.verdict import Outcome, Readiness, Sample
 
-SPEC = load_config({}, profile="lab").check("correctness")
+LAB = load_config({}, profile="lab")
+SPEC = LAB.check("correctness")
 READY = Readiness(Outcome.PASS, "ready", 1.0)
+
+
+def ctx(ev: Evidence) -> CheckContext:
+    """The context the check is evaluated in (no known-good version: a first deploy)."""
+    return CheckContext(ev, LAB)
 
 
 def _s(
@@ -33,7 +41,7 @@ def test_garbage_under_load_fails_with_host_level_and_excerpt() -> None:
     ev = Evidence(
         readiness=READY, load_ran=True, host="spark-03", garbage_samples=(bad,), streams_checked=40
     )
-    r = check_correctness(SPEC, ev)
+    r = check_correctness(SPEC, ctx(ev))
     assert r.outcome is Outcome.FAIL
     assert (
         "spark-03 c=16: garbage in a coding answer started at +12.3s (a run of 16 '!')" in r.message
@@ -51,14 +59,14 @@ def test_canaries_must_hold_the_answer_and_repeat_the_c1_answer() -> None:
     )
     failed = CanaryResult("copy", "amber", "sustained", _s(ok=False), None)
     ev = Evidence(readiness=READY, load_ran=True, host="h", canaries=(good,), streams_checked=8)
-    assert check_correctness(SPEC, ev).outcome is Outcome.PASS
+    assert check_correctness(SPEC, ctx(ev)).outcome is Outcome.PASS
     for c, says in (
         (wrong, "lacks '391'"),
         (drift, "differs from its c=1 answer"),
         (failed, "HTTP 500"),
     ):
         r = check_correctness(
-            SPEC, Evidence(readiness=READY, load_ran=True, host="h", canaries=(good, c))
+            SPEC, ctx(Evidence(readiness=READY, load_ran=True, host="h", canaries=(good, c)))
         )
         assert (
             r.outcome is Outcome.FAIL
@@ -68,8 +76,8 @@ def test_canaries_must_hold_the_answer_and_repeat_the_c1_answer() -> None:
 
 
 def test_no_load_is_skipped_and_nothing_checked_is_inconclusive() -> None:
-    assert check_correctness(SPEC, Evidence(readiness=READY)).outcome is Outcome.SKIPPED
+    assert check_correctness(SPEC, ctx(Evidence(readiness=READY))).outcome is Outcome.SKIPPED
     assert (
-        check_correctness(SPEC, Evidence(readiness=READY, load_ran=True)).outcome
+        check_correctness(SPEC, ctx(Evidence(readiness=READY, load_ran=True))).outcome
         is Outcome.INCONCLUSIVE
     )

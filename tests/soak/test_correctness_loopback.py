@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleetctl.soak import report
-from fleetctl.soak.config import load_config
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome, Verdict
 

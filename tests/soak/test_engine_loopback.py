@@ -16,8 +16,9 @@ from typing import Any
 
 from fleetctl.progress import Recorder
 from fleetctl.soak import baselines, report
-from fleetctl.soak.config import SoakConfig, load_config
+from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import wait_ready
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak, smoke_check
 from fleetctl.soak.verdict import Outcome, SoakTarget, Verdict, from_dict, to_dict
 from fleetctl.state import ledger as fleet_ledger

@@ -13,7 +13,8 @@ from typing import Any
 from aiohttp import web
 
 from fleetctl.progress import Recorder
-from fleetctl.soak.config import SoakConfig, load_config
+from fleetctl.soak.config import SoakConfig
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome, SoakTarget, Verdict
 

@@ -4,7 +4,11 @@ must not fail, a lost stop, a changed canary, and a first deploy."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from fleetctl.soak.answerset import Answer, ReferenceSet, reference_prompts
+from fleetctl.soak.checks.check import CheckContext
+from fleetctl.soak.checks.evidence import Evidence
 from fleetctl.soak.checks.known_good import (
     agreement,
     check_known_good,
@@ -13,9 +17,17 @@ from fleetctl.soak.checks.known_good import (
 )
 from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.loops import find_loop
-from fleetctl.soak.verdict import Outcome
+from fleetctl.soak.recipe_soak import load_config
+from fleetctl.soak.verdict import Outcome, Readiness
 
 SPEC = CheckSpec("known_good")
+LAB = load_config(profile="lab")
+
+
+def answers_ctx(answers: Sequence[Answer], ref: ReferenceSet | None, label: str) -> CheckContext:
+    """A soak whose load ran and gave ``answers``, judged against ``ref`` as version ``label``."""
+    ev = Evidence(Readiness(Outcome.PASS, "ready", 1.0), load_ran=True, answers=tuple(answers))
+    return CheckContext(ev, LAB, reference=ref, label=label)
 
 # What a healthy model answered (a natural end, finish "stop").
 HEALTHY = (
@@ -52,7 +64,7 @@ def test_a_loop_where_the_known_good_ended_fails_naming_the_prompt_both_answers_
     found = [f.what for f in findings(new, ref)]
     assert any(f.startswith("a loop the known-good did not have") for f in found)
     assert any(f.startswith("ran to max_tokens") for f in found)
-    r = check_known_good(SPEC, [new], known(ref), "2026-08-01-degen (sha256:bbbb)")
+    r = check_known_good(SPEC, answers_ctx([new], known(ref), "2026-08-01-degen (sha256:bbbb)"))
     assert r.outcome is Outcome.FAIL
     m = next(m for m in r.measurements if m.outcome is Outcome.FAIL)
     assert m.label == "natural_language:2" and "natural_language:2" in m.message
@@ -67,12 +79,12 @@ def test_a_numerics_only_difference_passes_with_its_agreement_reported() -> None
     assert findings(new, ref) == []
     ag = agreement(new.text, ref.text)
     assert not ag.exact and 0.5 < ag.prefix_share < 1.0
-    r = check_known_good(SPEC, [new], known(ref), "new")
+    r = check_known_good(SPEC, answers_ctx([new], known(ref), "new"))
     assert r.outcome is Outcome.PASS, r.message
     assert "0.0% identical" in r.message and "mean common prefix" in r.message
     # A recipe that demands agreement fails the same pair under its bound.
     strict = CheckSpec("known_good", params={"min_prefix_share": 0.95})
-    assert check_known_good(strict, [new], known(ref), "new").outcome is Outcome.FAIL
+    assert check_known_good(strict, answers_ctx([new], known(ref), "new")).outcome is Outcome.FAIL
 
 
 def test_the_same_loop_as_the_known_good_is_no_finding() -> None:
@@ -95,9 +107,9 @@ def test_far_longer_and_a_changed_canary_fail() -> None:
 
 
 def test_a_first_deploy_records_and_calls_a_loop_inconclusive() -> None:
-    healthy = check_known_good(SPEC, [answer(HEALTHY, "stop")], None, "new")
+    healthy = check_known_good(SPEC, answers_ctx([answer(HEALTHY, "stop")], None, "new"))
     assert healthy.outcome is Outcome.PASS and "first deploy" in healthy.message
-    looped = check_known_good(SPEC, [answer(LOOPED, "length")], None, "new")
+    looped = check_known_good(SPEC, answers_ctx([answer(LOOPED, "length")], None, "new"))
     assert looped.outcome is Outcome.INCONCLUSIVE
     assert "no known-good version to compare with" in looped.message
 

@@ -19,8 +19,8 @@ from fleetctl import inventory, ssh
 from fleetctl import lab as fleetlab
 from fleetctl.lab import models
 from fleetctl.lab.scenarios import AEON_REPOSITORY
-from fleetctl.soak.config import load_config
 from fleetctl.soak.container import DockerOverSSH
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome, SoakTarget
 

@@ -11,9 +11,10 @@ from typing import Any
 from click.testing import CliRunner
 
 from fleetctl.cli.main import cli
-from fleetctl.soak.config import load_config
+from fleetctl.soak.checks.watching import WatchSettings
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.verdict import Outcome, Remedied
-from fleetctl.soak.watch import WatchSettings, WatchTarget, run_watch
+from fleetctl.soak.watch import WatchTarget, run_watch
 from tests.plugins.webhook import Receiver
 from tests.soak.conftest import Served
 from tests.soak.fakevllm import FakeVLLM, answer_for, good_chat, prompt_of, serve, stream_tokens

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from typing import Any
 
 from fleetctl.soak.client import Client
-from fleetctl.soak.config import SoakConfig, load_config
+from fleetctl.soak.config import SoakConfig
+from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import Outcome
 

@@ -35,9 +35,11 @@ from fleetctl.progress import Event, Progress, Tee
 from fleetctl.runids import new_run_id
 from fleetctl.serving import container_name
 from fleetctl.soak import baselines, fleet, references, report, secrets
-from fleetctl.soak.checks import pct
-from fleetctl.soak.config import PROFILES, SoakConfig, from_recipe, load_config
+from fleetctl.soak.checks.judge import pct
+from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.container import DockerOverSSH
+from fleetctl.soak.profiles import PROFILES
+from fleetctl.soak.recipe_soak import from_recipe, load_config
 from fleetctl.soak.run import run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
 

@@ -28,10 +28,11 @@ from fleetctl.errors import FleetError
 from fleetctl.progress import Event, Progress, Tee
 from fleetctl.runids import new_run_id
 from fleetctl.soak import report
-from fleetctl.soak.checks import ms
-from fleetctl.soak.config import PROFILES
+from fleetctl.soak.checks.judge import ms
+from fleetctl.soak.checks.watching import WatchSettings
+from fleetctl.soak.profiles import PROFILES
 from fleetctl.soak.verdict import Outcome, Remedied, Verdict
-from fleetctl.soak.watch import Remedy, WatchSettings, WatchTarget, run_watch
+from fleetctl.soak.watch import Remedy, WatchTarget, run_watch
 
 if TYPE_CHECKING:
     from fleetctl.rollout.webhook import Webhook

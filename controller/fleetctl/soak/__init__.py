@@ -14,8 +14,9 @@ The API (docs/design.md, "Soak")::
 
 from __future__ import annotations
 
-from fleetctl.soak.config import SoakConfig, SoakConfigError, from_recipe, load_config
+from fleetctl.soak.config import SoakConfig, SoakConfigError
 from fleetctl.soak.readiness import wait_ready
+from fleetctl.soak.recipe_soak import from_recipe, load_config
 from fleetctl.soak.run import run_soak, smoke_check
 from fleetctl.soak.verdict import (
     CheckResult,

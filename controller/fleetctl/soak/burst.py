@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.soak import prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
+from fleetctl.soak.checks.registry import REGISTRY
+from fleetctl.soak.checks.watching import Burst
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.phases.summary import summarize
@@ -36,19 +38,21 @@ def short_load(target: SoakTarget, config: SoakConfig, seconds: float,
                concurrency: int = CONCURRENCY, artifacts_dir: Path | None = None,
                progress: Progress = NULL) -> Verdict:
     """``seconds`` of ``concurrency`` concurrent greedy requests, the canaries among them; a
-    verdict whose checks are ``load`` (no request failed), ``liveness`` (no stall), ``tokens``
-    (every finished request streamed tokens) and ``canary`` (each answered right)."""
+    verdict whose checks are the registered checks' burst sides: ``load`` (no request failed),
+    ``liveness`` (no stall), ``tokens`` (every finished request streamed tokens) and ``canary``
+    (each answered right)."""
     scrub = secrets.Scrubber(secrets.known_secrets(target.api_key, target.base_url))
     art = Artifacts(artifacts_dir)
     started, t0 = datetime.now(UTC), time.monotonic()
     progress(Event("load", f"{seconds:g}s of {concurrency} concurrent greedy requests and "
                    f"{len(prompts.CANARIES)} canaries", host=target.name))
     try:
-        samples, cut = asyncio.run(_burst(target, config, seconds, concurrency, scrub, art, t0))
+        samples, cut, health_ok = asyncio.run(
+            _burst(target, config, _Plan(seconds, concurrency, t0), scrub, art))
     finally:
         art.close()
     took = time.monotonic() - t0
-    checks = _judge(samples, config, cut)
+    checks = _judge(Burst(target.name, config, tuple(samples), cut, health_ok))
     bad = [c for c in checks if c.outcome is not Outcome.PASS]
     outcome = Outcome.FAIL if bad else Outcome.PASS
     level = summarize("load", f"c{concurrency}", concurrency, samples, took)
@@ -69,10 +73,20 @@ def short_load(target: SoakTarget, config: SoakConfig, seconds: float,
     return v
 
 
-async def _burst(t: SoakTarget, cfg: SoakConfig, seconds: float, concurrency: int,
-                 scrub: secrets.Scrubber, art: Artifacts,
-                 t0: float) -> tuple[list[Sample], bool]:
-    """The burst's samples (canaries' text kept), and whether its bound cut it."""
+@dataclass(frozen=True)
+class _Plan:
+    """How long the burst sends, how many requests at once, and its clock's zero."""
+
+    seconds: float
+    concurrency: int
+    t0: float
+
+
+async def _burst(t: SoakTarget, cfg: SoakConfig, plan: _Plan, scrub: secrets.Scrubber,
+                 art: Artifacts) -> tuple[list[Sample], bool, bool]:
+    """The burst's samples (canaries' text kept), whether its bound cut it, and whether /health
+    answered 200 after a request stalled (the liveness rule tells a wedge from a server down)."""
+    seconds, concurrency, t0 = plan.seconds, plan.concurrency, plan.t0
     stall = cfg.token_timeout()
     end = time.monotonic() + seconds
     samples: list[Sample] = []
@@ -103,43 +117,18 @@ async def _burst(t: SoakTarget, cfg: SoakConfig, seconds: float, concurrency: in
                 i += concurrency
 
         bound = seconds + (stall or cfg.request_timeout) + 10.0
+        cut = False
         try:
             async with asyncio.timeout(bound):
                 await asyncio.gather(*(worker(w) for w in range(concurrency)))
         except TimeoutError:
-            return samples, True
-    return samples, False
+            cut = True
+        health = (await c.get("/health", timeout=5.0)
+                  if any(s.error_kind == "stall" for s in samples) else None)
+    return samples, cut, health is not None and health.ok
 
 
-def _judge(samples: list[Sample], cfg: SoakConfig, cut: bool) -> tuple[CheckResult, ...]:
-    P, F = Outcome.PASS, Outcome.FAIL
-    failed = [s for s in samples if not s.ok and s.error_kind != "stall"]
-    stalls = [s for s in samples if s.error_kind == "stall"]
-    ok = [s for s in samples if s.ok]
-    # No token: the usage says 0, or without usage no content ever came (no first token).
-    dry = [s for s in ok if s.output_tokens == 0 or (s.output_tokens is None and s.ttft is None)]
-    load = CheckResult("load", F if failed or cut or not samples else P,
-                       f"{len(failed)} of {len(samples)} request(s) failed: {failed[0].error}"
-                       if failed else "the burst outlived its bound (cut)" if cut else
-                       "no request finished" if not samples else
-                       f"{len(samples)} request(s), none failed")
-    live = CheckResult("liveness", F if stalls else P,
-                       f"{len(stalls)} request(s) got no token for "
-                       f"{cfg.token_timeout() or 0:.0f}s (a wedged engine)" if stalls else
-                       "every request streamed tokens")
-    tokens = sum(s.output_tokens or 0 for s in ok)
-    flow = CheckResult("tokens", F if dry or not ok else P,
-                       f"{len(dry)} finished request(s) streamed no token" if dry else
-                       "no request finished with tokens" if not ok else
-                       f"{tokens} tokens over {len(ok)} request(s)")
-    wrong = []
-    for cp in prompts.CANARIES:
-        s = next((x for x in samples if x.cls == f"canary-{cp.name}"), None)
-        if s is None or not s.ok:
-            wrong.append(f"{cp.name}: {s.error if s else 'not asked'}")
-        elif cp.expect.lower() not in (s.text or "").lower():
-            said = " ".join((s.text or "").split())[:60]
-            wrong.append(f"{cp.name} lacks {cp.expect!r}: {said!r}")
-    canary = CheckResult("canary", F if wrong else P, "; ".join(wrong)[:300] if wrong else
-                         f"{len(prompts.CANARIES)} canaries answered right")
-    return tuple(replace(c, message=c.message[:300]) for c in (load, live, flow, canary))
+def _judge(b: Burst) -> tuple[CheckResult, ...]:
+    """The registered checks' burst sides, in report order (messages cut at 300 characters)."""
+    out = [r for c in REGISTRY.checks() if c.burst is not None for r in c.burst(b)]
+    return tuple(replace(r, message=r.message[:300]) for r in out)

@@ -10,8 +10,9 @@ from __future__ import annotations
 from fleetctl.inventory import Host
 from fleetctl.recipes import Recipe
 from fleetctl.serving import container_name
-from fleetctl.soak.config import SoakConfig, from_recipe
+from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.container import DockerOverSSH
+from fleetctl.soak.recipe_soak import from_recipe
 from fleetctl.soak.verdict import SoakTarget
 from fleetctl.urls import http_url
 

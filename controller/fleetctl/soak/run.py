@@ -36,10 +36,14 @@ from typing import Any
 from fleetctl.errors import FleetError
 from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
-from fleetctl.soak import checks, prompts, secrets
+from fleetctl.soak import prompts, secrets
 from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.artifacts import Artifacts
+from fleetctl.soak.checks.check import CheckContext
 from fleetctl.soak.checks.evidence import Evidence, Identity, SmokeResult
+from fleetctl.soak.checks.health import check_identity, check_smoke
+from fleetctl.soak.checks.judge import overall, pct
+from fleetctl.soak.checks.registry import evaluate
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.phases import (
@@ -99,8 +103,9 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     st.model = cfg.model or (cfg.served_model_names[0] if cfg.served_model_names else "") or \
         (ident.models[0] if ident.models else "")
     id_spec = cfg.check("identity")
-    if id_spec.enabled and not id_spec.observe_only and checks.check_identity(
-            id_spec, Evidence(readiness=ready, identity=ident), cfg).outcome is Outcome.FAIL:
+    early = CheckContext(Evidence(readiness=ready, identity=ident), cfg)
+    if id_spec.enabled and not id_spec.observe_only and check_identity(
+            id_spec, early).outcome is Outcome.FAIL:
         # Known in the first second: a server that lacks the recipe's names fails now.
         return evidence(st, final=False)
 
@@ -121,8 +126,8 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
         st.art.sample(s)
         st.smoke.append(SmokeResult(sp.name, sp.expect, s, cfg.smoke_max_tokens))
         await stall_seen(client, st, s, "smoke")
-    smoke_check = checks.check_smoke(
-        cfg.check("smoke"), Evidence(readiness=ready, smoke=tuple(st.smoke))
+    smoke_check = check_smoke(
+        cfg.check("smoke"), CheckContext(Evidence(readiness=ready, smoke=tuple(st.smoke)), cfg)
     )
     stop_after_smoke = smoke_check.outcome is Outcome.FAIL and not cfg.check("smoke").observe_only
 
@@ -413,9 +418,9 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
             f"(fingerprint {baseline.fingerprint or 'none'}, this soak {config.fingerprint()})"
         )
         baseline = None
-    results = checks.evaluate(ev, config, baseline, baseline_note=baseline_note,
-                              reference=reference, label=_label(target), side=_side(side))
-    outcome = checks.overall(results)
+    results = evaluate(CheckContext(ev, config, baseline, baseline_note, reference,
+                                    _label(target), _side(side)))
+    outcome = overall(results)
     deciding = [c for c in results if c.outcome is outcome and not c.observe_only]
     summary = outcome.value if outcome is Outcome.PASS else f"{outcome.value}: " + "; ".join(
         f"{c.name}: {c.message}" for c in deciding[:2])
@@ -429,7 +434,7 @@ def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = 
                 if ev.load_ran
                 else "smoke only",
                 f"peak {peak.tok_s:.0f} tok/s at {peak.label}" if peak and peak.tok_s else "",
-                f"acceptance {checks.pct(_acceptance(ev.windows))}"
+                f"acceptance {pct(_acceptance(ev.windows))}"
                 if _acceptance(ev.windows) is not None
                 else "",
             )

@@ -5,7 +5,7 @@ The rollout's bake (``--bake D``) and ``fleetctl watch`` read the same figures: 
 of a host, the requests it finished, those finished with reason ``error``, TTFT and TPOT percentiles
 from its histograms' bucket deltas, spec-decode acceptance and preemptions (all deltas, never
 lifetime totals: docs/domain.md). :func:`compare` is pure: figures in, one CheckResult per check
-out, with the same limits semantics as the soak's checks (``checks.decide``). See docs/watch.md.
+out, with the same limits semantics as the soak's checks (``judge.decide``). See docs/watch.md.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ this watch, its reference), one short streamed request (its time to first token,
 /health answers is a wedged engine), and a /metrics scrape whose delta since the last one gives the
 interval's finished and failed requests, preemptions, acceptance and TTFT/TPOT percentiles
 (``soak/traffic.py``). The result is one soak :class:`~fleetctl.soak.verdict.Verdict` per host with
-pass/fail/inconclusive checks under the usual limits (``checks.decide``), written as the soak writes
-its own (samples.jsonl, scrapes/, verdict.json).
+pass/fail/inconclusive checks under the usual limits (``judge.decide``), written as the soak writes
+its own (samples.jsonl, scrapes/, verdict.json). The checks are the registered soak checks that
+judge a watch's intervals too (their ``watch`` side: soak/checks/watching.py), in report order.
 
 Bounded: at most ``parallel`` hosts are probed at once (one client each, opened for the probe and
 closed after it), every request has the soak's byte cap and liveness bound, samples and scrapes go
@@ -36,13 +37,20 @@ from fleetctl.progress import NULL, Event, Progress
 from fleetctl.runids import new_run_id
 from fleetctl.soak import metrics, prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.checks.answers import same_answer
-from fleetctl.soak.checks.judge import decide, ms, pct
+from fleetctl.soak.checks.judge import decide
+from fleetctl.soak.checks.registry import REGISTRY
+from fleetctl.soak.checks.watching import (
+    Interval,
+    WatchJudge,
+    WatchSettings,
+    WatchState,
+    WatchTotals,
+)
 from fleetctl.soak.client import ChatRequest, Client
 from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.phases.summary import summarize
 from fleetctl.soak.stopping import stop_on_signals
-from fleetctl.soak.traffic import Traffic, traffic
+from fleetctl.soak.traffic import traffic
 from fleetctl.soak.verdict import (
     CheckResult,
     Measurement,
@@ -59,37 +67,8 @@ P, F, INC, ERR = Outcome.PASS, Outcome.FAIL, Outcome.INCONCLUSIVE, Outcome.ERROR
 
 #: Non-passing measurements, windows and latencies kept per host and check (the rest are counted).
 KEEP = 200
-#: The watch's checks, in report order.
-CHECKS = ("probes", "canary", "liveness", "server_errors", "preemptions", "latency", "acceptance")
 #: The short streamed request: a prose prompt, a few tokens.
 STREAM_PROMPT = prompts.PROMPTS["natural_language"][0]
-
-
-@dataclass(frozen=True)
-class WatchSettings:
-    """How long, how often, how many hosts at once, and the bounds the intervals are held to."""
-
-    duration: float
-    interval: float
-    parallel: int = 64
-    stream_max_tokens: int = 16
-    #: Server-side error rate (reason ``error`` / finished) allowed per interval, and the errors a
-    #: window needs before its rate is judged.
-    max_server_error_rate: float = 0.01
-    min_server_errors: int = 2
-    #: Preemptions per minute (judged past 10 in a window, as the soak does).
-    max_preemptions_per_minute: float | None = None
-    #: TTFT p95 / TPOT p50 bounds in seconds (None: the soak profile's loosest latency bounds).
-    ttft_p95: float | None = None
-    tpot_p50: float | None = None
-    #: Acceptance kept relative to the watch's first block: acceptance is judged over blocks of
-    #: consecutive intervals holding at least ``min_draft_tokens`` drafted tokens (a few requests'
-    #: drafts are noise: 5 % vs 9 % between two 1 s windows of the same healthy server), the first
-    #: block the reference.
-    acceptance_ratio: float = 0.8
-    min_draft_tokens: int = 2000
-    #: Failing intervals a check tolerates before it fails (a page).
-    failure_limit: int = 0
 
 
 @dataclass(frozen=True)
@@ -172,7 +151,7 @@ class _Check:
 class _Host:
     """What the watch keeps of one host between intervals."""
 
-    def __init__(self, wt: WatchTarget, t0: float) -> None:
+    def __init__(self, wt: WatchTarget, t0: float, judges: Sequence[WatchJudge]) -> None:
         self.wt = wt
         self.scrub = secrets.Scrubber(secrets.known_secrets(wt.target.api_key, wt.target.base_url))
         self.target = secrets.scrubbed_target(wt.target, self.scrub)
@@ -181,14 +160,11 @@ class _Host:
         self.model = wt.config.model or (
             wt.config.served_model_names[0] if wt.config.served_model_names else ""
         )
-        self.refs: dict[str, str] = {}
         self.prev: metrics.Scrape | None = None
-        self.first_acceptance: float | None = None
-        #: The acceptance block being filled: accepted and drafted tokens, and the intervals it
-        #: spans.
-        self.block = [0.0, 0.0]
-        self.block_from = ""
-        self.checks = {n: _Check(n) for n in CHECKS}
+        #: The registered checks' watch sides, in report order, and what they keep of the host.
+        self.judges = judges
+        self.state = WatchState()
+        self.checks = {j.name: _Check(j.name) for j in judges}
         self.windows: collections.deque[Window] = collections.deque(maxlen=KEEP)
         self.samples: collections.deque[Sample] = collections.deque(maxlen=2000)
         self.requests = self.errors = self.intervals = 0
@@ -197,7 +173,6 @@ class _Host:
         self.paged: set[str] = set()
         #: Each check's failures before the host's last fresh start (a remedy): not breaches again.
         self.fails_before: dict[str, int] = {}
-        self.spec_seen = False
         #: What the remedy did with the host's breaches (the last KEEP; ``remedies`` counts all).
         self.remedied: collections.deque[Remedied] = collections.deque(maxlen=KEEP)
         self.remedies = 0
@@ -205,9 +180,8 @@ class _Host:
     def fresh_start(self) -> None:
         """The server was restarted or replaced: new counters, new greedy answers, no breach."""
         self.prev = None
-        self.refs.clear()
+        self.state.fresh_start()
         self.version = ""
-        self.block, self.block_from, self.first_acceptance = [0.0, 0.0], "", None
         self.paged.clear()
         self.fails_before = {n: c.fails for n, c in self.checks.items()}
 
@@ -267,182 +241,29 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
         if not smp.ok:
             h.errors += 1
             h.first_error = h.first_error or smp.error
-    _judge_requests(h, label, canary, stream, cp, health is not None and health.ok, stall)
+    iv = Interval(label, h.target.name, cfg, s, h.state, canary, cp, stream,
+                  health_ok=health is not None and health.ok)
     if p.ok:
         h.art.scrape(label, h.now(), p.body)
         try:
             cur = metrics.parse(p.body, h.now())
         except metrics.MetricsError as e:
-            h.checks["server_errors"].add(Measurement(label, ERR, f"{label}: {e}"))
-            cur = None
-        if cur is not None:
-            h.spec_seen = h.spec_seen or cur.has_spec_decode
+            iv = replace(iv, scrape_error=str(e))
+        else:
+            h.state.spec_seen = h.state.spec_seen or cur.has_spec_decode
             if h.prev is not None:
-                _judge_window(h, s, label, h.prev, cur)
+                w = metrics.window(h.prev, cur, label, "watch")
+                h.windows.append(w)
+                iv = replace(iv, traffic=traffic(h.target.name, h.prev, cur), window=w)
             h.prev = cur
     else:
-        h.checks["server_errors"].add(
-            Measurement(label, ERR, f"{label}: /metrics {p.state} {p.detail or p.status}")
-        )
+        iv = replace(iv, scrape_error=f"/metrics {p.state} {p.detail or p.status}")
+    for judge in h.judges:
+        for m in judge.interval(iv):
+            h.checks[judge.name].add(m)
     progress(Event("watch", f"interval {i + 1}: canary {'ok' if canary.ok else canary.error_kind}, "
                    f"stream {'ok' if stream.ok else stream.error_kind}", host=h.target.name,
                    data={"interval": i + 1, "errors": h.errors, "requests": h.requests}))
-
-
-def _judge_requests(h: _Host, label: str, canary: Sample, stream: Sample, cp: prompts.SmokePrompt,
-                    health_ok: bool, stall: float | None) -> None:
-    host = h.target.name
-    bad = [x for x in (canary, stream) if not x.ok and x.error_kind != "stall"]
-    h.checks["probes"].add(Measurement(
-        label, F if bad else P, f"{label}: " + ("; ".join(f"{x.cls} failed: {x.error}" for x in bad)
-                                                if bad else "canary and stream answered"),
-        len(bad), 0))
-    stalls = [x for x in (canary, stream) if x.error_kind == "stall"]
-    if stalls:
-        h.checks["liveness"].add(
-            Measurement(
-                label,
-                F if health_ok else ERR,
-                (
-                    f"engine wedged on {host}: the {stalls[0].cls} request got no token for "
-                    f"{stall or 0:.0f}s while "
-                    "/health answered 200"
-                )
-                if health_ok
-                else f"{label}: no token for {stall or 0:.0f}s and /health "
-                "does not answer (the server is down)",
-                round(stalls[0].e2e or 0.0, 1),
-                stall,
-            )
-        )
-    elif stream.ok:
-        h.checks["liveness"].add(Measurement(label, P, f"{label}: first token after "
-                                             f"{ms(stream.ttft)}", stream.ttft, stall))
-    if not canary.ok:
-        return
-    text = canary.text or ""
-    ref = h.refs.get(cp.name)
-    if cp.expect.lower() not in text.lower():
-        h.checks["canary"].add(
-            Measurement(
-                label,
-                F,
-                f"{label}: canary {cp.name} lacks {cp.expect!r}: {' '.join(text.split())[:80]!r}",
-                text[:80],
-                cp.expect,
-            )
-        )
-    elif ref is None:
-        h.refs[cp.name] = text
-        h.checks["canary"].add(Measurement(label, P, f"{label}: canary {cp.name} answered (its "
-                                           "reference)"))
-    elif not same_answer(text, ref):
-        h.checks["canary"].add(
-            Measurement(
-                label,
-                F,
-                f"{label}: canary {cp.name} changed its greedy answer: "
-                f"{' '.join(text.split())[:80]!r}, first {' '.join(ref.split())[:80]!r}",
-                text[:80],
-                ref[:80],
-            )
-        )
-    else:
-        h.checks["canary"].add(Measurement(label, P, f"{label}: canary {cp.name} same as its "
-                                           "reference"))
-
-
-def _judge_window(
-    h: _Host, s: WatchSettings, label: str, a: metrics.Scrape, b: metrics.Scrape
-) -> None:
-    t = traffic(h.target.name, a, b)
-    w = metrics.window(a, b, label, "watch")
-    h.windows.append(w)
-    why = "; ".join(t.problems)
-    if t.finished is None or t.errors is None:
-        h.checks["server_errors"].add(
-            Measurement(label, INC, f"{label}: no request counts ({why or 'none'})")
-        )
-    else:
-        rate = t.error_rate or 0.0
-        bad = rate > s.max_server_error_rate and t.errors >= s.min_server_errors
-        h.checks["server_errors"].add(
-            Measurement(
-                label,
-                F if bad else P,
-                f"{label}: server finished {t.errors:.0f} of "
-                f"{t.finished:.0f} request(s) with reason error ({pct(rate)})",
-                round(rate, 4),
-                s.max_server_error_rate,
-            )
-        )
-    _judge_preemptions(h, s, label, t)
-    _judge_latency(h, s, label, t)
-    if w.accepted_tokens is not None and w.draft_tokens:
-        h.block_from = h.block_from or label
-        h.block[0] += w.accepted_tokens
-        h.block[1] += w.draft_tokens
-        if h.block[1] >= s.min_draft_tokens:
-            rate, where = (
-                h.block[0] / h.block[1],
-                f"{h.block_from}-{label}" if h.block_from != label else label,
-            )
-            h.block, h.block_from = [0.0, 0.0], ""
-            if h.first_acceptance is None:
-                h.first_acceptance = rate  # the reference block: judged against, not judged
-                return
-            lim = h.first_acceptance * s.acceptance_ratio
-            h.checks["acceptance"].add(
-                Measurement(
-                    where,
-                    F if rate < lim else P,
-                    f"{where}: acceptance {pct(rate)} (first block {pct(h.first_acceptance)}"
-                    f", floor {pct(lim)})",
-                    round(rate, 4),
-                    round(lim, 4),
-                )
-            )
-    elif any(x.startswith(metrics.SPEC_SERIES) for x in t.problems):
-        h.checks["acceptance"].add(Measurement(label, INC, f"{label}: metrics inconsistent: {why}"))
-
-
-def _judge_preemptions(h: _Host, s: WatchSettings, label: str, t: Traffic) -> None:
-    bound = s.max_preemptions_per_minute
-    if bound is None:
-        bound = float(h.wt.config.check("preemptions").params.get("max_per_minute", 10.0))
-    if t.preemptions is None:
-        return
-    per_min = t.preemptions / max(t.seconds, 1e-9) * 60
-    bad = per_min > bound and t.preemptions > 10
-    h.checks["preemptions"].add(Measurement(
-        label, F if bad else P,
-        f"{label}: {t.preemptions:.0f} preemptions ({per_min:.0f}/min, bound {bound:.0f}/min)",
-        round(per_min, 1), bound))
-
-
-def loosest(config: SoakConfig, key: str) -> float | None:
-    """The profile's loosest latency bound for ``key`` (seconds): live traffic's concurrency is
-    unknown."""
-    table = config.check("latency").params.get(key)
-    return max(float(v) for v in table.values()) / 1000.0 if table else None
-
-
-def _judge_latency(h: _Host, s: WatchSettings, label: str, t: Traffic) -> None:
-    for what, got, bound in (
-        ("TTFT p95", t.ttft_p95, s.ttft_p95 or loosest(h.wt.config, "ttft_p95_ms")),
-        ("TPOT p50", t.tpot_p50, s.tpot_p50 or loosest(h.wt.config, "tpot_p50_ms")),
-    ):
-        if bound is None or got is None:
-            continue
-        h.checks["latency"].add(
-            Measurement(
-                f"{label} {what}",
-                F if got > bound else P,
-                f"{label}: {what} {ms(got)} {'>' if got > bound else '<='} {ms(bound)}",
-                round(got * 1000, 1),
-                round(bound * 1000, 1),
-            )
-        )
 
 
 def _breaches(h: _Host, s: WatchSettings, on_breach: OnBreach | None) -> list[tuple[str, str]]:
@@ -460,58 +281,10 @@ def _breaches(h: _Host, s: WatchSettings, on_breach: OnBreach | None) -> list[tu
 
 
 def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> Verdict:
-    spec = {n: CheckSpec(n, failure_limit=s.failure_limit) for n in CHECKS}
     n = h.intervals
-    results: tuple[CheckResult, ...] = (
-        h.checks["probes"].result(
-            spec["probes"],
-            f"{h.requests} probe request(s) in {n} interval(s), none failed",
-            "no interval completed",
-        ),
-        h.checks["canary"].result(
-            spec["canary"],
-            f"{len(prompts.CANARIES)} greedy canaries kept their answers",
-            "no canary answered",
-        ),
-        h.checks["liveness"].result(
-            spec["liveness"], "every probe streamed tokens", "no probe streamed"
-        ),
-        h.checks["server_errors"].result(
-            spec["server_errors"],
-            f"no interval over the server error rate bound {pct(s.max_server_error_rate)}",
-            "fewer than two /metrics scrapes",
-        ),
-        h.checks["preemptions"].result(
-            spec["preemptions"], "no preemption storm", "no preemption counter"
-        ),
-        h.checks["latency"].result(
-            spec["latency"],
-            "TTFT p95 and TPOT p50 within bounds in every interval",
-            "no latency histogram with observations",
-        ),
-        h.checks["acceptance"].result(
-            spec["acceptance"],
-            f"acceptance stayed above {s.acceptance_ratio:.0%} of its first block",
-            "",
-        )
-        if (h.checks["acceptance"].kept or h.checks["acceptance"].passes
-            or h.checks["acceptance"].healed_n)
-        else CheckResult(
-            "acceptance",
-            Outcome.SKIPPED,
-            f"not judged: fewer than two blocks of {s.min_draft_tokens} drafted tokens in the watch"
-            if h.spec_seen
-            else "no speculative decoding on this server",
-        ),
-    )
-    # Latency and preemptions only read what the server reports: without such series they are not
-    # judged.
-    results = tuple(
-        r
-        if not (r.name in ("preemptions", "latency") and r.outcome is INC and not r.measurements)
-        else replace(r, outcome=Outcome.SKIPPED)
-        for r in results
-    )
+    totals = WatchTotals(s, h.requests, n, h.state.spec_seen)
+    results = tuple(_result(h.checks[j.name], j, CheckSpec(j.name, failure_limit=s.failure_limit),
+                            totals) for j in h.judges)
     if h.remedied:
         results = (_remediation(h), *results)
     counted = [r.outcome for r in results if not r.observe_only]
@@ -549,6 +322,17 @@ def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> V
         remediations=tuple(h.remedied),
     )
     return h.scrub.tree(v)
+
+
+def _result(c: _Check, j: WatchJudge, spec: CheckSpec, totals: WatchTotals) -> CheckResult:
+    """One check's result over the watch: skipped when it judged nothing and says why, or when it
+    reads only the server's series and the server reported none."""
+    if j.unjudged is not None and not (c.kept or c.passes or c.healed_n):
+        return CheckResult(j.name, Outcome.SKIPPED, j.unjudged(totals))
+    r = c.result(spec, j.passing(totals), j.no_data)
+    if j.server_series and r.outcome is INC and not r.measurements:
+        return replace(r, outcome=Outcome.SKIPPED)
+    return r
 
 
 def _remediation(h: _Host) -> CheckResult:
@@ -612,8 +396,9 @@ def run_watch(targets: Sequence[WatchTarget], settings: WatchSettings, progress:
     t0 = time.monotonic()
     progress = secrets.scrubbed_progress(progress, secrets.Scrubber(
         [x for w in targets for x in secrets.known_secrets(w.target.api_key, w.target.base_url)]))
+    judges = [c.watch for c in REGISTRY.checks() if c.watch is not None]
     hosts = [
-        _Host(replace(w, run_id=w.run_id or new_run_id("watch", w.target.name)), t0)
+        _Host(replace(w, run_id=w.run_id or new_run_id("watch", w.target.name)), t0, judges)
         for w in targets
     ]
     progress(

@@ -6,9 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from fleetctl.soak import prompts
-from fleetctl.soak.checks.evidence import CanaryResult, Evidence, LoopResult
+from fleetctl.soak.checks.check import Check, CheckContext
+from fleetctl.soak.checks.evidence import CanaryResult, LoopResult
 from fleetctl.soak.checks.judge import INC, F, P, decide, garbage, skipped, snippet
-from fleetctl.soak.config import CheckSpec, SoakConfig
+from fleetctl.soak.checks.watching import Burst, Interval, WatchJudge
+from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.loops import find_loop
 from fleetctl.soak.verdict import (
     CheckResult,
@@ -31,10 +33,11 @@ def same_answer(a: str, b: str) -> bool:
     return " ".join(a.split()).lower() == " ".join(b.split()).lower()
 
 
-def check_correctness(spec: CheckSpec, ev: Evidence, known_good: str = "") -> CheckResult:
+def check_correctness(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """No garbage in any streamed answer under load; canaries right and equal to their c=1
     answer; loops judged against their c=1 reference (``known_good``: the version the
     known_good check compares with, empty on a first deploy)."""
+    ev, known_good = ctx.evidence, ctx.known_good_label()
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     host = f"{ev.host} " if ev.host else ""
@@ -210,9 +213,10 @@ def long_decode_windows(text: str, tokens: int, window_tokens: int,
     return out
 
 
-def check_long_decode(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+def check_long_decode(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """The deep long decode: it reaches its depth, and every window of its text is free of garbage,
     U+FFFD and loops before the model's natural end; the needle asked for at that end is intact."""
+    ev, config = ctx.evidence, ctx.config
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     ld = ev.long_decode
@@ -313,9 +317,10 @@ def _judge_window(label: str, win: str, offset: int, end_at: int | None, host: s
     return Measurement(label, P, f"long decode, {label}: clean", None, None)
 
 
-def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+def check_long_prompts(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """Each long-prompt probe answers the fact hidden in the middle of its prompt, without
     garbage."""
+    ev, config = ctx.evidence, ctx.config
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     if not config.long_prompt_tokens():
@@ -387,3 +392,70 @@ def check_long_prompts(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
         no_data="no long-prompt probe ran"
         + (f" (soak stopped early: {ev.halted})" if ev.halted else ""),
     )
+
+
+def _watch_canary(iv: Interval) -> list[Measurement]:
+    """The interval's greedy canary holds its expected answer and repeats its first answer in this
+    watch (its reference)."""
+    canary, cp, label = iv.canary, iv.canary_prompt, iv.label
+    if not canary.ok:
+        return []
+    text = canary.text or ""
+    ref = iv.state.refs.get(cp.name)
+    if cp.expect.lower() not in text.lower():
+        return [Measurement(label, F, f"{label}: canary {cp.name} lacks {cp.expect!r}: "
+                            f"{' '.join(text.split())[:80]!r}", text[:80], cp.expect)]
+    if ref is None:
+        iv.state.refs[cp.name] = text
+        return [Measurement(label, P, f"{label}: canary {cp.name} answered (its reference)")]
+    if not same_answer(text, ref):
+        said, first = " ".join(text.split())[:80], " ".join(ref.split())[:80]
+        return [Measurement(label, F, f"{label}: canary {cp.name} changed its greedy answer: "
+                            f"{said!r}, first {first!r}", text[:80], ref[:80])]
+    return [Measurement(label, P, f"{label}: canary {cp.name} same as its reference")]
+
+
+def _burst_canary(b: Burst) -> list[CheckResult]:
+    """Each canary of the burst answered right."""
+    wrong = []
+    for cp in prompts.CANARIES:
+        s = next((x for x in b.samples if x.cls == f"canary-{cp.name}"), None)
+        if s is None or not s.ok:
+            wrong.append(f"{cp.name}: {s.error if s else 'not asked'}")
+        elif cp.expect.lower() not in (s.text or "").lower():
+            said = " ".join((s.text or "").split())[:60]
+            wrong.append(f"{cp.name} lacks {cp.expect!r}: {said!r}")
+    return [CheckResult("canary", F if wrong else P, "; ".join(wrong)[:300] if wrong else
+                        f"{len(prompts.CANARIES)} canaries answered right")]
+
+
+# Every 8th load request is a greedy canary; one long decode per soak (thousands of tokens:
+# corruption that starts deep in a sequence), capped by max_model_len.
+CORRECTNESS = Check(
+    "correctness", check_correctness, needs=("load", "canaries", "long_decode"),
+    params={"canary_every": "count", "canary_max_tokens": "count", "long_decode_tokens": "count"},
+    defaults={
+        "spark": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 4096},
+        "lab": {"canary_every": 8, "canary_max_tokens": 64, "long_decode_tokens": 192},
+    },
+    watch=WatchJudge("canary", _watch_canary,
+                     lambda t: f"{len(prompts.CANARIES)} greedy canaries kept their answers",
+                     "no canary answered"),
+    burst=_burst_canary)
+# The deep long-decode probe (corruption that starts ~12k tokens into a sequence): its length,
+# capped by max_model_len, and the windows its text is checked in. It replaces the correctness
+# check's long decode (long_decode_tokens) when enabled; disable it to save its minutes. Spark:
+# 16384 tokens, past the ~12k where corruption was reported (eugr/spark-vllm-docker #349): at a
+# Spark's single-stream 41-124 tok/s it costs 2.2-6.7 minutes of the soak. The lab: the emulator
+# decodes a 256-token probe in about a second at EMU_SPEED 4 (bench/soak_client.py measures it).
+LONG_DECODE = Check(
+    "long_decode", check_long_decode, needs=("long_decode",),
+    params={"tokens": "count", "window_tokens": "count"},
+    defaults={"spark": {"tokens": 16384, "window_tokens": 2048},
+              "lab": {"tokens": 256, "window_tokens": 64}})
+# Long-prompt probes: one request per size (tokens, by the server's /tokenize) whose answer is a
+# fact hidden in the middle of the prompt; sizes past max_model_len are skipped. Each size costs
+# its prefill (a 128k-token prompt: about a minute on a Spark): a CI soak lists what it can afford.
+LONG_PROMPTS = Check(
+    "long_prompts", check_long_prompts, needs=("long_prompts",), params={"tokens": "counts"},
+    defaults={"spark": {"tokens": [32768, 65536, 131072]}, "lab": {"tokens": [6000]}})

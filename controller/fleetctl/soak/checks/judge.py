@@ -1,6 +1,7 @@
 """How a check's measurements become its outcome, and the doubts every check family shares.
 
-``decide`` applies a check's limits to its measurements; the other helpers turn evidence that
+``decide`` applies a check's limits to its measurements and ``overall`` makes the checks'
+verdict; the other helpers turn evidence that
 no bound can judge (garbage text, another client's traffic, a series that reads impossibly, a
 prompt that missed its size) into measurements of its own.
 """
@@ -212,3 +213,12 @@ def size_measurements(ev: Evidence, name: str) -> list[Measurement]:
             target,
         )
     ]
+
+
+def overall(checks: Sequence[CheckResult]) -> Outcome:
+    """The verdict: any fail -> fail; else any error -> error; else any inconclusive; else pass."""
+    counted = [c.outcome for c in checks if not c.observe_only]
+    for o in (F, ERR, INC):
+        if o in counted:
+            return o
+    return P

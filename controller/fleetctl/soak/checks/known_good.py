@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from fleetctl.soak.answerset import Answer, ReferenceSet
+from fleetctl.soak.checks.check import Check, CheckContext
 from fleetctl.soak.checks.judge import INC, F, P, decide, pct, skipped
 from fleetctl.soak.config import CheckSpec
 from fleetctl.soak.verdict import CheckResult, Measurement
@@ -209,12 +210,12 @@ def first_deploy(spec: CheckSpec, answers: Sequence[Answer]) -> CheckResult:
                   no_data="no reference answer was asked")
 
 
-def check_known_good(spec: CheckSpec, answers: Sequence[Answer], ref: ReferenceSet | None,
-                     new_label: str, ran: bool = True,
-                     side: ReferenceSet | None = None) -> CheckResult:
+def check_known_good(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """The reference set's answers against the known-good version's (see the module docstring):
     the ledger's set ``ref``, and ``side``, the same prompts asked of a host still on the old
     version during this rollout (either may be missing; neither: a first deploy)."""
+    answers, ref, side = ctx.evidence.answers, ctx.reference, ctx.side
+    new_label, ran = ctx.label or ctx.evidence.host, ctx.evidence.load_ran
     if not ran:
         return skipped(spec, "not run: no load phase")
     against = [r for r in (ref, side) if r is not None and any(a.ok for a in r.answers)]
@@ -244,3 +245,17 @@ def check_known_good(spec: CheckSpec, answers: Sequence[Answer], ref: ReferenceS
         said.append(f"{ref_label}'s: {pct(exact)} identical, mean common prefix {pct(prefix)}")
     return decide(spec, out, ok_message=f"{len(answers)} greedy answers as the known-good "
                   + "; as ".join(said), no_data="no reference answer was asked")
+
+
+# The fixed greedy prompts with natural ends (soak/answerset.py) against the last known-good
+# version's answers: how many per class, their max_tokens and concurrency (1: batch-invariant
+# greedy answers), the length bounds, and the token-agreement bounds (unset: reported only,
+# kernels change numerics across versions). The lab: one prompt per class; the emulator's answers
+# run 150-600 tokens and are the same at any concurrency, so the set is asked four at a time.
+KNOWN_GOOD = Check(
+    "known_good", check_known_good, needs=("answer_set",),
+    params={"prompts_per_class": "count", "max_tokens": "count", "concurrency": "count",
+            "max_length_ratio": "number", "min_length_delta": "count",
+            "min_prefix_share": "fraction", "min_exact_share": "fraction"},
+    defaults={"spark": {"prompts_per_class": 2, "max_tokens": 1024, "concurrency": 1},
+              "lab": {"prompts_per_class": 1, "max_tokens": 768, "concurrency": 4}})

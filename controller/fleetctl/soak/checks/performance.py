@@ -3,18 +3,19 @@ floor and the host's baseline."""
 
 from __future__ import annotations
 
-from fleetctl.soak.checks.evidence import Evidence
+from fleetctl.soak.checks.check import Check, CheckContext
 from fleetctl.soak.checks.judge import INC, F, P, decide, foreign_traffic, ms, skipped
-from fleetctl.soak.config import CheckSpec
+from fleetctl.soak.checks.watching import Interval, WatchJudge
+from fleetctl.soak.config import CheckSpec, SoakConfig
 from fleetctl.soak.verdict import (
     CheckResult,
     Measurement,
-    Verdict,
 )
 
 
-def check_latency(spec: CheckSpec, ev: Evidence) -> CheckResult:
+def check_latency(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """TTFT p95 and TPOT p50 under the profile's bounds at each concurrency level."""
+    ev = ctx.evidence
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     out: list[Measurement] = []
@@ -65,9 +66,9 @@ def check_latency(spec: CheckSpec, ev: Evidence) -> CheckResult:
     )
 
 
-def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
-                     baseline_note: str = "") -> CheckResult:
+def check_throughput(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """Aggregate tok/s per level above the floor and within tolerance of the host's baseline."""
+    ev, baseline, baseline_note = ctx.evidence, ctx.baseline, ctx.baseline_note
     if not ev.load_ran:
         return skipped(spec, "not run: no load phase")
     tol = float(spec.params.get("tolerance", 0.15))
@@ -126,3 +127,52 @@ def check_throughput(spec: CheckSpec, ev: Evidence, baseline: Verdict | None,
     else:
         ok_msg = f"within bounds of baseline {baseline.run_id} at every level"
     return decide(spec, out, ok_message=ok_msg, no_data="no sweep level completed")
+
+
+def loosest(config: SoakConfig, key: str) -> float | None:
+    """The profile's loosest latency bound for ``key`` (seconds): live traffic's concurrency is
+    unknown."""
+    table = config.check("latency").params.get(key)
+    return max(float(v) for v in table.values()) / 1000.0 if table else None
+
+
+def _watch_latency(iv: Interval) -> list[Measurement]:
+    """The interval's TTFT p95 and TPOT p50 (from /metrics histograms) under the bounds."""
+    t, s, out = iv.traffic, iv.settings, []
+    if t is None:
+        return []
+    for what, got, bound in (
+        ("TTFT p95", t.ttft_p95, s.ttft_p95 or loosest(iv.config, "ttft_p95_ms")),
+        ("TPOT p50", t.tpot_p50, s.tpot_p50 or loosest(iv.config, "tpot_p50_ms")),
+    ):
+        if bound is None or got is None:
+            continue
+        out.append(Measurement(
+            f"{iv.label} {what}", F if got > bound else P,
+            f"{iv.label}: {what} {ms(got)} {'>' if got > bound else '<='} {ms(bound)}",
+            round(got * 1000, 1), round(bound * 1000, 1)))
+    return out
+
+
+LATENCY = Check(
+    "latency", check_latency, needs=("load",),
+    params={"ttft_p95_ms": "levels", "tpot_p50_ms": "levels"},
+    defaults={
+        "spark": {"ttft_p95_ms": {1: 500, 4: 1000, 16: 2000, 32: 6000, 64: 15000},
+                  "tpot_p50_ms": {1: 30, 4: 60, 16: 100, 32: 200, 64: 300}},
+        # The emulator on two shared cores: bounds ~20x looser.
+        "lab": {"ttft_p95_ms": {1: 5000, 4: 8000, 16: 15000, 32: 25000, 64: 40000},
+                "tpot_p50_ms": {1: 500, 4: 800, 16: 1500, 32: 2500, 64: 4000}},
+    },
+    watch=WatchJudge("latency", _watch_latency,
+                     lambda t: "TTFT p95 and TPOT p50 within bounds in every interval",
+                     "no latency histogram with observations", server_series=True))
+THROUGHPUT = Check(
+    "throughput", check_throughput, needs=("load",),
+    params={"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
+    defaults={
+        "spark": {"tolerance": 0.15, "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250}},
+        # Two short requests at c=1 on a shared 2-core box swing by ~30% run to run: a looser
+        # tolerance and one noisy level forgiven; a 30% slower image still fails the other levels.
+        "lab": {"tolerance": 0.2, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}},
+    })

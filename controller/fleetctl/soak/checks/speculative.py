@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 
 from fleetctl.soak import metrics
+from fleetctl.soak.checks.check import Check, CheckContext
 from fleetctl.soak.checks.evidence import Evidence
 from fleetctl.soak.checks.judge import (
     INC,
@@ -20,7 +21,9 @@ from fleetctl.soak.checks.judge import (
     size_measurements,
     skipped,
 )
+from fleetctl.soak.checks.watching import Interval, WatchJudge, WatchTotals
 from fleetctl.soak.config import CheckSpec, SoakConfig
+from fleetctl.soak.profiles import CLASSES
 from fleetctl.soak.verdict import (
     CheckResult,
     Measurement,
@@ -56,13 +59,13 @@ def _spec_applies(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckRes
     return None
 
 
-def check_acceptance(spec: CheckSpec, ev: Evidence, config: SoakConfig,
-                     baseline: Verdict | None = None) -> CheckResult:
+def check_acceptance(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """Draft acceptance rate per prompt class above its floor (per-class /metrics windows).
 
     Also: every sweep/sustained window above ``phase_floor``, and the sustained phase's
     median within ``min_ratio`` of this run's short classes and of the baseline's sustained phase.
     """
+    ev, config, baseline = ctx.evidence, ctx.config, ctx.baseline
     if (r := _spec_applies(spec, ev, config)) is not None:
         return r
     floors = spec.params.get("floor", {})
@@ -245,9 +248,10 @@ def _decay_context(ws: Sequence[Window], ev: Evidence) -> list[Measurement]:
     return out
 
 
-def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+def check_acceptance_decay(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """Acceptance does not decay across the sustained phase's windows (trend, not lifetime
     totals)."""
+    ev, config = ctx.evidence, ctx.config
     if config.sustained_duration <= 0:
         return skipped(spec, "no sustained phase in this soak")
     if (r := _spec_applies(spec, ev, config)) is not None:
@@ -326,8 +330,9 @@ def check_acceptance_decay(spec: CheckSpec, ev: Evidence, config: SoakConfig) ->
     )
 
 
-def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> CheckResult:
+def check_long_context(spec: CheckSpec, ctx: CheckContext) -> CheckResult:
     """Long-context acceptance holds: above a floor and a share of short-context acceptance."""
+    ev, config = ctx.evidence, ctx.config
     if "long_context" not in config.classes:
         return skipped(spec, "long_context class not in this soak's classes")
     if (r := _spec_applies(spec, ev, config)) is not None:
@@ -366,3 +371,64 @@ def check_long_context(spec: CheckSpec, ev: Evidence, config: SoakConfig) -> Che
         )
     out += size_measurements(ev, "long_context") + lies
     return decide(spec, out, ok_message=f"holds at {pct(acc)} (short context {pct(ref)})")
+
+
+def _watch_acceptance(iv: Interval) -> list[Measurement]:
+    """Acceptance over blocks of consecutive intervals holding ``min_draft_tokens`` drafted tokens
+    stays above ``acceptance_ratio`` of the watch's first block (the reference, not judged)."""
+    w, st, s, label = iv.window, iv.state, iv.settings, iv.label
+    if w is None or iv.traffic is None:
+        return []
+    if w.accepted_tokens is not None and w.draft_tokens:
+        st.block_from = st.block_from or label
+        st.block[0] += w.accepted_tokens
+        st.block[1] += w.draft_tokens
+        if st.block[1] < s.min_draft_tokens:
+            return []
+        rate = st.block[0] / st.block[1]
+        where = f"{st.block_from}-{label}" if st.block_from != label else label
+        st.block, st.block_from = [0.0, 0.0], ""
+        if st.first_acceptance is None:
+            st.first_acceptance = rate  # the reference block: judged against, not judged
+            return []
+        lim = st.first_acceptance * s.acceptance_ratio
+        return [Measurement(where, F if rate < lim else P,
+                            f"{where}: acceptance {pct(rate)} (first block "
+                            f"{pct(st.first_acceptance)}, floor {pct(lim)})",
+                            round(rate, 4), round(lim, 4))]
+    if any(x.startswith(metrics.SPEC_SERIES) for x in iv.traffic.problems):
+        why = "; ".join(iv.traffic.problems)
+        return [Measurement(label, INC, f"{label}: metrics inconsistent: {why}")]
+    return []
+
+
+def _watch_unjudged(t: WatchTotals) -> str:
+    return (f"not judged: fewer than two blocks of {t.settings.min_draft_tokens} drafted tokens "
+            "in the watch" if t.spec_seen else "no speculative decoding on this server")
+
+
+ACCEPTANCE = Check(
+    "acceptance", check_acceptance, needs=("load", "metrics"),
+    params={"floor": "classes", "phase_floor": "fraction", "min_ratio": "fraction"},
+    defaults={
+        # Position-0 acceptance, about half the lowest published figure per class; every sweep
+        # and sustained window over phase_floor (a collapse outside the per-class phase, or a
+        # decay that plateaus low, must not pass); the sustained median at least min_ratio of the
+        # run's own classes and of the baseline's sustained phase (a drop to half is a decay).
+        "spark": {"floor": {"coding": 0.16, "math": 0.24, "reasoning": 0.22, "prose": 0.05,
+                            "natural_language": 0.1, "extraction": 0.14, "long_context": 0.2},
+                  "phase_floor": 0.03, "min_ratio": 0.5},
+        # Few short requests per class: floors that only catch a collapse, not a class's mix.
+        "lab": {"floor": dict.fromkeys(CLASSES, 0.05), "phase_floor": 0.02, "min_ratio": 0.5},
+    },
+    watch=WatchJudge("acceptance", _watch_acceptance,
+                     lambda t: f"acceptance stayed above {t.settings.acceptance_ratio:.0%} of its "
+                     "first block", unjudged=_watch_unjudged))
+ACCEPTANCE_DECAY = Check(
+    "acceptance_decay", check_acceptance_decay, needs=("load", "metrics"),
+    params={"max_drop": "fraction", "min_windows": "count", "min_z": "number"},
+    defaults={"spark": {"max_drop": 0.5, "min_windows": 3}})
+LONG_CONTEXT = Check(
+    "long_context", check_long_context, needs=("load", "metrics"),
+    params={"floor": "fraction", "min_ratio": "fraction"},
+    defaults={"spark": {"floor": 0.2, "min_ratio": 0.5}, "lab": {"floor": 0.05, "min_ratio": 0.5}})

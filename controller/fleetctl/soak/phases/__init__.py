@@ -328,7 +328,7 @@ async def loop_references(client: Client, st: SoakState) -> None:
     """Each looping request once more at c=1, greedy, free to stop (no ignore_eos): its reference.
 
     A healthy model asked for exactly max_tokens often loops past its natural end; the server is
-    at fault only where the same prompt's reference does not loop (checks._judge_loop).
+    at fault only where the same prompt's reference does not loop (answers._judge_loop).
     """
     if not st.loop_candidates:
         return
