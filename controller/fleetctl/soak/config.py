@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import FleetError
+from fleetctl.soak.capabilities.derive import Capability
 from fleetctl.soak.profiles import WORKLOAD_VERSION
 
 
@@ -113,6 +114,9 @@ class SoakConfig:
     capabilities: Mapping[str, bool] = field(default_factory=dict)
     #: ``soak.sampling``: served name -> the sampling parameters its requests carry.
     sampling: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: What the gate tests of what the recipe serves (fleetctl.soak.capabilities.derive), every
+    #: capability in report order with its status and where it was derived from.
+    plan: tuple[Capability, ...] = ()
 
     def fingerprint(self) -> str:
         """What makes two soaks' throughput comparable: profile, max_tokens, levels, workload.

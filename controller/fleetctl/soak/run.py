@@ -39,6 +39,7 @@ from fleetctl.runids import new_run_id
 from fleetctl.soak import prompts, secrets
 from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.artifacts import Artifacts
+from fleetctl.soak.capabilities.probes import probe_capabilities
 from fleetctl.soak.checks.check import CheckContext
 from fleetctl.soak.checks.evidence import Evidence, Identity, SmokeResult
 from fleetctl.soak.checks.health import check_identity, check_smoke
@@ -131,6 +132,10 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     )
     stop_after_smoke = smoke_check.outcome is Outcome.FAIL and not cfg.check("smoke").observe_only
 
+    if not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt:
+        st.phase = "capabilities"
+        st.capabilities = await probe_capabilities(client, cfg.plan, st.model,
+                                                   cfg.request_timeout, st.emit)
     st.load_ran = not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt
     if st.load_ran:
         await _load(client, st, ident)
@@ -194,6 +199,7 @@ def evidence(st: SoakState, final: bool = True) -> Evidence:
             loops_unjudged=st.loops_unjudged,
             long_prompts=tuple(st.long_prompts),
             answers=tuple(st.answers),
+            capabilities=st.capabilities,
         )
         if final
         else Evidence(
