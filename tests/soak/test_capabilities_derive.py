@@ -145,3 +145,19 @@ def test_the_soak_config_refuses_the_same_settings() -> None:
     good = Recipe(**{**recipe.__dict__,
                      "soak": {"sampling": {"qwen36-deep": {"temperature": 0.7, "top_p": 0.95}}}})
     assert from_recipe(good).sampling == {"qwen36-deep": {"temperature": 0.7, "top_p": 0.95}}
+
+
+def test_the_probes_requests_are_counted_in_the_hard_deadline() -> None:
+    from fleetctl.soak.capabilities import images, tools
+
+    recipe = build(seed("qwen36-35b-heretic"))
+    plan = derive(recipe)
+    assert plan.get("tool_calls").requests == len(tools.SCENARIOS) + 1
+    assert plan.get("images").requests == len(images.DRAWINGS)
+    assert plan.get("served_names").requests == 3
+    cfg = from_recipe(recipe, profile="lab")
+    total, how = cfg.hard_deadline()
+    assert f"capabilities {(3 + 4 + 2 + 3) * cfg.request_timeout:.0f}s" in how
+    off = from_recipe(build(seed("qwen36-35b-heretic", capabilities={"images": False})),
+                      profile="lab")
+    assert off.hard_deadline()[0] == total - 3 * cfg.request_timeout

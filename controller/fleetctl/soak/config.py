@@ -198,6 +198,7 @@ class SoakConfig:
             + len(self.request_rates) * per_level,
             "long decode": max(self.request_timeout, long_decode / 10) if long_decode else 0.0,
             "long prompts": self.long_prompt_seconds(),
+            "capabilities": sum(c.requests for c in self.plan) * self.request_timeout,
             # Up to 3 looping prompts re-run as references (MAX_LOOP_REFERENCES in
             # soak/phases/soak_state.py): two load prompts and the long decode at most.
             "loop references": 2 * self.request_timeout

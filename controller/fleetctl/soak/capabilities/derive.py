@@ -35,6 +35,10 @@ TESTED = "tested"
 OFF_BY_RECIPE = "off by recipe"
 NOT_SERVED = "not served"
 
+#: Requests each probe sends at most (soak/capabilities/probes.py; served_names: one per name):
+#: the soak's hard deadline counts them.
+PROBE_REQUESTS = {"tool_calls": 4, "reasoning": 2, "images": 3}
+
 #: Flags that only a multimodal server takes (vLLM's multimodal options).
 _MM_FLAGS = ("--mm-encoder-tp-mode", "--mm-processor-kwargs", "--mm-processor-cache-gb")
 
@@ -73,6 +77,15 @@ class Capability:
     def tested(self) -> bool:
         """True when the gate probes it."""
         return self.status == TESTED
+
+    @property
+    def requests(self) -> int:
+        """Requests its probe sends at most (0: not tested, or probed elsewhere)."""
+        if not self.tested:
+            return 0
+        if self.name == "served_names":
+            return len(self.params.get("names", ()))
+        return PROBE_REQUESTS.get(self.name, 0)
 
     def describe(self) -> str:
         """``tool_calls: tested (--tool-call-parser qwen3_coder ...)``, one line."""

@@ -115,14 +115,14 @@ def _one(x: Exchange) -> Measurement:
     if why := garbage(text):
         return Measurement(x.label, Outcome.FAIL,
                            f"{where}: expected {x.expected!r}, got garbage ({why}): "
-                           f"{snippet(text)!r} (the vision tower may not be loaded)",
+                           f"{snippet(text)} (the vision tower may not be loaded)",
                            snippet(text), x.expected)
     named_colour = colour in low
     named_shape = any(w in low for w in SHAPES[shape])
     others = [c for c in COLOURS if c != colour and c in low]
     if named_colour and named_shape and not others:
-        return Measurement(x.label, Outcome.PASS, f"images: {x.label}: {snippet(text)!r}",
+        return Measurement(x.label, Outcome.PASS, f"images: {x.label}: {snippet(text)}",
                            snippet(text), x.expected)
     return Measurement(x.label, Outcome.FAIL,
-                       f"{where}: expected {x.expected!r}, got {snippet(text) or '(no text)'!r}",
+                       f"{where}: expected {x.expected!r}, got {snippet(text)}",
                        snippet(text), x.expected)

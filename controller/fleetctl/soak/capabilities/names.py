@@ -40,8 +40,8 @@ def judge(exchanges: Sequence[Exchange]) -> list[Measurement]:
                                    f"{r.finish_reason})", "", x.expected))
         elif why := garbage(text):
             out.append(Measurement(x.label, Outcome.FAIL, f"{head}, got garbage ({why}): "
-                                   f"{snippet(text)!r}", snippet(text), x.expected))
+                                   f"{snippet(text)}", snippet(text), x.expected))
         else:
-            out.append(Measurement(x.label, Outcome.PASS, f"{x.label} answered {snippet(text)!r}",
+            out.append(Measurement(x.label, Outcome.PASS, f"{x.label} answered {snippet(text)}",
                                    snippet(text), x.expected))
     return out

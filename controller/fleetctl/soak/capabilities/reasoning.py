@@ -52,22 +52,22 @@ def _one(x: Exchange, parser: str, thinking: bool) -> Measurement:
     content = r.content or ""
     if tag := next((t for t in TAGS if t in content), None):
         return m(fail, f"{head}, got {tag} in content: the {parser} reasoning parser left the "
-                 f"thinking in the answer ({snippet(content)!r})")
+                 f"thinking in the answer ({snippet(content)})")
     if thinking and not r.reasoning:
         if r.finish_reason == "length" and not content:
             return m(Outcome.INCONCLUSIVE, f"{head}: the answer did not arrive within "
                      f"{THINKING_TOKENS} tokens (finish_reason length, no reasoning either)")
         return m(fail, f"{head}, with the reasoning apart, got no reasoning field (the {parser} "
-                 f"reasoning parser did not split it): content {snippet(content)!r}")
+                 f"reasoning parser did not split it): content {snippet(content)}")
     if not thinking and r.reasoning:
         return m(fail, f"{head} and no reasoning, got reasoning with thinking off: "
-                 f"{snippet(r.reasoning)!r}")
+                 f"{snippet(r.reasoning)}")
     if thinking and r.finish_reason == "length" and not content:
         return m(Outcome.INCONCLUSIVE, f"{head}: the thinking did not end within "
                  f"{THINKING_TOKENS} tokens (finish_reason length)")
     if why := garbage(content):
-        return m(fail, f"{head}, got garbage ({why}): {snippet(content)!r}")
+        return m(fail, f"{head}, got garbage ({why}): {snippet(content)}")
     if x.expected not in content:
-        return m(fail, f"{head} in content, got {snippet(content) or '(no text)'!r}")
+        return m(fail, f"{head} in content, got {snippet(content)}")
     return m(Outcome.PASS, f"reasoning ({x.label}): {x.expected} in content"
              + (f", {len(r.reasoning or '')} characters of reasoning apart" if thinking else ""))

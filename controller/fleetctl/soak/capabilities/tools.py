@@ -130,10 +130,10 @@ def _calls(s: Scenario, x: Exchange, parser: str) -> str | None:
     if leaked := next((m for m in MARKUP if m in content), None):
         return (f"{head}, got {leaked} markup in content (finish_reason {r.finish_reason}, "
                 f"{len(r.tool_calls)} tool_calls): the {parser} tool parser did not parse it: "
-                f"{snippet(content)!r}")
+                f"{snippet(content)}")
     if r.finish_reason != "tool_calls":
         return (f"{head}, got finish_reason {r.finish_reason!r} with {len(r.tool_calls)} "
-                f"tool_calls and content {snippet(content)!r}")
+                f"tool_calls and content {snippet(content)}")
     if len(r.tool_calls) != len(s.cities):
         return f"{head}, got {len(r.tool_calls)} call(s): {_shown(r.tool_calls)}"
     cities: list[str] = []
@@ -175,7 +175,7 @@ def _answer(x: Exchange, parser: str) -> str | None:
     if r.tool_calls:
         return f"{head}, got another call: {_shown(r.tool_calls)}"
     if CHAINED_FIGURE not in content:
-        return f"{head}, got {snippet(content) or '(no text)'!r}"
+        return f"{head}, got {snippet(content)}"
     return None
 
 
