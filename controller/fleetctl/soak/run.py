@@ -132,14 +132,15 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     )
     stop_after_smoke = smoke_check.outcome is Outcome.FAIL and not cfg.check("smoke").observe_only
 
-    if not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt:
-        st.phase = "capabilities"
-        st.capabilities = await probe_capabilities(client, cfg.plan, st.model,
-                                                   cfg.request_timeout, st.emit)
     st.load_ran = not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt
     if st.load_ran:
         await _load(client, st, ident)
         await loop_references(client, st)
+        if not st.crash and not st.halt:
+            # After the load (a wedge or crash in it is the load's finding), one request at a time.
+            st.phase = "capabilities"
+            st.capabilities = await probe_capabilities(client, cfg.plan, st.model,
+                                                       cfg.request_timeout, st.emit)
         await answer_set(client, st)
     return await _finish(client, st)
 

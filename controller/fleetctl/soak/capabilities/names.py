@@ -7,7 +7,6 @@ proxy maps to nothing, or to a model that no longer loads, answers 404 or 500 on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from fleetctl.soak.capabilities.exchange import Exchange
 from fleetctl.soak.checks.judge import garbage, snippet
@@ -16,13 +15,6 @@ from fleetctl.soak.verdict import Measurement, Outcome
 PROMPT = "What is the capital of France?"
 EXPECT = "an answer (HTTP 200, text, no garbage)"
 MAX_TOKENS = 32
-
-
-def body(name: str) -> dict[str, Any]:
-    """One short greedy request to ``name`` (thinking off: the answer in content)."""
-    return {"model": name, "messages": [{"role": "user", "content": PROMPT}],
-            "max_tokens": MAX_TOKENS, "temperature": 0.0,
-            "chat_template_kwargs": {"enable_thinking": False}}
 
 
 def judge(exchanges: Sequence[Exchange]) -> list[Measurement]:
