@@ -29,7 +29,7 @@ from fleetctl.lab import models
 from fleetctl.lab.scenarios import SCENARIOS
 from fleetctl.soak import references
 from fleetctl.soak.recipe_soak import load_config
-from fleetctl.soak.run import run_soak
+from fleetctl.soak.run import Against, run_soak
 from fleetctl.soak.verdict import SoakTarget
 from fleetctl.state import ledger as fleet_ledger
 
@@ -88,7 +88,11 @@ def main() -> int:
         proc, t = _start(root, knobs)
         t0 = time.monotonic()
         try:
-            v = run_soak(dataclasses.replace(t, tag=f"run-{i + 1}"), _cfg(), None, reference=known)
+            v = run_soak(
+                dataclasses.replace(t, tag=f"run-{i + 1}"),
+                _cfg(),
+                Against(reference=known),
+            )
         finally:
             proc.terminate()
         kg = v.check("known_good")

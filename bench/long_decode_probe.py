@@ -33,7 +33,7 @@ from fleetctl.lab import models
 from fleetctl.soak import prompts
 from fleetctl.soak.checks.answers import long_decode_windows
 from fleetctl.soak.checks.judge import garbage
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.loops import find_loop
 
 
@@ -42,17 +42,14 @@ async def _probe(url: str, tokens: int) -> tuple[float, int, str, tuple[int, ...
         t0 = time.monotonic()
         s = await c.chat(
             ChatRequest(
-                "qwen36-fast",
-                prompts.LONG_DECODE_PROMPT,
-                tokens,
-                0.0,
-                thinking=False,
-                ignore_eos=True,
-            ),
-            phase="long_decode",
-            cls="prose",
-            concurrency=1,
-            t0=t0,
+                    "qwen36-fast",
+                    prompts.LONG_DECODE_PROMPT,
+                    tokens,
+                    0.0,
+                    thinking=False,
+                    ignore_eos=True,
+                ),
+            SampleTag("long_decode", "prose", 1, t0),
             keep_text=True,
             delta_ends=True,
         )

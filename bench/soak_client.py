@@ -39,7 +39,7 @@ from typing import Any
 import aiohttp
 import httpx
 
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 
 FIRST_EVENT_DELAY = 0.020
 
@@ -139,10 +139,7 @@ async def _fleetctl(url: str, streams: int, per_stream: int, ttft: bool) -> tupl
             for _ in range(per_stream):
                 s = await c.chat(
                     ChatRequest("bench", "hi", _TOKENS["n"], ignore_eos=True),
-                    phase="bench",
-                    cls="bench",
-                    concurrency=streams,
-                    t0=0.0,
+                    SampleTag("bench", "bench", streams, 0.0),
                 )
                 if not s.ok or s.garbage:
                     raise RuntimeError(s.error or s.garbage)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from fleetctl.soak.client import MAX_BODY_BYTES, ChatRequest, Client
+from fleetctl.soak.client import MAX_BODY_BYTES, ChatRequest, Client, SampleTag
 
 HUGE = 64 << 20
 
@@ -41,9 +41,7 @@ def test_an_endless_sse_line_and_an_oversized_metrics_body_are_refused() -> None
         async with server, Client(f"http://127.0.0.1:{port}", request_timeout=120) as c:
             # 4096 tokens asked: the stream cap (4 MiB) is above the line bound, which must end it
             # first.
-            s = await c.chat(
-                ChatRequest("m", "hi", 4096), phase="sweep", cls="coding", concurrency=1, t0=0.0
-            )
+            s = await c.chat(ChatRequest("m", "hi", 4096), SampleTag("sweep", "coding", 1, 0.0))
             assert not s.ok and s.error_kind == "protocol", s
             assert "SSE line grew past" in s.error
             p = await c.get("/metrics", timeout=120)

@@ -38,7 +38,7 @@ import pytest
 
 from fleetctl import paths
 from fleetctl.soak import metrics
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.recipe_soak import load_config
 from fleetctl.soak.run import run_soak
@@ -275,10 +275,7 @@ async def _stream_while(url: str, model: str, kill: Callable[[], None] | None) -
         task = asyncio.create_task(
             c.chat(
                 ChatRequest(model, "Count from one to a thousand.", 1900, ignore_eos=True),
-                phase="x",
-                cls="x",
-                concurrency=1,
-                t0=time.monotonic(),
+                SampleTag("x", "x", 1, time.monotonic()),
                 timeout=120,
             )
         )

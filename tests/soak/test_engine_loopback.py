@@ -19,7 +19,7 @@ from fleetctl.soak import baselines, report
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import wait_ready
 from fleetctl.soak.recipe_soak import load_config
-from fleetctl.soak.run import run_soak, smoke_check
+from fleetctl.soak.run import Against, run_soak, smoke_check
 from fleetctl.soak.verdict import Outcome, SoakTarget, Verdict, from_dict, to_dict
 from fleetctl.state import ledger as fleet_ledger
 
@@ -183,7 +183,7 @@ def test_slower_server_fails_against_its_baseline_but_passes_without(
     # loaded the machine is while either run is measured; 0.7 sat close enough to the band to flap
     # under load.
     slow = emulator(EMU_THROUGHPUT_SCALE="0.25")
-    against = run_soak(slow.target, cfg, stored)
+    against = run_soak(slow.target, cfg, Against(stored))
     tp = against.check("throughput")
     assert tp.outcome is Outcome.FAIL, tp.message
     assert "baseline" in tp.message and against.baseline_run_id == base.run_id
@@ -192,7 +192,11 @@ def test_slower_server_fails_against_its_baseline_but_passes_without(
     assert alone.outcome is Outcome.PASS, alone.summary
     assert alone.fingerprint == base.fingerprint == cfg.fingerprint()
     # The same baseline made by another config (say, other levels) says nothing about this soak.
-    foreign = run_soak(slow.target, cfg, dataclasses.replace(stored, fingerprint="0" * 12))
+    foreign = run_soak(
+        slow.target,
+        cfg,
+        Against(dataclasses.replace(stored, fingerprint="0" * 12)),
+    )
     ftp = foreign.check("throughput")
     assert ftp.outcome is Outcome.PASS and "not compared" in ftp.message, ftp.message
     assert foreign.baseline_run_id == ""
@@ -244,7 +248,7 @@ def test_reports_parse(emulator: Callable[..., Served], tmp_path: Path) -> None:
     served = emulator(EMU_SPEED="4")
     cfg = fast_config(concurrency=[1, 4], classes=["coding"])
     base = run_soak(served.target, cfg, None)
-    v = run_soak(served.target, cfg, base)
+    v = run_soak(served.target, cfg, Against(base))
     down = run_soak(SoakTarget("down", f"http://127.0.0.1:{free_port()}"),
                     dataclasses.replace(cfg, readiness_timeout=0.5, readiness_poll=0.2), None)
     report.write_json(tmp_path / "r.json", [v, down])

@@ -20,7 +20,7 @@ from fleetctl.rollout import side_by_side
 from fleetctl.soak import references
 from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.phases.answer_set import collect
-from fleetctl.soak.run import run_soak
+from fleetctl.soak.run import Against, run_soak
 from fleetctl.soak.verdict import Outcome
 from fleetctl.state import ledger as fleet_ledger
 
@@ -53,8 +53,12 @@ def test_a_degenerate_build_fails_against_the_known_good_and_a_healthy_one_passe
     assert all(a.finish_reason == "stop" for a in known.answers if a.kind != "long_decode")
 
     bad = emulator(EMU_SPEED="8", **DEGENERATE)
-    v = run_soak(dataclasses.replace(bad.target, tag="v-degen", digest="sha256:" + "b" * 64),
-                 _cfg(), None, run_id="soak-degen", reference=known)
+    v = run_soak(
+        dataclasses.replace(bad.target, tag="v-degen", digest="sha256:" + "b" * 64),
+        _cfg(),
+        Against(reference=known),
+        run_id="soak-degen",
+    )
     assert v.outcome is Outcome.FAIL
     kg = v.check("known_good")
     assert kg.outcome is Outcome.FAIL, kg.message
@@ -73,8 +77,11 @@ def test_a_degenerate_build_fails_against_the_known_good_and_a_healthy_one_passe
     assert alone.outcome is not Outcome.PASS
 
     # A healthy new version still passes against the reference: its greedy answers agree.
-    again = run_soak(dataclasses.replace(healthy.target, tag="v-next"), _cfg(), None,
-                     reference=known)
+    again = run_soak(
+        dataclasses.replace(healthy.target, tag="v-next"),
+        _cfg(),
+        Against(reference=known),
+    )
     assert again.outcome is Outcome.PASS, again.summary
     assert "100.0% identical" in again.check("known_good").message
     led.close()
@@ -91,7 +98,7 @@ def test_side_by_side_a_host_still_on_the_old_version_is_the_known_good(
     side = pool.submit(lambda: ReferenceSet(
         collect(dataclasses.replace(old.target, tag="v-old"), _cfg()), tag="v-old",
         host="spark-02", source="side-by-side"))
-    v = run_soak(dataclasses.replace(bad.target, tag="v-degen"), _cfg(), None, side=side)
+    v = run_soak(dataclasses.replace(bad.target, tag="v-degen"), _cfg(), Against(side=side))
     pool.shutdown()
     kg = v.check("known_good")
     assert kg.outcome is Outcome.FAIL, kg.message
@@ -101,7 +108,7 @@ def test_side_by_side_a_host_still_on_the_old_version_is_the_known_good(
     # ... and a healthy canary agrees with the old host answer for answer.
     side = ThreadPoolExecutor(1).submit(lambda: ReferenceSet(
         collect(old.target, _cfg()), tag="v-old", source="side-by-side"))
-    good = run_soak(dataclasses.replace(old.target, tag="v-new"), _cfg(), None, side=side)
+    good = run_soak(dataclasses.replace(old.target, tag="v-new"), _cfg(), Against(side=side))
     assert good.check("known_good").outcome is Outcome.PASS, good.check("known_good").message
     assert "100.0% identical" in good.check("known_good").message
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fleetctl.progress import Recorder
 from fleetctl.soak.phases import SOAK_PHASES, planned_phases
-from fleetctl.soak.run import run_soak
+from fleetctl.soak.run import Against, run_soak
 from fleetctl.soak.verdict import Outcome
 
 from .conftest import Served
@@ -25,7 +25,7 @@ def test_events_say_phase_k_of_n_and_the_running_figures(
     first = run_soak(served.target, cfg, None, alone, artifacts_dir=tmp_path / "a")
     assert first.outcome is Outcome.PASS, first.summary
     rec = Recorder()
-    v = run_soak(served.target, cfg, first, rec, artifacts_dir=tmp_path / "b")
+    v = run_soak(served.target, cfg, Against(first), rec, artifacts_dir=tmp_path / "b")
     assert v.outcome is Outcome.PASS, v.summary
     plan = planned_phases(cfg)
     assert plan == tuple(p for p in SOAK_PHASES if p != "rate"), "no request rates in this config"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fleetctl.runids import new_run_id
 from fleetctl.soak.phases import shared_prefix_tokens, summarize
+from fleetctl.soak.phases.summary import LevelKey
 from fleetctl.soak.readiness import boot_failure_cause
 from fleetctl.soak.verdict import Sample
 
@@ -50,10 +51,10 @@ def test_summarize_counts_errors_and_percentiles() -> None:
         for i in range(1, 5)
     ]
     bad = Sample("sweep", "coding", 4, 0.0, False, 200, error_kind="stream_error", error="boom")
-    lv = summarize("sweep", "c=4", 4, [*ok, bad], seconds=2.0)
+    lv = summarize(LevelKey("sweep", "c=4", 4), [*ok, bad], seconds=2.0)
     assert (lv.requests, lv.errors, lv.output_tokens, lv.first_error) == (5, 1, 400, "boom")
     assert lv.tok_s == 200.0 and lv.ttft_p50 is not None and abs(lv.ttft_p50 - 0.25) < 1e-9
-    assert summarize("sweep", "c=1", 1, [bad], 1.0).tok_s is None
+    assert summarize(LevelKey("sweep", "c=1", 1), [bad], 1.0).tok_s is None
 
 
 def test_run_ids_are_safe_and_unique() -> None:
@@ -80,7 +81,12 @@ def test_goodput_counts_the_requests_meeting_every_slo_and_e2el_has_percentiles(
     samples.append(
         Sample("sweep", "coding", 4, 0.0, False, 200, error_kind="stream_error", error="boom")
     )
-    lv = summarize("sweep", "c=4", 4, samples, 10.0, slo={"ttft_ms": 500, "e2el_ms": 4500})
+    lv = summarize(
+        LevelKey("sweep", "c=4", 4),
+        samples,
+        10.0,
+        slo={"ttft_ms": 500, "e2el_ms": 4500},
+    )
     # ttft <= 0.5 s: i = 0..4; e2el <= 4.5 s: i = 0..3 -> 4 of 11 requests (the failed one never
     # counts).
     assert lv.slo_met == 4 / 11 and lv.goodput_rps == 0.4
@@ -90,7 +96,8 @@ def test_goodput_counts_the_requests_meeting_every_slo_and_e2el_has_percentiles(
         and lv.e2e_p99 is not None
         and lv.e2e_p95 < lv.e2e_p99
     )
-    assert summarize("sweep", "c=4", 4, samples, 10.0).goodput_rps is None  # no SLOs, no goodput
+    # No SLOs, no goodput.
+    assert summarize(LevelKey("sweep", "c=4", 4), samples, 10.0).goodput_rps is None
 
 
 def test_the_shared_context_grows_past_the_servers_cache_block() -> None:

@@ -40,7 +40,7 @@ from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.container import DockerOverSSH
 from fleetctl.soak.profiles import PROFILES
 from fleetctl.soak.recipe_soak import from_recipe, load_config
-from fleetctl.soak.run import run_soak
+from fleetctl.soak.run import Against, run_soak
 from fleetctl.soak.verdict import ContainerAccess, Outcome, SoakTarget, Verdict
 
 _STYLE = {
@@ -249,12 +249,11 @@ def _run(job: _Job, progress: Progress) -> Verdict:
         return run_soak(
             job.target,
             job.config,
-            job.baseline,
+            Against(job.baseline, reference=references.load(job.store, job.ref_key)
+                    if job.store and job.ref_key else None),
             progress,
             artifacts_dir=artifacts,
             run_id=job.run_id,
-            reference=references.load(job.store, job.ref_key) if job.store and job.ref_key
-            else None,
         )
     except FleetError as e:  # e.g. the artifacts dir cannot be written: the soak could not run
         progress(Event("error", e.message(), host=job.target.name))

@@ -20,6 +20,7 @@ from fleetctl.progress import Progress
 from fleetctl.recipes import Recipe
 from fleetctl.rollout import side_by_side
 from fleetctl.soak import (
+    Against,
     Readiness,
     SoakConfig,
     SoakTarget,
@@ -87,8 +88,8 @@ def soak(
     key = baseline_key or t.name
     base = baselines.load(store, key, baseline_tag) if baseline_tag else None
     known = references.load(store, ref_key) if ref_key else None
-    v = run_soak(t, cfg, base, progress, artifacts_dir=artifacts, run_id=run_id, reference=known,
-                 side=side)
+    v = run_soak(t, cfg, Against(base, reference=known, side=side), progress,
+                 artifacts_dir=artifacts, run_id=run_id)
     baselines.save(store, key, t.tag, v)
     if ref_key:
         references.save(store, ref_key, v, recipe)

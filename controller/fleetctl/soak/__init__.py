@@ -2,9 +2,9 @@
 
 The API (docs/design.md, "Soak")::
 
-    from fleetctl.soak import SoakTarget, load_config, run_soak, wait_ready, smoke_check
+    from fleetctl.soak import Against, SoakTarget, load_config, run_soak, wait_ready, smoke_check
     verdict = run_soak(SoakTarget("spark-01", "http://10.0.0.11:8000", container), config,
-                       baseline, progress, artifacts_dir=...)
+                       Against(baseline, reference), progress, artifacts_dir=...)
     verdict.outcome  # Outcome.PASS | FAIL | INCONCLUSIVE | ERROR
 
 ``wait_ready`` waits for /health on its own (the rollout waits, then gates);
@@ -17,7 +17,7 @@ from __future__ import annotations
 from fleetctl.soak.config import SoakConfig, SoakConfigError
 from fleetctl.soak.readiness import wait_ready
 from fleetctl.soak.recipe_soak import from_recipe, load_config
-from fleetctl.soak.run import run_soak, smoke_check
+from fleetctl.soak.run import Against, run_soak, smoke_check
 from fleetctl.soak.verdict import (
     CheckResult,
     ContainerAccess,
@@ -28,6 +28,7 @@ from fleetctl.soak.verdict import (
 )
 
 __all__ = [
+    "Against",
     "CheckResult",
     "ContainerAccess",
     "Outcome",

@@ -22,9 +22,9 @@ from fleetctl.soak import prompts, secrets
 from fleetctl.soak.artifacts import Artifacts
 from fleetctl.soak.checks.registry import REGISTRY
 from fleetctl.soak.checks.watching import Burst
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.config import SoakConfig
-from fleetctl.soak.phases.summary import summarize
+from fleetctl.soak.phases.summary import LevelKey, summarize
 from fleetctl.soak.verdict import CheckResult, Outcome, Sample, SoakTarget, Verdict, to_dict
 
 #: Requests in flight at once, and the tokens each greedy request asks for.
@@ -55,7 +55,7 @@ def short_load(target: SoakTarget, config: SoakConfig, seconds: float,
     checks = _judge(Burst(target.name, config, tuple(samples), cut, health_ok))
     bad = [c for c in checks if c.outcome is not Outcome.PASS]
     outcome = Outcome.FAIL if bad else Outcome.PASS
-    level = summarize("load", f"c{concurrency}", concurrency, samples, took)
+    level = summarize(LevelKey("load", f"c{concurrency}", concurrency), samples, took)
     v = Verdict(
         run_id=f"load/{target.name}", target=target.name, base_url=target.base_url,
         outcome=outcome,
@@ -100,9 +100,12 @@ async def _burst(t: SoakTarget, cfg: SoakConfig, plan: _Plan, scrub: secrets.Scr
             model = next((str(m["id"]) for m in data if isinstance(m, dict) and m.get("id")), "")
 
         async def ask(prompt: str, cls: str, tokens: int, keep: bool) -> None:
-            s = await c.chat(ChatRequest(model, prompt, tokens, 0.0, thinking=False),
-                             phase="load", cls=cls, concurrency=concurrency, t0=t0,
-                             keep_text=keep, stall=stall)
+            s = await c.chat(
+                ChatRequest(model, prompt, tokens, 0.0, thinking=False),
+                SampleTag("load", cls, concurrency, t0),
+                keep_text=keep,
+                stall=stall,
+            )
             samples.append(s)
             art.sample(s)
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from fleetctl import fabric
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.verdict import SoakTarget
 
 #: Seconds a server may take to produce its first token before it counts as wedged.
@@ -59,10 +59,7 @@ async def token_liveness(target: SoakTarget, model: str, window: float = DEFAULT
             )
         sample = await client.chat(
             ChatRequest(model, PROMPT, max_tokens=16, thinking=False),
-            phase="liveness",
-            cls="liveness",
-            concurrency=1,
-            t0=0.0,
+            SampleTag("liveness", "liveness", 1, 0.0),
             timeout=window,
         )
     if sample.ttft is not None:

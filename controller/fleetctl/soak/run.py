@@ -28,7 +28,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -45,7 +45,7 @@ from fleetctl.soak.checks.evidence import Evidence, Identity, SmokeResult
 from fleetctl.soak.checks.health import check_identity, check_smoke
 from fleetctl.soak.checks.judge import overall, pct
 from fleetctl.soak.checks.registry import evaluate
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.phases import (
     canary_references,
@@ -57,7 +57,7 @@ from fleetctl.soak.phases import (
     windowed,
 )
 from fleetctl.soak.phases.answer_set import answer_set
-from fleetctl.soak.phases.levels import merge_trials, open_loop, run_requests
+from fleetctl.soak.phases.levels import LevelPlan, merge_trials, open_loop, run_requests
 from fleetctl.soak.phases.sizing import estimate_chars_per_token, long_text, sized
 from fleetctl.soak.phases.soak_state import SoakState, diagnose_crash, planned_phases, stall_seen
 from fleetctl.soak.readiness import (
@@ -91,7 +91,7 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     if not ready.ready:
         return Evidence(readiness=ready, has_container=target.container is not None)
 
-    if target.container is not None:
+    if target.container is not None and st.runs("container"):
         try:
             st.container_before = await container_state(target)
         except FleetError as e:
@@ -112,14 +112,11 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
 
     st.emit("smoke", "smoke prompts at temperature 0")
     st.phase = "smoke"
-    for sp in prompts.SMOKE:
+    for sp in prompts.SMOKE if st.runs("smoke") else ():
         req = ChatRequest(st.model, sp.prompt, cfg.smoke_max_tokens, 0.0, thinking=False)
         s = await client.chat(
             req,
-            phase="smoke",
-            cls=sp.name,
-            concurrency=1,
-            t0=st.t0,
+            SampleTag("smoke", sp.name, 1, st.t0),
             keep_text=True,
             stall=cfg.token_timeout(),
         )
@@ -135,8 +132,9 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
     st.load_ran = not cfg.smoke_only and not stop_after_smoke and ident.reachable and not st.halt
     if st.load_ran:
         await _load(client, st, ident)
-        await loop_references(client, st)
-        if not st.crash and not st.halt:
+        if st.runs("load"):
+            await loop_references(client, st)
+        if st.runs("capabilities") and not st.crash and not st.halt:
             # After the load (a wedge or crash in it is the load's finding), one request at a time.
             st.phase = "capabilities"
             st.capabilities = await probe_capabilities(client, cfg.plan, st.model,
@@ -149,7 +147,7 @@ async def _finish(client: Client, st: SoakState) -> Evidence:
     """The container's state and /health after the load, then the evidence."""
     target = st.target
     st.phase = "the end of the soak"
-    if target.container is not None and not st.container_error:
+    if target.container is not None and not st.container_error and st.runs("container"):
         try:
             st.container_after = await container_state(target)
         except FleetError as e:
@@ -241,6 +239,8 @@ async def _load(client: Client, st: SoakState, ident: Identity) -> None:
     steps = (_references, _classes, _long_context, _sweep, _rates, long_decode, long_prompts,
              sustained)
     for step in steps:
+        if step in _LOAD_STEPS and not st.runs("load"):
+            continue
         await step(client, st, ident)
         if st.crash or st.halt:
             return
@@ -255,9 +255,9 @@ async def _classes(client: Client, st: SoakState, ident: Identity) -> None:
     """4. one class at a time at c=1: per-class acceptance needs a window of its own."""
     cfg = st.config
     for cls in (c for c in cfg.classes if c != "long_context"):
-        await windowed(client, st, cls, "classes", lambda cls=cls: run_requests(  # type: ignore[misc]
-            client, st, phase="classes", label=cls, concurrency=1, requests=cfg.class_requests,
-            seconds=cfg.level_timeout, classes=(cls,)))
+        plan = LevelPlan("classes", cls, 1, cfg.class_requests, cfg.level_timeout, (cls,))
+        await windowed(client, st, cls, "classes",
+                       lambda plan=plan: run_requests(client, st, plan))  # type: ignore[misc]
         if st.crash or st.halt:
             return
 
@@ -283,13 +283,8 @@ async def _long_context(client: Client, st: SoakState, ident: Identity) -> None:
         lambda: run_requests(
             client,
             st,
-            phase="classes",
-            label="long_context",
-            concurrency=1,
-            requests=cfg.class_requests,
-            seconds=cfg.level_timeout,
-            classes=("long_context",),
-            long_chars=chars,
+            LevelPlan("classes", "long_context", 1, cfg.class_requests, cfg.level_timeout,
+                      ("long_context",), long_chars=chars),
         ),
     )
     measured = [s.prompt_tokens for s in st.samples if s.cls == "long_context" and s.prompt_tokens]
@@ -313,13 +308,8 @@ async def _sweep(client: Client, st: SoakState, ident: Identity) -> None:
                 lambda c=c: run_requests(  # type: ignore[misc]
                     client,
                     st,
-                    phase="sweep",
-                    label=f"c={c}",
-                    concurrency=c,
-                    requests=cfg.level_requests(c),
-                    seconds=cfg.level_timeout,
-                    classes=prompts.SHORT_CLASSES,
-                    canaries=True,
+                    LevelPlan("sweep", f"c={c}", c, cfg.level_requests(c), cfg.level_timeout,
+                              prompts.SHORT_CLASSES, canaries=True),
                 ),
             )
             if st.crash or st.halt:
@@ -350,21 +340,39 @@ async def _rates(client: Client, st: SoakState, ident: Identity) -> None:
             return
 
 
-def run_soak(target: SoakTarget, config: SoakConfig, baseline: Verdict | None = None,
+#: The load steps: run when a registered, enabled check needs the ``load`` probe (the canaries,
+#: the long decode and the long prompts are probes of their own).
+_LOAD_STEPS = frozenset({_classes, _long_context, _sweep, _rates, sustained})
+
+
+@dataclass(frozen=True)
+class Against:
+    """What a soak is compared with (each may be missing).
+
+    ``baseline``: the last passing verdict of the previously serving tag on the same host
+    (throughput is compared with it). ``reference``: the last known-good version's reference set
+    (soak/references.py; None: a first deploy); ``side``: the same prompts being asked of a host
+    still on the old version (rollout/side_by_side.py), awaited after the load.
+    """
+
+    baseline: Verdict | None = None
+    reference: ReferenceSet | None = None
+    side: Future[ReferenceSet | None] | None = None
+
+
+def run_soak(target: SoakTarget, config: SoakConfig, against: Against | None = None,
              progress: Progress = NULL, *, artifacts_dir: Path | None = None,
-             run_id: str | None = None, reference: ReferenceSet | None = None,
-             side: Future[ReferenceSet | None] | None = None) -> Verdict:
+             run_id: str | None = None) -> Verdict:
     """Soak ``target`` and return the verdict (never raises for a bad server: that is the verdict).
 
-    ``baseline``: the last passing verdict of the previously serving tag on the
-    same host (throughput is compared with it). ``reference``: the last known-good version's
-    reference set (soak/references.py; None: a first deploy); ``side``: the same prompts being
-    asked of a host still on the old version (rollout/side_by_side.py), awaited after the load.
-    ``artifacts_dir``: where samples,
+    ``against``: the baseline, the known-good reference set and the side-by-side answers it is
+    compared with (:class:`Against`; None: none of them). ``artifacts_dir``: where samples,
     scrapes and verdict.json go (created). With ``config.smoke_only`` only
     readiness, identity and smoke run: a rollback's quick check.
     """
     secrets.validate_endpoint(target.base_url, f"{target.name}: the soak's URL", strict=False)
+    against = against or Against()
+    baseline, reference, side = against.baseline, against.reference, against.side
     scrub = secrets.Scrubber(secrets.known_secrets(target.api_key, target.base_url))
     target = secrets.scrubbed_target(target, scrub)
     progress = secrets.scrubbed_progress(progress, scrub)

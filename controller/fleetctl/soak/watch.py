@@ -46,9 +46,9 @@ from fleetctl.soak.checks.watching import (
     WatchState,
     WatchTotals,
 )
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.config import CheckSpec, SoakConfig
-from fleetctl.soak.phases.summary import summarize
+from fleetctl.soak.phases.summary import LevelKey, summarize
 from fleetctl.soak.stopping import stop_on_signals
 from fleetctl.soak.traffic import traffic
 from fleetctl.soak.verdict import (
@@ -210,20 +210,14 @@ async def _probe(h: _Host, s: WatchSettings, i: int, progress: Progress) -> None
         # passes before the interval's breach.
         canary, stream = await asyncio.gather(c.chat(
             ChatRequest(h.model, cp.prompt, canary_tokens, 0.0, thinking=False),
-            phase="watch",
-            cls=f"canary-{cp.name}",
-            concurrency=1,
-            t0=h.t0,
+            SampleTag("watch", f"canary-{cp.name}", 1, h.t0),
             keep_text=True,
             stall=stall,
         ), c.chat(
             ChatRequest(
-                h.model, STREAM_PROMPT, s.stream_max_tokens, cfg.temperature, thinking=False
-            ),
-            phase="watch",
-            cls="stream",
-            concurrency=1,
-            t0=h.t0,
+                    h.model, STREAM_PROMPT, s.stream_max_tokens, cfg.temperature, thinking=False
+                ),
+            SampleTag("watch", "stream", 1, h.t0),
             stall=stall,
         ))
         health = (
@@ -296,7 +290,7 @@ def _verdict(h: _Host, s: WatchSettings, started: datetime, seconds: float) -> V
         summary = f"healed: {n} interval(s), {h.requests} probes, {results[0].message}"
     else:
         summary = f"pass: {n} interval(s), {h.requests} probes, 0 failed"
-    level = summarize("watch", "probes", 1, list(h.samples), seconds)
+    level = summarize(LevelKey("watch", "probes", 1), list(h.samples), seconds)
     level = replace(level, requests=h.requests, errors=h.errors, first_error=h.first_error)
     ok = [x for x in h.samples if x.ok]
     v = Verdict(
@@ -354,11 +348,24 @@ def _remediation(h: _Host) -> CheckResult:
                        + ")" + more, measurements=ms_)
 
 
-async def _watch_host(
-    h: _Host,
-    s: WatchSettings, sem: asyncio.Semaphore, end: float, progress: Progress,
-    on_breach: OnBreach | None, remedy: Remedy | None, stop: asyncio.Event,
-) -> None:
+@dataclass(frozen=True)
+class _Run:
+    """What every host's loop shares: the settings, the bound on hosts probed at once, the end,
+    the progress stream, the breach hooks and the stop asked by a signal."""
+
+    settings: WatchSettings
+    sem: asyncio.Semaphore
+    end: float
+    progress: Progress
+    on_breach: OnBreach | None
+    remedy: Remedy | None
+    stop: asyncio.Event
+
+
+async def _watch_host(h: _Host, run: _Run) -> None:
+    """One host's intervals until the watch ends (or a stop is asked), its breaches remedied."""
+    s, sem, end, progress, stop = run.settings, run.sem, run.end, run.progress, run.stop
+    on_breach, remedy = run.on_breach, run.remedy
     i = 0
     while True:
         tick = time.monotonic()
@@ -414,8 +421,8 @@ def run_watch(targets: Sequence[WatchTarget], settings: WatchSettings, progress:
         end = time.monotonic() + settings.duration
         with stop_on_signals(progress, "ending the watch after the probes and remediations in "
                              "flight, with verdicts of the time watched") as stop:
-            await asyncio.gather(*(_watch_host(h, settings, sem, end, progress, on_breach, remedy,
-                                               stop) for h in hosts))
+            run = _Run(settings, sem, end, progress, on_breach, remedy, stop)
+            await asyncio.gather(*(_watch_host(h, run) for h in hosts))
 
     try:
         asyncio.run(go())

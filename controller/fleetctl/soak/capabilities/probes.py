@@ -10,7 +10,7 @@ from typing import Any
 from fleetctl.soak.capabilities import images, names, reasoning, tools
 from fleetctl.soak.capabilities.derive import Capability
 from fleetctl.soak.capabilities.exchange import CapabilityRun, Exchange, Reply, read_reply
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 
 #: ``probe(client, capability, model, timeout)`` -> its exchanges.
 ProbeFn = Callable[[Client, Capability, str, float], Awaitable[tuple[Exchange, ...]]]
@@ -31,8 +31,8 @@ async def probe_served_names(client: Client, cap: Capability, _model: str,
     out: list[Exchange] = []
     for name in cap.params.get("names", ()):
         req = ChatRequest(name, names.PROMPT, names.MAX_TOKENS, 0.0, thinking=False)
-        s = await client.chat(req, phase="capabilities", cls="served_names", concurrency=1,
-                              t0=time.monotonic(), keep_text=True, timeout=timeout)
+        s = await client.chat(req, SampleTag("capabilities", "served_names", 1, time.monotonic()),
+                              keep_text=True, timeout=timeout)
         reply = Reply(s.status or 0, s.error, content=s.text, finish_reason=s.finish_reason,
                       seconds=s.e2e or 0.0)
         out.append(Exchange(name, names.PROMPT, names.EXPECT, reply))

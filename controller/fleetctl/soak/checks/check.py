@@ -68,6 +68,9 @@ class Probe:
     name: str
     #: What it gathers, for docs and ``--help``.
     doc: str = ""
+    #: It runs whatever the checks need: the soak itself needs what it reads (the served model's
+    #: name, its max_model_len).
+    always: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,9 +165,10 @@ class Registry:
 
     def needed(self, specs: Mapping[str, CheckSpec],
                judged: Callable[[Check], bool] = lambda c: True) -> frozenset[str]:
-        """The probes that the enabled checks of ``specs`` (those ``judged`` keeps) need."""
+        """The probes to run: those the enabled checks of ``specs`` (those ``judged`` keeps)
+        need, and those that always run."""
         return frozenset(
             p for c in self._checks.values()
             if c.name in specs and specs[c.name].enabled and judged(c)
             for p in c.needs
-        )
+        ) | {p.name for p in self._probes.values() if p.always}

@@ -168,7 +168,7 @@ LATENCY = Check(
                      lambda t: "TTFT p95 and TPOT p50 within bounds in every interval",
                      "no latency histogram with observations", server_series=True))
 THROUGHPUT = Check(
-    "throughput", check_throughput, needs=("load",),
+    "throughput", check_throughput, needs=("load", "metrics"),
     params={"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
     defaults={
         "spark": {"tolerance": 0.15, "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250}},

@@ -14,11 +14,12 @@ from fleetctl.soak.checks.judge import skipped
 from fleetctl.soak.verdict import CheckResult
 
 PROBES: tuple[Probe, ...] = (
-    Probe("readiness", "waits for /health 200 (always runs: every soak starts with it)"),
-    Probe("identity", "reads /v1/models and /version"),
+    Probe("readiness", "waits for /health 200", always=True),
+    Probe("identity", "reads /v1/models and /version", always=True),
     Probe("smoke", "the fixed smoke prompts at temperature 0"),
     Probe("container", "the container's state before and after the soak (with container access)"),
-    Probe("load", "the per-class, concurrency-sweep, open-loop and sustained load phases"),
+    Probe("load", "the per-class, concurrency-sweep, open-loop and sustained load phases, and the "
+          "looping answers' references"),
     Probe("metrics", "/metrics scrapes around each load level and sustained window"),
     Probe("canaries", "greedy canaries among the load and their c=1 references"),
     Probe("long_decode", "the soak's one long decode"),
@@ -32,7 +33,7 @@ CHECKS: tuple[Check, ...] = (
     health.READINESS,
     health.IDENTITY,
     health.SMOKE,
-    # What the recipe serves beyond greedy text (soak/capabilities): right after smoke, as they run.
+    # What the recipe serves beyond greedy text (soak/capabilities), probed after the load.
     capabilities.SERVED_NAMES,
     capabilities.TOOL_CALLS,
     capabilities.REASONING,

@@ -116,6 +116,17 @@ class ChatRequest:
     seed: int | None = None
 
 
+@dataclass(frozen=True)
+class SampleTag:
+    """Where one request's :class:`~fleetctl.soak.verdict.Sample` is filed: its phase, its class,
+    the concurrency it ran at, and the soak's clock zero its start is measured from."""
+
+    phase: str
+    cls: str
+    concurrency: int
+    t0: float
+
+
 def chat_body(req: ChatRequest) -> bytes:
     """The JSON body of a streamed chat completion with a usage chunk."""
     body: dict[str, Any] = {
@@ -312,10 +323,11 @@ class Client:
             return None
         return _token_count(raw)
 
-    async def chat(self, req: ChatRequest, *, phase: str, cls: str, concurrency: int,
-                   t0: float, keep_text: bool = False, timeout: float | None = None,
-                   stall: float | None = None, delta_ends: bool = False) -> Sample:
-        """One streamed chat completion, measured; failures are returned as data.
+    async def chat(self, req: ChatRequest, tag: SampleTag, *, keep_text: bool = False,
+                   timeout: float | None = None, stall: float | None = None,
+                   delta_ends: bool = False) -> Sample:
+        """One streamed chat completion, measured and filed under ``tag``; failures are returned
+        as data.
 
         ``stall``: seconds without a token (before the first one too) after which the request is
         ended as ``stall`` (a wedged engine when /health still answers), not waited on to
@@ -376,10 +388,10 @@ class Client:
         loop_text, loop_start, chars, excerpt = _looped(parser.check, out_tokens, garbage)
         scrub = self.scrub
         return Sample(
-            phase=phase,
-            cls=cls,
-            concurrency=concurrency,
-            start=start - t0,
+            phase=tag.phase,
+            cls=tag.cls,
+            concurrency=tag.concurrency,
+            start=start - tag.t0,
             ok=not kind,
             status=status,
             ttft=ttft,

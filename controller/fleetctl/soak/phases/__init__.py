@@ -16,9 +16,10 @@ from dataclasses import replace
 
 from fleetctl.soak import metrics, prompts
 from fleetctl.soak.checks.evidence import Identity, LongPrompt, LoopResult
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.phases.levels import (
     OPEN_LOOP_MAX_IN_FLIGHT,
+    LevelPlan,
     merge_trials,
     open_loop,
     run_requests,
@@ -76,6 +77,9 @@ async def identity(client: Client, target: SoakTarget) -> Identity:
 
 
 async def scrape(client: Client, st: SoakState, label: str) -> metrics.Scrape | None:
+    """One /metrics scrape (None: it failed, or no check this soak judges reads /metrics)."""
+    if not st.runs("metrics"):
+        return None
     p = await client.get("/metrics", timeout=15.0)
     t = st.now()
     if not p.ok:
@@ -129,7 +133,7 @@ async def canary_references(client: Client, st: SoakState) -> None:
 async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     """One long generation per soak: corruption that starts thousands of tokens into a sequence."""
     cfg = st.config
-    tokens = cfg.long_decode_tokens()
+    tokens = cfg.long_decode_tokens() if st.runs("long_decode") else 0
     if ident.max_model_len:
         tokens = min(tokens, ident.max_model_len - 512)  # room for the prompt and the template
     if tokens <= 0:
@@ -148,10 +152,7 @@ async def long_decode(client: Client, st: SoakState, ident: Identity) -> None:
     # Its text is kept (bounded by the stream's byte cap) for the probe's windows.
     s = await client.chat(
         req,
-        phase="long_decode",
-        cls="prose",
-        concurrency=1,
-        t0=st.t0,
+        SampleTag("long_decode", "prose", 1, st.t0),
         timeout=max(cfg.request_timeout, tokens / 10),
         stall=cfg.token_timeout(),
         keep_text=probe,
@@ -184,14 +185,9 @@ async def sustained(client: Client, st: SoakState, ident: Identity) -> None:
         await run_requests(
             client,
             st,
-            phase="sustained",
-            label="sustained",
-            concurrency=cfg.sustained_concurrency,
-            requests=cfg.sustained_max_requests,
-            seconds=cfg.sustained_duration,
-            classes=prompts.SHORT_CLASSES,
-            canaries=True,
-            context=context,
+            LevelPlan("sustained", "sustained", cfg.sustained_concurrency,
+                      cfg.sustained_max_requests, cfg.sustained_duration, prompts.SHORT_CLASSES,
+                      canaries=True, context=context),
         )
     finally:
         done.set()
@@ -278,9 +274,7 @@ async def trickle(client: Client, st: SoakState, done: asyncio.Event) -> None:
             return
         n += 1
         req = ChatRequest(st.model, cp.prompt, PROBE_MAX_TOKENS, 0.0, thinking=False)
-        s = await client.chat(
-            req, phase="probe", cls=f"probe-{n}", concurrency=1, t0=st.t0, stall=bound
-        )
+        s = await client.chat(req, SampleTag("probe", f"probe-{n}", 1, st.t0), stall=bound)
         st.samples.append(s)
         st.art.sample(s)
         await stall_seen(client, st, s, "sustained (liveness probe)")
@@ -293,7 +287,7 @@ LONG_PROMPT_ANSWER = 48
 async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
     """One request per configured size: a fact hidden mid-prompt, asked for at the end (greedy)."""
     cfg = st.config
-    for tokens in cfg.long_prompt_tokens():
+    for tokens in cfg.long_prompt_tokens() if st.runs("long_prompts") else ():
         if st.halt or st.crash:
             return
         if ident.max_model_len and tokens + LONG_PROMPT_ANSWER + 64 > ident.max_model_len:
@@ -311,9 +305,13 @@ async def long_prompts(client: Client, st: SoakState, ident: Identity) -> None:
             st.model, prompts.needle_prompt(chars), LONG_PROMPT_ANSWER, 0.0, thinking=False
         )
         bound = cfg.token_timeout()
-        s = await client.chat(req, phase="long_prompt", cls="long_context", concurrency=1, t0=st.t0,
-                              keep_text=True, timeout=cfg.long_prompt_timeout(tokens),
-                              stall=bound + tokens / 500 if bound is not None else None)
+        s = await client.chat(
+            req,
+            SampleTag("long_prompt", "long_context", 1, st.t0),
+            keep_text=True,
+            timeout=cfg.long_prompt_timeout(tokens),
+            stall=bound + tokens / 500 if bound is not None else None,
+        )
         st.samples.append(replace(s, text=None))
         st.art.sample(s)
         st.long_prompts.append(LongPrompt(tokens, how, s))
@@ -343,10 +341,7 @@ async def loop_references(client: Client, st: SoakState) -> None:
         timeout = max(st.config.request_timeout, req.max_tokens / 10)
         ref = await client.chat(
             ref_req,
-            phase="reference",
-            cls=s.cls,
-            concurrency=1,
-            t0=st.t0,
+            SampleTag("reference", s.cls, 1, st.t0),
             keep_text=True,
             timeout=timeout,
             stall=st.config.token_timeout(),

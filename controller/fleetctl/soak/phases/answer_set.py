@@ -15,7 +15,7 @@ from dataclasses import replace
 from fleetctl.progress import NULL, Progress
 from fleetctl.soak.answerset import SEED, Answer, RefPrompt, reference_prompts
 from fleetctl.soak.artifacts import Artifacts
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.loops import find_loop
 from fleetctl.soak.phases.soak_state import SoakState, stall_seen
@@ -38,7 +38,7 @@ def answer_of(p: RefPrompt, s: Sample, max_tokens: int) -> Answer:
 def planned(st: SoakState) -> tuple[RefPrompt, ...]:
     """The prompts this soak's config asks (none when the check is off)."""
     spec = st.config.check("known_good")
-    if not spec.enabled:
+    if not st.runs("answer_set"):
         return ()
     ld = st.config.check("long_decode")
     window = int(ld.params.get("window_tokens", 0) or 0) if ld.enabled else 0
@@ -61,9 +61,13 @@ async def answer_set(client: Client, st: SoakState) -> None:
         n = p.max_tokens or max_tokens
         req = ChatRequest(st.model, p.prompt, n, 0.0, thinking=False, seed=SEED)
         async with gate:
-            s = await client.chat(req, phase="answers", cls=p.id, concurrency=1, t0=st.t0,
-                                  keep_text=True, timeout=max(st.config.request_timeout, n / 10),
-                                  stall=st.config.token_timeout())
+            s = await client.chat(
+                req,
+                SampleTag("answers", p.id, 1, st.t0),
+                keep_text=True,
+                timeout=max(st.config.request_timeout, n / 10),
+                stall=st.config.token_timeout(),
+            )
         st.samples.append(replace(s, text=None))
         st.art.sample(s)
         await stall_seen(client, st, s, f"the reference answer {p.id}")

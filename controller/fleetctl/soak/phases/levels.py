@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from fleetctl.soak import prompts
 from fleetctl.soak.checks.judge import pct
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.phases.soak_state import (
     SoakState,
     canary,
@@ -20,23 +20,36 @@ from fleetctl.soak.phases.soak_state import (
     diagnose_crash,
     stall_seen,
 )
-from fleetctl.soak.phases.summary import summarize
+from fleetctl.soak.phases.summary import LevelKey, summarize
 from fleetctl.soak.verdict import (
     Sample,
 )
 
 
-async def run_requests(client: Client, st: SoakState, *, phase: str, label: str, concurrency: int,
-                        requests: int, seconds: float, classes: Sequence[str],
-                        long_chars: int = 0, canaries: bool = False, context: str = "") -> None:
-    """``requests`` streamed requests on ``concurrency`` workers, stopping at ``seconds`` or a
-    crash."""
-    st.phase = f"{phase} {label}"
+@dataclass(frozen=True)
+class LevelPlan:
+    """One closed-loop level: ``requests`` streamed requests of ``classes`` on ``concurrency``
+    workers for at most ``seconds``; a long-context prompt of ``long_chars``, greedy canaries
+    among them, a context every conversation shares, when asked."""
+
+    phase: str
+    label: str
+    concurrency: int
+    requests: int
+    seconds: float
+    classes: Sequence[str]
+    long_chars: int = 0
+    canaries: bool = False
+    context: str = ""
+
+
+async def run_requests(client: Client, st: SoakState, plan: LevelPlan) -> None:
+    """The level ``plan`` on its workers, stopping at its time bound or a crash."""
+    st.phase = f"{plan.phase} {plan.label}"
     t_start = time.monotonic()
-    level = _Level(client, st, phase, label, concurrency, requests, seconds, classes, long_chars,
-                   context, every=canary_every(st.config) if canaries else 0, t_start=t_start,
-                   counter=iter(range(requests)))
-    await asyncio.gather(*(level.worker(w) for w in range(concurrency)))
+    level = _Level(client, st, plan, every=canary_every(st.config) if plan.canaries else 0,
+                   t_start=t_start, counter=iter(range(plan.requests)))
+    await asyncio.gather(*(level.worker(w) for w in range(plan.concurrency)))
     await level.finish()
 
 
@@ -46,14 +59,7 @@ class _Level:
 
     client: Client
     st: SoakState
-    phase: str
-    label: str
-    concurrency: int
-    requests: int
-    seconds: float
-    classes: Sequence[str]
-    long_chars: int
-    context: str
+    plan: LevelPlan
     #: A canary every this many requests (0: none).
     every: int
     t_start: float
@@ -66,37 +72,39 @@ class _Level:
 
     @property
     def deadline(self) -> float:
-        return self.t_start + self.seconds
+        return self.t_start + self.plan.seconds
 
     @property
     def where(self) -> str:
         """The level as a finding names it."""
-        return self.label if self.phase in ("sweep", "sustained") else f"{self.phase} {self.label}"
+        plan = self.plan
+        return plan.label if plan.phase in ("sweep", "sustained") else f"{plan.phase} {plan.label}"
 
     @property
     def give_up(self) -> int:
         """Once this many of the level's first answers all failed, no new request is sent."""
-        return min(self.requests, max(2, self.concurrency))
+        return min(self.plan.requests, max(2, self.plan.concurrency))
 
     def note(self) -> None:
         """The level's progress, every 2 s: enough for a live table, and a CI log gets ~30 lines a
         minute per host."""
         now = time.monotonic()
-        if now - self.last_emit < 2.0 and len(self.samples) < self.requests:
+        if now - self.last_emit < 2.0 and len(self.samples) < self.plan.requests:
             return
         self.last_emit = now
-        st, label, concurrency = self.st, self.label, self.concurrency
+        st, label, concurrency = self.st, self.plan.label, self.plan.concurrency
         done = [s for s in self.samples if s.ok]
         el = max(now - self.t_start, 1e-6)
         tok_s = sum(s.output_tokens or 0 for s in done) / el
         errors = len(self.samples) - len(done)
         # The level once: a sweep level's label is its concurrency already.
         what = label if label == f"c={concurrency}" else f"{label} c={concurrency}"
-        st.emit(self.phase, f"{what} {len(self.samples)}/{self.requests} req {tok_s:.0f} tok/s "
-                            f"errors {errors}", concurrency=concurrency, tok_s=round(tok_s),
+        st.emit(self.plan.phase, f"{what} {len(self.samples)}/{self.plan.requests} req "
+                f"{tok_s:.0f} tok/s errors {errors}", concurrency=concurrency, tok_s=round(tok_s),
                 errors=errors, acceptance=pct(st.last_acceptance), level=label,
-                requests=len(self.samples), planned_requests=self.requests, level_elapsed=round(el),
-                level_seconds=round(self.seconds), baseline=st.baseline_tok_s.get(label),
+                requests=len(self.samples), planned_requests=self.plan.requests,
+                level_elapsed=round(el),
+                level_seconds=round(self.plan.seconds), baseline=st.baseline_tok_s.get(label),
                 acceptance_rate=st.last_acceptance)
 
     async def worker(self, wid: int) -> None:
@@ -109,7 +117,7 @@ class _Level:
         if cfg.stagger and wid:
             # Apart, not in lockstep; the ramp stays short against the level (a Spark request at
             # c=64 lasts seconds, the whole ramp 3 s) so the level still reaches its concurrency.
-            await asyncio.sleep(min(wid * cfg.stagger, self.seconds / 4))
+            await asyncio.sleep(min(wid * cfg.stagger, self.plan.seconds / 4))
         first = True
         for i in self.counter:
             if not await self._may_send(i):
@@ -125,14 +133,15 @@ class _Level:
         if self.stopped or self.gave_up or st.halt:
             return False
         if time.monotonic() >= self.deadline:
-            self.stopped = self.stopped or f"time bound {self.seconds:.0f}s reached"
+            self.stopped = self.stopped or f"time bound {self.plan.seconds:.0f}s reached"
             return False
         if self.every and i % self.every == 0:
             # A slice of every level is canaries, on top of its load requests (they are
             # shorter and greedy: kept out of the level's latency and throughput figures).
-            cp = prompts.CANARIES[(i // self.every + self.concurrency) % len(prompts.CANARIES)]
+            cp = prompts.CANARIES[(i // self.every + self.plan.concurrency) % len(prompts.CANARIES)]
             self.canaries += 1
-            c = await canary(self.client, st, cp, self.phase, self.label, self.concurrency)
+            c = await canary(self.client, st, cp, self.plan.phase, self.plan.label,
+                             self.plan.concurrency)
             if c.error_kind == "connect" and not self.stopped:
                 await self._refused()
                 return False
@@ -141,20 +150,18 @@ class _Level:
     async def _send(self, i: int, wid: int,
                     history: list[tuple[str, str]]) -> tuple[Sample, ChatRequest]:
         """Request ``i`` of worker ``wid``, a turn of its conversation when there is a context."""
-        st, cfg, context = self.st, self.st.config, self.context
-        cls = self.classes[(i + wid) % len(self.classes)]
+        st, cfg, context = self.st, self.st.config, self.plan.context
+        cls = self.plan.classes[(i + wid) % len(self.plan.classes)]
         if context and len(history) >= 2 * cfg.turns:
             history.clear()
         convo = (("system", context), *history) if context else ()
-        req = ChatRequest(st.model, prompts.prompt_for(cls, i, self.long_chars), cfg.max_tokens,
-                          cfg.temperature, thinking=cfg.thinking, ignore_eos=True, history=convo)
+        req = ChatRequest(st.model, prompts.prompt_for(cls, i, self.plan.long_chars),
+                          cfg.max_tokens, cfg.temperature, thinking=cfg.thinking,
+                          ignore_eos=True, history=convo)
         left = max(self.deadline - time.monotonic(), 1.0)
         s = await self.client.chat(
             req,
-            phase=self.phase,
-            cls=cls,
-            concurrency=self.concurrency,
-            t0=st.t0,
+            SampleTag(self.plan.phase, cls, self.plan.concurrency, st.t0),
             timeout=min(cfg.request_timeout, left + cfg.request_timeout),
             keep_text=bool(context),
             stall=cfg.token_timeout(),
@@ -186,7 +193,8 @@ class _Level:
     async def _refused(self) -> None:
         self.stopped = "server refused connections"
         st = self.st
-        st.crash = st.crash or await diagnose_crash(self.client, st, self.concurrency, self.label)
+        st.crash = st.crash or await diagnose_crash(self.client, st, self.plan.concurrency,
+                                                    self.plan.label)
 
     async def finish(self) -> None:
         """The level's summary into the soak; a level whose every request failed stops it."""
@@ -197,15 +205,14 @@ class _Level:
             probe = await self.client.get("/health", timeout=5.0)
             if not probe.ok:
                 self.stopped = f"/health {probe.state} after errors"
-                crash = await diagnose_crash(self.client, st, self.concurrency, self.label)
+                crash = await diagnose_crash(self.client, st, self.plan.concurrency,
+                                             self.plan.label)
                 st.crash = st.crash or crash
         stopped = self.stopped or self.gave_up
         st.levels.append(
             replace(
                 summarize(
-                    self.phase,
-                    self.label,
-                    self.concurrency,
+                    LevelKey(self.plan.phase, self.plan.label, self.plan.concurrency),
                     level,
                     elapsed,
                     stopped,
@@ -216,7 +223,7 @@ class _Level:
             )
         )
         if level and not any(x.ok for x in level) and not st.crash:
-            st.stop(f"every request of {self.label} failed ({level[0].error})")
+            st.stop(f"every request of {self.plan.label} failed ({level[0].error})")
 
 
 def merge_trials(st: SoakState, label: str, concurrency: int) -> None:
@@ -228,8 +235,14 @@ def merge_trials(st: SoakState, label: str, concurrency: int) -> None:
     rest = [lv for lv in st.levels if not (lv.phase == "sweep" and lv.label == label)]
     samples = [s for s in st.samples if s.phase == "sweep" and s.concurrency == concurrency
                and not s.cls.startswith("canary-")]
-    merged = summarize("sweep", label, concurrency, samples, sum(lv.seconds for lv in runs),
-                       "; ".join(lv.stopped for lv in runs if lv.stopped), st.config.slo, st.warm)
+    merged = summarize(
+        LevelKey("sweep", label, concurrency),
+        samples,
+        sum(lv.seconds for lv in runs),
+        "; ".join(lv.stopped for lv in runs if lv.stopped),
+        st.config.slo,
+        st.warm,
+    )
     rates = tuple(lv.tok_s for lv in runs if lv.tok_s is not None)
     st.levels[:] = [*rest, replace(merged, tok_s=statistics.median(rates) if rates else None,
                                    trials=tuple(round(r, 1) for r in rates),
@@ -258,9 +271,12 @@ async def open_loop(
             req = ChatRequest(st.model, prompts.prompt_for(cls, i), cfg.max_tokens, cfg.temperature,
                               thinking=cfg.thinking, ignore_eos=True)
             left = max(deadline - time.monotonic(), 1.0)
-            s = await client.chat(req, phase="rate", cls=cls, concurrency=0, t0=st.t0,
-                                  timeout=min(cfg.request_timeout, left + cfg.request_timeout),
-                                  stall=cfg.token_timeout())
+            s = await client.chat(
+                req,
+                SampleTag("rate", cls, 0, st.t0),
+                timeout=min(cfg.request_timeout, left + cfg.request_timeout),
+                stall=cfg.token_timeout(),
+            )
             level.append(s)
             st.samples.append(s)
             st.looped(s, req, label)
@@ -286,7 +302,7 @@ async def open_loop(
         level=label,
     )
     st.levels.append(
-        summarize("rate", label, 0, level, time.monotonic() - t_start, stopped, cfg.slo)
+        summarize(LevelKey("rate", label, 0), level, time.monotonic() - t_start, stopped, cfg.slo)
     )
 
 

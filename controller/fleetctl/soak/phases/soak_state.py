@@ -24,7 +24,8 @@ from fleetctl.soak.checks.evidence import (
     SmokeResult,
     Wedge,
 )
-from fleetctl.soak.client import ChatRequest, Client
+from fleetctl.soak.checks.registry import REGISTRY
+from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.config import SoakConfig
 from fleetctl.soak.readiness import (
     CRASH_LOG_TAIL,
@@ -63,18 +64,27 @@ SOAK_PHASES = (
 )
 
 
+def probes_for(cfg: SoakConfig) -> frozenset[str]:
+    """The probes a soak with ``cfg`` runs: those the registered, enabled checks it judges need
+    (a smoke-only soak judges only the smoke checks)."""
+    return REGISTRY.needed(cfg.checks, lambda c: c.smoke or not cfg.smoke_only)
+
+
 def planned_phases(cfg: SoakConfig) -> tuple[str, ...]:
     """The phases a soak with ``cfg`` will run (a crash or a failed smoke ends it sooner)."""
+    probes = probes_for(cfg)
     if cfg.smoke_only:
-        return SOAK_PHASES[:3]
+        return tuple(p for p in SOAK_PHASES[:3] if p != "smoke" or "smoke" in probes)
     spec = cfg.check("correctness")
+    load = "load" in probes
     present = {
+        "smoke": "smoke" in probes,
         "canary": bool(canary_every(cfg)),
-        "classes": bool(cfg.classes),
-        "sweep": bool(cfg.concurrency),
-        "rate": bool(cfg.request_rates),
+        "classes": load and bool(cfg.classes),
+        "sweep": load and bool(cfg.concurrency),
+        "rate": load and bool(cfg.request_rates),
         "long_decode": spec.enabled and int(spec.params.get("long_decode_tokens", 0)) > 0,
-        "sustained": cfg.sustained_duration > 0,
+        "sustained": load and cfg.sustained_duration > 0,
     }
     return tuple(p for p in SOAK_PHASES if present.get(p, True))
 
@@ -139,6 +149,10 @@ class SoakState:
     #: The capability probes' runs (soak/capabilities/probes.py).
     capabilities: tuple[CapabilityRun, ...] = ()
 
+    def runs(self, probe: str) -> bool:
+        """Whether this soak runs ``probe`` (a registered, enabled check needs it)."""
+        return probe in probes_for(self.config)
+
     def looped(self, s: Sample, req: ChatRequest, where: str) -> None:
         """Note an answer that ended in a phrase loop (judged after the load against a
         reference)."""
@@ -195,10 +209,7 @@ async def canary(client: Client, st: SoakState, cp: prompts.SmokePrompt, phase: 
     )
     s = await client.chat(
         req,
-        phase=phase,
-        cls=f"canary-{cp.name}",
-        concurrency=concurrency,
-        t0=st.t0,
+        SampleTag(phase, f"canary-{cp.name}", concurrency, st.t0),
         keep_text=True,
         stall=st.config.token_timeout(),
     )
@@ -210,8 +221,10 @@ async def canary(client: Client, st: SoakState, cp: prompts.SmokePrompt, phase: 
 
 
 def canary_every(cfg: SoakConfig) -> int:
-    spec = cfg.check("correctness")
-    return int(spec.params.get("canary_every", 0)) if spec.enabled else 0
+    """Every how many load requests one is a greedy canary (0: the canaries probe does not run)."""
+    if "canaries" not in probes_for(cfg):
+        return 0
+    return int(cfg.check("correctness").params.get("canary_every", 0))
 
 
 async def diagnose_crash(client: Client, st: SoakState, concurrency: int, label: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from fleetctl.soak.verdict import (
     LevelSummary,
@@ -29,8 +30,17 @@ def meets(s: Sample, slo: Mapping[str, float]) -> bool:
     return s.ok and all((x := got[k]) is None or x * 1000 <= v for k, v in slo.items())
 
 
-def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample], seconds: float,
-              stopped: str = "", slo: Mapping[str, float] | None = None,
+@dataclass(frozen=True)
+class LevelKey:
+    """Which level a summary is of: its phase, its label, the concurrency it ran at."""
+
+    phase: str
+    label: str
+    concurrency: int
+
+
+def summarize(key: LevelKey, samples: Sequence[Sample], seconds: float, stopped: str = "",
+              slo: Mapping[str, float] | None = None,
               warm: Sequence[Sample] = ()) -> LevelSummary:
     """Client-side figures of one level from its samples (goodput against ``slo`` when given).
 
@@ -49,9 +59,9 @@ def summarize(phase: str, label: str, concurrency: int, samples: Sequence[Sample
     itl99 = [s.itl_p99 for s in timed if s.itl_p99 is not None]
     out_tokens = sum(s.output_tokens or 0 for s in ok)
     return LevelSummary(
-        phase=phase,
-        label=label,
-        concurrency=concurrency,
+        phase=key.phase,
+        label=key.label,
+        concurrency=key.concurrency,
         requests=len(samples),
         errors=len(errs),
         seconds=round(seconds, 3),
