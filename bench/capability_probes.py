@@ -13,21 +13,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
 import yaml
 from rich.console import Console
 
-from _figures import write_figures  # bench/ is on sys.path when a bench runs
+from _emulator import loopback_emulator  # bench/ is on sys.path when a bench runs
+from _figures import write_figures
 from fleetctl import paths
-from fleetctl.lab import models
 from fleetctl.recipes import parse_recipes
 from fleetctl.soak import from_recipe
 from fleetctl.soak.capabilities.exchange import CapabilityRun
@@ -55,32 +50,11 @@ def main() -> int:
                           "recipes.yml").read_text())["fleetctl_recipes"]
     recipe = parse_recipes({RECIPE: raw[RECIPE]}, "bench")[RECIPE]
     cfg = from_recipe(recipe, profile="lab")
-    with tempfile.TemporaryDirectory() as tmp:
-        body = models.write_model(Path(tmp) / "body", "qwen36-35b-a3b-nvfp4")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fleetctl.lab.emulator", "serve", str(body), "--port",
-             str(port), "--host", "127.0.0.1", "--served-model-name",
-             *recipe.served_model_names, *FLAGS],
-            env={**os.environ, "EMU_LOAD_SECONDS": "0.2", "EMU_SPEED": "1"},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(400):
-                try:
-                    if httpx.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-            t0 = time.monotonic()
-            runs = asyncio.run(_probe(url, cfg))
-            wall = time.monotonic() - t0
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    flags = ["--served-model-name", *recipe.served_model_names, *FLAGS]
+    with loopback_emulator(flags, {"EMU_LOAD_SECONDS": "0.2", "EMU_SPEED": "1"}) as url:
+        t0 = time.monotonic()
+        runs = asyncio.run(_probe(url, cfg))
+        wall = time.monotonic() - t0
     ev = Evidence(readiness=Readiness(Outcome.PASS, "ready", 0.0), capabilities=runs)
     ctx = CheckContext(ev, cfg)
     figures: dict[str, object] = {"recipe": RECIPE, "profile": "lab", "emu_speed": 1,
