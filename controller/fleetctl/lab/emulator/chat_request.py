@@ -158,7 +158,10 @@ def parse_request(info: ModelInfo, raw: bytes, *, chat: bool) -> ParsedChat:
         prompt = user_texts[-1] if user_texts else texts[-1]
         keys, key_tokens = prefix_keys(texts, counts)
         kwargs = body.get("chat_template_kwargs") or {}
-        thinking = info.thinking and bool(kwargs.get("enable_thinking", True))
+        # Qwen3's template thinks unless told not to; Gemma-4's only when asked, and only a
+        # server with a reasoning parser is run as a thinking model.
+        asked = kwargs.get("enable_thinking", info.thinking)
+        thinking = bool(asked) and (info.thinking or info.reasoning_parser is not None)
         answer, calls = decided_answer(info, body, prompt)
     else:
         raw_prompt = body.get("prompt")
