@@ -81,3 +81,22 @@ def test_each_regression_fails_for_its_own_cause(emulator: Callable[..., Served]
     others = [n for n in CAPABILITIES if n != failed]
     assert {n: got[n]["outcome"] for n in others} == dict.fromkeys(others, "pass"), \
         {n: got[n]["message"] for n in others}
+
+
+def test_a_capability_off_by_recipe_is_shown_so_in_every_report(
+        emulator: Callable[..., Served], inventory_dir: Path, tmp_path: Path) -> None:
+    import yaml
+
+    path = inventory_dir / "group_vars" / "all" / "recipes.yml"
+    data = yaml.safe_load(path.read_text())
+    data["fleetctl_recipes"][RECIPE]["soak"] = {"capabilities": {"images": False}}
+    path.write_text(yaml.safe_dump(data))
+    # The server's images are broken, and the recipe said not to probe them.
+    served = emulator(EMU_SPEED="8", names=NAMES, flags=FLAGS, EMU_IMAGE_GARBAGE="1")
+    code, v = soak(served, inventory_dir, tmp_path)
+    images = checks(v)["images"]
+    assert images["outcome"] == "skipped" and images["message"].startswith(
+        "off by recipe: soak.capabilities.images: false"), images
+    assert code == 0, v["summary"]
+    assert "off by recipe" in (tmp_path / "soak.html").read_text()
+    assert "off by recipe" in (tmp_path / "soak.xml").read_text()
