@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fleetctl.progress import Recorder
-from fleetctl.soak.phases import SOAK_PHASES, planned_phases
+from fleetctl.soak.phases.soak_state import SOAK_PHASES, planned_phases
 from fleetctl.soak.run import Against, run_soak
 from fleetctl.soak.verdict import Outcome
 

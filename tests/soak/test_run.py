@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from fleetctl.runids import new_run_id
-from fleetctl.soak.phases import shared_prefix_tokens, summarize
-from fleetctl.soak.phases.summary import LevelKey
+from fleetctl.soak.phases.sizing import shared_prefix_tokens
+from fleetctl.soak.phases.summary import LevelKey, summarize
 from fleetctl.soak.readiness import boot_failure_cause
 from fleetctl.soak.verdict import Sample
 

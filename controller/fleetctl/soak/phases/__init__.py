@@ -4,7 +4,7 @@ what they gather is kept in ``SoakState``.
 
 The phases live here and ``run.py`` orders them; beside them ``soak_state`` (SoakState, canaries,
 stalls, crashes), ``levels`` (the request runner), ``summary`` (a level's figures) and ``sizing``
-(prompts sized in tokens). Their public names stay reachable here (``phases.SoakState``).
+(prompts sized in tokens). Import each name from its module.
 """
 
 from __future__ import annotations
@@ -18,49 +18,25 @@ from fleetctl.soak import metrics, prompts
 from fleetctl.soak.checks.evidence import Identity, LongPrompt, LoopResult
 from fleetctl.soak.client import ChatRequest, Client, SampleTag
 from fleetctl.soak.phases.levels import (
-    OPEN_LOOP_MAX_IN_FLIGHT,
     LevelPlan,
-    merge_trials,
-    open_loop,
     run_requests,
 )
 from fleetctl.soak.phases.sizing import (
-    MAX_CHARS_PER_TOKEN,
-    MIN_CHARS_PER_TOKEN,
     context_text,
-    estimate_chars_per_token,
-    implausible_count,
-    long_text,
     shared_prefix_tokens,
     sized,
 )
 from fleetctl.soak.phases.soak_state import (
-    CRASH_EXIT_WAIT,
-    MAX_LOOP_REFERENCES,
-    SOAK_PHASES,
     SoakState,
     canary,
     canary_every,
     diagnose_crash,
-    planned_phases,
     stall_seen,
 )
-from fleetctl.soak.phases.summary import meets, summarize
 from fleetctl.soak.verdict import (
     Sample,
     SoakTarget,
 )
-
-# The parts' public names, reachable as phases.NAME as when they were all in one module.
-__all__ = [
-    "CRASH_EXIT_WAIT", "LONG_PROMPT_ANSWER", "MAX_CHARS_PER_TOKEN", "MAX_LOOP_REFERENCES",
-    "MIN_CHARS_PER_TOKEN", "OPEN_LOOP_MAX_IN_FLIGHT", "PROBE_MAX_TOKENS", "SOAK_PHASES",
-    "SoakState", "canary", "canary_every", "canary_references", "context_text",
-    "diagnose_crash", "estimate_chars_per_token", "identity", "implausible_count",
-    "long_decode", "long_prompts", "long_text", "loop_references", "meets", "merge_trials",
-    "open_loop", "planned_phases", "run_requests", "scrape", "shared_prefix_tokens", "sized",
-    "stall_seen", "summarize", "sustained", "trickle", "windowed",
-]
 
 
 async def identity(client: Client, target: SoakTarget) -> Identity:
