@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import socket
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-import httpx
 from rich.console import Console
 
-from _figures import write_figures  # bench/ is on sys.path when a bench runs
-from fleetctl.lab import models
+from _emulator import loopback_emulator  # bench/ is on sys.path when a bench runs
+from _figures import write_figures
 from fleetctl.soak import prompts
 from fleetctl.soak.checks.answers import long_decode_windows
 from fleetctl.soak.checks.judge import garbage
@@ -68,44 +63,9 @@ def main() -> int:
     )
     opts = ap.parse_args()
     con = Console()
-    with tempfile.TemporaryDirectory() as tmp:
-        body = models.write_model(Path(tmp) / "body", "qwen36-35b-a3b-nvfp4")
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "fleetctl.lab.emulator",
-                "serve",
-                str(body),
-                "--port",
-                str(port),
-                "--host",
-                "127.0.0.1",
-                "--served-model-name",
-                "qwen36-fast",
-                "--max-model-len",
-                "262144",
-            ],
-            env={**os.environ, "EMU_LOAD_SECONDS": "0.2", "EMU_SPEED": "1"},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        url = f"http://127.0.0.1:{port}"
-        try:
-            for _ in range(400):
-                try:
-                    if httpx.get(url + "/health").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                time.sleep(0.05)
-            wall, got, text, ends = asyncio.run(_probe(url, opts.tokens))
-        finally:
-            proc.terminate()
-            proc.wait(10)
+    flags = ["--served-model-name", "qwen36-fast", "--max-model-len", "262144"]
+    with loopback_emulator(flags, {"EMU_LOAD_SECONDS": "0.2", "EMU_SPEED": "1"}) as url:
+        wall, got, text, ends = asyncio.run(_probe(url, opts.tokens))
     cpu0 = time.process_time()
     windows = long_decode_windows(text, got, opts.window, ends)
     for _a, _b, win in windows:

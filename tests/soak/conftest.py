@@ -78,7 +78,8 @@ def emulator(model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]
     test)."""
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(spec: bool = True, wait: bool = True, **knobs: str) -> Served:
+    def start(spec: bool = True, wait: bool = True, names: tuple[str, ...] = SERVED,
+              flags: tuple[str, ...] = (), **knobs: str) -> Served:
         port = free_port()
         log = tmp_path / f"emulator-{port}.log"
         env = {**os.environ, "EMU_LOAD_SECONDS": "0.5", **knobs}
@@ -93,7 +94,8 @@ def emulator(model_dir: Path, tmp_path: Path) -> Iterator[Callable[..., Served]]
             "--port",
             str(port),
             "--served-model-name",
-            *SERVED,
+            *names,
+            *flags,
             "--max-num-seqs",
             "64",
             "--max-num-batched-tokens",

@@ -192,7 +192,11 @@ def _endpoint_jobs(
                              fix=f"use one of: {', '.join(recipes)} (or leave --recipe out)")
         base = from_recipe(recipes[recipe_name], profile=profile)
         if models:
-            base = dataclasses.replace(base, served_model_names=models)
+            # --model names the served names to expect: they are the ones each asked once.
+            plan = tuple(dataclasses.replace(c, params={"names": list(models)},
+                                             source=f"--model {', '.join(models)}")
+                         if c.name == "served_names" else c for c in base.plan)
+            base = dataclasses.replace(base, served_model_names=models, plan=plan)
     jobs = []
     for url in endpoints:
         secrets.validate_endpoint(url)

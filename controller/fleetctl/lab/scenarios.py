@@ -119,6 +119,13 @@ SCENARIOS: dict[str, dict[str, str]] = {
     # Healthy, but every request is accepted and never answered.
     "stall": {"EMU_HANG": "requests"},
     "crash32": {"EMU_CRASH_AT_CONCURRENCY": "32"},
+    # What the recipe serves beyond greedy text, each broken while text stays perfect
+    # (soak/capabilities): images answered "!!!!" (the heretic card's skip-loaded vision tower),
+    # tool calls left as <tool_call> text in content (vLLM #22975, #47194), the thinking leaked
+    # into content inside <think> (vLLM #39697, #51679).
+    "image-garbage": {"EMU_IMAGE_GARBAGE": "1"},
+    "tool-call-leak": {"EMU_TOOL_CALL_LEAK": "1"},
+    "reasoning-leak": {"EMU_REASONING_LEAK": "1"},
 }
 
 

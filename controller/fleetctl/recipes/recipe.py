@@ -54,6 +54,9 @@ class Recipe:
     #: The server's compile caches, shared from the canary to the waves (empty: every host
     #: compiles).
     compile_cache: tuple[CacheDir, ...] = ()
+    #: What the body takes besides text (``image`` ...), as the recipe declares it (empty: only
+    #: what its flags show); the gate probes images when it is there.
+    modalities: tuple[str, ...] = ()
 
     def parallel_args(self) -> list[str]:
         """The tensor/pipeline parallel flags of a multi-node recipe, unless vllm_args gives

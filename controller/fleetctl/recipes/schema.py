@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from fleetctl.recipes.argv import has_flag
+from fleetctl.recipes.capabilities import check_capabilities, check_modalities, check_sampling
 from fleetctl.recipes.problems import Bad, RecipeProblem
 from fleetctl.recipes.recipe import Recipe
 from fleetctl.recipes.topology import build_topology
@@ -24,7 +25,7 @@ from fleetctl.recipes.weights import (
 _RECIPE_KEYS = {
     "description", "image", "served_model_names", "port", "weights", "vllm_args", "env",
     "secret_env", "docker_args", "soak", "min_free_gb", "source", "trust_remote_code", "topology",
-    "compile_cache", "watch",
+    "compile_cache", "watch", "modalities",
 }
 
 
@@ -104,6 +105,9 @@ def build_recipe(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe 
     if not isinstance(soak, Mapping):
         bad("soak", "must be a mapping", "see fleetctl.soak.config for its keys")
         soak = {}
+    check_capabilities(soak.get("capabilities"), bad)
+    check_sampling(soak.get("sampling"), names, bad)
+    modalities = check_modalities(body.get("modalities"), bad)
     watch = body.get("watch") or {}
     if not isinstance(watch, Mapping):
         bad("watch", "must be a mapping", "e.g. watch: {remediate: true, breaker: 3, window: 1h}")
@@ -132,6 +136,7 @@ def build_recipe(name: str, body: Any, problems: list[RecipeProblem]) -> Recipe 
         trust_remote_code=trust,
         topology=topology,
         compile_cache=caches,
+        modalities=modalities,
     )
 
 

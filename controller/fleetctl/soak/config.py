@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fleetctl.errors import FleetError
+from fleetctl.soak.capabilities.derive import Capability
 from fleetctl.soak.profiles import WORKLOAD_VERSION
 
 
@@ -108,6 +109,14 @@ class SoakConfig:
     #: The soak's hard overall deadline in seconds (0: derived from the phases,
     #: :meth:`hard_deadline`).
     deadline: float = 0.0
+    #: ``soak.capabilities``: a capability probe turned on or off by the recipe (absent: derived
+    #: from the recipe's flags, fleetctl.soak.capabilities).
+    capabilities: Mapping[str, bool] = field(default_factory=dict)
+    #: ``soak.sampling``: served name -> the sampling parameters its requests carry.
+    sampling: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: What the gate tests of what the recipe serves (fleetctl.soak.capabilities.derive), every
+    #: capability in report order with its status and where it was derived from.
+    plan: tuple[Capability, ...] = ()
 
     def fingerprint(self) -> str:
         """What makes two soaks' throughput comparable: profile, max_tokens, levels, workload.
@@ -189,6 +198,7 @@ class SoakConfig:
             + len(self.request_rates) * per_level,
             "long decode": max(self.request_timeout, long_decode / 10) if long_decode else 0.0,
             "long prompts": self.long_prompt_seconds(),
+            "capabilities": sum(c.requests for c in self.plan) * self.request_timeout,
             # Up to 3 looping prompts re-run as references (MAX_LOOP_REFERENCES in
             # soak/phases/soak_state.py): two load prompts and the long decode at most.
             "loop references": 2 * self.request_timeout

@@ -27,10 +27,14 @@ checks of a config are those registered when it is loaded.
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from fleetctl.durations import DurationError, parse_duration
+from fleetctl.recipes.capabilities import check_capabilities, check_sampling
+from fleetctl.soak.capabilities.derive import derive
 from fleetctl.soak.checks.registry import REGISTRY
 from fleetctl.soak.config import CheckSpec, SoakConfig, SoakConfigError
 from fleetctl.soak.profiles import CLASSES, COMMON_PARAMS, DEFAULTS, PROFILES
@@ -61,6 +65,8 @@ _TOP_KEYS = (
     "checks",
     "slo",
     "deadline",
+    "capabilities",
+    "sampling",
 )
 _SUSTAINED_KEYS = (
     "duration",
@@ -163,6 +169,9 @@ def load_config(
         stagger=num("stagger"),
         request_rates=rates,
         deadline=num("deadline", "duration", default=0.0) if "deadline" in raw else 0.0,
+        capabilities=check_capabilities(raw.get("capabilities"), _raise_on(where)),
+        sampling=check_sampling(raw.get("sampling"), served_model_names, _raise_on(where)),
+        plan=derive(_Named(tuple(served_model_names), raw)).capabilities,
     )
 
 
@@ -170,13 +179,37 @@ def from_recipe(recipe: Any, *, profile: str | None = None) -> SoakConfig:
     """The gate of a ``fleetctl.recipes.Recipe`` (its ``soak`` mapping, names and flags)."""
     args = [str(a) for a in getattr(recipe, "vllm_args", ())]
     spec = any(a == "--speculative-config" or a.startswith("--speculative-config=") for a in args)
-    return load_config(
+    config = load_config(
         getattr(recipe, "soak", None) or {},
         profile=profile,
         served_model_names=tuple(getattr(recipe, "served_model_names", ())),
         speculative=spec,
         recipe=str(getattr(recipe, "name", "")),
     )
+    # What the recipe serves (its flags, names, modalities) decides what the gate tests.
+    served = _Named(config.served_model_names, getattr(recipe, "soak", None) or {}, tuple(args),
+                    tuple(getattr(recipe, "modalities", ())))
+    return dataclasses.replace(config, plan=derive(served).capabilities)
+
+
+@dataclass(frozen=True)
+class _Named:
+    """What a soak without a recipe serves, as derivation reads it: its names and soak settings
+    (no flags: an ``--endpoint`` without ``--recipe`` is probed for its names only)."""
+
+    served_model_names: tuple[str, ...]
+    soak: Mapping[str, Any]
+    vllm_args: tuple[str, ...] = ()
+    modalities: tuple[str, ...] = ()
+
+
+def _raise_on(where: str) -> Callable[[str, str, str], None]:
+    """A recipe check's ``bad(field, problem, fix)`` that raises its first problem."""
+
+    def bad(fld: str, problem: str, fix: str) -> None:
+        raise SoakConfigError(f"{where}.{fld.removeprefix('soak.')} {problem}", fix=fix)
+
+    return bad
 
 
 def _sustained(raw: Any, where: str) -> Mapping[str, Any]:

@@ -39,6 +39,7 @@ from fleetctl.runids import new_run_id
 from fleetctl.soak import prompts, secrets
 from fleetctl.soak.answerset import ReferenceSet
 from fleetctl.soak.artifacts import Artifacts
+from fleetctl.soak.capabilities.probes import probe_capabilities
 from fleetctl.soak.checks.check import CheckContext
 from fleetctl.soak.checks.evidence import Evidence, Identity, SmokeResult
 from fleetctl.soak.checks.health import check_identity, check_smoke
@@ -133,6 +134,11 @@ async def _soak(client: Client, st: SoakState) -> Evidence:
         await _load(client, st, ident)
         if st.runs("load"):
             await loop_references(client, st)
+        if st.runs("capabilities") and not st.crash and not st.halt:
+            # After the load (a wedge or crash in it is the load's finding), one request at a time.
+            st.phase = "capabilities"
+            st.capabilities = await probe_capabilities(client, cfg.plan, st.model,
+                                                       cfg.request_timeout, st.emit)
         await answer_set(client, st)
     return await _finish(client, st)
 
@@ -192,6 +198,7 @@ def evidence(st: SoakState, final: bool = True) -> Evidence:
             loops_unjudged=st.loops_unjudged,
             long_prompts=tuple(st.long_prompts),
             answers=tuple(st.answers),
+            capabilities=st.capabilities,
         )
         if final
         else Evidence(

@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fleetctl.lab import models
+from fleetctl.soak.capabilities.images import DRAWINGS, data_url
 
 READY_TIMEOUT = 30.0
 #: Emulated time runs this much faster in these tests, so a 600-token answer takes ~0.1 s.
@@ -464,7 +465,7 @@ def test_garbage_knob_and_misnested_vision(launcher: Launcher, model_dirs: dict[
         "role": "user",
         "content": [
             {"type": "text", "text": "What shape is this?"},
-            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "image_url", "image_url": {"url": data_url(DRAWINGS[0])}},
         ],
     }
     req = {
@@ -479,6 +480,11 @@ def test_garbage_knob_and_misnested_vision(launcher: Launcher, model_dirs: dict[
         ]["content"]
         == "!" * 10
     )
+    # An image that does not decode is refused before the model, as vLLM's processor does.
+    bad = {**req, "messages": [{**image, "content": [
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]}
+    refused = httpx.post(mis.url + "/v1/chat/completions", json=bad, timeout=30)
+    assert refused.status_code == 400 and "Failed to load image" in refused.text
     text_only = httpx.post(
         mis.url + "/v1/chat/completions",
         timeout=30,

@@ -62,6 +62,12 @@ mounted); 0 ``EMU_CRASH_AT_CONCURRENCY``    K: when K requests run at once the e
 ``EMU_KV_CAPACITY_TOKENS``      KV cache size: requests wait for room, decoding past it
                                 preempts (vllm:num_preemptions_total); 300000 (the published
                                 265-300K tokens)
+``EMU_IMAGE_GARBAGE``           1: a request with an image is answered ``!!!!`` (text stays
+                                right); images are otherwise looked at (:mod:`.vision`)
+``EMU_TOOL_CALL_LEAK``          1: the tool parser fails: ``<tool_call>`` markup in
+                                ``content``, ``finish_reason`` stop (:mod:`.tool_calls`)
+``EMU_REASONING_LEAK``          1: the reasoning parser fails: the thinking in ``content``
+                                inside ``<think>`` tags, no ``reasoning``
 ==============================  =====================================================
 
 Multi-node (:mod:`.multinode`): ``--nnodes N --node-rank R --master-addr A --master-port P``,

@@ -12,6 +12,9 @@ from . import perf
 from .engine_core import Request, prefix_keys
 from .http_server import forwarded
 from .text import count_tokens
+from .tool_calls import ToolChoiceError
+from .tool_calls import plan as plan_calls
+from .vision import ImageError, look
 
 #: Tokens a chat template adds per message and for the assistant turn (Qwen's <|im_start|> framing).
 TEMPLATE_TOKENS_PER_MESSAGE = 5
@@ -62,6 +65,35 @@ def message_texts(messages: list[Any]) -> tuple[list[str], bool]:
     return texts, has_image
 
 
+def first_image_url(messages: list[Any]) -> str | None:
+    """The URL of the first ``image_url`` part of a chat's messages (None: no image URL)."""
+    for msg in messages:
+        content = msg.get("content") if isinstance(msg, dict) else None
+        for part in content if isinstance(content, list) else ():
+            if isinstance(part, dict) and part.get("type") == "image_url":
+                ref = part.get("image_url")
+                url = ref.get("url") if isinstance(ref, dict) else ref
+                if isinstance(url, str):
+                    return url
+    return None
+
+
+def decided_answer(info: ModelInfo, body: dict[str, Any],
+                   prompt: str) -> tuple[str | None, tuple[Any, ...]]:
+    """(the answer's text when the request decides it, its tool calls): what an image shows, or
+    the calls a request offering tools gets (400 when the server cannot call tools)."""
+    url = first_image_url(body.get("messages") or [])
+    if url is not None and url.startswith("data:"):
+        try:
+            return look(url).capitalize() + ".", ()
+        except ImageError as exc:
+            raise BadRequestError(f"Failed to load image: {exc}", param="messages") from None
+    try:
+        return plan_calls(body, info.tool_parser, info.auto_tool_choice, prompt)
+    except ToolChoiceError as exc:
+        raise BadRequestError(str(exc), param="tool_choice") from None
+
+
 def error_body(message: str, kind: str, status: int, param: str | None = None) -> dict[str, Any]:
     """vLLM's ErrorResponse JSON."""
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
@@ -76,6 +108,9 @@ class ModelInfo:
     max_model_len: int
     thinking: bool
     reasoning_parser: str | None
+    #: ``--tool-call-parser`` and whether ``--enable-auto-tool-choice`` is given.
+    tool_parser: str | None = None
+    auto_tool_choice: bool = False
 
 
 @dataclass
@@ -123,7 +158,11 @@ def parse_request(info: ModelInfo, raw: bytes, *, chat: bool) -> ParsedChat:
         prompt = user_texts[-1] if user_texts else texts[-1]
         keys, key_tokens = prefix_keys(texts, counts)
         kwargs = body.get("chat_template_kwargs") or {}
-        thinking = info.thinking and bool(kwargs.get("enable_thinking", True))
+        # Qwen3's template thinks unless told not to; Gemma-4's only when asked, and only a
+        # server with a reasoning parser is run as a thinking model.
+        asked = kwargs.get("enable_thinking", info.thinking)
+        thinking = bool(asked) and (info.thinking or info.reasoning_parser is not None)
+        answer, calls = decided_answer(info, body, prompt)
     else:
         raw_prompt = body.get("prompt")
         if isinstance(raw_prompt, list):
@@ -134,6 +173,7 @@ def parse_request(info: ModelInfo, raw: bytes, *, chat: bool) -> ParsedChat:
         prompt_tokens = max(1, count_tokens(prompt))
         keys, key_tokens = (), ()
         thinking = False
+        answer, calls = None, ()
     max_tokens = output_budget(
         info.max_model_len,
         prompt_tokens,
@@ -160,6 +200,8 @@ def parse_request(info: ModelInfo, raw: bytes, *, chat: bool) -> ParsedChat:
         has_image=has_image,
         ignore_eos=bool(body.get("ignore_eos", False)),
         forwarded=forwarded(),
+        answer=answer,
+        tool_calls=calls,
     )
     options = body.get("stream_options") or {}
     return ParsedChat(

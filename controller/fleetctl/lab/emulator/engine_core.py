@@ -14,6 +14,7 @@ import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import perf
 from .knobs import Knobs
@@ -67,6 +68,10 @@ class Request:
     ignore_eos: bool = False
     #: It came through a proxy (``X-Forwarded-For``): users' traffic, not a soak's direct requests.
     forwarded: bool = False
+    #: The answer's text when the request decides it (a tool call's markup, what an image shows).
+    answer: str | None = None
+    #: The calls in ``answer`` (tool_calls.PlannedCall), which the tool parser delivers.
+    tool_calls: tuple[Any, ...] = ()
     arrival: float = field(default_factory=time.monotonic)
 
 
@@ -251,14 +256,16 @@ class Engine:
                 error_rate = max(error_rate, self.knobs.forwarded_error_rate)
             if error_rate and self._rng.random() < error_rate:
                 fail_after = self._rng.randrange(1, 8)
-            garbage = self.knobs.garbage or (request.has_image and not self.vision_loaded)
+            garbage = self.knobs.garbage or (
+                request.has_image and (not self.vision_loaded or self.knobs.image_garbage))
             pieces = generate(
-                request.prompt,
+                request.prompt if request.answer is None else request.answer,
                 thinking=request.thinking,
                 temperature=request.temperature,
                 garbage=garbage,
                 salt=request.request_id,
                 ignore_eos=request.ignore_eos,
+                verbatim=request.answer is not None,
             )
             if self.knobs.degenerate_after_tokens:
                 pieces = degenerate(pieces, self.knobs.degenerate_after_tokens)

@@ -51,6 +51,15 @@ class Knobs:
     degenerate_after_tokens: int = 0
     #: Requests per second another client sends to the same server (they show only in /metrics).
     foreign_rps: float = 0.0
+    #: Every request carrying an image is answered ``!!!!`` (a vision tower skip-loaded: text
+    #: stays perfect).
+    image_garbage: bool = False
+    #: The tool parser fails: the model's ``<tool_call>`` markup stays in ``content`` with
+    #: ``finish_reason: stop`` and no ``tool_calls`` (vLLM #22975, #47194).
+    tool_call_leak: bool = False
+    #: The reasoning parser fails: the thinking arrives in ``content`` inside ``<think>`` tags,
+    #: ``reasoning`` stays empty (vLLM #39697, #51679).
+    reasoning_leak: bool = False
 
 
 #: Knob field -> environment variable.

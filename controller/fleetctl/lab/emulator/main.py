@@ -275,6 +275,9 @@ async def run(args: ServeArgs, knobs: Knobs, log: Any) -> int:
         max_model_len=max_model_len,
         thinking=_model_type(config).startswith("qwen3"),
         reasoning_parser=args.reasoning_parser,
+        tool_parser=str(args.extra["tool-call-parser"]) if "tool-call-parser" in args.extra
+        else None,
+        auto_tool_choice="enable-auto-tool-choice" in args.extra,
     )
     log(f"INFO [api_server.py:1647] Starting vLLM API server 0 on http://{args.host}:{args.port}")
     key = args.extra.get("api-key")

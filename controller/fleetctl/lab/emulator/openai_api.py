@@ -37,6 +37,7 @@ from .http_server import EventStream, Response, Routes, aclose_quietly, json_res
 from .knobs import Knobs
 from .metrics import Metrics
 from .text import count_tokens
+from .tool_calls import delivered, deltas
 
 
 class OpenAIApi:
@@ -177,11 +178,22 @@ class OpenAIApi:
             return EventStream(self._events(parsed, steps, chat=chat))
         return await self._whole(parsed, steps, chat=chat)
 
+    @property
+    def parses_reasoning(self) -> bool:
+        """Whether the thinking is split from the answer: a reasoning parser that works
+        (EMU_REASONING_LEAK: it does not)."""
+        return bool(self.info.reasoning_parser) and not self.knobs.reasoning_leak
+
+    def parses_calls(self, parsed: ParsedChat) -> bool:
+        """Whether the tool parser turns this request's markup into tool_calls
+        (EMU_TOOL_CALL_LEAK: it leaves it in content)."""
+        return bool(parsed.request.tool_calls) and not self.knobs.tool_call_leak
+
     def _delta(self, reasoning: str, content: str, state: dict[str, bool]) -> dict[str, Any]:
         """The delta of one streamed step; without a reasoning parser thinking stays in <think>
         tags."""
         delta: dict[str, Any] = {}
-        if self.info.reasoning_parser:
+        if self.parses_reasoning:
             if reasoning:
                 delta["reasoning"] = reasoning
             if content or not reasoning:
@@ -221,9 +233,15 @@ class OpenAIApi:
             return json_response(500, error_body(str(exc), "InternalServerError", 500))
         reasoning = "".join(reasoning_parts)
         content = "".join(content_parts)
-        if not self.info.reasoning_parser and reasoning:
+        if not self.parses_reasoning and reasoning:
             content = "<think>\n" + reasoning + ("\n</think>\n\n" + content if content else "")
             reasoning = ""
+        calls: list[dict[str, Any]] = []
+        if self.parses_calls(parsed):
+            # The tool parser took the model's markup out of the text and made it the calls.
+            calls = [delivered(c) for c in parsed.request.tool_calls]
+            content = ""
+            finish = "tool_calls" if finish == "stop" else finish
         usage = {
             "prompt_tokens": parsed.request.prompt_tokens,
             "total_tokens": parsed.request.prompt_tokens + completion_tokens,
@@ -239,6 +257,7 @@ class OpenAIApi:
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
+                "tool_calls": calls,
             }
             # Always present (null without a reasoning parser), as in vLLM 0.32.
             message["reasoning"] = reasoning or None
@@ -307,6 +326,15 @@ class OpenAIApi:
                 async for step in steps:
                     r, c = self._split(step)
                     completion_tokens += len(step.pieces)
+                    finish = step.finish_reason
+                    if self.parses_calls(parsed):
+                        # The streaming tool parser holds the markup back and sends the calls.
+                        c = ""
+                        if finish is not None:
+                            for call in deltas(parsed.request.tool_calls):
+                                yield chunk([{"index": 0, "delta": {"tool_calls": call},
+                                              "logprobs": None, "finish_reason": None}])
+                            finish = "tool_calls" if finish == "stop" else finish
                     if chat:
                         if first:
                             yield chunk(
@@ -326,7 +354,7 @@ class OpenAIApi:
                             "index": 0,
                             "delta": delta,
                             "logprobs": None,
-                            "finish_reason": step.finish_reason,
+                            "finish_reason": finish,
                             "token_ids": None,
                         }
                     else:

@@ -152,11 +152,13 @@ def generate(
     garbage: bool,
     salt: str = "",
     ignore_eos: bool = False,
+    verbatim: bool = False,
 ) -> Iterator[Piece]:
     """The full token stream of one completion (reasoning first when thinking is on).
 
     With ``ignore_eos`` (what ``vllm bench serve`` sends for fixed-length outputs) the answer
     never ends: filler follows it until max_tokens, as a real model keeps sampling past EOS.
+    ``verbatim``: ``prompt`` is the answer itself (a tool call's markup, what an image shows).
     """
     if garbage:
         # The real failure mode: a model whose weights are wrong emits one token forever.
@@ -165,7 +167,9 @@ def generate(
     if thinking:
         for tok in reasoning_tokens(prompt):
             yield Piece("reasoning", tok)
-    for tok in answer_tokens(prompt, temperature=temperature, salt=salt):
+    answer = split_tokens(prompt) if verbatim else answer_tokens(
+        prompt, temperature=temperature, salt=salt)
+    for tok in answer:
         yield Piece("content", tok)
     n = 0
     while ignore_eos:

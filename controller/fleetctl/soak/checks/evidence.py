@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from fleetctl.container import Container
 from fleetctl.soak.answerset import Answer
+from fleetctl.soak.capabilities.exchange import CapabilityRun
 from fleetctl.soak.verdict import (
     LevelSummary,
     Readiness,
@@ -143,3 +144,5 @@ class Evidence:
     long_prompts: tuple[LongPrompt, ...] = ()
     #: The reference set's greedy answers (judged against the known-good's by known_good).
     answers: tuple[Answer, ...] = ()
+    #: The capability probes' exchanges (tool calls, reasoning, images, served names).
+    capabilities: tuple[CapabilityRun, ...] = ()

@@ -7,6 +7,7 @@ A check registered later (``REGISTRY.register``) is reported after the built-ins
 
 from __future__ import annotations
 
+from fleetctl.soak.capabilities import checks as capabilities
 from fleetctl.soak.checks import answers, health, known_good, performance, speculative
 from fleetctl.soak.checks.check import Check, CheckContext, Probe, Registry
 from fleetctl.soak.checks.judge import skipped
@@ -24,12 +25,19 @@ PROBES: tuple[Probe, ...] = (
     Probe("long_decode", "the soak's one long decode"),
     Probe("long_prompts", "one long prompt per size, a fact hidden in its middle"),
     Probe("answer_set", "the reference set's greedy answers (compared with the known-good's)"),
+    Probe("capabilities", "what the recipe serves besides text chat, a few requests each "
+          "(soak/capabilities)"),
 )
 
 CHECKS: tuple[Check, ...] = (
     health.READINESS,
     health.IDENTITY,
     health.SMOKE,
+    # What the recipe serves beyond greedy text (soak/capabilities), probed after the load.
+    capabilities.SERVED_NAMES,
+    capabilities.TOOL_CALLS,
+    capabilities.REASONING,
+    capabilities.IMAGES,
     # After smoke, before liveness: a crash's summary leads with the crash, not with the canaries
     # it broke.
     health.ERRORS,

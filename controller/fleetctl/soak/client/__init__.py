@@ -274,6 +274,35 @@ class Client:
                 "http", p.status, p.body, detail="answer is not JSON", seconds=p.seconds
             ), None
 
+    async def post_json(self, path: str, body: dict[str, Any],
+                        timeout: float) -> tuple[int, Any, str]:
+        """POST ``body`` as JSON and decode the answer: ``(status, JSON or None, why not)``.
+
+        A refused connection, a timeout, an answer over :data:`MAX_BODY_BYTES` or one that is not
+        JSON is a status 0 (or the HTTP status) and its reason, never an exception; the reason and
+        nothing else of the body is kept, scrubbed.
+        """
+        try:
+            async with self.session.post(self.base_url + path, data=json.dumps(body),
+                                         headers={"Content-Type": "application/json"},
+                                         timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                raw = await _read_capped(resp, MAX_BODY_BYTES)
+                status = resp.status
+        except aiohttp.ClientConnectorError as e:
+            return 0, None, _conn_text(e)
+        except TimeoutError:
+            return 0, None, f"no answer within {timeout:.0f}s"
+        except aiohttp.ClientError as e:
+            return 0, None, self.scrub(f"{type(e).__name__}: {e}")
+        if raw is None:
+            return status, None, f"answered more than {MAX_BODY_BYTES >> 20} MiB"
+        if status != 200:
+            return status, None, self.scrub(f"HTTP {status}: {_http_error(raw)}")
+        try:
+            return status, json.loads(raw), ""
+        except ValueError:
+            return status, None, "answered a body that is not JSON"
+
     async def tokenize(self, model: str, text: str, timeout: float = 10.0) -> int | None:
         """Tokens of ``text`` for ``model`` by the server's ``POST /tokenize`` (vLLM).
 

@@ -15,6 +15,7 @@ from fleetctl.progress import Event, Progress
 from fleetctl.soak import prompts
 from fleetctl.soak.answerset import Answer
 from fleetctl.soak.artifacts import Artifacts
+from fleetctl.soak.capabilities.exchange import CapabilityRun
 from fleetctl.soak.checks.evidence import (
     CanaryResult,
     Identity,
@@ -145,6 +146,8 @@ class SoakState:
     long_prompts: list[LongPrompt] = field(default_factory=list)
     #: The reference set's greedy answers (soak/answerset.py).
     answers: list[Answer] = field(default_factory=list)
+    #: The capability probes' runs (soak/capabilities/probes.py).
+    capabilities: tuple[CapabilityRun, ...] = ()
 
     def runs(self, probe: str) -> bool:
         """Whether this soak runs ``probe`` (a registered, enabled check needs it)."""
