@@ -18,8 +18,8 @@ from fleetctl.frontdoor.haproxy import HAProxy
 
 class Backend:
     """An HTTP server on 127.0.0.1: /health answers 200, /hold waits until released, /metrics
-    counts them
-    as vLLM's ``vllm:num_requests_running`` does."""
+    counts them as vLLM's ``vllm:num_requests_running`` does. ``served`` counts the requests
+    the door sent, not its health checks (which a drained server keeps getting)."""
 
     def __init__(self, port: int = 0) -> None:
         """``port``: 0 for a free one; a closed backend's port to bring that server back."""
@@ -48,8 +48,9 @@ class Backend:
                 elif self.path.startswith("/metrics"):
                     body = f"vllm:num_requests_running{{model_name=\"m\"}} {backend.running}.0\n" \
                            f"vllm:num_requests_waiting{{model_name=\"m\"}} 0.0\n".encode()
-                with backend.lock:
-                    backend.served += 1
+                if not self.path.startswith("/health"):
+                    with backend.lock:
+                        backend.served += 1
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()

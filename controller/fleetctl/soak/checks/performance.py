@@ -172,7 +172,11 @@ THROUGHPUT = Check(
     params={"tolerance": "fraction", "floor_tok_s": "levels", "spread_k": "number"},
     defaults={
         "spark": {"tolerance": 0.15, "floor_tok_s": {1: 40, 4: 100, 16: 180, 32: 220, 64: 250}},
-        # Two short requests at c=1 on a shared 2-core box swing by ~30% run to run: a looser
-        # tolerance and one noisy level forgiven; a 30% slower image still fails the other levels.
-        "lab": {"tolerance": 0.2, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}},
+        # The emulator shares two cores with the controller and, in the test suite, three other
+        # labs: a baseline measured while they idle and a soak while they soak differ by up to
+        # 45% at c=16 (a whole CI run: 162.6 vs 297.7 tok/s) with nothing changed. The lab's
+        # tolerance is half the baseline and one level is forgiven: a halved image (a stall,
+        # the emulator's EMU_THROUGHPUT_SCALE=0.25) still fails; a 30% slower one is a Spark's
+        # finding, not the lab's.
+        "lab": {"tolerance": 0.5, "failure_limit": 1, "floor_tok_s": {1: 2, 64: 5}},
     })
